@@ -1,0 +1,467 @@
+/* bench_comm.c - collective bandwidth of fsdp.h, measured the way nccl-tests measures it.
+
+   Build (make bench, make bench-mpi) and run from the repository root:
+       gcc -std=c99 -O2 -I. examples/bench_comm.c -o build/bench_comm -lpthread -lm
+       build/bench_comm --nproc 4                              # shm, every op, 1 KiB .. 256 MiB
+       build/bench_comm --backend socket --nproc 2 --op all_reduce --sizes 1M,64M --csv
+       mpicc -DFSDP_WITH_MPI -std=c99 -O2 -I. examples/bench_comm.c -o build/bench_comm_mpi -lm
+       mpirun -np 4 build/bench_comm_mpi --backend mpi              # through fsdp.h's MPI bridge
+       mpirun -np 4 build/bench_comm_mpi --backend mpi --mpi-native # MPI's own collectives
+
+   S is the full, unsharded buffer: all_gather's output, reduce_scatter's input, all_reduce's
+   buffer. Each iteration is timed alone after a barrier; it lasts as long as its slowest rank,
+   and a row reports the median iteration.
+       algbw = S / t        busbw = algbw * (P-1)/P     all_gather, reduce_scatter
+                                    algbw * 2(P-1)/P    all_reduce
+   busbw compares across ops and rank counts: it is what the busiest link carried per second.
+   The first call at each size is checked against known values, so a fast but wrong backend
+   cannot post a number: a wrong result exits 1. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef FSDP_WITH_MPI
+#include <mpi.h>
+#endif
+#define FSDP_IMPLEMENTATION
+#include "fsdp.h"
+
+#define MAX_SIZES 64
+
+typedef struct options {
+    fsdp_backend_kind backend;
+    int nprocs;                 /* 0: not given */
+    unsigned ops;               /* bit k: all_ops[k] */
+    size_t sizes[MAX_SIZES];    /* bytes of S */
+    int nsizes;
+    fsdp_dtype dtype;
+    int iters;                  /* 0: chosen per size */
+    int warmup;
+    int csv, inplace, mpi_native;
+} options;
+
+typedef struct bench {
+    const options *opt;
+    fsdp_comm *comm;            /* NULL with --mpi-native */
+    int rank, nranks;
+} bench;
+
+static const fsdp_coll_kind all_ops[3] = {
+    FSDP_COLL_ALL_GATHER, FSDP_COLL_REDUCE_SCATTER, FSDP_COLL_ALL_REDUCE
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+        "usage: bench_comm [options]\n"
+        "  --backend shm|socket|mpi  collective backend (default shm)\n"
+        "  --nproc P                 ranks to fork for shm and socket (default 2); with mpi the\n"
+        "                            ranks come from mpirun (-np), and P, if given, must match\n"
+        "  --op all_gather|reduce_scatter|all_reduce|all   (default all)\n"
+        "  --sizes 1K,64K,1M,...     full buffer sizes, K/M/G = 1024^1/2/3\n"
+        "                            (default 1K,4K,16K,...,256M)\n"
+        "  --dtype f32|bf16|f16      element type (default f32)\n"
+        "  --iters N                 timed iterations per size\n"
+        "                            (default min(200, max(5, 2 GiB / size)))\n"
+        "  --warmup N                untimed iterations per size (default 3)\n"
+        "  --inplace                 in-place buffers instead of separate send and receive\n"
+        "  --csv                     backend,P,op,bytes,median_us,algbw_GBps,busbw_GBps lines\n"
+        "  --mpi-native              with --backend mpi: time MPI_Allgather, MPI_Reduce_scatter_block\n"
+        "                            and MPI_Allreduce (MPI_FLOAT, sum) directly, not fsdp.h's bridge\n"
+        "  --help                    this text\n");
+}
+
+/* Rank given by an MPI launcher, so that only one process of `mpirun` complains about flags. */
+static int launcher_rank(void)
+{
+    const char *r = getenv("OMPI_COMM_WORLD_RANK");
+    if (!r) r = getenv("PMI_RANK");
+    return r ? atoi(r) : 0;
+}
+
+static int parse_size(const char *s, size_t *out)
+{
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    int shift = 0;
+    if (end == s) return 0;
+    if (*end == 'K' || *end == 'k') shift = 10;
+    else if (*end == 'M' || *end == 'm') shift = 20;
+    else if (*end == 'G' || *end == 'g') shift = 30;
+    if (shift) end++;
+    if (*end || v == 0 || v > (SIZE_MAX >> shift)) return 0;
+    *out = (size_t)v << shift;
+    return 1;
+}
+
+static int parse_int(const char *s, int min, int *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || v < min || v > INT_MAX) return 0;
+    *out = (int)v;
+    return 1;
+}
+
+/* Index of s in the NULL-terminated list names, or -1. */
+static int lookup(const char *s, const char *const *names)
+{
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(s, names[i])) return i;
+    return -1;
+}
+
+/* Sets *run when the benchmark should run; otherwise returns the exit code (0 after --help,
+   2 for a bad command line, with a message and the usage on stderr). */
+static int parse_options(int argc, char **argv, options *opt, int *run)
+{
+    static const char *const backends[] = { "shm", "socket", "mpi", NULL };  /* FSDP_BACKEND_ 1.. */
+    static const char *const dtypes[] = { "f32", "bf16", "f16", NULL };      /* FSDP_F32 1.. */
+    static const char *const ops[] = { "all_gather", "reduce_scatter", "all_reduce", "all", NULL };
+    int quiet = launcher_rank() != 0, k;
+    memset(opt, 0, sizeof *opt);
+    opt->backend = FSDP_BACKEND_SHM;
+    opt->ops = 7;
+    opt->dtype = FSDP_F32;
+    opt->warmup = 3;
+    for (size_t s = 1024; s <= ((size_t)256 << 20); s *= 4) opt->sizes[opt->nsizes++] = s;
+    *run = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *flag = argv[i], *val = i + 1 < argc ? argv[i + 1] : ""; /* "" fails below */
+        int ok = 1, takes_value = 1;
+        if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) {
+            if (!quiet) usage(stdout);
+            return 0;
+        } else if (!strcmp(flag, "--csv")) { opt->csv = 1; takes_value = 0; }
+        else if (!strcmp(flag, "--inplace")) { opt->inplace = 1; takes_value = 0; }
+        else if (!strcmp(flag, "--mpi-native")) { opt->mpi_native = 1; takes_value = 0; }
+        else if (!strcmp(flag, "--backend")) {
+            if ((ok = (k = lookup(val, backends)) >= 0)) opt->backend = (fsdp_backend_kind)(k + 1);
+        } else if (!strcmp(flag, "--dtype")) {
+            if ((ok = (k = lookup(val, dtypes)) >= 0)) opt->dtype = (fsdp_dtype)(k + 1);
+        } else if (!strcmp(flag, "--op")) {
+            if ((ok = (k = lookup(val, ops)) >= 0)) opt->ops = k == 3 ? 7u : 1u << k;
+        } else if (!strcmp(flag, "--sizes")) {
+            char list[1024], *save = NULL;
+            opt->nsizes = 0;
+            ok = strlen(val) < sizeof list;
+            if (ok) strcpy(list, val);
+            for (char *t = ok ? strtok_r(list, ",", &save) : NULL; t && ok;
+                 t = strtok_r(NULL, ",", &save))
+                ok = opt->nsizes < MAX_SIZES && parse_size(t, &opt->sizes[opt->nsizes++]);
+            ok = ok && opt->nsizes > 0;
+        } else if (!strcmp(flag, "--nproc")) ok = parse_int(val, 1, &opt->nprocs);
+        else if (!strcmp(flag, "--iters")) ok = parse_int(val, 1, &opt->iters);
+        else if (!strcmp(flag, "--warmup")) ok = parse_int(val, 0, &opt->warmup);
+        else {
+            if (!quiet) fprintf(stderr, "bench_comm: unknown flag '%s'\n", flag);
+            goto bad;
+        }
+        if (!ok) {
+            if (!quiet) fprintf(stderr, "bench_comm: bad or missing value for %s: '%s'\n", flag, val);
+            goto bad;
+        }
+        i += takes_value;
+    }
+    if (opt->mpi_native && (opt->backend != FSDP_BACKEND_MPI || opt->dtype != FSDP_F32)) {
+        if (!quiet) fprintf(stderr, "bench_comm: --mpi-native needs --backend mpi and --dtype f32\n");
+        goto bad;
+    }
+    *run = 1;
+    return 0;
+bad:
+    if (!quiet) usage(stderr);
+    return 2;
+}
+
+static float get(fsdp_dtype dtype, const void *buf, size_t i)
+{
+    if (dtype == FSDP_F32) return ((const float *)buf)[i];
+    uint16_t h = ((const uint16_t *)buf)[i];
+    return dtype == FSDP_BF16 ? fsdp_bf16_to_f32(h) : fsdp_f16_to_f32(h);
+}
+
+static void put(fsdp_dtype dtype, void *buf, size_t i, float v)
+{
+    if (dtype == FSDP_F32) ((float *)buf)[i] = v;
+    else ((uint16_t *)buf)[i] = dtype == FSDP_BF16 ? fsdp_f32_to_bf16(v) : fsdp_f32_to_f16(v);
+}
+
+/* Test data, exact in every dtype: all_gather element g of the full buffer (rank-dependent
+   because g = rank*count + j), and rank r's contribution to element g of a sum, which every
+   rank makes nonzero so that a dropped or doubled rank changes every element. */
+static float gather_value(size_t g) { return (float)(g % 251); }
+static float sum_value(int rank, size_t g) { return (float)(rank + 1) + (float)(g % 4); }
+
+/* v as it reads after a round trip through the dtype (rounded to nearest even). */
+static float round_to(fsdp_dtype dtype, float v)
+{
+    if (dtype == FSDP_BF16) return fsdp_bf16_to_f32(fsdp_f32_to_bf16(v));
+    if (dtype == FSDP_F16) return fsdp_f16_to_f32(fsdp_f32_to_f16(v));
+    return v;
+}
+
+static int is_native(const bench *b) { return b->comm == NULL; }
+
+static int barrier(const bench *b)
+{
+#ifdef FSDP_WITH_MPI
+    if (is_native(b)) return MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS;
+#endif
+    return fsdp_barrier(b->comm);
+}
+
+/* The slowest rank's value of each of n floats, on every rank. */
+static int max_across_ranks(const bench *b, float *v, size_t n)
+{
+#ifdef FSDP_WITH_MPI
+    if (is_native(b))
+        return MPI_Allreduce(MPI_IN_PLACE, v, (int)n, MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD) != 0;
+#endif
+    return fsdp_all_reduce(b->comm, v, v, n, FSDP_F32, FSDP_MAX);
+}
+
+/* Where an op reads and writes in the two S-byte buffers x and y. In-place layouts are
+   fsdp.h's (see fsdp_coll), except MPI's reduce_scatter, which leaves the result at the start. */
+static void layout(const bench *b, fsdp_coll_kind kind, char *x, char *y, size_t count,
+                   void **send, void **recv)
+{
+    char *own = x + (size_t)b->rank * count * fsdp_dtype_size(b->opt->dtype);
+    int in = b->opt->inplace;
+    if (kind == FSDP_COLL_ALL_GATHER) {
+        *recv = y;
+        *send = in ? y + (own - x) : x;
+    } else {
+        *send = x;
+        *recv = !in ? y : kind == FSDP_COLL_REDUCE_SCATTER && !is_native(b) ? own : x;
+    }
+}
+
+static int collective(const bench *b, fsdp_coll_kind kind, void *send, void *recv, size_t count)
+{
+#ifdef FSDP_WITH_MPI
+    if (is_native(b)) {
+        const void *s = b->opt->inplace ? MPI_IN_PLACE : send;
+        int n = (int)count;
+        if (count > INT_MAX) {
+            fprintf(stderr, "bench_comm: %zu elements per call is more than MPI's int count\n", count);
+            return 1;
+        }
+        if (kind == FSDP_COLL_ALL_GATHER)
+            return MPI_Allgather(s, n, MPI_FLOAT, recv, n, MPI_FLOAT, MPI_COMM_WORLD);
+        if (kind == FSDP_COLL_REDUCE_SCATTER)
+            return MPI_Reduce_scatter_block(s, recv, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        return MPI_Allreduce(s, recv, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    }
+#endif
+    if (kind == FSDP_COLL_ALL_GATHER) return fsdp_all_gather(b->comm, send, recv, count, b->opt->dtype);
+    if (kind == FSDP_COLL_REDUCE_SCATTER)
+        return fsdp_reduce_scatter(b->comm, send, recv, count, b->opt->dtype, FSDP_SUM);
+    return fsdp_all_reduce(b->comm, send, recv, count, b->opt->dtype, FSDP_SUM);
+}
+
+static int comm_error(const bench *b, const char *what, size_t bytes, int rc)
+{
+    fprintf(stderr, "bench_comm: rank %d: %s of %zu bytes failed (%s): %s\n", b->rank, what,
+            bytes, b->comm ? fsdp_result_name(rc) : "MPI error",
+            b->comm ? fsdp_comm_last_error(b->comm) : "");
+    return 1;
+}
+
+/* Fills the inputs, runs the op once and compares with the exact answer. 0 if right. */
+static int check_once(const bench *b, fsdp_coll_kind kind, void *send, void *recv, size_t count,
+                      size_t bytes)
+{
+    fsdp_dtype dt = b->opt->dtype;
+    size_t P = (size_t)b->nranks, base = (size_t)b->rank * count, nsend, nrecv;
+    float exact_sum_base = (float)(P * (P + 1) / 2), bad = 0;
+    nsend = kind == FSDP_COLL_REDUCE_SCATTER ? P * count : count;
+    nrecv = kind == FSDP_COLL_ALL_GATHER ? P * count : count;
+    memset(recv, 0xff, nrecv * fsdp_dtype_size(dt)); /* NaN in every dtype: stale data fails */
+    for (size_t i = 0; i < nsend; i++) /* after the memset: in place, send lies inside recv */
+        put(dt, send, i, kind == FSDP_COLL_ALL_GATHER ? gather_value(base + i) : sum_value(b->rank, i));
+    int rc = collective(b, kind, send, recv, count);
+    if (rc != 0) return comm_error(b, fsdp_coll_name(kind), bytes, rc);
+    for (size_t i = 0; i < nrecv && !bad; i++) {
+        size_t g = kind == FSDP_COLL_REDUCE_SCATTER ? base + i : i;
+        float want = kind == FSDP_COLL_ALL_GATHER ? gather_value(g)
+                                                  : exact_sum_base + (float)P * (float)(g % 4);
+        float expect = round_to(dt, want), got = get(dt, recv, i); /* one rounding, per contract */
+        if (got != expect) {
+            fprintf(stderr, "bench_comm: rank %d: wrong %s result at %zu bytes: element %zu is %g,"
+                    " expected %g\n", b->rank, fsdp_coll_name(kind), bytes, g, got, expect);
+            bad = 1;
+        }
+    }
+    if (max_across_ranks(b, &bad, 1) != 0) return comm_error(b, "result check", bytes, 1);
+    return bad != 0;
+}
+
+static int by_value(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Measures one op at S = bytes (rounded down to whole elements per rank) and prints its row. */
+static int measure(const bench *b, fsdp_coll_kind kind, char *x, char *y, size_t bytes)
+{
+    const options *opt = b->opt;
+    size_t es = fsdp_dtype_size(opt->dtype), P = (size_t)b->nranks;
+    size_t count = kind == FSDP_COLL_ALL_REDUCE ? bytes / es : bytes / (P * es);
+    size_t used = kind == FSDP_COLL_ALL_REDUCE ? count * es : count * P * es;
+    const char *name = fsdp_coll_name(kind);
+    void *send, *recv;
+    if (count == 0) {
+        if (b->rank == 0) fprintf(stderr, "bench_comm: skipping %s at %zu bytes: less than one "
+                                  "element per rank\n", name, bytes);
+        return 0;
+    }
+    layout(b, kind, x, y, count, &send, &recv);
+    if (check_once(b, kind, send, recv, count, used) != 0) return 1;
+    if (opt->inplace) { memset(x, 0, bytes); memset(y, 0, bytes); } /* repeated in-place sums stay finite */
+
+    int iters = opt->iters;
+    if (!iters) {
+        size_t n = ((size_t)2 << 30) / used;
+        iters = n < 5 ? 5 : n > 200 ? 200 : (int)n;
+    }
+    float *us = malloc((size_t)iters * sizeof *us);
+    if (!us) return fprintf(stderr, "bench_comm: out of memory\n"), 1;
+    for (int it = -opt->warmup; it < iters; it++) {
+        int rc = barrier(b);
+        if (rc != 0) { free(us); return comm_error(b, "barrier", used, rc); }
+        double t0 = fsdp_now();
+        rc = collective(b, kind, send, recv, count);
+        double t1 = fsdp_now();
+        if (rc != 0) { free(us); return comm_error(b, name, used, rc); }
+        if (it >= 0) us[it] = (float)((t1 - t0) * 1e6);
+    }
+    int rc = max_across_ranks(b, us, (size_t)iters);
+    if (rc != 0) { free(us); return comm_error(b, "timing all_reduce", used, rc); }
+    qsort(us, (size_t)iters, sizeof *us, by_value);
+    double median = iters % 2 ? us[iters / 2] : 0.5 * (us[iters / 2 - 1] + us[iters / 2]);
+    free(us);
+
+    if (b->rank == 0) {
+        double algbw = (double)used / median / 1e3; /* bytes per microsecond / 1e3 = GB/s */
+        double factor = (double)(P - 1) / (double)P * (kind == FSDP_COLL_ALL_REDUCE ? 2 : 1);
+        const char *backend = is_native(b) ? "mpi-native" : fsdp_backend_name(opt->backend);
+        if (opt->csv) printf("%s,%zu,%s,%zu,%.2f,%.3f,%.3f\n", backend, P, name, used, median,
+                             algbw, algbw * factor);
+        else printf("%12zu  %-14s  %10.2f  %10.3f  %10.3f\n", used, name, median, algbw,
+                    algbw * factor);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+static int run(const bench *b)
+{
+    const options *opt = b->opt;
+    if (b->rank == 0) {
+        if (opt->csv) printf("backend,P,op,bytes,median_us,algbw_GBps,busbw_GBps\n");
+        else {
+            printf("# bench_comm (fsdp.h %s): backend %s, %d rank%s, dtype %s, %s\n",
+                   fsdp_version_string(), b->comm ? fsdp_backend_name(opt->backend) : "mpi-native",
+                   b->nranks, b->nranks == 1 ? "" : "s", fsdp_dtype_name(opt->dtype),
+                   opt->inplace ? "in-place" : "out-of-place");
+            printf("# median over iterations of the slowest rank's time; %d warmup iterations\n",
+                   opt->warmup);
+            printf("#%11s  %-14s  %10s  %10s  %10s\n", "bytes", "op", "median_us", "algbw GB/s",
+                   "busbw GB/s");
+        }
+        fflush(stdout);
+    }
+    for (int s = 0; s < opt->nsizes; s++) {
+        size_t bytes = opt->sizes[s];
+        char *x = malloc(bytes), *y = malloc(bytes);
+        int rc = 0;
+        if (!x || !y) {
+            fprintf(stderr, "bench_comm: rank %d: cannot allocate 2 x %zu bytes; try smaller --sizes "
+                    "or fewer ranks\n", b->rank, bytes);
+            rc = 1;
+        } else {
+            memset(x, 0, bytes); /* fault every page in now, not in the timed loop */
+            memset(y, 0, bytes);
+            for (int k = 0; k < 3 && rc == 0; k++)
+                if (opt->ops & (1u << k)) rc = measure(b, all_ops[k], x, y, bytes);
+        }
+        free(x);
+        free(y);
+        if (rc != 0) return rc;
+    }
+    return 0;
+}
+
+static int rank_main(fsdp_comm *comm, void *arg)
+{
+    bench b = { (const options *)arg, comm, fsdp_comm_rank(comm), fsdp_comm_size(comm) };
+    return run(&b);
+}
+
+static int run_mpi(const options *opt)
+{
+#ifndef FSDP_WITH_MPI
+    (void)opt;
+    fprintf(stderr, "bench_comm: --backend mpi needs a build with MPI: run `make bench-mpi` (or\n"
+            "    mpicc -DFSDP_WITH_MPI -std=c99 -O2 -I. examples/bench_comm.c -o build/bench_comm_mpi -lm)\n"
+            "and start it with: mpirun -np 4 build/bench_comm_mpi --backend mpi\n");
+    return 2;
+#else
+    bench b = { opt, NULL, 0, 0 };
+    int rc, done = 0;
+    if (opt->mpi_native) {
+        MPI_Init(NULL, NULL);
+        MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &b.nranks);
+    } else {
+        char err[512] = "";
+        setenv("FSDP_BACKEND", "mpi", 1);
+        rc = fsdp_comm_init_from_env(&b.comm, NULL, err, sizeof err);
+        if (rc != FSDP_SUCCESS) {
+            fprintf(stderr, "bench_comm: cannot join the MPI job (%s): %s\n", fsdp_result_name(rc), err);
+            return 1;
+        }
+        b.rank = fsdp_comm_rank(b.comm);
+        b.nranks = fsdp_comm_size(b.comm);
+    }
+    if (opt->nprocs && opt->nprocs != b.nranks) {
+        if (b.rank == 0) fprintf(stderr, "bench_comm: --nproc %d but mpirun started %d ranks; with "
+                                 "--backend mpi set the rank count with mpirun -np\n",
+                                 opt->nprocs, b.nranks);
+        rc = 2;
+    } else {
+        rc = run(&b);
+    }
+    if (b.comm) fsdp_comm_destroy(b.comm);
+    MPI_Finalized(&done);
+    if (!done) MPI_Finalize();
+    return rc;
+#endif
+}
+
+int main(int argc, char **argv)
+{
+    options opt;
+    int run_it, rc = parse_options(argc, argv, &opt, &run_it);
+    if (!run_it) return rc;
+    if (opt.backend == FSDP_BACKEND_MPI) return run_mpi(&opt);
+
+    fsdp_launch_desc desc;
+    fsdp_launch_status status;
+    memset(&desc, 0, sizeof desc);
+    memset(&status, 0, sizeof status);
+    desc.nprocs = opt.nprocs ? opt.nprocs : 2;
+    desc.backend = opt.backend;
+    rc = fsdp_launch_ex(&desc, rank_main, &opt, &status);
+    if (rc != FSDP_SUCCESS) {
+        fprintf(stderr, "bench_comm: %s\n", status.message[0] ? status.message
+                                                               : fsdp_result_description(rc));
+        return 1;
+    }
+    return 0;
+}
