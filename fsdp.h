@@ -221,6 +221,7 @@ typedef struct fsdp_coll {
     const void *send;
     void *recv;
     uint64_t seq;       /* 1 for the first collective of a communicator, then +1 per call */
+    uint32_t tag;       /* caller's label, part of the fingerprint (the FSDP runtime: the unit) */
     int timeout_ms;     /* bound on any single wait for another rank */
 } fsdp_coll;
 
@@ -332,6 +333,251 @@ FSDP_API int fsdp_comm_fail(fsdp_comm *comm, int code, const char *fmt, ...)
    dst may alias src[0]. For FSDP_AVG pass the divisor (the world size) in avg_divisor. */
 FSDP_API void fsdp_reduce_ranks(void *dst, const void *const *srcs, int nsrc, size_t count,
                                 fsdp_dtype dtype, fsdp_reduce_op op, int avg_divisor);
+
+/* Splits a communicator: ranks that pass the same color form a new communicator, ordered by
+   key (then by parent rank). Collective over the parent. Same backend as the parent (shm
+   segments and socket rendezvous are set up through the parent). */
+FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **out);
+
+/* ============================================================================================
+   >>model
+   A model is a tree of modules (dotted names, type names) holding parameters. The root is
+   module 0. Names follow PyTorch state dicts: "layers.0.weight".
+   ============================================================================================ */
+typedef struct fsdp_model fsdp_model;
+
+typedef enum fsdp_init_kind {
+    FSDP_INIT_ZEROS = 0,
+    FSDP_INIT_ONES = 1,
+    FSDP_INIT_CONSTANT = 2, /* a */
+    FSDP_INIT_NORMAL = 3,   /* mean a, standard deviation b */
+    FSDP_INIT_UNIFORM = 4,  /* [a, b) */
+    FSDP_INIT_CALLBACK = 5  /* fn(user, full parameter name, flat element index, seed) */
+} fsdp_init_kind;
+
+typedef float (*fsdp_init_fn)(void *user, const char *param_name, int64_t index, uint64_t seed);
+
+/* How a parameter's elements are initialised. Every element is computed on its own from a
+   counter-based generator keyed by (seed, parameter name, element index), so each rank fills
+   only its shard and the model is bitwise the same for every world size and strategy. */
+typedef struct fsdp_init {
+    fsdp_init_kind kind;
+    float a, b;
+    fsdp_init_fn fn;
+    void *user;
+} fsdp_init_rule;
+
+#define FSDP_MAX_DIMS 8
+
+/* Creates a model whose root module has the given type name (e.g. "GPT"). */
+FSDP_API int fsdp_model_create(fsdp_model **out, const char *root_type);
+FSDP_API void fsdp_model_destroy(fsdp_model *model);
+/* Adds a module under parent (0 = root); returns its id (> 0) or a negative fsdp_result.
+   name is the local name ("0", "attn"); its full name is the dotted path. */
+FSDP_API int fsdp_model_module(fsdp_model *model, int parent, const char *name, const char *type);
+/* Adds a parameter to a module; returns its id (>= 0) or a negative fsdp_result. Shapes are
+   row-major; any sizes (no divisibility rules). */
+FSDP_API int fsdp_model_param(fsdp_model *model, int module, const char *name, int ndim, const int64_t *shape,
+                              fsdp_init_rule init);
+FSDP_API int fsdp_model_num_modules(const fsdp_model *model);
+FSDP_API int fsdp_model_num_params(const fsdp_model *model);
+FSDP_API const char *fsdp_model_module_name(const fsdp_model *model, int module); /* "" for the root */
+FSDP_API const char *fsdp_model_param_name(const fsdp_model *model, int param);   /* "layers.0.weight" */
+FSDP_API int64_t fsdp_model_param_numel(const fsdp_model *model, int param);
+FSDP_API int fsdp_model_param_shape(const fsdp_model *model, int param, int64_t *shape /* [FSDP_MAX_DIMS] */);
+FSDP_API int fsdp_model_find_param(const fsdp_model *model, const char *full_name); /* id or -1 */
+/* Marks a module as a unit for FSDP_WRAP_MANUAL (and for any policy: always a unit). */
+FSDP_API int fsdp_model_wrap(fsdp_model *model, int module);
+/* The value element `index` of a parameter gets from its init rule and the seed. */
+FSDP_API float fsdp_init_value(const fsdp_model *model, int param, int64_t index, uint64_t seed);
+
+/* ============================================================================================
+   >>wrap
+   ============================================================================================ */
+typedef enum fsdp_wrap_kind {
+    FSDP_WRAP_DEFAULT = 0,   /* FSDP_WRAP_NONE */
+    FSDP_WRAP_NONE = 1,      /* only the root is a unit (plus modules marked by fsdp_model_wrap) */
+    FSDP_WRAP_SIZE = 2,      /* a module whose parameters not already in a child unit >= min_params */
+    FSDP_WRAP_TYPES = 3,     /* every module whose type name is in types */
+    FSDP_WRAP_PREDICATE = 4, /* predicate(user, model, module, params not in a child unit) != 0 */
+    FSDP_WRAP_MANUAL = 5     /* the modules marked by fsdp_model_wrap */
+} fsdp_wrap_kind;
+
+typedef struct fsdp_wrap_policy {
+    fsdp_wrap_kind kind;
+    int64_t min_params;
+    const char *const *types; /* NULL-terminated */
+    int (*predicate)(void *user, const fsdp_model *model, int module, int64_t unwrapped_params);
+    void *user;
+} fsdp_wrap_policy;
+
+/* ============================================================================================
+   >>runtime
+   ============================================================================================ */
+typedef struct fsdp_ctx fsdp_ctx;
+
+typedef enum fsdp_strategy {
+    FSDP_STRATEGY_DEFAULT = 0, /* FSDP_FULL_SHARD */
+    FSDP_FULL_SHARD = 1,       /* ZeRO-3: parameters, gradients, optimizer state sharded */
+    FSDP_SHARD_GRAD_OP = 2,    /* ZeRO-2: parameters stay gathered from forward to backward */
+    FSDP_NO_SHARD = 3,         /* DDP: everything replicated, gradients all-reduced */
+    FSDP_HYBRID_SHARD = 4      /* FULL_SHARD inside a shard group, replicated across groups */
+} fsdp_strategy;
+
+typedef enum fsdp_backward_prefetch {
+    FSDP_BACKWARD_PREFETCH_DEFAULT = 0, /* FSDP_BACKWARD_PRE */
+    FSDP_BACKWARD_PRE = 1,              /* gather the next unit when this one's backward starts */
+    FSDP_BACKWARD_POST = 2,             /* ... when this one's backward ends */
+    FSDP_BACKWARD_PREFETCH_NONE = 3
+} fsdp_backward_prefetch;
+
+typedef enum fsdp_optimizer_kind {
+    FSDP_OPTIMIZER_DEFAULT = 0, /* FSDP_SGD */
+    FSDP_SGD = 1,
+    FSDP_ADAM = 2,
+    FSDP_ADAMW = 3
+} fsdp_optimizer_kind;
+
+/* PyTorch's update rules and defaults (torch.optim.SGD / Adam / AdamW):
+     SGD:   g = grad + weight_decay * p; if momentum: buf = g on the first step, else
+            buf = momentum * buf + (1 - dampening) * g; g = nesterov ? g + momentum * buf : buf;
+            p -= lr * g.  Defaults: momentum 0, dampening 0, weight_decay 0, nesterov off.
+     Adam:  g = grad + weight_decay * p; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+            p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+            Defaults: betas 0.9, 0.999, eps 1e-8, weight_decay 0.
+     AdamW: p *= 1 - lr * weight_decay, then Adam without the weight-decay term.
+            Defaults as Adam but weight_decay 0.01.
+   A zero field takes the default; to ask for exactly zero where the default is not zero
+   (AdamW weight decay), set weight_decay_set = 1. */
+typedef struct fsdp_optimizer_desc {
+    fsdp_optimizer_kind kind;
+    float lr;              /* default 1e-3 */
+    float momentum, dampening;
+    int nesterov;
+    float beta1, beta2, eps;
+    float weight_decay;
+    int weight_decay_set;
+} fsdp_optimizer_desc;
+
+typedef struct fsdp_desc {
+    fsdp_comm *comm;                    /* required; the context does not own it */
+    fsdp_strategy strategy;             /* for every unit without its own (fsdp_model_set_strategy) */
+    fsdp_wrap_policy wrap;
+    fsdp_dtype param_dtype;             /* what is gathered and what compute reads; default f32 */
+    fsdp_dtype reduce_dtype;            /* what gradients are reduced in; default param_dtype */
+    int fp32_compute_view;              /* with bf16/f16 params: also give f32 views of the weights */
+    int forward_prefetch;               /* gather the next unit during this one's forward */
+    fsdp_backward_prefetch backward_prefetch;
+    int limit_all_gathers;              /* at most this many gathers in flight; default 2 */
+    int shard_group_size;               /* HYBRID_SHARD: ranks per shard group; default local size */
+    uint64_t seed;                      /* for the init rules */
+    fsdp_optimizer_desc optimizer;
+    fsdp_logger logger;                 /* default: the comm's */
+} fsdp_desc;
+
+/* Builds units from the wrap policy, allocates this rank's shards and initialises them.
+   Collective over desc->comm. */
+FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc);
+FSDP_API void fsdp_destroy(fsdp_ctx *ctx);
+/* The last error's message, naming the unit, parameter or rank at fault. */
+FSDP_API const char *fsdp_last_error(const fsdp_ctx *ctx);
+
+/* Per-unit strategy, before fsdp_init: the unit rooted at module uses this strategy. */
+FSDP_API int fsdp_model_set_strategy(fsdp_model *model, int module, fsdp_strategy strategy);
+
+/* Hooks, called by the training code at module boundaries. A module that is not a unit acts on
+   the unit that owns it (reference counted, so calling hooks on every module is fine).
+   Out-of-order calls return FSDP_ERR_STATE naming the unit and both states. */
+FSDP_API int fsdp_pre_forward(fsdp_ctx *ctx, int module);
+FSDP_API int fsdp_post_forward(fsdp_ctx *ctx, int module);
+FSDP_API int fsdp_pre_backward(fsdp_ctx *ctx, int module);
+FSDP_API int fsdp_post_backward(fsdp_ctx *ctx, int module);
+
+/* Weights of a parameter, valid from its unit's pre_forward (or pre_backward) until it is
+   resharded. fsdp_param returns f32 (param_dtype f32, or fp32_compute_view); fsdp_param_raw
+   returns the gathered param_dtype buffer. fsdp_grad: the f32 gradient to accumulate into
+   (+=), valid from the unit's pre_backward to its post_backward; zeroed at the first
+   pre_backward of an iteration (no_sync micro-steps keep accumulating). */
+FSDP_API float *fsdp_param(fsdp_ctx *ctx, int param);
+FSDP_API void *fsdp_param_raw(fsdp_ctx *ctx, int param);
+FSDP_API float *fsdp_grad(fsdp_ctx *ctx, int param);
+
+/* Gradient accumulation without communication: while on, post_backward keeps the unsharded
+   gradients and adds the next micro-step's to them; the first backward after turning it off
+   reduces the sum. */
+FSDP_API int fsdp_set_no_sync(fsdp_ctx *ctx, int on);
+
+typedef struct fsdp_step_report {
+    double grad_norm;   /* global L2 norm before clipping (same value on every rank) */
+    int skipped;        /* 1: a gradient was not finite; nothing was updated */
+    int64_t step;       /* optimizer steps taken so far */
+} fsdp_step_report;
+
+/* Waits for outstanding reduce-scatters, clips to max_norm (<= 0: no clipping), applies the
+   optimizer to this rank's shards and ends the iteration. Collective. */
+FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report);
+/* Waits for outstanding reductions and ends the iteration without an update. Collective. */
+FSDP_API int fsdp_finish_backward(fsdp_ctx *ctx);
+FSDP_API int fsdp_zero_grad(fsdp_ctx *ctx);
+FSDP_API int fsdp_set_lr(fsdp_ctx *ctx, float lr);
+/* The global gradient norm (waits for reductions; collective), as fsdp_step would clip it. */
+FSDP_API int fsdp_clip_grad_norm(fsdp_ctx *ctx, float max_norm, double *norm);
+
+/* Units, for inspection and for checkpoints. */
+typedef struct fsdp_unit_info {
+    int module;              /* module the unit is rooted at */
+    const char *name;        /* its full name ("" for the root) */
+    fsdp_strategy strategy;
+    int num_params;
+    int64_t numel;           /* parameters' elements, without alignment and padding */
+    int64_t flat_numel;      /* with alignment gaps */
+    int64_t padded_numel;    /* flat_numel rounded up to a multiple of the shard group size */
+    int64_t shard_numel;     /* elements this rank holds */
+    int64_t shard_offset;    /* where this rank's shard starts in the flat parameter */
+} fsdp_unit_info;
+
+typedef struct fsdp_param_info {
+    int unit;
+    int64_t flat_offset;     /* where the parameter starts in its unit's flat parameter */
+    int64_t numel;
+    int64_t shard_begin;     /* this rank holds elements [shard_begin, shard_end) of the */
+    int64_t shard_end;       /*   parameter (flattened); empty when begin == end */
+    float *shard;            /* those elements in the fp32 master shard */
+    float *grad_shard;       /* and in the gradient shard (after the reduction) */
+} fsdp_param_info;
+
+FSDP_API int fsdp_num_units(const fsdp_ctx *ctx);
+FSDP_API int fsdp_unit_info_get(const fsdp_ctx *ctx, int unit, fsdp_unit_info *info);
+FSDP_API int fsdp_param_info_get(const fsdp_ctx *ctx, int param, fsdp_param_info *info);
+/* Prints the units (name, parameters, padding, bytes per rank) through fn, or stdout if NULL. */
+FSDP_API void fsdp_print_units(const fsdp_ctx *ctx, void (*fn)(void *user, const char *line), void *user);
+
+/* Copies a parameter's full value (gathered) into out (numel floats) on every rank. Collective. */
+FSDP_API int fsdp_gather_param(fsdp_ctx *ctx, int param, float *out);
+/* Sets a parameter from its full value given on rank 0 (others pass NULL), like PyTorch's
+   sync_module_states. Collective. */
+FSDP_API int fsdp_set_param_full(fsdp_ctx *ctx, int param, const float *full_on_rank0);
+/* Sets this rank's slice of a parameter (fsdp_param_info: shard_begin..shard_end). Local. */
+FSDP_API int fsdp_set_param_shard(fsdp_ctx *ctx, int param, const float *slice);
+
+/* ============================================================================================
+   >>memory
+   ============================================================================================ */
+typedef struct fsdp_memory_stats {
+    size_t param_shard_bytes;    /* fp32 master shards */
+    size_t grad_shard_bytes;     /* gradient shards */
+    size_t optimizer_bytes;      /* optimizer state shards */
+    size_t persistent_bytes;     /* the three above */
+    size_t unsharded_bytes;      /* gathered parameters and unsharded gradients live now */
+    size_t peak_unsharded_bytes; /* their peak since init or the last reset */
+    size_t peak_bytes;           /* persistent + peak unsharded */
+} fsdp_memory_stats;
+
+FSDP_API int fsdp_memory_stats_get(const fsdp_ctx *ctx, fsdp_memory_stats *stats);
+FSDP_API void fsdp_memory_reset_peak(fsdp_ctx *ctx);
+/* Predicts the stats above for a model, config and world size before anything is allocated. */
+FSDP_API int fsdp_memory_estimate(const fsdp_model *model, const fsdp_desc *desc, int world_size,
+                                  fsdp_memory_stats *estimate);
 
 /* ============================================================================================
    >>launcher
@@ -812,6 +1058,8 @@ typedef struct fsdp__fingerprint {
     int32_t dtype;
     int32_t op;
     int32_t root;
+    uint32_t tag;
+    uint32_t pad;
 } fsdp__fingerprint;
 
 struct fsdp_comm {
@@ -868,12 +1116,14 @@ FSDP__PRIVATE fsdp__fingerprint fsdp__fingerprint_of(const fsdp_coll *c) {
     fp.dtype = c->dtype;
     fp.op = c->kind == FSDP_COLL_REDUCE_SCATTER || c->kind == FSDP_COLL_ALL_REDUCE ? c->op : 0;
     fp.root = c->kind == FSDP_COLL_BROADCAST ? c->root : 0;
+    fp.tag = c->tag;
     return fp;
 }
 
-/* "op #12 all_reduce(count=1000, bf16, sum)" */
+/* "op #12 all_reduce(count=1000, bf16, sum)", with " tag 3" when tagged */
 FSDP__PRIVATE const char *fsdp__describe(char *buf, size_t size, const fsdp__fingerprint *fp) {
     const char *name = fsdp_coll_name(FSDP__CAST(fsdp_coll_kind, fp->kind));
+    size_t n;
     if (fp->kind == FSDP_COLL_BARRIER)
         fsdp__fmt(buf, size, "op #%llu barrier", (unsigned long long)fp->seq);
     else if (fp->kind == FSDP_COLL_BROADCAST)
@@ -886,6 +1136,8 @@ FSDP__PRIVATE const char *fsdp__describe(char *buf, size_t size, const fsdp__fin
     else
         fsdp__fmt(buf, size, "op #%llu %s(count=%llu, %s)", (unsigned long long)fp->seq, name,
                  (unsigned long long)fp->count, fsdp_dtype_name(FSDP__CAST(fsdp_dtype, fp->dtype)));
+    n = strlen(buf);
+    if (fp->tag && n < size) fsdp__fmt(buf + n, size - n, " tag %u", (unsigned)fp->tag);
     return buf;
 }
 
@@ -1042,6 +1294,14 @@ FSDP__PRIVATE fsdp_coll fsdp__coll(fsdp_coll_kind kind, const void *send, void *
     c.op = op;
     c.root = root;
     return c;
+}
+
+/* The runtime's entry: a collective labelled with a tag that must agree across ranks. */
+FSDP__PRIVATE int fsdp__collective_tagged(fsdp_comm *comm, fsdp_coll_kind kind, const void *send, void *recv,
+                                          size_t count, fsdp_dtype dtype, fsdp_reduce_op op, uint32_t tag) {
+    fsdp_coll c = fsdp__coll(kind, send, recv, count, dtype, op, 0);
+    c.tag = tag;
+    return fsdp__collective(comm, &c);
 }
 
 FSDP_API int fsdp_all_gather(fsdp_comm *comm, const void *send, void *recv, size_t count, fsdp_dtype dtype) {
@@ -1753,6 +2013,7 @@ typedef struct fsdp__sock {
     struct pollfd *pfds;
     int *pfd_peer;
     double spin_seconds;    /* busy-poll before sleeping in poll; 0 when ranks outnumber cores */
+    struct sockaddr_in local; /* this rank's address as its peers reach it (for fsdp_comm_split) */
 } fsdp__sock;
 
 /* The socket comm whose op this thread is running: only that thread may write abort frames
@@ -1998,6 +2259,8 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
             goto done;
         }
         if ((rc = fsdp__sock_rendezvous_root(comm, s, listen_fd, deadline, ips, ports)) != 0) goto done;
+        s->local = master;
+        s->local.sin_port = 0;
     } else {
         fsdp__sock_reply reply;
         socklen_t len = sizeof local;
@@ -2013,6 +2276,7 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
         fsdp__sock_addr_string(s->peers[0].addr, sizeof s->peers[0].addr, &master);
         getsockname(fd, (struct sockaddr *)&local, &len);
         local.sin_port = 0;
+        s->local = local;
         listen_fd = fsdp__sock_listen(&local, P + 8);
         len = sizeof local;
         if (listen_fd < 0 || getsockname(listen_fd, (struct sockaddr *)&local, &len) != 0) {
@@ -2549,7 +2813,9 @@ static const fsdp_backend fsdp__mpi_backend = {
     "mpi", fsdp__mpi_all_gather, fsdp__mpi_reduce_scatter, fsdp__mpi_all_reduce, fsdp__mpi_broadcast,
     fsdp__mpi_barrier, fsdp__mpi_abort, fsdp__mpi_destroy, 1};
 
-FSDP__PRIVATE int fsdp__mpi_init(fsdp_comm *comm) {
+/* base: the MPI communicator to duplicate (MPI_COMM_NULL: MPI_COMM_WORLD, initialising MPI
+   if nobody has). */
+FSDP__PRIVATE int fsdp__mpi_init(fsdp_comm *comm, MPI_Comm base) {
     fsdp__mpi *m = (fsdp__mpi *)fsdp__calloc(sizeof *m);
     int initialized = 0, provided = 0, rank = 0, size = 0;
     if (!m) return fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "mpi: out of memory");
@@ -2561,7 +2827,8 @@ FSDP__PRIVATE int fsdp__mpi_init(fsdp_comm *comm) {
         }
         m->finalize = 1;
     }
-    MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
+    if (base == MPI_COMM_NULL) MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
+    else m->comm = base;
     MPI_Comm_rank(m->comm, &rank);
     MPI_Comm_size(m->comm, &size);
     if (size > 256 || (comm->world && (comm->world != size || comm->rank != rank))) {
@@ -2613,7 +2880,7 @@ FSDP__PRIVATE int fsdp__comm_create(fsdp_comm **out, const fsdp_comm_desc *desc,
             break;
         case FSDP_BACKEND_MPI:
 #ifdef FSDP_WITH_MPI
-            rc = fsdp__mpi_init(comm);
+            rc = fsdp__mpi_init(comm, MPI_COMM_NULL);
 #else
             rc = fsdp__init_fail(&desc->logger, FSDP_ERR_UNSUPPORTED, "the mpi backend needs fsdp.h compiled with "
                                  "FSDP_WITH_MPI (and mpicc)");
@@ -2645,6 +2912,90 @@ FSDP__PRIVATE int fsdp__comm_create(fsdp_comm **out, const fsdp_comm_desc *desc,
 
 FSDP_API int fsdp_comm_init(fsdp_comm **out, const fsdp_comm_desc *desc) {
     return fsdp__comm_create(out, desc, -1, NULL, 0);
+}
+
+FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **out) {
+    int32_t mine[4], *all = NULL;
+    int P, r, new_rank = 0, new_world = 0, leader = -1, rc, listen_fd = -1;
+    fsdp_comm_desc desc;
+    char job[64], host[INET_ADDRSTRLEN] = "127.0.0.1";
+    if (out) *out = NULL;
+    if (!parent || !out) return FSDP_ERR_INVALID_ARG;
+    if (parent->kind == FSDP_BACKEND_USER)
+        return fsdp_comm_fail(parent, FSDP_ERR_UNSUPPORTED, "fsdp_comm_split: not available for user backends");
+    P = parent->world;
+    all = (int32_t *)FSDP_MALLOC(sizeof *all * 4 * (size_t)P);
+    if (!all) return FSDP_ERR_OUT_OF_MEMORY;
+    mine[0] = color;
+    mine[1] = key;
+    mine[2] = mine[3] = 0;
+    /* integers travel as f32 bit patterns: an all-gather only copies */
+    rc = fsdp__collective_tagged(parent, FSDP_COLL_ALL_GATHER, mine, all, 4, FSDP_F32, FSDP_SUM, 0x5b117u);
+    if (rc) goto done;
+    for (r = 0; r < P; r++) { /* members of my color ordered by (key, rank) */
+        if (all[4 * r] != color) continue;
+        if (all[4 * r + 1] < key || (all[4 * r + 1] == key && r < parent->rank)) new_rank++;
+        if (leader < 0 || all[4 * r + 1] < all[4 * leader + 1]) leader = r;
+        new_world++;
+    }
+    memset(&desc, 0, sizeof desc);
+    desc.backend = parent->kind;
+    desc.rank = new_rank;
+    desc.world_size = new_world;
+    desc.timeout_ms = parent->timeout_ms;
+    desc.logger = parent->logger;
+    fsdp__fmt(job, sizeof job, "%.30s.s%llu.%d", parent->job, (unsigned long long)parent->seq, color);
+    desc.job = job;
+    if (parent->kind == FSDP_BACKEND_SHM && parent->impl) desc.shm_slot_bytes = ((fsdp__shm *)parent->impl)->slot_bytes;
+    if (parent->kind == FSDP_BACKEND_SOCKET && parent->impl) {
+        /* the group's rank 0 listens where its peers already reach it */
+        struct sockaddr_in at = ((fsdp__sock *)parent->impl)->local;
+        socklen_t len = sizeof at;
+        mine[2] = mine[3] = 0;
+        if (new_rank == 0 && new_world > 1) {
+            at.sin_port = 0;
+            listen_fd = fsdp__sock_listen(&at, new_world + 8);
+            if (listen_fd < 0 || getsockname(listen_fd, (struct sockaddr *)&at, &len) != 0) {
+                rc = fsdp_comm_fail(parent, FSDP_ERR_SYSTEM, "fsdp_comm_split: rank %d cannot listen: %s", parent->rank,
+                                    strerror(errno));
+                goto done;
+            }
+            memcpy(&mine[2], &at.sin_addr.s_addr, 4);
+            mine[3] = ntohs(at.sin_port);
+        }
+        rc = fsdp__collective_tagged(parent, FSDP_COLL_ALL_GATHER, mine, all, 4, FSDP_F32, FSDP_SUM, 0x5b118u);
+        if (rc) goto done;
+        {
+            struct in_addr ip;
+            memcpy(&ip.s_addr, &all[4 * leader + 2], 4);
+            inet_ntop(AF_INET, &ip, host, sizeof host);
+        }
+        desc.master_addr = host;
+        desc.master_port = all[4 * leader + 3];
+    }
+#ifdef FSDP_WITH_MPI
+    if (parent->kind == FSDP_BACKEND_MPI) {
+        MPI_Comm split;
+        fsdp_comm *comm;
+        if (MPI_Comm_split(((fsdp__mpi *)parent->impl)->comm, color, key, &split) != MPI_SUCCESS) {
+            rc = fsdp_comm_fail(parent, FSDP_ERR_SYSTEM, "fsdp_comm_split: MPI_Comm_split failed");
+            goto done;
+        }
+        comm = fsdp__comm_new(&desc);
+        if (!comm) { rc = FSDP_ERR_OUT_OF_MEMORY; goto done; }
+        comm->kind = FSDP_BACKEND_MPI;
+        if ((rc = fsdp__mpi_init(comm, split)) != 0) { fsdp_comm_destroy(comm); goto done; }
+        *out = comm;
+        goto done;
+    }
+#endif
+    rc = fsdp__comm_create(out, &desc, listen_fd, NULL, 0);
+    listen_fd = -1; /* fsdp__sock_init closed it */
+    if (rc) fsdp__log(&parent->logger, FSDP_LOG_ERROR, "fsdp_comm_split: %s", fsdp__init_error);
+done:
+    if (listen_fd >= 0) close(listen_fd);
+    FSDP_FREE(all);
+    return rc;
 }
 
 /* ============================================================================================
@@ -2762,6 +3113,1446 @@ FSDP_API int fsdp_comm_init_from_env(fsdp_comm **out, const fsdp_comm_desc *defa
 fail:
     fsdp__init_fail(&desc.logger, rc, "%s", err);
     if (errbuf && errbuf_size) fsdp__copy_string(errbuf, errbuf_size, err);
+    return rc;
+}
+
+/* ============================================================================================
+   >>model (implementation)
+   ============================================================================================ */
+typedef struct fsdp__module {
+    char *name;            /* full dotted name; "" for the root */
+    char *type;
+    int parent;
+    int marked;            /* fsdp_model_wrap */
+    fsdp_strategy strategy; /* fsdp_model_set_strategy; 0 = the context's default */
+} fsdp__module;
+
+typedef struct fsdp__param {
+    char *name;
+    int module;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];
+    int64_t numel;
+    fsdp_init_rule init;
+    uint64_t key;          /* hash of the name: the generator's stream */
+} fsdp__param;
+
+struct fsdp_model {
+    fsdp__module *modules;
+    int num_modules, cap_modules;
+    fsdp__param *params;
+    int num_params, cap_params;
+};
+
+FSDP__PRIVATE char *fsdp__strdup(const char *text) {
+    size_t n = strlen(text);
+    char *copy = (char *)FSDP_MALLOC(n + 1);
+    if (copy) memcpy(copy, text, n + 1);
+    return copy;
+}
+
+static uint64_t fsdp__mix64(uint64_t x) { /* splitmix64's finaliser */
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+FSDP__PRIVATE uint64_t fsdp__hash_string(const char *text) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *text; text++) h = (h ^ (unsigned char)*text) * 0x100000001b3ull;
+    return fsdp__mix64(h);
+}
+
+/* Uniform in [0, 1) with 24 random bits, a pure function of (seed, key, index, lane). */
+static double fsdp__uniform(uint64_t seed, uint64_t key, int64_t index, int lane) {
+    uint64_t h = fsdp__mix64(seed ^ fsdp__mix64(key ^ fsdp__mix64((uint64_t)index * 2u + (uint64_t)lane + 0x9e3779b97f4a7c15ull)));
+    return (double)(h >> 40) * (1.0 / 16777216.0);
+}
+
+FSDP_API int fsdp_model_create(fsdp_model **out, const char *root_type) {
+    fsdp_model *m;
+    if (!out) return FSDP_ERR_INVALID_ARG;
+    *out = NULL;
+    m = (fsdp_model *)fsdp__calloc(sizeof *m);
+    if (!m) return FSDP_ERR_OUT_OF_MEMORY;
+    m->cap_modules = 16;
+    m->modules = (fsdp__module *)fsdp__calloc(sizeof *m->modules * (size_t)m->cap_modules);
+    if (!m->modules) { FSDP_FREE(m); return FSDP_ERR_OUT_OF_MEMORY; }
+    m->modules[0].name = fsdp__strdup("");
+    m->modules[0].type = fsdp__strdup(root_type && *root_type ? root_type : "Model");
+    m->modules[0].parent = -1;
+    m->num_modules = 1;
+    if (!m->modules[0].name || !m->modules[0].type) { fsdp_model_destroy(m); return FSDP_ERR_OUT_OF_MEMORY; }
+    *out = m;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API void fsdp_model_destroy(fsdp_model *m) {
+    int i;
+    if (!m) return;
+    for (i = 0; i < m->num_modules; i++) { FSDP_FREE(m->modules[i].name); FSDP_FREE(m->modules[i].type); }
+    for (i = 0; i < m->num_params; i++) FSDP_FREE(m->params[i].name);
+    FSDP_FREE(m->modules);
+    FSDP_FREE(m->params);
+    FSDP_FREE(m);
+}
+
+/* "a.b" + "." + "c", or just "c" under the root. */
+FSDP__PRIVATE char *fsdp__join_name(const char *prefix, const char *name) {
+    size_t a = strlen(prefix), b = strlen(name);
+    char *full = (char *)FSDP_MALLOC(a + b + 2);
+    if (!full) return NULL;
+    if (a) { memcpy(full, prefix, a); full[a] = '.'; memcpy(full + a + 1, name, b + 1); }
+    else memcpy(full, name, b + 1);
+    return full;
+}
+
+FSDP__PRIVATE int fsdp__valid_local_name(const char *name) {
+    const char *c;
+    if (!name || !*name) return 0;
+    for (c = name; *c; c++)
+        if (*c == '.' || *c == '"' || *c == '\\' || (unsigned char)*c < 0x20) return 0;
+    return 1;
+}
+
+FSDP_API int fsdp_model_module(fsdp_model *m, int parent, const char *name, const char *type) {
+    fsdp__module *mod;
+    int i;
+    char *full;
+    if (!m || parent < 0 || parent >= m->num_modules || !fsdp__valid_local_name(name)) return FSDP_ERR_INVALID_ARG;
+    full = fsdp__join_name(m->modules[parent].name, name);
+    if (!full) return FSDP_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < m->num_modules; i++)
+        if (strcmp(m->modules[i].name, full) == 0) { FSDP_FREE(full); return FSDP_ERR_INVALID_ARG; } /* duplicate */
+    if (m->num_modules == m->cap_modules) {
+        fsdp__module *grown = (fsdp__module *)FSDP_REALLOC(m->modules, sizeof *grown * (size_t)m->cap_modules * 2);
+        if (!grown) { FSDP_FREE(full); return FSDP_ERR_OUT_OF_MEMORY; }
+        m->modules = grown;
+        m->cap_modules *= 2;
+    }
+    mod = &m->modules[m->num_modules];
+    memset(mod, 0, sizeof *mod);
+    mod->name = full;
+    mod->type = fsdp__strdup(type && *type ? type : "Module");
+    mod->parent = parent;
+    if (!mod->type) { FSDP_FREE(full); return FSDP_ERR_OUT_OF_MEMORY; }
+    return m->num_modules++;
+}
+
+FSDP_API int fsdp_model_param(fsdp_model *m, int module, const char *name, int ndim, const int64_t *shape,
+                              fsdp_init_rule init) {
+    fsdp__param *p;
+    int i;
+    int64_t numel = 1;
+    char *full;
+    if (!m || module < 0 || module >= m->num_modules || !fsdp__valid_local_name(name) || ndim < 0 ||
+        ndim > FSDP_MAX_DIMS || (ndim && !shape) || (init.kind == FSDP_INIT_CALLBACK && !init.fn) ||
+        (int)init.kind < 0 || init.kind > FSDP_INIT_CALLBACK)
+        return FSDP_ERR_INVALID_ARG;
+    for (i = 0; i < ndim; i++) {
+        if (shape[i] <= 0 || numel > ((int64_t)1 << 40) / shape[i]) return FSDP_ERR_INVALID_ARG;
+        numel *= shape[i];
+    }
+    full = fsdp__join_name(m->modules[module].name, name);
+    if (!full) return FSDP_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < m->num_params; i++)
+        if (strcmp(m->params[i].name, full) == 0) { FSDP_FREE(full); return FSDP_ERR_INVALID_ARG; }
+    if (m->num_params == m->cap_params) {
+        int cap = m->cap_params ? m->cap_params * 2 : 16;
+        fsdp__param *grown = (fsdp__param *)FSDP_REALLOC(m->params, sizeof *grown * (size_t)cap);
+        if (!grown) { FSDP_FREE(full); return FSDP_ERR_OUT_OF_MEMORY; }
+        m->params = grown;
+        m->cap_params = cap;
+    }
+    p = &m->params[m->num_params];
+    memset(p, 0, sizeof *p);
+    p->name = full;
+    p->module = module;
+    p->ndim = ndim;
+    for (i = 0; i < ndim; i++) p->shape[i] = shape[i];
+    p->numel = numel;
+    p->init = init;
+    p->key = fsdp__hash_string(full);
+    return m->num_params++;
+}
+
+FSDP_API int fsdp_model_num_modules(const fsdp_model *m) { return m ? m->num_modules : 0; }
+FSDP_API int fsdp_model_num_params(const fsdp_model *m) { return m ? m->num_params : 0; }
+FSDP_API const char *fsdp_model_module_name(const fsdp_model *m, int module) {
+    return m && module >= 0 && module < m->num_modules ? m->modules[module].name : NULL;
+}
+FSDP_API const char *fsdp_model_param_name(const fsdp_model *m, int param) {
+    return m && param >= 0 && param < m->num_params ? m->params[param].name : NULL;
+}
+FSDP_API int64_t fsdp_model_param_numel(const fsdp_model *m, int param) {
+    return m && param >= 0 && param < m->num_params ? m->params[param].numel : -1;
+}
+FSDP_API int fsdp_model_param_shape(const fsdp_model *m, int param, int64_t *shape) {
+    int i;
+    if (!m || param < 0 || param >= m->num_params) return -1;
+    for (i = 0; shape && i < m->params[param].ndim; i++) shape[i] = m->params[param].shape[i];
+    return m->params[param].ndim;
+}
+FSDP_API int fsdp_model_find_param(const fsdp_model *m, const char *full_name) {
+    int i;
+    for (i = 0; m && full_name && i < m->num_params; i++)
+        if (strcmp(m->params[i].name, full_name) == 0) return i;
+    return -1;
+}
+FSDP_API int fsdp_model_wrap(fsdp_model *m, int module) {
+    if (!m || module < 0 || module >= m->num_modules) return FSDP_ERR_INVALID_ARG;
+    m->modules[module].marked = 1;
+    return FSDP_SUCCESS;
+}
+FSDP_API int fsdp_model_set_strategy(fsdp_model *m, int module, fsdp_strategy strategy) {
+    if (!m || module < 0 || module >= m->num_modules || (int)strategy < 0 || strategy > FSDP_HYBRID_SHARD)
+        return FSDP_ERR_INVALID_ARG;
+    m->modules[module].strategy = strategy;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API float fsdp_init_value(const fsdp_model *m, int param, int64_t index, uint64_t seed) {
+    const fsdp__param *p;
+    if (!m || param < 0 || param >= m->num_params) return 0.0f;
+    p = &m->params[param];
+    switch (p->init.kind) {
+        case FSDP_INIT_ONES: return 1.0f;
+        case FSDP_INIT_CONSTANT: return p->init.a;
+        case FSDP_INIT_UNIFORM:
+            return (float)(p->init.a + (p->init.b - p->init.a) * fsdp__uniform(seed, p->key, index, 0));
+        case FSDP_INIT_NORMAL: { /* Box-Muller on two independent uniforms */
+            double u1 = 1.0 - fsdp__uniform(seed, p->key, index, 0), u2 = fsdp__uniform(seed, p->key, index, 1);
+            return (float)(p->init.a + p->init.b * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+        }
+        case FSDP_INIT_CALLBACK: return p->init.fn(p->init.user, p->name, index, seed);
+        default: return 0.0f;
+    }
+}
+
+/* ============================================================================================
+   >>wrap (implementation)
+   Units are found bottom-up: a module's "unwrapped" parameters are its own plus those of
+   children that did not become units; the policy looks at that count (PyTorch's semantics).
+   The root is always a unit and owns whatever no child unit took.
+   ============================================================================================ */
+typedef struct fsdp__plan_unit {
+    int module;
+    fsdp_strategy strategy;
+    int num_params;
+    int64_t numel, flat_numel, padded, shard;
+    int group_size;
+} fsdp__plan_unit;
+
+typedef struct fsdp__plan {
+    int num_units;
+    fsdp__plan_unit *units;
+    int *unit_of_module;   /* the unit a module's hooks act on */
+    int *unit_of_param;
+    int64_t *param_offset; /* in its unit's flat parameter */
+} fsdp__plan;
+
+#define FSDP__ALIGN_ELEMS 4 /* 16 bytes of f32: every parameter starts aligned */
+
+FSDP__PRIVATE void fsdp__plan_free(fsdp__plan *plan) {
+    FSDP_FREE(plan->units);
+    FSDP_FREE(plan->unit_of_module);
+    FSDP_FREE(plan->unit_of_param);
+    FSDP_FREE(plan->param_offset);
+    memset(plan, 0, sizeof *plan);
+}
+
+FSDP__PRIVATE int fsdp__type_listed(const char *const *types, const char *type) {
+    for (; types && *types; types++)
+        if (strcmp(*types, type) == 0) return 1;
+    return 0;
+}
+
+/* The shard group a strategy divides a unit over. */
+static int fsdp__group_size(fsdp_strategy strategy, int world, int hybrid_group) {
+    if (strategy == FSDP_NO_SHARD) return 1;
+    if (strategy == FSDP_HYBRID_SHARD) return hybrid_group;
+    return world;
+}
+
+FSDP__PRIVATE int fsdp__plan_build(const fsdp_model *m, const fsdp_desc *desc, int world, int hybrid_group,
+                                   fsdp__plan *plan, char *err, size_t err_size) {
+    int64_t *unwrapped = NULL;
+    int *is_unit = NULL, mod, p, u;
+    fsdp_strategy fallback = desc->strategy ? desc->strategy : FSDP_FULL_SHARD;
+    fsdp_wrap_kind kind = desc->wrap.kind ? desc->wrap.kind : FSDP_WRAP_NONE;
+    memset(plan, 0, sizeof *plan);
+    if ((int)kind < 0 || kind > FSDP_WRAP_MANUAL || (kind == FSDP_WRAP_TYPES && !desc->wrap.types) ||
+        (kind == FSDP_WRAP_PREDICATE && !desc->wrap.predicate) || (kind == FSDP_WRAP_SIZE && desc->wrap.min_params <= 0)) {
+        fsdp__fmt(err, err_size, "wrap policy %d is incomplete (SIZE needs min_params > 0, TYPES a NULL-terminated "
+                  "list, PREDICATE a function)", (int)kind);
+        return FSDP_ERR_INVALID_ARG;
+    }
+    if ((int)fallback < 0 || fallback > FSDP_HYBRID_SHARD) {
+        fsdp__fmt(err, err_size, "strategy %d is not one of FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD", (int)fallback);
+        return FSDP_ERR_INVALID_ARG;
+    }
+    unwrapped = (int64_t *)fsdp__calloc(sizeof *unwrapped * (size_t)m->num_modules);
+    is_unit = (int *)fsdp__calloc(sizeof *is_unit * (size_t)m->num_modules);
+    plan->unit_of_module = (int *)fsdp__calloc(sizeof(int) * (size_t)m->num_modules);
+    plan->unit_of_param = (int *)fsdp__calloc(sizeof(int) * (size_t)(m->num_params + 1));
+    plan->param_offset = (int64_t *)fsdp__calloc(sizeof(int64_t) * (size_t)(m->num_params + 1));
+    plan->units = (fsdp__plan_unit *)fsdp__calloc(sizeof *plan->units * (size_t)m->num_modules);
+    if (!unwrapped || !is_unit || !plan->unit_of_module || !plan->unit_of_param || !plan->param_offset || !plan->units) {
+        FSDP_FREE(unwrapped);
+        FSDP_FREE(is_unit);
+        fsdp__plan_free(plan);
+        fsdp__fmt(err, err_size, "out of memory");
+        return FSDP_ERR_OUT_OF_MEMORY;
+    }
+    for (p = 0; p < m->num_params; p++) unwrapped[m->params[p].module] += m->params[p].numel;
+    for (mod = m->num_modules - 1; mod >= 0; mod--) { /* children have larger ids than parents */
+        const fsdp__module *md = &m->modules[mod];
+        int wrap = mod == 0 || md->marked;
+        if (!wrap && kind == FSDP_WRAP_SIZE) wrap = unwrapped[mod] >= desc->wrap.min_params;
+        if (!wrap && kind == FSDP_WRAP_TYPES) wrap = fsdp__type_listed(desc->wrap.types, md->type);
+        if (!wrap && kind == FSDP_WRAP_PREDICATE)
+            wrap = desc->wrap.predicate(desc->wrap.user, m, mod, unwrapped[mod]) != 0;
+        is_unit[mod] = wrap;
+        if (!wrap && md->parent >= 0) unwrapped[md->parent] += unwrapped[mod];
+    }
+    for (mod = 0; mod < m->num_modules; mod++) { /* units in declaration order */
+        if (is_unit[mod]) {
+            fsdp__plan_unit *pu = &plan->units[plan->num_units];
+            pu->module = mod;
+            pu->strategy = m->modules[mod].strategy ? m->modules[mod].strategy : fallback;
+            pu->group_size = fsdp__group_size(pu->strategy, world, hybrid_group);
+            plan->unit_of_module[mod] = plan->num_units++;
+        } else {
+            plan->unit_of_module[mod] = plan->unit_of_module[m->modules[mod].parent];
+        }
+    }
+    for (p = 0; p < m->num_params; p++) { /* flat layout, parameters in declaration order */
+        fsdp__plan_unit *pu;
+        u = plan->unit_of_module[m->params[p].module];
+        pu = &plan->units[u];
+        plan->unit_of_param[p] = u;
+        pu->flat_numel = (pu->flat_numel + FSDP__ALIGN_ELEMS - 1) / FSDP__ALIGN_ELEMS * FSDP__ALIGN_ELEMS;
+        plan->param_offset[p] = pu->flat_numel;
+        pu->flat_numel += m->params[p].numel;
+        pu->numel += m->params[p].numel;
+        pu->num_params++;
+    }
+    for (u = 0; u < plan->num_units; u++) {
+        fsdp__plan_unit *pu = &plan->units[u];
+        int64_t g = pu->group_size;
+        pu->padded = (pu->flat_numel + g - 1) / g * g;
+        pu->shard = pu->padded / g;
+    }
+    FSDP_FREE(unwrapped);
+    FSDP_FREE(is_unit);
+    return FSDP_SUCCESS;
+}
+
+/* ============================================================================================
+   >>runtime (implementation)
+   The compute thread calls the hooks; one comm thread runs every collective of the context in
+   the order they were issued (every rank issues the same sequence), so gathers of the next unit
+   overlap this unit's compute and reductions overlap the rest of backward. Tasks finish in
+   order: "task n done" is "completed >= n".
+   ============================================================================================ */
+enum { FSDP__SHARDED = 0, FSDP__GATHERING, FSDP__UNSHARDED, FSDP__IN_FORWARD, FSDP__IN_BACKWARD };
+enum { FSDP__TASK_GATHER = 1, FSDP__TASK_REDUCE, FSDP__TASK_COLL };
+
+static const char *fsdp__state_name(int state) {
+    static const char *names[] = {"SHARDED", "GATHERING", "UNSHARDED", "FORWARD", "BACKWARD"};
+    return state >= 0 && state <= 4 ? names[state] : "?";
+}
+
+typedef struct fsdp__unit {
+    int module;
+    fsdp_strategy strategy;
+    int num_params;
+    int first_param;        /* index into ctx->unit_params */
+    int64_t numel, flat_numel, padded, shard;
+    int group_size, group_rank;
+    fsdp_comm *shard_comm;  /* gathers and reduce-scatters (NULL: group of one) */
+    fsdp_comm *replica_comm; /* HYBRID: across shard groups; NO_SHARD: everyone */
+    float *master;          /* fp32 shard [shard] */
+    float *grad;            /* gradient shard [shard] */
+    float *opt_a, *opt_b;   /* exp_avg / momentum_buffer, exp_avg_sq */
+    void *unsharded;        /* [padded] param_dtype, while gathered */
+    float *view32;          /* fp32 compute view, while gathered */
+    float *grad_full;       /* [padded] f32, from pre_backward to the end of its reduction */
+    int grad_full_pending;  /* no_sync: grad_full holds accumulated micro-steps */
+    int state, refcount;
+    uint64_t gather_task;
+    int forward_done, backward_started, backward_done;
+    int reshard_after_forward;
+} fsdp__unit;
+
+typedef struct fsdp__task {
+    int kind, unit;
+    uint64_t id;
+    void *scratch;          /* REDUCE: reduce-dtype staging, freed by the comm thread */
+    size_t scratch_bytes;
+    float *grad_full;       /* REDUCE: the unsharded gradient, freed by the comm thread */
+    size_t grad_bytes;
+    fsdp_comm *comm;        /* COLL: one collective */
+    fsdp_coll_kind coll;
+    const void *send;
+    void *recv;
+    size_t count;
+    int root;
+} fsdp__task;
+
+typedef struct fsdp__pool_entry { void *ptr; size_t bytes; } fsdp__pool_entry;
+#define FSDP__POOL_MAX 8
+
+struct fsdp_ctx {
+    fsdp_model *model;
+    fsdp_desc desc;
+    fsdp_comm *comm, *hybrid_shard_comm, *hybrid_replica_comm;
+    fsdp__plan plan;
+    fsdp__unit *units;
+    int num_units;
+    int *unit_params;
+    fsdp_param_info *params;
+    int rank, world;
+    fsdp_dtype param_dtype, reduce_dtype;
+    fsdp_optimizer_desc opt;
+    int64_t step;
+    int no_sync;
+    /* iteration */
+    int phase;              /* 0 idle, 1 forward, 2 backward */
+    int64_t iteration;
+    int *fwd_order, fwd_len, *bwd_order, bwd_len, order_known;
+    /* comm thread */
+    pthread_t thread;
+    int thread_started, stop;
+    pthread_mutex_t lock;
+    pthread_cond_t wake, done;
+    fsdp__task *queue;
+    int queue_cap, queue_head, queue_len;
+    uint64_t issued, completed;
+    int worker_error;
+    /* memory */
+    size_t persistent_bytes, param_bytes, grad_bytes, opt_bytes, live_bytes, peak_live_bytes;
+    fsdp__pool_entry pool[FSDP__POOL_MAX];
+    int pool_len;
+    fsdp_logger logger;
+    char error[FSDP__ERRMSG];
+};
+
+FSDP__PRIVATE int fsdp__fail(fsdp_ctx *ctx, int code, const char *fmt, ...) FSDP__PRINTF(3, 4);
+FSDP__PRIVATE int fsdp__fail(fsdp_ctx *ctx, int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->error, sizeof ctx->error, fmt, ap);
+    va_end(ap);
+    fsdp__log(&ctx->logger, FSDP_LOG_ERROR, "rank %d: %s", ctx->rank, ctx->error);
+    return code;
+}
+
+FSDP_API const char *fsdp_last_error(const fsdp_ctx *ctx) { return ctx ? ctx->error : fsdp__init_error; }
+
+static const char *fsdp__unit_name(const fsdp_ctx *ctx, int u) {
+    const char *name = ctx->model->modules[ctx->units[u].module].name;
+    return *name ? name : "(root)";
+}
+
+/* Transient buffers come from a small pool of exact sizes: units of a model repeat their
+   sizes, and returning megabytes to the system each time would fault them in again. */
+FSDP__PRIVATE void *fsdp__buf_get(fsdp_ctx *ctx, size_t bytes, int zero) {
+    void *ptr = NULL;
+    int i;
+    pthread_mutex_lock(&ctx->lock);
+    for (i = 0; i < ctx->pool_len; i++)
+        if (ctx->pool[i].bytes == bytes) {
+            ptr = ctx->pool[i].ptr;
+            ctx->pool[i] = ctx->pool[--ctx->pool_len];
+            break;
+        }
+    if (ptr || (ptr = FSDP_MALLOC(bytes ? bytes : 1)) != NULL) {
+        ctx->live_bytes += bytes;
+        if (ctx->live_bytes > ctx->peak_live_bytes) ctx->peak_live_bytes = ctx->live_bytes;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    if (ptr && zero) memset(ptr, 0, bytes);
+    return ptr;
+}
+
+FSDP__PRIVATE void fsdp__buf_put(fsdp_ctx *ctx, void *ptr, size_t bytes) {
+    if (!ptr) return;
+    pthread_mutex_lock(&ctx->lock);
+    ctx->live_bytes -= bytes;
+    if (ctx->pool_len < FSDP__POOL_MAX) {
+        ctx->pool[ctx->pool_len].ptr = ptr;
+        ctx->pool[ctx->pool_len++].bytes = bytes;
+        ptr = NULL;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    FSDP_FREE(ptr);
+}
+
+static size_t fsdp__unsharded_bytes(const fsdp_ctx *ctx, const fsdp__unit *u) {
+    return (size_t)u->padded * fsdp_dtype_size(ctx->param_dtype);
+}
+
+/* A NO_SHARD unit in f32 computes straight on its master copy: nothing to gather. */
+static int fsdp__aliases_master(const fsdp_ctx *ctx, const fsdp__unit *u) {
+    return u->group_size == 1 && ctx->param_dtype == FSDP_F32;
+}
+
+/* --- comm thread ------------------------------------------------------------------------ */
+FSDP__PRIVATE int fsdp__run_gather(fsdp_ctx *ctx, fsdp__unit *u, uint32_t tag) {
+    size_t esize = fsdp_dtype_size(ctx->param_dtype);
+    char *slot = (char *)u->unsharded + (size_t)u->group_rank * (size_t)u->shard * esize;
+    int rc = 0;
+    fsdp__from_f32(slot, ctx->param_dtype, u->master, (size_t)u->shard);
+    if (u->shard_comm)
+        rc = fsdp__collective_tagged(u->shard_comm, FSDP_COLL_ALL_GATHER, slot, u->unsharded, (size_t)u->shard,
+                                     ctx->param_dtype, FSDP_SUM, tag);
+    if (!rc && u->view32) fsdp__to_f32(u->view32, u->unsharded, ctx->param_dtype, (size_t)u->padded);
+    return rc;
+}
+
+FSDP__PRIVATE int fsdp__run_reduce(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, uint32_t tag) {
+    fsdp_dtype rd = ctx->reduce_dtype;
+    size_t esize = fsdp_dtype_size(rd), i, S = (size_t)u->shard;
+    char *data = rd == FSDP_F32 ? (char *)t->grad_full : (char *)t->scratch;
+    char *mine = data + (size_t)u->group_rank * S * esize;
+    int rc = 0;
+    if (rd != FSDP_F32) fsdp__from_f32(data, rd, t->grad_full, (size_t)u->padded);
+    if (u->shard_comm) /* in place: this rank's slice of the buffer receives the average */
+        rc = fsdp__collective_tagged(u->shard_comm, FSDP_COLL_REDUCE_SCATTER, data, mine, S, rd, FSDP_AVG, tag);
+    if (!rc && u->replica_comm)
+        rc = fsdp__collective_tagged(u->replica_comm, FSDP_COLL_ALL_REDUCE, mine, mine, S, rd, FSDP_AVG, tag);
+    if (rc) return rc;
+    if (rd != FSDP_F32) { /* widen block by block and add */
+        float block[1024];
+        size_t done, j;
+        for (done = 0; done < S; done += j) {
+            j = S - done < 1024 ? S - done : 1024;
+            fsdp__to_f32(block, mine + done * esize, rd, j);
+            for (i = 0; i < j; i++) u->grad[done + i] += block[i];
+        }
+    } else {
+        const float *avg = (const float *)mine;
+        for (i = 0; i < S; i++) u->grad[i] += avg[i];
+    }
+    return 0;
+}
+
+static void *fsdp__worker(void *arg) {
+    fsdp_ctx *ctx = (fsdp_ctx *)arg;
+    for (;;) {
+        fsdp__task t;
+        int rc = 0;
+        pthread_mutex_lock(&ctx->lock);
+        while (ctx->queue_len == 0 && !ctx->stop) pthread_cond_wait(&ctx->wake, &ctx->lock);
+        if (ctx->queue_len == 0 && ctx->stop) { pthread_mutex_unlock(&ctx->lock); break; }
+        t = ctx->queue[ctx->queue_head];
+        ctx->queue_head = (ctx->queue_head + 1) % ctx->queue_cap;
+        ctx->queue_len--;
+        rc = ctx->worker_error;
+        pthread_mutex_unlock(&ctx->lock);
+        if (!rc) { /* after a failure the rest of the queue is only drained */
+            fsdp__unit *u = t.unit >= 0 ? &ctx->units[t.unit] : NULL;
+            if (t.kind == FSDP__TASK_GATHER) rc = fsdp__run_gather(ctx, u, (uint32_t)(t.unit * 4 + 1));
+            else if (t.kind == FSDP__TASK_REDUCE) rc = fsdp__run_reduce(ctx, u, &t, (uint32_t)(t.unit * 4 + 2));
+            else if (t.coll == FSDP_COLL_BROADCAST) rc = fsdp_broadcast(t.comm, t.recv, t.count, FSDP_F32, t.root);
+            else rc = fsdp__collective_tagged(t.comm, t.coll, t.send, t.recv, t.count, FSDP_F32, FSDP_SUM, 3);
+        }
+        if (t.kind == FSDP__TASK_REDUCE) {
+            fsdp__buf_put(ctx, t.grad_full, t.grad_bytes);
+            fsdp__buf_put(ctx, t.scratch, t.scratch_bytes);
+        }
+        fsdp__stream_fence();
+        pthread_mutex_lock(&ctx->lock);
+        if (rc && !ctx->worker_error) {
+            ctx->worker_error = rc;
+            fsdp__fmt(ctx->error, sizeof ctx->error, "%s of unit '%s' failed: %s",
+                      t.kind == FSDP__TASK_GATHER ? "all-gather" : t.kind == FSDP__TASK_REDUCE ? "gradient reduction"
+                                                                                              : "collective",
+                      t.unit >= 0 ? fsdp__unit_name(ctx, t.unit) : "-",
+                      fsdp_comm_last_error(t.kind == FSDP__TASK_COLL ? t.comm
+                                           : ctx->units[t.unit].shard_comm ? ctx->units[t.unit].shard_comm
+                                                                           : ctx->units[t.unit].replica_comm));
+        }
+        ctx->completed = t.id;
+        pthread_cond_broadcast(&ctx->done);
+        pthread_mutex_unlock(&ctx->lock);
+    }
+    return NULL;
+}
+
+FSDP__PRIVATE uint64_t fsdp__enqueue(fsdp_ctx *ctx, const fsdp__task *task) {
+    uint64_t id;
+    pthread_mutex_lock(&ctx->lock);
+    if (ctx->queue_len == ctx->queue_cap) { /* cannot happen: at most a few tasks per unit */
+        pthread_mutex_unlock(&ctx->lock);
+        return 0;
+    }
+    id = ++ctx->issued;
+    ctx->queue[(ctx->queue_head + ctx->queue_len) % ctx->queue_cap] = *task;
+    ctx->queue[(ctx->queue_head + ctx->queue_len) % ctx->queue_cap].id = id;
+    ctx->queue_len++;
+    pthread_cond_signal(&ctx->wake);
+    pthread_mutex_unlock(&ctx->lock);
+    return id;
+}
+
+/* Waits for task id (0: everything issued). The comm thread's ops are each bounded by the
+   communicator's timeout, so this wait is too; the bound here only guards against a bug. */
+FSDP__PRIVATE int fsdp__wait_task(fsdp_ctx *ctx, uint64_t id) {
+    int rc;
+    double limit = fsdp_now() + 4.0 * fsdp_comm_timeout(ctx->comm) / 1000.0 + 30.0;
+    pthread_mutex_lock(&ctx->lock);
+    if (id == 0) id = ctx->issued;
+    while (ctx->completed < id && !ctx->worker_error) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&ctx->done, &ctx->lock, &ts);
+        if (fsdp_now() > limit) {
+            pthread_mutex_unlock(&ctx->lock);
+            return fsdp__fail(ctx, FSDP_ERR_TIMEOUT, "the comm thread did not finish task %llu in time",
+                              (unsigned long long)id);
+        }
+    }
+    rc = ctx->worker_error;
+    pthread_mutex_unlock(&ctx->lock);
+    return rc;
+}
+
+/* Runs one f32 collective on the comm thread, in order with the gathers and reductions. */
+FSDP__PRIVATE int fsdp__worker_coll(fsdp_ctx *ctx, fsdp_comm *comm, fsdp_coll_kind kind, const void *send, void *recv,
+                                    size_t count, int root) {
+    fsdp__task t;
+    uint64_t id;
+    memset(&t, 0, sizeof t);
+    t.kind = FSDP__TASK_COLL;
+    t.unit = -1;
+    t.comm = comm;
+    t.coll = kind;
+    t.send = send;
+    t.recv = recv;
+    t.count = count;
+    t.root = root;
+    id = fsdp__enqueue(ctx, &t);
+    return id ? fsdp__wait_task(ctx, id) : fsdp__fail(ctx, FSDP_ERR_STATE, "comm queue full");
+}
+
+static int fsdp__check_worker(fsdp_ctx *ctx) {
+    int rc;
+    pthread_mutex_lock(&ctx->lock);
+    rc = ctx->worker_error;
+    pthread_mutex_unlock(&ctx->lock);
+    return rc;
+}
+
+/* --- gathering and resharding (compute thread) ------------------------------------------- */
+FSDP__PRIVATE int fsdp__issue_gather(fsdp_ctx *ctx, int ui) {
+    fsdp__unit *u = &ctx->units[ui];
+    fsdp__task t;
+    if (u->state != FSDP__SHARDED) return 0;
+    if (fsdp__aliases_master(ctx, u)) {
+        u->unsharded = u->master;
+        u->state = FSDP__UNSHARDED;
+        return 0;
+    }
+    u->unsharded = fsdp__buf_get(ctx, fsdp__unsharded_bytes(ctx, u), 0);
+    if (!u->unsharded) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "unit '%s': no memory to gather %lld elements",
+                                         fsdp__unit_name(ctx, ui), (long long)u->padded);
+    if (ctx->desc.fp32_compute_view && ctx->param_dtype != FSDP_F32) {
+        u->view32 = (float *)fsdp__buf_get(ctx, (size_t)u->padded * sizeof(float), 0);
+        if (!u->view32) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "unit '%s': no memory for the f32 view",
+                                          fsdp__unit_name(ctx, ui));
+    }
+    memset(&t, 0, sizeof t);
+    t.kind = FSDP__TASK_GATHER;
+    t.unit = ui;
+    u->gather_task = fsdp__enqueue(ctx, &t);
+    u->state = FSDP__GATHERING;
+    return 0;
+}
+
+FSDP__PRIVATE void fsdp__reshard(fsdp_ctx *ctx, fsdp__unit *u) {
+    if (u->unsharded && u->unsharded != (void *)u->master) fsdp__buf_put(ctx, u->unsharded, fsdp__unsharded_bytes(ctx, u));
+    fsdp__buf_put(ctx, u->view32, u->view32 ? (size_t)u->padded * sizeof(float) : 0);
+    u->unsharded = NULL;
+    u->view32 = NULL;
+    u->state = FSDP__SHARDED;
+}
+
+static int fsdp__gathering_count(const fsdp_ctx *ctx) {
+    int i, n = 0;
+    for (i = 0; i < ctx->num_units; i++) n += ctx->units[i].state == FSDP__GATHERING;
+    return n;
+}
+
+/* Gathers the unit after ui in an order ("prefetch"), within the in-flight limit. */
+FSDP__PRIVATE int fsdp__prefetch_after(fsdp_ctx *ctx, const int *order, int len, int ui) {
+    int i;
+    if (!ctx->order_known) return 0;
+    for (i = 0; i + 1 < len; i++)
+        if (order[i] == ui) {
+            int next = order[i + 1];
+            if (ctx->units[next].state == FSDP__SHARDED && !ctx->units[next].backward_done &&
+                fsdp__gathering_count(ctx) < ctx->desc.limit_all_gathers)
+                return fsdp__issue_gather(ctx, next);
+            return 0;
+        }
+    return 0;
+}
+
+FSDP__PRIVATE int fsdp__wait_gathered(fsdp_ctx *ctx, int ui) {
+    fsdp__unit *u = &ctx->units[ui];
+    int rc;
+    if (u->state == FSDP__GATHERING) {
+        if ((rc = fsdp__wait_task(ctx, u->gather_task)) != 0) return rc;
+        u->state = FSDP__UNSHARDED;
+    }
+    return 0;
+}
+
+/* Compares the recorded forward and backward orders across ranks (iteration 1's check). */
+FSDP__PRIVATE int fsdp__verify_order(fsdp_ctx *ctx) {
+    uint64_t mine[2] = {0xcbf29ce484222325ull, 0xcbf29ce484222325ull}, *all;
+    int i, r, rc;
+    if (ctx->order_known) return 0;
+    for (i = 0; i < ctx->fwd_len; i++) mine[0] = (mine[0] ^ (uint64_t)ctx->fwd_order[i]) * 0x100000001b3ull;
+    for (i = 0; i < ctx->bwd_len; i++) mine[1] = (mine[1] ^ (uint64_t)ctx->bwd_order[i]) * 0x100000001b3ull;
+    all = (uint64_t *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world);
+    if (!all) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
+    rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_GATHER, mine, all, sizeof mine / 4, 0);
+    for (r = 0; !rc && r < ctx->world; r++)
+        if (all[2 * r] != mine[0] || all[2 * r + 1] != mine[1])
+            rc = fsdp__fail(ctx, FSDP_ERR_MISMATCH,
+                            "ranks ran the units in different orders: rank %d's %s order differs from rank %d's "
+                            "(every rank must call the hooks of the same units in the same order)",
+                            ctx->rank, all[2 * r] != mine[0] ? "forward" : "backward", r);
+    FSDP_FREE(all);
+    if (!rc) ctx->order_known = 1;
+    return rc;
+}
+
+/* Ends the iteration: every unit that ran forward must have finished backward. */
+FSDP__PRIVATE int fsdp__end_iteration(fsdp_ctx *ctx) {
+    int i, rc;
+    for (i = 0; i < ctx->num_units; i++) {
+        fsdp__unit *u = &ctx->units[i];
+        if (u->forward_done && !u->backward_done)
+            return fsdp__fail(ctx, FSDP_ERR_STATE, "unit '%s' ran forward but not backward in this iteration (state %s)",
+                              fsdp__unit_name(ctx, i), fsdp__state_name(u->state));
+    }
+    if (ctx->iteration == 0 && ctx->phase != 0 && (rc = fsdp__verify_order(ctx)) != 0) return rc;
+    for (i = 0; i < ctx->num_units; i++) {
+        fsdp__unit *u = &ctx->units[i];
+        u->forward_done = u->backward_started = u->backward_done = 0;
+    }
+    if (ctx->phase != 0) ctx->iteration++;
+    ctx->phase = 0;
+    return 0;
+}
+
+/* --- hooks --------------------------------------------------------------------------------- */
+static int fsdp__hook_unit(fsdp_ctx *ctx, int module, int *ui) {
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if (module < 0 || module >= ctx->model->num_modules)
+        return fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "module %d does not exist (the model has %d)", module,
+                          ctx->model->num_modules);
+    *ui = ctx->plan.unit_of_module[module];
+    return fsdp__check_worker(ctx);
+}
+
+FSDP__PRIVATE int fsdp__unit_pre_forward(fsdp_ctx *ctx, int ui) {
+    fsdp__unit *u = &ctx->units[ui];
+    int rc, i;
+    if (ctx->phase == 2) { /* the first forward after a backward starts a new iteration */
+        if ((rc = fsdp__end_iteration(ctx)) != 0) return rc;
+    }
+    if (u->state == FSDP__IN_FORWARD || u->state == FSDP__IN_BACKWARD || u->forward_done)
+        return fsdp__fail(ctx, FSDP_ERR_STATE, "pre_forward of unit '%s' in state %s%s", fsdp__unit_name(ctx, ui),
+                          fsdp__state_name(u->state), u->forward_done ? " (its forward already ran this iteration)" : "");
+    ctx->phase = 1;
+    if (!ctx->order_known) {
+        for (i = 0; i < ctx->fwd_len && ctx->fwd_order[i] != ui; i++) {}
+        if (i == ctx->fwd_len) ctx->fwd_order[ctx->fwd_len++] = ui;
+    }
+    if ((rc = fsdp__issue_gather(ctx, ui)) != 0) return rc;
+    if (ctx->desc.forward_prefetch && (rc = fsdp__prefetch_after(ctx, ctx->fwd_order, ctx->fwd_len, ui)) != 0) return rc;
+    if ((rc = fsdp__wait_gathered(ctx, ui)) != 0) return rc;
+    u->state = FSDP__IN_FORWARD;
+    return 0;
+}
+
+FSDP__PRIVATE int fsdp__unit_post_forward(fsdp_ctx *ctx, int ui) {
+    fsdp__unit *u = &ctx->units[ui];
+    u->forward_done = 1;
+    if (u->reshard_after_forward && !fsdp__aliases_master(ctx, u)) fsdp__reshard(ctx, u);
+    else u->state = FSDP__UNSHARDED;
+    return 0;
+}
+
+FSDP__PRIVATE int fsdp__unit_pre_backward(fsdp_ctx *ctx, int ui) {
+    fsdp__unit *u = &ctx->units[ui];
+    int rc;
+    if (!u->forward_done || u->backward_started || u->state == FSDP__IN_FORWARD)
+        return fsdp__fail(ctx, FSDP_ERR_STATE, "pre_backward of unit '%s' in state %s (%s)", fsdp__unit_name(ctx, ui),
+                          fsdp__state_name(u->state),
+                          u->state == FSDP__IN_FORWARD ? "its forward has not ended"
+                          : !u->forward_done          ? "its forward did not run this iteration"
+                                                      : "its backward already ran this iteration");
+    ctx->phase = 2;
+    u->backward_started = 1;
+    if (!ctx->order_known) ctx->bwd_order[ctx->bwd_len++] = ui;
+    if ((rc = fsdp__issue_gather(ctx, ui)) != 0) return rc;
+    if (ctx->desc.backward_prefetch == FSDP_BACKWARD_PRE &&
+        (rc = fsdp__prefetch_after(ctx, ctx->bwd_order, ctx->bwd_len, ui)) != 0)
+        return rc;
+    if (!u->grad_full) {
+        u->grad_full = (float *)fsdp__buf_get(ctx, (size_t)u->padded * sizeof(float), 1);
+        if (!u->grad_full) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "unit '%s': no memory for gradients",
+                                             fsdp__unit_name(ctx, ui));
+    }
+    if ((rc = fsdp__wait_gathered(ctx, ui)) != 0) return rc;
+    u->state = FSDP__IN_BACKWARD;
+    return 0;
+}
+
+FSDP__PRIVATE int fsdp__unit_post_backward(fsdp_ctx *ctx, int ui) {
+    fsdp__unit *u = &ctx->units[ui];
+    int rc;
+    u->backward_done = 1;
+    if (ctx->no_sync) {
+        u->grad_full_pending = 1; /* keep accumulating locally */
+    } else {
+        fsdp__task t;
+        memset(&t, 0, sizeof t);
+        t.kind = FSDP__TASK_REDUCE;
+        t.unit = ui;
+        t.grad_full = u->grad_full;
+        t.grad_bytes = (size_t)u->padded * sizeof(float);
+        if (ctx->reduce_dtype != FSDP_F32) {
+            t.scratch_bytes = (size_t)u->padded * fsdp_dtype_size(ctx->reduce_dtype);
+            t.scratch = fsdp__buf_get(ctx, t.scratch_bytes, 0);
+            if (!t.scratch) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "unit '%s': no memory to reduce gradients",
+                                              fsdp__unit_name(ctx, ui));
+        }
+        u->grad_full = NULL; /* the comm thread owns it now */
+        u->grad_full_pending = 0;
+        if (!fsdp__enqueue(ctx, &t)) return fsdp__fail(ctx, FSDP_ERR_STATE, "comm queue full");
+    }
+    if (!fsdp__aliases_master(ctx, u)) fsdp__reshard(ctx, u);
+    else u->state = FSDP__SHARDED;
+    if (ctx->desc.backward_prefetch == FSDP_BACKWARD_POST &&
+        (rc = fsdp__prefetch_after(ctx, ctx->bwd_order, ctx->bwd_len, ui)) != 0)
+        return rc;
+    return 0;
+}
+
+FSDP_API int fsdp_pre_forward(fsdp_ctx *ctx, int module) {
+    int ui, rc = fsdp__hook_unit(ctx, module, &ui);
+    if (rc) return rc;
+    if (ctx->units[ui].refcount == 0 && (rc = fsdp__unit_pre_forward(ctx, ui)) != 0) return rc;
+    if (ctx->units[ui].state != FSDP__IN_FORWARD)
+        return fsdp__fail(ctx, FSDP_ERR_STATE, "pre_forward of module '%s' whose unit '%s' is in state %s",
+                          ctx->model->modules[module].name, fsdp__unit_name(ctx, ui), fsdp__state_name(ctx->units[ui].state));
+    ctx->units[ui].refcount++;
+    return 0;
+}
+
+FSDP_API int fsdp_post_forward(fsdp_ctx *ctx, int module) {
+    int ui, rc = fsdp__hook_unit(ctx, module, &ui);
+    if (rc) return rc;
+    if (ctx->units[ui].state != FSDP__IN_FORWARD || ctx->units[ui].refcount <= 0)
+        return fsdp__fail(ctx, FSDP_ERR_STATE, "post_forward of module '%s' but its unit '%s' is in state %s, not FORWARD",
+                          *ctx->model->modules[module].name ? ctx->model->modules[module].name : "(root)",
+                          fsdp__unit_name(ctx, ui), fsdp__state_name(ctx->units[ui].state));
+    if (--ctx->units[ui].refcount == 0) return fsdp__unit_post_forward(ctx, ui);
+    return 0;
+}
+
+FSDP_API int fsdp_pre_backward(fsdp_ctx *ctx, int module) {
+    int ui, rc = fsdp__hook_unit(ctx, module, &ui);
+    if (rc) return rc;
+    if (ctx->units[ui].refcount == 0 && (rc = fsdp__unit_pre_backward(ctx, ui)) != 0) return rc;
+    if (ctx->units[ui].state != FSDP__IN_BACKWARD)
+        return fsdp__fail(ctx, FSDP_ERR_STATE, "pre_backward of module '%s' whose unit '%s' is in state %s",
+                          ctx->model->modules[module].name, fsdp__unit_name(ctx, ui), fsdp__state_name(ctx->units[ui].state));
+    ctx->units[ui].refcount++;
+    return 0;
+}
+
+FSDP_API int fsdp_post_backward(fsdp_ctx *ctx, int module) {
+    int ui, rc = fsdp__hook_unit(ctx, module, &ui);
+    if (rc) return rc;
+    if (ctx->units[ui].state != FSDP__IN_BACKWARD || ctx->units[ui].refcount <= 0)
+        return fsdp__fail(ctx, FSDP_ERR_STATE, "post_backward of module '%s' but its unit '%s' is in state %s, not BACKWARD",
+                          *ctx->model->modules[module].name ? ctx->model->modules[module].name : "(root)",
+                          fsdp__unit_name(ctx, ui), fsdp__state_name(ctx->units[ui].state));
+    if (--ctx->units[ui].refcount == 0) return fsdp__unit_post_backward(ctx, ui);
+    return 0;
+}
+
+/* --- parameter access ---------------------------------------------------------------------- */
+static fsdp__unit *fsdp__param_unit(fsdp_ctx *ctx, int param) {
+    if (!ctx || param < 0 || param >= ctx->model->num_params) return NULL;
+    return &ctx->units[ctx->plan.unit_of_param[param]];
+}
+
+FSDP_API float *fsdp_param(fsdp_ctx *ctx, int param) {
+    fsdp__unit *u = fsdp__param_unit(ctx, param);
+    if (!u || (u->state != FSDP__IN_FORWARD && u->state != FSDP__IN_BACKWARD && u->state != FSDP__UNSHARDED)) return NULL;
+    if (ctx->param_dtype == FSDP_F32) return (float *)u->unsharded + ctx->plan.param_offset[param];
+    return u->view32 ? u->view32 + ctx->plan.param_offset[param] : NULL;
+}
+
+FSDP_API void *fsdp_param_raw(fsdp_ctx *ctx, int param) {
+    fsdp__unit *u = fsdp__param_unit(ctx, param);
+    if (!u || (u->state != FSDP__IN_FORWARD && u->state != FSDP__IN_BACKWARD && u->state != FSDP__UNSHARDED)) return NULL;
+    return (char *)u->unsharded + (size_t)ctx->plan.param_offset[param] * fsdp_dtype_size(ctx->param_dtype);
+}
+
+FSDP_API float *fsdp_grad(fsdp_ctx *ctx, int param) {
+    fsdp__unit *u = fsdp__param_unit(ctx, param);
+    if (!u || u->state != FSDP__IN_BACKWARD || !u->grad_full) return NULL;
+    return u->grad_full + ctx->plan.param_offset[param];
+}
+
+FSDP_API int fsdp_set_no_sync(fsdp_ctx *ctx, int on) {
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    ctx->no_sync = on != 0;
+    return 0;
+}
+
+/* --- optimizer ----------------------------------------------------------------------------- */
+/* Sums of squares of this rank's gradient shards, split so replicas are counted once:
+   [0] units sharded over everyone, [1] HYBRID units (counted in replica group 0),
+   [2] NO_SHARD units (counted on rank 0). */
+FSDP__PRIVATE void fsdp__local_sumsq(const fsdp_ctx *ctx, double out[3]) {
+    int ui;
+    out[0] = out[1] = out[2] = 0;
+    for (ui = 0; ui < ctx->num_units; ui++) {
+        const fsdp__unit *u = &ctx->units[ui];
+        double s = 0;
+        int64_t i;
+        for (i = 0; i < u->shard; i++) s += (double)u->grad[i] * (double)u->grad[i];
+        out[u->strategy == FSDP_HYBRID_SHARD ? 1 : u->group_size == 1 ? 2 : 0] += s;
+    }
+}
+
+FSDP__PRIVATE int fsdp__global_norm(fsdp_ctx *ctx, double *norm) {
+    double mine[4], *all, total = 0;
+    int r, rc, hybrid = ctx->desc.shard_group_size;
+    fsdp__local_sumsq(ctx, mine);
+    mine[3] = 0;
+    all = (double *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world);
+    if (!all) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
+    rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_GATHER, mine, all, sizeof mine / 4, 0);
+    if (!rc) { /* the same sum, in the same order, on every rank */
+        for (r = 0; r < ctx->world; r++) total += all[4 * r];
+        for (r = 0; r < hybrid && r < ctx->world; r++) total += all[4 * r + 1];
+        total += all[2];
+        *norm = sqrt(total);
+    }
+    FSDP_FREE(all);
+    return rc;
+}
+
+FSDP__PRIVATE void fsdp__optimizer_update(fsdp_ctx *ctx, fsdp__unit *u) {
+    const fsdp_optimizer_desc *o = &ctx->opt;
+    float lr = o->lr, wd = o->weight_decay;
+    int64_t i, n = u->shard;
+    float *p = u->master, *g = u->grad;
+    if (o->kind == FSDP_SGD) {
+        for (i = 0; i < n; i++) {
+            float d = g[i] + wd * p[i];
+            if (o->momentum != 0.0f) {
+                float *buf = u->opt_a;
+                buf[i] = ctx->step == 0 ? d : o->momentum * buf[i] + (1.0f - o->dampening) * d;
+                d = o->nesterov ? d + o->momentum * buf[i] : buf[i];
+            }
+            p[i] -= lr * d;
+        }
+    } else {
+        double t = (double)(ctx->step + 1);
+        float bc1 = (float)(1.0 - pow((double)o->beta1, t)), bc2 = (float)(1.0 - pow((double)o->beta2, t));
+        float step_size = lr / bc1, bc2_sqrt = sqrtf(bc2);
+        float *m = u->opt_a, *v = u->opt_b;
+        for (i = 0; i < n; i++) {
+            float d = g[i];
+            if (o->kind == FSDP_ADAMW) p[i] *= 1.0f - lr * wd;
+            else d += wd * p[i];
+            m[i] = o->beta1 * m[i] + (1.0f - o->beta1) * d;
+            v[i] = o->beta2 * v[i] + (1.0f - o->beta2) * d * d;
+            p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + o->eps);
+        }
+    }
+}
+
+/* Zeroes what the flat layout does not use (alignment gaps, tail padding) in a unit's shard. */
+FSDP__PRIVATE void fsdp__zero_padding(fsdp_ctx *ctx, fsdp__unit *u, float *shard) {
+    int64_t begin = (int64_t)u->group_rank * u->shard, end = begin + u->shard, at = begin;
+    int k;
+    for (k = 0; k < u->num_params; k++) {
+        int p = ctx->unit_params[u->first_param + k];
+        int64_t off = ctx->plan.param_offset[p], stop = off + ctx->model->params[p].numel;
+        if (off > at && at < end) memset(shard + (at - begin), 0, sizeof(float) * (size_t)((off < end ? off : end) - at));
+        if (stop > at) at = stop;
+    }
+    if (at < end) memset(shard + (at > begin ? at - begin : 0), 0, sizeof(float) * (size_t)(end - (at > begin ? at : begin)));
+}
+
+FSDP__PRIVATE int fsdp__finish(fsdp_ctx *ctx) {
+    int rc;
+    if (ctx->no_sync)
+        for (rc = 0; rc < ctx->num_units; rc++)
+            if (ctx->units[rc].grad_full_pending)
+                return fsdp__fail(ctx, FSDP_ERR_STATE, "unit '%s' holds no_sync gradients that were never reduced: turn "
+                                  "no_sync off before the last micro-step's backward", fsdp__unit_name(ctx, rc));
+    if ((rc = fsdp__wait_task(ctx, 0)) != 0) return rc;
+    return fsdp__end_iteration(ctx);
+}
+
+FSDP_API int fsdp_finish_backward(fsdp_ctx *ctx) {
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    return fsdp__finish(ctx);
+}
+
+FSDP_API int fsdp_clip_grad_norm(fsdp_ctx *ctx, float max_norm, double *norm) {
+    int rc, ui;
+    double total = 0;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if ((rc = fsdp__wait_task(ctx, 0)) != 0) return rc;
+    if ((rc = fsdp__global_norm(ctx, &total)) != 0) return rc;
+    if (norm) *norm = total;
+    if (max_norm > 0 && isfinite(total)) { /* torch.nn.utils.clip_grad_norm_ */
+        float coef = (float)(max_norm / (total + 1e-6));
+        if (coef > 1.0f) coef = 1.0f;
+        for (ui = 0; ui < ctx->num_units; ui++) {
+            int64_t i;
+            for (i = 0; i < ctx->units[ui].shard; i++) ctx->units[ui].grad[i] *= coef;
+        }
+    }
+    return 0;
+}
+
+FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) {
+    int rc, ui;
+    double norm = 0;
+    if (report) memset(report, 0, sizeof *report);
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if ((rc = fsdp__finish(ctx)) != 0) return rc;
+    if ((rc = fsdp_clip_grad_norm(ctx, max_norm, &norm)) != 0) return rc;
+    if (report) report->grad_norm = norm;
+    if (!isfinite(norm)) { /* every rank sees the same norm, so every rank skips */
+        fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: gradient norm is %f: step %lld skipped", ctx->rank, norm,
+                  (long long)ctx->step);
+        if (report) { report->skipped = 1; report->step = ctx->step; }
+        return 0;
+    }
+    for (ui = 0; ui < ctx->num_units; ui++) {
+        fsdp__optimizer_update(ctx, &ctx->units[ui]);
+        fsdp__zero_padding(ctx, &ctx->units[ui], ctx->units[ui].master);
+    }
+    ctx->step++;
+    if (report) report->step = ctx->step;
+    return 0;
+}
+
+FSDP_API int fsdp_zero_grad(fsdp_ctx *ctx) {
+    int ui, rc;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if ((rc = fsdp__wait_task(ctx, 0)) != 0) return rc;
+    for (ui = 0; ui < ctx->num_units; ui++) {
+        fsdp__unit *u = &ctx->units[ui];
+        memset(u->grad, 0, sizeof(float) * (size_t)u->shard);
+        if (u->grad_full_pending && u->grad_full) memset(u->grad_full, 0, sizeof(float) * (size_t)u->padded);
+    }
+    return 0;
+}
+
+FSDP_API int fsdp_set_lr(fsdp_ctx *ctx, float lr) {
+    if (!ctx || !(lr >= 0) || !isfinite(lr)) return FSDP_ERR_INVALID_ARG;
+    ctx->opt.lr = lr;
+    return 0;
+}
+
+/* --- creation ------------------------------------------------------------------------------ */
+/* Fills defaults and checks a description; *hybrid_group gets the shard group size. */
+FSDP__PRIVATE int fsdp__desc_resolve(fsdp_desc *d, int world, int local_world, int *hybrid_group, char *err,
+                                     size_t err_size) {
+    fsdp_optimizer_desc *o = &d->optimizer;
+    if (d->param_dtype == FSDP_DTYPE_DEFAULT) d->param_dtype = FSDP_F32;
+    if (d->reduce_dtype == FSDP_DTYPE_DEFAULT) d->reduce_dtype = d->param_dtype;
+    if (!fsdp_dtype_size(d->param_dtype) || !fsdp_dtype_size(d->reduce_dtype)) {
+        fsdp__fmt(err, err_size, "param_dtype %d / reduce_dtype %d: use FSDP_F32, FSDP_BF16 or FSDP_F16",
+                  (int)d->param_dtype, (int)d->reduce_dtype);
+        return FSDP_ERR_INVALID_ARG;
+    }
+    if (d->limit_all_gathers <= 0) d->limit_all_gathers = 2;
+    if (d->backward_prefetch == FSDP_BACKWARD_PREFETCH_DEFAULT) d->backward_prefetch = FSDP_BACKWARD_PRE;
+    if ((int)d->backward_prefetch < 0 || d->backward_prefetch > FSDP_BACKWARD_PREFETCH_NONE) {
+        fsdp__fmt(err, err_size, "backward_prefetch %d is not PRE, POST or NONE", (int)d->backward_prefetch);
+        return FSDP_ERR_INVALID_ARG;
+    }
+    if (d->shard_group_size <= 0) d->shard_group_size = local_world > 0 ? local_world : world;
+    if (d->shard_group_size > world || world % d->shard_group_size != 0) {
+        fsdp__fmt(err, err_size, "shard_group_size %d must divide the world size %d", d->shard_group_size, world);
+        return FSDP_ERR_INVALID_ARG;
+    }
+    *hybrid_group = d->shard_group_size;
+    if (o->kind == FSDP_OPTIMIZER_DEFAULT) o->kind = FSDP_SGD;
+    if ((int)o->kind < 0 || o->kind > FSDP_ADAMW) {
+        fsdp__fmt(err, err_size, "optimizer %d is not SGD, ADAM or ADAMW", (int)o->kind);
+        return FSDP_ERR_INVALID_ARG;
+    }
+    if (o->lr == 0.0f) o->lr = 1e-3f;
+    if (o->kind != FSDP_SGD) {
+        if (o->beta1 == 0.0f) o->beta1 = 0.9f;
+        if (o->beta2 == 0.0f) o->beta2 = 0.999f;
+        if (o->eps == 0.0f) o->eps = 1e-8f;
+    }
+    if (o->kind == FSDP_ADAMW && o->weight_decay == 0.0f && !o->weight_decay_set) o->weight_decay = 0.01f;
+    if (!(o->lr > 0) || !isfinite(o->lr) || o->weight_decay < 0 || o->momentum < 0 || o->momentum >= 1 ||
+        o->beta1 < 0 || o->beta1 >= 1 || o->beta2 < 0 || o->beta2 >= 1 || o->eps < 0 || o->dampening < 0 ||
+        o->dampening > 1 || (o->nesterov && (o->momentum <= 0 || o->dampening != 0))) {
+        fsdp__fmt(err, err_size, "optimizer settings out of range (lr > 0, 0 <= momentum < 1, 0 <= betas < 1, eps >= 0, "
+                  "weight_decay >= 0; nesterov needs momentum > 0 and dampening 0)");
+        return FSDP_ERR_INVALID_ARG;
+    }
+    return 0;
+}
+
+static int fsdp__opt_buffers(const fsdp_optimizer_desc *o) {
+    return o->kind == FSDP_SGD ? (o->momentum != 0.0f ? 1 : 0) : 2;
+}
+
+FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc) {
+    fsdp_ctx *ctx;
+    int rc, ui, p, k, hybrid_group = 1, any_hybrid = 0;
+    char err[FSDP__ERRMSG] = "";
+    if (out) *out = NULL;
+    if (!out || !model || !desc || !desc->comm) {
+        fsdp__copy_string(fsdp__init_error, sizeof fsdp__init_error, "fsdp_init: out, model, desc and desc->comm are required");
+        return FSDP_ERR_INVALID_ARG;
+    }
+    ctx = (fsdp_ctx *)fsdp__calloc(sizeof *ctx);
+    if (!ctx) return FSDP_ERR_OUT_OF_MEMORY;
+    ctx->model = model;
+    ctx->desc = *desc;
+    ctx->comm = desc->comm;
+    ctx->rank = fsdp_comm_rank(desc->comm);
+    ctx->world = fsdp_comm_size(desc->comm);
+    ctx->logger = desc->logger.fn ? desc->logger : desc->comm->logger;
+    pthread_mutex_init(&ctx->lock, NULL);
+    pthread_cond_init(&ctx->wake, NULL);
+    pthread_cond_init(&ctx->done, NULL);
+    rc = fsdp__desc_resolve(&ctx->desc, ctx->world, fsdp_comm_local_size(desc->comm), &hybrid_group, err, sizeof err);
+    if (!rc) rc = fsdp__plan_build(model, &ctx->desc, ctx->world, hybrid_group, &ctx->plan, err, sizeof err);
+    if (rc) {
+        fsdp__fmt(fsdp__init_error, sizeof fsdp__init_error, "fsdp_init: %s", err);
+        fsdp__log(&ctx->logger, FSDP_LOG_ERROR, "%s", fsdp__init_error);
+        fsdp_destroy(ctx);
+        return rc;
+    }
+    ctx->param_dtype = ctx->desc.param_dtype;
+    ctx->reduce_dtype = ctx->desc.reduce_dtype;
+    ctx->opt = ctx->desc.optimizer;
+    ctx->num_units = ctx->plan.num_units;
+    for (ui = 0; ui < ctx->num_units; ui++) any_hybrid |= ctx->plan.units[ui].strategy == FSDP_HYBRID_SHARD;
+    if (any_hybrid && ctx->world > 1) { /* shard groups of consecutive ranks; replicas across them */
+        rc = fsdp_comm_split(ctx->comm, ctx->rank / hybrid_group, ctx->rank, &ctx->hybrid_shard_comm);
+        if (!rc) rc = fsdp_comm_split(ctx->comm, ctx->rank % hybrid_group, ctx->rank, &ctx->hybrid_replica_comm);
+        if (rc) {
+            fsdp__fmt(fsdp__init_error, sizeof fsdp__init_error, "fsdp_init: cannot form HYBRID_SHARD groups: %s",
+                      fsdp_comm_last_error(ctx->comm));
+            fsdp_destroy(ctx);
+            return rc;
+        }
+    }
+    ctx->units = (fsdp__unit *)fsdp__calloc(sizeof *ctx->units * (size_t)ctx->num_units);
+    ctx->unit_params = (int *)fsdp__calloc(sizeof(int) * (size_t)(model->num_params + 1));
+    ctx->params = (fsdp_param_info *)fsdp__calloc(sizeof *ctx->params * (size_t)(model->num_params + 1));
+    ctx->fwd_order = (int *)fsdp__calloc(sizeof(int) * (size_t)ctx->num_units);
+    ctx->bwd_order = (int *)fsdp__calloc(sizeof(int) * (size_t)ctx->num_units);
+    ctx->queue_cap = 4 * ctx->num_units + 16;
+    ctx->queue = (fsdp__task *)fsdp__calloc(sizeof *ctx->queue * (size_t)ctx->queue_cap);
+    if (!ctx->units || !ctx->unit_params || !ctx->params || !ctx->fwd_order || !ctx->bwd_order || !ctx->queue) {
+        fsdp_destroy(ctx);
+        return FSDP_ERR_OUT_OF_MEMORY;
+    }
+    for (ui = 0, k = 0; ui < ctx->num_units; ui++) { /* each unit's parameters, in order */
+        fsdp__unit *u = &ctx->units[ui];
+        const fsdp__plan_unit *pu = &ctx->plan.units[ui];
+        int nbuf = fsdp__opt_buffers(&ctx->opt);
+        u->module = pu->module;
+        u->strategy = pu->strategy;
+        u->numel = pu->numel;
+        u->flat_numel = pu->flat_numel;
+        u->padded = pu->padded;
+        u->shard = pu->shard;
+        u->group_size = pu->group_size;
+        u->first_param = k;
+        for (p = 0; p < model->num_params; p++)
+            if (ctx->plan.unit_of_param[p] == ui) ctx->unit_params[k++] = p;
+        u->num_params = k - u->first_param;
+        if (u->strategy == FSDP_HYBRID_SHARD) {
+            u->group_rank = ctx->rank % hybrid_group;
+            u->shard_comm = ctx->world > 1 ? ctx->hybrid_shard_comm : ctx->comm;
+            u->replica_comm = ctx->world > hybrid_group ? ctx->hybrid_replica_comm : NULL;
+        } else if (u->strategy == FSDP_NO_SHARD) {
+            u->group_rank = 0;
+            u->shard_comm = NULL;
+            u->replica_comm = ctx->world > 1 ? ctx->comm : NULL;
+        } else {
+            u->group_rank = ctx->rank;
+            u->shard_comm = ctx->comm;
+        }
+        u->reshard_after_forward = ui != 0 && (u->strategy == FSDP_FULL_SHARD || u->strategy == FSDP_HYBRID_SHARD);
+        u->master = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard);
+        u->grad = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard);
+        if (nbuf >= 1) u->opt_a = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard);
+        if (nbuf >= 2) u->opt_b = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard);
+        if (!u->master || !u->grad || (nbuf >= 1 && !u->opt_a) || (nbuf >= 2 && !u->opt_b)) {
+            fsdp__fmt(fsdp__init_error, sizeof fsdp__init_error, "fsdp_init: no memory for unit '%s' (%lld elements per rank)",
+                      fsdp__unit_name(ctx, ui), (long long)u->shard);
+            fsdp_destroy(ctx);
+            return FSDP_ERR_OUT_OF_MEMORY;
+        }
+        ctx->param_bytes += sizeof(float) * (size_t)u->shard;
+        ctx->grad_bytes += sizeof(float) * (size_t)u->shard;
+        ctx->opt_bytes += sizeof(float) * (size_t)u->shard * (size_t)nbuf;
+    }
+    ctx->persistent_bytes = ctx->param_bytes + ctx->grad_bytes + ctx->opt_bytes;
+    for (p = 0; p < model->num_params; p++) { /* this rank's slice of each parameter, initialised */
+        fsdp_param_info *info = &ctx->params[p];
+        fsdp__unit *u = &ctx->units[ctx->plan.unit_of_param[p]];
+        int64_t off = ctx->plan.param_offset[p], begin = (int64_t)u->group_rank * u->shard, end = begin + u->shard, i;
+        int64_t lo = off > begin ? off : begin, hi = off + model->params[p].numel < end ? off + model->params[p].numel : end;
+        info->unit = ctx->plan.unit_of_param[p];
+        info->flat_offset = off;
+        info->numel = model->params[p].numel;
+        if (hi < lo) hi = lo = off;
+        info->shard_begin = lo - off;
+        info->shard_end = hi - off;
+        info->shard = u->master + (lo - begin > 0 ? lo - begin : 0);
+        info->grad_shard = u->grad + (lo - begin > 0 ? lo - begin : 0);
+        for (i = info->shard_begin; i < info->shard_end; i++)
+            info->shard[i - info->shard_begin] = fsdp_init_value(model, p, i, ctx->desc.seed);
+    }
+    if (pthread_create(&ctx->thread, NULL, fsdp__worker, ctx) != 0) {
+        fsdp__copy_string(fsdp__init_error, sizeof fsdp__init_error, "fsdp_init: cannot start the comm thread");
+        fsdp_destroy(ctx);
+        return FSDP_ERR_SYSTEM;
+    }
+    ctx->thread_started = 1;
+    *out = ctx;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
+    int ui;
+    if (!ctx) return;
+    if (ctx->thread_started) {
+        pthread_mutex_lock(&ctx->lock);
+        ctx->stop = 1;
+        pthread_cond_broadcast(&ctx->wake);
+        pthread_mutex_unlock(&ctx->lock);
+        pthread_join(ctx->thread, NULL);
+    }
+    for (ui = 0; ctx->units && ui < ctx->num_units; ui++) {
+        fsdp__unit *u = &ctx->units[ui];
+        fsdp__reshard(ctx, u);
+        fsdp__buf_put(ctx, u->grad_full, (size_t)u->padded * sizeof(float));
+        FSDP_FREE(u->master);
+        FSDP_FREE(u->grad);
+        FSDP_FREE(u->opt_a);
+        FSDP_FREE(u->opt_b);
+    }
+    for (ui = 0; ui < ctx->pool_len; ui++) FSDP_FREE(ctx->pool[ui].ptr);
+    fsdp_comm_destroy(ctx->hybrid_shard_comm);
+    fsdp_comm_destroy(ctx->hybrid_replica_comm);
+    fsdp__plan_free(&ctx->plan);
+    FSDP_FREE(ctx->units);
+    FSDP_FREE(ctx->unit_params);
+    FSDP_FREE(ctx->params);
+    FSDP_FREE(ctx->fwd_order);
+    FSDP_FREE(ctx->bwd_order);
+    FSDP_FREE(ctx->queue);
+    pthread_mutex_destroy(&ctx->lock);
+    pthread_cond_destroy(&ctx->wake);
+    pthread_cond_destroy(&ctx->done);
+    FSDP_FREE(ctx);
+}
+
+/* --- inspection ---------------------------------------------------------------------------- */
+FSDP_API int fsdp_num_units(const fsdp_ctx *ctx) { return ctx ? ctx->num_units : 0; }
+
+FSDP_API int fsdp_unit_info_get(const fsdp_ctx *ctx, int unit, fsdp_unit_info *info) {
+    const fsdp__unit *u;
+    if (!ctx || !info || unit < 0 || unit >= ctx->num_units) return FSDP_ERR_INVALID_ARG;
+    u = &ctx->units[unit];
+    info->module = u->module;
+    info->name = ctx->model->modules[u->module].name;
+    info->strategy = u->strategy;
+    info->num_params = u->num_params;
+    info->numel = u->numel;
+    info->flat_numel = u->flat_numel;
+    info->padded_numel = u->padded;
+    info->shard_numel = u->shard;
+    info->shard_offset = (int64_t)u->group_rank * u->shard;
+    return 0;
+}
+
+FSDP_API int fsdp_param_info_get(const fsdp_ctx *ctx, int param, fsdp_param_info *info) {
+    if (!ctx || !info || param < 0 || param >= ctx->model->num_params) return FSDP_ERR_INVALID_ARG;
+    *info = ctx->params[param];
+    return 0;
+}
+
+static const char *fsdp__strategy_name(fsdp_strategy s) {
+    switch (s) {
+        case FSDP_FULL_SHARD: return "FULL_SHARD";
+        case FSDP_SHARD_GRAD_OP: return "SHARD_GRAD_OP";
+        case FSDP_NO_SHARD: return "NO_SHARD";
+        case FSDP_HYBRID_SHARD: return "HYBRID_SHARD";
+        default: return "?";
+    }
+}
+
+FSDP_API void fsdp_print_units(const fsdp_ctx *ctx, void (*fn)(void *user, const char *line), void *user) {
+    char line[320];
+    int ui;
+    size_t per_param = 8 + 4 * (size_t)(ctx ? fsdp__opt_buffers(&ctx->opt) : 0);
+    if (!ctx) return;
+    fsdp__fmt(line, sizeof line, "%-4s %-24s %-14s %7s %12s %9s %12s %14s", "unit", "module", "strategy", "params",
+              "elements", "padding", "shard", "bytes/rank");
+    if (fn) fn(user, line); else printf("%s\n", line);
+    for (ui = 0; ui < ctx->num_units; ui++) {
+        const fsdp__unit *u = &ctx->units[ui];
+        fsdp__fmt(line, sizeof line, "%-4d %-24.24s %-14s %7d %12lld %9lld %12lld %14zu", ui, fsdp__unit_name(ctx, ui),
+                  fsdp__strategy_name(u->strategy), u->num_params, (long long)u->numel,
+                  (long long)(u->padded - u->numel), (long long)u->shard, (size_t)u->shard * per_param);
+        if (fn) fn(user, line); else printf("%s\n", line);
+    }
+}
+
+/* --- memory -------------------------------------------------------------------------------- */
+FSDP_API int fsdp_memory_stats_get(const fsdp_ctx *ctx, fsdp_memory_stats *st) {
+    if (!ctx || !st) return FSDP_ERR_INVALID_ARG;
+    memset(st, 0, sizeof *st);
+    pthread_mutex_lock((pthread_mutex_t *)&ctx->lock);
+    st->param_shard_bytes = ctx->param_bytes;
+    st->grad_shard_bytes = ctx->grad_bytes;
+    st->optimizer_bytes = ctx->opt_bytes;
+    st->persistent_bytes = ctx->persistent_bytes;
+    st->unsharded_bytes = ctx->live_bytes;
+    st->peak_unsharded_bytes = ctx->peak_live_bytes;
+    pthread_mutex_unlock((pthread_mutex_t *)&ctx->lock);
+    st->peak_bytes = st->persistent_bytes + st->peak_unsharded_bytes;
+    return 0;
+}
+
+FSDP_API void fsdp_memory_reset_peak(fsdp_ctx *ctx) {
+    if (!ctx) return;
+    pthread_mutex_lock(&ctx->lock);
+    ctx->peak_live_bytes = ctx->live_bytes;
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+/* Persistent bytes exactly; unsharded peak as the bound the scheduler keeps: the root unit
+   (gathered through forward), the current unit's parameters and f32 gradient, up to
+   limit_all_gathers prefetched units and one gradient still being reduced. */
+FSDP_API int fsdp_memory_estimate(const fsdp_model *model, const fsdp_desc *desc, int world_size,
+                                  fsdp_memory_stats *est) {
+    fsdp_desc d;
+    fsdp__plan plan;
+    char err[FSDP__ERRMSG];
+    int rc, ui, hybrid_group = 1, nbuf;
+    size_t largest_param = 0, second_param = 0, largest_grad = 0, root_param = 0;
+    if (!model || !desc || !est || world_size < 1) return FSDP_ERR_INVALID_ARG;
+    memset(est, 0, sizeof *est);
+    d = *desc;
+    rc = fsdp__desc_resolve(&d, world_size, desc->comm ? fsdp_comm_local_size(desc->comm) : world_size, &hybrid_group,
+                            err, sizeof err);
+    if (!rc) rc = fsdp__plan_build(model, &d, world_size, hybrid_group, &plan, err, sizeof err);
+    if (rc) return rc;
+    nbuf = fsdp__opt_buffers(&d.optimizer);
+    for (ui = 0; ui < plan.num_units; ui++) {
+        const fsdp__plan_unit *pu = &plan.units[ui];
+        size_t pbytes = (size_t)pu->padded * fsdp_dtype_size(d.param_dtype), gbytes = (size_t)pu->padded * sizeof(float);
+        if (pu->group_size == 1 && d.param_dtype == FSDP_F32) pbytes = 0; /* computes on the master copy */
+        if (d.fp32_compute_view && d.param_dtype != FSDP_F32) pbytes += (size_t)pu->padded * sizeof(float);
+        if (d.reduce_dtype != FSDP_F32) gbytes += (size_t)pu->padded * fsdp_dtype_size(d.reduce_dtype);
+        est->param_shard_bytes += sizeof(float) * (size_t)pu->shard;
+        est->grad_shard_bytes += sizeof(float) * (size_t)pu->shard;
+        est->optimizer_bytes += sizeof(float) * (size_t)pu->shard * (size_t)nbuf;
+        if (ui == 0) root_param = pbytes;
+        else if (pbytes > largest_param) { second_param = largest_param; largest_param = pbytes; }
+        else if (pbytes > second_param) second_param = pbytes;
+        if (gbytes > largest_grad) largest_grad = gbytes;
+    }
+    est->persistent_bytes = est->param_shard_bytes + est->grad_shard_bytes + est->optimizer_bytes;
+    est->peak_unsharded_bytes = root_param + largest_param + (size_t)d.limit_all_gathers * second_param + 2 * largest_grad;
+    est->peak_bytes = est->persistent_bytes + est->peak_unsharded_bytes;
+    fsdp__plan_free(&plan);
+    return 0;
+}
+
+/* --- full values ----------------------------------------------------------------------------- */
+FSDP_API int fsdp_gather_param(fsdp_ctx *ctx, int param, float *out) {
+    fsdp__unit *u = fsdp__param_unit(ctx, param);
+    float *flat;
+    int rc;
+    if (!u || !out) return ctx ? fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_gather_param: bad parameter %d", param)
+                               : FSDP_ERR_INVALID_ARG;
+    if (!u->shard_comm) { /* replicated */
+        memcpy(out, u->master + ctx->plan.param_offset[param], sizeof(float) * (size_t)ctx->model->params[param].numel);
+        return 0;
+    }
+    flat = (float *)fsdp__buf_get(ctx, sizeof(float) * (size_t)u->padded, 0);
+    if (!flat) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_gather_param: out of memory");
+    rc = fsdp__worker_coll(ctx, u->shard_comm, FSDP_COLL_ALL_GATHER, u->master, flat, (size_t)u->shard, 0);
+    if (!rc) memcpy(out, flat + ctx->plan.param_offset[param], sizeof(float) * (size_t)ctx->model->params[param].numel);
+    fsdp__buf_put(ctx, flat, sizeof(float) * (size_t)u->padded);
+    return rc;
+}
+
+static int fsdp__check_settable(fsdp_ctx *ctx, fsdp__unit *u, int param) {
+    if (ctx->phase != 0 || u->state != FSDP__SHARDED)
+        return fsdp__fail(ctx, FSDP_ERR_STATE, "parameter '%s' can only be set between iterations (its unit is %s)",
+                          ctx->model->params[param].name, fsdp__state_name(u->state));
+    return 0;
+}
+
+FSDP_API int fsdp_set_param_shard(fsdp_ctx *ctx, int param, const float *slice) {
+    fsdp__unit *u = fsdp__param_unit(ctx, param);
+    const fsdp_param_info *info;
+    int rc;
+    if (!u || !slice) return FSDP_ERR_INVALID_ARG;
+    if ((rc = fsdp__check_settable(ctx, u, param)) != 0) return rc;
+    info = &ctx->params[param];
+    memcpy(info->shard, slice, sizeof(float) * (size_t)(info->shard_end - info->shard_begin));
+    return 0;
+}
+
+FSDP_API int fsdp_set_param_full(fsdp_ctx *ctx, int param, const float *full) {
+    fsdp__unit *u = fsdp__param_unit(ctx, param);
+    const fsdp_param_info *info;
+    float *buf;
+    size_t n;
+    int rc;
+    if (!u || (ctx->rank == 0 && !full)) return FSDP_ERR_INVALID_ARG;
+    if ((rc = fsdp__check_settable(ctx, u, param)) != 0) return rc;
+    n = (size_t)ctx->model->params[param].numel;
+    buf = (float *)fsdp__buf_get(ctx, sizeof(float) * n, 0);
+    if (!buf) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_set_param_full: out of memory");
+    if (ctx->rank == 0) memcpy(buf, full, sizeof(float) * n);
+    rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_BROADCAST, NULL, buf, n, 0);
+    info = &ctx->params[param];
+    if (!rc) memcpy(info->shard, buf + info->shard_begin, sizeof(float) * (size_t)(info->shard_end - info->shard_begin));
+    fsdp__buf_put(ctx, buf, sizeof(float) * n);
     return rc;
 }
 
