@@ -3544,10 +3544,14 @@ struct fsdp_ctx {
 FSDP__PRIVATE int fsdp__fail(fsdp_ctx *ctx, int code, const char *fmt, ...) FSDP__PRINTF(3, 4);
 FSDP__PRIVATE int fsdp__fail(fsdp_ctx *ctx, int code, const char *fmt, ...) {
     va_list ap;
+    char message[FSDP__ERRMSG];
     va_start(ap, fmt);
-    vsnprintf(ctx->error, sizeof ctx->error, fmt, ap);
+    vsnprintf(message, sizeof message, fmt, ap);
     va_end(ap);
-    fsdp__log(&ctx->logger, FSDP_LOG_ERROR, "rank %d: %s", ctx->rank, ctx->error);
+    pthread_mutex_lock(&ctx->lock); /* the comm thread writes its failures here too */
+    fsdp__copy_string(ctx->error, sizeof ctx->error, message);
+    pthread_mutex_unlock(&ctx->lock);
+    fsdp__log(&ctx->logger, FSDP_LOG_ERROR, "rank %d: %s", ctx->rank, message);
     return code;
 }
 
@@ -4357,6 +4361,8 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     if (ctx->thread_started) {
         pthread_mutex_lock(&ctx->lock);
         ctx->stop = 1;
+        if (ctx->queue_len && !ctx->worker_error) /* abandoned mid-iteration: drop, do not run */
+            ctx->worker_error = FSDP_ERR_ABORTED;
         pthread_cond_broadcast(&ctx->wake);
         pthread_mutex_unlock(&ctx->lock);
         pthread_join(ctx->thread, NULL);
