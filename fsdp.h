@@ -80,7 +80,9 @@
 #define FSDP_VERSION_STRING "0.1.0"
 
 #ifndef FSDP_API
-#  ifdef FSDP_STATIC
+#  if defined(FSDP_STATIC) && (defined(__GNUC__) || defined(__clang__))
+#    define FSDP_API static __attribute__((unused)) /* private copy per file; unused is fine */
+#  elif defined(FSDP_STATIC)
 #    define FSDP_API static
 #  else
 #    define FSDP_API extern
@@ -2413,6 +2415,27 @@ FSDP__PRIVATE int fsdp__sock_check_header(fsdp_comm *comm, fsdp__sock *s, int p,
     return 0;
 }
 
+/* Peer p's connection broke. If it said why first (an abort frame waiting in our receive
+   buffer), adopt its reason; otherwise report the lost peer. */
+FSDP__PRIVATE int fsdp__sock_lost(fsdp_comm *comm, fsdp__sock *s, int p, const fsdp_coll *c, const fsdp__fingerprint *fp,
+                                  uint32_t phase, int err) {
+    fsdp__sock_peer *peer = &s->peers[p];
+    if (peer->in_header_done < sizeof peer->in_header || peer->in_done == peer->in_len) {
+        if (peer->in_header_done == sizeof peer->in_header) peer->in_header_done = 0; /* next message */
+        while (peer->in_header_done < sizeof peer->in_header) {
+            ssize_t got = recv(peer->fd, (char *)&peer->in_header + peer->in_header_done,
+                               sizeof peer->in_header - peer->in_header_done, MSG_DONTWAIT);
+            if (got <= 0) break;
+            peer->in_header_done += (size_t)got;
+        }
+        if (peer->in_header_done == sizeof peer->in_header && peer->in_header.magic == FSDP__SOCK_ABORT_MAGIC)
+            return fsdp__sock_check_header(comm, s, p, c, fp, phase);
+    }
+    return fsdp_comm_fail(comm, FSDP_ERR_PEER_LOST, "rank %d (%s) closed its connection during %s (op #%llu)%s%s", p,
+                          peer->addr, fsdp_coll_name(c->kind), (unsigned long long)c->seq, err ? ": " : "",
+                          err ? strerror(err) : "");
+}
+
 typedef struct fsdp__sock_reduction {
     char *dst;             /* NULL: no reduction in this phase */
     const char *own;       /* this rank's contribution */
@@ -2525,11 +2548,7 @@ FSDP__PRIVATE int fsdp__sock_phase(fsdp_comm *comm, fsdp__sock *s, const fsdp_co
                         break;
                     }
                     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
-                    if (got <= 0)
-                        return fsdp_comm_fail(comm, FSDP_ERR_PEER_LOST,
-                                              "rank %d (%s) closed its connection during %s (op #%llu): %s", p,
-                                              peer->addr, fsdp_coll_name(c->kind), (unsigned long long)c->seq,
-                                              strerror(errno));
+                    if (got <= 0) return fsdp__sock_lost(comm, s, p, c, &fp, phase, errno);
                     peer->last_activity = now;
                 }
             }
@@ -2565,11 +2584,7 @@ FSDP__PRIVATE int fsdp__sock_phase(fsdp_comm *comm, fsdp__sock *s, const fsdp_co
                         break;
                     }
                     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
-                    if (got <= 0)
-                        return fsdp_comm_fail(comm, FSDP_ERR_PEER_LOST,
-                                              "rank %d (%s) closed its connection during %s (op #%llu)%s%s", p,
-                                              peer->addr, fsdp_coll_name(c->kind), (unsigned long long)c->seq,
-                                              got < 0 ? ": " : "", got < 0 ? strerror(errno) : "");
+                    if (got <= 0) return fsdp__sock_lost(comm, s, p, c, &fp, phase, got < 0 ? errno : 0);
                     peer->last_activity = now;
                 }
             }
