@@ -67,11 +67,23 @@ $(BUILD)/bench_comm_mpi: examples/bench_comm.c fsdp.h | $(BUILD)
 $(BUILD)/demo_collectives: examples/demo_collectives.c fsdp.h | $(BUILD)
 	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) -I. $< -o $@ $(LDLIBS)
 
-bench: $(BUILD)/bench_comm
+# Training examples: an MLP on OpenBLAS (sudo apt-get install libopenblas-dev)
+BLAS_CHECK = @echo '\#include <cblas.h>' | $(CC) -E -x c - >/dev/null 2>&1 || \
+	{ echo "error: <cblas.h> not found; sudo apt-get install libopenblas-dev"; exit 1; }
+
+$(BUILD)/mlp: examples/mlp.c examples/mlp_model.h fsdp.h | $(BUILD)
+	$(BLAS_CHECK)
+	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) -I. $< -o $@ -lopenblas $(LDLIBS)
+
+$(BUILD)/bench_train: examples/bench_train.c examples/mlp_model.h fsdp.h | $(BUILD)
+	$(BLAS_CHECK)
+	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) -I. $< -o $@ -lopenblas $(LDLIBS)
+
+bench: $(BUILD)/bench_comm $(BUILD)/bench_train
 bench-mpi: $(BUILD)/bench_comm_mpi
 
-demo: check-deps $(BUILD)/demo_collectives
-	./$(BUILD)/demo_collectives --nproc 4
+demo: check-deps $(BUILD)/mlp
+	./$(BUILD)/mlp --nproc 4 --strategy full --hidden 512 --layers 4 --batch 256 --steps 60 --print-every 5
 
 clean:
 	rm -rf $(BUILD)

@@ -102,7 +102,7 @@ static int runtime_steps(fsdp_comm *comm, void *arg) {
     (void)arg;
     if (fsdp_model_create(&m, "Net")) return 40;
     for (k = 0; k < 3; k++) {
-        char name[8];
+        char name[16];
         snprintf(name, sizeof name, "%d", k);
         mods[k] = fsdp_model_module(m, 0, name, "Linear");
         params[k] = fsdp_model_param(m, mods[k], "weight", 1, shape, ones);
