@@ -43,6 +43,11 @@
        >>socket        TCP backend (processes on one or many hosts)
        >>mpi           MPI bridge (compiled with FSDP_WITH_MPI)
        >>env           fsdp_comm_init_from_env: torchrun, SLURM, Open MPI conventions
+       >>model         modules, parameters, counter-based initialisation
+       >>wrap          wrap policies: which modules become units
+       >>runtime       fsdp_ctx: flat parameters, hooks, comm thread, strategies, optimizer
+       >>memory        memory statistics and the estimator
+       >>checkpoint    safetensors full and sharded checkpoints
        >>launcher      fsdp_launch: fork N local ranks joined by shared memory
        >>utilities     time, strings, small helpers
 
@@ -580,6 +585,109 @@ FSDP_API void fsdp_memory_reset_peak(fsdp_ctx *ctx);
 /* Predicts the stats above for a model, config and world size before anything is allocated. */
 FSDP_API int fsdp_memory_estimate(const fsdp_model *model, const fsdp_desc *desc, int world_size,
                                   fsdp_memory_stats *estimate);
+
+/* ============================================================================================
+   >>checkpoint
+   Full checkpoints are one safetensors file (8-byte little-endian header length, a JSON
+   header: per tensor its dtype "F32"/"BF16"/"F16", shape and data_offsets, and a
+   "__metadata__" map of strings; then the raw little-endian data), tensors named by their
+   dotted parameter names, so Python's safetensors and PyTorch load it directly. Sharded
+   checkpoints are a directory: one safetensors file per rank holding its slices, and
+   index.json mapping each tensor's element ranges to files. Every tensor's CRC32C is stored
+   in the metadata ("crc32c.<tensor>") and verified on load; every write goes to a temporary
+   name, is fsynced and renamed, so a process killed mid-save leaves the previous checkpoint.
+   ============================================================================================ */
+typedef struct fsdp_kv {
+    const char *key;
+    const char *value;
+} fsdp_kv;
+
+typedef struct fsdp_save_options {
+    int with_optimizer;      /* also <name>.exp_avg, <name>.exp_avg_sq or <name>.momentum_buffer */
+    fsdp_dtype dtype;        /* parameters stored as F32 (default), BF16 or F16 */
+    int64_t epoch;           /* stored as metadata "epoch" */
+    const fsdp_kv *metadata; /* user key/values for __metadata__ */
+    int num_metadata;
+} fsdp_save_options;
+
+typedef struct fsdp_load_options {
+    int strict;              /* any missing, unexpected or mis-shaped tensor fails the load */
+    int with_optimizer;      /* also restore optimizer state and step when the file has them */
+    /* called once per problem: kind "missing" | "unexpected" | "shape"; detail says more */
+    void (*on_problem)(void *user, const char *kind, const char *name, const char *detail);
+    void *user;
+} fsdp_load_options;
+
+typedef struct fsdp_load_report {
+    int loaded, missing, unexpected, mismatched;
+    int64_t step, epoch;     /* from the metadata, -1 if absent */
+} fsdp_load_report;
+
+/* Gathers unit by unit (memory bounded by one unit) and writes one file from rank 0.
+   Collective; between iterations. */
+FSDP_API int fsdp_save_full(fsdp_ctx *ctx, const char *path, const fsdp_save_options *opt);
+/* Loads a full file into any world size, strategy and wrap policy; each rank reads only its
+   slices. Strict: reports every problem (on_problem and the error message) and loads nothing.
+   Collective; between iterations. */
+FSDP_API int fsdp_load_full(fsdp_ctx *ctx, const char *path, const fsdp_load_options *opt, fsdp_load_report *report);
+/* Every rank writes its own slices; rank 0 then commits index.json. Collective. */
+FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_options *opt);
+/* Loads a sharded checkpoint at any world size, strategy and wrap policy. Collective. */
+FSDP_API int fsdp_load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_load_options *opt, fsdp_load_report *report);
+
+/* CRC-32C (Castagnoli), as used for the checksums: crc = fsdp_crc32c(0, data, n). */
+FSDP_API uint32_t fsdp_crc32c(uint32_t crc, const void *data, size_t size);
+
+/* Safetensors files without a context (tools, tests, fuzzing). Parsing checks everything:
+   header length against the file, JSON syntax, dtypes, shapes against byte counts, offsets in
+   range and not overlapping; any problem is FSDP_ERR_CORRUPT with a message in err. */
+typedef struct fsdp_st_tensor {
+    const char *name;
+    fsdp_dtype dtype;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];
+    int64_t numel;
+    uint64_t begin, end;     /* byte offsets within the data section */
+} fsdp_st_tensor;
+
+typedef struct fsdp_st_file fsdp_st_file;
+
+FSDP_API int fsdp_st_open(fsdp_st_file **out, const char *path, char *err, size_t err_size);
+/* Parses a whole file held in memory (the fuzz target's entry). */
+FSDP_API int fsdp_st_parse(fsdp_st_file **out, const void *bytes, size_t size, char *err, size_t err_size);
+FSDP_API void fsdp_st_close(fsdp_st_file *file);
+FSDP_API int fsdp_st_num_tensors(const fsdp_st_file *file);
+FSDP_API const fsdp_st_tensor *fsdp_st_tensor_at(const fsdp_st_file *file, int index);
+FSDP_API int fsdp_st_find(const fsdp_st_file *file, const char *name); /* index or -1 */
+FSDP_API int fsdp_st_num_metadata(const fsdp_st_file *file);
+FSDP_API fsdp_kv fsdp_st_metadata_at(const fsdp_st_file *file, int index);
+FSDP_API const char *fsdp_st_metadata(const fsdp_st_file *file, const char *key); /* NULL if absent */
+/* Reads count elements from element first of a tensor (flattened), converted to f32. */
+FSDP_API int fsdp_st_read(fsdp_st_file *file, int tensor, int64_t first, int64_t count, float *out, char *err,
+                          size_t err_size);
+/* Checks the tensor's stored crc32c (FSDP_ERR_CORRUPT on mismatch, FSDP_ERR_UNSUPPORTED if
+   the file has none for it). */
+FSDP_API int fsdp_st_verify(fsdp_st_file *file, int tensor, char *err, size_t err_size);
+
+/* Writing: declare every tensor up front, then stream their data in that order. Nothing is
+   visible at path until fsdp_st_writer_close succeeds (temporary file, fsync, rename). */
+typedef struct fsdp_st_spec {
+    const char *name;
+    fsdp_dtype dtype;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];
+} fsdp_st_spec;
+
+typedef struct fsdp_st_writer fsdp_st_writer;
+
+FSDP_API int fsdp_st_writer_open(fsdp_st_writer **out, const char *path, const fsdp_st_spec *tensors, int num_tensors,
+                                 const fsdp_kv *metadata, int num_metadata, char *err, size_t err_size);
+/* Appends the next bytes (in the declared dtype) of the tensors, in order. */
+FSDP_API int fsdp_st_writer_write(fsdp_st_writer *writer, const void *data, size_t bytes);
+/* Appends f32 values, converting them to the current tensor's dtype. */
+FSDP_API int fsdp_st_writer_write_f32(fsdp_st_writer *writer, const float *values, size_t count);
+FSDP_API int fsdp_st_writer_close(fsdp_st_writer *writer, char *err, size_t err_size);
+FSDP_API void fsdp_st_writer_abort(fsdp_st_writer *writer);
 
 /* ============================================================================================
    >>launcher
@@ -3539,6 +3647,7 @@ struct fsdp_ctx {
     int phase;              /* 0 idle, 1 forward, 2 backward */
     int64_t iteration;
     int *fwd_order, fwd_len, *bwd_order, bwd_len, order_known;
+    uint64_t older_reduce, newer_reduce; /* the last two gradient reductions issued */
     /* comm thread */
     pthread_t thread;
     int thread_started, stop;
@@ -3929,6 +4038,8 @@ FSDP__PRIVATE int fsdp__unit_pre_backward(fsdp_ctx *ctx, int ui) {
         (rc = fsdp__prefetch_after(ctx, ctx->bwd_order, ctx->bwd_len, ui)) != 0)
         return rc;
     if (!u->grad_full) {
+        /* at most one earlier unit's gradient still being reduced: bounds gradient memory to two */
+        if (ctx->older_reduce && (rc = fsdp__wait_task(ctx, ctx->older_reduce)) != 0) return rc;
         u->grad_full = (float *)fsdp__buf_get(ctx, (size_t)u->padded * sizeof(float), 1);
         if (!u->grad_full) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "unit '%s': no memory for gradients",
                                              fsdp__unit_name(ctx, ui));
@@ -3959,7 +4070,9 @@ FSDP__PRIVATE int fsdp__unit_post_backward(fsdp_ctx *ctx, int ui) {
         }
         u->grad_full = NULL; /* the comm thread owns it now */
         u->grad_full_pending = 0;
-        if (!fsdp__enqueue(ctx, &t)) return fsdp__fail(ctx, FSDP_ERR_STATE, "comm queue full");
+        ctx->older_reduce = ctx->newer_reduce;
+        ctx->newer_reduce = fsdp__enqueue(ctx, &t);
+        if (!ctx->newer_reduce) return fsdp__fail(ctx, FSDP_ERR_STATE, "comm queue full");
     }
     if (!fsdp__aliases_master(ctx, u)) fsdp__reshard(ctx, u);
     else u->state = FSDP__SHARDED;
@@ -4482,16 +4595,18 @@ FSDP_API void fsdp_memory_reset_peak(fsdp_ctx *ctx) {
     pthread_mutex_unlock(&ctx->lock);
 }
 
-/* Persistent bytes exactly; unsharded peak as the bound the scheduler keeps: the root unit
-   (gathered through forward), the current unit's parameters and f32 gradient, up to
-   limit_all_gathers prefetched units and one gradient still being reduced. */
+/* Persistent bytes exactly. The unsharded peak is the bound the scheduler keeps (without
+   no_sync, which holds every unit's gradient): every unit that stays gathered after forward
+   (the root, SHARD_GRAD_OP, NO_SHARD in 16-bit), plus for the resharding units the one in use
+   and limit_all_gathers prefetched, plus two f32 gradients (one being written, one being
+   reduced) with their reduce-dtype staging. */
 FSDP_API int fsdp_memory_estimate(const fsdp_model *model, const fsdp_desc *desc, int world_size,
                                   fsdp_memory_stats *est) {
     fsdp_desc d;
     fsdp__plan plan;
     char err[FSDP__ERRMSG];
     int rc, ui, hybrid_group = 1, nbuf;
-    size_t largest_param = 0, second_param = 0, largest_grad = 0, root_param = 0;
+    size_t kept = 0, largest_resharded = 0, largest_grad = 0;
     if (!model || !desc || !est || world_size < 1) return FSDP_ERR_INVALID_ARG;
     memset(est, 0, sizeof *est);
     d = *desc;
@@ -4503,19 +4618,19 @@ FSDP_API int fsdp_memory_estimate(const fsdp_model *model, const fsdp_desc *desc
     for (ui = 0; ui < plan.num_units; ui++) {
         const fsdp__plan_unit *pu = &plan.units[ui];
         size_t pbytes = (size_t)pu->padded * fsdp_dtype_size(d.param_dtype), gbytes = (size_t)pu->padded * sizeof(float);
+        int reshards = ui != 0 && (pu->strategy == FSDP_FULL_SHARD || pu->strategy == FSDP_HYBRID_SHARD);
         if (pu->group_size == 1 && d.param_dtype == FSDP_F32) pbytes = 0; /* computes on the master copy */
         if (d.fp32_compute_view && d.param_dtype != FSDP_F32) pbytes += (size_t)pu->padded * sizeof(float);
         if (d.reduce_dtype != FSDP_F32) gbytes += (size_t)pu->padded * fsdp_dtype_size(d.reduce_dtype);
         est->param_shard_bytes += sizeof(float) * (size_t)pu->shard;
         est->grad_shard_bytes += sizeof(float) * (size_t)pu->shard;
         est->optimizer_bytes += sizeof(float) * (size_t)pu->shard * (size_t)nbuf;
-        if (ui == 0) root_param = pbytes;
-        else if (pbytes > largest_param) { second_param = largest_param; largest_param = pbytes; }
-        else if (pbytes > second_param) second_param = pbytes;
+        if (!reshards) kept += pbytes;
+        else if (pbytes > largest_resharded) largest_resharded = pbytes;
         if (gbytes > largest_grad) largest_grad = gbytes;
     }
     est->persistent_bytes = est->param_shard_bytes + est->grad_shard_bytes + est->optimizer_bytes;
-    est->peak_unsharded_bytes = root_param + largest_param + (size_t)d.limit_all_gathers * second_param + 2 * largest_grad;
+    est->peak_unsharded_bytes = kept + (size_t)(d.limit_all_gathers + 1) * largest_resharded + 2 * largest_grad;
     est->peak_bytes = est->persistent_bytes + est->peak_unsharded_bytes;
     fsdp__plan_free(&plan);
     return 0;

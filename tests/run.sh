@@ -3,6 +3,7 @@
 # header compiled as C99/C11/C++, include-order rules, the MPI bridge under mpirun), and ends
 # with the line CI reads: "N passed, N failed".
 BUILD=${BUILD:-build}
+case $BUILD in /*) BIN=$BUILD ;; *) BIN=./$BUILD ;; esac
 passed=0
 failed=0
 log=$(mktemp)
@@ -27,7 +28,7 @@ count_unity() { # $1 = name, output in $log, $2 = exit status
 
 for t in "$@"; do
     echo "== $t"
-    timeout 600 "./$BUILD/$t" >"$log" 2>&1
+    timeout 600 "$BIN/$t" >"$log" 2>&1
     status=$?
     cat "$log"
     count_unity "$t" "$status"
@@ -77,7 +78,7 @@ if [ -z "$NO_EXTRA_CHECKS" ]; then
         echo "== MPI bridge (mpirun)"
         if make --no-print-directory "$BUILD/test_mpi" BUILD="$BUILD" UNITY_DIR="$UNITY_DIR" >"$log" 2>&1; then
             for np in 2 3 4; do
-                timeout 300 "${MPIRUN:-mpirun}" --allow-run-as-root --oversubscribe -np $np "./$BUILD/test_mpi" >"$log" 2>&1
+                timeout 300 "${MPIRUN:-mpirun}" --allow-run-as-root --oversubscribe -np $np "$BIN/test_mpi" >"$log" 2>&1
                 status=$?
                 sed "s/^/[np=$np] /" "$log"
                 count_unity "test_mpi(np=$np)" "$status"

@@ -25,7 +25,7 @@
 #define UNITY_FLOAT_PRECISION (0.00001f)
 #endif
 /* Separator before a user message (Unity 2.7's UnityStrSpacer). */
-#ifndef UNITY_FAILURE_DETAIL_SEPARATOR
+#ifndef UNITY_FAILURE_DETAIL_SEPARATOR /* Unity's fixed UnityStrSpacer */
 #define UNITY_FAILURE_DETAIL_SEPARATOR ". "
 #endif
 
@@ -60,19 +60,6 @@ static void put_escaped(const char *s)
         else
             printf("\\x%02X", c);
     }
-}
-
-static void put_char_quoted(char ch)
-{
-    char s[2];
-    s[0] = ch;
-    s[1] = '\0';
-    putchar('\'');
-    if (ch == '\0')
-        put("\\x00");
-    else
-        put_escaped(s);
-    putchar('\'');
 }
 
 static void put_int(long long v) { printf("%lld", v); }
@@ -396,12 +383,6 @@ void unity__string(const char *expected, const char *actual,
     put(" Was ");
     if (actual != NULL) { putchar('\''); put_escaped(actual); putchar('\''); }
     else put("NULL");
-    if (expected != NULL && actual != NULL) {
-        printf(" Character %lu Expected ", (unsigned long)i);
-        put_char_quoted(expected[i]);
-        put(" Was ");
-        put_char_quoted(actual[i]);
-    }
     fail_and_bail(msg);
 }
 
