@@ -111,6 +111,7 @@ extern "C" {
     X(FSDP_ERR_CORRUPT,      -6, "corrupt or malformed data") \
     X(FSDP_ERR_SYSTEM,       -7, "operating system call failed") \
     X(FSDP_ERR_ENV,          -8, "missing or malformed environment variable") \
+    X(FSDP_ERR_INCOMPATIBLE, -9, "checkpoint does not match the model") \
     X(FSDP_ERR_TIMEOUT,     -20, "timed out waiting for another rank") \
     X(FSDP_ERR_MISMATCH,    -21, "ranks called different collectives") \
     X(FSDP_ERR_PEER_LOST,   -22, "another rank died or closed its connection") \
@@ -763,6 +764,7 @@ FSDP_API double fsdp_now(void);
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
+#include <dirent.h>
 #include <time.h>
 #include <unistd.h>
 #if defined(__linux__)
@@ -4689,6 +4691,1523 @@ FSDP_API int fsdp_set_param_full(fsdp_ctx *ctx, int param, const float *full) {
     info = &ctx->params[param];
     if (!rc) memcpy(info->shard, buf + info->shard_begin, sizeof(float) * (size_t)(info->shard_end - info->shard_begin));
     fsdp__buf_put(ctx, buf, sizeof(float) * n);
+    return rc;
+}
+
+/* ============================================================================================
+   >>checkpoint (implementation)
+   ============================================================================================ */
+static const uint32_t fsdp__crc32c_table[256] = {
+    0x00000000u, 0xf26b8303u, 0xe13b70f7u, 0x1350f3f4u, 0xc79a971fu, 0x35f1141cu, 0x26a1e7e8u, 0xd4ca64ebu,
+    0x8ad958cfu, 0x78b2dbccu, 0x6be22838u, 0x9989ab3bu, 0x4d43cfd0u, 0xbf284cd3u, 0xac78bf27u, 0x5e133c24u,
+    0x105ec76fu, 0xe235446cu, 0xf165b798u, 0x030e349bu, 0xd7c45070u, 0x25afd373u, 0x36ff2087u, 0xc494a384u,
+    0x9a879fa0u, 0x68ec1ca3u, 0x7bbcef57u, 0x89d76c54u, 0x5d1d08bfu, 0xaf768bbcu, 0xbc267848u, 0x4e4dfb4bu,
+    0x20bd8edeu, 0xd2d60dddu, 0xc186fe29u, 0x33ed7d2au, 0xe72719c1u, 0x154c9ac2u, 0x061c6936u, 0xf477ea35u,
+    0xaa64d611u, 0x580f5512u, 0x4b5fa6e6u, 0xb93425e5u, 0x6dfe410eu, 0x9f95c20du, 0x8cc531f9u, 0x7eaeb2fau,
+    0x30e349b1u, 0xc288cab2u, 0xd1d83946u, 0x23b3ba45u, 0xf779deaeu, 0x05125dadu, 0x1642ae59u, 0xe4292d5au,
+    0xba3a117eu, 0x4851927du, 0x5b016189u, 0xa96ae28au, 0x7da08661u, 0x8fcb0562u, 0x9c9bf696u, 0x6ef07595u,
+    0x417b1dbcu, 0xb3109ebfu, 0xa0406d4bu, 0x522bee48u, 0x86e18aa3u, 0x748a09a0u, 0x67dafa54u, 0x95b17957u,
+    0xcba24573u, 0x39c9c670u, 0x2a993584u, 0xd8f2b687u, 0x0c38d26cu, 0xfe53516fu, 0xed03a29bu, 0x1f682198u,
+    0x5125dad3u, 0xa34e59d0u, 0xb01eaa24u, 0x42752927u, 0x96bf4dccu, 0x64d4cecfu, 0x77843d3bu, 0x85efbe38u,
+    0xdbfc821cu, 0x2997011fu, 0x3ac7f2ebu, 0xc8ac71e8u, 0x1c661503u, 0xee0d9600u, 0xfd5d65f4u, 0x0f36e6f7u,
+    0x61c69362u, 0x93ad1061u, 0x80fde395u, 0x72966096u, 0xa65c047du, 0x5437877eu, 0x4767748au, 0xb50cf789u,
+    0xeb1fcbadu, 0x197448aeu, 0x0a24bb5au, 0xf84f3859u, 0x2c855cb2u, 0xdeeedfb1u, 0xcdbe2c45u, 0x3fd5af46u,
+    0x7198540du, 0x83f3d70eu, 0x90a324fau, 0x62c8a7f9u, 0xb602c312u, 0x44694011u, 0x5739b3e5u, 0xa55230e6u,
+    0xfb410cc2u, 0x092a8fc1u, 0x1a7a7c35u, 0xe811ff36u, 0x3cdb9bddu, 0xceb018deu, 0xdde0eb2au, 0x2f8b6829u,
+    0x82f63b78u, 0x709db87bu, 0x63cd4b8fu, 0x91a6c88cu, 0x456cac67u, 0xb7072f64u, 0xa457dc90u, 0x563c5f93u,
+    0x082f63b7u, 0xfa44e0b4u, 0xe9141340u, 0x1b7f9043u, 0xcfb5f4a8u, 0x3dde77abu, 0x2e8e845fu, 0xdce5075cu,
+    0x92a8fc17u, 0x60c37f14u, 0x73938ce0u, 0x81f80fe3u, 0x55326b08u, 0xa759e80bu, 0xb4091bffu, 0x466298fcu,
+    0x1871a4d8u, 0xea1a27dbu, 0xf94ad42fu, 0x0b21572cu, 0xdfeb33c7u, 0x2d80b0c4u, 0x3ed04330u, 0xccbbc033u,
+    0xa24bb5a6u, 0x502036a5u, 0x4370c551u, 0xb11b4652u, 0x65d122b9u, 0x97baa1bau, 0x84ea524eu, 0x7681d14du,
+    0x2892ed69u, 0xdaf96e6au, 0xc9a99d9eu, 0x3bc21e9du, 0xef087a76u, 0x1d63f975u, 0x0e330a81u, 0xfc588982u,
+    0xb21572c9u, 0x407ef1cau, 0x532e023eu, 0xa145813du, 0x758fe5d6u, 0x87e466d5u, 0x94b49521u, 0x66df1622u,
+    0x38cc2a06u, 0xcaa7a905u, 0xd9f75af1u, 0x2b9cd9f2u, 0xff56bd19u, 0x0d3d3e1au, 0x1e6dcdeeu, 0xec064eedu,
+    0xc38d26c4u, 0x31e6a5c7u, 0x22b65633u, 0xd0ddd530u, 0x0417b1dbu, 0xf67c32d8u, 0xe52cc12cu, 0x1747422fu,
+    0x49547e0bu, 0xbb3ffd08u, 0xa86f0efcu, 0x5a048dffu, 0x8ecee914u, 0x7ca56a17u, 0x6ff599e3u, 0x9d9e1ae0u,
+    0xd3d3e1abu, 0x21b862a8u, 0x32e8915cu, 0xc083125fu, 0x144976b4u, 0xe622f5b7u, 0xf5720643u, 0x07198540u,
+    0x590ab964u, 0xab613a67u, 0xb831c993u, 0x4a5a4a90u, 0x9e902e7bu, 0x6cfbad78u, 0x7fab5e8cu, 0x8dc0dd8fu,
+    0xe330a81au, 0x115b2b19u, 0x020bd8edu, 0xf0605beeu, 0x24aa3f05u, 0xd6c1bc06u, 0xc5914ff2u, 0x37faccf1u,
+    0x69e9f0d5u, 0x9b8273d6u, 0x88d28022u, 0x7ab90321u, 0xae7367cau, 0x5c18e4c9u, 0x4f48173du, 0xbd23943eu,
+    0xf36e6f75u, 0x0105ec76u, 0x12551f82u, 0xe03e9c81u, 0x34f4f86au, 0xc69f7b69u, 0xd5cf889du, 0x27a40b9eu,
+    0x79b737bau, 0x8bdcb4b9u, 0x988c474du, 0x6ae7c44eu, 0xbe2da0a5u, 0x4c4623a6u, 0x5f16d052u, 0xad7d5351u,
+};
+
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#  include <nmmintrin.h>
+#  define FSDP__CRC_HW 1
+__attribute__((target("sse4.2"))) static uint32_t fsdp__crc32c_hw(uint32_t crc, const unsigned char *p, size_t n) {
+    uint64_t c = crc;
+    while (n && ((uintptr_t)p & 7)) { c = _mm_crc32_u8((uint32_t)c, *p++); n--; }
+    while (n >= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        c = _mm_crc32_u64(c, v);
+        p += 8;
+        n -= 8;
+    }
+    while (n--) c = _mm_crc32_u8((uint32_t)c, *p++);
+    return (uint32_t)c;
+}
+#else
+#  define FSDP__CRC_HW 0
+#endif
+
+FSDP_API uint32_t fsdp_crc32c(uint32_t crc, const void *data, size_t size) {
+    const unsigned char *p = (const unsigned char *)data;
+    crc = ~crc;
+#if FSDP__CRC_HW
+    if (__builtin_cpu_supports("sse4.2")) return ~fsdp__crc32c_hw(crc, p, size);
+#endif
+    while (size--) crc = fsdp__crc32c_table[(crc ^ *p++) & 0xffu] ^ (crc >> 8);
+    return ~crc;
+}
+
+/* --- JSON: a small DOM parser for safetensors headers and index.json. Every allocation is
+   bounded by the input's size; depth is limited; anything malformed is an error. ---------- */
+enum { FSDP__J_NULL, FSDP__J_BOOL, FSDP__J_NUM, FSDP__J_STR, FSDP__J_ARR, FSDP__J_OBJ };
+
+typedef struct fsdp__jv {
+    int type;
+    int is_int;          /* FSDP__J_NUM: an integer that fits int64 */
+    int64_t inum;
+    double num;
+    char *str;           /* FSDP__J_STR */
+    int count;           /* FSDP__J_ARR / FSDP__J_OBJ */
+    struct fsdp__jv *items;
+    char **keys;         /* FSDP__J_OBJ */
+} fsdp__jv;
+
+typedef struct fsdp__jparser {
+    const char *at, *end;
+    char *err;
+    size_t err_size;
+    int failed;
+} fsdp__jparser;
+
+FSDP__PRIVATE void fsdp__jfree(fsdp__jv *v) {
+    int i;
+    if (!v) return;
+    FSDP_FREE(v->str);
+    for (i = 0; i < v->count; i++) {
+        fsdp__jfree(&v->items[i]);
+        if (v->keys) FSDP_FREE(v->keys[i]);
+    }
+    FSDP_FREE(v->items);
+    FSDP_FREE(v->keys);
+    memset(v, 0, sizeof *v);
+}
+
+static int fsdp__jerror(fsdp__jparser *p, const char *what) {
+    if (!p->failed) fsdp__fmt(p->err, p->err_size, "bad JSON: %s", what);
+    p->failed = 1;
+    return -1;
+}
+
+static void fsdp__jspace(fsdp__jparser *p) {
+    while (p->at < p->end && (*p->at == ' ' || *p->at == '\t' || *p->at == '\n' || *p->at == '\r')) p->at++;
+}
+
+static int fsdp__jhex(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+FSDP__PRIVATE int fsdp__jstring(fsdp__jparser *p, char **out) {
+    const char *start;
+    char *buf, *w;
+    if (p->at >= p->end || *p->at != '"') return fsdp__jerror(p, "expected a string");
+    start = ++p->at;
+    while (p->at < p->end && *p->at != '"') p->at += *p->at == '\\' && p->at + 1 < p->end ? 2 : 1;
+    if (p->at >= p->end) return fsdp__jerror(p, "unterminated string");
+    buf = w = (char *)FSDP_MALLOC((size_t)(p->at - start) + 1); /* escapes only shrink */
+    if (!buf) return fsdp__jerror(p, "out of memory");
+    while (start < p->at) {
+        unsigned char c = (unsigned char)*start++;
+        if (c < 0x20) { FSDP_FREE(buf); return fsdp__jerror(p, "control character in a string"); }
+        if (c != '\\') { *w++ = (char)c; continue; }
+        c = (unsigned char)*start++;
+        switch (c) {
+            case '"': case '\\': case '/': *w++ = (char)c; break;
+            case 'b': *w++ = '\b'; break;
+            case 'f': *w++ = '\f'; break;
+            case 'n': *w++ = '\n'; break;
+            case 'r': *w++ = '\r'; break;
+            case 't': *w++ = '\t'; break;
+            case 'u': {
+                uint32_t cp = 0;
+                int k;
+                for (k = 0; k < 4; k++) {
+                    int h = start < p->at ? fsdp__jhex(*start++) : -1;
+                    if (h < 0) { FSDP_FREE(buf); return fsdp__jerror(p, "bad \\u escape"); }
+                    cp = cp * 16 + (uint32_t)h;
+                }
+                if (cp >= 0xd800 && cp < 0xdc00) { /* surrogate pair */
+                    uint32_t lo = 0;
+                    if (p->at - start < 6 || start[0] != '\\' || start[1] != 'u') { FSDP_FREE(buf); return fsdp__jerror(p, "lone surrogate"); }
+                    start += 2;
+                    for (k = 0; k < 4; k++) {
+                        int h = fsdp__jhex(*start++);
+                        if (h < 0) { FSDP_FREE(buf); return fsdp__jerror(p, "bad \\u escape"); }
+                        lo = lo * 16 + (uint32_t)h;
+                    }
+                    if (lo < 0xdc00 || lo > 0xdfff) { FSDP_FREE(buf); return fsdp__jerror(p, "bad surrogate pair"); }
+                    cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+                } else if (cp >= 0xdc00 && cp < 0xe000) {
+                    FSDP_FREE(buf);
+                    return fsdp__jerror(p, "lone surrogate");
+                }
+                if (cp == 0) { FSDP_FREE(buf); return fsdp__jerror(p, "\\u0000 in a string"); }
+                if (cp < 0x80) *w++ = (char)cp;
+                else if (cp < 0x800) { *w++ = (char)(0xc0 | (cp >> 6)); *w++ = (char)(0x80 | (cp & 0x3f)); }
+                else if (cp < 0x10000) {
+                    *w++ = (char)(0xe0 | (cp >> 12)); *w++ = (char)(0x80 | ((cp >> 6) & 0x3f)); *w++ = (char)(0x80 | (cp & 0x3f));
+                } else {
+                    *w++ = (char)(0xf0 | (cp >> 18)); *w++ = (char)(0x80 | ((cp >> 12) & 0x3f));
+                    *w++ = (char)(0x80 | ((cp >> 6) & 0x3f)); *w++ = (char)(0x80 | (cp & 0x3f));
+                }
+                break;
+            }
+            default: FSDP_FREE(buf); return fsdp__jerror(p, "unknown escape");
+        }
+    }
+    *w = 0;
+    p->at++; /* closing quote */
+    *out = buf;
+    return 0;
+}
+
+FSDP__PRIVATE int fsdp__jvalue(fsdp__jparser *p, fsdp__jv *v, int depth);
+
+FSDP__PRIVATE int fsdp__jnumber(fsdp__jparser *p, fsdp__jv *v) {
+    const char *start = p->at;
+    char text[64];
+    int digits = 0, neg = 0, overflow = 0;
+    uint64_t mag = 0;
+    if (p->at < p->end && *p->at == '-') { neg = 1; p->at++; }
+    if (p->at < p->end && *p->at == '0') { p->at++; digits = 1; }
+    else while (p->at < p->end && *p->at >= '0' && *p->at <= '9') {
+        uint64_t d = (uint64_t)(*p->at++ - '0');
+        if (mag > (UINT64_C(0x7fffffffffffffff) - d) / 10) overflow = 1;
+        else mag = mag * 10 + d;
+        digits++;
+    }
+    if (!digits) return fsdp__jerror(p, "bad number");
+    v->type = FSDP__J_NUM;
+    v->is_int = !overflow;
+    if (p->at < p->end && (*p->at == '.' || *p->at == 'e' || *p->at == 'E')) {
+        v->is_int = 0;
+        if (*p->at == '.') {
+            p->at++;
+            if (p->at >= p->end || *p->at < '0' || *p->at > '9') return fsdp__jerror(p, "bad number");
+            while (p->at < p->end && *p->at >= '0' && *p->at <= '9') p->at++;
+        }
+        if (p->at < p->end && (*p->at == 'e' || *p->at == 'E')) {
+            p->at++;
+            if (p->at < p->end && (*p->at == '+' || *p->at == '-')) p->at++;
+            if (p->at >= p->end || *p->at < '0' || *p->at > '9') return fsdp__jerror(p, "bad number");
+            while (p->at < p->end && *p->at >= '0' && *p->at <= '9') p->at++;
+        }
+    }
+    v->inum = neg ? -(int64_t)mag : (int64_t)mag;
+    fsdp__fmt(text, sizeof text, "%.*s", (int)(p->at - start < 63 ? p->at - start : 63), start);
+    v->num = strtod(text, NULL);
+    return 0;
+}
+
+FSDP__PRIVATE int fsdp__jpush(fsdp__jparser *p, fsdp__jv *v, int *cap, char *key) {
+    if (v->count == *cap) {
+        int ncap = *cap ? *cap * 2 : 4;
+        fsdp__jv *items = (fsdp__jv *)FSDP_REALLOC(v->items, sizeof *items * (size_t)ncap);
+        if (!items) return fsdp__jerror(p, "out of memory");
+        v->items = items;
+        if (v->type == FSDP__J_OBJ) {
+            char **keys = (char **)FSDP_REALLOC(v->keys, sizeof *keys * (size_t)ncap);
+            if (!keys) return fsdp__jerror(p, "out of memory");
+            v->keys = keys;
+        }
+        *cap = ncap;
+    }
+    memset(&v->items[v->count], 0, sizeof v->items[0]);
+    if (v->type == FSDP__J_OBJ) v->keys[v->count] = key;
+    v->count++;
+    return 0;
+}
+
+FSDP__PRIVATE int fsdp__jvalue(fsdp__jparser *p, fsdp__jv *v, int depth) {
+    int cap = 0;
+    memset(v, 0, sizeof *v);
+    if (depth > 64) return fsdp__jerror(p, "nested too deeply");
+    fsdp__jspace(p);
+    if (p->at >= p->end) return fsdp__jerror(p, "unexpected end");
+    switch (*p->at) {
+        case '"': v->type = FSDP__J_STR; return fsdp__jstring(p, &v->str);
+        case '{': case '[': {
+            char close = *p->at == '{' ? '}' : ']';
+            v->type = *p->at == '{' ? FSDP__J_OBJ : FSDP__J_ARR;
+            p->at++;
+            fsdp__jspace(p);
+            if (p->at < p->end && *p->at == close) { p->at++; return 0; }
+            for (;;) {
+                char *key = NULL;
+                if (v->type == FSDP__J_OBJ) {
+                    fsdp__jspace(p);
+                    if (fsdp__jstring(p, &key)) return -1;
+                    fsdp__jspace(p);
+                    if (p->at >= p->end || *p->at != ':') { FSDP_FREE(key); return fsdp__jerror(p, "expected ':'"); }
+                    p->at++;
+                }
+                if (fsdp__jpush(p, v, &cap, key)) { FSDP_FREE(key); return -1; }
+                if (fsdp__jvalue(p, &v->items[v->count - 1], depth + 1)) return -1;
+                fsdp__jspace(p);
+                if (p->at < p->end && *p->at == ',') { p->at++; continue; }
+                if (p->at < p->end && *p->at == close) { p->at++; return 0; }
+                return fsdp__jerror(p, close == '}' ? "expected ',' or '}'" : "expected ',' or ']'");
+            }
+        }
+        case 't':
+            if (p->end - p->at >= 4 && memcmp(p->at, "true", 4) == 0) { p->at += 4; v->type = FSDP__J_BOOL; v->inum = 1; return 0; }
+            return fsdp__jerror(p, "bad literal");
+        case 'f':
+            if (p->end - p->at >= 5 && memcmp(p->at, "false", 5) == 0) { p->at += 5; v->type = FSDP__J_BOOL; return 0; }
+            return fsdp__jerror(p, "bad literal");
+        case 'n':
+            if (p->end - p->at >= 4 && memcmp(p->at, "null", 4) == 0) { p->at += 4; v->type = FSDP__J_NULL; return 0; }
+            return fsdp__jerror(p, "bad literal");
+        default: return fsdp__jnumber(p, v);
+    }
+}
+
+/* Parses a whole document; 0 or -1 with err filled. */
+FSDP__PRIVATE int fsdp__jparse(const char *text, size_t size, fsdp__jv *out, char *err, size_t err_size) {
+    fsdp__jparser p;
+    p.at = text;
+    p.end = text + size;
+    p.err = err;
+    p.err_size = err_size;
+    p.failed = 0;
+    if (fsdp__jvalue(&p, out, 0) != 0) { fsdp__jfree(out); return -1; }
+    fsdp__jspace(&p);
+    while (p.at < p.end && *p.at == 0) p.at++; /* tolerate NUL padding */
+    if (p.at != p.end) { fsdp__jfree(out); fsdp__jerror(&p, "trailing characters after the document"); return -1; }
+    return 0;
+}
+
+static const fsdp__jv *fsdp__jget(const fsdp__jv *obj, const char *key) {
+    int i;
+    if (!obj || obj->type != FSDP__J_OBJ) return NULL;
+    for (i = 0; i < obj->count; i++)
+        if (strcmp(obj->keys[i], key) == 0) return &obj->items[i];
+    return NULL;
+}
+
+/* Appends JSON text to a growing buffer. */
+typedef struct fsdp__sbuf { char *data; size_t len, cap; int failed; } fsdp__sbuf;
+
+FSDP__PRIVATE void fsdp__sbuf_add(fsdp__sbuf *b, const char *text, size_t n) {
+    if (b->failed) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = (b->cap ? b->cap * 2 : 1024);
+        char *grown;
+        while (cap < b->len + n + 1) cap *= 2;
+        grown = (char *)FSDP_REALLOC(b->data, cap);
+        if (!grown) { b->failed = 1; return; }
+        b->data = grown;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, text, n);
+    b->len += n;
+    b->data[b->len] = 0;
+}
+
+static void fsdp__sbuf_str(fsdp__sbuf *b, const char *text) { fsdp__sbuf_add(b, text, strlen(text)); }
+
+FSDP__PRIVATE void fsdp__sbuf_printf(fsdp__sbuf *b, const char *fmt, ...) FSDP__PRINTF(2, 3);
+FSDP__PRIVATE void fsdp__sbuf_printf(fsdp__sbuf *b, const char *fmt, ...) {
+    char tmp[256];
+    va_list ap;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n > 0) fsdp__sbuf_add(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+
+FSDP__PRIVATE void fsdp__sbuf_jstring(fsdp__sbuf *b, const char *s) {
+    fsdp__sbuf_add(b, "\"", 1);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') { char e[2] = {'\\', (char)c}; fsdp__sbuf_add(b, e, 2); }
+        else if (c < 0x20) fsdp__sbuf_printf(b, "\\u%04x", c);
+        else fsdp__sbuf_add(b, (const char *)&c, 1);
+    }
+    fsdp__sbuf_add(b, "\"", 1);
+}
+
+/* --- safetensors files ---------------------------------------------------------------------- */
+#define FSDP__ST_MAX_HEADER ((uint64_t)100 << 20) /* the reference implementation's limit */
+
+struct fsdp_st_file {
+    int fd;                      /* -1: in memory */
+    const unsigned char *mem;
+    uint64_t file_size, data_offset, data_size;
+    int num_tensors, num_meta;
+    fsdp_st_tensor *tensors;
+    char **meta_keys, **meta_values;
+    char path[256];
+};
+
+static const char *fsdp__st_dtype_name(fsdp_dtype d) {
+    return d == FSDP_F32 ? "F32" : d == FSDP_BF16 ? "BF16" : d == FSDP_F16 ? "F16" : "?";
+}
+
+FSDP_API void fsdp_st_close(fsdp_st_file *f) {
+    int i;
+    if (!f) return;
+    if (f->fd >= 0) close(f->fd);
+    for (i = 0; i < f->num_tensors; i++) FSDP_FREE((char *)f->tensors[i].name);
+    for (i = 0; i < f->num_meta; i++) { FSDP_FREE(f->meta_keys[i]); FSDP_FREE(f->meta_values[i]); }
+    FSDP_FREE(f->tensors);
+    FSDP_FREE(f->meta_keys);
+    FSDP_FREE(f->meta_values);
+    FSDP_FREE(f);
+}
+
+static int fsdp__st_cmp_begin(const void *a, const void *b) {
+    const fsdp_st_tensor *x = *(const fsdp_st_tensor *const *)a, *y = *(const fsdp_st_tensor *const *)b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : 0;
+}
+
+/* Builds the tensor table from a parsed header, checking everything against data_size. */
+FSDP__PRIVATE int fsdp__st_load_header(fsdp_st_file *f, const fsdp__jv *root, char *err, size_t err_size) {
+    int i, k, n = 0;
+    const fsdp_st_tensor **sorted;
+    if (root->type != FSDP__J_OBJ) return fsdp__fmt(err, err_size, "header is not a JSON object"), FSDP_ERR_CORRUPT;
+    f->tensors = (fsdp_st_tensor *)fsdp__calloc(sizeof *f->tensors * (size_t)(root->count + 1));
+    if (!f->tensors) return FSDP_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < root->count; i++) {
+        const fsdp__jv *v = &root->items[i], *dtype, *shape, *offsets;
+        fsdp_st_tensor *t;
+        uint64_t esize, numel = 1;
+        if (strcmp(root->keys[i], "__metadata__") == 0) {
+            if (v->type != FSDP__J_OBJ || f->meta_keys)
+                return fsdp__fmt(err, err_size, "__metadata__ is not a map of strings"), FSDP_ERR_CORRUPT;
+            f->meta_keys = (char **)fsdp__calloc(sizeof(char *) * (size_t)(v->count + 1));
+            f->meta_values = (char **)fsdp__calloc(sizeof(char *) * (size_t)(v->count + 1));
+            if (!f->meta_keys || !f->meta_values) return FSDP_ERR_OUT_OF_MEMORY;
+            for (k = 0; k < v->count; k++) {
+                if (v->items[k].type != FSDP__J_STR)
+                    return fsdp__fmt(err, err_size, "__metadata__ value of '%.64s' is not a string", v->keys[k]), FSDP_ERR_CORRUPT;
+                f->meta_keys[k] = fsdp__strdup(v->keys[k]);
+                f->meta_values[k] = fsdp__strdup(v->items[k].str);
+                f->num_meta = k + 1;
+                if (!f->meta_keys[k] || !f->meta_values[k]) return FSDP_ERR_OUT_OF_MEMORY;
+            }
+            continue;
+        }
+        for (k = 0; k < n; k++)
+            if (strcmp(f->tensors[k].name, root->keys[i]) == 0)
+                return fsdp__fmt(err, err_size, "tensor '%.64s' appears twice", root->keys[i]), FSDP_ERR_CORRUPT;
+        if (v->type != FSDP__J_OBJ) return fsdp__fmt(err, err_size, "entry '%.64s' is not an object", root->keys[i]), FSDP_ERR_CORRUPT;
+        t = &f->tensors[n];
+        t->name = fsdp__strdup(root->keys[i]);
+        if (!t->name) return FSDP_ERR_OUT_OF_MEMORY;
+        f->num_tensors = ++n;
+        dtype = fsdp__jget(v, "dtype");
+        shape = fsdp__jget(v, "shape");
+        offsets = fsdp__jget(v, "data_offsets");
+        if (!dtype || dtype->type != FSDP__J_STR || !shape || shape->type != FSDP__J_ARR || !offsets ||
+            offsets->type != FSDP__J_ARR)
+            return fsdp__fmt(err, err_size, "tensor '%.64s' lacks dtype, shape or data_offsets", t->name), FSDP_ERR_CORRUPT;
+        if (strcmp(dtype->str, "F32") == 0) t->dtype = FSDP_F32;
+        else if (strcmp(dtype->str, "BF16") == 0) t->dtype = FSDP_BF16;
+        else if (strcmp(dtype->str, "F16") == 0) t->dtype = FSDP_F16;
+        else return fsdp__fmt(err, err_size, "tensor '%.64s' has unknown dtype '%.16s' (F32, BF16 and F16 are supported)",
+                              t->name, dtype->str), FSDP_ERR_CORRUPT;
+        if (shape->count > FSDP_MAX_DIMS)
+            return fsdp__fmt(err, err_size, "tensor '%.64s' has %d dimensions (at most %d)", t->name, shape->count,
+                             FSDP_MAX_DIMS), FSDP_ERR_CORRUPT;
+        t->ndim = shape->count;
+        for (k = 0; k < shape->count; k++) {
+            const fsdp__jv *d = &shape->items[k];
+            if (d->type != FSDP__J_NUM || !d->is_int || d->inum < 0)
+                return fsdp__fmt(err, err_size, "tensor '%.64s': shape entry %d is not a non-negative integer", t->name, k),
+                       FSDP_ERR_CORRUPT;
+            t->shape[k] = d->inum;
+            if (d->inum && numel > f->data_size / (uint64_t)d->inum) numel = f->data_size + 1; /* too big for the file */
+            else numel *= (uint64_t)d->inum;
+        }
+        if (offsets->count != 2 || offsets->items[0].type != FSDP__J_NUM || !offsets->items[0].is_int ||
+            offsets->items[1].type != FSDP__J_NUM || !offsets->items[1].is_int || offsets->items[0].inum < 0 ||
+            offsets->items[1].inum < offsets->items[0].inum)
+            return fsdp__fmt(err, err_size, "tensor '%.64s': data_offsets must be [begin, end] with 0 <= begin <= end",
+                             t->name), FSDP_ERR_CORRUPT;
+        t->begin = (uint64_t)offsets->items[0].inum;
+        t->end = (uint64_t)offsets->items[1].inum;
+        if (t->end > f->data_size)
+            return fsdp__fmt(err, err_size, "tensor '%.64s': data_offsets [%llu, %llu] run past the data (%llu bytes)",
+                             t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
+                             (unsigned long long)f->data_size), FSDP_ERR_CORRUPT;
+        esize = fsdp_dtype_size(t->dtype);
+        if (numel > f->data_size || numel * esize != t->end - t->begin)
+            return fsdp__fmt(err, err_size, "tensor '%.64s': shape holds %llu elements of %s but data_offsets span %llu bytes",
+                             t->name, (unsigned long long)numel, dtype->str, (unsigned long long)(t->end - t->begin)),
+                   FSDP_ERR_CORRUPT;
+        t->numel = (int64_t)numel;
+    }
+    sorted = (const fsdp_st_tensor **)FSDP_MALLOC(sizeof *sorted * (size_t)(n + 1));
+    if (!sorted) return FSDP_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < n; i++) sorted[i] = &f->tensors[i];
+    qsort(sorted, (size_t)n, sizeof *sorted, fsdp__st_cmp_begin);
+    for (i = 0, k = -1; i < n; i++) { /* k: the non-empty tensor reaching furthest so far */
+        if (sorted[i]->end == sorted[i]->begin) continue;
+        if (k >= 0 && sorted[i]->begin < sorted[k]->end) {
+            fsdp__fmt(err, err_size, "tensors '%.64s' and '%.64s' overlap in the data", sorted[k]->name, sorted[i]->name);
+            FSDP_FREE(sorted);
+            return FSDP_ERR_CORRUPT;
+        }
+        if (k < 0 || sorted[i]->end > sorted[k]->end) k = i;
+    }
+    FSDP_FREE(sorted);
+    return 0;
+}
+
+/* Reads and checks the 8-byte length and the header; data is the rest. */
+FSDP__PRIVATE int fsdp__st_init(fsdp_st_file *f, const unsigned char *head8, char *err, size_t err_size) {
+    uint64_t n = 0;
+    char *text;
+    fsdp__jv root;
+    int i, rc;
+    ssize_t got;
+    for (i = 7; i >= 0; i--) n = (n << 8) | head8[i];
+    if (f->file_size < 8 || n < 2 || n > f->file_size - 8 || n > FSDP__ST_MAX_HEADER)
+        return fsdp__fmt(err, err_size, "header length %llu does not fit a file of %llu bytes", (unsigned long long)n,
+                         (unsigned long long)f->file_size), FSDP_ERR_CORRUPT;
+    f->data_offset = 8 + n;
+    f->data_size = f->file_size - f->data_offset;
+    text = (char *)FSDP_MALLOC((size_t)n);
+    if (!text) return FSDP_ERR_OUT_OF_MEMORY;
+    if (f->mem) memcpy(text, f->mem + 8, (size_t)n);
+    else if ((got = pread(f->fd, text, (size_t)n, 8)) != (ssize_t)n) {
+        FSDP_FREE(text);
+        return fsdp__fmt(err, err_size, "short read of the header"), FSDP_ERR_IO;
+    }
+    if (text[0] != '{') {
+        FSDP_FREE(text);
+        return fsdp__fmt(err, err_size, "header does not start with '{'"), FSDP_ERR_CORRUPT;
+    }
+    while (n > 0 && text[n - 1] == ' ') n--; /* alignment padding */
+    if (fsdp__jparse(text, (size_t)n, &root, err, err_size) != 0) {
+        FSDP_FREE(text);
+        return FSDP_ERR_CORRUPT;
+    }
+    FSDP_FREE(text);
+    rc = fsdp__st_load_header(f, &root, err, err_size);
+    fsdp__jfree(&root);
+    return rc;
+}
+
+FSDP_API int fsdp_st_parse(fsdp_st_file **out, const void *bytes, size_t size, char *err, size_t err_size) {
+    fsdp_st_file *f;
+    int rc;
+    char scratch[8];
+    if (!err) { err = scratch; err_size = sizeof scratch; }
+    if (out) *out = NULL;
+    if (!out || (!bytes && size)) return FSDP_ERR_INVALID_ARG;
+    f = (fsdp_st_file *)fsdp__calloc(sizeof *f);
+    if (!f) return FSDP_ERR_OUT_OF_MEMORY;
+    f->fd = -1;
+    f->mem = (const unsigned char *)bytes;
+    f->file_size = size;
+    fsdp__copy_string(f->path, sizeof f->path, "(memory)");
+    if (size < 8) { fsdp__fmt(err, err_size, "file of %zu bytes is shorter than the 8-byte header length", size); rc = FSDP_ERR_CORRUPT; }
+    else rc = fsdp__st_init(f, f->mem, err, err_size);
+    if (rc) { fsdp_st_close(f); return rc; }
+    *out = f;
+    return 0;
+}
+
+FSDP_API int fsdp_st_open(fsdp_st_file **out, const char *path, char *err, size_t err_size) {
+    fsdp_st_file *f;
+    struct stat st;
+    unsigned char head8[8];
+    int rc;
+    char scratch[8];
+    if (!err) { err = scratch; err_size = sizeof scratch; }
+    if (out) *out = NULL;
+    if (!out || !path) return FSDP_ERR_INVALID_ARG;
+    f = (fsdp_st_file *)fsdp__calloc(sizeof *f);
+    if (!f) return FSDP_ERR_OUT_OF_MEMORY;
+    fsdp__copy_string(f->path, sizeof f->path, path);
+    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (f->fd < 0 || fstat(f->fd, &st) != 0) {
+        fsdp__fmt(err, err_size, "%s: %s", path, strerror(errno));
+        fsdp_st_close(f);
+        return FSDP_ERR_IO;
+    }
+    f->file_size = (uint64_t)st.st_size;
+    if (f->file_size < 8 || pread(f->fd, head8, 8, 0) != 8) {
+        fsdp__fmt(err, err_size, "%s: file of %llu bytes is shorter than the 8-byte header length", path,
+                  (unsigned long long)f->file_size);
+        fsdp_st_close(f);
+        return FSDP_ERR_CORRUPT;
+    }
+    rc = fsdp__st_init(f, head8, err, err_size);
+    if (rc) {
+        char inner[FSDP__ERRMSG];
+        fsdp__copy_string(inner, sizeof inner, err);
+        fsdp__fmt(err, err_size, "%s: %s", path, inner);
+        fsdp_st_close(f);
+        return rc;
+    }
+    *out = f;
+    return 0;
+}
+
+FSDP_API int fsdp_st_num_tensors(const fsdp_st_file *f) { return f ? f->num_tensors : 0; }
+FSDP_API const fsdp_st_tensor *fsdp_st_tensor_at(const fsdp_st_file *f, int i) {
+    return f && i >= 0 && i < f->num_tensors ? &f->tensors[i] : NULL;
+}
+FSDP_API int fsdp_st_find(const fsdp_st_file *f, const char *name) {
+    int i;
+    for (i = 0; f && name && i < f->num_tensors; i++)
+        if (strcmp(f->tensors[i].name, name) == 0) return i;
+    return -1;
+}
+FSDP_API int fsdp_st_num_metadata(const fsdp_st_file *f) { return f ? f->num_meta : 0; }
+FSDP_API fsdp_kv fsdp_st_metadata_at(const fsdp_st_file *f, int i) {
+    fsdp_kv kv;
+    kv.key = f && i >= 0 && i < f->num_meta ? f->meta_keys[i] : NULL;
+    kv.value = kv.key ? f->meta_values[i] : NULL;
+    return kv;
+}
+FSDP_API const char *fsdp_st_metadata(const fsdp_st_file *f, const char *key) {
+    int i;
+    for (i = 0; f && key && i < f->num_meta; i++)
+        if (strcmp(f->meta_keys[i], key) == 0) return f->meta_values[i];
+    return NULL;
+}
+
+/* Reads bytes of the data section. */
+FSDP__PRIVATE int fsdp__st_pread(fsdp_st_file *f, void *dst, size_t n, uint64_t at) {
+    size_t done = 0;
+    if (at + n > f->data_size) return -1;
+    if (f->mem) { memcpy(dst, f->mem + f->data_offset + at, n); return 0; }
+    while (done < n) {
+        ssize_t got = pread(f->fd, (char *)dst + done, n - done, (off_t)(f->data_offset + at + done));
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return -1;
+        done += (size_t)got;
+    }
+    return 0;
+}
+
+FSDP_API int fsdp_st_read(fsdp_st_file *f, int tensor, int64_t first, int64_t count, float *out, char *err,
+                          size_t err_size) {
+    const fsdp_st_tensor *t = fsdp_st_tensor_at(f, tensor);
+    unsigned char block[65536];
+    size_t esize;
+    int64_t done = 0;
+    char scratch[8];
+    if (!err) { err = scratch; err_size = sizeof scratch; }
+    if (!t || first < 0 || count < 0 || first > t->numel || count > t->numel - first || (count && !out))
+        return fsdp__fmt(err, err_size, "read of elements [%lld, %lld) outside the tensor", (long long)first,
+                         (long long)(first + count)), FSDP_ERR_INVALID_ARG;
+    esize = fsdp_dtype_size(t->dtype);
+    while (done < count) {
+        int64_t n = count - done < (int64_t)(sizeof block / esize) ? count - done : (int64_t)(sizeof block / esize);
+        if (fsdp__st_pread(f, block, (size_t)n * esize, t->begin + (uint64_t)(first + done) * esize) != 0)
+            return fsdp__fmt(err, err_size, "%s: cannot read tensor '%s' (file truncated?)", f->path, t->name), FSDP_ERR_CORRUPT;
+        fsdp__to_f32(out + done, block, t->dtype, (size_t)n);
+        done += n;
+    }
+    return 0;
+}
+
+FSDP__PRIVATE int fsdp__st_crc(fsdp_st_file *f, const fsdp_st_tensor *t, uint32_t *crc) {
+    unsigned char block[65536];
+    uint64_t at = t->begin;
+    *crc = 0;
+    while (at < t->end) {
+        size_t n = t->end - at < sizeof block ? (size_t)(t->end - at) : sizeof block;
+        if (fsdp__st_pread(f, block, n, at) != 0) return -1;
+        *crc = fsdp_crc32c(*crc, block, n);
+        at += n;
+    }
+    return 0;
+}
+
+FSDP_API int fsdp_st_verify(fsdp_st_file *f, int tensor, char *err, size_t err_size) {
+    const fsdp_st_tensor *t = fsdp_st_tensor_at(f, tensor);
+    char key[320], *end = NULL, scratch[8];
+    const char *stored;
+    unsigned long want;
+    uint32_t got;
+    if (!err) { err = scratch; err_size = sizeof scratch; }
+    if (!t) return FSDP_ERR_INVALID_ARG;
+    fsdp__fmt(key, sizeof key, "crc32c.%s", t->name);
+    stored = fsdp_st_metadata(f, key);
+    if (!stored) return fsdp__fmt(err, err_size, "%s: tensor '%s' has no checksum", f->path, t->name), FSDP_ERR_UNSUPPORTED;
+    errno = 0;
+    want = strtoul(stored, &end, 16);
+    if (errno || !end || *end || strlen(stored) != 8)
+        return fsdp__fmt(err, err_size, "%s: checksum of '%s' is malformed ('%.16s')", f->path, t->name, stored), FSDP_ERR_CORRUPT;
+    if (fsdp__st_crc(f, t, &got) != 0)
+        return fsdp__fmt(err, err_size, "%s: cannot read tensor '%s' (file truncated?)", f->path, t->name), FSDP_ERR_CORRUPT;
+    if (got != (uint32_t)want)
+        return fsdp__fmt(err, err_size, "%s: tensor '%s' is corrupt (crc32c %08x, expected %08lx)", f->path, t->name,
+                         (unsigned)got, want), FSDP_ERR_CORRUPT;
+    return 0;
+}
+
+/* --- writing ------------------------------------------------------------------------------------ */
+struct fsdp_st_writer {
+    int fd;
+    char path[512], tmp[600];
+    int num_tensors, current, failed;
+    uint64_t *bytes;          /* per tensor */
+    uint64_t written;         /* of the current tensor */
+    uint32_t *crcs;
+    size_t *crc_at;           /* where each tensor's 8 hex digits sit in the file */
+    fsdp_dtype *dtypes;
+    char error[FSDP__ERRMSG];
+};
+
+/* Writes all of a buffer or fails. */
+FSDP__PRIVATE int fsdp__write_all(int fd, const void *data, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+        ssize_t got = write(fd, (const char *)data + done, n - done);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return -1;
+        done += (size_t)got;
+    }
+    return 0;
+}
+
+/* fsync the directory holding path, so a rename into it survives a crash. */
+FSDP__PRIVATE int fsdp__fsync_dir(const char *path) {
+    char dir[600];
+    const char *slash = strrchr(path, '/');
+    int fd, rc;
+    if (!slash) fsdp__copy_string(dir, sizeof dir, ".");
+    else if (slash == path) fsdp__copy_string(dir, sizeof dir, "/");
+    else fsdp__fmt(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    fd = open(dir, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+FSDP_API void fsdp_st_writer_abort(fsdp_st_writer *w) {
+    if (!w) return;
+    if (w->fd >= 0) { close(w->fd); unlink(w->tmp); }
+    FSDP_FREE(w->bytes);
+    FSDP_FREE(w->crcs);
+    FSDP_FREE(w->crc_at);
+    FSDP_FREE(w->dtypes);
+    FSDP_FREE(w);
+}
+
+FSDP_API int fsdp_st_writer_open(fsdp_st_writer **out, const char *path, const fsdp_st_spec *specs, int num,
+                                 const fsdp_kv *meta, int num_meta, char *err, size_t err_size) {
+    fsdp_st_writer *w;
+    fsdp__sbuf h;
+    uint64_t offset = 0;
+    int i, k;
+    unsigned char len8[8];
+    char scratch[8];
+    if (!err) { err = scratch; err_size = sizeof scratch; }
+    if (out) *out = NULL;
+    if (!out || !path || num < 0 || (num && !specs) || num_meta < 0 || (num_meta && !meta) || strlen(path) >= 500)
+        return fsdp__fmt(err, err_size, "fsdp_st_writer_open: bad arguments"), FSDP_ERR_INVALID_ARG;
+    w = (fsdp_st_writer *)fsdp__calloc(sizeof *w);
+    if (!w) return FSDP_ERR_OUT_OF_MEMORY;
+    w->fd = -1;
+    w->num_tensors = num;
+    w->bytes = (uint64_t *)fsdp__calloc(sizeof(uint64_t) * (size_t)(num + 1));
+    w->crcs = (uint32_t *)fsdp__calloc(sizeof(uint32_t) * (size_t)(num + 1));
+    w->crc_at = (size_t *)fsdp__calloc(sizeof(size_t) * (size_t)(num + 1));
+    w->dtypes = (fsdp_dtype *)fsdp__calloc(sizeof(fsdp_dtype) * (size_t)(num + 1));
+    memset(&h, 0, sizeof h);
+    if (!w->bytes || !w->crcs || !w->crc_at || !w->dtypes) { fsdp_st_writer_abort(w); return FSDP_ERR_OUT_OF_MEMORY; }
+    for (i = 0; i < num_meta; i++)
+        if (!meta[i].key || !meta[i].value || strncmp(meta[i].key, "crc32c.", 7) == 0 || strcmp(meta[i].key, "format") == 0) {
+            fsdp__fmt(err, err_size, "metadata key '%s' is missing or reserved", meta[i].key ? meta[i].key : "(null)");
+            fsdp_st_writer_abort(w);
+            return FSDP_ERR_INVALID_ARG;
+        }
+    fsdp__sbuf_str(&h, "{\"__metadata__\":{\"format\":\"pt\"");
+    for (i = 0; i < num_meta; i++) {
+        fsdp__sbuf_str(&h, ",");
+        fsdp__sbuf_jstring(&h, meta[i].key);
+        fsdp__sbuf_str(&h, ":");
+        fsdp__sbuf_jstring(&h, meta[i].value);
+    }
+    for (i = 0; i < num; i++) { /* checksums are patched in at close: fixed width placeholders */
+        char key[300];
+        fsdp__fmt(key, sizeof key, "crc32c.%s", specs[i].name ? specs[i].name : "");
+        fsdp__sbuf_str(&h, ",");
+        fsdp__sbuf_jstring(&h, key);
+        fsdp__sbuf_str(&h, ":\"");
+        w->crc_at[i] = 8 + h.len;
+        fsdp__sbuf_str(&h, "00000000\"");
+    }
+    fsdp__sbuf_str(&h, "}");
+    for (i = 0; i < num; i++) {
+        uint64_t numel = 1;
+        const fsdp_st_spec *s = &specs[i];
+        if (!s->name || !*s->name || !fsdp_dtype_size(s->dtype) || s->ndim < 0 || s->ndim > FSDP_MAX_DIMS) {
+            fsdp__fmt(err, err_size, "tensor %d: needs a name, a dtype and 0..%d dimensions", i, FSDP_MAX_DIMS);
+            FSDP_FREE(h.data);
+            fsdp_st_writer_abort(w);
+            return FSDP_ERR_INVALID_ARG;
+        }
+        for (k = 0; k < s->ndim; k++) numel *= (uint64_t)(s->shape[k] > 0 ? s->shape[k] : 0);
+        w->dtypes[i] = s->dtype;
+        w->bytes[i] = numel * fsdp_dtype_size(s->dtype);
+        fsdp__sbuf_str(&h, ",");
+        fsdp__sbuf_jstring(&h, s->name);
+        fsdp__sbuf_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[", fsdp__st_dtype_name(s->dtype));
+        for (k = 0; k < s->ndim; k++) fsdp__sbuf_printf(&h, k ? ",%lld" : "%lld", (long long)s->shape[k]);
+        fsdp__sbuf_printf(&h, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)offset,
+                          (unsigned long long)(offset + w->bytes[i]));
+        offset += w->bytes[i];
+    }
+    fsdp__sbuf_str(&h, "}");
+    while (!h.failed && (h.len % 8) != 0) fsdp__sbuf_str(&h, " "); /* data starts 8-aligned */
+    if (h.failed) { FSDP_FREE(h.data); fsdp_st_writer_abort(w); return FSDP_ERR_OUT_OF_MEMORY; }
+    fsdp__copy_string(w->path, sizeof w->path, path);
+    fsdp__fmt(w->tmp, sizeof w->tmp, "%s.tmp.%d", path, (int)getpid());
+    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    for (i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
+    if (w->fd < 0 || fsdp__write_all(w->fd, len8, 8) != 0 || fsdp__write_all(w->fd, h.data, h.len) != 0) {
+        fsdp__fmt(err, err_size, "%s: %s", w->fd < 0 ? w->tmp : path, strerror(errno));
+        FSDP_FREE(h.data);
+        fsdp_st_writer_abort(w);
+        return FSDP_ERR_IO;
+    }
+    FSDP_FREE(h.data);
+    while (w->current < num && w->bytes[w->current] == 0) w->current++;
+    *out = w;
+    return 0;
+}
+
+FSDP_API int fsdp_st_writer_write(fsdp_st_writer *w, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    if (!w) return FSDP_ERR_INVALID_ARG;
+    if (w->failed) return FSDP_ERR_IO;
+    while (n > 0) {
+        size_t take;
+        if (w->current >= w->num_tensors) {
+            fsdp__fmt(w->error, sizeof w->error, "%s: more data than the declared tensors hold", w->path);
+            w->failed = 1;
+            return FSDP_ERR_INVALID_ARG;
+        }
+        take = w->bytes[w->current] - w->written < n ? (size_t)(w->bytes[w->current] - w->written) : n;
+        if (fsdp__write_all(w->fd, p, take) != 0) {
+            fsdp__fmt(w->error, sizeof w->error, "%s: %s", w->tmp, strerror(errno));
+            w->failed = 1;
+            return FSDP_ERR_IO;
+        }
+        w->crcs[w->current] = fsdp_crc32c(w->crcs[w->current], p, take);
+        w->written += take;
+        p += take;
+        n -= take;
+        if (w->written == w->bytes[w->current]) {
+            w->written = 0;
+            do w->current++; while (w->current < w->num_tensors && w->bytes[w->current] == 0);
+        }
+    }
+    return 0;
+}
+
+FSDP_API int fsdp_st_writer_write_f32(fsdp_st_writer *w, const float *values, size_t count) {
+    uint16_t block[4096];
+    if (!w) return FSDP_ERR_INVALID_ARG;
+    while (count > 0) {
+        fsdp_dtype dt = w->current < w->num_tensors ? w->dtypes[w->current] : FSDP_F32;
+        size_t left = w->current < w->num_tensors ? (size_t)((w->bytes[w->current] - w->written) / fsdp_dtype_size(dt)) : count;
+        size_t n = count < left ? count : left;
+        int rc;
+        if (dt == FSDP_F32) rc = fsdp_st_writer_write(w, values, n * 4);
+        else {
+            if (n > 4096) n = 4096;
+            fsdp__from_f32(block, dt, values, n);
+            rc = fsdp_st_writer_write(w, block, n * 2);
+        }
+        if (rc) return rc;
+        values += n;
+        count -= n;
+    }
+    return 0;
+}
+
+FSDP_API int fsdp_st_writer_close(fsdp_st_writer *w, char *err, size_t err_size) {
+    int i, rc = 0;
+    char scratch[8];
+    if (!err) { err = scratch; err_size = sizeof scratch; }
+    if (!w) return FSDP_ERR_INVALID_ARG;
+    if (w->failed) { fsdp__copy_string(err, err_size, w->error); rc = FSDP_ERR_IO; }
+    else if (w->current < w->num_tensors) {
+        fsdp__fmt(err, err_size, "%s: tensor %d of %d was not written completely", w->path, w->current, w->num_tensors);
+        rc = FSDP_ERR_INVALID_ARG;
+    }
+    for (i = 0; !rc && i < w->num_tensors; i++) {
+        char hex[9];
+        fsdp__fmt(hex, sizeof hex, "%08x", (unsigned)w->crcs[i]);
+        if (pwrite(w->fd, hex, 8, (off_t)w->crc_at[i]) != 8) {
+            fsdp__fmt(err, err_size, "%s: %s", w->tmp, strerror(errno));
+            rc = FSDP_ERR_IO;
+        }
+    }
+    if (!rc && (fsync(w->fd) != 0 || close(w->fd) != 0)) {
+        fsdp__fmt(err, err_size, "%s: %s", w->tmp, strerror(errno));
+        rc = FSDP_ERR_IO;
+        w->fd = -1;
+        unlink(w->tmp);
+    } else if (!rc) {
+        w->fd = -1;
+        if (rename(w->tmp, w->path) != 0 || fsdp__fsync_dir(w->path) != 0) {
+            fsdp__fmt(err, err_size, "%s: %s", w->path, strerror(errno));
+            unlink(w->tmp);
+            rc = FSDP_ERR_IO;
+        }
+    }
+    fsdp_st_writer_abort(w); /* frees; the temporary file is gone or renamed */
+    return rc;
+}
+
+/* --- checkpoints of a context --------------------------------------------------------------- */
+/* Every rank learns the first failing rank's code and message (an all-gather of a fixed-size
+   report), so a collective save or load fails everywhere with the same reason. */
+FSDP__PRIVATE int fsdp__agree(fsdp_ctx *ctx, int rc) {
+    typedef struct { int32_t rc; char message[252]; } report;
+    report mine, *all;
+    int r, first = 0;
+    memset(&mine, 0, sizeof mine);
+    mine.rc = rc;
+    if (rc) {
+        pthread_mutex_lock(&ctx->lock);
+        fsdp__copy_string(mine.message, sizeof mine.message, ctx->error);
+        pthread_mutex_unlock(&ctx->lock);
+    }
+    all = (report *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world);
+    if (!all) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
+    if ((r = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_GATHER, &mine, all, sizeof mine / 4, 0)) != 0) {
+        FSDP_FREE(all);
+        return r;
+    }
+    for (r = 0; r < ctx->world; r++)
+        if (all[r].rc) {
+            all[r].message[sizeof all[r].message - 1] = 0;
+            first = all[r].rc;
+            if (r != ctx->rank) fsdp__fail(ctx, first, "rank %d: %s", r, all[r].message);
+            break;
+        }
+    FSDP_FREE(all);
+    return first;
+}
+
+/* Saving and loading happen between iterations, with every reduction finished. */
+FSDP__PRIVATE int fsdp__quiesce(fsdp_ctx *ctx, const char *what) {
+    int ui, rc;
+    if (ctx->phase != 0)
+        return fsdp__fail(ctx, FSDP_ERR_STATE, "%s: call it between iterations (after fsdp_step or fsdp_finish_backward)", what);
+    if ((rc = fsdp__wait_task(ctx, 0)) != 0) return rc;
+    for (ui = 0; ui < ctx->num_units; ui++)
+        if (ctx->units[ui].grad_full_pending)
+            return fsdp__fail(ctx, FSDP_ERR_STATE, "%s: unit '%s' holds unreduced no_sync gradients", what, fsdp__unit_name(ctx, ui));
+    return 0;
+}
+
+/* The optimizer tensors of the context's optimizer: names' suffixes and which state buffer. */
+static int fsdp__opt_suffixes(const fsdp_ctx *ctx, const char **suffix) {
+    if (ctx->opt.kind == FSDP_SGD) {
+        if (ctx->opt.momentum == 0.0f) return 0;
+        suffix[0] = "momentum_buffer";
+        return 1;
+    }
+    suffix[0] = "exp_avg";
+    suffix[1] = "exp_avg_sq";
+    return 2;
+}
+
+static float *fsdp__opt_buffer(fsdp__unit *u, int k) { return k == 0 ? u->opt_a : u->opt_b; }
+
+/* Metadata every checkpoint carries, plus the user's. */
+FSDP__PRIVATE fsdp_kv *fsdp__ckpt_metadata(fsdp_ctx *ctx, const fsdp_save_options *opt, const char *kind, char store[6][64],
+                                           int *count) {
+    fsdp_kv *kv = (fsdp_kv *)fsdp__calloc(sizeof *kv * (size_t)(8 + (opt ? opt->num_metadata : 0)));
+    int n = 0, i;
+    if (!kv) return NULL;
+    fsdp__fmt(store[0], 64, "%lld", (long long)ctx->step);
+    fsdp__fmt(store[1], 64, "%lld", (long long)(opt ? opt->epoch : 0));
+    fsdp__fmt(store[2], 64, "%d", ctx->world);
+    fsdp__copy_string(store[3], 64, fsdp__strategy_name(ctx->desc.strategy ? ctx->desc.strategy : FSDP_FULL_SHARD));
+    fsdp__copy_string(store[4], 64, ctx->opt.kind == FSDP_SGD ? "sgd" : ctx->opt.kind == FSDP_ADAM ? "adam" : "adamw");
+    fsdp__copy_string(store[5], 64, kind);
+    kv[n].key = "step"; kv[n++].value = store[0];
+    kv[n].key = "epoch"; kv[n++].value = store[1];
+    kv[n].key = "world_size"; kv[n++].value = store[2];
+    kv[n].key = "strategy"; kv[n++].value = store[3];
+    kv[n].key = "optimizer"; kv[n++].value = store[4];
+    kv[n].key = "fsdp.kind"; kv[n++].value = store[5];
+    kv[n].key = "fsdp.version"; kv[n++].value = FSDP_VERSION_STRING;
+    for (i = 0; opt && i < opt->num_metadata; i++) kv[n++] = opt->metadata[i];
+    *count = n;
+    return kv;
+}
+
+/* Gathers a unit's fp32 state (master, or an optimizer buffer) into flat [padded]. */
+FSDP__PRIVATE int fsdp__gather_flat(fsdp_ctx *ctx, fsdp__unit *u, const float *shard, float *flat) {
+    if (!u->shard_comm) { memcpy(flat, shard, sizeof(float) * (size_t)u->padded); return 0; }
+    return fsdp__worker_coll(ctx, u->shard_comm, FSDP_COLL_ALL_GATHER, shard, flat, (size_t)u->shard, 0);
+}
+
+FSDP_API int fsdp_save_full(fsdp_ctx *ctx, const char *path, const fsdp_save_options *opt) {
+    const char *suffix[2];
+    int nopt = 0, ntensors = 0, ui, k, j, rc, nmeta = 0, local = 0;
+    fsdp_st_spec *specs = NULL;
+    fsdp_st_writer *w = NULL;
+    fsdp_kv *meta = NULL;
+    char store[6][64], err[FSDP__ERRMSG] = "";
+    float *flat[3] = {NULL, NULL, NULL};
+    size_t flat_bytes = 0;
+    fsdp_dtype dtype;
+    if (!ctx || !path) return FSDP_ERR_INVALID_ARG;
+    dtype = opt && opt->dtype ? opt->dtype : FSDP_F32;
+    if (!fsdp_dtype_size(dtype)) return fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_save_full: bad dtype %d", (int)dtype);
+    if ((rc = fsdp__quiesce(ctx, "fsdp_save_full")) != 0) return rc;
+    if (opt && opt->with_optimizer) nopt = fsdp__opt_suffixes(ctx, suffix);
+    specs = (fsdp_st_spec *)fsdp__calloc(sizeof *specs * (size_t)(ctx->model->num_params * (1 + nopt) + 1));
+    meta = fsdp__ckpt_metadata(ctx, opt, "full", store, &nmeta);
+    if (!specs || !meta) { local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_save_full: out of memory"); goto done; }
+    for (ui = 0; ui < ctx->num_units; ui++) { /* file order = gather order: unit by unit */
+        fsdp__unit *u = &ctx->units[ui];
+        if ((size_t)u->padded * sizeof(float) > flat_bytes) flat_bytes = (size_t)u->padded * sizeof(float);
+        for (k = 0; k < u->num_params; k++) {
+            const fsdp__param *p = &ctx->model->params[ctx->unit_params[u->first_param + k]];
+            for (j = 0; j <= nopt; j++) {
+                fsdp_st_spec *s = &specs[ntensors++];
+                char *name = j ? (char *)FSDP_MALLOC(strlen(p->name) + strlen(suffix[j - 1]) + 2) : NULL;
+                if (j && name) sprintf(name, "%s.%s", p->name, suffix[j - 1]);
+                s->name = j ? name : p->name;
+                s->dtype = j ? FSDP_F32 : dtype;
+                s->ndim = p->ndim;
+                memcpy(s->shape, p->shape, sizeof s->shape);
+                if (!s->name) local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_save_full: out of memory");
+            }
+        }
+    }
+    if (!local && ctx->rank == 0 && fsdp_st_writer_open(&w, path, specs, ntensors, meta, nmeta, err, sizeof err) != 0)
+        local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_save_full: %s", err);
+    if ((rc = fsdp__agree(ctx, local)) != 0) goto done;
+    for (j = 0; j <= nopt; j++)
+        if (!(flat[j] = (float *)fsdp__buf_get(ctx, flat_bytes, 0))) local = FSDP_ERR_OUT_OF_MEMORY;
+    if ((rc = fsdp__agree(ctx, local ? fsdp__fail(ctx, local, "fsdp_save_full: out of memory") : 0)) != 0) goto done;
+    for (ui = 0; ui < ctx->num_units; ui++) {
+        fsdp__unit *u = &ctx->units[ui];
+        for (j = 0; j <= nopt; j++)
+            if ((rc = fsdp__gather_flat(ctx, u, j ? fsdp__opt_buffer(u, j - 1) : u->master, flat[j])) != 0) goto done;
+        for (k = 0; w && !local && k < u->num_params; k++) { /* rank 0 writes; the others only gather */
+            int p = ctx->unit_params[u->first_param + k];
+            for (j = 0; j <= nopt && !local; j++)
+                if (fsdp_st_writer_write_f32(w, flat[j] + ctx->plan.param_offset[p], (size_t)ctx->model->params[p].numel))
+                    local = FSDP_ERR_IO;
+        }
+    }
+    if (w) {
+        if (fsdp_st_writer_close(w, err, sizeof err) != 0) local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_save_full: %s", err);
+        w = NULL;
+    }
+    rc = fsdp__agree(ctx, local);
+done:
+    if (w) fsdp_st_writer_abort(w);
+    for (j = 0; j <= nopt; j++) fsdp__buf_put(ctx, flat[j], flat[j] ? flat_bytes : 0);
+    for (k = 0; specs && k < ntensors; k++)
+        if (k % (1 + nopt)) FSDP_FREE((char *)specs[k].name);
+    FSDP_FREE(specs);
+    FSDP_FREE(meta);
+    return rc;
+}
+
+/* Which checkpoint tensor feeds which state: a parameter or one of its optimizer buffers. */
+static int fsdp__match_name(const fsdp_ctx *ctx, const char *name, int *param, int *buffer) {
+    const char *suffix[2] = {"momentum_buffer", "exp_avg_sq"};
+    static const char *const known[3] = {"momentum_buffer", "exp_avg", "exp_avg_sq"};
+    const char *dot;
+    int k;
+    (void)suffix;
+    *buffer = -1;
+    if ((*param = fsdp_model_find_param(ctx->model, name)) >= 0) return 1;
+    dot = strrchr(name, '.');
+    if (!dot) return 0;
+    for (k = 0; k < 3; k++)
+        if (strcmp(dot + 1, known[k]) == 0) {
+            char base[320];
+            if ((size_t)(dot - name) >= sizeof base) return 0;
+            memcpy(base, name, (size_t)(dot - name));
+            base[dot - name] = 0;
+            if ((*param = fsdp_model_find_param(ctx->model, base)) < 0) return 0;
+            *buffer = k == 2 ? 1 : 0; /* momentum_buffer and exp_avg live in opt_a, exp_avg_sq in opt_b */
+            return 2;
+        }
+    return 0;
+}
+
+/* Shape check for a tensor against parameter p; 0 if it fits. */
+FSDP__PRIVATE int fsdp__shape_differs(const fsdp_ctx *ctx, int p, int ndim, const int64_t *shape, char *detail, size_t size) {
+    const fsdp__param *mp = &ctx->model->params[p];
+    int k, differs = ndim != mp->ndim;
+    size_t n;
+    for (k = 0; !differs && k < ndim; k++) differs = shape[k] != mp->shape[k];
+    if (!differs) return 0;
+    n = (size_t)fsdp__fmt(detail, size, "checkpoint [");
+    for (k = 0; k < ndim && n < size; k++) n += (size_t)fsdp__fmt(detail + n, size - n, k ? ",%lld" : "%lld", (long long)shape[k]);
+    if (n < size) n += (size_t)fsdp__fmt(detail + n, size - n, "], model [");
+    for (k = 0; k < mp->ndim && n < size; k++) n += (size_t)fsdp__fmt(detail + n, size - n, k ? ",%lld" : "%lld", (long long)mp->shape[k]);
+    if (n < size) fsdp__fmt(detail + n, size - n, "]");
+    return 1;
+}
+
+typedef struct fsdp__problems {
+    const fsdp_load_options *opt;
+    fsdp_load_report *report;
+    char summary[FSDP__ERRMSG];
+    size_t used;
+} fsdp__problems;
+
+FSDP__PRIVATE void fsdp__problem(fsdp__problems *pr, const char *kind, const char *name, const char *detail) {
+    if (strcmp(kind, "missing") == 0) pr->report->missing++;
+    else if (strcmp(kind, "unexpected") == 0) pr->report->unexpected++;
+    else pr->report->mismatched++;
+    if (pr->opt && pr->opt->on_problem) pr->opt->on_problem(pr->opt->user, kind, name, detail);
+    if (pr->used + 8 < sizeof pr->summary)
+        pr->used += (size_t)fsdp__fmt(pr->summary + pr->used, sizeof pr->summary - pr->used, "%s%s %s%s%s%s",
+                                      pr->used ? "; " : "", kind, name, *detail ? " (" : "", detail, *detail ? ")" : "");
+}
+
+/* Loads one parameter's (or optimizer buffer's) local slice from a reader callback. */
+typedef int (*fsdp__slice_reader)(void *src, int64_t first, int64_t count, float *out, char *err, size_t err_size);
+
+FSDP__PRIVATE int fsdp__load_slice(fsdp_ctx *ctx, int p, int buffer, fsdp__slice_reader read, void *src, char *err,
+                                   size_t err_size) {
+    const fsdp_param_info *info = &ctx->params[p];
+    fsdp__unit *u = &ctx->units[info->unit];
+    float *dst = info->shard;
+    if (buffer >= 0) {
+        float *base = fsdp__opt_buffer(u, buffer);
+        if (!base) return 0; /* this optimizer keeps no such state */
+        dst = base + (info->shard - u->master);
+    }
+    return read(src, info->shard_begin, info->shard_end - info->shard_begin, dst, err, err_size);
+}
+
+typedef struct fsdp__st_src { fsdp_st_file *file; int tensor; } fsdp__st_src;
+static int fsdp__read_st(void *src, int64_t first, int64_t count, float *out, char *err, size_t err_size) {
+    fsdp__st_src *s = (fsdp__st_src *)src;
+    return fsdp_st_read(s->file, s->tensor, first, count, out, err, err_size);
+}
+
+static int64_t fsdp__meta_int(const char *text) {
+    long value;
+    return text && fsdp__parse_int(text, 0, 0x7fffffffL, &value) == 0 ? (int64_t)value : -1;
+}
+
+FSDP_API int fsdp_load_full(fsdp_ctx *ctx, const char *path, const fsdp_load_options *opt, fsdp_load_report *report) {
+    fsdp_load_report local_report;
+    fsdp__problems pr;
+    fsdp_st_file *f = NULL;
+    char err[FSDP__ERRMSG] = "", detail[200];
+    int rc, local = 0, i, p, buffer, *seen = NULL;
+    if (!report) report = &local_report;
+    memset(report, 0, sizeof *report);
+    report->step = report->epoch = -1;
+    if (!ctx || !path) return FSDP_ERR_INVALID_ARG;
+    if ((rc = fsdp__quiesce(ctx, "fsdp_load_full")) != 0) return rc;
+    memset(&pr, 0, sizeof pr);
+    pr.opt = opt;
+    pr.report = report;
+    if ((rc = fsdp_st_open(&f, path, err, sizeof err)) != 0) local = fsdp__fail(ctx, rc, "fsdp_load_full: %s", err);
+    if ((rc = fsdp__agree(ctx, local)) != 0) goto done;
+    seen = (int *)fsdp__calloc(sizeof(int) * (size_t)(ctx->model->num_params + 1));
+    if (!seen) { rc = fsdp__agree(ctx, fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory")); goto done; }
+    for (i = 0; i < fsdp_st_num_tensors(f); i++) { /* what the file has */
+        const fsdp_st_tensor *t = fsdp_st_tensor_at(f, i);
+        int kind = fsdp__match_name(ctx, t->name, &p, &buffer);
+        if (!kind) { fsdp__problem(&pr, "unexpected", t->name, ""); continue; }
+        if (fsdp__shape_differs(ctx, p, t->ndim, t->shape, detail, sizeof detail)) { fsdp__problem(&pr, "shape", t->name, detail); continue; }
+        if (kind == 1) seen[p] = 1;
+    }
+    for (p = 0; p < ctx->model->num_params; p++) /* what the model needs */
+        if (!seen[p] && fsdp_st_find(f, ctx->model->params[p].name) < 0) fsdp__problem(&pr, "missing", ctx->model->params[p].name, "");
+    if (opt && opt->strict && (report->missing || report->unexpected || report->mismatched))
+        local = fsdp__fail(ctx, FSDP_ERR_INCOMPATIBLE, "fsdp_load_full: %s does not match the model (%d missing, %d unexpected, "
+                           "%d mis-shaped): %s", path, report->missing, report->unexpected, report->mismatched, pr.summary);
+    for (i = 0; !local && ctx->rank == 0 && i < fsdp_st_num_tensors(f); i++) /* rank 0 checks every checksum */
+        if ((rc = fsdp_st_verify(f, i, err, sizeof err)) != 0 && rc != FSDP_ERR_UNSUPPORTED)
+            local = fsdp__fail(ctx, rc, "fsdp_load_full: %s", err);
+    if ((rc = fsdp__agree(ctx, local)) != 0) goto done;
+    for (i = 0; !local && i < fsdp_st_num_tensors(f); i++) { /* every rank reads only its slices */
+        const fsdp_st_tensor *t = fsdp_st_tensor_at(f, i);
+        fsdp__st_src src;
+        int kind = fsdp__match_name(ctx, t->name, &p, &buffer);
+        if (!kind || fsdp__shape_differs(ctx, p, t->ndim, t->shape, detail, sizeof detail)) continue;
+        if (kind == 2 && !(opt && opt->with_optimizer)) continue;
+        src.file = f;
+        src.tensor = i;
+        if ((rc = fsdp__load_slice(ctx, p, buffer, fsdp__read_st, &src, err, sizeof err)) != 0)
+            local = fsdp__fail(ctx, rc, "fsdp_load_full: %s", err);
+        else if (kind == 1) report->loaded++;
+    }
+    report->step = fsdp__meta_int(fsdp_st_metadata(f, "step"));
+    report->epoch = fsdp__meta_int(fsdp_st_metadata(f, "epoch"));
+    if (!local && opt && opt->with_optimizer && report->step >= 0) ctx->step = report->step;
+    if ((rc = fsdp__agree(ctx, local)) != 0) goto done;
+    if (report->missing || report->unexpected || report->mismatched)
+        fsdp__log(&ctx->logger, FSDP_LOG_WARN, "fsdp_load_full: loaded %d tensors; not loaded: %s", report->loaded, pr.summary);
+done:
+    FSDP_FREE(seen);
+    fsdp_st_close(f);
+    return rc;
+}
+
+/* --- sharded checkpoints -------------------------------------------------------------------- */
+/* The ranks whose shards are written: one copy of each slice (replicas write nothing). */
+static int fsdp__writes_shard(const fsdp_ctx *ctx, const fsdp__unit *u) {
+    if (u->strategy == FSDP_NO_SHARD) return ctx->rank == 0;
+    if (u->strategy == FSDP_HYBRID_SHARD) return ctx->rank < u->group_size;
+    return 1;
+}
+
+FSDP__PRIVATE void fsdp__shard_file_name(char *out, size_t size, uint32_t nonce, int rank) {
+    fsdp__fmt(out, size, "shard-%08x-%05d.safetensors", (unsigned)nonce, rank);
+}
+
+FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_options *opt) {
+    const char *suffix[2];
+    int nopt = 0, n = 0, ui, k, j, rc, local = 0, nmeta = 0, r;
+    uint32_t nonce[2] = {0, 0};
+    fsdp_st_spec *specs = NULL;
+    fsdp_kv *meta = NULL;
+    fsdp_st_writer *w = NULL;
+    char store[6][64], err[FSDP__ERRMSG] = "", path[1024], file[64];
+    fsdp_dtype dtype;
+    if (!ctx || !dir || strlen(dir) > 900) return FSDP_ERR_INVALID_ARG;
+    dtype = opt && opt->dtype ? opt->dtype : FSDP_F32;
+    if ((rc = fsdp__quiesce(ctx, "fsdp_save_sharded")) != 0) return rc;
+    if (opt && opt->with_optimizer) nopt = fsdp__opt_suffixes(ctx, suffix);
+    if (ctx->rank == 0) { /* a fresh name for this save's files, the same on every rank */
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST) local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_save_sharded: %s: %s", dir, strerror(errno));
+        nonce[0] = (uint32_t)fsdp__mix64((uint64_t)getpid() ^ (uint64_t)(fsdp_now() * 1e9) ^ (uint64_t)ctx->step);
+    }
+    if ((rc = fsdp__agree(ctx, local)) != 0) return rc;
+    if ((rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_BROADCAST, NULL, nonce, 2, 0)) != 0) return rc;
+    specs = (fsdp_st_spec *)fsdp__calloc(sizeof *specs * (size_t)(ctx->model->num_params * (1 + nopt) + 1));
+    meta = fsdp__ckpt_metadata(ctx, opt, "shard", store, &nmeta);
+    if (!specs || !meta) local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
+    for (ui = 0; !local && ui < ctx->num_units; ui++) { /* this rank's slices, each a 1-D tensor */
+        fsdp__unit *u = &ctx->units[ui];
+        if (!fsdp__writes_shard(ctx, u)) continue;
+        for (k = 0; k < u->num_params; k++) {
+            int p = ctx->unit_params[u->first_param + k];
+            const fsdp_param_info *info = &ctx->params[p];
+            if (info->shard_end == info->shard_begin) continue;
+            for (j = 0; j <= nopt; j++) {
+                fsdp_st_spec *s = &specs[n++];
+                char *name = (char *)FSDP_MALLOC(strlen(ctx->model->params[p].name) + 20);
+                if (!name) { local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory"); break; }
+                if (j) sprintf(name, "%s.%s", ctx->model->params[p].name, suffix[j - 1]);
+                else strcpy(name, ctx->model->params[p].name);
+                s->name = name;
+                s->dtype = j ? FSDP_F32 : dtype;
+                s->ndim = 1;
+                s->shape[0] = info->shard_end - info->shard_begin;
+            }
+        }
+    }
+    fsdp__shard_file_name(file, sizeof file, nonce[0], ctx->rank);
+    fsdp__fmt(path, sizeof path, "%s/%s", dir, file);
+    if (!local && n > 0) {
+        if (fsdp_st_writer_open(&w, path, specs, n, meta, nmeta, err, sizeof err) != 0)
+            local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_save_sharded: %s", err);
+        for (ui = 0; !local && ui < ctx->num_units; ui++) {
+            fsdp__unit *u = &ctx->units[ui];
+            if (!fsdp__writes_shard(ctx, u)) continue;
+            for (k = 0; !local && k < u->num_params; k++) {
+                const fsdp_param_info *info = &ctx->params[ctx->unit_params[u->first_param + k]];
+                size_t len = (size_t)(info->shard_end - info->shard_begin), at = (size_t)(info->shard - u->master);
+                for (j = 0; len && j <= nopt && !local; j++)
+                    if (fsdp_st_writer_write_f32(w, (j ? fsdp__opt_buffer(u, j - 1) : u->master) + at, len))
+                        local = FSDP_ERR_IO;
+            }
+        }
+        if (fsdp_st_writer_close(w, err, sizeof err) != 0) local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_save_sharded: %s", err);
+        w = NULL;
+    }
+    if ((rc = fsdp__agree(ctx, local)) != 0) goto done;
+    if (ctx->rank == 0) { /* the index is the commit point: it names this save's files */
+        fsdp__sbuf b;
+        int p, fd;
+        memset(&b, 0, sizeof b);
+        fsdp__sbuf_printf(&b, "{\"format\":\"fsdp.h-sharded\",\"version\":1,\"world_size\":%d,\"step\":%lld,\"epoch\":%lld,",
+                          ctx->world, (long long)ctx->step, (long long)(opt ? opt->epoch : 0));
+        fsdp__sbuf_str(&b, "\"metadata\":{");
+        for (k = 0; k < nmeta; k++) {
+            fsdp__sbuf_str(&b, k ? "," : "");
+            fsdp__sbuf_jstring(&b, meta[k].key);
+            fsdp__sbuf_str(&b, ":");
+            fsdp__sbuf_jstring(&b, meta[k].value);
+        }
+        fsdp__sbuf_str(&b, "},\"files\":[");
+        for (r = 0; r < ctx->world; r++) {
+            fsdp__shard_file_name(file, sizeof file, nonce[0], r);
+            fsdp__sbuf_printf(&b, "%s\"%s\"", r ? "," : "", file);
+        }
+        fsdp__sbuf_str(&b, "],\"tensors\":{");
+        for (p = 0; p < ctx->model->num_params; p++) {
+            const fsdp__param *mp = &ctx->model->params[p];
+            const fsdp__unit *u = &ctx->units[ctx->plan.unit_of_param[p]];
+            int64_t off = ctx->plan.param_offset[p];
+            for (j = 0; j <= nopt; j++) {
+                char name[320];
+                int g, first = 1, writers = u->strategy == FSDP_NO_SHARD ? 1 : u->group_size;
+                if (j) fsdp__fmt(name, sizeof name, "%s.%s", mp->name, suffix[j - 1]);
+                else fsdp__copy_string(name, sizeof name, mp->name);
+                fsdp__sbuf_str(&b, p || j ? "," : "");
+                fsdp__sbuf_jstring(&b, name);
+                fsdp__sbuf_printf(&b, ":{\"dtype\":\"%s\",\"shape\":[", fsdp__st_dtype_name(j ? FSDP_F32 : dtype));
+                for (k = 0; k < mp->ndim; k++) fsdp__sbuf_printf(&b, k ? ",%lld" : "%lld", (long long)mp->shape[k]);
+                fsdp__sbuf_str(&b, "],\"pieces\":[");
+                for (g = 0; g < writers; g++) { /* group rank g holds [g*S, (g+1)*S) of the flat parameter */
+                    int64_t lo = (int64_t)g * u->shard, hi = lo + u->shard;
+                    if (lo < off) lo = off;
+                    if (hi > off + mp->numel) hi = off + mp->numel;
+                    if (hi <= lo) continue;
+                    fsdp__sbuf_printf(&b, "%s[%d,%lld,%lld]", first ? "" : ",", g, (long long)(lo - off), (long long)(hi - off));
+                    first = 0;
+                }
+                fsdp__sbuf_str(&b, "]}");
+            }
+        }
+        fsdp__sbuf_str(&b, "}}\n");
+        fsdp__fmt(path, sizeof path, "%s/index.json.tmp.%d", dir, (int)getpid());
+        fd = b.failed ? -1 : open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0 || fsdp__write_all(fd, b.data, b.len) != 0 || fsync(fd) != 0) local = FSDP_ERR_IO;
+        if (fd >= 0) close(fd);
+        if (!local) {
+            char final_path[1024];
+            fsdp__fmt(final_path, sizeof final_path, "%s/index.json", dir);
+            if (rename(path, final_path) != 0 || fsdp__fsync_dir(final_path) != 0) local = FSDP_ERR_IO;
+        }
+        if (local) {
+            unlink(path);
+            fsdp__fail(ctx, local, "fsdp_save_sharded: cannot write %s/index.json: %s", dir, strerror(errno));
+        }
+        FSDP_FREE(b.data);
+    }
+    if ((rc = fsdp__agree(ctx, local)) != 0) goto done;
+    if (ctx->rank == 0) { /* files of earlier saves are no longer referenced */
+        char prefix[32];
+        DIR *d = opendir(dir);
+        struct dirent *e;
+        fsdp__fmt(prefix, sizeof prefix, "shard-%08x-", (unsigned)nonce[0]);
+        while (d && (e = readdir(d)) != NULL)
+            if (strncmp(e->d_name, "shard-", 6) == 0 && strncmp(e->d_name, prefix, strlen(prefix)) != 0) {
+                fsdp__fmt(path, sizeof path, "%s/%s", dir, e->d_name);
+                unlink(path);
+            }
+        if (d) closedir(d);
+    }
+done:
+    if (w) fsdp_st_writer_abort(w);
+    for (k = 0; specs && k < n; k++) FSDP_FREE((char *)specs[k].name);
+    FSDP_FREE(specs);
+    FSDP_FREE(meta);
+    return rc;
+}
+
+/* One tensor of index.json: its pieces sorted and checked to tile [0, numel). */
+typedef struct fsdp__piece { int file; int64_t begin, end; } fsdp__piece;
+
+static int fsdp__cmp_piece(const void *a, const void *b) {
+    const fsdp__piece *x = (const fsdp__piece *)a, *y = (const fsdp__piece *)b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+typedef struct fsdp__sharded_src {
+    fsdp_ctx *ctx;
+    const char *dir, *name;
+    const fsdp__jv *files;
+    fsdp__piece *pieces;
+    int num_pieces;
+    fsdp_st_file **open_files;
+    unsigned char *verified;   /* per file: its tensors' checksums were checked */
+} fsdp__sharded_src;
+
+FSDP__PRIVATE int fsdp__read_sharded(void *src, int64_t first, int64_t count, float *out, char *err, size_t err_size) {
+    fsdp__sharded_src *s = (fsdp__sharded_src *)src;
+    int i, rc;
+    for (i = 0; i < s->num_pieces && count > 0; i++) {
+        fsdp__piece *pc = &s->pieces[i];
+        int64_t lo = first > pc->begin ? first : pc->begin, hi = first + count < pc->end ? first + count : pc->end;
+        int t;
+        if (hi <= lo) continue;
+        if (!s->open_files[pc->file]) {
+            char path[1024];
+            fsdp__fmt(path, sizeof path, "%s/%s", s->dir, s->files->items[pc->file].str);
+            if ((rc = fsdp_st_open(&s->open_files[pc->file], path, err, err_size)) != 0) return rc;
+        }
+        t = fsdp_st_find(s->open_files[pc->file], s->name);
+        if (t < 0 || fsdp_st_tensor_at(s->open_files[pc->file], t)->numel != pc->end - pc->begin)
+            return fsdp__fmt(err, err_size, "%s/%s does not hold '%s' [%lld, %lld) as index.json says", s->dir,
+                             s->files->items[pc->file].str, s->name, (long long)pc->begin, (long long)pc->end), FSDP_ERR_CORRUPT;
+        if ((rc = fsdp_st_verify(s->open_files[pc->file], t, err, err_size)) != 0) return rc;
+        if ((rc = fsdp_st_read(s->open_files[pc->file], t, lo - pc->begin, hi - lo, out + (lo - first), err, err_size)) != 0)
+            return rc;
+    }
+    return 0;
+}
+
+FSDP_API int fsdp_load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_load_options *opt, fsdp_load_report *report) {
+    fsdp_load_report local_report;
+    fsdp__problems pr;
+    fsdp__jv root;
+    fsdp__sharded_src src;
+    const fsdp__jv *files = NULL, *tensors = NULL;
+    char err[FSDP__ERRMSG] = "", path[1024], detail[200], *text = NULL;
+    int rc, local = 0, i, k, p, buffer, *seen = NULL, nfiles = 0;
+    struct stat st;
+    int fd = -1;
+    if (!report) report = &local_report;
+    memset(report, 0, sizeof *report);
+    report->step = report->epoch = -1;
+    memset(&root, 0, sizeof root);
+    memset(&src, 0, sizeof src);
+    if (!ctx || !dir || strlen(dir) > 900) return FSDP_ERR_INVALID_ARG;
+    if ((rc = fsdp__quiesce(ctx, "fsdp_load_sharded")) != 0) return rc;
+    memset(&pr, 0, sizeof pr);
+    pr.opt = opt;
+    pr.report = report;
+    fsdp__fmt(path, sizeof path, "%s/index.json", dir);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &st) != 0) local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_load_sharded: %s: %s", path, strerror(errno));
+    else if (st.st_size <= 0 || st.st_size > (off_t)256 << 20)
+        local = fsdp__fail(ctx, FSDP_ERR_CORRUPT, "fsdp_load_sharded: %s has an implausible size (%lld bytes)", path, (long long)st.st_size);
+    else if (!(text = (char *)FSDP_MALLOC((size_t)st.st_size)) || pread(fd, text, (size_t)st.st_size, 0) != st.st_size)
+        local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_load_sharded: cannot read %s", path);
+    else if (fsdp__jparse(text, (size_t)st.st_size, &root, err, sizeof err) != 0)
+        local = fsdp__fail(ctx, FSDP_ERR_CORRUPT, "fsdp_load_sharded: %s: %s", path, err);
+    if (fd >= 0) close(fd);
+    FSDP_FREE(text);
+    if (!local) {
+        const fsdp__jv *format = fsdp__jget(&root, "format");
+        files = fsdp__jget(&root, "files");
+        tensors = fsdp__jget(&root, "tensors");
+        if (!format || format->type != FSDP__J_STR || strcmp(format->str, "fsdp.h-sharded") != 0 || !files ||
+            files->type != FSDP__J_ARR || !tensors || tensors->type != FSDP__J_OBJ)
+            local = fsdp__fail(ctx, FSDP_ERR_CORRUPT, "fsdp_load_sharded: %s is not an fsdp.h sharded index", path);
+        for (i = 0; !local && i < files->count; i++) {
+            const fsdp__jv *fv = &files->items[i];
+            if (fv->type != FSDP__J_STR || !*fv->str || strchr(fv->str, '/') || strcmp(fv->str, "..") == 0)
+                local = fsdp__fail(ctx, FSDP_ERR_CORRUPT, "fsdp_load_sharded: %s: file entry %d is not a plain file name", path, i);
+        }
+        nfiles = local ? 0 : files->count;
+    }
+    if ((rc = fsdp__agree(ctx, local)) != 0) goto done;
+    seen = (int *)fsdp__calloc(sizeof(int) * (size_t)(ctx->model->num_params + 1));
+    src.open_files = (fsdp_st_file **)fsdp__calloc(sizeof(fsdp_st_file *) * (size_t)(nfiles + 1));
+    if (!seen || !src.open_files) { rc = fsdp__agree(ctx, fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory")); goto done; }
+    src.ctx = ctx;
+    src.dir = dir;
+    src.files = files;
+    for (i = 0; !local && i < tensors->count; i++) { /* check the whole index before loading anything */
+        const fsdp__jv *tv = &tensors->items[i], *shape = fsdp__jget(tv, "shape"), *pieces = fsdp__jget(tv, "pieces");
+        int64_t dims[FSDP_MAX_DIMS], numel = 1, at = 0;
+        int kind = fsdp__match_name(ctx, tensors->keys[i], &p, &buffer), ndim;
+        if (!shape || shape->type != FSDP__J_ARR || shape->count > FSDP_MAX_DIMS || !pieces || pieces->type != FSDP__J_ARR) {
+            local = fsdp__fail(ctx, FSDP_ERR_CORRUPT, "fsdp_load_sharded: %s: entry '%.64s' lacks shape or pieces", path, tensors->keys[i]);
+            break;
+        }
+        ndim = shape->count;
+        for (k = 0; k < ndim && !local; k++) {
+            if (shape->items[k].type != FSDP__J_NUM || !shape->items[k].is_int || shape->items[k].inum < 0 ||
+                (shape->items[k].inum && numel > ((int64_t)1 << 40) / shape->items[k].inum))
+                local = fsdp__fail(ctx, FSDP_ERR_CORRUPT, "fsdp_load_sharded: %s: bad shape for '%.64s'", path, tensors->keys[i]);
+            else { dims[k] = shape->items[k].inum; numel *= dims[k]; }
+        }
+        if (local) break;
+        src.pieces = (fsdp__piece *)FSDP_REALLOC(src.pieces, sizeof *src.pieces * (size_t)(pieces->count + 1));
+        if (!src.pieces) { local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory"); break; }
+        for (k = 0; k < pieces->count && !local; k++) {
+            const fsdp__jv *pc = &pieces->items[k];
+            if (pc->type != FSDP__J_ARR || pc->count != 3 || pc->items[0].type != FSDP__J_NUM || !pc->items[0].is_int ||
+                pc->items[1].type != FSDP__J_NUM || !pc->items[1].is_int || pc->items[2].type != FSDP__J_NUM ||
+                !pc->items[2].is_int || pc->items[0].inum < 0 || pc->items[0].inum >= nfiles)
+                local = fsdp__fail(ctx, FSDP_ERR_CORRUPT, "fsdp_load_sharded: %s: piece %d of '%.64s' is not [file, begin, end]",
+                                   path, k, tensors->keys[i]);
+            else {
+                src.pieces[k].file = (int)pc->items[0].inum;
+                src.pieces[k].begin = pc->items[1].inum;
+                src.pieces[k].end = pc->items[2].inum;
+            }
+        }
+        if (local) break;
+        qsort(src.pieces, (size_t)pieces->count, sizeof *src.pieces, fsdp__cmp_piece);
+        for (k = 0; k < pieces->count; k++) { /* exactly [0, numel), no gaps or overlaps */
+            if (src.pieces[k].begin != at || src.pieces[k].end <= src.pieces[k].begin) break;
+            at = src.pieces[k].end;
+        }
+        if (k < pieces->count || at != numel) {
+            local = fsdp__fail(ctx, FSDP_ERR_CORRUPT, "fsdp_load_sharded: %s: the pieces of '%.64s' do not cover its %lld "
+                               "elements exactly once", path, tensors->keys[i], (long long)numel);
+            break;
+        }
+        if (!kind) { fsdp__problem(&pr, "unexpected", tensors->keys[i], ""); continue; }
+        if (fsdp__shape_differs(ctx, p, ndim, dims, detail, sizeof detail)) { fsdp__problem(&pr, "shape", tensors->keys[i], detail); continue; }
+        if (kind == 1) seen[p] = 1;
+    }
+    for (p = 0; !local && p < ctx->model->num_params; p++)
+        if (!seen[p] && !fsdp__jget(tensors, ctx->model->params[p].name)) fsdp__problem(&pr, "missing", ctx->model->params[p].name, "");
+    if (!local && opt && opt->strict && (report->missing || report->unexpected || report->mismatched))
+        local = fsdp__fail(ctx, FSDP_ERR_INCOMPATIBLE, "fsdp_load_sharded: %s does not match the model (%d missing, %d "
+                           "unexpected, %d mis-shaped): %s", dir, report->missing, report->unexpected, report->mismatched, pr.summary);
+    if ((rc = fsdp__agree(ctx, local)) != 0) goto done;
+    for (i = 0; !local && i < tensors->count; i++) { /* each rank reads the pieces its slices overlap */
+        const fsdp__jv *tv = &tensors->items[i], *pieces = fsdp__jget(tv, "pieces"), *shape = fsdp__jget(tv, "shape");
+        int64_t dims[FSDP_MAX_DIMS];
+        int kind = fsdp__match_name(ctx, tensors->keys[i], &p, &buffer);
+        for (k = 0; k < shape->count; k++) dims[k] = shape->items[k].inum;
+        if (!kind || fsdp__shape_differs(ctx, p, shape->count, dims, detail, sizeof detail)) continue;
+        if (kind == 2 && !(opt && opt->with_optimizer)) continue;
+        src.pieces = (fsdp__piece *)FSDP_REALLOC(src.pieces, sizeof *src.pieces * (size_t)(pieces->count + 1));
+        if (!src.pieces) { local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory"); break; }
+        for (k = 0; k < pieces->count; k++) {
+            src.pieces[k].file = (int)pieces->items[k].items[0].inum;
+            src.pieces[k].begin = pieces->items[k].items[1].inum;
+            src.pieces[k].end = pieces->items[k].items[2].inum;
+        }
+        src.num_pieces = pieces->count;
+        src.name = tensors->keys[i];
+        if ((rc = fsdp__load_slice(ctx, p, buffer, fsdp__read_sharded, &src, err, sizeof err)) != 0)
+            local = fsdp__fail(ctx, rc, "fsdp_load_sharded: %s", err);
+        else if (kind == 1) report->loaded++;
+    }
+    {
+        const fsdp__jv *step = fsdp__jget(&root, "step"), *epoch = fsdp__jget(&root, "epoch");
+        if (step && step->type == FSDP__J_NUM && step->is_int) report->step = step->inum;
+        if (epoch && epoch->type == FSDP__J_NUM && epoch->is_int) report->epoch = epoch->inum;
+    }
+    if (!local && opt && opt->with_optimizer && report->step >= 0) ctx->step = report->step;
+    rc = fsdp__agree(ctx, local);
+    if (!rc && (report->missing || report->unexpected || report->mismatched))
+        fsdp__log(&ctx->logger, FSDP_LOG_WARN, "fsdp_load_sharded: loaded %d tensors; not loaded: %s", report->loaded, pr.summary);
+done:
+    for (i = 0; src.open_files && i < nfiles; i++) fsdp_st_close(src.open_files[i]);
+    FSDP_FREE(src.open_files);
+    FSDP_FREE(src.pieces);
+    FSDP_FREE(seen);
+    fsdp__jfree(&root);
     return rc;
 }
 
