@@ -3884,7 +3884,7 @@ FSDP__PRIVATE int fsdp__issue_gather(fsdp_ctx *ctx, int ui) {
     fsdp__unit *u = &ctx->units[ui];
     fsdp__task t;
     if (u->state != FSDP__SHARDED) return 0;
-    if (fsdp__aliases_master(ctx, u)) {
+    if (fsdp__aliases_master(ctx, u) || u->padded == 0) { /* nothing to gather */
         u->unsharded = u->master;
         u->state = FSDP__UNSHARDED;
         return 0;
@@ -4057,6 +4057,9 @@ FSDP__PRIVATE int fsdp__unit_post_backward(fsdp_ctx *ctx, int ui) {
     u->backward_done = 1;
     if (ctx->no_sync) {
         u->grad_full_pending = 1; /* keep accumulating locally */
+    } else if (u->padded == 0) {
+        fsdp__buf_put(ctx, u->grad_full, 0);
+        u->grad_full = NULL;
     } else {
         fsdp__task t;
         memset(&t, 0, sizeof t);
@@ -4600,15 +4603,16 @@ FSDP_API void fsdp_memory_reset_peak(fsdp_ctx *ctx) {
 /* Persistent bytes exactly. The unsharded peak is the bound the scheduler keeps (without
    no_sync, which holds every unit's gradient): every unit that stays gathered after forward
    (the root, SHARD_GRAD_OP, NO_SHARD in 16-bit), plus for the resharding units the one in use
-   and limit_all_gathers prefetched, plus two f32 gradients (one being written, one being
-   reduced) with their reduce-dtype staging. */
+   and limit_all_gathers prefetched, plus the root's f32 gradient (its backward encloses all
+   others) and two more (one being written, one being reduced) with their reduce-dtype
+   staging. Units nested in other units than the root hold their gradient the same way. */
 FSDP_API int fsdp_memory_estimate(const fsdp_model *model, const fsdp_desc *desc, int world_size,
                                   fsdp_memory_stats *est) {
     fsdp_desc d;
     fsdp__plan plan;
     char err[FSDP__ERRMSG];
     int rc, ui, hybrid_group = 1, nbuf;
-    size_t kept = 0, largest_resharded = 0, largest_grad = 0;
+    size_t kept = 0, largest_resharded = 0, largest_grad = 0, root_grad = 0;
     if (!model || !desc || !est || world_size < 1) return FSDP_ERR_INVALID_ARG;
     memset(est, 0, sizeof *est);
     d = *desc;
@@ -4629,10 +4633,11 @@ FSDP_API int fsdp_memory_estimate(const fsdp_model *model, const fsdp_desc *desc
         est->optimizer_bytes += sizeof(float) * (size_t)pu->shard * (size_t)nbuf;
         if (!reshards) kept += pbytes;
         else if (pbytes > largest_resharded) largest_resharded = pbytes;
-        if (gbytes > largest_grad) largest_grad = gbytes;
+        if (ui == 0) root_grad = pu->numel ? gbytes : 0;
+        else if (gbytes > largest_grad) largest_grad = gbytes;
     }
     est->persistent_bytes = est->param_shard_bytes + est->grad_shard_bytes + est->optimizer_bytes;
-    est->peak_unsharded_bytes = kept + (size_t)(d.limit_all_gathers + 1) * largest_resharded + 2 * largest_grad;
+    est->peak_unsharded_bytes = kept + (size_t)(d.limit_all_gathers + 1) * largest_resharded + root_grad + 2 * largest_grad;
     est->peak_bytes = est->persistent_bytes + est->peak_unsharded_bytes;
     fsdp__plan_free(&plan);
     return 0;
