@@ -486,6 +486,9 @@ typedef struct fsdp_desc {
 /* Builds units from the wrap policy, allocates this rank's shards and initialises them.
    Collective over desc->comm. */
 FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc);
+/* Releases the context (not the comm or the model). Collectives still queued (a destroy in
+   the middle of an iteration) are run first, so every rank must destroy at the same point;
+   after a failure they are dropped. */
 FSDP_API void fsdp_destroy(fsdp_ctx *ctx);
 /* The last error's message, naming the unit, parameter or rank at fault. */
 FSDP_API const char *fsdp_last_error(const fsdp_ctx *ctx);
@@ -4493,9 +4496,7 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     if (!ctx) return;
     if (ctx->thread_started) {
         pthread_mutex_lock(&ctx->lock);
-        ctx->stop = 1;
-        if (ctx->queue_len && !ctx->worker_error) /* abandoned mid-iteration: drop, do not run */
-            ctx->worker_error = FSDP_ERR_ABORTED;
+        ctx->stop = 1; /* the comm thread finishes what is queued: every rank queued the same */
         pthread_cond_broadcast(&ctx->wake);
         pthread_mutex_unlock(&ctx->lock);
         pthread_join(ctx->thread, NULL);
