@@ -1056,12 +1056,70 @@ FSDP_API float fsdp_bf16_to_f32(uint16_t value) { return fsdp__from_bf16(value);
 FSDP_API uint16_t fsdp_f32_to_f16(float value) { return fsdp__to_f16(value); }
 FSDP_API float fsdp_f16_to_f32(uint16_t value) { return fsdp__from_f16(value); }
 
+/* acc (+) x: the one combining rule of every reduction (MAX: the earliest rank's NaN wins). */
+static inline float fsdp__combine(float acc, float x, fsdp_reduce_op op) {
+    if (op != FSDP_MAX) return acc + x;
+    if (acc != acc) return acc;
+    if (x != x) return x;
+    return acc > x ? acc : x;
+}
+
+#if FSDP__HAVE_STREAM
+/* SSE2 (every x86-64): 4 lanes of bf16 -> f32 is a 16-bit shift, done by interleaving zeros. */
+static inline __m128 fsdp__bf16x4_to_ps(const uint16_t *x) {
+    return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), _mm_loadl_epi64((const __m128i *)x)));
+}
+
+/* Round-to-nearest-even of 4 floats to bf16 bits (NaN kept quiet), in the low 16 bits of
+   each 32-bit lane, sign-extended so _mm_packs_epi32 keeps the bit pattern. */
+static inline __m128i fsdp__ps_to_bf16x4(__m128 v) {
+    const __m128i bits = _mm_castps_si128(v);
+    __m128i lsb = _mm_and_si128(_mm_srli_epi32(bits, 16), _mm_set1_epi32(1));
+    __m128i rounded = _mm_add_epi32(_mm_add_epi32(bits, _mm_set1_epi32(0x7fff)), lsb);
+    __m128i nan = _mm_cmpgt_epi32(_mm_and_si128(bits, _mm_set1_epi32(0x7fffffff)), _mm_set1_epi32(0x7f800000));
+    __m128i quiet = _mm_or_si128(bits, _mm_set1_epi32(0x00400000));
+    __m128i out = _mm_or_si128(_mm_and_si128(nan, quiet), _mm_andnot_si128(nan, rounded));
+    return _mm_srai_epi32(_mm_slli_epi32(_mm_srli_epi32(out, 16), 16), 16);
+}
+
+/* fsdp__combine on 4 lanes: maxps(acc, x) is "acc > x ? acc : x", and x when either is NaN;
+   an acc NaN is then put back. */
+static inline __m128 fsdp__combine_ps(__m128 acc, __m128 x, fsdp_reduce_op op) {
+    __m128 acc_nan;
+    if (op != FSDP_MAX) return _mm_add_ps(acc, x);
+    acc_nan = _mm_cmpunord_ps(acc, acc);
+    return _mm_or_ps(_mm_and_ps(acc_nan, acc), _mm_andnot_ps(acc_nan, _mm_max_ps(acc, x)));
+}
+#endif
+
+/* acc = x (first) or acc = acc (+) x, widening x to f32: one source of a rank-order fold. */
+FSDP__PRIVATE void fsdp__accumulate(float *acc, const void *src, fsdp_dtype dtype, size_t n, fsdp_reduce_op op, int first) {
+    size_t i = 0;
+    if (dtype == FSDP_F32) {
+        const float *x = (const float *)src;
+        if (first) { if ((const void *)acc != src) memmove(acc, x, n * sizeof(float)); return; }
+#if FSDP__HAVE_STREAM
+        for (; i + 4 <= n; i += 4) _mm_storeu_ps(acc + i, fsdp__combine_ps(_mm_loadu_ps(acc + i), _mm_loadu_ps(x + i), op));
+#endif
+        for (; i < n; i++) acc[i] = fsdp__combine(acc[i], x[i], op);
+    } else if (dtype == FSDP_BF16) {
+        const uint16_t *x = (const uint16_t *)src;
+#if FSDP__HAVE_STREAM
+        if (first) for (; i + 4 <= n; i += 4) _mm_storeu_ps(acc + i, fsdp__bf16x4_to_ps(x + i));
+        else for (; i + 4 <= n; i += 4) _mm_storeu_ps(acc + i, fsdp__combine_ps(_mm_loadu_ps(acc + i), fsdp__bf16x4_to_ps(x + i), op));
+#endif
+        for (; i < n; i++) acc[i] = first ? fsdp__from_bf16(x[i]) : fsdp__combine(acc[i], fsdp__from_bf16(x[i]), op);
+    } else {
+        const uint16_t *x = (const uint16_t *)src;
+        for (; i < n; i++) acc[i] = first ? fsdp__from_f16(x[i]) : fsdp__combine(acc[i], fsdp__from_f16(x[i]), op);
+    }
+}
+
 FSDP__PRIVATE void fsdp__to_f32(float *dst, const void *src, fsdp_dtype dtype, size_t count) {
     size_t i;
     if (dtype == FSDP_F32) { if ((const void *)dst != src) memmove(dst, src, count * 4); return; }
     if (dtype == FSDP_BF16) {
-        const uint16_t *s = (const uint16_t *)src;
-        for (i = 0; i < count; i++) dst[i] = fsdp__from_bf16(s[i]);
+        fsdp__accumulate(dst, src, dtype, count, FSDP_SUM, 1);
     } else {
         const uint16_t *s = (const uint16_t *)src;
         for (i = 0; i < count; i++) dst[i] = fsdp__from_f16(s[i]);
@@ -1073,7 +1131,13 @@ FSDP__PRIVATE void fsdp__from_f32(void *dst, fsdp_dtype dtype, const float *src,
     if (dtype == FSDP_F32) { if (dst != (const void *)src) memmove(dst, src, count * 4); return; }
     if (dtype == FSDP_BF16) {
         uint16_t *d = (uint16_t *)dst;
-        for (i = 0; i < count; i++) d[i] = fsdp__to_bf16(src[i]);
+        i = 0;
+#if FSDP__HAVE_STREAM
+        for (; i + 8 <= count; i += 8)
+            _mm_storeu_si128((__m128i *)(d + i), _mm_packs_epi32(fsdp__ps_to_bf16x4(_mm_loadu_ps(src + i)),
+                                                                 fsdp__ps_to_bf16x4(_mm_loadu_ps(src + i + 4))));
+#endif
+        for (; i < count; i++) d[i] = fsdp__to_bf16(src[i]);
     } else {
         uint16_t *d = (uint16_t *)dst;
         for (i = 0; i < count; i++) d[i] = fsdp__to_f16(src[i]);
@@ -1098,48 +1162,12 @@ FSDP_API void fsdp_convert(void *dst, fsdp_dtype dst_dtype, const void *src, fsd
 
 /* Reductions. One canonical order for every backend: acc = x0; acc = acc (+) x1; ... in fp32,
    then (AVG) acc / divisor, then one rounding to the dtype. */
-static inline float fsdp__combine(float acc, float x, fsdp_reduce_op op) {
-    if (op != FSDP_MAX) return acc + x;
-    if (acc != acc) return acc; /* NaN wins, the earliest rank's */
-    if (x != x) return x;
-    return acc > x ? acc : x;
-}
 
 FSDP__PRIVATE void fsdp__reduce_block_f32(float *acc, const void *const *srcs, int nsrc, size_t offset,
                                           size_t n, fsdp_dtype dtype, fsdp_reduce_op op) {
-    size_t i;
+    size_t esize = fsdp_dtype_size(dtype);
     int s;
-    if (dtype == FSDP_F32) {
-        const float *x0 = (const float *)srcs[0] + offset;
-        if (nsrc >= 2 && op != FSDP_MAX) {
-            const float *x1 = (const float *)srcs[1] + offset;
-            for (i = 0; i < n; i++) acc[i] = x0[i] + x1[i];
-        } else {
-            for (i = 0; i < n; i++) acc[i] = x0[i];
-            if (nsrc >= 2) {
-                const float *x1 = (const float *)srcs[1] + offset;
-                for (i = 0; i < n; i++) acc[i] = fsdp__combine(acc[i], x1[i], op);
-            }
-        }
-        for (s = 2; s < nsrc; s++) {
-            const float *x = (const float *)srcs[s] + offset;
-            if (op == FSDP_MAX) for (i = 0; i < n; i++) acc[i] = fsdp__combine(acc[i], x[i], op);
-            else for (i = 0; i < n; i++) acc[i] += x[i];
-        }
-        return;
-    }
-    for (s = 0; s < nsrc; s++) {
-        const uint16_t *x = (const uint16_t *)srcs[s] + offset;
-        if (dtype == FSDP_BF16) {
-            if (s == 0) for (i = 0; i < n; i++) acc[i] = fsdp__from_bf16(x[i]);
-            else if (op == FSDP_MAX) for (i = 0; i < n; i++) acc[i] = fsdp__combine(acc[i], fsdp__from_bf16(x[i]), op);
-            else for (i = 0; i < n; i++) acc[i] += fsdp__from_bf16(x[i]);
-        } else {
-            if (s == 0) for (i = 0; i < n; i++) acc[i] = fsdp__from_f16(x[i]);
-            else if (op == FSDP_MAX) for (i = 0; i < n; i++) acc[i] = fsdp__combine(acc[i], fsdp__from_f16(x[i]), op);
-            else for (i = 0; i < n; i++) acc[i] += fsdp__from_f16(x[i]);
-        }
-    }
+    for (s = 0; s < nsrc; s++) fsdp__accumulate(acc, (const char *)srcs[s] + offset * esize, dtype, n, op, s == 0);
 }
 
 FSDP_API void fsdp_reduce_ranks(void *dst, const void *const *srcs, int nsrc, size_t count,
