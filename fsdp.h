@@ -527,7 +527,8 @@ typedef struct fsdp_step_report {
 /* Waits for outstanding reduce-scatters, clips to max_norm (<= 0: no clipping), applies the
    optimizer to this rank's shards and ends the iteration. Collective. */
 FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report);
-/* Waits for outstanding reductions and ends the iteration without an update. Collective. */
+/* Waits for outstanding reductions and ends the iteration without an update: after a
+   micro-step, or after a forward-only (evaluation) pass. Collective. */
 FSDP_API int fsdp_finish_backward(fsdp_ctx *ctx);
 FSDP_API int fsdp_zero_grad(fsdp_ctx *ctx);
 FSDP_API int fsdp_set_lr(fsdp_ctx *ctx, float lr);
@@ -3996,14 +3997,26 @@ FSDP__PRIVATE int fsdp__verify_order(fsdp_ctx *ctx) {
     return rc;
 }
 
-/* Ends the iteration: every unit that ran forward must have finished backward. */
+/* Ends the iteration: a unit whose backward started must have finished it. Units that ran
+   forward only (evaluation) are resharded. */
 FSDP__PRIVATE int fsdp__end_iteration(fsdp_ctx *ctx) {
     int i, rc;
     for (i = 0; i < ctx->num_units; i++) {
         fsdp__unit *u = &ctx->units[i];
-        if (u->forward_done && !u->backward_done)
-            return fsdp__fail(ctx, FSDP_ERR_STATE, "unit '%s' ran forward but not backward in this iteration (state %s)",
-                              fsdp__unit_name(ctx, i), fsdp__state_name(u->state));
+        if (u->state == FSDP__IN_FORWARD || (u->backward_started && !u->backward_done))
+            return fsdp__fail(ctx, FSDP_ERR_STATE, "unit '%s' is still in %s (state %s)", fsdp__unit_name(ctx, i),
+                              u->state == FSDP__IN_FORWARD ? "forward" : "backward", fsdp__state_name(u->state));
+    }
+    if (ctx->phase == 2)
+        for (i = 0; i < ctx->num_units; i++)
+            if (ctx->units[i].forward_done && !ctx->units[i].backward_done)
+                return fsdp__fail(ctx, FSDP_ERR_STATE, "unit '%s' ran forward but not backward in this iteration",
+                                  fsdp__unit_name(ctx, i));
+    for (i = 0; i < ctx->num_units; i++) { /* forward-only units that stayed gathered */
+        fsdp__unit *u = &ctx->units[i];
+        if (u->state == FSDP__GATHERING && (rc = fsdp__wait_gathered(ctx, i)) != 0) return rc;
+        if (u->state == FSDP__UNSHARDED && !fsdp__aliases_master(ctx, u)) fsdp__reshard(ctx, u);
+        else if (u->state == FSDP__UNSHARDED) u->state = FSDP__SHARDED;
     }
     if (ctx->iteration == 0 && ctx->phase != 0 && (rc = fsdp__verify_order(ctx)) != 0) return rc;
     for (i = 0; i < ctx->num_units; i++) {
@@ -4033,7 +4046,8 @@ FSDP__PRIVATE int fsdp__unit_pre_forward(fsdp_ctx *ctx, int ui) {
     }
     if (u->state == FSDP__IN_FORWARD || u->state == FSDP__IN_BACKWARD || u->forward_done)
         return fsdp__fail(ctx, FSDP_ERR_STATE, "pre_forward of unit '%s' in state %s%s", fsdp__unit_name(ctx, ui),
-                          fsdp__state_name(u->state), u->forward_done ? " (its forward already ran this iteration)" : "");
+                          fsdp__state_name(u->state), u->forward_done ? " (its forward already ran this iteration; after a forward-only pass call "
+                                             "fsdp_finish_backward)" : "");
     ctx->phase = 1;
     if (!ctx->order_known) {
         for (i = 0; i < ctx->fwd_len && ctx->fwd_order[i] != ui; i++) {}
