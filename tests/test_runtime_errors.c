@@ -188,6 +188,36 @@ static void test_step_after_unit_ran_forward_but_not_backward_returns_state_erro
     assert_error_names(fsdp_last_error(ctx), "layers.0");
 }
 
+static void forward_pass(void) {
+    int l;
+    TEST_ASSERT_EQUAL_INT(0, fsdp_pre_forward(ctx, 0));
+    for (l = 0; l < 3; l++) {
+        TEST_ASSERT_EQUAL_INT(0, fsdp_pre_forward(ctx, net.layer[l]));
+        TEST_ASSERT_NOT_NULL(fsdp_param(ctx, net.weight[l]));
+        TEST_ASSERT_EQUAL_INT(0, fsdp_post_forward(ctx, net.layer[l]));
+    }
+    TEST_ASSERT_EQUAL_INT(0, fsdp_post_forward(ctx, 0));
+}
+
+/* Evaluation: forward passes without backward, each ended by fsdp_finish_backward. */
+static void test_forward_only_pass_ended_by_finish_backward_allows_another_forward(void) {
+    fsdp_memory_stats st;
+    start_one_rank(FSDP_SHARD_GRAD_OP); /* keeps units gathered after forward: they must be released */
+    forward_pass();
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, fsdp_finish_backward(ctx), fsdp_last_error(ctx));
+    TEST_ASSERT_EQUAL_INT(0, fsdp_memory_stats_get(ctx, &st));
+    TEST_ASSERT_EQUAL_UINT64(0, (uint64_t)st.unsharded_bytes);
+    forward_pass();
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, fsdp_finish_backward(ctx), fsdp_last_error(ctx));
+}
+
+static void test_second_forward_without_ending_the_first_returns_state_error_that_says_what_to_do(void) {
+    start_one_rank(FSDP_FULL_SHARD);
+    forward_pass();
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_STATE, fsdp_pre_forward(ctx, 0));
+    assert_error_names(fsdp_last_error(ctx), "fsdp_finish_backward");
+}
+
 static void test_step_while_no_sync_holds_unreduced_gradients_returns_state_error(void) {
     int l;
     start_one_rank(FSDP_FULL_SHARD);
@@ -914,6 +944,8 @@ int main(void) {
     RUN_TEST(test_hook_on_module_that_does_not_exist_returns_invalid_arg);
     RUN_TEST(test_step_after_unit_ran_forward_but_not_backward_returns_state_error_naming_the_unit);
     RUN_TEST(test_step_while_no_sync_holds_unreduced_gradients_returns_state_error);
+    RUN_TEST(test_forward_only_pass_ended_by_finish_backward_allows_another_forward);
+    RUN_TEST(test_second_forward_without_ending_the_first_returns_state_error_that_says_what_to_do);
 
     RUN_TEST(test_order_rank_with_different_forward_order_gets_mismatch_on_every_rank_within_timeout);
     RUN_TEST(test_order_rank_with_different_forward_order_and_no_collectives_gets_mismatch_at_step);
