@@ -3671,6 +3671,7 @@ struct fsdp_ctx {
     fsdp__unit *units;
     int num_units;
     int *unit_params;
+    int *param_by_name;     /* parameter ids sorted by name */
     fsdp_param_info *params;
     int rank, world;
     fsdp_dtype param_dtype, reduce_dtype;
@@ -4133,7 +4134,7 @@ FSDP__PRIVATE int fsdp__unit_post_backward(fsdp_ctx *ctx, int ui) {
 }
 
 FSDP_API int fsdp_pre_forward(fsdp_ctx *ctx, int module) {
-    int ui, rc = fsdp__hook_unit(ctx, module, &ui);
+    int ui = -1, rc = fsdp__hook_unit(ctx, module, &ui);
     if (rc) return rc;
     if (ctx->units[ui].refcount == 0 && (rc = fsdp__unit_pre_forward(ctx, ui)) != 0) return rc;
     if (ctx->units[ui].state != FSDP__IN_FORWARD)
@@ -4144,7 +4145,7 @@ FSDP_API int fsdp_pre_forward(fsdp_ctx *ctx, int module) {
 }
 
 FSDP_API int fsdp_post_forward(fsdp_ctx *ctx, int module) {
-    int ui, rc = fsdp__hook_unit(ctx, module, &ui);
+    int ui = -1, rc = fsdp__hook_unit(ctx, module, &ui);
     if (rc) return rc;
     if (ctx->units[ui].state != FSDP__IN_FORWARD || ctx->units[ui].refcount <= 0)
         return fsdp__fail(ctx, FSDP_ERR_STATE, "post_forward of module '%s' but its unit '%s' is in state %s, not FORWARD",
@@ -4155,7 +4156,7 @@ FSDP_API int fsdp_post_forward(fsdp_ctx *ctx, int module) {
 }
 
 FSDP_API int fsdp_pre_backward(fsdp_ctx *ctx, int module) {
-    int ui, rc = fsdp__hook_unit(ctx, module, &ui);
+    int ui = -1, rc = fsdp__hook_unit(ctx, module, &ui);
     if (rc) return rc;
     if (ctx->units[ui].refcount == 0 && (rc = fsdp__unit_pre_backward(ctx, ui)) != 0) return rc;
     if (ctx->units[ui].state != FSDP__IN_BACKWARD)
@@ -4166,7 +4167,7 @@ FSDP_API int fsdp_pre_backward(fsdp_ctx *ctx, int module) {
 }
 
 FSDP_API int fsdp_post_backward(fsdp_ctx *ctx, int module) {
-    int ui, rc = fsdp__hook_unit(ctx, module, &ui);
+    int ui = -1, rc = fsdp__hook_unit(ctx, module, &ui);
     if (rc) return rc;
     if (ctx->units[ui].state != FSDP__IN_BACKWARD || ctx->units[ui].refcount <= 0)
         return fsdp__fail(ctx, FSDP_ERR_STATE, "post_backward of module '%s' but its unit '%s' is in state %s, not BACKWARD",
@@ -4362,6 +4363,22 @@ FSDP_API int fsdp_set_lr(fsdp_ctx *ctx, float lr) {
 
 /* --- creation ------------------------------------------------------------------------------ */
 /* Fills defaults and checks a description; *hybrid_group gets the shard group size. */
+static __thread const fsdp_model *fsdp__sorting_model; /* qsort has no context argument (per thread) */
+static int fsdp__cmp_param_name(const void *a, const void *b) {
+    return strcmp(fsdp__sorting_model->params[*(const int *)a].name, fsdp__sorting_model->params[*(const int *)b].name);
+}
+
+/* A parameter by full name in log time (checkpoints look up every tensor). */
+FSDP__PRIVATE int fsdp__ctx_find_param(const fsdp_ctx *ctx, const char *name) {
+    int lo = 0, hi = ctx->model->num_params - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(ctx->model->params[ctx->param_by_name[mid]].name, name);
+        if (c == 0) return ctx->param_by_name[mid];
+        if (c < 0) lo = mid + 1; else hi = mid - 1;
+    }
+    return -1;
+}
+
 FSDP__PRIVATE int fsdp__desc_resolve(fsdp_desc *d, int world, int local_world, int *hybrid_group, char *err,
                                      size_t err_size) {
     fsdp_optimizer_desc *o = &d->optimizer;
@@ -4455,12 +4472,14 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
     }
     ctx->units = (fsdp__unit *)fsdp__calloc(sizeof *ctx->units * (size_t)ctx->num_units);
     ctx->unit_params = (int *)fsdp__calloc(sizeof(int) * (size_t)(model->num_params + 1));
+    ctx->param_by_name = (int *)fsdp__calloc(sizeof(int) * (size_t)(model->num_params + 1));
     ctx->params = (fsdp_param_info *)fsdp__calloc(sizeof *ctx->params * (size_t)(model->num_params + 1));
     ctx->fwd_order = (int *)fsdp__calloc(sizeof(int) * (size_t)ctx->num_units);
     ctx->bwd_order = (int *)fsdp__calloc(sizeof(int) * (size_t)ctx->num_units);
     ctx->queue_cap = 4 * ctx->num_units + 16;
     ctx->queue = (fsdp__task *)fsdp__calloc(sizeof *ctx->queue * (size_t)ctx->queue_cap);
-    if (!ctx->units || !ctx->unit_params || !ctx->params || !ctx->fwd_order || !ctx->bwd_order || !ctx->queue) {
+    if (!ctx->units || !ctx->unit_params || !ctx->param_by_name || !ctx->params || !ctx->fwd_order || !ctx->bwd_order ||
+        !ctx->queue) {
         fsdp_destroy(ctx);
         return FSDP_ERR_OUT_OF_MEMORY;
     }
@@ -4507,6 +4526,10 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
         ctx->opt_bytes += sizeof(float) * (size_t)u->shard * (size_t)nbuf;
     }
     ctx->persistent_bytes = ctx->param_bytes + ctx->grad_bytes + ctx->opt_bytes;
+    for (p = 0; p < model->num_params; p++) ctx->param_by_name[p] = p;
+    fsdp__sorting_model = model;
+    qsort(ctx->param_by_name, (size_t)model->num_params, sizeof(int), fsdp__cmp_param_name);
+    fsdp__sorting_model = NULL;
     for (p = 0; p < model->num_params; p++) { /* this rank's slice of each parameter, initialised */
         fsdp_param_info *info = &ctx->params[p];
         fsdp__unit *u = &ctx->units[ctx->plan.unit_of_param[p]];
@@ -4558,6 +4581,7 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     fsdp__plan_free(&ctx->plan);
     FSDP_FREE(ctx->units);
     FSDP_FREE(ctx->unit_params);
+    FSDP_FREE(ctx->param_by_name);
     FSDP_FREE(ctx->params);
     FSDP_FREE(ctx->fwd_order);
     FSDP_FREE(ctx->bwd_order);
@@ -5079,14 +5103,19 @@ FSDP__PRIVATE void fsdp__sbuf_printf(fsdp__sbuf *b, const char *fmt, ...) {
     if (n > 0) fsdp__sbuf_add(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
 }
 
-FSDP__PRIVATE void fsdp__sbuf_jstring(fsdp__sbuf *b, const char *s) {
-    fsdp__sbuf_add(b, "\"", 1);
+/* Appends s escaped for the inside of a JSON string. */
+FSDP__PRIVATE void fsdp__sbuf_jescape(fsdp__sbuf *b, const char *s) {
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
         if (c == '"' || c == '\\') { char e[2] = {'\\', (char)c}; fsdp__sbuf_add(b, e, 2); }
         else if (c < 0x20) fsdp__sbuf_printf(b, "\\u%04x", c);
         else fsdp__sbuf_add(b, (const char *)&c, 1);
     }
+}
+
+FSDP__PRIVATE void fsdp__sbuf_jstring(fsdp__sbuf *b, const char *s) {
+    fsdp__sbuf_add(b, "\"", 1);
+    fsdp__sbuf_jescape(b, s);
     fsdp__sbuf_add(b, "\"", 1);
 }
 
@@ -5099,6 +5128,9 @@ struct fsdp_st_file {
     uint64_t file_size, data_offset, data_size;
     int num_tensors, num_meta;
     fsdp_st_tensor *tensors;
+    int *by_name;                /* tensor indices sorted by name: lookups in log time */
+    uint32_t *crc;               /* each tensor's stored checksum, resolved once */
+    unsigned char *has_crc, *crc_bad;
     char **meta_keys, **meta_values;
     char path[256];
 };
@@ -5114,6 +5146,10 @@ FSDP_API void fsdp_st_close(fsdp_st_file *f) {
     for (i = 0; i < f->num_tensors; i++) FSDP_FREE((char *)f->tensors[i].name);
     for (i = 0; i < f->num_meta; i++) { FSDP_FREE(f->meta_keys[i]); FSDP_FREE(f->meta_values[i]); }
     FSDP_FREE(f->tensors);
+    FSDP_FREE(f->by_name);
+    FSDP_FREE(f->crc);
+    FSDP_FREE(f->has_crc);
+    FSDP_FREE(f->crc_bad);
     FSDP_FREE(f->meta_keys);
     FSDP_FREE(f->meta_values);
     FSDP_FREE(f);
@@ -5122,6 +5158,55 @@ FSDP_API void fsdp_st_close(fsdp_st_file *f) {
 static int fsdp__st_cmp_begin(const void *a, const void *b) {
     const fsdp_st_tensor *x = *(const fsdp_st_tensor *const *)a, *y = *(const fsdp_st_tensor *const *)b;
     return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : 0;
+}
+
+static __thread const fsdp_st_file *fsdp__st_sorting; /* qsort has no context argument (per thread) */
+static const char *fsdp__st_sorting_names(int i) { return fsdp__st_sorting->tensors[i].name; }
+
+static int fsdp__st_cmp_name(const void *a, const void *b) {
+    return strcmp(fsdp__st_sorting_names(*(const int *)a), fsdp__st_sorting_names(*(const int *)b));
+}
+
+FSDP_API int fsdp_st_find(const fsdp_st_file *f, const char *name) {
+    int lo = 0, hi;
+    if (!f || !name || !f->by_name) return -1;
+    hi = f->num_tensors - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(f->tensors[f->by_name[mid]].name, name);
+        if (c == 0) return f->by_name[mid];
+        if (c < 0) lo = mid + 1; else hi = mid - 1;
+    }
+    return -1;
+}
+
+/* Sorts the names (duplicates are corrupt) and resolves each tensor's checksum from the
+   metadata, so nothing later scans the header linearly. */
+FSDP__PRIVATE int fsdp__st_index(fsdp_st_file *f, char *err, size_t err_size) {
+    int i, n = f->num_tensors;
+    f->by_name = (int *)FSDP_MALLOC(sizeof(int) * (size_t)(n + 1));
+    f->crc = (uint32_t *)fsdp__calloc(sizeof(uint32_t) * (size_t)(n + 1));
+    f->has_crc = (unsigned char *)fsdp__calloc((size_t)n + 1);
+    f->crc_bad = (unsigned char *)fsdp__calloc((size_t)n + 1);
+    if (!f->by_name || !f->crc || !f->has_crc || !f->crc_bad) return FSDP_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < n; i++) f->by_name[i] = i;
+    fsdp__st_sorting = f;
+    qsort(f->by_name, (size_t)n, sizeof(int), fsdp__st_cmp_name);
+    fsdp__st_sorting = NULL;
+    for (i = 1; i < n; i++)
+        if (strcmp(f->tensors[f->by_name[i]].name, f->tensors[f->by_name[i - 1]].name) == 0)
+            return fsdp__fmt(err, err_size, "tensor '%.64s' appears twice", f->tensors[f->by_name[i]].name), FSDP_ERR_CORRUPT;
+    for (i = 0; i < f->num_meta; i++) {
+        int t;
+        char *end = NULL;
+        unsigned long value;
+        if (strncmp(f->meta_keys[i], "crc32c.", 7) != 0 || (t = fsdp_st_find(f, f->meta_keys[i] + 7)) < 0) continue;
+        errno = 0;
+        value = strtoul(f->meta_values[i], &end, 16);
+        f->has_crc[t] = 1;
+        f->crc_bad[t] = errno || !end || *end || strlen(f->meta_values[i]) != 8;
+        f->crc[t] = (uint32_t)value;
+    }
+    return 0;
 }
 
 /* Builds the tensor table from a parsed header, checking everything against data_size. */
@@ -5151,9 +5236,6 @@ FSDP__PRIVATE int fsdp__st_load_header(fsdp_st_file *f, const fsdp__jv *root, ch
             }
             continue;
         }
-        for (k = 0; k < n; k++)
-            if (strcmp(f->tensors[k].name, root->keys[i]) == 0)
-                return fsdp__fmt(err, err_size, "tensor '%.64s' appears twice", root->keys[i]), FSDP_ERR_CORRUPT;
         if (v->type != FSDP__J_OBJ) return fsdp__fmt(err, err_size, "entry '%.64s' is not an object", root->keys[i]), FSDP_ERR_CORRUPT;
         t = &f->tensors[n];
         t->name = fsdp__strdup(root->keys[i]);
@@ -5215,7 +5297,7 @@ FSDP__PRIVATE int fsdp__st_load_header(fsdp_st_file *f, const fsdp__jv *root, ch
         if (k < 0 || sorted[i]->end > sorted[k]->end) k = i;
     }
     FSDP_FREE(sorted);
-    return 0;
+    return fsdp__st_index(f, err, err_size);
 }
 
 /* Reads and checks the 8-byte length and the header; data is the rest. */
@@ -5314,12 +5396,6 @@ FSDP_API int fsdp_st_num_tensors(const fsdp_st_file *f) { return f ? f->num_tens
 FSDP_API const fsdp_st_tensor *fsdp_st_tensor_at(const fsdp_st_file *f, int i) {
     return f && i >= 0 && i < f->num_tensors ? &f->tensors[i] : NULL;
 }
-FSDP_API int fsdp_st_find(const fsdp_st_file *f, const char *name) {
-    int i;
-    for (i = 0; f && name && i < f->num_tensors; i++)
-        if (strcmp(f->tensors[i].name, name) == 0) return i;
-    return -1;
-}
 FSDP_API int fsdp_st_num_metadata(const fsdp_st_file *f) { return f ? f->num_meta : 0; }
 FSDP_API fsdp_kv fsdp_st_metadata_at(const fsdp_st_file *f, int i) {
     fsdp_kv kv;
@@ -5385,24 +5461,17 @@ FSDP__PRIVATE int fsdp__st_crc(fsdp_st_file *f, const fsdp_st_tensor *t, uint32_
 
 FSDP_API int fsdp_st_verify(fsdp_st_file *f, int tensor, char *err, size_t err_size) {
     const fsdp_st_tensor *t = fsdp_st_tensor_at(f, tensor);
-    char key[320], *end = NULL, scratch[8];
-    const char *stored;
-    unsigned long want;
+    char scratch[8];
     uint32_t got;
     if (!err) { err = scratch; err_size = sizeof scratch; }
     if (!t) return FSDP_ERR_INVALID_ARG;
-    fsdp__fmt(key, sizeof key, "crc32c.%s", t->name);
-    stored = fsdp_st_metadata(f, key);
-    if (!stored) return fsdp__fmt(err, err_size, "%s: tensor '%s' has no checksum", f->path, t->name), FSDP_ERR_UNSUPPORTED;
-    errno = 0;
-    want = strtoul(stored, &end, 16);
-    if (errno || !end || *end || strlen(stored) != 8)
-        return fsdp__fmt(err, err_size, "%s: checksum of '%s' is malformed ('%.16s')", f->path, t->name, stored), FSDP_ERR_CORRUPT;
+    if (!f->has_crc[tensor]) return fsdp__fmt(err, err_size, "%s: tensor '%s' has no checksum", f->path, t->name), FSDP_ERR_UNSUPPORTED;
+    if (f->crc_bad[tensor]) return fsdp__fmt(err, err_size, "%s: checksum of '%s' is malformed", f->path, t->name), FSDP_ERR_CORRUPT;
     if (fsdp__st_crc(f, t, &got) != 0)
         return fsdp__fmt(err, err_size, "%s: cannot read tensor '%s' (file truncated?)", f->path, t->name), FSDP_ERR_CORRUPT;
-    if (got != (uint32_t)want)
-        return fsdp__fmt(err, err_size, "%s: tensor '%s' is corrupt (crc32c %08x, expected %08lx)", f->path, t->name,
-                         (unsigned)got, want), FSDP_ERR_CORRUPT;
+    if (got != f->crc[tensor])
+        return fsdp__fmt(err, err_size, "%s: tensor '%s' is corrupt (crc32c %08x, expected %08x)", f->path, t->name,
+                         (unsigned)got, (unsigned)f->crc[tensor]), FSDP_ERR_CORRUPT;
     return 0;
 }
 
@@ -5444,6 +5513,29 @@ FSDP__PRIVATE int fsdp__fsync_dir(const char *path) {
     rc = fsync(fd);
     close(fd);
     return rc;
+}
+
+/* Removes "<path>.tmp.<pid>" files left by writers that were killed (their pid is gone). */
+FSDP__PRIVATE void fsdp__remove_stale_tmp(const char *path) {
+    char dir[600], prefix[300], victim[1024];
+    const char *slash = strrchr(path, '/');
+    size_t plen;
+    DIR *d;
+    struct dirent *e;
+    if (slash) fsdp__fmt(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    else fsdp__copy_string(dir, sizeof dir, ".");
+    if (slash && slash == path) fsdp__copy_string(dir, sizeof dir, "/");
+    fsdp__fmt(prefix, sizeof prefix, "%s.tmp.", slash ? slash + 1 : path);
+    plen = strlen(prefix);
+    if (!(d = opendir(dir))) return;
+    while ((e = readdir(d)) != NULL) {
+        long pid;
+        if (strncmp(e->d_name, prefix, plen) != 0 || fsdp__parse_int(e->d_name + plen, 1, 0x7fffffffL, &pid) != 0) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* its writer may still be running */
+        fsdp__fmt(victim, sizeof victim, "%s/%s", dir, e->d_name);
+        unlink(victim);
+    }
+    closedir(d);
 }
 
 FSDP_API void fsdp_st_writer_abort(fsdp_st_writer *w) {
@@ -5492,11 +5584,9 @@ FSDP_API int fsdp_st_writer_open(fsdp_st_writer **out, const char *path, const f
         fsdp__sbuf_jstring(&h, meta[i].value);
     }
     for (i = 0; i < num; i++) { /* checksums are patched in at close: fixed width placeholders */
-        char key[300];
-        fsdp__fmt(key, sizeof key, "crc32c.%s", specs[i].name ? specs[i].name : "");
-        fsdp__sbuf_str(&h, ",");
-        fsdp__sbuf_jstring(&h, key);
-        fsdp__sbuf_str(&h, ":\"");
+        fsdp__sbuf_str(&h, ",\"crc32c.");
+        fsdp__sbuf_jescape(&h, specs[i].name ? specs[i].name : "");
+        fsdp__sbuf_str(&h, "\":\"");
         w->crc_at[i] = 8 + h.len;
         fsdp__sbuf_str(&h, "00000000\"");
     }
@@ -5525,6 +5615,7 @@ FSDP_API int fsdp_st_writer_open(fsdp_st_writer **out, const char *path, const f
     while (!h.failed && (h.len % 8) != 0) fsdp__sbuf_str(&h, " "); /* data starts 8-aligned */
     if (h.failed) { FSDP_FREE(h.data); fsdp_st_writer_abort(w); return FSDP_ERR_OUT_OF_MEMORY; }
     fsdp__copy_string(w->path, sizeof w->path, path);
+    fsdp__remove_stale_tmp(path);
     fsdp__fmt(w->tmp, sizeof w->tmp, "%s.tmp.%d", path, (int)getpid());
     w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     for (i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
@@ -5682,6 +5773,25 @@ static int fsdp__opt_suffixes(const fsdp_ctx *ctx, const char **suffix) {
 
 static float *fsdp__opt_buffer(fsdp__unit *u, int k) { return k == 0 ? u->opt_a : u->opt_b; }
 
+static const char *fsdp__opt_name(const fsdp_ctx *ctx) {
+    return ctx->opt.kind == FSDP_SGD ? "sgd" : ctx->opt.kind == FSDP_ADAM ? "adam" : "adamw";
+}
+
+/* Whether to restore optimizer state: asked for, and saved by the same optimizer (strict: a
+   different one is an error; otherwise the state is skipped with a warning). */
+FSDP__PRIVATE int fsdp__opt_compatible(fsdp_ctx *ctx, const fsdp_load_options *opt, const char *saved, const char *what,
+                                       int *load_opt) {
+    *load_opt = opt && opt->with_optimizer;
+    if (!*load_opt || !saved || strcmp(saved, fsdp__opt_name(ctx)) == 0) return 0;
+    *load_opt = 0;
+    if (opt->strict)
+        return fsdp__fail(ctx, FSDP_ERR_INCOMPATIBLE, "%s: the checkpoint holds %s state but the context uses %s", what, saved,
+                          fsdp__opt_name(ctx));
+    fsdp__log(&ctx->logger, FSDP_LOG_WARN, "%s: the checkpoint holds %s state, the context uses %s: optimizer state not loaded",
+              what, saved, fsdp__opt_name(ctx));
+    return 0;
+}
+
 /* Metadata every checkpoint carries, plus the user's. */
 FSDP__PRIVATE fsdp_kv *fsdp__ckpt_metadata(fsdp_ctx *ctx, const fsdp_save_options *opt, const char *kind, char store[6][64],
                                            int *count) {
@@ -5692,7 +5802,7 @@ FSDP__PRIVATE fsdp_kv *fsdp__ckpt_metadata(fsdp_ctx *ctx, const fsdp_save_option
     fsdp__fmt(store[1], 64, "%lld", (long long)(opt ? opt->epoch : 0));
     fsdp__fmt(store[2], 64, "%d", ctx->world);
     fsdp__copy_string(store[3], 64, fsdp__strategy_name(ctx->desc.strategy ? ctx->desc.strategy : FSDP_FULL_SHARD));
-    fsdp__copy_string(store[4], 64, ctx->opt.kind == FSDP_SGD ? "sgd" : ctx->opt.kind == FSDP_ADAM ? "adam" : "adamw");
+    fsdp__copy_string(store[4], 64, fsdp__opt_name(ctx));
     fsdp__copy_string(store[5], 64, kind);
     kv[n].key = "step"; kv[n++].value = store[0];
     kv[n].key = "epoch"; kv[n++].value = store[1];
@@ -5781,22 +5891,22 @@ done:
 
 /* Which checkpoint tensor feeds which state: a parameter or one of its optimizer buffers. */
 static int fsdp__match_name(const fsdp_ctx *ctx, const char *name, int *param, int *buffer) {
-    const char *suffix[2] = {"momentum_buffer", "exp_avg_sq"};
     static const char *const known[3] = {"momentum_buffer", "exp_avg", "exp_avg_sq"};
     const char *dot;
     int k;
-    (void)suffix;
     *buffer = -1;
-    if ((*param = fsdp_model_find_param(ctx->model, name)) >= 0) return 1;
+    if ((*param = fsdp__ctx_find_param(ctx, name)) >= 0) return 1;
     dot = strrchr(name, '.');
     if (!dot) return 0;
     for (k = 0; k < 3; k++)
         if (strcmp(dot + 1, known[k]) == 0) {
-            char base[320];
-            if ((size_t)(dot - name) >= sizeof base) return 0;
+            char *base = (char *)FSDP_MALLOC((size_t)(dot - name) + 1);
+            if (!base) return 0;
             memcpy(base, name, (size_t)(dot - name));
             base[dot - name] = 0;
-            if ((*param = fsdp_model_find_param(ctx->model, base)) < 0) return 0;
+            *param = fsdp__ctx_find_param(ctx, base);
+            FSDP_FREE(base);
+            if (*param < 0) return 0;
             *buffer = k == 2 ? 1 : 0; /* momentum_buffer and exp_avg live in opt_a, exp_avg_sq in opt_b */
             return 2;
         }
@@ -5858,8 +5968,12 @@ static int fsdp__read_st(void *src, int64_t first, int64_t count, float *out, ch
 }
 
 static int64_t fsdp__meta_int(const char *text) {
-    long value;
-    return text && fsdp__parse_int(text, 0, 0x7fffffffL, &value) == 0 ? (int64_t)value : -1;
+    char *end = NULL;
+    long long value;
+    if (!text || !*text) return -1;
+    errno = 0;
+    value = strtoll(text, &end, 10);
+    return errno || !end || *end || value < 0 ? -1 : (int64_t)value;
 }
 
 FSDP_API int fsdp_load_full(fsdp_ctx *ctx, const char *path, const fsdp_load_options *opt, fsdp_load_report *report) {
@@ -5867,7 +5981,7 @@ FSDP_API int fsdp_load_full(fsdp_ctx *ctx, const char *path, const fsdp_load_opt
     fsdp__problems pr;
     fsdp_st_file *f = NULL;
     char err[FSDP__ERRMSG] = "", detail[200];
-    int rc, local = 0, i, p, buffer, *seen = NULL;
+    int rc, local = 0, i, p, buffer, *seen = NULL, load_opt = 0;
     if (!report) report = &local_report;
     memset(report, 0, sizeof *report);
     report->step = report->epoch = -1;
@@ -5884,14 +5998,15 @@ FSDP_API int fsdp_load_full(fsdp_ctx *ctx, const char *path, const fsdp_load_opt
         const fsdp_st_tensor *t = fsdp_st_tensor_at(f, i);
         int kind = fsdp__match_name(ctx, t->name, &p, &buffer);
         if (!kind) { fsdp__problem(&pr, "unexpected", t->name, ""); continue; }
-        if (fsdp__shape_differs(ctx, p, t->ndim, t->shape, detail, sizeof detail)) { fsdp__problem(&pr, "shape", t->name, detail); continue; }
-        if (kind == 1) seen[p] = 1;
+        if (kind == 1) seen[p] = 1; /* present, even if mis-shaped (reported as such, not as missing) */
+        if (fsdp__shape_differs(ctx, p, t->ndim, t->shape, detail, sizeof detail)) fsdp__problem(&pr, "shape", t->name, detail);
     }
     for (p = 0; p < ctx->model->num_params; p++) /* what the model needs */
-        if (!seen[p] && fsdp_st_find(f, ctx->model->params[p].name) < 0) fsdp__problem(&pr, "missing", ctx->model->params[p].name, "");
+        if (!seen[p]) fsdp__problem(&pr, "missing", ctx->model->params[p].name, "");
     if (opt && opt->strict && (report->missing || report->unexpected || report->mismatched))
         local = fsdp__fail(ctx, FSDP_ERR_INCOMPATIBLE, "fsdp_load_full: %s does not match the model (%d missing, %d unexpected, "
                            "%d mis-shaped): %s", path, report->missing, report->unexpected, report->mismatched, pr.summary);
+    if (!local) local = fsdp__opt_compatible(ctx, opt, fsdp_st_metadata(f, "optimizer"), "fsdp_load_full", &load_opt);
     for (i = 0; !local && ctx->rank == 0 && i < fsdp_st_num_tensors(f); i++) /* rank 0 checks every checksum */
         if ((rc = fsdp_st_verify(f, i, err, sizeof err)) != 0 && rc != FSDP_ERR_UNSUPPORTED)
             local = fsdp__fail(ctx, rc, "fsdp_load_full: %s", err);
@@ -5901,7 +6016,7 @@ FSDP_API int fsdp_load_full(fsdp_ctx *ctx, const char *path, const fsdp_load_opt
         fsdp__st_src src;
         int kind = fsdp__match_name(ctx, t->name, &p, &buffer);
         if (!kind || fsdp__shape_differs(ctx, p, t->ndim, t->shape, detail, sizeof detail)) continue;
-        if (kind == 2 && !(opt && opt->with_optimizer)) continue;
+        if (kind == 2 && !load_opt) continue;
         src.file = f;
         src.tensor = i;
         if ((rc = fsdp__load_slice(ctx, p, buffer, fsdp__read_st, &src, err, sizeof err)) != 0)
@@ -5910,7 +6025,7 @@ FSDP_API int fsdp_load_full(fsdp_ctx *ctx, const char *path, const fsdp_load_opt
     }
     report->step = fsdp__meta_int(fsdp_st_metadata(f, "step"));
     report->epoch = fsdp__meta_int(fsdp_st_metadata(f, "epoch"));
-    if (!local && opt && opt->with_optimizer && report->step >= 0) ctx->step = report->step;
+    if (!local && load_opt && report->step >= 0) ctx->step = report->step;
     if ((rc = fsdp__agree(ctx, local)) != 0) goto done;
     if (report->missing || report->unexpected || report->mismatched)
         fsdp__log(&ctx->logger, FSDP_LOG_WARN, "fsdp_load_full: loaded %d tensors; not loaded: %s", report->loaded, pr.summary);
@@ -6039,6 +6154,8 @@ FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_o
             }
         }
         fsdp__sbuf_str(&b, "}}\n");
+        fsdp__fmt(path, sizeof path, "%s/index.json", dir);
+        fsdp__remove_stale_tmp(path);
         fsdp__fmt(path, sizeof path, "%s/index.json.tmp.%d", dir, (int)getpid());
         fd = b.failed ? -1 : open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd < 0 || fsdp__write_all(fd, b.data, b.len) != 0 || fsync(fd) != 0) local = FSDP_ERR_IO;
@@ -6090,7 +6207,6 @@ typedef struct fsdp__sharded_src {
     fsdp__piece *pieces;
     int num_pieces;
     fsdp_st_file **open_files;
-    unsigned char *verified;   /* per file: its tensors' checksums were checked */
 } fsdp__sharded_src;
 
 FSDP__PRIVATE int fsdp__read_sharded(void *src, int64_t first, int64_t count, float *out, char *err, size_t err_size) {
@@ -6124,7 +6240,7 @@ FSDP_API int fsdp_load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_load_o
     fsdp__sharded_src src;
     const fsdp__jv *files = NULL, *tensors = NULL;
     char err[FSDP__ERRMSG] = "", path[1024], detail[200], *text = NULL;
-    int rc, local = 0, i, k, p, buffer, *seen = NULL, nfiles = 0;
+    int rc, local = 0, i, k, p, buffer, *seen = NULL, nfiles = 0, load_opt = 0;
     struct stat st;
     int fd = -1;
     if (!report) report = &local_report;
@@ -6212,14 +6328,19 @@ FSDP_API int fsdp_load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_load_o
             break;
         }
         if (!kind) { fsdp__problem(&pr, "unexpected", tensors->keys[i], ""); continue; }
-        if (fsdp__shape_differs(ctx, p, ndim, dims, detail, sizeof detail)) { fsdp__problem(&pr, "shape", tensors->keys[i], detail); continue; }
-        if (kind == 1) seen[p] = 1;
+        if (kind == 1) seen[p] = 1; /* present, even if mis-shaped (reported as such, not as missing) */
+        if (fsdp__shape_differs(ctx, p, ndim, dims, detail, sizeof detail)) fsdp__problem(&pr, "shape", tensors->keys[i], detail);
     }
     for (p = 0; !local && p < ctx->model->num_params; p++)
-        if (!seen[p] && !fsdp__jget(tensors, ctx->model->params[p].name)) fsdp__problem(&pr, "missing", ctx->model->params[p].name, "");
+        if (!seen[p]) fsdp__problem(&pr, "missing", ctx->model->params[p].name, "");
     if (!local && opt && opt->strict && (report->missing || report->unexpected || report->mismatched))
         local = fsdp__fail(ctx, FSDP_ERR_INCOMPATIBLE, "fsdp_load_sharded: %s does not match the model (%d missing, %d "
                            "unexpected, %d mis-shaped): %s", dir, report->missing, report->unexpected, report->mismatched, pr.summary);
+    if (!local) {
+        const fsdp__jv *saved = fsdp__jget(fsdp__jget(&root, "metadata"), "optimizer");
+        local = fsdp__opt_compatible(ctx, opt, saved && saved->type == FSDP__J_STR ? saved->str : NULL, "fsdp_load_sharded",
+                                     &load_opt);
+    }
     if ((rc = fsdp__agree(ctx, local)) != 0) goto done;
     for (i = 0; !local && i < tensors->count; i++) { /* each rank reads the pieces its slices overlap */
         const fsdp__jv *tv = &tensors->items[i], *pieces = fsdp__jget(tv, "pieces"), *shape = fsdp__jget(tv, "shape");
@@ -6227,7 +6348,7 @@ FSDP_API int fsdp_load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_load_o
         int kind = fsdp__match_name(ctx, tensors->keys[i], &p, &buffer);
         for (k = 0; k < shape->count; k++) dims[k] = shape->items[k].inum;
         if (!kind || fsdp__shape_differs(ctx, p, shape->count, dims, detail, sizeof detail)) continue;
-        if (kind == 2 && !(opt && opt->with_optimizer)) continue;
+        if (kind == 2 && !load_opt) continue;
         src.pieces = (fsdp__piece *)FSDP_REALLOC(src.pieces, sizeof *src.pieces * (size_t)(pieces->count + 1));
         if (!src.pieces) { local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory"); break; }
         for (k = 0; k < pieces->count; k++) {
@@ -6246,7 +6367,7 @@ FSDP_API int fsdp_load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_load_o
         if (step && step->type == FSDP__J_NUM && step->is_int) report->step = step->inum;
         if (epoch && epoch->type == FSDP__J_NUM && epoch->is_int) report->epoch = epoch->inum;
     }
-    if (!local && opt && opt->with_optimizer && report->step >= 0) ctx->step = report->step;
+    if (!local && load_opt && report->step >= 0) ctx->step = report->step;
     rc = fsdp__agree(ctx, local);
     if (!rc && (report->missing || report->unexpected || report->mismatched))
         fsdp__log(&ctx->logger, FSDP_LOG_WARN, "fsdp_load_sharded: loaded %d tensors; not loaded: %s", report->loaded, pr.summary);
