@@ -15,17 +15,20 @@ MPI_TESTS := test_mpi
 UNIT_TESTS := $(filter-out $(MPI_TESTS),$(TESTS))
 SANFLAGS ?=
 
-.PHONY: all help test test-asan test-tsan bench bench-mpi demo clean check-deps
+.PHONY: all help test test-asan test-tsan bench bench-mpi demo demo-mlp demo-collectives tools fuzz clean check-deps
 
-all: $(BUILD)/bench_comm $(BUILD)/demo_collectives
+all: $(BUILD)/gpt $(BUILD)/mlp $(BUILD)/ckpt_tool $(BUILD)/bench_comm $(BUILD)/bench_train $(BUILD)/demo_collectives
 
 help:
-	@echo "make demo        4 local ranks on shared memory (see README)"
+	@echo "make demo        train a GPT on 4 local ranks (shared memory, FULL_SHARD), checkpoint, sample"
+	@echo "make demo-mlp    train an MLP on 4 local ranks"
 	@echo "make test        every test; ends with 'N passed, N failed' (UNITY_DIR=... for real Unity)"
 	@echo "make test-asan   the tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 	@echo "make test-tsan   the threaded tests under ThreadSanitizer"
-	@echo "make bench       build/bench_comm (collective bandwidth, nccl-tests style)"
-	@echo "make bench-mpi   build/bench_comm_mpi (the same through Open MPI; needs libopenmpi-dev)"
+	@echo "make bench       build/bench_comm (collectives) and build/bench_train (training)"
+	@echo "make bench-mpi   build/bench_comm_mpi (collectives through Open MPI; needs libopenmpi-dev)"
+	@echo "make tools       build/ckpt_tool (inspect, consolidate, shard checkpoints)"
+	@echo "make fuzz        fuzz the safetensors parser for FUZZ_TIME seconds (clang + libFuzzer)"
 
 $(BUILD):
 	@mkdir -p $(BUILD)
@@ -36,6 +39,10 @@ $(BUILD)/unity.o: $(UNITY_DIR)/unity.c | $(BUILD)
 
 $(BUILD)/test_%: tests/test_%.c fsdp.h $(BUILD)/unity.o | $(BUILD)
 	$(CC) -std=c99 $(OPT) $(WARN) $(SANFLAGS) $(CFLAGS) -I. -I$(UNITY_DIR) $< $(BUILD)/unity.o -o $@ $(LDLIBS)
+
+$(BUILD)/test_gpt: tests/test_gpt.c examples/gpt_model.h fsdp.h $(BUILD)/unity.o | $(BUILD)
+	$(BLAS_CHECK)
+	$(CC) -std=c99 $(OPT) $(WARN) $(SANFLAGS) $(CFLAGS) -I. -I$(UNITY_DIR) $< $(BUILD)/unity.o -o $@ -lopenblas $(LDLIBS)
 
 $(BUILD)/test_mpi: tests/test_mpi.c fsdp.h $(BUILD)/unity.o | $(BUILD)
 	$(MPICC) -std=c99 $(OPT) $(WARN) -DFSDP_WITH_MPI -I. -I$(UNITY_DIR) $< $(BUILD)/unity.o -o $@ $(LDLIBS)
@@ -67,9 +74,13 @@ $(BUILD)/bench_comm_mpi: examples/bench_comm.c fsdp.h | $(BUILD)
 $(BUILD)/demo_collectives: examples/demo_collectives.c fsdp.h | $(BUILD)
 	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) -I. $< -o $@ $(LDLIBS)
 
-# Training examples: an MLP on OpenBLAS (sudo apt-get install libopenblas-dev)
+# Training examples: a GPT and an MLP on OpenBLAS (sudo apt-get install libopenblas-dev)
 BLAS_CHECK = @echo '\#include <cblas.h>' | $(CC) -E -x c - >/dev/null 2>&1 || \
 	{ echo "error: <cblas.h> not found; sudo apt-get install libopenblas-dev"; exit 1; }
+
+$(BUILD)/gpt: examples/gpt.c examples/gpt_model.h fsdp.h | $(BUILD)
+	$(BLAS_CHECK)
+	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) -I. $< -o $@ -lopenblas $(LDLIBS)
 
 $(BUILD)/mlp: examples/mlp.c examples/mlp_model.h fsdp.h | $(BUILD)
 	$(BLAS_CHECK)
@@ -79,11 +90,35 @@ $(BUILD)/bench_train: examples/bench_train.c examples/mlp_model.h fsdp.h | $(BUI
 	$(BLAS_CHECK)
 	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) -I. $< -o $@ -lopenblas $(LDLIBS)
 
+$(BUILD)/ckpt_tool: examples/ckpt_tool.c fsdp.h | $(BUILD)
+	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) -I. $< -o $@ $(LDLIBS)
+
 bench: $(BUILD)/bench_comm $(BUILD)/bench_train
 bench-mpi: $(BUILD)/bench_comm_mpi
+tools: $(BUILD)/ckpt_tool
 
-demo: check-deps $(BUILD)/mlp
-	./$(BUILD)/mlp --nproc 4 --strategy full --hidden 512 --layers 4 --batch 256 --steps 60 --print-every 5
+demo: check-deps $(BUILD)/gpt
+	$(BUILD)/gpt --nproc 4
+
+demo-mlp: check-deps $(BUILD)/mlp
+	$(BUILD)/mlp --nproc 4 --strategy full --hidden 1024 --layers 6 --batch 512 --steps 100 --print-every 10
+
+demo-collectives: check-deps $(BUILD)/demo_collectives
+	$(BUILD)/demo_collectives --nproc 4
+
+# libFuzzer on the safetensors parser (clang; -fsanitize=fuzzer needs libclang-rt-14-dev). A crash
+# stops the run: copy $(BUILD)/fuzz-artifacts/crash-* to tests/corpus/safetensors/crashers/,
+# where test_checkpoint replays every file.
+FUZZ_CC   ?= clang
+FUZZ_TIME ?= 120
+$(BUILD)/fuzz_safetensors: tests/fuzz_safetensors.c fsdp.h | $(BUILD)
+	@command -v $(FUZZ_CC) >/dev/null || { echo "error: $(FUZZ_CC) not found; sudo apt-get install clang libclang-rt-14-dev"; exit 1; }
+	$(FUZZ_CC) -std=c99 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. $< -o $@ $(LDLIBS)
+
+fuzz: $(BUILD)/fuzz_safetensors
+	@mkdir -p $(BUILD)/fuzz-corpus $(BUILD)/fuzz-artifacts
+	$(BUILD)/fuzz_safetensors -max_total_time=$(FUZZ_TIME) -max_len=16384 -dict=tests/fuzz_safetensors.dict \
+	    -artifact_prefix=$(BUILD)/fuzz-artifacts/ -print_final_stats=1 $(BUILD)/fuzz-corpus tests/corpus/safetensors
 
 clean:
 	rm -rf $(BUILD)

@@ -1184,7 +1184,7 @@ FSDP_API void fsdp_reduce_ranks(void *dst, const void *const *srcs, int nsrc, si
         size_t i, n = count - done < 2048 ? count - done : 2048;
         float *acc = in_place ? (float *)dst + done : block;
         fsdp__reduce_block_f32(acc, srcs, nsrc, done, n, dtype, op);
-        if (op == FSDP_AVG) {
+        if (op == FSDP_AVG && (avg_divisor > 0 ? avg_divisor : nsrc) != 1) { /* x / 1 == x: skip the pass */
             float divisor = (float)(avg_divisor > 0 ? avg_divisor : nsrc);
             for (i = 0; i < n; i++) acc[i] /= divisor;
         }
@@ -3804,6 +3804,16 @@ FSDP__PRIVATE int fsdp__run_reduce(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, 
     return 0;
 }
 
+/* The communicator whose failure ended a task (a HYBRID reduction uses two). */
+static fsdp_comm *fsdp__failed_comm(fsdp_ctx *ctx, const fsdp__task *t) {
+    const fsdp__unit *u;
+    if (t->kind == FSDP__TASK_COLL) return t->comm;
+    u = &ctx->units[t->unit];
+    if (u->shard_comm && fsdp_comm_status(u->shard_comm) != FSDP_SUCCESS) return u->shard_comm;
+    if (u->replica_comm && fsdp_comm_status(u->replica_comm) != FSDP_SUCCESS) return u->replica_comm;
+    return u->shard_comm ? u->shard_comm : ctx->comm;
+}
+
 static void *fsdp__worker(void *arg) {
     fsdp_ctx *ctx = (fsdp_ctx *)arg;
     for (;;) {
@@ -3836,9 +3846,7 @@ static void *fsdp__worker(void *arg) {
                       t.kind == FSDP__TASK_GATHER ? "all-gather" : t.kind == FSDP__TASK_REDUCE ? "gradient reduction"
                                                                                               : "collective",
                       t.unit >= 0 ? fsdp__unit_name(ctx, t.unit) : "-",
-                      fsdp_comm_last_error(t.kind == FSDP__TASK_COLL ? t.comm
-                                           : ctx->units[t.unit].shard_comm ? ctx->units[t.unit].shard_comm
-                                                                           : ctx->units[t.unit].replica_comm));
+                      fsdp_comm_last_error(fsdp__failed_comm(ctx, &t)));
         }
         ctx->completed = t.id;
         pthread_cond_broadcast(&ctx->done);
@@ -4209,6 +4217,30 @@ FSDP_API int fsdp_set_no_sync(fsdp_ctx *ctx, int on) {
 }
 
 /* --- optimizer ----------------------------------------------------------------------------- */
+/* Sum of squares in double, with independent partial sums (a single chain of dependent adds
+   would run at the adder's latency, several times slower than memory). */
+FSDP__PRIVATE double fsdp__sumsq(const float *x, size_t n) {
+    size_t i = 0;
+    double total = 0;
+#if FSDP__HAVE_STREAM
+    __m128d a0 = _mm_setzero_pd(), a1 = _mm_setzero_pd(), a2 = _mm_setzero_pd(), a3 = _mm_setzero_pd();
+    double lanes[2];
+    for (; i + 8 <= n; i += 8) {
+        __m128 v0 = _mm_loadu_ps(x + i), v1 = _mm_loadu_ps(x + i + 4);
+        __m128d d0 = _mm_cvtps_pd(v0), d1 = _mm_cvtps_pd(_mm_movehl_ps(v0, v0));
+        __m128d d2 = _mm_cvtps_pd(v1), d3 = _mm_cvtps_pd(_mm_movehl_ps(v1, v1));
+        a0 = _mm_add_pd(a0, _mm_mul_pd(d0, d0));
+        a1 = _mm_add_pd(a1, _mm_mul_pd(d1, d1));
+        a2 = _mm_add_pd(a2, _mm_mul_pd(d2, d2));
+        a3 = _mm_add_pd(a3, _mm_mul_pd(d3, d3));
+    }
+    _mm_storeu_pd(lanes, _mm_add_pd(_mm_add_pd(a0, a1), _mm_add_pd(a2, a3)));
+    total = lanes[0] + lanes[1];
+#endif
+    for (; i < n; i++) total += (double)x[i] * (double)x[i];
+    return total;
+}
+
 /* Sums of squares of this rank's gradient shards, split so replicas are counted once:
    [0] units sharded over everyone, [1] HYBRID units (counted in replica group 0),
    [2] NO_SHARD units (counted on rank 0). */
@@ -4217,10 +4249,7 @@ FSDP__PRIVATE void fsdp__local_sumsq(const fsdp_ctx *ctx, double out[3]) {
     out[0] = out[1] = out[2] = 0;
     for (ui = 0; ui < ctx->num_units; ui++) {
         const fsdp__unit *u = &ctx->units[ui];
-        double s = 0;
-        int64_t i;
-        for (i = 0; i < u->shard; i++) s += (double)u->grad[i] * (double)u->grad[i];
-        out[u->strategy == FSDP_HYBRID_SHARD ? 1 : u->group_size == 1 ? 2 : 0] += s;
+        out[u->strategy == FSDP_HYBRID_SHARD ? 1 : u->group_size == 1 ? 2 : 0] += fsdp__sumsq(u->grad, (size_t)u->shard);
     }
 }
 

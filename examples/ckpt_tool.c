@@ -1,0 +1,935 @@
+/* ckpt_tool: look into fsdp.h checkpoints and convert between full and sharded ones.
+
+       ckpt_tool inspect FILE.safetensors | DIR
+       ckpt_tool consolidate DIR OUT.safetensors [--dtype f32|bf16|f16] [--params-only]
+       ckpt_tool shard FILE.safetensors DIR --nranks N
+
+   A full checkpoint is one safetensors file (fsdp_save_full); a sharded one is a directory of
+   per-rank safetensors files and an index.json that maps each tensor's element ranges
+   ("pieces") to files (fsdp_save_sharded). Both carry a CRC32C per tensor, which every command
+   checks before it trusts the data. Outputs are written like fsdp.h writes them: to a temporary
+   name, fsynced, renamed, so an interrupted run leaves what was there before.
+
+   Build: cc -std=c99 -O2 -I. examples/ckpt_tool.c -o build/ckpt_tool -lpthread -lm
+
+   fsdp.h's JSON reader is private, so index.json is read here by a small parser of our own
+   (index_load below). */
+#define FSDP_IMPLEMENTATION
+#include "fsdp.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <dirent.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHUNK_ELEMENTS 65536 /* elements copied at a time: the tool's memory does not grow with the model */
+
+static void die(const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "ckpt_tool: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(2);
+}
+
+static void *xcalloc(size_t count, size_t size) {
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    if (!p) die("out of memory");
+    return p;
+}
+
+static const char *dtype_text(fsdp_dtype dtype) {
+    return dtype == FSDP_F32 ? "F32" : dtype == FSDP_BF16 ? "BF16" : dtype == FSDP_F16 ? "F16" : "?";
+}
+
+static fsdp_dtype dtype_from_text(const char *text) {
+    if (strcmp(text, "F32") == 0 || strcmp(text, "f32") == 0) return FSDP_F32;
+    if (strcmp(text, "BF16") == 0 || strcmp(text, "bf16") == 0) return FSDP_BF16;
+    if (strcmp(text, "F16") == 0 || strcmp(text, "f16") == 0) return FSDP_F16;
+    return FSDP_DTYPE_DEFAULT;
+}
+
+static void format_shape(char *out, size_t size, int ndim, const int64_t *shape) {
+    size_t n = (size_t)snprintf(out, size, "[");
+    int k;
+    for (k = 0; k < ndim && n < size; k++) n += (size_t)snprintf(out + n, size - n, k ? ", %lld" : "%lld", (long long)shape[k]);
+    if (n < size) snprintf(out + n, size - n, "]");
+}
+
+/* ---------------------------------------------------------------------------------------------
+   a small JSON reader, enough for index.json (objects, arrays, strings, integers, literals)
+   --------------------------------------------------------------------------------------------- */
+enum { J_NULL, J_BOOL, J_NUMBER, J_STRING, J_ARRAY, J_OBJECT };
+
+typedef struct json {
+    int type;
+    int is_int;        /* J_NUMBER that is an integer in int64 range */
+    long long integer;
+    char *string;      /* J_STRING */
+    int count;         /* J_ARRAY, J_OBJECT */
+    char **keys;       /* J_OBJECT */
+    struct json *items;
+} json;
+
+typedef struct json_reader {
+    const char *at, *end;
+    const char *error;
+} json_reader;
+
+static void json_free(json *v) {
+    int i;
+    for (i = 0; i < v->count; i++) {
+        json_free(&v->items[i]);
+        if (v->keys) free(v->keys[i]);
+    }
+    free(v->items);
+    free(v->keys);
+    free(v->string);
+    memset(v, 0, sizeof *v);
+}
+
+static void json_skip_space(json_reader *r) {
+    while (r->at < r->end && (*r->at == ' ' || *r->at == '\t' || *r->at == '\n' || *r->at == '\r')) r->at++;
+}
+
+static int json_fail(json_reader *r, const char *what) {
+    if (!r->error) r->error = what;
+    return -1;
+}
+
+/* Strings: escapes are decoded; \u escapes become UTF-8 (surrogate pairs joined). */
+static int json_string(json_reader *r, char **out) {
+    const char *start;
+    char *w;
+    if (r->at >= r->end || *r->at != '"') return json_fail(r, "expected a string");
+    start = ++r->at;
+    while (r->at < r->end && *r->at != '"') r->at += (*r->at == '\\' && r->at + 1 < r->end) ? 2 : 1;
+    if (r->at >= r->end) return json_fail(r, "unterminated string");
+    *out = w = (char *)xcalloc((size_t)(r->at - start) + 1, 1);
+    while (start < r->at) {
+        unsigned cp;
+        int k;
+        if ((unsigned char)*start < 0x20) return json_fail(r, "control character in a string");
+        if (*start != '\\') { *w++ = *start++; continue; }
+        start++;
+        switch (*start++) {
+            case '"': *w++ = '"'; break;
+            case '\\': *w++ = '\\'; break;
+            case '/': *w++ = '/'; break;
+            case 'b': *w++ = '\b'; break;
+            case 'f': *w++ = '\f'; break;
+            case 'n': *w++ = '\n'; break;
+            case 'r': *w++ = '\r'; break;
+            case 't': *w++ = '\t'; break;
+            case 'u':
+                for (cp = 0, k = 0; k < 4; k++, start++) {
+                    char c = start < r->at ? *start : 0;
+                    int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+                    if (digit < 0) return json_fail(r, "bad \\u escape");
+                    cp = cp * 16 + (unsigned)digit;
+                }
+                if (cp >= 0xd800 && cp < 0xdc00 && r->at - start >= 6 && start[0] == '\\' && start[1] == 'u') {
+                    unsigned low = (unsigned)strtoul((char[5]){start[2], start[3], start[4], start[5], 0}, NULL, 16);
+                    if (low < 0xdc00 || low > 0xdfff) return json_fail(r, "bad surrogate pair");
+                    cp = 0x10000 + ((cp - 0xd800) << 10) + (low - 0xdc00);
+                    start += 6;
+                } else if (cp >= 0xd800 && cp < 0xe000) return json_fail(r, "lone surrogate");
+                if (cp == 0) return json_fail(r, "\\u0000 in a string");
+                if (cp < 0x80) *w++ = (char)cp;
+                else if (cp < 0x800) { *w++ = (char)(0xc0 | (cp >> 6)); *w++ = (char)(0x80 | (cp & 0x3f)); }
+                else if (cp < 0x10000) {
+                    *w++ = (char)(0xe0 | (cp >> 12)); *w++ = (char)(0x80 | ((cp >> 6) & 0x3f)); *w++ = (char)(0x80 | (cp & 0x3f));
+                } else {
+                    *w++ = (char)(0xf0 | (cp >> 18)); *w++ = (char)(0x80 | ((cp >> 12) & 0x3f));
+                    *w++ = (char)(0x80 | ((cp >> 6) & 0x3f)); *w++ = (char)(0x80 | (cp & 0x3f));
+                }
+                break;
+            default: return json_fail(r, "unknown escape");
+        }
+    }
+    r->at++;
+    return 0;
+}
+
+static int json_value(json_reader *r, json *v, int depth) {
+    memset(v, 0, sizeof *v);
+    if (depth > 32) return json_fail(r, "nested too deeply");
+    json_skip_space(r);
+    if (r->at >= r->end) return json_fail(r, "unexpected end");
+    if (*r->at == '"') { v->type = J_STRING; return json_string(r, &v->string); }
+    if (*r->at == '{' || *r->at == '[') {
+        char close = *r->at == '{' ? '}' : ']';
+        int cap = 0;
+        v->type = close == '}' ? J_OBJECT : J_ARRAY;
+        r->at++;
+        json_skip_space(r);
+        if (r->at < r->end && *r->at == close) { r->at++; return 0; }
+        for (;;) {
+            char *key = NULL;
+            json_skip_space(r);
+            if (v->type == J_OBJECT) {
+                if (json_string(r, &key)) { free(key); return -1; }
+                json_skip_space(r);
+                if (r->at >= r->end || *r->at != ':') { free(key); return json_fail(r, "expected ':'"); }
+                r->at++;
+            }
+            if (v->count == cap) {
+                cap = cap ? 2 * cap : 8;
+                v->items = (json *)realloc(v->items, sizeof *v->items * (size_t)cap);
+                if (v->type == J_OBJECT) v->keys = (char **)realloc(v->keys, sizeof *v->keys * (size_t)cap);
+                if (!v->items || (v->type == J_OBJECT && !v->keys)) die("out of memory");
+            }
+            if (v->keys) v->keys[v->count] = key;
+            memset(&v->items[v->count], 0, sizeof v->items[0]);
+            v->count++;
+            if (json_value(r, &v->items[v->count - 1], depth + 1)) return -1;
+            json_skip_space(r);
+            if (r->at < r->end && *r->at == ',') { r->at++; continue; }
+            if (r->at < r->end && *r->at == close) { r->at++; return 0; }
+            return json_fail(r, close == '}' ? "expected ',' or '}'" : "expected ',' or ']'");
+        }
+    }
+    if (r->end - r->at >= 4 && memcmp(r->at, "true", 4) == 0) { r->at += 4; v->type = J_BOOL; v->integer = 1; return 0; }
+    if (r->end - r->at >= 5 && memcmp(r->at, "false", 5) == 0) { r->at += 5; v->type = J_BOOL; return 0; }
+    if (r->end - r->at >= 4 && memcmp(r->at, "null", 4) == 0) { r->at += 4; v->type = J_NULL; return 0; }
+    {
+        char text[64], *stop;
+        size_t n = 0;
+        while (r->at + n < r->end && n < sizeof text - 1 && strchr("+-0123456789.eE", r->at[n])) n++;
+        memcpy(text, r->at, n);
+        text[n] = 0;
+        if (n == 0) return json_fail(r, "unexpected character");
+        errno = 0;
+        v->type = J_NUMBER;
+        v->integer = strtoll(text, &stop, 10);
+        v->is_int = errno == 0 && *stop == 0;
+        if (!v->is_int) {
+            strtod(text, &stop);
+            if (*stop) return json_fail(r, "bad number");
+        }
+        r->at += n;
+        return 0;
+    }
+}
+
+static const json *json_get(const json *obj, const char *key) {
+    int i;
+    if (!obj || obj->type != J_OBJECT) return NULL;
+    for (i = 0; i < obj->count; i++)
+        if (strcmp(obj->keys[i], key) == 0) return &obj->items[i];
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   index.json of a sharded checkpoint, checked: every tensor's pieces cover [0, numel) exactly
+   once and name files that the index lists
+   --------------------------------------------------------------------------------------------- */
+typedef struct piece {
+    int file;
+    int64_t begin, end;
+} piece;
+
+typedef struct index_tensor {
+    const char *name;
+    fsdp_dtype dtype;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];
+    int64_t numel;
+    int num_pieces;
+    piece *pieces;  /* sorted by begin */
+} index_tensor;
+
+typedef struct sharded_index {
+    json root;
+    int world_size;
+    int has_step, has_epoch;
+    long long step, epoch;
+    int num_files;
+    const char **files;
+    int num_tensors;
+    index_tensor *tensors;
+    const json *metadata;  /* an object of strings, or NULL */
+} sharded_index;
+
+static int compare_pieces(const void *a, const void *b) {
+    const piece *x = (const piece *)a, *y = (const piece *)b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* Reads DIR/index.json; on failure says why in err and returns -1. */
+static int index_load(sharded_index *ix, const char *dir, char *err, size_t err_size) {
+    char path[4096];
+    json_reader r;
+    const json *format, *files, *tensors, *v;
+    char *text;
+    long size;
+    FILE *f;
+    int i, k;
+    memset(ix, 0, sizeof *ix);
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    if (!(f = fopen(path, "rb"))) {
+        snprintf(err, err_size, "%s: %s (is %s a sharded checkpoint written by fsdp_save_sharded or 'ckpt_tool shard'?)", path,
+                 strerror(errno), dir);
+        return -1;
+    }
+    fseek(f, 0, SEEK_END);
+    size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (size <= 0 || size > (256L << 20)) {
+        fclose(f);
+        snprintf(err, err_size, "%s has an implausible size (%ld bytes)", path, size);
+        return -1;
+    }
+    text = (char *)xcalloc((size_t)size, 1);
+    if (fread(text, 1, (size_t)size, f) != (size_t)size) {
+        fclose(f);
+        free(text);
+        snprintf(err, err_size, "%s: short read", path);
+        return -1;
+    }
+    fclose(f);
+    r.at = text;
+    r.end = text + size;
+    r.error = NULL;
+    if (json_value(&r, &ix->root, 0) == 0) {
+        json_skip_space(&r);
+        if (r.at != r.end) json_fail(&r, "trailing characters after the document");
+    }
+    free(text);
+    if (r.error) {
+        snprintf(err, err_size, "%s is not valid JSON: %s", path, r.error);
+        return -1;
+    }
+    format = json_get(&ix->root, "format");
+    files = json_get(&ix->root, "files");
+    tensors = json_get(&ix->root, "tensors");
+    if (!format || format->type != J_STRING || strcmp(format->string, "fsdp.h-sharded") != 0 || !files ||
+        files->type != J_ARRAY || !tensors || tensors->type != J_OBJECT) {
+        snprintf(err, err_size, "%s is not an fsdp.h sharded index (needs \"format\": \"fsdp.h-sharded\", \"files\" and \"tensors\")", path);
+        return -1;
+    }
+    if ((v = json_get(&ix->root, "world_size")) && v->is_int) ix->world_size = (int)v->integer;
+    if ((v = json_get(&ix->root, "step")) && v->is_int) { ix->has_step = 1; ix->step = v->integer; }
+    if ((v = json_get(&ix->root, "epoch")) && v->is_int) { ix->has_epoch = 1; ix->epoch = v->integer; }
+    if ((v = json_get(&ix->root, "metadata")) && v->type == J_OBJECT) ix->metadata = v;
+    ix->num_files = files->count;
+    ix->files = (const char **)xcalloc((size_t)files->count, sizeof *ix->files);
+    for (i = 0; i < files->count; i++) {
+        const json *fv = &files->items[i];
+        if (fv->type != J_STRING || !*fv->string || strchr(fv->string, '/') || strcmp(fv->string, "..") == 0) {
+            snprintf(err, err_size, "%s: file entry %d is not a plain file name", path, i);
+            return -1;
+        }
+        ix->files[i] = fv->string;
+    }
+    ix->num_tensors = tensors->count;
+    ix->tensors = (index_tensor *)xcalloc((size_t)tensors->count, sizeof *ix->tensors);
+    for (i = 0; i < tensors->count; i++) {
+        index_tensor *t = &ix->tensors[i];
+        const json *tv = &tensors->items[i], *dtype = json_get(tv, "dtype"), *shape = json_get(tv, "shape");
+        const json *pieces = json_get(tv, "pieces");
+        int64_t at = 0;
+        t->name = tensors->keys[i];
+        if (!dtype || dtype->type != J_STRING || !(t->dtype = dtype_from_text(dtype->string)) || !shape ||
+            shape->type != J_ARRAY || shape->count > FSDP_MAX_DIMS || !pieces || pieces->type != J_ARRAY) {
+            snprintf(err, err_size, "%s: tensor '%s' needs a dtype (F32, BF16, F16), a shape and pieces", path, t->name);
+            return -1;
+        }
+        t->ndim = shape->count;
+        t->numel = 1;
+        for (k = 0; k < shape->count; k++) {
+            const json *d = &shape->items[k];
+            if (d->type != J_NUMBER || !d->is_int || d->integer < 0 || (d->integer && t->numel > (1LL << 40) / d->integer)) {
+                snprintf(err, err_size, "%s: tensor '%s' has a bad shape", path, t->name);
+                return -1;
+            }
+            t->shape[k] = d->integer;
+            t->numel *= d->integer;
+        }
+        t->num_pieces = pieces->count;
+        t->pieces = (piece *)xcalloc((size_t)pieces->count, sizeof *t->pieces);
+        for (k = 0; k < pieces->count; k++) {
+            const json *pc = &pieces->items[k];
+            if (pc->type != J_ARRAY || pc->count != 3 || !pc->items[0].is_int || !pc->items[1].is_int || !pc->items[2].is_int ||
+                pc->items[0].integer < 0 || pc->items[0].integer >= ix->num_files) {
+                snprintf(err, err_size, "%s: piece %d of '%s' is not [file, begin, end] with a listed file", path, k, t->name);
+                return -1;
+            }
+            t->pieces[k].file = (int)pc->items[0].integer;
+            t->pieces[k].begin = pc->items[1].integer;
+            t->pieces[k].end = pc->items[2].integer;
+        }
+        qsort(t->pieces, (size_t)t->num_pieces, sizeof *t->pieces, compare_pieces);
+        for (k = 0; k < t->num_pieces && t->pieces[k].begin == at && t->pieces[k].end > at; k++) at = t->pieces[k].end;
+        if (k < t->num_pieces || at != t->numel) {
+            snprintf(err, err_size, "%s: the pieces of '%s' do not cover its %lld elements exactly once", path, t->name,
+                     (long long)t->numel);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void index_free(sharded_index *ix) {
+    int i;
+    for (i = 0; i < ix->num_tensors; i++) free(ix->tensors[i].pieces);
+    free(ix->tensors);
+    free(ix->files);
+    json_free(&ix->root);
+}
+
+static int index_find(const sharded_index *ix, const char *name) {
+    int i;
+    for (i = 0; i < ix->num_tensors; i++)
+        if (strcmp(ix->tensors[i].name, name) == 0) return i;
+    return -1;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   source files: a safetensors file plus raw access to its data (for bit-exact copies)
+   --------------------------------------------------------------------------------------------- */
+typedef struct source {
+    fsdp_st_file *st;
+    int fd;
+    uint64_t data_offset;   /* 8 + the header length */
+    unsigned char *verified; /* per tensor: checksum checked */
+} source;
+
+static int source_open(source *s, const char *path, char *err, size_t err_size) {
+    unsigned char head[8];
+    int i, rc;
+    memset(s, 0, sizeof *s);
+    s->fd = -1;
+    if ((rc = fsdp_st_open(&s->st, path, err, err_size)) != 0) return rc;
+    s->fd = open(path, O_RDONLY);
+    if (s->fd < 0 || pread(s->fd, head, 8, 0) != 8) {
+        snprintf(err, err_size, "%s: %s", path, strerror(errno));
+        return FSDP_ERR_IO;
+    }
+    for (i = 7; i >= 0; i--) s->data_offset = (s->data_offset << 8) | head[i];
+    s->data_offset += 8;
+    s->verified = (unsigned char *)xcalloc((size_t)fsdp_st_num_tensors(s->st) + 1, 1);
+    return 0;
+}
+
+static void source_close(source *s) {
+    fsdp_st_close(s->st);
+    if (s->fd >= 0) close(s->fd);
+    free(s->verified);
+    memset(s, 0, sizeof *s);
+    s->fd = -1;
+}
+
+/* The tensor's checksum, checked once. A file without checksums is accepted. */
+static int source_verify(source *s, int tensor, char *err, size_t err_size) {
+    int rc;
+    if (s->verified[tensor]) return 0;
+    rc = fsdp_st_verify(s->st, tensor, err, err_size);
+    if (rc == FSDP_ERR_UNSUPPORTED) rc = 0;
+    if (rc == 0) s->verified[tensor] = 1;
+    return rc;
+}
+
+/* Appends elements [first, first + count) of a source tensor to the writer in `dtype`: raw
+   bytes when the dtype is the tensor's own, else through f32. */
+static int copy_elements(source *s, int tensor, int64_t first, int64_t count, fsdp_st_writer *w, fsdp_dtype dtype,
+                         char *err, size_t err_size) {
+    static float values[CHUNK_ELEMENTS];
+    const fsdp_st_tensor *t = fsdp_st_tensor_at(s->st, tensor);
+    size_t esize = fsdp_dtype_size(t->dtype);
+    int rc;
+    while (count > 0) {
+        int64_t n = count < CHUNK_ELEMENTS ? count : CHUNK_ELEMENTS;
+        if (dtype == t->dtype) {
+            off_t at = (off_t)(s->data_offset + t->begin + (uint64_t)first * esize);
+            size_t bytes = (size_t)n * esize, done = 0;
+            unsigned char *raw = (unsigned char *)values;
+            while (done < bytes) {
+                ssize_t got = pread(s->fd, raw + done, bytes - done, at + (off_t)done);
+                if (got <= 0) {
+                    snprintf(err, err_size, "cannot read tensor '%s' (file truncated?)", t->name);
+                    return FSDP_ERR_IO;
+                }
+                done += (size_t)got;
+            }
+            rc = fsdp_st_writer_write(w, raw, bytes);
+        } else {
+            if ((rc = fsdp_st_read(s->st, tensor, first, n, values, err, err_size)) != 0) return rc;
+            rc = fsdp_st_writer_write_f32(w, values, (size_t)n);
+        }
+        if (rc) {
+            snprintf(err, err_size, "writing tensor '%s' failed (%s)", t->name, fsdp_result_description(rc));
+            return rc;
+        }
+        first += n;
+        count -= n;
+    }
+    return 0;
+}
+
+/* Optimizer state that fsdp.h saves next to a parameter: "<param>.exp_avg", ... */
+static int is_optimizer_state(const char *name, int (*has_tensor)(const void *, const char *), const void *where) {
+    static const char *const suffixes[] = {".exp_avg", ".exp_avg_sq", ".momentum_buffer"};
+    size_t n = strlen(name), k;
+    for (k = 0; k < sizeof suffixes / sizeof suffixes[0]; k++) {
+        size_t s = strlen(suffixes[k]);
+        if (n > s && strcmp(name + n - s, suffixes[k]) == 0) {
+            char base[4096];
+            if (n - s >= sizeof base) return 0;
+            memcpy(base, name, n - s);
+            base[n - s] = 0;
+            return has_tensor(where, base);
+        }
+    }
+    return 0;
+}
+
+static int index_has(const void *ix, const char *name) { return index_find((const sharded_index *)ix, name) >= 0; }
+
+/* ---------------------------------------------------------------------------------------------
+   inspect
+   --------------------------------------------------------------------------------------------- */
+static const char inspect_help[] =
+    "usage: ckpt_tool inspect FILE.safetensors | DIR\n"
+    "  Lists a checkpoint and checks it.\n"
+    "  FILE: its metadata and tensors (name, dtype, shape, bytes), each tensor's CRC32C checked: OK, BAD,\n"
+    "        or 'none' when the file stores no checksum for it.\n"
+    "  DIR:  a sharded checkpoint: index.json (each tensor's pieces and the files holding them), then every\n"
+    "        shard file checked the same way, and that each piece is where the index says.\n"
+    "  Exit status: 0 all good, 1 something is corrupt or missing, 2 the checkpoint cannot be read.\n";
+
+/* Prints a file's tensors and checks them; returns the number of problems. */
+static int inspect_file(const char *path, int show_metadata, const char *indent) {
+    source s;
+    char err[8192], shape[256];
+    int i, bad = 0, none = 0, checksums = 0, rc;
+    uint64_t data_bytes = 0;
+    if ((rc = source_open(&s, path, err, sizeof err)) != 0) {
+        printf("%sBAD  %s\n", indent, err);
+        source_close(&s);
+        return 1;
+    }
+    for (i = 0; i < fsdp_st_num_tensors(s.st); i++) data_bytes += fsdp_st_tensor_at(s.st, i)->end - fsdp_st_tensor_at(s.st, i)->begin;
+    printf("%s%s: %d tensors, %llu bytes of data (header %llu bytes)\n", indent, path, fsdp_st_num_tensors(s.st),
+           (unsigned long long)data_bytes, (unsigned long long)(s.data_offset - 8));
+    for (i = 0; i < fsdp_st_num_metadata(s.st); i++) {
+        fsdp_kv kv = fsdp_st_metadata_at(s.st, i);
+        if (strncmp(kv.key, "crc32c.", 7) == 0) checksums++;
+        else if (show_metadata) printf("%s  metadata %-20s = %s\n", indent, kv.key, kv.value);
+    }
+    if (show_metadata) printf("%s  metadata crc32c.*             : %d checksums\n", indent, checksums);
+    printf("%s  %-40s %-5s %-16s %12s  crc32c\n", indent, "tensor", "dtype", "shape", "bytes");
+    for (i = 0; i < fsdp_st_num_tensors(s.st); i++) {
+        const fsdp_st_tensor *t = fsdp_st_tensor_at(s.st, i);
+        const char *verdict = "OK";
+        rc = fsdp_st_verify(s.st, i, err, sizeof err);
+        if (rc == FSDP_ERR_UNSUPPORTED) { verdict = "none"; none++; }
+        else if (rc != 0) { verdict = "BAD"; bad++; }
+        format_shape(shape, sizeof shape, t->ndim, t->shape);
+        printf("%s  %-40s %-5s %-16s %12llu  %s\n", indent, t->name, dtype_text(t->dtype), shape,
+               (unsigned long long)(t->end - t->begin), verdict);
+        if (rc != 0 && rc != FSDP_ERR_UNSUPPORTED) printf("%s      %s\n", indent, err);
+    }
+    printf("%s  checksums: %d OK, %d BAD, %d without a checksum\n", indent, fsdp_st_num_tensors(s.st) - bad - none, bad, none);
+    source_close(&s);
+    return bad;
+}
+
+static int inspect_dir(const char *dir) {
+    sharded_index ix;
+    char err[8192], shape[256], path[4096];
+    int i, k, problems = 0, *referenced;
+    struct stat st;
+    if (index_load(&ix, dir, err, sizeof err) != 0) {
+        fprintf(stderr, "ckpt_tool: %s\n", err);
+        index_free(&ix);
+        return 2;
+    }
+    printf("%s: sharded checkpoint, world size %d, step %s%lld, epoch %s%lld, %d tensors in %d files\n", dir, ix.world_size,
+           ix.has_step ? "" : "(none) ", ix.step, ix.has_epoch ? "" : "(none) ", ix.epoch, ix.num_tensors, ix.num_files);
+    for (i = 0; ix.metadata && i < ix.metadata->count; i++)
+        if (ix.metadata->items[i].type == J_STRING) printf("  metadata %-20s = %s\n", ix.metadata->keys[i], ix.metadata->items[i].string);
+    printf("  %-40s %-5s %-16s  pieces [begin, end) file\n", "tensor", "dtype", "shape");
+    referenced = (int *)xcalloc((size_t)ix.num_files, sizeof *referenced);
+    for (i = 0; i < ix.num_tensors; i++) {
+        const index_tensor *t = &ix.tensors[i];
+        format_shape(shape, sizeof shape, t->ndim, t->shape);
+        printf("  %-40s %-5s %-16s ", t->name, dtype_text(t->dtype), shape);
+        for (k = 0; k < t->num_pieces; k++) {
+            printf(" [%lld, %lld) %s", (long long)t->pieces[k].begin, (long long)t->pieces[k].end, ix.files[t->pieces[k].file]);
+            referenced[t->pieces[k].file] = 1;
+        }
+        printf("\n");
+    }
+    printf("shard files:\n");
+    for (i = 0; i < ix.num_files; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, ix.files[i]);
+        if (stat(path, &st) != 0) {
+            if (referenced[i]) {
+                printf("  BAD  %s: %s, but index.json places pieces in it\n", path, strerror(errno));
+                problems++;
+            } else {
+                printf("  --   %s: not written (its rank held no pieces)\n", path);
+            }
+            continue;
+        }
+        problems += inspect_file(path, 0, "  ");
+    }
+    /* each piece is in its file, with the piece's length */
+    for (i = 0; i < ix.num_tensors; i++)
+        for (k = 0; k < ix.tensors[i].num_pieces; k++) {
+            const piece *pc = &ix.tensors[i].pieces[k];
+            fsdp_st_file *f = NULL;
+            int t;
+            snprintf(path, sizeof path, "%s/%s", dir, ix.files[pc->file]);
+            if (fsdp_st_open(&f, path, err, sizeof err) != 0) continue; /* reported above */
+            t = fsdp_st_find(f, ix.tensors[i].name);
+            if (t < 0 || fsdp_st_tensor_at(f, t)->numel != pc->end - pc->begin) {
+                printf("  BAD  %s does not hold '%s' [%lld, %lld) as index.json says\n", path, ix.tensors[i].name,
+                       (long long)pc->begin, (long long)pc->end);
+                problems++;
+            }
+            fsdp_st_close(f);
+        }
+    printf("%s: %s\n", dir, problems ? "PROBLEMS FOUND (see BAD above)" : "all shard files and checksums OK");
+    free(referenced);
+    index_free(&ix);
+    return problems ? 1 : 0;
+}
+
+static int cmd_inspect(int argc, char **argv) {
+    struct stat st;
+    if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) { fputs(inspect_help, stdout); return 0; }
+    if (argc != 2) { fputs(inspect_help, stderr); return 2; }
+    if (stat(argv[1], &st) != 0) die("%s: %s (give a .safetensors file or a sharded checkpoint directory)", argv[1], strerror(errno));
+    if (S_ISDIR(st.st_mode)) return inspect_dir(argv[1]);
+    {
+        source s;
+        char err[8192];
+        if (source_open(&s, argv[1], err, sizeof err) != 0) {
+            fprintf(stderr, "ckpt_tool: %s\n", err);
+            source_close(&s);
+            return 2;
+        }
+        source_close(&s);
+    }
+    return inspect_file(argv[1], 1, "") ? 1 : 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   consolidate: sharded -> one full file
+   --------------------------------------------------------------------------------------------- */
+static const char consolidate_help[] =
+    "usage: ckpt_tool consolidate DIR OUT.safetensors [--dtype f32|bf16|f16] [--params-only]\n"
+    "  Joins a sharded checkpoint into one full safetensors file, as fsdp_save_full would write it\n"
+    "  (fsdp_load_full and Python's safetensors read it). Every piece's checksum is checked first.\n"
+    "  Memory stays small whatever the model: data is streamed in chunks.\n"
+    "  --dtype T       store the parameters as T (optimizer state stays f32, as fsdp.h saves it);\n"
+    "                  default: the dtype each tensor has in the index\n"
+    "  --params-only   leave out optimizer state (<param>.exp_avg, .exp_avg_sq, .momentum_buffer)\n";
+
+static int cmd_consolidate(int argc, char **argv) {
+    const char *dir = NULL, *out = NULL;
+    fsdp_dtype want = FSDP_DTYPE_DEFAULT;
+    int params_only = 0, i, k, num_specs = 0, num_meta = 0, rc = 0;
+    sharded_index ix;
+    source *files;
+    fsdp_st_spec *specs;
+    int *chosen;
+    fsdp_kv *meta;
+    fsdp_st_writer *w = NULL;
+    char err[8192], path[4096];
+    for (i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) { fputs(consolidate_help, stdout); return 0; }
+        if (strcmp(argv[i], "--params-only") == 0) params_only = 1;
+        else if (strcmp(argv[i], "--dtype") == 0) {
+            if (i + 1 >= argc || !(want = dtype_from_text(argv[++i])))
+                die("--dtype takes f32, bf16 or f16 (got '%s')", i < argc ? argv[i] : "nothing");
+        } else if (argv[i][0] == '-') die("unknown option '%s' (see ckpt_tool consolidate --help)", argv[i]);
+        else if (!dir) dir = argv[i];
+        else if (!out) out = argv[i];
+        else die("too many arguments (see ckpt_tool consolidate --help)");
+    }
+    if (!dir || !out) { fputs(consolidate_help, stderr); return 2; }
+    if (index_load(&ix, dir, err, sizeof err) != 0) die("%s", err);
+
+    /* the output's tensors, in index order */
+    specs = (fsdp_st_spec *)xcalloc((size_t)ix.num_tensors, sizeof *specs);
+    chosen = (int *)xcalloc((size_t)ix.num_tensors, sizeof *chosen);
+    for (i = 0; i < ix.num_tensors; i++) {
+        const index_tensor *t = &ix.tensors[i];
+        int state = is_optimizer_state(t->name, index_has, &ix);
+        if (params_only && state) continue;
+        chosen[num_specs] = i;
+        specs[num_specs].name = t->name;
+        specs[num_specs].dtype = want && !state ? want : t->dtype;
+        specs[num_specs].ndim = t->ndim;
+        memcpy(specs[num_specs].shape, t->shape, sizeof t->shape);
+        num_specs++;
+    }
+    /* metadata: the index's, marked as a full checkpoint */
+    meta = (fsdp_kv *)xcalloc((size_t)(ix.metadata ? ix.metadata->count : 0) + 1, sizeof *meta);
+    for (i = 0; ix.metadata && i < ix.metadata->count; i++) {
+        const char *key = ix.metadata->keys[i];
+        if (ix.metadata->items[i].type != J_STRING || strcmp(key, "format") == 0 || strncmp(key, "crc32c.", 7) == 0 ||
+            strcmp(key, "fsdp.kind") == 0)
+            continue;
+        meta[num_meta].key = key;
+        meta[num_meta++].value = ix.metadata->items[i].string;
+    }
+    meta[num_meta].key = "fsdp.kind";
+    meta[num_meta++].value = "full";
+
+    /* check every piece before writing anything */
+    files = (source *)xcalloc((size_t)ix.num_files, sizeof *files);
+    for (i = 0; i < ix.num_files; i++) files[i].fd = -1;
+    for (k = 0; k < num_specs && !rc; k++) {
+        const index_tensor *t = &ix.tensors[chosen[k]];
+        for (i = 0; i < t->num_pieces && !rc; i++) {
+            source *s = &files[t->pieces[i].file];
+            int tensor;
+            if (!s->st) {
+                snprintf(path, sizeof path, "%s/%s", dir, ix.files[t->pieces[i].file]);
+                if ((rc = source_open(s, path, err, sizeof err)) != 0) break;
+            }
+            tensor = fsdp_st_find(s->st, t->name);
+            if (tensor < 0 || fsdp_st_tensor_at(s->st, tensor)->numel != t->pieces[i].end - t->pieces[i].begin) {
+                snprintf(err, sizeof err, "%s/%s does not hold '%s' [%lld, %lld) as index.json says", dir,
+                         ix.files[t->pieces[i].file], t->name, (long long)t->pieces[i].begin, (long long)t->pieces[i].end);
+                rc = FSDP_ERR_CORRUPT;
+            } else {
+                rc = source_verify(s, tensor, err, sizeof err);
+            }
+        }
+    }
+    if (!rc) rc = fsdp_st_writer_open(&w, out, specs, num_specs, meta, num_meta, err, sizeof err);
+    for (k = 0; k < num_specs && !rc; k++) {
+        const index_tensor *t = &ix.tensors[chosen[k]];
+        for (i = 0; i < t->num_pieces && !rc; i++) {
+            source *s = &files[t->pieces[i].file];
+            rc = copy_elements(s, fsdp_st_find(s->st, t->name), 0, t->pieces[i].end - t->pieces[i].begin, w, specs[k].dtype,
+                               err, sizeof err);
+        }
+    }
+    if (w && !rc) rc = fsdp_st_writer_close(w, err, sizeof err);
+    else if (w) fsdp_st_writer_abort(w);
+    for (i = 0; i < ix.num_files; i++) source_close(&files[i]);
+    free(files);
+    free(meta);
+    free(chosen);
+    free(specs);
+    if (rc) {
+        fprintf(stderr, "ckpt_tool: %s\nckpt_tool: nothing was written to %s\n", err, out);
+        index_free(&ix);
+        return 1;
+    }
+    printf("%s: %d tensors from %s (%d files)%s\n", out, num_specs, dir, ix.num_files, params_only ? ", parameters only" : "");
+    index_free(&ix);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   shard: one full file -> a sharded checkpoint that fsdp_load_sharded loads
+   --------------------------------------------------------------------------------------------- */
+static const char shard_help[] =
+    "usage: ckpt_tool shard FILE.safetensors DIR --nranks N\n"
+    "  Splits a full checkpoint into a sharded one for N ranks, FULL_SHARD style: every tensor is cut into\n"
+    "  N contiguous pieces of ceil(numel / N) elements (the last ones shorter or empty), rank r's pieces\n"
+    "  in DIR/shard-<id>-<r>.safetensors, and DIR/index.json saying where each piece is. fsdp_load_sharded\n"
+    "  loads it at any world size. The input's checksums are checked first; data is copied bit for bit.\n"
+    "  An older checkpoint in DIR is replaced only once the new one is complete.\n";
+
+/* Appends s to b as a JSON string. */
+static void json_put_string(FILE *b, const char *s) {
+    fputc('"', b);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(b, "\\%c", c);
+        else if (c < 0x20) fprintf(b, "\\u%04x", c);
+        else fputc(c, b);
+    }
+    fputc('"', b);
+}
+
+static int fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY), rc;
+    if (fd < 0) return -1;
+    rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+static int cmd_shard(int argc, char **argv) {
+    const char *in = NULL, *dir = NULL;
+    long nranks = 0;
+    source s;
+    char err[8192], path[4096], tmp[4200], file_name[64];
+    int i, r, rc = 0, num_meta, count;
+    uint32_t id;
+    fsdp_st_spec *specs;
+    fsdp_kv *meta;
+    char world_text[32];
+    const char *step, *epoch;
+    FILE *index;
+    for (i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) { fputs(shard_help, stdout); return 0; }
+        if (strcmp(argv[i], "--nranks") == 0) {
+            char *end = NULL;
+            if (i + 1 >= argc || (nranks = strtol(argv[++i], &end, 10)) < 1 || nranks > 65536 || *end)
+                die("--nranks takes a number of ranks from 1 to 65536 (got '%s')", i < argc ? argv[i] : "nothing");
+        } else if (argv[i][0] == '-') die("unknown option '%s' (see ckpt_tool shard --help)", argv[i]);
+        else if (!in) in = argv[i];
+        else if (!dir) dir = argv[i];
+        else die("too many arguments (see ckpt_tool shard --help)");
+    }
+    if (!in || !dir) { fputs(shard_help, stderr); return 2; }
+    if (!nranks) die("say how many ranks to shard for: --nranks N (see ckpt_tool shard --help)");
+    if (source_open(&s, in, err, sizeof err) != 0) die("%s", err);
+    count = fsdp_st_num_tensors(s.st);
+    for (i = 0; i < count; i++)
+        if ((rc = source_verify(&s, i, err, sizeof err)) != 0) die("%s (the input is damaged; nothing was written)", err);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) die("cannot create %s: %s", dir, strerror(errno));
+
+    /* metadata of every shard file: the input's, marked as a shard of an N-rank checkpoint */
+    meta = (fsdp_kv *)xcalloc((size_t)fsdp_st_num_metadata(s.st) + 2, sizeof *meta);
+    num_meta = 0;
+    for (i = 0; i < fsdp_st_num_metadata(s.st); i++) {
+        fsdp_kv kv = fsdp_st_metadata_at(s.st, i);
+        if (strcmp(kv.key, "format") == 0 || strncmp(kv.key, "crc32c.", 7) == 0 || strcmp(kv.key, "fsdp.kind") == 0 ||
+            strcmp(kv.key, "world_size") == 0)
+            continue;
+        meta[num_meta++] = kv;
+    }
+    snprintf(world_text, sizeof world_text, "%ld", nranks);
+    meta[num_meta].key = "world_size";
+    meta[num_meta++].value = world_text;
+    meta[num_meta].key = "fsdp.kind";
+    meta[num_meta++].value = "shard";
+
+    /* a fresh id names this checkpoint's files, so an older checkpoint in DIR stays whole until
+       index.json is replaced */
+    id = (uint32_t)time(NULL) * 2654435761u ^ (uint32_t)getpid() * 40503u ^ (uint32_t)clock();
+    specs = (fsdp_st_spec *)xcalloc((size_t)count, sizeof *specs);
+    for (r = 0; r < nranks && !rc; r++) {
+        fsdp_st_writer *w = NULL;
+        int n = 0;
+        for (i = 0; i < count; i++) { /* rank r's piece of each tensor */
+            const fsdp_st_tensor *t = fsdp_st_tensor_at(s.st, i);
+            int64_t chunk = (t->numel + nranks - 1) / nranks, lo = r * chunk, hi = lo + chunk < t->numel ? lo + chunk : t->numel;
+            if (hi <= lo) continue;
+            specs[n].name = t->name;
+            specs[n].dtype = t->dtype;
+            specs[n].ndim = 1;
+            specs[n].shape[0] = hi - lo;
+            n++;
+        }
+        if (n == 0) continue; /* nothing for this rank: no file, as fsdp_save_sharded does */
+        snprintf(file_name, sizeof file_name, "shard-%08x-%05d.safetensors", (unsigned)id, r);
+        snprintf(path, sizeof path, "%s/%s", dir, file_name);
+        if ((rc = fsdp_st_writer_open(&w, path, specs, n, meta, num_meta, err, sizeof err)) != 0) break;
+        for (i = 0; i < count && !rc; i++) {
+            const fsdp_st_tensor *t = fsdp_st_tensor_at(s.st, i);
+            int64_t chunk = (t->numel + nranks - 1) / nranks, lo = r * chunk, hi = lo + chunk < t->numel ? lo + chunk : t->numel;
+            if (hi > lo) rc = copy_elements(&s, i, lo, hi - lo, w, t->dtype, err, sizeof err);
+        }
+        if (!rc) rc = fsdp_st_writer_close(w, err, sizeof err);
+        else fsdp_st_writer_abort(w);
+    }
+    free(specs);
+
+    /* index.json, in the layout fsdp_save_sharded writes: the commit point */
+    snprintf(tmp, sizeof tmp, "%s/index.json.tmp.%d", dir, (int)getpid());
+    index = rc ? NULL : fopen(tmp, "w");
+    if (!rc && !index) { snprintf(err, sizeof err, "%s: %s", tmp, strerror(errno)); rc = FSDP_ERR_IO; }
+    if (index) {
+        step = fsdp_st_metadata(s.st, "step");
+        epoch = fsdp_st_metadata(s.st, "epoch");
+        fprintf(index, "{\"format\":\"fsdp.h-sharded\",\"version\":1,\"world_size\":%ld,", nranks);
+        if (step && strspn(step, "0123456789") == strlen(step) && *step) fprintf(index, "\"step\":%s,", step);
+        if (epoch && strspn(epoch, "0123456789") == strlen(epoch) && *epoch) fprintf(index, "\"epoch\":%s,", epoch);
+        fprintf(index, "\"metadata\":{");
+        for (i = 0; i < num_meta; i++) {
+            if (i) fputc(',', index);
+            json_put_string(index, meta[i].key);
+            fputc(':', index);
+            json_put_string(index, meta[i].value);
+        }
+        fprintf(index, "},\"files\":[");
+        for (r = 0; r < nranks; r++) fprintf(index, "%s\"shard-%08x-%05d.safetensors\"", r ? "," : "", (unsigned)id, r);
+        fprintf(index, "],\"tensors\":{");
+        for (i = 0; i < count; i++) {
+            const fsdp_st_tensor *t = fsdp_st_tensor_at(s.st, i);
+            int64_t chunk = (t->numel + nranks - 1) / nranks;
+            int k, first = 1;
+            if (i) fputc(',', index);
+            json_put_string(index, t->name);
+            fprintf(index, ":{\"dtype\":\"%s\",\"shape\":[", dtype_text(t->dtype));
+            for (k = 0; k < t->ndim; k++) fprintf(index, k ? ",%lld" : "%lld", (long long)t->shape[k]);
+            fprintf(index, "],\"pieces\":[");
+            for (r = 0; r < nranks; r++) {
+                int64_t lo = r * chunk, hi = lo + chunk < t->numel ? lo + chunk : t->numel;
+                if (hi <= lo) continue;
+                fprintf(index, "%s[%d,%lld,%lld]", first ? "" : ",", r, (long long)lo, (long long)hi);
+                first = 0;
+            }
+            fprintf(index, "]}");
+        }
+        fprintf(index, "}}\n");
+        if (fflush(index) != 0 || fsync(fileno(index)) != 0) { snprintf(err, sizeof err, "%s: %s", tmp, strerror(errno)); rc = FSDP_ERR_IO; }
+        if (fclose(index) != 0 && !rc) { snprintf(err, sizeof err, "%s: %s", tmp, strerror(errno)); rc = FSDP_ERR_IO; }
+        snprintf(path, sizeof path, "%s/index.json", dir);
+        if (!rc && (rename(tmp, path) != 0 || fsync_path(dir) != 0)) { snprintf(err, sizeof err, "%s: %s", path, strerror(errno)); rc = FSDP_ERR_IO; }
+        if (rc) unlink(tmp);
+    }
+    /* files of this run (on failure) or of older checkpoints (on success) are not referenced */
+    {
+        char prefix[32];
+        DIR *d = opendir(dir);
+        struct dirent *e;
+        snprintf(prefix, sizeof prefix, "shard-%08x-", (unsigned)id);
+        while (d && (e = readdir(d)) != NULL)
+            if (strncmp(e->d_name, "shard-", 6) == 0 && (strncmp(e->d_name, prefix, strlen(prefix)) == 0) == (rc != 0)) {
+                snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+                unlink(path);
+            }
+        if (d) closedir(d);
+    }
+    free(meta);
+    if (rc) {
+        fprintf(stderr, "ckpt_tool: %s\nckpt_tool: %s was left as it was\n", err, dir);
+        source_close(&s);
+        return 1;
+    }
+    printf("%s: %d tensors of %s in %ld shards\n", dir, count, in, nranks);
+    source_close(&s);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   main
+   --------------------------------------------------------------------------------------------- */
+static const char main_help[] =
+    "usage: ckpt_tool COMMAND ...   (ckpt_tool COMMAND --help for each)\n"
+    "  inspect FILE|DIR                                     list a checkpoint and verify its checksums\n"
+    "  consolidate DIR OUT.safetensors [--dtype T] [--params-only]   sharded -> one full file\n"
+    "  shard FILE.safetensors DIR --nranks N                full file -> sharded for N ranks\n";
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        fputs(main_help, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "inspect") == 0) return cmd_inspect(argc - 1, argv + 1);
+    if (strcmp(argv[1], "consolidate") == 0) return cmd_consolidate(argc - 1, argv + 1);
+    if (strcmp(argv[1], "shard") == 0) return cmd_shard(argc - 1, argv + 1);
+    fprintf(stderr, "ckpt_tool: unknown command '%s'\n%s", argv[1], main_help);
+    return 2;
+}
