@@ -640,6 +640,40 @@ FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_o
 /* Loads a sharded checkpoint at any world size, strategy and wrap policy. Collective. */
 FSDP_API int fsdp_load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_load_options *opt, fsdp_load_report *report);
 
+/* Reading a sharded checkpoint's index.json without a context (tools). Opening checks it
+   whole: every tensor's pieces cover [0, numel) exactly once and name listed files. */
+typedef struct fsdp_index_piece {
+    int file;              /* index into the file list */
+    int64_t begin, end;    /* elements [begin, end) of the flattened tensor */
+} fsdp_index_piece;
+
+typedef struct fsdp_index_tensor {
+    const char *name;
+    fsdp_dtype dtype;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];
+    int64_t numel;
+    int num_pieces;
+    const fsdp_index_piece *pieces; /* sorted by begin */
+} fsdp_index_tensor;
+
+typedef struct fsdp_index fsdp_index;
+
+FSDP_API int fsdp_index_open(fsdp_index **out, const char *dir, char *err, size_t err_size);
+FSDP_API void fsdp_index_close(fsdp_index *index);
+FSDP_API int fsdp_index_num_files(const fsdp_index *index);
+FSDP_API const char *fsdp_index_file(const fsdp_index *index, int file);
+FSDP_API int fsdp_index_num_tensors(const fsdp_index *index);
+FSDP_API const fsdp_index_tensor *fsdp_index_tensor_at(const fsdp_index *index, int i);
+FSDP_API int fsdp_index_find(const fsdp_index *index, const char *name); /* index or -1 */
+FSDP_API int fsdp_index_num_metadata(const fsdp_index *index);
+FSDP_API fsdp_kv fsdp_index_metadata_at(const fsdp_index *index, int i);
+FSDP_API const char *fsdp_index_metadata(const fsdp_index *index, const char *key); /* NULL if absent */
+/* The saved world size, step and epoch; -1 where the index has none. */
+FSDP_API int64_t fsdp_index_world_size(const fsdp_index *index);
+FSDP_API int64_t fsdp_index_step(const fsdp_index *index);
+FSDP_API int64_t fsdp_index_epoch(const fsdp_index *index);
+
 /* CRC-32C (Castagnoli), as used for the checksums: crc = fsdp_crc32c(0, data, n). */
 FSDP_API uint32_t fsdp_crc32c(uint32_t crc, const void *data, size_t size);
 
@@ -6221,40 +6255,212 @@ done:
     return rc;
 }
 
-/* One tensor of index.json: its pieces sorted and checked to tile [0, numel). */
-typedef struct fsdp__piece { int file; int64_t begin, end; } fsdp__piece;
+/* --- index.json ------------------------------------------------------------------------------ */
+struct fsdp_index {
+    fsdp__jv root;
+    int num_files, num_tensors, num_meta;
+    const char **files;
+    fsdp_index_tensor *tensors;
+    fsdp_index_piece *pieces;     /* all tensors' pieces, one array */
+    const fsdp__jv *metadata;
+    int *by_name;
+    int64_t world_size, step, epoch;
+};
 
 static int fsdp__cmp_piece(const void *a, const void *b) {
-    const fsdp__piece *x = (const fsdp__piece *)a, *y = (const fsdp__piece *)b;
+    const fsdp_index_piece *x = (const fsdp_index_piece *)a, *y = (const fsdp_index_piece *)b;
     return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
+static __thread const fsdp_index *fsdp__sorting_index; /* qsort has no context argument (per thread) */
+static int fsdp__cmp_index_name(const void *a, const void *b) {
+    return strcmp(fsdp__sorting_index->tensors[*(const int *)a].name, fsdp__sorting_index->tensors[*(const int *)b].name);
+}
+
+static int64_t fsdp__jint(const fsdp__jv *v) { return v && v->type == FSDP__J_NUM && v->is_int ? v->inum : -1; }
+
+FSDP_API void fsdp_index_close(fsdp_index *ix) {
+    if (!ix) return;
+    fsdp__jfree(&ix->root);
+    FSDP_FREE(ix->files);
+    FSDP_FREE(ix->tensors);
+    FSDP_FREE(ix->pieces);
+    FSDP_FREE(ix->by_name);
+    FSDP_FREE(ix);
+}
+
+FSDP__PRIVATE int fsdp__index_build(fsdp_index *ix, const char *path, char *err, size_t err_size) {
+    const fsdp__jv *format = fsdp__jget(&ix->root, "format"), *files = fsdp__jget(&ix->root, "files");
+    const fsdp__jv *tensors = fsdp__jget(&ix->root, "tensors"), *meta = fsdp__jget(&ix->root, "metadata");
+    int i, k, total = 0;
+    if (!format || format->type != FSDP__J_STR || strcmp(format->str, "fsdp.h-sharded") != 0 || !files ||
+        files->type != FSDP__J_ARR || !tensors || tensors->type != FSDP__J_OBJ)
+        return fsdp__fmt(err, err_size, "%s is not an fsdp.h sharded index", path), FSDP_ERR_CORRUPT;
+    ix->world_size = fsdp__jint(fsdp__jget(&ix->root, "world_size"));
+    ix->step = fsdp__jint(fsdp__jget(&ix->root, "step"));
+    ix->epoch = fsdp__jint(fsdp__jget(&ix->root, "epoch"));
+    if (meta && meta->type == FSDP__J_OBJ) {
+        for (i = 0; i < meta->count; i++)
+            if (meta->items[i].type != FSDP__J_STR)
+                return fsdp__fmt(err, err_size, "%s: metadata '%.64s' is not a string", path, meta->keys[i]), FSDP_ERR_CORRUPT;
+        ix->metadata = meta;
+        ix->num_meta = meta->count;
+    }
+    ix->num_files = files->count;
+    ix->files = (const char **)fsdp__calloc(sizeof(char *) * (size_t)(files->count + 1));
+    if (!ix->files) return FSDP_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < files->count; i++) {
+        const fsdp__jv *fv = &files->items[i];
+        if (fv->type != FSDP__J_STR || !*fv->str || strchr(fv->str, '/') || strcmp(fv->str, "..") == 0 || strcmp(fv->str, ".") == 0)
+            return fsdp__fmt(err, err_size, "%s: file entry %d is not a plain file name", path, i), FSDP_ERR_CORRUPT;
+        ix->files[i] = fv->str;
+    }
+    for (i = 0; i < tensors->count; i++) {
+        const fsdp__jv *pieces = fsdp__jget(&tensors->items[i], "pieces");
+        if (!pieces || pieces->type != FSDP__J_ARR)
+            return fsdp__fmt(err, err_size, "%s: entry '%.64s' lacks pieces", path, tensors->keys[i]), FSDP_ERR_CORRUPT;
+        total += pieces->count;
+    }
+    ix->num_tensors = tensors->count;
+    ix->tensors = (fsdp_index_tensor *)fsdp__calloc(sizeof *ix->tensors * (size_t)(tensors->count + 1));
+    ix->pieces = (fsdp_index_piece *)fsdp__calloc(sizeof *ix->pieces * (size_t)(total + 1));
+    ix->by_name = (int *)fsdp__calloc(sizeof(int) * (size_t)(tensors->count + 1));
+    if (!ix->tensors || !ix->pieces || !ix->by_name) return FSDP_ERR_OUT_OF_MEMORY;
+    for (i = 0, total = 0; i < tensors->count; i++) {
+        const fsdp__jv *tv = &tensors->items[i], *shape = fsdp__jget(tv, "shape"), *pieces = fsdp__jget(tv, "pieces");
+        const fsdp__jv *dtype = fsdp__jget(tv, "dtype");
+        fsdp_index_tensor *t = &ix->tensors[i];
+        fsdp_index_piece *pc = ix->pieces + total;
+        int64_t at = 0;
+        t->name = tensors->keys[i];
+        t->dtype = !dtype || dtype->type != FSDP__J_STR ? FSDP_DTYPE_DEFAULT : strcmp(dtype->str, "F32") == 0 ? FSDP_F32
+                   : strcmp(dtype->str, "BF16") == 0 ? FSDP_BF16 : strcmp(dtype->str, "F16") == 0 ? FSDP_F16 : FSDP_DTYPE_DEFAULT;
+        if (!t->dtype) return fsdp__fmt(err, err_size, "%s: '%.64s' has no known dtype", path, t->name), FSDP_ERR_CORRUPT;
+        if (!shape || shape->type != FSDP__J_ARR || shape->count > FSDP_MAX_DIMS)
+            return fsdp__fmt(err, err_size, "%s: '%.64s' lacks a shape", path, t->name), FSDP_ERR_CORRUPT;
+        t->ndim = shape->count;
+        t->numel = 1;
+        for (k = 0; k < shape->count; k++) {
+            int64_t d = fsdp__jint(&shape->items[k]);
+            if (d < 0 || (d && t->numel > ((int64_t)1 << 40) / d))
+                return fsdp__fmt(err, err_size, "%s: bad shape for '%.64s'", path, t->name), FSDP_ERR_CORRUPT;
+            t->shape[k] = d;
+            t->numel *= d;
+        }
+        for (k = 0; k < pieces->count; k++) {
+            const fsdp__jv *p = &pieces->items[k];
+            if (p->type != FSDP__J_ARR || p->count != 3 || fsdp__jint(&p->items[0]) < 0 ||
+                fsdp__jint(&p->items[0]) >= ix->num_files || !p->items[1].is_int || !p->items[2].is_int ||
+                p->items[1].type != FSDP__J_NUM || p->items[2].type != FSDP__J_NUM)
+                return fsdp__fmt(err, err_size, "%s: piece %d of '%.64s' is not [file, begin, end]", path, k, t->name),
+                       FSDP_ERR_CORRUPT;
+            pc[k].file = (int)p->items[0].inum;
+            pc[k].begin = p->items[1].inum;
+            pc[k].end = p->items[2].inum;
+        }
+        qsort(pc, (size_t)pieces->count, sizeof *pc, fsdp__cmp_piece);
+        for (k = 0; k < pieces->count && pc[k].begin == at && pc[k].end > at; k++) at = pc[k].end;
+        if (k < pieces->count || at != t->numel)
+            return fsdp__fmt(err, err_size, "%s: the pieces of '%.64s' do not cover its %lld elements exactly once", path,
+                             t->name, (long long)t->numel), FSDP_ERR_CORRUPT;
+        t->num_pieces = pieces->count;
+        t->pieces = pc;
+        total += pieces->count;
+        ix->by_name[i] = i;
+    }
+    fsdp__sorting_index = ix;
+    qsort(ix->by_name, (size_t)ix->num_tensors, sizeof(int), fsdp__cmp_index_name);
+    fsdp__sorting_index = NULL;
+    for (i = 1; i < ix->num_tensors; i++)
+        if (strcmp(ix->tensors[ix->by_name[i]].name, ix->tensors[ix->by_name[i - 1]].name) == 0)
+            return fsdp__fmt(err, err_size, "%s: tensor '%.64s' appears twice", path, ix->tensors[ix->by_name[i]].name), FSDP_ERR_CORRUPT;
+    return 0;
+}
+
+FSDP_API int fsdp_index_open(fsdp_index **out, const char *dir, char *err, size_t err_size) {
+    fsdp_index *ix;
+    char path[1024], scratch[8], *text = NULL;
+    struct stat st;
+    int fd, rc = 0;
+    if (!err) { err = scratch; err_size = sizeof scratch; }
+    if (out) *out = NULL;
+    if (!out || !dir || strlen(dir) > 900) return FSDP_ERR_INVALID_ARG;
+    if (!(ix = (fsdp_index *)fsdp__calloc(sizeof *ix))) return FSDP_ERR_OUT_OF_MEMORY;
+    fsdp__fmt(path, sizeof path, "%s/index.json", dir);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &st) != 0) rc = (fsdp__fmt(err, err_size, "%s: %s", path, strerror(errno)), FSDP_ERR_IO);
+    else if (st.st_size <= 0 || st.st_size > (off_t)256 << 20)
+        rc = (fsdp__fmt(err, err_size, "%s has an implausible size (%lld bytes)", path, (long long)st.st_size), FSDP_ERR_CORRUPT);
+    else if (!(text = (char *)FSDP_MALLOC((size_t)st.st_size)) || pread(fd, text, (size_t)st.st_size, 0) != st.st_size)
+        rc = (fsdp__fmt(err, err_size, "cannot read %s", path), FSDP_ERR_IO);
+    else if (fsdp__jparse(text, (size_t)st.st_size, &ix->root, err, err_size) != 0) {
+        char inner[FSDP__ERRMSG];
+        fsdp__copy_string(inner, sizeof inner, err);
+        rc = (fsdp__fmt(err, err_size, "%s: %s", path, inner), FSDP_ERR_CORRUPT);
+    } else rc = fsdp__index_build(ix, path, err, err_size);
+    if (fd >= 0) close(fd);
+    FSDP_FREE(text);
+    if (rc) { fsdp_index_close(ix); return rc; }
+    *out = ix;
+    return 0;
+}
+
+FSDP_API int fsdp_index_num_files(const fsdp_index *ix) { return ix ? ix->num_files : 0; }
+FSDP_API const char *fsdp_index_file(const fsdp_index *ix, int i) { return ix && i >= 0 && i < ix->num_files ? ix->files[i] : NULL; }
+FSDP_API int fsdp_index_num_tensors(const fsdp_index *ix) { return ix ? ix->num_tensors : 0; }
+FSDP_API const fsdp_index_tensor *fsdp_index_tensor_at(const fsdp_index *ix, int i) {
+    return ix && i >= 0 && i < ix->num_tensors ? &ix->tensors[i] : NULL;
+}
+FSDP_API int fsdp_index_find(const fsdp_index *ix, const char *name) {
+    int lo = 0, hi = ix ? ix->num_tensors - 1 : -1;
+    while (name && lo <= hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(ix->tensors[ix->by_name[mid]].name, name);
+        if (c == 0) return ix->by_name[mid];
+        if (c < 0) lo = mid + 1; else hi = mid - 1;
+    }
+    return -1;
+}
+FSDP_API int fsdp_index_num_metadata(const fsdp_index *ix) { return ix ? ix->num_meta : 0; }
+FSDP_API fsdp_kv fsdp_index_metadata_at(const fsdp_index *ix, int i) {
+    fsdp_kv kv;
+    kv.key = ix && i >= 0 && i < ix->num_meta ? ix->metadata->keys[i] : NULL;
+    kv.value = kv.key ? ix->metadata->items[i].str : NULL;
+    return kv;
+}
+FSDP_API const char *fsdp_index_metadata(const fsdp_index *ix, const char *key) {
+    const fsdp__jv *v = ix && ix->metadata && key ? fsdp__jget(ix->metadata, key) : NULL;
+    return v ? v->str : NULL;
+}
+FSDP_API int64_t fsdp_index_world_size(const fsdp_index *ix) { return ix ? ix->world_size : -1; }
+FSDP_API int64_t fsdp_index_step(const fsdp_index *ix) { return ix ? ix->step : -1; }
+FSDP_API int64_t fsdp_index_epoch(const fsdp_index *ix) { return ix ? ix->epoch : -1; }
+
+/* Reads elements of one tensor from the shard files its pieces name, verifying each piece. */
 typedef struct fsdp__sharded_src {
-    fsdp_ctx *ctx;
-    const char *dir, *name;
-    const fsdp__jv *files;
-    fsdp__piece *pieces;
-    int num_pieces;
+    const char *dir;
+    const fsdp_index *index;
+    const fsdp_index_tensor *tensor;
     fsdp_st_file **open_files;
 } fsdp__sharded_src;
 
 FSDP__PRIVATE int fsdp__read_sharded(void *src, int64_t first, int64_t count, float *out, char *err, size_t err_size) {
     fsdp__sharded_src *s = (fsdp__sharded_src *)src;
     int i, rc;
-    for (i = 0; i < s->num_pieces && count > 0; i++) {
-        fsdp__piece *pc = &s->pieces[i];
+    for (i = 0; i < s->tensor->num_pieces && count > 0; i++) {
+        const fsdp_index_piece *pc = &s->tensor->pieces[i];
         int64_t lo = first > pc->begin ? first : pc->begin, hi = first + count < pc->end ? first + count : pc->end;
+        const char *file = fsdp_index_file(s->index, pc->file);
         int t;
         if (hi <= lo) continue;
         if (!s->open_files[pc->file]) {
             char path[1024];
-            fsdp__fmt(path, sizeof path, "%s/%s", s->dir, s->files->items[pc->file].str);
+            fsdp__fmt(path, sizeof path, "%s/%s", s->dir, file);
             if ((rc = fsdp_st_open(&s->open_files[pc->file], path, err, err_size)) != 0) return rc;
         }
-        t = fsdp_st_find(s->open_files[pc->file], s->name);
+        t = fsdp_st_find(s->open_files[pc->file], s->tensor->name);
         if (t < 0 || fsdp_st_tensor_at(s->open_files[pc->file], t)->numel != pc->end - pc->begin)
-            return fsdp__fmt(err, err_size, "%s/%s does not hold '%s' [%lld, %lld) as index.json says", s->dir,
-                             s->files->items[pc->file].str, s->name, (long long)pc->begin, (long long)pc->end), FSDP_ERR_CORRUPT;
+            return fsdp__fmt(err, err_size, "%s/%s does not hold '%s' [%lld, %lld) as index.json says", s->dir, file,
+                             s->tensor->name, (long long)pc->begin, (long long)pc->end), FSDP_ERR_CORRUPT;
         if ((rc = fsdp_st_verify(s->open_files[pc->file], t, err, err_size)) != 0) return rc;
         if ((rc = fsdp_st_read(s->open_files[pc->file], t, lo - pc->begin, hi - lo, out + (lo - first), err, err_size)) != 0)
             return rc;
@@ -6265,147 +6471,61 @@ FSDP__PRIVATE int fsdp__read_sharded(void *src, int64_t first, int64_t count, fl
 FSDP_API int fsdp_load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_load_options *opt, fsdp_load_report *report) {
     fsdp_load_report local_report;
     fsdp__problems pr;
-    fsdp__jv root;
     fsdp__sharded_src src;
-    const fsdp__jv *files = NULL, *tensors = NULL;
-    char err[FSDP__ERRMSG] = "", path[1024], detail[200], *text = NULL;
-    int rc, local = 0, i, k, p, buffer, *seen = NULL, nfiles = 0, load_opt = 0;
-    struct stat st;
-    int fd = -1;
+    fsdp_index *ix = NULL;
+    char err[FSDP__ERRMSG] = "", detail[200];
+    int rc, local = 0, i, p, buffer, *seen = NULL, load_opt = 0;
     if (!report) report = &local_report;
     memset(report, 0, sizeof *report);
     report->step = report->epoch = -1;
-    memset(&root, 0, sizeof root);
     memset(&src, 0, sizeof src);
-    if (!ctx || !dir || strlen(dir) > 900) return FSDP_ERR_INVALID_ARG;
+    if (!ctx || !dir) return FSDP_ERR_INVALID_ARG;
     if ((rc = fsdp__quiesce(ctx, "fsdp_load_sharded")) != 0) return rc;
     memset(&pr, 0, sizeof pr);
     pr.opt = opt;
     pr.report = report;
-    fsdp__fmt(path, sizeof path, "%s/index.json", dir);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || fstat(fd, &st) != 0) local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_load_sharded: %s: %s", path, strerror(errno));
-    else if (st.st_size <= 0 || st.st_size > (off_t)256 << 20)
-        local = fsdp__fail(ctx, FSDP_ERR_CORRUPT, "fsdp_load_sharded: %s has an implausible size (%lld bytes)", path, (long long)st.st_size);
-    else if (!(text = (char *)FSDP_MALLOC((size_t)st.st_size)) || pread(fd, text, (size_t)st.st_size, 0) != st.st_size)
-        local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_load_sharded: cannot read %s", path);
-    else if (fsdp__jparse(text, (size_t)st.st_size, &root, err, sizeof err) != 0)
-        local = fsdp__fail(ctx, FSDP_ERR_CORRUPT, "fsdp_load_sharded: %s: %s", path, err);
-    if (fd >= 0) close(fd);
-    FSDP_FREE(text);
-    if (!local) {
-        const fsdp__jv *format = fsdp__jget(&root, "format");
-        files = fsdp__jget(&root, "files");
-        tensors = fsdp__jget(&root, "tensors");
-        if (!format || format->type != FSDP__J_STR || strcmp(format->str, "fsdp.h-sharded") != 0 || !files ||
-            files->type != FSDP__J_ARR || !tensors || tensors->type != FSDP__J_OBJ)
-            local = fsdp__fail(ctx, FSDP_ERR_CORRUPT, "fsdp_load_sharded: %s is not an fsdp.h sharded index", path);
-        for (i = 0; !local && i < files->count; i++) {
-            const fsdp__jv *fv = &files->items[i];
-            if (fv->type != FSDP__J_STR || !*fv->str || strchr(fv->str, '/') || strcmp(fv->str, "..") == 0)
-                local = fsdp__fail(ctx, FSDP_ERR_CORRUPT, "fsdp_load_sharded: %s: file entry %d is not a plain file name", path, i);
-        }
-        nfiles = local ? 0 : files->count;
-    }
+    if ((rc = fsdp_index_open(&ix, dir, err, sizeof err)) != 0) local = fsdp__fail(ctx, rc, "fsdp_load_sharded: %s", err);
     if ((rc = fsdp__agree(ctx, local)) != 0) goto done;
     seen = (int *)fsdp__calloc(sizeof(int) * (size_t)(ctx->model->num_params + 1));
-    src.open_files = (fsdp_st_file **)fsdp__calloc(sizeof(fsdp_st_file *) * (size_t)(nfiles + 1));
+    src.open_files = (fsdp_st_file **)fsdp__calloc(sizeof(fsdp_st_file *) * (size_t)(fsdp_index_num_files(ix) + 1));
     if (!seen || !src.open_files) { rc = fsdp__agree(ctx, fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory")); goto done; }
-    src.ctx = ctx;
     src.dir = dir;
-    src.files = files;
-    for (i = 0; !local && i < tensors->count; i++) { /* check the whole index before loading anything */
-        const fsdp__jv *tv = &tensors->items[i], *shape = fsdp__jget(tv, "shape"), *pieces = fsdp__jget(tv, "pieces");
-        int64_t dims[FSDP_MAX_DIMS], numel = 1, at = 0;
-        int kind = fsdp__match_name(ctx, tensors->keys[i], &p, &buffer), ndim;
-        if (!shape || shape->type != FSDP__J_ARR || shape->count > FSDP_MAX_DIMS || !pieces || pieces->type != FSDP__J_ARR) {
-            local = fsdp__fail(ctx, FSDP_ERR_CORRUPT, "fsdp_load_sharded: %s: entry '%.64s' lacks shape or pieces", path, tensors->keys[i]);
-            break;
-        }
-        ndim = shape->count;
-        for (k = 0; k < ndim && !local; k++) {
-            if (shape->items[k].type != FSDP__J_NUM || !shape->items[k].is_int || shape->items[k].inum < 0 ||
-                (shape->items[k].inum && numel > ((int64_t)1 << 40) / shape->items[k].inum))
-                local = fsdp__fail(ctx, FSDP_ERR_CORRUPT, "fsdp_load_sharded: %s: bad shape for '%.64s'", path, tensors->keys[i]);
-            else { dims[k] = shape->items[k].inum; numel *= dims[k]; }
-        }
-        if (local) break;
-        src.pieces = (fsdp__piece *)FSDP_REALLOC(src.pieces, sizeof *src.pieces * (size_t)(pieces->count + 1));
-        if (!src.pieces) { local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory"); break; }
-        for (k = 0; k < pieces->count && !local; k++) {
-            const fsdp__jv *pc = &pieces->items[k];
-            if (pc->type != FSDP__J_ARR || pc->count != 3 || pc->items[0].type != FSDP__J_NUM || !pc->items[0].is_int ||
-                pc->items[1].type != FSDP__J_NUM || !pc->items[1].is_int || pc->items[2].type != FSDP__J_NUM ||
-                !pc->items[2].is_int || pc->items[0].inum < 0 || pc->items[0].inum >= nfiles)
-                local = fsdp__fail(ctx, FSDP_ERR_CORRUPT, "fsdp_load_sharded: %s: piece %d of '%.64s' is not [file, begin, end]",
-                                   path, k, tensors->keys[i]);
-            else {
-                src.pieces[k].file = (int)pc->items[0].inum;
-                src.pieces[k].begin = pc->items[1].inum;
-                src.pieces[k].end = pc->items[2].inum;
-            }
-        }
-        if (local) break;
-        qsort(src.pieces, (size_t)pieces->count, sizeof *src.pieces, fsdp__cmp_piece);
-        for (k = 0; k < pieces->count; k++) { /* exactly [0, numel), no gaps or overlaps */
-            if (src.pieces[k].begin != at || src.pieces[k].end <= src.pieces[k].begin) break;
-            at = src.pieces[k].end;
-        }
-        if (k < pieces->count || at != numel) {
-            local = fsdp__fail(ctx, FSDP_ERR_CORRUPT, "fsdp_load_sharded: %s: the pieces of '%.64s' do not cover its %lld "
-                               "elements exactly once", path, tensors->keys[i], (long long)numel);
-            break;
-        }
-        if (!kind) { fsdp__problem(&pr, "unexpected", tensors->keys[i], ""); continue; }
+    src.index = ix;
+    for (i = 0; i < fsdp_index_num_tensors(ix); i++) { /* check names and shapes before loading anything */
+        const fsdp_index_tensor *t = fsdp_index_tensor_at(ix, i);
+        int kind = fsdp__match_name(ctx, t->name, &p, &buffer);
+        if (!kind) { fsdp__problem(&pr, "unexpected", t->name, ""); continue; }
         if (kind == 1) seen[p] = 1; /* present, even if mis-shaped (reported as such, not as missing) */
-        if (fsdp__shape_differs(ctx, p, ndim, dims, detail, sizeof detail)) fsdp__problem(&pr, "shape", tensors->keys[i], detail);
+        if (fsdp__shape_differs(ctx, p, t->ndim, t->shape, detail, sizeof detail)) fsdp__problem(&pr, "shape", t->name, detail);
     }
-    for (p = 0; !local && p < ctx->model->num_params; p++)
+    for (p = 0; p < ctx->model->num_params; p++)
         if (!seen[p]) fsdp__problem(&pr, "missing", ctx->model->params[p].name, "");
-    if (!local && opt && opt->strict && (report->missing || report->unexpected || report->mismatched))
+    if (opt && opt->strict && (report->missing || report->unexpected || report->mismatched))
         local = fsdp__fail(ctx, FSDP_ERR_INCOMPATIBLE, "fsdp_load_sharded: %s does not match the model (%d missing, %d "
                            "unexpected, %d mis-shaped): %s", dir, report->missing, report->unexpected, report->mismatched, pr.summary);
-    if (!local) {
-        const fsdp__jv *saved = fsdp__jget(fsdp__jget(&root, "metadata"), "optimizer");
-        local = fsdp__opt_compatible(ctx, opt, saved && saved->type == FSDP__J_STR ? saved->str : NULL, "fsdp_load_sharded",
-                                     &load_opt);
-    }
+    if (!local) local = fsdp__opt_compatible(ctx, opt, fsdp_index_metadata(ix, "optimizer"), "fsdp_load_sharded", &load_opt);
     if ((rc = fsdp__agree(ctx, local)) != 0) goto done;
-    for (i = 0; !local && i < tensors->count; i++) { /* each rank reads the pieces its slices overlap */
-        const fsdp__jv *tv = &tensors->items[i], *pieces = fsdp__jget(tv, "pieces"), *shape = fsdp__jget(tv, "shape");
-        int64_t dims[FSDP_MAX_DIMS];
-        int kind = fsdp__match_name(ctx, tensors->keys[i], &p, &buffer);
-        for (k = 0; k < shape->count; k++) dims[k] = shape->items[k].inum;
-        if (!kind || fsdp__shape_differs(ctx, p, shape->count, dims, detail, sizeof detail)) continue;
+    for (i = 0; !local && i < fsdp_index_num_tensors(ix); i++) { /* each rank reads the pieces its slices overlap */
+        const fsdp_index_tensor *t = fsdp_index_tensor_at(ix, i);
+        int kind = fsdp__match_name(ctx, t->name, &p, &buffer);
+        if (!kind || fsdp__shape_differs(ctx, p, t->ndim, t->shape, detail, sizeof detail)) continue;
         if (kind == 2 && !load_opt) continue;
-        src.pieces = (fsdp__piece *)FSDP_REALLOC(src.pieces, sizeof *src.pieces * (size_t)(pieces->count + 1));
-        if (!src.pieces) { local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory"); break; }
-        for (k = 0; k < pieces->count; k++) {
-            src.pieces[k].file = (int)pieces->items[k].items[0].inum;
-            src.pieces[k].begin = pieces->items[k].items[1].inum;
-            src.pieces[k].end = pieces->items[k].items[2].inum;
-        }
-        src.num_pieces = pieces->count;
-        src.name = tensors->keys[i];
+        src.tensor = t;
         if ((rc = fsdp__load_slice(ctx, p, buffer, fsdp__read_sharded, &src, err, sizeof err)) != 0)
             local = fsdp__fail(ctx, rc, "fsdp_load_sharded: %s", err);
         else if (kind == 1) report->loaded++;
     }
-    {
-        const fsdp__jv *step = fsdp__jget(&root, "step"), *epoch = fsdp__jget(&root, "epoch");
-        if (step && step->type == FSDP__J_NUM && step->is_int) report->step = step->inum;
-        if (epoch && epoch->type == FSDP__J_NUM && epoch->is_int) report->epoch = epoch->inum;
-    }
+    report->step = fsdp_index_step(ix);
+    report->epoch = fsdp_index_epoch(ix);
     if (!local && load_opt && report->step >= 0) ctx->step = report->step;
     rc = fsdp__agree(ctx, local);
     if (!rc && (report->missing || report->unexpected || report->mismatched))
         fsdp__log(&ctx->logger, FSDP_LOG_WARN, "fsdp_load_sharded: loaded %d tensors; not loaded: %s", report->loaded, pr.summary);
 done:
-    for (i = 0; src.open_files && i < nfiles; i++) fsdp_st_close(src.open_files[i]);
+    for (i = 0; src.open_files && i < fsdp_index_num_files(ix); i++) fsdp_st_close(src.open_files[i]);
     FSDP_FREE(src.open_files);
-    FSDP_FREE(src.pieces);
     FSDP_FREE(seen);
-    fsdp__jfree(&root);
+    fsdp_index_close(ix);
     return rc;
 }
 
