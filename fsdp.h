@@ -5563,14 +5563,25 @@ FSDP__PRIVATE int fsdp__write_all(int fd, const void *data, size_t n) {
     return 0;
 }
 
+/* The directory part of a path ("." or "/" where that is all there is); returns the base name. */
+FSDP__PRIVATE const char *fsdp__split_path(const char *path, char *dir, size_t size) {
+    const char *slash = strrchr(path, '/');
+    size_t n = slash ? (size_t)(slash - path) : 0;
+    if (!slash) fsdp__copy_string(dir, size, ".");
+    else if (n == 0) fsdp__copy_string(dir, size, "/");
+    else {
+        if (n >= size) n = size - 1;
+        memcpy(dir, path, n);
+        dir[n] = 0;
+    }
+    return slash ? slash + 1 : path;
+}
+
 /* fsync the directory holding path, so a rename into it survives a crash. */
 FSDP__PRIVATE int fsdp__fsync_dir(const char *path) {
     char dir[600];
-    const char *slash = strrchr(path, '/');
     int fd, rc;
-    if (!slash) fsdp__copy_string(dir, sizeof dir, ".");
-    else if (slash == path) fsdp__copy_string(dir, sizeof dir, "/");
-    else fsdp__fmt(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    fsdp__split_path(path, dir, sizeof dir);
     fd = open(dir, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return -1;
     rc = fsync(fd);
@@ -5581,14 +5592,10 @@ FSDP__PRIVATE int fsdp__fsync_dir(const char *path) {
 /* Removes "<path>.tmp.<pid>" files left by writers that were killed (their pid is gone). */
 FSDP__PRIVATE void fsdp__remove_stale_tmp(const char *path) {
     char dir[600], prefix[300], victim[1024];
-    const char *slash = strrchr(path, '/');
     size_t plen;
     DIR *d;
     struct dirent *e;
-    if (slash) fsdp__fmt(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    else fsdp__copy_string(dir, sizeof dir, ".");
-    if (slash && slash == path) fsdp__copy_string(dir, sizeof dir, "/");
-    fsdp__fmt(prefix, sizeof prefix, "%s.tmp.", slash ? slash + 1 : path);
+    fsdp__fmt(prefix, sizeof prefix, "%s.tmp.", fsdp__split_path(path, dir, sizeof dir));
     plen = strlen(prefix);
     if (!(d = opendir(dir))) return;
     while ((e = readdir(d)) != NULL) {
@@ -5911,7 +5918,7 @@ FSDP_API int fsdp_save_full(fsdp_ctx *ctx, const char *path, const fsdp_save_opt
             for (j = 0; j <= nopt; j++) {
                 fsdp_st_spec *s = &specs[ntensors++];
                 char *name = j ? (char *)FSDP_MALLOC(strlen(p->name) + strlen(suffix[j - 1]) + 2) : NULL;
-                if (j && name) sprintf(name, "%s.%s", p->name, suffix[j - 1]);
+                if (j && name) fsdp__fmt(name, strlen(p->name) + strlen(suffix[j - 1]) + 2, "%s.%s", p->name, suffix[j - 1]);
                 s->name = j ? name : p->name;
                 s->dtype = j ? FSDP_F32 : dtype;
                 s->ndim = p->ndim;
@@ -6143,7 +6150,7 @@ FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_o
                 fsdp_st_spec *s = &specs[n++];
                 char *name = (char *)FSDP_MALLOC(strlen(ctx->model->params[p].name) + 20);
                 if (!name) { local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory"); break; }
-                if (j) sprintf(name, "%s.%s", ctx->model->params[p].name, suffix[j - 1]);
+                if (j) fsdp__fmt(name, strlen(ctx->model->params[p].name) + 20, "%s.%s", ctx->model->params[p].name, suffix[j - 1]);
                 else strcpy(name, ctx->model->params[p].name);
                 s->name = name;
                 s->dtype = j ? FSDP_F32 : dtype;

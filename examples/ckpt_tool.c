@@ -12,8 +12,7 @@
 
    Build: cc -std=c99 -O2 -I. examples/ckpt_tool.c -o build/ckpt_tool -lpthread -lm
 
-   fsdp.h's JSON reader is private, so index.json is read here by a small parser of our own
-   (index_load below). */
+   index.json is read through fsdp.h's fsdp_index_* API, which checks it whole on opening. */
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 
@@ -64,333 +63,18 @@ static void format_shape(char *out, size_t size, int ndim, const int64_t *shape)
     if (n < size) snprintf(out + n, size - n, "]");
 }
 
-/* ---------------------------------------------------------------------------------------------
-   a small JSON reader, enough for index.json (objects, arrays, strings, integers, literals)
-   --------------------------------------------------------------------------------------------- */
-enum { J_NULL, J_BOOL, J_NUMBER, J_STRING, J_ARRAY, J_OBJECT };
-
-typedef struct json {
-    int type;
-    int is_int;        /* J_NUMBER that is an integer in int64 range */
-    long long integer;
-    char *string;      /* J_STRING */
-    int count;         /* J_ARRAY, J_OBJECT */
-    char **keys;       /* J_OBJECT */
-    struct json *items;
-} json;
-
-typedef struct json_reader {
-    const char *at, *end;
-    const char *error;
-} json_reader;
-
-static void json_free(json *v) {
-    int i;
-    for (i = 0; i < v->count; i++) {
-        json_free(&v->items[i]);
-        if (v->keys) free(v->keys[i]);
-    }
-    free(v->items);
-    free(v->keys);
-    free(v->string);
-    memset(v, 0, sizeof *v);
-}
-
-static void json_skip_space(json_reader *r) {
-    while (r->at < r->end && (*r->at == ' ' || *r->at == '\t' || *r->at == '\n' || *r->at == '\r')) r->at++;
-}
-
-static int json_fail(json_reader *r, const char *what) {
-    if (!r->error) r->error = what;
-    return -1;
-}
-
-/* Strings: escapes are decoded; \u escapes become UTF-8 (surrogate pairs joined). */
-static int json_string(json_reader *r, char **out) {
-    const char *start;
-    char *w;
-    if (r->at >= r->end || *r->at != '"') return json_fail(r, "expected a string");
-    start = ++r->at;
-    while (r->at < r->end && *r->at != '"') r->at += (*r->at == '\\' && r->at + 1 < r->end) ? 2 : 1;
-    if (r->at >= r->end) return json_fail(r, "unterminated string");
-    *out = w = (char *)xcalloc((size_t)(r->at - start) + 1, 1);
-    while (start < r->at) {
-        unsigned cp;
-        int k;
-        if ((unsigned char)*start < 0x20) return json_fail(r, "control character in a string");
-        if (*start != '\\') { *w++ = *start++; continue; }
-        start++;
-        switch (*start++) {
-            case '"': *w++ = '"'; break;
-            case '\\': *w++ = '\\'; break;
-            case '/': *w++ = '/'; break;
-            case 'b': *w++ = '\b'; break;
-            case 'f': *w++ = '\f'; break;
-            case 'n': *w++ = '\n'; break;
-            case 'r': *w++ = '\r'; break;
-            case 't': *w++ = '\t'; break;
-            case 'u':
-                for (cp = 0, k = 0; k < 4; k++, start++) {
-                    char c = start < r->at ? *start : 0;
-                    int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-                    if (digit < 0) return json_fail(r, "bad \\u escape");
-                    cp = cp * 16 + (unsigned)digit;
-                }
-                if (cp >= 0xd800 && cp < 0xdc00 && r->at - start >= 6 && start[0] == '\\' && start[1] == 'u') {
-                    unsigned low = (unsigned)strtoul((char[5]){start[2], start[3], start[4], start[5], 0}, NULL, 16);
-                    if (low < 0xdc00 || low > 0xdfff) return json_fail(r, "bad surrogate pair");
-                    cp = 0x10000 + ((cp - 0xd800) << 10) + (low - 0xdc00);
-                    start += 6;
-                } else if (cp >= 0xd800 && cp < 0xe000) return json_fail(r, "lone surrogate");
-                if (cp == 0) return json_fail(r, "\\u0000 in a string");
-                if (cp < 0x80) *w++ = (char)cp;
-                else if (cp < 0x800) { *w++ = (char)(0xc0 | (cp >> 6)); *w++ = (char)(0x80 | (cp & 0x3f)); }
-                else if (cp < 0x10000) {
-                    *w++ = (char)(0xe0 | (cp >> 12)); *w++ = (char)(0x80 | ((cp >> 6) & 0x3f)); *w++ = (char)(0x80 | (cp & 0x3f));
-                } else {
-                    *w++ = (char)(0xf0 | (cp >> 18)); *w++ = (char)(0x80 | ((cp >> 12) & 0x3f));
-                    *w++ = (char)(0x80 | ((cp >> 6) & 0x3f)); *w++ = (char)(0x80 | (cp & 0x3f));
-                }
-                break;
-            default: return json_fail(r, "unknown escape");
-        }
-    }
-    r->at++;
-    return 0;
-}
-
-static int json_value(json_reader *r, json *v, int depth) {
-    memset(v, 0, sizeof *v);
-    if (depth > 32) return json_fail(r, "nested too deeply");
-    json_skip_space(r);
-    if (r->at >= r->end) return json_fail(r, "unexpected end");
-    if (*r->at == '"') { v->type = J_STRING; return json_string(r, &v->string); }
-    if (*r->at == '{' || *r->at == '[') {
-        char close = *r->at == '{' ? '}' : ']';
-        int cap = 0;
-        v->type = close == '}' ? J_OBJECT : J_ARRAY;
-        r->at++;
-        json_skip_space(r);
-        if (r->at < r->end && *r->at == close) { r->at++; return 0; }
-        for (;;) {
-            char *key = NULL;
-            json_skip_space(r);
-            if (v->type == J_OBJECT) {
-                if (json_string(r, &key)) { free(key); return -1; }
-                json_skip_space(r);
-                if (r->at >= r->end || *r->at != ':') { free(key); return json_fail(r, "expected ':'"); }
-                r->at++;
-            }
-            if (v->count == cap) {
-                cap = cap ? 2 * cap : 8;
-                v->items = (json *)realloc(v->items, sizeof *v->items * (size_t)cap);
-                if (v->type == J_OBJECT) v->keys = (char **)realloc(v->keys, sizeof *v->keys * (size_t)cap);
-                if (!v->items || (v->type == J_OBJECT && !v->keys)) die("out of memory");
-            }
-            if (v->keys) v->keys[v->count] = key;
-            memset(&v->items[v->count], 0, sizeof v->items[0]);
-            v->count++;
-            if (json_value(r, &v->items[v->count - 1], depth + 1)) return -1;
-            json_skip_space(r);
-            if (r->at < r->end && *r->at == ',') { r->at++; continue; }
-            if (r->at < r->end && *r->at == close) { r->at++; return 0; }
-            return json_fail(r, close == '}' ? "expected ',' or '}'" : "expected ',' or ']'");
-        }
-    }
-    if (r->end - r->at >= 4 && memcmp(r->at, "true", 4) == 0) { r->at += 4; v->type = J_BOOL; v->integer = 1; return 0; }
-    if (r->end - r->at >= 5 && memcmp(r->at, "false", 5) == 0) { r->at += 5; v->type = J_BOOL; return 0; }
-    if (r->end - r->at >= 4 && memcmp(r->at, "null", 4) == 0) { r->at += 4; v->type = J_NULL; return 0; }
-    {
-        char text[64], *stop;
-        size_t n = 0;
-        while (r->at + n < r->end && n < sizeof text - 1 && strchr("+-0123456789.eE", r->at[n])) n++;
-        memcpy(text, r->at, n);
-        text[n] = 0;
-        if (n == 0) return json_fail(r, "unexpected character");
-        errno = 0;
-        v->type = J_NUMBER;
-        v->integer = strtoll(text, &stop, 10);
-        v->is_int = errno == 0 && *stop == 0;
-        if (!v->is_int) {
-            strtod(text, &stop);
-            if (*stop) return json_fail(r, "bad number");
-        }
-        r->at += n;
-        return 0;
-    }
-}
-
-static const json *json_get(const json *obj, const char *key) {
-    int i;
-    if (!obj || obj->type != J_OBJECT) return NULL;
-    for (i = 0; i < obj->count; i++)
-        if (strcmp(obj->keys[i], key) == 0) return &obj->items[i];
+/* Opens DIR/index.json; on failure prints why (with a hint when there is no index) and returns NULL. */
+static fsdp_index *index_open(const char *dir) {
+    fsdp_index *ix = NULL;
+    char err[8192] = "";
+    int rc = fsdp_index_open(&ix, dir, err, sizeof err);
+    if (rc == 0) return ix;
+    if (!err[0]) snprintf(err, sizeof err, "%s: cannot open index.json (%s)", dir, fsdp_result_description(rc));
+    if (rc == FSDP_ERR_IO)
+        fprintf(stderr, "ckpt_tool: %s (is %s a sharded checkpoint written by fsdp_save_sharded or 'ckpt_tool shard'?)\n", err, dir);
+    else
+        fprintf(stderr, "ckpt_tool: %s\n", err);
     return NULL;
-}
-
-/* ---------------------------------------------------------------------------------------------
-   index.json of a sharded checkpoint, checked: every tensor's pieces cover [0, numel) exactly
-   once and name files that the index lists
-   --------------------------------------------------------------------------------------------- */
-typedef struct piece {
-    int file;
-    int64_t begin, end;
-} piece;
-
-typedef struct index_tensor {
-    const char *name;
-    fsdp_dtype dtype;
-    int ndim;
-    int64_t shape[FSDP_MAX_DIMS];
-    int64_t numel;
-    int num_pieces;
-    piece *pieces;  /* sorted by begin */
-} index_tensor;
-
-typedef struct sharded_index {
-    json root;
-    int world_size;
-    int has_step, has_epoch;
-    long long step, epoch;
-    int num_files;
-    const char **files;
-    int num_tensors;
-    index_tensor *tensors;
-    const json *metadata;  /* an object of strings, or NULL */
-} sharded_index;
-
-static int compare_pieces(const void *a, const void *b) {
-    const piece *x = (const piece *)a, *y = (const piece *)b;
-    return x->begin < y->begin ? -1 : x->begin > y->begin;
-}
-
-/* Reads DIR/index.json; on failure says why in err and returns -1. */
-static int index_load(sharded_index *ix, const char *dir, char *err, size_t err_size) {
-    char path[4096];
-    json_reader r;
-    const json *format, *files, *tensors, *v;
-    char *text;
-    long size;
-    FILE *f;
-    int i, k;
-    memset(ix, 0, sizeof *ix);
-    snprintf(path, sizeof path, "%s/index.json", dir);
-    if (!(f = fopen(path, "rb"))) {
-        snprintf(err, err_size, "%s: %s (is %s a sharded checkpoint written by fsdp_save_sharded or 'ckpt_tool shard'?)", path,
-                 strerror(errno), dir);
-        return -1;
-    }
-    fseek(f, 0, SEEK_END);
-    size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (size <= 0 || size > (256L << 20)) {
-        fclose(f);
-        snprintf(err, err_size, "%s has an implausible size (%ld bytes)", path, size);
-        return -1;
-    }
-    text = (char *)xcalloc((size_t)size, 1);
-    if (fread(text, 1, (size_t)size, f) != (size_t)size) {
-        fclose(f);
-        free(text);
-        snprintf(err, err_size, "%s: short read", path);
-        return -1;
-    }
-    fclose(f);
-    r.at = text;
-    r.end = text + size;
-    r.error = NULL;
-    if (json_value(&r, &ix->root, 0) == 0) {
-        json_skip_space(&r);
-        if (r.at != r.end) json_fail(&r, "trailing characters after the document");
-    }
-    free(text);
-    if (r.error) {
-        snprintf(err, err_size, "%s is not valid JSON: %s", path, r.error);
-        return -1;
-    }
-    format = json_get(&ix->root, "format");
-    files = json_get(&ix->root, "files");
-    tensors = json_get(&ix->root, "tensors");
-    if (!format || format->type != J_STRING || strcmp(format->string, "fsdp.h-sharded") != 0 || !files ||
-        files->type != J_ARRAY || !tensors || tensors->type != J_OBJECT) {
-        snprintf(err, err_size, "%s is not an fsdp.h sharded index (needs \"format\": \"fsdp.h-sharded\", \"files\" and \"tensors\")", path);
-        return -1;
-    }
-    if ((v = json_get(&ix->root, "world_size")) && v->is_int) ix->world_size = (int)v->integer;
-    if ((v = json_get(&ix->root, "step")) && v->is_int) { ix->has_step = 1; ix->step = v->integer; }
-    if ((v = json_get(&ix->root, "epoch")) && v->is_int) { ix->has_epoch = 1; ix->epoch = v->integer; }
-    if ((v = json_get(&ix->root, "metadata")) && v->type == J_OBJECT) ix->metadata = v;
-    ix->num_files = files->count;
-    ix->files = (const char **)xcalloc((size_t)files->count, sizeof *ix->files);
-    for (i = 0; i < files->count; i++) {
-        const json *fv = &files->items[i];
-        if (fv->type != J_STRING || !*fv->string || strchr(fv->string, '/') || strcmp(fv->string, "..") == 0) {
-            snprintf(err, err_size, "%s: file entry %d is not a plain file name", path, i);
-            return -1;
-        }
-        ix->files[i] = fv->string;
-    }
-    ix->num_tensors = tensors->count;
-    ix->tensors = (index_tensor *)xcalloc((size_t)tensors->count, sizeof *ix->tensors);
-    for (i = 0; i < tensors->count; i++) {
-        index_tensor *t = &ix->tensors[i];
-        const json *tv = &tensors->items[i], *dtype = json_get(tv, "dtype"), *shape = json_get(tv, "shape");
-        const json *pieces = json_get(tv, "pieces");
-        int64_t at = 0;
-        t->name = tensors->keys[i];
-        if (!dtype || dtype->type != J_STRING || !(t->dtype = dtype_from_text(dtype->string)) || !shape ||
-            shape->type != J_ARRAY || shape->count > FSDP_MAX_DIMS || !pieces || pieces->type != J_ARRAY) {
-            snprintf(err, err_size, "%s: tensor '%s' needs a dtype (F32, BF16, F16), a shape and pieces", path, t->name);
-            return -1;
-        }
-        t->ndim = shape->count;
-        t->numel = 1;
-        for (k = 0; k < shape->count; k++) {
-            const json *d = &shape->items[k];
-            if (d->type != J_NUMBER || !d->is_int || d->integer < 0 || (d->integer && t->numel > (1LL << 40) / d->integer)) {
-                snprintf(err, err_size, "%s: tensor '%s' has a bad shape", path, t->name);
-                return -1;
-            }
-            t->shape[k] = d->integer;
-            t->numel *= d->integer;
-        }
-        t->num_pieces = pieces->count;
-        t->pieces = (piece *)xcalloc((size_t)pieces->count, sizeof *t->pieces);
-        for (k = 0; k < pieces->count; k++) {
-            const json *pc = &pieces->items[k];
-            if (pc->type != J_ARRAY || pc->count != 3 || !pc->items[0].is_int || !pc->items[1].is_int || !pc->items[2].is_int ||
-                pc->items[0].integer < 0 || pc->items[0].integer >= ix->num_files) {
-                snprintf(err, err_size, "%s: piece %d of '%s' is not [file, begin, end] with a listed file", path, k, t->name);
-                return -1;
-            }
-            t->pieces[k].file = (int)pc->items[0].integer;
-            t->pieces[k].begin = pc->items[1].integer;
-            t->pieces[k].end = pc->items[2].integer;
-        }
-        qsort(t->pieces, (size_t)t->num_pieces, sizeof *t->pieces, compare_pieces);
-        for (k = 0; k < t->num_pieces && t->pieces[k].begin == at && t->pieces[k].end > at; k++) at = t->pieces[k].end;
-        if (k < t->num_pieces || at != t->numel) {
-            snprintf(err, err_size, "%s: the pieces of '%s' do not cover its %lld elements exactly once", path, t->name,
-                     (long long)t->numel);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-static void index_free(sharded_index *ix) {
-    int i;
-    for (i = 0; i < ix->num_tensors; i++) free(ix->tensors[i].pieces);
-    free(ix->tensors);
-    free(ix->files);
-    json_free(&ix->root);
-}
-
-static int index_find(const sharded_index *ix, const char *name) {
-    int i;
-    for (i = 0; i < ix->num_tensors; i++)
-        if (strcmp(ix->tensors[i].name, name) == 0) return i;
-    return -1;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -476,7 +160,7 @@ static int copy_elements(source *s, int tensor, int64_t first, int64_t count, fs
 }
 
 /* Optimizer state that fsdp.h saves next to a parameter: "<param>.exp_avg", ... */
-static int is_optimizer_state(const char *name, int (*has_tensor)(const void *, const char *), const void *where) {
+static int is_optimizer_state(const char *name, const fsdp_index *ix) {
     static const char *const suffixes[] = {".exp_avg", ".exp_avg_sq", ".momentum_buffer"};
     size_t n = strlen(name), k;
     for (k = 0; k < sizeof suffixes / sizeof suffixes[0]; k++) {
@@ -486,13 +170,11 @@ static int is_optimizer_state(const char *name, int (*has_tensor)(const void *, 
             if (n - s >= sizeof base) return 0;
             memcpy(base, name, n - s);
             base[n - s] = 0;
-            return has_tensor(where, base);
+            return fsdp_index_find(ix, base) >= 0;
         }
     }
     return 0;
 }
-
-static int index_has(const void *ix, const char *name) { return index_find((const sharded_index *)ix, name) >= 0; }
 
 /* ---------------------------------------------------------------------------------------------
    inspect
@@ -544,34 +226,40 @@ static int inspect_file(const char *path, int show_metadata, const char *indent)
 }
 
 static int inspect_dir(const char *dir) {
-    sharded_index ix;
+    fsdp_index *ix = index_open(dir);
     char err[8192], shape[256], path[4096];
-    int i, k, problems = 0, *referenced;
+    int i, k, problems = 0, *referenced, num_files, num_tensors;
+    int64_t world_size, step, epoch;
     struct stat st;
-    if (index_load(&ix, dir, err, sizeof err) != 0) {
-        fprintf(stderr, "ckpt_tool: %s\n", err);
-        index_free(&ix);
-        return 2;
+    if (!ix) return 2;
+    num_files = fsdp_index_num_files(ix);
+    num_tensors = fsdp_index_num_tensors(ix);
+    world_size = fsdp_index_world_size(ix);
+    step = fsdp_index_step(ix);
+    epoch = fsdp_index_epoch(ix);
+    printf("%s: sharded checkpoint, world size %lld, step %s%lld, epoch %s%lld, %d tensors in %d files\n", dir,
+           (long long)(world_size < 0 ? 0 : world_size), step < 0 ? "(none) " : "", (long long)(step < 0 ? 0 : step),
+           epoch < 0 ? "(none) " : "", (long long)(epoch < 0 ? 0 : epoch), num_tensors, num_files);
+    for (i = 0; i < fsdp_index_num_metadata(ix); i++) {
+        fsdp_kv kv = fsdp_index_metadata_at(ix, i);
+        printf("  metadata %-20s = %s\n", kv.key, kv.value);
     }
-    printf("%s: sharded checkpoint, world size %d, step %s%lld, epoch %s%lld, %d tensors in %d files\n", dir, ix.world_size,
-           ix.has_step ? "" : "(none) ", ix.step, ix.has_epoch ? "" : "(none) ", ix.epoch, ix.num_tensors, ix.num_files);
-    for (i = 0; ix.metadata && i < ix.metadata->count; i++)
-        if (ix.metadata->items[i].type == J_STRING) printf("  metadata %-20s = %s\n", ix.metadata->keys[i], ix.metadata->items[i].string);
     printf("  %-40s %-5s %-16s  pieces [begin, end) file\n", "tensor", "dtype", "shape");
-    referenced = (int *)xcalloc((size_t)ix.num_files, sizeof *referenced);
-    for (i = 0; i < ix.num_tensors; i++) {
-        const index_tensor *t = &ix.tensors[i];
+    referenced = (int *)xcalloc((size_t)num_files, sizeof *referenced);
+    for (i = 0; i < num_tensors; i++) {
+        const fsdp_index_tensor *t = fsdp_index_tensor_at(ix, i);
         format_shape(shape, sizeof shape, t->ndim, t->shape);
         printf("  %-40s %-5s %-16s ", t->name, dtype_text(t->dtype), shape);
         for (k = 0; k < t->num_pieces; k++) {
-            printf(" [%lld, %lld) %s", (long long)t->pieces[k].begin, (long long)t->pieces[k].end, ix.files[t->pieces[k].file]);
+            printf(" [%lld, %lld) %s", (long long)t->pieces[k].begin, (long long)t->pieces[k].end,
+                   fsdp_index_file(ix, t->pieces[k].file));
             referenced[t->pieces[k].file] = 1;
         }
         printf("\n");
     }
     printf("shard files:\n");
-    for (i = 0; i < ix.num_files; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, ix.files[i]);
+    for (i = 0; i < num_files; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, fsdp_index_file(ix, i));
         if (stat(path, &st) != 0) {
             if (referenced[i]) {
                 printf("  BAD  %s: %s, but index.json places pieces in it\n", path, strerror(errno));
@@ -584,24 +272,26 @@ static int inspect_dir(const char *dir) {
         problems += inspect_file(path, 0, "  ");
     }
     /* each piece is in its file, with the piece's length */
-    for (i = 0; i < ix.num_tensors; i++)
-        for (k = 0; k < ix.tensors[i].num_pieces; k++) {
-            const piece *pc = &ix.tensors[i].pieces[k];
+    for (i = 0; i < num_tensors; i++) {
+        const fsdp_index_tensor *t = fsdp_index_tensor_at(ix, i);
+        for (k = 0; k < t->num_pieces; k++) {
+            const fsdp_index_piece *pc = &t->pieces[k];
             fsdp_st_file *f = NULL;
-            int t;
-            snprintf(path, sizeof path, "%s/%s", dir, ix.files[pc->file]);
+            int found;
+            snprintf(path, sizeof path, "%s/%s", dir, fsdp_index_file(ix, pc->file));
             if (fsdp_st_open(&f, path, err, sizeof err) != 0) continue; /* reported above */
-            t = fsdp_st_find(f, ix.tensors[i].name);
-            if (t < 0 || fsdp_st_tensor_at(f, t)->numel != pc->end - pc->begin) {
-                printf("  BAD  %s does not hold '%s' [%lld, %lld) as index.json says\n", path, ix.tensors[i].name,
-                       (long long)pc->begin, (long long)pc->end);
+            found = fsdp_st_find(f, t->name);
+            if (found < 0 || fsdp_st_tensor_at(f, found)->numel != pc->end - pc->begin) {
+                printf("  BAD  %s does not hold '%s' [%lld, %lld) as index.json says\n", path, t->name, (long long)pc->begin,
+                       (long long)pc->end);
                 problems++;
             }
             fsdp_st_close(f);
         }
+    }
     printf("%s: %s\n", dir, problems ? "PROBLEMS FOUND (see BAD above)" : "all shard files and checksums OK");
     free(referenced);
-    index_free(&ix);
+    fsdp_index_close(ix);
     return problems ? 1 : 0;
 }
 
@@ -639,8 +329,8 @@ static const char consolidate_help[] =
 static int cmd_consolidate(int argc, char **argv) {
     const char *dir = NULL, *out = NULL;
     fsdp_dtype want = FSDP_DTYPE_DEFAULT;
-    int params_only = 0, i, k, num_specs = 0, num_meta = 0, rc = 0;
-    sharded_index ix;
+    int params_only = 0, i, k, num_specs = 0, num_meta = 0, rc = 0, num_files, num_tensors;
+    fsdp_index *ix;
     source *files;
     fsdp_st_spec *specs;
     int *chosen;
@@ -659,14 +349,16 @@ static int cmd_consolidate(int argc, char **argv) {
         else die("too many arguments (see ckpt_tool consolidate --help)");
     }
     if (!dir || !out) { fputs(consolidate_help, stderr); return 2; }
-    if (index_load(&ix, dir, err, sizeof err) != 0) die("%s", err);
+    if (!(ix = index_open(dir))) return 2;
+    num_files = fsdp_index_num_files(ix);
+    num_tensors = fsdp_index_num_tensors(ix);
 
     /* the output's tensors, in index order */
-    specs = (fsdp_st_spec *)xcalloc((size_t)ix.num_tensors, sizeof *specs);
-    chosen = (int *)xcalloc((size_t)ix.num_tensors, sizeof *chosen);
-    for (i = 0; i < ix.num_tensors; i++) {
-        const index_tensor *t = &ix.tensors[i];
-        int state = is_optimizer_state(t->name, index_has, &ix);
+    specs = (fsdp_st_spec *)xcalloc((size_t)num_tensors, sizeof *specs);
+    chosen = (int *)xcalloc((size_t)num_tensors, sizeof *chosen);
+    for (i = 0; i < num_tensors; i++) {
+        const fsdp_index_tensor *t = fsdp_index_tensor_at(ix, i);
+        int state = is_optimizer_state(t->name, ix);
         if (params_only && state) continue;
         chosen[num_specs] = i;
         specs[num_specs].name = t->name;
@@ -676,34 +368,31 @@ static int cmd_consolidate(int argc, char **argv) {
         num_specs++;
     }
     /* metadata: the index's, marked as a full checkpoint */
-    meta = (fsdp_kv *)xcalloc((size_t)(ix.metadata ? ix.metadata->count : 0) + 1, sizeof *meta);
-    for (i = 0; ix.metadata && i < ix.metadata->count; i++) {
-        const char *key = ix.metadata->keys[i];
-        if (ix.metadata->items[i].type != J_STRING || strcmp(key, "format") == 0 || strncmp(key, "crc32c.", 7) == 0 ||
-            strcmp(key, "fsdp.kind") == 0)
-            continue;
-        meta[num_meta].key = key;
-        meta[num_meta++].value = ix.metadata->items[i].string;
+    meta = (fsdp_kv *)xcalloc((size_t)fsdp_index_num_metadata(ix) + 1, sizeof *meta);
+    for (i = 0; i < fsdp_index_num_metadata(ix); i++) {
+        fsdp_kv kv = fsdp_index_metadata_at(ix, i);
+        if (strcmp(kv.key, "format") == 0 || strncmp(kv.key, "crc32c.", 7) == 0 || strcmp(kv.key, "fsdp.kind") == 0) continue;
+        meta[num_meta++] = kv;
     }
     meta[num_meta].key = "fsdp.kind";
     meta[num_meta++].value = "full";
 
     /* check every piece before writing anything */
-    files = (source *)xcalloc((size_t)ix.num_files, sizeof *files);
-    for (i = 0; i < ix.num_files; i++) files[i].fd = -1;
+    files = (source *)xcalloc((size_t)num_files, sizeof *files);
+    for (i = 0; i < num_files; i++) files[i].fd = -1;
     for (k = 0; k < num_specs && !rc; k++) {
-        const index_tensor *t = &ix.tensors[chosen[k]];
+        const fsdp_index_tensor *t = fsdp_index_tensor_at(ix, chosen[k]);
         for (i = 0; i < t->num_pieces && !rc; i++) {
             source *s = &files[t->pieces[i].file];
             int tensor;
             if (!s->st) {
-                snprintf(path, sizeof path, "%s/%s", dir, ix.files[t->pieces[i].file]);
+                snprintf(path, sizeof path, "%s/%s", dir, fsdp_index_file(ix, t->pieces[i].file));
                 if ((rc = source_open(s, path, err, sizeof err)) != 0) break;
             }
             tensor = fsdp_st_find(s->st, t->name);
             if (tensor < 0 || fsdp_st_tensor_at(s->st, tensor)->numel != t->pieces[i].end - t->pieces[i].begin) {
                 snprintf(err, sizeof err, "%s/%s does not hold '%s' [%lld, %lld) as index.json says", dir,
-                         ix.files[t->pieces[i].file], t->name, (long long)t->pieces[i].begin, (long long)t->pieces[i].end);
+                         fsdp_index_file(ix, t->pieces[i].file), t->name, (long long)t->pieces[i].begin, (long long)t->pieces[i].end);
                 rc = FSDP_ERR_CORRUPT;
             } else {
                 rc = source_verify(s, tensor, err, sizeof err);
@@ -712,7 +401,7 @@ static int cmd_consolidate(int argc, char **argv) {
     }
     if (!rc) rc = fsdp_st_writer_open(&w, out, specs, num_specs, meta, num_meta, err, sizeof err);
     for (k = 0; k < num_specs && !rc; k++) {
-        const index_tensor *t = &ix.tensors[chosen[k]];
+        const fsdp_index_tensor *t = fsdp_index_tensor_at(ix, chosen[k]);
         for (i = 0; i < t->num_pieces && !rc; i++) {
             source *s = &files[t->pieces[i].file];
             rc = copy_elements(s, fsdp_st_find(s->st, t->name), 0, t->pieces[i].end - t->pieces[i].begin, w, specs[k].dtype,
@@ -721,18 +410,18 @@ static int cmd_consolidate(int argc, char **argv) {
     }
     if (w && !rc) rc = fsdp_st_writer_close(w, err, sizeof err);
     else if (w) fsdp_st_writer_abort(w);
-    for (i = 0; i < ix.num_files; i++) source_close(&files[i]);
+    for (i = 0; i < num_files; i++) source_close(&files[i]);
     free(files);
     free(meta);
     free(chosen);
     free(specs);
     if (rc) {
         fprintf(stderr, "ckpt_tool: %s\nckpt_tool: nothing was written to %s\n", err, out);
-        index_free(&ix);
+        fsdp_index_close(ix);
         return 1;
     }
-    printf("%s: %d tensors from %s (%d files)%s\n", out, num_specs, dir, ix.num_files, params_only ? ", parameters only" : "");
-    index_free(&ix);
+    printf("%s: %d tensors from %s (%d files)%s\n", out, num_specs, dir, num_files, params_only ? ", parameters only" : "");
+    fsdp_index_close(ix);
     return 0;
 }
 
