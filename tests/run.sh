@@ -61,6 +61,8 @@ if [ -z "$NO_EXTRA_CHECKS" ]; then
     W="-Wall -Wextra -Wpedantic -Werror -I."
     check header.c99 $CC -std=c99 $W -O2 "$tmp/first.c" -o "$tmp/a" -lpthread -lm
     check header.c11 $CC -std=c11 $W -O2 "$tmp/first.c" -o "$tmp/a" -lpthread -lm
+    check header.c99_O3 $CC -std=c99 $W -O3 "$tmp/first.c" -o "$tmp/a" -lpthread -lm
+    check header.c99_O2_sanitizers $CC -std=c99 $W -O2 -fsanitize=address,undefined -c "$tmp/first.c" -o "$tmp/a.o"
     check header.cxx11 $CXX -std=c++11 $W -O2 "$tmp/first.cpp" -o "$tmp/a" -lpthread -lm
     check header.cxx17 $CXX -std=c++17 $W -O2 "$tmp/first.cpp" -o "$tmp/a" -lpthread -lm
     check header.static_c99 $CC -std=c99 $W "$tmp/static.c" -o "$tmp/a" -lpthread -lm
