@@ -4,6 +4,8 @@
                    build/mlp --help
                    build/mlp --nproc 2 --csv data.csv --strategy grad_op
                    torchrun-style: RANK=0 WORLD_SIZE=2 MASTER_ADDR=... MASTER_PORT=... build/mlp
+                   build/mlp --nproc 2 --steps 50 --save mlp.safetensors --save-every 10
+                   build/mlp --nproc 4 --steps 100 --resume mlp.safetensors   (any rank count)
    The model, the layers and the data loading are in mlp_model.h (shared with bench_train.c). */
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
@@ -23,6 +25,8 @@ typedef struct {
     const char *csv;
     int samples, features, classes;   // synthetic data
     int hidden, layers, batch, steps, print_every, blas_threads, shard_group, prefetch, print_units;
+    const char *save_init, *save, *resume; // checkpoint files (safetensors), NULL: none
+    int save_every;                   // 0: --save only after the last step
     fsdp_strategy strategy;
     fsdp_dtype param_dtype;
     fsdp_optimizer_kind optimizer;
@@ -43,6 +47,139 @@ static double median(double *v, int n) { // sorts v
 
 static double mib(double bytes) { return bytes / 1048576.0; }
 
+/* ----------------------------------------------------------------------------------------- */
+/* checkpoints: one safetensors file (fsdp_save_full), parameters as layers.<i>.weight etc.,
+   with --save also the optimizer state. Besides fsdp's own metadata ("step" counts optimizer
+   updates, which leave out steps skipped for a non-finite gradient) the file's __metadata__
+   holds what --resume needs to continue the run exactly:
+       mlp.step       training steps done (loss lines and --steps count these)
+       mlp.rows_seen  data rows consumed: the next global batch starts at row rows_seen mod rows
+       mlp.data_rows  rows in the data it was trained on (a different count only warns)
+   and "epoch" is rows_seen / data rows, the passes over the data completed. */
+
+/* Collective: between iterations only (fsdp_save_full gathers unit by unit). Writes to a
+   temporary name and renames, so an interrupted save leaves the previous file. */
+static int save_checkpoint(fsdp_ctx *ctx, const options *o, const char *path, int with_optimizer, long long step,
+                           long long rows_seen, int rank) {
+    char text[3][32];
+    fsdp_kv kv[3];
+    fsdp_save_options so;
+    double t = fsdp_now();
+    snprintf(text[0], sizeof text[0], "%lld", step);
+    snprintf(text[1], sizeof text[1], "%lld", rows_seen);
+    snprintf(text[2], sizeof text[2], "%d", o->data.rows);
+    kv[0].key = "mlp.step", kv[0].value = text[0];
+    kv[1].key = "mlp.rows_seen", kv[1].value = text[1];
+    kv[2].key = "mlp.data_rows", kv[2].value = text[2];
+    memset(&so, 0, sizeof so);
+    so.with_optimizer = with_optimizer;
+    so.epoch = rows_seen / o->data.rows;
+    so.metadata = kv;
+    so.num_metadata = 3;
+    if (fsdp_save_full(ctx, path, &so)) { // every rank gets the same error: rank 0 says it
+        if (rank == 0) fprintf(stderr, "mlp: saving %s failed: %s\n", path, fsdp_last_error(ctx));
+        return -1;
+    }
+    if (rank == 0)
+        printf("saved %s (step %lld, %s) in %.0f ms\n", path, step,
+               with_optimizer ? "parameters and optimizer state" : "parameters only", 1e3 * (fsdp_now() - t));
+    return 0;
+}
+
+/* A non-negative integer from the metadata: 1 (in *value), 0 if absent, -1 if malformed. */
+static int meta_int(const fsdp_st_file *f, const char *key, long long *value) {
+    const char *text = fsdp_st_metadata(f, key);
+    char *end;
+    if (!text) return 0;
+    errno = 0;
+    *value = strtoll(text, &end, 10);
+    return *text && !*end && !errno && *value >= 0 ? 1 : -1;
+}
+
+/* "32 -> 256 -> 8", the widths of an mlp: from a checkpoint's layers.<i>.weight (out, in) shapes
+   (f not NULL), or from the model m. "" if f has no layers.0.weight. */
+static void describe_widths(char *out, size_t size, const fsdp_st_file *f, const mlp *m) {
+    size_t n = 0;
+    out[0] = 0;
+    for (int i = 0; n < size; i++) {
+        char name[32];
+        int t;
+        const fsdp_st_tensor *w;
+        if (!f) {
+            if (i > m->num_layers) break;
+            n += (size_t)snprintf(out + n, size - n, i ? " -> %d" : "%d", m->dims[i]);
+            continue;
+        }
+        snprintf(name, sizeof name, "layers.%d.weight", i);
+        if ((t = fsdp_st_find(f, name)) < 0 || (w = fsdp_st_tensor_at(f, t))->ndim != 2) break;
+        if (i == 0) n += (size_t)snprintf(out + n, size - n, "%lld", (long long)w->shape[1]);
+        if (n < size) n += (size_t)snprintf(out + n, size - n, " -> %lld", (long long)w->shape[0]);
+    }
+}
+
+/* fsdp_load_full's on_problem: keeps the first problem, for a short message. */
+typedef struct { char first[256]; } load_problems;
+static void on_load_problem(void *user, const char *kind, const char *name, const char *detail) {
+    load_problems *lp = (load_problems *)user;
+    if (!lp->first[0]) snprintf(lp->first, sizeof lp->first, "%s %s%s%s%s", kind, name, *detail ? " (" : "", detail, *detail ? ")" : "");
+}
+
+/* Rank 0, after fsdp_load_full found the file does not fit the model: says how they differ. */
+static void explain_mismatch(const options *o, const mlp *m) {
+    fsdp_st_file *f = NULL;
+    char err[256], saved[512] = "", ours[512];
+    describe_widths(ours, sizeof ours, NULL, m);
+    if (fsdp_st_open(&f, o->resume, err, sizeof err) == 0) describe_widths(saved, sizeof saved, f, NULL);
+    if (!f) {} // gone meanwhile: fsdp's message above must do
+    else if (!*saved) fprintf(stderr, "mlp: %s holds no layers.0.weight: not an mlp checkpoint\n", o->resume);
+    else if (strcmp(saved, ours) != 0)
+        fprintf(stderr, "mlp: %s holds the model %s; this run builds %s\n", o->resume, saved, ours);
+    fprintf(stderr, "(--resume needs a checkpoint of the same --layers, --hidden and data features and classes, and the "
+            "same --optimizer; --nproc, --strategy, --param-dtype and --batch may differ)\n");
+    fsdp_st_close(f);
+}
+
+/* Where a resumed run continues; v[0] is 0 or -1 (error), so rank 0 can broadcast it whole. */
+enum { RESUME_OK, RESUME_STEP, RESUME_ROWS_SEEN, RESUME_DATA_ROWS, RESUME_HAS_MLP, RESUME_N };
+
+/* Rank 0, after fsdp_load_full succeeded: reads the run's position from the file's metadata.
+   fsdp_step is the "step" fsdp_load_full reported, to notice the file being replaced meanwhile. */
+static void read_resume_point(const options *o, long long fsdp_step, long long v[RESUME_N], char *err, size_t err_size) {
+    fsdp_st_file *f = NULL;
+    long long saved_fsdp_step = -1;
+    int has_step, has_rows, has_data_rows;
+    memset(v, 0, sizeof(long long) * RESUME_N);
+    v[RESUME_OK] = -1;
+    if (fsdp_st_open(&f, o->resume, err, err_size)) return;
+    has_step = meta_int(f, "mlp.step", &v[RESUME_STEP]);
+    has_rows = meta_int(f, "mlp.rows_seen", &v[RESUME_ROWS_SEEN]);
+    has_data_rows = meta_int(f, "mlp.data_rows", &v[RESUME_DATA_ROWS]);
+    if (meta_int(f, "step", &saved_fsdp_step) <= 0) saved_fsdp_step = -1;
+    fsdp_st_close(f);
+    if (has_step < 0 || has_rows < 0 || has_data_rows < 0 || has_step != has_rows ||
+        has_step != has_data_rows) {
+        snprintf(err, err_size, "%s: the metadata mlp.step, mlp.rows_seen and mlp.data_rows are not all non-negative "
+                 "integers (the file was not written by mlp, or was edited)", o->resume);
+        return;
+    }
+    if (saved_fsdp_step != fsdp_step) {
+        snprintf(err, err_size, "%s changed while it was being loaded (step %lld, now %lld): is another run saving to it?",
+                 o->resume, fsdp_step, saved_fsdp_step);
+        return;
+    }
+    if (has_step && saved_fsdp_step > v[RESUME_STEP]) {
+        snprintf(err, err_size, "%s: inconsistent metadata: %lld optimizer steps but mlp.step %lld", o->resume,
+                 saved_fsdp_step, v[RESUME_STEP]);
+        return;
+    }
+    v[RESUME_HAS_MLP] = has_step;
+    if (!has_step) { // saved by another program: fsdp's step, and the data position it implies at this --batch
+        v[RESUME_STEP] = saved_fsdp_step > 0 ? saved_fsdp_step : 0;
+        v[RESUME_ROWS_SEEN] = v[RESUME_STEP] * o->batch;
+    }
+    v[RESUME_OK] = 0;
+}
+
 /* What each rank runs: build the model, shard it, train, report. */
 static int train(fsdp_comm *comm, void *arg) {
     const options *o = (const options *)arg;
@@ -50,6 +187,8 @@ static int train(fsdp_comm *comm, void *arg) {
     int rank = fsdp_comm_rank(comm), P = fsdp_comm_size(comm), B = o->batch / P, rc = 1;
     const char *wrap_types[] = {"Linear", NULL};
     double *step_ms = (double *)calloc(2 * (size_t)o->steps, sizeof(double)), *wait_ms = step_ms + o->steps;
+    long long first_step = 0, step, rows_seen = 0, saved_step = -1; // rows_seen: the data position
+    int timed = 0;                                                     // steps run by this process
     float loss = 0;
     fsdp_ctx *ctx = NULL;
     fsdp_desc desc;
@@ -106,30 +245,84 @@ static int train(fsdp_comm *comm, void *arg) {
                (double)o->momentum, (double)o->clip);
         if (o->print_units) fsdp_print_units(ctx, NULL, NULL);
     }
+    // collectives before the first iteration: the runtime is idle
+    if (o->save_init && save_checkpoint(ctx, o, o->save_init, 0, 0, 0, rank)) goto done;
+    if (o->resume) {
+        fsdp_load_options lo;
+        fsdp_load_report lr;
+        load_problems lp;
+        long long v[RESUME_N];
+        char err[512] = "";
+        int lrc;
+        memset(&lo, 0, sizeof lo);
+        lo.strict = 1, lo.with_optimizer = 1;
+        lo.on_problem = on_load_problem, lo.user = &lp;
+        lp.first[0] = 0;
+        if ((lrc = fsdp_load_full(ctx, o->resume, &lo, &lr)) != 0) { // agreed: every rank has the message
+            if (rank == 0 && lp.first[0]) // fsdp's message lists every problem; the first says enough
+                fprintf(stderr, "mlp: --resume %s does not fit this model: %d tensors mis-shaped, %d missing, %d "
+                        "unexpected; the first: %s\n", o->resume, lr.mismatched, lr.missing, lr.unexpected, lp.first);
+            else if (rank == 0)
+                fprintf(stderr, "mlp: --resume %s: %s\n", o->resume, fsdp_last_error(ctx));
+            if (rank == 0 && lrc == FSDP_ERR_INCOMPATIBLE) explain_mismatch(o, &m);
+            goto done;
+        }
+        if (rank == 0) read_resume_point(o, lr.step, v, err, sizeof err);
+        if (fsdp_broadcast(comm, v, sizeof v / 4, FSDP_F32, 0)) { // integers, moved as bytes
+            fprintf(stderr, "rank %d: broadcasting the resume point: %s\n", rank, fsdp_comm_last_error(comm));
+            goto done;
+        }
+        if (v[RESUME_OK]) {
+            if (rank == 0) fprintf(stderr, "mlp: --resume %s\n", err);
+            goto done;
+        }
+        first_step = v[RESUME_STEP], rows_seen = v[RESUME_ROWS_SEEN];
+        if (rank == 0) {
+            printf("resumed from %s at step %lld (epoch %lld, next row %lld)%s\n", o->resume, first_step,
+                   rows_seen / data->rows, rows_seen % data->rows,
+                   first_step >= o->steps ? ": nothing left to train (raise --steps)" : "");
+            if (!v[RESUME_HAS_MLP])
+                printf("note: %s has no mlp metadata: continuing at fsdp's step %lld, data position step x --batch\n",
+                       o->resume, first_step);
+            else if (v[RESUME_DATA_ROWS] != data->rows)
+                printf("note: %s was trained on %lld data rows, this run has %d: its data position is taken modulo %d\n",
+                       o->resume, v[RESUME_DATA_ROWS], data->rows, data->rows);
+        }
+    }
 
-    for (int step = 0; step < o->steps; step++) {
+    for (step = first_step; step < o->steps; step++) {
         fsdp_step_report report;
         double t0, wait0, t;
-        data_batch(data, step, o->batch, rank * B, (rank + 1) * B, acts.x[0], acts.targets);
+        // global batch: rows rows_seen .. rows_seen + batch - 1 (mod rows); this rank takes part `rank` of it
+        data_batch(data, rows_seen, 1, rank * B, (rank + 1) * B, acts.x[0], acts.targets);
         t0 = fsdp_now(), m.hook_seconds = 0;
         if (mlp_forward(&m, &acts, &loss) || mlp_backward(&m, &acts)) goto done;
         wait0 = fsdp_now();
         if (fsdp_step(ctx, o->clip, &report) || fsdp_zero_grad(ctx)) {
-            fprintf(stderr, "rank %d: step %d: %s\n", rank, step + 1, fsdp_last_error(ctx));
+            fprintf(stderr, "rank %d: step %lld: %s\n", rank, step + 1, fsdp_last_error(ctx));
             goto done;
         }
         t = fsdp_now();
-        step_ms[step] = 1e3 * (t - t0);
-        wait_ms[step] = 1e3 * (m.hook_seconds + t - wait0); // hooks, fsdp_step (with the update), zero_grad
+        rows_seen += o->batch;
+        step_ms[timed] = 1e3 * (t - t0);
+        wait_ms[timed] = 1e3 * (m.hook_seconds + t - wait0); // hooks, fsdp_step (with the update), zero_grad
+        timed++;
         // the global mean loss; safe here: fsdp_step returned, so the comm thread is idle
         if (fsdp_all_reduce(comm, &loss, &loss, 1, FSDP_F32, FSDP_AVG)) {
             fprintf(stderr, "rank %d: all_reduce of the loss: %s\n", rank, fsdp_comm_last_error(comm));
             goto done;
         }
-        if (rank == 0 && (step % o->print_every == 0 || step == o->steps - 1))
-            printf("step %4d/%d  loss %.4f  grad norm %7.4f%s  %6.1f ms\n", step + 1, o->steps, (double)loss,
-                   report.grad_norm, report.skipped ? " (skipped: not finite)" : "", step_ms[step]);
+        if (rank == 0 && (step % o->print_every == 0 || step == first_step || step == o->steps - 1))
+            printf("step %4lld/%d  loss %.4f  grad norm %7.4f%s  %6.1f ms\n", step + 1, o->steps, (double)loss,
+                   report.grad_norm, report.skipped ? " (skipped: not finite)" : "", step_ms[timed - 1]);
+        // between iterations (fsdp_step returned), like the all_reduce above
+        if (o->save_every && (step + 1) % o->save_every == 0) {
+            if (save_checkpoint(ctx, o, o->save, 1, step + 1, rows_seen, rank)) goto done;
+            saved_step = step + 1;
+        }
     }
+    // step: the steps done (--steps, or the resumed step if that is further); not saved twice
+    if (o->save && saved_step != step && save_checkpoint(ctx, o, o->save, 1, step, rows_seen, rank)) goto done;
 
     { // every rank's memory and time, printed by rank 0
         fsdp_memory_stats st;
@@ -139,8 +332,8 @@ static int train(fsdp_comm *comm, void *arg) {
         getrusage(RUSAGE_SELF, &ru);
         mine[0] = (double)st.persistent_bytes, mine[1] = (double)st.peak_unsharded_bytes;
         mine[2] = (double)st.peak_bytes, mine[3] = 1024.0 * (double)ru.ru_maxrss;
-        mine[4] = median(step_ms + (o->steps > 1), o->steps - (o->steps > 1)); // the first step warms up
-        mine[5] = median(wait_ms + (o->steps > 1), o->steps - (o->steps > 1));
+        mine[4] = median(step_ms + (timed > 1), timed - (timed > 1)); // the first step warms up
+        mine[5] = median(wait_ms + (timed > 1), timed - (timed > 1));
         if (!all || fsdp_all_gather(comm, mine, all, sizeof mine / 4, FSDP_F32)) { // doubles, moved as bytes
             fprintf(stderr, "rank %d: gathering the statistics failed: %s\n", rank, fsdp_comm_last_error(comm));
             free(all);
@@ -153,8 +346,11 @@ static int train(fsdp_comm *comm, void *arg) {
                 printf("%4d  %6.2f MiB  %10.2f MiB  %5.2f MiB  %5.1f MiB  %7.1f  %6.1f\n", r, mib(s[0]),
                        mib(s[1]), mib(s[2]), mib(s[3]), s[4], s[5]);
             }
-            printf("final loss %.4f; %.0f samples/s (median step %.1f ms on rank 0)\n", (double)loss,
-                   o->batch / (all[4] * 1e-3), all[4]);
+            if (timed)
+                printf("final loss %.4f; %.0f samples/s (median step %.1f ms on rank 0)\n", (double)loss,
+                       o->batch / (all[4] * 1e-3), all[4]);
+            else
+                printf("no steps run\n");
         }
         free(all);
     }
@@ -205,9 +401,24 @@ static void usage(FILE *out) {
         "                       and the optimizer stay f32, the kernels read an f32 view\n"
         "  --prefetch on|off    gather the next unit during this one's compute (default on)\n"
         "  --print-units        print the FSDP units (rank 0)\n"
+        "checkpoints (one safetensors file: tensors layers.<i>.weight etc., metadata with the step and the\n"
+        "data position; written to a temporary name and renamed, so an interrupted save leaves the\n"
+        "previous file)\n"
+        "  --save-init FILE     save the initial parameters (from --seed, before any --resume), parameters\n"
+        "                       only, before the first step\n"
+        "  --save FILE          save the parameters and the optimizer state at the end\n"
+        "  --save-every N       also save to the --save FILE after steps N, 2N, ... (default 0: only at\n"
+        "                       the end)\n"
+        "  --resume FILE        load FILE (strict: every tensor must match the model; with the optimizer\n"
+        "                       state) and continue from its step up to --steps, at the data row where it\n"
+        "                       stopped. Any --nproc, --strategy, --param-dtype, --batch; the same\n"
+        "                       --layers, --hidden, --optimizer and data features and classes. With the\n"
+        "                       same --nproc and the other flags unchanged, k steps + --save + --resume to\n"
+        "                       n steps is bitwise the same run as n steps\n"
         "other\n"
         "  --blas-threads N     OpenBLAS threads per rank (default 1)\n"
-        "  --print-every N      rank 0 prints the loss every N steps (default 1)\n"
+        "  --print-every N      rank 0 prints the loss every N steps, the last step and (after --resume) the\n"
+        "                       first step run (default 1)\n"
         "  --help               this text\n", MLP_MAX_LAYERS);
 }
 
@@ -283,8 +494,15 @@ static void parse(options *o, int argc, char **argv) {
         else if (!strcmp(f, "--prefetch")) o->prefetch = arg_choice(f, v, onoff, 0);
         else if (!strcmp(f, "--blas-threads")) o->blas_threads = (int)arg_int(f, v, 1, 256);
         else if (!strcmp(f, "--print-every")) o->print_every = (int)arg_int(f, v, 1, 100000000);
+        else if (!strcmp(f, "--save-init")) o->save_init = v;
+        else if (!strcmp(f, "--save")) o->save = v;
+        else if (!strcmp(f, "--save-every")) o->save_every = (int)arg_int(f, v, 0, 100000000);
+        else if (!strcmp(f, "--resume")) o->resume = v;
         else die_usage("unknown option '%s'", f);
     }
+    if (o->save_every && !o->save) die_usage("--save-every needs --save FILE (where to save)");
+    if (o->save_init && o->save && !strcmp(o->save_init, o->save))
+        die_usage("--save-init and --save name the same file '%s': --save would overwrite the initial parameters", o->save);
     if (!lr_set) o->lr = o->optimizer == FSDP_SGD ? 0.1f : 1e-3f;
     if (!(o->lr > 0)) die_usage("--lr must be > 0");
     if (o->momentum >= 1) die_usage("--momentum must be below 1");
