@@ -86,7 +86,7 @@ $(BUILD)/mlp: examples/mlp.c examples/mlp_model.h fsdp.h | $(BUILD)
 	$(BLAS_CHECK)
 	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) -I. $< -o $@ -lopenblas $(LDLIBS)
 
-$(BUILD)/bench_train: examples/bench_train.c examples/mlp_model.h fsdp.h | $(BUILD)
+$(BUILD)/bench_train: examples/bench_train.c examples/mlp_model.h examples/gpt_model.h fsdp.h | $(BUILD)
 	$(BLAS_CHECK)
 	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) -I. $< -o $@ -lopenblas $(LDLIBS)
 

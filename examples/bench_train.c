@@ -1,16 +1,21 @@
-/* bench_train: what fsdp.h costs and gains when training the MLP of mlp_model.h on this machine.
+/* bench_train: what fsdp.h costs and gains when training the MLP of mlp_model.h or the GPT of
+   gpt_model.h on this machine.
 
-   One after another, each in fresh processes (so peak memory is per configuration), one BLAS
-   thread per rank:
+   Speed (the default): one after another, each in fresh processes (so peak memory is per
+   configuration), one BLAS thread per rank:
      plain     the same forward/backward kernels on plain arrays with the same optimizer update;
                no fsdp runtime at all (no context, hooks or communicator)
      FSDP P=1  FULL_SHARD on one rank
      FSDP P=N  FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD (shard groups of N/2 ranks)
-   For each: samples/s and ms/step (median over the steps after warmup), the time the compute
-   thread spends inside the fsdp calls (hooks, fsdp_step with its sharded optimizer update,
-   fsdp_zero_grad: exposed communication plus the update), peak RSS and fsdp's peak bytes.
+   For each: samples/s (MLP) or tokens/s (GPT) and ms/step (median over the steps after warmup),
+   the time the compute thread spends inside the fsdp calls (hooks, fsdp_step with its sharded
+   optimizer update, fsdp_zero_grad: exposed communication plus the update), peak RSS and
+   fsdp's peak bytes.
 
-   Build and run: make bench && build/bench_train [--hidden 1024 --layers 6 --batch 512] */
+   Memory (--memory): FULL_SHARD and NO_SHARD at P = 1, 2, 4, a few steps each; rank 0's peak
+   RSS and fsdp_memory_stats against fsdp_memory_estimate for the same model, desc and world size.
+
+   Build and run: make bench && build/bench_train [--model gpt] [--memory] */
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 
@@ -23,13 +28,41 @@
 
 #include "mlp_model.h"
 
+/* gpt_model.h was written for gpt.c: three of its functions have the names of mlp_model.h's, and
+   its learning-rate schedule has no use here (a constant rate keeps the plain loop's update equal
+   to fsdp_step's). */
+#define data_batch text_batch
+#define softmax_crossentropy_forward gpt_softmax_crossentropy_forward
+#define softmax_crossentropy_backward gpt_softmax_crossentropy_backward
+#if defined(__GNUC__) || defined(__clang__)
+#  pragma GCC diagnostic push
+#  pragma GCC diagnostic ignored "-Wunused-function"
+#endif
+#include "gpt_model.h"
+#if defined(__GNUC__) || defined(__clang__)
+#  pragma GCC diagnostic pop
+#endif
+#undef data_batch
+#undef softmax_crossentropy_forward
+#undef softmax_crossentropy_backward
+
 #define MAX_RANKS 16
 
+typedef enum { MODEL_MLP, MODEL_GPT } model_kind;
+
 typedef struct {
-    int hidden, layers, batch, steps, warmup, nproc, features, classes;
-    fsdp_optimizer_desc optimizer;
+    model_kind model;
+    int memory;                       // --memory: the memory table instead of the speed table
+    int layers, batch, steps, warmup, nproc;
+    int hidden, features, classes;    // MLP
     const char *csv;
     dataset data;
+    int channels, heads, seq_len;     // GPT
+    const char *text_path;
+    unsigned char *text;
+    size_t text_size;
+    char text_name[1300];
+    fsdp_optimizer_desc optimizer;
 } options;
 
 typedef struct {
@@ -41,6 +74,7 @@ typedef struct {
 typedef struct {       // what a rank reports, through shared memory
     int done;
     double ms, wait_ms, update_ms, rss, state, loss;
+    double persistent, peak_unsharded, est_persistent, est_peak_unsharded, activations; // bytes
 } rank_result;
 
 typedef struct {
@@ -48,6 +82,93 @@ typedef struct {
     const config *cfg;
     rank_result *out; // [MAX_RANKS], MAP_SHARED
 } job;
+
+/* ----------------------------------------------------------------------------------------- */
+/* the model under test: everything below goes through these, whichever model it is */
+
+typedef struct {
+    const options *o;
+    int B;             // local batch (samples or sequences)
+    mlp mlp_net;
+    mlp_acts mlp_act;
+    gpt gpt_net;
+    gpt_acts gpt_act;
+} bench_model;
+
+static const char *model_unit_type(const options *o) { return o->model == MODEL_GPT ? "Block" : "Linear"; }
+
+/* Items a global batch trains on: samples (MLP) or tokens (GPT). */
+static double items_per_step(const options *o) { return (double)o->batch * (o->model == MODEL_GPT ? o->seq_len : 1); }
+
+/* The description only (names, shapes, init rules): enough for the header line and the estimate. */
+static int model_build(bench_model *bm, const options *o) {
+    memset(bm, 0, sizeof *bm);
+    bm->o = o;
+    if (o->model == MODEL_GPT) {
+        gpt_config c = {256, o->seq_len, o->layers, o->heads, o->channels};
+        return gpt_build(&bm->gpt_net, c);
+    }
+    return mlp_build(&bm->mlp_net, o->data.features, o->hidden, o->layers, o->data.classes);
+}
+
+static int model_acts_alloc(bench_model *bm, int B) {
+    bm->B = B;
+    if (bm->o->model == MODEL_GPT) return gpt_acts_alloc(&bm->gpt_act, &bm->gpt_net.config, B, bm->o->seq_len);
+    return mlp_acts_alloc(&bm->mlp_act, &bm->mlp_net, B);
+}
+
+static fsdp_model *model_desc(const bench_model *bm) {
+    return bm->o->model == MODEL_GPT ? bm->gpt_net.model : bm->mlp_net.model;
+}
+static size_t model_num_params(const bench_model *bm) {
+    return bm->o->model == MODEL_GPT ? bm->gpt_net.num_params : bm->mlp_net.num_params;
+}
+static double *model_hook_seconds(bench_model *bm) {
+    return bm->o->model == MODEL_GPT ? &bm->gpt_net.hook_seconds : &bm->mlp_net.hook_seconds;
+}
+static size_t model_activation_bytes(const bench_model *bm) {
+    if (bm->o->model == MODEL_GPT) return 2 * sizeof(float) * bm->gpt_act.num_floats;
+    return sizeof(float) * (2 * bm->mlp_act.grad_floats + (size_t)bm->B * (size_t)bm->o->data.classes);
+}
+
+/* The no-fsdp baseline: every parameter and its gradient in one plain buffer each. */
+static int model_plain_init(bench_model *bm, float **params, float **grads) {
+    int rc = bm->o->model == MODEL_GPT ? gpt_plain_init(&bm->gpt_net, 0) : mlp_plain_init(&bm->mlp_net, 0);
+    *params = bm->o->model == MODEL_GPT ? bm->gpt_net.plain : bm->mlp_net.plain;
+    *grads = bm->o->model == MODEL_GPT ? bm->gpt_net.dplain : bm->mlp_net.dplain;
+    return rc;
+}
+
+static void model_attach(bench_model *bm, fsdp_ctx *ctx, int rank) {
+    bm->gpt_net.ctx = bm->mlp_net.ctx = ctx;
+    bm->gpt_net.rank = bm->mlp_net.rank = rank;
+}
+
+/* This rank's part [lo, hi) of global batch `step`. */
+static void model_batch(bench_model *bm, long long step, int lo, int hi) {
+    const options *o = bm->o;
+    if (o->model == MODEL_GPT)
+        text_batch(o->text, o->text_size, step, o->batch, o->seq_len, lo, hi, bm->gpt_act.inputs, bm->gpt_act.targets);
+    else
+        data_batch(&o->data, step, o->batch, lo, hi, bm->mlp_act.x[0], bm->mlp_act.targets);
+}
+
+static int model_forward_backward(bench_model *bm, float *loss) {
+    if (bm->o->model == MODEL_GPT)
+        return gpt_forward(&bm->gpt_net, &bm->gpt_act, bm->B, bm->o->seq_len, 1, loss) ||
+               gpt_backward(&bm->gpt_net, &bm->gpt_act, bm->B, bm->o->seq_len) ? -1 : 0;
+    return mlp_forward(&bm->mlp_net, &bm->mlp_act, loss) || mlp_backward(&bm->mlp_net, &bm->mlp_act) ? -1 : 0;
+}
+
+static void model_free(bench_model *bm) {
+    if (bm->o && bm->o->model == MODEL_GPT) {
+        gpt_acts_free(&bm->gpt_act);
+        gpt_free(&bm->gpt_net);
+    } else if (bm->o) {
+        mlp_acts_free(&bm->mlp_act);
+        mlp_free(&bm->mlp_net);
+    }
+}
 
 /* ----------------------------------------------------------------------------------------- */
 /* the plain loop's optimizer: fsdp.h's update rules (PyTorch's), line for line */
@@ -115,35 +236,39 @@ static double median(double *v, int n) { // sorts v
     return n ? (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2])) : 0;
 }
 
+static double mib(double bytes) { return bytes / 1048576.0; }
+
 /* One rank of one configuration. */
 static int run_rank(fsdp_comm *comm, void *arg) {
     const job *j = (const job *)arg;
     const options *o = j->o;
     const config *cfg = j->cfg;
     int rank = fsdp_comm_rank(comm), P = cfg->nprocs, B = o->batch / P, total = o->warmup + o->steps, rc = 1;
-    const char *wrap_types[] = {"Linear", NULL};
+    const char *wrap_types[] = {model_unit_type(o), NULL};
     double *ms = (double *)calloc(3 * (size_t)total, sizeof(double)), *wait_ms = ms + total, *update_ms = ms + 2 * total;
-    float loss = 0;
+    float loss = 0, *params = NULL, *grads = NULL;
+    size_t num_params;
     plain_optimizer opt;
+    fsdp_memory_stats est;
     fsdp_ctx *ctx = NULL;
-    mlp m;
-    mlp_acts acts;
+    bench_model bm;
     memset(&opt, 0, sizeof opt);
-    memset(&m, 0, sizeof m);
-    memset(&acts, 0, sizeof acts);
+    memset(&est, 0, sizeof est);
+    memset(&bm, 0, sizeof bm);
     openblas_set_num_threads(1);
-    if (!ms || mlp_build(&m, o->data.features, o->hidden, o->layers, o->data.classes) || mlp_acts_alloc(&acts, &m, B)) {
+    if (!ms || model_build(&bm, o) || model_acts_alloc(&bm, B)) {
         fprintf(stderr, "%s rank %d: out of memory\n", cfg->name, rank);
         goto done;
     }
-    m.rank = rank;
+    num_params = model_num_params(&bm);
+    model_attach(&bm, NULL, rank);
     if (cfg->plain) {
         int buffers = o->optimizer.kind == FSDP_SGD ? (o->optimizer.momentum != 0.0f) : 2;
         opt.o = o->optimizer;
-        opt.a = (float *)calloc(m.num_params, sizeof(float));
-        opt.b = (float *)calloc(m.num_params, sizeof(float));
-        if (mlp_plain_init(&m, 0) || !opt.a || !opt.b) { fprintf(stderr, "plain: out of memory\n"); goto done; }
-        j->out[0].state = (double)m.num_params * sizeof(float) * (2.0 + buffers); // params, grads, optimizer
+        opt.a = (float *)calloc(num_params, sizeof(float));
+        opt.b = (float *)calloc(num_params, sizeof(float));
+        if (model_plain_init(&bm, &params, &grads) || !opt.a || !opt.b) { fprintf(stderr, "plain: out of memory\n"); goto done; }
+        j->out[0].state = (double)num_params * sizeof(float) * (2.0 + buffers); // params, grads, optimizer
     } else {
         fsdp_desc desc;
         memset(&desc, 0, sizeof desc);
@@ -154,25 +279,28 @@ static int run_rank(fsdp_comm *comm, void *arg) {
         desc.forward_prefetch = 1;
         desc.shard_group_size = cfg->shard_group;
         desc.optimizer = o->optimizer;
-        if (fsdp_init(&ctx, m.model, &desc)) { fprintf(stderr, "%s rank %d: %s\n", cfg->name, rank, fsdp_last_error(NULL)); goto done; }
-        m.ctx = ctx;
+        if (fsdp_memory_estimate(model_desc(&bm), &desc, P, &est) || fsdp_init(&ctx, model_desc(&bm), &desc)) {
+            fprintf(stderr, "%s rank %d: %s\n", cfg->name, rank, fsdp_last_error(NULL));
+            goto done;
+        }
+        model_attach(&bm, ctx, rank);
     }
 
     for (int s = 0; s < total; s++) {
         double t0, t1, t2;
-        data_batch(&o->data, s, o->batch, rank * B, (rank + 1) * B, acts.x[0], acts.targets);
-        t0 = fsdp_now(), m.hook_seconds = 0;
-        if (cfg->plain) memset(m.dplain, 0, sizeof(float) * m.num_params); // zero_grad
-        if (mlp_forward(&m, &acts, &loss) || mlp_backward(&m, &acts)) goto done;
+        model_batch(&bm, s, rank * B, (rank + 1) * B);
+        t0 = fsdp_now(), *model_hook_seconds(&bm) = 0;
+        if (cfg->plain) memset(grads, 0, sizeof(float) * num_params); // zero_grad
+        if (model_forward_backward(&bm, &loss)) goto done;
         t1 = fsdp_now();
-        if (cfg->plain) plain_update(&opt, m.plain, m.dplain, m.num_params);
+        if (cfg->plain) plain_update(&opt, params, grads, num_params);
         else if (fsdp_step(ctx, 0, NULL) || fsdp_zero_grad(ctx)) {
             fprintf(stderr, "%s rank %d: %s\n", cfg->name, rank, fsdp_last_error(ctx));
             goto done;
         }
         t2 = fsdp_now();
         ms[s] = 1e3 * (t2 - t0);
-        wait_ms[s] = 1e3 * (m.hook_seconds + t2 - t1);
+        wait_ms[s] = 1e3 * (*model_hook_seconds(&bm) + t2 - t1);
         update_ms[s] = 1e3 * (t2 - t1);
     }
     // the global mean loss of the last step; the comm thread is idle after fsdp_step
@@ -185,10 +313,13 @@ static int run_rank(fsdp_comm *comm, void *arg) {
         r->wait_ms = median(wait_ms + o->warmup, o->steps);
         r->update_ms = median(update_ms + o->warmup, o->steps);
         r->rss = 1024.0 * (double)ru.ru_maxrss;
+        r->activations = (double)model_activation_bytes(&bm);
         if (ctx) {
             fsdp_memory_stats st;
             fsdp_memory_stats_get(ctx, &st);
             r->state = (double)st.peak_bytes;
+            r->persistent = (double)st.persistent_bytes, r->peak_unsharded = (double)st.peak_unsharded_bytes;
+            r->est_persistent = (double)est.persistent_bytes, r->est_peak_unsharded = (double)est.peak_unsharded_bytes;
         }
         r->loss = loss;
         r->done = 1;
@@ -196,15 +327,199 @@ static int run_rank(fsdp_comm *comm, void *arg) {
     rc = 0;
 done:
     fsdp_destroy(ctx);
-    mlp_acts_free(&acts);
-    mlp_free(&m);
+    model_free(&bm);
     free(opt.a);
     free(opt.b);
     free(ms);
     return rc;
 }
 
+/* Runs the configurations one after another, each in fresh processes; results[c * MAX_RANKS + rank]. */
+static int run_configs(const options *o, const config *configs, int num_configs, rank_result *results) {
+    for (int c = 0; c < num_configs; c++) {
+        fsdp_launch_desc ld;
+        fsdp_launch_status status;
+        job j = {o, &configs[c], results + (size_t)c * MAX_RANKS};
+        memset(&ld, 0, sizeof ld);
+        ld.nprocs = configs[c].nprocs;
+        if (isatty(2)) fprintf(stderr, "running %-22s P=%d ...\r", configs[c].name, configs[c].nprocs);
+        if (fsdp_launch_ex(&ld, run_rank, &j, &status)) {
+            fprintf(stderr, "bench_train: %s P=%d: %s\n", configs[c].name, configs[c].nprocs, status.message);
+            return -1;
+        }
+    }
+    if (isatty(2)) fprintf(stderr, "%60s\r", "");
+    return 0;
+}
+
 /* ----------------------------------------------------------------------------------------- */
+/* the two tables */
+
+static void print_header(const options *o, int argc, char **argv) {
+    static const char *optimizer_names[] = {"", "SGD", "Adam", "AdamW"};
+    bench_model bm;
+    if (model_build(&bm, o)) { fprintf(stderr, "bench_train: out of memory\n"); exit(1); }
+    if (o->model == MODEL_GPT)
+        printf("bench_train: GPT %d layers, %d heads, %d channels, context %d, vocabulary 256 (%.2f M parameters), "
+               "global batch %d x %d tokens, text %s (%zu bytes), ", o->layers, o->heads, o->channels, o->seq_len,
+               model_num_params(&bm) / 1e6, o->batch, o->seq_len, o->text_name, o->text_size);
+    else
+        printf("bench_train: MLP %d -> %d x %d -> %d (%d Linear layers, %.2f M parameters), global batch %d, ",
+               o->data.features, o->layers - 1, o->hidden, o->data.classes, o->layers, model_num_params(&bm) / 1e6, o->batch);
+    printf("%s, %d %s after %d warmup, 1 BLAS thread per rank, shm\n", optimizer_names[o->optimizer.kind], o->steps,
+           o->memory ? "steps" : "timed steps", o->warmup);
+    model_free(&bm);
+    printf("command:");
+    for (int i = 0; i < argc; i++) printf(" %s", argv[i]);
+    printf("\n\n");
+    fflush(stdout);
+}
+
+static int speed_table(const options *o) {
+    int N = o->nproc;
+    char names[4][32];
+    config configs[] = {
+        {"plain loop (no fsdp)", 1, 1, 0, FSDP_FULL_SHARD},
+        {"FSDP FULL_SHARD", 0, 1, 0, FSDP_FULL_SHARD},
+        {names[0], 0, N, 0, FSDP_FULL_SHARD},
+        {names[1], 0, N, 0, FSDP_SHARD_GRAD_OP},
+        {names[2], 0, N, 0, FSDP_NO_SHARD},
+        {names[3], 0, N, N / 2, FSDP_HYBRID_SHARD},
+    };
+    int num_configs = (int)(sizeof configs / sizeof configs[0]);
+    snprintf(names[0], sizeof names[0], "FSDP FULL_SHARD");
+    snprintf(names[1], sizeof names[1], "FSDP SHARD_GRAD_OP");
+    snprintf(names[2], sizeof names[2], "FSDP NO_SHARD");
+    snprintf(names[3], sizeof names[3], "FSDP HYBRID %dx%d", N / (N / 2), N / 2);
+    rank_result *results = (rank_result *)mmap(NULL, sizeof(rank_result) * MAX_RANKS * (size_t)num_configs,
+                                               PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (results == MAP_FAILED) { perror("bench_train: mmap"); return 1; }
+    memset(results, 0, sizeof(rank_result) * MAX_RANKS * (size_t)num_configs);
+
+    double busy0 = 0, total0 = 0, busy1 = 0, total1 = 0, ours = children_cpu();
+    int have_cpu = machine_cpu(&busy0, &total0) == 0;
+    if (run_configs(o, configs, num_configs, results)) return 1;
+    ours = children_cpu() - ours;
+    have_cpu = have_cpu && machine_cpu(&busy1, &total1) == 0;
+
+    printf("%-22s %2s %10s %8s %10s %8s %7s %12s %13s %8s\n", "config", "P",
+           o->model == MODEL_GPT ? "tokens/s" : "samples/s", "ms/step", "in fsdp ms", "vs plain", "vs P=1", "max RSS/rank",
+           "fsdp peak/rk", "loss");
+    double plain_rate = 0, p1_rate = 0;
+    for (int c = 0; c < num_configs; c++) {
+        rank_result worst = results[(size_t)c * MAX_RANKS];
+        for (int r = 1; r < configs[c].nprocs; r++) { // the slowest and largest rank
+            const rank_result *x = &results[(size_t)c * MAX_RANKS + r];
+            if (x->ms > worst.ms) worst.ms = x->ms;
+            if (x->wait_ms > worst.wait_ms) worst.wait_ms = x->wait_ms;
+            if (x->rss > worst.rss) worst.rss = x->rss;
+            if (x->state > worst.state) worst.state = x->state;
+        }
+        double rate = items_per_step(o) / (worst.ms * 1e-3);
+        if (c == 0) plain_rate = rate;
+        if (c == 1) p1_rate = rate;
+        char wait[16], state[24], vs_p1[16];
+        snprintf(wait, sizeof wait, configs[c].plain ? "-" : "%.1f", worst.wait_ms);
+        snprintf(vs_p1, sizeof vs_p1, c == 0 ? "-" : "%.2fx", rate / p1_rate);
+        snprintf(state, sizeof state, "%.1f MiB%s", mib(worst.state), configs[c].plain ? "*" : "");
+        printf("%-22s %2d %10.0f %8.1f %10s %7.2fx %7s %8.1f MiB %13s %8.4f\n", configs[c].name, configs[c].nprocs, rate,
+               worst.ms, wait, rate / plain_rate, vs_p1, mib(worst.rss), state, worst.loss);
+    }
+    printf("\nms/step: median over the timed steps, slowest rank; in fsdp ms: time inside the hooks, fsdp_step and fsdp_zero_grad\n"
+           "(waiting for gathers and reductions, plus the optimizer update on this rank's shard; the plain loop's\n"
+           "full update takes %.1f ms/step). *plain: parameters + gradients + optimizer state, no fsdp.\n",
+           results[0].update_ms);
+    if (have_cpu && total1 > total0) {
+        double others = (busy1 - busy0 - ours) / (total1 - total0);
+        printf("other processes used %.0f%% of the machine's CPU time during the runs%s\n", others > 0 ? 100 * others : 0.0,
+               others > 0.05 ? ": timings are disturbed; rerun on an idle machine" : "");
+    }
+    munmap(results, sizeof(rank_result) * MAX_RANKS * (size_t)num_configs);
+    return 0;
+}
+
+static int memory_table(const options *o) {
+    enum { NUM_P = 3 };
+    static const int world_sizes[NUM_P] = {1, 2, 4};
+    static const fsdp_strategy strategies[2] = {FSDP_FULL_SHARD, FSDP_NO_SHARD};
+    static const char *strategy_names[2] = {"FULL_SHARD", "NO_SHARD"};
+    config configs[2 * NUM_P];
+    int num_configs = 2 * NUM_P;
+    for (int s = 0; s < 2; s++)
+        for (int k = 0; k < NUM_P; k++) {
+            config c = {strategy_names[s], 0, world_sizes[k], 0, strategies[s]};
+            configs[s * NUM_P + k] = c;
+        }
+    rank_result *results = (rank_result *)mmap(NULL, sizeof(rank_result) * MAX_RANKS * (size_t)num_configs,
+                                               PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (results == MAP_FAILED) { perror("bench_train: mmap"); return 1; }
+    memset(results, 0, sizeof(rank_result) * MAX_RANKS * (size_t)num_configs);
+    if (run_configs(o, configs, num_configs, results)) return 1;
+
+    printf("%-10s %2s %9s %11s | %10s %10s %7s | %10s %10s %7s | %9s\n", "strategy", "P", "max RSS", "activations",
+           "persistent", "estimate", "act/est", "peak unsh.", "estimate", "act/est", "pers.xP/P1");
+    for (int c = 0; c < num_configs; c++) {
+        const rank_result *r = &results[(size_t)c * MAX_RANKS]; // rank 0
+        const rank_result *p1 = &results[(size_t)(c - c % NUM_P) * MAX_RANKS];
+        char ratio_peak[16];
+        snprintf(ratio_peak, sizeof ratio_peak, r->est_peak_unsharded > 0 ? "%.3f" : "-",
+                 r->peak_unsharded / r->est_peak_unsharded);
+        printf("%-10s %2d %5.1f MiB %7.1f MiB | %6.2f MiB %6.2f MiB %7.3f | %6.2f MiB %6.2f MiB %7s | %9.3f\n",
+               configs[c].name, configs[c].nprocs, mib(r->rss), mib(r->activations), mib(r->persistent),
+               mib(r->est_persistent), r->persistent / r->est_persistent, mib(r->peak_unsharded),
+               mib(r->est_peak_unsharded), ratio_peak, r->persistent * configs[c].nprocs / p1->persistent);
+    }
+    printf("\nRank 0 of each run. max RSS: ru_maxrss (the process: model, activations, fsdp, libraries); activations:\n"
+           "the model's activation and activation-gradient buffers for this rank's part of the global batch.\n"
+           "persistent: fp32 parameter, gradient and optimizer shards; peak unsh.: peak of gathered parameters\n"
+           "and unsharded gradients (fsdp_memory_stats_get), each against fsdp_memory_estimate for the same model,\n"
+           "desc and world size. pers.xP/P1: persistent x P / persistent at P = 1 (1.0: perfect 1/P sharding).\n");
+    munmap(results, sizeof(rank_result) * MAX_RANKS * (size_t)num_configs);
+    return 0;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* the GPT's text: fsdp.h itself unless --data */
+
+static int load_text(options *o, const char *argv0) {
+    char exe[1024], dir[1100], path[1200];
+    const char *file = o->text_path;
+    FILE *f = NULL;
+    long n;
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) exe[len] = 0;
+    else snprintf(exe, sizeof exe, "%s", argv0);
+    if (strrchr(exe, '/')) *strrchr(exe, '/') = 0;
+    else snprintf(exe, sizeof exe, ".");
+    for (int i = 0; !file && i < 3; i++) { // ., the executable's parent (build/..), the executable's directory
+        snprintf(dir, sizeof dir, "%s%s", i ? exe : ".", i == 1 ? "/.." : "");
+        snprintf(path, sizeof path, "%s/fsdp.h", dir);
+        if (access(path, R_OK) == 0) file = path;
+    }
+    if (!file) {
+        fprintf(stderr, "bench_train: --model gpt trains on fsdp.h, which is neither in the current directory nor next "
+                "to the executable (%s/..); pass any text file with --data FILE\n", exe);
+        return -1;
+    }
+    snprintf(o->text_name, sizeof o->text_name, "%s", file);
+    if (!(f = fopen(file, "rb")) || fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0 ||
+        !(o->text = (unsigned char *)malloc((size_t)n + 1)) || fread(o->text, 1, (size_t)n, f) != (size_t)n) {
+        fprintf(stderr, "bench_train: cannot read '%s': %s\n", file, f ? "read error or out of memory" : strerror(errno));
+        if (f) fclose(f);
+        return -1;
+    }
+    fclose(f);
+    o->text_size = (size_t)n;
+    if (o->text_size < (size_t)o->seq_len + 2) {
+        fprintf(stderr, "bench_train: '%s' has %zu bytes, too few for sequences of %d; use a longer text or a smaller "
+                "--seq-len\n", file, o->text_size, o->seq_len);
+        return -1;
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* flags */
 
 static void die_usage(const char *fmt, ...) {
     va_list ap;
@@ -226,42 +541,68 @@ static int arg_int(const char *flag, const char *text, int lo, int hi) {
 static void usage(FILE *out) {
     fprintf(out,
         "usage: bench_train [options]\n"
-        "Trains the MLP of mlp.c (synthetic data unless --csv) in several configurations, one after\n"
-        "another, one BLAS thread per rank, and prints a table: a plain loop without fsdp.h's runtime,\n"
-        "FSDP on 1 rank, and FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD on N local ranks (shm).\n"
+        "Trains the MLP of mlp.c (synthetic data unless --csv) or the GPT of gpt.c (on the text of fsdp.h)\n"
+        "in several configurations, one after another, one BLAS thread per rank, and prints a table: a plain\n"
+        "loop without fsdp.h's runtime, FSDP on 1 rank, and FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD\n"
+        "on N local ranks (shm). With --memory: FULL_SHARD and NO_SHARD at P = 1, 2, 4, a few steps each,\n"
+        "rank 0's peak RSS and fsdp's memory statistics against fsdp_memory_estimate.\n"
         "\n"
-        "  --hidden N       hidden width (default 1024)\n"
-        "  --layers N       Linear layers (default 6)\n"
-        "  --batch N        global batch, divisible by --nproc (default 512)\n"
-        "  --steps N        timed steps per configuration (default 10), after --warmup N (default 2)\n"
+        "  --model M        mlp (default) or gpt\n"
+        "  --memory         the memory table instead of the speed table\n"
+        "  --layers N       Linear layers (MLP, default 6) or transformer blocks (GPT, default 4)\n"
+        "  --batch N        global batch in samples (MLP, default 2048) or sequences (GPT, default 16);\n"
+        "                   divisible by --nproc, and by 4 with --memory\n"
+        "  --steps N        timed steps per configuration (default 10; --memory: 3), after --warmup N\n"
+        "                   (default 2; --memory: 0)\n"
         "  --optimizer O    sgd, adam or adamw (default adamw; lr 0.01 for sgd, else 0.001)\n"
+        "  --nproc N        ranks of the multi-rank rows (default 2)\n"
+        "MLP\n"
+        "  --hidden N       hidden width (default 1024)\n"
         "  --csv FILE       data as for mlp (features, then an integer label); default synthetic blobs\n"
         "  --features N     synthetic data: features (default 256)\n"
         "  --classes N      synthetic data: classes (default 16)\n"
-        "  --nproc N        ranks of the multi-rank rows (default 2)\n"
+        "GPT (vocabulary 256: bytes; each block an FSDP unit)\n"
+        "  --channels N     embedding width C (default 256)\n"
+        "  --heads N        attention heads, dividing --channels (default 4)\n"
+        "  --seq-len N      context length T in bytes (default 128)\n"
+        "  --data FILE      text to train on (default fsdp.h, found in . or next to the executable)\n"
+        "\n"
         "  --help           this text\n");
 }
 
 static void parse(options *o, int argc, char **argv) {
+    const char *mlp_flag = NULL, *gpt_flag = NULL, *nproc_flag = NULL;
+    const int max_layers = MLP_MAX_LAYERS < GPT_MAX_LAYERS ? MLP_MAX_LAYERS : GPT_MAX_LAYERS;
     memset(o, 0, sizeof *o);
-    o->hidden = 1024, o->layers = 6, o->batch = 512, o->steps = 10, o->warmup = 2, o->nproc = 2;
-    o->features = 256, o->classes = 16;
+    o->nproc = 2, o->features = 256, o->classes = 16, o->hidden = 1024;
+    o->channels = 256, o->heads = 4, o->seq_len = 128;
+    o->steps = o->warmup = -1; // their defaults depend on --memory
     o->optimizer.kind = FSDP_ADAMW;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) { usage(stdout); exit(0); }
+        if (!strcmp(f, "--memory")) { o->memory = 1; continue; }
         if (strncmp(f, "--", 2) != 0) die_usage("unexpected argument '%s'", f);
         if (!v) die_usage("%s needs a value", f);
         i++;
-        if (!strcmp(f, "--hidden")) o->hidden = arg_int(f, v, 1, 1 << 16);
-        else if (!strcmp(f, "--layers")) o->layers = arg_int(f, v, 1, MLP_MAX_LAYERS);
+        if (!strcmp(f, "--model")) {
+            if (!strcmp(v, "mlp")) o->model = MODEL_MLP;
+            else if (!strcmp(v, "gpt")) o->model = MODEL_GPT;
+            else die_usage("--model: unknown value '%s' (choose mlp or gpt)", v);
+        }
+        else if (!strcmp(f, "--layers")) o->layers = arg_int(f, v, 1, max_layers);
         else if (!strcmp(f, "--batch")) o->batch = arg_int(f, v, 1, 1 << 20);
         else if (!strcmp(f, "--steps")) o->steps = arg_int(f, v, 1, 1000000);
         else if (!strcmp(f, "--warmup")) o->warmup = arg_int(f, v, 0, 1000000);
-        else if (!strcmp(f, "--nproc")) o->nproc = arg_int(f, v, 2, MAX_RANKS);
-        else if (!strcmp(f, "--features")) o->features = arg_int(f, v, 1, 1 << 20);
-        else if (!strcmp(f, "--classes")) o->classes = arg_int(f, v, 1, MLP_MAX_CLASSES);
-        else if (!strcmp(f, "--csv")) o->csv = v;
+        else if (!strcmp(f, "--nproc")) o->nproc = arg_int(f, v, 2, MAX_RANKS), nproc_flag = f;
+        else if (!strcmp(f, "--hidden")) o->hidden = arg_int(f, v, 1, 1 << 16), mlp_flag = f;
+        else if (!strcmp(f, "--features")) o->features = arg_int(f, v, 1, 1 << 20), mlp_flag = f;
+        else if (!strcmp(f, "--classes")) o->classes = arg_int(f, v, 1, MLP_MAX_CLASSES), mlp_flag = f;
+        else if (!strcmp(f, "--csv")) o->csv = v, mlp_flag = f;
+        else if (!strcmp(f, "--channels")) o->channels = arg_int(f, v, 1, 1 << 16), gpt_flag = f;
+        else if (!strcmp(f, "--heads")) o->heads = arg_int(f, v, 1, 1 << 16), gpt_flag = f;
+        else if (!strcmp(f, "--seq-len")) o->seq_len = arg_int(f, v, 1, 1 << 16), gpt_flag = f;
+        else if (!strcmp(f, "--data")) o->text_path = v, gpt_flag = f;
         else if (!strcmp(f, "--optimizer")) {
             if (!strcmp(v, "sgd")) o->optimizer.kind = FSDP_SGD;
             else if (!strcmp(v, "adam")) o->optimizer.kind = FSDP_ADAM;
@@ -269,7 +610,17 @@ static void parse(options *o, int argc, char **argv) {
             else die_usage("--optimizer: unknown value '%s' (choose one of sgd, adam, adamw)", v);
         } else die_usage("unknown option '%s'", f);
     }
-    if (o->batch % o->nproc) die_usage("--batch %d is not divisible by --nproc %d", o->batch, o->nproc);
+    if (o->model == MODEL_GPT && mlp_flag) die_usage("%s is an MLP option; with --model gpt see the GPT options", mlp_flag);
+    if (o->model == MODEL_MLP && gpt_flag) die_usage("%s is a GPT option: add --model gpt", gpt_flag);
+    if (o->memory && nproc_flag) die_usage("--memory runs P = 1, 2 and 4; --nproc does not apply");
+    if (!o->layers) o->layers = o->model == MODEL_GPT ? 4 : 6;
+    if (!o->batch) o->batch = o->model == MODEL_GPT ? 16 : 2048; /* compute-bound: communication is a small part of a step */
+    if (o->steps < 0) o->steps = o->memory ? 3 : 10;
+    if (o->warmup < 0) o->warmup = o->memory ? 0 : 2;
+    if (o->model == MODEL_GPT && o->channels % o->heads)
+        die_usage("--channels %d is not divisible by --heads %d", o->channels, o->heads);
+    if (o->memory && o->batch % 4) die_usage("--memory runs up to 4 ranks: --batch %d is not divisible by 4", o->batch);
+    if (!o->memory && o->batch % o->nproc) die_usage("--batch %d is not divisible by --nproc %d", o->batch, o->nproc);
     // every field explicit, so the plain loop and fsdp_step apply exactly the same update
     fsdp_optimizer_desc *opt = &o->optimizer;
     opt->lr = opt->kind == FSDP_SGD ? 0.01f : 1e-3f;
@@ -278,96 +629,21 @@ static void parse(options *o, int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-    static const char *optimizer_names[] = {"", "SGD", "Adam", "AdamW"};
     options o;
-    char err[512], names[4][32];
+    char err[512];
+    int rc;
     parse(&o, argc, argv);
-    int N = o.nproc;
-    config configs[] = {
-        {"plain loop (no fsdp)", 1, 1, 0, FSDP_FULL_SHARD},
-        {"FSDP FULL_SHARD", 0, 1, 0, FSDP_FULL_SHARD},
-        {names[0], 0, N, 0, FSDP_FULL_SHARD},
-        {names[1], 0, N, 0, FSDP_SHARD_GRAD_OP},
-        {names[2], 0, N, 0, FSDP_NO_SHARD},
-        {names[3], 0, N, N / 2, FSDP_HYBRID_SHARD},
-    };
-    int num_configs = (int)(sizeof configs / sizeof configs[0]);
-    snprintf(names[0], sizeof names[0], "FSDP FULL_SHARD");
-    snprintf(names[1], sizeof names[1], "FSDP SHARD_GRAD_OP");
-    snprintf(names[2], sizeof names[2], "FSDP NO_SHARD");
-    snprintf(names[3], sizeof names[3], "FSDP HYBRID %dx%d", N / (N / 2), N / 2);
-    rank_result *results = (rank_result *)mmap(NULL, sizeof(rank_result) * MAX_RANKS * (size_t)num_configs,
-                                               PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (results == MAP_FAILED) { perror("bench_train: mmap"); return 1; }
-    memset(results, 0, sizeof(rank_result) * MAX_RANKS * (size_t)num_configs);
     openblas_set_num_threads(1);
-    if (o.csv ? data_csv(&o.data, o.csv, err, sizeof err)
-              : data_blobs(&o.data, 8 * o.batch, o.features, o.classes, 1234)) {
+    if (o.model == MODEL_GPT) {
+        if (load_text(&o, argv[0])) return 1;
+    } else if (o.csv ? data_csv(&o.data, o.csv, err, sizeof err)
+                     : data_blobs(&o.data, 8 * o.batch, o.features, o.classes, 1234)) {
         fprintf(stderr, "bench_train: %s\n", o.csv ? err : "out of memory for the synthetic data");
         return 1;
     }
-    {
-        mlp m;
-        if (mlp_build(&m, o.data.features, o.hidden, o.layers, o.data.classes)) { fprintf(stderr, "bench_train: out of memory\n"); return 1; }
-        printf("bench_train: MLP %d -> %d x %d -> %d (%d Linear layers, %.2f M parameters), global batch %d, %s, "
-               "%d timed steps after %d warmup, 1 BLAS thread per rank, shm\n", o.data.features, o.layers - 1, o.hidden,
-               o.data.classes, o.layers, m.num_params / 1e6, o.batch, optimizer_names[o.optimizer.kind], o.steps, o.warmup);
-        mlp_free(&m);
-    }
-    printf("command:");
-    for (int i = 0; i < argc; i++) printf(" %s", argv[i]);
-    printf("\n\n");
-    fflush(stdout);
-
-    double busy0 = 0, total0 = 0, busy1 = 0, total1 = 0, ours = children_cpu();
-    int have_cpu = machine_cpu(&busy0, &total0) == 0;
-    for (int c = 0; c < num_configs; c++) {
-        fsdp_launch_desc ld;
-        fsdp_launch_status status;
-        job j = {&o, &configs[c], results + (size_t)c * MAX_RANKS};
-        memset(&ld, 0, sizeof ld);
-        ld.nprocs = configs[c].nprocs;
-        if (isatty(2)) fprintf(stderr, "running %-22s P=%d ...\r", configs[c].name, configs[c].nprocs);
-        if (fsdp_launch_ex(&ld, run_rank, &j, &status)) {
-            fprintf(stderr, "bench_train: %s P=%d: %s\n", configs[c].name, configs[c].nprocs, status.message);
-            return 1;
-        }
-    }
-    if (isatty(2)) fprintf(stderr, "%60s\r", "");
-    ours = children_cpu() - ours;
-    have_cpu = have_cpu && machine_cpu(&busy1, &total1) == 0;
-
-    printf("%-22s %2s %10s %8s %10s %8s %7s %12s %13s %8s\n", "config", "P", "samples/s", "ms/step", "in fsdp ms",
-           "vs plain", "vs P=1", "max RSS/rank", "fsdp peak/rk", "loss");
-    double plain_rate = 0, p1_rate = 0;
-    for (int c = 0; c < num_configs; c++) {
-        rank_result worst = results[(size_t)c * MAX_RANKS];
-        for (int r = 1; r < configs[c].nprocs; r++) { // the slowest and largest rank
-            const rank_result *x = &results[(size_t)c * MAX_RANKS + r];
-            if (x->ms > worst.ms) worst.ms = x->ms;
-            if (x->wait_ms > worst.wait_ms) worst.wait_ms = x->wait_ms;
-            if (x->rss > worst.rss) worst.rss = x->rss;
-            if (x->state > worst.state) worst.state = x->state;
-        }
-        double rate = o.batch / (worst.ms * 1e-3);
-        if (c == 0) plain_rate = rate;
-        if (c == 1) p1_rate = rate;
-        char wait[16], state[24], vs_p1[16];
-        snprintf(wait, sizeof wait, configs[c].plain ? "-" : "%.1f", worst.wait_ms);
-        snprintf(vs_p1, sizeof vs_p1, c == 0 ? "-" : "%.2fx", rate / p1_rate);
-        snprintf(state, sizeof state, "%.1f MiB%s", worst.state / 1048576.0, configs[c].plain ? "*" : "");
-        printf("%-22s %2d %10.0f %8.1f %10s %7.2fx %7s %8.1f MiB %13s %8.4f\n", configs[c].name, configs[c].nprocs, rate,
-               worst.ms, wait, rate / plain_rate, vs_p1, worst.rss / 1048576.0, state, worst.loss);
-    }
-    printf("\nms/step: median over the timed steps, slowest rank; in fsdp ms: time inside the hooks, fsdp_step and fsdp_zero_grad\n"
-           "(waiting for gathers and reductions, plus the optimizer update on this rank's shard; the plain loop's\n"
-           "full update takes %.1f ms/step). *plain: parameters + gradients + optimizer state, no fsdp.\n",
-           results[0].update_ms);
-    if (have_cpu && total1 > total0) {
-        double others = (busy1 - busy0 - ours) / (total1 - total0);
-        printf("other processes used %.0f%% of the machine's CPU time during the runs%s\n", others > 0 ? 100 * others : 0.0,
-               others > 0.05 ? ": timings are disturbed; rerun on an idle machine" : "");
-    }
+    print_header(&o, argc, argv);
+    rc = o.memory ? memory_table(&o) : speed_table(&o);
     data_free(&o.data);
-    return 0;
+    free(o.text);
+    return rc;
 }

@@ -133,6 +133,26 @@ static void sample(gpt *m, gpt_acts *acts, const options *o, int n) {
 /* ----------------------------------------------------------------------------------------- */
 /* what each rank runs */
 
+/* "actual/estimate: persistent 1.000, peak unsharded 0.687" over the ranks' statistics (stride
+   doubles each: persistent, then peak unsharded), as a range when the ranks differ. */
+static void print_vs_estimate(const double *all, int P, int stride, double est_persistent, double est_peak_unsharded) {
+    const char *names[2] = {"persistent", "peak unsharded"};
+    double est[2] = {est_persistent, est_peak_unsharded};
+    printf("actual/estimate:");
+    for (int k = 0; k < 2; k++) {
+        double lo = 0, hi = 0;
+        for (int r = 0; r < P; r++) {
+            double ratio = est[k] > 0 ? all[stride * r + k] / est[k] : 0;
+            if (r == 0 || ratio < lo) lo = ratio;
+            if (r == 0 || ratio > hi) hi = ratio;
+        }
+        if (est[k] <= 0) printf("%s %s -", k ? "," : "", names[k]);
+        else if (hi - lo < 5e-4) printf("%s %s %.3f", k ? "," : "", names[k], lo);
+        else printf("%s %s %.3f .. %.3f (over the ranks)", k ? "," : "", names[k], lo, hi);
+    }
+    printf("\n");
+}
+
 static int save_checkpoint(fsdp_ctx *ctx, const options *o, int rank, long long step) {
     fsdp_save_options so;
     double t = fsdp_now();
@@ -259,12 +279,13 @@ static int train(fsdp_comm *comm, void *arg) {
             goto done;
     }
 
-    { // every rank's memory and time, printed by rank 0
-        fsdp_memory_stats st;
+    { // every rank's memory and time, printed by rank 0, and what fsdp_memory_estimate predicted
+        fsdp_memory_stats st, est;
         struct rusage ru;
         double mine[7], *all = (double *)calloc((size_t)P * 7, sizeof(double));
         int skip = timed > 1; // the first step warms up
         fsdp_memory_stats_get(ctx, &st);
+        if (fsdp_memory_estimate(m.model, &desc, P, &est)) memset(&est, 0, sizeof est); // fsdp_init took this desc
         getrusage(RUSAGE_SELF, &ru);
         mine[0] = (double)st.persistent_bytes, mine[1] = (double)st.peak_unsharded_bytes;
         mine[2] = (double)st.peak_bytes, mine[3] = 1024.0 * (double)ru.ru_maxrss;
@@ -282,6 +303,10 @@ static int train(fsdp_comm *comm, void *arg) {
                 printf("%4d  %6.2f MiB  %10.2f MiB  %5.2f MiB  %7.2f MiB  %5.1f MiB  %7.1f  %6.1f\n", r, mib(s[0]),
                        mib(s[1]), mib(s[2]), mib(s[6]), mib(s[3]), s[4], s[5]);
             }
+            printf(" est  %6.2f MiB  %10.2f MiB  %5.2f MiB  (fsdp_memory_estimate for this model, desc and %d rank%s)\n",
+                   mib((double)est.persistent_bytes), mib((double)est.peak_unsharded_bytes), mib((double)est.peak_bytes),
+                   P, P > 1 ? "s" : "");
+            print_vs_estimate(all, P, 7, (double)est.persistent_bytes, (double)est.peak_unsharded_bytes);
             if (timed)
                 printf("final loss %.4f; %.0f tokens/s (median step %.1f ms on rank 0)\n", (double)loss,
                        o->batch * T / (all[4] * 1e-3), all[4]);
@@ -424,7 +449,8 @@ static void usage(FILE *out) {
         "embeddings, pre-LayerNorm blocks (causal self-attention, GELU MLP), final LayerNorm, LM head tied to\n"
         "the token embedding. Each block h.<i> is an FSDP unit; the root unit holds wte, wpe and ln_f. Names\n"
         "as the Hugging Face GPT-2 state dict (h.0.attn.c_attn.weight, ...), matrices as nn.Linear (out, in).\n"
-        "At the end rank 0 prints every rank's memory, the loss on the held-out text and a sample.\n"
+        "At the end rank 0 prints every rank's memory (and fsdp_memory_estimate's prediction of it), the\n"
+        "loss on the held-out text and a sample.\n"
         "\n"
         "ranks\n"
         "  --nproc N            fork N local ranks (default: read the job from the environment: torchrun's\n"
