@@ -587,7 +587,10 @@ typedef struct fsdp_memory_stats {
 
 FSDP_API int fsdp_memory_stats_get(const fsdp_ctx *ctx, fsdp_memory_stats *stats);
 FSDP_API void fsdp_memory_reset_peak(fsdp_ctx *ctx);
-/* Predicts the stats above for a model, config and world size before anything is allocated. */
+/* Predicts the stats above for a model, config and world size before anything is allocated:
+   persistent bytes exactly; peak_unsharded_bytes as an upper bound of what the scheduler keeps
+   alive (without no_sync). HYBRID_SHARD's default group is the comm's ranks per host when
+   desc->comm has world_size ranks, else world_size (one host). */
 FSDP_API int fsdp_memory_estimate(const fsdp_model *model, const fsdp_desc *desc, int world_size,
                                   fsdp_memory_stats *estimate);
 
@@ -4746,8 +4749,10 @@ FSDP_API int fsdp_memory_estimate(const fsdp_model *model, const fsdp_desc *desc
     if (!model || !desc || !est || world_size < 1) return FSDP_ERR_INVALID_ARG;
     memset(est, 0, sizeof *est);
     d = *desc;
-    rc = fsdp__desc_resolve(&d, world_size, desc->comm ? fsdp_comm_local_size(desc->comm) : world_size, &hybrid_group,
-                            err, sizeof err);
+    rc = fsdp__desc_resolve(&d, world_size,
+                            desc->comm && fsdp_comm_size(desc->comm) == world_size ? fsdp_comm_local_size(desc->comm)
+                                                                                  : world_size,
+                            &hybrid_group, err, sizeof err);
     if (!rc) rc = fsdp__plan_build(model, &d, world_size, hybrid_group, &plan, err, sizeof err);
     if (rc) return rc;
     nbuf = fsdp__opt_buffers(&d.optimizer);
