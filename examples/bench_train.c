@@ -27,6 +27,7 @@
 #include <sys/resource.h>
 
 #include "mlp_model.h"
+#include "example_args.h"
 
 /* gpt_model.h was written for gpt.c: three of its functions have the names of mlp_model.h's, and
    its learning-rate schedule has no use here (a constant rate keeps the plain loop's update equal
@@ -521,23 +522,6 @@ static int load_text(options *o, const char *argv0) {
 /* ----------------------------------------------------------------------------------------- */
 /* flags */
 
-static void die_usage(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "bench_train: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n(build/bench_train --help lists the options)\n");
-    va_end(ap);
-    exit(2);
-}
-
-static int arg_int(const char *flag, const char *text, int lo, int hi) {
-    char *end;
-    long v = strtol(text, &end, 10);
-    if (!*text || *end || v < lo || v > hi) die_usage("%s needs an integer in [%d, %d], got '%s'", flag, lo, hi, text);
-    return (int)v;
-}
-
 static void usage(FILE *out) {
     fprintf(out,
         "usage: bench_train [options]\n"
@@ -629,6 +613,7 @@ static void parse(options *o, int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    example_program = "bench_train";
     options o;
     char err[512];
     int rc;

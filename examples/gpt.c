@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "gpt_model.h"
+#include "example_args.h"
 
 #define VAL_BATCHES 16 // batches of the held-out text scored at the end
 
@@ -500,40 +501,6 @@ static void usage(FILE *out) {
         "  --help               this text\n");
 }
 
-static void die_usage(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "gpt: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n(build/gpt --help lists the options)\n");
-    va_end(ap);
-    exit(2);
-}
-
-static long arg_int(const char *flag, const char *text, long lo, long hi) {
-    char *end;
-    long v = strtol(text, &end, 10);
-    if (!*text || *end || v < lo || v > hi) die_usage("%s needs an integer in [%ld, %ld], got '%s'", flag, lo, hi, text);
-    return v;
-}
-
-static float arg_float(const char *flag, const char *text) {
-    char *end;
-    double v = strtod(text, &end);
-    if (!*text || *end || !(v >= 0) || !isfinite(v)) die_usage("%s needs a number >= 0, got '%s'", flag, text);
-    return (float)v;
-}
-
-static int arg_choice(const char *flag, const char *text, const char *const *names, int first) {
-    char list[128] = "";
-    for (int i = 0; names[i]; i++) {
-        if (strcmp(text, names[i]) == 0) return first + i;
-        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", names[i]);
-    }
-    die_usage("%s: unknown value '%s' (choose one of %s)", flag, text, list);
-    return 0;
-}
-
 static void parse(options *o, int argc, char **argv, const char *exe_dir) {
     static const char *const backends[] = {"shm", "socket", NULL}, *const strategies[] = {"full", "grad_op", "no_shard", "hybrid", NULL};
     static const char *const dtypes[] = {"f32", "bf16", "f16", NULL};
@@ -592,6 +559,7 @@ static int check_batch(const options *o, int P) {
 }
 
 int main(int argc, char **argv) {
+    example_program = "gpt";
     static options o; // large path buffers: not on the stack
     char err[512], exe_dir[1024];
     int rc;

@@ -18,6 +18,7 @@
 #include <sys/resource.h>
 
 #include "mlp_model.h"
+#include "example_args.h"
 
 typedef struct {
     int nproc;                        // 0: ranks from the environment
@@ -422,40 +423,6 @@ static void usage(FILE *out) {
         "  --help               this text\n", MLP_MAX_LAYERS);
 }
 
-static void die_usage(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "mlp: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n(build/mlp --help lists the options)\n");
-    va_end(ap);
-    exit(2);
-}
-
-static long arg_int(const char *flag, const char *text, long lo, long hi) {
-    char *end;
-    long v = strtol(text, &end, 10);
-    if (!*text || *end || v < lo || v > hi) die_usage("%s needs an integer in [%ld, %ld], got '%s'", flag, lo, hi, text);
-    return v;
-}
-
-static float arg_float(const char *flag, const char *text) {
-    char *end;
-    double v = strtod(text, &end);
-    if (!*text || *end || !(v >= 0) || !isfinite(v)) die_usage("%s needs a number >= 0, got '%s'", flag, text);
-    return (float)v;
-}
-
-static int arg_choice(const char *flag, const char *text, const char *const *names, int first) {
-    char list[128] = "";
-    for (int i = 0; names[i]; i++) {
-        if (strcmp(text, names[i]) == 0) return first + i;
-        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", names[i]);
-    }
-    die_usage("%s: unknown value '%s' (choose one of %s)", flag, text, list);
-    return 0;
-}
-
 static void parse(options *o, int argc, char **argv) {
     static const char *const backends[] = {"shm", "socket", NULL}, *const strategies[] = {"full", "grad_op", "no_shard", "hybrid", NULL};
     static const char *const dtypes[] = {"f32", "bf16", "f16", NULL}, *const optimizers[] = {"sgd", "adam", "adamw", NULL};
@@ -523,6 +490,7 @@ static int check_ranks(const options *o, int P) {
 }
 
 int main(int argc, char **argv) {
+    example_program = "mlp";
     options o;
     char err[512];
     int rc;
