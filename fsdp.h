@@ -21,16 +21,33 @@
    WHAT IT IS
        PyTorch-FSDP semantics for hand-written C training code: parameters, gradients and optimizer
        state are sharded across ranks (processes on one machine or many), gathered just before
-       use and reduced and resharded right after. This version ships the foundation every part
-       stands on: dtypes, a pluggable collective interface with shared-memory, TCP-socket and MPI
-       implementations, environment-driven initialisation (torchrun, SLURM, Open MPI) and a
-       local launcher that forks ranks joined by shared memory.
+       use and reduced and resharded right after. You describe the model (modules, parameters,
+       init rules), a wrap policy cuts it into units, and you call four hooks at module
+       boundaries; a comm thread gathers and reduces behind your compute; fsdp_step updates each
+       rank's shard. Checkpoints are safetensors files. Underneath: dtypes, a pluggable
+       collective interface with shared-memory, TCP-socket and MPI implementations,
+       environment-driven initialisation (torchrun, SLURM, Open MPI) and a local launcher.
 
-   QUICK EXAMPLE
+   QUICK EXAMPLE (examples/mlp.c and examples/gpt.c are complete programs)
        static int train(fsdp_comm *comm, void *arg) {
-           float shard[4] = {1, 2, 3, 4}, full[16];
-           int rc = fsdp_all_gather(comm, shard, full, 4, FSDP_F32);
-           if (rc != FSDP_SUCCESS) { fprintf(stderr, "%s\n", fsdp_comm_last_error(comm)); return 1; }
+           fsdp_model *m; fsdp_ctx *ctx; fsdp_desc d = {0};
+           fsdp_init_rule init = {FSDP_INIT_NORMAL, 0.0f, 0.02f};
+           int64_t shape[2] = {512, 256};
+           fsdp_model_create(&m, "Net");
+           int fc = fsdp_model_module(m, 0, "fc", "Linear");
+           int w = fsdp_model_param(m, fc, "weight", 2, shape, init);
+           d.comm = comm;                                    // FULL_SHARD, SGD by default
+           if (fsdp_init(&ctx, m, &d)) { fprintf(stderr, "%s\n", fsdp_last_error(NULL)); return 1; }
+           for (int step = 0; step < 100; step++) {
+               fsdp_pre_forward(ctx, fc);   // forward reads fsdp_param(ctx, w)
+               fsdp_post_forward(ctx, fc);
+               fsdp_pre_backward(ctx, fc);  // backward adds into fsdp_grad(ctx, w)
+               fsdp_post_backward(ctx, fc);
+               fsdp_step(ctx, 1.0f, NULL);  // clip to norm 1, update this rank's shard
+               fsdp_zero_grad(ctx);
+           }
+           fsdp_save_full(ctx, "net.safetensors", NULL);
+           fsdp_destroy(ctx); fsdp_model_destroy(m);
            return 0;
        }
        int main(void) { return fsdp_launch(4, train, NULL) == FSDP_SUCCESS ? 0 : 1; }
@@ -368,7 +385,7 @@ typedef float (*fsdp_init_fn)(void *user, const char *param_name, int64_t index,
 /* How a parameter's elements are initialised. Every element is computed on its own from a
    counter-based generator keyed by (seed, parameter name, element index), so each rank fills
    only its shard and the model is bitwise the same for every world size and strategy. */
-typedef struct fsdp_init {
+typedef struct fsdp_init_rule {
     fsdp_init_kind kind;
     float a, b;
     fsdp_init_fn fn;
