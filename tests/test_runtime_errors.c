@@ -218,6 +218,120 @@ static void test_second_forward_without_ending_the_first_returns_state_error_tha
     assert_error_names(fsdp_last_error(ctx), "fsdp_finish_backward");
 }
 
+/* ---------------------------------------------------------------------------------------------
+   setting parameters from outside: a full tensor from rank 0, or each rank's own slice
+   --------------------------------------------------------------------------------------------- */
+typedef struct set_report {
+    int rc;
+    char error[600];
+} set_report;
+
+static set_report *set_reports; /* MAP_SHARED [MAX_WORLD] */
+
+static float full_value(int64_t i) { return 0.25f * (float)i - 3.0f; }
+static float slice_value(int rank, int64_t i) { return (float)(100 * (rank + 1)) + (float)i; }
+
+/* Every parameter set with fsdp_set_param_full (rank 0's values) or fsdp_set_param_shard (each
+   rank its slice); gathering them back must give exactly those values on every rank. */
+static int set_params_rank(fsdp_comm *comm, void *arg) {
+    set_report *r = &set_reports[fsdp_comm_rank(comm)];
+    int use_shard = *(const int *)arg, me = fsdp_comm_rank(comm), p, P = fsdp_comm_size(comm), q;
+    small_model m;
+    fsdp_ctx *c = NULL;
+    fsdp_desc d;
+    float buf[64], got[64];
+    if (small_build(&m) != 0) return 2;
+    d = small_desc(comm, FSDP_FULL_SHARD);
+    if ((r->rc = fsdp_init(&c, m.model, &d)) != 0) { snprintf(r->error, sizeof r->error, "fsdp_init: %s", fsdp_last_error(NULL)); return 3; }
+    for (p = 0; p < fsdp_model_num_params(m.model); p++) {
+        fsdp_param_info info;
+        int64_t i, n = fsdp_model_param_numel(m.model, p);
+        fsdp_param_info_get(c, p, &info);
+        if (use_shard) {
+            for (i = info.shard_begin; i < info.shard_end; i++) buf[i - info.shard_begin] = slice_value(me, i);
+            r->rc = fsdp_set_param_shard(c, p, buf);
+        } else {
+            for (i = 0; i < n; i++) buf[i] = full_value(i);
+            r->rc = fsdp_set_param_full(c, p, me == 0 ? buf : NULL);
+        }
+        if (r->rc) { snprintf(r->error, sizeof r->error, "set %s: %s", fsdp_model_param_name(m.model, p), fsdp_last_error(c)); return 4; }
+    }
+    for (p = 0; p < fsdp_model_num_params(m.model); p++) {
+        int64_t i, n = fsdp_model_param_numel(m.model, p);
+        if ((r->rc = fsdp_gather_param(c, p, got)) != 0) { snprintf(r->error, sizeof r->error, "gather: %s", fsdp_last_error(c)); return 5; }
+        for (i = 0; i < n; i++) {
+            float want = full_value(i);
+            if (use_shard) { /* the rank whose slice holds element i set it */
+                for (q = 0; q < P; q++) {
+                    fsdp_param_info info; /* ranges are the same function of the rank on every rank */
+                    int64_t lo, hi, S;
+                    fsdp_unit_info u;
+                    fsdp_param_info_get(c, p, &info);
+                    fsdp_unit_info_get(c, info.unit, &u);
+                    S = u.shard_numel;
+                    lo = q * S - info.flat_offset;
+                    hi = lo + S;
+                    if (i >= lo && i < hi) want = slice_value(q, i);
+                }
+            }
+            if (got[i] != want) {
+                snprintf(r->error, sizeof r->error, "%s[%lld] is %g, expected %g", fsdp_model_param_name(m.model, p),
+                         (long long)i, (double)got[i], (double)want);
+                r->rc = -1;
+                return 6;
+            }
+        }
+    }
+    fsdp_destroy(c);
+    fsdp_model_destroy(m.model);
+    return 0;
+}
+
+static void assert_set_params(int use_shard) {
+    fsdp_launch_desc ld;
+    fsdp_launch_status st;
+    int P, r;
+    set_reports = (set_report *)mmap(NULL, sizeof *set_reports * MAX_WORLD, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    TEST_ASSERT_TRUE(set_reports != MAP_FAILED);
+    for (P = 1; P <= 3; P++) {
+        memset(set_reports, 0, sizeof *set_reports * MAX_WORLD);
+        memset(&ld, 0, sizeof ld);
+        ld.nprocs = P;
+        ld.timeout_ms = 10000;
+        r = fsdp_launch_ex(&ld, set_params_rank, &use_shard, &st);
+        snprintf(message, sizeof message, "P=%d: %s | rank 0: %s", P, st.message, set_reports[0].error);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, r, message);
+    }
+    munmap(set_reports, sizeof *set_reports * MAX_WORLD);
+}
+
+static void test_set_param_full_from_rank0_reaches_every_rank_exactly(void) { assert_set_params(0); }
+static void test_set_param_shard_sets_exactly_this_ranks_slice(void) { assert_set_params(1); }
+
+static void test_set_param_during_an_iteration_returns_state_error(void) {
+    float values[35] = {0};
+    start_one_rank(FSDP_FULL_SHARD);
+    TEST_ASSERT_EQUAL_INT(0, fsdp_pre_forward(ctx, 0));
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_STATE, fsdp_set_param_full(ctx, net.weight[0], values));
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_STATE, fsdp_set_param_shard(ctx, net.weight[0], values));
+}
+
+static int units_lines;
+static int units_named;
+static void count_unit_line(void *user, const char *line) {
+    (void)user;
+    units_lines++;
+    if (strstr(line, "layers.1") && strstr(line, "FULL_SHARD")) units_named++;
+}
+
+static void test_print_units_lists_a_header_and_every_unit(void) {
+    start_one_rank(FSDP_FULL_SHARD);
+    units_lines = units_named = 0;
+    fsdp_print_units(ctx, count_unit_line, NULL);
+    TEST_ASSERT_EQUAL_INT(1 + fsdp_num_units(ctx), units_lines);
+    TEST_ASSERT_EQUAL_INT(1, units_named);
+}
+
 static void test_step_while_no_sync_holds_unreduced_gradients_returns_state_error(void) {
     int l;
     start_one_rank(FSDP_FULL_SHARD);
@@ -945,6 +1059,10 @@ int main(void) {
     RUN_TEST(test_step_after_unit_ran_forward_but_not_backward_returns_state_error_naming_the_unit);
     RUN_TEST(test_step_while_no_sync_holds_unreduced_gradients_returns_state_error);
     RUN_TEST(test_forward_only_pass_ended_by_finish_backward_allows_another_forward);
+    RUN_TEST(test_set_param_full_from_rank0_reaches_every_rank_exactly);
+    RUN_TEST(test_set_param_shard_sets_exactly_this_ranks_slice);
+    RUN_TEST(test_set_param_during_an_iteration_returns_state_error);
+    RUN_TEST(test_print_units_lists_a_header_and_every_unit);
     RUN_TEST(test_second_forward_without_ending_the_first_returns_state_error_that_says_what_to_do);
 
     RUN_TEST(test_order_rank_with_different_forward_order_gets_mismatch_on_every_rank_within_timeout);
