@@ -6684,8 +6684,11 @@ FSDP_API int fsdp_launch_ex(const fsdp_launch_desc *desc, fsdp_rank_fn fn, void 
     fflush(NULL);
     for (rank = 0; rank < d.nprocs; rank++) {
         pid_t pid = fork();
-        if (pid == 0) fsdp__launch_child(&d, rank, fn, arg, job, listen_fd, port, mapping == MAP_FAILED ? NULL : mapping,
-                                         map_bytes, board);
+        if (pid == 0) { /* the child never returns; it needs nothing of the parent's bookkeeping */
+            FSDP_FREE(pids);
+            fsdp__launch_child(&d, rank, fn, arg, job, listen_fd, port, mapping == MAP_FAILED ? NULL : mapping, map_bytes,
+                               board);
+        }
         if (pid < 0) {
             fsdp__fmt(status->message, sizeof status->message, "fsdp_launch: fork of rank %d failed: %s", rank, strerror(errno));
             rc = FSDP_ERR_SYSTEM;
