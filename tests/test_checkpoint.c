@@ -2143,9 +2143,12 @@ static int replay_dir(const char *dir, int *files) {
         fflush(NULL);
         pid = fork();
         if (pid == 0) {
+            int rc;
             alarm(20);
+            closedir(d); /* the child's copy: nothing of the parent's stays allocated in it */
             read_file(path);
-            _exit(exercise_parser(file_bytes, file_size));
+            rc = exercise_parser(file_bytes, file_size);
+            _exit(rc);
         }
         TEST_ASSERT_TRUE(pid > 0);
         TEST_ASSERT_EQUAL_INT(pid, waitpid(pid, &status, 0));
