@@ -40,7 +40,7 @@ $(BUILD)/unity.o: $(UNITY_DIR)/unity.c | $(BUILD)
 $(BUILD)/test_%: tests/test_%.c fsdp.h $(BUILD)/unity.o | $(BUILD)
 	$(CC) -std=c99 $(OPT) $(WARN) $(SANFLAGS) $(CFLAGS) -I. -I$(UNITY_DIR) $< $(BUILD)/unity.o -o $@ $(LDLIBS)
 
-$(BUILD)/test_gpt: tests/test_gpt.c examples/gpt_model.h fsdp.h $(BUILD)/unity.o | $(BUILD)
+$(BUILD)/test_gpt: tests/test_gpt.c examples/gpt_model.h examples/example_common.h fsdp.h $(BUILD)/unity.o | $(BUILD)
 	$(BLAS_CHECK)
 	$(CC) -std=c99 $(OPT) $(WARN) $(SANFLAGS) $(CFLAGS) -I. -I$(UNITY_DIR) $< $(BUILD)/unity.o -o $@ -lopenblas $(LDLIBS)
 
@@ -78,15 +78,15 @@ $(BUILD)/demo_collectives: examples/demo_collectives.c fsdp.h | $(BUILD)
 BLAS_CHECK = @echo '\#include <cblas.h>' | $(CC) -E -x c - >/dev/null 2>&1 || \
 	{ echo "error: <cblas.h> not found; sudo apt-get install libopenblas-dev"; exit 1; }
 
-$(BUILD)/gpt: examples/gpt.c examples/gpt_model.h examples/example_args.h fsdp.h | $(BUILD)
+$(BUILD)/gpt: examples/gpt.c examples/gpt_model.h examples/example_common.h fsdp.h | $(BUILD)
 	$(BLAS_CHECK)
 	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) -I. $< -o $@ -lopenblas $(LDLIBS)
 
-$(BUILD)/mlp: examples/mlp.c examples/mlp_model.h examples/example_args.h fsdp.h | $(BUILD)
+$(BUILD)/mlp: examples/mlp.c examples/mlp_model.h examples/example_common.h fsdp.h | $(BUILD)
 	$(BLAS_CHECK)
 	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) -I. $< -o $@ -lopenblas $(LDLIBS)
 
-$(BUILD)/bench_train: examples/bench_train.c examples/mlp_model.h examples/gpt_model.h examples/example_args.h fsdp.h | $(BUILD)
+$(BUILD)/bench_train: examples/bench_train.c examples/mlp_model.h examples/gpt_model.h examples/example_common.h fsdp.h | $(BUILD)
 	$(BLAS_CHECK)
 	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) -I. $< -o $@ -lopenblas $(LDLIBS)
 

@@ -27,7 +27,6 @@
 #include <sys/resource.h>
 
 #include "mlp_model.h"
-#include "example_args.h"
 
 /* gpt_model.h was written for gpt.c: three of its functions have the names of mlp_model.h's, and
    its learning-rate schedule has no use here (a constant rate keeps the plain loop's update equal

@@ -21,7 +21,6 @@
 #include <unistd.h>
 
 #include "gpt_model.h"
-#include "example_args.h"
 
 #define VAL_BATCHES 16 // batches of the held-out text scored at the end
 

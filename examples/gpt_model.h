@@ -35,6 +35,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "example_common.h"
+
 #if defined(__GNUC__) || defined(__clang__)
 #  define GPT_UNUSED __attribute__((unused)) /* for what only one of the two programs calls */
 #else
@@ -487,21 +489,8 @@ static void gpt_acts_free(gpt_acts *acts) {
 }
 
 /* Calls an fsdp hook (nothing without a runtime), timing it and naming the module on failure. */
-typedef int (*gpt_hook_fn)(fsdp_ctx *ctx, int module);
-static int gpt_hook(gpt *m, gpt_hook_fn hook, const char *hook_name, int module) {
-    double t;
-    int rc;
-    if (!m->ctx) return 0;
-    t = fsdp_now();
-    rc = hook(m->ctx, module);
-    m->hook_seconds += fsdp_now() - t;
-    if (rc) {
-        const char *name = fsdp_model_module_name(m->model, module);
-        fprintf(stderr, "rank %d: %s(%s) failed: %s\n", m->rank, hook_name, *name ? name : "GPT", fsdp_last_error(m->ctx));
-    }
-    return rc;
-}
-#define GPT_HOOK(m, hook, module) gpt_hook((m), hook, #hook, (module))
+#define GPT_HOOK(m, hook, module) \
+    ((m)->ctx ? example_hook((m)->ctx, (m)->model, (m)->rank, &(m)->hook_seconds, hook, #hook, (module), "GPT") : 0)
 
 /* A parameter's weights or gradient: gathered by FSDP (NULL when its unit is not gathered, or
    outside backward for gradients) or the plain arrays. */

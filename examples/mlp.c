@@ -18,7 +18,6 @@
 #include <sys/resource.h>
 
 #include "mlp_model.h"
-#include "example_args.h"
 
 typedef struct {
     int nproc;                        // 0: ranks from the environment

@@ -23,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "example_common.h"
+
 #if defined(__GNUC__) || defined(__clang__)
 #  define MLP_UNUSED __attribute__((unused)) /* for what only one of the two programs calls */
 #else
@@ -351,22 +353,8 @@ static void mlp_acts_free(mlp_acts *a) {
 }
 
 /* Calls an fsdp hook (nothing without a runtime), timing it and naming the module on failure. */
-typedef int (*mlp_hook_fn)(fsdp_ctx *ctx, int module);
-static int mlp_hook(mlp *m, mlp_hook_fn hook, const char *hook_name, int module) {
-    double t;
-    int rc;
-    if (!m->ctx) return 0;
-    t = fsdp_now();
-    rc = hook(m->ctx, module);
-    m->hook_seconds += fsdp_now() - t;
-    if (rc) {
-        const char *name = fsdp_model_module_name(m->model, module);
-        fprintf(stderr, "rank %d: %s(%s) failed: %s\n", m->rank, hook_name, *name ? name : "MLP",
-                fsdp_last_error(m->ctx));
-    }
-    return rc;
-}
-#define MLP_HOOK(m, hook, module) mlp_hook((m), hook, #hook, (module))
+#define MLP_HOOK(m, hook, module) \
+    ((m)->ctx ? example_hook((m)->ctx, (m)->model, (m)->rank, &(m)->hook_seconds, hook, #hook, (module), "MLP") : 0)
 
 /* Layer i's weights (and gradients, during its backward): gathered by FSDP or the plain arrays. */
 typedef struct { float *w, *b, *dw, *db; } linear_params;

@@ -1,7 +1,8 @@
-/* example_args.h - command-line checks shared by the example programs (gpt, mlp, bench_train).
-   Each program sets example_program to its name before parsing. */
-#ifndef EXAMPLE_ARGS_H
-#define EXAMPLE_ARGS_H
+/* example_common.h - what the example programs (gpt, mlp, bench_train) share: command-line
+   checks and a timed hook call. Each program sets example_program to its name before parsing.
+   Include after fsdp.h. */
+#ifndef EXAMPLE_COMMON_H
+#define EXAMPLE_COMMON_H
 
 #include <math.h>
 #include <stdarg.h>
@@ -13,6 +14,21 @@
 #  define EXAMPLE_HELPER static __attribute__((unused)) /* not every program needs every helper */
 #else
 #  define EXAMPLE_HELPER static
+/* Calls an fsdp hook, adding the time it took to *seconds and naming the module on failure
+   (root_name for module 0). */
+typedef int (*example_hook_fn)(fsdp_ctx *ctx, int module);
+EXAMPLE_HELPER int example_hook(fsdp_ctx *ctx, const fsdp_model *model, int rank, double *seconds, example_hook_fn hook,
+                                const char *hook_name, int module, const char *root_name) {
+    double t = fsdp_now();
+    int rc = hook(ctx, module);
+    *seconds += fsdp_now() - t;
+    if (rc) {
+        const char *name = fsdp_model_module_name(model, module);
+        fprintf(stderr, "rank %d: %s(%s) failed: %s\n", rank, hook_name, name && *name ? name : root_name, fsdp_last_error(ctx));
+    }
+    return rc;
+}
+
 #endif
 
 static const char *example_program = "example";
@@ -51,6 +67,21 @@ EXAMPLE_HELPER int arg_choice(const char *flag, const char *text, const char *co
     }
     die_usage("%s: unknown value '%s' (choose one of %s)", flag, text, list);
     return 0;
+}
+
+/* Calls an fsdp hook, adding the time it took to *seconds and naming the module on failure
+   (root_name for module 0). */
+typedef int (*example_hook_fn)(fsdp_ctx *ctx, int module);
+EXAMPLE_HELPER int example_hook(fsdp_ctx *ctx, const fsdp_model *model, int rank, double *seconds, example_hook_fn hook,
+                                const char *hook_name, int module, const char *root_name) {
+    double t = fsdp_now();
+    int rc = hook(ctx, module);
+    *seconds += fsdp_now() - t;
+    if (rc) {
+        const char *name = fsdp_model_module_name(model, module);
+        fprintf(stderr, "rank %d: %s(%s) failed: %s\n", rank, hook_name, name && *name ? name : root_name, fsdp_last_error(ctx));
+    }
+    return rc;
 }
 
 #endif
