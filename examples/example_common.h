@@ -14,21 +14,6 @@
 #  define EXAMPLE_HELPER static __attribute__((unused)) /* not every program needs every helper */
 #else
 #  define EXAMPLE_HELPER static
-/* Calls an fsdp hook, adding the time it took to *seconds and naming the module on failure
-   (root_name for module 0). */
-typedef int (*example_hook_fn)(fsdp_ctx *ctx, int module);
-EXAMPLE_HELPER int example_hook(fsdp_ctx *ctx, const fsdp_model *model, int rank, double *seconds, example_hook_fn hook,
-                                const char *hook_name, int module, const char *root_name) {
-    double t = fsdp_now();
-    int rc = hook(ctx, module);
-    *seconds += fsdp_now() - t;
-    if (rc) {
-        const char *name = fsdp_model_module_name(model, module);
-        fprintf(stderr, "rank %d: %s(%s) failed: %s\n", rank, hook_name, name && *name ? name : root_name, fsdp_last_error(ctx));
-    }
-    return rc;
-}
-
 #endif
 
 static const char *example_program = "example";
