@@ -69,4 +69,32 @@ EXAMPLE_HELPER int example_hook(fsdp_ctx *ctx, const fsdp_model *model, int rank
     return rc;
 }
 
+/* Runs fn as the ranks of a job: nproc local ranks forked by fsdp_launch_ex (backend shm or
+   socket), or, without nproc, this process as one rank of the job the environment describes
+   (torchrun, SLURM, mpirun), or a single local rank when no launcher variables are set.
+   check(arg, world size) runs first, before anything is forked. Returns 0 on success. */
+EXAMPLE_HELPER int example_run(int nproc, fsdp_backend_kind backend, int (*check)(const void *arg, int world),
+                               fsdp_rank_fn fn, void *arg) {
+    char err[512];
+    int rc;
+    if (nproc || !(getenv("RANK") || getenv("SLURM_PROCID") || getenv("OMPI_COMM_WORLD_RANK") || getenv("PMI_RANK"))) {
+        fsdp_launch_desc ld;
+        fsdp_launch_status status;
+        memset(&ld, 0, sizeof ld);
+        ld.nprocs = nproc ? nproc : 1;
+        ld.backend = backend;
+        if ((rc = check(arg, ld.nprocs)) == 0 && (rc = fsdp_launch_ex(&ld, fn, arg, &status)) != 0)
+            fprintf(stderr, "%s: %s\n", example_program, status.message);
+    } else {
+        fsdp_comm *comm;
+        if ((rc = fsdp_comm_init_from_env(&comm, NULL, err, sizeof err)) != 0)
+            fprintf(stderr, "%s: %s\n(or run local ranks with --nproc N)\n", example_program, err);
+        else {
+            rc = check(arg, fsdp_comm_size(comm)) || fn(comm, arg);
+            fsdp_comm_destroy(comm);
+        }
+    }
+    return rc;
+}
+
 #endif

@@ -550,7 +550,8 @@ static void parse(options *o, int argc, char **argv, const char *exe_dir) {
     if (!*o->ckpt) die_usage("--ckpt needs a directory (or 'none')");
 }
 
-static int check_batch(const options *o, int P) {
+static int check_batch(const void *arg, int P) {
+    const options *o = (const options *)arg;
     if (o->batch % P == 0) return 0;
     fprintf(stderr, "gpt: --batch %d is not divisible by the %d ranks: each rank takes an equal part of the global "
             "batch; use a multiple of %d (e.g. --batch %d)\n", o->batch, P, P, (o->batch / P + 1) * P);
@@ -560,30 +561,14 @@ static int check_batch(const options *o, int P) {
 int main(int argc, char **argv) {
     example_program = "gpt";
     static options o; // large path buffers: not on the stack
-    char err[512], exe_dir[1024];
+    char exe_dir[1024];
     int rc;
     executable_dir(exe_dir, sizeof exe_dir, argv[0]);
     parse(&o, argc, argv, exe_dir);
     setvbuf(stdout, NULL, _IOLBF, 0); // ranks share stdout: whole lines
     openblas_set_num_threads(1);      // before forking: no idle BLAS threads in the parent
     if (load_data(&o, exe_dir)) return 1;
-    if (o.nproc || !(getenv("RANK") || getenv("SLURM_PROCID") || getenv("OMPI_COMM_WORLD_RANK") || getenv("PMI_RANK"))) {
-        fsdp_launch_desc ld;
-        fsdp_launch_status status;
-        memset(&ld, 0, sizeof ld);
-        ld.nprocs = o.nproc ? o.nproc : 1;
-        ld.backend = o.backend;
-        if ((rc = check_batch(&o, ld.nprocs)) == 0 && (rc = fsdp_launch_ex(&ld, train, &o, &status)) != 0)
-            fprintf(stderr, "gpt: %s\n", status.message);
-    } else {
-        fsdp_comm *comm;
-        if ((rc = fsdp_comm_init_from_env(&comm, NULL, err, sizeof err)) != 0)
-            fprintf(stderr, "gpt: %s\n(or run local ranks with --nproc N)\n", err);
-        else {
-            rc = check_batch(&o, fsdp_comm_size(comm)) || train(comm, &o);
-            fsdp_comm_destroy(comm);
-        }
-    }
+    rc = example_run(o.nproc, o.backend, check_batch, train, &o);
     free(o.text);
     return rc ? 1 : 0;
 }

@@ -475,7 +475,8 @@ static void parse(options *o, int argc, char **argv) {
 }
 
 /* What fsdp_init would reject, said before any rank starts. */
-static int check_ranks(const options *o, int P) {
+static int check_ranks(const void *arg, int P) {
+    const options *o = (const options *)arg;
     if (o->batch % P) {
         fprintf(stderr, "mlp: --batch %d is not divisible by the %d ranks: each rank takes an equal part of the "
                 "global batch; use a multiple of %d (e.g. --batch %d)\n", o->batch, P, P, (o->batch / P + 1) * P);
@@ -500,23 +501,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "mlp: %s\n", o.csv ? err : "out of memory for the synthetic data");
         return 1;
     }
-    if (o.nproc || !(getenv("RANK") || getenv("SLURM_PROCID") || getenv("OMPI_COMM_WORLD_RANK") || getenv("PMI_RANK"))) {
-        fsdp_launch_desc ld;
-        fsdp_launch_status status;
-        memset(&ld, 0, sizeof ld);
-        ld.nprocs = o.nproc ? o.nproc : 1;
-        ld.backend = o.backend;
-        if ((rc = check_ranks(&o, ld.nprocs)) == 0 && (rc = fsdp_launch_ex(&ld, train, &o, &status)) != 0)
-            fprintf(stderr, "mlp: %s\n", status.message);
-    } else {
-        fsdp_comm *comm;
-        if ((rc = fsdp_comm_init_from_env(&comm, NULL, err, sizeof err)) != 0)
-            fprintf(stderr, "mlp: %s\n(or run local ranks with --nproc N)\n", err);
-        else {
-            rc = check_ranks(&o, fsdp_comm_size(comm)) || train(comm, &o);
-            fsdp_comm_destroy(comm);
-        }
-    }
+    rc = example_run(o.nproc, o.backend, check_ranks, train, &o);
     data_free(&o.data);
     return rc ? 1 : 0;
 }
