@@ -364,6 +364,27 @@ FSDP_API void fsdp_reduce_ranks(void *dst, const void *const *srcs, int nsrc, si
    segments and socket rendezvous are set up through the parent). */
 FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **out);
 
+/* Memory that peers on the shm backend read straight from this process (zero-copy): when the
+   send buffer of all_gather, reduce_scatter or all_reduce, the recv buffer of all_reduce, or
+   the root's buffer of broadcast lies in it, peers copy from it directly instead of through
+   the staging slots (the op then also waits, before returning, until every peer is done
+   reading it). Such buffers and ordinary ones mix freely, per rank and per op.
+   Collective: every rank of the comm calls it, in the same order relative to its other
+   fsdp_comm_alloc calls and ops; bytes may differ by rank. The memory is zeroed, 64-byte
+   aligned, and lives until fsdp_comm_free or fsdp_comm_destroy. On other backends it is
+   ordinary memory. If the ranks cannot share it (say /dev/shm is too small), each rank gets
+   ordinary memory, a warning goes to the logger, and collectives on it stay correct, staged.
+   Returns FSDP_SUCCESS; FSDP_ERR_INVALID_ARG; FSDP_ERR_OUT_OF_MEMORY; or, if the comm failed,
+   its error (see fsdp_comm_last_error). */
+FSDP_API int fsdp_comm_alloc(fsdp_comm *comm, size_t bytes, void **out);
+/* Releases memory from fsdp_comm_alloc together with this rank's view of the peers' blocks of
+   the same allocation. Like fsdp_comm_alloc, every rank frees it (the ranks do not talk): a
+   peer that still offers its block in an op after this rank freed it makes that op fail with
+   FSDP_ERR_MISMATCH. No op using the memory may be in flight on this rank. NULL is ignored. */
+FSDP_API void fsdp_comm_free(fsdp_comm *comm, void *ptr);
+/* 1 if [ptr, ptr + bytes) lies in fsdp_comm_alloc memory that peers read directly, else 0. */
+FSDP_API int fsdp_comm_is_shared(const fsdp_comm *comm, const void *ptr, size_t bytes);
+
 /* ============================================================================================
    >>model
    A model is a tree of modules (dotted names, type names) holding parameters. The root is
@@ -1260,6 +1281,21 @@ typedef struct fsdp__fingerprint {
     uint32_t pad;
 } fsdp__fingerprint;
 
+static size_t fsdp__align(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+/* Memory from fsdp_comm_alloc. Shared (peer_base != NULL): this rank's block is a mapped
+   /dev/shm file and peer_base[p] maps rank p's block read-only (peer_base[rank] == base).
+   Otherwise base is an aligned block inside raw, from FSDP_MALLOC. */
+typedef struct fsdp__region {
+    char *base;
+    size_t bytes;
+    void *raw;
+    uint32_t id;           /* the comm's allocation count when made: the same on every rank */
+    char **peer_base;
+    size_t *peer_bytes;
+    struct fsdp__region *next;
+} fsdp__region;
+
 struct fsdp_comm {
     int rank, world, local_rank, local_world;
     fsdp_backend_kind kind;
@@ -1273,6 +1309,8 @@ struct fsdp_comm {
     pthread_mutex_t error_lock;
     char error[FSDP__ERRMSG];
     char job[64];
+    fsdp__region *regions;  /* from fsdp_comm_alloc */
+    uint32_t allocations;   /* fsdp_comm_alloc calls so far */
 };
 
 FSDP_API const char *fsdp_backend_name(fsdp_backend_kind kind) {
@@ -1541,8 +1579,28 @@ FSDP__PRIVATE fsdp_comm *fsdp__comm_new(const fsdp_comm_desc *desc) {
     return comm;
 }
 
+FSDP__PRIVATE void fsdp__region_release(fsdp__region *r, int world) {
+    int p;
+    if (r->peer_base) {
+        for (p = 0; p < world; p++)
+            if (r->peer_base[p]) munmap(r->peer_base[p], fsdp__align(r->peer_bytes[p], 4096));
+        FSDP_FREE(r->peer_base);
+        FSDP_FREE(r->peer_bytes);
+    } else if (r->raw) {
+        FSDP_FREE(r->raw);
+    } else if (r->base) {
+        munmap(r->base, fsdp__align(r->bytes, 4096));
+    }
+    FSDP_FREE(r);
+}
+
 FSDP_API void fsdp_comm_destroy(fsdp_comm *comm) {
     if (!comm) return;
+    while (comm->regions) {
+        fsdp__region *r = comm->regions;
+        comm->regions = r->next;
+        fsdp__region_release(r, comm->world);
+    }
     if (comm->backend && comm->backend->destroy) comm->backend->destroy(comm, comm->impl);
     pthread_mutex_destroy(&comm->error_lock);
     FSDP_FREE(comm);
@@ -1574,9 +1632,19 @@ FSDP__PRIVATE int fsdp__init_fail(const fsdp_logger *logger, int code, const cha
    on a futex with a timeout, checking the abort flag and the peer's liveness between sleeps.
    ============================================================================================ */
 #define FSDP__SHM_MAGIC 0x314d485350445346ull /* "FSDPSHM1" */
-#define FSDP__SHM_VERSION 1u
+#define FSDP__SHM_VERSION 2u
 #define FSDP__SHM_SLOTS 4
 #define FSDP__SHM_SMALL_ALL_REDUCE (32u * 1024u)
+#define FSDP__SHM_DIRECT_MIN ((size_t)64 * 1024) /* smaller ops stage even from shared memory */
+#define FSDP__SHM_IN_SLOT 0xffffffffu
+
+/* Where a rank's data for a round is: in its slot, or (region != FSDP__SHM_IN_SLOT) at offset
+   in its block of that fsdp_comm_alloc region, for peers to read directly. */
+typedef struct fsdp__shm_src {
+    uint32_t region;
+    uint32_t pad;
+    uint64_t offset;
+} fsdp__shm_src;
 
 typedef struct fsdp__shm_rank {
     uint32_t arrive;            /* futex word: rounds whose data this rank has published */
@@ -1590,7 +1658,8 @@ typedef struct fsdp__shm_rank {
     uint32_t left;              /* destroyed its communicator */
     uint32_t pad2;
     fsdp__fingerprint slot_fp[FSDP__SHM_SLOTS];
-    char pad3[64 - (16 + FSDP__SHM_SLOTS * sizeof(fsdp__fingerprint)) % 64];
+    fsdp__shm_src slot_src[FSDP__SHM_SLOTS];
+    char pad3[64 - (16 + FSDP__SHM_SLOTS * (sizeof(fsdp__fingerprint) + sizeof(fsdp__shm_src))) % 64];
 } fsdp__shm_rank;
 
 typedef struct fsdp__shm_header {
@@ -1623,8 +1692,6 @@ typedef struct fsdp__shm {
     uint32_t round;             /* rounds completed by this rank */
     char name[64];
 } fsdp__shm;
-
-static size_t fsdp__align(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 FSDP__PRIVATE size_t fsdp__shm_layout(int world, size_t slot_bytes, size_t *ranks_offset, size_t *data_offset) {
     size_t ranks_at = fsdp__align(sizeof(fsdp__shm_header), 4096);
@@ -1770,13 +1837,35 @@ FSDP__PRIVATE int fsdp__shm_round_begin(fsdp_comm *comm, fsdp__shm *s, const fsd
     return 0;
 }
 
-/* Publishes this rank's slot for the round and waits for every peer's, checking fingerprints. */
+/* The shared fsdp_comm_alloc region holding [ptr, ptr + bytes), or NULL. */
+FSDP__PRIVATE const fsdp__region *fsdp__shared_region(const fsdp_comm *comm, const void *ptr, size_t bytes) {
+    const fsdp__region *r;
+    const char *at = (const char *)ptr;
+    if (!ptr) return NULL;
+    for (r = comm->regions; r; r = r->next)
+        if (r->peer_base && at >= r->base && bytes <= r->bytes && (size_t)(at - r->base) <= r->bytes - bytes) return r;
+    return NULL;
+}
+
+/* The region peers may read an op's buffer from directly, or NULL: only large ops go direct
+   (a small one is cheaper staged than with the wait for readers at its end). */
+static const fsdp__region *fsdp__shm_direct(const fsdp_comm *comm, const void *ptr, size_t bytes, size_t op_bytes) {
+    return op_bytes >= FSDP__SHM_DIRECT_MIN ? fsdp__shared_region(comm, ptr, bytes) : NULL;
+}
+
+/* Publishes this rank's slot for the round and waits for every peer's, checking fingerprints.
+   With a region, this rank's data for the round is not in its slot but at `at` in the
+   region, where peers read it directly. */
 FSDP__PRIVATE int fsdp__shm_round_exchange(fsdp_comm *comm, fsdp__shm *s, const fsdp_coll *c,
-                                           const fsdp__fingerprint *fp) {
+                                           const fsdp__fingerprint *fp, const fsdp__region *region,
+                                           const void *at) {
     uint32_t g = s->round;
     int p, rc;
     fsdp__shm_rank *me = fsdp__shm_peer(s, comm->rank);
+    fsdp__shm_src *src = &me->slot_src[g % FSDP__SHM_SLOTS];
     me->slot_fp[g % FSDP__SHM_SLOTS] = *fp;
+    src->region = region ? region->id : FSDP__SHM_IN_SLOT;
+    src->offset = region ? (uint64_t)((const char *)at - region->base) : 0;
     fsdp__publish(&me->arrive, &me->arrive_waiters, g + 1);
     for (p = 0; p < comm->world; p++) {
         if (p == comm->rank) continue;
@@ -1793,6 +1882,41 @@ FSDP__PRIVATE void fsdp__shm_round_end(fsdp__shm *s, int rank) {
     fsdp__publish(&me->depart, &me->depart_waiters, s->round);
 }
 
+/* Where to read peer p's data for the current round: `rel` bytes past the place it published
+   in shared memory (`len` bytes are checked to lie in its block), or, if it staged its data,
+   `staged` (in its slot). */
+FSDP__PRIVATE int fsdp__shm_peer_data(fsdp_comm *comm, fsdp__shm *s, int p, size_t rel, size_t len, const char *staged,
+                                      const char **out) {
+    const fsdp__shm_src *src = &fsdp__shm_peer(s, p)->slot_src[s->round % FSDP__SHM_SLOTS];
+    const fsdp__region *r;
+    uint32_t id = src->region;
+    uint64_t offset = src->offset;
+    if (id == FSDP__SHM_IN_SLOT) {
+        *out = staged;
+        return 0;
+    }
+    for (r = comm->regions; r; r = r->next)
+        if (r->id == id) break;
+    if (!r || !r->peer_base || offset > r->peer_bytes[p] || rel > r->peer_bytes[p] - offset ||
+        len > r->peer_bytes[p] - offset - rel)
+        return fsdp_comm_fail(comm, FSDP_ERR_MISMATCH,
+                              "rank %d offered bytes %llu..%llu of its shared allocation #%u, which rank %d %s "
+                              "(fsdp_comm_alloc/fsdp_comm_free not called alike on every rank?)",
+                              p, (unsigned long long)(offset + rel), (unsigned long long)(offset + rel + len),
+                              (unsigned)id, comm->rank, !r || !r->peer_base ? "does not share with it" : "sees as smaller");
+    *out = r->peer_base[p] + offset + rel;
+    return 0;
+}
+
+/* After an op in which this rank let peers read its memory: returns when every peer has left
+   the op's last round, so the caller may change that memory again. */
+FSDP__PRIVATE int fsdp__shm_settle(fsdp_comm *comm, fsdp__shm *s, const fsdp_coll *c) {
+    int p, rc;
+    for (p = 0; p < comm->world; p++)
+        if (p != comm->rank && (rc = fsdp__shm_wait(comm, s, p, 1, s->round, c)) != 0) return rc;
+    return 0;
+}
+
 #define FSDP__SHM_TRY(expr) do { int rc_ = (expr); if (rc_) return rc_; } while (0)
 
 FSDP__PRIVATE int fsdp__shm_all_gather(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
@@ -1802,23 +1926,30 @@ FSDP__PRIVATE int fsdp__shm_all_gather(fsdp_comm *comm, void *impl, const fsdp_c
     int P = comm->world, me = comm->rank, p, stream = bytes * (size_t)P >= FSDP__STREAM_MIN_BYTES;
     char *recv = (char *)c->recv;
     const char *send = (const char *)c->send;
+    const fsdp__region *direct = fsdp__shm_direct(comm, send, bytes, bytes * (size_t)P);
     do {
         size_t len = bytes - off < s->slot_bytes ? bytes - off : s->slot_bytes;
-        char *mine;
+        const char *mine = send + off, *src;
         FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
-        mine = fsdp__shm_slot(s, me, s->round);
-        memcpy(mine, send + off, len);
-        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp));
-        for (p = 0; p < P; p++) { /* own piece from the slot just written: it is in cache */
+        if (!direct) { /* own piece then comes from the slot just written: it is in cache */
+            mine = fsdp__shm_slot(s, me, s->round);
+            memcpy(fsdp__shm_slot(s, me, s->round), send + off, len);
+        }
+        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, direct, send + off));
+        for (p = 0; p < P; p++) {
             char *dst = recv + (size_t)p * bytes + off;
-            if (p != me) fsdp__copy_out(dst, fsdp__shm_slot(s, p, s->round), len, stream);
-            else if (dst != send + off) fsdp__copy_out(dst, mine, len, stream);
+            if (p == me) {
+                if (dst != send + off) fsdp__copy_out(dst, mine, len, stream);
+                continue;
+            }
+            FSDP__SHM_TRY(fsdp__shm_peer_data(comm, s, p, 0, len, fsdp__shm_slot(s, p, s->round), &src));
+            fsdp__copy_out(dst, src, len, stream);
         }
         fsdp__shm_round_end(s, me);
         off += len;
     } while (off < bytes);
     fsdp__stream_fence();
-    return 0;
+    return direct ? fsdp__shm_settle(comm, s, c) : 0;
 }
 
 /* Bytes of one rank's piece per round when a slot is divided among all ranks. */
@@ -1831,37 +1962,45 @@ FSDP__PRIVATE int fsdp__shm_reduce_scatter(fsdp_comm *comm, void *impl, const fs
     int P = comm->world, me = comm->rank, p;
     const char *send = (const char *)c->send;
     const void *srcs[256];
+    const fsdp__region *direct = fsdp__shm_direct(comm, send, bytes * (size_t)P, bytes * (size_t)P);
     do {
         size_t len = bytes - off < piece ? bytes - off : piece;
         char *slot;
         FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
         slot = fsdp__shm_slot(s, me, s->round);
-        for (p = 0; p < P; p++)
+        for (p = 0; p < P && !direct; p++)
             if (p != me) memcpy(slot + (size_t)p * piece, send + (size_t)p * bytes + off, len);
-        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp));
-        for (p = 0; p < P; p++)
-            srcs[p] = p == me ? send + (size_t)me * bytes + off : fsdp__shm_slot(s, p, s->round) + (size_t)me * piece;
+        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, direct, send + off));
+        for (p = 0; p < P; p++) {
+            const char *src = send + (size_t)me * bytes + off;
+            if (p != me) /* a peer's send + me * bytes + off, or the piece it staged for me */
+                FSDP__SHM_TRY(fsdp__shm_peer_data(comm, s, p, (size_t)me * bytes, len,
+                                                  fsdp__shm_slot(s, p, s->round) + (size_t)me * piece, &src));
+            srcs[p] = src;
+        }
         fsdp_reduce_ranks((char *)c->recv + off, srcs, P, len / esize, c->dtype, c->op, P);
         fsdp__shm_round_end(s, me);
         off += len;
     } while (off < bytes);
-    return 0;
+    return direct ? fsdp__shm_settle(comm, s, c) : 0;
 }
-
 FSDP__PRIVATE int fsdp__shm_all_reduce(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
     fsdp__shm *s = (fsdp__shm *)impl;
     fsdp__fingerprint fp = fsdp__fingerprint_of(c);
     size_t esize = fsdp_dtype_size(c->dtype), count = c->count;
     size_t piece_elems = fsdp__shm_piece(s, comm->world) / esize, window = piece_elems * (size_t)comm->world, start = 0;
-    int P = comm->world, me = comm->rank, p;
-    const char *send = (const char *)c->send;
+    int P = comm->world, me = comm->rank, p, stream = count * esize >= FSDP__STREAM_MIN_BYTES;
+    const char *send = (const char *)c->send, *src;
     char *recv = (char *)c->recv;
     const void *srcs[256];
+    /* peers may read my send in the reducing rounds and my recv in the gathering rounds */
+    const fsdp__region *direct_send = fsdp__shm_direct(comm, send, count * esize, count * esize);
+    const fsdp__region *direct_recv = fsdp__shm_direct(comm, recv, count * esize, count * esize);
     if (count * esize <= FSDP__SHM_SMALL_ALL_REDUCE && count * esize <= s->slot_bytes) {
         /* one round: everyone reduces the whole (small) buffer, in the same order */
         FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
         memcpy(fsdp__shm_slot(s, me, s->round), send, count * esize);
-        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp));
+        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, NULL, NULL));
         for (p = 0; p < P; p++) srcs[p] = p == me ? (const void *)send : fsdp__shm_slot(s, p, s->round);
         fsdp_reduce_ranks(recv, srcs, P, count, c->dtype, c->op, P);
         fsdp__shm_round_end(s, me);
@@ -1874,34 +2013,40 @@ FSDP__PRIVATE int fsdp__shm_all_reduce(fsdp_comm *comm, void *impl, const fsdp_c
         mine_n = mine_at >= start + n ? 0 : (start + n - mine_at < piece_elems ? start + n - mine_at : piece_elems);
         FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
         slot = fsdp__shm_slot(s, me, s->round);
-        for (p = 0; p < P; p++) {
+        for (p = 0; p < P && !direct_send; p++) {
             size_t at = start + (size_t)p * piece_elems, m;
             if (p == me || at >= start + n) continue;
             m = start + n - at < piece_elems ? start + n - at : piece_elems;
             memcpy(slot + (size_t)p * piece_elems * esize, send + at * esize, m * esize);
         }
-        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp));
-        for (p = 0; p < P; p++)
-            srcs[p] = p == me ? send + mine_at * esize : fsdp__shm_slot(s, p, s->round) + (size_t)me * piece_elems * esize;
+        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, direct_send, send + start * esize));
+        for (p = 0; p < P && mine_n; p++) {
+            src = send + mine_at * esize;
+            if (p != me)
+                FSDP__SHM_TRY(fsdp__shm_peer_data(comm, s, p, (size_t)me * piece_elems * esize, mine_n * esize,
+                                                  fsdp__shm_slot(s, p, s->round) + (size_t)me * piece_elems * esize, &src));
+            srcs[p] = src;
+        }
         if (mine_n) fsdp_reduce_ranks(recv + mine_at * esize, srcs, P, mine_n, c->dtype, c->op, P);
         fsdp__shm_round_end(s, me);
 
         FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
         slot = fsdp__shm_slot(s, me, s->round);
-        memcpy(slot + (size_t)me * piece_elems * esize, recv + mine_at * esize, mine_n * esize);
-        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp));
+        if (!direct_recv) memcpy(slot + (size_t)me * piece_elems * esize, recv + mine_at * esize, mine_n * esize);
+        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, direct_recv, recv + start * esize));
         for (p = 0; p < P; p++) {
             size_t at = start + (size_t)p * piece_elems, m;
             if (p == me || at >= start + n) continue;
             m = start + n - at < piece_elems ? start + n - at : piece_elems;
-            fsdp__copy_out(recv + at * esize, fsdp__shm_slot(s, p, s->round) + (size_t)p * piece_elems * esize,
-                           m * esize, count * esize >= FSDP__STREAM_MIN_BYTES);
+            FSDP__SHM_TRY(fsdp__shm_peer_data(comm, s, p, (size_t)p * piece_elems * esize, m * esize,
+                                              fsdp__shm_slot(s, p, s->round) + (size_t)p * piece_elems * esize, &src));
+            fsdp__copy_out(recv + at * esize, src, m * esize, stream);
         }
         fsdp__shm_round_end(s, me);
         start += n;
     } while (start < count);
     fsdp__stream_fence();
-    return 0;
+    return direct_send || direct_recv ? fsdp__shm_settle(comm, s, c) : 0;
 }
 
 FSDP__PRIVATE int fsdp__shm_broadcast(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
@@ -1909,25 +2054,30 @@ FSDP__PRIVATE int fsdp__shm_broadcast(fsdp_comm *comm, void *impl, const fsdp_co
     fsdp__fingerprint fp = fsdp__fingerprint_of(c);
     size_t bytes = c->count * fsdp_dtype_size(c->dtype), off = 0;
     char *buf = (char *)c->recv;
+    int root = comm->rank == c->root;
+    const fsdp__region *direct = root ? fsdp__shm_direct(comm, buf, bytes, bytes) : NULL;
     do {
         size_t len = bytes - off < s->slot_bytes ? bytes - off : s->slot_bytes;
+        const char *src;
         FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
-        if (comm->rank == c->root) memcpy(fsdp__shm_slot(s, comm->rank, s->round), buf + off, len);
-        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp));
-        if (comm->rank != c->root)
-            fsdp__copy_out(buf + off, fsdp__shm_slot(s, c->root, s->round), len, bytes >= FSDP__STREAM_MIN_BYTES);
+        if (root && !direct) memcpy(fsdp__shm_slot(s, comm->rank, s->round), buf + off, len);
+        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, direct, buf + off));
+        if (!root) {
+            FSDP__SHM_TRY(fsdp__shm_peer_data(comm, s, c->root, 0, len, fsdp__shm_slot(s, c->root, s->round), &src));
+            fsdp__copy_out(buf + off, src, len, bytes >= FSDP__STREAM_MIN_BYTES);
+        }
         fsdp__shm_round_end(s, comm->rank);
         off += len;
     } while (off < bytes);
     fsdp__stream_fence();
-    return 0;
+    return direct ? fsdp__shm_settle(comm, s, c) : 0;
 }
 
 FSDP__PRIVATE int fsdp__shm_barrier(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
     fsdp__shm *s = (fsdp__shm *)impl;
     fsdp__fingerprint fp = fsdp__fingerprint_of(c);
     FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
-    FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp));
+    FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, NULL, NULL));
     fsdp__shm_round_end(s, comm->rank);
     return 0;
 }
@@ -1971,6 +2121,95 @@ FSDP__PRIVATE void fsdp__shm_destroy(fsdp_comm *comm, void *impl) {
 static const fsdp_backend fsdp__shm_backend = {
     "shm", fsdp__shm_all_gather, fsdp__shm_reduce_scatter, fsdp__shm_all_reduce, fsdp__shm_broadcast,
     fsdp__shm_barrier, fsdp__shm_abort, fsdp__shm_destroy, 0};
+
+/* Makes r (r->bytes, zeroed) memory that every rank of the comm maps. Collective. Each rank
+   puts its block in a /dev/shm file of its own ("/fsdp-<pid>-m<n>", O_EXCL, 0600), the ranks
+   all-gather who succeeded and where, map each other's files read-only, all-gather whether
+   that worked, and unlink their files: from then on nothing is left behind. If any rank could
+   not take part, none shares: r->base is this rank's block (or NULL if it has none) and the
+   caller falls back to ordinary memory. Returns an error only when the comm failed. */
+FSDP__PRIVATE int fsdp__shm_share(fsdp_comm *comm, fsdp__region *r) {
+    static uint32_t files; /* /dev/shm files this process has made */
+    int32_t mine[6], *all = NULL;
+    char name[64];
+    size_t map = fsdp__align(r->bytes, 4096);
+    int P = comm->world, me = comm->rank, p, fd, rc, shared = 1;
+    uint32_t n = __atomic_fetch_add(&files, 1u, __ATOMIC_RELAXED);
+    void *base = MAP_FAILED;
+    fsdp__fmt(name, sizeof name, "/fsdp-%d-m%u", (int)getpid(), (unsigned)n);
+    fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
+        fsdp__log(&comm->logger, FSDP_LOG_WARN, "rank %d: cannot create /dev/shm%s (%s): fsdp_comm_alloc memory stays private",
+                  me, name, strerror(errno));
+    } else {
+        if (ftruncate(fd, (off_t)map) != 0 || (errno = posix_fallocate(fd, 0, (off_t)map)) != 0)
+            fsdp__log(&comm->logger, FSDP_LOG_WARN,
+                      "rank %d: cannot reserve %.1f MiB in /dev/shm (%s): fsdp_comm_alloc memory stays private", me,
+                      (double)map / 1048576.0, strerror(errno));
+        else if ((base = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
+            fsdp__log(&comm->logger, FSDP_LOG_WARN, "rank %d: cannot map /dev/shm%s (%s)", me, name, strerror(errno));
+        close(fd);
+        if (base == MAP_FAILED) shm_unlink(name);
+    }
+    mine[0] = base != MAP_FAILED;
+    mine[1] = (int32_t)getpid();
+    mine[2] = (int32_t)n;
+    mine[3] = (int32_t)(uint32_t)((uint64_t)r->bytes & 0xffffffffu);
+    mine[4] = (int32_t)(uint32_t)((uint64_t)r->bytes >> 32);
+    mine[5] = 0;
+    all = (int32_t *)FSDP_MALLOC(sizeof *all * 6 * (size_t)P);
+    r->peer_base = (char **)fsdp__calloc(sizeof(char *) * (size_t)P);
+    r->peer_bytes = (size_t *)fsdp__calloc(sizeof(size_t) * (size_t)P);
+    if (!all || !r->peer_base || !r->peer_bytes) mine[0] = 0;
+    /* integers travel as f32 bit patterns: an all-gather only copies */
+    rc = fsdp__collective_tagged(comm, FSDP_COLL_ALL_GATHER, mine, all ? all : mine, all ? 6 : 0, FSDP_F32,
+                                 FSDP_SUM, 0xa11c0u);
+    for (p = 0; rc == 0 && p < P; p++) shared &= all[6 * p] == 1;
+    for (p = 0; rc == 0 && shared && p < P; p++) {
+        char peer_name[64];
+        struct stat st;
+        r->peer_bytes[p] = (size_t)((uint64_t)(uint32_t)all[6 * p + 3] | (uint64_t)(uint32_t)all[6 * p + 4] << 32);
+        if (p == me) continue;
+        fsdp__fmt(peer_name, sizeof peer_name, "/fsdp-%d-m%u", (int)all[6 * p + 1], (unsigned)(uint32_t)all[6 * p + 2]);
+        fd = shm_open(peer_name, O_RDONLY, 0);
+        if (fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size >= r->peer_bytes[p]) {
+            void *at = mmap(NULL, fsdp__align(r->peer_bytes[p], 4096), PROT_READ, MAP_SHARED, fd, 0);
+            if (at != MAP_FAILED) r->peer_base[p] = (char *)at;
+        }
+        if (!r->peer_base[p]) {
+            fsdp__log(&comm->logger, FSDP_LOG_WARN, "rank %d: cannot map rank %d's /dev/shm%s (%s)", me, p, peer_name,
+                      fd < 0 ? strerror(errno) : "too small or unmappable");
+            shared = 0;
+        }
+        if (fd >= 0) close(fd);
+    }
+    if (rc == 0) { /* did everyone map everyone? */
+        mine[0] = shared;
+        rc = fsdp__collective_tagged(comm, FSDP_COLL_ALL_GATHER, mine, all ? all : mine, all ? 6 : 0, FSDP_F32,
+                                     FSDP_SUM, 0xa11c1u);
+        for (p = 0; rc == 0 && p < P; p++) shared &= all[6 * p] == 1;
+    }
+    if (base != MAP_FAILED) shm_unlink(name);
+    if (rc != 0 || !shared) {
+        for (p = 0; r->peer_base && p < P; p++)
+            if (p != me && r->peer_base[p]) munmap(r->peer_base[p], fsdp__align(r->peer_bytes[p], 4096));
+        FSDP_FREE(r->peer_base);
+        FSDP_FREE(r->peer_bytes);
+        r->peer_base = NULL;
+        r->peer_bytes = NULL;
+        if (rc == 0 && me == 0)
+            fsdp__log(&comm->logger, FSDP_LOG_WARN, "fsdp_comm_alloc: not every rank could share its memory; "
+                      "collectives on it are staged");
+    }
+    if (rc != 0 && base != MAP_FAILED) {
+        munmap(base, map);
+        base = MAP_FAILED;
+    }
+    r->base = base != MAP_FAILED ? (char *)base : NULL;
+    if (r->peer_base) r->peer_base[me] = r->base;
+    FSDP_FREE(all);
+    return rc;
+}
 
 /* Segment name for a job: "/fsdp-<job>" with anything but [A-Za-z0-9._-] replaced. */
 FSDP__PRIVATE void fsdp__shm_name(char *out, size_t size, const char *job) {
@@ -3225,6 +3464,54 @@ FSDP__PRIVATE int fsdp__env_int(const char *const *names, long lo, long hi, long
         return 1;
     }
     return 0;
+}
+
+FSDP_API int fsdp_comm_alloc(fsdp_comm *comm, size_t bytes, void **out) {
+    fsdp__region *r;
+    int rc = 0;
+    if (out) *out = NULL;
+    if (!comm || !out) return FSDP_ERR_INVALID_ARG;
+    if (bytes > SIZE_MAX / 2) {
+        fsdp__log(&comm->logger, FSDP_LOG_ERROR, "fsdp_comm_alloc: %zu bytes is too large", bytes);
+        return FSDP_ERR_INVALID_ARG;
+    }
+    if (fsdp__load(&comm->status) != FSDP_SUCCESS) return FSDP_ERR_ABORTED;
+    if (!(r = (fsdp__region *)fsdp__calloc(sizeof *r))) return FSDP_ERR_OUT_OF_MEMORY;
+    r->bytes = bytes ? bytes : 1;
+    r->id = comm->allocations++;
+    if (comm->backend == &fsdp__shm_backend && comm->world > 1 && (rc = fsdp__shm_share(comm, r)) != 0) {
+        FSDP_FREE(r);
+        return rc;
+    }
+    if (!r->base) { /* ordinary memory, 64-byte aligned */
+        if (!(r->raw = FSDP_MALLOC(r->bytes + 64))) {
+            FSDP_FREE(r);
+            return FSDP_ERR_OUT_OF_MEMORY;
+        }
+        r->base = (char *)r->raw + (64 - (uintptr_t)r->raw % 64);
+        memset(r->base, 0, r->bytes);
+    }
+    r->next = comm->regions;
+    comm->regions = r;
+    *out = r->base;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API void fsdp_comm_free(fsdp_comm *comm, void *ptr) {
+    fsdp__region **at;
+    if (!comm || !ptr) return;
+    for (at = &comm->regions; *at; at = &(*at)->next)
+        if ((*at)->base == (char *)ptr) {
+            fsdp__region *r = *at;
+            *at = r->next;
+            fsdp__region_release(r, comm->world);
+            return;
+        }
+    fsdp__log(&comm->logger, FSDP_LOG_ERROR, "fsdp_comm_free: %p is not memory from fsdp_comm_alloc on this comm", ptr);
+}
+
+FSDP_API int fsdp_comm_is_shared(const fsdp_comm *comm, const void *ptr, size_t bytes) {
+    return comm && fsdp__shared_region(comm, ptr, bytes) != NULL;
 }
 
 FSDP_API int fsdp_comm_init_from_env(fsdp_comm **out, const fsdp_comm_desc *defaults, char *errbuf,

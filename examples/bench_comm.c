@@ -40,7 +40,7 @@ typedef struct options {
     fsdp_dtype dtype;
     int iters;                  /* 0: chosen per size */
     int warmup;
-    int csv, inplace, mpi_native;
+    int csv, inplace, mpi_native, registered;
 } options;
 
 typedef struct bench {
@@ -68,6 +68,8 @@ static void usage(FILE *out)
         "                            (default min(200, max(5, 2 GiB / size)))\n"
         "  --warmup N                untimed iterations per size (default 3)\n"
         "  --inplace                 in-place buffers instead of separate send and receive\n"
+        "  --registered              buffers from fsdp_comm_alloc, which shm peers read directly\n"
+        "                            (zero-copy); the backend column then says e.g. shm-registered\n"
         "  --csv                     backend,P,op,bytes,median_us,algbw_GBps,busbw_GBps lines\n"
         "  --mpi-native              with --backend mpi: time MPI_Allgather, MPI_Reduce_scatter_block\n"
         "                            and MPI_Allreduce (MPI_FLOAT, sum) directly, not fsdp.h's bridge\n"
@@ -137,6 +139,7 @@ static int parse_options(int argc, char **argv, options *opt, int *run)
             return 0;
         } else if (!strcmp(flag, "--csv")) { opt->csv = 1; takes_value = 0; }
         else if (!strcmp(flag, "--inplace")) { opt->inplace = 1; takes_value = 0; }
+        else if (!strcmp(flag, "--registered")) { opt->registered = 1; takes_value = 0; }
         else if (!strcmp(flag, "--mpi-native")) { opt->mpi_native = 1; takes_value = 0; }
         else if (!strcmp(flag, "--backend")) {
             if ((ok = (k = lookup(val, backends)) >= 0)) opt->backend = (fsdp_backend_kind)(k + 1);
@@ -165,6 +168,10 @@ static int parse_options(int argc, char **argv, options *opt, int *run)
             goto bad;
         }
         i += takes_value;
+    }
+    if (opt->mpi_native && opt->registered) {
+        if (!quiet) fprintf(stderr, "bench_comm: --registered is fsdp.h memory; it does not apply to --mpi-native\n");
+        goto bad;
     }
     if (opt->mpi_native && (opt->backend != FSDP_BACKEND_MPI || opt->dtype != FSDP_F32)) {
         if (!quiet) fprintf(stderr, "bench_comm: --mpi-native needs --backend mpi and --dtype f32\n");
@@ -349,7 +356,9 @@ static int measure(const bench *b, fsdp_coll_kind kind, char *x, char *y, size_t
     if (b->rank == 0) {
         double algbw = (double)used / median / 1e3; /* bytes per microsecond / 1e3 = GB/s */
         double factor = (double)(P - 1) / (double)P * (kind == FSDP_COLL_ALL_REDUCE ? 2 : 1);
-        const char *backend = is_native(b) ? "mpi-native" : fsdp_backend_name(opt->backend);
+        char backend[32];
+        snprintf(backend, sizeof backend, "%s%s", is_native(b) ? "mpi-native" : fsdp_backend_name(opt->backend),
+                 opt->registered ? "-registered" : "");
         if (opt->csv) printf("%s,%zu,%s,%zu,%.2f,%.3f,%.3f\n", backend, P, name, used, median,
                              algbw, algbw * factor);
         else printf("%12zu  %-14s  %10.2f  %10.3f  %10.3f\n", used, name, median, algbw,
@@ -365,10 +374,11 @@ static int run(const bench *b)
     if (b->rank == 0) {
         if (opt->csv) printf("backend,P,op,bytes,median_us,algbw_GBps,busbw_GBps\n");
         else {
-            printf("# bench_comm (fsdp.h %s): backend %s, %d rank%s, dtype %s, %s\n",
+            printf("# bench_comm (fsdp.h %s): backend %s, %d rank%s, dtype %s, %s%s\n",
                    fsdp_version_string(), b->comm ? fsdp_backend_name(opt->backend) : "mpi-native",
                    b->nranks, b->nranks == 1 ? "" : "s", fsdp_dtype_name(opt->dtype),
-                   opt->inplace ? "in-place" : "out-of-place");
+                   opt->inplace ? "in-place" : "out-of-place",
+                   opt->registered ? ", buffers from fsdp_comm_alloc" : "");
             printf("# median over iterations of the slowest rank's time; %d warmup iterations\n",
                    opt->warmup);
             printf("#%11s  %-14s  %10s  %10s  %10s\n", "bytes", "op", "median_us", "algbw GB/s",
@@ -378,8 +388,18 @@ static int run(const bench *b)
     }
     for (int s = 0; s < opt->nsizes; s++) {
         size_t bytes = opt->sizes[s];
-        char *x = malloc(bytes), *y = malloc(bytes);
+        char *x = NULL, *y = NULL;
         int rc = 0;
+        if (opt->registered) {
+            void *vx = NULL, *vy = NULL;
+            if ((rc = fsdp_comm_alloc(b->comm, bytes, &vx)) == 0) rc = fsdp_comm_alloc(b->comm, bytes, &vy);
+            if (rc != 0) return comm_error(b, "fsdp_comm_alloc", bytes, rc);
+            x = vx;
+            y = vy;
+        } else {
+            x = malloc(bytes);
+            y = malloc(bytes);
+        }
         if (!x || !y) {
             fprintf(stderr, "bench_comm: rank %d: cannot allocate 2 x %zu bytes; try smaller --sizes "
                     "or fewer ranks\n", b->rank, bytes);
@@ -390,8 +410,13 @@ static int run(const bench *b)
             for (int k = 0; k < 3 && rc == 0; k++)
                 if (opt->ops & (1u << k)) rc = measure(b, all_ops[k], x, y, bytes);
         }
-        free(x);
-        free(y);
+        if (opt->registered) {
+            fsdp_comm_free(b->comm, x);
+            fsdp_comm_free(b->comm, y);
+        } else {
+            free(x);
+            free(y);
+        }
         if (rc != 0) return rc;
     }
     return 0;

@@ -8,6 +8,10 @@
    per family of ops. Each test function asserts one family's verdict, so a failure names what
    failed. Children never assert.
 
+   The shm matrix runs three times: with buffers from malloc, from fsdp_comm_alloc on every rank
+   (peers read them directly: zero-copy), and from fsdp_comm_alloc on even ranks only (direct and
+   staged peers mixed in every op). The results must be the same bits.
+
    The reference reduces in rank order, ((x0 + x1) + x2) + x3, in fp32, then rounds once to the
    dtype (AVG: the fp32 sum divided by the world size, then rounded; MAX: NaN wins). Its
    conversions are written here, independently of the library's.
@@ -26,7 +30,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -43,9 +50,12 @@
 #define CROSS_BACKEND_WORLD 3
 #define NO_RESULT (-1000)         /* a case the child could not even start (malloc failed) */
 
-enum { SHM = 0, SOCKET = 1, BACKENDS = 2 };
-static const fsdp_backend_kind backend_kinds[BACKENDS] = {FSDP_BACKEND_SHM, FSDP_BACKEND_SOCKET};
-static const char *const backend_names[BACKENDS] = {"shm", "socket"};
+/* A "backend" here is a backend and where the ranks' buffers come from. */
+enum { SHM = 0, SOCKET = 1, SHM_SHARED = 2, SHM_MIXED = 3, BACKENDS = 4 };
+static const fsdp_backend_kind backend_kinds[BACKENDS] = {FSDP_BACKEND_SHM, FSDP_BACKEND_SOCKET, FSDP_BACKEND_SHM,
+                                                          FSDP_BACKEND_SHM};
+static const char *const backend_names[BACKENDS] = {"shm", "socket", "shm with fsdp_comm_alloc buffers",
+                                                    "shm with fsdp_comm_alloc buffers on even ranks"};
 
 enum family {
     FAM_ALL_GATHER,
@@ -81,6 +91,7 @@ typedef struct case_report {
     int send_intact;               /* the send buffer is unchanged (not in-place cases) */
     int guard_intact;              /* nothing written past the end of the receive buffer */
     long arrivals_seen;            /* barrier: arrivals counted right after the barrier returned */
+    int shared_as_asked;           /* fsdp_comm_alloc buffers are shared exactly where they should be */
     char error[240];
 } case_report;
 
@@ -107,6 +118,7 @@ typedef struct invalid_args_report {
    inherit it. The region is MAP_SHARED, so what they write there comes back to the parent. */
 typedef struct job {
     int world;
+    int backend;                   /* index into backend_kinds: also says where buffers come from */
     const test_case *cases;
     size_t ncases;
     int check_invalid_args;
@@ -372,6 +384,26 @@ static void run_barrier_case(fsdp_comm *comm, const job *j, const test_case *tc,
     report->arrivals_seen = __atomic_load_n(j->barrier_arrivals, __ATOMIC_SEQ_CST);
 }
 
+/* Whether this rank's case buffers come from fsdp_comm_alloc (which every rank must call alike). */
+static int uses_comm_memory(const job *j, int rank) {
+    return j->backend == SHM_SHARED || (j->backend == SHM_MIXED && rank % 2 == 0);
+}
+
+/* A case buffer: malloc, or fsdp_comm_alloc. In the shared modes every rank calls
+   fsdp_comm_alloc (and later fsdp_comm_free) alike, as the API asks; odd ranks of the mixed mode
+   hold theirs unused (*held) and work in malloc memory. */
+static unsigned char *case_alloc(fsdp_comm *comm, const job *j, size_t bytes, void **held) {
+    *held = NULL;
+    if (j->backend != SHM_SHARED && j->backend != SHM_MIXED) return malloc(bytes);
+    if (fsdp_comm_alloc(comm, bytes, held) != FSDP_SUCCESS) return NULL;
+    return uses_comm_memory(j, fsdp_comm_rank(comm)) ? (unsigned char *)*held : malloc(bytes);
+}
+
+static void case_free(fsdp_comm *comm, unsigned char *ptr, void *held) {
+    if (ptr != held) free(ptr);
+    fsdp_comm_free(comm, held);
+}
+
 static void run_case(fsdp_comm *comm, const job *j, size_t index) {
     const test_case *tc = &j->cases[index];
     int world = j->world, rank = fsdp_comm_rank(comm);
@@ -379,11 +411,13 @@ static void run_case(fsdp_comm *comm, const job *j, size_t index) {
     size_t es = element_size(tc->dtype), count = tc->count;
     size_t send_elems = 0, buffer_elems = 0;
     unsigned char *send = NULL, *send_copy = NULL, *buffer = NULL;
+    void *held_buffer = NULL, *held_send = NULL;
     const unsigned char *output = NULL;
     int rc;
 
     report->send_intact = 1;
     report->guard_intact = 1;
+    report->shared_as_asked = 1;
     if (tc->kind == FSDP_COLL_BARRIER) {
         run_barrier_case(comm, j, tc, report);
         goto finish;
@@ -402,9 +436,12 @@ static void run_case(fsdp_comm *comm, const job *j, size_t index) {
         buffer_elems = count;
         break;
     }
-    buffer = malloc(buffer_elems * es + GUARD_BYTES);
-    send = malloc(send_elems * es + es);
+    buffer = case_alloc(comm, j, buffer_elems * es + GUARD_BYTES, &held_buffer);
+    send = case_alloc(comm, j, send_elems * es + es, &held_send);
     send_copy = malloc(send_elems * es + es);
+    if (buffer && send)
+        report->shared_as_asked = fsdp_comm_is_shared(comm, buffer, buffer_elems * es + GUARD_BYTES) ==
+                                  (uses_comm_memory(j, rank) && world > 1);
     if (!buffer || !send || !send_copy) {
         report->rc = NO_RESULT;
         snprintf(report->error, sizeof report->error, "rank %d: malloc failed", rank);
@@ -465,8 +502,8 @@ finish:
         append_text(report->error, sizeof report->error, fsdp_comm_last_error(comm));
     }
     report->done = 1;
-    free(buffer);
-    free(send);
+    case_free(comm, buffer, held_buffer);
+    case_free(comm, send, held_send);
     free(send_copy);
 }
 
@@ -519,6 +556,7 @@ static int run_job(job *j, int backend, int world, test_case *cases, size_t ncas
     memset(j, 0, sizeof *j);
     memset(status, 0, sizeof *status);
     j->world = world;
+    j->backend = backend;
     j->cases = cases;
     j->ncases = ncases;
     j->check_invalid_args = check_invalid_args;
@@ -669,6 +707,12 @@ static void verify_case(const job *j, size_t index, const char *backend, verdict
             record(v, 0, what);
             continue;
         }
+        if (!report->shared_as_asked) {
+            snprintf(what, sizeof what, "%s: rank %d: fsdp_comm_is_shared says its buffer is %sshared", name, r,
+                     uses_comm_memory(j, r) && world > 1 ? "not " : "");
+            record(v, 0, what);
+            continue;
+        }
         if (!report->send_intact) {
             snprintf(what, sizeof what, "%s: rank %d: the send buffer was modified", name, r);
             record(v, 0, what);
@@ -725,7 +769,8 @@ static void run_matrix(int backend) {
     int world, f;
     if (matrix_ran[backend]) return;
     matrix_ran[backend] = 1;
-    for (world = 1; world <= MAX_WORLD; world++) {
+    /* with one rank there are no peers to share with: the plain shm run covers it */
+    for (world = backend == SHM_SHARED || backend == SHM_MIXED ? 2 : 1; world <= MAX_WORLD; world++) {
         job j;
         fsdp_launch_status status;
         size_t ncases = build_matrix(cases, world), c;
@@ -753,6 +798,11 @@ static void assert_family_matches_reference(int backend, int family) {
              family_name(family), backend_names[backend], v->failed, v->checked, v->first_failure);
     TEST_ASSERT_TRUE_MESSAGE(v->checked > 0, "no case of this family was checked");
     TEST_ASSERT_TRUE_MESSAGE(v->failed == 0, message);
+}
+
+static void assert_every_family_matches_reference(int backend) {
+    int family;
+    for (family = 0; family < FAMILIES; family++) assert_family_matches_reference(backend, family);
 }
 
 void setUp(void) {}
@@ -809,6 +859,14 @@ static void test_max_reduction_over_socket_with_nan_input_gives_nan(void) {
 }
 static void test_collectives_over_socket_with_count_zero_succeed_and_write_nothing(void) {
     assert_family_matches_reference(SOCKET, FAM_ZERO_COUNT);
+}
+
+/* Large ops read fsdp_comm_alloc memory straight from the peer; the rest stage as usual. */
+static void test_every_collective_over_shm_with_fsdp_comm_alloc_buffers_equals_serial_reference_bitwise(void) {
+    assert_every_family_matches_reference(SHM_SHARED);
+}
+static void test_every_collective_over_shm_with_shared_buffers_on_even_ranks_only_equals_reference_bitwise(void) {
+    assert_every_family_matches_reference(SHM_MIXED);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -919,6 +977,189 @@ static void test_collectives_on_null_comm_return_invalid_arg(void) {
     TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_barrier(NULL));
 }
 
+/* ---------------------------------------------------------------------------------------------
+   the tests: fsdp_comm_alloc memory
+   --------------------------------------------------------------------------------------------- */
+#define ALLOC_BYTES ((size_t)3 << 20) /* 3 MiB: large enough for the direct path */
+
+typedef struct alloc_report {
+    int done;
+    int rc_alloc, rc_ops, rc_mismatch;
+    int zeroed, aligned, shared, leftovers;
+    int results_ok;
+    char error[300];
+} alloc_report;
+
+typedef struct alloc_job {
+    int scenario;                  /* ALLOC_LIFECYCLE, ALLOC_EARLY_FREE, ALLOC_NO_SHM_SPACE */
+    alloc_report reports[MAX_WORLD];
+} alloc_job;
+
+enum { ALLOC_LIFECYCLE, ALLOC_EARLY_FREE, ALLOC_NO_SHM_SPACE };
+
+/* Files this process or its parent's other children left in /dev/shm ("fsdp-<pid>-m<n>"). */
+static int count_region_files(void) {
+    DIR *dir = opendir("/dev/shm");
+    struct dirent *e;
+    int n = 0;
+    if (!dir) return 0;
+    while ((e = readdir(dir)) != NULL)
+        if (strncmp(e->d_name, "fsdp-", 5) == 0 && strstr(e->d_name, "-m") != NULL) n++;
+    closedir(dir);
+    return n;
+}
+
+/* Every rank all-gathers and all-reduces 3 MiB from fsdp_comm_alloc memory (its own values:
+   rank + 1 in every float) and checks the sums and the gathered blocks. */
+static int gather_and_reduce_check(fsdp_comm *comm, float *send, float *recv, size_t n) {
+    int rank = fsdp_comm_rank(comm), world = fsdp_comm_size(comm), rc, r;
+    size_t i;
+    for (i = 0; i < n; i++) send[i] = (float)(rank + 1);
+    if ((rc = fsdp_all_reduce(comm, send, recv, n, FSDP_F32, FSDP_SUM)) != 0) return rc;
+    for (i = 0; i < n; i++)
+        if (recv[i] != (float)(world * (world + 1) / 2)) return -1;
+    if ((rc = fsdp_all_gather(comm, send, recv, n / (size_t)world, FSDP_F32)) != 0) return rc;
+    for (r = 0; r < world; r++)
+        for (i = 0; i < n / (size_t)world; i++)
+            if (recv[(size_t)r * (n / (size_t)world) + i] != (float)(r + 1)) return -1;
+    return 0;
+}
+
+static int alloc_rank_main(fsdp_comm *comm, void *arg) {
+    alloc_job *j = arg;
+    int rank = fsdp_comm_rank(comm);
+    alloc_report *report = &j->reports[rank];
+    size_t n = ALLOC_BYTES / sizeof(float), i;
+    void *a = NULL, *b = NULL;
+    if (j->scenario == ALLOC_NO_SHM_SPACE && rank == 1) {
+        /* /dev/shm refuses this rank's file: as if the tmpfs were too small */
+        struct rlimit small = {4096, 4096};
+        signal(SIGXFSZ, SIG_IGN);
+        setrlimit(RLIMIT_FSIZE, &small);
+    }
+    report->rc_alloc = fsdp_comm_alloc(comm, ALLOC_BYTES, &a);
+    if (report->rc_alloc == 0) report->rc_alloc = fsdp_comm_alloc(comm, ALLOC_BYTES, &b);
+    if (report->rc_alloc == 0) {
+        const unsigned char *bytes = a;
+        report->zeroed = 1;
+        for (i = 0; i < ALLOC_BYTES; i++) report->zeroed &= bytes[i] == 0;
+        report->aligned = (uintptr_t)a % 64 == 0 && (uintptr_t)b % 64 == 0;
+        report->shared = fsdp_comm_is_shared(comm, a, ALLOC_BYTES) + fsdp_comm_is_shared(comm, b, ALLOC_BYTES);
+        report->rc_ops = fsdp_barrier(comm); /* every rank is past its allocations */
+        report->leftovers = count_region_files();
+        if (report->rc_ops == 0) {
+            report->rc_ops = gather_and_reduce_check(comm, a, b, n);
+            report->results_ok = report->rc_ops == 0;
+        }
+    }
+    if (j->scenario == ALLOC_LIFECYCLE) { /* free, allocate again, and leave it to fsdp_comm_destroy */
+        fsdp_comm_free(comm, a);
+        a = NULL;
+        if (report->rc_ops == 0 && (report->rc_ops = fsdp_comm_alloc(comm, ALLOC_BYTES, &a)) == 0)
+            report->rc_ops = gather_and_reduce_check(comm, a, b, n);
+        report->results_ok &= report->rc_ops == 0;
+    }
+    if (j->scenario == ALLOC_EARLY_FREE) { /* rank 1 frees its block of a; rank 0 then offers its own */
+        float *recv = malloc(ALLOC_BYTES);
+        if (rank == 1) fsdp_comm_free(comm, a);
+        report->rc_mismatch = recv ? fsdp_all_gather(comm, rank == 1 ? b : a, recv, n / 2, FSDP_F32) : -3;
+        if (fsdp_all_gather(comm, b, b, 1, FSDP_F32) != FSDP_ERR_ABORTED) report->rc_mismatch = -2; /* stays failed */
+        free(recv);
+    }
+    if (fsdp_comm_status(comm) != 0)
+        append_text(report->error, sizeof report->error, fsdp_comm_last_error(comm));
+    report->done = 1;
+    return 0;
+}
+
+static alloc_job *run_alloc_job(int scenario, fsdp_backend_kind backend, int world, fsdp_launch_status *status,
+                                int *rc) {
+    alloc_job *j = mmap(NULL, sizeof *j, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    fsdp_launch_desc desc;
+    TEST_ASSERT_TRUE(j != MAP_FAILED);
+    memset(j, 0, sizeof *j);
+    j->scenario = scenario;
+    memset(&desc, 0, sizeof desc);
+    desc.nprocs = world;
+    desc.backend = backend;
+    desc.timeout_ms = SHORT_TIMEOUT_MS;
+    fflush(stdout);
+    *rc = fsdp_launch_ex(&desc, alloc_rank_main, j, status);
+    return j;
+}
+
+static void test_fsdp_comm_alloc_gives_zeroed_aligned_shared_memory_and_leaves_nothing_in_dev_shm(void) {
+    int world, r, rc;
+    char message[500];
+    for (world = 1; world <= 3; world++) {
+        fsdp_launch_status status;
+        alloc_job *j = run_alloc_job(ALLOC_LIFECYCLE, FSDP_BACKEND_SHM, world, &status, &rc);
+        for (r = 0; r < world; r++) {
+            const alloc_report *a = &j->reports[r];
+            snprintf(message, sizeof message, "P=%d rank %d: alloc %s, ops %d, zeroed %d, aligned %d, shared %d, "
+                     "files left %d: %s", world, r, fsdp_result_name(a->rc_alloc), a->rc_ops, a->zeroed, a->aligned,
+                     a->shared, a->leftovers, a->error);
+            TEST_ASSERT_TRUE_MESSAGE(a->done, message);
+            TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, a->rc_alloc, message);
+            TEST_ASSERT_TRUE_MESSAGE(a->zeroed && a->aligned && a->results_ok, message);
+            TEST_ASSERT_EQUAL_INT_MESSAGE(world > 1 ? 2 : 0, a->shared, message);
+            TEST_ASSERT_EQUAL_INT_MESSAGE(0, a->leftovers, message);
+        }
+        munmap(j, sizeof *j);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, status.message);
+    }
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, count_region_files(), "region files left in /dev/shm after the jobs");
+}
+
+static void test_fsdp_comm_alloc_over_socket_gives_ordinary_memory_that_collectives_use(void) {
+    fsdp_launch_status status;
+    int r, rc;
+    alloc_job *j = run_alloc_job(ALLOC_LIFECYCLE, FSDP_BACKEND_SOCKET, 2, &status, &rc);
+    for (r = 0; r < 2; r++) {
+        TEST_ASSERT_TRUE_MESSAGE(j->reports[r].done, j->reports[r].error);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(0, j->reports[r].shared, "socket memory claims to be shared");
+        TEST_ASSERT_TRUE_MESSAGE(j->reports[r].zeroed && j->reports[r].aligned && j->reports[r].results_ok,
+                                 j->reports[r].error);
+    }
+    munmap(j, sizeof *j);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, status.message);
+}
+
+static void test_fsdp_comm_alloc_falls_back_to_private_memory_on_every_rank_when_one_cannot_share(void) {
+    fsdp_launch_status status;
+    int r, rc;
+    char message[400];
+    alloc_job *j = run_alloc_job(ALLOC_NO_SHM_SPACE, FSDP_BACKEND_SHM, 3, &status, &rc);
+    for (r = 0; r < 3; r++) {
+        const alloc_report *a = &j->reports[r];
+        snprintf(message, sizeof message, "rank %d: alloc %s, shared %d, ok %d, files left %d: %s", r,
+                 fsdp_result_name(a->rc_alloc), a->shared, a->results_ok, a->leftovers, a->error);
+        TEST_ASSERT_TRUE_MESSAGE(a->done, message);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, a->rc_alloc, message);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(0, a->shared, message);
+        TEST_ASSERT_TRUE_MESSAGE(a->zeroed && a->aligned && a->results_ok, message);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(0, a->leftovers, message);
+    }
+    munmap(j, sizeof *j);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, status.message);
+}
+
+static void test_a_peer_offering_memory_this_rank_already_freed_is_a_mismatch_on_every_rank(void) {
+    fsdp_launch_status status;
+    int r, rc;
+    alloc_job *j = run_alloc_job(ALLOC_EARLY_FREE, FSDP_BACKEND_SHM, 2, &status, &rc);
+    for (r = 0; r < 2; r++) {
+        char message[400];
+        snprintf(message, sizeof message, "rank %d got %s: %s", r, fsdp_result_name(j->reports[r].rc_mismatch),
+                 j->reports[r].error);
+        TEST_ASSERT_TRUE_MESSAGE(j->reports[r].done, message);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_MISMATCH, j->reports[r].rc_mismatch, message);
+        TEST_ASSERT_NOT_NULL_MESSAGE(strstr(j->reports[r].error, "rank 0 offered"), message);
+    }
+    munmap(j, sizeof *j);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, status.message);
+}
+
 int main(void) {
     build_f16_decode_table();
     UNITY_BEGIN();
@@ -934,6 +1175,14 @@ int main(void) {
     RUN_TEST(test_barrier_over_shm_with_a_late_rank_returns_only_after_every_rank_arrived);
     RUN_TEST(test_max_reduction_over_shm_with_nan_input_gives_nan);
     RUN_TEST(test_collectives_over_shm_with_count_zero_succeed_and_write_nothing);
+
+    RUN_TEST(test_every_collective_over_shm_with_fsdp_comm_alloc_buffers_equals_serial_reference_bitwise);
+    RUN_TEST(test_every_collective_over_shm_with_shared_buffers_on_even_ranks_only_equals_reference_bitwise);
+
+    RUN_TEST(test_fsdp_comm_alloc_gives_zeroed_aligned_shared_memory_and_leaves_nothing_in_dev_shm);
+    RUN_TEST(test_fsdp_comm_alloc_over_socket_gives_ordinary_memory_that_collectives_use);
+    RUN_TEST(test_fsdp_comm_alloc_falls_back_to_private_memory_on_every_rank_when_one_cannot_share);
+    RUN_TEST(test_a_peer_offering_memory_this_rank_already_freed_is_a_mismatch_on_every_rank);
 
     RUN_TEST(test_all_gather_over_socket_equals_serial_reference_bitwise);
     RUN_TEST(test_reduce_scatter_sum_avg_max_over_socket_equals_serial_reference_bitwise);
