@@ -3973,7 +3973,8 @@ typedef struct fsdp__unit {
     int group_size, group_rank;
     fsdp_comm *shard_comm;  /* gathers and reduce-scatters (NULL: group of one) */
     fsdp_comm *replica_comm; /* HYBRID: across shard groups; NO_SHARD: everyone */
-    float *master;          /* fp32 shard [shard] */
+    float *master;          /* fp32 shard [shard]; inside ctx->master_mem when master_shared */
+    int master_shared;
     float *grad;            /* gradient shard [shard] */
     float *opt_a, *opt_b;   /* exp_avg / momentum_buffer, exp_avg_sq */
     void *unsharded;        /* [padded] param_dtype, while gathered */
@@ -4008,6 +4009,7 @@ struct fsdp_ctx {
     fsdp_model *model;
     fsdp_desc desc;
     fsdp_comm *comm, *hybrid_shard_comm, *hybrid_replica_comm;
+    void *master_mem[2];    /* fsdp_comm_alloc blocks holding the f32 shards gathered over comm, hybrid_shard_comm */
     fsdp__plan plan;
     fsdp__unit *units;
     int num_units;
@@ -4110,6 +4112,9 @@ FSDP__PRIVATE int fsdp__run_gather(fsdp_ctx *ctx, fsdp__unit *u, uint32_t tag) {
     size_t esize = fsdp_dtype_size(ctx->param_dtype);
     char *slot = (char *)u->unsharded + (size_t)u->group_rank * (size_t)u->shard * esize;
     int rc = 0;
+    if (u->master_shared) /* f32: straight from the shard, which peers may read directly */
+        return fsdp__collective_tagged(u->shard_comm, FSDP_COLL_ALL_GATHER, u->master, u->unsharded, (size_t)u->shard,
+                                       FSDP_F32, FSDP_SUM, tag);
     fsdp__from_f32(slot, ctx->param_dtype, u->master, (size_t)u->shard);
     if (u->shard_comm)
         rc = fsdp__collective_tagged(u->shard_comm, FSDP_COLL_ALL_GATHER, slot, u->unsharded, (size_t)u->shard,
@@ -4732,6 +4737,37 @@ FSDP_API int fsdp_set_lr(fsdp_ctx *ctx, float lr) {
 }
 
 /* --- creation ------------------------------------------------------------------------------ */
+/* The fp32 shards. With f32 parameters a unit is gathered straight from its shard, so the
+   shards of each shard group live in one fsdp_comm_alloc block of that group's comm: on the
+   shm backend peers then read them directly, without staging copies. Collective (one
+   fsdp_comm_alloc per shard comm, in the same order on every rank). */
+FSDP__PRIVATE int fsdp__alloc_masters(fsdp_ctx *ctx) {
+    fsdp_comm *comms[2];
+    int c, ui, rc;
+    comms[0] = ctx->comm;
+    comms[1] = ctx->hybrid_shard_comm;
+    for (c = 0; c < 2 && ctx->param_dtype == FSDP_F32; c++) {
+        size_t total = 0, at = 0;
+        for (ui = 0; ui < ctx->num_units; ui++)
+            if (comms[c] && ctx->units[ui].shard_comm == comms[c] && ctx->units[ui].group_size > 1)
+                total += fsdp__align((size_t)ctx->units[ui].shard, 16);
+        if (!total) continue;
+        if ((rc = fsdp_comm_alloc(comms[c], total * sizeof(float), &ctx->master_mem[c])) != 0) return rc;
+        for (ui = 0; ui < ctx->num_units; ui++) {
+            fsdp__unit *u = &ctx->units[ui];
+            if (u->shard_comm != comms[c] || u->group_size <= 1) continue;
+            u->master = (float *)ctx->master_mem[c] + at;
+            u->master_shared = 1;
+            at += fsdp__align((size_t)u->shard, 16);
+        }
+    }
+    for (ui = 0; ui < ctx->num_units; ui++)
+        if (!ctx->units[ui].master &&
+            !(ctx->units[ui].master = (float *)fsdp__calloc(sizeof(float) * (size_t)ctx->units[ui].shard)))
+            return FSDP_ERR_OUT_OF_MEMORY;
+    return 0;
+}
+
 /* Fills defaults and checks a description; *hybrid_group gets the shard group size. */
 static __thread const fsdp_model *fsdp__sorting_model; /* qsort has no context argument (per thread) */
 static int fsdp__cmp_param_name(const void *a, const void *b) {
@@ -4881,11 +4917,10 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
             u->shard_comm = ctx->comm;
         }
         u->reshard_after_forward = ui != 0 && (u->strategy == FSDP_FULL_SHARD || u->strategy == FSDP_HYBRID_SHARD);
-        u->master = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard);
         u->grad = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard);
         if (nbuf >= 1) u->opt_a = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard);
         if (nbuf >= 2) u->opt_b = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard);
-        if (!u->master || !u->grad || (nbuf >= 1 && !u->opt_a) || (nbuf >= 2 && !u->opt_b)) {
+        if (!u->grad || (nbuf >= 1 && !u->opt_a) || (nbuf >= 2 && !u->opt_b)) {
             fsdp__fmt(fsdp__init_error, sizeof fsdp__init_error, "fsdp_init: no memory for unit '%s' (%lld elements per rank)",
                       fsdp__unit_name(ctx, ui), (long long)u->shard);
             fsdp_destroy(ctx);
@@ -4896,6 +4931,12 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
         ctx->opt_bytes += sizeof(float) * (size_t)u->shard * (size_t)nbuf;
     }
     ctx->persistent_bytes = ctx->param_bytes + ctx->grad_bytes + ctx->opt_bytes;
+    if ((rc = fsdp__alloc_masters(ctx)) != 0) {
+        fsdp__fmt(fsdp__init_error, sizeof fsdp__init_error, "fsdp_init: no memory for the parameter shards: %s",
+                  rc == FSDP_ERR_OUT_OF_MEMORY ? "out of memory" : fsdp_comm_last_error(ctx->comm));
+        fsdp_destroy(ctx);
+        return rc;
+    }
     for (p = 0; p < model->num_params; p++) ctx->param_by_name[p] = p;
     fsdp__sorting_model = model;
     qsort(ctx->param_by_name, (size_t)model->num_params, sizeof(int), fsdp__cmp_param_name);
@@ -4903,7 +4944,7 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
     for (p = 0; p < model->num_params; p++) { /* this rank's slice of each parameter, initialised */
         fsdp_param_info *info = &ctx->params[p];
         fsdp__unit *u = &ctx->units[ctx->plan.unit_of_param[p]];
-        int64_t off = ctx->plan.param_offset[p], begin = (int64_t)u->group_rank * u->shard, end = begin + u->shard, i;
+        int64_t off = ctx->plan.param_offset[p], begin = (int64_t)u->group_rank * u->shard, end = begin + u->shard, i, at;
         int64_t lo = off > begin ? off : begin, hi = off + model->params[p].numel < end ? off + model->params[p].numel : end;
         info->unit = ctx->plan.unit_of_param[p];
         info->flat_offset = off;
@@ -4911,8 +4952,9 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
         if (hi < lo) hi = lo = off;
         info->shard_begin = lo - off;
         info->shard_end = hi - off;
-        info->shard = u->master + (lo - begin > 0 ? lo - begin : 0);
-        info->grad_shard = u->grad + (lo - begin > 0 ? lo - begin : 0);
+        at = lo - begin < 0 ? 0 : lo - begin > u->shard ? u->shard : lo - begin; /* empty: still in the shard */
+        info->shard = u->master + at;
+        info->grad_shard = u->grad + at;
         for (i = info->shard_begin; i < info->shard_end; i++)
             info->shard[i - info->shard_begin] = fsdp_init_value(model, p, i, ctx->desc.seed);
     }
@@ -4940,12 +4982,14 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
         fsdp__unit *u = &ctx->units[ui];
         fsdp__reshard(ctx, u);
         fsdp__buf_put(ctx, u->grad_full, (size_t)u->padded * sizeof(float));
-        FSDP_FREE(u->master);
+        if (!u->master_shared) FSDP_FREE(u->master);
         FSDP_FREE(u->grad);
         FSDP_FREE(u->opt_a);
         FSDP_FREE(u->opt_b);
     }
     for (ui = 0; ui < ctx->pool_len; ui++) FSDP_FREE(ctx->pool[ui].ptr);
+    fsdp_comm_free(ctx->comm, ctx->master_mem[0]);
+    fsdp_comm_free(ctx->hybrid_shard_comm, ctx->master_mem[1]);
     fsdp_comm_destroy(ctx->hybrid_shard_comm);
     fsdp_comm_destroy(ctx->hybrid_replica_comm);
     fsdp__plan_free(&ctx->plan);

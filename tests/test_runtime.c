@@ -1086,6 +1086,7 @@ typedef struct layout_report {
     fsdp_param_info param[NPARAMS];    /* pointers likewise */
     long init_mismatches;              /* shard elements that differ from fsdp_init_value */
     long padding_checked, padding_nonzero;
+    int shards_shared;                 /* parameters whose shard peers read directly (fsdp_comm_is_shared) */
 } layout_report;
 
 typedef struct layout_results {
@@ -1121,6 +1122,8 @@ static void layout_one(fsdp_comm *comm, fsdp_strategy strategy, layout_report *r
     for (u = 0; u < r->num_units && u < MAX_UNITS; u++) fsdp_unit_info_get(ctx, u, &r->unit[u]);
     for (p = 0; p < NPARAMS; p++) {
         fsdp_param_info_get(ctx, m.param[p], &r->param[p]);
+        r->shards_shared += fsdp_comm_is_shared(comm, r->param[p].shard,
+                                                sizeof(float) * (size_t)(r->param[p].shard_end - r->param[p].shard_begin));
         for (i = r->param[p].shard_begin; i < r->param[p].shard_end; i++)
             if (memcmp(&r->param[p].shard[i - r->param[p].shard_begin],
                        &(float){fsdp_init_value(m.model, m.param[p], i, SEED)}, sizeof(float)) != 0)
@@ -1201,6 +1204,24 @@ static void test_flat_padded_numel_is_the_flat_numel_rounded_up_to_the_shard_gro
                     TEST_ASSERT_TRUE_MESSAGE(info->shard_offset == (rank % group) * info->shard_numel, message);
                 }
             }
+}
+
+/* With f32 parameters on shm, FULL_SHARD and SHARD_GRAD_OP keep the shards in fsdp_comm_alloc
+   memory, so the all-gathers read them straight from the peers; NO_SHARD gathers nothing. */
+static void test_f32_shards_live_in_memory_peers_read_directly_when_sharded_over_shm(void) {
+    int world, s, rank;
+    ensure_layout();
+    for (world = 1; world <= MAX_WORLD; world++)
+        for (s = 0; s < 4; s++) {
+            if (strategies[s] == FSDP_HYBRID_SHARD) continue; /* its shard comm is internal to the ctx */
+            for (rank = 0; rank < world; rank++) {
+                const layout_report *r = layout_of(world, s, rank);
+                int want = world > 1 && strategies[s] != FSDP_NO_SHARD ? NPARAMS : 0;
+                snprintf(message, sizeof message, "P=%d %s rank %d: %d of %d parameter shards shared", world,
+                         strategy_name(strategies[s]), rank, r->shards_shared, NPARAMS);
+                TEST_ASSERT_EQUAL_INT_MESSAGE(want, r->shards_shared, message);
+            }
+        }
 }
 
 /* Within each shard group the ranks' [shard_begin, shard_end) cover every element of every
@@ -1612,6 +1633,7 @@ int main(void) {
     RUN_TEST(test_accumulation_reducing_every_micro_step_equals_one_4x_batch);
     RUN_TEST(test_flat_padded_numel_is_the_flat_numel_rounded_up_to_the_shard_group_size);
     RUN_TEST(test_flat_param_shard_ranges_tile_each_parameter_exactly_across_the_shard_group);
+    RUN_TEST(test_f32_shards_live_in_memory_peers_read_directly_when_sharded_over_shm);
     RUN_TEST(test_flat_param_shard_holds_the_init_values_of_its_range);
     RUN_TEST(test_flat_padding_in_gathered_buffer_stays_zero_after_steps);
     RUN_TEST(test_memory_persistent_bytes_per_rank_equal_the_estimate_exactly);
