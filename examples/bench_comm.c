@@ -368,9 +368,26 @@ static int measure(const bench *b, fsdp_coll_kind kind, char *x, char *y, size_t
     return 0;
 }
 
+/* Synchronises the ranks for at least 100 ms before the first measurement, so the scheduler
+   has spread freshly started ranks over the cores (the first size would otherwise pay for it).
+   The ranks decide together when to stop, so they run the same number of barriers. */
+static int settle(const bench *b)
+{
+    double start = fsdp_now();
+    for (;;) {
+        float elapsed;
+        for (int i = 0; i < 50; i++)
+            if (barrier(b) != 0) return 1;
+        elapsed = (float)(fsdp_now() - start);
+        if (max_across_ranks(b, &elapsed, 1) != 0) return 1;
+        if (elapsed >= 0.1f) return 0;
+    }
+}
+
 static int run(const bench *b)
 {
     const options *opt = b->opt;
+    if (settle(b) != 0) return comm_error(b, "warm-up barrier", 0, 1);
     if (b->rank == 0) {
         if (opt->csv) printf("backend,P,op,bytes,median_us,algbw_GBps,busbw_GBps\n");
         else {
