@@ -1762,7 +1762,8 @@ FSDP__PRIVATE int fsdp__shm_adopt_abort(fsdp_comm *comm, fsdp__shm *s) {
     return fsdp_comm_fail(comm, code, "rank %d failed first: %s", h->abort_rank, h->abort_message);
 }
 
-/* Waits until the peer's counter (arrive or depart) reaches target. */
+/* Waits until the peer's counter reaches target: its arrive counter (depart 0), or its depart
+   counter, before reusing a slot (1) or before returning from an op whose memory it read (2). */
 FSDP__PRIVATE int fsdp__shm_wait(fsdp_comm *comm, fsdp__shm *s, int peer, int depart, uint32_t target,
                                  const fsdp_coll *c) {
     fsdp__shm_rank *r = fsdp__shm_peer(s, peer);
@@ -1809,7 +1810,9 @@ FSDP__PRIVATE int fsdp__shm_wait(fsdp_comm *comm, fsdp__shm *s, int peer, int de
                                   "alive but did not %s",
                                   comm->rank, c->timeout_ms, peer, (int)r->pid, fsdp_coll_name(c->kind),
                                   (unsigned long long)c->seq, peer,
-                                  depart ? "finish the previous collective" : "join this collective");
+                                  depart == 0 ? "join this collective"
+                                  : depart == 1 ? "read the data this rank staged earlier"
+                                                : "finish reading this rank's memory");
         {
             int64_t left_ms = deadline - now;
             struct timespec ts;
@@ -1913,7 +1916,7 @@ FSDP__PRIVATE int fsdp__shm_peer_data(fsdp_comm *comm, fsdp__shm *s, int p, size
 FSDP__PRIVATE int fsdp__shm_settle(fsdp_comm *comm, fsdp__shm *s, const fsdp_coll *c) {
     int p, rc;
     for (p = 0; p < comm->world; p++)
-        if (p != comm->rank && (rc = fsdp__shm_wait(comm, s, p, 1, s->round, c)) != 0) return rc;
+        if (p != comm->rank && (rc = fsdp__shm_wait(comm, s, p, 2, s->round, c)) != 0) return rc;
     return 0;
 }
 

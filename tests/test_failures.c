@@ -640,9 +640,13 @@ static void *kill_self_soon(void *arg) {
     return NULL;
 }
 
-/* Loops big all_reduces until one fails (bounded by LOOP_LIMIT_MS) and records that failure. */
-static void loop_all_reduce_until_failure(fsdp_comm *comm, rank_report *report) {
-    float *data = calloc(BIG_COUNT, sizeof *data);
+/* Loops big all_reduces until one fails (bounded by LOOP_LIMIT_MS) and records that failure.
+   shared: the buffer comes from fsdp_comm_alloc, so peers read it directly (and wait for each
+   other's reads before returning). */
+static void loop_all_reduce_until_failure(fsdp_comm *comm, rank_report *report, int shared) {
+    void *mem = NULL;
+    float *data = shared ? (fsdp_comm_alloc(comm, BIG_COUNT * sizeof(float), &mem) == 0 ? (float *)mem : NULL)
+                         : (float *)calloc(BIG_COUNT, sizeof(float));
     double loop_start = now_ms();
     report->rc = FSDP_SUCCESS;
     if (!data) {
@@ -661,7 +665,8 @@ static void loop_all_reduce_until_failure(fsdp_comm *comm, rank_report *report) 
         }
         report->iterations++;
     }
-    free(data);
+    if (shared) fsdp_comm_free(comm, data);
+    else free(data);
 }
 
 static int killed_rank_main(fsdp_comm *comm, void *arg) {
@@ -672,17 +677,27 @@ static int killed_rank_main(fsdp_comm *comm, void *arg) {
         pthread_t killer;
         if (pthread_create(&killer, NULL, kill_self_soon, NULL) != 0) raise(SIGKILL);
     }
-    loop_all_reduce_until_failure(comm, report);
+    loop_all_reduce_until_failure(comm, report, arg != NULL);
     report->done = 1;
     return 0; /* the survivors succeed: the launcher must name the killed rank */
 }
 
-static scenario killed_rank_scenarios[2];
+/* shm, socket, and shm with the buffer in fsdp_comm_alloc memory */
+#define SHM_SHARED_MEMORY ((fsdp_backend_kind)100)
+static scenario killed_rank_scenarios[3];
+static int shared_flag = 1;
 
 static const scenario *run_killed_rank(fsdp_backend_kind backend) {
-    scenario *s = &killed_rank_scenarios[backend == FSDP_BACKEND_SOCKET];
-    if (!s->ran) run_launch(s, backend, KILL_WORLD, TIMEOUT_MS, killed_rank_main, NULL);
+    int shared = backend == SHM_SHARED_MEMORY;
+    scenario *s = &killed_rank_scenarios[shared ? 2 : backend == FSDP_BACKEND_SOCKET];
+    if (!s->ran)
+        run_launch(s, shared ? FSDP_BACKEND_SHM : backend, KILL_WORLD, TIMEOUT_MS, killed_rank_main,
+                   shared ? &shared_flag : NULL);
     return s;
+}
+
+static const char *scenario_name(fsdp_backend_kind backend) {
+    return backend == SHM_SHARED_MEMORY ? "shm, fsdp_comm_alloc memory" : fsdp_backend_name(backend);
 }
 
 static void assert_survivors_fail_within_timeout(fsdp_backend_kind backend) {
@@ -693,7 +708,7 @@ static void assert_survivors_fail_within_timeout(fsdp_backend_kind backend) {
         const rank_report *report = &s->rank[r];
         if (r == DOOMED_RANK) continue;
         snprintf(message, sizeof message, "[%s] rank %d: %s after %d ms (%d all_reduces before): '%s'",
-                 fsdp_backend_name(backend), r, fsdp_result_name(report->rc), report->elapsed_ms,
+                 scenario_name(backend), r, fsdp_result_name(report->rc), report->elapsed_ms,
                  report->iterations, report->message);
         TEST_ASSERT_TRUE_MESSAGE(report->done, message);
         TEST_ASSERT_TRUE_MESSAGE(is_one_of(report->rc, FSDP_ERR_PEER_LOST, FSDP_ERR_ABORTED), message);
@@ -712,7 +727,7 @@ static void describe_launch(char *out, size_t size, const char *prefix, const sc
 static void assert_launcher_reports_killed_rank(fsdp_backend_kind backend) {
     const scenario *s = run_killed_rank(backend);
     char message[600], prefix[32];
-    snprintf(prefix, sizeof prefix, "[%s] ", fsdp_backend_name(backend));
+    snprintf(prefix, sizeof prefix, "[%s] ", scenario_name(backend));
     describe_launch(message, sizeof message, prefix, s);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_RANK_FAILED, s->launch_rc, message);
     TEST_ASSERT_EQUAL_INT_MESSAGE(DOOMED_RANK, s->status.failed_rank, message);
@@ -725,7 +740,7 @@ static void assert_launcher_reports_killed_rank(fsdp_backend_kind backend) {
 static void assert_killed_rank_leaves_no_shm(fsdp_backend_kind backend) {
     const scenario *s = run_killed_rank(backend);
     char message[300];
-    snprintf(message, sizeof message, "[%s] appeared during the test: /dev/shm/%s", fsdp_backend_name(backend),
+    snprintf(message, sizeof message, "[%s] appeared during the test: /dev/shm/%s", scenario_name(backend),
              s->new_shm);
     TEST_ASSERT_TRUE_MESSAGE(s->ran, "the scenario did not run");
     TEST_ASSERT_TRUE_MESSAGE(s->new_shm[0] == '\0', message);
@@ -739,6 +754,12 @@ static void test_rank_killed_mid_all_reduce_over_shm_is_reported_by_launcher_wit
 }
 static void test_rank_killed_mid_all_reduce_over_shm_leaves_nothing_in_dev_shm(void) {
     assert_killed_rank_leaves_no_shm(FSDP_BACKEND_SHM);
+}
+static void test_rank_killed_mid_all_reduce_of_fsdp_comm_alloc_memory_makes_survivors_fail_within_timeout(void) {
+    assert_survivors_fail_within_timeout(SHM_SHARED_MEMORY);
+}
+static void test_rank_killed_mid_all_reduce_of_fsdp_comm_alloc_memory_leaves_nothing_in_dev_shm(void) {
+    assert_killed_rank_leaves_no_shm(SHM_SHARED_MEMORY);
 }
 static void test_rank_killed_mid_all_reduce_over_socket_makes_survivors_fail_within_timeout(void) {
     assert_survivors_fail_within_timeout(FSDP_BACKEND_SOCKET);
@@ -763,7 +784,7 @@ static int exiting_rank_main(fsdp_comm *comm, void *arg) {
     for (i = 0; i < 3; i++)
         if (fsdp_all_reduce(comm, &value, &sum, 1, FSDP_F32, FSDP_SUM) != FSDP_SUCCESS) return 4;
     if (rank == EXITING_RANK) return EXIT_CODE;
-    loop_all_reduce_until_failure(comm, report);
+    loop_all_reduce_until_failure(comm, report, 0);
     report->done = 1;
     return 0;
 }
@@ -779,7 +800,7 @@ static const scenario *run_exiting_rank(fsdp_backend_kind backend) {
 static void assert_launcher_reports_exit_code(fsdp_backend_kind backend) {
     const scenario *s = run_exiting_rank(backend);
     char message[600], prefix[32];
-    snprintf(prefix, sizeof prefix, "[%s] ", fsdp_backend_name(backend));
+    snprintf(prefix, sizeof prefix, "[%s] ", scenario_name(backend));
     describe_launch(message, sizeof message, prefix, s);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_RANK_FAILED, s->launch_rc, message);
     TEST_ASSERT_EQUAL_INT_MESSAGE(EXITING_RANK, s->status.failed_rank, message);
@@ -1087,6 +1108,8 @@ int main(void) {
     RUN_TEST(test_rank_killed_mid_all_reduce_over_shm_makes_survivors_fail_within_timeout);
     RUN_TEST(test_rank_killed_mid_all_reduce_over_shm_is_reported_by_launcher_with_rank_and_signal);
     RUN_TEST(test_rank_killed_mid_all_reduce_over_shm_leaves_nothing_in_dev_shm);
+    RUN_TEST(test_rank_killed_mid_all_reduce_of_fsdp_comm_alloc_memory_makes_survivors_fail_within_timeout);
+    RUN_TEST(test_rank_killed_mid_all_reduce_of_fsdp_comm_alloc_memory_leaves_nothing_in_dev_shm);
     RUN_TEST(test_rank_killed_mid_all_reduce_over_socket_makes_survivors_fail_within_timeout);
     RUN_TEST(test_rank_killed_mid_all_reduce_over_socket_is_reported_by_launcher_with_rank_and_signal);
     RUN_TEST(test_rank_killed_mid_all_reduce_over_socket_leaves_nothing_in_dev_shm);
