@@ -3057,8 +3057,10 @@ FSDP__PRIVATE int fsdp__sock_all_gather(fsdp_comm *comm, void *impl, const fsdp_
     fsdp__sock_begin(s);
     for (p = 0; p < comm->world; p++)
         if (p != comm->rank) fsdp__sock_plan(s, p, c->send, bytes, recv + (size_t)p * bytes, bytes);
-    if (recv + (size_t)comm->rank * bytes != (const char *)c->send)
-        memmove(recv + (size_t)comm->rank * bytes, c->send, bytes);
+    if (recv + (size_t)comm->rank * bytes != (const char *)c->send) { /* the own block; the rest come in */
+        fsdp__copy_out(recv + (size_t)comm->rank * bytes, c->send, bytes, bytes * (size_t)comm->world >= FSDP__STREAM_MIN_BYTES);
+        fsdp__stream_fence();
+    }
     return fsdp__sock_end(s, fsdp__sock_phase(comm, s, c, 0, NULL));
 }
 
