@@ -1160,10 +1160,56 @@ static void test_a_peer_offering_memory_this_rank_already_freed_is_a_mismatch_on
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, status.message);
 }
 
+/* ---------------------------------------------------------------------------------------------
+   the tests: the copy kernels under the collectives
+   --------------------------------------------------------------------------------------------- */
+/* fsdp__copy_out with non-temporal stores (SSE2, and AVX2 where the CPU has it) writes exactly
+   what memcpy writes, for every destination and source alignment and odd lengths, and nothing
+   around it. */
+static void test_streaming_copies_equal_memcpy_for_every_alignment_and_length(void) {
+    static const size_t lengths[] = {256, 257, 319, 1000, 4096 + 13, ((size_t)1 << 20) + 7};
+    size_t max = ((size_t)1 << 20) + 7 + 128, li, i;
+    unsigned char *src = malloc(max), *dst = malloc(max), *want = malloc(max);
+    int kernel, d, a;
+    char message[200];
+    TEST_ASSERT_NOT_NULL(src);
+    TEST_ASSERT_NOT_NULL(dst);
+    TEST_ASSERT_NOT_NULL(want);
+    for (i = 0; i < max; i++) src[i] = (unsigned char)(mix32((uint32_t)i) >> 5);
+    for (kernel = 0; kernel < 2; kernel++) {
+#if FSDP__HAVE_STREAM_AVX2
+        if (kernel == 1 && !__builtin_cpu_supports("avx2")) continue;
+        fsdp__stream_avx2 = kernel;
+#else
+        if (kernel == 1) continue;
+#endif
+        for (li = 0; li < sizeof lengths / sizeof lengths[0]; li++)
+            for (d = 0; d < 40; d += (lengths[li] > 5000 ? 13 : 1))
+                for (a = 0; a < 6; a++) {
+                    size_t n = lengths[li];
+                    memset(dst, 0xEE, max);
+                    memset(want, 0xEE, max);
+                    memcpy(want + d, src + a, n);
+                    fsdp__copy_out(dst + d, src + a, n, 1);
+                    fsdp__stream_fence();
+                    snprintf(message, sizeof message, "%s kernel, %lu bytes, destination offset %d, source offset %d",
+                             kernel ? "AVX2" : "SSE2", (unsigned long)n, d, a);
+                    TEST_ASSERT_TRUE_MESSAGE(memcmp(dst, want, max) == 0, message);
+                }
+    }
+#if FSDP__HAVE_STREAM_AVX2
+    fsdp__stream_avx2 = -1;
+#endif
+    free(src);
+    free(dst);
+    free(want);
+}
+
 int main(void) {
     build_f16_decode_table();
     UNITY_BEGIN();
     RUN_TEST(test_collectives_on_null_comm_return_invalid_arg);
+    RUN_TEST(test_streaming_copies_equal_memcpy_for_every_alignment_and_length);
     RUN_TEST(test_invalid_arguments_over_shm_return_invalid_arg_and_keep_comm_usable);
     RUN_TEST(test_invalid_arguments_over_socket_return_invalid_arg_and_keep_comm_usable);
 
