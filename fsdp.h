@@ -1978,8 +1978,9 @@ FSDP__PRIVATE int fsdp__shm_all_gather(fsdp_comm *comm, void *impl, const fsdp_c
         const char *mine = send + off, *src;
         FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
         if (!direct) { /* own piece then comes from the slot just written: it is in cache */
-            mine = fsdp__shm_slot(s, me, s->round);
-            memcpy(fsdp__shm_slot(s, me, s->round), send + off, len);
+            char *slot = fsdp__shm_slot(s, me, s->round);
+            memcpy(slot, send + off, len);
+            mine = slot;
         }
         FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, direct, send + off));
         for (p = 0; p < P; p++) {
@@ -2030,6 +2031,7 @@ FSDP__PRIVATE int fsdp__shm_reduce_scatter(fsdp_comm *comm, void *impl, const fs
     } while (off < bytes);
     return direct ? fsdp__shm_settle(comm, s, c) : 0;
 }
+
 FSDP__PRIVATE int fsdp__shm_all_reduce(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
     fsdp__shm *s = (fsdp__shm *)impl;
     fsdp__fingerprint fp = fsdp__fingerprint_of(c);
@@ -2179,7 +2181,7 @@ FSDP__PRIVATE int fsdp__shm_share(fsdp_comm *comm, fsdp__region *r) {
     int32_t mine[6], *all = NULL;
     char name[64];
     size_t map = fsdp__align(r->bytes, 4096);
-    int P = comm->world, me = comm->rank, p, fd, rc, shared = 1;
+    int P = comm->world, me = comm->rank, p, fd, rc, shared;
     uint32_t n = __atomic_fetch_add(&files, 1u, __ATOMIC_RELAXED);
     void *base = MAP_FAILED;
     fsdp__fmt(name, sizeof name, "/fsdp-%d-m%u", (int)getpid(), (unsigned)n);
@@ -2206,11 +2208,12 @@ FSDP__PRIVATE int fsdp__shm_share(fsdp_comm *comm, fsdp__region *r) {
     all = (int32_t *)FSDP_MALLOC(sizeof *all * 6 * (size_t)P);
     r->peer_base = (char **)fsdp__calloc(sizeof(char *) * (size_t)P);
     r->peer_bytes = (size_t *)fsdp__calloc(sizeof(size_t) * (size_t)P);
-    if (!all || !r->peer_base || !r->peer_bytes) mine[0] = 0;
+    shared = all && r->peer_base && r->peer_bytes; /* without them, a count of 0 fails the gather */
+    if (!shared) mine[0] = 0;
     /* integers travel as f32 bit patterns: an all-gather only copies */
     rc = fsdp__collective_tagged(comm, FSDP_COLL_ALL_GATHER, mine, all ? all : mine, all ? 6 : 0, FSDP_F32,
                                  FSDP_SUM, 0xa11c0u);
-    for (p = 0; rc == 0 && p < P; p++) shared &= all[6 * p] == 1;
+    for (p = 0; rc == 0 && shared && p < P; p++) shared &= all[6 * p] == 1;
     for (p = 0; rc == 0 && shared && p < P; p++) {
         char peer_name[64];
         struct stat st;
@@ -2233,7 +2236,7 @@ FSDP__PRIVATE int fsdp__shm_share(fsdp_comm *comm, fsdp__region *r) {
         mine[0] = shared;
         rc = fsdp__collective_tagged(comm, FSDP_COLL_ALL_GATHER, mine, all ? all : mine, all ? 6 : 0, FSDP_F32,
                                      FSDP_SUM, 0xa11c1u);
-        for (p = 0; rc == 0 && p < P; p++) shared &= all[6 * p] == 1;
+        for (p = 0; rc == 0 && shared && p < P; p++) shared &= all[6 * p] == 1;
     }
     if (base != MAP_FAILED) shm_unlink(name);
     if (rc != 0 || !shared) {
