@@ -72,7 +72,11 @@
        FSDP_BACKEND      shm | socket | mpi (fsdp_comm_init_from_env)
        FSDP_TIMEOUT_MS   bound on every wait for another rank (default 600000 = 10 minutes)
        FSDP_JOB          job token: ranks with different tokens refuse to talk to each other
-       FSDP_DEBUG        1: log warnings and errors to stderr; 2: also info; 3: also debug
+       FSDP_SECRET       shared secret of the job (the same on every rank): every connection
+                         proves knowledge of it (HMAC-SHA256 challenge-response); never sent
+       FSDP_SECRET_FILE  a file holding it (mode 0600 or stricter), instead of FSDP_SECRET
+       FSDP_DEBUG        unset: warnings to stderr; 0: silent; 1: also errors; 2: also info;
+                         3: also debug (for objects made from the environment or by fsdp_launch)
        RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT      (torchrun)
        SLURM_PROCID SLURM_NTASKS SLURM_LOCALID                                  (SLURM)
        OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK ... (Open MPI)
@@ -152,8 +156,9 @@ FSDP_API const char *fsdp_result_name(int result);
 /* "0.1.0" */
 FSDP_API const char *fsdp_version_string(void);
 
-/* Logging. The library is silent unless you give it a logger (or set FSDP_DEBUG for the
-   objects made by fsdp_comm_init_from_env and fsdp_launch). */
+/* Logging. The library is silent unless you give it a logger; the objects made by
+   fsdp_comm_init_from_env and fsdp_launch log warnings to stderr unless FSDP_DEBUG says
+   otherwise (see ENVIRONMENT at the top). */
 typedef enum fsdp_log_level {
     FSDP_LOG_DEFAULT = 0, /* in a threshold: FSDP_LOG_WARN */
     FSDP_LOG_ERROR = 1,
@@ -285,7 +290,12 @@ typedef struct fsdp_comm_desc {
     int world_size;             /* number of ranks, >= 1 */
     int local_rank;             /* rank among the processes on this host (informational) */
     int local_world_size;       /* processes on this host (informational); 0: world_size */
-    const char *job;            /* job token; shm: names the segment; default "fsdp" */
+    const char *job;            /* job token; ranks of different jobs refuse each other; default "fsdp" */
+    const char *secret;         /* shared secret, the same on every rank (FSDP_SECRET). Every socket
+                                   connection proves knowledge of it by HMAC-SHA256 challenge-
+                                   response (it never crosses the wire), and shm segment names
+                                   derive from it. NULL: none; then anyone who can reach the ports
+                                   can join (fine on loopback; warned about otherwise) */
     int timeout_ms;             /* bound on every wait; 0: FSDP_TIMEOUT_MS or 600000 */
     fsdp_logger logger;         /* default silent */
     /* socket backend */
@@ -340,7 +350,9 @@ FSDP_API int fsdp_barrier(fsdp_comm *comm);
 
 /* Poisons the communicator from any thread: pending and later ops on every rank fail. */
 FSDP_API void fsdp_comm_abort(fsdp_comm *comm, const char *why);
-/* The first failure's message ("" while healthy). Valid until the comm is destroyed. */
+/* The first failure's message ("" while healthy). Valid until the comm is destroyed.
+   With NULL: why the last fsdp_comm_init, fsdp_comm_init_from_env or fsdp_comm_split on this
+   thread failed. */
 FSDP_API const char *fsdp_comm_last_error(const fsdp_comm *comm);
 /* The first failure's code (FSDP_SUCCESS while healthy). */
 FSDP_API int fsdp_comm_status(const fsdp_comm *comm);
@@ -780,7 +792,7 @@ typedef struct fsdp_launch_desc {
     fsdp_backend_kind backend;  /* FSDP_BACKEND_SHM (default) or FSDP_BACKEND_SOCKET (loopback) */
     int timeout_ms;             /* for the ranks' communicators; 0: FSDP_TIMEOUT_MS or default */
     size_t shm_slot_bytes;      /* 0: default */
-    fsdp_logger logger;         /* for the ranks' communicators; default: FSDP_DEBUG or silent */
+    fsdp_logger logger;         /* for the ranks' communicators; default: as FSDP_DEBUG says */
 } fsdp_launch_desc;
 
 typedef struct fsdp_launch_status {
@@ -963,11 +975,23 @@ FSDP__PRIVATE void fsdp__log(const fsdp_logger *logger, fsdp_log_level level, co
     va_end(ap);
 }
 
-/* FSDP_DEBUG=1..3 turns on stderr logging for objects the library configures from the
-   environment; an explicit logger always wins. */
+/* The default logger of objects made from the environment: warnings only (errors are
+   returned to the caller, who reports them), so fallbacks and security problems are seen. */
+static void fsdp__log_warnings(void *user, fsdp_log_level level, const char *message) {
+    if (level == FSDP_LOG_WARN) fsdp_log_stderr(user, level, message);
+}
+
+/* How objects the library configures from the environment log: an explicit logger always
+   wins; else FSDP_DEBUG (unset: warnings; 0: silent; 1..3: errors and warnings, info, debug). */
 FSDP__PRIVATE fsdp_logger fsdp__env_logger(fsdp_logger given) {
     const char *debug = getenv("FSDP_DEBUG");
-    if (given.fn || !debug || !*debug || strcmp(debug, "0") == 0) return given;
+    if (given.fn) return given;
+    if (!debug || !*debug) {
+        given.fn = fsdp__log_warnings;
+        given.max_level = FSDP_LOG_WARN;
+        return given;
+    }
+    if (strcmp(debug, "0") == 0) return given;
     given.fn = fsdp_log_stderr;
     given.max_level = FSDP__CAST(fsdp_log_level, FSDP_LOG_WARN + (atoi(debug) > 1 ? atoi(debug) - 1 : 0));
     if (given.max_level > FSDP_LOG_DEBUG) given.max_level = FSDP_LOG_DEBUG;
@@ -1006,6 +1030,191 @@ FSDP__PRIVATE void fsdp__copy_string(char *dst, size_t dst_size, const char *src
     while (src && src[n] && n + 1 < dst_size) n++;
     if (n) memcpy(dst, src, n);
     dst[n] = 0;
+}
+
+/* Copies text that came from outside (a peer, a file) for a message: at most src_size bytes,
+   stopping at a NUL, with every byte that is not printable ASCII shown as '?', so neither a
+   missing terminator nor a terminal escape sequence can get through. */
+FSDP__PRIVATE void fsdp__copy_printable(char *dst, size_t dst_size, const char *src, size_t src_size) {
+    size_t n = 0;
+    if (!dst_size) return;
+    while (src && n < src_size && src[n] && n + 1 < dst_size) {
+        unsigned char c = (unsigned char)src[n];
+        dst[n++] = c >= 0x20 && c < 0x7f ? (char)c : '?';
+    }
+    dst[n] = 0;
+}
+
+/* --- SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), for authenticating connections ---- */
+typedef struct fsdp__sha256 {
+    uint32_t state[8];
+    uint64_t bytes;
+    unsigned char block[64];
+    size_t used;
+} fsdp__sha256;
+
+static const uint32_t fsdp__sha256_k[64] = {
+    0x428a2f98u, 0x71374491u, 0xb5c0fbcfu, 0xe9b5dba5u, 0x3956c25bu, 0x59f111f1u, 0x923f82a4u, 0xab1c5ed5u,
+    0xd807aa98u, 0x12835b01u, 0x243185beu, 0x550c7dc3u, 0x72be5d74u, 0x80deb1feu, 0x9bdc06a7u, 0xc19bf174u,
+    0xe49b69c1u, 0xefbe4786u, 0x0fc19dc6u, 0x240ca1ccu, 0x2de92c6fu, 0x4a7484aau, 0x5cb0a9dcu, 0x76f988dau,
+    0x983e5152u, 0xa831c66du, 0xb00327c8u, 0xbf597fc7u, 0xc6e00bf3u, 0xd5a79147u, 0x06ca6351u, 0x14292967u,
+    0x27b70a85u, 0x2e1b2138u, 0x4d2c6dfcu, 0x53380d13u, 0x650a7354u, 0x766a0abbu, 0x81c2c92eu, 0x92722c85u,
+    0xa2bfe8a1u, 0xa81a664bu, 0xc24b8b70u, 0xc76c51a3u, 0xd192e819u, 0xd6990624u, 0xf40e3585u, 0x106aa070u,
+    0x19a4c116u, 0x1e376c08u, 0x2748774cu, 0x34b0bcb5u, 0x391c0cb3u, 0x4ed8aa4au, 0x5b9cca4fu, 0x682e6ff3u,
+    0x748f82eeu, 0x78a5636fu, 0x84c87814u, 0x8cc70208u, 0x90befffau, 0xa4506cebu, 0xbef9a3f7u, 0xc67178f2u};
+
+static uint32_t fsdp__ror32(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+FSDP__PRIVATE void fsdp__sha256_block(fsdp__sha256 *h, const unsigned char *p) {
+    uint32_t w[64], a, b, c, d, e, f, g, k, t1, t2;
+    int i;
+    for (i = 0; i < 16; i++)
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+    for (i = 16; i < 64; i++) {
+        uint32_t s0 = fsdp__ror32(w[i - 15], 7) ^ fsdp__ror32(w[i - 15], 18) ^ (w[i - 15] >> 3);
+        uint32_t s1 = fsdp__ror32(w[i - 2], 17) ^ fsdp__ror32(w[i - 2], 19) ^ (w[i - 2] >> 10);
+        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    a = h->state[0]; b = h->state[1]; c = h->state[2]; d = h->state[3];
+    e = h->state[4]; f = h->state[5]; g = h->state[6]; k = h->state[7];
+    for (i = 0; i < 64; i++) {
+        t1 = k + (fsdp__ror32(e, 6) ^ fsdp__ror32(e, 11) ^ fsdp__ror32(e, 25)) + ((e & f) ^ (~e & g)) + fsdp__sha256_k[i] + w[i];
+        t2 = (fsdp__ror32(a, 2) ^ fsdp__ror32(a, 13) ^ fsdp__ror32(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+        k = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    }
+    h->state[0] += a; h->state[1] += b; h->state[2] += c; h->state[3] += d;
+    h->state[4] += e; h->state[5] += f; h->state[6] += g; h->state[7] += k;
+}
+
+FSDP__PRIVATE void fsdp__sha256_init(fsdp__sha256 *h) {
+    static const uint32_t iv[8] = {0x6a09e667u, 0xbb67ae85u, 0x3c6ef372u, 0xa54ff53au,
+                                   0x510e527fu, 0x9b05688cu, 0x1f83d9abu, 0x5be0cd19u};
+    memcpy(h->state, iv, sizeof iv);
+    h->bytes = 0;
+    h->used = 0;
+}
+
+FSDP__PRIVATE void fsdp__sha256_update(fsdp__sha256 *h, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    h->bytes += n;
+    while (n > 0) {
+        size_t take = 64 - h->used < n ? 64 - h->used : n;
+        memcpy(h->block + h->used, p, take);
+        h->used += take;
+        p += take;
+        n -= take;
+        if (h->used == 64) {
+            fsdp__sha256_block(h, h->block);
+            h->used = 0;
+        }
+    }
+}
+
+FSDP__PRIVATE void fsdp__sha256_final(fsdp__sha256 *h, unsigned char out[32]) {
+    uint64_t bits = h->bytes * 8;
+    unsigned char pad = 0x80, len[8];
+    int i;
+    fsdp__sha256_update(h, &pad, 1);
+    pad = 0;
+    while (h->used != 56) fsdp__sha256_update(h, &pad, 1);
+    for (i = 0; i < 8; i++) len[i] = (unsigned char)(bits >> (56 - 8 * i));
+    fsdp__sha256_update(h, len, 8);
+    for (i = 0; i < 8; i++) {
+        out[4 * i] = (unsigned char)(h->state[i] >> 24);
+        out[4 * i + 1] = (unsigned char)(h->state[i] >> 16);
+        out[4 * i + 2] = (unsigned char)(h->state[i] >> 8);
+        out[4 * i + 3] = (unsigned char)h->state[i];
+    }
+}
+
+/* HMAC-SHA256 over the concatenation of n parts (data[i], size[i]). */
+FSDP__PRIVATE void fsdp__hmac_sha256(unsigned char out[32], const void *key, size_t key_size, int n,
+                                     const void *const *data, const size_t *size) {
+    unsigned char block[64], inner[32];
+    fsdp__sha256 h;
+    int i;
+    memset(block, 0, sizeof block);
+    if (key_size > 64) { /* long keys are hashed first */
+        fsdp__sha256_init(&h);
+        fsdp__sha256_update(&h, key, key_size);
+        fsdp__sha256_final(&h, block);
+    } else if (key_size) {
+        memcpy(block, key, key_size);
+    }
+    for (i = 0; i < 64; i++) block[i] ^= 0x36;
+    fsdp__sha256_init(&h);
+    fsdp__sha256_update(&h, block, 64);
+    for (i = 0; i < n; i++) fsdp__sha256_update(&h, data[i], size[i]);
+    fsdp__sha256_final(&h, inner);
+    for (i = 0; i < 64; i++) block[i] ^= 0x36 ^ 0x5c;
+    fsdp__sha256_init(&h);
+    fsdp__sha256_update(&h, block, 64);
+    fsdp__sha256_update(&h, inner, 32);
+    fsdp__sha256_final(&h, out);
+    memset(block, 0, sizeof block);
+    memset(inner, 0, sizeof inner);
+}
+
+/* The job's key: HMAC-SHA256(secret, label | job), so jobs that share a secret still have
+   different keys, and nothing about the secret can be learned from the key. */
+FSDP__PRIVATE void fsdp__comm_key(unsigned char key[32], const void *secret, size_t secret_size, const char *label,
+                                  const char *job) {
+    const void *parts[2];
+    size_t sizes[2];
+    parts[0] = label;
+    sizes[0] = strlen(label) + 1;
+    parts[1] = job;
+    sizes[1] = strlen(job);
+    fsdp__hmac_sha256(key, secret, secret_size, 2, parts, sizes);
+}
+
+/* 1 if the n bytes agree; the time taken does not depend on where they differ. */
+FSDP__PRIVATE int fsdp__equal_ct(const void *a, const void *b, size_t n) {
+    const volatile unsigned char *x = (const volatile unsigned char *)a, *y = (const volatile unsigned char *)b;
+    unsigned char diff = 0;
+    size_t i;
+    for (i = 0; i < n; i++) diff |= (unsigned char)(x[i] ^ y[i]);
+    return diff == 0;
+}
+
+/* Overwrites a secret's bytes in a way the compiler may not drop. */
+FSDP__PRIVATE void fsdp__wipe(void *p, size_t n) {
+    volatile unsigned char *v = (volatile unsigned char *)p;
+    while (n--) *v++ = 0;
+}
+
+/* Fills out with bytes from the kernel's random generator; 0 on success. */
+FSDP__PRIVATE int fsdp__random_bytes(void *out, size_t n) {
+    unsigned char *p = (unsigned char *)out;
+    size_t done = 0;
+    int fd;
+#if defined(__linux__) && defined(SYS_getrandom)
+    while (done < n) {
+        long got = syscall(SYS_getrandom, p + done, n - done, 0);
+        if (got > 0) done += (size_t)got;
+        else if (got < 0 && errno != EINTR) break;
+    }
+    if (done == n) return 0;
+#endif
+    fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    while (done < n) {
+        ssize_t got = read(fd, p + done, n - done);
+        if (got > 0) done += (size_t)got;
+        else if (got == 0 || errno != EINTR) break;
+    }
+    close(fd);
+    return done == n ? 0 : -1;
+}
+
+FSDP__PRIVATE void fsdp__hex(char *out, const unsigned char *bytes, size_t n) {
+    static const char digits[] = "0123456789abcdef";
+    size_t i;
+    for (i = 0; i < n; i++) {
+        out[2 * i] = digits[bytes[i] >> 4];
+        out[2 * i + 1] = digits[bytes[i] & 15];
+    }
+    out[2 * n] = 0;
 }
 
 /* Parses a whole decimal integer in [lo, hi]; 0 on success. */
@@ -1339,6 +1548,10 @@ typedef struct fsdp__region {
     struct fsdp__region *next;
 } fsdp__region;
 
+/* Init failures have no communicator to hold their message: it is kept per thread and
+   returned by fsdp_comm_last_error(NULL). */
+static __thread char fsdp__init_error[FSDP__ERRMSG];
+
 struct fsdp_comm {
     int rank, world, local_rank, local_world;
     fsdp_backend_kind kind;
@@ -1348,10 +1561,14 @@ struct fsdp_comm {
     uint64_t seq;
     fsdp_logger logger;
     int status;       /* first failure, FSDP_SUCCESS while healthy (atomic) */
+    int adopted;      /* the first failure was another rank's (see fsdp__comm_adopt) */
+    int64_t failed_ms;/* when it happened (fsdp__now_ms) */
     int abort_called; /* backend abort issued (atomic) */
     pthread_mutex_t error_lock;
     char error[FSDP__ERRMSG];
     char job[64];
+    unsigned char key[32];  /* fsdp__comm_key of the secret and job: what connections prove */
+    int has_secret;
     fsdp__region *regions;  /* from fsdp_comm_alloc */
     uint32_t allocations;   /* fsdp_comm_alloc calls so far */
 };
@@ -1431,15 +1648,16 @@ FSDP__PRIVATE int fsdp__check_fingerprint(fsdp_comm *comm, const fsdp__fingerpri
                           fsdp__describe(b, sizeof b, theirs));
 }
 
-FSDP_API int fsdp_comm_fail(fsdp_comm *comm, int code, const char *fmt, ...) {
-    va_list ap;
+/* fsdp_comm_fail; adopted: the failure is another rank's, learned from it (the launcher
+   blames the rank whose failure was its own). */
+FSDP__PRIVATE int fsdp__comm_vfail(fsdp_comm *comm, int code, int adopted, const char *fmt, va_list ap) {
     int first = 0;
     if (!comm) return code;
     pthread_mutex_lock(&comm->error_lock);
     if (fsdp__load(&comm->status) == FSDP_SUCCESS) {
-        va_start(ap, fmt);
         vsnprintf(comm->error, sizeof comm->error, fmt, ap);
-        va_end(ap);
+        comm->failed_ms = fsdp__now_ms();
+        comm->adopted = adopted;
         fsdp__store(&comm->status, code);
         first = 1;
     }
@@ -1453,12 +1671,30 @@ FSDP_API int fsdp_comm_fail(fsdp_comm *comm, int code, const char *fmt, ...) {
     return code;
 }
 
+FSDP_API int fsdp_comm_fail(fsdp_comm *comm, int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    code = fsdp__comm_vfail(comm, code, 0, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* Fails the comm with a failure that another rank had first (its abort, its death). */
+FSDP__PRIVATE int fsdp__comm_adopt(fsdp_comm *comm, int code, const char *fmt, ...) FSDP__PRINTF(3, 4);
+FSDP__PRIVATE int fsdp__comm_adopt(fsdp_comm *comm, int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    code = fsdp__comm_vfail(comm, code, 1, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
 FSDP_API void fsdp_comm_abort(fsdp_comm *comm, const char *why) {
     if (comm) fsdp_comm_fail(comm, FSDP_ERR_ABORTED, "aborted by the user on rank %d: %s", comm->rank,
                              why ? why : "(no reason given)");
 }
 
-FSDP_API const char *fsdp_comm_last_error(const fsdp_comm *comm) { return comm ? comm->error : "no communicator"; }
+FSDP_API const char *fsdp_comm_last_error(const fsdp_comm *comm) { return comm ? comm->error : fsdp__init_error; }
 FSDP_API int fsdp_comm_status(const fsdp_comm *comm) {
     return comm ? fsdp__load(&comm->status) : FSDP_ERR_INVALID_ARG;
 }
@@ -1606,7 +1842,8 @@ FSDP_API int fsdp_barrier(fsdp_comm *comm) {
     return fsdp__collective(comm, &c);
 }
 
-FSDP__PRIVATE fsdp_comm *fsdp__comm_new(const fsdp_comm_desc *desc) {
+/* A communicator from its description; a sub-communicator's key derives from its parent's. */
+FSDP__PRIVATE fsdp_comm *fsdp__comm_new(const fsdp_comm_desc *desc, const fsdp_comm *parent) {
     fsdp_comm *comm = (fsdp_comm *)fsdp__calloc(sizeof *comm);
     if (!comm) return NULL;
     comm->rank = desc->rank;
@@ -1619,6 +1856,14 @@ FSDP__PRIVATE fsdp_comm *fsdp__comm_new(const fsdp_comm_desc *desc) {
     comm->status = FSDP_SUCCESS;
     pthread_mutex_init(&comm->error_lock, NULL);
     fsdp__copy_string(comm->job, sizeof comm->job, desc->job && *desc->job ? desc->job : "fsdp");
+    if (parent) {
+        fsdp__comm_key(comm->key, parent->key, sizeof parent->key, "fsdp.h sub-communicator key", comm->job);
+        comm->has_secret = parent->has_secret;
+    } else {
+        comm->has_secret = desc->secret && *desc->secret;
+        fsdp__comm_key(comm->key, comm->has_secret ? desc->secret : "", comm->has_secret ? strlen(desc->secret) : 0,
+                       "fsdp.h job key", comm->job);
+    }
     return comm;
 }
 
@@ -1649,9 +1894,6 @@ FSDP_API void fsdp_comm_destroy(fsdp_comm *comm) {
     FSDP_FREE(comm);
 }
 
-/* Init failures have no communicator to hold their message: it is kept per thread and
-   returned by fsdp_comm_last_error(NULL). */
-static __thread char fsdp__init_error[FSDP__ERRMSG];
 
 FSDP__PRIVATE int fsdp__init_fail(const fsdp_logger *logger, int code, const char *fmt, ...) FSDP__PRINTF(3, 4);
 FSDP__PRIVATE int fsdp__init_fail(const fsdp_logger *logger, int code, const char *fmt, ...) {
@@ -1733,6 +1975,7 @@ typedef struct fsdp__shm {
     double spin_seconds;        /* how long to spin before yielding; 0 when ranks outnumber cores */
     int check_pids;             /* peers' pids are visible from here */
     uint32_t round;             /* rounds completed by this rank */
+    int64_t op_deadline;        /* the running op fails at this time (fsdp__now_ms) */
     char name[64];
 } fsdp__shm;
 
@@ -1797,12 +2040,23 @@ FSDP__PRIVATE int fsdp__pid_dead(int pid) {
     return close_paren && close_paren[1] == ' ' && (close_paren[2] == 'Z' || close_paren[2] == 'X');
 }
 
+/* The first failer's message, copied out of the segment: bounded (a peer need not have
+   terminated it) and printable. */
+static void fsdp__shm_abort_message(const fsdp__shm_header *h, char *out, size_t size) {
+    char raw[sizeof h->abort_message];
+    memcpy(raw, h->abort_message, sizeof raw);
+    fsdp__copy_printable(out, size, raw, sizeof raw);
+}
+
 /* Fails the comm because the shared abort flag is set; adopts the first failer's code. */
 FSDP__PRIVATE int fsdp__shm_adopt_abort(fsdp_comm *comm, fsdp__shm *s) {
-    fsdp__shm_header *h = s->header;
-    int code = h->abort_code == FSDP_ERR_MISMATCH ? FSDP_ERR_MISMATCH : FSDP_ERR_ABORTED;
-    if (h->abort_rank < 0) return fsdp_comm_fail(comm, FSDP_ERR_PEER_LOST, "%s", h->abort_message);
-    return fsdp_comm_fail(comm, code, "rank %d failed first: %s", h->abort_rank, h->abort_message);
+    const fsdp__shm_header *h = s->header;
+    int32_t rank = __atomic_load_n(&h->abort_rank, __ATOMIC_RELAXED);
+    int code = __atomic_load_n(&h->abort_code, __ATOMIC_RELAXED) == FSDP_ERR_MISMATCH ? FSDP_ERR_MISMATCH : FSDP_ERR_ABORTED;
+    char message[FSDP__ERRMSG];
+    fsdp__shm_abort_message(h, message, sizeof message);
+    if (rank < 0) return fsdp__comm_adopt(comm, FSDP_ERR_PEER_LOST, "%s", message);
+    return fsdp__comm_adopt(comm, code, "rank %d failed first: %s", (int)rank, message);
 }
 
 /* Waits until the peer's counter reaches target: its arrive counter (depart 0), or its depart
@@ -1812,7 +2066,7 @@ FSDP__PRIVATE int fsdp__shm_wait(fsdp_comm *comm, fsdp__shm *s, int peer, int de
     fsdp__shm_rank *r = fsdp__shm_peer(s, peer);
     uint32_t *word = depart ? &r->depart : &r->arrive;
     uint32_t *waiters = depart ? &r->depart_waiters : &r->arrive_waiters;
-    int64_t start, deadline;
+    int64_t start, deadline = s->op_deadline;
     double until;
     int i;
     /* Spin briefly (the peer is usually microseconds away), then yield the core for a while
@@ -1830,7 +2084,6 @@ FSDP__PRIVATE int fsdp__shm_wait(fsdp_comm *comm, fsdp__shm *s, int peer, int de
         sched_yield();
     } while (fsdp_now() < until);
     start = fsdp__now_ms();
-    deadline = start + c->timeout_ms;
     for (;;) {
         uint32_t seen = fsdp__load(word);
         int64_t now;
@@ -1839,11 +2092,11 @@ FSDP__PRIVATE int fsdp__shm_wait(fsdp_comm *comm, fsdp__shm *s, int peer, int de
         if (fsdp__load(&comm->status) != FSDP_SUCCESS) return fsdp__load(&comm->status);
         now = fsdp__now_ms();
         if (fsdp__load(&r->left))
-            return fsdp_comm_fail(comm, FSDP_ERR_PEER_LOST,
+            return fsdp__comm_adopt(comm, FSDP_ERR_PEER_LOST,
                                   "rank %d destroyed its communicator while rank %d waited for it in %s",
                                   peer, comm->rank, fsdp_coll_name(c->kind));
         if (s->check_pids && now - start >= 20 && fsdp__pid_dead(r->pid))
-            return fsdp_comm_fail(comm, FSDP_ERR_PEER_LOST,
+            return fsdp__comm_adopt(comm, FSDP_ERR_PEER_LOST,
                                   "rank %d (pid %d) died while rank %d waited for it in %s (op #%llu)",
                                   peer, (int)r->pid, comm->rank, fsdp_coll_name(c->kind),
                                   (unsigned long long)c->seq);
@@ -1914,10 +2167,11 @@ FSDP__PRIVATE int fsdp__shm_round_exchange(fsdp_comm *comm, fsdp__shm *s, const 
     src->offset = region ? (uint64_t)((const char *)at - region->base) : 0;
     fsdp__publish(&me->arrive, &me->arrive_waiters, g + 1);
     for (p = 0; p < comm->world; p++) {
+        fsdp__fingerprint theirs;
         if (p == comm->rank) continue;
         if ((rc = fsdp__shm_wait(comm, s, p, 0, g + 1, c)) != 0) return rc;
-        if (fsdp__check_fingerprint(comm, fp, &fsdp__shm_peer(s, p)->slot_fp[g % FSDP__SHM_SLOTS], p))
-            return FSDP_ERR_MISMATCH;
+        memcpy(&theirs, &fsdp__shm_peer(s, p)->slot_fp[g % FSDP__SHM_SLOTS], sizeof theirs); /* compared and shown as read */
+        if (fsdp__check_fingerprint(comm, fp, &theirs, p)) return FSDP_ERR_MISMATCH;
     }
     return 0;
 }
@@ -1935,8 +2189,9 @@ FSDP__PRIVATE int fsdp__shm_peer_data(fsdp_comm *comm, fsdp__shm *s, int p, size
                                       const char **out) {
     const fsdp__shm_src *src = &fsdp__shm_peer(s, p)->slot_src[s->round % FSDP__SHM_SLOTS];
     const fsdp__region *r;
-    uint32_t id = src->region;
-    uint64_t offset = src->offset;
+    /* one load of each: the checks below hold for the values used, whatever the peer writes */
+    uint32_t id = __atomic_load_n(&src->region, __ATOMIC_RELAXED);
+    uint64_t offset = __atomic_load_n(&src->offset, __ATOMIC_RELAXED);
     if (id == FSDP__SHM_IN_SLOT) {
         *out = staged;
         return 0;
@@ -1963,10 +2218,17 @@ FSDP__PRIVATE int fsdp__shm_settle(fsdp_comm *comm, fsdp__shm *s, const fsdp_col
     return 0;
 }
 
+/* Starts an op: every wait in it ends by the op's deadline, a total bound. */
+static fsdp__shm *fsdp__shm_op(void *impl, const fsdp_coll *c) {
+    fsdp__shm *s = (fsdp__shm *)impl;
+    s->op_deadline = fsdp__now_ms() + c->timeout_ms;
+    return s;
+}
+
 #define FSDP__SHM_TRY(expr) do { int rc_ = (expr); if (rc_) return rc_; } while (0)
 
 FSDP__PRIVATE int fsdp__shm_all_gather(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
-    fsdp__shm *s = (fsdp__shm *)impl;
+    fsdp__shm *s = fsdp__shm_op(impl, c);
     fsdp__fingerprint fp = fsdp__fingerprint_of(c);
     size_t bytes = c->count * fsdp_dtype_size(c->dtype), off = 0;
     int P = comm->world, me = comm->rank, p, stream = bytes * (size_t)P >= FSDP__STREAM_MIN_BYTES;
@@ -2003,7 +2265,7 @@ FSDP__PRIVATE int fsdp__shm_all_gather(fsdp_comm *comm, void *impl, const fsdp_c
 static size_t fsdp__shm_piece(const fsdp__shm *s, int world) { return s->slot_bytes / (size_t)world / 64 * 64; }
 
 FSDP__PRIVATE int fsdp__shm_reduce_scatter(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
-    fsdp__shm *s = (fsdp__shm *)impl;
+    fsdp__shm *s = fsdp__shm_op(impl, c);
     fsdp__fingerprint fp = fsdp__fingerprint_of(c);
     size_t esize = fsdp_dtype_size(c->dtype), bytes = c->count * esize, piece = fsdp__shm_piece(s, comm->world), off = 0;
     int P = comm->world, me = comm->rank, p;
@@ -2033,7 +2295,7 @@ FSDP__PRIVATE int fsdp__shm_reduce_scatter(fsdp_comm *comm, void *impl, const fs
 }
 
 FSDP__PRIVATE int fsdp__shm_all_reduce(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
-    fsdp__shm *s = (fsdp__shm *)impl;
+    fsdp__shm *s = fsdp__shm_op(impl, c);
     fsdp__fingerprint fp = fsdp__fingerprint_of(c);
     size_t esize = fsdp_dtype_size(c->dtype), count = c->count;
     size_t piece_elems = fsdp__shm_piece(s, comm->world) / esize, window = piece_elems * (size_t)comm->world, start = 0;
@@ -2098,7 +2360,7 @@ FSDP__PRIVATE int fsdp__shm_all_reduce(fsdp_comm *comm, void *impl, const fsdp_c
 }
 
 FSDP__PRIVATE int fsdp__shm_broadcast(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
-    fsdp__shm *s = (fsdp__shm *)impl;
+    fsdp__shm *s = fsdp__shm_op(impl, c);
     fsdp__fingerprint fp = fsdp__fingerprint_of(c);
     size_t bytes = c->count * fsdp_dtype_size(c->dtype), off = 0;
     char *buf = (char *)c->recv;
@@ -2122,7 +2384,7 @@ FSDP__PRIVATE int fsdp__shm_broadcast(fsdp_comm *comm, void *impl, const fsdp_co
 }
 
 FSDP__PRIVATE int fsdp__shm_barrier(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
-    fsdp__shm *s = (fsdp__shm *)impl;
+    fsdp__shm *s = fsdp__shm_op(impl, c);
     fsdp__fingerprint fp = fsdp__fingerprint_of(c);
     FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
     FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, NULL, NULL));
@@ -2132,7 +2394,7 @@ FSDP__PRIVATE int fsdp__shm_barrier(fsdp_comm *comm, void *impl, const fsdp_coll
 
 /* Poisons the segment for everyone: the first failer's message and rank, then a wake-up of
    every futex word so sleeping ranks see it at once. */
-FSDP__PRIVATE void fsdp__shm_signal_abort(fsdp__shm_header *h, fsdp__shm_rank *ranks, int rank, int code,
+FSDP__PRIVATE void fsdp__shm_signal_abort(fsdp__shm_header *h, fsdp__shm_rank *ranks, int world, int rank, int code,
                                           const char *message) {
     int p;
     if (__atomic_exchange_n(&h->abort_claim, 1u, __ATOMIC_ACQ_REL) == 0) { /* first failer writes */
@@ -2141,7 +2403,7 @@ FSDP__PRIVATE void fsdp__shm_signal_abort(fsdp__shm_header *h, fsdp__shm_rank *r
         fsdp__copy_string(h->abort_message, sizeof h->abort_message, message);
         __atomic_store_n(&h->abort_flag, 1u, __ATOMIC_SEQ_CST);
     }
-    for (p = 0; p < (int)h->world; p++) {
+    for (p = 0; p < world; p++) { /* our world size: the segment's copy is a peer's to scribble on */
         fsdp__futex(&ranks[p].arrive, FUTEX_WAKE, 0x7fffffff, NULL);
         fsdp__futex(&ranks[p].depart, FUTEX_WAKE, 0x7fffffff, NULL);
     }
@@ -2150,7 +2412,7 @@ FSDP__PRIVATE void fsdp__shm_signal_abort(fsdp__shm_header *h, fsdp__shm_rank *r
 FSDP__PRIVATE void fsdp__shm_abort(fsdp_comm *comm, void *impl) {
     fsdp__shm *s = (fsdp__shm *)impl;
     if (!s || !s->header) return;
-    fsdp__shm_signal_abort(s->header, s->ranks, comm->rank, fsdp__load(&comm->status), comm->error);
+    fsdp__shm_signal_abort(s->header, s->ranks, comm->world, comm->rank, fsdp__load(&comm->status), comm->error);
 }
 
 FSDP__PRIVATE void fsdp__shm_destroy(fsdp_comm *comm, void *impl) {
@@ -2170,22 +2432,40 @@ static const fsdp_backend fsdp__shm_backend = {
     "shm", fsdp__shm_all_gather, fsdp__shm_reduce_scatter, fsdp__shm_all_reduce, fsdp__shm_broadcast,
     fsdp__shm_barrier, fsdp__shm_abort, fsdp__shm_destroy, 0};
 
+/* Why a shared-memory file opened by name is not one this user's job made (NULL if it may be):
+   it must be a regular file of this user with mode 0600, as every rank creates them. */
+FSDP__PRIVATE const char *fsdp__shm_foreign(int fd, char *why, size_t size) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) return fsdp__fmt(why, size, "fstat failed: %s", strerror(errno)), why;
+    if (!S_ISREG(st.st_mode)) return fsdp__fmt(why, size, "not a regular file"), why;
+    if (st.st_uid != geteuid() || (st.st_mode & 07777) != 0600)
+        return fsdp__fmt(why, size, "owned by uid %u with mode %04o, not by this user (uid %u) with mode 0600",
+                         (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777), (unsigned)geteuid()), why;
+    return NULL;
+}
+
 /* Makes r (r->bytes, zeroed) memory that every rank of the comm maps. Collective. Each rank
-   puts its block in a /dev/shm file of its own ("/fsdp-<pid>-m<n>", O_EXCL, 0600), the ranks
+   puts its block in a /dev/shm file of its own ("/fsdp-m<16 random hex digits>", O_EXCL,
+   0600; a peer maps only a file of this user with that mode), the ranks
    all-gather who succeeded and where, map each other's files read-only, all-gather whether
    that worked, and unlink their files: from then on nothing is left behind. If any rank could
    not take part, none shares: r->base is this rank's block (or NULL if it has none) and the
    caller falls back to ordinary memory. Returns an error only when the comm failed. */
 FSDP__PRIVATE int fsdp__shm_share(fsdp_comm *comm, fsdp__region *r) {
-    static uint32_t files; /* /dev/shm files this process has made */
     int32_t mine[6], *all = NULL;
     char name[64];
     size_t map = fsdp__align(r->bytes, 4096);
-    int P = comm->world, me = comm->rank, p, fd, rc, shared;
-    uint32_t n = __atomic_fetch_add(&files, 1u, __ATOMIC_RELAXED);
+    int P = comm->world, me = comm->rank, p, fd = -1, rc, shared;
+    uint32_t tag[2] = {0, 0};
     void *base = MAP_FAILED;
-    fsdp__fmt(name, sizeof name, "/fsdp-%d-m%u", (int)getpid(), (unsigned)n);
-    fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fsdp__random_bytes(tag, sizeof tag) == 0) {
+        fsdp__fmt(name, sizeof name, "/fsdp-m%08x%08x", (unsigned)tag[0], (unsigned)tag[1]);
+        fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        if (fd >= 0) fchmod(fd, 0600);
+    } else {
+        fsdp__fmt(name, sizeof name, "(no random name)");
+        errno = EAGAIN;
+    }
     if (fd < 0) {
         fsdp__log(&comm->logger, FSDP_LOG_WARN, "rank %d: cannot create /dev/shm%s (%s): fsdp_comm_alloc memory stays private",
                   me, name, strerror(errno));
@@ -2200,8 +2480,8 @@ FSDP__PRIVATE int fsdp__shm_share(fsdp_comm *comm, fsdp__region *r) {
         if (base == MAP_FAILED) shm_unlink(name);
     }
     mine[0] = base != MAP_FAILED;
-    mine[1] = (int32_t)getpid();
-    mine[2] = (int32_t)n;
+    mine[1] = (int32_t)tag[0];
+    mine[2] = (int32_t)tag[1];
     mine[3] = (int32_t)(uint32_t)((uint64_t)r->bytes & 0xffffffffu);
     mine[4] = (int32_t)(uint32_t)((uint64_t)r->bytes >> 32);
     mine[5] = 0;
@@ -2215,19 +2495,22 @@ FSDP__PRIVATE int fsdp__shm_share(fsdp_comm *comm, fsdp__region *r) {
                                  FSDP_SUM, 0xa11c0u);
     for (p = 0; rc == 0 && shared && p < P; p++) shared &= all[6 * p] == 1;
     for (p = 0; rc == 0 && shared && p < P; p++) {
-        char peer_name[64];
+        char peer_name[64], why[160];
+        const char *foreign = NULL;
         struct stat st;
         r->peer_bytes[p] = (size_t)((uint64_t)(uint32_t)all[6 * p + 3] | (uint64_t)(uint32_t)all[6 * p + 4] << 32);
         if (p == me) continue;
-        fsdp__fmt(peer_name, sizeof peer_name, "/fsdp-%d-m%u", (int)all[6 * p + 1], (unsigned)(uint32_t)all[6 * p + 2]);
-        fd = shm_open(peer_name, O_RDONLY, 0);
-        if (fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size >= r->peer_bytes[p]) {
+        fsdp__fmt(peer_name, sizeof peer_name, "/fsdp-m%08x%08x", (unsigned)(uint32_t)all[6 * p + 1],
+                  (unsigned)(uint32_t)all[6 * p + 2]);
+        fd = shm_open(peer_name, O_RDONLY | O_NOFOLLOW, 0);
+        if (fd >= 0 && !(foreign = fsdp__shm_foreign(fd, why, sizeof why)) && fstat(fd, &st) == 0 &&
+            (size_t)st.st_size >= r->peer_bytes[p] && r->peer_bytes[p] <= SIZE_MAX / 2) {
             void *at = mmap(NULL, fsdp__align(r->peer_bytes[p], 4096), PROT_READ, MAP_SHARED, fd, 0);
             if (at != MAP_FAILED) r->peer_base[p] = (char *)at;
         }
         if (!r->peer_base[p]) {
             fsdp__log(&comm->logger, FSDP_LOG_WARN, "rank %d: cannot map rank %d's /dev/shm%s (%s)", me, p, peer_name,
-                      fd < 0 ? strerror(errno) : "too small or unmappable");
+                      fd < 0 ? strerror(errno) : foreign ? foreign : "too small or unmappable");
             shared = 0;
         }
         if (fd >= 0) close(fd);
@@ -2260,10 +2543,16 @@ FSDP__PRIVATE int fsdp__shm_share(fsdp_comm *comm, fsdp__region *r) {
     return rc;
 }
 
-/* Segment name for a job: "/fsdp-<job>" with anything but [A-Za-z0-9._-] replaced. */
-FSDP__PRIVATE void fsdp__shm_name(char *out, size_t size, const char *job) {
+/* Segment name for a comm: "/fsdp-<job>-<24 hex digits of a mac of the comm's key>", the job
+   shortened to 20 characters of [A-Za-z0-9._-] (others replaced). Every rank computes the same
+   name, and with a secret nobody without it can: no other user can claim the name first. */
+FSDP__PRIVATE void fsdp__shm_name(char *out, size_t size, const fsdp_comm *comm) {
+    unsigned char mac[32];
+    char hex[65];
     size_t i, n;
-    fsdp__fmt(out, size, "/fsdp-%s", job);
+    fsdp__hmac_sha256(mac, comm->key, sizeof comm->key, 0, NULL, NULL);
+    fsdp__hex(hex, mac, 12);
+    fsdp__fmt(out, size, "/fsdp-%.20s", comm->job);
     n = strlen(out);
     for (i = 1; i < n; i++) {
         char ch = out[i];
@@ -2271,6 +2560,7 @@ FSDP__PRIVATE void fsdp__shm_name(char *out, size_t size, const char *job) {
               ch == '_' || ch == '-'))
             out[i] = '_';
     }
+    fsdp__fmt(out + n, size - n, "-%s", hex);
 }
 
 /* Attaches this rank to a mapped segment and waits until every rank has. */
@@ -2293,9 +2583,12 @@ FSDP__PRIVATE int fsdp__shm_join(fsdp_comm *comm, fsdp__shm *s, int unlink_when_
     if (fsdp__fetch_add(&h->attached, 1u) + 1u == (uint32_t)comm->world && unlink_when_full)
         shm_unlink(s->name); /* everyone has it mapped: nothing can be left behind from now on */
     while (fsdp__load(&h->attached) < (uint32_t)comm->world) {
-        if (fsdp__load(&h->abort_flag))
+        if (fsdp__load(&h->abort_flag)) {
+            char message[FSDP__ERRMSG];
+            fsdp__shm_abort_message(h, message, sizeof message);
             return fsdp__init_fail(&comm->logger, FSDP_ERR_ABORTED, "shm %s: rank %d gave up: %s", s->name,
-                                   (int)h->abort_rank, h->abort_message);
+                                   (int)__atomic_load_n(&h->abort_rank, __ATOMIC_RELAXED), message);
+        }
         if (fsdp__now_ms() >= deadline) {
             char missing[256] = "";
             size_t used = 0;
@@ -2306,7 +2599,7 @@ FSDP__PRIVATE int fsdp__shm_join(fsdp_comm *comm, fsdp__shm *s, int unlink_when_
             fsdp__init_fail(&comm->logger, FSDP_ERR_TIMEOUT,
                             "shm %s: only %u of %d ranks joined within %d ms; missing rank(s): %s", s->name,
                             (unsigned)fsdp__load(&h->attached), comm->world, comm->timeout_ms, missing);
-            fsdp__shm_signal_abort(h, s->ranks, comm->rank, FSDP_ERR_TIMEOUT, fsdp__init_error);
+            fsdp__shm_signal_abort(h, s->ranks, comm->world, comm->rank, FSDP_ERR_TIMEOUT, fsdp__init_error);
             return FSDP_ERR_TIMEOUT;
         }
         fsdp__sleep_us(1000);
@@ -2318,7 +2611,9 @@ FSDP__PRIVATE int fsdp__shm_join(fsdp_comm *comm, fsdp__shm *s, int unlink_when_
     return 0;
 }
 
-FSDP__PRIVATE size_t fsdp__shm_slot_bytes(size_t requested) {
+#define FSDP__SHM_SLOT_MAX ((size_t)1 << 30) /* larger staging slots gain nothing */
+
+FSDP__PRIVATE size_t fsdp__shm_slot_bytes(size_t requested) { /* requested <= FSDP__SHM_SLOT_MAX */
     size_t slot = requested ? requested : (size_t)1 << 20;
     if (slot < 4096) slot = 4096;
     return fsdp__align(slot, 4096);
@@ -2347,7 +2642,7 @@ FSDP__PRIVATE int fsdp__shm_init(fsdp_comm *comm, const fsdp_comm_desc *desc) {
     int64_t deadline = fsdp__now_ms() + comm->timeout_ms;
     void *base = MAP_FAILED;
     if (!s) return fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "shm: out of memory");
-    fsdp__shm_name(s->name, sizeof s->name, comm->job);
+    fsdp__shm_name(s->name, sizeof s->name, comm);
     s->slot_bytes = slot;
     s->map_bytes = total;
     s->owns_mapping = 1;
@@ -2356,11 +2651,13 @@ FSDP__PRIVATE int fsdp__shm_init(fsdp_comm *comm, const fsdp_comm_desc *desc) {
         if (fd < 0) {
             rc = fsdp__init_fail(&comm->logger, errno == EEXIST ? FSDP_ERR_STATE : FSDP_ERR_SYSTEM,
                                  "shm: cannot create /dev/shm%s: %s%s", s->name, strerror(errno),
-                                 errno == EEXIST ? " (another job with this job token is running, or one "
-                                                   "crashed during init: use another FSDP_JOB or remove the file)"
+                                 errno == EEXIST ? " (another job with this job token and secret is running, one "
+                                                   "crashed during init, or someone else created the name first: "
+                                                   "use another FSDP_JOB or FSDP_SECRET, or remove the file)"
                                                  : "");
             goto fail;
         }
+        fchmod(fd, 0600); /* whatever the umask: peers accept nothing else */
         if (ftruncate(fd, (off_t)total) != 0 || (errno = posix_fallocate(fd, 0, (off_t)total)) != 0) {
             int err = errno;
             rc = fsdp__init_fail(&comm->logger, err == ENOSPC ? FSDP_ERR_NO_SPACE : FSDP_ERR_SYSTEM,
@@ -2372,9 +2669,16 @@ FSDP__PRIVATE int fsdp__shm_init(fsdp_comm *comm, const fsdp_comm_desc *desc) {
         }
     } else {
         for (;;) { /* rank 0 creates it; wait for the name, then for the header */
-            fd = shm_open(s->name, O_RDWR, 0600);
+            fd = shm_open(s->name, O_RDWR | O_NOFOLLOW, 0600);
             if (fd >= 0) {
                 struct stat st;
+                char why[160];
+                if (fsdp__shm_foreign(fd, why, sizeof why)) {
+                    rc = fsdp__init_fail(&comm->logger, FSDP_ERR_REJECTED,
+                                         "shm: rank %d refuses /dev/shm%s: %s (this job's rank 0 did not make it)",
+                                         comm->rank, s->name, why);
+                    goto fail;
+                }
                 if (fstat(fd, &st) == 0 && (size_t)st.st_size >= total) break;
                 close(fd);
                 fd = -1;
@@ -2439,35 +2743,60 @@ fail:
 
 /* ============================================================================================
    >>socket
-   TCP, IPv4. Rank 0 listens at MASTER_ADDR:MASTER_PORT. Every other rank connects to it with
-   backoff until the deadline, opens its own data listener and says hello {magic, protocol
-   version, job token, rank, world size, data port}; rank 0 checks each hello (a stranger is
-   told why it is rejected and ignored), then sends everyone the table of data addresses.
+   TCP, IPv4. Rank 0 listens at MASTER_ADDR:MASTER_PORT. Every other rank connects to it
+   (non-blocking connects with backoff, bounded by the deadline) and opens its own data
+   listener. Every connection, to rank 0 and between ranks, starts with a challenge-response
+   handshake that proves both ends know the job's key (derived from the shared secret and the
+   job token; see fsdp__comm_key):
+       acceptor  -> challenge {magic, version, nonce_a}
+       connector -> hello {magic, version, rank, world, data address, session, nonce_c,
+                           HMAC(key, "hello" | nonce_a | the fields before the mac)}
+       acceptor  -> reply {status, reason, session, HMAC(key, "reply" | nonce_c | nonce_a | ...)}
+   The secret never crosses the wire, fresh nonces from both sides make every exchange
+   unrepeatable, and a connection that fails the check learns nothing but "authentication
+   failed" (no token, no secret, no detail). Acceptors run every pending handshake at once, each
+   with a short budget, so silent or garbage-sending strangers cannot hold the door. Rank 0
+   welcomes everyone once all ranks are in, with a random session id (later hellos between
+   ranks must carry it) and the table of data addresses (its own mac follows it).
    Rank i connects to ranks 1..i-1 and accepts ranks i+1..P-1, so every pair has one
    connection (the rendezvous connection is the link to rank 0).
    An op is one or two phases; in a phase every rank sends every peer one header (magic,
    phase, fingerprint, payload length) and its payload, and receives the same from each, all
-   at once through non-blocking sockets and poll. Every header is checked against the local
-   fingerprint and the expected length before a byte of payload is accepted. Reductions go
-   through per-peer staging rings in segments and are folded in rank order, so results equal
-   the shm backend's bit for bit.
+   at once through non-blocking sockets and poll, within the op's deadline. Every header is
+   checked against the local fingerprint and the expected length before a byte of payload is
+   accepted. Reductions go through per-peer staging rings in segments and are folded in rank
+   order, so results equal the shm backend's bit for bit. Payloads are neither encrypted nor
+   authenticated after the handshake (as with NCCL and Gloo): run jobs on a network you trust
+   not to tamper with established TCP streams.
    ============================================================================================ */
 #define FSDP__SOCK_MAGIC 0x4b434f53u       /* "SOCK" */
 #define FSDP__SOCK_ABORT_MAGIC 0x54524241u /* "ABRT" */
-#define FSDP__SOCK_VERSION 1u
+#define FSDP__SOCK_VERSION 2u
 #define FSDP__SOCK_SEGMENT ((size_t)256 * 1024)
 #define FSDP__SOCK_RING_SEGMENTS 4
+#define FSDP__SOCK_GREETING_MS 5000  /* an acceptor greets at once; silence this long means "not fsdp.h" */
+#define FSDP__SOCK_HANDSHAKE_MS 5000 /* a connection's budget to present a complete hello */
+#define FSDP__SOCK_PENDING_MAX 64    /* handshakes an acceptor runs at once */
+
+typedef struct fsdp__sock_challenge {
+    uint32_t magic, version;
+    unsigned char nonce[32];
+} fsdp__sock_challenge;
 
 typedef struct fsdp__sock_hello {
     uint32_t magic, version, rank, world;
-    uint32_t data_ip;   /* network byte order */
+    uint32_t data_ip;          /* network byte order */
     uint32_t data_port;
-    char job[64];
+    unsigned char session[16]; /* zero to rank 0; rank 0's session id between ranks */
+    unsigned char nonce[32];
+    unsigned char mac[32];
 } fsdp__sock_hello;
 
 typedef struct fsdp__sock_reply {
-    uint32_t magic, status; /* 0 welcome, else an fsdp_result */
-    char reason[248];
+    uint32_t magic, status;    /* 0 welcome, else an fsdp_result */
+    char reason[152];
+    unsigned char session[16]; /* rank 0's welcome: the session id */
+    unsigned char mac[32];     /* zero when the hello did not authenticate */
 } fsdp__sock_reply;
 
 typedef struct fsdp__sock_header {
@@ -2489,7 +2818,6 @@ typedef struct fsdp__sock_peer {
     size_t out_len, out_done;
     char *in_direct;        /* payload lands here directly (NULL: into the ring) */
     size_t in_len, in_done;
-    int64_t last_activity;
     int at_boundary;        /* our outgoing stream is between messages */
 } fsdp__sock_peer;
 
@@ -2499,6 +2827,8 @@ typedef struct fsdp__sock {
     struct pollfd *pfds;
     int *pfd_peer;
     double spin_seconds;    /* busy-poll before sleeping in poll; 0 when ranks outnumber cores */
+    int64_t op_deadline;    /* the running op fails at this time (fsdp__now_ms) */
+    unsigned char session[16];
     struct sockaddr_in local; /* this rank's address as its peers reach it (for fsdp_comm_split) */
 } fsdp__sock;
 
@@ -2517,7 +2847,8 @@ FSDP__PRIVATE int fsdp__sock_nonblock(int fd, int on) {
     return fcntl(fd, F_SETFL, on ? flags | O_NONBLOCK : flags & ~O_NONBLOCK);
 }
 
-/* Reads or writes exactly len bytes before the deadline. 0 ok, -1 closed/error (errno), -2 timeout. */
+/* Reads or writes exactly len bytes before the deadline (a total bound, however slowly the
+   bytes come). 0 ok, -1 closed/error (errno), -2 timeout. */
 FSDP__PRIVATE int fsdp__sock_io_full(int fd, void *buf, size_t len, int64_t deadline, int writing) {
     size_t done = 0;
     while (done < len) {
@@ -2549,17 +2880,87 @@ FSDP__PRIVATE void fsdp__sock_addr_string(char *out, size_t size, const struct s
     fsdp__fmt(out, size, "%s:%d", ip, (int)ntohs(sa->sin_port));
 }
 
-FSDP__PRIVATE int fsdp__sock_resolve(const char *host, int port, struct sockaddr_in *out) {
+/* Name resolution in a helper thread, so a stalled resolver cannot outlast the deadline. The
+   job is shared by the caller and the thread; whoever lets go last frees it. */
+typedef struct fsdp__resolve_job {
+    pthread_mutex_t lock;
+    pthread_cond_t done_cond;
+    int refs, done, ok;
+    struct in_addr ip;
+    char host[256];
+} fsdp__resolve_job;
+
+FSDP__PRIVATE void fsdp__resolve_release(fsdp__resolve_job *job) {
+    int last;
+    pthread_mutex_lock(&job->lock);
+    last = --job->refs == 0;
+    pthread_mutex_unlock(&job->lock);
+    if (!last) return;
+    pthread_mutex_destroy(&job->lock);
+    pthread_cond_destroy(&job->done_cond);
+    FSDP_FREE(job);
+}
+
+static void *fsdp__resolve_thread(void *arg) {
+    fsdp__resolve_job *job = (fsdp__resolve_job *)arg;
     struct addrinfo hints, *res = NULL;
-    int rc;
+    int ok;
     memset(&hints, 0, sizeof hints);
     hints.ai_family = AF_INET;
     hints.ai_socktype = SOCK_STREAM;
-    if ((rc = getaddrinfo(host, NULL, &hints, &res)) != 0 || !res) return -1;
-    memcpy(out, res->ai_addr, sizeof *out);
+    ok = getaddrinfo(job->host, NULL, &hints, &res) == 0 && res;
+    pthread_mutex_lock(&job->lock);
+    if (ok) job->ip = ((const struct sockaddr_in *)(const void *)res->ai_addr)->sin_addr;
+    job->ok = ok;
+    job->done = 1;
+    pthread_cond_signal(&job->done_cond);
+    pthread_mutex_unlock(&job->lock);
+    if (res) freeaddrinfo(res);
+    fsdp__resolve_release(job);
+    return NULL;
+}
+
+/* host (a dotted IPv4 address or a name) and port to an address. 0 ok, -1 unknown, -2 the
+   resolver did not answer before the deadline. */
+FSDP__PRIVATE int fsdp__sock_resolve(const char *host, int port, struct sockaddr_in *out, int64_t deadline) {
+    fsdp__resolve_job *job;
+    pthread_t thread;
+    pthread_attr_t attr;
+    int rc = -1, started;
+    memset(out, 0, sizeof *out);
+    out->sin_family = AF_INET;
     out->sin_port = htons((uint16_t)port);
-    freeaddrinfo(res);
-    return 0;
+    if (inet_pton(AF_INET, host, &out->sin_addr) == 1) return 0;
+    if (strlen(host) >= sizeof job->host || !(job = (fsdp__resolve_job *)fsdp__calloc(sizeof *job))) return -1;
+    pthread_mutex_init(&job->lock, NULL);
+    pthread_cond_init(&job->done_cond, NULL);
+    fsdp__copy_string(job->host, sizeof job->host, host);
+    job->refs = 2;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    started = pthread_create(&thread, &attr, fsdp__resolve_thread, job) == 0;
+    pthread_attr_destroy(&attr);
+    if (!started) { /* no thread to spare: resolve here */
+        job->refs = 2;
+        fsdp__resolve_thread(job);
+    }
+    pthread_mutex_lock(&job->lock);
+    while (!job->done) {
+        int64_t left = deadline - fsdp__now_ms();
+        struct timespec ts;
+        if (left <= 0) break;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        if (left > 1000) left = 1000;
+        ts.tv_sec += (time_t)(left / 1000);
+        ts.tv_nsec += (long)(left % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&job->done_cond, &job->lock, &ts);
+    }
+    if (job->done && job->ok) { out->sin_addr = job->ip; rc = 0; }
+    else if (!job->done) rc = -2;
+    pthread_mutex_unlock(&job->lock);
+    fsdp__resolve_release(job);
+    return rc;
 }
 
 FSDP__PRIVATE int fsdp__sock_listen(const struct sockaddr_in *addr, int backlog) {
@@ -2575,62 +2976,86 @@ FSDP__PRIVATE int fsdp__sock_listen(const struct sockaddr_in *addr, int backlog)
     return fd;
 }
 
-/* Connects with backoff until the deadline; -1 with errno on the last failure. */
+/* Connects with backoff until the deadline. Each attempt is non-blocking and waited for with
+   poll, so a host that drops SYNs or has a full accept queue costs no more than the deadline.
+   -1 with errno (ETIMEDOUT at the deadline) on failure. */
 FSDP__PRIVATE int fsdp__sock_connect(const struct sockaddr_in *addr, int64_t deadline) {
     long backoff_us = 2000;
     for (;;) {
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), err;
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), err = 0;
         if (fd < 0) return -1;
-        if (connect(fd, (const struct sockaddr *)addr, sizeof *addr) == 0) { fsdp__sock_tune(fd); return fd; }
-        err = errno;
+        if (connect(fd, (const struct sockaddr *)addr, sizeof *addr) != 0) err = errno;
+        while (err == EINPROGRESS || err == EINTR) {
+            struct pollfd pfd;
+            int64_t left = deadline - fsdp__now_ms();
+            socklen_t len = sizeof err;
+            if (left <= 0) { err = ETIMEDOUT; break; }
+            pfd.fd = fd;
+            pfd.events = POLLOUT;
+            pfd.revents = 0;
+            if (poll(&pfd, 1, left > 1000 ? 1000 : (int)left) <= 0) continue;
+            if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+        }
+        if (err == 0) { fsdp__sock_tune(fd); return fd; }
         close(fd);
-        if (fsdp__now_ms() + backoff_us / 1000 >= deadline) { errno = err; return -1; }
+        if (err == ETIMEDOUT || fsdp__now_ms() + backoff_us / 1000 >= deadline) { errno = err; return -1; }
         fsdp__sleep_us(backoff_us);
         if (backoff_us < 256000) backoff_us *= 2;
     }
 }
 
-FSDP__PRIVATE int fsdp__sock_accept(int listen_fd, int64_t deadline, struct sockaddr_in *from) {
-    for (;;) {
-        struct pollfd pfd;
-        int64_t left = deadline - fsdp__now_ms();
-        socklen_t len = sizeof *from;
-        int fd;
-        if (left <= 0) { errno = ETIMEDOUT; return -1; }
-        pfd.fd = listen_fd;
-        pfd.events = POLLIN;
-        pfd.revents = 0;
-        if (poll(&pfd, 1, left > 1000 ? 1000 : (int)left) <= 0) continue;
-        fd = accept(listen_fd, (struct sockaddr *)from, &len);
-        if (fd >= 0) { fsdp__sock_tune(fd); return fd; }
-        if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) return -1;
-    }
+/* HMAC(key, label | a | b | c) with the label's NUL as separator; NULL parts are skipped. */
+FSDP__PRIVATE void fsdp__sock_mac(unsigned char out[32], const unsigned char key[32], const char *label, const void *a,
+                                  size_t a_size, const void *b, size_t b_size, const void *c, size_t c_size) {
+    const void *parts[4];
+    size_t sizes[4];
+    int n = 0;
+    parts[n] = label; sizes[n++] = strlen(label) + 1;
+    if (a) { parts[n] = a; sizes[n++] = a_size; }
+    if (b) { parts[n] = b; sizes[n++] = b_size; }
+    if (c) { parts[n] = c; sizes[n++] = c_size; }
+    fsdp__hmac_sha256(out, key, 32, n, parts, sizes);
 }
 
-/* Why a hello is not acceptable, or NULL. */
-FSDP__PRIVATE const char *fsdp__sock_check_hello(const fsdp__sock_hello *h, const fsdp_comm *comm, char *why,
+/* Why a complete hello is refused, or NULL to admit it. Checks, in this order: the framing,
+   the mac (constant time; *authentic says whether it verified, and an unauthentic hello is
+   refused with a fixed sentence that tells its sender nothing), then what the authenticated
+   sender claims: world size, a rank in [first, world), the session. */
+FSDP__PRIVATE const char *fsdp__sock_judge_hello(const fsdp__sock_hello *h, const fsdp__sock_challenge *challenge,
+                                                 const unsigned char key[32], int world, int first,
+                                                 const unsigned char session[16], int *authentic, char *why,
                                                  size_t size) {
-    if (h->magic != FSDP__SOCK_MAGIC) return fsdp__fmt(why, size, "not an fsdp.h peer (bad magic)"), why;
-    if (h->version != FSDP__SOCK_VERSION)
-        return fsdp__fmt(why, size, "protocol version %u, expected %u", h->version, FSDP__SOCK_VERSION), why;
-    if (memchr(h->job, 0, sizeof h->job) == NULL || strcmp(h->job, comm->job) != 0)
-        return fsdp__fmt(why, size, "job token differs: the peer runs job '%.63s', rank %d runs job '%s'",
-                        memchr(h->job, 0, sizeof h->job) ? h->job : "?", comm->rank, comm->job), why;
-    if (h->world != (uint32_t)comm->world)
-        return fsdp__fmt(why, size, "world size differs: the peer has %u, rank %d has %d", h->world, comm->rank,
-                        comm->world), why;
-    if (h->rank >= (uint32_t)comm->world)
-        return fsdp__fmt(why, size, "rank %u is out of range for world size %d", h->rank, comm->world), why;
+    unsigned char mac[32];
+    *authentic = 0;
+    if (h->magic != FSDP__SOCK_MAGIC || h->version != FSDP__SOCK_VERSION)
+        return fsdp__fmt(why, size, "not an fsdp.h protocol %u hello", FSDP__SOCK_VERSION), why;
+    fsdp__sock_mac(mac, key, "fsdp.h hello", challenge->nonce, 32, h, offsetof(fsdp__sock_hello, mac), NULL, 0);
+    if (!fsdp__equal_ct(mac, h->mac, 32))
+        return fsdp__fmt(why, size, "authentication failed"), why;
+    *authentic = 1;
+    if (h->world != (uint32_t)world)
+        return fsdp__fmt(why, size, "world size differs: the peer has %u, this rank has %d", h->world, world), why;
+    if (h->rank < (uint32_t)first || h->rank >= (uint32_t)world)
+        return fsdp__fmt(why, size, "rank %u cannot connect here (this listener admits ranks %d..%d)", h->rank, first,
+                         world - 1), why;
+    if (memcmp(h->session, session, 16) != 0)
+        return fsdp__fmt(why, size, "rank %u belongs to another session of this job (a stale process of an earlier "
+                         "run?)", h->rank), why;
     return NULL;
 }
 
-FSDP__PRIVATE void fsdp__sock_reply_send(int fd, uint32_t status, const char *reason, int64_t deadline) {
-    fsdp__sock_reply reply;
-    memset(&reply, 0, sizeof reply);
-    reply.magic = FSDP__SOCK_MAGIC;
-    reply.status = status;
-    fsdp__copy_string(reply.reason, sizeof reply.reason, reason);
-    fsdp__sock_io_full(fd, &reply, sizeof reply, deadline, 1);
+/* The acceptor's verdict on a hello; authenticated (mac'd) only when the hello was. */
+FSDP__PRIVATE void fsdp__sock_make_reply(fsdp__sock_reply *reply, const unsigned char key[32], const fsdp__sock_hello *h,
+                                         const fsdp__sock_challenge *challenge, uint32_t status, const char *reason,
+                                         const unsigned char session[16], int authentic) {
+    memset(reply, 0, sizeof *reply);
+    reply->magic = FSDP__SOCK_MAGIC;
+    reply->status = status;
+    fsdp__copy_string(reply->reason, sizeof reply->reason, reason);
+    if (session) memcpy(reply->session, session, 16);
+    if (authentic)
+        fsdp__sock_mac(reply->mac, key, "fsdp.h reply", h->nonce, 32, challenge->nonce, 32, reply,
+                       offsetof(fsdp__sock_reply, mac));
 }
 
 FSDP__PRIVATE void fsdp__sock_free(fsdp__sock *s, int world) {
@@ -2646,68 +3071,271 @@ FSDP__PRIVATE void fsdp__sock_free(fsdp__sock *s, int world) {
     FSDP_FREE(s);
 }
 
-/* Rank 0: accepts hellos until every rank has one connection. */
-FSDP__PRIVATE int fsdp__sock_rendezvous_root(fsdp_comm *comm, fsdp__sock *s, int listen_fd, int64_t deadline,
-                                             uint32_t *ips, uint32_t *ports) {
-    int joined = 1, p;
-    char rejected[320] = "";
-    while (joined < comm->world) {
-        struct sockaddr_in from;
-        fsdp__sock_hello hello;
-        char why[200], addr[64];
-        const char *problem;
-        int fd = fsdp__sock_accept(listen_fd, deadline, &from);
-        if (fd < 0) {
-            char missing[160] = "";
+/* A connection an acceptor has not admitted yet. */
+typedef struct fsdp__sock_pending {
+    int fd;
+    int64_t deadline;
+    size_t got;             /* bytes of the hello received */
+    fsdp__sock_challenge challenge;
+    fsdp__sock_hello hello;
+    char addr[64];
+} fsdp__sock_pending;
+
+/* Admits ranks first..P-1 (those without a connection yet) on listen_fd until each has one or
+   the deadline passes. rendezvous (rank 0 at the master address): hellos carry no session,
+   the data addresses go to ips/ports and each rank's nonces (hello, challenge) to
+   nonces[64 * rank], and the caller welcomes everyone at the end; otherwise hellos must carry
+   s->session and each rank is welcomed at once. where names the listener in messages. */
+FSDP__PRIVATE int fsdp__sock_admit(fsdp_comm *comm, fsdp__sock *s, int listen_fd, int first, int64_t deadline,
+                                   int rendezvous, uint32_t *ips, uint32_t *ports, unsigned char *nonces,
+                                   const char *where) {
+    static const unsigned char no_session[16] = {0};
+    fsdp__sock_pending pending[FSDP__SOCK_PENDING_MAX];
+    struct pollfd pfds[FSDP__SOCK_PENDING_MAX + 1];
+    int npending = 0, missing = 0, refused = 0, accept_trouble = 0, p, i, rc = 0;
+    char last_refusal[200] = "";
+    const unsigned char *session = rendezvous ? no_session : s->session;
+    for (p = first; p < comm->world; p++) missing += s->peers[p].fd < 0;
+    fsdp__sock_nonblock(listen_fd, 1);
+    while (missing > 0) {
+        int64_t now = fsdp__now_ms(), wake = deadline;
+        int ready;
+        if (now >= deadline) {
+            char list[160] = "", refusals[280] = "";
             size_t used = 0;
-            for (p = 1; p < comm->world && used + 12 < sizeof missing; p++)
-                if (s->peers[p].fd < 0) used += (size_t)fsdp__fmt(missing + used, sizeof missing - used, "%s%d", used ? ", " : "", p);
-            return fsdp__init_fail(&comm->logger, FSDP_ERR_TIMEOUT,
-                                   "socket: rank 0 waited %d ms at the master address; %d of %d ranks joined, "
-                                   "missing rank(s): %s%s%s",
-                                   comm->timeout_ms, joined, comm->world, missing, *rejected ? "; " : "", rejected);
+            for (p = first; p < comm->world && used + 12 < sizeof list; p++)
+                if (s->peers[p].fd < 0) used += (size_t)fsdp__fmt(list + used, sizeof list - used, "%s%d", used ? ", " : "", p);
+            if (refused)
+                fsdp__fmt(refusals, sizeof refusals, "; refused %d connection(s), the last: %s", refused, last_refusal);
+            rc = fsdp__init_fail(&comm->logger, FSDP_ERR_TIMEOUT, "socket: rank %d waited %d ms at %s; missing rank(s): %s%s",
+                                 comm->rank, comm->timeout_ms, where, list, refusals);
+            break;
         }
-        fsdp__sock_addr_string(addr, sizeof addr, &from);
-        memset(&hello, 0, sizeof hello);
-        if (fsdp__sock_io_full(fd, &hello, sizeof hello, fsdp__now_ms() + 5000, 0) != 0) {
-            fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: %s connected but sent no hello; ignored", addr);
-            close(fd);
-            continue;
+        for (i = npending - 1; i >= 0; i--) { /* strangers that ran out of time */
+            if (now < pending[i].deadline) {
+                if (pending[i].deadline < wake) wake = pending[i].deadline;
+                continue;
+            }
+            fsdp__fmt(last_refusal, sizeof last_refusal, "%s sent no complete hello within %d ms", pending[i].addr,
+                      FSDP__SOCK_HANDSHAKE_MS);
+            fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d dropped %s", comm->rank, last_refusal);
+            refused++;
+            close(pending[i].fd);
+            pending[i] = pending[--npending];
         }
-        problem = fsdp__sock_check_hello(&hello, comm, why, sizeof why);
-        if (!problem && (hello.rank == 0 || s->peers[hello.rank].fd >= 0))
-            problem = (fsdp__fmt(why, sizeof why, "rank %u has already joined", hello.rank), why);
-        if (problem) {
-            fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rejected %s: %s", addr, problem);
-            fsdp__fmt(rejected, sizeof rejected, "rejected a connection from %s: %s", addr, problem);
-            fsdp__sock_reply_send(fd, FSDP_ERR_REJECTED, problem, fsdp__now_ms() + 1000);
-            close(fd);
-            continue;
+        pfds[0].fd = listen_fd;
+        pfds[0].events = POLLIN;
+        pfds[0].revents = 0;
+        for (i = 0; i < npending; i++) {
+            pfds[i + 1].fd = pending[i].fd;
+            pfds[i + 1].events = POLLIN;
+            pfds[i + 1].revents = 0;
         }
-        s->peers[hello.rank].fd = fd;
-        fsdp__copy_string(s->peers[hello.rank].addr, sizeof s->peers[hello.rank].addr, addr);
-        ips[hello.rank] = hello.data_ip;
-        ports[hello.rank] = hello.data_port;
-        joined++;
+        ready = poll(pfds, (nfds_t)(npending + 1), wake - now > 1000 ? 1000 : (int)(wake - now));
+        if (ready < 0 && errno != EINTR) {
+            rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "socket: poll failed at %s: %s", where, strerror(errno));
+            break;
+        }
+        if (ready <= 0) continue;
+        for (i = npending - 1; i >= 0; i--) {
+            fsdp__sock_pending *pd = &pending[i];
+            const char *problem = NULL;
+            char why[160];
+            int authentic = 0, keep = 1;
+            ssize_t got;
+            if (!pfds[i + 1].revents) continue;
+            got = recv(pd->fd, (char *)&pd->hello + pd->got, sizeof pd->hello - pd->got, MSG_DONTWAIT);
+            if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+            if (got <= 0) {
+                problem = "closed the connection before finishing its hello";
+                keep = 0;
+            } else if ((pd->got += (size_t)got) >= 8 &&
+                       (pd->hello.magic != FSDP__SOCK_MAGIC || pd->hello.version != FSDP__SOCK_VERSION)) {
+                problem = "does not speak fsdp.h's protocol (or another version of it)";
+                keep = 0;
+            } else if (pd->got == sizeof pd->hello) {
+                fsdp__sock_reply reply;
+                int r;
+                problem = fsdp__sock_judge_hello(&pd->hello, &pd->challenge, comm->key, comm->world, first, session,
+                                                 &authentic, why, sizeof why);
+                r = (int)pd->hello.rank;
+                if (!problem && s->peers[r].fd >= 0)
+                    problem = (fsdp__fmt(why, sizeof why, "rank %d has already joined", r), why);
+                if (!problem && !rendezvous) { /* welcome now, proving this side knows the key too */
+                    fsdp__sock_make_reply(&reply, comm->key, &pd->hello, &pd->challenge, 0, "welcome", NULL, 1);
+                    if (fsdp__sock_io_full(pd->fd, &reply, sizeof reply, now + FSDP__SOCK_HANDSHAKE_MS, 1) != 0)
+                        problem = "went away before it was welcomed";
+                } else if (problem) { /* tell an authenticated peer why; anyone else only that it failed */
+                    fsdp__sock_make_reply(&reply, comm->key, &pd->hello, &pd->challenge, FSDP_ERR_REJECTED, problem,
+                                          NULL, authentic);
+                    fsdp__sock_io_full(pd->fd, &reply, sizeof reply, now + 1000, 1);
+                }
+                if (!problem) {
+                    s->peers[r].fd = pd->fd;
+                    fsdp__copy_string(s->peers[r].addr, sizeof s->peers[r].addr, pd->addr);
+                    if (rendezvous) {
+                        ips[r] = pd->hello.data_ip;
+                        ports[r] = pd->hello.data_port;
+                        memcpy(nonces + 64 * (size_t)r, pd->hello.nonce, 32);
+                        memcpy(nonces + 64 * (size_t)r + 32, pd->challenge.nonce, 32);
+                    }
+                    missing--;
+                    pending[i] = pending[--npending];
+                    continue;
+                }
+                keep = 0;
+            }
+            if (keep) continue;
+            fsdp__fmt(last_refusal, sizeof last_refusal, "%s %s", pd->addr, problem);
+            fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d refused a connection at %s: %s", comm->rank, where,
+                      last_refusal);
+            refused++;
+            close(pd->fd);
+            pending[i] = pending[--npending];
+        }
+        while (pfds[0].revents & POLLIN) { /* new connections: each gets a challenge at once */
+            struct sockaddr_in from;
+            socklen_t len = sizeof from;
+            fsdp__sock_pending *pd;
+            int fd = accept(listen_fd, (struct sockaddr *)&from, &len);
+            if (fd < 0) {
+                if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+                if (errno == EBADF || errno == EINVAL || errno == ENOTSOCK || errno == EFAULT || errno == EOPNOTSUPP) {
+                    rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "socket: accept failed at %s: %s", where,
+                                         strerror(errno));
+                    break;
+                }
+                /* a connection that vanished, or the process or system out of descriptors or
+                   buffers for a moment: none of it ends the rendezvous */
+                if (!accept_trouble++)
+                    fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d: accept at %s: %s (retrying)", comm->rank,
+                              where, strerror(errno));
+                if (errno != ECONNABORTED && errno != EINTR && errno != EPROTO) fsdp__sleep_us(10000);
+                break;
+            }
+            fcntl(fd, F_SETFD, FD_CLOEXEC);
+            fsdp__sock_nonblock(fd, 1);
+            fsdp__sock_tune(fd);
+            if (npending == FSDP__SOCK_PENDING_MAX) { /* make room: the oldest are the likeliest strangers */
+                int oldest = 0;
+                for (i = 1; i < npending; i++)
+                    if (pending[i].deadline < pending[oldest].deadline) oldest = i;
+                fsdp__fmt(last_refusal, sizeof last_refusal, "%s was dropped: %d other connections were waiting",
+                          pending[oldest].addr, FSDP__SOCK_PENDING_MAX);
+                refused++;
+                close(pending[oldest].fd);
+                pending[oldest] = pending[--npending];
+            }
+            pd = &pending[npending];
+            memset(pd, 0, sizeof *pd);
+            pd->fd = fd;
+            pd->deadline = fsdp__now_ms() + FSDP__SOCK_HANDSHAKE_MS;
+            if (pd->deadline > deadline) pd->deadline = deadline;
+            fsdp__sock_addr_string(pd->addr, sizeof pd->addr, &from);
+            pd->challenge.magic = FSDP__SOCK_MAGIC;
+            pd->challenge.version = FSDP__SOCK_VERSION;
+            if (fsdp__random_bytes(pd->challenge.nonce, sizeof pd->challenge.nonce) != 0) {
+                rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "socket: no random bytes for a challenge: %s",
+                                     strerror(errno));
+                close(fd);
+                break;
+            }
+            /* a fresh connection's send buffer always takes these 40 bytes */
+            if (send(fd, &pd->challenge, sizeof pd->challenge, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof pd->challenge) {
+                close(fd);
+                continue;
+            }
+            npending++;
+        }
+        if (rc) break;
     }
-    for (p = 1; p < comm->world; p++) {
-        fsdp__sock_reply_send(s->peers[p].fd, 0, "welcome", deadline);
-        if (fsdp__sock_io_full(s->peers[p].fd, ips, sizeof *ips * (size_t)comm->world, deadline, 1) != 0 ||
-            fsdp__sock_io_full(s->peers[p].fd, ports, sizeof *ports * (size_t)comm->world, deadline, 1) != 0)
-            return fsdp__init_fail(&comm->logger, FSDP_ERR_PEER_LOST,
-                                   "socket: rank %d (%s) went away during the rendezvous", p, s->peers[p].addr);
+    for (i = 0; i < npending; i++) close(pending[i].fd);
+    return rc;
+}
+
+/* The connector's side of the handshake on fd, connected to `who` (e.g. "rank 0 at
+   10.0.0.1:29500"): reads the challenge (an acceptor sends it at once: silence or other bytes
+   mean the port is not an fsdp.h rank's), sends hello (rank, world, data address, session
+   filled in by the caller), then reads the verdict and checks that it comes from a holder of
+   the key. nonces receives the hello's and the challenge's nonces. Returns 0 or a result code
+   with the message in err. */
+FSDP__PRIVATE int fsdp__sock_greet(int fd, const unsigned char key[32], fsdp__sock_hello *hello, int64_t deadline,
+                                   fsdp__sock_reply *reply, unsigned char nonces[64], const char *who, char *err,
+                                   size_t err_size) {
+    fsdp__sock_challenge challenge;
+    unsigned char mac[32];
+    int64_t greet_by = fsdp__now_ms() + FSDP__SOCK_GREETING_MS;
+    int io;
+    memset(&challenge, 0, sizeof challenge);
+    io = fsdp__sock_io_full(fd, &challenge, 8, greet_by < deadline ? greet_by : deadline, 0);
+    if (io != 0) {
+        fsdp__fmt(err, err_size, "%s %s", who,
+                  io == -2 ? "accepted the connection but sent no fsdp.h greeting in time: is another service "
+                             "(e.g. torchrun's TCPStore) listening on that port?"
+                           : "closed the connection before greeting: is it an fsdp.h rank?");
+        return io == -2 ? FSDP_ERR_TIMEOUT : FSDP_ERR_PROTOCOL;
+    }
+    if (challenge.magic != FSDP__SOCK_MAGIC) {
+        fsdp__fmt(err, err_size, "%s is not an fsdp.h rank (it sent something other than fsdp.h's greeting): is "
+                  "another service listening on that port?", who);
+        return FSDP_ERR_PROTOCOL;
+    }
+    if (challenge.version != FSDP__SOCK_VERSION) {
+        fsdp__fmt(err, err_size, "%s speaks fsdp.h socket protocol %u, this rank speaks %u: use the same fsdp.h on "
+                  "every rank", who, challenge.version, FSDP__SOCK_VERSION);
+        return FSDP_ERR_REJECTED;
+    }
+    if (fsdp__sock_io_full(fd, challenge.nonce, sizeof challenge.nonce, deadline, 0) != 0 ||
+        fsdp__random_bytes(hello->nonce, sizeof hello->nonce) != 0) {
+        fsdp__fmt(err, err_size, "%s: the handshake broke off", who);
+        return FSDP_ERR_PEER_LOST;
+    }
+    hello->magic = FSDP__SOCK_MAGIC;
+    hello->version = FSDP__SOCK_VERSION;
+    fsdp__sock_mac(hello->mac, key, "fsdp.h hello", challenge.nonce, 32, hello, offsetof(fsdp__sock_hello, mac), NULL, 0);
+    memset(reply, 0, sizeof *reply);
+    io = fsdp__sock_io_full(fd, hello, sizeof *hello, deadline, 1);
+    if (io == 0) io = fsdp__sock_io_full(fd, reply, sizeof *reply, deadline, 0);
+    if (io != 0) {
+        fsdp__fmt(err, err_size, "%s did not answer the hello %s", who,
+                  io == -2 ? "before the deadline" : "(it closed the connection)");
+        return io == -2 ? FSDP_ERR_TIMEOUT : FSDP_ERR_PEER_LOST;
+    }
+    memcpy(nonces, hello->nonce, 32);
+    memcpy(nonces + 32, challenge.nonce, 32);
+    fsdp__sock_mac(mac, key, "fsdp.h reply", hello->nonce, 32, challenge.nonce, 32, reply, offsetof(fsdp__sock_reply, mac));
+    if (reply->magic != FSDP__SOCK_MAGIC || !fsdp__equal_ct(mac, reply->mac, 32)) {
+        if (reply->magic == FSDP__SOCK_MAGIC && reply->status != 0)
+            fsdp__fmt(err, err_size, "%s refused this rank: authentication failed (the ranks were not given the same "
+                      "FSDP_SECRET and job token)", who);
+        else
+            fsdp__fmt(err, err_size, "%s could not prove that it knows this job's secret: it is not a rank of this job",
+                      who);
+        return FSDP_ERR_REJECTED;
+    }
+    if (reply->status != 0) {
+        char reason[sizeof reply->reason];
+        fsdp__copy_printable(reason, sizeof reason, reply->reason, sizeof reply->reason);
+        fsdp__fmt(err, err_size, "%s refused this rank: %s", who, reason);
+        return FSDP_ERR_REJECTED;
     }
     return 0;
 }
+
+/* 1 if the address is on this host's loopback network. */
+static int fsdp__is_loopback(const struct sockaddr_in *a) { return (ntohl(a->sin_addr.s_addr) >> 24) == 127; }
 
 FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, int inherited_listen_fd) {
     fsdp__sock *s = (fsdp__sock *)fsdp__calloc(sizeof *s);
     struct sockaddr_in master, local;
     int64_t deadline = fsdp__now_ms() + comm->timeout_ms;
-    int P = comm->world, me = comm->rank, p, rc = 0, listen_fd = -1;
+    int P = comm->world, me = comm->rank, p, rc = 0, listen_fd = inherited_listen_fd, resolved;
     uint32_t *ips = NULL, *ports = NULL;
+    unsigned char *nonces = NULL, mac[32];
     const char *host = desc->master_addr && *desc->master_addr ? desc->master_addr : "127.0.0.1";
+    char err[FSDP__ERRMSG], where[96];
     fsdp__sock_hello hello;
+    fsdp__sock_reply reply;
     if (!s) return fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
     s->peers = (fsdp__sock_peer *)fsdp__calloc(sizeof *s->peers * (size_t)P);
     s->ring = (char *)FSDP_MALLOC((size_t)P * FSDP__SOCK_RING_SEGMENTS * FSDP__SOCK_SEGMENT);
@@ -2715,7 +3343,8 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
     s->pfd_peer = (int *)fsdp__calloc(sizeof *s->pfd_peer * (size_t)P);
     ips = (uint32_t *)fsdp__calloc(sizeof *ips * (size_t)P);
     ports = (uint32_t *)fsdp__calloc(sizeof *ports * (size_t)P);
-    if (!s->peers || !s->ring || !s->pfds || !s->pfd_peer || !ips || !ports) {
+    nonces = (unsigned char *)fsdp__calloc(64 * (size_t)P);
+    if (!s->peers || !s->ring || !s->pfds || !s->pfd_peer || !ips || !ports || !nonces) {
         rc = fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
         goto done;
     }
@@ -2725,18 +3354,17 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
                              desc->master_port);
         goto done;
     }
-    if (fsdp__sock_resolve(host, desc->master_port, &master) != 0) {
-        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_INVALID_ARG, "socket: cannot resolve master address '%s'", host);
+    if ((resolved = fsdp__sock_resolve(host, desc->master_port, &master, deadline)) != 0) {
+        rc = fsdp__init_fail(&comm->logger, resolved == -2 ? FSDP_ERR_TIMEOUT : FSDP_ERR_INVALID_ARG,
+                             "socket: cannot resolve master address '%.200s'%s", host,
+                             resolved == -2 ? ": the resolver did not answer in time" : "");
         goto done;
     }
     memset(&hello, 0, sizeof hello);
-    hello.magic = FSDP__SOCK_MAGIC;
-    hello.version = FSDP__SOCK_VERSION;
     hello.rank = (uint32_t)me;
     hello.world = (uint32_t)P;
-    fsdp__copy_string(hello.job, sizeof hello.job, comm->job);
     if (me == 0) {
-        listen_fd = inherited_listen_fd >= 0 ? inherited_listen_fd : fsdp__sock_listen(&master, P + 8);
+        if (listen_fd < 0) listen_fd = fsdp__sock_listen(&master, P + 8);
         if (listen_fd < 0) {
             rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM,
                                  "socket: rank 0 cannot listen on %s:%d: %s (MASTER_ADDR must be an address of "
@@ -2744,22 +3372,50 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
                                  host, desc->master_port, strerror(errno));
             goto done;
         }
-        if ((rc = fsdp__sock_rendezvous_root(comm, s, listen_fd, deadline, ips, ports)) != 0) goto done;
+        if (!comm->has_secret && !fsdp__is_loopback(&master))
+            fsdp__log(&comm->logger, FSDP_LOG_WARN,
+                      "socket: no secret is set (FSDP_SECRET or FSDP_SECRET_FILE): anyone who can reach %s:%d or "
+                      "the ranks' data ports can join this job or feed it data; give every rank the same secret",
+                      host, desc->master_port);
+        if (fsdp__random_bytes(s->session, sizeof s->session) != 0) {
+            rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "socket: no random bytes: %s", strerror(errno));
+            goto done;
+        }
+        fsdp__fmt(where, sizeof where, "the master address %s:%d", host, desc->master_port);
+        if ((rc = fsdp__sock_admit(comm, s, listen_fd, 1, deadline, 1, ips, ports, nonces, where)) != 0) goto done;
+        for (p = 1; p < P; p++) { /* everyone is in: welcome them with the session and the table */
+            fsdp__sock_challenge challenge;
+            fsdp__sock_hello theirs;
+            memcpy(theirs.nonce, nonces + 64 * (size_t)p, 32);
+            memcpy(challenge.nonce, nonces + 64 * (size_t)p + 32, 32);
+            fsdp__sock_make_reply(&reply, comm->key, &theirs, &challenge, 0, "welcome", s->session, 1);
+            fsdp__sock_mac(mac, comm->key, "fsdp.h table", nonces + 64 * (size_t)p, 64, ips, sizeof *ips * (size_t)P,
+                           ports, sizeof *ports * (size_t)P);
+            if (fsdp__sock_io_full(s->peers[p].fd, &reply, sizeof reply, deadline, 1) != 0 ||
+                fsdp__sock_io_full(s->peers[p].fd, ips, sizeof *ips * (size_t)P, deadline, 1) != 0 ||
+                fsdp__sock_io_full(s->peers[p].fd, ports, sizeof *ports * (size_t)P, deadline, 1) != 0 ||
+                fsdp__sock_io_full(s->peers[p].fd, mac, sizeof mac, deadline, 1) != 0) {
+                rc = fsdp__init_fail(&comm->logger, FSDP_ERR_PEER_LOST,
+                                     "socket: rank %d (%s) went away during the rendezvous", p, s->peers[p].addr);
+                goto done;
+            }
+        }
         s->local = master;
         s->local.sin_port = 0;
     } else {
-        fsdp__sock_reply reply;
         socklen_t len = sizeof local;
+        unsigned char mine[64], their_mac[32];
+        char who[96];
         int fd = fsdp__sock_connect(&master, deadline);
+        fsdp__sock_addr_string(s->peers[0].addr, sizeof s->peers[0].addr, &master);
         if (fd < 0) {
             rc = fsdp__init_fail(&comm->logger, FSDP_ERR_TIMEOUT,
-                                 "socket: rank %d could not reach rank 0 at %s:%d within %d ms: %s (is rank 0 "
+                                 "socket: rank %d could not reach rank 0 at %s within %d ms: %s (is rank 0 "
                                  "running? are MASTER_ADDR and MASTER_PORT right?)",
-                                 me, host, desc->master_port, comm->timeout_ms, strerror(errno));
+                                 me, s->peers[0].addr, comm->timeout_ms, strerror(errno));
             goto done;
         }
         s->peers[0].fd = fd;
-        fsdp__sock_addr_string(s->peers[0].addr, sizeof s->peers[0].addr, &master);
         getsockname(fd, (struct sockaddr *)&local, &len);
         local.sin_port = 0;
         s->local = local;
@@ -2772,25 +3428,27 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
         }
         hello.data_ip = local.sin_addr.s_addr;
         hello.data_port = ntohs(local.sin_port);
-        memset(&reply, 0, sizeof reply);
-        if (fsdp__sock_io_full(fd, &hello, sizeof hello, deadline, 1) != 0 ||
-            fsdp__sock_io_full(fd, &reply, sizeof reply, deadline, 0) != 0) {
-            rc = fsdp__init_fail(&comm->logger, FSDP_ERR_TIMEOUT,
-                                 "socket: rank %d: rank 0 at %s did not answer the hello within %d ms",
-                                 me, s->peers[0].addr, comm->timeout_ms);
-            goto done;
-        }
-        reply.reason[sizeof reply.reason - 1] = 0;
-        if (reply.magic != FSDP__SOCK_MAGIC || reply.status != 0) {
-            rc = fsdp__init_fail(&comm->logger, FSDP_ERR_REJECTED, "socket: rank 0 at %s rejected rank %d: %s",
-                                 s->peers[0].addr, me, reply.magic == FSDP__SOCK_MAGIC ? reply.reason : "bad reply");
+        fsdp__fmt(who, sizeof who, "rank 0 at %s", s->peers[0].addr);
+        if ((rc = fsdp__sock_greet(fd, comm->key, &hello, deadline, &reply, mine, who, err, sizeof err)) != 0) {
+            rc = fsdp__init_fail(&comm->logger, rc, "socket: rank %d: %s", me, err);
             goto done;
         }
         if (fsdp__sock_io_full(fd, ips, sizeof *ips * (size_t)P, deadline, 0) != 0 ||
-            fsdp__sock_io_full(fd, ports, sizeof *ports * (size_t)P, deadline, 0) != 0) {
+            fsdp__sock_io_full(fd, ports, sizeof *ports * (size_t)P, deadline, 0) != 0 ||
+            fsdp__sock_io_full(fd, their_mac, sizeof their_mac, deadline, 0) != 0) {
             rc = fsdp__init_fail(&comm->logger, FSDP_ERR_PEER_LOST, "socket: rank 0 went away during the rendezvous");
             goto done;
         }
+        fsdp__sock_mac(mac, comm->key, "fsdp.h table", mine, 64, ips, sizeof *ips * (size_t)P, ports,
+                       sizeof *ports * (size_t)P);
+        if (!fsdp__equal_ct(mac, their_mac, 32)) {
+            rc = fsdp__init_fail(&comm->logger, FSDP_ERR_PROTOCOL,
+                                 "socket: rank %d: the address table from rank 0 at %s failed its check", me,
+                                 s->peers[0].addr);
+            goto done;
+        }
+        memcpy(s->session, reply.session, sizeof s->session);
+        memcpy(hello.session, s->session, sizeof hello.session);
         for (p = 1; p < me; p++) { /* connect down */
             struct sockaddr_in peer;
             memset(&peer, 0, sizeof peer);
@@ -2799,36 +3457,23 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
             peer.sin_port = htons((uint16_t)ports[p]);
             fsdp__sock_addr_string(s->peers[p].addr, sizeof s->peers[p].addr, &peer);
             s->peers[p].fd = fsdp__sock_connect(&peer, deadline);
-            if (s->peers[p].fd < 0 || fsdp__sock_io_full(s->peers[p].fd, &hello, sizeof hello, deadline, 1) != 0) {
+            if (s->peers[p].fd < 0) {
                 rc = fsdp__init_fail(&comm->logger, FSDP_ERR_TIMEOUT, "socket: rank %d could not connect to rank %d at %s: %s",
                                      me, p, s->peers[p].addr, strerror(errno));
                 goto done;
             }
-        }
-        for (p = me + 1; p < P;) { /* accept up */
-            struct sockaddr_in from;
-            fsdp__sock_hello theirs;
-            char why[200], addr[64];
-            int fd2 = fsdp__sock_accept(listen_fd, deadline, &from);
-            if (fd2 < 0) {
-                rc = fsdp__init_fail(&comm->logger, FSDP_ERR_TIMEOUT,
-                                     "socket: rank %d waited %d ms for ranks above it to connect; %d still missing",
-                                     me, comm->timeout_ms, P - p);
+            fsdp__fmt(who, sizeof who, "rank %d at %s", p, s->peers[p].addr);
+            if ((rc = fsdp__sock_greet(s->peers[p].fd, comm->key, &hello, deadline, &reply, mine, who, err, sizeof err)) != 0) {
+                rc = fsdp__init_fail(&comm->logger, rc, "socket: rank %d: %s", me, err);
                 goto done;
             }
-            fsdp__sock_addr_string(addr, sizeof addr, &from);
-            memset(&theirs, 0, sizeof theirs);
-            if (fsdp__sock_io_full(fd2, &theirs, sizeof theirs, fsdp__now_ms() + 5000, 0) != 0 ||
-                fsdp__sock_check_hello(&theirs, comm, why, sizeof why) || theirs.rank <= (uint32_t)me ||
-                s->peers[theirs.rank].fd >= 0) {
-                fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d ignored a bad connection from %s", me, addr);
-                close(fd2);
-                continue;
-            }
-            s->peers[theirs.rank].fd = fd2;
-            fsdp__copy_string(s->peers[theirs.rank].addr, sizeof s->peers[theirs.rank].addr, addr);
-            p++;
         }
+        {
+            char here[64];
+            fsdp__sock_addr_string(here, sizeof here, &local);
+            fsdp__fmt(where, sizeof where, "its data listener %s", here);
+        }
+        if ((rc = fsdp__sock_admit(comm, s, listen_fd, me + 1, deadline, 0, NULL, NULL, NULL, where)) != 0) goto done;
     }
     for (p = 0; p < P; p++) {
         if (p == me) continue;
@@ -2842,6 +3487,7 @@ done:
     if (listen_fd >= 0) close(listen_fd);
     FSDP_FREE(ips);
     FSDP_FREE(ports);
+    FSDP_FREE(nonces);
     if (rc) fsdp__sock_free(s, P);
     return rc;
 }
@@ -2879,13 +3525,14 @@ FSDP__PRIVATE int fsdp__sock_check_header(fsdp_comm *comm, fsdp__sock *s, int p,
     fsdp__sock_peer *peer = &s->peers[p];
     fsdp__sock_header *h = &peer->in_header;
     if (h->magic == FSDP__SOCK_ABORT_MAGIC) {
-        char message[FSDP__ERRMSG];
-        size_t len = h->payload < sizeof message - 1 ? (size_t)h->payload : sizeof message - 1;
-        memset(message, 0, sizeof message);
-        if (fsdp__sock_io_full(peer->fd, message, len, fsdp__now_ms() + 1000, 0) != 0)
+        char raw[FSDP__ERRMSG], message[FSDP__ERRMSG];
+        size_t len = h->payload < sizeof raw - 1 ? (size_t)h->payload : sizeof raw - 1;
+        if (fsdp__sock_io_full(peer->fd, raw, len, fsdp__now_ms() + 1000, 0) != 0)
             fsdp__copy_string(message, sizeof message, "(message lost)");
-        return fsdp_comm_fail(comm, h->code == FSDP_ERR_MISMATCH ? FSDP_ERR_MISMATCH : FSDP_ERR_ABORTED,
-                              "rank %d (%s) failed first: %s", p, peer->addr, message);
+        else
+            fsdp__copy_printable(message, sizeof message, raw, len);
+        return fsdp__comm_adopt(comm, h->code == FSDP_ERR_MISMATCH ? FSDP_ERR_MISMATCH : FSDP_ERR_ABORTED,
+                                "rank %d (%s) failed first: %s", p, peer->addr, message);
     }
     if (h->magic != FSDP__SOCK_MAGIC)
         return fsdp_comm_fail(comm, FSDP_ERR_PROTOCOL, "rank %d (%s) sent a malformed header during %s (magic 0x%08x)",
@@ -2915,7 +3562,7 @@ FSDP__PRIVATE int fsdp__sock_lost(fsdp_comm *comm, fsdp__sock *s, int p, const f
         if (peer->in_header_done == sizeof peer->in_header && peer->in_header.magic == FSDP__SOCK_ABORT_MAGIC)
             return fsdp__sock_check_header(comm, s, p, c, fp, phase);
     }
-    return fsdp_comm_fail(comm, FSDP_ERR_PEER_LOST, "rank %d (%s) closed its connection during %s (op #%llu)%s%s", p,
+    return fsdp__comm_adopt(comm, FSDP_ERR_PEER_LOST, "rank %d (%s) closed its connection during %s (op #%llu)%s%s", p,
                           peer->addr, fsdp_coll_name(c->kind), (unsigned long long)c->seq, err ? ": " : "",
                           err ? strerror(err) : "");
 }
@@ -2934,7 +3581,7 @@ FSDP__PRIVATE int fsdp__sock_phase(fsdp_comm *comm, fsdp__sock *s, const fsdp_co
     size_t esize = fsdp_dtype_size(c->dtype), reduced = 0;
     int P = comm->world, me = comm->rank, p;
     const void *srcs[256];
-    int64_t now = fsdp__now_ms();
+    int64_t now;
     for (p = 0; p < P; p++) {
         fsdp__sock_peer *peer = &s->peers[p];
         if (p == me) continue;
@@ -2944,7 +3591,6 @@ FSDP__PRIVATE int fsdp__sock_phase(fsdp_comm *comm, fsdp__sock *s, const fsdp_co
         peer->out_header.fp = fp;
         peer->out_header.payload = peer->out_len;
         peer->out_header_done = peer->out_done = peer->in_header_done = peer->in_done = 0;
-        peer->last_activity = now;
     }
     for (;;) {
         int n = 0, pending = 0, ready;
@@ -2976,11 +3622,14 @@ FSDP__PRIVATE int fsdp__sock_phase(fsdp_comm *comm, fsdp__sock *s, const fsdp_co
             if (peer->in_done < peer->in_len || peer->in_header_done < sizeof peer->in_header) pending = 1;
             if (events & POLLOUT) pending = 1;
             if (!events) continue;
-            if (now - peer->last_activity > comm->timeout_ms)
+            if (now >= s->op_deadline) /* a total bound: a peer trickling bytes cannot stretch it */
                 return fsdp_comm_fail(comm, FSDP_ERR_TIMEOUT,
-                                      "rank %d waited %d ms for rank %d (%s) in %s (op #%llu): it has not %s",
-                                      me, comm->timeout_ms, p, peer->addr, fsdp_coll_name(c->kind),
-                                      (unsigned long long)c->seq, (events & POLLIN) ? "sent its data" : "read ours");
+                                      "rank %d waited %d ms for rank %d (%s) in %s (op #%llu): it has not %s (%zu of "
+                                      "%zu bytes)",
+                                      me, c->timeout_ms, p, peer->addr, fsdp_coll_name(c->kind),
+                                      (unsigned long long)c->seq, (events & POLLIN) ? "sent all its data" : "read all of ours",
+                                      (events & POLLIN) ? peer->in_done : peer->out_done,
+                                      (events & POLLIN) ? peer->in_len : peer->out_len);
             s->pfds[n].fd = peer->fd;
             s->pfds[n].events = events;
             s->pfds[n].revents = 0;
@@ -3005,7 +3654,6 @@ FSDP__PRIVATE int fsdp__sock_phase(fsdp_comm *comm, fsdp__sock *s, const fsdp_co
         if (ready < 0 && errno != EINTR)
             return fsdp_comm_fail(comm, FSDP_ERR_SYSTEM, "poll failed: %s", strerror(errno));
         if (ready <= 0) continue;
-        now = fsdp__now_ms();
         for (int i = 0; i < n; i++) {
             fsdp__sock_peer *peer = &s->peers[s->pfd_peer[i]];
             short rev = s->pfds[i].revents;
@@ -3041,7 +3689,6 @@ FSDP__PRIVATE int fsdp__sock_phase(fsdp_comm *comm, fsdp__sock *s, const fsdp_co
                     }
                     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
                     if (got <= 0) return fsdp__sock_lost(comm, s, p, c, &fp, phase, errno);
-                    peer->last_activity = now;
                 }
             }
             if (rev & (POLLIN | POLLHUP | POLLERR)) {
@@ -3077,7 +3724,6 @@ FSDP__PRIVATE int fsdp__sock_phase(fsdp_comm *comm, fsdp__sock *s, const fsdp_co
                     }
                     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
                     if (got <= 0) return fsdp__sock_lost(comm, s, p, c, &fp, phase, got < 0 ? errno : 0);
-                    peer->last_activity = now;
                 }
             }
         }
@@ -3092,8 +3738,10 @@ static void fsdp__sock_plan(fsdp__sock *s, int p, const void *out, size_t out_le
     s->peers[p].in_len = in_len;
 }
 
-FSDP__PRIVATE int fsdp__sock_begin(fsdp__sock *s) {
+/* Starts an op: it must end by the communicator's timeout from now, however many phases. */
+FSDP__PRIVATE int fsdp__sock_begin(fsdp__sock *s, const fsdp_coll *c) {
     fsdp__sock_running = s;
+    s->op_deadline = fsdp__now_ms() + c->timeout_ms;
     return 0;
 }
 
@@ -3108,7 +3756,7 @@ FSDP__PRIVATE int fsdp__sock_all_gather(fsdp_comm *comm, void *impl, const fsdp_
     size_t bytes = c->count * fsdp_dtype_size(c->dtype);
     char *recv = (char *)c->recv;
     int p;
-    fsdp__sock_begin(s);
+    fsdp__sock_begin(s, c);
     for (p = 0; p < comm->world; p++)
         if (p != comm->rank) fsdp__sock_plan(s, p, c->send, bytes, recv + (size_t)p * bytes, bytes);
     if (recv + (size_t)comm->rank * bytes != (const char *)c->send) { /* the own block; the rest come in */
@@ -3124,7 +3772,7 @@ FSDP__PRIVATE int fsdp__sock_reduce_scatter(fsdp_comm *comm, void *impl, const f
     const char *send = (const char *)c->send;
     fsdp__sock_reduction red;
     int p;
-    fsdp__sock_begin(s);
+    fsdp__sock_begin(s, c);
     for (p = 0; p < comm->world; p++)
         if (p != comm->rank) fsdp__sock_plan(s, p, send + (size_t)p * bytes, bytes, NULL, bytes);
     red.dst = (char *)c->recv;
@@ -3142,7 +3790,7 @@ FSDP__PRIVATE int fsdp__sock_all_reduce(fsdp_comm *comm, void *impl, const fsdp_
     char *recv = (char *)c->recv;
     fsdp__sock_reduction red;
     int p, rc;
-    fsdp__sock_begin(s);
+    fsdp__sock_begin(s, c);
     if (n * esize <= FSDP__SOCK_SEGMENT) { /* small: one phase, everyone folds the whole buffer */
         for (p = 0; p < comm->world; p++)
             if (p != comm->rank) fsdp__sock_plan(s, p, send, n * esize, NULL, n * esize);
@@ -3171,7 +3819,7 @@ FSDP__PRIVATE int fsdp__sock_broadcast(fsdp_comm *comm, void *impl, const fsdp_c
     fsdp__sock *s = (fsdp__sock *)impl;
     size_t bytes = c->count * fsdp_dtype_size(c->dtype);
     int p, root = c->root, me = comm->rank;
-    fsdp__sock_begin(s);
+    fsdp__sock_begin(s, c);
     for (p = 0; p < comm->world; p++)
         if (p != me)
             fsdp__sock_plan(s, p, c->recv, me == root ? bytes : 0, p == root ? c->recv : NULL, p == root ? bytes : 0);
@@ -3181,7 +3829,7 @@ FSDP__PRIVATE int fsdp__sock_broadcast(fsdp_comm *comm, void *impl, const fsdp_c
 FSDP__PRIVATE int fsdp__sock_barrier(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
     fsdp__sock *s = (fsdp__sock *)impl;
     int p;
-    fsdp__sock_begin(s);
+    fsdp__sock_begin(s, c);
     for (p = 0; p < comm->world; p++)
         if (p != comm->rank) fsdp__sock_plan(s, p, NULL, 0, NULL, 0);
     return fsdp__sock_end(s, fsdp__sock_phase(comm, s, c, 0, NULL));
@@ -3358,24 +4006,35 @@ FSDP__PRIVATE int fsdp__mpi_init(fsdp_comm *comm, MPI_Comm base) {
 #endif /* FSDP_WITH_MPI */
 
 /* >>collectives: creating a communicator ------------------------------------------------- */
-FSDP__PRIVATE int fsdp__comm_create(fsdp_comm **out, const fsdp_comm_desc *desc, int listen_fd, void *mapping,
-                                    size_t map_bytes) {
-    fsdp_comm *comm;
+/* Creates a communicator; takes ownership of listen_fd (a socket rank 0's inherited listener,
+   or -1) and of nothing else. parent: the communicator a split came from (its key), or NULL. */
+FSDP__PRIVATE int fsdp__comm_create(fsdp_comm **out, const fsdp_comm_desc *desc, const fsdp_comm *parent,
+                                    int listen_fd, void *mapping, size_t map_bytes) {
+    fsdp_comm *comm = NULL;
     int rc = 0;
     fsdp__init_error[0] = 0;
     if (out) *out = NULL;
-    if (!out || !desc) return FSDP_ERR_INVALID_ARG;
-    if (desc->backend != FSDP_BACKEND_MPI && (desc->world_size < 1 || desc->rank < 0 || desc->rank >= desc->world_size))
-        return fsdp__init_fail(&desc->logger, FSDP_ERR_INVALID_ARG, "fsdp_comm_init: rank %d is not in a world of size %d",
-                               desc->rank, desc->world_size);
-    if (desc->world_size > 256 && desc->backend != FSDP_BACKEND_USER)
-        return fsdp__init_fail(&desc->logger, FSDP_ERR_UNSUPPORTED, "fsdp_comm_init: world size %d is above the "
-                               "shipped backends' limit of 256", desc->world_size);
-    if (desc->job && strlen(desc->job) >= 48)
-        return fsdp__init_fail(&desc->logger, FSDP_ERR_INVALID_ARG, "fsdp_comm_init: job token '%s' is longer than 47 "
-                               "characters", desc->job);
-    comm = fsdp__comm_new(desc);
-    if (!comm) return fsdp__init_fail(&desc->logger, FSDP_ERR_OUT_OF_MEMORY, "fsdp_comm_init: out of memory");
+    if (!out || !desc) rc = FSDP_ERR_INVALID_ARG;
+    else if (desc->backend != FSDP_BACKEND_MPI &&
+             (desc->world_size < 1 || desc->rank < 0 || desc->rank >= desc->world_size))
+        rc = fsdp__init_fail(&desc->logger, FSDP_ERR_INVALID_ARG, "fsdp_comm_init: rank %d is not in a world of size %d",
+                             desc->rank, desc->world_size);
+    else if (desc->world_size > 256 && desc->backend != FSDP_BACKEND_USER)
+        rc = fsdp__init_fail(&desc->logger, FSDP_ERR_UNSUPPORTED, "fsdp_comm_init: world size %d is above the "
+                             "shipped backends' limit of 256", desc->world_size);
+    else if (desc->shm_slot_bytes > FSDP__SHM_SLOT_MAX)
+        rc = fsdp__init_fail(&desc->logger, FSDP_ERR_INVALID_ARG, "fsdp_comm_init: shm_slot_bytes %zu is above the "
+                             "limit of %zu (1 GiB)", desc->shm_slot_bytes, FSDP__SHM_SLOT_MAX);
+    else if (desc->job && strlen(desc->job) >= 48)
+        rc = fsdp__init_fail(&desc->logger, FSDP_ERR_INVALID_ARG, "fsdp_comm_init: the job token is %zu characters "
+                             "long; at most 47", strlen(desc->job));
+    else if (!(comm = fsdp__comm_new(desc, parent)))
+        rc = fsdp__init_fail(&desc->logger, FSDP_ERR_OUT_OF_MEMORY, "fsdp_comm_init: out of memory");
+    if (rc || (comm->kind != FSDP_BACKEND_SOCKET || comm->world == 1)) { /* nobody else will close it */
+        if (listen_fd >= 0) close(listen_fd);
+        listen_fd = -1;
+    }
+    if (rc) return rc;
     switch (comm->kind) {
         case FSDP_BACKEND_SHM:
             if (comm->world == 1) { comm->backend = &fsdp__shm_backend; comm->impl = NULL; break; }
@@ -3420,7 +4079,7 @@ FSDP__PRIVATE int fsdp__comm_create(fsdp_comm **out, const fsdp_comm_desc *desc,
 }
 
 FSDP_API int fsdp_comm_init(fsdp_comm **out, const fsdp_comm_desc *desc) {
-    return fsdp__comm_create(out, desc, -1, NULL, 0);
+    return fsdp__comm_create(out, desc, NULL, -1, NULL, 0);
 }
 
 FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **out) {
@@ -3453,7 +4112,8 @@ FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **
     desc.world_size = new_world;
     desc.timeout_ms = parent->timeout_ms;
     desc.logger = parent->logger;
-    fsdp__fmt(job, sizeof job, "%.30s.s%llu.%d", parent->job, (unsigned long long)parent->seq, color);
+    /* unique per split and short whatever the parent's token (at most 16 + 1 + 16 + 1 + 8 characters) */
+    fsdp__fmt(job, sizeof job, "%.16s.%llx.%x", parent->job, (unsigned long long)parent->seq, (unsigned)color);
     desc.job = job;
     if (parent->kind == FSDP_BACKEND_SHM && parent->impl) desc.shm_slot_bytes = ((fsdp__shm *)parent->impl)->slot_bytes;
     if (parent->kind == FSDP_BACKEND_SOCKET && parent->impl) {
@@ -3490,7 +4150,7 @@ FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **
             rc = fsdp_comm_fail(parent, FSDP_ERR_SYSTEM, "fsdp_comm_split: MPI_Comm_split failed");
             goto done;
         }
-        comm = fsdp__comm_new(&desc);
+        comm = fsdp__comm_new(&desc, parent);
         if (!comm) { rc = FSDP_ERR_OUT_OF_MEMORY; goto done; }
         comm->kind = FSDP_BACKEND_MPI;
         if ((rc = fsdp__mpi_init(comm, split)) != 0) { fsdp_comm_destroy(comm); goto done; }
@@ -3498,8 +4158,8 @@ FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **
         goto done;
     }
 #endif
-    rc = fsdp__comm_create(out, &desc, listen_fd, NULL, 0);
-    listen_fd = -1; /* fsdp__sock_init closed it */
+    rc = fsdp__comm_create(out, &desc, parent, listen_fd, NULL, 0);
+    listen_fd = -1; /* fsdp__comm_create closed it */
     if (rc) fsdp__log(&parent->logger, FSDP_LOG_ERROR, "fsdp_comm_split: %s", fsdp__init_error);
 done:
     if (listen_fd >= 0) close(listen_fd);
@@ -3573,6 +4233,49 @@ FSDP_API int fsdp_comm_is_shared(const fsdp_comm *comm, const void *ptr, size_t 
     return comm && fsdp__shared_region(comm, ptr, bytes) != NULL;
 }
 
+/* Reads the job's secret from FSDP_SECRET_FILE's file: a regular file (no FIFO or device to
+   hang on) that only its owner, this user, can read, holding 1..size-1 bytes; one trailing
+   newline is dropped. 0, or -1 with the reason in err (which never shows the file's bytes). */
+FSDP__PRIVATE int fsdp__read_secret_file(const char *path, char *secret, size_t size, char *err, size_t err_size) {
+    struct stat st;
+    ssize_t got = 0;
+    size_t n = 0;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        fsdp__fmt(err, err_size, "environment variable FSDP_SECRET_FILE=%.200s: cannot open it: %s", path, strerror(errno));
+        return -1;
+    }
+    memset(&st, 0, sizeof st);
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
+        fsdp__fmt(err, err_size, "environment variable FSDP_SECRET_FILE=%.200s: %s", path,
+                  !S_ISREG(st.st_mode) ? "not a regular file"
+                  : st.st_uid != geteuid() ? "owned by another user"
+                                           : "group or others may read it (chmod 600 it)");
+        close(fd);
+        return -1;
+    }
+    while (n < size && (got = read(fd, secret + n, size - n)) != 0) {
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) break;
+        n += (size_t)got;
+    }
+    close(fd);
+    if (n > 0 && secret[n - 1] == '\n') n--;
+    if (got < 0 || n == 0 || n >= size) {
+        fsdp__fmt(err, err_size, "environment variable FSDP_SECRET_FILE=%.200s: %s", path,
+                  got < 0 ? "read failed" : n == 0 ? "the file is empty" : "the secret is longer than 1024 bytes");
+        fsdp__wipe(secret, size);
+        return -1;
+    }
+    secret[n] = 0;
+    if (memchr(secret, 0, n)) {
+        fsdp__fmt(err, err_size, "environment variable FSDP_SECRET_FILE=%.200s: the secret holds a NUL byte", path);
+        fsdp__wipe(secret, size);
+        return -1;
+    }
+    return 0;
+}
+
 FSDP_API int fsdp_comm_init_from_env(fsdp_comm **out, const fsdp_comm_desc *defaults, char *errbuf,
                                      size_t errbuf_size) {
     static const char *const rank_vars[] = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", NULL};
@@ -3582,7 +4285,7 @@ FSDP_API int fsdp_comm_init_from_env(fsdp_comm **out, const fsdp_comm_desc *defa
     static const char *const port_vars[] = {"MASTER_PORT", NULL};
     static const char *const timeout_vars[] = {"FSDP_TIMEOUT_MS", NULL};
     fsdp_comm_desc desc;
-    char err[FSDP__ERRMSG] = "", job[64];
+    char err[FSDP__ERRMSG] = "", job[64], secret[1025];
     const char *backend = getenv("FSDP_BACKEND"), *text;
     long rank = 0, world = 0, local_rank = 0, local_world = 0, port = 0, timeout = 0;
     int have_rank, have_world, rc;
@@ -3664,7 +4367,17 @@ FSDP_API int fsdp_comm_init_from_env(fsdp_comm **out, const fsdp_comm_desc *defa
         goto fail;
     } else fsdp__copy_string(job, sizeof job, "fsdp");
     desc.job = job;
-    rc = fsdp__comm_create(out, &desc, -1, NULL, 0);
+    if ((text = getenv("FSDP_SECRET")) && *text) {
+        desc.secret = text;
+    } else if ((text = getenv("FSDP_SECRET_FILE")) && *text) {
+        if (fsdp__read_secret_file(text, secret, sizeof secret, err, sizeof err) != 0) {
+            rc = FSDP_ERR_ENV;
+            goto fail;
+        }
+        desc.secret = secret;
+    }
+    rc = fsdp__comm_create(out, &desc, NULL, -1, NULL, 0);
+    fsdp__wipe(secret, sizeof secret);
     if (rc && errbuf && errbuf_size) fsdp__copy_string(errbuf, errbuf_size, fsdp__init_error);
     return rc;
 fail:
@@ -4276,22 +4989,38 @@ FSDP__PRIVATE uint64_t fsdp__enqueue(fsdp_ctx *ctx, const fsdp__task *task) {
     return id;
 }
 
-/* Waits for task id (0: everything issued). The comm thread's ops are each bounded by the
-   communicator's timeout, so this wait is too; the bound here only guards against a bug. */
+/* Waits for task id (0: everything issued). Each op of the comm thread ends by its
+   communicator's timeout, so this wait does too. Should it not (a user backend that ignores
+   its timeout), the wait gives up (after 4 timeouts per task ahead, a task being at most two
+   collectives and their fingerprint exchanges, plus 2 s) by aborting every communicator of
+   the context, which makes the running op fail, and still returns only once the comm thread
+   has finished that op: it never leaves the thread writing into buffers the caller may free. */
 FSDP__PRIVATE int fsdp__wait_task(fsdp_ctx *ctx, uint64_t id) {
-    int rc;
-    double limit = fsdp_now() + 4.0 * fsdp_comm_timeout(ctx->comm) / 1000.0 + 30.0;
+    int rc, gave_up = 0;
+    double limit;
     pthread_mutex_lock(&ctx->lock);
     if (id == 0) id = ctx->issued;
+    limit = fsdp_now() + (double)(id > ctx->completed ? id - ctx->completed : 1) * 4.0 *
+                             fsdp_comm_timeout(ctx->comm) / 1000.0 + 2.0;
     while (ctx->completed < id && !ctx->worker_error) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_sec += 1;
         pthread_cond_timedwait(&ctx->done, &ctx->lock, &ts);
-        if (fsdp_now() > limit) {
+        if (!gave_up && fsdp_now() > limit && ctx->completed < id) {
+            fsdp_comm *comms[3];
+            int i;
+            gave_up = 1;
+            comms[0] = ctx->comm;
+            comms[1] = ctx->hybrid_shard_comm;
+            comms[2] = ctx->hybrid_replica_comm;
             pthread_mutex_unlock(&ctx->lock);
-            return fsdp__fail(ctx, FSDP_ERR_TIMEOUT, "the comm thread did not finish task %llu in time",
-                              (unsigned long long)id);
+            for (i = 0; i < 3; i++)
+                if (comms[i])
+                    fsdp_comm_fail(comms[i], FSDP_ERR_TIMEOUT, "rank %d: the comm thread did not finish task %llu "
+                                   "in time (its backend did not keep the %d ms timeout); the communicator was "
+                                   "aborted", ctx->rank, (unsigned long long)id, fsdp_comm_timeout(ctx->comm));
+            pthread_mutex_lock(&ctx->lock);
         }
     }
     rc = ctx->worker_error;
@@ -6961,9 +7690,16 @@ done:
 
 typedef struct fsdp__launch_board {
     int32_t started;
-    int32_t pad;
+    int32_t original;     /* its failure was its own, not learned from another rank */
+    int64_t failed_ms;    /* when it failed (fsdp__now_ms: one clock for all processes); 0: did not */
     char error[240];
 } fsdp__launch_board;
+
+/* What the parent saw of a rank's end. */
+typedef struct fsdp__launch_outcome {
+    int ended, status, lost, stopped; /* lost: another waiter reaped it; stopped: we signalled it */
+    int64_t reaped_ms;
+} fsdp__launch_outcome;
 
 FSDP__PRIVATE void fsdp__describe_exit(char *out, size_t size, int rank, int status, const char *error) {
     if (WIFSIGNALED(status))
@@ -6975,14 +7711,15 @@ FSDP__PRIVATE void fsdp__describe_exit(char *out, size_t size, int rank, int sta
 }
 
 FSDP__PRIVATE void fsdp__launch_child(const fsdp_launch_desc *d, int rank, fsdp_rank_fn fn, void *arg, const char *job,
-                                      int listen_fd, int port, void *mapping, size_t map_bytes,
-                                      fsdp__launch_board *board) {
+                                      const char *secret, pid_t launcher, int listen_fd, int port, void *mapping,
+                                      size_t map_bytes, fsdp__launch_board *board) {
     fsdp_comm_desc cd;
     fsdp_comm *comm = NULL;
     int rc;
 #if defined(__linux__)
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the launcher */
 #endif
+    if (getppid() != launcher) _exit(101); /* it died before the line above took effect */
     if (rank != 0 && listen_fd >= 0) close(listen_fd);
     memset(&cd, 0, sizeof cd);
     cd.backend = d->backend;
@@ -6991,21 +7728,28 @@ FSDP__PRIVATE void fsdp__launch_child(const fsdp_launch_desc *d, int rank, fsdp_
     cd.local_rank = rank;
     cd.local_world_size = d->nprocs;
     cd.job = job;
+    cd.secret = secret;
     cd.timeout_ms = d->timeout_ms;
     cd.logger = fsdp__env_logger(d->logger);
     cd.master_addr = "127.0.0.1";
     cd.master_port = port;
     cd.shm_slot_bytes = d->shm_slot_bytes;
-    rc = fsdp__comm_create(&comm, &cd, rank == 0 ? listen_fd : -1, mapping, map_bytes);
+    rc = fsdp__comm_create(&comm, &cd, NULL, rank == 0 ? listen_fd : -1, mapping, map_bytes);
     if (rc != FSDP_SUCCESS) {
         fsdp__copy_string(board[rank].error, sizeof board[rank].error, fsdp__init_error);
+        board[rank].original = 1;
+        board[rank].failed_ms = fsdp__now_ms();
         fflush(NULL);
         _exit(100);
     }
     board[rank].started = 1;
     rc = fn(comm, arg);
-    if (rc != 0 && fsdp_comm_status(comm) != FSDP_SUCCESS)
-        fsdp__copy_string(board[rank].error, sizeof board[rank].error, fsdp_comm_last_error(comm));
+    if (rc != 0) {
+        int comm_failed = fsdp_comm_status(comm) != FSDP_SUCCESS;
+        if (comm_failed) fsdp__copy_string(board[rank].error, sizeof board[rank].error, fsdp_comm_last_error(comm));
+        board[rank].original = !comm_failed || !comm->adopted;
+        board[rank].failed_ms = comm_failed ? comm->failed_ms : fsdp__now_ms();
+    }
     fsdp_comm_destroy(comm);
     fflush(NULL);
     _exit(rc == 0 ? 0 : (rc > 0 && rc < 100 ? rc : 1));
@@ -7019,15 +7763,20 @@ FSDP_API int fsdp_launch_ex(const fsdp_launch_desc *desc, fsdp_rank_fn fn, void 
     void *mapping = MAP_FAILED;
     size_t map_bytes = 0, board_bytes;
     int listen_fd = -1, port = 0, rank, running = 0, failed = 0, rc = FSDP_SUCCESS;
-    int signal_failure = 0;
     int64_t kill_at = 0;
-    char job[48];
+    long backoff_us = 1000;
+    fsdp__launch_outcome *outcome = NULL;
+    struct sigaction default_chld, old_chld;
+    int have_old_chld = 0;
+    pid_t launcher = getpid();
+    char job[48], secret[65];
     if (!status) status = &local;
     memset(status, 0, sizeof *status);
     status->failed_rank = -1;
     status->exit_code = -1;
-    if (!desc || !fn || desc->nprocs < 1 || desc->nprocs > 256) {
-        fsdp__fmt(status->message, sizeof status->message, "fsdp_launch: nprocs must be 1..256 and fn non-NULL");
+    if (!desc || !fn || desc->nprocs < 1 || desc->nprocs > 256 || desc->shm_slot_bytes > FSDP__SHM_SLOT_MAX) {
+        fsdp__fmt(status->message, sizeof status->message,
+                  "fsdp_launch: nprocs must be 1..256, fn non-NULL and shm_slot_bytes at most 1 GiB");
         return FSDP_ERR_INVALID_ARG;
     }
     d = *desc;
@@ -7038,10 +7787,20 @@ FSDP_API int fsdp_launch_ex(const fsdp_launch_desc *desc, fsdp_rank_fn fn, void 
     }
     if (d.timeout_ms <= 0) d.timeout_ms = fsdp__default_timeout();
     fsdp__fmt(job, sizeof job, "launch-%d-%lld", (int)getpid(), (long long)(fsdp_now() * 1e6));
+    { /* the ranks' secret: fresh for this launch, known only to these processes */
+        unsigned char random[32];
+        if (fsdp__random_bytes(random, sizeof random) != 0) {
+            fsdp__fmt(status->message, sizeof status->message, "fsdp_launch: no random bytes for the job's secret");
+            return FSDP_ERR_SYSTEM;
+        }
+        fsdp__hex(secret, random, sizeof random);
+        fsdp__wipe(random, sizeof random);
+    }
     board_bytes = fsdp__align(sizeof *board * (size_t)d.nprocs, 4096);
     board = (fsdp__launch_board *)mmap(NULL, board_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     pids = (pid_t *)fsdp__calloc(sizeof *pids * (size_t)d.nprocs);
-    if (board == MAP_FAILED || !pids) {
+    outcome = (fsdp__launch_outcome *)fsdp__calloc(sizeof *outcome * (size_t)d.nprocs);
+    if (board == MAP_FAILED || !pids || !outcome) {
         fsdp__fmt(status->message, sizeof status->message, "fsdp_launch: out of memory");
         rc = FSDP_ERR_OUT_OF_MEMORY;
         goto done;
@@ -7071,13 +7830,20 @@ FSDP_API int fsdp_launch_ex(const fsdp_launch_desc *desc, fsdp_rank_fn fn, void 
         }
         port = ntohs(any.sin_port);
     }
+    /* Our children's exits must reach us: not reaped by the kernel (SIGCHLD ignored) nor by a
+       handler of the host program that waits for any child. Restored before returning. */
+    memset(&default_chld, 0, sizeof default_chld);
+    default_chld.sa_handler = SIG_DFL;
+    sigemptyset(&default_chld.sa_mask);
+    have_old_chld = sigaction(SIGCHLD, &default_chld, &old_chld) == 0;
     fflush(NULL);
     for (rank = 0; rank < d.nprocs; rank++) {
         pid_t pid = fork();
         if (pid == 0) { /* the child never returns; it needs nothing of the parent's bookkeeping */
             FSDP_FREE(pids);
-            fsdp__launch_child(&d, rank, fn, arg, job, listen_fd, port, mapping == MAP_FAILED ? NULL : mapping, map_bytes,
-                               board);
+            FSDP_FREE(outcome);
+            fsdp__launch_child(&d, rank, fn, arg, job, secret, launcher, listen_fd, port,
+                               mapping == MAP_FAILED ? NULL : mapping, map_bytes, board);
         }
         if (pid < 0) {
             fsdp__fmt(status->message, sizeof status->message, "fsdp_launch: fork of rank %d failed: %s", rank, strerror(errno));
@@ -7090,42 +7856,84 @@ FSDP_API int fsdp_launch_ex(const fsdp_launch_desc *desc, fsdp_rank_fn fn, void 
         running++;
     }
     if (listen_fd >= 0) { close(listen_fd); listen_fd = -1; }
-    while (running > 0) {
-        int wstatus = 0;
-        pid_t pid = waitpid(-1, &wstatus, failed ? WNOHANG : 0);
-        if (pid < 0 && errno == EINTR) continue;
-        if (pid < 0) break;
-        if (pid == 0) { /* after a failure: give the others a grace period, then stop them */
-            if (fsdp__now_ms() >= kill_at)
-                for (rank = 0; rank < d.nprocs; rank++)
-                    if (pids[rank] > 0) kill(pids[rank], fsdp__now_ms() >= kill_at + 2000 ? SIGKILL : SIGTERM);
-            fsdp__sleep_us(5000);
-            continue;
+    while (running > 0) { /* wait for our own pids only, polling with a backoff of up to 20 ms */
+        int progressed = 0;
+        int64_t now = fsdp__now_ms();
+        for (rank = 0; rank < d.nprocs; rank++) {
+            int wstatus = 0;
+            pid_t got;
+            if (pids[rank] <= 0) continue;
+            got = waitpid(pids[rank], &wstatus, WNOHANG);
+            if (got == 0 || (got < 0 && errno == EINTR)) continue;
+            if (got < 0) { /* someone else took its status: it cannot be called a success */
+                outcome[rank].lost = 1;
+                wstatus = 0x7f00; /* reads as "exited with status 127" */
+            }
+            pids[rank] = 0;
+            running--;
+            progressed = 1;
+            outcome[rank].status = wstatus;
+            outcome[rank].reaped_ms = now;
+            outcome[rank].ended = 1;
+            if (!outcome[rank].lost && WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) continue;
+            if (!failed) { /* stop the others: at once through the segment, by signal after a grace period */
+                char why[160];
+                failed = 1;
+                rc = FSDP_ERR_RANK_FAILED;
+                kill_at = now + (d.timeout_ms < 10000 ? d.timeout_ms : 10000) + 1000;
+                fsdp__describe_exit(why, sizeof why, rank, wstatus, "");
+                if (mapping != MAP_FAILED)
+                    fsdp__shm_signal_abort((fsdp__shm_header *)mapping,
+                                           (fsdp__shm_rank *)((char *)mapping + fsdp__align(sizeof(fsdp__shm_header), 4096)),
+                                           d.nprocs, -1, FSDP_ERR_PEER_LOST, why);
+            }
         }
-        for (rank = 0; rank < d.nprocs && pids[rank] != pid; rank++) {}
-        if (rank == d.nprocs) continue;
-        pids[rank] = 0;
-        running--;
-        if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) continue;
-        /* a crash is the cause; exits that follow it are consequences */
-        if (!failed || (WIFSIGNALED(wstatus) && !signal_failure && fsdp__now_ms() < kill_at)) {
+        if (failed && now >= kill_at)
+            for (rank = 0; rank < d.nprocs; rank++)
+                if (pids[rank] > 0) {
+                    kill(pids[rank], now >= kill_at + 2000 ? SIGKILL : SIGTERM);
+                    outcome[rank].stopped = 1;
+                }
+        if (progressed) {
+            backoff_us = 1000;
+        } else if (running > 0) {
+            fsdp__sleep_us(backoff_us);
+            if (backoff_us < 20000) backoff_us *= 2;
+        }
+    }
+    if (have_old_chld) sigaction(SIGCHLD, &old_chld, NULL);
+    /* Blame the rank whose failure came first and was its own: a crash we did not cause (by
+       the time it was reaped), else an error of its own (by when it happened: reaping order
+       says nothing, as several ranks may have ended before we looked), else the earliest. */
+    {
+        int best = -1, best_class = 4;
+        int64_t best_ms = 0;
+        for (rank = 0; rank < d.nprocs; rank++) {
+            const fsdp__launch_outcome *o = &outcome[rank];
+            int cls;
+            int64_t ms;
+            if (!o->ended || (!o->lost && WIFEXITED(o->status) && WEXITSTATUS(o->status) == 0)) continue;
+            if (WIFSIGNALED(o->status) && !o->stopped) { cls = 0; ms = o->reaped_ms; }
+            else if (WIFSIGNALED(o->status)) { cls = 3; ms = o->reaped_ms; }
+            else {
+                cls = board[rank].failed_ms && !board[rank].original ? 2 : 1;
+                ms = board[rank].failed_ms ? board[rank].failed_ms : o->reaped_ms;
+            }
+            if (cls < best_class || (cls == best_class && ms < best_ms)) { best = rank; best_class = cls; best_ms = ms; }
+        }
+        if (best >= 0 && !status->message[0]) { /* (a failed fork has said what happened) */
+            const fsdp__launch_outcome *o = &outcome[best];
             char error[sizeof board->error + 1];
-            memcpy(error, board[rank].error, sizeof board->error);
+            memcpy(error, board[best].error, sizeof board->error);
             error[sizeof board->error] = 0;
-            status->failed_rank = rank;
-            status->exit_code = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
-            status->signal = WIFSIGNALED(wstatus) ? WTERMSIG(wstatus) : 0;
-            fsdp__describe_exit(status->message, sizeof status->message, rank, wstatus, error);
-            signal_failure = WIFSIGNALED(wstatus);
-        }
-        if (!failed) {
-            failed = 1;
-            rc = FSDP_ERR_RANK_FAILED;
-            kill_at = fsdp__now_ms() + (d.timeout_ms < 10000 ? d.timeout_ms : 10000) + 1000;
-            if (mapping != MAP_FAILED)
-                fsdp__shm_signal_abort((fsdp__shm_header *)mapping,
-                                       (fsdp__shm_rank *)((char *)mapping + fsdp__align(sizeof(fsdp__shm_header), 4096)),
-                                       -1, FSDP_ERR_PEER_LOST, status->message);
+            status->failed_rank = best;
+            status->exit_code = WIFEXITED(o->status) ? WEXITSTATUS(o->status) : -1;
+            status->signal = WIFSIGNALED(o->status) ? WTERMSIG(o->status) : 0;
+            if (o->lost)
+                fsdp__fmt(status->message, sizeof status->message, "rank %d ended, but its exit status was taken by "
+                          "another wait in this process (a SIGCHLD handler or thread calling waitpid)", best);
+            else
+                fsdp__describe_exit(status->message, sizeof status->message, best, o->status, error);
         }
     }
     if (failed && rc == FSDP_SUCCESS) rc = FSDP_ERR_RANK_FAILED;
@@ -7134,6 +7942,8 @@ done:
     if (mapping != MAP_FAILED) munmap(mapping, map_bytes);
     if (board && board != MAP_FAILED) munmap(board, board_bytes);
     FSDP_FREE(pids);
+    FSDP_FREE(outcome);
+    fsdp__wipe(secret, sizeof secret);
     return rc;
 }
 

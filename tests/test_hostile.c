@@ -1,0 +1,980 @@
+/* test_hostile.c - specification of how fsdp.h stands up to hostile peers and unlucky
+   machines: strangers and impostors at the socket rendezvous, peers that trickle bytes or
+   never greet, hosts that drop connections on the floor, shared-memory segments someone else
+   created, peer-written text without a terminator, launchers in host programs that ignore
+   SIGCHLD, and sizes that overflow.
+
+   Ranks are forked by this file (or by fsdp_launch_ex); the parent often plays the attacker
+   itself, speaking the socket protocol through the library's private functions (this file
+   includes the implementation). Children record what happened in a MAP_SHARED region and exit;
+   the parent asserts. Every wait is bounded.
+
+   Build: gcc -std=c99 -O2 -Wall -Wextra -Werror -I. -Itests/unity tests/test_hostile.c \
+              tests/unity/unity.c -o /tmp/test_hostile -lpthread -lm */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#define FSDP_IMPLEMENTATION
+#include "fsdp.h"
+#include "unity.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_RANKS 4
+#define MESSAGE_BYTES 600
+#define SECRET "hostile-test-secret-7d1e"
+#define JOB "hostile-job-token-93ac"
+
+typedef struct rank_report {
+    int done;
+    int rc;              /* fsdp_comm_init, then the op under test */
+    int elapsed_ms;      /* of that call */
+    int op_rc;
+    int op_elapsed_ms;
+    int destroy_ms;
+    int fds_before, fds_after;
+    float result;
+    char message[MESSAGE_BYTES];
+    char log[MESSAGE_BYTES];
+} rank_report;
+
+static rank_report *shared; /* MAX_RANKS reports, MAP_SHARED before any fork */
+
+/* ---------------------------------------------------------------------------------------------
+   helpers
+   --------------------------------------------------------------------------------------------- */
+static int now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int)((long long)t.tv_sec * 1000 + t.tv_nsec / 1000000);
+}
+
+static void sleep_ms(int ms) {
+    struct timespec d;
+    d.tv_sec = ms / 1000;
+    d.tv_nsec = (long)(ms % 1000) * 1000000L;
+    nanosleep(&d, NULL);
+}
+
+static void copy_text(char *dst, size_t size, const char *src) {
+    snprintf(dst, size, "%s", src ? src : "(null)");
+}
+
+static int contains(const char *haystack, const char *needle) { return strstr(haystack, needle) != NULL; }
+
+/* 1 if the bytes hold the text anywhere (binary-safe). */
+static int bytes_contain(const unsigned char *bytes, size_t n, const char *text) {
+    size_t k = strlen(text), i;
+    for (i = 0; i + k <= n; i++)
+        if (memcmp(bytes + i, text, k) == 0) return 1;
+    return 0;
+}
+
+static int pick_free_port(void) {
+    struct sockaddr_in addr;
+    socklen_t len = sizeof addr;
+    int port = 0, fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return 0;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(fd, (struct sockaddr *)&addr, sizeof addr) == 0 && getsockname(fd, (struct sockaddr *)&addr, &len) == 0)
+        port = ntohs(addr.sin_port);
+    close(fd);
+    return port;
+}
+
+static struct sockaddr_in loopback(int port) {
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons((uint16_t)port);
+    return a;
+}
+
+/* A TCP connection to 127.0.0.1:port, retried for up to limit_ms (rank 0 may not listen yet). */
+static int connect_retry(int port, int limit_ms) {
+    struct sockaddr_in a = loopback(port);
+    int start = now_ms();
+    for (;;) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0) return fd;
+        if (fd >= 0) close(fd);
+        if (now_ms() - start > limit_ms) return -1;
+        sleep_ms(10);
+    }
+}
+
+/* Reads what arrives within limit_ms or until the peer closes; returns the byte count. */
+static size_t read_some(int fd, unsigned char *buf, size_t cap, int limit_ms) {
+    size_t got = 0;
+    int start = now_ms();
+    while (got < cap && now_ms() - start < limit_ms) {
+        struct pollfd p;
+        ssize_t n;
+        p.fd = fd;
+        p.events = POLLIN;
+        p.revents = 0;
+        if (poll(&p, 1, 50) <= 0) continue;
+        n = recv(fd, buf + got, cap - got, 0);
+        if (n <= 0) break;
+        got += (size_t)n;
+    }
+    return got;
+}
+
+static int open_fd_count(void) {
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    int n = 0;
+    if (!d) return -1;
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.') n++;
+    closedir(d);
+    return n - 1; /* the directory's own descriptor */
+}
+
+/* Forks fn(arg) as a child that exits with its return value. */
+static pid_t spawn(int (*fn)(void *), void *arg) {
+    pid_t pid;
+    fflush(NULL);
+    pid = fork();
+    if (pid == 0) _exit(fn(arg));
+    return pid;
+}
+
+/* Waits up to limit_ms for a child, killing it after that. Returns its exit status or -1. */
+static int reap(pid_t pid, int limit_ms) {
+    int status = 0, start = now_ms();
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+        if (now_ms() - start > limit_ms) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            return -1;
+        }
+        sleep_ms(5);
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static char captured[MESSAGE_BYTES];
+static void capture_log(void *user, fsdp_log_level level, const char *message) {
+    size_t used = strlen(captured);
+    (void)user;
+    (void)level;
+    snprintf(captured + used, sizeof captured - used, "%s%s", used ? " | " : "", message);
+}
+
+/* One socket rank, as a test describes it. */
+typedef struct rank_plan {
+    int rank, world, port, timeout_ms;
+    const char *secret, *job, *master_addr;
+    size_t count;          /* all_reduce of count floats after init (0: none) */
+    int gather_count;      /* instead: one all_gather of this many floats per rank */
+} rank_plan;
+
+static fsdp_comm_desc socket_desc(const rank_plan *plan) {
+    fsdp_comm_desc d;
+    memset(&d, 0, sizeof d);
+    d.backend = FSDP_BACKEND_SOCKET;
+    d.rank = plan->rank;
+    d.world_size = plan->world;
+    d.master_addr = plan->master_addr ? plan->master_addr : "127.0.0.1";
+    d.master_port = plan->port;
+    d.timeout_ms = plan->timeout_ms;
+    d.secret = plan->secret;
+    d.job = plan->job;
+    d.logger.fn = capture_log;
+    d.logger.max_level = FSDP_LOG_WARN;
+    return d;
+}
+
+/* Child: joins, runs the op of the plan, records everything in shared[rank]. */
+static int run_socket_rank(void *arg) {
+    const rank_plan *plan = (const rank_plan *)arg;
+    rank_report *r = &shared[plan->rank];
+    fsdp_comm_desc d = socket_desc(plan);
+    fsdp_comm *comm = NULL;
+    int start = now_ms();
+    captured[0] = 0;
+    r->rc = fsdp_comm_init(&comm, &d);
+    r->elapsed_ms = now_ms() - start;
+    copy_text(r->message, sizeof r->message, fsdp_comm_last_error(comm));
+    if (r->rc == FSDP_SUCCESS && (plan->count || plan->gather_count)) {
+        size_t n = plan->count ? plan->count : (size_t)plan->gather_count * (size_t)plan->world;
+        float *buf = (float *)calloc(n, sizeof(float));
+        size_t i;
+        for (i = 0; i < n; i++) buf[i] = 1.0f;
+        start = now_ms();
+        r->op_rc = plan->count ? fsdp_all_reduce(comm, buf, buf, n, FSDP_F32, FSDP_SUM)
+                               : fsdp_all_gather(comm, buf, buf, (size_t)plan->gather_count, FSDP_F32);
+        r->op_elapsed_ms = now_ms() - start;
+        r->result = buf[0];
+        copy_text(r->message, sizeof r->message, fsdp_comm_last_error(comm));
+        free(buf);
+    }
+    start = now_ms();
+    fsdp_comm_destroy(comm);
+    r->destroy_ms = now_ms() - start;
+    copy_text(r->log, sizeof r->log, captured);
+    r->done = 1;
+    return 0;
+}
+
+static void reset_reports(void) { memset(shared, 0, sizeof *shared * MAX_RANKS); }
+
+/* What the parent needs to speak to rank 0 as rank `rank` of `world` (it knows the secret). */
+static void job_key(unsigned char key[32], const char *secret, const char *job) {
+    fsdp__comm_key(key, secret ? secret : "", secret ? strlen(secret) : 0, "fsdp.h job key", job);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   socket rendezvous: strangers and impostors
+   --------------------------------------------------------------------------------------------- */
+/* An impostor speaks first-class protocol but cannot produce the mac; it must be refused with
+   nothing in the reply but "authentication failed" (neither token nor secret), and the rank it
+   claimed stays free for the real rank. */
+static void impostor_attempt(int port, const unsigned char key[32], unsigned char *seen, size_t *seen_len,
+                             fsdp__sock_reply *reply) {
+    fsdp__sock_challenge ch;
+    fsdp__sock_hello h;
+    int fd = connect_retry(port, 3000);
+    size_t got;
+    TEST_ASSERT_TRUE_MESSAGE(fd >= 0, "could not reach rank 0");
+    got = read_some(fd, (unsigned char *)&ch, sizeof ch, 2000);
+    TEST_ASSERT_EQUAL_size_t(sizeof ch, got);
+    TEST_ASSERT_EQUAL_HEX32(FSDP__SOCK_MAGIC, ch.magic);
+    memcpy(seen, &ch, sizeof ch);
+    memset(&h, 0, sizeof h);
+    h.magic = FSDP__SOCK_MAGIC;
+    h.version = FSDP__SOCK_VERSION;
+    h.rank = 1;
+    h.world = 2;
+    fsdp__random_bytes(h.nonce, sizeof h.nonce);
+    fsdp__sock_mac(h.mac, key, "fsdp.h hello", ch.nonce, 32, &h, offsetof(fsdp__sock_hello, mac), NULL, 0);
+    TEST_ASSERT_EQUAL_INT((int)sizeof h, (int)send(fd, &h, sizeof h, MSG_NOSIGNAL));
+    got = read_some(fd, seen + sizeof ch, 4096, 2000); /* until rank 0 closes */
+    *seen_len = sizeof ch + got;
+    TEST_ASSERT_EQUAL_size_t(sizeof *reply, got);
+    memcpy(reply, seen + sizeof ch, sizeof *reply);
+    close(fd);
+}
+
+static void test_impostor_without_the_secret_is_refused_and_learns_neither_token_nor_secret(void) {
+    rank_plan r0 = {0, 2, 0, 8000, SECRET, JOB, NULL, 4, 0}, r1;
+    unsigned char guessed_key[32], seen[8192];
+    size_t seen_len = 0;
+    fsdp__sock_reply reply;
+    pid_t p0, p1;
+    r0.port = pick_free_port();
+    r1 = r0;
+    r1.rank = 1;
+    reset_reports();
+    p0 = spawn(run_socket_rank, &r0);
+    /* a guesser who knows the job token (it was sent in clear before) but not the secret */
+    job_key(guessed_key, NULL, JOB);
+    impostor_attempt(r0.port, guessed_key, seen, &seen_len, &reply);
+    TEST_ASSERT_NOT_EQUAL(0, reply.status);
+    TEST_ASSERT_TRUE_MESSAGE(contains(reply.reason, "authentication failed"), reply.reason);
+    TEST_ASSERT_FALSE_MESSAGE(bytes_contain(seen, seen_len, JOB), "a reply carried the job token");
+    TEST_ASSERT_FALSE_MESSAGE(bytes_contain(seen, seen_len, SECRET), "a reply carried the secret");
+    /* one who guesses a secret too */
+    job_key(guessed_key, "guess", JOB);
+    impostor_attempt(r0.port, guessed_key, seen, &seen_len, &reply);
+    TEST_ASSERT_TRUE_MESSAGE(contains(reply.reason, "authentication failed"), reply.reason);
+    TEST_ASSERT_FALSE(bytes_contain(seen, seen_len, JOB));
+    TEST_ASSERT_FALSE(bytes_contain(seen, seen_len, SECRET));
+    /* the real rank 1 still gets its rank, and the job works */
+    p1 = spawn(run_socket_rank, &r1);
+    TEST_ASSERT_EQUAL_INT(0, reap(p1, 15000));
+    TEST_ASSERT_EQUAL_INT(0, reap(p0, 15000));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[0].rc, shared[0].message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[1].rc, shared[1].message);
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, shared[0].op_rc);
+    TEST_ASSERT_EQUAL_FLOAT(2.0f, shared[0].result);
+    TEST_ASSERT_FALSE_MESSAGE(contains(shared[0].log, JOB), shared[0].log);
+}
+
+static void test_rank_with_another_secret_is_refused_saying_the_secrets_differ(void) {
+    rank_plan r0 = {0, 2, 0, 1500, SECRET, JOB, NULL, 0, 0}, r1;
+    pid_t p0, p1;
+    r0.port = pick_free_port();
+    r1 = r0;
+    r1.rank = 1;
+    r1.secret = "another-secret";
+    reset_reports();
+    p0 = spawn(run_socket_rank, &r0);
+    p1 = spawn(run_socket_rank, &r1);
+    TEST_ASSERT_EQUAL_INT(0, reap(p1, 8000));
+    TEST_ASSERT_EQUAL_INT(0, reap(p0, 8000));
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_REJECTED, shared[1].rc);
+    TEST_ASSERT_TRUE_MESSAGE(contains(shared[1].message, "authentication failed"), shared[1].message);
+    TEST_ASSERT_TRUE_MESSAGE(contains(shared[1].message, "FSDP_SECRET"), shared[1].message);
+    TEST_ASSERT_FALSE(contains(shared[1].message, SECRET));
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_TIMEOUT, shared[0].rc);
+    TEST_ASSERT_TRUE_MESSAGE(contains(shared[0].message, "refused 1 connection"), shared[0].message);
+}
+
+/* 16 silent and 16 garbage-sending connections are open at rank 0 before the honest ranks
+   start: they must join in normal time, not after the strangers' budgets run out. */
+static void test_idle_and_garbage_connections_do_not_delay_the_rendezvous(void) {
+    rank_plan plan[4];
+    pid_t pids[4];
+    int strangers[32], r, i, slowest = 0;
+    unsigned char garbage[100];
+    memset(plan, 0, sizeof plan);
+    plan[0].port = pick_free_port();
+    reset_reports();
+    for (r = 0; r < 4; r++) {
+        plan[r].rank = r;
+        plan[r].world = 4;
+        plan[r].port = plan[0].port;
+        plan[r].timeout_ms = 20000;
+        plan[r].secret = SECRET;
+        plan[r].job = JOB;
+        plan[r].count = 16;
+    }
+    pids[0] = spawn(run_socket_rank, &plan[0]);
+    for (i = 0; i < 256; i++) garbage[i % 100] = (unsigned char)(i * 37 + 11);
+    for (i = 0; i < 32; i++) {
+        strangers[i] = connect_retry(plan[0].port, 3000);
+        TEST_ASSERT_TRUE(strangers[i] >= 0);
+        if (i % 2) send(strangers[i], garbage, sizeof garbage, MSG_NOSIGNAL);
+    }
+    for (r = 1; r < 4; r++) pids[r] = spawn(run_socket_rank, &plan[r]);
+    for (r = 0; r < 4; r++) TEST_ASSERT_EQUAL_INT(0, reap(pids[r], 25000));
+    for (i = 0; i < 32; i++) close(strangers[i]);
+    for (r = 0; r < 4; r++) {
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[r].rc, shared[r].message);
+        TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, shared[r].op_rc);
+        TEST_ASSERT_EQUAL_FLOAT(4.0f, shared[r].result);
+        if (r > 0 && shared[r].elapsed_ms > slowest) slowest = shared[r].elapsed_ms;
+    }
+    TEST_ASSERT_TRUE_MESSAGE(slowest < 3000, "the honest ranks waited for the strangers");
+}
+
+/* The rendezvous survives running out of descriptors for a moment: strangers hold rank 0's
+   last ones, its accept fails with EMFILE, and rank 1 gets in when their budgets end. */
+static int run_rank0_with_few_descriptors(void *arg) {
+    struct rlimit lim;
+    int open = open_fd_count();
+    lim.rlim_cur = lim.rlim_max = (rlim_t)(open + 5); /* listener + challenge sockets for a few */
+    setrlimit(RLIMIT_NOFILE, &lim);
+    return run_socket_rank(arg);
+}
+
+static void test_accept_failing_for_lack_of_descriptors_does_not_end_the_rendezvous(void) {
+    rank_plan r0 = {0, 2, 0, 15000, SECRET, JOB, NULL, 4, 0}, r1;
+    int strangers[8], i;
+    pid_t p0, p1;
+    r0.port = pick_free_port();
+    r1 = r0;
+    r1.rank = 1;
+    reset_reports();
+    p0 = spawn(run_rank0_with_few_descriptors, &r0);
+    for (i = 0; i < 8; i++) strangers[i] = connect_retry(r0.port, 3000);
+    sleep_ms(200);
+    p1 = spawn(run_socket_rank, &r1);
+    TEST_ASSERT_EQUAL_INT(0, reap(p1, 20000));
+    TEST_ASSERT_EQUAL_INT(0, reap(p0, 20000));
+    for (i = 0; i < 8; i++)
+        if (strangers[i] >= 0) close(strangers[i]);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[0].rc, shared[0].message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[1].rc, shared[1].message);
+    TEST_ASSERT_EQUAL_FLOAT(2.0f, shared[1].result);
+}
+
+/* Without a secret, a rank 0 reachable from other hosts says so once, naming the port. */
+static void test_rank0_without_a_secret_off_loopback_warns_naming_the_open_port(void) {
+    rank_plan r0 = {0, 2, 0, 5000, NULL, JOB, "0.0.0.0", 4, 0}, r1;
+    char port_text[16];
+    pid_t p0, p1;
+    r0.port = pick_free_port();
+    r1 = r0;
+    r1.rank = 1;
+    r1.master_addr = "127.0.0.1";
+    reset_reports();
+    p0 = spawn(run_socket_rank, &r0);
+    p1 = spawn(run_socket_rank, &r1);
+    TEST_ASSERT_EQUAL_INT(0, reap(p1, 10000));
+    TEST_ASSERT_EQUAL_INT(0, reap(p0, 10000));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[0].rc, shared[0].message);
+    snprintf(port_text, sizeof port_text, ":%d", r0.port);
+    TEST_ASSERT_TRUE_MESSAGE(contains(shared[0].log, "no secret") && contains(shared[0].log, port_text), shared[0].log);
+    /* with a secret: no warning */
+    r0.port = r1.port = pick_free_port();
+    r0.secret = r1.secret = SECRET;
+    reset_reports();
+    p0 = spawn(run_socket_rank, &r0);
+    p1 = spawn(run_socket_rank, &r1);
+    TEST_ASSERT_EQUAL_INT(0, reap(p1, 10000));
+    TEST_ASSERT_EQUAL_INT(0, reap(p0, 10000));
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, shared[0].rc);
+    TEST_ASSERT_FALSE_MESSAGE(contains(shared[0].log, "no secret"), shared[0].log);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   deadlines
+   --------------------------------------------------------------------------------------------- */
+/* The parent joins as rank 1 (it knows the secret), then sends its all_gather data one byte
+   per 50 ms: the op on rank 0 must fail at its 1.5 s deadline (the old per-byte timer never
+   fired), and fsdp_comm_destroy must return at once. */
+static void test_peer_trickling_bytes_fails_the_op_within_its_total_deadline(void) {
+    rank_plan r0 = {0, 2, 0, 1500, SECRET, JOB, NULL, 0, 1 << 16};
+    unsigned char key[32], mine[64], table_mac[32];
+    fsdp__sock_hello hello;
+    fsdp__sock_reply reply;
+    fsdp__sock_header header;
+    fsdp_coll c;
+    uint32_t table[4];
+    char err[512];
+    int fd, start, i;
+    pid_t p0;
+    r0.port = pick_free_port();
+    reset_reports();
+    p0 = spawn(run_socket_rank, &r0);
+    job_key(key, SECRET, JOB);
+    fd = connect_retry(r0.port, 3000);
+    TEST_ASSERT_TRUE(fd >= 0);
+    memset(&hello, 0, sizeof hello);
+    hello.rank = 1;
+    hello.world = 2;
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, fsdp__sock_greet(fd, key, &hello, fsdp__now_ms() + 5000, &reply, mine, "rank 0", err,
+                                                      sizeof err), err);
+    TEST_ASSERT_EQUAL_size_t(sizeof table + sizeof table_mac,
+                             read_some(fd, (unsigned char *)table, sizeof table, 2000) +
+                                 read_some(fd, table_mac, sizeof table_mac, 2000));
+    memset(&c, 0, sizeof c);
+    c.kind = FSDP_COLL_ALL_GATHER;
+    c.dtype = FSDP_F32;
+    c.count = (size_t)r0.gather_count;
+    c.seq = 1;
+    memset(&header, 0, sizeof header);
+    header.magic = FSDP__SOCK_MAGIC;
+    header.fp = fsdp__fingerprint_of(&c);
+    header.payload = c.count * 4;
+    TEST_ASSERT_EQUAL_INT((int)sizeof header, (int)send(fd, &header, sizeof header, MSG_NOSIGNAL));
+    start = now_ms();
+    for (i = 0; i < 200 && now_ms() - start < 6000; i++) { /* stops when rank 0 hangs up */
+        unsigned char byte = 1;
+        if (send(fd, &byte, 1, MSG_NOSIGNAL) != 1) break;
+        sleep_ms(50);
+    }
+    close(fd);
+    TEST_ASSERT_EQUAL_INT(0, reap(p0, 10000));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[0].rc, shared[0].message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_TIMEOUT, shared[0].op_rc, shared[0].message);
+    TEST_ASSERT_TRUE(shared[0].op_elapsed_ms >= 1400 && shared[0].op_elapsed_ms < 2500);
+    TEST_ASSERT_TRUE_MESSAGE(contains(shared[0].message, "rank 1"), shared[0].message);
+    TEST_ASSERT_TRUE(shared[0].destroy_ms < 500);
+}
+
+/* A master whose accept queue is full drops SYNs: connecting must fail at the deadline, not
+   after the kernel's two minutes of retries. */
+static void test_connect_to_a_full_accept_queue_fails_within_the_deadline(void) {
+    struct sockaddr_in a = loopback(0);
+    socklen_t len = sizeof a;
+    rank_plan r1 = {1, 2, 0, 1500, SECRET, JOB, NULL, 0, 0};
+    int listener = socket(AF_INET, SOCK_STREAM, 0), queued[16], n = 0, i;
+    pid_t p1;
+    TEST_ASSERT_EQUAL_INT(0, bind(listener, (struct sockaddr *)&a, sizeof a));
+    TEST_ASSERT_EQUAL_INT(0, listen(listener, 0));
+    getsockname(listener, (struct sockaddr *)&a, &len);
+    for (i = 0; i < 16; i++) { /* fill the queue: stop at the first connection that cannot complete */
+        struct pollfd p;
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        connect(fd, (struct sockaddr *)&a, sizeof a);
+        p.fd = fd;
+        p.events = POLLOUT;
+        p.revents = 0;
+        queued[n++] = fd;
+        if (poll(&p, 1, 200) == 0) break;
+    }
+    TEST_ASSERT_TRUE_MESSAGE(i < 16, "the accept queue never filled");
+    r1.port = ntohs(a.sin_port);
+    reset_reports();
+    p1 = spawn(run_socket_rank, &r1);
+    TEST_ASSERT_EQUAL_INT(0, reap(p1, 10000));
+    for (i = 0; i < n; i++) close(queued[i]);
+    close(listener);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_TIMEOUT, shared[1].rc, shared[1].message);
+    TEST_ASSERT_TRUE(shared[1].elapsed_ms < 1500 + 1000);
+    TEST_ASSERT_TRUE_MESSAGE(contains(shared[1].message, "127.0.0.1"), shared[1].message);
+}
+
+/* Something else holds MASTER_PORT (a TCPStore, a web server): a rank says so within seconds,
+   naming the address, instead of waiting out its ten-minute timeout. */
+static void test_service_that_accepts_but_never_greets_fails_within_seconds_naming_it(void) {
+    struct sockaddr_in a = loopback(0);
+    socklen_t len = sizeof a;
+    rank_plan r1 = {1, 2, 0, 60000, SECRET, JOB, NULL, 0, 0};
+    int listener = socket(AF_INET, SOCK_STREAM, 0);
+    char where[32];
+    pid_t p1;
+    TEST_ASSERT_EQUAL_INT(0, bind(listener, (struct sockaddr *)&a, sizeof a));
+    TEST_ASSERT_EQUAL_INT(0, listen(listener, 8)); /* the kernel completes connections; nobody talks */
+    getsockname(listener, (struct sockaddr *)&a, &len);
+    r1.port = ntohs(a.sin_port);
+    reset_reports();
+    p1 = spawn(run_socket_rank, &r1);
+    TEST_ASSERT_EQUAL_INT(0, reap(p1, 15000));
+    close(listener);
+    snprintf(where, sizeof where, "127.0.0.1:%d", r1.port);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_TIMEOUT, shared[1].rc, shared[1].message);
+    TEST_ASSERT_TRUE(shared[1].elapsed_ms < FSDP__SOCK_GREETING_MS + 2000);
+    TEST_ASSERT_TRUE_MESSAGE(contains(shared[1].message, where) && contains(shared[1].message, "greeting"),
+                             shared[1].message);
+}
+
+static int serve_http_once(void *arg) {
+    int listener = *(int *)arg, fd;
+    static const char answer[] = "HTTP/1.1 400 Bad Request\r\n\r\n";
+    fd = accept(listener, NULL, NULL);
+    if (fd >= 0) {
+        send(fd, answer, sizeof answer - 1, MSG_NOSIGNAL);
+        sleep_ms(3000);
+        close(fd);
+    }
+    return 0;
+}
+
+static void test_service_that_speaks_another_protocol_fails_at_once_naming_it(void) {
+    struct sockaddr_in a = loopback(0);
+    socklen_t len = sizeof a;
+    rank_plan r1 = {1, 2, 0, 60000, SECRET, JOB, NULL, 0, 0};
+    int listener = socket(AF_INET, SOCK_STREAM, 0);
+    pid_t server, p1;
+    TEST_ASSERT_EQUAL_INT(0, bind(listener, (struct sockaddr *)&a, sizeof a));
+    TEST_ASSERT_EQUAL_INT(0, listen(listener, 8));
+    getsockname(listener, (struct sockaddr *)&a, &len);
+    r1.port = ntohs(a.sin_port);
+    server = spawn(serve_http_once, &listener);
+    reset_reports();
+    p1 = spawn(run_socket_rank, &r1);
+    TEST_ASSERT_EQUAL_INT(0, reap(p1, 10000));
+    reap(server, 5000);
+    close(listener);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_PROTOCOL, shared[1].rc, shared[1].message);
+    TEST_ASSERT_TRUE(shared[1].elapsed_ms < 1000);
+    TEST_ASSERT_TRUE_MESSAGE(contains(shared[1].message, "not an fsdp.h rank"), shared[1].message);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   the comm thread: a wait that gives up
+   --------------------------------------------------------------------------------------------- */
+/* A user backend for a world of 2 whose second rank is simulated (it holds what rank 0
+   holds). From op number hang_at on, an op ignores its timeout: it keeps writing into its
+   output until abort is called, then writes once more 100 ms later and fails. If a wait gave
+   up and returned while such an op ran, that last write would land in freed memory (ASan). */
+typedef struct stuck_backend {
+    int ops, hang_at;
+    volatile int aborted;
+    int late_write_ms, returned_ms;
+} stuck_backend;
+
+static int stuck_hang(stuck_backend *b, void *recv, size_t bytes) {
+    while (!b->aborted) {
+        if (recv && bytes) memset(recv, 0x5a, bytes);
+        sleep_ms(10);
+    }
+    sleep_ms(100);
+    if (recv && bytes) memset(recv, 0x5b, bytes);
+    b->late_write_ms = now_ms();
+    return FSDP_ERR_ABORTED;
+}
+
+static int stuck_all_gather(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
+    stuck_backend *b = (stuck_backend *)impl;
+    size_t bytes = c->count * fsdp_dtype_size(c->dtype);
+    (void)comm;
+    if (++b->ops >= b->hang_at) return stuck_hang(b, c->recv, bytes * 2);
+    memmove((char *)c->recv, c->send, bytes);
+    memmove((char *)c->recv + bytes, c->recv, bytes);
+    return 0;
+}
+
+static int stuck_reduce(fsdp_comm *comm, void *impl, const fsdp_coll *c, size_t offset) {
+    stuck_backend *b = (stuck_backend *)impl;
+    const void *srcs[2];
+    (void)comm;
+    if (++b->ops >= b->hang_at) return stuck_hang(b, c->recv, c->count * fsdp_dtype_size(c->dtype));
+    srcs[0] = srcs[1] = (const char *)c->send + offset;
+    fsdp_reduce_ranks(c->recv, srcs, 2, c->count, c->dtype, c->op, 2);
+    return 0;
+}
+static int stuck_reduce_scatter(fsdp_comm *comm, void *impl, const fsdp_coll *c) { return stuck_reduce(comm, impl, c, 0); }
+static int stuck_all_reduce(fsdp_comm *comm, void *impl, const fsdp_coll *c) { return stuck_reduce(comm, impl, c, 0); }
+static int stuck_noop(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
+    stuck_backend *b = (stuck_backend *)impl;
+    (void)comm;
+    if (++b->ops >= b->hang_at) return stuck_hang(b, NULL, 0);
+    (void)c;
+    return 0;
+}
+static void stuck_abort(fsdp_comm *comm, void *impl) {
+    (void)comm;
+    ((stuck_backend *)impl)->aborted = 1;
+}
+
+static void test_wait_that_gives_up_aborts_and_returns_only_after_the_comm_thread_lets_go(void) {
+    static const fsdp_backend table = {"stuck", stuck_all_gather, stuck_reduce_scatter, stuck_all_reduce, stuck_noop,
+                                       stuck_noop, stuck_abort, NULL, 0};
+    stuck_backend b;
+    fsdp_comm_desc cd;
+    fsdp_comm *comm = NULL;
+    fsdp_model *m = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_desc d;
+    int64_t shape[1] = {1000};
+    fsdp_init_rule init = {FSDP_INIT_CONSTANT, 1.0f, 0.0f, NULL, NULL};
+    char path[128];
+    int rc, start;
+    memset(&b, 0, sizeof b);
+    b.hang_at = 1 << 30;
+    memset(&cd, 0, sizeof cd);
+    cd.backend = FSDP_BACKEND_USER;
+    cd.world_size = 2;
+    cd.timeout_ms = 100;
+    cd.user_backend = &table;
+    cd.user_impl = &b;
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_comm_init(&comm, &cd));
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_model_create(&m, "Net"));
+    TEST_ASSERT_TRUE(fsdp_model_param(m, 0, "w", 1, shape, init) >= 0);
+    memset(&d, 0, sizeof d);
+    d.comm = comm;
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_init(&ctx, m, &d), fsdp_last_error(NULL));
+    b.hang_at = b.ops + 1; /* the save's first collective never ends by itself */
+    snprintf(path, sizeof path, "/tmp/fsdp-hostile-%d.safetensors", (int)getpid());
+    start = now_ms();
+    rc = fsdp_save_full(ctx, path, NULL);
+    b.returned_ms = now_ms();
+    TEST_ASSERT_NOT_EQUAL(FSDP_SUCCESS, rc);
+    TEST_ASSERT_TRUE_MESSAGE(b.returned_ms - start < 6000, "the wait did not give up");
+    TEST_ASSERT_TRUE_MESSAGE(b.late_write_ms != 0 && b.late_write_ms <= b.returned_ms,
+                             "fsdp_save_full returned while the comm thread still wrote into its buffer");
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_TIMEOUT, fsdp_comm_status(comm));
+    fsdp_destroy(ctx);
+    fsdp_model_destroy(m);
+    fsdp_comm_destroy(comm);
+    unlink(path);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   shared memory
+   --------------------------------------------------------------------------------------------- */
+/* The name rank 0 of a shm job would create. */
+static void segment_name(char *out, size_t size, const char *job, const char *secret) {
+    fsdp_comm_desc d;
+    fsdp_comm *probe;
+    memset(&d, 0, sizeof d);
+    d.world_size = 2;
+    d.job = job;
+    d.secret = secret;
+    probe = fsdp__comm_new(&d, NULL);
+    fsdp__shm_name(out, size, probe);
+    fsdp_comm_destroy(probe);
+}
+
+static int shm_rank(int rank, const char *job, fsdp_comm **out, char *message, size_t size) {
+    fsdp_comm_desc d;
+    int rc;
+    memset(&d, 0, sizeof d);
+    d.backend = FSDP_BACKEND_SHM;
+    d.rank = rank;
+    d.world_size = 2;
+    d.job = job;
+    d.secret = SECRET;
+    d.timeout_ms = 1000;
+    rc = fsdp_comm_init(out, &d);
+    copy_text(message, size, fsdp_comm_last_error(NULL));
+    return rc;
+}
+
+static void test_segment_someone_else_made_is_refused_by_the_joining_rank(void) {
+    char name[64], job[48], message[MESSAGE_BYTES], path[96];
+    fsdp_comm *comm = NULL;
+    int fd, rc;
+    snprintf(job, sizeof job, "squat-%d", (int)getpid());
+    segment_name(name, sizeof name, job, SECRET);
+    TEST_ASSERT_TRUE(contains(name, "/fsdp-squat-"));
+    TEST_ASSERT_TRUE(strlen(name) > strlen("/fsdp-") + strlen(job) + 20); /* a mac of the secret in the name */
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    /* a world-writable segment, as a squatter would leave it */
+    fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0666);
+    TEST_ASSERT_TRUE(fd >= 0);
+    fchmod(fd, 0666);
+    TEST_ASSERT_EQUAL_INT(0, ftruncate(fd, 64 << 20));
+    close(fd);
+    rc = shm_rank(1, job, &comm, message, sizeof message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_REJECTED, rc, message);
+    TEST_ASSERT_NULL(comm);
+    TEST_ASSERT_TRUE_MESSAGE(contains(message, name) && contains(message, "0666"), message);
+    /* rank 0 will not take it over either */
+    rc = shm_rank(0, job, &comm, message, sizeof message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_STATE, rc, message);
+    TEST_ASSERT_TRUE_MESSAGE(contains(message, "someone else"), message);
+    if (geteuid() == 0) { /* the right mode but another user's */
+        TEST_ASSERT_EQUAL_INT(0, chmod(path, 0600));
+        TEST_ASSERT_EQUAL_INT(0, chown(path, 65534, 65534));
+        rc = shm_rank(1, job, &comm, message, sizeof message);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_REJECTED, rc, message);
+        TEST_ASSERT_TRUE_MESSAGE(contains(message, "uid 65534"), message);
+    }
+    unlink(path);
+}
+
+static void test_segment_names_differ_with_the_secret(void) {
+    char a[64], b[64], c[64];
+    segment_name(a, sizeof a, "same-job", "secret-one");
+    segment_name(b, sizeof b, "same-job", "secret-two");
+    segment_name(c, sizeof c, "same-job", "secret-one");
+    TEST_ASSERT_TRUE(strcmp(a, b) != 0);
+    TEST_ASSERT_EQUAL_STRING(a, c);
+}
+
+/* A peer's abort message without a terminator, full of escape sequences: read bounded, shown
+   printable (ASan reports an overread). */
+static void test_unterminated_abort_message_from_a_peer_is_read_bounded_and_printable(void) {
+    size_t ranks_at, data_at, total = fsdp__shm_layout(2, 4096, &ranks_at, &data_at);
+    char *seg = (char *)calloc(1, total);
+    fsdp__shm s;
+    fsdp_comm_desc d;
+    fsdp_comm *comm;
+    const char *message;
+    size_t i;
+    TEST_ASSERT_NOT_NULL(seg);
+    memset(&d, 0, sizeof d);
+    d.world_size = 2;
+    comm = fsdp__comm_new(&d, NULL);
+    memset(&s, 0, sizeof s);
+    s.header = (fsdp__shm_header *)seg;
+    s.ranks = (fsdp__shm_rank *)(seg + ranks_at);
+    s.header->abort_rank = 1;
+    s.header->abort_code = FSDP_ERR_ABORTED;
+    memset(s.header->abort_message, 'A', sizeof s.header->abort_message);
+    memcpy(s.header->abort_message, "\x1b]0;owned\x07\x1b[2J", 14);
+    s.header->abort_flag = 1;
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_ABORTED, fsdp__shm_adopt_abort(comm, &s));
+    message = fsdp_comm_last_error(comm);
+    TEST_ASSERT_TRUE(strlen(message) < FSDP__ERRMSG);
+    for (i = 0; message[i]; i++) TEST_ASSERT_TRUE(message[i] >= 0x20 && message[i] < 0x7f);
+    TEST_ASSERT_TRUE(contains(message, "rank 1 failed first"));
+    fsdp_comm_destroy(comm);
+    free(seg);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   sizes
+   --------------------------------------------------------------------------------------------- */
+static void test_huge_shm_slot_bytes_are_refused_at_init(void) {
+    static const size_t sizes[3] = {(size_t)-1, (size_t)1 << 62, ((size_t)1 << 30) + 1};
+    fsdp_launch_desc ld;
+    int i;
+    for (i = 0; i < 3; i++) {
+        fsdp_comm_desc d;
+        fsdp_comm *comm = NULL;
+        int start = now_ms();
+        memset(&d, 0, sizeof d);
+        d.backend = FSDP_BACKEND_SHM;
+        d.world_size = 2;
+        d.job = "huge-slots";
+        d.shm_slot_bytes = sizes[i];
+        d.timeout_ms = 2000;
+        TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_comm_init(&comm, &d));
+        TEST_ASSERT_TRUE(now_ms() - start < 100);
+        TEST_ASSERT_TRUE_MESSAGE(contains(fsdp_comm_last_error(NULL), "shm_slot_bytes"), fsdp_comm_last_error(NULL));
+    }
+    memset(&ld, 0, sizeof ld);
+    ld.nprocs = 2;
+    ld.shm_slot_bytes = (size_t)1 << 62;
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_launch_ex(&ld, NULL, NULL, NULL));
+}
+
+static void test_last_error_of_null_tells_why_init_failed(void) {
+    fsdp_comm_desc d;
+    fsdp_comm *comm = NULL;
+    memset(&d, 0, sizeof d);
+    d.rank = 5;
+    d.world_size = 2;
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_comm_init(&comm, &d));
+    TEST_ASSERT_TRUE_MESSAGE(contains(fsdp_comm_last_error(NULL), "rank 5"), fsdp_comm_last_error(NULL));
+}
+
+/* A 47-character job token (the longest allowed) splits, over sockets, without leaking a
+   descriptor. */
+static int run_split_rank(void *arg) {
+    const rank_plan *plan = (const rank_plan *)arg;
+    rank_report *r = &shared[plan->rank];
+    fsdp_comm_desc d = socket_desc(plan);
+    fsdp_comm *comm = NULL, *sub = NULL;
+    float x = 1.0f;
+    int k;
+    r->rc = fsdp_comm_init(&comm, &d);
+    if (r->rc == 0) {
+        fsdp_barrier(comm);
+        r->fds_before = open_fd_count();
+        for (k = 0; k < 3 && r->rc == 0; k++) {
+            r->rc = fsdp_comm_split(comm, 0, plan->rank, &sub);
+            if (r->rc == 0) r->rc = fsdp_all_reduce(sub, &x, &x, 1, FSDP_F32, FSDP_SUM);
+            if (r->rc) copy_text(r->message, sizeof r->message, sub ? fsdp_comm_last_error(sub) : fsdp_comm_last_error(NULL));
+            fsdp_comm_destroy(sub);
+            sub = NULL;
+        }
+        fsdp_barrier(comm);
+        r->fds_after = open_fd_count();
+        r->result = x;
+    } else {
+        copy_text(r->message, sizeof r->message, fsdp_comm_last_error(NULL));
+    }
+    fsdp_comm_destroy(comm);
+    return 0;
+}
+
+static void test_split_of_a_job_with_the_longest_token_works_without_leaking_descriptors(void) {
+    static const char long_job[] = "a-job-token-of-exactly-forty-seven-characters-x";
+    rank_plan r0 = {0, 2, 0, 5000, SECRET, long_job, NULL, 0, 0}, r1;
+    pid_t p0, p1;
+    TEST_ASSERT_EQUAL_size_t(47, strlen(long_job));
+    r0.port = pick_free_port();
+    r1 = r0;
+    r1.rank = 1;
+    reset_reports();
+    p0 = spawn(run_split_rank, &r0);
+    p1 = spawn(run_split_rank, &r1);
+    TEST_ASSERT_EQUAL_INT(0, reap(p0, 15000));
+    TEST_ASSERT_EQUAL_INT(0, reap(p1, 15000));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[0].rc, shared[0].message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[1].rc, shared[1].message);
+    TEST_ASSERT_EQUAL_FLOAT(8.0f, shared[0].result);
+    TEST_ASSERT_EQUAL_INT(shared[0].fds_before, shared[0].fds_after);
+    TEST_ASSERT_EQUAL_INT(shared[1].fds_before, shared[1].fds_after);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   the launcher in an unusual host program
+   --------------------------------------------------------------------------------------------- */
+static int crash_rank1(fsdp_comm *comm, void *arg) {
+    float x = 1.0f;
+    (void)arg;
+    if (fsdp_comm_rank(comm) == 1) kill(getpid(), SIGKILL);
+    return fsdp_all_reduce(comm, &x, &x, 1, FSDP_F32, FSDP_SUM) == FSDP_SUCCESS ? 0 : 1;
+}
+
+static void test_launcher_reports_a_crash_while_sigchld_is_ignored(void) {
+    struct sigaction ignore, before, after;
+    fsdp_launch_desc d;
+    fsdp_launch_status status;
+    int rc;
+    memset(&ignore, 0, sizeof ignore);
+    ignore.sa_handler = SIG_IGN;
+    sigaction(SIGCHLD, &ignore, &before);
+    memset(&d, 0, sizeof d);
+    d.nprocs = 3;
+    d.timeout_ms = 3000;
+    rc = fsdp_launch_ex(&d, crash_rank1, NULL, &status);
+    sigaction(SIGCHLD, NULL, &after);
+    sigaction(SIGCHLD, &before, NULL);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_RANK_FAILED, rc, status.message);
+    TEST_ASSERT_EQUAL_INT(1, status.failed_rank);
+    TEST_ASSERT_EQUAL_INT(SIGKILL, status.signal);
+    TEST_ASSERT_TRUE_MESSAGE(after.sa_handler == SIG_IGN, "the launcher did not restore SIGCHLD's disposition");
+}
+
+static int quick_success(fsdp_comm *comm, void *arg) {
+    float x = 1.0f;
+    (void)arg;
+    sleep_ms(300);
+    return fsdp_all_reduce(comm, &x, &x, 1, FSDP_F32, FSDP_SUM) == FSDP_SUCCESS ? 0 : 1;
+}
+
+static void test_launcher_leaves_the_host_programs_own_children_alone(void) {
+    fsdp_launch_desc d;
+    fsdp_launch_status status;
+    int wstatus = 0;
+    pid_t mine = fork();
+    if (mine == 0) {
+        sleep_ms(100);
+        _exit(42);
+    }
+    memset(&d, 0, sizeof d);
+    d.nprocs = 2;
+    d.timeout_ms = 5000;
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_launch_ex(&d, quick_success, NULL, &status), status.message);
+    TEST_ASSERT_EQUAL_INT(mine, waitpid(mine, &wstatus, 0));
+    TEST_ASSERT_TRUE(WIFEXITED(wstatus));
+    TEST_ASSERT_EQUAL_INT(42, WEXITSTATUS(wstatus));
+}
+
+/* Rank 2 fails on its own; the others fail because of it, some of them possibly exiting before
+   the launcher notices rank 2: the report must still blame rank 2, every time. */
+static int rank2_fails_first(fsdp_comm *comm, void *arg) {
+    float x[256];
+    int i;
+    (void)arg;
+    memset(x, 0, sizeof x);
+    if (fsdp_comm_rank(comm) == 2) return 3;
+    for (i = 0; i < 100000; i++)
+        if (fsdp_all_reduce(comm, x, x, 256, FSDP_F32, FSDP_SUM) != FSDP_SUCCESS) return 1;
+    return 0;
+}
+
+static void test_launcher_blames_the_rank_that_failed_first_every_time(void) {
+    int run;
+    for (run = 0; run < 10; run++) {
+        fsdp_launch_desc d;
+        fsdp_launch_status status;
+        memset(&d, 0, sizeof d);
+        d.nprocs = 4;
+        d.timeout_ms = 3000;
+        TEST_ASSERT_EQUAL_INT(FSDP_ERR_RANK_FAILED, fsdp_launch_ex(&d, rank2_fails_first, NULL, &status));
+        TEST_ASSERT_EQUAL_INT_MESSAGE(2, status.failed_rank, status.message);
+        TEST_ASSERT_EQUAL_INT(3, status.exit_code);
+    }
+}
+
+void setUp(void) {}
+void tearDown(void) {}
+
+int main(void) {
+    shared = (rank_report *)mmap(NULL, sizeof *shared * MAX_RANKS, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                                 -1, 0);
+    if (shared == MAP_FAILED) return 1;
+    signal(SIGPIPE, SIG_IGN);
+    UNITY_BEGIN();
+    RUN_TEST(test_impostor_without_the_secret_is_refused_and_learns_neither_token_nor_secret);
+    RUN_TEST(test_rank_with_another_secret_is_refused_saying_the_secrets_differ);
+    RUN_TEST(test_idle_and_garbage_connections_do_not_delay_the_rendezvous);
+    RUN_TEST(test_accept_failing_for_lack_of_descriptors_does_not_end_the_rendezvous);
+    RUN_TEST(test_rank0_without_a_secret_off_loopback_warns_naming_the_open_port);
+    RUN_TEST(test_peer_trickling_bytes_fails_the_op_within_its_total_deadline);
+    RUN_TEST(test_connect_to_a_full_accept_queue_fails_within_the_deadline);
+    RUN_TEST(test_service_that_accepts_but_never_greets_fails_within_seconds_naming_it);
+    RUN_TEST(test_service_that_speaks_another_protocol_fails_at_once_naming_it);
+    RUN_TEST(test_wait_that_gives_up_aborts_and_returns_only_after_the_comm_thread_lets_go);
+    RUN_TEST(test_segment_someone_else_made_is_refused_by_the_joining_rank);
+    RUN_TEST(test_segment_names_differ_with_the_secret);
+    RUN_TEST(test_unterminated_abort_message_from_a_peer_is_read_bounded_and_printable);
+    RUN_TEST(test_huge_shm_slot_bytes_are_refused_at_init);
+    RUN_TEST(test_last_error_of_null_tells_why_init_failed);
+    RUN_TEST(test_split_of_a_job_with_the_longest_token_works_without_leaking_descriptors);
+    RUN_TEST(test_launcher_reports_a_crash_while_sigchld_is_ignored);
+    RUN_TEST(test_launcher_leaves_the_host_programs_own_children_alone);
+    RUN_TEST(test_launcher_blames_the_rank_that_failed_first_every_time);
+    return UNITY_END();
+}
