@@ -127,7 +127,7 @@ static double *model_hook_seconds(bench_model *bm) {
     return bm->o->model == MODEL_GPT ? &bm->gpt_net.hook_seconds : &bm->mlp_net.hook_seconds;
 }
 static size_t model_activation_bytes(const bench_model *bm) {
-    if (bm->o->model == MODEL_GPT) return 2 * sizeof(float) * bm->gpt_act.num_floats;
+    if (bm->o->model == MODEL_GPT) return sizeof(float) * bm->gpt_act.num_floats;
     return sizeof(float) * (2 * bm->mlp_act.grad_floats + (size_t)bm->B * (size_t)bm->o->data.classes);
 }
 

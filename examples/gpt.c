@@ -281,6 +281,7 @@ static int train(fsdp_comm *comm, void *arg) {
 
     { // every rank's memory and time, printed by rank 0, and what fsdp_memory_estimate predicted
         fsdp_memory_stats st, est;
+        memset(&st, 0, sizeof st); // fsdp_memory_stats_get fills it; -O3 cannot see that it always does
         struct rusage ru;
         double mine[7], *all = (double *)calloc((size_t)P * 7, sizeof(double));
         int skip = timed > 1; // the first step warms up
@@ -290,7 +291,7 @@ static int train(fsdp_comm *comm, void *arg) {
         mine[0] = (double)st.persistent_bytes, mine[1] = (double)st.peak_unsharded_bytes;
         mine[2] = (double)st.peak_bytes, mine[3] = 1024.0 * (double)ru.ru_maxrss;
         mine[4] = median(step_ms + skip, timed - skip), mine[5] = median(fsdp_ms + skip, timed - skip);
-        mine[6] = 2.0 * sizeof(float) * (double)acts.num_floats;
+        mine[6] = sizeof(float) * (double)acts.num_floats;
         if (!all || fsdp_all_gather(comm, mine, all, sizeof mine / 4, FSDP_F32)) { // doubles, moved as bytes
             fprintf(stderr, "rank %d: gathering the statistics failed: %s\n", rank, fsdp_comm_last_error(comm));
             free(all);

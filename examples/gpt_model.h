@@ -1,4 +1,5 @@
-/* gpt_model.h - the GPT-2 model of examples/gpt.c, shared with tests/test_gpt.c.
+/* gpt_model.h - the GPT-2 model of examples/gpt.c, shared with tests/test_gpt.c and
+   examples/bench_train.c.
 
    A GPT-2 style decoder over bytes, written llm.c style: one function per layer and direction,
    outputs first, gradients named d* and accumulated with +=, shapes in comments, parameters
@@ -19,11 +20,22 @@
    unit and receives gradient twice: from the head at the start of backward and from the
    embedding at its end; the root's backward encloses the blocks', so both land in the same
    gradient buffer. (HF's GPT-2 stores these four matrices transposed, as Conv1D (in, out):
-   transpose them when moving weights to or from transformers.)
+   transpose them when moving weights to or from transformers.) tests/torch_gpt.py is the same
+   model in PyTorch; test_gpt checks that both give the same loss and gradients.
 
    The same forward and backward run on FSDP-managed weights (gpt.ctx set: the hooks gather and
    reshard around each block) or on plain arrays (gpt.ctx NULL: the no-FSDP baseline the test
    compares against, and the sampler at the end of training).
+
+   Speed, on one core per rank: every matrix product, the attention's included (one per head),
+   goes through example_sgemm (example_gemm.h: an AVX-512 kernel where the CPU has it, OpenBLAS
+   otherwise). The other layers are loops the compiler vectorises: no libm call per element (exp
+   is gpt_expf below), float sums kept in GPT_LANES partial sums (a compiler may not reorder a
+   float sum by itself), and, with GCC or clang on x86-64, each compiled three times (AVX-512,
+   AVX2+FMA, SSE2) with the CPU's best picked at run time (GPT_SIMD). Backward keeps one layer's
+   activation gradients at a time, not all of them. Pointers marked restrict must not overlap.
+   Compile with -O3 -fno-math-errno -fno-trapping-math (the Makefile's EXAMPLE_OPT): GCC's -O2
+   vectorises almost none of these loops; never with -ffast-math (see gpt_expf).
 
    Include after fsdp.h (with FSDP_IMPLEMENTATION) and <cblas.h>. Everything here is static. */
 #ifndef GPT_MODEL_H
@@ -36,11 +48,21 @@
 #include <string.h>
 
 #include "example_common.h"
+#include "example_gemm.h"
 
 #if defined(__GNUC__) || defined(__clang__)
 #  define GPT_UNUSED __attribute__((unused)) /* for what only one of the two programs calls */
 #else
 #  define GPT_UNUSED
+#endif
+
+/* One copy of a function per instruction set, chosen when the program starts (GCC/clang
+   function multi-versioning through ifunc); elsewhere the plain function. */
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && defined(__linux__) && \
+    !defined(__SANITIZE_THREAD__) && !defined(GPT_NO_CLONES)
+#  define GPT_SIMD __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#  define GPT_SIMD
 #endif
 
 #define GPT_MAX_LAYERS 64
@@ -54,10 +76,41 @@ typedef struct {
 } gpt_config;
 
 /* ----------------------------------------------------------------------------------------- */
+/* arithmetic the compiler vectorises */
+
+/* Partial sums per reduction. A loop `for (i...) lane[i % GPT_LANES] += ...` is GPT_LANES
+   independent sums the compiler can put in one vector register; the lanes are added at the end.
+   The order of the additions is fixed by this source, not by the instruction set. */
+#define GPT_LANES 16
+
+/* exp(x), within 2 ulp for x in [-87, 88] (clamped there: below, 1.6e-38 instead of a denormal
+   or 0; above, 1.7e38). x = n ln2 + r with |r| <= ln2/2, exp(r) by its Taylor series to r^7
+   (truncation 8e-9), then 2^n put into the exponent bits. n is rounded by adding 1.5 * 2^23,
+   which leaves round(x / ln2) in the low mantissa bits (so never compile this with
+   -ffast-math, which would fold (t + c) - c to t). No libm call and no branch, so loops over it
+   vectorise (with -fno-trapping-math, which lets the compiler evaluate both arms of a clamp). */
+static inline float gpt_expf(float x) {
+    const float round_magic = 12582912.0f; // 1.5 * 2^23
+    float t, n, r, p, two_n;
+    int32_t i, bits;
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    t = x * 1.44269504f + round_magic;
+    n = t - round_magic;                                   // round(x / ln2), as a float
+    memcpy(&i, &t, sizeof i);
+    i -= 0x4b400000;                                       // ... and as an integer: t's bits minus round_magic's
+    r = (x - n * 0.693145751953125f) - n * 1.42860677e-6f; // ln2 in two parts: n * the first is exact
+    p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720 + r * (1.0f / 5040)))))));
+    bits = (i + 127) << 23;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return p * two_n;
+}
+
+/* ----------------------------------------------------------------------------------------- */
 /* layers */
 
 // out (B,T,C) = wte[inp] + wpe[t]; inp (B,T) token ids, wte (V,C), wpe (maxT,C)
-static void encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C) {
+GPT_SIMD static void encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C) {
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             float *out_bt = out + ((size_t)b * T + t) * C;
@@ -67,7 +120,8 @@ static void encoder_forward(float *out, const int *inp, const float *wte, const 
 }
 
 // dwte (V,C) += dout at each token's row; dwpe (maxT,C) += dout at each position's row
-static void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C) {
+GPT_SIMD static void encoder_backward(float *restrict dwte, float *restrict dwpe, const float *restrict dout,
+                                      const int *restrict inp, int B, int T, int C) {
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             const float *dout_bt = dout + ((size_t)b * T + t) * C;
@@ -80,35 +134,54 @@ static void encoder_backward(float *dwte, float *dwpe, const float *dout, const 
 }
 
 // out (B,T,C) = (inp - mean) * rstd * weight + bias over the last dimension; mean, rstd (B,T) kept for backward
-static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
-                              const float *bias, int B, int T, int C) {
+GPT_SIMD static void layernorm_forward(float *restrict out, float *restrict mean, float *restrict rstd,
+                                       const float *restrict inp, const float *restrict weight, const float *restrict bias,
+                                       int B, int T, int C) {
     const float eps = 1e-5f; // PyTorch's default
     for (size_t bt = 0; bt < (size_t)B * T; bt++) {
         const float *x = inp + bt * C;
-        float *out_bt = out + bt * C, m = 0, v = 0, s;
-        for (int i = 0; i < C; i++) m += x[i];
+        float *out_bt = out + bt * C, sum[GPT_LANES] = {0}, sumsq[GPT_LANES] = {0}, m = 0, v = 0, s;
+        int i;
+        for (i = 0; i + GPT_LANES <= C; i += GPT_LANES)
+            for (int j = 0; j < GPT_LANES; j++) sum[j] += x[i + j];
+        for (; i < C; i++) sum[i % GPT_LANES] += x[i];
+        for (int j = 0; j < GPT_LANES; j++) m += sum[j];
         m /= C;
-        for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
+        for (i = 0; i < C; i++) out_bt[i] = x[i] - m; // centred first: the variance without cancellation
+        for (i = 0; i + GPT_LANES <= C; i += GPT_LANES)
+            for (int j = 0; j < GPT_LANES; j++) sumsq[j] += out_bt[i + j] * out_bt[i + j];
+        for (; i < C; i++) sumsq[i % GPT_LANES] += out_bt[i] * out_bt[i];
+        for (int j = 0; j < GPT_LANES; j++) v += sumsq[j];
         v /= C; // biased variance, as PyTorch's LayerNorm
         s = 1.0f / sqrtf(v + eps);
-        for (int i = 0; i < C; i++) out_bt[i] = (x[i] - m) * s * weight[i] + bias[i];
+        for (i = 0; i < C; i++) out_bt[i] = out_bt[i] * s * weight[i] + bias[i];
         mean[bt] = m, rstd[bt] = s;
     }
 }
 
 // dinp (B,T,C) +=, dweight (C) +=, dbias (C) += the gradients of layernorm_forward given dout (B,T,C)
-static void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                               const float *weight, const float *mean, const float *rstd, int B, int T, int C) {
+GPT_SIMD static void layernorm_backward(float *restrict dinp, float *restrict dweight, float *restrict dbias,
+                                        const float *restrict dout, const float *restrict inp, const float *restrict weight,
+                                        const float *restrict mean, const float *restrict rstd, int B, int T, int C) {
     for (size_t bt = 0; bt < (size_t)B * T; bt++) {
         const float *dout_bt = dout + bt * C, *x = inp + bt * C;
         float *dinp_bt = dinp + bt * C, m = mean[bt], s = rstd[bt], dnorm_mean = 0, dnorm_norm_mean = 0;
-        for (int i = 0; i < C; i++) { // two reductions: the mean of dnorm and of dnorm * norm
+        float sum_dnorm[GPT_LANES] = {0}, sum_dnorm_norm[GPT_LANES] = {0};
+        int i;
+        for (i = 0; i + GPT_LANES <= C; i += GPT_LANES) // two reductions: the means of dnorm and of dnorm * norm
+            for (int j = 0; j < GPT_LANES; j++) {
+                float norm = (x[i + j] - m) * s, dnorm = weight[i + j] * dout_bt[i + j];
+                sum_dnorm[j] += dnorm;
+                sum_dnorm_norm[j] += dnorm * norm;
+            }
+        for (; i < C; i++) {
             float norm = (x[i] - m) * s, dnorm = weight[i] * dout_bt[i];
-            dnorm_mean += dnorm;
-            dnorm_norm_mean += dnorm * norm;
+            sum_dnorm[i % GPT_LANES] += dnorm;
+            sum_dnorm_norm[i % GPT_LANES] += dnorm * norm;
         }
+        for (int j = 0; j < GPT_LANES; j++) dnorm_mean += sum_dnorm[j], dnorm_norm_mean += sum_dnorm_norm[j];
         dnorm_mean /= C, dnorm_norm_mean /= C;
-        for (int i = 0; i < C; i++) {
+        for (i = 0; i < C; i++) {
             float norm = (x[i] - m) * s, dnorm = weight[i] * dout_bt[i];
             dbias[i] += dout_bt[i];
             dweight[i] += norm * dout_bt[i];
@@ -122,7 +195,13 @@ static void matmul_forward(float *out, const float *inp, const float *weight, co
                            int OC) {
     int N = B * T;
     if (bias) for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, sizeof(float) * (size_t)OC);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, bias ? 1.0f : 0.0f, out, OC);
+    example_sgemm(0, 1, N, OC, C, 1.0f, inp, C, weight, C, bias ? 1.0f : 0.0f, out, OC);
+}
+
+// the bias gradient: dbias (OC) += dout (N,OC) summed over its rows
+GPT_SIMD static void bias_backward(float *dbias, const float *dout, int N, int OC) {
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) dbias[o] += dout[(size_t)n * OC + o];
 }
 
 // dinp (B,T,C) += dout (B,T,OC) @ weight; dweight (OC,C) += dout^T @ inp; dbias (OC) += dout summed over B,T
@@ -130,111 +209,117 @@ static void matmul_forward(float *out, const float *inp, const float *weight, co
 static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, int B, int T, int C, int OC) {
     int N = B * T;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
-    if (dbias)
-        for (int n = 0; n < N; n++)
-            for (int o = 0; o < OC; o++) dbias[o] += dout[(size_t)n * OC + o];
+    example_sgemm(0, 0, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
+    example_sgemm(1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+    if (dbias) bias_backward(dbias, dout, N, OC);
+}
+
+// In place over each row t of att (T,T): the scaled scores of keys 0..t become their softmax,
+// the entries t2 > t (future keys) become 0.
+GPT_SIMD static void attention_softmax(float *att, int T, float scale) {
+    for (int t = 0; t < T; t++) {
+        float *row = att + (size_t)t * T, maxval = -INFINITY, expsum = 0, inv;
+        float lane_max[GPT_LANES], lane_sum[GPT_LANES] = {0};
+        int n = t + 1, i;
+        for (int j = 0; j < GPT_LANES; j++) lane_max[j] = -INFINITY;
+        for (i = 0; i + GPT_LANES <= n; i += GPT_LANES)
+            for (int j = 0; j < GPT_LANES; j++) lane_max[j] = row[i + j] > lane_max[j] ? row[i + j] : lane_max[j];
+        for (; i < n; i++) lane_max[i % GPT_LANES] = row[i] > lane_max[i % GPT_LANES] ? row[i] : lane_max[i % GPT_LANES];
+        for (int j = 0; j < GPT_LANES; j++) maxval = lane_max[j] > maxval ? lane_max[j] : maxval;
+        for (i = 0; i < n; i++) row[i] = gpt_expf((row[i] - maxval) * scale);
+        for (i = 0; i + GPT_LANES <= n; i += GPT_LANES)
+            for (int j = 0; j < GPT_LANES; j++) lane_sum[j] += row[i + j];
+        for (; i < n; i++) lane_sum[i % GPT_LANES] += row[i];
+        for (int j = 0; j < GPT_LANES; j++) expsum += lane_sum[j];
+        inv = 1.0f / expsum;
+        for (i = 0; i < n; i++) row[i] *= inv;
+        for (; i < T; i++) row[i] = 0.0f;
+    }
 }
 
 // Causal multi-head self-attention. inp (B,T,3C) holds query, key, value side by side (c_attn's
-// output); out (B,T,C) the heads' outputs side by side. preatt, att (B,NH,T,T): scores and their
-// softmax, kept for backward (entries t2 > t unused and left zero in att).
-static void attention_forward(float *out, float *preatt, float *att, const float *inp, int B, int T, int C, int NH) {
+// output); out (B,T,C) the heads' outputs side by side; att (B,NH,T,T) the attention weights,
+// softmax(q k^T / sqrt(hs)) over keys up to each query, kept for backward (0 above the diagonal).
+// Per (b, h), two matrix products on strided views of inp: scores = Q K^T, out_h = att V.
+static void attention_forward(float *out, float *att, const float *inp, int B, int T, int C, int NH) {
     int C3 = 3 * C, hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++)
-            for (int h = 0; h < NH; h++) {
-                const float *query_t = inp + ((size_t)b * T + t) * C3 + h * hs;
-                float *preatt_bth = preatt + (((size_t)b * NH + h) * T + t) * T;
-                float *att_bth = att + (((size_t)b * NH + h) * T + t) * T;
-                float *out_bth = out + ((size_t)b * T + t) * C + h * hs;
-                float maxval = -INFINITY, expsum = 0;
-                for (int t2 = 0; t2 <= t; t2++) { // scores against every key up to t
-                    const float *key_t2 = inp + ((size_t)b * T + t2) * C3 + C + h * hs;
-                    float dot = 0;
-                    for (int i = 0; i < hs; i++) dot += query_t[i] * key_t2[i];
-                    preatt_bth[t2] = dot * scale;
-                    if (preatt_bth[t2] > maxval) maxval = preatt_bth[t2];
-                }
-                for (int t2 = 0; t2 <= t; t2++) expsum += att_bth[t2] = expf(preatt_bth[t2] - maxval);
-                for (int t2 = 0; t2 < T; t2++) att_bth[t2] = t2 <= t ? att_bth[t2] / expsum : 0.0f;
-                for (int i = 0; i < hs; i++) out_bth[i] = 0;
-                for (int t2 = 0; t2 <= t; t2++) { // weighted sum of the values
-                    const float *value_t2 = inp + ((size_t)b * T + t2) * C3 + 2 * C + h * hs;
-                    for (int i = 0; i < hs; i++) out_bth[i] += att_bth[t2] * value_t2[i];
-                }
-            }
+        for (int h = 0; h < NH; h++) {
+            const float *query = inp + (size_t)b * T * C3 + h * hs, *key = query + C, *value = query + 2 * C;
+            float *att_bh = att + ((size_t)b * NH + h) * T * T, *out_bh = out + (size_t)b * T * C + h * hs;
+            example_sgemm(0, 1, T, T, hs, 1.0f, query, C3, key, C3, 0.0f, att_bh, T); // (T,T) = (T,hs) (hs,T)
+            attention_softmax(att_bh, T, scale);
+            example_sgemm(0, 0, T, hs, T, 1.0f, att_bh, T, value, C3, 0.0f, out_bh, C); // (T,hs) = (T,T) (T,hs)
+        }
 }
 
-// dinp (B,T,3C) += the gradient of attention_forward given dout (B,T,C). dpreatt, datt (B,NH,T,T)
-// are scratch, accumulated into (+=): pass them zeroed.
-static void attention_backward(float *dinp, float *dpreatt, float *datt, const float *dout, const float *inp,
-                               const float *att, int B, int T, int C, int NH) {
+// In place over each row t of datt (T,T): the gradient of the attention weights becomes the
+// gradient of the scores through the softmax, dpreatt = att * (datt - sum over t2 of att * datt),
+// times the score scale; 0 above the diagonal (att is 0 there).
+GPT_SIMD static void attention_softmax_backward(float *datt, const float *att, int T, float scale) {
+    for (int t = 0; t < T; t++) {
+        float *drow = datt + (size_t)t * T, dot = 0, lane[GPT_LANES] = {0};
+        const float *row = att + (size_t)t * T;
+        int n = t + 1, i;
+        for (i = 0; i + GPT_LANES <= n; i += GPT_LANES)
+            for (int j = 0; j < GPT_LANES; j++) lane[j] += row[i + j] * drow[i + j];
+        for (; i < n; i++) lane[i % GPT_LANES] += row[i] * drow[i];
+        for (int j = 0; j < GPT_LANES; j++) dot += lane[j];
+        for (i = 0; i < n; i++) drow[i] = row[i] * (drow[i] - dot) * scale;
+        for (; i < T; i++) drow[i] = 0.0f;
+    }
+}
+
+// dinp (B,T,3C) += the gradient of attention_forward given dout (B,T,C). datt (T,T) is scratch.
+// Per (b, h): dV += att^T dout_h, datt = dout_h V^T, through the softmax, dQ += datt K, dK += datt^T Q.
+static void attention_backward(float *dinp, float *datt, const float *dout, const float *inp, const float *att, int B,
+                               int T, int C, int NH) {
     int C3 = 3 * C, hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++)
-            for (int h = 0; h < NH; h++) {
-                const float *att_bth = att + (((size_t)b * NH + h) * T + t) * T;
-                float *datt_bth = datt + (((size_t)b * NH + h) * T + t) * T;
-                float *dpreatt_bth = dpreatt + (((size_t)b * NH + h) * T + t) * T;
-                const float *query_t = inp + ((size_t)b * T + t) * C3 + h * hs;
-                float *dquery_t = dinp + ((size_t)b * T + t) * C3 + h * hs;
-                const float *dout_bth = dout + ((size_t)b * T + t) * C + h * hs;
-                float dot = 0;
-                for (int t2 = 0; t2 <= t; t2++) { // through the weighted sum of the values
-                    const float *value_t2 = inp + ((size_t)b * T + t2) * C3 + 2 * C + h * hs;
-                    float *dvalue_t2 = dinp + ((size_t)b * T + t2) * C3 + 2 * C + h * hs;
-                    for (int i = 0; i < hs; i++) {
-                        datt_bth[t2] += value_t2[i] * dout_bth[i];
-                        dvalue_t2[i] += att_bth[t2] * dout_bth[i];
-                    }
-                }
-                // through the softmax: dpreatt = att * (datt - sum over t2 of att * datt)
-                for (int t2 = 0; t2 <= t; t2++) dot += att_bth[t2] * datt_bth[t2];
-                for (int t2 = 0; t2 <= t; t2++) dpreatt_bth[t2] += att_bth[t2] * (datt_bth[t2] - dot);
-                for (int t2 = 0; t2 <= t; t2++) { // through the query-key dot products
-                    const float *key_t2 = inp + ((size_t)b * T + t2) * C3 + C + h * hs;
-                    float *dkey_t2 = dinp + ((size_t)b * T + t2) * C3 + C + h * hs;
-                    for (int i = 0; i < hs; i++) {
-                        dquery_t[i] += key_t2[i] * dpreatt_bth[t2] * scale;
-                        dkey_t2[i] += query_t[i] * dpreatt_bth[t2] * scale;
-                    }
-                }
-            }
+        for (int h = 0; h < NH; h++) {
+            const float *query = inp + (size_t)b * T * C3 + h * hs, *key = query + C, *value = query + 2 * C;
+            float *dquery = dinp + (size_t)b * T * C3 + h * hs, *dkey = dquery + C, *dvalue = dquery + 2 * C;
+            const float *att_bh = att + ((size_t)b * NH + h) * T * T, *dout_bh = dout + (size_t)b * T * C + h * hs;
+            example_sgemm(1, 0, T, hs, T, 1.0f, att_bh, T, dout_bh, C, 1.0f, dvalue, C3); // (T,hs) += (T,T)^T (T,hs)
+            example_sgemm(0, 1, T, T, hs, 1.0f, dout_bh, C, value, C3, 0.0f, datt, T);     // (T,T) = (T,hs) (hs,T)
+            attention_softmax_backward(datt, att_bh, T, scale);
+            example_sgemm(0, 0, T, hs, T, 1.0f, datt, T, key, C3, 1.0f, dquery, C3);       // (T,hs) += (T,T) (T,hs)
+            example_sgemm(1, 0, T, hs, T, 1.0f, datt, T, query, C3, 1.0f, dkey, C3);       // (T,hs) += (T,T)^T (T,hs)
+        }
 }
 
 #define GELU_SCALING_FACTOR 0.7978845608f // sqrt(2 / pi)
 
-// out (N) = GELU(inp), tanh approximation (GPT-2's "gelu_new")
-static void gelu_forward(float *out, const float *inp, size_t N) {
+// out (N) = GELU(inp), tanh approximation (GPT-2's "gelu_new"):
+// 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), written as x / (1 + exp(-2u)) (the same
+// function: 0.5 (1 + tanh(u)) is the logistic sigmoid of 2u), which needs one exp and keeps its
+// relative precision for negative x, where 1 + tanh(u) cancels.
+GPT_SIMD static void gelu_forward(float *restrict out, const float *restrict inp, size_t N) {
     for (size_t i = 0; i < N; i++) {
-        float x = inp[i], cube = 0.044715f * x * x * x;
-        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALING_FACTOR * (x + cube)));
+        float x = inp[i], u = GELU_SCALING_FACTOR * (x + 0.044715f * x * x * x);
+        out[i] = x / (1.0f + gpt_expf(-2.0f * u));
     }
 }
 
-// dinp (N) += GELU'(inp) * dout
-static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t N) {
+// dinp (N) += GELU'(inp) * dout. With s = sigmoid(2u): GELU = x s, GELU' = s + 2 x s (1 - s) du/dx
+GPT_SIMD static void gelu_backward(float *restrict dinp, const float *restrict inp, const float *restrict dout, size_t N) {
     for (size_t i = 0; i < N; i++) {
-        float x = inp[i], cube = 0.044715f * x * x * x;
-        float tanh_arg = GELU_SCALING_FACTOR * (x + cube), tanh_out = tanhf(tanh_arg);
-        float sech2 = 1.0f - tanh_out * tanh_out;
-        float local_grad = 0.5f * (1.0f + tanh_out) +
-                           x * 0.5f * sech2 * GELU_SCALING_FACTOR * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] += local_grad * dout[i];
+        float x = inp[i], u = GELU_SCALING_FACTOR * (x + 0.044715f * x * x * x);
+        float s = 1.0f / (1.0f + gpt_expf(-2.0f * u)), du = GELU_SCALING_FACTOR * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] += (s + 2.0f * x * s * (1.0f - s) * du) * dout[i];
     }
 }
 
 // out (N) = inp1 + inp2
-static void residual_forward(float *out, const float *inp1, const float *inp2, size_t N) {
+GPT_SIMD static void residual_forward(float *out, const float *inp1, const float *inp2, size_t N) {
     for (size_t i = 0; i < N; i++) out[i] = inp1[i] + inp2[i];
 }
 
-// dinp1 (N) += dout; dinp2 (N) += dout
-static void residual_backward(float *dinp1, float *dinp2, const float *dout, size_t N) {
+// dinp1 (N) += dout; dinp2 (N) += dout. (gpt_backward needs no call: it accumulates the residual
+// stream's gradient in one buffer, which is both branches' dout.)
+GPT_UNUSED GPT_SIMD static void residual_backward(float *dinp1, float *dinp2, const float *dout, size_t N) {
     for (size_t i = 0; i < N; i++) {
         dinp1[i] += dout[i];
         dinp2[i] += dout[i];
@@ -242,27 +327,37 @@ static void residual_backward(float *dinp1, float *dinp2, const float *dout, siz
 }
 
 // probs (B,T,V) = softmax(logits (B,T,V)); losses (B,T) = -log probs[target], computed as
-// logsumexp - logit[target] (stable). targets NULL: probs only (sampling).
-static void softmax_crossentropy_forward(float *losses, float *probs, const float *logits, const int *targets, int B,
-                                         int T, int V) {
+// log(sum of exp(logit - max)) - (logit[target] - max) (stable). targets NULL: probs only (sampling).
+GPT_SIMD static void softmax_crossentropy_forward(float *losses, float *probs, const float *logits, const int *targets,
+                                                  int B, int T, int V) {
     for (size_t bt = 0; bt < (size_t)B * T; bt++) {
         const float *z = logits + bt * V;
-        float *p = probs + bt * V, maxz = -INFINITY;
-        double sum = 0;
-        for (int v = 0; v < V; v++) maxz = z[v] > maxz ? z[v] : maxz;
-        for (int v = 0; v < V; v++) sum += p[v] = expf(z[v] - maxz);
-        for (int v = 0; v < V; v++) p[v] = (float)(p[v] / sum);
-        if (targets) losses[bt] = (float)(log(sum) - (double)(z[targets[bt]] - maxz));
+        float *p = probs + bt * V, maxz = -INFINITY, sum = 0, inv, lane_max[GPT_LANES], lane_sum[GPT_LANES] = {0};
+        int v;
+        for (int j = 0; j < GPT_LANES; j++) lane_max[j] = -INFINITY;
+        for (v = 0; v + GPT_LANES <= V; v += GPT_LANES)
+            for (int j = 0; j < GPT_LANES; j++) lane_max[j] = z[v + j] > lane_max[j] ? z[v + j] : lane_max[j];
+        for (; v < V; v++) lane_max[v % GPT_LANES] = z[v] > lane_max[v % GPT_LANES] ? z[v] : lane_max[v % GPT_LANES];
+        for (int j = 0; j < GPT_LANES; j++) maxz = lane_max[j] > maxz ? lane_max[j] : maxz;
+        for (v = 0; v < V; v++) p[v] = gpt_expf(z[v] - maxz);
+        for (v = 0; v + GPT_LANES <= V; v += GPT_LANES)
+            for (int j = 0; j < GPT_LANES; j++) lane_sum[j] += p[v + j];
+        for (; v < V; v++) lane_sum[v % GPT_LANES] += p[v];
+        for (int j = 0; j < GPT_LANES; j++) sum += lane_sum[j];
+        inv = 1.0f / sum;
+        for (v = 0; v < V; v++) p[v] *= inv;
+        if (targets) losses[bt] = logf(sum) - (z[targets[bt]] - maxz);
     }
 }
 
 // dlogits (B,T,V) += (probs - onehot(target)) * dlosses, the gradient through softmax and crossentropy
-static void softmax_crossentropy_backward(float *dlogits, const float *dlosses, const float *probs, const int *targets,
-                                          int B, int T, int V) {
+GPT_SIMD static void softmax_crossentropy_backward(float *dlogits, const float *dlosses, const float *probs,
+                                                   const int *targets, int B, int T, int V) {
     for (size_t bt = 0; bt < (size_t)B * T; bt++) {
         const float *p = probs + bt * V;
-        float *dz = dlogits + bt * V;
-        for (int v = 0; v < V; v++) dz[v] += (p[v] - (v == targets[bt] ? 1.0f : 0.0f)) * dlosses[bt];
+        float *dz = dlogits + bt * V, dloss = dlosses[bt];
+        for (int v = 0; v < V; v++) dz[v] += p[v] * dloss;
+        dz[targets[bt]] -= dloss;
     }
 }
 
@@ -415,7 +510,8 @@ static void gpt_free(gpt *m) {
     m->model = NULL, m->plain = m->dplain = NULL, m->plain_offset = NULL;
 }
 
-/* Activations of one local batch (B,T), one buffer carved by a sizes table, llm.c's layout. */
+/* Activations of one local batch (B,T), one buffer carved by a sizes table, llm.c's layout:
+   what forward keeps for backward, per layer. */
 typedef struct {
     float *encoded;    // (B,T,C)
     float *ln1;        // (L,B,T,C)
@@ -423,16 +519,13 @@ typedef struct {
     float *ln1_rstd;   // (L,B,T)
     float *qkv;        // (L,B,T,3C)
     float *atty;       // (L,B,T,C)
-    float *preatt;     // (L,B,NH,T,T)
     float *att;        // (L,B,NH,T,T)
-    float *attproj;    // (L,B,T,C)
     float *residual2;  // (L,B,T,C)
     float *ln2;        // (L,B,T,C)
     float *ln2_mean;   // (L,B,T)
     float *ln2_rstd;   // (L,B,T)
     float *fch;        // (L,B,T,4C)
     float *fch_gelu;   // (L,B,T,4C)
-    float *fcproj;     // (L,B,T,C)
     float *residual3;  // (L,B,T,C)
     float *lnf;        // (B,T,C)
     float *lnf_mean;   // (B,T)
@@ -440,49 +533,64 @@ typedef struct {
     float *logits;     // (B,T,V)
     float *probs;      // (B,T,V)
     float *losses;     // (B,T)
+    float *proj;       // (B,T,C) scratch: c_proj's output before it joins the residual stream
 } activations;
-#define NUM_ACTIVATIONS 23
+#define NUM_ACTIVATIONS 21
+
+/* Their gradients, for one layer at a time: backward walks the layers down and needs only the
+   current one's (they are zeroed before each use, so the layer functions can accumulate). */
+typedef struct {
+    float *dresidual;  // (B,T,C) the residual stream's: residual3 of the current layer, then residual2, then
+                       //         the layer's input (residual3 of the one below); c_proj's dout on the way
+    float *dln;        // (B,T,C) a LayerNorm output's (ln_f, ln_2, ln_1 in turn)
+    float *dqkv;       // (B,T,3C)
+    float *datty;      // (B,T,C)
+    float *datt;       // (T,T) attention_backward's scratch
+    float *dfch;       // (B,T,4C)
+    float *dfch_gelu;  // (B,T,4C)
+    float *dlogits;    // (B,T,V)
+    float *dlosses;    // (B,T)
+} activation_grads;
+#define NUM_ACTIVATION_GRADS 9
 
 typedef struct {
     int B, T;                // the largest batch they hold
-    activations a, da;       // the activations and their gradients (same layout)
-    float *memory, *grad_memory;
-    size_t num_floats;       // of each
+    activations a;
+    activation_grads da;
+    float *memory;           // both, in one allocation
+    size_t num_floats;       // of memory
     int *inputs, *targets;   // (B,T)
 } gpt_acts;
 
 static int gpt_acts_alloc(gpt_acts *acts, const gpt_config *c, int B, int T) {
     size_t L = (size_t)c->num_layers, NH = (size_t)c->num_heads, C = (size_t)c->channels, V = (size_t)c->vocab_size;
     size_t BT = (size_t)B * (size_t)T;
-    size_t sizes[NUM_ACTIVATIONS] = {
-        BT * C, L * BT * C, L * BT, L * BT, L * BT * 3 * C, L * BT * C, L * BT * NH * T, L * BT * NH * T,
-        L * BT * C, L * BT * C, L * BT * C, L * BT, L * BT, L * BT * 4 * C, L * BT * 4 * C, L * BT * C, L * BT * C,
-        BT * C, BT, BT, BT * V, BT * V, BT};
-    activations *both[2];
+    size_t sizes[NUM_ACTIVATIONS + NUM_ACTIVATION_GRADS] = {
+        BT * C, L * BT * C, L * BT, L * BT, L * BT * 3 * C, L * BT * C, L * BT * NH * T, L * BT * C, L * BT * C, L * BT,
+        L * BT, L * BT * 4 * C, L * BT * 4 * C, L * BT * C, BT * C, BT, BT, BT * V, BT * V, BT, BT * C,
+        BT * C, BT * C, BT * 3 * C, BT * C, (size_t)T * T, BT * 4 * C, BT * 4 * C, BT * V, BT};
+    activations *x = &acts->a;
+    activation_grads *d = &acts->da;
+    float **ptrs[NUM_ACTIVATIONS + NUM_ACTIVATION_GRADS] = {
+        &x->encoded, &x->ln1, &x->ln1_mean, &x->ln1_rstd, &x->qkv, &x->atty, &x->att, &x->residual2, &x->ln2,
+        &x->ln2_mean, &x->ln2_rstd, &x->fch, &x->fch_gelu, &x->residual3, &x->lnf, &x->lnf_mean, &x->lnf_rstd,
+        &x->logits, &x->probs, &x->losses, &x->proj,
+        &d->dresidual, &d->dln, &d->dqkv, &d->datty, &d->datt, &d->dfch, &d->dfch_gelu, &d->dlogits, &d->dlosses};
+    float *at;
     memset(acts, 0, sizeof *acts);
     acts->B = B, acts->T = T;
-    for (int i = 0; i < NUM_ACTIVATIONS; i++) acts->num_floats += sizes[i];
+    for (int i = 0; i < NUM_ACTIVATIONS + NUM_ACTIVATION_GRADS; i++) acts->num_floats += (sizes[i] + 15) & ~(size_t)15;
     acts->memory = (float *)calloc(acts->num_floats, sizeof(float));
-    acts->grad_memory = (float *)calloc(acts->num_floats, sizeof(float));
     acts->inputs = (int *)calloc(BT, sizeof(int));
     acts->targets = (int *)calloc(BT, sizeof(int));
-    if (!acts->memory || !acts->grad_memory || !acts->inputs || !acts->targets) return -1;
-    both[0] = &acts->a, both[1] = &acts->da;
-    for (int k = 0; k < 2; k++) {
-        activations *x = both[k];
-        float **ptrs[NUM_ACTIVATIONS] = {&x->encoded, &x->ln1, &x->ln1_mean, &x->ln1_rstd, &x->qkv, &x->atty,
-                                         &x->preatt, &x->att, &x->attproj, &x->residual2, &x->ln2, &x->ln2_mean,
-                                         &x->ln2_rstd, &x->fch, &x->fch_gelu, &x->fcproj, &x->residual3, &x->lnf,
-                                         &x->lnf_mean, &x->lnf_rstd, &x->logits, &x->probs, &x->losses};
-        float *at = k ? acts->grad_memory : acts->memory;
-        for (int i = 0; i < NUM_ACTIVATIONS; i++) *ptrs[i] = at, at += sizes[i];
-    }
+    if (!acts->memory || !acts->inputs || !acts->targets) return -1;
+    at = acts->memory;
+    for (int i = 0; i < NUM_ACTIVATIONS + NUM_ACTIVATION_GRADS; i++) *ptrs[i] = at, at += (sizes[i] + 15) & ~(size_t)15;
     return 0;
 }
 
 static void gpt_acts_free(gpt_acts *acts) {
     free(acts->memory);
-    free(acts->grad_memory);
     free(acts->inputs);
     free(acts->targets);
     memset(acts, 0, sizeof *acts);
@@ -518,7 +626,7 @@ static int gpt_tensors(gpt *m, const int *ids, int n, int grad, float **out, con
 static int gpt_forward(gpt *m, gpt_acts *acts, int B, int T, int targets, float *loss) {
     const gpt_config *c = &m->config;
     int L = c->num_layers, NH = c->num_heads, C = c->channels, V = c->vocab_size;
-    size_t BTC = (size_t)B * T * C;
+    size_t BTC = (size_t)B * T * C, BT = (size_t)B * T;
     activations *a = &acts->a;
     float *root[NUM_ROOT_PARAMS], *residual;
     if (GPT_HOOK(m, fsdp_pre_forward, 0) || gpt_tensors(m, m->root_param, NUM_ROOT_PARAMS, 0, root, "not gathered"))
@@ -526,26 +634,24 @@ static int gpt_forward(gpt *m, gpt_acts *acts, int B, int T, int targets, float 
     encoder_forward(a->encoded, acts->inputs, root[WTE], root[WPE], B, T, C);
     for (int l = 0; l < L; l++) {
         float *w[NUM_BLOCK_PARAMS];
-        float *l_ln1 = a->ln1 + l * BTC, *l_ln1_mean = a->ln1_mean + (size_t)l * B * T;
-        float *l_ln1_rstd = a->ln1_rstd + (size_t)l * B * T, *l_qkv = a->qkv + l * 3 * BTC, *l_atty = a->atty + l * BTC;
-        float *l_preatt = a->preatt + (size_t)l * B * NH * T * T, *l_att = a->att + (size_t)l * B * NH * T * T;
-        float *l_attproj = a->attproj + l * BTC, *l_residual2 = a->residual2 + l * BTC, *l_ln2 = a->ln2 + l * BTC;
-        float *l_ln2_mean = a->ln2_mean + (size_t)l * B * T, *l_ln2_rstd = a->ln2_rstd + (size_t)l * B * T;
-        float *l_fch = a->fch + l * 4 * BTC, *l_fch_gelu = a->fch_gelu + l * 4 * BTC, *l_fcproj = a->fcproj + l * BTC;
-        float *l_residual3 = a->residual3 + l * BTC;
+        float *l_ln1 = a->ln1 + l * BTC, *l_ln1_mean = a->ln1_mean + l * BT, *l_ln1_rstd = a->ln1_rstd + l * BT;
+        float *l_qkv = a->qkv + l * 3 * BTC, *l_atty = a->atty + l * BTC, *l_att = a->att + (size_t)l * BT * NH * T;
+        float *l_residual2 = a->residual2 + l * BTC, *l_ln2 = a->ln2 + l * BTC;
+        float *l_ln2_mean = a->ln2_mean + l * BT, *l_ln2_rstd = a->ln2_rstd + l * BT;
+        float *l_fch = a->fch + l * 4 * BTC, *l_fch_gelu = a->fch_gelu + l * 4 * BTC, *l_residual3 = a->residual3 + l * BTC;
         residual = l == 0 ? a->encoded : a->residual3 + (l - 1) * BTC;
         if (GPT_HOOK(m, fsdp_pre_forward, m->block[l]) || gpt_tensors(m, m->param[l], NUM_BLOCK_PARAMS, 0, w, "not gathered"))
             return -1;
         layernorm_forward(l_ln1, l_ln1_mean, l_ln1_rstd, residual, w[LN1W], w[LN1B], B, T, C);
         matmul_forward(l_qkv, l_ln1, w[QKVW], w[QKVB], B, T, C, 3 * C);
-        attention_forward(l_atty, l_preatt, l_att, l_qkv, B, T, C, NH);
-        matmul_forward(l_attproj, l_atty, w[ATTPROJW], w[ATTPROJB], B, T, C, C);
-        residual_forward(l_residual2, residual, l_attproj, BTC);
+        attention_forward(l_atty, l_att, l_qkv, B, T, C, NH);
+        matmul_forward(a->proj, l_atty, w[ATTPROJW], w[ATTPROJB], B, T, C, C);
+        residual_forward(l_residual2, residual, a->proj, BTC);
         layernorm_forward(l_ln2, l_ln2_mean, l_ln2_rstd, l_residual2, w[LN2W], w[LN2B], B, T, C);
         matmul_forward(l_fch, l_ln2, w[FCW], w[FCB], B, T, C, 4 * C);
         gelu_forward(l_fch_gelu, l_fch, 4 * BTC);
-        matmul_forward(l_fcproj, l_fch_gelu, w[FCPROJW], w[FCPROJB], B, T, 4 * C, C);
-        residual_forward(l_residual3, l_residual2, l_fcproj, BTC);
+        matmul_forward(a->proj, l_fch_gelu, w[FCPROJW], w[FCPROJB], B, T, 4 * C, C);
+        residual_forward(l_residual3, l_residual2, a->proj, BTC);
         if (GPT_HOOK(m, fsdp_post_forward, m->block[l])) return -1;
     }
     residual = a->residual3 + (L - 1) * BTC;
@@ -554,61 +660,68 @@ static int gpt_forward(gpt *m, gpt_acts *acts, int B, int T, int targets, float 
     softmax_crossentropy_forward(a->losses, a->probs, a->logits, targets ? acts->targets : NULL, B, T, V);
     if (targets) {
         double sum = 0;
-        for (size_t i = 0; i < (size_t)B * T; i++) sum += a->losses[i];
-        *loss = (float)(sum / ((double)B * T));
+        for (size_t i = 0; i < BT; i++) sum += a->losses[i];
+        *loss = (float)(sum / (double)BT);
     }
     return GPT_HOOK(m, fsdp_post_forward, 0);
 }
 
 /* Backward of the mean loss of the last gpt_forward (with targets, same B and T): accumulates
    into the parameters' gradients (fsdp_grad, or m->dplain). The root's backward encloses the
-   blocks': the LM head and ln_f come first, the embeddings last. */
+   blocks': the LM head and ln_f come first, the embeddings last. The residual stream's gradient
+   lives in da->dresidual throughout: a residual add passes its dout unchanged to both branches,
+   so each block's c_proj reads it as its dout and each LayerNorm adds its input gradient to it. */
 static int gpt_backward(gpt *m, gpt_acts *acts, int B, int T) {
     const gpt_config *c = &m->config;
     int L = c->num_layers, NH = c->num_heads, C = c->channels, V = c->vocab_size;
-    size_t BTC = (size_t)B * T * C;
-    activations *a = &acts->a, *da = &acts->da;
-    float *root[NUM_ROOT_PARAMS], *droot[NUM_ROOT_PARAMS], *residual, *dresidual;
-    memset(acts->grad_memory, 0, sizeof(float) * acts->num_floats);
+    size_t BTC = (size_t)B * T * C, BT = (size_t)B * T;
+    activations *a = &acts->a;
+    activation_grads *da = &acts->da;
+    float *root[NUM_ROOT_PARAMS], *droot[NUM_ROOT_PARAMS];
     if (GPT_HOOK(m, fsdp_pre_backward, 0) || gpt_tensors(m, m->root_param, NUM_ROOT_PARAMS, 0, root, "not gathered") ||
         gpt_tensors(m, m->root_param, NUM_ROOT_PARAMS, 1, droot, "no gradient buffer"))
         return -1;
-    for (size_t i = 0; i < (size_t)B * T; i++) da->losses[i] = 1.0f / ((float)B * T); // d(mean)/d(each loss)
-    softmax_crossentropy_backward(da->logits, da->losses, a->probs, acts->targets, B, T, V);
-    matmul_backward(da->lnf, droot[WTE], NULL, da->logits, a->lnf, root[WTE], B, T, C, V);
-    residual = a->residual3 + (L - 1) * BTC;
-    dresidual = da->residual3 + (L - 1) * BTC;
-    layernorm_backward(dresidual, droot[LNFW], droot[LNFB], da->lnf, residual, root[LNFW], a->lnf_mean, a->lnf_rstd, B,
-                       T, C);
+    for (size_t i = 0; i < BT; i++) da->dlosses[i] = 1.0f / (float)BT; // d(mean)/d(each loss)
+    memset(da->dlogits, 0, sizeof(float) * BT * V);
+    softmax_crossentropy_backward(da->dlogits, da->dlosses, a->probs, acts->targets, B, T, V);
+    memset(da->dln, 0, sizeof(float) * BTC);
+    matmul_backward(da->dln, droot[WTE], NULL, da->dlogits, a->lnf, root[WTE], B, T, C, V);
+    memset(da->dresidual, 0, sizeof(float) * BTC);
+    layernorm_backward(da->dresidual, droot[LNFW], droot[LNFB], da->dln, a->residual3 + (L - 1) * BTC, root[LNFW],
+                       a->lnf_mean, a->lnf_rstd, B, T, C);
     for (int l = L - 1; l >= 0; l--) {
         float *w[NUM_BLOCK_PARAMS], *dw[NUM_BLOCK_PARAMS];
-        size_t at1 = (size_t)l * B * T, att_at = (size_t)l * B * NH * T * T;
-        residual = l == 0 ? a->encoded : a->residual3 + (l - 1) * BTC;
-        dresidual = l == 0 ? da->encoded : da->residual3 + (l - 1) * BTC;
+        const float *residual = l == 0 ? a->encoded : a->residual3 + (l - 1) * BTC;
+        const float *l_ln1 = a->ln1 + l * BTC, *l_ln1_mean = a->ln1_mean + l * BT, *l_ln1_rstd = a->ln1_rstd + l * BT;
+        const float *l_qkv = a->qkv + l * 3 * BTC, *l_atty = a->atty + l * BTC, *l_att = a->att + (size_t)l * BT * NH * T;
+        const float *l_residual2 = a->residual2 + l * BTC, *l_ln2 = a->ln2 + l * BTC;
+        const float *l_ln2_mean = a->ln2_mean + l * BT, *l_ln2_rstd = a->ln2_rstd + l * BT;
+        const float *l_fch = a->fch + l * 4 * BTC, *l_fch_gelu = a->fch_gelu + l * 4 * BTC;
         if (GPT_HOOK(m, fsdp_pre_backward, m->block[l]) ||
             gpt_tensors(m, m->param[l], NUM_BLOCK_PARAMS, 0, w, "not gathered") ||
             gpt_tensors(m, m->param[l], NUM_BLOCK_PARAMS, 1, dw, "no gradient buffer"))
             return -1;
-        residual_backward(da->residual2 + l * BTC, da->fcproj + l * BTC, da->residual3 + l * BTC, BTC);
-        matmul_backward(da->fch_gelu + l * 4 * BTC, dw[FCPROJW], dw[FCPROJB], da->fcproj + l * BTC,
-                        a->fch_gelu + l * 4 * BTC, w[FCPROJW], B, T, 4 * C, C);
-        gelu_backward(da->fch + l * 4 * BTC, a->fch + l * 4 * BTC, da->fch_gelu + l * 4 * BTC, 4 * BTC);
-        matmul_backward(da->ln2 + l * BTC, dw[FCW], dw[FCB], da->fch + l * 4 * BTC, a->ln2 + l * BTC, w[FCW], B, T, C,
-                        4 * C);
-        layernorm_backward(da->residual2 + l * BTC, dw[LN2W], dw[LN2B], da->ln2 + l * BTC, a->residual2 + l * BTC,
-                           w[LN2W], a->ln2_mean + at1, a->ln2_rstd + at1, B, T, C);
-        residual_backward(dresidual, da->attproj + l * BTC, da->residual2 + l * BTC, BTC);
-        matmul_backward(da->atty + l * BTC, dw[ATTPROJW], dw[ATTPROJB], da->attproj + l * BTC, a->atty + l * BTC,
-                        w[ATTPROJW], B, T, C, C);
-        attention_backward(da->qkv + l * 3 * BTC, da->preatt + att_at, da->att + att_at, da->atty + l * BTC,
-                           a->qkv + l * 3 * BTC, a->att + att_at, B, T, C, NH);
-        matmul_backward(da->ln1 + l * BTC, dw[QKVW], dw[QKVB], da->qkv + l * 3 * BTC, a->ln1 + l * BTC, w[QKVW], B, T, C,
-                        3 * C);
-        layernorm_backward(dresidual, dw[LN1W], dw[LN1B], da->ln1 + l * BTC, residual, w[LN1W], a->ln1_mean + at1,
-                           a->ln1_rstd + at1, B, T, C);
+        // da->dresidual holds the gradient of this block's output, residual3
+        memset(da->dfch_gelu, 0, sizeof(float) * 4 * BTC);
+        matmul_backward(da->dfch_gelu, dw[FCPROJW], dw[FCPROJB], da->dresidual, l_fch_gelu, w[FCPROJW], B, T, 4 * C, C);
+        memset(da->dfch, 0, sizeof(float) * 4 * BTC);
+        gelu_backward(da->dfch, l_fch, da->dfch_gelu, 4 * BTC);
+        memset(da->dln, 0, sizeof(float) * BTC);
+        matmul_backward(da->dln, dw[FCW], dw[FCB], da->dfch, l_ln2, w[FCW], B, T, C, 4 * C);
+        layernorm_backward(da->dresidual, dw[LN2W], dw[LN2B], da->dln, l_residual2, w[LN2W], l_ln2_mean, l_ln2_rstd, B,
+                           T, C);
+        // now the gradient of residual2
+        memset(da->datty, 0, sizeof(float) * BTC);
+        matmul_backward(da->datty, dw[ATTPROJW], dw[ATTPROJB], da->dresidual, l_atty, w[ATTPROJW], B, T, C, C);
+        memset(da->dqkv, 0, sizeof(float) * 3 * BTC);
+        attention_backward(da->dqkv, da->datt, da->datty, l_qkv, l_att, B, T, C, NH);
+        memset(da->dln, 0, sizeof(float) * BTC);
+        matmul_backward(da->dln, dw[QKVW], dw[QKVB], da->dqkv, l_ln1, w[QKVW], B, T, C, 3 * C);
+        layernorm_backward(da->dresidual, dw[LN1W], dw[LN1B], da->dln, residual, w[LN1W], l_ln1_mean, l_ln1_rstd, B, T, C);
+        // now the gradient of the block's input
         if (GPT_HOOK(m, fsdp_post_backward, m->block[l])) return -1;
     }
-    encoder_backward(droot[WTE], droot[WPE], da->encoded, acts->inputs, B, T, C);
+    encoder_backward(droot[WTE], droot[WPE], da->dresidual, acts->inputs, B, T, C);
     return GPT_HOOK(m, fsdp_post_backward, 0);
 }
 
