@@ -802,6 +802,191 @@ static void test_resumed_training_ends_bitwise_where_uninterrupted_training_ends
     }
 }
 
+/* ---------------------------------------------------------------------------------------------
+   the same model in PyTorch (tests/torch_gpt.py)
+   --------------------------------------------------------------------------------------------- */
+/* C = 24 and hs = 8 leave remainders in the kernels' 16-lane loops; T = 13 < maxT leaves rows of
+   wpe without gradient. */
+static const gpt_config CROSS = {256, 16, 2, 3, 24}; /* V, maxT, L, NH, C */
+#define CROSS_B 3
+#define CROSS_T 13
+#define CROSS_STEPS 3 /* FSDP AdamW steps before saving, so no weight is at its initial value */
+
+static const char *torch_python(void) { /* the interpreter that has torch (Debian's python3-torch) */
+    const char *p = getenv("TORCH_PYTHON");
+    return p && *p ? p : "/usr/bin/python3";
+}
+
+/* A rank of the run that makes the checkpoint: FULL_SHARD, a few steps, fsdp_save_full. */
+static int crosscheck_rank(fsdp_comm *comm, void *arg) {
+    const char *path = (const char *)arg;
+    int rank = fsdp_comm_rank(comm), P = fsdp_comm_size(comm), B = 4 / P, step, rc = 1;
+    const char *wrap_types[] = {"Block", NULL};
+    fsdp_ctx *ctx = NULL;
+    fsdp_desc desc;
+    gpt m;
+    gpt_acts acts;
+    float loss;
+    memset(&acts, 0, sizeof acts);
+    openblas_set_num_threads(1);
+    if (gpt_build(&m, CROSS) || gpt_acts_alloc(&acts, &CROSS, B, CROSS_T)) goto done;
+    memset(&desc, 0, sizeof desc);
+    desc.comm = comm;
+    desc.strategy = FSDP_FULL_SHARD;
+    desc.wrap.kind = FSDP_WRAP_TYPES;
+    desc.wrap.types = wrap_types;
+    desc.seed = SEED;
+    desc.optimizer.kind = FSDP_ADAMW;
+    desc.optimizer.lr = 1e-2f;
+    if (fsdp_init(&ctx, m.model, &desc)) goto done;
+    m.ctx = ctx, m.rank = rank;
+    for (step = 0; step < CROSS_STEPS; step++) {
+        data_batch(corpus, sizeof corpus, step, 4, CROSS_T, rank * B, (rank + 1) * B, acts.inputs, acts.targets);
+        if (gpt_forward(&m, &acts, B, CROSS_T, 1, &loss) || gpt_backward(&m, &acts, B, CROSS_T) ||
+            fsdp_step(ctx, 0, NULL) || fsdp_zero_grad(ctx))
+            goto done;
+    }
+    rc = fsdp_save_full(ctx, path, NULL) ? 1 : 0;
+    if (rc) fprintf(stderr, "rank %d: fsdp_save_full: %s\n", rank, fsdp_last_error(ctx));
+done:
+    fsdp_destroy(ctx);
+    gpt_acts_free(&acts);
+    gpt_free(&m);
+    return rc;
+}
+
+/* The C model's loss and gradients for one batch, on the weights of the checkpoint at ckpt (read
+   back with fsdp_st_read, plain arrays), written to ref for torch_gpt.py: inputs and targets
+   (as F32), loss [1], and grad.<name> per parameter; metadata "heads". 0 or -1 with msg. */
+static int crosscheck_reference(const char *ckpt, const char *ref, char *msg, size_t msg_size) {
+    gpt m;
+    gpt_acts acts;
+    fsdp_st_file *file = NULL;
+    fsdp_st_writer *w = NULL;
+    fsdp_st_spec specs[3 + 4 + 12 * GPT_MAX_LAYERS];
+    char names[4 + 12 * GPT_MAX_LAYERS][96], heads[16], err[512];
+    fsdp_kv meta[1];
+    float loss, *values = NULL;
+    int n, p, k, rc = -1;
+    memset(&acts, 0, sizeof acts);
+    if (gpt_build(&m, CROSS) || gpt_plain_init(&m, SEED) || gpt_acts_alloc(&acts, &CROSS, CROSS_B, CROSS_T)) {
+        snprintf(msg, msg_size, "out of memory");
+        goto done;
+    }
+    if (fsdp_st_open(&file, ckpt, err, sizeof err)) {
+        snprintf(msg, msg_size, "fsdp_st_open(%s): %s", ckpt, err);
+        goto done;
+    }
+    n = fsdp_model_num_params(m.model);
+    for (p = 0; p < n; p++) { /* the checkpoint's weights into the plain arrays */
+        const char *name = fsdp_model_param_name(m.model, p);
+        int t = fsdp_st_find(file, name);
+        if (t < 0 || fsdp_st_read(file, t, 0, fsdp_model_param_numel(m.model, p), m.plain + m.plain_offset[p], err,
+                                  sizeof err)) {
+            snprintf(msg, msg_size, "checkpoint %s: tensor %s: %s", ckpt, name, t < 0 ? "missing" : err);
+            goto done;
+        }
+    }
+    data_batch(corpus, sizeof corpus, 7, CROSS_B, CROSS_T, 0, CROSS_B, acts.inputs, acts.targets);
+    memset(m.dplain, 0, sizeof(float) * m.num_params);
+    if (gpt_forward(&m, &acts, CROSS_B, CROSS_T, 1, &loss) || gpt_backward(&m, &acts, CROSS_B, CROSS_T)) {
+        snprintf(msg, msg_size, "gpt_forward/gpt_backward failed");
+        goto done;
+    }
+    memset(specs, 0, sizeof specs);
+    for (k = 0; k < 2; k++) {
+        specs[k].name = k ? "targets" : "inputs", specs[k].dtype = FSDP_F32, specs[k].ndim = 2;
+        specs[k].shape[0] = CROSS_B, specs[k].shape[1] = CROSS_T;
+    }
+    specs[2].name = "loss", specs[2].dtype = FSDP_F32, specs[2].ndim = 1, specs[2].shape[0] = 1;
+    for (p = 0; p < n; p++) {
+        const fsdp_st_tensor *t = fsdp_st_tensor_at(file, fsdp_st_find(file, fsdp_model_param_name(m.model, p)));
+        snprintf(names[p], sizeof names[p], "grad.%s", fsdp_model_param_name(m.model, p));
+        specs[3 + p].name = names[p], specs[3 + p].dtype = FSDP_F32, specs[3 + p].ndim = t->ndim;
+        memcpy(specs[3 + p].shape, t->shape, sizeof t->shape);
+    }
+    snprintf(heads, sizeof heads, "%d", CROSS.num_heads);
+    meta[0].key = "heads", meta[0].value = heads;
+    values = (float *)malloc(sizeof(float) * CROSS_B * CROSS_T);
+    if (!values || fsdp_st_writer_open(&w, ref, specs, 3 + n, meta, 1, err, sizeof err)) {
+        snprintf(msg, msg_size, "fsdp_st_writer_open(%s): %s", ref, values ? err : "out of memory");
+        goto done;
+    }
+    for (k = 0; k < 2; k++) {
+        int i;
+        for (i = 0; i < CROSS_B * CROSS_T; i++) values[i] = (float)(k ? acts.targets[i] : acts.inputs[i]);
+        if (fsdp_st_writer_write_f32(w, values, CROSS_B * CROSS_T)) goto write_failed;
+    }
+    if (fsdp_st_writer_write_f32(w, &loss, 1)) goto write_failed;
+    for (p = 0; p < n; p++)
+        if (fsdp_st_writer_write_f32(w, m.dplain + m.plain_offset[p], (size_t)fsdp_model_param_numel(m.model, p)))
+            goto write_failed;
+    if (fsdp_st_writer_close(w, err, sizeof err)) {
+        w = NULL;
+        snprintf(msg, msg_size, "fsdp_st_writer_close(%s): %s", ref, err);
+        goto done;
+    }
+    w = NULL;
+    rc = 0;
+    goto done;
+write_failed:
+    snprintf(msg, msg_size, "writing %s failed", ref);
+done:
+    if (w) fsdp_st_writer_abort(w);
+    fsdp_st_close(file);
+    free(values);
+    gpt_acts_free(&acts);
+    gpt_free(&m);
+    return rc;
+}
+
+/* The C model against tests/torch_gpt.py's PyTorch GPT on the same checkpoint and batch: the
+   loss within 1e-5, every parameter's gradient within 1e-4 relative (torch_gpt.py checks and
+   prints). Ignored, with a message, where the interpreter has no torch. */
+static void test_gpt_matches_pytorch_loss_and_gradients_on_its_own_checkpoint(void) {
+    static char dir_template[] = "/tmp/test_gpt_torch_XXXXXX";
+    char dir[64], ckpt[128], ref[128], cmd[1024], out[4096], msg[6000];
+    fsdp_launch_desc ld;
+    fsdp_launch_status status;
+    FILE *pipe;
+    size_t got = 0;
+    int rc;
+    snprintf(cmd, sizeof cmd, "%s -c 'import torch' >/dev/null 2>&1", torch_python());
+    if (system(cmd) != 0) {
+        snprintf(msg, sizeof msg, "SKIP: %s has no torch (sudo apt-get install python3-torch, or set TORCH_PYTHON)",
+                 torch_python());
+        TEST_IGNORE_MESSAGE(msg);
+    }
+    TEST_ASSERT_TRUE_MESSAGE(access("tests/torch_gpt.py", R_OK) == 0,
+                             "tests/torch_gpt.py not found: run the tests from the repository root (make test)");
+    strcpy(dir, dir_template);
+    TEST_ASSERT_NOT_NULL_MESSAGE(mkdtemp(dir), "mkdtemp failed");
+    snprintf(ckpt, sizeof ckpt, "%s/gpt.safetensors", dir);
+    snprintf(ref, sizeof ref, "%s/reference.safetensors", dir);
+    memset(&ld, 0, sizeof ld);
+    ld.nprocs = 2;
+    ld.timeout_ms = LAUNCH_TIMEOUT_MS;
+    fflush(stdout);
+    rc = fsdp_launch_ex(&ld, crosscheck_rank, ckpt, &status);
+    snprintf(msg, sizeof msg, "training and saving the checkpoint at P=2: %.300s", status.message);
+    if (rc == 0 && crosscheck_reference(ckpt, ref, msg, sizeof msg) == 0) {
+        snprintf(cmd, sizeof cmd, "%s tests/torch_gpt.py crosscheck '%s' '%s' </dev/null 2>&1", torch_python(), ckpt, ref);
+        if ((pipe = popen(cmd, "r")) != NULL) {
+            size_t n;
+            while (got < sizeof out - 1 && (n = fread(out + got, 1, sizeof out - 1 - got, pipe)) > 0) got += n;
+            out[got] = 0;
+            rc = pclose(pipe);
+        } else rc = -1;
+        snprintf(msg, sizeof msg, "%s (exit status %d):\n%s", cmd, rc, out);
+    } else if (rc == 0) rc = -1;
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) TEST_MESSAGE("could not remove the temporary directory");
+    TEST_ASSERT_TRUE_MESSAGE(rc == 0, msg);
+    for (got = 0; out[got]; got++) /* one line for the runner */
+        if (out[got] == '\n') out[got] = out[got + 1] ? ';' : 0;
+    TEST_MESSAGE(out);
+}
+
 void setUp(void) {}
 void tearDown(void) {}
 
@@ -826,5 +1011,6 @@ int main(void) {
     RUN_TEST(test_gpt_backward_matches_finite_differences);
     RUN_TEST(test_fsdp_training_matches_plain_run_for_every_strategy_and_world_size);
     RUN_TEST(test_resumed_training_ends_bitwise_where_uninterrupted_training_ends);
+    RUN_TEST(test_gpt_matches_pytorch_loss_and_gradients_on_its_own_checkpoint);
     return UNITY_END();
 }
