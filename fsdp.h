@@ -693,6 +693,8 @@ FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_o
 /* Loads a sharded checkpoint at any world size, strategy and wrap policy. Collective. */
 FSDP_API int fsdp_load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_load_options *opt, fsdp_load_report *report);
 
+typedef struct fsdp_st_file fsdp_st_file; /* a safetensors file open for reading (below) */
+
 /* Reading a sharded checkpoint's index.json without a context (tools). Opening checks it
    whole: every tensor's pieces cover [0, numel) exactly once and name listed files. */
 typedef struct fsdp_index_piece {
@@ -713,9 +715,15 @@ typedef struct fsdp_index_tensor {
 typedef struct fsdp_index fsdp_index;
 
 FSDP_API int fsdp_index_open(fsdp_index **out, const char *dir, char *err, size_t err_size);
+/* Parses index.json's bytes held in memory (tools, the fuzz target); checks as fsdp_index_open. */
+FSDP_API int fsdp_index_parse(fsdp_index **out, const void *bytes, size_t size, char *err, size_t err_size);
 FSDP_API void fsdp_index_close(fsdp_index *index);
 FSDP_API int fsdp_index_num_files(const fsdp_index *index);
 FSDP_API const char *fsdp_index_file(const fsdp_index *index, int file);
+/* Opens the file-th shard file of the checkpoint in dir as a safetensors file, as
+   fsdp_load_sharded does: a regular file under that plain name, never a symbolic link. */
+FSDP_API int fsdp_index_open_file(const fsdp_index *index, const char *dir, int file, fsdp_st_file **out, char *err,
+                                  size_t err_size);
 FSDP_API int fsdp_index_num_tensors(const fsdp_index *index);
 FSDP_API const fsdp_index_tensor *fsdp_index_tensor_at(const fsdp_index *index, int i);
 FSDP_API int fsdp_index_find(const fsdp_index *index, const char *name); /* index or -1 */
@@ -726,6 +734,12 @@ FSDP_API const char *fsdp_index_metadata(const fsdp_index *index, const char *ke
 FSDP_API int64_t fsdp_index_world_size(const fsdp_index *index);
 FSDP_API int64_t fsdp_index_step(const fsdp_index *index);
 FSDP_API int64_t fsdp_index_epoch(const fsdp_index *index);
+
+/* Writes a whole file so that path holds either its old content or all of data, never a part:
+   a temporary file beside it (created exclusively, mode 0600, refusing symlinks), fsync,
+   rename, fsync of the directory; the final file gets 0666 less the umask. Returns
+   FSDP_SUCCESS, FSDP_ERR_INVALID_ARG or FSDP_ERR_IO with the reason in err. */
+FSDP_API int fsdp_write_file_atomic(const char *path, const void *data, size_t size, char *err, size_t err_size);
 
 /* CRC-32C (Castagnoli), as used for the checksums: crc = fsdp_crc32c(0, data, n). */
 FSDP_API uint32_t fsdp_crc32c(uint32_t crc, const void *data, size_t size);
@@ -742,8 +756,10 @@ typedef struct fsdp_st_tensor {
     uint64_t begin, end;     /* byte offsets within the data section */
 } fsdp_st_tensor;
 
-typedef struct fsdp_st_file fsdp_st_file;
 
+/* Opens a safetensors file. The path may be a symbolic link you made (latest.safetensors);
+   it must lead to a regular file (a FIFO or device is refused, never waited on). Files that a
+   sharded checkpoint names are opened with fsdp_index_open_file, which refuses links. */
 FSDP_API int fsdp_st_open(fsdp_st_file **out, const char *path, char *err, size_t err_size);
 /* Parses a whole file held in memory (the fuzz target's entry). */
 FSDP_API int fsdp_st_parse(fsdp_st_file **out, const void *bytes, size_t size, char *err, size_t err_size);
@@ -757,9 +773,14 @@ FSDP_API const char *fsdp_st_metadata(const fsdp_st_file *file, const char *key)
 /* Reads count elements from element first of a tensor (flattened), converted to f32. */
 FSDP_API int fsdp_st_read(fsdp_st_file *file, int tensor, int64_t first, int64_t count, float *out, char *err,
                           size_t err_size);
+/* As fsdp_st_read, in the tensor's own dtype: count * fsdp_dtype_size(dtype) bytes to out. */
+FSDP_API int fsdp_st_read_raw(fsdp_st_file *file, int tensor, int64_t first, int64_t count, void *out, char *err,
+                              size_t err_size);
 /* Checks the tensor's stored crc32c (FSDP_ERR_CORRUPT on mismatch, FSDP_ERR_UNSUPPORTED if
    the file has none for it). */
 FSDP_API int fsdp_st_verify(fsdp_st_file *file, int tensor, char *err, size_t err_size);
+/* Bytes of the JSON header (after the 8-byte length, padding included). */
+FSDP_API uint64_t fsdp_st_header_size(const fsdp_st_file *file);
 
 /* Writing: declare every tensor up front, then stream their data in that order. Nothing is
    visible at path until fsdp_st_writer_close succeeds (temporary file, fsync, rename). */
@@ -818,6 +839,11 @@ FSDP_API int fsdp_launch_ex(const fsdp_launch_desc *desc, fsdp_rank_fn fn, void 
    ============================================================================================ */
 /* Monotonic time in seconds. */
 FSDP_API double fsdp_now(void);
+/* Copies src into dst (size bytes, always terminated) for display: printable ASCII and
+   well-formed UTF-8 pass, every other byte (control characters and so terminal escape
+   sequences, broken UTF-8) shows as \xNN; what does not fit ends in "...". For names and
+   metadata read from files before printing them. Returns dst. */
+FSDP_API const char *fsdp_printable(char *dst, size_t size, const char *src);
 
 #ifdef __cplusplus
 }
@@ -1032,17 +1058,48 @@ FSDP__PRIVATE void fsdp__copy_string(char *dst, size_t dst_size, const char *src
     dst[n] = 0;
 }
 
-/* Copies text that came from outside (a peer, a file) for a message: at most src_size bytes,
-   stopping at a NUL, with every byte that is not printable ASCII shown as '?', so neither a
-   missing terminator nor a terminal escape sequence can get through. */
-FSDP__PRIVATE void fsdp__copy_printable(char *dst, size_t dst_size, const char *src, size_t src_size) {
-    size_t n = 0;
-    if (!dst_size) return;
-    while (src && n < src_size && src[n] && n + 1 < dst_size) {
-        unsigned char c = (unsigned char)src[n];
-        dst[n++] = c >= 0x20 && c < 0x7f ? (char)c : '?';
+/* UTF-8 sequence length at p (at most n bytes available) if it is well formed and not a C1
+   control character (U+0080..U+009F, which terminals may obey); 0 otherwise. */
+static size_t fsdp__utf8_length(const unsigned char *p, size_t n) {
+    size_t len = p[0] >= 0xc2 && p[0] <= 0xdf ? 2 : p[0] >= 0xe0 && p[0] <= 0xef ? 3 : p[0] >= 0xf0 && p[0] <= 0xf4 ? 4 : 0;
+    size_t k;
+    if (!len || len > n) return 0;
+    for (k = 1; k < len; k++)
+        if ((p[k] & 0xc0) != 0x80) return 0;
+    if ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] > 0x9f) || (p[0] == 0xf0 && p[1] < 0x90) ||
+        (p[0] == 0xf4 && p[1] > 0x8f) || (p[0] == 0xc2 && p[1] < 0xa0))
+        return 0;
+    return len;
+}
+
+/* fsdp_printable on at most src_size bytes of src (stopping at a NUL): for text from outside
+   (a peer, a file) that need not be terminated. */
+FSDP__PRIVATE const char *fsdp__printable_n(char *dst, size_t size, const char *src, size_t src_size) {
+    const unsigned char *p = (const unsigned char *)src;
+    size_t used = 0, i = 0, room_for_dots = 0; /* room_for_dots: where "..." would still fit */
+    if (!dst || !size) return dst;
+    while (src && i < src_size && p[i]) {
+        size_t len = p[i] >= 0x20 && p[i] < 0x7f ? 1 : fsdp__utf8_length(p + i, src_size - i);
+        size_t need = len ? len : 4;
+        if (used + need + 1 > size) { /* does not fit: cut at a whole character, then "..." */
+            if (size >= 4) {
+                memcpy(dst + room_for_dots, "...", 3);
+                used = room_for_dots + 3;
+            }
+            break;
+        }
+        if (len) memcpy(dst + used, p + i, len);
+        else fsdp__fmt(dst + used, 5, "\\x%02x", (unsigned)p[i]);
+        used += need;
+        i += len ? len : 1;
+        if (used + 4 <= size) room_for_dots = used;
     }
-    dst[n] = 0;
+    dst[used] = 0;
+    return dst;
+}
+
+FSDP_API const char *fsdp_printable(char *dst, size_t size, const char *src) {
+    return fsdp__printable_n(dst, size, src, src ? strlen(src) : 0);
 }
 
 /* --- SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), for authenticating connections ---- */
@@ -2045,7 +2102,7 @@ FSDP__PRIVATE int fsdp__pid_dead(int pid) {
 static void fsdp__shm_abort_message(const fsdp__shm_header *h, char *out, size_t size) {
     char raw[sizeof h->abort_message];
     memcpy(raw, h->abort_message, sizeof raw);
-    fsdp__copy_printable(out, size, raw, sizeof raw);
+    fsdp__printable_n(out, size, raw, sizeof raw);
 }
 
 /* Fails the comm because the shared abort flag is set; adopts the first failer's code. */
@@ -3315,7 +3372,7 @@ FSDP__PRIVATE int fsdp__sock_greet(int fd, const unsigned char key[32], fsdp__so
     }
     if (reply->status != 0) {
         char reason[sizeof reply->reason];
-        fsdp__copy_printable(reason, sizeof reason, reply->reason, sizeof reply->reason);
+        fsdp__printable_n(reason, sizeof reason, reply->reason, sizeof reply->reason);
         fsdp__fmt(err, err_size, "%s refused this rank: %s", who, reason);
         return FSDP_ERR_REJECTED;
     }
@@ -3530,7 +3587,7 @@ FSDP__PRIVATE int fsdp__sock_check_header(fsdp_comm *comm, fsdp__sock *s, int p,
         if (fsdp__sock_io_full(peer->fd, raw, len, fsdp__now_ms() + 1000, 0) != 0)
             fsdp__copy_string(message, sizeof message, "(message lost)");
         else
-            fsdp__copy_printable(message, sizeof message, raw, len);
+            fsdp__printable_n(message, sizeof message, raw, len);
         return fsdp__comm_adopt(comm, h->code == FSDP_ERR_MISMATCH ? FSDP_ERR_MISMATCH : FSDP_ERR_ABORTED,
                                 "rank %d (%s) failed first: %s", p, peer->addr, message);
     }
@@ -6038,241 +6095,236 @@ FSDP_API uint32_t fsdp_crc32c(uint32_t crc, const void *data, size_t size) {
     return ~crc;
 }
 
-/* --- JSON: a small DOM parser for safetensors headers and index.json. Every allocation is
-   bounded by the input's size; depth is limited; anything malformed is an error. ---------- */
-enum { FSDP__J_NULL, FSDP__J_BOOL, FSDP__J_NUM, FSDP__J_STR, FSDP__J_ARR, FSDP__J_OBJ };
+/* --- JSON: a pull parser for safetensors headers and index.json. A caller walks the document
+   twice over the same text: first to check it and count what it holds (nothing is written),
+   then to fill tables of exactly the counted sizes, strings decoded in place in the text
+   (escapes only shrink). Parsing thus holds the text and the final tables, a small multiple
+   of the input whatever it is (a tree of generic values costs ~30x on "[0,0,0,...]"). Depth
+   is limited; anything malformed is an error. ---------------------------------------------- */
+#define FSDP__JSON_MAX_DEPTH 64
 
-typedef struct fsdp__jv {
-    int type;
-    int is_int;          /* FSDP__J_NUM: an integer that fits int64 */
-    int64_t inum;
-    double num;
-    char *str;           /* FSDP__J_STR */
-    int count;           /* FSDP__J_ARR / FSDP__J_OBJ */
-    struct fsdp__jv *items;
-    char **keys;         /* FSDP__J_OBJ */
-} fsdp__jv;
-
-typedef struct fsdp__jparser {
-    const char *at, *end;
+typedef struct fsdp__json {
+    char *at, *end;   /* the text: writable, as the fill walk decodes strings in place */
+    int fill;         /* 0: check and count; 1: also decode strings */
+    int depth;
     char *err;
     size_t err_size;
     int failed;
-} fsdp__jparser;
+} fsdp__json;
 
-FSDP__PRIVATE void fsdp__jfree(fsdp__jv *v) {
-    int i;
-    if (!v) return;
-    FSDP_FREE(v->str);
-    for (i = 0; i < v->count; i++) {
-        fsdp__jfree(&v->items[i]);
-        if (v->keys) FSDP_FREE(v->keys[i]);
-    }
-    FSDP_FREE(v->items);
-    FSDP_FREE(v->keys);
-    memset(v, 0, sizeof *v);
-}
-
-static int fsdp__jerror(fsdp__jparser *p, const char *what) {
-    if (!p->failed) fsdp__fmt(p->err, p->err_size, "bad JSON: %s", what);
-    p->failed = 1;
+static int fsdp__json_fail(fsdp__json *j, const char *what) {
+    if (!j->failed) fsdp__fmt(j->err, j->err_size, "bad JSON: %s", what);
+    j->failed = 1;
     return -1;
 }
 
-static void fsdp__jspace(fsdp__jparser *p) {
-    while (p->at < p->end && (*p->at == ' ' || *p->at == '\t' || *p->at == '\n' || *p->at == '\r')) p->at++;
+static void fsdp__json_space(fsdp__json *j) {
+    while (j->at < j->end && (*j->at == ' ' || *j->at == '\t' || *j->at == '\n' || *j->at == '\r')) j->at++;
+}
+
+/* Consumes c (after white space) if it is next; 1 if it was. */
+static int fsdp__json_eat(fsdp__json *j, char c) {
+    fsdp__json_space(j);
+    if (j->at < j->end && *j->at == c) {
+        j->at++;
+        return 1;
+    }
+    return 0;
 }
 
 static int fsdp__jhex(char c) {
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
 }
 
-FSDP__PRIVATE int fsdp__jstring(fsdp__jparser *p, char **out) {
-    const char *start;
-    char *buf, *w;
-    if (p->at >= p->end || *p->at != '"') return fsdp__jerror(p, "expected a string");
-    start = ++p->at;
-    while (p->at < p->end && *p->at != '"') p->at += *p->at == '\\' && p->at + 1 < p->end ? 2 : 1;
-    if (p->at >= p->end) return fsdp__jerror(p, "unterminated string");
-    buf = w = (char *)FSDP_MALLOC((size_t)(p->at - start) + 1); /* escapes only shrink */
-    if (!buf) return fsdp__jerror(p, "out of memory");
-    while (start < p->at) {
-        unsigned char c = (unsigned char)*start++;
-        if (c < 0x20) { FSDP_FREE(buf); return fsdp__jerror(p, "control character in a string"); }
-        if (c != '\\') { *w++ = (char)c; continue; }
-        c = (unsigned char)*start++;
-        switch (c) {
-            case '"': case '\\': case '/': *w++ = (char)c; break;
-            case 'b': *w++ = '\b'; break;
-            case 'f': *w++ = '\f'; break;
-            case 'n': *w++ = '\n'; break;
-            case 'r': *w++ = '\r'; break;
-            case 't': *w++ = '\t'; break;
-            case 'u': {
-                uint32_t cp = 0;
-                int k;
-                for (k = 0; k < 4; k++) {
-                    int h = start < p->at ? fsdp__jhex(*start++) : -1;
-                    if (h < 0) { FSDP_FREE(buf); return fsdp__jerror(p, "bad \\u escape"); }
-                    cp = cp * 16 + (uint32_t)h;
-                }
-                if (cp >= 0xd800 && cp < 0xdc00) { /* surrogate pair */
-                    uint32_t lo = 0;
-                    if (p->at - start < 6 || start[0] != '\\' || start[1] != 'u') { FSDP_FREE(buf); return fsdp__jerror(p, "lone surrogate"); }
-                    start += 2;
-                    for (k = 0; k < 4; k++) {
-                        int h = fsdp__jhex(*start++);
-                        if (h < 0) { FSDP_FREE(buf); return fsdp__jerror(p, "bad \\u escape"); }
-                        lo = lo * 16 + (uint32_t)h;
-                    }
-                    if (lo < 0xdc00 || lo > 0xdfff) { FSDP_FREE(buf); return fsdp__jerror(p, "bad surrogate pair"); }
-                    cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-                } else if (cp >= 0xdc00 && cp < 0xe000) {
-                    FSDP_FREE(buf);
-                    return fsdp__jerror(p, "lone surrogate");
-                }
-                if (cp == 0) { FSDP_FREE(buf); return fsdp__jerror(p, "\\u0000 in a string"); }
-                if (cp < 0x80) *w++ = (char)cp;
-                else if (cp < 0x800) { *w++ = (char)(0xc0 | (cp >> 6)); *w++ = (char)(0x80 | (cp & 0x3f)); }
-                else if (cp < 0x10000) {
-                    *w++ = (char)(0xe0 | (cp >> 12)); *w++ = (char)(0x80 | ((cp >> 6) & 0x3f)); *w++ = (char)(0x80 | (cp & 0x3f));
-                } else {
-                    *w++ = (char)(0xf0 | (cp >> 18)); *w++ = (char)(0x80 | ((cp >> 12) & 0x3f));
-                    *w++ = (char)(0x80 | ((cp >> 6) & 0x3f)); *w++ = (char)(0x80 | (cp & 0x3f));
-                }
-                break;
-            }
-            default: FSDP_FREE(buf); return fsdp__jerror(p, "unknown escape");
-        }
+/* Reads 4 hex digits of a \u escape. */
+static int fsdp__json_u4(fsdp__json *j, uint32_t *cp) {
+    int k;
+    *cp = 0;
+    for (k = 0; k < 4; k++) {
+        int h = j->at < j->end ? fsdp__jhex(*j->at++) : -1;
+        if (h < 0) return fsdp__json_fail(j, "bad \\u escape");
+        *cp = *cp * 16 + (uint32_t)h;
     }
-    *w = 0;
-    p->at++; /* closing quote */
-    *out = buf;
     return 0;
 }
 
-FSDP__PRIVATE int fsdp__jvalue(fsdp__jparser *p, fsdp__jv *v, int depth);
+/* A string. Fill walk: decoded in place and NUL-terminated, *out points at it. Count walk:
+   *out is NULL, and probe (if given) receives the decoded text when it fits, else "". */
+FSDP__PRIVATE int fsdp__json_string(fsdp__json *j, char **out, char *probe, size_t probe_size) {
+    char *start, *w = NULL, *w_end = NULL;
+    int over = 0;
+    if (out) *out = NULL;
+    if (!fsdp__json_eat(j, '"')) return fsdp__json_fail(j, "expected a string");
+    start = j->at;
+    if (j->fill) { w = start; w_end = j->end; }
+    else if (probe && probe_size) { w = probe; w_end = probe + probe_size - 1; }
+#define FSDP__JSON_EMIT(b) do { if (w) { if (w < w_end) *w++ = (char)(b); else over = 1; } } while (0)
+    for (;;) {
+        unsigned char c;
+        uint32_t cp;
+        if (j->at >= j->end) return fsdp__json_fail(j, "unterminated string");
+        c = (unsigned char)*j->at++;
+        if (c == '"') break;
+        if (c < 0x20) return fsdp__json_fail(j, "control character in a string");
+        if (c != '\\') { FSDP__JSON_EMIT(c); continue; }
+        if (j->at >= j->end) return fsdp__json_fail(j, "unterminated string");
+        switch (c = (unsigned char)*j->at++) {
+            case '"': case '\\': case '/': FSDP__JSON_EMIT(c); continue;
+            case 'b': FSDP__JSON_EMIT('\b'); continue;
+            case 'f': FSDP__JSON_EMIT('\f'); continue;
+            case 'n': FSDP__JSON_EMIT('\n'); continue;
+            case 'r': FSDP__JSON_EMIT('\r'); continue;
+            case 't': FSDP__JSON_EMIT('\t'); continue;
+            case 'u': break;
+            default: return fsdp__json_fail(j, "unknown escape");
+        }
+        if (fsdp__json_u4(j, &cp)) return -1;
+        if (cp >= 0xd800 && cp < 0xdc00) { /* a surrogate pair */
+            uint32_t lo;
+            if (j->end - j->at < 6 || j->at[0] != '\\' || j->at[1] != 'u') return fsdp__json_fail(j, "lone surrogate");
+            j->at += 2;
+            if (fsdp__json_u4(j, &lo)) return -1;
+            if (lo < 0xdc00 || lo > 0xdfff) return fsdp__json_fail(j, "bad surrogate pair");
+            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+        } else if (cp >= 0xdc00 && cp < 0xe000) {
+            return fsdp__json_fail(j, "lone surrogate");
+        }
+        if (cp == 0) return fsdp__json_fail(j, "\\u0000 in a string");
+        if (cp < 0x80) {
+            FSDP__JSON_EMIT(cp);
+        } else if (cp < 0x800) {
+            FSDP__JSON_EMIT(0xc0 | (cp >> 6)); FSDP__JSON_EMIT(0x80 | (cp & 0x3f));
+        } else if (cp < 0x10000) {
+            FSDP__JSON_EMIT(0xe0 | (cp >> 12)); FSDP__JSON_EMIT(0x80 | ((cp >> 6) & 0x3f)); FSDP__JSON_EMIT(0x80 | (cp & 0x3f));
+        } else {
+            FSDP__JSON_EMIT(0xf0 | (cp >> 18)); FSDP__JSON_EMIT(0x80 | ((cp >> 12) & 0x3f));
+            FSDP__JSON_EMIT(0x80 | ((cp >> 6) & 0x3f)); FSDP__JSON_EMIT(0x80 | (cp & 0x3f));
+        }
+    }
+#undef FSDP__JSON_EMIT
+    if (w) *w = 0; /* in place, w is at most the closing quote */
+    if (probe && probe_size && !j->fill && over) probe[0] = 0;
+    if (out && j->fill) *out = start;
+    return 0;
+}
 
-FSDP__PRIVATE int fsdp__jnumber(fsdp__jparser *p, fsdp__jv *v) {
-    const char *start = p->at;
-    char text[64];
-    int digits = 0, neg = 0, overflow = 0;
+/* A number; *is_int and *value say whether it is an integer that fits int64 and which. */
+FSDP__PRIVATE int fsdp__json_number(fsdp__json *j, int *is_int, int64_t *value) {
     uint64_t mag = 0;
-    if (p->at < p->end && *p->at == '-') { neg = 1; p->at++; }
-    if (p->at < p->end && *p->at == '0') { p->at++; digits = 1; }
-    else while (p->at < p->end && *p->at >= '0' && *p->at <= '9') {
-        uint64_t d = (uint64_t)(*p->at++ - '0');
+    int digits = 0, neg = 0, overflow = 0;
+    fsdp__json_space(j);
+    *is_int = 0;
+    *value = 0;
+    if (j->at < j->end && *j->at == '-') { neg = 1; j->at++; }
+    if (j->at < j->end && *j->at == '0') { j->at++; digits = 1; }
+    else while (j->at < j->end && *j->at >= '0' && *j->at <= '9') {
+        uint64_t d = (uint64_t)(*j->at++ - '0');
         if (mag > (UINT64_C(0x7fffffffffffffff) - d) / 10) overflow = 1;
         else mag = mag * 10 + d;
         digits++;
     }
-    if (!digits) return fsdp__jerror(p, "bad number");
-    v->type = FSDP__J_NUM;
-    v->is_int = !overflow;
-    if (p->at < p->end && (*p->at == '.' || *p->at == 'e' || *p->at == 'E')) {
-        v->is_int = 0;
-        if (*p->at == '.') {
-            p->at++;
-            if (p->at >= p->end || *p->at < '0' || *p->at > '9') return fsdp__jerror(p, "bad number");
-            while (p->at < p->end && *p->at >= '0' && *p->at <= '9') p->at++;
-        }
-        if (p->at < p->end && (*p->at == 'e' || *p->at == 'E')) {
-            p->at++;
-            if (p->at < p->end && (*p->at == '+' || *p->at == '-')) p->at++;
-            if (p->at >= p->end || *p->at < '0' || *p->at > '9') return fsdp__jerror(p, "bad number");
-            while (p->at < p->end && *p->at >= '0' && *p->at <= '9') p->at++;
-        }
+    if (!digits) return fsdp__json_fail(j, neg ? "bad number" : "expected a value");
+    *is_int = !overflow;
+    if (j->at < j->end && *j->at == '.') {
+        *is_int = 0;
+        j->at++;
+        if (j->at >= j->end || *j->at < '0' || *j->at > '9') return fsdp__json_fail(j, "bad number");
+        while (j->at < j->end && *j->at >= '0' && *j->at <= '9') j->at++;
     }
-    v->inum = neg ? -(int64_t)mag : (int64_t)mag;
-    fsdp__fmt(text, sizeof text, "%.*s", (int)(p->at - start < 63 ? p->at - start : 63), start);
-    v->num = strtod(text, NULL);
+    if (j->at < j->end && (*j->at == 'e' || *j->at == 'E')) {
+        *is_int = 0;
+        j->at++;
+        if (j->at < j->end && (*j->at == '+' || *j->at == '-')) j->at++;
+        if (j->at >= j->end || *j->at < '0' || *j->at > '9') return fsdp__json_fail(j, "bad number");
+        while (j->at < j->end && *j->at >= '0' && *j->at <= '9') j->at++;
+    }
+    *value = neg ? -(int64_t)mag : (int64_t)mag;
     return 0;
 }
 
-FSDP__PRIVATE int fsdp__jpush(fsdp__jparser *p, fsdp__jv *v, int *cap, char *key) {
-    if (v->count == *cap) {
-        int ncap = *cap ? *cap * 2 : 4;
-        fsdp__jv *items = (fsdp__jv *)FSDP_REALLOC(v->items, sizeof *items * (size_t)ncap);
-        if (!items) return fsdp__jerror(p, "out of memory");
-        v->items = items;
-        if (v->type == FSDP__J_OBJ) {
-            char **keys = (char **)FSDP_REALLOC(v->keys, sizeof *keys * (size_t)ncap);
-            if (!keys) return fsdp__jerror(p, "out of memory");
-            v->keys = keys;
-        }
-        *cap = ncap;
-    }
-    memset(&v->items[v->count], 0, sizeof v->items[0]);
-    if (v->type == FSDP__J_OBJ) v->keys[v->count] = key;
-    v->count++;
+/* An integer in [lo, hi]; what names it in the error. */
+FSDP__PRIVATE int fsdp__json_int(fsdp__json *j, int64_t lo, int64_t hi, int64_t *out, const char *what) {
+    int is_int;
+    if (fsdp__json_number(j, &is_int, out)) return -1;
+    if (!is_int || *out < lo || *out > hi) return fsdp__json_fail(j, what);
     return 0;
 }
 
-FSDP__PRIVATE int fsdp__jvalue(fsdp__jparser *p, fsdp__jv *v, int depth) {
-    int cap = 0;
-    memset(v, 0, sizeof *v);
-    if (depth > 64) return fsdp__jerror(p, "nested too deeply");
-    fsdp__jspace(p);
-    if (p->at >= p->end) return fsdp__jerror(p, "unexpected end");
-    switch (*p->at) {
-        case '"': v->type = FSDP__J_STR; return fsdp__jstring(p, &v->str);
-        case '{': case '[': {
-            char close = *p->at == '{' ? '}' : ']';
-            v->type = *p->at == '{' ? FSDP__J_OBJ : FSDP__J_ARR;
-            p->at++;
-            fsdp__jspace(p);
-            if (p->at < p->end && *p->at == close) { p->at++; return 0; }
-            for (;;) {
-                char *key = NULL;
-                if (v->type == FSDP__J_OBJ) {
-                    fsdp__jspace(p);
-                    if (fsdp__jstring(p, &key)) return -1;
-                    fsdp__jspace(p);
-                    if (p->at >= p->end || *p->at != ':') { FSDP_FREE(key); return fsdp__jerror(p, "expected ':'"); }
-                    p->at++;
-                }
-                if (fsdp__jpush(p, v, &cap, key)) { FSDP_FREE(key); return -1; }
-                if (fsdp__jvalue(p, &v->items[v->count - 1], depth + 1)) return -1;
-                fsdp__jspace(p);
-                if (p->at < p->end && *p->at == ',') { p->at++; continue; }
-                if (p->at < p->end && *p->at == close) { p->at++; return 0; }
-                return fsdp__jerror(p, close == '}' ? "expected ',' or '}'" : "expected ',' or ']'");
-            }
-        }
-        case 't':
-            if (p->end - p->at >= 4 && memcmp(p->at, "true", 4) == 0) { p->at += 4; v->type = FSDP__J_BOOL; v->inum = 1; return 0; }
-            return fsdp__jerror(p, "bad literal");
-        case 'f':
-            if (p->end - p->at >= 5 && memcmp(p->at, "false", 5) == 0) { p->at += 5; v->type = FSDP__J_BOOL; return 0; }
-            return fsdp__jerror(p, "bad literal");
-        case 'n':
-            if (p->end - p->at >= 4 && memcmp(p->at, "null", 4) == 0) { p->at += 4; v->type = FSDP__J_NULL; return 0; }
-            return fsdp__jerror(p, "bad literal");
-        default: return fsdp__jnumber(p, v);
-    }
-}
-
-/* Parses a whole document; 0 or -1 with err filled. */
-FSDP__PRIVATE int fsdp__jparse(const char *text, size_t size, fsdp__jv *out, char *err, size_t err_size) {
-    fsdp__jparser p;
-    p.at = text;
-    p.end = text + size;
-    p.err = err;
-    p.err_size = err_size;
-    p.failed = 0;
-    if (fsdp__jvalue(&p, out, 0) != 0) { fsdp__jfree(out); return -1; }
-    fsdp__jspace(&p);
-    while (p.at < p.end && *p.at == 0) p.at++; /* tolerate NUL padding */
-    if (p.at != p.end) { fsdp__jfree(out); fsdp__jerror(&p, "trailing characters after the document"); return -1; }
+/* Opens an object or array ('{' or '['). */
+FSDP__PRIVATE int fsdp__json_open(fsdp__json *j, char open, const char *what) {
+    if (!fsdp__json_eat(j, open)) return fsdp__json_fail(j, what);
+    if (++j->depth > FSDP__JSON_MAX_DEPTH) return fsdp__json_fail(j, "nested too deeply");
     return 0;
 }
 
-static const fsdp__jv *fsdp__jget(const fsdp__jv *obj, const char *key) {
-    int i;
-    if (!obj || obj->type != FSDP__J_OBJ) return NULL;
-    for (i = 0; i < obj->count; i++)
-        if (strcmp(obj->keys[i], key) == 0) return &obj->items[i];
-    return NULL;
+/* 1 if another element of the open object or array follows (the comma before it consumed;
+   *seen counts elements), 0 when close was consumed, -1 on error. */
+FSDP__PRIVATE int fsdp__json_more(fsdp__json *j, char close, int *seen) {
+    if (fsdp__json_eat(j, close)) {
+        j->depth--;
+        return 0;
+    }
+    if (*seen && !fsdp__json_eat(j, ',')) return fsdp__json_fail(j, close == '}' ? "expected ',' or '}'" : "expected ',' or ']'");
+    ++*seen;
+    return 1;
+}
+
+/* An object's key and its ':'; probe as in fsdp__json_string. */
+FSDP__PRIVATE int fsdp__json_key(fsdp__json *j, char **key, char *probe, size_t probe_size) {
+    if (fsdp__json_string(j, key, probe, probe_size)) return -1;
+    if (!fsdp__json_eat(j, ':')) return fsdp__json_fail(j, "expected ':'");
+    return 0;
+}
+
+/* Checks and passes over any value. */
+FSDP__PRIVATE int fsdp__json_skip(fsdp__json *j) {
+    int seen = 0, r, is_int;
+    int64_t value;
+    fsdp__json_space(j);
+    if (j->at >= j->end) return fsdp__json_fail(j, "unexpected end");
+    switch (*j->at) {
+        case '"': return fsdp__json_string(j, NULL, NULL, 0);
+        case '{':
+            if (fsdp__json_open(j, '{', "expected '{'")) return -1;
+            while ((r = fsdp__json_more(j, '}', &seen)) > 0)
+                if (fsdp__json_key(j, NULL, NULL, 0) || fsdp__json_skip(j)) return -1;
+            return r;
+        case '[':
+            if (fsdp__json_open(j, '[', "expected '['")) return -1;
+            while ((r = fsdp__json_more(j, ']', &seen)) > 0)
+                if (fsdp__json_skip(j)) return -1;
+            return r;
+        case 't': if (j->end - j->at >= 4 && memcmp(j->at, "true", 4) == 0) { j->at += 4; return 0; } break;
+        case 'f': if (j->end - j->at >= 5 && memcmp(j->at, "false", 5) == 0) { j->at += 5; return 0; } break;
+        case 'n': if (j->end - j->at >= 4 && memcmp(j->at, "null", 4) == 0) { j->at += 4; return 0; } break;
+        default: return fsdp__json_number(j, &is_int, &value);
+    }
+    return fsdp__json_fail(j, "bad literal");
+}
+
+/* After the document: only white space (and NUL padding). */
+FSDP__PRIVATE int fsdp__json_finish(fsdp__json *j) {
+    fsdp__json_space(j);
+    while (j->at < j->end && *j->at == 0) j->at++;
+    return j->at == j->end ? 0 : fsdp__json_fail(j, "trailing characters after the document");
+}
+
+static void fsdp__json_start(fsdp__json *j, char *text, size_t size, int fill, char *err, size_t err_size) {
+    j->at = text;
+    j->end = text + size;
+    j->fill = fill;
+    j->depth = 0;
+    j->err = err;
+    j->err_size = err_size;
+    j->failed = 0;
+}
+
+/* A string value; the fill walk stores it in *out (count walk: untouched). */
+static int fsdp__json_string_into(fsdp__json *j, const char **out) {
+    char *s;
+    if (fsdp__json_string(j, &s, NULL, 0)) return -1;
+    if (j->fill) *out = s;
+    return 0;
 }
 
 /* Appends JSON text to a growing buffer. */
@@ -6325,6 +6377,7 @@ FSDP__PRIVATE void fsdp__sbuf_jstring(fsdp__sbuf *b, const char *s) {
 
 /* --- safetensors files ---------------------------------------------------------------------- */
 #define FSDP__ST_MAX_HEADER ((uint64_t)100 << 20) /* the reference implementation's limit */
+#define FSDP__INDEX_MAX_BYTES ((uint64_t)256 << 20)
 
 struct fsdp_st_file {
     int fd;                      /* -1: in memory */
@@ -6335,7 +6388,10 @@ struct fsdp_st_file {
     int *by_name;                /* tensor indices sorted by name: lookups in log time */
     uint32_t *crc;               /* each tensor's stored checksum, resolved once */
     unsigned char *has_crc, *crc_bad;
-    char **meta_keys, **meta_values;
+    const char **meta_keys, **meta_values;
+    char *header;                /* the JSON text, strings decoded in place: names point into it */
+    uint32_t header_crc;         /* of the header as read, for comparing what ranks opened */
+    int64_t mtime_sec, mtime_nsec;
     char path[256];
 };
 
@@ -6344,18 +6400,16 @@ static const char *fsdp__st_dtype_name(fsdp_dtype d) {
 }
 
 FSDP_API void fsdp_st_close(fsdp_st_file *f) {
-    int i;
     if (!f) return;
     if (f->fd >= 0) close(f->fd);
-    for (i = 0; i < f->num_tensors; i++) FSDP_FREE((char *)f->tensors[i].name);
-    for (i = 0; i < f->num_meta; i++) { FSDP_FREE(f->meta_keys[i]); FSDP_FREE(f->meta_values[i]); }
+    FSDP_FREE(f->header);
     FSDP_FREE(f->tensors);
     FSDP_FREE(f->by_name);
     FSDP_FREE(f->crc);
     FSDP_FREE(f->has_crc);
     FSDP_FREE(f->crc_bad);
-    FSDP_FREE(f->meta_keys);
-    FSDP_FREE(f->meta_values);
+    FSDP_FREE((void *)f->meta_keys);
+    FSDP_FREE((void *)f->meta_values);
     FSDP_FREE(f);
 }
 
@@ -6387,6 +6441,7 @@ FSDP_API int fsdp_st_find(const fsdp_st_file *f, const char *name) {
    metadata, so nothing later scans the header linearly. */
 FSDP__PRIVATE int fsdp__st_index(fsdp_st_file *f, char *err, size_t err_size) {
     int i, n = f->num_tensors;
+    char shown[80];
     f->by_name = (int *)FSDP_MALLOC(sizeof(int) * (size_t)(n + 1));
     f->crc = (uint32_t *)fsdp__calloc(sizeof(uint32_t) * (size_t)(n + 1));
     f->has_crc = (unsigned char *)fsdp__calloc((size_t)n + 1);
@@ -6398,7 +6453,8 @@ FSDP__PRIVATE int fsdp__st_index(fsdp_st_file *f, char *err, size_t err_size) {
     fsdp__st_sorting = NULL;
     for (i = 1; i < n; i++)
         if (strcmp(f->tensors[f->by_name[i]].name, f->tensors[f->by_name[i - 1]].name) == 0)
-            return fsdp__fmt(err, err_size, "tensor '%.64s' appears twice", f->tensors[f->by_name[i]].name), FSDP_ERR_CORRUPT;
+            return fsdp__fmt(err, err_size, "tensor '%s' appears twice",
+                             fsdp_printable(shown, sizeof shown, f->tensors[f->by_name[i]].name)), FSDP_ERR_CORRUPT;
     for (i = 0; i < f->num_meta; i++) {
         int t;
         char *end = NULL;
@@ -6413,80 +6469,144 @@ FSDP__PRIVATE int fsdp__st_index(fsdp_st_file *f, char *err, size_t err_size) {
     return 0;
 }
 
-/* Builds the tensor table from a parsed header, checking everything against data_size. */
-FSDP__PRIVATE int fsdp__st_load_header(fsdp_st_file *f, const fsdp__jv *root, char *err, size_t err_size) {
-    int i, k, n = 0;
-    const fsdp_st_tensor **sorted;
-    if (root->type != FSDP__J_OBJ) return fsdp__fmt(err, err_size, "header is not a JSON object"), FSDP_ERR_CORRUPT;
-    f->tensors = (fsdp_st_tensor *)fsdp__calloc(sizeof *f->tensors * (size_t)(root->count + 1));
-    if (!f->tensors) return FSDP_ERR_OUT_OF_MEMORY;
-    for (i = 0; i < root->count; i++) {
-        const fsdp__jv *v = &root->items[i], *dtype, *shape, *offsets;
-        fsdp_st_tensor *t;
-        uint64_t esize, numel = 1;
-        if (strcmp(root->keys[i], "__metadata__") == 0) {
-            if (v->type != FSDP__J_OBJ || f->meta_keys)
-                return fsdp__fmt(err, err_size, "__metadata__ is not a map of strings"), FSDP_ERR_CORRUPT;
-            f->meta_keys = (char **)fsdp__calloc(sizeof(char *) * (size_t)(v->count + 1));
-            f->meta_values = (char **)fsdp__calloc(sizeof(char *) * (size_t)(v->count + 1));
-            if (!f->meta_keys || !f->meta_values) return FSDP_ERR_OUT_OF_MEMORY;
-            for (k = 0; k < v->count; k++) {
-                if (v->items[k].type != FSDP__J_STR)
-                    return fsdp__fmt(err, err_size, "__metadata__ value of '%.64s' is not a string", v->keys[k]), FSDP_ERR_CORRUPT;
-                f->meta_keys[k] = fsdp__strdup(v->keys[k]);
-                f->meta_values[k] = fsdp__strdup(v->items[k].str);
-                f->num_meta = k + 1;
-                if (!f->meta_keys[k] || !f->meta_values[k]) return FSDP_ERR_OUT_OF_MEMORY;
+/* One tensor's entry (fill walk): {"dtype": .., "shape": [..], "data_offsets": [begin, end]},
+   other keys ignored; checked against the data section. */
+FSDP__PRIVATE int fsdp__st_tensor_entry(fsdp_st_file *f, fsdp__json *j, fsdp_st_tensor *t, char *err, size_t err_size) {
+    char shown[80], *key, *dtype = NULL;
+    int seen = 0, r, have_shape = 0, have_offsets = 0;
+    int64_t begin = 0, end = 0;
+    uint64_t numel = 1;
+    fsdp_printable(shown, sizeof shown, t->name);
+    fsdp__json_space(j);
+    if (j->at >= j->end || *j->at != '{')
+        return fsdp__fmt(err, err_size, "entry '%s' is not an object", shown), FSDP_ERR_CORRUPT;
+    if (fsdp__json_open(j, '{', "expected '{'")) return FSDP_ERR_CORRUPT;
+    while ((r = fsdp__json_more(j, '}', &seen)) > 0) {
+        int k = 0, rk;
+        if (fsdp__json_key(j, &key, NULL, 0)) return FSDP_ERR_CORRUPT;
+        if (strcmp(key, "dtype") == 0) {
+            if (fsdp__json_string(j, &dtype, NULL, 0))
+                return fsdp__fmt(err, err_size, "tensor '%s': dtype is not a string", shown), FSDP_ERR_CORRUPT;
+        } else if (strcmp(key, "shape") == 0) {
+            if (fsdp__json_open(j, '[', "expected '['"))
+                return fsdp__fmt(err, err_size, "tensor '%s': shape is not an array", shown), FSDP_ERR_CORRUPT;
+            while ((rk = fsdp__json_more(j, ']', &k)) > 0) {
+                int64_t d;
+                if (fsdp__json_int(j, 0, INT64_MAX, &d, "a shape entry is not a non-negative integer"))
+                    return fsdp__fmt(err, err_size, "tensor '%s': shape entry %d is not a non-negative integer", shown,
+                                     k - 1), FSDP_ERR_CORRUPT;
+                if (k <= FSDP_MAX_DIMS) t->shape[k - 1] = d;
             }
+            if (rk < 0) return FSDP_ERR_CORRUPT;
+            if (k > FSDP_MAX_DIMS)
+                return fsdp__fmt(err, err_size, "tensor '%s' has %d dimensions (at most %d)", shown, k, FSDP_MAX_DIMS),
+                       FSDP_ERR_CORRUPT;
+            t->ndim = k;
+            have_shape = 1;
+        } else if (strcmp(key, "data_offsets") == 0) {
+            int64_t v[2] = {0, 0};
+            if (fsdp__json_open(j, '[', "expected '['")) rk = -1;
+            else while ((rk = fsdp__json_more(j, ']', &k)) > 0 && k <= 2)
+                if (fsdp__json_int(j, 0, INT64_MAX, &v[k - 1], "an offset is not a non-negative integer")) break;
+            if (rk != 0 || k != 2 || v[1] < v[0])
+                return fsdp__fmt(err, err_size, "tensor '%s': data_offsets must be [begin, end] with 0 <= begin <= end",
+                                 shown), FSDP_ERR_CORRUPT;
+            begin = v[0];
+            end = v[1];
+            have_offsets = 1;
+        } else if (fsdp__json_skip(j)) {
+            return FSDP_ERR_CORRUPT;
+        }
+    }
+    if (r < 0) return FSDP_ERR_CORRUPT;
+    if (!dtype || !have_shape || !have_offsets)
+        return fsdp__fmt(err, err_size, "tensor '%s' lacks dtype, shape or data_offsets", shown), FSDP_ERR_CORRUPT;
+    if (strcmp(dtype, "F32") == 0) t->dtype = FSDP_F32;
+    else if (strcmp(dtype, "BF16") == 0) t->dtype = FSDP_BF16;
+    else if (strcmp(dtype, "F16") == 0) t->dtype = FSDP_F16;
+    else {
+        char kind[24];
+        return fsdp__fmt(err, err_size, "tensor '%s' has unknown dtype '%s' (F32, BF16 and F16 are supported)", shown,
+                         fsdp_printable(kind, sizeof kind, dtype)), FSDP_ERR_CORRUPT;
+    }
+    for (r = 0; r < t->ndim; r++) {
+        uint64_t d = (uint64_t)t->shape[r];
+        if (d && numel > f->data_size / d) numel = f->data_size + 1; /* too big for the file */
+        else numel *= d;
+    }
+    t->begin = (uint64_t)begin;
+    t->end = (uint64_t)end;
+    if (t->end > f->data_size)
+        return fsdp__fmt(err, err_size, "tensor '%s': data_offsets [%llu, %llu] run past the data (%llu bytes)", shown,
+                         (unsigned long long)t->begin, (unsigned long long)t->end, (unsigned long long)f->data_size),
+               FSDP_ERR_CORRUPT;
+    if (numel > f->data_size || numel * fsdp_dtype_size(t->dtype) != t->end - t->begin)
+        return fsdp__fmt(err, err_size, "tensor '%s': shape holds %llu elements of %s but data_offsets span %llu bytes",
+                         shown, (unsigned long long)numel, dtype, (unsigned long long)(t->end - t->begin)),
+               FSDP_ERR_CORRUPT;
+    t->numel = (int64_t)numel;
+    return 0;
+}
+
+/* One walk over a safetensors header (see fsdp__json): the count walk checks the syntax and
+   sets num_tensors and num_meta; the fill walk fills the tables allocated from them and checks
+   what the entries mean. */
+FSDP__PRIVATE int fsdp__st_walk(fsdp_st_file *f, fsdp__json *j, char *err, size_t err_size) {
+    int seen = 0, r, metadata_seen = 0, nt = 0, nm = 0, rc;
+    fsdp__json_space(j);
+    if (j->at >= j->end || *j->at != '{') return fsdp__fmt(err, err_size, "header is not a JSON object"), FSDP_ERR_CORRUPT;
+    if (fsdp__json_open(j, '{', "expected '{'")) return FSDP_ERR_CORRUPT;
+    while ((r = fsdp__json_more(j, '}', &seen)) > 0) {
+        char probe[16], *name;
+        if (fsdp__json_key(j, &name, probe, sizeof probe)) return FSDP_ERR_CORRUPT;
+        if (strcmp(j->fill ? name : probe, "__metadata__") == 0) {
+            int mseen = 0, mr;
+            fsdp__json_space(j);
+            if (j->at >= j->end || *j->at != '{') {
+                if (j->fill) return fsdp__fmt(err, err_size, "__metadata__ is not a map of strings"), FSDP_ERR_CORRUPT;
+                if (fsdp__json_skip(j)) return FSDP_ERR_CORRUPT;
+                continue;
+            }
+            if (j->fill && metadata_seen++)
+                return fsdp__fmt(err, err_size, "__metadata__ is not a map of strings: it appears twice"), FSDP_ERR_CORRUPT;
+            if (fsdp__json_open(j, '{', "expected '{'")) return FSDP_ERR_CORRUPT;
+            while ((mr = fsdp__json_more(j, '}', &mseen)) > 0) {
+                char *key, *value, shown[80];
+                if (fsdp__json_key(j, &key, NULL, 0)) return FSDP_ERR_CORRUPT;
+                fsdp__json_space(j);
+                if (!j->fill) {
+                    if (fsdp__json_skip(j)) return FSDP_ERR_CORRUPT;
+                } else if (j->at >= j->end || *j->at != '"') {
+                    return fsdp__fmt(err, err_size, "__metadata__ value of '%s' is not a string",
+                                     fsdp_printable(shown, sizeof shown, key)), FSDP_ERR_CORRUPT;
+                } else {
+                    if (fsdp__json_string(j, &value, NULL, 0)) return FSDP_ERR_CORRUPT;
+                    f->meta_keys[nm] = key;
+                    f->meta_values[nm] = value;
+                }
+                nm++;
+            }
+            if (mr < 0) return FSDP_ERR_CORRUPT;
             continue;
         }
-        if (v->type != FSDP__J_OBJ) return fsdp__fmt(err, err_size, "entry '%.64s' is not an object", root->keys[i]), FSDP_ERR_CORRUPT;
-        t = &f->tensors[n];
-        t->name = fsdp__strdup(root->keys[i]);
-        if (!t->name) return FSDP_ERR_OUT_OF_MEMORY;
-        f->num_tensors = ++n;
-        dtype = fsdp__jget(v, "dtype");
-        shape = fsdp__jget(v, "shape");
-        offsets = fsdp__jget(v, "data_offsets");
-        if (!dtype || dtype->type != FSDP__J_STR || !shape || shape->type != FSDP__J_ARR || !offsets ||
-            offsets->type != FSDP__J_ARR)
-            return fsdp__fmt(err, err_size, "tensor '%.64s' lacks dtype, shape or data_offsets", t->name), FSDP_ERR_CORRUPT;
-        if (strcmp(dtype->str, "F32") == 0) t->dtype = FSDP_F32;
-        else if (strcmp(dtype->str, "BF16") == 0) t->dtype = FSDP_BF16;
-        else if (strcmp(dtype->str, "F16") == 0) t->dtype = FSDP_F16;
-        else return fsdp__fmt(err, err_size, "tensor '%.64s' has unknown dtype '%.16s' (F32, BF16 and F16 are supported)",
-                              t->name, dtype->str), FSDP_ERR_CORRUPT;
-        if (shape->count > FSDP_MAX_DIMS)
-            return fsdp__fmt(err, err_size, "tensor '%.64s' has %d dimensions (at most %d)", t->name, shape->count,
-                             FSDP_MAX_DIMS), FSDP_ERR_CORRUPT;
-        t->ndim = shape->count;
-        for (k = 0; k < shape->count; k++) {
-            const fsdp__jv *d = &shape->items[k];
-            if (d->type != FSDP__J_NUM || !d->is_int || d->inum < 0)
-                return fsdp__fmt(err, err_size, "tensor '%.64s': shape entry %d is not a non-negative integer", t->name, k),
-                       FSDP_ERR_CORRUPT;
-            t->shape[k] = d->inum;
-            if (d->inum && numel > f->data_size / (uint64_t)d->inum) numel = f->data_size + 1; /* too big for the file */
-            else numel *= (uint64_t)d->inum;
+        if (j->fill) {
+            f->tensors[nt].name = name;
+            if ((rc = fsdp__st_tensor_entry(f, j, &f->tensors[nt], err, err_size)) != 0) return rc;
+        } else if (fsdp__json_skip(j)) {
+            return FSDP_ERR_CORRUPT;
         }
-        if (offsets->count != 2 || offsets->items[0].type != FSDP__J_NUM || !offsets->items[0].is_int ||
-            offsets->items[1].type != FSDP__J_NUM || !offsets->items[1].is_int || offsets->items[0].inum < 0 ||
-            offsets->items[1].inum < offsets->items[0].inum)
-            return fsdp__fmt(err, err_size, "tensor '%.64s': data_offsets must be [begin, end] with 0 <= begin <= end",
-                             t->name), FSDP_ERR_CORRUPT;
-        t->begin = (uint64_t)offsets->items[0].inum;
-        t->end = (uint64_t)offsets->items[1].inum;
-        if (t->end > f->data_size)
-            return fsdp__fmt(err, err_size, "tensor '%.64s': data_offsets [%llu, %llu] run past the data (%llu bytes)",
-                             t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
-                             (unsigned long long)f->data_size), FSDP_ERR_CORRUPT;
-        esize = fsdp_dtype_size(t->dtype);
-        if (numel > f->data_size || numel * esize != t->end - t->begin)
-            return fsdp__fmt(err, err_size, "tensor '%.64s': shape holds %llu elements of %s but data_offsets span %llu bytes",
-                             t->name, (unsigned long long)numel, dtype->str, (unsigned long long)(t->end - t->begin)),
-                   FSDP_ERR_CORRUPT;
-        t->numel = (int64_t)numel;
+        nt++;
     }
+    if (r < 0 || fsdp__json_finish(j)) return FSDP_ERR_CORRUPT;
+    f->num_tensors = nt;
+    f->num_meta = nm;
+    return 0;
+}
+
+/* Checks that non-empty tensors do not overlap in the data, then indexes the names. */
+FSDP__PRIVATE int fsdp__st_load_header(fsdp_st_file *f, char *err, size_t err_size) {
+    const fsdp_st_tensor **sorted;
+    int i, k, n = f->num_tensors;
     sorted = (const fsdp_st_tensor **)FSDP_MALLOC(sizeof *sorted * (size_t)(n + 1));
     if (!sorted) return FSDP_ERR_OUT_OF_MEMORY;
     for (i = 0; i < n; i++) sorted[i] = &f->tensors[i];
@@ -6494,7 +6614,9 @@ FSDP__PRIVATE int fsdp__st_load_header(fsdp_st_file *f, const fsdp__jv *root, ch
     for (i = 0, k = -1; i < n; i++) { /* k: the non-empty tensor reaching furthest so far */
         if (sorted[i]->end == sorted[i]->begin) continue;
         if (k >= 0 && sorted[i]->begin < sorted[k]->end) {
-            fsdp__fmt(err, err_size, "tensors '%.64s' and '%.64s' overlap in the data", sorted[k]->name, sorted[i]->name);
+            char a[80], b[80];
+            fsdp__fmt(err, err_size, "tensors '%s' and '%s' overlap in the data", fsdp_printable(a, sizeof a, sorted[k]->name),
+                      fsdp_printable(b, sizeof b, sorted[i]->name));
             FSDP_FREE(sorted);
             return FSDP_ERR_CORRUPT;
         }
@@ -6504,39 +6626,51 @@ FSDP__PRIVATE int fsdp__st_load_header(fsdp_st_file *f, const fsdp__jv *root, ch
     return fsdp__st_index(f, err, err_size);
 }
 
+/* Reads exactly n bytes at offset, however the file system splits them (NFS, FUSE);
+   0, or -1 (errno; EIO for a file that ended early). */
+FSDP__PRIVATE int fsdp__pread_full(int fd, void *dst, size_t n, uint64_t offset) {
+    size_t done = 0;
+    while (done < n) {
+        ssize_t got = pread(fd, (char *)dst + done, n - done, (off_t)(offset + done));
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            if (got == 0) errno = EIO;
+            return -1;
+        }
+        done += (size_t)got;
+    }
+    return 0;
+}
+
 /* Reads and checks the 8-byte length and the header; data is the rest. */
 FSDP__PRIVATE int fsdp__st_init(fsdp_st_file *f, const unsigned char *head8, char *err, size_t err_size) {
     uint64_t n = 0;
-    char *text;
-    fsdp__jv root;
+    fsdp__json j;
     int i, rc;
-    ssize_t got;
     for (i = 7; i >= 0; i--) n = (n << 8) | head8[i];
-    if (f->file_size < 8 || n < 2 || n > f->file_size - 8 || n > FSDP__ST_MAX_HEADER)
-        return fsdp__fmt(err, err_size, "header length %llu does not fit a file of %llu bytes", (unsigned long long)n,
-                         (unsigned long long)f->file_size), FSDP_ERR_CORRUPT;
+    if (f->file_size < 8 || n < 2 || n > f->file_size - 8 || n > FSDP__ST_MAX_HEADER) /* (the value is the file's bytes: not shown) */
+        return fsdp__fmt(err, err_size, "the header length in the first 8 bytes does not fit a file of %llu bytes "
+                         "(at most 100 MiB of header)", (unsigned long long)f->file_size), FSDP_ERR_CORRUPT;
     f->data_offset = 8 + n;
     f->data_size = f->file_size - f->data_offset;
-    text = (char *)FSDP_MALLOC((size_t)n);
-    if (!text) return FSDP_ERR_OUT_OF_MEMORY;
-    if (f->mem) memcpy(text, f->mem + 8, (size_t)n);
-    else if ((got = pread(f->fd, text, (size_t)n, 8)) != (ssize_t)n) {
-        FSDP_FREE(text);
-        return fsdp__fmt(err, err_size, "short read of the header"), FSDP_ERR_IO;
-    }
-    if (text[0] != '{') {
-        FSDP_FREE(text);
-        return fsdp__fmt(err, err_size, "header does not start with '{'"), FSDP_ERR_CORRUPT;
-    }
-    while (n > 0 && text[n - 1] == ' ') n--; /* alignment padding */
-    if (fsdp__jparse(text, (size_t)n, &root, err, err_size) != 0) {
-        FSDP_FREE(text);
-        return FSDP_ERR_CORRUPT;
-    }
-    FSDP_FREE(text);
-    rc = fsdp__st_load_header(f, &root, err, err_size);
-    fsdp__jfree(&root);
-    return rc;
+    f->header = (char *)FSDP_MALLOC((size_t)n + 1);
+    if (!f->header) return FSDP_ERR_OUT_OF_MEMORY;
+    if (f->mem) memcpy(f->header, f->mem + 8, (size_t)n);
+    else if (fsdp__pread_full(f->fd, f->header, (size_t)n, 8) != 0)
+        return fsdp__fmt(err, err_size, "cannot read the header: %s", strerror(errno)), FSDP_ERR_IO;
+    f->header[n] = 0;
+    f->header_crc = fsdp_crc32c(0, f->header, (size_t)n);
+    if (f->header[0] != '{') return fsdp__fmt(err, err_size, "header does not start with '{'"), FSDP_ERR_CORRUPT;
+    while (n > 0 && f->header[n - 1] == ' ') n--; /* alignment padding */
+    fsdp__json_start(&j, f->header, (size_t)n, 0, err, err_size);
+    if ((rc = fsdp__st_walk(f, &j, err, err_size)) != 0) return rc;
+    f->tensors = (fsdp_st_tensor *)fsdp__calloc(sizeof *f->tensors * (size_t)(f->num_tensors + 1));
+    f->meta_keys = (const char **)fsdp__calloc(sizeof(char *) * (size_t)(f->num_meta + 1));
+    f->meta_values = (const char **)fsdp__calloc(sizeof(char *) * (size_t)(f->num_meta + 1));
+    if (!f->tensors || !f->meta_keys || !f->meta_values) return FSDP_ERR_OUT_OF_MEMORY;
+    fsdp__json_start(&j, f->header, (size_t)n, 1, err, err_size);
+    if ((rc = fsdp__st_walk(f, &j, err, err_size)) != 0) return rc;
+    return fsdp__st_load_header(f, err, err_size);
 }
 
 FSDP_API int fsdp_st_parse(fsdp_st_file **out, const void *bytes, size_t size, char *err, size_t err_size) {
@@ -6559,7 +6693,9 @@ FSDP_API int fsdp_st_parse(fsdp_st_file **out, const void *bytes, size_t size, c
     return 0;
 }
 
-FSDP_API int fsdp_st_open(fsdp_st_file **out, const char *path, char *err, size_t err_size) {
+/* fsdp_st_open; nofollow: refuse a symbolic link as the last component (for files a
+   checkpoint directory names, which must be the checkpoint's own). */
+FSDP__PRIVATE int fsdp__st_open_file(fsdp_st_file **out, const char *path, int nofollow, char *err, size_t err_size) {
     fsdp_st_file *f;
     struct stat st;
     unsigned char head8[8];
@@ -6571,14 +6707,22 @@ FSDP_API int fsdp_st_open(fsdp_st_file **out, const char *path, char *err, size_
     f = (fsdp_st_file *)fsdp__calloc(sizeof *f);
     if (!f) return FSDP_ERR_OUT_OF_MEMORY;
     fsdp__copy_string(f->path, sizeof f->path, path);
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO or device under the name must not block the open */
+    f->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | (nofollow ? O_NOFOLLOW : 0));
     if (f->fd < 0 || fstat(f->fd, &st) != 0) {
-        fsdp__fmt(err, err_size, "%s: %s", path, strerror(errno));
+        fsdp__fmt(err, err_size, "%s: %s", path, nofollow && errno == ELOOP ? "a symbolic link (refused)" : strerror(errno));
+        fsdp_st_close(f);
+        return FSDP_ERR_IO;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        fsdp__fmt(err, err_size, "%s is not a regular file", path);
         fsdp_st_close(f);
         return FSDP_ERR_IO;
     }
     f->file_size = (uint64_t)st.st_size;
-    if (f->file_size < 8 || pread(f->fd, head8, 8, 0) != 8) {
+    f->mtime_sec = (int64_t)st.st_mtim.tv_sec;
+    f->mtime_nsec = (int64_t)st.st_mtim.tv_nsec;
+    if (f->file_size < 8 || fsdp__pread_full(f->fd, head8, 8, 0) != 0) {
         fsdp__fmt(err, err_size, "%s: file of %llu bytes is shorter than the 8-byte header length", path,
                   (unsigned long long)f->file_size);
         fsdp_st_close(f);
@@ -6594,6 +6738,10 @@ FSDP_API int fsdp_st_open(fsdp_st_file **out, const char *path, char *err, size_
     }
     *out = f;
     return 0;
+}
+
+FSDP_API int fsdp_st_open(fsdp_st_file **out, const char *path, char *err, size_t err_size) {
+    return fsdp__st_open_file(out, path, 0, err, err_size);
 }
 
 FSDP_API int fsdp_st_num_tensors(const fsdp_st_file *f) { return f ? f->num_tensors : 0; }
@@ -6628,27 +6776,45 @@ FSDP__PRIVATE int fsdp__st_pread(fsdp_st_file *f, void *dst, size_t n, uint64_t 
     return 0;
 }
 
-FSDP_API int fsdp_st_read(fsdp_st_file *f, int tensor, int64_t first, int64_t count, float *out, char *err,
-                          size_t err_size) {
+/* Reads elements [first, first + count) of a tensor: as f32 into out_f32, or raw (the stored
+   dtype) into out_raw. */
+FSDP__PRIVATE int fsdp__st_read_elements(fsdp_st_file *f, int tensor, int64_t first, int64_t count, float *out_f32,
+                                         void *out_raw, char *err, size_t err_size) {
     const fsdp_st_tensor *t = fsdp_st_tensor_at(f, tensor);
     unsigned char block[65536];
     size_t esize;
     int64_t done = 0;
-    char scratch[8];
+    char scratch[8], shown[80];
     if (!err) { err = scratch; err_size = sizeof scratch; }
-    if (!t || first < 0 || count < 0 || first > t->numel || count > t->numel - first || (count && !out))
+    if (!t || first < 0 || count < 0 || first > t->numel || count > t->numel - first || (count && !out_f32 && !out_raw))
         return fsdp__fmt(err, err_size, "read of elements [%lld, %lld) outside the tensor", (long long)first,
                          (long long)(first + count)), FSDP_ERR_INVALID_ARG;
     esize = fsdp_dtype_size(t->dtype);
     while (done < count) {
         int64_t n = count - done < (int64_t)(sizeof block / esize) ? count - done : (int64_t)(sizeof block / esize);
-        if (fsdp__st_pread(f, block, (size_t)n * esize, t->begin + (uint64_t)(first + done) * esize) != 0)
-            return fsdp__fmt(err, err_size, "%s: cannot read tensor '%s' (file truncated?)", f->path, t->name), FSDP_ERR_CORRUPT;
-        fsdp__to_f32(out + done, block, t->dtype, (size_t)n);
+        unsigned char *dst = out_raw ? (unsigned char *)out_raw + (size_t)done * esize : block;
+        if (fsdp__st_pread(f, dst, (size_t)n * esize, t->begin + (uint64_t)(first + done) * esize) != 0)
+            return fsdp__fmt(err, err_size, "%s: cannot read tensor '%s' (file truncated?)", f->path,
+                             fsdp_printable(shown, sizeof shown, t->name)), FSDP_ERR_CORRUPT;
+        if (!out_raw) fsdp__to_f32(out_f32 + done, block, t->dtype, (size_t)n);
         done += n;
     }
     return 0;
 }
+
+FSDP_API int fsdp_st_read(fsdp_st_file *f, int tensor, int64_t first, int64_t count, float *out, char *err,
+                          size_t err_size) {
+    if (!out && count) return FSDP_ERR_INVALID_ARG;
+    return fsdp__st_read_elements(f, tensor, first, count, out, NULL, err, err_size);
+}
+
+FSDP_API int fsdp_st_read_raw(fsdp_st_file *f, int tensor, int64_t first, int64_t count, void *out, char *err,
+                              size_t err_size) {
+    if (!out && count) return FSDP_ERR_INVALID_ARG;
+    return fsdp__st_read_elements(f, tensor, first, count, NULL, out, err, err_size);
+}
+
+FSDP_API uint64_t fsdp_st_header_size(const fsdp_st_file *f) { return f ? f->data_offset - 8 : 0; }
 
 FSDP__PRIVATE int fsdp__st_crc(fsdp_st_file *f, const fsdp_st_tensor *t, uint32_t *crc) {
     unsigned char block[65536];
@@ -6730,23 +6896,120 @@ FSDP__PRIVATE int fsdp__fsync_dir(const char *path) {
     return rc;
 }
 
-/* Removes "<path>.tmp.<pid>" files left by writers that were killed (their pid is gone). */
+/* This host as temporary file names tell it: a checksum of the host name, the boot id and the
+   pid namespace, so that on a shared file system a writer's pid is only judged where it means
+   something. */
+FSDP__PRIVATE uint32_t fsdp__host_id(void) {
+    char facts[600];
+    size_t n = 0;
+    ssize_t got;
+    int fd;
+    memset(facts, 0, sizeof facts);
+    if (gethostname(facts, 256) == 0) n = strlen(facts);
+    fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if ((got = read(fd, facts + n, 64)) > 0) n += (size_t)got;
+        close(fd);
+    }
+    if ((got = readlink("/proc/self/ns/pid", facts + n, 64)) > 0) n += (size_t)got;
+    return fsdp_crc32c(0, facts, n);
+}
+
+/* The process's umask, read without changing it (umask() would, for every thread). */
+FSDP__PRIVATE mode_t fsdp__umask(void) {
+    char line[128];
+    mode_t mask = 022;
+    FILE *f = fopen("/proc/self/status", "re");
+    long value;
+    if (!f) return mask;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "Umask:", 6) == 0) {
+            char *end = NULL;
+            value = strtol(line + 6, &end, 8);
+            if (end && end != line + 6 && value >= 0 && value <= 0777) mask = (mode_t)value;
+            break;
+        }
+    fclose(f);
+    return mask;
+}
+
+/* Removes "<path>.tmp.<host>-<pid>-<random>" files of killed writers: of this host, with a pid
+   that is gone. Another host's file, or a live writer's, is left alone. */
 FSDP__PRIVATE void fsdp__remove_stale_tmp(const char *path) {
-    char dir[600], prefix[300], victim[1024];
+    char dir[600], prefix[300], host[16], victim[1024];
     size_t plen;
     DIR *d;
     struct dirent *e;
     fsdp__fmt(prefix, sizeof prefix, "%s.tmp.", fsdp__split_path(path, dir, sizeof dir));
+    fsdp__fmt(host, sizeof host, "%08x-", (unsigned)fsdp__host_id());
     plen = strlen(prefix);
     if (!(d = opendir(dir))) return;
     while ((e = readdir(d)) != NULL) {
+        const char *rest = e->d_name + plen, *dash;
+        char pid_text[16];
         long pid;
-        if (strncmp(e->d_name, prefix, plen) != 0 || fsdp__parse_int(e->d_name + plen, 1, 0x7fffffffL, &pid) != 0) continue;
+        if (strncmp(e->d_name, prefix, plen) != 0 || strncmp(rest, host, 9) != 0) continue;
+        rest += 9;
+        if (!(dash = strchr(rest, '-')) || dash - rest >= (long)sizeof pid_text) continue;
+        memcpy(pid_text, rest, (size_t)(dash - rest));
+        pid_text[dash - rest] = 0;
+        if (fsdp__parse_int(pid_text, 1, 0x7fffffffL, &pid) != 0) continue;
         if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* its writer may still be running */
         fsdp__fmt(victim, sizeof victim, "%s/%s", dir, e->d_name);
         unlink(victim);
     }
     closedir(d);
+}
+
+/* Creates a fresh temporary file beside path: "<path>.tmp.<host>-<pid>-<16 random hex>",
+   O_EXCL | O_NOFOLLOW and mode 0600, so nothing can be planted under the name beforehand (a
+   symlink to redirect the write) and nobody reads it before it is complete. Stale ones of
+   killed writers on this host go first. The fd, or -1 with errno. */
+FSDP__PRIVATE int fsdp__tmp_create(const char *path, char *tmp, size_t tmp_size) {
+    unsigned char random[8];
+    char hex[17];
+    fsdp__remove_stale_tmp(path);
+    if (fsdp__random_bytes(random, sizeof random) != 0) return -1;
+    fsdp__hex(hex, random, sizeof random);
+    if ((size_t)fsdp__fmt(tmp, tmp_size, "%s.tmp.%08x-%d-%s", path, (unsigned)fsdp__host_id(), (int)getpid(), hex) + 1 >=
+        tmp_size) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    return open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+}
+
+/* Makes a complete temporary file final and closes fd: the mode a plain create would have
+   given (0666 less the umask), fsync, rename over path, fsync of the directory. On failure the
+   temporary file is removed. 0, or -1 with errno. */
+FSDP__PRIVATE int fsdp__tmp_commit(int fd, const char *tmp, const char *path) {
+    int err = 0;
+    if (fchmod(fd, 0666 & ~fsdp__umask()) != 0 || fsync(fd) != 0) err = errno;
+    if (close(fd) != 0 && !err) err = errno;
+    if (!err && (rename(tmp, path) != 0 || fsdp__fsync_dir(path) != 0)) err = errno;
+    if (err) {
+        unlink(tmp);
+        errno = err;
+        return -1;
+    }
+    return 0;
+}
+
+FSDP_API int fsdp_write_file_atomic(const char *path, const void *data, size_t size, char *err, size_t err_size) {
+    char tmp[1100], scratch[8];
+    int fd;
+    if (!err) { err = scratch; err_size = sizeof scratch; }
+    if (!path || (!data && size)) return fsdp__fmt(err, err_size, "fsdp_write_file_atomic: bad arguments"), FSDP_ERR_INVALID_ARG;
+    if ((fd = fsdp__tmp_create(path, tmp, sizeof tmp)) < 0)
+        return fsdp__fmt(err, err_size, "%s: cannot create a temporary file beside it: %s", path, strerror(errno)), FSDP_ERR_IO;
+    if (fsdp__write_all(fd, data, size) != 0) {
+        fsdp__fmt(err, err_size, "%s: %s", tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
+        return FSDP_ERR_IO;
+    }
+    if (fsdp__tmp_commit(fd, tmp, path) != 0) return fsdp__fmt(err, err_size, "%s: %s", path, strerror(errno)), FSDP_ERR_IO;
+    return 0;
 }
 
 FSDP_API void fsdp_st_writer_abort(fsdp_st_writer *w) {
@@ -6826,9 +7089,7 @@ FSDP_API int fsdp_st_writer_open(fsdp_st_writer **out, const char *path, const f
     while (!h.failed && (h.len % 8) != 0) fsdp__sbuf_str(&h, " "); /* data starts 8-aligned */
     if (h.failed) { FSDP_FREE(h.data); fsdp_st_writer_abort(w); return FSDP_ERR_OUT_OF_MEMORY; }
     fsdp__copy_string(w->path, sizeof w->path, path);
-    fsdp__remove_stale_tmp(path);
-    fsdp__fmt(w->tmp, sizeof w->tmp, "%s.tmp.%d", path, (int)getpid());
-    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    w->fd = fsdp__tmp_create(path, w->tmp, sizeof w->tmp);
     for (i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
     if (w->fd < 0 || fsdp__write_all(w->fd, len8, 8) != 0 || fsdp__write_all(w->fd, h.data, h.len) != 0) {
         fsdp__fmt(err, err_size, "%s: %s", w->fd < 0 ? w->tmp : path, strerror(errno));
@@ -6910,16 +7171,11 @@ FSDP_API int fsdp_st_writer_close(fsdp_st_writer *w, char *err, size_t err_size)
             rc = FSDP_ERR_IO;
         }
     }
-    if (!rc && (fsync(w->fd) != 0 || close(w->fd) != 0)) {
-        fsdp__fmt(err, err_size, "%s: %s", w->tmp, strerror(errno));
-        rc = FSDP_ERR_IO;
-        w->fd = -1;
-        unlink(w->tmp);
-    } else if (!rc) {
-        w->fd = -1;
-        if (rename(w->tmp, w->path) != 0 || fsdp__fsync_dir(w->path) != 0) {
+    if (!rc) {
+        int fd = w->fd;
+        w->fd = -1; /* closed by the commit, whatever happens */
+        if (fsdp__tmp_commit(fd, w->tmp, w->path) != 0) {
             fsdp__fmt(err, err_size, "%s: %s", w->path, strerror(errno));
-            unlink(w->tmp);
             rc = FSDP_ERR_IO;
         }
     }
@@ -7151,9 +7407,13 @@ FSDP__PRIVATE void fsdp__problem(fsdp__problems *pr, const char *kind, const cha
     else if (strcmp(kind, "unexpected") == 0) pr->report->unexpected++;
     else pr->report->mismatched++;
     if (pr->opt && pr->opt->on_problem) pr->opt->on_problem(pr->opt->user, kind, name, detail);
-    if (pr->used + 8 < sizeof pr->summary)
+    if (pr->used + 8 < sizeof pr->summary) { /* names may come from a file: shown printable */
+        char shown_name[120], shown_detail[200];
         pr->used += (size_t)fsdp__fmt(pr->summary + pr->used, sizeof pr->summary - pr->used, "%s%s %s%s%s%s",
-                                      pr->used ? "; " : "", kind, name, *detail ? " (" : "", detail, *detail ? ")" : "");
+                                      pr->used ? "; " : "", kind, fsdp_printable(shown_name, sizeof shown_name, name),
+                                      *detail ? " (" : "", fsdp_printable(shown_detail, sizeof shown_detail, detail),
+                                      *detail ? ")" : "");
+    }
 }
 
 /* Loads one parameter's (or optimizer buffer's) local slice from a reader callback. */
@@ -7187,6 +7447,30 @@ static int64_t fsdp__meta_int(const char *text) {
     return errno || !end || *end || value < 0 ? -1 : (int64_t)value;
 }
 
+/* The ranks verify the checksums of a full file in turns, so each must have opened the very
+   file the others did (not one replaced in between, nor another host's copy): same size,
+   modification time and header, or the load fails naming the rank. Collective. */
+FSDP__PRIVATE int fsdp__same_file(fsdp_ctx *ctx, const fsdp_st_file *f, const char *path) {
+    typedef struct { uint64_t size; int64_t sec, nsec; uint32_t header_crc, pad; } identity;
+    identity mine, *all;
+    int r, rc;
+    memset(&mine, 0, sizeof mine);
+    mine.size = f->file_size;
+    mine.sec = f->mtime_sec;
+    mine.nsec = f->mtime_nsec;
+    mine.header_crc = f->header_crc;
+    all = (identity *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world);
+    if (!all) return fsdp__agree(ctx, fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory"));
+    rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_GATHER, &mine, all, sizeof mine / 4, 0);
+    for (r = 0; !rc && r < ctx->world; r++)
+        if (memcmp(&all[r], &all[0], sizeof mine) != 0)
+            rc = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_load_full: rank %d opened another file at %s than rank 0 (size, time "
+                            "or header differ): was it replaced during the load, or do the hosts see different copies?",
+                            r, path);
+    FSDP_FREE(all);
+    return rc;
+}
+
 FSDP_API int fsdp_load_full(fsdp_ctx *ctx, const char *path, const fsdp_load_options *opt, fsdp_load_report *report) {
     fsdp_load_report local_report;
     fsdp__problems pr;
@@ -7218,7 +7502,9 @@ FSDP_API int fsdp_load_full(fsdp_ctx *ctx, const char *path, const fsdp_load_opt
         local = fsdp__fail(ctx, FSDP_ERR_INCOMPATIBLE, "fsdp_load_full: %s does not match the model (%d missing, %d unexpected, "
                            "%d mis-shaped): %s", path, report->missing, report->unexpected, report->mismatched, pr.summary);
     if (!local) local = fsdp__opt_compatible(ctx, opt, fsdp_st_metadata(f, "optimizer"), "fsdp_load_full", &load_opt);
-    for (i = 0; !local && ctx->rank == 0 && i < fsdp_st_num_tensors(f); i++) /* rank 0 checks every checksum */
+    if ((rc = fsdp__agree(ctx, local)) != 0) goto done;
+    if ((rc = fsdp__same_file(ctx, f, path)) != 0) goto done;
+    for (i = ctx->rank; !local && i < fsdp_st_num_tensors(f); i += ctx->world) /* the checksums, shared out */
         if ((rc = fsdp_st_verify(f, i, err, sizeof err)) != 0 && rc != FSDP_ERR_UNSUPPORTED)
             local = fsdp__fail(ctx, rc, "fsdp_load_full: %s", err);
     if ((rc = fsdp__agree(ctx, local)) != 0) goto done;
@@ -7322,7 +7608,7 @@ FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_o
     if ((rc = fsdp__agree(ctx, local)) != 0) goto done;
     if (ctx->rank == 0) { /* the index is the commit point: it names this save's files */
         fsdp__sbuf b;
-        int p, fd;
+        int p;
         memset(&b, 0, sizeof b);
         fsdp__sbuf_printf(&b, "{\"format\":\"fsdp.h-sharded\",\"version\":1,\"world_size\":%d,\"step\":%lld,\"epoch\":%lld,",
                           ctx->world, (long long)ctx->step, (long long)(opt ? opt->epoch : 0));
@@ -7366,20 +7652,9 @@ FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_o
         }
         fsdp__sbuf_str(&b, "}}\n");
         fsdp__fmt(path, sizeof path, "%s/index.json", dir);
-        fsdp__remove_stale_tmp(path);
-        fsdp__fmt(path, sizeof path, "%s/index.json.tmp.%d", dir, (int)getpid());
-        fd = b.failed ? -1 : open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0 || fsdp__write_all(fd, b.data, b.len) != 0 || fsync(fd) != 0) local = FSDP_ERR_IO;
-        if (fd >= 0) close(fd);
-        if (!local) {
-            char final_path[1024];
-            fsdp__fmt(final_path, sizeof final_path, "%s/index.json", dir);
-            if (rename(path, final_path) != 0 || fsdp__fsync_dir(final_path) != 0) local = FSDP_ERR_IO;
-        }
-        if (local) {
-            unlink(path);
-            fsdp__fail(ctx, local, "fsdp_save_sharded: cannot write %s/index.json: %s", dir, strerror(errno));
-        }
+        if (b.failed) local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_save_sharded: out of memory");
+        else if ((local = fsdp_write_file_atomic(path, b.data, b.len, err, sizeof err)) != 0)
+            fsdp__fail(ctx, local, "fsdp_save_sharded: cannot write the index: %s", err);
         FSDP_FREE(b.data);
     }
     if ((rc = fsdp__agree(ctx, local)) != 0) goto done;
@@ -7405,14 +7680,15 @@ done:
 
 /* --- index.json ------------------------------------------------------------------------------ */
 struct fsdp_index {
-    fsdp__jv root;
-    int num_files, num_tensors, num_meta;
+    char *text;                   /* index.json, strings decoded in place: names point into it */
+    int num_files, num_tensors, num_meta, num_pieces;
     const char **files;
     fsdp_index_tensor *tensors;
     fsdp_index_piece *pieces;     /* all tensors' pieces, one array */
-    const fsdp__jv *metadata;
+    const char **meta_keys, **meta_values;
     int *by_name;
     int64_t world_size, step, epoch;
+    int has_format, has_files, has_tensors;
 };
 
 static int fsdp__cmp_piece(const void *a, const void *b) {
@@ -7425,95 +7701,255 @@ static int fsdp__cmp_index_name(const void *a, const void *b) {
     return strcmp(fsdp__sorting_index->tensors[*(const int *)a].name, fsdp__sorting_index->tensors[*(const int *)b].name);
 }
 
-static int64_t fsdp__jint(const fsdp__jv *v) { return v && v->type == FSDP__J_NUM && v->is_int ? v->inum : -1; }
-
 FSDP_API void fsdp_index_close(fsdp_index *ix) {
     if (!ix) return;
-    fsdp__jfree(&ix->root);
-    FSDP_FREE(ix->files);
+    FSDP_FREE(ix->text);
+    FSDP_FREE((void *)ix->files);
     FSDP_FREE(ix->tensors);
     FSDP_FREE(ix->pieces);
+    FSDP_FREE((void *)ix->meta_keys);
+    FSDP_FREE((void *)ix->meta_values);
     FSDP_FREE(ix->by_name);
     FSDP_FREE(ix);
 }
 
-FSDP__PRIVATE int fsdp__index_build(fsdp_index *ix, const char *path, char *err, size_t err_size) {
-    const fsdp__jv *format = fsdp__jget(&ix->root, "format"), *files = fsdp__jget(&ix->root, "files");
-    const fsdp__jv *tensors = fsdp__jget(&ix->root, "tensors"), *meta = fsdp__jget(&ix->root, "metadata");
-    int i, k, total = 0;
-    if (!format || format->type != FSDP__J_STR || strcmp(format->str, "fsdp.h-sharded") != 0 || !files ||
-        files->type != FSDP__J_ARR || !tensors || tensors->type != FSDP__J_OBJ)
+/* Count walk of a tensor's entry: its syntax, and the elements of its "pieces" arrays. */
+FSDP__PRIVATE int fsdp__index_count_pieces(fsdp__json *j, int *num_pieces) {
+    int seen = 0, r;
+    fsdp__json_space(j);
+    if (j->at >= j->end || *j->at != '{') return fsdp__json_skip(j);
+    if (fsdp__json_open(j, '{', "expected '{'")) return -1;
+    while ((r = fsdp__json_more(j, '}', &seen)) > 0) {
+        char probe[16];
+        if (fsdp__json_key(j, NULL, probe, sizeof probe)) return -1;
+        fsdp__json_space(j);
+        if (strcmp(probe, "pieces") == 0 && j->at < j->end && *j->at == '[') {
+            int n = 0, rn;
+            if (fsdp__json_open(j, '[', "expected '['")) return -1;
+            while ((rn = fsdp__json_more(j, ']', &n)) > 0)
+                if (fsdp__json_skip(j)) return -1;
+            if (rn < 0) return -1;
+            *num_pieces += n;
+        } else if (fsdp__json_skip(j)) {
+            return -1;
+        }
+    }
+    return r;
+}
+
+/* Fill walk of a tensor's entry {"dtype": .., "shape": [..], "pieces": [[file, begin, end],
+   ..]}: fills t (name already set) and its pieces at ix->pieces + *num_pieces (advanced).
+   Files, coverage and names are checked afterwards. */
+FSDP__PRIVATE int fsdp__index_tensor_entry(fsdp_index *ix, fsdp__json *j, fsdp_index_tensor *t, int *num_pieces,
+                                           const char *path, char *err, size_t err_size) {
+    char shown[80], *key;
+    const char *dtype = NULL;
+    int seen = 0, r, have_shape = 0, have_pieces = 0, k;
+    fsdp_printable(shown, sizeof shown, t->name);
+    fsdp__json_space(j);
+    if (j->at >= j->end || *j->at != '{')
+        return fsdp__fmt(err, err_size, "%s: entry '%s' is not an object", path, shown), FSDP_ERR_CORRUPT;
+    if (fsdp__json_open(j, '{', "expected '{'")) return FSDP_ERR_CORRUPT;
+    while ((r = fsdp__json_more(j, '}', &seen)) > 0) {
+        int n = 0, rk;
+        if (fsdp__json_key(j, &key, NULL, 0)) return FSDP_ERR_CORRUPT;
+        fsdp__json_space(j);
+        if (strcmp(key, "dtype") == 0 && j->at < j->end && *j->at == '"') {
+            if (fsdp__json_string_into(j, &dtype)) return FSDP_ERR_CORRUPT;
+        } else if (strcmp(key, "shape") == 0) {
+            if (fsdp__json_open(j, '[', "a shape is not an array")) return FSDP_ERR_CORRUPT;
+            while ((rk = fsdp__json_more(j, ']', &n)) > 0) {
+                int64_t d;
+                if (n > FSDP_MAX_DIMS || fsdp__json_int(j, 0, (int64_t)1 << 40, &d, "a shape entry is out of range"))
+                    return fsdp__fmt(err, err_size, "%s: bad shape for '%s'", path, shown), FSDP_ERR_CORRUPT;
+                t->shape[n - 1] = d;
+            }
+            if (rk < 0) return FSDP_ERR_CORRUPT;
+            t->ndim = n;
+            have_shape = 1;
+        } else if (strcmp(key, "pieces") == 0 && j->at < j->end && *j->at == '[') {
+            if (have_pieces++) return fsdp__fmt(err, err_size, "%s: '%s' has pieces twice", path, shown), FSDP_ERR_CORRUPT;
+            if (fsdp__json_open(j, '[', "expected '['")) return FSDP_ERR_CORRUPT;
+            while ((rk = fsdp__json_more(j, ']', &n)) > 0) {
+                int64_t v[3] = {0, 0, 0};
+                int m = 0, rm;
+                if (fsdp__json_open(j, '[', "a piece is not an array")) rm = -1;
+                else while ((rm = fsdp__json_more(j, ']', &m)) > 0 && m <= 3)
+                    if (fsdp__json_int(j, m == 1 ? 0 : INT64_MIN, m == 1 ? 1 << 30 : INT64_MAX, &v[m - 1],
+                                       "a piece entry is not an integer"))
+                        break;
+                if (rm != 0 || m != 3)
+                    return fsdp__fmt(err, err_size, "%s: piece %d of '%s' is not [file, begin, end]", path, n - 1, shown),
+                           FSDP_ERR_CORRUPT;
+                ix->pieces[*num_pieces + n - 1].file = (int)v[0];
+                ix->pieces[*num_pieces + n - 1].begin = v[1];
+                ix->pieces[*num_pieces + n - 1].end = v[2];
+            }
+            if (rk < 0) return FSDP_ERR_CORRUPT;
+            t->pieces = ix->pieces + *num_pieces;
+            t->num_pieces = n;
+            *num_pieces += n;
+        } else if (fsdp__json_skip(j)) {
+            return FSDP_ERR_CORRUPT;
+        }
+    }
+    if (r < 0) return FSDP_ERR_CORRUPT;
+    if (!have_pieces) return fsdp__fmt(err, err_size, "%s: entry '%s' lacks pieces", path, shown), FSDP_ERR_CORRUPT;
+    t->dtype = !dtype ? FSDP_DTYPE_DEFAULT : strcmp(dtype, "F32") == 0 ? FSDP_F32 : strcmp(dtype, "BF16") == 0 ? FSDP_BF16
+               : strcmp(dtype, "F16") == 0 ? FSDP_F16 : FSDP_DTYPE_DEFAULT;
+    if (!t->dtype) return fsdp__fmt(err, err_size, "%s: '%s' has no known dtype", path, shown), FSDP_ERR_CORRUPT;
+    if (!have_shape) return fsdp__fmt(err, err_size, "%s: '%s' lacks a shape", path, shown), FSDP_ERR_CORRUPT;
+    t->numel = 1;
+    for (k = 0; k < t->ndim; k++) {
+        int64_t d = t->shape[k];
+        if (d && t->numel > ((int64_t)1 << 40) / d)
+            return fsdp__fmt(err, err_size, "%s: bad shape for '%s'", path, shown), FSDP_ERR_CORRUPT;
+        t->numel *= d;
+    }
+    return 0;
+}
+
+/* Enters the value of a counted container if it is one (returns 1), else passes over it
+   (returns 0); -1 on a syntax error. The count walk counts any such container's elements;
+   the fill walk refuses what is not one, naming what. */
+FSDP__PRIVATE int fsdp__index_container(fsdp__json *j, char open, const char *path, const char *what, char *err,
+                                        size_t err_size) {
+    fsdp__json_space(j);
+    if (j->at < j->end && *j->at == open) return fsdp__json_open(j, open, "expected a container") ? -1 : 1;
+    if (j->fill) return fsdp__fmt(err, err_size, "%s: %s", path, what), -1;
+    return fsdp__json_skip(j) ? -1 : 0;
+}
+
+/* One walk over index.json (see fsdp__json): the count walk checks the syntax and counts files,
+   metadata, tensors and pieces; the fill walk fills the tables allocated from the counts and
+   checks what the entries mean. */
+FSDP__PRIVATE int fsdp__index_walk(fsdp_index *ix, fsdp__json *j, const char *path, char *err, size_t err_size) {
+    int seen = 0, r, nf = 0, nm = 0, nt = 0, np = 0, rc;
+    fsdp__json_space(j);
+    if (j->at >= j->end || *j->at != '{') return fsdp__fmt(err, err_size, "%s is not an fsdp.h sharded index", path), FSDP_ERR_CORRUPT;
+    if (fsdp__json_open(j, '{', "expected '{'")) return FSDP_ERR_CORRUPT;
+    while ((r = fsdp__json_more(j, '}', &seen)) > 0) {
+        char probe[16], *key;
+        int n = 0, rn, in;
+        if (fsdp__json_key(j, &key, probe, sizeof probe)) return FSDP_ERR_CORRUPT;
+        if (j->fill) fsdp__copy_string(probe, sizeof probe, strlen(key) < sizeof probe ? key : "");
+        fsdp__json_space(j);
+        if (strcmp(probe, "format") == 0 && j->fill && j->at < j->end && *j->at == '"') {
+            const char *format = NULL;
+            if (fsdp__json_string_into(j, &format)) return FSDP_ERR_CORRUPT;
+            ix->has_format = strcmp(format, "fsdp.h-sharded") == 0;
+        } else if (j->fill && (strcmp(probe, "world_size") == 0 || strcmp(probe, "step") == 0 ||
+                               strcmp(probe, "epoch") == 0)) {
+            int is_int = 0;
+            int64_t v = -1;
+            if (j->at < j->end && (*j->at == '-' || (*j->at >= '0' && *j->at <= '9'))) {
+                if (fsdp__json_number(j, &is_int, &v)) return FSDP_ERR_CORRUPT;
+            } else if (fsdp__json_skip(j)) {
+                return FSDP_ERR_CORRUPT;
+            }
+            *(probe[0] == 'w' ? &ix->world_size : probe[0] == 's' ? &ix->step : &ix->epoch) = is_int ? v : -1;
+        } else if (strcmp(probe, "metadata") == 0) {
+            if ((in = fsdp__index_container(j, '{', path, "metadata is not a map of strings", err, err_size)) < 0)
+                return FSDP_ERR_CORRUPT;
+            while (in && (rn = fsdp__json_more(j, '}', &n)) != 0) {
+                char *mkey, *value, shown[80];
+                if (rn < 0 || fsdp__json_key(j, &mkey, NULL, 0)) return FSDP_ERR_CORRUPT;
+                fsdp__json_space(j);
+                if (!j->fill) {
+                    if (fsdp__json_skip(j)) return FSDP_ERR_CORRUPT;
+                } else if (j->at >= j->end || *j->at != '"') {
+                    return fsdp__fmt(err, err_size, "%s: metadata '%s' is not a string", path,
+                                     fsdp_printable(shown, sizeof shown, mkey)), FSDP_ERR_CORRUPT;
+                } else {
+                    if (fsdp__json_string(j, &value, NULL, 0)) return FSDP_ERR_CORRUPT;
+                    ix->meta_keys[nm] = mkey;
+                    ix->meta_values[nm] = value;
+                }
+                nm++;
+            }
+        } else if (strcmp(probe, "files") == 0) {
+            if ((in = fsdp__index_container(j, '[', path, "files is not a list of file names", err, err_size)) < 0)
+                return FSDP_ERR_CORRUPT;
+            if (in && j->fill && ix->has_files++) return fsdp__fmt(err, err_size, "%s: files appears twice", path), FSDP_ERR_CORRUPT;
+            while (in && (rn = fsdp__json_more(j, ']', &n)) != 0) {
+                const char *file = NULL;
+                if (rn < 0) return FSDP_ERR_CORRUPT;
+                fsdp__json_space(j);
+                if (!j->fill) {
+                    if (fsdp__json_skip(j)) return FSDP_ERR_CORRUPT;
+                } else if (j->at >= j->end || *j->at != '"' || fsdp__json_string_into(j, &file)) {
+                    return fsdp__fmt(err, err_size, "%s: file entry %d is not a plain file name", path, n - 1), FSDP_ERR_CORRUPT;
+                } else {
+                    ix->files[nf] = file;
+                }
+                nf++;
+            }
+        } else if (strcmp(probe, "tensors") == 0) {
+            if ((in = fsdp__index_container(j, '{', path, "tensors is not a map", err, err_size)) < 0)
+                return FSDP_ERR_CORRUPT;
+            if (in && j->fill && ix->has_tensors++) return fsdp__fmt(err, err_size, "%s: tensors appears twice", path), FSDP_ERR_CORRUPT;
+            while (in && (rn = fsdp__json_more(j, '}', &n)) != 0) {
+                char *name;
+                if (rn < 0 || fsdp__json_key(j, &name, NULL, 0)) return FSDP_ERR_CORRUPT;
+                if (!j->fill) {
+                    if (fsdp__index_count_pieces(j, &np)) return FSDP_ERR_CORRUPT;
+                } else {
+                    ix->tensors[nt].name = name;
+                    if ((rc = fsdp__index_tensor_entry(ix, j, &ix->tensors[nt], &np, path, err, err_size)) != 0) return rc;
+                }
+                nt++;
+            }
+        } else if (fsdp__json_skip(j)) {
+            return FSDP_ERR_CORRUPT;
+        }
+    }
+    if (r < 0 || fsdp__json_finish(j)) return FSDP_ERR_CORRUPT;
+    ix->num_files = nf;
+    ix->num_meta = nm;
+    ix->num_tensors = nt;
+    ix->num_pieces = np;
+    return 0;
+}
+
+/* Parses index.json's text (taken over by ix) and checks it whole: every tensor's pieces cover
+   [0, numel) exactly once and name listed files, which are plain names in the directory. */
+FSDP__PRIVATE int fsdp__index_build(fsdp_index *ix, size_t size, const char *path, char *err, size_t err_size) {
+    fsdp__json j;
+    int i, k, rc;
+    char shown[80];
+    fsdp__json_start(&j, ix->text, size, 0, err, err_size);
+    if ((rc = fsdp__index_walk(ix, &j, path, err, err_size)) != 0) return rc;
+    ix->files = (const char **)fsdp__calloc(sizeof(char *) * (size_t)(ix->num_files + 1));
+    ix->meta_keys = (const char **)fsdp__calloc(sizeof(char *) * (size_t)(ix->num_meta + 1));
+    ix->meta_values = (const char **)fsdp__calloc(sizeof(char *) * (size_t)(ix->num_meta + 1));
+    ix->tensors = (fsdp_index_tensor *)fsdp__calloc(sizeof *ix->tensors * (size_t)(ix->num_tensors + 1));
+    ix->pieces = (fsdp_index_piece *)fsdp__calloc(sizeof *ix->pieces * (size_t)(ix->num_pieces + 1));
+    ix->by_name = (int *)fsdp__calloc(sizeof(int) * (size_t)(ix->num_tensors + 1));
+    if (!ix->files || !ix->meta_keys || !ix->meta_values || !ix->tensors || !ix->pieces || !ix->by_name)
+        return FSDP_ERR_OUT_OF_MEMORY;
+    ix->world_size = ix->step = ix->epoch = -1;
+    fsdp__json_start(&j, ix->text, size, 1, err, err_size);
+    if ((rc = fsdp__index_walk(ix, &j, path, err, err_size)) != 0) return rc;
+    if (!ix->has_format || !ix->has_files || !ix->has_tensors)
         return fsdp__fmt(err, err_size, "%s is not an fsdp.h sharded index", path), FSDP_ERR_CORRUPT;
-    ix->world_size = fsdp__jint(fsdp__jget(&ix->root, "world_size"));
-    ix->step = fsdp__jint(fsdp__jget(&ix->root, "step"));
-    ix->epoch = fsdp__jint(fsdp__jget(&ix->root, "epoch"));
-    if (meta && meta->type == FSDP__J_OBJ) {
-        for (i = 0; i < meta->count; i++)
-            if (meta->items[i].type != FSDP__J_STR)
-                return fsdp__fmt(err, err_size, "%s: metadata '%.64s' is not a string", path, meta->keys[i]), FSDP_ERR_CORRUPT;
-        ix->metadata = meta;
-        ix->num_meta = meta->count;
-    }
-    ix->num_files = files->count;
-    ix->files = (const char **)fsdp__calloc(sizeof(char *) * (size_t)(files->count + 1));
-    if (!ix->files) return FSDP_ERR_OUT_OF_MEMORY;
-    for (i = 0; i < files->count; i++) {
-        const fsdp__jv *fv = &files->items[i];
-        if (fv->type != FSDP__J_STR || !*fv->str || strchr(fv->str, '/') || strcmp(fv->str, "..") == 0 || strcmp(fv->str, ".") == 0)
+    for (i = 0; i < ix->num_files; i++) {
+        const char *file = ix->files[i];
+        if (!*file || strchr(file, '/') || strcmp(file, "..") == 0 || strcmp(file, ".") == 0)
             return fsdp__fmt(err, err_size, "%s: file entry %d is not a plain file name", path, i), FSDP_ERR_CORRUPT;
-        ix->files[i] = fv->str;
     }
-    for (i = 0; i < tensors->count; i++) {
-        const fsdp__jv *pieces = fsdp__jget(&tensors->items[i], "pieces");
-        if (!pieces || pieces->type != FSDP__J_ARR)
-            return fsdp__fmt(err, err_size, "%s: entry '%.64s' lacks pieces", path, tensors->keys[i]), FSDP_ERR_CORRUPT;
-        total += pieces->count;
-    }
-    ix->num_tensors = tensors->count;
-    ix->tensors = (fsdp_index_tensor *)fsdp__calloc(sizeof *ix->tensors * (size_t)(tensors->count + 1));
-    ix->pieces = (fsdp_index_piece *)fsdp__calloc(sizeof *ix->pieces * (size_t)(total + 1));
-    ix->by_name = (int *)fsdp__calloc(sizeof(int) * (size_t)(tensors->count + 1));
-    if (!ix->tensors || !ix->pieces || !ix->by_name) return FSDP_ERR_OUT_OF_MEMORY;
-    for (i = 0, total = 0; i < tensors->count; i++) {
-        const fsdp__jv *tv = &tensors->items[i], *shape = fsdp__jget(tv, "shape"), *pieces = fsdp__jget(tv, "pieces");
-        const fsdp__jv *dtype = fsdp__jget(tv, "dtype");
+    for (i = 0; i < ix->num_tensors; i++) {
         fsdp_index_tensor *t = &ix->tensors[i];
-        fsdp_index_piece *pc = ix->pieces + total;
+        fsdp_index_piece *pc = (fsdp_index_piece *)(uintptr_t)t->pieces;
         int64_t at = 0;
-        t->name = tensors->keys[i];
-        t->dtype = !dtype || dtype->type != FSDP__J_STR ? FSDP_DTYPE_DEFAULT : strcmp(dtype->str, "F32") == 0 ? FSDP_F32
-                   : strcmp(dtype->str, "BF16") == 0 ? FSDP_BF16 : strcmp(dtype->str, "F16") == 0 ? FSDP_F16 : FSDP_DTYPE_DEFAULT;
-        if (!t->dtype) return fsdp__fmt(err, err_size, "%s: '%.64s' has no known dtype", path, t->name), FSDP_ERR_CORRUPT;
-        if (!shape || shape->type != FSDP__J_ARR || shape->count > FSDP_MAX_DIMS)
-            return fsdp__fmt(err, err_size, "%s: '%.64s' lacks a shape", path, t->name), FSDP_ERR_CORRUPT;
-        t->ndim = shape->count;
-        t->numel = 1;
-        for (k = 0; k < shape->count; k++) {
-            int64_t d = fsdp__jint(&shape->items[k]);
-            if (d < 0 || (d && t->numel > ((int64_t)1 << 40) / d))
-                return fsdp__fmt(err, err_size, "%s: bad shape for '%.64s'", path, t->name), FSDP_ERR_CORRUPT;
-            t->shape[k] = d;
-            t->numel *= d;
-        }
-        for (k = 0; k < pieces->count; k++) {
-            const fsdp__jv *p = &pieces->items[k];
-            if (p->type != FSDP__J_ARR || p->count != 3 || fsdp__jint(&p->items[0]) < 0 ||
-                fsdp__jint(&p->items[0]) >= ix->num_files || !p->items[1].is_int || !p->items[2].is_int ||
-                p->items[1].type != FSDP__J_NUM || p->items[2].type != FSDP__J_NUM)
-                return fsdp__fmt(err, err_size, "%s: piece %d of '%.64s' is not [file, begin, end]", path, k, t->name),
-                       FSDP_ERR_CORRUPT;
-            pc[k].file = (int)p->items[0].inum;
-            pc[k].begin = p->items[1].inum;
-            pc[k].end = p->items[2].inum;
-        }
-        qsort(pc, (size_t)pieces->count, sizeof *pc, fsdp__cmp_piece);
-        for (k = 0; k < pieces->count && pc[k].begin == at && pc[k].end > at; k++) at = pc[k].end;
-        if (k < pieces->count || at != t->numel)
-            return fsdp__fmt(err, err_size, "%s: the pieces of '%.64s' do not cover its %lld elements exactly once", path,
-                             t->name, (long long)t->numel), FSDP_ERR_CORRUPT;
-        t->num_pieces = pieces->count;
-        t->pieces = pc;
-        total += pieces->count;
+        for (k = 0; k < t->num_pieces; k++)
+            if (pc[k].file >= ix->num_files)
+                return fsdp__fmt(err, err_size, "%s: piece %d of '%s' names file %d of %d", path, k,
+                                 fsdp_printable(shown, sizeof shown, t->name), pc[k].file, ix->num_files), FSDP_ERR_CORRUPT;
+        qsort(pc, (size_t)t->num_pieces, sizeof *pc, fsdp__cmp_piece);
+        for (k = 0; k < t->num_pieces && pc[k].begin == at && pc[k].end > at; k++) at = pc[k].end;
+        if (k < t->num_pieces || at != t->numel)
+            return fsdp__fmt(err, err_size, "%s: the pieces of '%s' do not cover its %lld elements exactly once", path,
+                             fsdp_printable(shown, sizeof shown, t->name), (long long)t->numel), FSDP_ERR_CORRUPT;
         ix->by_name[i] = i;
     }
     fsdp__sorting_index = ix;
@@ -7521,13 +7957,35 @@ FSDP__PRIVATE int fsdp__index_build(fsdp_index *ix, const char *path, char *err,
     fsdp__sorting_index = NULL;
     for (i = 1; i < ix->num_tensors; i++)
         if (strcmp(ix->tensors[ix->by_name[i]].name, ix->tensors[ix->by_name[i - 1]].name) == 0)
-            return fsdp__fmt(err, err_size, "%s: tensor '%.64s' appears twice", path, ix->tensors[ix->by_name[i]].name), FSDP_ERR_CORRUPT;
+            return fsdp__fmt(err, err_size, "%s: tensor '%s' appears twice", path,
+                             fsdp_printable(shown, sizeof shown, ix->tensors[ix->by_name[i]].name)), FSDP_ERR_CORRUPT;
+    return 0;
+}
+
+FSDP_API int fsdp_index_parse(fsdp_index **out, const void *bytes, size_t size, char *err, size_t err_size) {
+    fsdp_index *ix;
+    char scratch[8];
+    int rc;
+    if (!err) { err = scratch; err_size = sizeof scratch; }
+    if (out) *out = NULL;
+    if (!out || (!bytes && size)) return FSDP_ERR_INVALID_ARG;
+    if (size > FSDP__INDEX_MAX_BYTES)
+        return fsdp__fmt(err, err_size, "an index of %zu bytes is above the limit of 256 MiB", size), FSDP_ERR_CORRUPT;
+    if (!(ix = (fsdp_index *)fsdp__calloc(sizeof *ix)) || !(ix->text = (char *)FSDP_MALLOC(size + 1))) {
+        fsdp_index_close(ix);
+        return FSDP_ERR_OUT_OF_MEMORY;
+    }
+    if (size) memcpy(ix->text, bytes, size);
+    ix->text[size] = 0;
+    rc = fsdp__index_build(ix, size, "index.json", err, err_size);
+    if (rc) { fsdp_index_close(ix); return rc; }
+    *out = ix;
     return 0;
 }
 
 FSDP_API int fsdp_index_open(fsdp_index **out, const char *dir, char *err, size_t err_size) {
     fsdp_index *ix;
-    char path[1024], scratch[8], *text = NULL;
+    char path[1024], scratch[8];
     struct stat st;
     int fd, rc = 0;
     if (!err) { err = scratch; err_size = sizeof scratch; }
@@ -7535,25 +7993,38 @@ FSDP_API int fsdp_index_open(fsdp_index **out, const char *dir, char *err, size_
     if (!out || !dir || strlen(dir) > 900) return FSDP_ERR_INVALID_ARG;
     if (!(ix = (fsdp_index *)fsdp__calloc(sizeof *ix))) return FSDP_ERR_OUT_OF_MEMORY;
     fsdp__fmt(path, sizeof path, "%s/index.json", dir);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || fstat(fd, &st) != 0) rc = (fsdp__fmt(err, err_size, "%s: %s", path, strerror(errno)), FSDP_ERR_IO);
-    else if (st.st_size <= 0 || st.st_size > (off_t)256 << 20)
+    /* a symlink, FIFO or device under the checkpoint's name is refused, not followed or waited on */
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0 || fstat(fd, &st) != 0)
+        rc = (fsdp__fmt(err, err_size, "%s: %s", path, errno == ELOOP ? "a symbolic link (refused)" : strerror(errno)), FSDP_ERR_IO);
+    else if (!S_ISREG(st.st_mode))
+        rc = (fsdp__fmt(err, err_size, "%s is not a regular file", path), FSDP_ERR_IO);
+    else if (st.st_size <= 0 || (uint64_t)st.st_size > FSDP__INDEX_MAX_BYTES)
         rc = (fsdp__fmt(err, err_size, "%s has an implausible size (%lld bytes)", path, (long long)st.st_size), FSDP_ERR_CORRUPT);
-    else if (!(text = (char *)FSDP_MALLOC((size_t)st.st_size)) || pread(fd, text, (size_t)st.st_size, 0) != st.st_size)
-        rc = (fsdp__fmt(err, err_size, "cannot read %s", path), FSDP_ERR_IO);
-    else if (fsdp__jparse(text, (size_t)st.st_size, &ix->root, err, err_size) != 0) {
-        char inner[FSDP__ERRMSG];
-        fsdp__copy_string(inner, sizeof inner, err);
-        rc = (fsdp__fmt(err, err_size, "%s: %s", path, inner), FSDP_ERR_CORRUPT);
-    } else rc = fsdp__index_build(ix, path, err, err_size);
+    else if (!(ix->text = (char *)FSDP_MALLOC((size_t)st.st_size + 1)))
+        rc = FSDP_ERR_OUT_OF_MEMORY;
+    else if (fsdp__pread_full(fd, ix->text, (size_t)st.st_size, 0) != 0)
+        rc = (fsdp__fmt(err, err_size, "cannot read %s: %s", path, strerror(errno)), FSDP_ERR_IO);
+    else {
+        ix->text[st.st_size] = 0;
+        rc = fsdp__index_build(ix, (size_t)st.st_size, path, err, err_size);
+    }
     if (fd >= 0) close(fd);
-    FSDP_FREE(text);
     if (rc) { fsdp_index_close(ix); return rc; }
     *out = ix;
     return 0;
 }
 
 FSDP_API int fsdp_index_num_files(const fsdp_index *ix) { return ix ? ix->num_files : 0; }
+
+FSDP_API int fsdp_index_open_file(const fsdp_index *ix, const char *dir, int file, fsdp_st_file **out, char *err,
+                                  size_t err_size) {
+    char path[1200];
+    if (out) *out = NULL;
+    if (!ix || !dir || !out || file < 0 || file >= ix->num_files || strlen(dir) > 900) return FSDP_ERR_INVALID_ARG;
+    fsdp__fmt(path, sizeof path, "%s/%s", dir, ix->files[file]); /* a plain name: checked when the index was read */
+    return fsdp__st_open_file(out, path, 1, err, err_size);
+}
 FSDP_API const char *fsdp_index_file(const fsdp_index *ix, int i) { return ix && i >= 0 && i < ix->num_files ? ix->files[i] : NULL; }
 FSDP_API int fsdp_index_num_tensors(const fsdp_index *ix) { return ix ? ix->num_tensors : 0; }
 FSDP_API const fsdp_index_tensor *fsdp_index_tensor_at(const fsdp_index *ix, int i) {
@@ -7571,13 +8042,15 @@ FSDP_API int fsdp_index_find(const fsdp_index *ix, const char *name) {
 FSDP_API int fsdp_index_num_metadata(const fsdp_index *ix) { return ix ? ix->num_meta : 0; }
 FSDP_API fsdp_kv fsdp_index_metadata_at(const fsdp_index *ix, int i) {
     fsdp_kv kv;
-    kv.key = ix && i >= 0 && i < ix->num_meta ? ix->metadata->keys[i] : NULL;
-    kv.value = kv.key ? ix->metadata->items[i].str : NULL;
+    kv.key = ix && i >= 0 && i < ix->num_meta ? ix->meta_keys[i] : NULL;
+    kv.value = kv.key ? ix->meta_values[i] : NULL;
     return kv;
 }
 FSDP_API const char *fsdp_index_metadata(const fsdp_index *ix, const char *key) {
-    const fsdp__jv *v = ix && ix->metadata && key ? fsdp__jget(ix->metadata, key) : NULL;
-    return v ? v->str : NULL;
+    int i;
+    for (i = 0; ix && key && i < ix->num_meta; i++) /* the last one wins, as for duplicate keys in JSON */
+        if (strcmp(ix->meta_keys[ix->num_meta - 1 - i], key) == 0) return ix->meta_values[ix->num_meta - 1 - i];
+    return NULL;
 }
 FSDP_API int64_t fsdp_index_world_size(const fsdp_index *ix) { return ix ? ix->world_size : -1; }
 FSDP_API int64_t fsdp_index_step(const fsdp_index *ix) { return ix ? ix->step : -1; }
@@ -7600,15 +8073,16 @@ FSDP__PRIVATE int fsdp__read_sharded(void *src, int64_t first, int64_t count, fl
         const char *file = fsdp_index_file(s->index, pc->file);
         int t;
         if (hi <= lo) continue;
-        if (!s->open_files[pc->file]) {
-            char path[1024];
-            fsdp__fmt(path, sizeof path, "%s/%s", s->dir, file);
-            if ((rc = fsdp_st_open(&s->open_files[pc->file], path, err, err_size)) != 0) return rc;
-        }
+        if (!s->open_files[pc->file] &&
+            (rc = fsdp_index_open_file(s->index, s->dir, pc->file, &s->open_files[pc->file], err, err_size)) != 0)
+            return rc;
         t = fsdp_st_find(s->open_files[pc->file], s->tensor->name);
-        if (t < 0 || fsdp_st_tensor_at(s->open_files[pc->file], t)->numel != pc->end - pc->begin)
+        if (t < 0 || fsdp_st_tensor_at(s->open_files[pc->file], t)->numel != pc->end - pc->begin) {
+            char shown[80];
             return fsdp__fmt(err, err_size, "%s/%s does not hold '%s' [%lld, %lld) as index.json says", s->dir, file,
-                             s->tensor->name, (long long)pc->begin, (long long)pc->end), FSDP_ERR_CORRUPT;
+                             fsdp_printable(shown, sizeof shown, s->tensor->name), (long long)pc->begin, (long long)pc->end),
+                   FSDP_ERR_CORRUPT;
+        }
         if ((rc = fsdp_st_verify(s->open_files[pc->file], t, err, err_size)) != 0) return rc;
         if ((rc = fsdp_st_read(s->open_files[pc->file], t, lo - pc->begin, hi - lo, out + (lo - first), err, err_size)) != 0)
             return rc;

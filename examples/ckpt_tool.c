@@ -45,6 +45,16 @@ static void *xcalloc(size_t count, size_t size) {
     return p;
 }
 
+/* Text from a checkpoint (tensor names, metadata, file names), made safe to print: control
+   characters and escape sequences show as \xNN (fsdp_printable). Each call uses the next of a
+   few buffers, so one printf may show several. */
+static const char *shown(const char *text) {
+    static char buffers[6][600];
+    static int next;
+    char *b = buffers[next++ % 6];
+    return fsdp_printable(b, sizeof buffers[0], text);
+}
+
 static const char *dtype_text(fsdp_dtype dtype) {
     return dtype == FSDP_F32 ? "F32" : dtype == FSDP_BF16 ? "BF16" : dtype == FSDP_F16 ? "F16" : "?";
 }
@@ -82,34 +92,23 @@ static fsdp_index *index_open(const char *dir) {
    --------------------------------------------------------------------------------------------- */
 typedef struct source {
     fsdp_st_file *st;
-    int fd;
-    uint64_t data_offset;   /* 8 + the header length */
     unsigned char *verified; /* per tensor: checksum checked */
 } source;
 
-static int source_open(source *s, const char *path, char *err, size_t err_size) {
-    unsigned char head[8];
-    int i, rc;
+/* A file named by the user (path), or the file-th shard file of the checkpoint in dir (ix). */
+static int source_open(source *s, const char *path, const fsdp_index *ix, const char *dir, int file, char *err,
+                       size_t err_size) {
+    int rc;
     memset(s, 0, sizeof *s);
-    s->fd = -1;
-    if ((rc = fsdp_st_open(&s->st, path, err, err_size)) != 0) return rc;
-    s->fd = open(path, O_RDONLY);
-    if (s->fd < 0 || pread(s->fd, head, 8, 0) != 8) {
-        snprintf(err, err_size, "%s: %s", path, strerror(errno));
-        return FSDP_ERR_IO;
-    }
-    for (i = 7; i >= 0; i--) s->data_offset = (s->data_offset << 8) | head[i];
-    s->data_offset += 8;
-    s->verified = (unsigned char *)xcalloc((size_t)fsdp_st_num_tensors(s->st) + 1, 1);
-    return 0;
+    rc = ix ? fsdp_index_open_file(ix, dir, file, &s->st, err, err_size) : fsdp_st_open(&s->st, path, err, err_size);
+    if (rc == 0) s->verified = (unsigned char *)xcalloc((size_t)fsdp_st_num_tensors(s->st) + 1, 1);
+    return rc;
 }
 
 static void source_close(source *s) {
     fsdp_st_close(s->st);
-    if (s->fd >= 0) close(s->fd);
     free(s->verified);
     memset(s, 0, sizeof *s);
-    s->fd = -1;
 }
 
 /* The tensor's checksum, checked once. A file without checksums is accepted. */
@@ -133,24 +132,14 @@ static int copy_elements(source *s, int tensor, int64_t first, int64_t count, fs
     while (count > 0) {
         int64_t n = count < CHUNK_ELEMENTS ? count : CHUNK_ELEMENTS;
         if (dtype == t->dtype) {
-            off_t at = (off_t)(s->data_offset + t->begin + (uint64_t)first * esize);
-            size_t bytes = (size_t)n * esize, done = 0;
-            unsigned char *raw = (unsigned char *)values;
-            while (done < bytes) {
-                ssize_t got = pread(s->fd, raw + done, bytes - done, at + (off_t)done);
-                if (got <= 0) {
-                    snprintf(err, err_size, "cannot read tensor '%s' (file truncated?)", t->name);
-                    return FSDP_ERR_IO;
-                }
-                done += (size_t)got;
-            }
-            rc = fsdp_st_writer_write(w, raw, bytes);
+            if ((rc = fsdp_st_read_raw(s->st, tensor, first, n, values, err, err_size)) != 0) return rc;
+            rc = fsdp_st_writer_write(w, values, (size_t)n * esize);
         } else {
             if ((rc = fsdp_st_read(s->st, tensor, first, n, values, err, err_size)) != 0) return rc;
             rc = fsdp_st_writer_write_f32(w, values, (size_t)n);
         }
         if (rc) {
-            snprintf(err, err_size, "writing tensor '%s' failed (%s)", t->name, fsdp_result_description(rc));
+            snprintf(err, err_size, "writing tensor '%s' failed (%s)", shown(t->name), fsdp_result_description(rc));
             return rc;
         }
         first += n;
@@ -188,24 +177,26 @@ static const char inspect_help[] =
     "        shard file checked the same way, and that each piece is where the index says.\n"
     "  Exit status: 0 all good, 1 something is corrupt or missing, 2 the checkpoint cannot be read.\n";
 
-/* Prints a file's tensors and checks them; returns the number of problems. */
-static int inspect_file(const char *path, int show_metadata, const char *indent) {
+/* Prints a file's tensors and checks them; returns the number of problems. The file is path,
+   or the file-th shard file of the checkpoint in dir (ix), at path. */
+static int inspect_file(const char *path, const fsdp_index *ix, const char *dir, int file, int show_metadata,
+                        const char *indent) {
     source s;
     char err[8192], shape[256];
     int i, bad = 0, none = 0, checksums = 0, rc;
     uint64_t data_bytes = 0;
-    if ((rc = source_open(&s, path, err, sizeof err)) != 0) {
+    if ((rc = source_open(&s, path, ix, dir, file, err, sizeof err)) != 0) {
         printf("%sBAD  %s\n", indent, err);
         source_close(&s);
         return 1;
     }
     for (i = 0; i < fsdp_st_num_tensors(s.st); i++) data_bytes += fsdp_st_tensor_at(s.st, i)->end - fsdp_st_tensor_at(s.st, i)->begin;
-    printf("%s%s: %d tensors, %llu bytes of data (header %llu bytes)\n", indent, path, fsdp_st_num_tensors(s.st),
-           (unsigned long long)data_bytes, (unsigned long long)(s.data_offset - 8));
+    printf("%s%s: %d tensors, %llu bytes of data (header %llu bytes)\n", indent, shown(path), fsdp_st_num_tensors(s.st),
+           (unsigned long long)data_bytes, (unsigned long long)fsdp_st_header_size(s.st));
     for (i = 0; i < fsdp_st_num_metadata(s.st); i++) {
         fsdp_kv kv = fsdp_st_metadata_at(s.st, i);
         if (strncmp(kv.key, "crc32c.", 7) == 0) checksums++;
-        else if (show_metadata) printf("%s  metadata %-20s = %s\n", indent, kv.key, kv.value);
+        else if (show_metadata) printf("%s  metadata %-20s = %s\n", indent, shown(kv.key), shown(kv.value));
     }
     if (show_metadata) printf("%s  metadata crc32c.*             : %d checksums\n", indent, checksums);
     printf("%s  %-40s %-5s %-16s %12s  crc32c\n", indent, "tensor", "dtype", "shape", "bytes");
@@ -216,7 +207,7 @@ static int inspect_file(const char *path, int show_metadata, const char *indent)
         if (rc == FSDP_ERR_UNSUPPORTED) { verdict = "none"; none++; }
         else if (rc != 0) { verdict = "BAD"; bad++; }
         format_shape(shape, sizeof shape, t->ndim, t->shape);
-        printf("%s  %-40s %-5s %-16s %12llu  %s\n", indent, t->name, dtype_text(t->dtype), shape,
+        printf("%s  %-40s %-5s %-16s %12llu  %s\n", indent, shown(t->name), dtype_text(t->dtype), shape,
                (unsigned long long)(t->end - t->begin), verdict);
         if (rc != 0 && rc != FSDP_ERR_UNSUPPORTED) printf("%s      %s\n", indent, err);
     }
@@ -242,17 +233,17 @@ static int inspect_dir(const char *dir) {
            epoch < 0 ? "(none) " : "", (long long)(epoch < 0 ? 0 : epoch), num_tensors, num_files);
     for (i = 0; i < fsdp_index_num_metadata(ix); i++) {
         fsdp_kv kv = fsdp_index_metadata_at(ix, i);
-        printf("  metadata %-20s = %s\n", kv.key, kv.value);
+        printf("  metadata %-20s = %s\n", shown(kv.key), shown(kv.value));
     }
     printf("  %-40s %-5s %-16s  pieces [begin, end) file\n", "tensor", "dtype", "shape");
     referenced = (int *)xcalloc((size_t)num_files, sizeof *referenced);
     for (i = 0; i < num_tensors; i++) {
         const fsdp_index_tensor *t = fsdp_index_tensor_at(ix, i);
         format_shape(shape, sizeof shape, t->ndim, t->shape);
-        printf("  %-40s %-5s %-16s ", t->name, dtype_text(t->dtype), shape);
+        printf("  %-40s %-5s %-16s ", shown(t->name), dtype_text(t->dtype), shape);
         for (k = 0; k < t->num_pieces; k++) {
             printf(" [%lld, %lld) %s", (long long)t->pieces[k].begin, (long long)t->pieces[k].end,
-                   fsdp_index_file(ix, t->pieces[k].file));
+                   shown(fsdp_index_file(ix, t->pieces[k].file)));
             referenced[t->pieces[k].file] = 1;
         }
         printf("\n");
@@ -262,14 +253,14 @@ static int inspect_dir(const char *dir) {
         snprintf(path, sizeof path, "%s/%s", dir, fsdp_index_file(ix, i));
         if (stat(path, &st) != 0) {
             if (referenced[i]) {
-                printf("  BAD  %s: %s, but index.json places pieces in it\n", path, strerror(errno));
+                printf("  BAD  %s: %s, but index.json places pieces in it\n", shown(path), strerror(errno));
                 problems++;
             } else {
-                printf("  --   %s: not written (its rank held no pieces)\n", path);
+                printf("  --   %s: not written (its rank held no pieces)\n", shown(path));
             }
             continue;
         }
-        problems += inspect_file(path, 0, "  ");
+        problems += inspect_file(path, ix, dir, i, 0, "  ");
     }
     /* each piece is in its file, with the piece's length */
     for (i = 0; i < num_tensors; i++) {
@@ -279,10 +270,10 @@ static int inspect_dir(const char *dir) {
             fsdp_st_file *f = NULL;
             int found;
             snprintf(path, sizeof path, "%s/%s", dir, fsdp_index_file(ix, pc->file));
-            if (fsdp_st_open(&f, path, err, sizeof err) != 0) continue; /* reported above */
+            if (fsdp_index_open_file(ix, dir, pc->file, &f, err, sizeof err) != 0) continue; /* reported above */
             found = fsdp_st_find(f, t->name);
             if (found < 0 || fsdp_st_tensor_at(f, found)->numel != pc->end - pc->begin) {
-                printf("  BAD  %s does not hold '%s' [%lld, %lld) as index.json says\n", path, t->name, (long long)pc->begin,
+                printf("  BAD  %s does not hold '%s' [%lld, %lld) as index.json says\n", shown(path), shown(t->name), (long long)pc->begin,
                        (long long)pc->end);
                 problems++;
             }
@@ -304,14 +295,14 @@ static int cmd_inspect(int argc, char **argv) {
     {
         source s;
         char err[8192];
-        if (source_open(&s, argv[1], err, sizeof err) != 0) {
+        if (source_open(&s, argv[1], NULL, NULL, 0, err, sizeof err) != 0) {
             fprintf(stderr, "ckpt_tool: %s\n", err);
             source_close(&s);
             return 2;
         }
         source_close(&s);
     }
-    return inspect_file(argv[1], 1, "") ? 1 : 0;
+    return inspect_file(argv[1], NULL, NULL, 0, 1, "") ? 1 : 0;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -336,7 +327,7 @@ static int cmd_consolidate(int argc, char **argv) {
     int *chosen;
     fsdp_kv *meta;
     fsdp_st_writer *w = NULL;
-    char err[8192], path[4096];
+    char err[8192];
     for (i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) { fputs(consolidate_help, stdout); return 0; }
         if (strcmp(argv[i], "--params-only") == 0) params_only = 1;
@@ -379,20 +370,17 @@ static int cmd_consolidate(int argc, char **argv) {
 
     /* check every piece before writing anything */
     files = (source *)xcalloc((size_t)num_files, sizeof *files);
-    for (i = 0; i < num_files; i++) files[i].fd = -1;
     for (k = 0; k < num_specs && !rc; k++) {
         const fsdp_index_tensor *t = fsdp_index_tensor_at(ix, chosen[k]);
         for (i = 0; i < t->num_pieces && !rc; i++) {
             source *s = &files[t->pieces[i].file];
             int tensor;
-            if (!s->st) {
-                snprintf(path, sizeof path, "%s/%s", dir, fsdp_index_file(ix, t->pieces[i].file));
-                if ((rc = source_open(s, path, err, sizeof err)) != 0) break;
-            }
+            if (!s->st && (rc = source_open(s, NULL, ix, dir, t->pieces[i].file, err, sizeof err)) != 0) break;
             tensor = fsdp_st_find(s->st, t->name);
             if (tensor < 0 || fsdp_st_tensor_at(s->st, tensor)->numel != t->pieces[i].end - t->pieces[i].begin) {
                 snprintf(err, sizeof err, "%s/%s does not hold '%s' [%lld, %lld) as index.json says", dir,
-                         fsdp_index_file(ix, t->pieces[i].file), t->name, (long long)t->pieces[i].begin, (long long)t->pieces[i].end);
+                         shown(fsdp_index_file(ix, t->pieces[i].file)), shown(t->name), (long long)t->pieces[i].begin,
+                         (long long)t->pieces[i].end);
                 rc = FSDP_ERR_CORRUPT;
             } else {
                 rc = source_verify(s, tensor, err, sizeof err);
@@ -448,19 +436,12 @@ static void json_put_string(FILE *b, const char *s) {
     fputc('"', b);
 }
 
-static int fsync_path(const char *path) {
-    int fd = open(path, O_RDONLY), rc;
-    if (fd < 0) return -1;
-    rc = fsync(fd);
-    close(fd);
-    return rc;
-}
-
 static int cmd_shard(int argc, char **argv) {
     const char *in = NULL, *dir = NULL;
     long nranks = 0;
     source s;
-    char err[8192], path[4096], tmp[4200], file_name[64];
+    char err[8192], path[4096], file_name[64], *index_text = NULL;
+    size_t index_size = 0;
     int i, r, rc = 0, num_meta, count;
     uint32_t id;
     fsdp_st_spec *specs;
@@ -481,7 +462,7 @@ static int cmd_shard(int argc, char **argv) {
     }
     if (!in || !dir) { fputs(shard_help, stderr); return 2; }
     if (!nranks) die("say how many ranks to shard for: --nranks N (see ckpt_tool shard --help)");
-    if (source_open(&s, in, err, sizeof err) != 0) die("%s", err);
+    if (source_open(&s, in, NULL, NULL, 0, err, sizeof err) != 0) die("%s", err);
     count = fsdp_st_num_tensors(s.st);
     for (i = 0; i < count; i++)
         if ((rc = source_verify(&s, i, err, sizeof err)) != 0) die("%s (the input is damaged; nothing was written)", err);
@@ -535,9 +516,8 @@ static int cmd_shard(int argc, char **argv) {
     free(specs);
 
     /* index.json, in the layout fsdp_save_sharded writes: the commit point */
-    snprintf(tmp, sizeof tmp, "%s/index.json.tmp.%d", dir, (int)getpid());
-    index = rc ? NULL : fopen(tmp, "w");
-    if (!rc && !index) { snprintf(err, sizeof err, "%s: %s", tmp, strerror(errno)); rc = FSDP_ERR_IO; }
+    index = rc ? NULL : open_memstream(&index_text, &index_size);
+    if (!rc && !index) { snprintf(err, sizeof err, "out of memory for index.json"); rc = FSDP_ERR_OUT_OF_MEMORY; }
     if (index) {
         step = fsdp_st_metadata(s.st, "step");
         epoch = fsdp_st_metadata(s.st, "epoch");
@@ -572,11 +552,10 @@ static int cmd_shard(int argc, char **argv) {
             fprintf(index, "]}");
         }
         fprintf(index, "}}\n");
-        if (fflush(index) != 0 || fsync(fileno(index)) != 0) { snprintf(err, sizeof err, "%s: %s", tmp, strerror(errno)); rc = FSDP_ERR_IO; }
-        if (fclose(index) != 0 && !rc) { snprintf(err, sizeof err, "%s: %s", tmp, strerror(errno)); rc = FSDP_ERR_IO; }
+        if (fclose(index) != 0 && !rc) { snprintf(err, sizeof err, "out of memory for index.json"); rc = FSDP_ERR_OUT_OF_MEMORY; }
         snprintf(path, sizeof path, "%s/index.json", dir);
-        if (!rc && (rename(tmp, path) != 0 || fsync_path(dir) != 0)) { snprintf(err, sizeof err, "%s: %s", path, strerror(errno)); rc = FSDP_ERR_IO; }
-        if (rc) unlink(tmp);
+        if (!rc) rc = fsdp_write_file_atomic(path, index_text, index_size, err, sizeof err);
+        free(index_text);
     }
     /* files of this run (on failure) or of older checkpoints (on success) are not referenced */
     {
