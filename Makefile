@@ -15,7 +15,7 @@ MPI_TESTS := test_mpi
 UNIT_TESTS := $(filter-out $(MPI_TESTS),$(TESTS))
 SANFLAGS ?=
 
-.PHONY: all help test test-asan test-tsan bench bench-mpi demo demo-mlp demo-collectives tools fuzz clean check-deps
+.PHONY: all help test test-asan test-tsan bench bench-mpi bench-torch demo demo-mlp demo-collectives tools fuzz clean check-deps
 
 all: $(BUILD)/gpt $(BUILD)/mlp $(BUILD)/ckpt_tool $(BUILD)/bench_comm $(BUILD)/bench_train $(BUILD)/demo_collectives
 
@@ -27,6 +27,7 @@ help:
 	@echo "make test-tsan   the threaded tests under ThreadSanitizer"
 	@echo "make bench       build/bench_comm (collectives) and build/bench_train (training)"
 	@echo "make bench-mpi   build/bench_comm_mpi (collectives through Open MPI; needs libopenmpi-dev)"
+	@echo "make bench-torch the GPT against PyTorch (python3-torch) at P = 1 and 2, two model sizes"
 	@echo "make tools       build/ckpt_tool (inspect, consolidate, shard checkpoints)"
 	@echo "make fuzz        fuzz the safetensors parser for FUZZ_TIME seconds (clang + libFuzzer)"
 
@@ -98,6 +99,14 @@ $(BUILD)/ckpt_tool: examples/ckpt_tool.c fsdp.h | $(BUILD)
 	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) -I. $< -o $@ $(LDLIBS)
 
 bench: $(BUILD)/bench_comm $(BUILD)/bench_train
+# The GPT with fsdp.h against the same GPT in PyTorch (tests/torch_gpt.py; eager, and DDP over gloo),
+# every strategy and param_dtype; the issue's config, then a wider one. TORCH_PYTHON: the interpreter
+# that has torch. About 15 minutes on 2 cores.
+TORCH_PYTHON ?= /usr/bin/python3
+bench-torch: $(BUILD)/bench_train
+	OPENBLAS_NUM_THREADS=1 $(BUILD)/bench_train --model gpt --torch --torch-python $(TORCH_PYTHON) --rounds 3
+	OPENBLAS_NUM_THREADS=1 $(BUILD)/bench_train --model gpt --torch --torch-python $(TORCH_PYTHON) --rounds 2 \
+	    --layers 8 --channels 512 --heads 8 --seq-len 256 --steps 4 --warmup 1
 bench-mpi: $(BUILD)/bench_comm_mpi
 tools: $(BUILD)/ckpt_tool
 

@@ -63,18 +63,24 @@ typedef struct {
     size_t text_size;
     char text_name[1300];
     fsdp_optimizer_desc optimizer;
+    int torch, rounds;                // --torch: PyTorch rows and bf16/f16 rows; --rounds
+    const char *torch_python;
+    char torch_script[1200];          // tests/torch_gpt.py of this source tree
 } options;
 
 typedef struct {
     const char *name;
     int plain, nprocs, shard_group;
     fsdp_strategy strategy;
+    fsdp_dtype param_dtype;           // 0: f32
+    int torch;                        // a PyTorch row (tests/torch_gpt.py bench): eager, or DDP over gloo
 } config;
 
 typedef struct {       // what a rank reports, through shared memory
     int done;
     double ms, wait_ms, update_ms, rss, state, loss;
     double persistent, peak_unsharded, est_persistent, est_peak_unsharded, activations; // bytes
+    char torch_version[32];  // PyTorch rows
 } rank_result;
 
 typedef struct {
@@ -278,6 +284,8 @@ static int run_rank(fsdp_comm *comm, void *arg) {
         desc.wrap.types = wrap_types;
         desc.forward_prefetch = 1;
         desc.shard_group_size = cfg->shard_group;
+        desc.param_dtype = cfg->param_dtype;
+        desc.fp32_compute_view = cfg->param_dtype != FSDP_DTYPE_DEFAULT && cfg->param_dtype != FSDP_F32; // f32 kernels
         desc.optimizer = o->optimizer;
         if (fsdp_memory_estimate(model_desc(&bm), &desc, P, &est) || fsdp_init(&ctx, model_desc(&bm), &desc)) {
             fprintf(stderr, "%s rank %d: %s\n", cfg->name, rank, fsdp_last_error(NULL));
@@ -307,12 +315,10 @@ static int run_rank(fsdp_comm *comm, void *arg) {
     if (ctx && fsdp_all_reduce(comm, &loss, &loss, 1, FSDP_F32, FSDP_AVG)) goto done;
     {
         rank_result *r = &j->out[rank];
-        struct rusage ru;
-        getrusage(RUSAGE_SELF, &ru);
         r->ms = median(ms + o->warmup, o->steps);
         r->wait_ms = median(wait_ms + o->warmup, o->steps);
         r->update_ms = median(update_ms + o->warmup, o->steps);
-        r->rss = 1024.0 * (double)ru.ru_maxrss;
+        r->rss = example_peak_rss(NULL); // this rank's own peak (VmHWM)
         r->activations = (double)model_activation_bytes(&bm);
         if (ctx) {
             fsdp_memory_stats st;
@@ -334,15 +340,47 @@ done:
     return rc;
 }
 
+/* A PyTorch row: tests/torch_gpt.py bench with the same model, batch, steps and text, in one
+   process or cfg->nprocs under DDP (gloo); its one "torch-bench:" line fills rank 0's result. */
+static int run_torch(const options *o, const config *cfg, rank_result *r) {
+    char cmd[4096], line[1024], version[64] = "";
+    double rate = 0, ms = 0, loss = 0, rss = 0;
+    int found = 0, status;
+    FILE *p;
+    snprintf(cmd, sizeof cmd, "OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 '%s' '%s' bench --layers %d --channels %d --heads %d "
+             "--seq-len %d --batch %d --steps %d --warmup %d --nproc %d --data '%s' </dev/null 2>&1", o->torch_python,
+             o->torch_script, o->layers, o->channels, o->heads, o->seq_len, o->batch, o->steps, o->warmup, cfg->nprocs,
+             o->text_name);
+    if (!(p = popen(cmd, "r"))) { fprintf(stderr, "bench_train: cannot run %s\n", cmd); return -1; }
+    while (fgets(line, sizeof line, p)) {
+        if (sscanf(line, "torch-bench: P=%*d %*s tokens/s %lf ms/step %lf loss %lf peak_rss_mib %lf torch %63s", &rate, &ms,
+                   &loss, &rss, version) == 5)
+            found = 1;
+        else if (!found) fputs(line, stderr); // whatever went wrong
+    }
+    status = pclose(p);
+    if (!found || status != 0) {
+        fprintf(stderr, "bench_train: %s P=%d failed (exit status %d): %s\n", cfg->name, cfg->nprocs, status, cmd);
+        return -1;
+    }
+    r->ms = ms, r->loss = loss, r->rss = rss * 1048576.0, r->done = 1;
+    snprintf(r->torch_version, sizeof r->torch_version, "%s", version);
+    return 0;
+}
+
 /* Runs the configurations one after another, each in fresh processes; results[c * MAX_RANKS + rank]. */
 static int run_configs(const options *o, const config *configs, int num_configs, rank_result *results) {
     for (int c = 0; c < num_configs; c++) {
         fsdp_launch_desc ld;
         fsdp_launch_status status;
         job j = {o, &configs[c], results + (size_t)c * MAX_RANKS};
+        if (isatty(2)) fprintf(stderr, "running %-22s P=%d ...\r", configs[c].name, configs[c].nprocs);
+        if (configs[c].torch) {
+            if (run_torch(o, &configs[c], j.out)) return -1;
+            continue;
+        }
         memset(&ld, 0, sizeof ld);
         ld.nprocs = configs[c].nprocs;
-        if (isatty(2)) fprintf(stderr, "running %-22s P=%d ...\r", configs[c].name, configs[c].nprocs);
         if (fsdp_launch_ex(&ld, run_rank, &j, &status)) {
             fprintf(stderr, "bench_train: %s P=%d: %s\n", configs[c].name, configs[c].nprocs, status.message);
             return -1;
@@ -375,66 +413,125 @@ static void print_header(const options *o, int argc, char **argv) {
     fflush(stdout);
 }
 
+/* The rate of config c (items per second of the slowest rank) in each round, and its median. */
+static double config_rate(const options *o, const config *cfg, const rank_result *results, int num_configs, int c,
+                          int round) {
+    const rank_result *r = results + ((size_t)round * num_configs + c) * MAX_RANKS;
+    double ms = r[0].ms;
+    for (int k = 1; k < (cfg->torch ? 1 : cfg->nprocs); k++) ms = r[k].ms > ms ? r[k].ms : ms;
+    return items_per_step(o) / (ms * 1e-3);
+}
+
 static int speed_table(const options *o) {
-    int N = o->nproc;
+    int N = o->nproc, num_configs = 0, R = o->rounds;
     char names[4][32];
-    config configs[] = {
-        {"plain loop (no fsdp)", 1, 1, 0, FSDP_FULL_SHARD},
-        {"FSDP FULL_SHARD", 0, 1, 0, FSDP_FULL_SHARD},
-        {names[0], 0, N, 0, FSDP_FULL_SHARD},
-        {names[1], 0, N, 0, FSDP_SHARD_GRAD_OP},
-        {names[2], 0, N, 0, FSDP_NO_SHARD},
-        {names[3], 0, N, N / 2, FSDP_HYBRID_SHARD},
-    };
-    int num_configs = (int)(sizeof configs / sizeof configs[0]);
+    config configs[16];
     snprintf(names[0], sizeof names[0], "FSDP FULL_SHARD");
     snprintf(names[1], sizeof names[1], "FSDP SHARD_GRAD_OP");
     snprintf(names[2], sizeof names[2], "FSDP NO_SHARD");
     snprintf(names[3], sizeof names[3], "FSDP HYBRID %dx%d", N / (N / 2), N / 2);
-    rank_result *results = (rank_result *)mmap(NULL, sizeof(rank_result) * MAX_RANKS * (size_t)num_configs,
-                                               PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    { // in this order: PyTorch first at each world size, then fsdp.h's runs to compare with it
+        config torch1 = {"PyTorch eager", 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 1};
+        config torchN = {"PyTorch DDP (gloo)", 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 1};
+        config plain = {"plain loop (no fsdp)", 1, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 0};
+        config full1 = {"FSDP FULL_SHARD", 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 0};
+        config multi[4] = {{names[0], 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 0}, {names[1], 0, N, 0, FSDP_SHARD_GRAD_OP, FSDP_F32, 0},
+                           {names[2], 0, N, 0, FSDP_NO_SHARD, FSDP_F32, 0}, {names[3], 0, N, N / 2, FSDP_HYBRID_SHARD, FSDP_F32, 0}};
+        if (o->torch) configs[num_configs++] = torch1;
+        configs[num_configs++] = plain;
+        configs[num_configs++] = full1;
+        if (o->torch) {
+            config bf16 = full1, f16 = full1;
+            bf16.param_dtype = FSDP_BF16, f16.param_dtype = FSDP_F16;
+            configs[num_configs++] = bf16;
+            configs[num_configs++] = f16;
+            configs[num_configs++] = torchN;
+        }
+        for (int k = 0; k < 4; k++) configs[num_configs++] = multi[k];
+        if (o->torch) {
+            config bf16 = multi[0], f16 = multi[0];
+            bf16.param_dtype = FSDP_BF16, f16.param_dtype = FSDP_F16;
+            configs[num_configs++] = bf16;
+            configs[num_configs++] = f16;
+        }
+    }
+    size_t bytes = sizeof(rank_result) * MAX_RANKS * (size_t)num_configs * (size_t)R;
+    rank_result *results = (rank_result *)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (results == MAP_FAILED) { perror("bench_train: mmap"); return 1; }
-    memset(results, 0, sizeof(rank_result) * MAX_RANKS * (size_t)num_configs);
+    memset(results, 0, bytes);
 
     double busy0 = 0, total0 = 0, busy1 = 0, total1 = 0, ours = children_cpu();
     int have_cpu = machine_cpu(&busy0, &total0) == 0;
-    if (run_configs(o, configs, num_configs, results)) return 1;
+    for (int round = 0; round < R; round++) // each round runs every configuration once, in the order above
+        if (run_configs(o, configs, num_configs, results + (size_t)round * num_configs * MAX_RANKS)) return 1;
     ours = children_cpu() - ours;
     have_cpu = have_cpu && machine_cpu(&busy1, &total1) == 0;
 
-    printf("%-22s %2s %10s %8s %10s %8s %7s %12s %13s %8s\n", "config", "P",
-           o->model == MODEL_GPT ? "tokens/s" : "samples/s", "ms/step", "in fsdp ms", "vs plain", "vs P=1", "max RSS/rank",
-           "fsdp peak/rk", "loss");
-    double plain_rate = 0, p1_rate = 0;
+    printf("%-22s %2s %4s %10s %8s %10s %8s %7s %8s %12s %13s %8s\n", "config", "P", "dtype",
+           o->model == MODEL_GPT ? "tokens/s" : "samples/s", "ms/step", "in fsdp ms", "vs plain", "vs P=1",
+           o->torch ? "vs torch" : "", "max RSS/rank", "fsdp peak/rk", "loss");
+    double rate[16], plain_rate = 0, p1_rate = 0, torch1_rate = 0, torchN_rate = 0;
     for (int c = 0; c < num_configs; c++) {
-        rank_result worst = results[(size_t)c * MAX_RANKS];
-        for (int r = 1; r < configs[c].nprocs; r++) { // the slowest and largest rank
-            const rank_result *x = &results[(size_t)c * MAX_RANKS + r];
-            if (x->ms > worst.ms) worst.ms = x->ms;
-            if (x->wait_ms > worst.wait_ms) worst.wait_ms = x->wait_ms;
-            if (x->rss > worst.rss) worst.rss = x->rss;
-            if (x->state > worst.state) worst.state = x->state;
-        }
-        double rate = items_per_step(o) / (worst.ms * 1e-3);
-        if (c == 0) plain_rate = rate;
-        if (c == 1) p1_rate = rate;
-        char wait[16], state[24], vs_p1[16];
-        snprintf(wait, sizeof wait, configs[c].plain ? "-" : "%.1f", worst.wait_ms);
-        snprintf(vs_p1, sizeof vs_p1, c == 0 ? "-" : "%.2fx", rate / p1_rate);
-        snprintf(state, sizeof state, "%.1f MiB%s", mib(worst.state), configs[c].plain ? "*" : "");
-        printf("%-22s %2d %10.0f %8.1f %10s %7.2fx %7s %8.1f MiB %13s %8.4f\n", configs[c].name, configs[c].nprocs, rate,
-               worst.ms, wait, rate / plain_rate, vs_p1, mib(worst.rss), state, worst.loss);
+        double per_round[64];
+        for (int round = 0; round < R; round++) per_round[round] = config_rate(o, &configs[c], results, num_configs, c, round);
+        rate[c] = median(per_round, R);
+        if (configs[c].plain) plain_rate = rate[c];
+        if (!configs[c].plain && !configs[c].torch && configs[c].nprocs == 1 && configs[c].param_dtype == FSDP_F32 && !p1_rate)
+            p1_rate = rate[c];
+        if (configs[c].torch) *(configs[c].nprocs == 1 ? &torch1_rate : &torchN_rate) = rate[c];
     }
-    printf("\nms/step: median over the timed steps, slowest rank; in fsdp ms: time inside the hooks, fsdp_step and fsdp_zero_grad\n"
-           "(waiting for gathers and reductions, plus the optimizer update on this rank's shard; the plain loop's\n"
-           "full update takes %.1f ms/step). *plain: parameters + gradients + optimizer state, no fsdp.\n",
-           results[0].update_ms);
+    for (int c = 0; c < num_configs; c++) {
+        const config *cfg = &configs[c];
+        int round = 0; // the round whose rate is the median: its other figures go with it
+        for (int k = 0; k < R; k++)
+            if (config_rate(o, cfg, results, num_configs, c, k) == rate[c]) round = k;
+        const rank_result *r = results + ((size_t)round * num_configs + c) * MAX_RANKS;
+        rank_result worst = r[0];
+        for (int k = 1; k < (cfg->torch ? 1 : cfg->nprocs); k++) { // the slowest and largest rank
+            if (r[k].ms > worst.ms) worst.ms = r[k].ms;
+            if (r[k].wait_ms > worst.wait_ms) worst.wait_ms = r[k].wait_ms;
+            if (r[k].rss > worst.rss) worst.rss = r[k].rss;
+            if (r[k].state > worst.state) worst.state = r[k].state;
+        }
+        char wait[16], state[24], vs_p1[16], vs_torch[16];
+        double torch_rate = cfg->nprocs == 1 ? torch1_rate : torchN_rate, p1 = cfg->torch ? torch1_rate : p1_rate;
+        snprintf(wait, sizeof wait, cfg->plain || cfg->torch ? "-" : "%.1f", worst.wait_ms);
+        snprintf(vs_p1, sizeof vs_p1, cfg->plain || p1 <= 0 ? "-" : "%.2fx", rate[c] / p1);
+        snprintf(vs_torch, sizeof vs_torch, cfg->torch || torch_rate <= 0 ? "-" : "%.2fx", rate[c] / torch_rate);
+        snprintf(state, sizeof state, cfg->torch ? "-" : "%.1f MiB%s", mib(worst.state), cfg->plain ? "*" : "");
+        printf("%-22s %2d %4s %10.0f %8.1f %10s %7.2fx %7s %8s %8.1f MiB %13s %8.4f\n", cfg->name, cfg->nprocs,
+               cfg->param_dtype == FSDP_BF16 ? "bf16" : cfg->param_dtype == FSDP_F16 ? "f16" : "f32", rate[c],
+               items_per_step(o) / rate[c] * 1e3, wait, rate[c] / plain_rate, vs_p1, o->torch ? vs_torch : "",
+               mib(worst.rss), state, worst.loss);
+    }
+    printf("\nms/step: median over the timed steps, slowest rank%s. in fsdp ms: time inside the hooks,\n"
+           "fsdp_step and fsdp_zero_grad (waiting for gathers and reductions, plus the optimizer update on this rank's\n"
+           "shard; the plain loop's full update takes %.1f ms/step). max RSS: each process's own peak (VmHWM).\n"
+           "*plain: parameters + gradients + optimizer state, no fsdp. The matrix products here: %s.\n",
+           R > 1 ? " (the median of the rounds)" : "", results[(o->torch ? 1 : 0) * MAX_RANKS].update_ms,
+           example_sgemm_name());
+    if (o->torch)
+        printf("vs torch: against PyTorch %s (%s; eager at P = 1, DistributedDataParallel over gloo at P = %d;\n"
+               "one intra-op thread per process; same model, batch, AdamW, text) at the same world size.\n",
+               results[0].torch_version, o->torch_python, N);
+    if (R > 1) {
+        printf("rounds: %d; tokens/s per round (min .. max):", R);
+        for (int c = 0; c < num_configs; c++) {
+            double lo = 1e300, hi = 0;
+            for (int k = 0; k < R; k++) {
+                double x = config_rate(o, &configs[c], results, num_configs, c, k);
+                lo = x < lo ? x : lo, hi = x > hi ? x : hi;
+            }
+            printf("%s %.0f..%.0f", c ? "," : "", lo, hi);
+        }
+        printf("\n");
+    }
     if (have_cpu && total1 > total0) {
         double others = (busy1 - busy0 - ours) / (total1 - total0);
         printf("other processes used %.0f%% of the machine's CPU time during the runs%s\n", others > 0 ? 100 * others : 0.0,
                others > 0.05 ? ": timings are disturbed; rerun on an idle machine" : "");
     }
-    munmap(results, sizeof(rank_result) * MAX_RANKS * (size_t)num_configs);
+    munmap(results, bytes);
     return 0;
 }
 
@@ -447,7 +544,7 @@ static int memory_table(const options *o) {
     int num_configs = 2 * NUM_P;
     for (int s = 0; s < 2; s++)
         for (int k = 0; k < NUM_P; k++) {
-            config c = {strategy_names[s], 0, world_sizes[k], 0, strategies[s]};
+            config c = {strategy_names[s], 0, world_sizes[k], 0, strategies[s], FSDP_F32, 0};
             configs[s * NUM_P + k] = c;
         }
     rank_result *results = (rank_result *)mmap(NULL, sizeof(rank_result) * MAX_RANKS * (size_t)num_configs,
@@ -469,7 +566,7 @@ static int memory_table(const options *o) {
                mib(r->est_persistent), r->persistent / r->est_persistent, mib(r->peak_unsharded),
                mib(r->est_peak_unsharded), ratio_peak, r->persistent * configs[c].nprocs / p1->persistent);
     }
-    printf("\nRank 0 of each run. max RSS: ru_maxrss (the process: model, activations, fsdp, libraries); activations:\n"
+    printf("\nRank 0 of each run. max RSS: its own peak, VmHWM (model, activations, fsdp, libraries); activations:\n"
            "the model's activation and activation-gradient buffers for this rank's part of the global batch.\n"
            "persistent: fp32 parameter, gradient and optimizer shards; peak unsh.: peak of gathered parameters\n"
            "and unsharded gradients (fsdp_memory_stats_get), each against fsdp_memory_estimate for the same model,\n"
@@ -518,6 +615,34 @@ static int load_text(options *o, const char *argv0) {
     return 0;
 }
 
+/* --torch: tests/torch_gpt.py of this source tree (in ., or next to the executable's directory)
+   and an interpreter that can import torch. */
+static int find_torch(options *o, const char *argv0) {
+    char exe[1024], cmd[1400];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    int found = 0;
+    if (len > 0) exe[len] = 0;
+    else snprintf(exe, sizeof exe, "%s", argv0);
+    if (strrchr(exe, '/')) *strrchr(exe, '/') = 0;
+    else snprintf(exe, sizeof exe, ".");
+    for (int i = 0; !found && i < 3; i++) { // ., the executable's parent (build/..), the executable's directory
+        snprintf(o->torch_script, sizeof o->torch_script, "%s%s/tests/torch_gpt.py", i ? exe : ".", i == 1 ? "/.." : "");
+        found = access(o->torch_script, R_OK) == 0;
+    }
+    if (!found) {
+        fprintf(stderr, "bench_train: --torch needs tests/torch_gpt.py of the fsdp.h sources: run from the source "
+                "directory\n");
+        return -1;
+    }
+    snprintf(cmd, sizeof cmd, "'%s' -c 'import torch' >/dev/null 2>&1", o->torch_python);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "bench_train: --torch: %s cannot import torch (sudo apt-get install python3-torch, or name "
+                "the interpreter that has it with --torch-python)\n", o->torch_python);
+        return -1;
+    }
+    return 0;
+}
+
 /* ----------------------------------------------------------------------------------------- */
 /* flags */
 
@@ -539,6 +664,7 @@ static void usage(FILE *out) {
         "                   (default 2; --memory: 0)\n"
         "  --optimizer O    sgd, adam or adamw (default adamw; lr 0.01 for sgd, else 0.001)\n"
         "  --nproc N        ranks of the multi-rank rows (default 2)\n"
+        "  --rounds N       run every configuration N times, interleaved, and report the median (default 1)\n"
         "MLP\n"
         "  --hidden N       hidden width (default 1024)\n"
         "  --csv FILE       data as for mlp (features, then an integer label); default synthetic blobs\n"
@@ -549,6 +675,10 @@ static void usage(FILE *out) {
         "  --heads N        attention heads, dividing --channels (default 4)\n"
         "  --seq-len N      context length T in bytes (default 128)\n"
         "  --data FILE      text to train on (default fsdp.h, found in . or next to the executable)\n"
+        "  --torch          also train the same GPT in PyTorch (tests/torch_gpt.py: eager in one process, and\n"
+        "                   DistributedDataParallel over gloo on --nproc processes, one intra-op thread each)\n"
+        "                   and FSDP with bf16 and f16 param_dtype; adds a column of ratios against PyTorch\n"
+        "  --torch-python P the interpreter that has torch (default /usr/bin/python3)\n"
         "\n"
         "  --help           this text\n");
 }
@@ -560,11 +690,13 @@ static void parse(options *o, int argc, char **argv) {
     o->nproc = 2, o->features = 256, o->classes = 16, o->hidden = 1024;
     o->channels = 256, o->heads = 4, o->seq_len = 128;
     o->steps = o->warmup = -1; // their defaults depend on --memory
+    o->rounds = 1, o->torch_python = "/usr/bin/python3";
     o->optimizer.kind = FSDP_ADAMW;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) { usage(stdout); exit(0); }
         if (!strcmp(f, "--memory")) { o->memory = 1; continue; }
+        if (!strcmp(f, "--torch")) { o->torch = 1, gpt_flag = f; continue; }
         if (strncmp(f, "--", 2) != 0) die_usage("unexpected argument '%s'", f);
         if (!v) die_usage("%s needs a value", f);
         i++;
@@ -586,6 +718,8 @@ static void parse(options *o, int argc, char **argv) {
         else if (!strcmp(f, "--heads")) o->heads = arg_int(f, v, 1, 1 << 16), gpt_flag = f;
         else if (!strcmp(f, "--seq-len")) o->seq_len = arg_int(f, v, 1, 1 << 16), gpt_flag = f;
         else if (!strcmp(f, "--data")) o->text_path = v, gpt_flag = f;
+        else if (!strcmp(f, "--torch-python")) o->torch_python = v, gpt_flag = f;
+        else if (!strcmp(f, "--rounds")) o->rounds = arg_int(f, v, 1, 64);
         else if (!strcmp(f, "--optimizer")) {
             if (!strcmp(v, "sgd")) o->optimizer.kind = FSDP_SGD;
             else if (!strcmp(v, "adam")) o->optimizer.kind = FSDP_ADAM;
@@ -596,6 +730,7 @@ static void parse(options *o, int argc, char **argv) {
     if (o->model == MODEL_GPT && mlp_flag) die_usage("%s is an MLP option; with --model gpt see the GPT options", mlp_flag);
     if (o->model == MODEL_MLP && gpt_flag) die_usage("%s is a GPT option: add --model gpt", gpt_flag);
     if (o->memory && nproc_flag) die_usage("--memory runs P = 1, 2 and 4; --nproc does not apply");
+    if (o->memory && o->torch) die_usage("--torch adds rows to the speed table, not to --memory's");
     if (!o->layers) o->layers = o->model == MODEL_GPT ? 4 : 6;
     if (!o->batch) o->batch = o->model == MODEL_GPT ? 16 : 2048; /* compute-bound: communication is a small part of a step */
     if (o->steps < 0) o->steps = o->memory ? 3 : 10;
@@ -619,7 +754,7 @@ int main(int argc, char **argv) {
     parse(&o, argc, argv);
     openblas_set_num_threads(1);
     if (o.model == MODEL_GPT) {
-        if (load_text(&o, argv[0])) return 1;
+        if (load_text(&o, argv[0]) || (o.torch && find_torch(&o, argv[0]))) return 1;
     } else if (o.csv ? data_csv(&o.data, o.csv, err, sizeof err)
                      : data_blobs(&o.data, 8 * o.batch, o.features, o.classes, 1234)) {
         fprintf(stderr, "bench_train: %s\n", o.csv ? err : "out of memory for the synthetic data");

@@ -1,6 +1,6 @@
 /* example_common.h - what the example programs (gpt, mlp, bench_train) share: command-line
-   checks and a timed hook call. Each program sets example_program to its name before parsing.
-   Include after fsdp.h. */
+   checks, a timed hook call, the launcher and the peak-memory probe. Each program sets
+   example_program to its name before parsing. Include after fsdp.h. */
 #ifndef EXAMPLE_COMMON_H
 #define EXAMPLE_COMMON_H
 
@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #if defined(__GNUC__) || defined(__clang__)
 #  define EXAMPLE_HELPER static __attribute__((unused)) /* not every program needs every helper */
@@ -52,6 +53,27 @@ EXAMPLE_HELPER int arg_choice(const char *flag, const char *text, const char *co
     }
     die_usage("%s: unknown value '%s' (choose one of %s)", flag, text, list);
     return 0;
+}
+
+/* This process's own peak resident set size in bytes: VmHWM from /proc/self/status, or, where
+   there is no /proc, getrusage's ru_maxrss. Not ru_maxrss first: it survives exec, so a rank
+   started by torchrun or mpirun would report its launcher's peak (about 230 MiB for torchrun's
+   Python) whenever that is larger than its own. *source (if not NULL) gets which one it was. */
+EXAMPLE_HELPER double example_peak_rss(const char **source) {
+    char line[256];
+    FILE *f = fopen("/proc/self/status", "r");
+    struct rusage ru;
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned long long kib;
+        if (sscanf(line, "VmHWM: %llu kB", &kib) == 1) {
+            fclose(f);
+            if (source) *source = "VmHWM";
+            return 1024.0 * (double)kib;
+        }
+    }
+    if (f) fclose(f);
+    if (source) *source = "ru_maxrss";
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? 1024.0 * (double)ru.ru_maxrss : 0.0;
 }
 
 /* Calls an fsdp hook, adding the time it took to *seconds and naming the module on failure

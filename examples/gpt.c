@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include "gpt_model.h"
@@ -282,14 +281,13 @@ static int train(fsdp_comm *comm, void *arg) {
     { // every rank's memory and time, printed by rank 0, and what fsdp_memory_estimate predicted
         fsdp_memory_stats st, est;
         memset(&st, 0, sizeof st); // fsdp_memory_stats_get fills it; -O3 cannot see that it always does
-        struct rusage ru;
+        const char *rss_source = "";
         double mine[7], *all = (double *)calloc((size_t)P * 7, sizeof(double));
         int skip = timed > 1; // the first step warms up
         fsdp_memory_stats_get(ctx, &st);
         if (fsdp_memory_estimate(m.model, &desc, P, &est)) memset(&est, 0, sizeof est); // fsdp_init took this desc
-        getrusage(RUSAGE_SELF, &ru);
         mine[0] = (double)st.persistent_bytes, mine[1] = (double)st.peak_unsharded_bytes;
-        mine[2] = (double)st.peak_bytes, mine[3] = 1024.0 * (double)ru.ru_maxrss;
+        mine[2] = (double)st.peak_bytes, mine[3] = example_peak_rss(&rss_source);
         mine[4] = median(step_ms + skip, timed - skip), mine[5] = median(fsdp_ms + skip, timed - skip);
         mine[6] = sizeof(float) * (double)acts.num_floats;
         if (!all || fsdp_all_gather(comm, mine, all, sizeof mine / 4, FSDP_F32)) { // doubles, moved as bytes
@@ -308,6 +306,8 @@ static int train(fsdp_comm *comm, void *arg) {
                    mib((double)est.persistent_bytes), mib((double)est.peak_unsharded_bytes), mib((double)est.peak_bytes),
                    P, P > 1 ? "s" : "");
             print_vs_estimate(all, P, 7, (double)est.persistent_bytes, (double)est.peak_unsharded_bytes);
+            printf("max RSS: each rank's own peak resident memory (%s%s)\n", rss_source,
+                   strcmp(rss_source, "VmHWM") == 0 ? " from /proc/self/status" : ": no /proc here; it may include a launcher's");
             if (timed)
                 printf("final loss %.4f; %.0f tokens/s (median step %.1f ms on rank 0)\n", (double)loss,
                        o->batch * T / (all[4] * 1e-3), all[4]);
@@ -450,8 +450,9 @@ static void usage(FILE *out) {
         "embeddings, pre-LayerNorm blocks (causal self-attention, GELU MLP), final LayerNorm, LM head tied to\n"
         "the token embedding. Each block h.<i> is an FSDP unit; the root unit holds wte, wpe and ln_f. Names\n"
         "as the Hugging Face GPT-2 state dict (h.0.attn.c_attn.weight, ...), matrices as nn.Linear (out, in).\n"
-        "At the end rank 0 prints every rank's memory (and fsdp_memory_estimate's prediction of it), the\n"
-        "loss on the held-out text and a sample.\n"
+        "At the end rank 0 prints every rank's memory (and fsdp_memory_estimate's prediction of it; max RSS\n"
+        "is the rank's own peak resident set, VmHWM from /proc/self/status, not ru_maxrss, which would count\n"
+        "a launcher such as torchrun that exec'd it), the loss on the held-out text and a sample.\n"
         "\n"
         "ranks\n"
         "  --nproc N            fork N local ranks (default: read the job from the environment: torchrun's\n"

@@ -326,12 +326,10 @@ static int train(fsdp_comm *comm, void *arg) {
 
     { // every rank's memory and time, printed by rank 0
         fsdp_memory_stats st;
-        struct rusage ru;
         double mine[6], *all = (double *)calloc((size_t)P * 6, sizeof(double));
         fsdp_memory_stats_get(ctx, &st);
-        getrusage(RUSAGE_SELF, &ru);
         mine[0] = (double)st.persistent_bytes, mine[1] = (double)st.peak_unsharded_bytes;
-        mine[2] = (double)st.peak_bytes, mine[3] = 1024.0 * (double)ru.ru_maxrss;
+        mine[2] = (double)st.peak_bytes, mine[3] = example_peak_rss(NULL); // the rank's own peak (VmHWM)
         mine[4] = median(step_ms + (timed > 1), timed - (timed > 1)); // the first step warms up
         mine[5] = median(wait_ms + (timed > 1), timed - (timed > 1));
         if (!all || fsdp_all_gather(comm, mine, all, sizeof mine / 4, FSDP_F32)) { // doubles, moved as bytes
