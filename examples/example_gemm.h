@@ -89,6 +89,46 @@ __attribute__((target("avx512f"))) static void gemm_kernel_12x32(int kc, const f
     }
 }
 
+/* Transposes a 16 x 16 block held in 16 registers: afterwards r[c] holds what was column c. Four
+   rounds of shuffles (pairs of floats, of doubles, then 128-bit lanes twice). */
+__attribute__((target("avx512f"))) static inline void gemm_transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    for (int i = 0; i < 16; i += 4) {
+        __m512d t0 = _mm512_castps_pd(t[i]), t1 = _mm512_castps_pd(t[i + 1]);
+        __m512d t2 = _mm512_castps_pd(t[i + 2]), t3 = _mm512_castps_pd(t[i + 3]);
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2)), r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3)), r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+    }
+    for (int i = 0; i < 16; i += 8)
+        for (int q = 0; q < 4; q++) {
+            t[i + q] = _mm512_shuffle_f32x4(r[i + q], r[i + q + 4], 0x88);
+            t[i + q + 4] = _mm512_shuffle_f32x4(r[i + q], r[i + q + 4], 0xdd);
+        }
+    for (int q = 0; q < 4; q++) {
+        r[q] = _mm512_shuffle_f32x4(t[q], t[q + 8], 0x88), r[q + 4] = _mm512_shuffle_f32x4(t[q + 4], t[q + 12], 0x88);
+        r[q + 8] = _mm512_shuffle_f32x4(t[q], t[q + 8], 0xdd), r[q + 12] = _mm512_shuffle_f32x4(t[q + 4], t[q + 12], 0xdd);
+    }
+}
+
+/* Copies `rows` rows (row stride ld) of `cols` contiguous floats, the rest as zeros, transposed into
+   dst: element (row, c) lands at dst[c * dst_ld + row], for row < width (16 or 12: the store mask),
+   c < cols. 16 x 16 blocks through gemm_transpose16, so a panel of a row-major operand packs at
+   vector speed. */
+__attribute__((target("avx512f"))) static void gemm_pack_transposed(float *dst, int dst_ld, int width, const float *src,
+                                                                     int ld, int rows, int cols) {
+    __mmask16 store = width >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << width) - 1);
+    for (int c0 = 0; c0 < cols; c0 += 16) {
+        __m512 r[16];
+        __mmask16 load = gemm_mask(cols - c0);
+        int n = cols - c0 < 16 ? cols - c0 : 16;
+        for (int i = 0; i < 16; i++)
+            r[i] = i < rows ? _mm512_maskz_loadu_ps(load, src + (size_t)i * ld + c0) : _mm512_setzero_ps();
+        gemm_transpose16(r);
+        for (int c = 0; c < n; c++) _mm512_mask_storeu_ps(dst + (size_t)(c0 + c) * dst_ld, store, r[c]);
+    }
+}
+
 /* Packs op(B) rows [k0, k0+kc), columns [j0, j0+nc) into panels of 32 columns (zero-padded). */
 __attribute__((target("avx512f"))) static void gemm_pack_b(float *packed, int trans_b, const float *B, int ldb, int k0,
                                                             int kc, int j0, int nc) {
@@ -102,13 +142,10 @@ __attribute__((target("avx512f"))) static void gemm_pack_b(float *packed, int tr
                 _mm512_store_ps(panel + k * GEMM_NR, _mm512_maskz_loadu_ps(m0, src));
                 _mm512_store_ps(panel + k * GEMM_NR + 16, _mm512_maskz_loadu_ps(m1, src + 16));
             }
-        } else { // column n of op(B) is row n of B
-            for (int n = 0; n < GEMM_NR; n++) {
-                const float *src = B + (size_t)(j0 + j + n) * ldb + k0;
-                if (n < nr) for (int k = 0; k < kc; k++) panel[k * GEMM_NR + n] = src[k];
-                else for (int k = 0; k < kc; k++) panel[k * GEMM_NR + n] = 0.0f;
-            }
-        }
+        } else // column n of op(B) is row n of B: two 16-row halves, transposed
+            for (int half = 0; half < 2; half++)
+                gemm_pack_transposed(panel + 16 * half, GEMM_NR, 16, B + (size_t)(j0 + j + 16 * half) * ldb + k0, ldb,
+                                     nr - 16 * half, kc);
     }
 }
 
@@ -119,17 +156,11 @@ __attribute__((target("avx512f"))) static void gemm_pack_a(float *packed, int tr
         float *panel = packed + (size_t)i * kc;
         int mr = mc - i < GEMM_MR ? mc - i : GEMM_MR;
         if (trans_a) { // column k of op(A) is row k of A: 12 contiguous values per step
-            for (int k = 0; k < kc; k++) {
-                const float *src = A + (size_t)(k0 + k) * lda + i0 + i;
-                for (int r = 0; r < GEMM_MR; r++) panel[k * GEMM_MR + r] = r < mr ? src[r] : 0.0f;
-            }
-        } else {
-            for (int r = 0; r < GEMM_MR; r++) {
-                const float *src = A + (size_t)(i0 + i + r) * lda + k0;
-                if (r < mr) for (int k = 0; k < kc; k++) panel[k * GEMM_MR + r] = src[k];
-                else for (int k = 0; k < kc; k++) panel[k * GEMM_MR + r] = 0.0f;
-            }
-        }
+            __mmask16 load = gemm_mask(mr);
+            for (int k = 0; k < kc; k++)
+                _mm512_mask_storeu_ps(panel + k * GEMM_MR, 0x0fff, _mm512_maskz_loadu_ps(load, A + (size_t)(k0 + k) * lda + i0 + i));
+        } else // row r of op(A) is contiguous: transposed
+            gemm_pack_transposed(panel, GEMM_MR, GEMM_MR, A + (size_t)(i0 + i) * lda + k0, lda, mr, kc);
     }
 }
 
