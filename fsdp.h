@@ -288,8 +288,8 @@ typedef struct fsdp_comm_desc {
     fsdp_backend_kind backend;  /* default FSDP_BACKEND_SHM */
     int rank;                   /* this process's rank, 0 <= rank < world_size */
     int world_size;             /* number of ranks, >= 1 */
-    int local_rank;             /* rank among the processes on this host (informational) */
-    int local_world_size;       /* processes on this host (informational); 0: world_size */
+    int local_rank;             /* user backends: rank among the processes on this host; the */
+    int local_world_size;       /*   shipped backends learn both from facts (fsdp_comm_local_size) */
     const char *job;            /* job token; ranks of different jobs refuse each other; default "fsdp" */
     const char *secret;         /* shared secret, the same on every rank (FSDP_SECRET). Every socket
                                    connection proves knowledge of it by HMAC-SHA256 challenge-
@@ -301,6 +301,10 @@ typedef struct fsdp_comm_desc {
     /* socket backend */
     const char *master_addr;    /* rank 0's address (name or IP); default "127.0.0.1" */
     int master_port;            /* rank 0's listening port; required for socket */
+    const char *store_key;      /* set: master_addr:master_port is torch's TCPStore (torchrun's agent
+                                   store, which holds MASTER_PORT); rank 0 listens on a port of its
+                                   own and publishes "ip:port" there under this key, and the other
+                                   ranks read it (fsdp_comm_init_from_env sets it under torchrun) */
     /* shm backend */
     size_t shm_slot_bytes;      /* staging bytes per rank and slot; default 1 MiB */
     /* FSDP_BACKEND_USER */
@@ -328,8 +332,15 @@ FSDP_API void fsdp_comm_destroy(fsdp_comm *comm);
 
 FSDP_API int fsdp_comm_rank(const fsdp_comm *comm);
 FSDP_API int fsdp_comm_size(const fsdp_comm *comm);
+/* This rank's index among the comm's ranks on its host, and how many those are. A host is what
+   can share memory: same host name, boot, /dev/shm and network namespace (learned at init;
+   LOCAL_WORLD_SIZE is not trusted). User backends report what their description said. */
 FSDP_API int fsdp_comm_local_rank(const fsdp_comm *comm);
 FSDP_API int fsdp_comm_local_size(const fsdp_comm *comm);
+/* How many hosts the comm's ranks are on, and which of them (0..) rank `rank` is on: hosts
+   are numbered in the order of their lowest rank. -1 where unknown (user backends). */
+FSDP_API int fsdp_comm_num_hosts(const fsdp_comm *comm);
+FSDP_API int fsdp_comm_host_of(const fsdp_comm *comm, int rank);
 FSDP_API fsdp_backend_kind fsdp_comm_backend(const fsdp_comm *comm);
 FSDP_API void fsdp_comm_set_timeout(fsdp_comm *comm, int timeout_ms); /* <= 0: default */
 FSDP_API int fsdp_comm_timeout(const fsdp_comm *comm);
@@ -876,6 +887,7 @@ FSDP_API const char *fsdp_printable(char *dst, size_t size, const char *src);
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/types.h>
@@ -1611,6 +1623,8 @@ static __thread char fsdp__init_error[FSDP__ERRMSG];
 
 struct fsdp_comm {
     int rank, world, local_rank, local_world;
+    int num_hosts, host;    /* hosts of the comm's ranks and this rank's (numbered by their lowest rank) */
+    int *host_of;           /* host of every rank; NULL where unknown (user backends) */
     fsdp_backend_kind kind;
     const fsdp_backend *backend;
     void *impl;
@@ -1759,6 +1773,10 @@ FSDP_API int fsdp_comm_rank(const fsdp_comm *comm) { return comm ? comm->rank : 
 FSDP_API int fsdp_comm_size(const fsdp_comm *comm) { return comm ? comm->world : 0; }
 FSDP_API int fsdp_comm_local_rank(const fsdp_comm *comm) { return comm ? comm->local_rank : -1; }
 FSDP_API int fsdp_comm_local_size(const fsdp_comm *comm) { return comm ? comm->local_world : 0; }
+FSDP_API int fsdp_comm_num_hosts(const fsdp_comm *comm) { return comm && comm->host_of ? comm->num_hosts : -1; }
+FSDP_API int fsdp_comm_host_of(const fsdp_comm *comm, int rank) {
+    return comm && comm->host_of && rank >= 0 && rank < comm->world ? comm->host_of[rank] : -1;
+}
 FSDP_API fsdp_backend_kind fsdp_comm_backend(const fsdp_comm *comm) {
     return comm ? comm->kind : FSDP_BACKEND_DEFAULT;
 }
@@ -1941,6 +1959,7 @@ FSDP__PRIVATE void fsdp__region_release(fsdp__region *r, int world) {
 
 FSDP_API void fsdp_comm_destroy(fsdp_comm *comm) {
     if (!comm) return;
+    FSDP_FREE(comm->host_of);
     while (comm->regions) {
         fsdp__region *r = comm->regions;
         comm->regions = r->next;
@@ -2600,6 +2619,15 @@ FSDP__PRIVATE int fsdp__shm_share(fsdp_comm *comm, fsdp__region *r) {
     return rc;
 }
 
+/* Free space in /dev/shm in MiB (capped to what an int32 holds); 0 if it cannot be told. */
+FSDP__PRIVATE int32_t fsdp__shm_free_mib(void) {
+    struct statvfs fs;
+    double mib;
+    if (statvfs("/dev/shm", &fs) != 0) return 0;
+    mib = (double)fs.f_bavail * (double)fs.f_frsize / 1048576.0;
+    return mib > 2147483647.0 ? INT32_MAX : (int32_t)mib;
+}
+
 /* Segment name for a comm: "/fsdp-<job>-<24 hex digits of a mac of the comm's key>", the job
    shortened to 20 characters of [A-Za-z0-9._-] (others replaced). Every rank computes the same
    name, and with a secret nobody without it can: no other user can claim the name first. */
@@ -2875,6 +2903,7 @@ typedef struct fsdp__sock_peer {
     size_t out_len, out_done;
     char *in_direct;        /* payload lands here directly (NULL: into the ring) */
     size_t in_len, in_done;
+    int active;             /* takes part in the phase (fsdp__sock_plan) */
     int at_boundary;        /* our outgoing stream is between messages */
 } fsdp__sock_peer;
 
@@ -3379,6 +3408,99 @@ FSDP__PRIVATE int fsdp__sock_greet(int fd, const unsigned char key[32], fsdp__so
     return 0;
 }
 
+/* --- torch's TCPStore (torchrun's agent store), client side -------------------------------
+   Under torchrun's static rendezvous the agent's store holds MASTER_PORT, so rank 0 cannot
+   listen there: it listens on a port of its own and publishes "ip:port" in the store, where the
+   other ranks wait for it. The wire format of torch 1.13 (checked against the real server): a
+   request is a type byte and its arguments, a string (key or value) a u64 little-endian length
+   and its bytes; SET 0x00 key value (no reply); GET 0x02 key -> string; CHECK 0x04 count keys
+   -> 0x00 all there / 0x01 not; WAIT 0x05 count keys -> 0x00 once all exist (the server never
+   gives up: the client bounds it, then must drop the connection); DELETE 0x08 key -> i64. There
+   is no greeting, and any bad request makes the server close the connection. */
+#define FSDP__STORE_SET 0x00
+#define FSDP__STORE_GET 0x02
+#define FSDP__STORE_CHECK 0x04
+#define FSDP__STORE_WAIT 0x05
+#define FSDP__STORE_DELETE 0x08
+
+/* Sends type, then (counted) a count of one, then key as a string, then value (if given). */
+FSDP__PRIVATE int fsdp__store_request(int fd, int type, int counted, const char *key, const void *value,
+                                      size_t value_size, int64_t deadline) {
+    unsigned char head[17], length[8];
+    size_t n = 0, key_size = strlen(key);
+    int i;
+    head[n++] = (unsigned char)type;
+    for (i = 0; counted && i < 8; i++) head[n++] = (unsigned char)(i == 0);
+    for (i = 0; i < 8; i++) head[n++] = (unsigned char)((uint64_t)key_size >> (8 * i));
+    for (i = 0; i < 8; i++) length[i] = (unsigned char)((uint64_t)value_size >> (8 * i));
+    if (fsdp__sock_io_full(fd, head, n, deadline, 1) != 0 || fsdp__sock_io_full(fd, (void *)(uintptr_t)key, key_size, deadline, 1) != 0)
+        return -1;
+    if (value && (fsdp__sock_io_full(fd, length, 8, deadline, 1) != 0 ||
+                  fsdp__sock_io_full(fd, (void *)(uintptr_t)value, value_size, deadline, 1) != 0))
+        return -1;
+    return 0;
+}
+
+/* Connects to the store at addr and checks that it is one: a CHECK of no keys, which a store
+   answers with 0x00 at once (anything else within 5 s means another service). fd, or -1
+   with the reason in err. */
+FSDP__PRIVATE int fsdp__store_connect(const struct sockaddr_in *addr, int64_t deadline, const char *where, char *err,
+                                      size_t err_size) {
+    unsigned char probe[9], reply = 0xff;
+    int64_t answer_by = fsdp__now_ms() + FSDP__SOCK_GREETING_MS;
+    int fd = fsdp__sock_connect(addr, deadline), io;
+    if (fd < 0) {
+        fsdp__fmt(err, err_size, "cannot reach torchrun's store at %s: %s", where, strerror(errno));
+        return -1;
+    }
+    memset(probe, 0, sizeof probe);
+    probe[0] = FSDP__STORE_CHECK;
+    io = fsdp__sock_io_full(fd, probe, sizeof probe, deadline, 1);
+    if (io == 0) io = fsdp__sock_io_full(fd, &reply, 1, answer_by < deadline ? answer_by : deadline, 0);
+    if (io != 0 || reply != 0) {
+        fsdp__fmt(err, err_size, "%s is not torchrun's TCPStore (torch 1.13 protocol): %s", where,
+                  io == -2 ? "it did not answer a CHECK" : io != 0 ? "it closed the connection on a CHECK"
+                  : reply == (FSDP__SOCK_MAGIC & 0xff) ? "an fsdp.h rank listens there" : "it answered a CHECK wrongly");
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Publishes key = value and confirms it arrived (SET has no reply; a CHECK after it does). */
+FSDP__PRIVATE int fsdp__store_set(int fd, const char *key, const char *value, int64_t deadline) {
+    unsigned char reply = 0xff;
+    if (fsdp__store_request(fd, FSDP__STORE_SET, 0, key, value, strlen(value), deadline) != 0 ||
+        fsdp__store_request(fd, FSDP__STORE_CHECK, 1, key, NULL, 0, deadline) != 0 ||
+        fsdp__sock_io_full(fd, &reply, 1, deadline, 0) != 0)
+        return -1;
+    return reply == 0 ? 0 : -1;
+}
+
+/* Waits until the key exists (bounded by the deadline) and reads its value, at most cap - 1
+   bytes (a longer one is refused: the store's word is not trusted), NUL-terminated. 0, -1
+   error, -2 the key did not appear in time. After an error the connection must be closed. */
+FSDP__PRIVATE int fsdp__store_get(int fd, const char *key, char *out, size_t cap, int64_t deadline) {
+    unsigned char reply = 0xff, length[8];
+    uint64_t size = 0;
+    int io, i;
+    if (fsdp__store_request(fd, FSDP__STORE_WAIT, 1, key, NULL, 0, deadline) != 0) return -1;
+    if ((io = fsdp__sock_io_full(fd, &reply, 1, deadline, 0)) != 0) return io;
+    if (reply != 0 || fsdp__store_request(fd, FSDP__STORE_GET, 0, key, NULL, 0, deadline) != 0 ||
+        fsdp__sock_io_full(fd, length, 8, deadline, 0) != 0)
+        return -1;
+    for (i = 7; i >= 0; i--) size = size << 8 | length[i];
+    if (size >= cap || fsdp__sock_io_full(fd, out, (size_t)size, deadline, 0) != 0) return -1;
+    out[size] = 0;
+    return 0;
+}
+
+FSDP__PRIVATE void fsdp__store_delete(int fd, const char *key, int64_t deadline) {
+    unsigned char count[8];
+    if (fsdp__store_request(fd, FSDP__STORE_DELETE, 0, key, NULL, 0, deadline) == 0)
+        fsdp__sock_io_full(fd, count, sizeof count, deadline, 0);
+}
+
 /* 1 if the address is on this host's loopback network. */
 static int fsdp__is_loopback(const struct sockaddr_in *a) { return (ntohl(a->sin_addr.s_addr) >> 24) == 127; }
 
@@ -3393,6 +3515,9 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
     char err[FSDP__ERRMSG], where[96];
     fsdp__sock_hello hello;
     fsdp__sock_reply reply;
+    const char *store_key = desc->store_key && *desc->store_key ? desc->store_key : NULL;
+    char store_at[240];
+    int store_fd = -1;
     if (!s) return fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
     s->peers = (fsdp__sock_peer *)fsdp__calloc(sizeof *s->peers * (size_t)P);
     s->ring = (char *)FSDP_MALLOC((size_t)P * FSDP__SOCK_RING_SEGMENTS * FSDP__SOCK_SEGMENT);
@@ -3420,26 +3545,60 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
     memset(&hello, 0, sizeof hello);
     hello.rank = (uint32_t)me;
     hello.world = (uint32_t)P;
+    fsdp__fmt(store_at, sizeof store_at, "%.200s:%d", host, desc->master_port);
+    if (store_key && strlen(store_key) > 200) {
+        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_INVALID_ARG, "socket: store_key is longer than 200 characters");
+        goto done;
+    }
     if (me == 0) {
-        if (listen_fd < 0) listen_fd = fsdp__sock_listen(&master, P + 8);
-        if (listen_fd < 0) {
+        struct sockaddr_in at = master;
+        socklen_t len = sizeof at;
+        if (store_key) { /* the port is the store's: listen beside it and say where in the store */
+            if ((store_fd = fsdp__store_connect(&master, deadline, store_at, err, sizeof err)) < 0) {
+                rc = fsdp__init_fail(&comm->logger, FSDP_ERR_PROTOCOL, "socket: rank 0: %s", err);
+                goto done;
+            }
+            getsockname(store_fd, (struct sockaddr *)&at, &len);
+            at.sin_port = 0;
+        }
+        if (listen_fd < 0) listen_fd = fsdp__sock_listen(&at, P + 8);
+        len = sizeof at;
+        if (listen_fd < 0 || getsockname(listen_fd, (struct sockaddr *)&at, &len) != 0) {
             rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM,
-                                 "socket: rank 0 cannot listen on %s:%d: %s (MASTER_ADDR must be an address of "
+                                 "socket: rank 0 cannot listen on %s: %s (MASTER_ADDR must be an address of "
                                  "rank 0's host and MASTER_PORT free)",
-                                 host, desc->master_port, strerror(errno));
+                                 store_at, strerror(errno));
             goto done;
         }
-        if (!comm->has_secret && !fsdp__is_loopback(&master))
+        if (store_key) {
+            char value[64];
+            fsdp__sock_addr_string(value, sizeof value, &at);
+            if (fsdp__store_set(store_fd, store_key, value, deadline) != 0) {
+                rc = fsdp__init_fail(&comm->logger, FSDP_ERR_PROTOCOL,
+                                     "socket: rank 0 could not publish its address in torchrun's store at %s", store_at);
+                goto done;
+            }
+        }
+        if (!comm->has_secret && !fsdp__is_loopback(&at)) {
+            char open_port[64];
+            fsdp__sock_addr_string(open_port, sizeof open_port, &at);
             fsdp__log(&comm->logger, FSDP_LOG_WARN,
-                      "socket: no secret is set (FSDP_SECRET or FSDP_SECRET_FILE): anyone who can reach %s:%d or "
+                      "socket: no secret is set (FSDP_SECRET or FSDP_SECRET_FILE): anyone who can reach %s or "
                       "the ranks' data ports can join this job or feed it data; give every rank the same secret",
-                      host, desc->master_port);
+                      open_port);
+        }
+        master = at;
         if (fsdp__random_bytes(s->session, sizeof s->session) != 0) {
             rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "socket: no random bytes: %s", strerror(errno));
             goto done;
         }
-        fsdp__fmt(where, sizeof where, "the master address %s:%d", host, desc->master_port);
-        if ((rc = fsdp__sock_admit(comm, s, listen_fd, 1, deadline, 1, ips, ports, nonces, where)) != 0) goto done;
+        fsdp__sock_addr_string(store_at, sizeof store_at, &at);
+        fsdp__fmt(where, sizeof where, "%s %s", store_key ? "its listener" : "the master address", store_at);
+        if ((rc = fsdp__sock_admit(comm, s, listen_fd, 1, deadline, 1, ips, ports, nonces, where)) != 0) {
+            if (store_key) fsdp__fmt(fsdp__init_error + strlen(fsdp__init_error), sizeof fsdp__init_error - strlen(fsdp__init_error),
+                                     " (published in torchrun's store as '%s')", store_key);
+            goto done;
+        }
         for (p = 1; p < P; p++) { /* everyone is in: welcome them with the session and the table */
             fsdp__sock_challenge challenge;
             fsdp__sock_hello theirs;
@@ -3457,13 +3616,37 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
                 goto done;
             }
         }
+        if (store_fd >= 0) fsdp__store_delete(store_fd, store_key, fsdp__now_ms() + 1000); /* it served its turn */
         s->local = master;
         s->local.sin_port = 0;
     } else {
         socklen_t len = sizeof local;
         unsigned char mine[64], their_mac[32];
         char who[96];
-        int fd = fsdp__sock_connect(&master, deadline);
+        int fd;
+        if (store_key) { /* rank 0's address is in the store */
+            char value[64], *colon;
+            long port;
+            int got;
+            if ((store_fd = fsdp__store_connect(&master, deadline, store_at, err, sizeof err)) < 0) {
+                rc = fsdp__init_fail(&comm->logger, FSDP_ERR_PROTOCOL, "socket: rank %d: %s", me, err);
+                goto done;
+            }
+            got = fsdp__store_get(store_fd, store_key, value, sizeof value, deadline);
+            if (got != 0 || !(colon = strrchr(value, ':')) || (*colon = 0, fsdp__parse_int(colon + 1, 1, 65535, &port)) != 0 ||
+                inet_pton(AF_INET, value, &master.sin_addr) != 1) {
+                rc = fsdp__init_fail(&comm->logger, got == -2 ? FSDP_ERR_TIMEOUT : FSDP_ERR_PROTOCOL,
+                                     "socket: rank %d %s key '%.200s' in torchrun's store at %s%s", me,
+                                     got == -2 ? "waited in vain for" : "could not read a valid address from", store_key,
+                                     store_at, got == -2 ? " (is rank 0 running? torchrun restarts a node only when "
+                                     "its own workers fail)" : "");
+                goto done;
+            }
+            master.sin_port = htons((uint16_t)port);
+            close(store_fd);
+            store_fd = -1;
+        }
+        fd = fsdp__sock_connect(&master, deadline);
         fsdp__sock_addr_string(s->peers[0].addr, sizeof s->peers[0].addr, &master);
         if (fd < 0) {
             rc = fsdp__init_fail(&comm->logger, FSDP_ERR_TIMEOUT,
@@ -3542,6 +3725,7 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
     comm->impl = s;
 done:
     if (listen_fd >= 0) close(listen_fd);
+    if (store_fd >= 0) close(store_fd);
     FSDP_FREE(ips);
     FSDP_FREE(ports);
     FSDP_FREE(nonces);
@@ -3628,6 +3812,11 @@ typedef struct fsdp__sock_reduction {
     char *dst;             /* NULL: no reduction in this phase */
     const char *own;       /* this rank's contribution */
     size_t bytes;
+    const int *order;      /* the ranks whose contributions are folded, in fold order (this rank's
+                              own among them); NULL: every rank in rank order */
+    int count;             /* entries of order */
+    fsdp_reduce_op op;     /* with order: how to fold, and (FSDP_AVG) the divisor */
+    int divisor;
 } fsdp__sock_reduction;
 
 /* Runs one phase: the caller has set every peer's out_data/out_len and in_direct/in_len. */
@@ -3641,7 +3830,7 @@ FSDP__PRIVATE int fsdp__sock_phase(fsdp_comm *comm, fsdp__sock *s, const fsdp_co
     int64_t now;
     for (p = 0; p < P; p++) {
         fsdp__sock_peer *peer = &s->peers[p];
-        if (p == me) continue;
+        if (p == me || !peer->active) continue;
         memset(&peer->out_header, 0, sizeof peer->out_header);
         peer->out_header.magic = FSDP__SOCK_MAGIC;
         peer->out_header.phase = phase;
@@ -3656,13 +3845,19 @@ FSDP__PRIVATE int fsdp__sock_phase(fsdp_comm *comm, fsdp__sock *s, const fsdp_co
             for (;;) {
                 size_t len = red->bytes - reduced < FSDP__SOCK_SEGMENT ? red->bytes - reduced : FSDP__SOCK_SEGMENT;
                 int all = len > 0;
-                for (p = 0; p < P && all; p++)
+                int n = red->order ? red->count : P, k;
+                for (k = 0; k < n && all; k++) {
+                    p = red->order ? red->order[k] : k;
                     if (p != me && s->peers[p].in_done < reduced + len) all = 0;
+                }
                 if (!all) break;
-                for (p = 0; p < P; p++)
-                    srcs[p] = p == me ? (const void *)(red->own + reduced)
+                for (k = 0; k < n; k++) {
+                    p = red->order ? red->order[k] : k;
+                    srcs[k] = p == me ? (const void *)(red->own + reduced)
                                       : (const void *)(s->ring + (size_t)p * ring_bytes + reduced % ring_bytes);
-                fsdp_reduce_ranks(red->dst + reduced, srcs, P, len / esize, c->dtype, c->op, P);
+                }
+                fsdp_reduce_ranks(red->dst + reduced, srcs, n, len / esize, c->dtype, red->order ? red->op : c->op,
+                                  red->order ? red->divisor : P);
                 reduced += len;
             }
             if (reduced < red->bytes) pending = 1;
@@ -3671,7 +3866,7 @@ FSDP__PRIVATE int fsdp__sock_phase(fsdp_comm *comm, fsdp__sock *s, const fsdp_co
         for (p = 0; p < P; p++) {
             fsdp__sock_peer *peer = &s->peers[p];
             short events = 0;
-            if (p == me) continue;
+            if (p == me || !peer->active) continue;
             if (peer->out_header_done < sizeof peer->out_header || peer->out_done < peer->out_len) events |= POLLOUT;
             if (peer->in_header_done < sizeof peer->in_header ||
                 (peer->in_done < peer->in_len && (peer->in_direct || peer->in_done < reduced + ring_bytes)))
@@ -3787,12 +3982,19 @@ FSDP__PRIVATE int fsdp__sock_phase(fsdp_comm *comm, fsdp__sock *s, const fsdp_co
     }
 }
 
-/* Sets peer p's send and receive for the next phase. */
+/* Sets peer p's send and receive for the next phase, and makes p take part in it. */
 static void fsdp__sock_plan(fsdp__sock *s, int p, const void *out, size_t out_len, void *in_direct, size_t in_len) {
     s->peers[p].out_data = (const char *)out;
     s->peers[p].out_len = out_len;
     s->peers[p].in_direct = (char *)in_direct;
     s->peers[p].in_len = in_len;
+    s->peers[p].active = 1;
+}
+
+/* Starts planning a phase between some of the ranks only: none takes part until planned. */
+static void fsdp__sock_plan_none(fsdp__sock *s, int world) {
+    int p;
+    for (p = 0; p < world; p++) s->peers[p].active = 0;
 }
 
 /* Starts an op: it must end by the communicator's timeout from now, however many phases. */
@@ -3829,6 +4031,7 @@ FSDP__PRIVATE int fsdp__sock_reduce_scatter(fsdp_comm *comm, void *impl, const f
     const char *send = (const char *)c->send;
     fsdp__sock_reduction red;
     int p;
+    memset(&red, 0, sizeof red);
     fsdp__sock_begin(s, c);
     for (p = 0; p < comm->world; p++)
         if (p != comm->rank) fsdp__sock_plan(s, p, send + (size_t)p * bytes, bytes, NULL, bytes);
@@ -3847,6 +4050,7 @@ FSDP__PRIVATE int fsdp__sock_all_reduce(fsdp_comm *comm, void *impl, const fsdp_
     char *recv = (char *)c->recv;
     fsdp__sock_reduction red;
     int p, rc;
+    memset(&red, 0, sizeof red);
     fsdp__sock_begin(s, c);
     if (n * esize <= FSDP__SOCK_SEGMENT) { /* small: one phase, everyone folds the whole buffer */
         for (p = 0; p < comm->world; p++)
@@ -4062,7 +4266,450 @@ FSDP__PRIVATE int fsdp__mpi_init(fsdp_comm *comm, MPI_Comm base) {
 }
 #endif /* FSDP_WITH_MPI */
 
+/* ============================================================================================
+   >>hier
+   A socket world whose ranks sit on several hosts, several to a host, numbered host by host:
+   inside a host the ranks talk through shared memory (one shm comm per host), between hosts
+   through the world's connections, and only what another host needs crosses a link, once.
+   Host h holds ranks first[h] .. first[h] + size[h] - 1; rank (h, l) is its l-th.
+     all_gather:     each rank sends its block to one rank of every other host, (g, l mod
+                     size[g]); then every host shares what arrived: an in-place all_gather of a
+                     host's blocks where the two hosts have as many ranks, else a broadcast per
+                     block, and an all_gather of its own blocks.
+     reduce_scatter: each host reduces, in shared memory, the blocks of every host (the partial
+                     of block (g, k) lands on local rank k mod size) and sends each partial to
+                     its block's rank, which folds the hosts' partials in host order.
+     all_reduce:     (as many ranks on every host, large buffers) reduce-scatter inside the host,
+                     reduce-scatter then all-gather among the ranks of one local index across the
+                     hosts, all-gather inside the host; (else) all_reduce inside each host, the
+                     hosts' first ranks swap their partials and fold them, broadcast in the host.
+     broadcast:      the root sends to the first rank of every other host; broadcasts in hosts.
+     barrier:        inside the hosts, among their first ranks, inside the hosts.
+   Reduction order: inside a host in rank order, then the hosts' partials in host order,
+   ((host 0) + (host 1)) + ..., 16-bit partials rounded to their dtype between the two levels.
+   A layout gives the same bits on every run; a single host keeps the flat rank order.
+   ============================================================================================ */
+#define FSDP__HIER_SMALL ((size_t)64 * 1024) /* all_reduces up to this size take the short path */
+
+typedef struct fsdp__hier {
+    fsdp__sock *net;          /* the world's connections to every rank */
+    fsdp_comm *local;         /* this host's ranks, over shared memory */
+    int hosts, host;
+    int *first, *size;        /* per host: its lowest rank, its number of ranks */
+    int uniform;              /* every host has as many ranks */
+    int *order;               /* scratch: fold orders */
+    char *scratch;
+    size_t scratch_bytes;
+} fsdp__hier;
+
+/* The world fails because its host's shm comm did, with that comm's message. */
+FSDP__PRIVATE int fsdp__hier_local_failed(fsdp_comm *comm, fsdp__hier *x) {
+    const char *why = fsdp_comm_last_error(x->local);
+    int code = fsdp_comm_status(x->local) ? fsdp_comm_status(x->local) : FSDP_ERR_ABORTED;
+    return x->local->adopted ? fsdp__comm_adopt(comm, code, "on host %d: %s", x->host, why)
+                             : fsdp_comm_fail(comm, code, "on host %d: %s", x->host, why);
+}
+
+/* A collective among this host's ranks, tagged like the world op it serves. */
+#define FSDP__HIER_LOCAL(kind, send, recv, count, op)                                                            \
+    do {                                                                                                         \
+        if (fsdp__collective_tagged(x->local, (kind), (send), (recv), (count), c->dtype, (op), c->tag) != 0)     \
+            return fsdp__sock_end(x->net, fsdp__hier_local_failed(comm, x));                                     \
+    } while (0)
+#define FSDP__HIER_NET(phase, red)                                                                               \
+    do {                                                                                                         \
+        int rc_ = fsdp__sock_phase(comm, x->net, c, (phase), (red));                                            \
+        if (rc_) return fsdp__sock_end(x->net, rc_);                                                             \
+    } while (0)
+
+FSDP__PRIVATE int fsdp__hier_scratch(fsdp_comm *comm, fsdp__hier *x, size_t bytes) {
+    if (bytes <= x->scratch_bytes) return 0;
+    FSDP_FREE(x->scratch);
+    x->scratch = (char *)FSDP_MALLOC(bytes);
+    x->scratch_bytes = x->scratch ? bytes : 0;
+    return x->scratch ? 0 : fsdp_comm_fail(comm, FSDP_ERR_OUT_OF_MEMORY, "no memory for %zu bytes of scratch", bytes);
+}
+
+/* How the two levels reduce: partials inside a host are plain sums (or maxima); AVG divides
+   once, by the world size, when the hosts' partials are folded. */
+static fsdp_reduce_op fsdp__hier_local_op(fsdp_reduce_op op) { return op == FSDP_MAX ? FSDP_MAX : FSDP_SUM; }
+
+FSDP__PRIVATE int fsdp__hier_all_gather(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
+    fsdp__hier *x = (fsdp__hier *)impl;
+    size_t bytes = c->count * fsdp_dtype_size(c->dtype);
+    char *recv = (char *)c->recv;
+    int me = comm->rank, l = comm->local_rank, g = x->host, L = x->size[g], h, k;
+    fsdp__sock_begin(x->net, c);
+    if (recv + (size_t)me * bytes != (const char *)c->send) memmove(recv + (size_t)me * bytes, c->send, bytes);
+    fsdp__sock_plan_none(x->net, comm->world);
+    for (h = 0; h < x->hosts; h++) {
+        int to = x->first[h] + l % x->size[h];
+        if (h == g) continue;
+        fsdp__sock_plan(x->net, to, recv + (size_t)me * bytes, bytes, NULL, 0);
+        for (k = l; k < x->size[h]; k += L) { /* the blocks of host h that land here */
+            fsdp__sock_peer *peer = &x->net->peers[x->first[h] + k];
+            if (!peer->active) fsdp__sock_plan(x->net, x->first[h] + k, NULL, 0, NULL, 0);
+            peer->in_direct = recv + (size_t)(x->first[h] + k) * bytes;
+            peer->in_len = bytes;
+        }
+    }
+    FSDP__HIER_NET(0, NULL);
+    for (h = 0; h < x->hosts && L > 1; h++) { /* every host shares what it holds */
+        if (h == g || x->size[h] == L)
+            FSDP__HIER_LOCAL(FSDP_COLL_ALL_GATHER, recv + (size_t)(x->first[h] + l) * bytes, recv + (size_t)x->first[h] * bytes,
+                             c->count, FSDP_SUM);
+        else
+            for (k = 0; k < x->size[h]; k++) {
+                fsdp_coll b = fsdp__coll(FSDP_COLL_BROADCAST, NULL, recv + (size_t)(x->first[h] + k) * bytes, c->count,
+                                         c->dtype, FSDP_SUM, k % L);
+                b.tag = c->tag;
+                if (fsdp__collective(x->local, &b) != 0) return fsdp__sock_end(x->net, fsdp__hier_local_failed(comm, x));
+            }
+    }
+    return fsdp__sock_end(x->net, 0);
+}
+
+FSDP__PRIVATE int fsdp__hier_reduce_scatter(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
+    fsdp__hier *x = (fsdp__hier *)impl;
+    size_t bytes = c->count * fsdp_dtype_size(c->dtype), held = 0, slot, own = 0;
+    const char *send = (const char *)c->send;
+    int l = comm->local_rank, g = x->host, L = x->size[g], h, k;
+    fsdp__sock_reduction red;
+    for (h = 0; h < x->hosts; h++) held += (size_t)((x->size[h] - l + L - 1) / L); /* the partials this rank makes */
+    /* (hosts of another size: one more slot, for the partials other ranks of this host keep) */
+    if (fsdp__hier_scratch(comm, x, (held + !x->uniform) * bytes) != 0) return fsdp__load(&comm->status);
+    fsdp__sock_begin(x->net, c);
+    /* inside the host: the partial of block (h, k) lands on local rank k mod L */
+    for (h = 0, slot = 0; h < x->hosts; h++) {
+        if (x->size[h] == L) {
+            FSDP__HIER_LOCAL(FSDP_COLL_REDUCE_SCATTER, send + (size_t)x->first[h] * bytes, x->scratch + slot * bytes,
+                             c->count, fsdp__hier_local_op(c->op));
+            if (h == g) own = slot;
+            slot++;
+            continue;
+        }
+        for (k = 0; k < x->size[h]; k++) {
+            char *to = x->scratch + (k % L == l ? slot++ : held) * bytes;
+            FSDP__HIER_LOCAL(FSDP_COLL_ALL_REDUCE, send + (size_t)(x->first[h] + k) * bytes, to, c->count,
+                             fsdp__hier_local_op(c->op));
+        }
+    }
+    /* between hosts: each partial to its block's rank; this rank's block folded in host order */
+    fsdp__sock_plan_none(x->net, comm->world);
+    for (h = 0, slot = 0; h < x->hosts; h++) {
+        int from = x->first[h] + l % x->size[h];
+        for (k = l; k < x->size[h]; k += L, slot++)
+            if (h != g) fsdp__sock_plan(x->net, x->first[h] + k, x->scratch + slot * bytes, bytes, NULL, 0);
+        x->order[h] = h == g ? comm->rank : from;
+        if (h == g) continue;
+        if (!x->net->peers[from].active) fsdp__sock_plan(x->net, from, NULL, 0, NULL, 0);
+        x->net->peers[from].in_direct = NULL; /* into the ring, folded as it comes */
+        x->net->peers[from].in_len = bytes;
+    }
+    memset(&red, 0, sizeof red);
+    red.dst = (char *)c->recv;
+    red.own = x->scratch + own * bytes;
+    red.bytes = bytes;
+    red.order = x->order;
+    red.count = x->hosts;
+    red.op = c->op;
+    red.divisor = comm->world;
+    FSDP__HIER_NET(0, &red);
+    return fsdp__sock_end(x->net, 0);
+}
+
+/* all_reduce of count elements at recv (from send) by the short path: all_reduce inside the
+   host into scratch, the hosts' first ranks swap partials and fold them into recv in host
+   order, broadcast inside the host. */
+FSDP__PRIVATE int fsdp__hier_all_reduce_short(fsdp_comm *comm, fsdp__hier *x, const fsdp_coll *c, const char *send,
+                                              char *recv, size_t count) {
+    size_t bytes = count * fsdp_dtype_size(c->dtype);
+    fsdp__sock_reduction red;
+    fsdp_coll b;
+    int h;
+    if (!count) return 0;
+    if (fsdp__hier_scratch(comm, x, bytes) != 0) return fsdp__load(&comm->status);
+    FSDP__HIER_LOCAL(FSDP_COLL_ALL_REDUCE, send, x->scratch, count, fsdp__hier_local_op(c->op));
+    if (comm->local_rank == 0) {
+        fsdp__sock_plan_none(x->net, comm->world);
+        for (h = 0; h < x->hosts; h++) {
+            x->order[h] = x->first[h];
+            if (h != x->host) fsdp__sock_plan(x->net, x->first[h], x->scratch, bytes, NULL, bytes);
+        }
+        memset(&red, 0, sizeof red);
+        red.dst = recv;
+        red.own = x->scratch;
+        red.bytes = bytes;
+        red.order = x->order;
+        red.count = x->hosts;
+        red.op = c->op;
+        red.divisor = comm->world;
+        FSDP__HIER_NET(2, &red);
+    }
+    b = fsdp__coll(FSDP_COLL_BROADCAST, NULL, recv, count, c->dtype, FSDP_SUM, 0);
+    b.tag = c->tag;
+    if (fsdp__collective(x->local, &b) != 0) return fsdp__sock_end(x->net, fsdp__hier_local_failed(comm, x));
+    return 0;
+}
+
+FSDP__PRIVATE int fsdp__hier_all_reduce(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
+    fsdp__hier *x = (fsdp__hier *)impl;
+    size_t esize = fsdp_dtype_size(c->dtype), n = c->count, q, share, at, len;
+    int l = comm->local_rank, g = x->host, L = x->size[g], H = x->hosts, h, rc;
+    const char *send = (const char *)c->send;
+    char *recv = (char *)c->recv, *mine;
+    fsdp__sock_reduction red;
+    fsdp__sock_begin(x->net, c);
+    q = x->uniform && n * esize >= FSDP__HIER_SMALL ? n / (size_t)L : 0; /* elements per local rank; the rest short */
+    if (q) {
+        /* inside the host: local rank l gets its host's partial of piece l, [l*q, (l+1)*q) */
+        mine = recv + (size_t)l * q * esize;
+        FSDP__HIER_LOCAL(FSDP_COLL_REDUCE_SCATTER, send, mine, q, fsdp__hier_local_op(c->op));
+        /* across hosts, among the ranks (h, l): reduce-scatter of piece l into H shares, folded
+           in host order, then all-gather of the shares */
+        share = (q + (size_t)H - 1) / (size_t)H;
+        fsdp__sock_plan_none(x->net, comm->world);
+        for (h = 0; h < H; h++) {
+            at = (size_t)h * share < q ? (size_t)h * share : q;
+            len = q - at < share ? q - at : share;
+            x->order[h] = x->first[h] + l;
+            if (h != g) fsdp__sock_plan(x->net, x->first[h] + l, mine + at * esize, len * esize, NULL, 0);
+        }
+        at = (size_t)g * share < q ? (size_t)g * share : q;
+        len = q - at < share ? q - at : share;
+        for (h = 0; h < H; h++)
+            if (h != g) x->net->peers[x->first[h] + l].in_len = len * esize;
+        memset(&red, 0, sizeof red);
+        red.dst = mine + at * esize;
+        red.own = mine + at * esize;
+        red.bytes = len * esize;
+        red.order = x->order;
+        red.count = H;
+        red.op = c->op;
+        red.divisor = comm->world;
+        FSDP__HIER_NET(0, &red);
+        fsdp__sock_plan_none(x->net, comm->world);
+        for (h = 0; h < H; h++) {
+            size_t their_at = (size_t)h * share < q ? (size_t)h * share : q, their_len = q - their_at < share ? q - their_at : share;
+            if (h != g)
+                fsdp__sock_plan(x->net, x->first[h] + l, mine + at * esize, len * esize, mine + their_at * esize,
+                                their_len * esize);
+        }
+        FSDP__HIER_NET(1, NULL);
+        /* inside the host: everyone gets every piece */
+        FSDP__HIER_LOCAL(FSDP_COLL_ALL_GATHER, mine, recv, q, FSDP_SUM);
+    }
+    rc = fsdp__hier_all_reduce_short(comm, x, c, send + (size_t)L * q * esize, recv + (size_t)L * q * esize,
+                                     n - (size_t)L * q);
+    return fsdp__sock_end(x->net, rc);
+}
+
+FSDP__PRIVATE int fsdp__hier_broadcast(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
+    fsdp__hier *x = (fsdp__hier *)impl;
+    size_t bytes = c->count * fsdp_dtype_size(c->dtype);
+    int root = c->root, root_host = comm->host_of[root], h;
+    fsdp_coll b;
+    fsdp__sock_begin(x->net, c);
+    if (comm->rank == root || (x->host != root_host && comm->local_rank == 0)) {
+        fsdp__sock_plan_none(x->net, comm->world);
+        if (comm->rank == root) {
+            for (h = 0; h < x->hosts; h++)
+                if (h != root_host) fsdp__sock_plan(x->net, x->first[h], c->recv, bytes, NULL, 0);
+        } else {
+            fsdp__sock_plan(x->net, root, NULL, 0, c->recv, bytes);
+        }
+        FSDP__HIER_NET(0, NULL);
+    }
+    b = fsdp__coll(FSDP_COLL_BROADCAST, NULL, c->recv, c->count, c->dtype, FSDP_SUM,
+                   x->host == root_host ? root - x->first[root_host] : 0);
+    b.tag = c->tag;
+    if (fsdp__collective(x->local, &b) != 0) return fsdp__sock_end(x->net, fsdp__hier_local_failed(comm, x));
+    return fsdp__sock_end(x->net, 0);
+}
+
+FSDP__PRIVATE int fsdp__hier_barrier(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
+    fsdp__hier *x = (fsdp__hier *)impl;
+    int h;
+    fsdp__sock_begin(x->net, c);
+    FSDP__HIER_LOCAL(FSDP_COLL_BARRIER, NULL, NULL, 0, FSDP_SUM);
+    if (comm->local_rank == 0) {
+        fsdp__sock_plan_none(x->net, comm->world);
+        for (h = 0; h < x->hosts; h++)
+            if (h != x->host) fsdp__sock_plan(x->net, x->first[h], NULL, 0, NULL, 0);
+        FSDP__HIER_NET(0, NULL);
+    }
+    FSDP__HIER_LOCAL(FSDP_COLL_BARRIER, NULL, NULL, 0, FSDP_SUM);
+    return fsdp__sock_end(x->net, 0);
+}
+
+/* The world failed: its sockets shut (peers learn at once), and this host's ranks too. */
+FSDP__PRIVATE void fsdp__hier_abort(fsdp_comm *comm, void *impl) {
+    fsdp__hier *x = (fsdp__hier *)impl;
+    if (!x) return;
+    fsdp__sock_abort(comm, x->net);
+    if (x->local) fsdp__comm_adopt(x->local, FSDP_ERR_ABORTED, "%s", comm->error);
+}
+
+FSDP__PRIVATE void fsdp__hier_free(fsdp__hier *x, int world) {
+    if (!x) return;
+    fsdp_comm_destroy(x->local);
+    fsdp__sock_free(x->net, world);
+    FSDP_FREE(x->first);
+    FSDP_FREE(x->size);
+    FSDP_FREE(x->order);
+    FSDP_FREE(x->scratch);
+    FSDP_FREE(x);
+}
+
+FSDP__PRIVATE void fsdp__hier_destroy(fsdp_comm *comm, void *impl) { fsdp__hier_free((fsdp__hier *)impl, comm->world); }
+
+static const fsdp_backend fsdp__hier_backend = {
+    "socket+shm", fsdp__hier_all_gather, fsdp__hier_reduce_scatter, fsdp__hier_all_reduce, fsdp__hier_broadcast,
+    fsdp__hier_barrier, fsdp__hier_abort, fsdp__hier_destroy, 0};
+
+/* The socket connections of a socket comm, hierarchical or not. */
+static fsdp__sock *fsdp__sock_of(const fsdp_comm *comm) {
+    if (comm->backend == &fsdp__hier_backend) return ((fsdp__hier *)comm->impl)->net;
+    return comm->backend == &fsdp__sock_backend ? (fsdp__sock *)comm->impl : NULL;
+}
+
+FSDP__PRIVATE int fsdp__comm_create(fsdp_comm **out, const fsdp_comm_desc *desc, const fsdp_comm *parent,
+                                    int listen_fd, void *mapping, size_t map_bytes);
+
+/* Makes a socket world hierarchical when it spans hosts with several ranks on some, its ranks
+   numbered host by host (else it stays flat, as FSDP_HIERARCHICAL=0 asks too). Collective over
+   the (flat) world: every host creates its shm comm, and the ranks agree that all could. */
+FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) {
+    const char *env = getenv("FSDP_HIERARCHICAL");
+    fsdp__hier *x;
+    fsdp_comm_desc ld;
+    fsdp_comm *local = NULL;
+    int32_t mine[4], *all;
+    int r, ok = 1, rc;
+    char job[64];
+    if (comm->num_hosts < 2 || comm->num_hosts == comm->world || (env && strcmp(env, "0") == 0)) return 0;
+    for (r = 1; r < comm->world; r++)
+        if (comm->host_of[r] < comm->host_of[r - 1] || (comm->host_of[r] != comm->host_of[r - 1] &&
+                                                       comm->host_of[r] != comm->host_of[r - 1] + 1)) {
+            if (comm->rank == 0)
+                fsdp__log(&comm->logger, FSDP_LOG_INFO, "socket: the ranks are not numbered host by host: every byte "
+                          "goes over sockets, also between ranks of one host");
+            return 0;
+        }
+    memset(&ld, 0, sizeof ld);
+    ld.backend = FSDP_BACKEND_SHM;
+    ld.rank = comm->local_rank;
+    ld.world_size = comm->local_world;
+    ld.timeout_ms = comm->timeout_ms;
+    ld.logger = comm->logger;
+    ld.shm_slot_bytes = desc->shm_slot_bytes;
+    fsdp__fmt(job, sizeof job, "%.16s.host%d", comm->job, comm->host);
+    ld.job = job;
+    /* every host makes its shm comm, then all agree that every host could */
+    if (comm->local_world > 1 &&
+        (double)fsdp__shm_free_mib() * 1048576.0 < 2.0 * (double)fsdp__shm_layout(comm->local_world, fsdp__shm_slot_bytes(desc->shm_slot_bytes), NULL, NULL))
+        ok = 0;
+    if (ok && fsdp__comm_create(&local, &ld, comm, -1, NULL, 0) != 0) ok = 0;
+    if (!ok)
+        fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d cannot share memory with the ranks of its host (%s): "
+                  "every byte goes over sockets", comm->rank, local ? "" : fsdp__init_error);
+    mine[0] = ok;
+    mine[1] = mine[2] = mine[3] = 0;
+    if (!(all = (int32_t *)FSDP_MALLOC(sizeof *all * 4 * (size_t)comm->world))) {
+        fsdp_comm_destroy(local);
+        return FSDP_ERR_OUT_OF_MEMORY;
+    }
+    rc = fsdp__collective_tagged(comm, FSDP_COLL_ALL_GATHER, mine, all, 4, FSDP_F32, FSDP_SUM, 0x71e0u);
+    for (r = 0; !rc && r < comm->world; r++) ok &= all[4 * r] == 1;
+    FSDP_FREE(all);
+    if (rc || !ok || !(x = (fsdp__hier *)fsdp__calloc(sizeof *x))) {
+        fsdp_comm_destroy(local);
+        return rc ? rc : ok ? FSDP_ERR_OUT_OF_MEMORY : 0;
+    }
+    x->local = local;
+    x->net = (fsdp__sock *)comm->impl;
+    x->hosts = comm->num_hosts;
+    x->host = comm->host;
+    x->first = (int *)fsdp__calloc(sizeof(int) * (size_t)x->hosts);
+    x->size = (int *)fsdp__calloc(sizeof(int) * (size_t)x->hosts);
+    x->order = (int *)fsdp__calloc(sizeof(int) * (size_t)x->hosts);
+    if (!x->first || !x->size || !x->order) {
+        x->net = NULL;
+        fsdp__hier_free(x, comm->world);
+        return FSDP_ERR_OUT_OF_MEMORY;
+    }
+    for (r = comm->world - 1; r >= 0; r--) {
+        x->first[comm->host_of[r]] = r;
+        x->size[comm->host_of[r]]++;
+    }
+    x->uniform = 1;
+    for (r = 1; r < x->hosts; r++) x->uniform &= x->size[r] == x->size[0];
+    comm->impl = x;
+    comm->backend = &fsdp__hier_backend;
+    return 0;
+}
+
 /* >>collectives: creating a communicator ------------------------------------------------- */
+/* What makes ranks "one host" for fsdp.h: they can share memory through the same /dev/shm.
+   Learned from facts, not from LOCAL_WORLD_SIZE: a digest of the host name, the boot id, the
+   device and inode of the /dev/shm this process sees, and its network namespace, so ranks in
+   different network or mount namespaces (containers, test hosts) count as different hosts. */
+FSDP__PRIVATE void fsdp__host_facts(unsigned char out[32]) {
+    char name[256] = "", boot[64] = "", net[64] = "";
+    struct stat st;
+    unsigned long long dev = 0, ino = 0;
+    fsdp__sha256 h;
+    ssize_t got;
+    int fd;
+    gethostname(name, sizeof name - 1);
+    if ((fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC)) >= 0) {
+        if ((got = read(fd, boot, sizeof boot - 1)) > 0) boot[got] = 0;
+        close(fd);
+    }
+    if ((got = readlink("/proc/self/ns/net", net, sizeof net - 1)) > 0) net[got] = 0;
+    if (stat("/dev/shm", &st) == 0) {
+        dev = (unsigned long long)st.st_dev;
+        ino = (unsigned long long)st.st_ino;
+    }
+    fsdp__sha256_init(&h);
+    fsdp__sha256_update(&h, "fsdp.h host", 12);
+    fsdp__sha256_update(&h, name, strlen(name) + 1);
+    fsdp__sha256_update(&h, boot, strlen(boot) + 1);
+    fsdp__sha256_update(&h, net, strlen(net) + 1);
+    fsdp__sha256_update(&h, &dev, sizeof dev);
+    fsdp__sha256_update(&h, &ino, sizeof ino);
+    fsdp__sha256_final(&h, out);
+}
+
+/* Sets host_of, num_hosts, host, local_rank and local_world. With everyone = 1 (one shm
+   segment) the ranks are one host by construction; else they all-gather their host facts
+   (collective: the comm's first op). */
+FSDP__PRIVATE int fsdp__comm_topology(fsdp_comm *comm, int everyone) {
+    unsigned char *all = NULL, mine[32];
+    int r, q, rc = 0;
+    if (!(comm->host_of = (int *)fsdp__calloc(sizeof(int) * (size_t)comm->world))) return FSDP_ERR_OUT_OF_MEMORY;
+    if (!everyone && comm->world > 1) {
+        if (!(all = (unsigned char *)FSDP_MALLOC(16 * (size_t)comm->world))) return FSDP_ERR_OUT_OF_MEMORY;
+        fsdp__host_facts(mine);
+        rc = fsdp__collective_tagged(comm, FSDP_COLL_ALL_GATHER, mine, all, 4, FSDP_F32, FSDP_SUM, 0x70b0u);
+        for (r = 0; !rc && r < comm->world; r++) { /* host numbers in order of their lowest rank */
+            comm->host_of[r] = -1;
+            for (q = 0; q < r && comm->host_of[r] < 0; q++)
+                if (memcmp(all + 16 * (size_t)r, all + 16 * (size_t)q, 16) == 0) comm->host_of[r] = comm->host_of[q];
+            if (comm->host_of[r] < 0) comm->host_of[r] = comm->num_hosts++;
+        }
+        FSDP_FREE(all);
+        if (rc) return rc;
+    } else {
+        comm->num_hosts = 1;
+    }
+    comm->host = comm->host_of[comm->rank];
+    comm->local_rank = comm->local_world = 0;
+    for (r = 0; r < comm->world; r++)
+        if (comm->host_of[r] == comm->host) comm->local_rank += r < comm->rank, comm->local_world++;
+    return 0;
+}
+
 /* Creates a communicator; takes ownership of listen_fd (a socket rank 0's inherited listener,
    or -1) and of nothing else. parent: the communicator a split came from (its key), or NULL. */
 FSDP__PRIVATE int fsdp__comm_create(fsdp_comm **out, const fsdp_comm_desc *desc, const fsdp_comm *parent,
@@ -4124,7 +4771,14 @@ FSDP__PRIVATE int fsdp__comm_create(fsdp_comm **out, const fsdp_comm_desc *desc,
         default:
             rc = fsdp__init_fail(&desc->logger, FSDP_ERR_INVALID_ARG, "fsdp_comm_init: unknown backend %d", (int)desc->backend);
     }
+    if (!rc && comm->kind != FSDP_BACKEND_USER && (rc = fsdp__comm_topology(comm, comm->kind == FSDP_BACKEND_SHM)) != 0)
+        fsdp__init_fail(&desc->logger, rc, "fsdp_comm_init: rank %d could not learn which ranks share its host: %s",
+                        comm->rank, comm->error);
+    if (!rc && comm->kind == FSDP_BACKEND_SOCKET && comm->world > 1 && (rc = fsdp__hier_setup(comm, desc)) != 0)
+        fsdp__init_fail(&desc->logger, rc, "fsdp_comm_init: rank %d could not set up shared memory with its host: %s",
+                        comm->rank, comm->error);
     if (rc) {
+        if (comm->backend && comm->backend->destroy) comm->backend->destroy(comm, comm->impl);
         comm->backend = NULL;
         fsdp_comm_destroy(comm);
         return rc;
@@ -4140,8 +4794,8 @@ FSDP_API int fsdp_comm_init(fsdp_comm **out, const fsdp_comm_desc *desc) {
 }
 
 FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **out) {
-    int32_t mine[4], *all = NULL;
-    int P, r, new_rank = 0, new_world = 0, leader = -1, rc, listen_fd = -1;
+    int32_t mine[4], *all = NULL, free_mib = INT32_MAX;
+    int P, r, new_rank = 0, new_world = 0, leader = -1, rc, listen_fd = -1, one_host = 1;
     fsdp_comm_desc desc;
     char job[64], host[INET_ADDRSTRLEN] = "127.0.0.1";
     if (out) *out = NULL;
@@ -4153,7 +4807,8 @@ FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **
     if (!all) return FSDP_ERR_OUT_OF_MEMORY;
     mine[0] = color;
     mine[1] = key;
-    mine[2] = mine[3] = 0;
+    mine[2] = fsdp__shm_free_mib();
+    mine[3] = 0;
     /* integers travel as f32 bit patterns: an all-gather only copies */
     rc = fsdp__collective_tagged(parent, FSDP_COLL_ALL_GATHER, mine, all, 4, FSDP_F32, FSDP_SUM, 0x5b117u);
     if (rc) goto done;
@@ -4161,10 +4816,17 @@ FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **
         if (all[4 * r] != color) continue;
         if (all[4 * r + 1] < key || (all[4 * r + 1] == key && r < parent->rank)) new_rank++;
         if (leader < 0 || all[4 * r + 1] < all[4 * leader + 1]) leader = r;
+        if (parent->host_of && parent->host_of[r] != parent->host) one_host = 0;
+        if (all[4 * r + 2] < free_mib) free_mib = all[4 * r + 2];
         new_world++;
     }
     memset(&desc, 0, sizeof desc);
     desc.backend = parent->kind;
+    /* members that share a host talk through shared memory, whatever the parent's transport
+       (HYBRID_SHARD's shard groups), if /dev/shm has room for their segment everywhere */
+    if (parent->kind == FSDP_BACKEND_SOCKET && parent->host_of && one_host && new_world > 1 &&
+        (double)free_mib * 1048576.0 >= 2.0 * (double)fsdp__shm_layout(new_world, fsdp__shm_slot_bytes(0), NULL, NULL))
+        desc.backend = FSDP_BACKEND_SHM;
     desc.rank = new_rank;
     desc.world_size = new_world;
     desc.timeout_ms = parent->timeout_ms;
@@ -4173,12 +4835,12 @@ FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **
     fsdp__fmt(job, sizeof job, "%.16s.%llx.%x", parent->job, (unsigned long long)parent->seq, (unsigned)color);
     desc.job = job;
     if (parent->kind == FSDP_BACKEND_SHM && parent->impl) desc.shm_slot_bytes = ((fsdp__shm *)parent->impl)->slot_bytes;
-    if (parent->kind == FSDP_BACKEND_SOCKET && parent->impl) {
-        /* the group's rank 0 listens where its peers already reach it */
-        struct sockaddr_in at = ((fsdp__sock *)parent->impl)->local;
+    if (parent->kind == FSDP_BACKEND_SOCKET && parent->impl) { /* every rank of the parent takes part */
+        /* a socket group's rank 0 listens where its peers already reach it */
+        struct sockaddr_in at = fsdp__sock_of(parent)->local;
         socklen_t len = sizeof at;
         mine[2] = mine[3] = 0;
-        if (new_rank == 0 && new_world > 1) {
+        if (desc.backend == FSDP_BACKEND_SOCKET && new_rank == 0 && new_world > 1) {
             at.sin_port = 0;
             listen_fd = fsdp__sock_listen(&at, new_world + 8);
             if (listen_fd < 0 || getsockname(listen_fd, (struct sockaddr *)&at, &len) != 0) {
@@ -4211,6 +4873,7 @@ FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **
         if (!comm) { rc = FSDP_ERR_OUT_OF_MEMORY; goto done; }
         comm->kind = FSDP_BACKEND_MPI;
         if ((rc = fsdp__mpi_init(comm, split)) != 0) { fsdp_comm_destroy(comm); goto done; }
+        if ((rc = fsdp__comm_topology(comm, 0)) != 0) { fsdp_comm_destroy(comm); goto done; }
         *out = comm;
         goto done;
     }
@@ -4342,8 +5005,9 @@ FSDP_API int fsdp_comm_init_from_env(fsdp_comm **out, const fsdp_comm_desc *defa
     static const char *const port_vars[] = {"MASTER_PORT", NULL};
     static const char *const timeout_vars[] = {"FSDP_TIMEOUT_MS", NULL};
     fsdp_comm_desc desc;
-    char err[FSDP__ERRMSG] = "", job[64], secret[1025];
+    char err[FSDP__ERRMSG] = "", job[64], secret[1025], store_key[128];
     const char *backend = getenv("FSDP_BACKEND"), *text;
+    const char *run_id = getenv("TORCHELASTIC_RUN_ID"), *restart = getenv("TORCHELASTIC_RESTART_COUNT");
     long rank = 0, world = 0, local_rank = 0, local_world = 0, port = 0, timeout = 0;
     int have_rank, have_world, rc;
     if (out) *out = NULL;
@@ -4404,16 +5068,24 @@ FSDP_API int fsdp_comm_init_from_env(fsdp_comm **out, const fsdp_comm_desc *defa
         }
         desc.master_addr = text;
         if (port) desc.master_port = (int)port;
+        /* torchrun's static rendezvous: the agent's store holds MASTER_PORT (the test torch's
+           own workers use); rank 0 meets the others through it */
+        if ((text = getenv("TORCHELASTIC_USE_AGENT_STORE")) && strcmp(text, "True") == 0 && !desc.store_key) {
+            fsdp__fmt(store_key, sizeof store_key, "/fsdp.h/rank0/%.40s/%.12s", run_id && *run_id ? run_id : "none",
+                      restart && *restart ? restart : "0");
+            desc.store_key = store_key;
+        }
         if (!desc.master_port) {
             fsdp__fmt(err, sizeof err, "environment variable MASTER_PORT is not set (a free TCP port on rank 0's host)");
             rc = FSDP_ERR_ENV;
             goto fail;
         }
     }
-    /* job token: explicit, else the launcher's job id, else the rendezvous port */
+    /* job token: explicit, else the launcher's job id (torchrun's also names the attempt: ranks
+       left over from an attempt that failed cannot join the next), else the rendezvous port */
     if ((text = getenv("FSDP_JOB")) && *text) fsdp__copy_string(job, sizeof job, text);
     else if (desc.job && *desc.job) fsdp__copy_string(job, sizeof job, desc.job);
-    else if ((text = getenv("TORCHELASTIC_RUN_ID")) && *text) fsdp__fmt(job, sizeof job, "te-%.40s", text);
+    else if (run_id && *run_id) fsdp__fmt(job, sizeof job, "te-%.20s-%ld.%.8s", run_id, port, restart ? restart : "0");
     else if ((text = getenv("SLURM_JOB_ID")) && *text)
         fsdp__fmt(job, sizeof job, "slurm-%.20s-%.10s", text, getenv("SLURM_STEP_ID") ? getenv("SLURM_STEP_ID") : "0");
     else if (port) fsdp__fmt(job, sizeof job, "port-%ld", port);

@@ -460,11 +460,29 @@ static void test_peer_trickling_bytes_fails_the_op_within_its_total_deadline(voi
     TEST_ASSERT_EQUAL_size_t(sizeof table + sizeof table_mac,
                              read_some(fd, (unsigned char *)table, sizeof table, 2000) +
                                  read_some(fd, table_mac, sizeof table_mac, 2000));
+    /* op #1 of every socket comm: the ranks exchange their host facts */
+    memset(&c, 0, sizeof c);
+    c.kind = FSDP_COLL_ALL_GATHER;
+    c.dtype = FSDP_F32;
+    c.count = 4;
+    c.seq = 1;
+    c.tag = 0x70b0u;
+    {
+        unsigned char facts[16], theirs[sizeof header + 16];
+        memset(facts, 0, sizeof facts);
+        memset(&header, 0, sizeof header);
+        header.magic = FSDP__SOCK_MAGIC;
+        header.fp = fsdp__fingerprint_of(&c);
+        header.payload = sizeof facts;
+        TEST_ASSERT_EQUAL_INT((int)sizeof header, (int)send(fd, &header, sizeof header, MSG_NOSIGNAL));
+        TEST_ASSERT_EQUAL_INT((int)sizeof facts, (int)send(fd, facts, sizeof facts, MSG_NOSIGNAL));
+        TEST_ASSERT_EQUAL_size_t(sizeof theirs, read_some(fd, theirs, sizeof theirs, 2000));
+    }
     memset(&c, 0, sizeof c);
     c.kind = FSDP_COLL_ALL_GATHER;
     c.dtype = FSDP_F32;
     c.count = (size_t)r0.gather_count;
-    c.seq = 1;
+    c.seq = 2;
     memset(&header, 0, sizeof header);
     header.magic = FSDP__SOCK_MAGIC;
     header.fp = fsdp__fingerprint_of(&c);
