@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "example_common.h"
+#include "example_gemm.h" /* example_sgemm: an AVX-512 kernel where the CPU has it, else OpenBLAS */
 
 #if defined(__GNUC__) || defined(__clang__)
 #  define MLP_UNUSED __attribute__((unused)) /* for what only one of the two programs calls */
@@ -207,15 +208,15 @@ static void data_batch(const dataset *d, long long step, int B, int lo, int hi, 
 // out (B,OC) = inp (B,C) @ weight^T + bias; weight is (OC,C), bias (OC), as nn.Linear
 static void linear_forward(float *out, const float *inp, const float *weight, const float *bias, int B, int C, int OC) {
     for (int b = 0; b < B; b++) memcpy(out + (size_t)b * OC, bias, sizeof(float) * (size_t)OC);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, OC, C, 1.0f, inp, C, weight, C, 1.0f, out, OC);
+    example_sgemm(0, 1, B, OC, C, 1.0f, inp, C, weight, C, 1.0f, out, OC);
 }
 
 // dinp (B,C) += dout (B,OC) @ weight (OC,C); dweight (OC,C) += dout^T @ inp; dbias (OC) += sum over B of dout
 // dinp may be NULL (the first layer's input needs no gradient)
 static void linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, int B, int C, int OC) {
-    if (dinp) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, B, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+    if (dinp) example_sgemm(0, 0, B, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
+    example_sgemm(1, 0, OC, C, B, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
     for (int b = 0; b < B; b++)
         for (int o = 0; o < OC; o++) dbias[o] += dout[(size_t)b * OC + o];
 }
