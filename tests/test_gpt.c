@@ -285,6 +285,67 @@ static void test_attention_backward_matches_finite_differences(void) {
     assert_gradient("dinp (query, key, value)", &layer, a.inp, dinp, GB * GT * 3 * GC);
 }
 
+/* attention_forward/backward take the queries in blocks of ATTENTION_BLOCK (the finite-difference
+   sizes fit in one); at T = 2.5 blocks, against the plain loops of llm.c's attention in double. */
+static void test_attention_matches_plain_loops_across_query_blocks(void) {
+    enum { AB = 2, AT = ATTENTION_BLOCK * 5 / 2, AC = 24, ANH = 3, AHS = AC / ANH };
+    float *inp = (float *)malloc(sizeof(float) * AB * AT * 3 * AC), *out = (float *)malloc(sizeof(float) * AB * AT * AC);
+    float *att = (float *)malloc(sizeof(float) * AB * ANH * AT * AT), *datt = (float *)malloc(sizeof(float) * AT * AT);
+    float *dout = (float *)malloc(sizeof(float) * AB * AT * AC), *dinp = (float *)calloc(AB * AT * 3 * AC, sizeof(float));
+    double *ref_out = (double *)calloc(AB * AT * AC, sizeof(double)), *ref_dinp = (double *)calloc(AB * AT * 3 * AC, sizeof(double));
+    double *w = (double *)malloc(sizeof(double) * AT), *dw = (double *)malloc(sizeof(double) * AT), worst_out = 0, worst_d = 0;
+    double scale = 1.0 / sqrt((double)AHS);
+    char msg[160];
+    int b, h, t, t2, i;
+    TEST_ASSERT_TRUE(inp && out && att && datt && dout && dinp && ref_out && ref_dinp && w && dw);
+    rng_state = 11;
+    fill_normal(inp, (size_t)AB * AT * 3 * AC, 0, 1);
+    fill_normal(dout, (size_t)AB * AT * AC, 0, 1);
+    attention_forward(out, att, inp, AB, AT, AC, ANH);
+    attention_backward(dinp, datt, dout, inp, att, AB, AT, AC, ANH);
+    for (b = 0; b < AB; b++)
+        for (h = 0; h < ANH; h++)
+            for (t = 0; t < AT; t++) {
+                const float *q = inp + ((size_t)b * AT + t) * 3 * AC + h * AHS;
+                double maxval = -1e300, sum = 0, dot = 0;
+                for (t2 = 0; t2 <= t; t2++) { /* softmax of the scaled scores */
+                    const float *k = inp + ((size_t)b * AT + t2) * 3 * AC + AC + h * AHS;
+                    for (w[t2] = 0, i = 0; i < AHS; i++) w[t2] += (double)q[i] * k[i] * scale;
+                    if (w[t2] > maxval) maxval = w[t2];
+                }
+                for (t2 = 0; t2 <= t; t2++) sum += w[t2] = exp(w[t2] - maxval);
+                for (t2 = 0; t2 <= t; t2++) w[t2] /= sum;
+                for (i = 0; i < AHS; i++) { /* out and dvalue */
+                    double o = 0, d = dout[((size_t)b * AT + t) * AC + h * AHS + i];
+                    for (t2 = 0; t2 <= t; t2++) {
+                        o += w[t2] * inp[((size_t)b * AT + t2) * 3 * AC + 2 * AC + h * AHS + i];
+                        ref_dinp[((size_t)b * AT + t2) * 3 * AC + 2 * AC + h * AHS + i] += w[t2] * d;
+                    }
+                    ref_out[((size_t)b * AT + t) * AC + h * AHS + i] = o;
+                }
+                for (t2 = 0; t2 <= t; t2++) { /* through the weights and the softmax */
+                    const float *v = inp + ((size_t)b * AT + t2) * 3 * AC + 2 * AC + h * AHS;
+                    for (dw[t2] = 0, i = 0; i < AHS; i++) dw[t2] += (double)v[i] * dout[((size_t)b * AT + t) * AC + h * AHS + i];
+                    dot += w[t2] * dw[t2];
+                }
+                for (t2 = 0; t2 <= t; t2++) {
+                    double dscore = w[t2] * (dw[t2] - dot) * scale;
+                    const float *k = inp + ((size_t)b * AT + t2) * 3 * AC + AC + h * AHS;
+                    for (i = 0; i < AHS; i++) {
+                        ref_dinp[((size_t)b * AT + t) * 3 * AC + h * AHS + i] += dscore * k[i];
+                        ref_dinp[((size_t)b * AT + t2) * 3 * AC + AC + h * AHS + i] += dscore * q[i];
+                    }
+                }
+            }
+    for (i = 0; i < AB * AT * AC; i++) worst_out = fmax(worst_out, fabs(out[i] - ref_out[i]));
+    for (i = 0; i < AB * AT * 3 * AC; i++) worst_d = fmax(worst_d, fabs(dinp[i] - ref_dinp[i]));
+    snprintf(msg, sizeof msg, "T=%d (blocks of %d): largest difference %.3g in out, %.3g in dinp", AT, ATTENTION_BLOCK,
+             worst_out, worst_d);
+    TEST_ASSERT_TRUE_MESSAGE(worst_out < 1e-5 && worst_d < 1e-4, msg);
+    TEST_MESSAGE(msg);
+    free(inp), free(out), free(att), free(datt), free(dout), free(dinp), free(ref_out), free(ref_dinp), free(w), free(dw);
+}
+
 static void test_attention_forward_is_causal(void) {
     static attention_state a;
     static float before[GB * GT * GC];
@@ -1005,6 +1066,7 @@ int main(void) {
     RUN_TEST(test_sgemm_matches_a_double_precision_product_for_every_layout_and_edge);
     RUN_TEST(test_attention_backward_matches_finite_differences);
     RUN_TEST(test_attention_forward_is_causal);
+    RUN_TEST(test_attention_matches_plain_loops_across_query_blocks);
     RUN_TEST(test_gelu_backward_matches_finite_differences);
     RUN_TEST(test_residual_backward_matches_finite_differences);
     RUN_TEST(test_crossentropy_backward_matches_finite_differences);
