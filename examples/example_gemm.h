@@ -54,14 +54,16 @@ static __thread float gemm_packed_b[GEMM_KC * GEMM_NC] __attribute__((aligned(64
 /* The columns [0, n) of a 32-wide tile as two 16-lane masks. */
 static inline __mmask16 gemm_mask(int n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1); }
 
-/* c (mr x nr, row stride ldc) = alpha * a @ b + (accumulate ? c : beta * c), where a is a packed
-   panel (kc x 12, row r of step k at a[k*12 + r]) and b a packed panel (kc x 32). beta is 0 or 1;
-   with beta 0, c is not read. */
+/* c (mr x nr, row stride ldc) = alpha * a @ b + beta * c (+ bias, a row of nr values, if not
+   NULL), where a is a packed panel (kc x 12, row r of step k at a[k*12 + r]) and b a packed panel
+   (kc x 32). beta is 0 or 1; with beta 0, c is not read. */
 __attribute__((target("avx512f"))) static void gemm_kernel_12x32(int kc, const float *a, const float *b, float *c,
-                                                                  int ldc, int mr, int nr, float alpha, float beta) {
+                                                                  int ldc, int mr, int nr, float alpha, float beta,
+                                                                  const float *bias) {
     __m512 c0[GEMM_MR], c1[GEMM_MR];
     __mmask16 m0 = gemm_mask(nr), m1 = gemm_mask(nr - 16);
-    __m512 va = _mm512_set1_ps(alpha);
+    __m512 va = _mm512_set1_ps(alpha), bias0 = _mm512_setzero_ps(), bias1 = _mm512_setzero_ps();
+    if (bias) bias0 = _mm512_maskz_loadu_ps(m0, bias), bias1 = _mm512_maskz_loadu_ps(m1, bias + 16);
 #if defined(__GNUC__) && !defined(__clang__)
 #  pragma GCC unroll 12
 #endif
@@ -79,7 +81,7 @@ __attribute__((target("avx512f"))) static void gemm_kernel_12x32(int kc, const f
     }
     for (int r = 0; r < mr; r++) {
         float *cr = c + (size_t)r * ldc;
-        __m512 x0 = _mm512_mul_ps(va, c0[r]), x1 = _mm512_mul_ps(va, c1[r]);
+        __m512 x0 = _mm512_add_ps(_mm512_mul_ps(va, c0[r]), bias0), x1 = _mm512_add_ps(_mm512_mul_ps(va, c1[r]), bias1);
         if (beta != 0.0f) {
             x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, cr));
             x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, cr + 16));
@@ -166,12 +168,13 @@ __attribute__((target("avx512f"))) static void gemm_pack_a(float *packed, int tr
 
 __attribute__((target("avx512f"))) static void gemm_avx512(int trans_a, int trans_b, int M, int N, int K, float alpha,
                                                             const float *A, int lda, const float *B, int ldb, float beta,
-                                                            float *C, int ldc) {
+                                                            const float *bias, float *C, int ldc) {
     for (int j0 = 0; j0 < N; j0 += GEMM_NC) {
         int nc = N - j0 < GEMM_NC ? N - j0 : GEMM_NC;
         for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
             int kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
             float block_beta = k0 == 0 ? beta : 1.0f; // later K blocks add to what the first one wrote
+            const float *block_bias = k0 == 0 ? bias : NULL; // ... which added the bias
             gemm_pack_b(gemm_packed_b, trans_b, B, ldb, k0, kc, j0, nc);
             for (int i0 = 0; i0 < M; i0 += GEMM_MC) {
                 int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC;
@@ -180,7 +183,7 @@ __attribute__((target("avx512f"))) static void gemm_avx512(int trans_a, int tran
                     for (int i = 0; i < mc; i += GEMM_MR)
                         gemm_kernel_12x32(kc, gemm_packed_a + (size_t)i * kc, gemm_packed_b + (size_t)j * kc,
                                           C + (size_t)(i0 + i) * ldc + j0 + j, ldc, mc - i < GEMM_MR ? mc - i : GEMM_MR,
-                                          nc - j, alpha, block_beta);
+                                          nc - j, alpha, block_beta, block_bias ? block_bias + j0 + j : NULL);
             }
         }
     }
@@ -203,26 +206,48 @@ EXAMPLE_GEMM_UNUSED static const char *example_sgemm_name(void) {
     return example_sgemm_is_own() ? "own AVX-512 kernel" : "OpenBLAS cblas_sgemm";
 }
 
-/* cblas_sgemm(CblasRowMajor, ...) with 0/1 for the transposes; beta must be 0 or 1 on the AVX-512
-   path (all the models need), anything on OpenBLAS's. */
-EXAMPLE_GEMM_UNUSED static void example_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
-                                              int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+/* C (M,N) = op(A) @ op(B) + beta * C, plus bias (N) on every row if not NULL: the one function
+   behind example_sgemm and example_sgemm_bias. */
+static void example_sgemm_any(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
+                              const float *B, int ldb, float beta, const float *bias, float *C, int ldc) {
     static int own = -1; // decided once per process: the CPU and the environment do not change
     if (M <= 0 || N <= 0) return;
     if (own < 0) own = example_sgemm_is_own();
 #if EXAMPLE_GEMM_AVX512
-    if (own && (beta == 0.0f || beta == 1.0f)) {
-        if (K <= 0) { // C = beta * C
-            for (int i = 0; i < M; i++)
-                if (beta == 0.0f) memset(C + (size_t)i * ldc, 0, sizeof(float) * (size_t)N);
-            return;
-        }
-        gemm_avx512(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (own && (beta == 0.0f || beta == 1.0f) && K > 0) {
+        gemm_avx512(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, bias, C, ldc);
         return;
     }
 #endif
+    if (bias) { // C += bias first, then the product on top
+        for (int i = 0; i < M; i++) {
+            float *row = C + (size_t)i * ldc;
+            if (beta == 0.0f) memcpy(row, bias, sizeof(float) * (size_t)N);
+            else for (int j = 0; j < N; j++) row[j] = beta * row[j] + bias[j];
+        }
+        beta = 1.0f;
+    }
+    if (K <= 0) { // no product: cblas may not accept it
+        for (int i = 0; i < M && beta != 1.0f; i++)
+            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
+        return;
+    }
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha,
                 A, lda, B, ldb, beta, C, ldc);
+}
+
+/* cblas_sgemm(CblasRowMajor, ...) with 0/1 for the transposes; beta must be 0 or 1 on the AVX-512
+   path (all the models need), anything on OpenBLAS's. */
+EXAMPLE_GEMM_UNUSED static void example_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
+                                              int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    example_sgemm_any(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, NULL, C, ldc);
+}
+
+/* C (M,N) = op(A) @ op(B) + bias (N) on every row: a Linear layer's forward. The AVX-512 kernel
+   adds the bias as it stores C (no separate pass over C). */
+EXAMPLE_GEMM_UNUSED static void example_sgemm_bias(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
+                                                   const float *B, int ldb, const float *bias, float *C, int ldc) {
+    example_sgemm_any(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, bias, C, ldc);
 }
 
 #endif /* EXAMPLE_GEMM_H */

@@ -193,9 +193,7 @@ GPT_SIMD static void layernorm_backward(float *restrict dinp, float *restrict dw
 // out (B,T,OC) = inp (B,T,C) @ weight^T + bias; weight (OC,C) as nn.Linear, bias (OC) or NULL
 static void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int B, int T, int C,
                            int OC) {
-    int N = B * T;
-    if (bias) for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, sizeof(float) * (size_t)OC);
-    example_sgemm(0, 1, N, OC, C, 1.0f, inp, C, weight, C, bias ? 1.0f : 0.0f, out, OC);
+    example_sgemm_bias(0, 1, B * T, OC, C, inp, C, weight, C, bias, out, OC);
 }
 
 // the bias gradient: dbias (OC) += dout (N,OC) summed over its rows

@@ -207,8 +207,7 @@ static void data_batch(const dataset *d, long long step, int B, int lo, int hi, 
 
 // out (B,OC) = inp (B,C) @ weight^T + bias; weight is (OC,C), bias (OC), as nn.Linear
 static void linear_forward(float *out, const float *inp, const float *weight, const float *bias, int B, int C, int OC) {
-    for (int b = 0; b < B; b++) memcpy(out + (size_t)b * OC, bias, sizeof(float) * (size_t)OC);
-    example_sgemm(0, 1, B, OC, C, 1.0f, inp, C, weight, C, 1.0f, out, OC);
+    example_sgemm_bias(0, 1, B, OC, C, inp, C, weight, C, bias, out, OC);
 }
 
 // dinp (B,C) += dout (B,OC) @ weight (OC,C); dweight (OC,C) += dout^T @ inp; dbias (OC) += sum over B of dout

@@ -218,48 +218,54 @@ static void test_matmul_backward_matches_finite_differences(void) {
 
 /* --- the matrix multiply under every layer (example_gemm.h) --- */
 /* example_sgemm against a double-precision loop: every transpose, beta 0 (C holds NaN, which must
-   not leak in) and 1, alpha != 1, leading dimensions wider than the matrices (the padding columns
-   must stay untouched), and sizes on both sides of the kernel's tile (12 x 32) and block (K 256,
-   N 512) edges. */
+   not leak in) and 1, alpha != 1, and example_sgemm_bias (alpha 1, beta 0, plus a bias row);
+   leading dimensions wider than the matrices (the padding columns must stay untouched), and
+   sizes on both sides of the kernel's tile (12 x 32) and block (K 256, N 512) edges. */
 static void test_sgemm_matches_a_double_precision_product_for_every_layout_and_edge(void) {
     static const int sizes[][3] = {{1, 1, 1}, {5, 7, 3}, {12, 32, 16}, {13, 33, 17}, {25, 95, 64}, {37, 64, 257},
                                    {100, 520, 40}, {24, 31, 600}};
+    static const char *const modes[3] = {"beta 0", "beta 1", "bias"};
     char msg[200];
-    int s, layout, with_beta;
+    int s, layout, mode;
     for (s = 0; s < (int)(sizeof sizes / sizeof sizes[0]); s++)
         for (layout = 0; layout < 4; layout++)
-            for (with_beta = 0; with_beta <= 1; with_beta++) {
+            for (mode = 0; mode < 3; mode++) { /* mode 0: beta 0, 1: beta 1, 2: example_sgemm_bias */
                 int M = sizes[s][0], N = sizes[s][1], K = sizes[s][2], ta = layout & 1, tb = layout >> 1, i, j, k;
                 int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 5;
+                float alpha = mode == 2 ? 1.0f : 0.5f;
                 float *A = (float *)malloc(sizeof(float) * (size_t)lda * (ta ? K : M));
                 float *B = (float *)malloc(sizeof(float) * (size_t)ldb * (tb ? N : K));
-                float *C = (float *)malloc(sizeof(float) * (size_t)ldc * M);
+                float *C = (float *)malloc(sizeof(float) * (size_t)ldc * M), *bias = (float *)malloc(sizeof(float) * (size_t)N);
                 double *ref = (double *)malloc(sizeof(double) * (size_t)ldc * M), worst = 0;
-                TEST_ASSERT_TRUE(A && B && C && ref);
+                TEST_ASSERT_TRUE(A && B && C && bias && ref);
                 rng_state = 100 + (uint64_t)s;
                 fill_normal(A, (size_t)lda * (ta ? K : M), 0, 1);
                 fill_normal(B, (size_t)ldb * (tb ? N : K), 0, 1);
                 fill_normal(C, (size_t)ldc * M, 0, 1);
+                fill_normal(bias, (size_t)N, 0, 1);
                 for (i = 0; i < M; i++)
                     for (j = 0; j < ldc; j++) {
                         double sum = 0;
-                        if (!with_beta && j < N) C[(size_t)i * ldc + j] = NAN;
+                        if (mode != 1 && j < N) C[(size_t)i * ldc + j] = NAN;
                         for (k = 0; k < K && j < N; k++)
                             sum += (double)(ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]) *
                                    (double)(tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j]);
-                        ref[(size_t)i * ldc + j] = j < N ? 0.5 * sum + (with_beta ? C[(size_t)i * ldc + j] : 0)
-                                                         : C[(size_t)i * ldc + j];
+                        ref[(size_t)i * ldc + j] = j >= N    ? C[(size_t)i * ldc + j]
+                                                   : mode == 1 ? alpha * sum + C[(size_t)i * ldc + j]
+                                                   : mode == 2 ? sum + bias[j]
+                                                               : alpha * sum;
                     }
-                example_sgemm(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, with_beta ? 1.0f : 0.0f, C, ldc);
+                if (mode == 2) example_sgemm_bias(ta, tb, M, N, K, A, lda, B, ldb, bias, C, ldc);
+                else example_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, mode ? 1.0f : 0.0f, C, ldc);
                 for (i = 0; i < M; i++)
                     for (j = 0; j < ldc; j++) {
                         double err = fabs((double)C[(size_t)i * ldc + j] - ref[(size_t)i * ldc + j]);
                         if (!(err <= worst)) worst = err == err ? err : INFINITY; /* a NaN stays a failure */
                     }
-                snprintf(msg, sizeof msg, "%s: M=%d N=%d K=%d, %s%s, beta %d: largest error %.3g", example_sgemm_name(),
-                         M, N, K, ta ? "A^T" : "A", tb ? " B^T" : " B", with_beta, worst);
+                snprintf(msg, sizeof msg, "%s: M=%d N=%d K=%d, %s%s, %s: largest error %.3g", example_sgemm_name(), M, N,
+                         K, ta ? "A^T" : "A", tb ? " B^T" : " B", modes[mode], worst);
                 TEST_ASSERT_TRUE_MESSAGE(worst <= 1e-5 * sqrt((double)K + 1), msg); /* float rounding of K products */
-                free(A), free(B), free(C), free(ref);
+                free(A), free(B), free(C), free(bias), free(ref);
             }
 }
 
