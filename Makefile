@@ -100,13 +100,15 @@ $(BUILD)/ckpt_tool: examples/ckpt_tool.c fsdp.h | $(BUILD)
 
 bench: $(BUILD)/bench_comm $(BUILD)/bench_train
 # The GPT with fsdp.h against the same GPT in PyTorch (tests/torch_gpt.py; eager, and DDP over gloo),
-# every strategy and param_dtype; the issue's config, then a wider one. TORCH_PYTHON: the interpreter
-# that has torch. About 15 minutes on 2 cores.
+# every strategy and param_dtype, and PyTorch again with OpenBLAS's AVX-512 kernels forced where the
+# CPU has them; the issue's config, then a wider one. TORCH_PYTHON: the interpreter that has torch.
+# About 20 minutes on 2 cores.
 TORCH_PYTHON ?= /usr/bin/python3
 bench-torch: $(BUILD)/bench_train
-	OPENBLAS_NUM_THREADS=1 $(BUILD)/bench_train --model gpt --torch --torch-python $(TORCH_PYTHON) --rounds 3
-	OPENBLAS_NUM_THREADS=1 $(BUILD)/bench_train --model gpt --torch --torch-python $(TORCH_PYTHON) --rounds 2 \
-	    --layers 8 --channels 512 --heads 8 --seq-len 256 --steps 4 --warmup 1
+	OPENBLAS_NUM_THREADS=1 $(BUILD)/bench_train --model gpt --torch --torch-python $(TORCH_PYTHON) \
+	    --torch-coretype auto --rounds 3
+	OPENBLAS_NUM_THREADS=1 $(BUILD)/bench_train --model gpt --torch --torch-python $(TORCH_PYTHON) \
+	    --torch-coretype auto --rounds 2 --layers 8 --channels 512 --heads 8 --seq-len 256 --steps 4 --warmup 2
 bench-mpi: $(BUILD)/bench_comm_mpi
 tools: $(BUILD)/ckpt_tool
 

@@ -65,6 +65,7 @@ typedef struct {
     fsdp_optimizer_desc optimizer;
     int torch, rounds;                // --torch: PyTorch rows and bf16/f16 rows; --rounds
     const char *torch_python;
+    const char *torch_coretype;       // --torch-coretype: also PyTorch rows with this OPENBLAS_CORETYPE
     char torch_script[1200];          // tests/torch_gpt.py of this source tree
 } options;
 
@@ -74,6 +75,7 @@ typedef struct {
     fsdp_strategy strategy;
     fsdp_dtype param_dtype;           // 0: f32
     int torch;                        // a PyTorch row (tests/torch_gpt.py bench): eager, or DDP over gloo
+    const char *coretype;             // PyTorch rows: OPENBLAS_CORETYPE for its BLAS (NULL: OpenBLAS's own choice)
 } config;
 
 typedef struct {       // what a rank reports, through shared memory
@@ -347,8 +349,10 @@ static int run_torch(const options *o, const config *cfg, rank_result *r) {
     double rate = 0, ms = 0, loss = 0, rss = 0;
     int found = 0, status;
     FILE *p;
-    snprintf(cmd, sizeof cmd, "OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 '%s' '%s' bench --layers %d --channels %d --heads %d "
-             "--seq-len %d --batch %d --steps %d --warmup %d --nproc %d --data '%s' </dev/null 2>&1", o->torch_python,
+    snprintf(cmd, sizeof cmd, "%s%s%sOPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 '%s' '%s' bench --layers %d --channels %d "
+             "--heads %d --seq-len %d --batch %d --steps %d --warmup %d --nproc %d --data '%s' </dev/null 2>&1",
+             cfg->coretype ? "OPENBLAS_CORETYPE='" : "", cfg->coretype ? cfg->coretype : "", cfg->coretype ? "' " : "",
+             o->torch_python,
              o->torch_script, o->layers, o->channels, o->heads, o->seq_len, o->batch, o->steps, o->warmup, cfg->nprocs,
              o->text_name);
     if (!(p = popen(cmd, "r"))) { fprintf(stderr, "bench_train: cannot run %s\n", cmd); return -1; }
@@ -424,20 +428,29 @@ static double config_rate(const options *o, const config *cfg, const rank_result
 
 static int speed_table(const options *o) {
     int N = o->nproc, num_configs = 0, R = o->rounds;
-    char names[4][32];
-    config configs[16];
+    char names[6][32];
+    config configs[20];
     snprintf(names[0], sizeof names[0], "FSDP FULL_SHARD");
     snprintf(names[1], sizeof names[1], "FSDP SHARD_GRAD_OP");
     snprintf(names[2], sizeof names[2], "FSDP NO_SHARD");
     snprintf(names[3], sizeof names[3], "FSDP HYBRID %dx%d", N / (N / 2), N / 2);
+    snprintf(names[4], sizeof names[4], "PyTorch eager %.8s", o->torch_coretype ? o->torch_coretype : "");
+    snprintf(names[5], sizeof names[5], "PyTorch DDP %.10s", o->torch_coretype ? o->torch_coretype : "");
     { // in this order: PyTorch first at each world size, then fsdp.h's runs to compare with it
-        config torch1 = {"PyTorch eager", 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 1};
-        config torchN = {"PyTorch DDP (gloo)", 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 1};
-        config plain = {"plain loop (no fsdp)", 1, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 0};
-        config full1 = {"FSDP FULL_SHARD", 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 0};
-        config multi[4] = {{names[0], 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 0}, {names[1], 0, N, 0, FSDP_SHARD_GRAD_OP, FSDP_F32, 0},
-                           {names[2], 0, N, 0, FSDP_NO_SHARD, FSDP_F32, 0}, {names[3], 0, N, N / 2, FSDP_HYBRID_SHARD, FSDP_F32, 0}};
+        config torch1 = {"PyTorch eager", 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL};
+        config torchN = {"PyTorch DDP (gloo)", 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL};
+        config plain = {"plain loop (no fsdp)", 1, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL};
+        config full1 = {"FSDP FULL_SHARD", 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL};
+        config multi[4] = {{names[0], 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL},
+                           {names[1], 0, N, 0, FSDP_SHARD_GRAD_OP, FSDP_F32, 0, NULL},
+                           {names[2], 0, N, 0, FSDP_NO_SHARD, FSDP_F32, 0, NULL},
+                           {names[3], 0, N, N / 2, FSDP_HYBRID_SHARD, FSDP_F32, 0, NULL}};
         if (o->torch) configs[num_configs++] = torch1;
+        if (o->torch && o->torch_coretype) {
+            config c = torch1;
+            c.name = names[4], c.coretype = o->torch_coretype;
+            configs[num_configs++] = c;
+        }
         configs[num_configs++] = plain;
         configs[num_configs++] = full1;
         if (o->torch) {
@@ -446,6 +459,11 @@ static int speed_table(const options *o) {
             configs[num_configs++] = bf16;
             configs[num_configs++] = f16;
             configs[num_configs++] = torchN;
+            if (o->torch_coretype) {
+                config c = torchN;
+                c.name = names[5], c.coretype = o->torch_coretype;
+                configs[num_configs++] = c;
+            }
         }
         for (int k = 0; k < 4; k++) configs[num_configs++] = multi[k];
         if (o->torch) {
@@ -470,7 +488,8 @@ static int speed_table(const options *o) {
     printf("%-22s %2s %4s %10s %8s %10s %8s %7s %8s %12s %13s %8s\n", "config", "P", "dtype",
            o->model == MODEL_GPT ? "tokens/s" : "samples/s", "ms/step", "in fsdp ms", "vs plain", "vs P=1",
            o->torch ? "vs torch" : "", "max RSS/rank", "fsdp peak/rk", "loss");
-    double rate[16], plain_rate = 0, p1_rate = 0, torch1_rate = 0, torchN_rate = 0;
+    double rate[20], plain_rate = 0, p1_rate = 0, torch1_rate = 0, torchN_rate = 0, core1_rate = 0, coreN_rate = 0;
+    double full_n_rate = 0;
     for (int c = 0; c < num_configs; c++) {
         double per_round[64];
         for (int round = 0; round < R; round++) per_round[round] = config_rate(o, &configs[c], results, num_configs, c, round);
@@ -478,7 +497,11 @@ static int speed_table(const options *o) {
         if (configs[c].plain) plain_rate = rate[c];
         if (!configs[c].plain && !configs[c].torch && configs[c].nprocs == 1 && configs[c].param_dtype == FSDP_F32 && !p1_rate)
             p1_rate = rate[c];
-        if (configs[c].torch) *(configs[c].nprocs == 1 ? &torch1_rate : &torchN_rate) = rate[c];
+        if (configs[c].torch && !configs[c].coretype) *(configs[c].nprocs == 1 ? &torch1_rate : &torchN_rate) = rate[c];
+        if (configs[c].torch && configs[c].coretype) *(configs[c].nprocs == 1 ? &core1_rate : &coreN_rate) = rate[c];
+        if (!configs[c].torch && configs[c].nprocs == N && configs[c].strategy == FSDP_FULL_SHARD &&
+            configs[c].param_dtype == FSDP_F32 && !full_n_rate)
+            full_n_rate = rate[c];
     }
     for (int c = 0; c < num_configs; c++) {
         const config *cfg = &configs[c];
@@ -494,7 +517,8 @@ static int speed_table(const options *o) {
             if (r[k].state > worst.state) worst.state = r[k].state;
         }
         char wait[16], state[24], vs_p1[16], vs_torch[16];
-        double torch_rate = cfg->nprocs == 1 ? torch1_rate : torchN_rate, p1 = cfg->torch ? torch1_rate : p1_rate;
+        double torch_rate = cfg->nprocs == 1 ? torch1_rate : torchN_rate;
+        double p1 = !cfg->torch ? p1_rate : cfg->coretype ? core1_rate : torch1_rate;
         snprintf(wait, sizeof wait, cfg->plain || cfg->torch ? "-" : "%.1f", worst.wait_ms);
         snprintf(vs_p1, sizeof vs_p1, cfg->plain || p1 <= 0 ? "-" : "%.2fx", rate[c] / p1);
         snprintf(vs_torch, sizeof vs_torch, cfg->torch || torch_rate <= 0 ? "-" : "%.2fx", rate[c] / torch_rate);
@@ -514,6 +538,10 @@ static int speed_table(const options *o) {
         printf("vs torch: against PyTorch %s (%s; eager at P = 1, DistributedDataParallel over gloo at P = %d;\n"
                "one intra-op thread per process; same model, batch, AdamW, text) at the same world size.\n",
                results[0].torch_version, o->torch_python, N);
+    if (o->torch && o->torch_coretype && core1_rate > 0 && coreN_rate > 0)
+        printf("PyTorch %s: the same with OPENBLAS_CORETYPE=%s (its BLAS's kernels chosen by hand instead of by\n"
+               "OpenBLAS's CPU detection); fsdp.h against it: P = 1 (FSDP FULL_SHARD) %.2fx, P = %d (FULL_SHARD) %.2fx.\n",
+               o->torch_coretype, o->torch_coretype, p1_rate / core1_rate, N, full_n_rate / coreN_rate);
     if (R > 1) {
         printf("rounds: %d; tokens/s per round (min .. max):", R);
         for (int c = 0; c < num_configs; c++) {
@@ -544,7 +572,7 @@ static int memory_table(const options *o) {
     int num_configs = 2 * NUM_P;
     for (int s = 0; s < 2; s++)
         for (int k = 0; k < NUM_P; k++) {
-            config c = {strategy_names[s], 0, world_sizes[k], 0, strategies[s], FSDP_F32, 0};
+            config c = {strategy_names[s], 0, world_sizes[k], 0, strategies[s], FSDP_F32, 0, NULL};
             configs[s * NUM_P + k] = c;
         }
     rank_result *results = (rank_result *)mmap(NULL, sizeof(rank_result) * MAX_RANKS * (size_t)num_configs,
@@ -679,6 +707,9 @@ static void usage(FILE *out) {
         "                   DistributedDataParallel over gloo on --nproc processes, one intra-op thread each)\n"
         "                   and FSDP with bf16 and f16 param_dtype; adds a column of ratios against PyTorch\n"
         "  --torch-python P the interpreter that has torch (default /usr/bin/python3)\n"
+        "  --torch-coretype X  with --torch: also PyTorch rows with OPENBLAS_CORETYPE=X for its BLAS (e.g.\n"
+        "                   SkylakeX: OpenBLAS's AVX-512 kernels, which its CPU detection may not pick); auto:\n"
+        "                   SkylakeX where the CPU has AVX-512 (F, BW, DQ, VL), else no such rows\n"
         "\n"
         "  --help           this text\n");
 }
@@ -719,6 +750,7 @@ static void parse(options *o, int argc, char **argv) {
         else if (!strcmp(f, "--seq-len")) o->seq_len = arg_int(f, v, 1, 1 << 16), gpt_flag = f;
         else if (!strcmp(f, "--data")) o->text_path = v, gpt_flag = f;
         else if (!strcmp(f, "--torch-python")) o->torch_python = v, gpt_flag = f;
+        else if (!strcmp(f, "--torch-coretype")) o->torch_coretype = v, gpt_flag = f;
         else if (!strcmp(f, "--rounds")) o->rounds = arg_int(f, v, 1, 64);
         else if (!strcmp(f, "--optimizer")) {
             if (!strcmp(v, "sgd")) o->optimizer.kind = FSDP_SGD;
@@ -731,6 +763,15 @@ static void parse(options *o, int argc, char **argv) {
     if (o->model == MODEL_MLP && gpt_flag) die_usage("%s is a GPT option: add --model gpt", gpt_flag);
     if (o->memory && nproc_flag) die_usage("--memory runs P = 1, 2 and 4; --nproc does not apply");
     if (o->memory && o->torch) die_usage("--torch adds rows to the speed table, not to --memory's");
+    if (o->torch_coretype && !o->torch) die_usage("--torch-coretype adds PyTorch rows: add --torch");
+    if (o->torch_coretype && !strcmp(o->torch_coretype, "auto")) {
+        int avx512 = 0;
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+        avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#endif
+        o->torch_coretype = avx512 ? "SkylakeX" : NULL;
+    }
     if (!o->layers) o->layers = o->model == MODEL_GPT ? 4 : 6;
     if (!o->batch) o->batch = o->model == MODEL_GPT ? 16 : 2048; /* compute-bound: communication is a small part of a step */
     if (o->steps < 0) o->steps = o->memory ? 3 : 10;
