@@ -342,6 +342,9 @@ FSDP_API int fsdp_comm_local_size(const fsdp_comm *comm);
 FSDP_API int fsdp_comm_num_hosts(const fsdp_comm *comm);
 FSDP_API int fsdp_comm_host_of(const fsdp_comm *comm, int rank);
 FSDP_API fsdp_backend_kind fsdp_comm_backend(const fsdp_comm *comm);
+/* What carries the ops: "shm", "socket", "socket+shm" (a socket world over several hosts:
+   shared memory inside each host, sockets between them), "mpi", or a user backend's name. */
+FSDP_API const char *fsdp_comm_transport(const fsdp_comm *comm);
 FSDP_API void fsdp_comm_set_timeout(fsdp_comm *comm, int timeout_ms); /* <= 0: default */
 FSDP_API int fsdp_comm_timeout(const fsdp_comm *comm);
 
@@ -1781,6 +1784,9 @@ FSDP_API fsdp_backend_kind fsdp_comm_backend(const fsdp_comm *comm) {
     return comm ? comm->kind : FSDP_BACKEND_DEFAULT;
 }
 FSDP_API int fsdp_comm_timeout(const fsdp_comm *comm) { return comm ? comm->timeout_ms : 0; }
+FSDP_API const char *fsdp_comm_transport(const fsdp_comm *comm) {
+    return comm && comm->backend && comm->backend->name ? comm->backend->name : "none";
+}
 
 FSDP__PRIVATE int fsdp__default_timeout(void) {
     long value;
@@ -2052,6 +2058,9 @@ typedef struct fsdp__shm {
     int check_pids;             /* peers' pids are visible from here */
     uint32_t round;             /* rounds completed by this rank */
     int64_t op_deadline;        /* the running op fails at this time (fsdp__now_ms) */
+    size_t stride;              /* set by >>hier for one op: rank p's block of an all_gather's recv
+                                   or a reduce_scatter's send starts p * stride bytes in (0: the
+                                   block size, the documented layout) */
     char name[64];
 } fsdp__shm;
 
@@ -2306,11 +2315,11 @@ static fsdp__shm *fsdp__shm_op(void *impl, const fsdp_coll *c) {
 FSDP__PRIVATE int fsdp__shm_all_gather(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
     fsdp__shm *s = fsdp__shm_op(impl, c);
     fsdp__fingerprint fp = fsdp__fingerprint_of(c);
-    size_t bytes = c->count * fsdp_dtype_size(c->dtype), off = 0;
+    size_t bytes = c->count * fsdp_dtype_size(c->dtype), off = 0, stride = s->stride ? s->stride : bytes;
     int P = comm->world, me = comm->rank, p, stream = bytes * (size_t)P >= FSDP__STREAM_MIN_BYTES;
     char *recv = (char *)c->recv;
     const char *send = (const char *)c->send;
-    const fsdp__region *direct = fsdp__shm_direct(comm, send, bytes, bytes * (size_t)P);
+    const fsdp__region *direct = s->stride ? NULL : fsdp__shm_direct(comm, send, bytes, bytes * (size_t)P);
     do {
         size_t len = bytes - off < s->slot_bytes ? bytes - off : s->slot_bytes;
         const char *mine = send + off, *src;
@@ -2322,7 +2331,7 @@ FSDP__PRIVATE int fsdp__shm_all_gather(fsdp_comm *comm, void *impl, const fsdp_c
         }
         FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, direct, send + off));
         for (p = 0; p < P; p++) {
-            char *dst = recv + (size_t)p * bytes + off;
+            char *dst = recv + (size_t)p * stride + off;
             if (p == me) {
                 if (dst != send + off) fsdp__copy_out(dst, mine, len, stream);
                 continue;
@@ -2344,20 +2353,21 @@ FSDP__PRIVATE int fsdp__shm_reduce_scatter(fsdp_comm *comm, void *impl, const fs
     fsdp__shm *s = fsdp__shm_op(impl, c);
     fsdp__fingerprint fp = fsdp__fingerprint_of(c);
     size_t esize = fsdp_dtype_size(c->dtype), bytes = c->count * esize, piece = fsdp__shm_piece(s, comm->world), off = 0;
+    size_t stride = s->stride ? s->stride : bytes;
     int P = comm->world, me = comm->rank, p;
     const char *send = (const char *)c->send;
     const void *srcs[256];
-    const fsdp__region *direct = fsdp__shm_direct(comm, send, bytes * (size_t)P, bytes * (size_t)P);
+    const fsdp__region *direct = s->stride ? NULL : fsdp__shm_direct(comm, send, bytes * (size_t)P, bytes * (size_t)P);
     do {
         size_t len = bytes - off < piece ? bytes - off : piece;
         char *slot;
         FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
         slot = fsdp__shm_slot(s, me, s->round);
         for (p = 0; p < P && !direct; p++)
-            if (p != me) memcpy(slot + (size_t)p * piece, send + (size_t)p * bytes + off, len);
+            if (p != me) memcpy(slot + (size_t)p * piece, send + (size_t)p * stride + off, len);
         FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, direct, send + off));
         for (p = 0; p < P; p++) {
-            const char *src = send + (size_t)me * bytes + off;
+            const char *src = send + (size_t)me * stride + off;
             if (p != me) /* a peer's send + me * bytes + off, or the piece it staged for me */
                 FSDP__SHM_TRY(fsdp__shm_peer_data(comm, s, p, (size_t)me * bytes, len,
                                                   fsdp__shm_slot(s, p, s->round) + (size_t)me * piece, &src));
@@ -4291,6 +4301,13 @@ FSDP__PRIVATE int fsdp__mpi_init(fsdp_comm *comm, MPI_Comm base) {
    ============================================================================================ */
 #define FSDP__HIER_SMALL ((size_t)64 * 1024) /* all_reduces up to this size take the short path */
 
+/* A chunk for the net thread: bytes [at, at + len) of every block (all_reduce: of this rank's
+   piece) of op c. */
+typedef struct fsdp__hier_job {
+    const fsdp_coll *c;
+    size_t at, len;
+} fsdp__hier_job;
+
 typedef struct fsdp__hier {
     fsdp__sock *net;          /* the world's connections to every rank */
     fsdp_comm *local;         /* this host's ranks, over shared memory */
@@ -4300,6 +4317,14 @@ typedef struct fsdp__hier {
     int *order;               /* scratch: fold orders */
     char *scratch;
     size_t scratch_bytes;
+    /* the net thread (pipelined ops, see fsdp__hier_pipeline) */
+    fsdp_comm *world;
+    pthread_t thread;
+    int thread_started, stop, busy, job_rc;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    fsdp__hier_job job;
+    size_t piece;             /* all_reduce: elements of each local rank's piece */
 } fsdp__hier;
 
 /* The world fails because its host's shm comm did, with that comm's message. */
@@ -4334,11 +4359,195 @@ FSDP__PRIVATE int fsdp__hier_scratch(fsdp_comm *comm, fsdp__hier *x, size_t byte
    once, by the world size, when the hosts' partials are folded. */
 static fsdp_reduce_op fsdp__hier_local_op(fsdp_reduce_op op) { return op == FSDP_MAX ? FSDP_MAX : FSDP_SUM; }
 
+/* --- pipelining: the network half of a large op runs on the comm's net thread chunk by
+   chunk, while the calling thread does the shared-memory half of the neighbouring chunks
+   (both halves would otherwise wait for each other: a link is slower than memory). -------- */
+#define FSDP__HIER_CHUNK ((size_t)2 << 20) /* bytes of a block (or piece) per pipeline step */
+
+
+
+/* A strided collective among this host's ranks: rank p's block (all_gather's recv,
+   reduce_scatter's send) starts p * stride bytes from the base. */
+FSDP__PRIVATE int fsdp__hier_local_strided(fsdp_comm *comm, fsdp__hier *x, const fsdp_coll *c, fsdp_coll_kind kind,
+                                           const void *send, void *recv, size_t count, size_t stride,
+                                           fsdp_reduce_op op) {
+    fsdp__shm *s = x->local->world > 1 ? (fsdp__shm *)x->local->impl : NULL;
+    int rc;
+    if (s) s->stride = stride;
+    rc = fsdp__collective_tagged(x->local, kind, send, recv, count, c->dtype, op, c->tag);
+    if (s) s->stride = 0;
+    return rc ? fsdp__hier_local_failed(comm, x) : 0;
+}
+
+/* Share h of n elements split H ways, as bytes [*at, *at + *len). */
+static void fsdp__share(size_t n, int H, int h, size_t esize, size_t *at, size_t *len) {
+    size_t share = (n + (size_t)H - 1) / (size_t)H, first = (size_t)h * share < n ? (size_t)h * share : n;
+    *at = first * esize;
+    *len = (n - first < share ? n - first : share) * esize;
+}
+
+/* The network part of one chunk (on the net thread), for as many ranks on every host. */
+FSDP__PRIVATE int fsdp__hier_run_job(fsdp_comm *comm, fsdp__hier *x, const fsdp__hier_job *job) {
+    const fsdp_coll *c = job->c;
+    size_t esize = fsdp_dtype_size(c->dtype), bytes = c->count * esize;
+    int l = comm->local_rank, g = x->host, H = x->hosts, h, rc;
+    fsdp__sock_reduction red;
+    fsdp__sock_running = x->net; /* this thread writes to the sockets now */
+    fsdp__sock_plan_none(x->net, comm->world);
+    memset(&red, 0, sizeof red);
+    red.order = x->order;
+    red.count = H;
+    red.op = c->op;
+    red.divisor = comm->world;
+    for (h = 0; h < H; h++) x->order[h] = h == g ? comm->rank : x->first[h] + l;
+    if (c->kind == FSDP_COLL_ALL_GATHER) { /* my block's chunk to (h, l); (h, l)'s chunk lands in place */
+        char *recv = (char *)c->recv;
+        for (h = 0; h < H; h++)
+            if (h != g)
+                fsdp__sock_plan(x->net, x->first[h] + l, recv + (size_t)comm->rank * bytes + job->at, job->len,
+                                recv + (size_t)(x->first[h] + l) * bytes + job->at, job->len);
+        rc = fsdp__sock_phase(comm, x->net, c, 0, NULL);
+    } else if (c->kind == FSDP_COLL_REDUCE_SCATTER) { /* partials out, my block's in, folded */
+        for (h = 0; h < H; h++)
+            if (h != g) fsdp__sock_plan(x->net, x->first[h] + l, x->scratch + (size_t)h * bytes + job->at, job->len, NULL, job->len);
+        red.dst = (char *)c->recv + job->at;
+        red.own = x->scratch + (size_t)g * bytes + job->at;
+        red.bytes = job->len;
+        rc = fsdp__sock_phase(comm, x->net, c, 0, &red);
+    } else { /* all_reduce: reduce-scatter the chunk of my piece among (h, l), then all-gather it */
+        char *chunk = (char *)c->recv + (size_t)l * x->piece * esize + job->at;
+        size_t n = job->len / esize, my_at, my_len, at, len;
+        fsdp__share(n, H, g, esize, &my_at, &my_len);
+        for (h = 0; h < H; h++)
+            if (h != g) {
+                fsdp__share(n, H, h, esize, &at, &len);
+                fsdp__sock_plan(x->net, x->first[h] + l, chunk + at, len, NULL, my_len);
+            }
+        red.dst = chunk + my_at;
+        red.own = chunk + my_at;
+        red.bytes = my_len;
+        rc = fsdp__sock_phase(comm, x->net, c, 0, &red);
+        if (!rc) {
+            fsdp__sock_plan_none(x->net, comm->world);
+            for (h = 0; h < H; h++)
+                if (h != g) {
+                    fsdp__share(n, H, h, esize, &at, &len);
+                    fsdp__sock_plan(x->net, x->first[h] + l, chunk + my_at, my_len, chunk + at, len);
+                }
+            rc = fsdp__sock_phase(comm, x->net, c, 1, NULL);
+        }
+    }
+    fsdp__sock_running = NULL;
+    return rc;
+}
+
+static void *fsdp__hier_thread(void *arg) {
+    fsdp__hier *x = (fsdp__hier *)arg;
+    pthread_mutex_lock(&x->lock);
+    for (;;) {
+        fsdp__hier_job job;
+        int rc;
+        while (!x->busy && !x->stop) pthread_cond_wait(&x->cond, &x->lock);
+        if (x->stop) break;
+        job = x->job;
+        pthread_mutex_unlock(&x->lock);
+        rc = fsdp__hier_run_job(x->world, x, &job);
+        pthread_mutex_lock(&x->lock);
+        x->job_rc = rc;
+        x->busy = 0;
+        pthread_cond_broadcast(&x->cond);
+    }
+    pthread_mutex_unlock(&x->lock);
+    return NULL;
+}
+
+/* Waits until the net thread is idle; the result of its last job. (Its phases end by the
+   op's deadline, or at once when the comm fails.) */
+FSDP__PRIVATE int fsdp__hier_wait(fsdp__hier *x) {
+    int rc;
+    pthread_mutex_lock(&x->lock);
+    while (x->busy) pthread_cond_wait(&x->cond, &x->lock);
+    rc = x->job_rc;
+    pthread_mutex_unlock(&x->lock);
+    return rc;
+}
+
+/* Hands the net thread a chunk once its last one is done; that one's result. */
+FSDP__PRIVATE int fsdp__hier_post(fsdp__hier *x, const fsdp_coll *c, size_t at, size_t len) {
+    int rc;
+    pthread_mutex_lock(&x->lock);
+    while (x->busy) pthread_cond_wait(&x->cond, &x->lock);
+    rc = x->job_rc;
+    if (!rc) {
+        x->job.c = c;
+        x->job.at = at;
+        x->job.len = len;
+        x->busy = 1;
+        pthread_cond_broadcast(&x->cond);
+    }
+    pthread_mutex_unlock(&x->lock);
+    return rc;
+}
+
+/* Runs a large op of a layout with as many ranks on every host as a pipeline over chunks of
+   `span` bytes (of a block, or of this rank's piece): for chunk k the calling thread does the
+   shared-memory work before the network (pre) and after it (post) while the net thread moves
+   chunk k - 1 or k + 1. */
+FSDP__PRIVATE int fsdp__hier_pipeline(fsdp_comm *comm, fsdp__hier *x, const fsdp_coll *c, size_t span) {
+    size_t esize = fsdp_dtype_size(c->dtype), bytes = c->count * esize, chunk = FSDP__HIER_CHUNK / esize * esize;
+    size_t chunks = (span + chunk - 1) / chunk, k, piece = x->piece * esize;
+    int l = comm->local_rank, g = x->host, h, rc = 0, net_rc;
+    char *recv = (char *)c->recv;
+    const char *send = (const char *)c->send;
+    x->net->op_deadline = fsdp__now_ms() + c->timeout_ms;
+    x->job_rc = 0;
+    if (c->kind == FSDP_COLL_ALL_GATHER && recv + (size_t)comm->rank * bytes != send)
+        memmove(recv + (size_t)comm->rank * bytes, send, bytes);
+    for (k = 0; k <= chunks && !rc; k++) {
+        size_t at = k * chunk, len = k < chunks ? (span - at < chunk ? span - at : chunk) : 0;
+        size_t prev_at = at - chunk, prev_len = chunk;
+        if (k < chunks) { /* the shared-memory work the network needs, then the network */
+            if (c->kind == FSDP_COLL_REDUCE_SCATTER)
+                for (h = 0; h < x->hosts && !rc; h++) /* every host's blocks: their partials over this host */
+                    rc = fsdp__hier_local_strided(comm, x, c, FSDP_COLL_REDUCE_SCATTER, send + (size_t)x->first[h] * bytes + at,
+                                                  x->scratch + (size_t)h * bytes + at, len / esize, bytes,
+                                                  fsdp__hier_local_op(c->op));
+            else if (c->kind == FSDP_COLL_ALL_REDUCE) /* this rank's piece of the chunk, over this host */
+                rc = fsdp__hier_local_strided(comm, x, c, FSDP_COLL_REDUCE_SCATTER, send + at, recv + (size_t)l * piece + at,
+                                              len / esize, piece, fsdp__hier_local_op(c->op));
+            if (rc || (rc = fsdp__hier_post(x, c, at, len)) != 0) break;
+        }
+        if (k == 0 && c->kind == FSDP_COLL_ALL_GATHER) /* this host's blocks, meanwhile */
+            rc = fsdp__hier_local_strided(comm, x, c, FSDP_COLL_ALL_GATHER, recv + (size_t)comm->rank * bytes,
+                                          recv + (size_t)x->first[g] * bytes, c->count, 0, FSDP_SUM);
+        if (k == 0 || rc) continue;
+        if (k == chunks) { /* the last chunk's network part must be done */
+            if ((rc = fsdp__hier_wait(x)) != 0) break;
+            prev_len = span - prev_at;
+        }
+        /* the work after the network for the chunk before */
+        if (c->kind == FSDP_COLL_ALL_GATHER) {
+            for (h = 0; h < x->hosts && !rc; h++)
+                if (h != g)
+                    rc = fsdp__hier_local_strided(comm, x, c, FSDP_COLL_ALL_GATHER,
+                                                  recv + (size_t)(x->first[h] + l) * bytes + prev_at,
+                                                  recv + (size_t)x->first[h] * bytes + prev_at, prev_len / esize, bytes, FSDP_SUM);
+        } else if (c->kind == FSDP_COLL_ALL_REDUCE) {
+            rc = fsdp__hier_local_strided(comm, x, c, FSDP_COLL_ALL_GATHER, recv + (size_t)l * piece + prev_at,
+                                          recv + prev_at, prev_len / esize, piece, FSDP_SUM);
+        }
+    }
+    net_rc = fsdp__hier_wait(x); /* never leave the net thread on the caller's buffers */
+    if (!rc) rc = net_rc;
+    return rc ? fsdp__load(&comm->status) ? fsdp__load(&comm->status) : rc : 0;
+}
+
 FSDP__PRIVATE int fsdp__hier_all_gather(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
     fsdp__hier *x = (fsdp__hier *)impl;
     size_t bytes = c->count * fsdp_dtype_size(c->dtype);
     char *recv = (char *)c->recv;
     int me = comm->rank, l = comm->local_rank, g = x->host, L = x->size[g], h, k;
+    if (x->uniform && x->thread_started && bytes >= FSDP__HIER_CHUNK / 2) return fsdp__hier_pipeline(comm, x, c, bytes);
     fsdp__sock_begin(x->net, c);
     if (recv + (size_t)me * bytes != (const char *)c->send) memmove(recv + (size_t)me * bytes, c->send, bytes);
     fsdp__sock_plan_none(x->net, comm->world);
@@ -4378,6 +4587,8 @@ FSDP__PRIVATE int fsdp__hier_reduce_scatter(fsdp_comm *comm, void *impl, const f
     for (h = 0; h < x->hosts; h++) held += (size_t)((x->size[h] - l + L - 1) / L); /* the partials this rank makes */
     /* (hosts of another size: one more slot, for the partials other ranks of this host keep) */
     if (fsdp__hier_scratch(comm, x, (held + !x->uniform) * bytes) != 0) return fsdp__load(&comm->status);
+    if (x->uniform && x->thread_started && bytes >= FSDP__HIER_CHUNK / 2) /* slot h: host h's partial */
+        return fsdp__hier_pipeline(comm, x, c, bytes);
     fsdp__sock_begin(x->net, c);
     /* inside the host: the partial of block (h, k) lands on local rank k mod L */
     for (h = 0, slot = 0; h < x->hosts; h++) {
@@ -4459,8 +4670,16 @@ FSDP__PRIVATE int fsdp__hier_all_reduce(fsdp_comm *comm, void *impl, const fsdp_
     const char *send = (const char *)c->send;
     char *recv = (char *)c->recv, *mine;
     fsdp__sock_reduction red;
-    fsdp__sock_begin(x->net, c);
     q = x->uniform && n * esize >= FSDP__HIER_SMALL ? n / (size_t)L : 0; /* elements per local rank; the rest short */
+    if (q && x->thread_started && q * esize >= FSDP__HIER_CHUNK / 2) {
+        x->piece = q;
+        if ((rc = fsdp__hier_pipeline(comm, x, c, q * esize)) != 0) return rc;
+        fsdp__sock_begin(x->net, c);
+        rc = fsdp__hier_all_reduce_short(comm, x, c, send + (size_t)L * q * esize, recv + (size_t)L * q * esize,
+                                         n - (size_t)L * q);
+        return fsdp__sock_end(x->net, rc);
+    }
+    fsdp__sock_begin(x->net, c);
     if (q) {
         /* inside the host: local rank l gets its host's partial of piece l, [l*q, (l+1)*q) */
         mine = recv + (size_t)l * q * esize;
@@ -4552,6 +4771,15 @@ FSDP__PRIVATE void fsdp__hier_abort(fsdp_comm *comm, void *impl) {
 
 FSDP__PRIVATE void fsdp__hier_free(fsdp__hier *x, int world) {
     if (!x) return;
+    if (x->thread_started) {
+        pthread_mutex_lock(&x->lock);
+        x->stop = 1;
+        pthread_cond_broadcast(&x->cond);
+        pthread_mutex_unlock(&x->lock);
+        pthread_join(x->thread, NULL);
+    }
+    pthread_mutex_destroy(&x->lock);
+    pthread_cond_destroy(&x->cond);
     fsdp_comm_destroy(x->local);
     fsdp__sock_free(x->net, world);
     FSDP_FREE(x->first);
@@ -4626,6 +4854,8 @@ FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) 
         fsdp_comm_destroy(local);
         return rc ? rc : ok ? FSDP_ERR_OUT_OF_MEMORY : 0;
     }
+    pthread_mutex_init(&x->lock, NULL);
+    pthread_cond_init(&x->cond, NULL);
     x->local = local;
     x->net = (fsdp__sock *)comm->impl;
     x->hosts = comm->num_hosts;
@@ -4644,6 +4874,8 @@ FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) 
     }
     x->uniform = 1;
     for (r = 1; r < x->hosts; r++) x->uniform &= x->size[r] == x->size[0];
+    x->world = comm;
+    x->thread_started = pthread_create(&x->thread, NULL, fsdp__hier_thread, x) == 0; /* else: not pipelined */
     comm->impl = x;
     comm->backend = &fsdp__hier_backend;
     return 0;
@@ -6767,12 +6999,12 @@ FSDP_API uint32_t fsdp_crc32c(uint32_t crc, const void *data, size_t size) {
     return ~crc;
 }
 
-/* --- JSON: a pull parser for safetensors headers and index.json. A caller walks the document
-   twice over the same text: first to check it and count what it holds (nothing is written),
-   then to fill tables of exactly the counted sizes, strings decoded in place in the text
-   (escapes only shrink). Parsing thus holds the text and the final tables, a small multiple
-   of the input whatever it is (a tree of generic values costs ~30x on "[0,0,0,...]"). Depth
-   is limited; anything malformed is an error. ---------------------------------------------- */
+/* --- JSON: a pull parser for safetensors headers and index.json. A caller walks the text
+   three times: the syntax (fsdp__json_skip), then the form of what it holds, counting only
+   entries that can be valid (nothing is written), then it fills tables of exactly the counted
+   sizes, strings decoded in place in the text (escapes only shrink). Parsing thus holds the
+   text and the final tables, under 4x the input whatever it is (a tree of generic values
+   costs ~30x on "[0,0,0,...]"). Depth is limited; anything malformed is an error. -------- */
 #define FSDP__JSON_MAX_DEPTH 64
 
 typedef struct fsdp__json {
@@ -7064,7 +7296,7 @@ struct fsdp_st_file {
     char *header;                /* the JSON text, strings decoded in place: names point into it */
     uint32_t header_crc;         /* of the header as read, for comparing what ranks opened */
     int64_t mtime_sec, mtime_nsec;
-    char path[256];
+    char path[256];              /* printable, for messages */
 };
 
 static const char *fsdp__st_dtype_name(fsdp_dtype d) {
@@ -7141,43 +7373,52 @@ FSDP__PRIVATE int fsdp__st_index(fsdp_st_file *f, char *err, size_t err_size) {
     return 0;
 }
 
-/* One tensor's entry (fill walk): {"dtype": .., "shape": [..], "data_offsets": [begin, end]},
-   other keys ignored; checked against the data section. */
-FSDP__PRIVATE int fsdp__st_tensor_entry(fsdp_st_file *f, fsdp__json *j, fsdp_st_tensor *t, char *err, size_t err_size) {
-    char shown[80], *key, *dtype = NULL;
-    int seen = 0, r, have_shape = 0, have_offsets = 0;
-    int64_t begin = 0, end = 0;
+/* A JSON key as a walk sees it: decoded (fill walk), or the probe (count walk: "" when longer). */
+#define FSDP__JSON_KEY(j, key, probe) ((j)->fill ? (key) : (probe))
+
+/* One tensor's entry {"dtype": .., "shape": [..], "data_offsets": [begin, end]} (other keys are
+   ignored). Both walks check its form, so that only entries that can be valid are counted;
+   the fill walk (t set, its name too) also checks it against the data section. shown: the
+   name, printable. */
+FSDP__PRIVATE int fsdp__st_tensor_entry(fsdp_st_file *f, fsdp__json *j, fsdp_st_tensor *t, const char *shown, char *err,
+                                        size_t err_size) {
+    char probe[16], *key, *dtype = NULL;
+    int seen = 0, r, have_dtype = 0, have_shape = 0, have_offsets = 0, ndim = 0;
+    int64_t begin = 0, end = 0, shape[FSDP_MAX_DIMS];
     uint64_t numel = 1;
-    fsdp_printable(shown, sizeof shown, t->name);
     fsdp__json_space(j);
     if (j->at >= j->end || *j->at != '{')
         return fsdp__fmt(err, err_size, "entry '%s' is not an object", shown), FSDP_ERR_CORRUPT;
     if (fsdp__json_open(j, '{', "expected '{'")) return FSDP_ERR_CORRUPT;
     while ((r = fsdp__json_more(j, '}', &seen)) > 0) {
         int k = 0, rk;
-        if (fsdp__json_key(j, &key, NULL, 0)) return FSDP_ERR_CORRUPT;
-        if (strcmp(key, "dtype") == 0) {
-            if (fsdp__json_string(j, &dtype, NULL, 0))
+        const char *name;
+        if (fsdp__json_key(j, &key, probe, sizeof probe)) return FSDP_ERR_CORRUPT;
+        name = FSDP__JSON_KEY(j, key, probe);
+        fsdp__json_space(j);
+        if (strcmp(name, "dtype") == 0) {
+            if (j->at >= j->end || *j->at != '"' || fsdp__json_string(j, &dtype, NULL, 0))
                 return fsdp__fmt(err, err_size, "tensor '%s': dtype is not a string", shown), FSDP_ERR_CORRUPT;
-        } else if (strcmp(key, "shape") == 0) {
-            if (fsdp__json_open(j, '[', "expected '['"))
+            have_dtype = 1;
+        } else if (strcmp(name, "shape") == 0) {
+            if (j->at >= j->end || *j->at != '[' || fsdp__json_open(j, '[', "expected '['"))
                 return fsdp__fmt(err, err_size, "tensor '%s': shape is not an array", shown), FSDP_ERR_CORRUPT;
             while ((rk = fsdp__json_more(j, ']', &k)) > 0) {
                 int64_t d;
                 if (fsdp__json_int(j, 0, INT64_MAX, &d, "a shape entry is not a non-negative integer"))
                     return fsdp__fmt(err, err_size, "tensor '%s': shape entry %d is not a non-negative integer", shown,
                                      k - 1), FSDP_ERR_CORRUPT;
-                if (k <= FSDP_MAX_DIMS) t->shape[k - 1] = d;
+                if (k <= FSDP_MAX_DIMS) shape[k - 1] = d;
             }
             if (rk < 0) return FSDP_ERR_CORRUPT;
             if (k > FSDP_MAX_DIMS)
                 return fsdp__fmt(err, err_size, "tensor '%s' has %d dimensions (at most %d)", shown, k, FSDP_MAX_DIMS),
                        FSDP_ERR_CORRUPT;
-            t->ndim = k;
+            ndim = k;
             have_shape = 1;
-        } else if (strcmp(key, "data_offsets") == 0) {
+        } else if (strcmp(name, "data_offsets") == 0) {
             int64_t v[2] = {0, 0};
-            if (fsdp__json_open(j, '[', "expected '['")) rk = -1;
+            if (j->at >= j->end || *j->at != '[' || fsdp__json_open(j, '[', "expected '['")) rk = -1;
             else while ((rk = fsdp__json_more(j, ']', &k)) > 0 && k <= 2)
                 if (fsdp__json_int(j, 0, INT64_MAX, &v[k - 1], "an offset is not a non-negative integer")) break;
             if (rk != 0 || k != 2 || v[1] < v[0])
@@ -7191,8 +7432,9 @@ FSDP__PRIVATE int fsdp__st_tensor_entry(fsdp_st_file *f, fsdp__json *j, fsdp_st_
         }
     }
     if (r < 0) return FSDP_ERR_CORRUPT;
-    if (!dtype || !have_shape || !have_offsets)
+    if (!have_dtype || !have_shape || !have_offsets)
         return fsdp__fmt(err, err_size, "tensor '%s' lacks dtype, shape or data_offsets", shown), FSDP_ERR_CORRUPT;
+    if (!t) return 0;
     if (strcmp(dtype, "F32") == 0) t->dtype = FSDP_F32;
     else if (strcmp(dtype, "BF16") == 0) t->dtype = FSDP_BF16;
     else if (strcmp(dtype, "F16") == 0) t->dtype = FSDP_F16;
@@ -7201,8 +7443,10 @@ FSDP__PRIVATE int fsdp__st_tensor_entry(fsdp_st_file *f, fsdp__json *j, fsdp_st_
         return fsdp__fmt(err, err_size, "tensor '%s' has unknown dtype '%s' (F32, BF16 and F16 are supported)", shown,
                          fsdp_printable(kind, sizeof kind, dtype)), FSDP_ERR_CORRUPT;
     }
-    for (r = 0; r < t->ndim; r++) {
-        uint64_t d = (uint64_t)t->shape[r];
+    t->ndim = ndim;
+    for (r = 0; r < ndim; r++) {
+        uint64_t d = (uint64_t)shape[r];
+        t->shape[r] = shape[r];
         if (d && numel > f->data_size / d) numel = f->data_size + 1; /* too big for the file */
         else numel *= d;
     }
@@ -7220,39 +7464,35 @@ FSDP__PRIVATE int fsdp__st_tensor_entry(fsdp_st_file *f, fsdp__json *j, fsdp_st_
     return 0;
 }
 
-/* One walk over a safetensors header (see fsdp__json): the count walk checks the syntax and
-   sets num_tensors and num_meta; the fill walk fills the tables allocated from them and checks
-   what the entries mean. */
+/* One walk over a safetensors header (see fsdp__json): the count walk checks the syntax and the
+   form of every entry and sets num_tensors and num_meta; the fill walk fills the tables
+   allocated from them and checks what the entries mean. */
 FSDP__PRIVATE int fsdp__st_walk(fsdp_st_file *f, fsdp__json *j, char *err, size_t err_size) {
     int seen = 0, r, metadata_seen = 0, nt = 0, nm = 0, rc;
     fsdp__json_space(j);
     if (j->at >= j->end || *j->at != '{') return fsdp__fmt(err, err_size, "header is not a JSON object"), FSDP_ERR_CORRUPT;
     if (fsdp__json_open(j, '{', "expected '{'")) return FSDP_ERR_CORRUPT;
     while ((r = fsdp__json_more(j, '}', &seen)) > 0) {
-        char probe[16], *name;
+        char probe[80], shown[80], *name;
         if (fsdp__json_key(j, &name, probe, sizeof probe)) return FSDP_ERR_CORRUPT;
-        if (strcmp(j->fill ? name : probe, "__metadata__") == 0) {
+        fsdp_printable(shown, sizeof shown, FSDP__JSON_KEY(j, name, probe));
+        if (strcmp(FSDP__JSON_KEY(j, name, probe), "__metadata__") == 0) {
             int mseen = 0, mr;
             fsdp__json_space(j);
-            if (j->at >= j->end || *j->at != '{') {
-                if (j->fill) return fsdp__fmt(err, err_size, "__metadata__ is not a map of strings"), FSDP_ERR_CORRUPT;
-                if (fsdp__json_skip(j)) return FSDP_ERR_CORRUPT;
-                continue;
-            }
-            if (j->fill && metadata_seen++)
+            if (j->at >= j->end || *j->at != '{')
+                return fsdp__fmt(err, err_size, "__metadata__ is not a map of strings"), FSDP_ERR_CORRUPT;
+            if (metadata_seen++)
                 return fsdp__fmt(err, err_size, "__metadata__ is not a map of strings: it appears twice"), FSDP_ERR_CORRUPT;
             if (fsdp__json_open(j, '{', "expected '{'")) return FSDP_ERR_CORRUPT;
             while ((mr = fsdp__json_more(j, '}', &mseen)) > 0) {
-                char *key, *value, shown[80];
-                if (fsdp__json_key(j, &key, NULL, 0)) return FSDP_ERR_CORRUPT;
+                char *key, *value;
+                if (fsdp__json_key(j, &key, probe, sizeof probe)) return FSDP_ERR_CORRUPT;
                 fsdp__json_space(j);
-                if (!j->fill) {
-                    if (fsdp__json_skip(j)) return FSDP_ERR_CORRUPT;
-                } else if (j->at >= j->end || *j->at != '"') {
+                if (j->at >= j->end || *j->at != '"')
                     return fsdp__fmt(err, err_size, "__metadata__ value of '%s' is not a string",
-                                     fsdp_printable(shown, sizeof shown, key)), FSDP_ERR_CORRUPT;
-                } else {
-                    if (fsdp__json_string(j, &value, NULL, 0)) return FSDP_ERR_CORRUPT;
+                                     fsdp_printable(shown, sizeof shown, FSDP__JSON_KEY(j, key, probe))), FSDP_ERR_CORRUPT;
+                if (fsdp__json_string(j, &value, NULL, 0)) return FSDP_ERR_CORRUPT;
+                if (j->fill) {
                     f->meta_keys[nm] = key;
                     f->meta_values[nm] = value;
                 }
@@ -7261,12 +7501,8 @@ FSDP__PRIVATE int fsdp__st_walk(fsdp_st_file *f, fsdp__json *j, char *err, size_
             if (mr < 0) return FSDP_ERR_CORRUPT;
             continue;
         }
-        if (j->fill) {
-            f->tensors[nt].name = name;
-            if ((rc = fsdp__st_tensor_entry(f, j, &f->tensors[nt], err, err_size)) != 0) return rc;
-        } else if (fsdp__json_skip(j)) {
-            return FSDP_ERR_CORRUPT;
-        }
+        if (j->fill) f->tensors[nt].name = name;
+        if ((rc = fsdp__st_tensor_entry(f, j, j->fill ? &f->tensors[nt] : NULL, shown, err, err_size)) != 0) return rc;
         nt++;
     }
     if (r < 0 || fsdp__json_finish(j)) return FSDP_ERR_CORRUPT;
@@ -7334,6 +7570,8 @@ FSDP__PRIVATE int fsdp__st_init(fsdp_st_file *f, const unsigned char *head8, cha
     f->header_crc = fsdp_crc32c(0, f->header, (size_t)n);
     if (f->header[0] != '{') return fsdp__fmt(err, err_size, "header does not start with '{'"), FSDP_ERR_CORRUPT;
     while (n > 0 && f->header[n - 1] == ' ') n--; /* alignment padding */
+    fsdp__json_start(&j, f->header, (size_t)n, 0, err, err_size); /* the syntax, before what it says */
+    if (fsdp__json_skip(&j) || fsdp__json_finish(&j)) return FSDP_ERR_CORRUPT;
     fsdp__json_start(&j, f->header, (size_t)n, 0, err, err_size);
     if ((rc = fsdp__st_walk(f, &j, err, err_size)) != 0) return rc;
     f->tensors = (fsdp_st_tensor *)fsdp__calloc(sizeof *f->tensors * (size_t)(f->num_tensors + 1));
@@ -7378,16 +7616,16 @@ FSDP__PRIVATE int fsdp__st_open_file(fsdp_st_file **out, const char *path, int n
     if (!out || !path) return FSDP_ERR_INVALID_ARG;
     f = (fsdp_st_file *)fsdp__calloc(sizeof *f);
     if (!f) return FSDP_ERR_OUT_OF_MEMORY;
-    fsdp__copy_string(f->path, sizeof f->path, path);
+    fsdp_printable(f->path, sizeof f->path, path); /* for messages */
     /* O_NONBLOCK: a FIFO or device under the name must not block the open */
     f->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | (nofollow ? O_NOFOLLOW : 0));
     if (f->fd < 0 || fstat(f->fd, &st) != 0) {
-        fsdp__fmt(err, err_size, "%s: %s", path, nofollow && errno == ELOOP ? "a symbolic link (refused)" : strerror(errno));
+        fsdp__fmt(err, err_size, "%s: %s", f->path, nofollow && errno == ELOOP ? "a symbolic link (refused)" : strerror(errno));
         fsdp_st_close(f);
         return FSDP_ERR_IO;
     }
     if (!S_ISREG(st.st_mode)) {
-        fsdp__fmt(err, err_size, "%s is not a regular file", path);
+        fsdp__fmt(err, err_size, "%s is not a regular file", f->path);
         fsdp_st_close(f);
         return FSDP_ERR_IO;
     }
@@ -7395,7 +7633,7 @@ FSDP__PRIVATE int fsdp__st_open_file(fsdp_st_file **out, const char *path, int n
     f->mtime_sec = (int64_t)st.st_mtim.tv_sec;
     f->mtime_nsec = (int64_t)st.st_mtim.tv_nsec;
     if (f->file_size < 8 || fsdp__pread_full(f->fd, head8, 8, 0) != 0) {
-        fsdp__fmt(err, err_size, "%s: file of %llu bytes is shorter than the 8-byte header length", path,
+        fsdp__fmt(err, err_size, "%s: file of %llu bytes is shorter than the 8-byte header length", f->path,
                   (unsigned long long)f->file_size);
         fsdp_st_close(f);
         return FSDP_ERR_CORRUPT;
@@ -7404,7 +7642,7 @@ FSDP__PRIVATE int fsdp__st_open_file(fsdp_st_file **out, const char *path, int n
     if (rc) {
         char inner[FSDP__ERRMSG];
         fsdp__copy_string(inner, sizeof inner, err);
-        fsdp__fmt(err, err_size, "%s: %s", path, inner);
+        fsdp__fmt(err, err_size, "%s: %s", f->path, inner);
         fsdp_st_close(f);
         return rc;
     }
@@ -7503,16 +7741,17 @@ FSDP__PRIVATE int fsdp__st_crc(fsdp_st_file *f, const fsdp_st_tensor *t, uint32_
 
 FSDP_API int fsdp_st_verify(fsdp_st_file *f, int tensor, char *err, size_t err_size) {
     const fsdp_st_tensor *t = fsdp_st_tensor_at(f, tensor);
-    char scratch[8];
+    char scratch[8], shown[80];
     uint32_t got;
     if (!err) { err = scratch; err_size = sizeof scratch; }
     if (!t) return FSDP_ERR_INVALID_ARG;
-    if (!f->has_crc[tensor]) return fsdp__fmt(err, err_size, "%s: tensor '%s' has no checksum", f->path, t->name), FSDP_ERR_UNSUPPORTED;
-    if (f->crc_bad[tensor]) return fsdp__fmt(err, err_size, "%s: checksum of '%s' is malformed", f->path, t->name), FSDP_ERR_CORRUPT;
+    fsdp_printable(shown, sizeof shown, t->name);
+    if (!f->has_crc[tensor]) return fsdp__fmt(err, err_size, "%s: tensor '%s' has no checksum", f->path, shown), FSDP_ERR_UNSUPPORTED;
+    if (f->crc_bad[tensor]) return fsdp__fmt(err, err_size, "%s: checksum of '%s' is malformed", f->path, shown), FSDP_ERR_CORRUPT;
     if (fsdp__st_crc(f, t, &got) != 0)
-        return fsdp__fmt(err, err_size, "%s: cannot read tensor '%s' (file truncated?)", f->path, t->name), FSDP_ERR_CORRUPT;
+        return fsdp__fmt(err, err_size, "%s: cannot read tensor '%s' (file truncated?)", f->path, shown), FSDP_ERR_CORRUPT;
     if (got != f->crc[tensor])
-        return fsdp__fmt(err, err_size, "%s: tensor '%s' is corrupt (crc32c %08x, expected %08x)", f->path, t->name,
+        return fsdp__fmt(err, err_size, "%s: tensor '%s' is corrupt (crc32c %08x, expected %08x)", f->path, shown,
                          (unsigned)got, (unsigned)f->crc[tensor]), FSDP_ERR_CORRUPT;
     return 0;
 }
@@ -8363,10 +8602,6 @@ struct fsdp_index {
     int has_format, has_files, has_tensors;
 };
 
-static int fsdp__cmp_piece(const void *a, const void *b) {
-    const fsdp_index_piece *x = (const fsdp_index_piece *)a, *y = (const fsdp_index_piece *)b;
-    return x->begin < y->begin ? -1 : x->begin > y->begin;
-}
 
 static __thread const fsdp_index *fsdp__sorting_index; /* qsort has no context argument (per thread) */
 static int fsdp__cmp_index_name(const void *a, const void *b) {
@@ -8385,67 +8620,49 @@ FSDP_API void fsdp_index_close(fsdp_index *ix) {
     FSDP_FREE(ix);
 }
 
-/* Count walk of a tensor's entry: its syntax, and the elements of its "pieces" arrays. */
-FSDP__PRIVATE int fsdp__index_count_pieces(fsdp__json *j, int *num_pieces) {
-    int seen = 0, r;
-    fsdp__json_space(j);
-    if (j->at >= j->end || *j->at != '{') return fsdp__json_skip(j);
-    if (fsdp__json_open(j, '{', "expected '{'")) return -1;
-    while ((r = fsdp__json_more(j, '}', &seen)) > 0) {
-        char probe[16];
-        if (fsdp__json_key(j, NULL, probe, sizeof probe)) return -1;
-        fsdp__json_space(j);
-        if (strcmp(probe, "pieces") == 0 && j->at < j->end && *j->at == '[') {
-            int n = 0, rn;
-            if (fsdp__json_open(j, '[', "expected '['")) return -1;
-            while ((rn = fsdp__json_more(j, ']', &n)) > 0)
-                if (fsdp__json_skip(j)) return -1;
-            if (rn < 0) return -1;
-            *num_pieces += n;
-        } else if (fsdp__json_skip(j)) {
-            return -1;
-        }
-    }
-    return r;
-}
-
-/* Fill walk of a tensor's entry {"dtype": .., "shape": [..], "pieces": [[file, begin, end],
-   ..]}: fills t (name already set) and its pieces at ix->pieces + *num_pieces (advanced).
-   Files, coverage and names are checked afterwards. */
+/* One tensor's entry {"dtype": .., "shape": [..], "pieces": [[file, begin, end], ..]} (other
+   keys are ignored), its pieces in order: each begins where the last ended, the first at 0.
+   Both walks check its form, so that only pieces that can be valid are counted (*num_pieces
+   grows by them); the fill walk (t set, its name too) fills t and its pieces at ix->pieces +
+   *num_pieces. Files and the tensor's size are checked afterwards. shown: the name, printable. */
 FSDP__PRIVATE int fsdp__index_tensor_entry(fsdp_index *ix, fsdp__json *j, fsdp_index_tensor *t, int *num_pieces,
-                                           const char *path, char *err, size_t err_size) {
-    char shown[80], *key;
+                                           const char *shown, const char *path, char *err, size_t err_size) {
+    char probe[16], *key;
     const char *dtype = NULL;
     int seen = 0, r, have_shape = 0, have_pieces = 0, k;
-    fsdp_printable(shown, sizeof shown, t->name);
     fsdp__json_space(j);
     if (j->at >= j->end || *j->at != '{')
         return fsdp__fmt(err, err_size, "%s: entry '%s' is not an object", path, shown), FSDP_ERR_CORRUPT;
     if (fsdp__json_open(j, '{', "expected '{'")) return FSDP_ERR_CORRUPT;
     while ((r = fsdp__json_more(j, '}', &seen)) > 0) {
         int n = 0, rk;
-        if (fsdp__json_key(j, &key, NULL, 0)) return FSDP_ERR_CORRUPT;
+        const char *name;
+        if (fsdp__json_key(j, &key, probe, sizeof probe)) return FSDP_ERR_CORRUPT;
+        name = FSDP__JSON_KEY(j, key, probe);
         fsdp__json_space(j);
-        if (strcmp(key, "dtype") == 0 && j->at < j->end && *j->at == '"') {
+        if (strcmp(name, "dtype") == 0 && j->at < j->end && *j->at == '"') {
             if (fsdp__json_string_into(j, &dtype)) return FSDP_ERR_CORRUPT;
-        } else if (strcmp(key, "shape") == 0) {
+        } else if (strcmp(name, "shape") == 0) {
             if (fsdp__json_open(j, '[', "a shape is not an array")) return FSDP_ERR_CORRUPT;
             while ((rk = fsdp__json_more(j, ']', &n)) > 0) {
                 int64_t d;
                 if (n > FSDP_MAX_DIMS || fsdp__json_int(j, 0, (int64_t)1 << 40, &d, "a shape entry is out of range"))
                     return fsdp__fmt(err, err_size, "%s: bad shape for '%s'", path, shown), FSDP_ERR_CORRUPT;
-                t->shape[n - 1] = d;
+                if (t) t->shape[n - 1] = d;
             }
             if (rk < 0) return FSDP_ERR_CORRUPT;
-            t->ndim = n;
+            if (t) t->ndim = n;
             have_shape = 1;
-        } else if (strcmp(key, "pieces") == 0 && j->at < j->end && *j->at == '[') {
+        } else if (strcmp(name, "pieces") == 0) {
+            int64_t next = 0; /* where the next piece must begin */
             if (have_pieces++) return fsdp__fmt(err, err_size, "%s: '%s' has pieces twice", path, shown), FSDP_ERR_CORRUPT;
-            if (fsdp__json_open(j, '[', "expected '['")) return FSDP_ERR_CORRUPT;
+            if (j->at >= j->end || *j->at != '[' || fsdp__json_open(j, '[', "expected '['"))
+                return fsdp__fmt(err, err_size, "%s: the pieces of '%s' are not a list", path, shown), FSDP_ERR_CORRUPT;
             while ((rk = fsdp__json_more(j, ']', &n)) > 0) {
                 int64_t v[3] = {0, 0, 0};
                 int m = 0, rm;
-                if (fsdp__json_open(j, '[', "a piece is not an array")) rm = -1;
+                fsdp__json_space(j);
+                if (j->at >= j->end || *j->at != '[' || fsdp__json_open(j, '[', "a piece is not an array")) rm = -1;
                 else while ((rm = fsdp__json_more(j, ']', &m)) > 0 && m <= 3)
                     if (fsdp__json_int(j, m == 1 ? 0 : INT64_MIN, m == 1 ? 1 << 30 : INT64_MAX, &v[m - 1],
                                        "a piece entry is not an integer"))
@@ -8453,13 +8670,22 @@ FSDP__PRIVATE int fsdp__index_tensor_entry(fsdp_index *ix, fsdp__json *j, fsdp_i
                 if (rm != 0 || m != 3)
                     return fsdp__fmt(err, err_size, "%s: piece %d of '%s' is not [file, begin, end]", path, n - 1, shown),
                            FSDP_ERR_CORRUPT;
-                ix->pieces[*num_pieces + n - 1].file = (int)v[0];
-                ix->pieces[*num_pieces + n - 1].begin = v[1];
-                ix->pieces[*num_pieces + n - 1].end = v[2];
+                if (v[1] != next || v[2] <= v[1])
+                    return fsdp__fmt(err, err_size, "%s: the pieces of '%s' do not cover its elements in order, each "
+                                     "once (piece %d is [%lld, %lld), the next element is %lld)", path, shown, n - 1,
+                                     (long long)v[1], (long long)v[2], (long long)next), FSDP_ERR_CORRUPT;
+                next = v[2];
+                if (t) {
+                    ix->pieces[*num_pieces + n - 1].file = (int)v[0];
+                    ix->pieces[*num_pieces + n - 1].begin = v[1];
+                    ix->pieces[*num_pieces + n - 1].end = v[2];
+                }
             }
             if (rk < 0) return FSDP_ERR_CORRUPT;
-            t->pieces = ix->pieces + *num_pieces;
-            t->num_pieces = n;
+            if (t) {
+                t->pieces = ix->pieces + *num_pieces;
+                t->num_pieces = n;
+            }
             *num_pieces += n;
         } else if (fsdp__json_skip(j)) {
             return FSDP_ERR_CORRUPT;
@@ -8467,10 +8693,11 @@ FSDP__PRIVATE int fsdp__index_tensor_entry(fsdp_index *ix, fsdp__json *j, fsdp_i
     }
     if (r < 0) return FSDP_ERR_CORRUPT;
     if (!have_pieces) return fsdp__fmt(err, err_size, "%s: entry '%s' lacks pieces", path, shown), FSDP_ERR_CORRUPT;
+    if (!have_shape) return fsdp__fmt(err, err_size, "%s: '%s' lacks a shape", path, shown), FSDP_ERR_CORRUPT;
+    if (!t) return 0;
     t->dtype = !dtype ? FSDP_DTYPE_DEFAULT : strcmp(dtype, "F32") == 0 ? FSDP_F32 : strcmp(dtype, "BF16") == 0 ? FSDP_BF16
                : strcmp(dtype, "F16") == 0 ? FSDP_F16 : FSDP_DTYPE_DEFAULT;
     if (!t->dtype) return fsdp__fmt(err, err_size, "%s: '%s' has no known dtype", path, shown), FSDP_ERR_CORRUPT;
-    if (!have_shape) return fsdp__fmt(err, err_size, "%s: '%s' lacks a shape", path, shown), FSDP_ERR_CORRUPT;
     t->numel = 1;
     for (k = 0; k < t->ndim; k++) {
         int64_t d = t->shape[k];
@@ -8524,16 +8751,14 @@ FSDP__PRIVATE int fsdp__index_walk(fsdp_index *ix, fsdp__json *j, const char *pa
             if ((in = fsdp__index_container(j, '{', path, "metadata is not a map of strings", err, err_size)) < 0)
                 return FSDP_ERR_CORRUPT;
             while (in && (rn = fsdp__json_more(j, '}', &n)) != 0) {
-                char *mkey, *value, shown[80];
-                if (rn < 0 || fsdp__json_key(j, &mkey, NULL, 0)) return FSDP_ERR_CORRUPT;
+                char *mkey, *value, shown[80], mprobe[80];
+                if (rn < 0 || fsdp__json_key(j, &mkey, mprobe, sizeof mprobe)) return FSDP_ERR_CORRUPT;
                 fsdp__json_space(j);
-                if (!j->fill) {
-                    if (fsdp__json_skip(j)) return FSDP_ERR_CORRUPT;
-                } else if (j->at >= j->end || *j->at != '"') {
+                if (j->at >= j->end || *j->at != '"')
                     return fsdp__fmt(err, err_size, "%s: metadata '%s' is not a string", path,
-                                     fsdp_printable(shown, sizeof shown, mkey)), FSDP_ERR_CORRUPT;
-                } else {
-                    if (fsdp__json_string(j, &value, NULL, 0)) return FSDP_ERR_CORRUPT;
+                                     fsdp_printable(shown, sizeof shown, FSDP__JSON_KEY(j, mkey, mprobe))), FSDP_ERR_CORRUPT;
+                if (fsdp__json_string(j, &value, NULL, 0)) return FSDP_ERR_CORRUPT;
+                if (j->fill) {
                     ix->meta_keys[nm] = mkey;
                     ix->meta_values[nm] = value;
                 }
@@ -8547,13 +8772,9 @@ FSDP__PRIVATE int fsdp__index_walk(fsdp_index *ix, fsdp__json *j, const char *pa
                 const char *file = NULL;
                 if (rn < 0) return FSDP_ERR_CORRUPT;
                 fsdp__json_space(j);
-                if (!j->fill) {
-                    if (fsdp__json_skip(j)) return FSDP_ERR_CORRUPT;
-                } else if (j->at >= j->end || *j->at != '"' || fsdp__json_string_into(j, &file)) {
+                if (j->at + 1 >= j->end || *j->at != '"' || j->at[1] == '"' || fsdp__json_string_into(j, &file))
                     return fsdp__fmt(err, err_size, "%s: file entry %d is not a plain file name", path, n - 1), FSDP_ERR_CORRUPT;
-                } else {
-                    ix->files[nf] = file;
-                }
+                if (j->fill) ix->files[nf] = file;
                 nf++;
             }
         } else if (strcmp(probe, "tensors") == 0) {
@@ -8561,14 +8782,13 @@ FSDP__PRIVATE int fsdp__index_walk(fsdp_index *ix, fsdp__json *j, const char *pa
                 return FSDP_ERR_CORRUPT;
             if (in && j->fill && ix->has_tensors++) return fsdp__fmt(err, err_size, "%s: tensors appears twice", path), FSDP_ERR_CORRUPT;
             while (in && (rn = fsdp__json_more(j, '}', &n)) != 0) {
-                char *name;
-                if (rn < 0 || fsdp__json_key(j, &name, NULL, 0)) return FSDP_ERR_CORRUPT;
-                if (!j->fill) {
-                    if (fsdp__index_count_pieces(j, &np)) return FSDP_ERR_CORRUPT;
-                } else {
-                    ix->tensors[nt].name = name;
-                    if ((rc = fsdp__index_tensor_entry(ix, j, &ix->tensors[nt], &np, path, err, err_size)) != 0) return rc;
-                }
+                char *name, tprobe[80], shown[80];
+                if (rn < 0 || fsdp__json_key(j, &name, tprobe, sizeof tprobe)) return FSDP_ERR_CORRUPT;
+                fsdp_printable(shown, sizeof shown, FSDP__JSON_KEY(j, name, tprobe));
+                if (j->fill) ix->tensors[nt].name = name;
+                if ((rc = fsdp__index_tensor_entry(ix, j, j->fill ? &ix->tensors[nt] : NULL, &np, shown, path, err,
+                                                   err_size)) != 0)
+                    return rc;
                 nt++;
             }
         } else if (fsdp__json_skip(j)) {
@@ -8589,6 +8809,12 @@ FSDP__PRIVATE int fsdp__index_build(fsdp_index *ix, size_t size, const char *pat
     fsdp__json j;
     int i, k, rc;
     char shown[80];
+    fsdp__json_start(&j, ix->text, size, 0, err, err_size); /* the syntax, before what it says */
+    if (fsdp__json_skip(&j) || fsdp__json_finish(&j)) {
+        char inner[FSDP__ERRMSG];
+        fsdp__copy_string(inner, sizeof inner, err);
+        return fsdp__fmt(err, err_size, "%s: %s", path, inner), FSDP_ERR_CORRUPT;
+    }
     fsdp__json_start(&j, ix->text, size, 0, err, err_size);
     if ((rc = fsdp__index_walk(ix, &j, path, err, err_size)) != 0) return rc;
     ix->files = (const char **)fsdp__calloc(sizeof(char *) * (size_t)(ix->num_files + 1));
@@ -8617,9 +8843,8 @@ FSDP__PRIVATE int fsdp__index_build(fsdp_index *ix, size_t size, const char *pat
             if (pc[k].file >= ix->num_files)
                 return fsdp__fmt(err, err_size, "%s: piece %d of '%s' names file %d of %d", path, k,
                                  fsdp_printable(shown, sizeof shown, t->name), pc[k].file, ix->num_files), FSDP_ERR_CORRUPT;
-        qsort(pc, (size_t)t->num_pieces, sizeof *pc, fsdp__cmp_piece);
-        for (k = 0; k < t->num_pieces && pc[k].begin == at && pc[k].end > at; k++) at = pc[k].end;
-        if (k < t->num_pieces || at != t->numel)
+        at = t->num_pieces ? pc[t->num_pieces - 1].end : 0; /* the walk saw them follow each other from 0 */
+        if (at != t->numel)
             return fsdp__fmt(err, err_size, "%s: the pieces of '%s' do not cover its %lld elements exactly once", path,
                              fsdp_printable(shown, sizeof shown, t->name), (long long)t->numel), FSDP_ERR_CORRUPT;
         ix->by_name[i] = i;
@@ -8657,7 +8882,7 @@ FSDP_API int fsdp_index_parse(fsdp_index **out, const void *bytes, size_t size, 
 
 FSDP_API int fsdp_index_open(fsdp_index **out, const char *dir, char *err, size_t err_size) {
     fsdp_index *ix;
-    char path[1024], scratch[8];
+    char path[1024], shown[300], scratch[8];
     struct stat st;
     int fd, rc = 0;
     if (!err) { err = scratch; err_size = sizeof scratch; }
@@ -8665,21 +8890,22 @@ FSDP_API int fsdp_index_open(fsdp_index **out, const char *dir, char *err, size_
     if (!out || !dir || strlen(dir) > 900) return FSDP_ERR_INVALID_ARG;
     if (!(ix = (fsdp_index *)fsdp__calloc(sizeof *ix))) return FSDP_ERR_OUT_OF_MEMORY;
     fsdp__fmt(path, sizeof path, "%s/index.json", dir);
+    fsdp_printable(shown, sizeof shown, path); /* for messages */
     /* a symlink, FIFO or device under the checkpoint's name is refused, not followed or waited on */
     fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0 || fstat(fd, &st) != 0)
-        rc = (fsdp__fmt(err, err_size, "%s: %s", path, errno == ELOOP ? "a symbolic link (refused)" : strerror(errno)), FSDP_ERR_IO);
+        rc = (fsdp__fmt(err, err_size, "%s: %s", shown, errno == ELOOP ? "a symbolic link (refused)" : strerror(errno)), FSDP_ERR_IO);
     else if (!S_ISREG(st.st_mode))
-        rc = (fsdp__fmt(err, err_size, "%s is not a regular file", path), FSDP_ERR_IO);
+        rc = (fsdp__fmt(err, err_size, "%s is not a regular file", shown), FSDP_ERR_IO);
     else if (st.st_size <= 0 || (uint64_t)st.st_size > FSDP__INDEX_MAX_BYTES)
-        rc = (fsdp__fmt(err, err_size, "%s has an implausible size (%lld bytes)", path, (long long)st.st_size), FSDP_ERR_CORRUPT);
+        rc = (fsdp__fmt(err, err_size, "%s has an implausible size (%lld bytes)", shown, (long long)st.st_size), FSDP_ERR_CORRUPT);
     else if (!(ix->text = (char *)FSDP_MALLOC((size_t)st.st_size + 1)))
         rc = FSDP_ERR_OUT_OF_MEMORY;
     else if (fsdp__pread_full(fd, ix->text, (size_t)st.st_size, 0) != 0)
-        rc = (fsdp__fmt(err, err_size, "cannot read %s: %s", path, strerror(errno)), FSDP_ERR_IO);
+        rc = (fsdp__fmt(err, err_size, "cannot read %s: %s", shown, strerror(errno)), FSDP_ERR_IO);
     else {
         ix->text[st.st_size] = 0;
-        rc = fsdp__index_build(ix, (size_t)st.st_size, path, err, err_size);
+        rc = fsdp__index_build(ix, (size_t)st.st_size, shown, err, err_size);
     }
     if (fd >= 0) close(fd);
     if (rc) { fsdp_index_close(ix); return rc; }

@@ -40,7 +40,7 @@ typedef struct options {
     fsdp_dtype dtype;
     int iters;                  /* 0: chosen per size */
     int warmup;
-    int csv, inplace, mpi_native, registered;
+    int csv, inplace, mpi_native, registered, from_env;
 } options;
 
 typedef struct bench {
@@ -71,6 +71,9 @@ static void usage(FILE *out)
         "  --registered              buffers from fsdp_comm_alloc, which shm peers read directly\n"
         "                            (zero-copy); the backend column then says e.g. shm-registered\n"
         "  --csv                     backend,P,op,bytes,median_us,algbw_GBps,busbw_GBps lines\n"
+        "  --from-env                ranks from the environment, as a job launched by torchrun,\n"
+        "                            srun or by hand across hosts (RANK, WORLD_SIZE, MASTER_ADDR,\n"
+        "                            MASTER_PORT, FSDP_BACKEND, ...; see README, Many machines)\n"
         "  --mpi-native              with --backend mpi: time MPI_Allgather, MPI_Reduce_scatter_block\n"
         "                            and MPI_Allreduce (MPI_FLOAT, sum) directly, not fsdp.h's bridge\n"
         "  --help                    this text\n");
@@ -141,6 +144,7 @@ static int parse_options(int argc, char **argv, options *opt, int *run)
         else if (!strcmp(flag, "--inplace")) { opt->inplace = 1; takes_value = 0; }
         else if (!strcmp(flag, "--registered")) { opt->registered = 1; takes_value = 0; }
         else if (!strcmp(flag, "--mpi-native")) { opt->mpi_native = 1; takes_value = 0; }
+        else if (!strcmp(flag, "--from-env")) { opt->from_env = 1; takes_value = 0; }
         else if (!strcmp(flag, "--backend")) {
             if ((ok = (k = lookup(val, backends)) >= 0)) opt->backend = (fsdp_backend_kind)(k + 1);
         } else if (!strcmp(flag, "--dtype")) {
@@ -357,7 +361,7 @@ static int measure(const bench *b, fsdp_coll_kind kind, char *x, char *y, size_t
         double algbw = (double)used / median / 1e3; /* bytes per microsecond / 1e3 = GB/s */
         double factor = (double)(P - 1) / (double)P * (kind == FSDP_COLL_ALL_REDUCE ? 2 : 1);
         char backend[32];
-        snprintf(backend, sizeof backend, "%s%s", is_native(b) ? "mpi-native" : fsdp_backend_name(opt->backend),
+        snprintf(backend, sizeof backend, "%s%s", is_native(b) ? "mpi-native" : fsdp_comm_transport(b->comm),
                  opt->registered ? "-registered" : "");
         if (opt->csv) printf("%s,%zu,%s,%zu,%.2f,%.3f,%.3f\n", backend, P, name, used, median,
                              algbw, algbw * factor);
@@ -392,7 +396,7 @@ static int run(const bench *b)
         if (opt->csv) printf("backend,P,op,bytes,median_us,algbw_GBps,busbw_GBps\n");
         else {
             printf("# bench_comm (fsdp.h %s): backend %s, %d rank%s, dtype %s, %s%s\n",
-                   fsdp_version_string(), b->comm ? fsdp_backend_name(opt->backend) : "mpi-native",
+                   fsdp_version_string(), b->comm ? fsdp_comm_transport(b->comm) : "mpi-native",
                    b->nranks, b->nranks == 1 ? "" : "s", fsdp_dtype_name(opt->dtype),
                    opt->inplace ? "in-place" : "out-of-place",
                    opt->registered ? ", buffers from fsdp_comm_alloc" : "");
@@ -492,6 +496,17 @@ int main(int argc, char **argv)
     int run_it, rc = parse_options(argc, argv, &opt, &run_it);
     if (!run_it) return rc;
     if (opt.backend == FSDP_BACKEND_MPI) return run_mpi(&opt);
+    if (opt.from_env) {
+        fsdp_comm *comm = NULL;
+        char err[512];
+        if (fsdp_comm_init_from_env(&comm, NULL, err, sizeof err) != 0) {
+            fprintf(stderr, "bench_comm: %s\n", err);
+            return 1;
+        }
+        rc = rank_main(comm, &opt);
+        fsdp_comm_destroy(comm);
+        return rc;
+    }
 
     fsdp_launch_desc desc;
     fsdp_launch_status status;

@@ -642,17 +642,22 @@ static void *kill_self_soon(void *arg) {
 
 /* Loops big all_reduces until one fails (bounded by LOOP_LIMIT_MS) and records that failure.
    shared: the buffer comes from fsdp_comm_alloc, so peers read it directly (and wait for each
-   other's reads before returning). */
-static void loop_all_reduce_until_failure(fsdp_comm *comm, rank_report *report, int shared) {
+   other's reads before returning). doomed: this rank kills itself soon after the buffer is
+   ready (not during fsdp_comm_alloc, which a loaded machine may make last longer). */
+static void loop_all_reduce_until_failure(fsdp_comm *comm, rank_report *report, int shared, int doomed) {
     void *mem = NULL;
     float *data = shared ? (fsdp_comm_alloc(comm, BIG_COUNT * sizeof(float), &mem) == 0 ? (float *)mem : NULL)
                          : (float *)calloc(BIG_COUNT, sizeof(float));
     double loop_start = now_ms();
     report->rc = FSDP_SUCCESS;
     if (!data) {
-        copy_text(report->message, sizeof report->message, "calloc failed");
+        copy_text(report->message, sizeof report->message, shared ? fsdp_comm_last_error(comm) : "calloc failed");
         report->rc = FSDP_ERR_OUT_OF_MEMORY;
         return;
+    }
+    if (doomed) {
+        pthread_t killer;
+        if (pthread_create(&killer, NULL, kill_self_soon, NULL) != 0) raise(SIGKILL);
     }
     while (now_ms() - loop_start < LOOP_LIMIT_MS) {
         double start = now_ms();
@@ -673,11 +678,7 @@ static int killed_rank_main(fsdp_comm *comm, void *arg) {
     int rank = rank_index(comm);
     rank_report *report = &shared->rank[rank];
     (void)arg;
-    if (rank == DOOMED_RANK) {
-        pthread_t killer;
-        if (pthread_create(&killer, NULL, kill_self_soon, NULL) != 0) raise(SIGKILL);
-    }
-    loop_all_reduce_until_failure(comm, report, arg != NULL);
+    loop_all_reduce_until_failure(comm, report, arg != NULL, rank == DOOMED_RANK);
     report->done = 1;
     return 0; /* the survivors succeed: the launcher must name the killed rank */
 }
@@ -784,7 +785,7 @@ static int exiting_rank_main(fsdp_comm *comm, void *arg) {
     for (i = 0; i < 3; i++)
         if (fsdp_all_reduce(comm, &value, &sum, 1, FSDP_F32, FSDP_SUM) != FSDP_SUCCESS) return 4;
     if (rank == EXITING_RANK) return EXIT_CODE;
-    loop_all_reduce_until_failure(comm, report, 0);
+    loop_all_reduce_until_failure(comm, report, 0, 0);
     report->done = 1;
     return 0;
 }
