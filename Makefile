@@ -29,7 +29,8 @@ help:
 	@echo "make bench-mpi   build/bench_comm_mpi (collectives through Open MPI; needs libopenmpi-dev)"
 	@echo "make bench-torch the GPT against PyTorch (python3-torch) at P = 1 and 2, two model sizes"
 	@echo "make tools       build/ckpt_tool (inspect, consolidate, shard checkpoints)"
-	@echo "make fuzz        fuzz the safetensors parser for FUZZ_TIME seconds (clang + libFuzzer)"
+	@echo "make fuzz        fuzz the safetensors, index.json and handshake parsers, FUZZ_TIME seconds each (clang + libFuzzer)"
+	@echo "make fuzz-index  fuzz index.json parsing (fsdp_index_parse); make fuzz-hello: the socket handshake"
 
 $(BUILD):
 	@mkdir -p $(BUILD)
@@ -134,6 +135,29 @@ fuzz: $(BUILD)/fuzz_safetensors
 	@mkdir -p $(BUILD)/fuzz-corpus $(BUILD)/fuzz-artifacts
 	$(BUILD)/fuzz_safetensors -max_total_time=$(FUZZ_TIME) -max_len=16384 -dict=tests/fuzz_safetensors.dict \
 	    -artifact_prefix=$(BUILD)/fuzz-artifacts/ -print_final_stats=1 $(BUILD)/fuzz-corpus tests/corpus/safetensors
+	@$(MAKE) --no-print-directory fuzz-index
+	@$(MAKE) --no-print-directory fuzz-hello
+
+# The same for index.json (crashers go to tests/corpus/index/crashers/, replayed by test_files)
+# and for the socket handshake and header parsing (tests/corpus/hello/crashers/).
+.PHONY: fuzz-index fuzz-hello
+$(BUILD)/fuzz_index: tests/fuzz_index.c fsdp.h | $(BUILD)
+	@command -v $(FUZZ_CC) >/dev/null || { echo "error: $(FUZZ_CC) not found; sudo apt-get install clang libclang-rt-14-dev"; exit 1; }
+	$(FUZZ_CC) -std=c99 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. $< -o $@ $(LDLIBS)
+
+$(BUILD)/fuzz_hello: tests/fuzz_hello.c fsdp.h | $(BUILD)
+	@command -v $(FUZZ_CC) >/dev/null || { echo "error: $(FUZZ_CC) not found; sudo apt-get install clang libclang-rt-14-dev"; exit 1; }
+	$(FUZZ_CC) -std=c99 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. $< -o $@ $(LDLIBS)
+
+fuzz-index: $(BUILD)/fuzz_index
+	@mkdir -p $(BUILD)/fuzz-corpus-index $(BUILD)/fuzz-artifacts
+	$(BUILD)/fuzz_index -max_total_time=$(FUZZ_TIME) -max_len=16384 -dict=tests/fuzz_index.dict \
+	    -artifact_prefix=$(BUILD)/fuzz-artifacts/index- -print_final_stats=1 $(BUILD)/fuzz-corpus-index tests/corpus/index
+
+fuzz-hello: $(BUILD)/fuzz_hello
+	@mkdir -p $(BUILD)/fuzz-corpus-hello $(BUILD)/fuzz-artifacts
+	$(BUILD)/fuzz_hello -max_total_time=$(FUZZ_TIME) -max_len=1024 -dict=tests/fuzz_hello.dict \
+	    -artifact_prefix=$(BUILD)/fuzz-artifacts/hello- -print_final_stats=1 $(BUILD)/fuzz-corpus-hello tests/corpus/hello
 
 clean:
 	rm -rf $(BUILD)

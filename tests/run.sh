@@ -76,6 +76,22 @@ if [ -z "$NO_EXTRA_CHECKS" ]; then
     fi
     rm -rf "$tmp"
 
+    # ckpt_tool on hostile files (issue 9): terminal escapes in names and metadata never reach
+    # its output as ESC bytes, and a FIFO under a checkpoint's name fails at once
+    if make --no-print-directory "$BUILD/ckpt_tool" BUILD="$BUILD" >"$log" 2>&1; then
+        tmp=$(mktemp -d)
+        hdr='{"__metadata__":{"note\u001b[2J":"\u001b]0;owned\u0007","crc32c.evil\u001b]0;owned\u0007":"00000000"},"evil\u001b]0;owned\u0007":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+        { printf "\\$(printf %03o $((${#hdr} % 256)))\\$(printf %03o $((${#hdr} / 256)))\\000\\000\\000\\000\\000\\000"
+          printf '%s' "$hdr"; printf '\001\002\003\004'; } >"$tmp/evil.safetensors"
+        mkfifo "$tmp/fifo.safetensors"
+        check ckpt_tool.inspect_prints_no_escape_bytes sh -c "'$BIN/ckpt_tool' inspect '$tmp/evil.safetensors' >'$tmp/out' 2>&1;
+            grep -q evil '$tmp/out' && ! od -An -tx1 '$tmp/out' | grep -q ' 1b' || { od -c '$tmp/out' | grep 033; exit 1; }"
+        check ckpt_tool.inspect_of_a_fifo_fails_within_5s sh -c "timeout 5 '$BIN/ckpt_tool' inspect '$tmp/fifo.safetensors'; rc=\$?; [ \$rc -ne 0 ] && [ \$rc -ne 124 ]"
+        rm -rf "$tmp"
+    else
+        echo "(ckpt_tool checks skipped: $BUILD/ckpt_tool cannot be built)"
+    fi
+
     if [ -z "$SKIP_MPI" ] && [ -f tests/test_mpi.c ] && command -v "${MPICC:-mpicc}" >/dev/null 2>&1 && command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1; then
         echo "== MPI bridge (mpirun)"
         if make --no-print-directory "$BUILD/test_mpi" BUILD="$BUILD" UNITY_DIR="$UNITY_DIR" >"$log" 2>&1; then

@@ -1,0 +1,1661 @@
+/* test_files.c - specification of checkpoint files against hostile names and bytes (issue 9, the
+   file side; tests/test_hostile.c has the network side):
+   - writes: every writer (fsdp_st_writer, fsdp_save_full, fsdp_save_sharded,
+     fsdp_write_file_atomic) creates a fresh temporary file exclusively, mode 0600 while it is
+     being written, and gives the final file 0666 less the umask; a symlink at the final path is
+     replaced (its target untouched) and one planted under the old predictable temporary name
+     "<path>.tmp.<pid>" is never followed; two writers of one path in one process both succeed.
+   - stale temporary files are removed only when they are this host's and their writer is dead.
+   - readers: a FIFO fails at once instead of blocking, a directory or a device is refused,
+     symbolic links inside a checkpoint directory (index.json, shard files) are refused, a
+     user's own symlink to a file works, and no message shows a file's first bytes.
+   - JSON: parsing a ~10 MB safetensors header or index.json of any shape peaks at no more than
+     4x the input in allocations (measured with a counting allocator: this file defines
+     FSDP_MALLOC / FSDP_REALLOC / FSDP_FREE).
+   - names and metadata from files are shown through fsdp_printable (control bytes and escape
+     sequences as \xNN) in every message, while callbacks get them raw.
+   - fsdp_load_full fails on every rank, naming it, when a rank opened another file.
+   - the index.json fuzz target's corpus (tests/corpus/index and its crashers/ folder) is
+     replayed through fsdp_index_parse; run from the repository root or set INDEX_CORPUS_DIR.
+
+   Tests that need another process (a FIFO open that may block, a file size limit, two ranks)
+   fork; children report through a MAP_SHARED board and their exit status, every wait is
+   bounded, and only the parent asserts. Every test works in its own directory under /tmp
+   (mkdtemp in setUp, removed in tearDown).
+
+   Build: gcc -std=c99 -O2 -g -Wall -Wextra -Wpedantic -Werror -I. -Itests/unity \
+              tests/test_files.c tests/unity/unity.c -o /tmp/tfiles -lpthread -lm */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------------------------------------
+   the counting allocator: every allocation of fsdp.h, with its size in a header before it
+   --------------------------------------------------------------------------------------------- */
+#define ALLOC_HEADER 16 /* keeps the alignment malloc gives */
+static size_t alloc_current, alloc_peak;
+
+static void allocation_changed(size_t added, size_t removed) {
+    size_t now = __atomic_add_fetch(&alloc_current, added, __ATOMIC_RELAXED);
+    size_t peak = __atomic_load_n(&alloc_peak, __ATOMIC_RELAXED);
+    while (now > peak && !__atomic_compare_exchange_n(&alloc_peak, &peak, now, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    __atomic_sub_fetch(&alloc_current, removed, __ATOMIC_RELAXED);
+}
+
+static void *counting_malloc(size_t size) {
+    unsigned char *block = (unsigned char *)malloc(size + ALLOC_HEADER);
+    if (!block) return NULL;
+    memcpy(block, &size, sizeof size);
+    allocation_changed(size, 0);
+    return block + ALLOC_HEADER;
+}
+
+/* The old and the new block both count until the call returns, as realloc may hold both. */
+static void *counting_realloc(void *ptr, size_t size) {
+    unsigned char *block;
+    size_t old;
+    if (!ptr) return counting_malloc(size);
+    block = (unsigned char *)ptr - ALLOC_HEADER;
+    memcpy(&old, block, sizeof old);
+    allocation_changed(size, 0);
+    block = (unsigned char *)realloc(block, size + ALLOC_HEADER);
+    if (!block) {
+        allocation_changed(0, size);
+        return NULL;
+    }
+    memcpy(block, &size, sizeof size);
+    allocation_changed(0, old);
+    return block + ALLOC_HEADER;
+}
+
+static void counting_free(void *ptr) {
+    unsigned char *block;
+    size_t size;
+    if (!ptr) return;
+    block = (unsigned char *)ptr - ALLOC_HEADER;
+    memcpy(&size, block, sizeof size);
+    allocation_changed(0, size);
+    free(block);
+}
+
+#define FSDP_MALLOC(size) counting_malloc(size)
+#define FSDP_REALLOC(ptr, size) counting_realloc(ptr, size)
+#define FSDP_FREE(ptr) counting_free(ptr)
+#define FSDP_IMPLEMENTATION
+#include "fsdp.h"
+#include "unity.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHILD_TIMEOUT_MS 20000   /* bound on a forked child; only reached on a hang */
+#define FIFO_DEADLINE_MS 100     /* a reader given a FIFO fails within this */
+#define JSON_INPUT_BYTES (10u << 20)
+#define JSON_MAX_RATIO 4.0       /* peak allocation of a parse, in units of the input's size */
+
+#ifndef INDEX_CORPUS_DIR
+#define INDEX_CORPUS_DIR NULL /* derived from __FILE__: tests/corpus/index */
+#endif
+
+static char tmpdir[128];        /* this test's directory */
+static char message[4096];      /* assertion messages */
+static mode_t saved_umask;
+static void *board_memory;      /* the MAP_SHARED region of a forked test */
+static size_t board_bytes;
+
+/* single-rank objects of in-process tests; tearDown releases whatever a test left */
+static fsdp_comm *comm1;
+static fsdp_ctx *ctx1;
+static fsdp_model *model1;
+static fsdp_logger ctx_logger;  /* what ctx_open gives a context (default: silent) */
+static char *text;              /* a document being built (plain malloc: not counted) */
+static size_t text_len, text_cap;
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+void setUp(void) {
+    saved_umask = umask(022);
+    umask(saved_umask);
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/fsdp-test-files-XXXXXX");
+    if (!mkdtemp(tmpdir)) {
+        snprintf(message, sizeof message, "mkdtemp(%s): %s", tmpdir, strerror(errno));
+        TEST_FAIL_MESSAGE(message);
+    }
+}
+
+void tearDown(void) {
+    umask(saved_umask);
+    memset(&ctx_logger, 0, sizeof ctx_logger);
+    fsdp_destroy(ctx1);
+    ctx1 = NULL;
+    fsdp_model_destroy(model1);
+    model1 = NULL;
+    fsdp_comm_destroy(comm1);
+    comm1 = NULL;
+    free(text);
+    text = NULL;
+    text_len = text_cap = 0;
+    if (board_memory) munmap(board_memory, board_bytes);
+    board_memory = NULL;
+    if (tmpdir[0]) nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    tmpdir[0] = 0;
+}
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A zeroed MAP_SHARED region forked children write into; unmapped in tearDown. */
+static void *map_board(size_t bytes) {
+    board_memory = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    TEST_ASSERT_TRUE_MESSAGE(board_memory != MAP_FAILED, "mmap of the shared board");
+    board_bytes = bytes;
+    memset(board_memory, 0, bytes);
+    return board_memory;
+}
+
+/* Runs fn(arg) in a forked child (which must not assert) and waits for it at most timeout_ms,
+   killing it then. Returns 1 if it exited by itself (its status in *status), 0 if killed. */
+static int run_child(int (*fn)(void *), void *arg, int timeout_ms, int *status) {
+    int64_t until = now_ms() + timeout_ms;
+    pid_t pid;
+    fflush(NULL);
+    pid = fork();
+    if (pid == 0) {
+        alarm((unsigned)(timeout_ms / 1000 + 2)); /* a child that outlives the parent's wait dies */
+        _exit(fn(arg));
+    }
+    TEST_ASSERT_TRUE_MESSAGE(pid > 0, "fork");
+    while (now_ms() < until) {
+        pid_t done = waitpid(pid, status, WNOHANG);
+        if (done == pid) return 1;
+        usleep(1000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, status, 0);
+    return 0;
+}
+
+static void assert_child_ok(int finished, int status, const char *what) {
+    snprintf(message, sizeof message, "%s: the child %s", what,
+             !finished ? "did not finish in time (killed)"
+             : WIFSIGNALED(status) ? "was killed by a signal" : "exited with a failure");
+    TEST_ASSERT_TRUE_MESSAGE(finished && WIFEXITED(status) && WEXITSTATUS(status) == 0, message);
+}
+
+/* A process that is surely gone: a child that exited and was reaped. */
+static pid_t dead_pid(void) {
+    int status;
+    pid_t pid;
+    fflush(NULL);
+    pid = fork();
+    if (pid == 0) _exit(0);
+    TEST_ASSERT_TRUE(pid > 0);
+    TEST_ASSERT_EQUAL_INT(pid, waitpid(pid, &status, 0));
+    return pid;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   files and directories
+   --------------------------------------------------------------------------------------------- */
+static void path_in(char *out, size_t size, const char *name) { snprintf(out, size, "%s/%s", tmpdir, name); }
+
+static void write_bytes(const char *path, const void *bytes, size_t size) {
+    FILE *f = fopen(path, "wb");
+    snprintf(message, sizeof message, "cannot write %s: %s", path, strerror(errno));
+    TEST_ASSERT_NOT_NULL_MESSAGE(f, message);
+    TEST_ASSERT_EQUAL_size_t(size, fwrite(bytes, 1, size, f));
+    TEST_ASSERT_EQUAL_INT(0, fclose(f));
+}
+
+/* The file's bytes (at most size - 1) as a string; its length. */
+static size_t read_bytes(const char *path, char *out, size_t size) {
+    FILE *f = fopen(path, "rb");
+    size_t n;
+    snprintf(message, sizeof message, "cannot read %s: %s", path, strerror(errno));
+    TEST_ASSERT_NOT_NULL_MESSAGE(f, message);
+    n = fread(out, 1, size - 1, f);
+    out[n] = 0;
+    fclose(f);
+    return n;
+}
+
+static void copy_file(const char *from, const char *to) {
+    static char bytes[1 << 20];
+    FILE *f = fopen(from, "rb");
+    size_t n;
+    TEST_ASSERT_NOT_NULL(f);
+    n = fread(bytes, 1, sizeof bytes, f);
+    fclose(f);
+    TEST_ASSERT_TRUE(n < sizeof bytes);
+    write_bytes(to, bytes, n);
+}
+
+/* Number of entries of dir whose names contain part. */
+static int count_entries(const char *dir, const char *part) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int n = 0;
+    if (!d) return -1;
+    while ((e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 && strstr(e->d_name, part)) n++;
+    closedir(d);
+    return n;
+}
+
+/* The name of the first entry of dir that starts with prefix and ends with suffix ("" if none). */
+static void find_entry(const char *dir, const char *prefix, const char *suffix, char *out, size_t size) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    out[0] = 0;
+    TEST_ASSERT_NOT_NULL(d);
+    while ((e = readdir(d)) != NULL) {
+        size_t n = strlen(e->d_name), s = strlen(suffix);
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0 && n >= s && strcmp(e->d_name + n - s, suffix) == 0) {
+            snprintf(out, size, "%s", e->d_name);
+            break;
+        }
+    }
+    closedir(d);
+}
+
+/* A regular file under that very name (not a symlink to one). */
+static int is_regular_file(const char *path) {
+    struct stat st;
+    return lstat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static mode_t mode_of(const char *path) {
+    struct stat st;
+    snprintf(message, sizeof message, "lstat(%s): %s", path, strerror(errno));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, lstat(path, &st), message);
+    return st.st_mode;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   a small model and a single-rank context in this process
+   --------------------------------------------------------------------------------------------- */
+#define IN 3
+#define OUT 4
+static const char *const model_names[2] = {"lin.weight", "lin.bias"};
+static const int64_t model_numel[2] = {OUT * IN, OUT};
+
+/* lin (Linear 3 -> 4): weight [4,3], bias [4]. No test assertions: children call it too. */
+static int model_build(fsdp_model **out) {
+    fsdp_init_rule uniform = {FSDP_INIT_UNIFORM, -0.5f, 0.5f, NULL, NULL};
+    int64_t s_weight[2] = {OUT, IN}, s_bias[1] = {OUT};
+    int rc, lin;
+    if ((rc = fsdp_model_create(out, "Net")) != 0) return rc;
+    if ((lin = fsdp_model_module(*out, 0, "lin", "Linear")) < 0) return lin;
+    if ((rc = fsdp_model_param(*out, lin, "weight", 2, s_weight, uniform)) < 0) return rc;
+    if ((rc = fsdp_model_param(*out, lin, "bias", 1, s_bias, uniform)) < 0) return rc;
+    return 0;
+}
+
+static int ctx_open(fsdp_comm *comm, fsdp_model **model, fsdp_ctx **ctx) {
+    fsdp_desc d;
+    int rc;
+    if ((rc = model_build(model)) != 0) return rc;
+    memset(&d, 0, sizeof d);
+    d.comm = comm;
+    d.logger = ctx_logger;
+    d.seed = 5;
+    d.optimizer.kind = FSDP_SGD;
+    d.optimizer.lr = 0.1f;
+    return fsdp_init(ctx, *model, &d);
+}
+
+static int comm_open_one(fsdp_comm **comm) {
+    fsdp_comm_desc cd;
+    char job[64];
+    memset(&cd, 0, sizeof cd);
+    snprintf(job, sizeof job, "test-files-%d", (int)getpid());
+    cd.world_size = 1;
+    cd.job = job;
+    cd.timeout_ms = 5000;
+    return fsdp_comm_init(comm, &cd);
+}
+
+static void start_one_rank(void) {
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, comm_open_one(&comm1), fsdp_comm_last_error(NULL));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, ctx_open(comm1, &model1, &ctx1), fsdp_last_error(NULL));
+}
+
+/* The model's tensors (values base + index), plus extra F32 [1] tensors named extra[], as a
+   safetensors file written by fsdp_st_writer. No test assertions. */
+static int write_model_file(const char *path, float base, const char *const *extra, int num_extra, char *err,
+                            size_t err_size) {
+    fsdp_st_spec specs[8];
+    fsdp_st_writer *w = NULL;
+    int i, rc;
+    int64_t k;
+    memset(specs, 0, sizeof specs);
+    for (i = 0; i < 2 + num_extra && i < 8; i++) {
+        specs[i].name = i < 2 ? model_names[i] : extra[i - 2];
+        specs[i].dtype = FSDP_F32;
+        specs[i].ndim = i == 0 ? 2 : 1;
+        specs[i].shape[0] = i == 0 ? OUT : i == 1 ? OUT : 1;
+        specs[i].shape[1] = i == 0 ? IN : 0;
+    }
+    if ((rc = fsdp_st_writer_open(&w, path, specs, 2 + num_extra, NULL, 0, err, err_size)) != 0) return rc;
+    for (i = 0; i < 2 + num_extra; i++)
+        for (k = 0; k < (i < 2 ? model_numel[i] : 1); k++) {
+            float v = base + (float)k;
+            if ((rc = fsdp_st_writer_write_f32(w, &v, 1)) != 0) {
+                fsdp_st_writer_abort(w);
+                return rc;
+            }
+        }
+    return fsdp_st_writer_close(w, err, err_size);
+}
+
+static void write_model_file_ok(const char *path, float base) {
+    char err[1024] = "";
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, write_model_file(path, base, NULL, 0, err, sizeof err), err);
+}
+
+/* The file at path is a model file whose first value is base. */
+static void assert_model_file(const char *path, float base) {
+    fsdp_st_file *f = NULL;
+    char err[1024] = "";
+    float v = -1.0f;
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_st_open(&f, path, err, sizeof err), err);
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_st_read(f, fsdp_st_find(f, "lin.weight"), 0, 1, &v, err, sizeof err));
+    fsdp_st_close(f);
+    TEST_ASSERT_EQUAL_FLOAT(base, v);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   writes: temporary files 0600 while written, final files 0666 less the umask
+   --------------------------------------------------------------------------------------------- */
+enum { WRITER_ST, WRITER_SAVE_FULL, WRITER_SAVE_SHARDED, WRITER_ATOMIC, NUM_WRITERS };
+static const char *const writer_names[NUM_WRITERS] = {"fsdp_st_writer", "fsdp_save_full", "fsdp_save_sharded",
+                                                      "fsdp_write_file_atomic"};
+
+/* fsdp_st_writer: the temporary file is in the directory from open to close. */
+static void test_st_writer_temporary_file_is_mode_0600_while_written(void) {
+    fsdp_st_spec spec;
+    fsdp_st_writer *w = NULL;
+    char path[256], name[256], tmp[512], err[1024] = "";
+    float values[4] = {1, 2, 3, 4};
+    mode_t mode;
+    umask(022);
+    path_in(path, sizeof path, "model.safetensors");
+    memset(&spec, 0, sizeof spec);
+    spec.name = "w";
+    spec.dtype = FSDP_F32;
+    spec.ndim = 1;
+    spec.shape[0] = 4;
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_st_writer_open(&w, path, &spec, 1, NULL, 0, err, sizeof err), err);
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_st_writer_write_f32(w, values, 2));
+    find_entry(tmpdir, "model.safetensors.tmp.", "", name, sizeof name);
+    if (!name[0]) fsdp_st_writer_abort(w);
+    TEST_ASSERT_TRUE_MESSAGE(name[0] != 0, "no temporary file beside model.safetensors while the writer is open");
+    snprintf(tmp, sizeof tmp, "%s/%s", tmpdir, name);
+    mode = mode_of(tmp);
+    if ((mode & 07777) != 0600 || !S_ISREG(mode)) fsdp_st_writer_abort(w);
+    snprintf(message, sizeof message, "%s while written: mode %04o", name, (unsigned)(mode & 07777));
+    TEST_ASSERT_EQUAL_HEX32_MESSAGE(0600, mode & 07777, message);
+    TEST_ASSERT_TRUE_MESSAGE(S_ISREG(mode), message);
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_st_writer_write_f32(w, values + 2, 2));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_st_writer_close(w, err, sizeof err), err);
+    TEST_ASSERT_EQUAL_INT(0, count_entries(tmpdir, ".tmp."));
+}
+
+/* The other writers give no moment between creating and renaming: a file size limit stops
+   them in the middle of a write, and the SIGXFSZ handler looks at the directory then. */
+#define SIZE_LIMIT 256
+typedef struct watch_board {
+    char dir[256];
+    int writer;
+    int signals;       /* SIGXFSZ deliveries */
+    int temporaries;   /* temporary files seen at those moments */
+    unsigned modes[8]; /* their modes */
+    char names[8][128];
+    int rc;
+    char error[1024];
+    int stage;         /* what the child reached, for the message */
+} watch_board;
+
+static watch_board *watch;
+
+static void look_at_temporaries(int sig) {
+    DIR *d = opendir(watch->dir);
+    struct dirent *e;
+    char path[512];
+    struct stat st;
+    (void)sig;
+    watch->signals++;
+    while (d && (e = readdir(d)) != NULL)
+        if (strstr(e->d_name, ".tmp.") && watch->temporaries < 8) {
+            snprintf(path, sizeof path, "%s/%s", watch->dir, e->d_name);
+            if (lstat(path, &st) != 0) continue;
+            watch->modes[watch->temporaries] = (unsigned)(st.st_mode & 07777);
+            snprintf(watch->names[watch->temporaries], sizeof watch->names[0], "%.120s", e->d_name);
+            watch->temporaries++;
+        }
+    if (d) closedir(d);
+}
+
+static int write_beyond_the_limit(void *arg) {
+    watch_board *b = (watch_board *)arg;
+    static unsigned char data[64 * 1024];
+    fsdp_comm *comm = NULL;
+    fsdp_model *model = NULL;
+    fsdp_ctx *ctx = NULL;
+    struct rlimit limit;
+    char path[512];
+    int rc = 0;
+    watch = b;
+    umask(022);
+    signal(SIGXFSZ, look_at_temporaries);
+    if (b->writer == WRITER_SAVE_FULL || b->writer == WRITER_SAVE_SHARDED) {
+        if ((rc = comm_open_one(&comm)) != 0 || (rc = ctx_open(comm, &model, &ctx)) != 0) {
+            snprintf(b->error, sizeof b->error, "setup: %s", fsdp_result_name(rc));
+            return 1;
+        }
+    }
+    b->stage = 1;
+    limit.rlim_cur = limit.rlim_max = SIZE_LIMIT;
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) return 2;
+    b->stage = 2;
+    if (b->writer == WRITER_SAVE_SHARDED) snprintf(path, sizeof path, "%s", b->dir); /* the directory */
+    else snprintf(path, sizeof path, "%s/out.bin", b->dir);
+    switch (b->writer) {
+        case WRITER_ST: rc = write_model_file(path, 1.0f, NULL, 0, b->error, sizeof b->error); break;
+        case WRITER_SAVE_FULL: rc = fsdp_save_full(ctx, path, NULL); break;
+        case WRITER_SAVE_SHARDED: rc = fsdp_save_sharded(ctx, path, NULL); break;
+        default: rc = fsdp_write_file_atomic(path, data, sizeof data, b->error, sizeof b->error); break;
+    }
+    b->stage = 3;
+    b->rc = rc;
+    if (ctx && rc) snprintf(b->error, sizeof b->error, "%s", fsdp_last_error(ctx));
+    fsdp_destroy(ctx);
+    fsdp_model_destroy(model);
+    fsdp_comm_destroy(comm);
+    return 0;
+}
+
+static void assert_temporary_is_0600_while_written(int writer) {
+    watch_board *b = (watch_board *)map_board(sizeof(watch_board));
+    int status, finished, i;
+    char where[300];
+    snprintf(b->dir, sizeof b->dir, "%s", tmpdir);
+    b->writer = writer;
+    if (writer == WRITER_SAVE_SHARDED) {
+        snprintf(b->dir, sizeof b->dir, "%s/ckpt", tmpdir);
+        TEST_ASSERT_EQUAL_INT(0, mkdir(b->dir, 0700));
+    }
+    finished = run_child(write_beyond_the_limit, b, CHILD_TIMEOUT_MS, &status);
+    snprintf(where, sizeof where, "%s (stage %d, %.200s)", writer_names[writer], b->stage, b->error);
+    assert_child_ok(finished, status, where);
+    snprintf(message, sizeof message, "%s: a write beyond the file size limit succeeded", writer_names[writer]);
+    TEST_ASSERT_TRUE_MESSAGE(b->rc != FSDP_SUCCESS, message);
+    snprintf(message, sizeof message, "%s: no temporary file in the directory while it was written (%d SIGXFSZ)",
+             writer_names[writer], b->signals);
+    TEST_ASSERT_TRUE_MESSAGE(b->temporaries > 0, message);
+    for (i = 0; i < b->temporaries; i++) {
+        snprintf(message, sizeof message, "%s: %s while written: mode %04o", writer_names[writer], b->names[i], b->modes[i]);
+        TEST_ASSERT_EQUAL_HEX32_MESSAGE(0600, b->modes[i], message);
+    }
+    snprintf(message, sizeof message, "%s left a temporary file after failing", writer_names[writer]);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, count_entries(b->dir, ".tmp."), message);
+}
+
+static void test_save_full_temporary_file_is_mode_0600_while_written(void) {
+    assert_temporary_is_0600_while_written(WRITER_SAVE_FULL);
+}
+
+static void test_save_sharded_temporary_file_is_mode_0600_while_written(void) {
+    assert_temporary_is_0600_while_written(WRITER_SAVE_SHARDED);
+}
+
+static void test_write_file_atomic_temporary_file_is_mode_0600_while_written(void) {
+    assert_temporary_is_0600_while_written(WRITER_ATOMIC);
+}
+
+/* Writes with the given writer under mask; the final files' mode must be 0666 & ~mask. */
+static void assert_final_mode(int writer, mode_t mask) {
+    char path[256], file[512], name[256], err[1024] = "";
+    static const char data[] = "{\"hello\": 1}\n";
+    mode_t want = 0666 & ~mask, mode;
+    umask(mask);
+    switch (writer) {
+        case WRITER_ST: path_in(path, sizeof path, "st.safetensors"); write_model_file_ok(path, 1.0f); break;
+        case WRITER_SAVE_FULL:
+            path_in(path, sizeof path, "full.safetensors");
+            TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_save_full(ctx1, path, NULL), fsdp_last_error(ctx1));
+            break;
+        case WRITER_SAVE_SHARDED:
+            path_in(path, sizeof path, "sharded");
+            TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_save_sharded(ctx1, path, NULL), fsdp_last_error(ctx1));
+            break;
+        default:
+            path_in(path, sizeof path, "plain.json");
+            TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_write_file_atomic(path, data, sizeof data - 1, err, sizeof err), err);
+            break;
+    }
+    umask(saved_umask);
+    if (writer == WRITER_SAVE_SHARDED) {
+        snprintf(file, sizeof file, "%s/index.json", path);
+        mode = mode_of(file) & 07777;
+        snprintf(message, sizeof message, "index.json under umask %03o: mode %04o, expected %04o", (unsigned)mask,
+                 (unsigned)mode, (unsigned)want);
+        TEST_ASSERT_EQUAL_HEX32_MESSAGE(want, mode, message);
+        find_entry(path, "shard-", ".safetensors", name, sizeof name);
+        TEST_ASSERT_TRUE_MESSAGE(name[0] != 0, "no shard file");
+        snprintf(file, sizeof file, "%s/%s", path, name);
+    } else {
+        snprintf(file, sizeof file, "%s", path);
+    }
+    mode = mode_of(file) & 07777;
+    snprintf(message, sizeof message, "%s under umask %03o: %s has mode %04o, expected %04o", writer_names[writer],
+             (unsigned)mask, file, (unsigned)mode, (unsigned)want);
+    TEST_ASSERT_EQUAL_HEX32_MESSAGE(want, mode, message);
+}
+
+/* 022 and 077 give what the old fixed 0644 gave too; 002 tells them apart (0664). */
+static void assert_final_modes(int writer) {
+    static const mode_t masks[3] = {022, 077, 002};
+    int i;
+    if (writer == WRITER_SAVE_FULL || writer == WRITER_SAVE_SHARDED) start_one_rank();
+    for (i = 0; i < 3; i++) assert_final_mode(writer, masks[i]);
+}
+
+static void test_st_writer_final_file_is_0666_less_the_umask(void) { assert_final_modes(WRITER_ST); }
+static void test_save_full_final_file_is_0666_less_the_umask(void) { assert_final_modes(WRITER_SAVE_FULL); }
+static void test_save_sharded_shard_files_and_index_are_0666_less_the_umask(void) { assert_final_modes(WRITER_SAVE_SHARDED); }
+static void test_write_file_atomic_final_file_is_0666_less_the_umask(void) { assert_final_modes(WRITER_ATOMIC); }
+
+/* ---------------------------------------------------------------------------------------------
+   writes: symlinks at the final path and at the old temporary name; exclusive creation
+   --------------------------------------------------------------------------------------------- */
+static const char precious[] = "precious bytes that no checkpoint writer may touch\n";
+
+static void make_victim(char *victim, size_t size) {
+    path_in(victim, size, "victim.txt");
+    write_bytes(victim, precious, sizeof precious - 1);
+}
+
+static void assert_victim_untouched(const char *victim, const char *what) {
+    char now[256];
+    size_t n = read_bytes(victim, now, sizeof now);
+    snprintf(message, sizeof message, "%s wrote through a symlink: the target now holds %zu bytes", what, n);
+    TEST_ASSERT_EQUAL_size_t_MESSAGE(sizeof precious - 1, n, message);
+    TEST_ASSERT_EQUAL_STRING_MESSAGE(precious, now, message);
+    TEST_ASSERT_TRUE_MESSAGE(is_regular_file(victim), message);
+}
+
+/* The writer for a symlink test: writes path (a file; for WRITER_SAVE_SHARDED a directory). */
+static void write_with(int writer, const char *path) {
+    char err[1024] = "";
+    static const char data[] = "new content\n";
+    switch (writer) {
+        case WRITER_ST: write_model_file_ok(path, 7.0f); break;
+        case WRITER_SAVE_FULL: TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_save_full(ctx1, path, NULL), fsdp_last_error(ctx1)); break;
+        case WRITER_SAVE_SHARDED:
+            TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_save_sharded(ctx1, path, NULL), fsdp_last_error(ctx1));
+            break;
+        default: TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_write_file_atomic(path, data, sizeof data - 1, err, sizeof err), err);
+    }
+}
+
+/* A symlink at the final path is replaced by the new file (rename), its target left alone. */
+static void assert_symlink_at_final_path_replaced(int writer) {
+    char victim[256], path[256];
+    make_victim(victim, sizeof victim);
+    path_in(path, sizeof path, "latest.out");
+    TEST_ASSERT_EQUAL_INT(0, symlink(victim, path));
+    write_with(writer, path);
+    assert_victim_untouched(victim, writer_names[writer]);
+    snprintf(message, sizeof message, "%s: %s is not a regular file after the write", writer_names[writer], path);
+    TEST_ASSERT_TRUE_MESSAGE(is_regular_file(path), message);
+    TEST_ASSERT_EQUAL_INT(0, count_entries(tmpdir, ".tmp."));
+}
+
+static void test_st_writer_replaces_a_symlink_at_the_final_path_leaving_its_target_untouched(void) {
+    assert_symlink_at_final_path_replaced(WRITER_ST);
+}
+
+static void test_save_full_replaces_a_symlink_at_the_final_path_leaving_its_target_untouched(void) {
+    start_one_rank();
+    assert_symlink_at_final_path_replaced(WRITER_SAVE_FULL);
+}
+
+static void test_write_file_atomic_replaces_a_symlink_at_the_final_path_leaving_its_target_untouched(void) {
+    assert_symlink_at_final_path_replaced(WRITER_ATOMIC);
+}
+
+/* A symlink planted under the name the writers used to use ("<path>.tmp.<pid>") is not followed. */
+static void assert_planted_old_temporary_not_followed(int writer) {
+    char victim[256], path[256], planted[600], written[512];
+    make_victim(victim, sizeof victim);
+    path_in(path, sizeof path, writer == WRITER_SAVE_SHARDED ? "sharded" : "model.out");
+    if (writer == WRITER_SAVE_SHARDED) {
+        TEST_ASSERT_EQUAL_INT(0, mkdir(path, 0700));
+        snprintf(written, sizeof written, "%s/index.json", path);
+    } else {
+        snprintf(written, sizeof written, "%s", path);
+    }
+    snprintf(planted, sizeof planted, "%s.tmp.%d", written, (int)getpid());
+    TEST_ASSERT_EQUAL_INT(0, symlink(victim, planted));
+    write_with(writer, path);
+    assert_victim_untouched(victim, writer_names[writer]);
+    snprintf(message, sizeof message, "%s: %s is not a regular file after the write", writer_names[writer], written);
+    TEST_ASSERT_TRUE_MESSAGE(is_regular_file(written), message);
+}
+
+static void test_st_writer_does_not_follow_a_symlink_planted_at_the_old_temporary_name(void) {
+    assert_planted_old_temporary_not_followed(WRITER_ST);
+}
+
+static void test_save_full_does_not_follow_a_symlink_planted_at_the_old_temporary_name(void) {
+    start_one_rank();
+    assert_planted_old_temporary_not_followed(WRITER_SAVE_FULL);
+}
+
+static void test_save_sharded_index_does_not_follow_a_symlink_planted_at_the_old_temporary_name(void) {
+    start_one_rank();
+    assert_planted_old_temporary_not_followed(WRITER_SAVE_SHARDED);
+}
+
+static void test_write_file_atomic_does_not_follow_a_symlink_planted_at_the_old_temporary_name(void) {
+    assert_planted_old_temporary_not_followed(WRITER_ATOMIC);
+}
+
+/* O_EXCL with a fresh name per writer: two writers of one path in one process each have their
+   own temporary file; both succeed, the last rename wins, nothing is left behind. */
+static void test_two_st_writers_of_one_path_in_one_process_both_succeed_and_the_last_close_wins(void) {
+    fsdp_st_spec spec;
+    fsdp_st_writer *first = NULL, *second = NULL;
+    char path[256], err[1024] = "";
+    float a[2] = {1.0f, 1.0f}, b[2] = {2.0f, 2.0f}, got[2] = {0, 0};
+    fsdp_st_file *f = NULL;
+    int rc;
+    path_in(path, sizeof path, "model.safetensors");
+    memset(&spec, 0, sizeof spec);
+    spec.name = "w";
+    spec.dtype = FSDP_F32;
+    spec.ndim = 1;
+    spec.shape[0] = 2;
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_st_writer_open(&first, path, &spec, 1, NULL, 0, err, sizeof err), err);
+    rc = fsdp_st_writer_open(&second, path, &spec, 1, NULL, 0, err, sizeof err);
+    if (rc) fsdp_st_writer_abort(first);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, err);
+    TEST_ASSERT_EQUAL_INT(2, count_entries(tmpdir, ".tmp."));
+    fsdp_st_writer_write_f32(first, a, 2);
+    fsdp_st_writer_write_f32(second, b, 2);
+    rc = fsdp_st_writer_close(first, err, sizeof err);
+    if (rc) fsdp_st_writer_abort(second);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, err);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_st_writer_close(second, err, sizeof err), err);
+    TEST_ASSERT_EQUAL_INT(0, count_entries(tmpdir, ".tmp."));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_st_open(&f, path, err, sizeof err), err);
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_st_read(f, 0, 0, 2, got, err, sizeof err));
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_st_verify(f, 0, err, sizeof err));
+    fsdp_st_close(f);
+    TEST_ASSERT_EQUAL_FLOAT(2.0f, got[0]);
+    TEST_ASSERT_EQUAL_FLOAT(2.0f, got[1]);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   stale temporary files
+   --------------------------------------------------------------------------------------------- */
+static void stale_name(char *out, size_t size, const char *path, uint32_t host, long pid) {
+    snprintf(out, size, "%s.tmp.%08x-%ld-0123456789abcdef", path, (unsigned)host, pid);
+}
+
+/* Plants a temporary file, saves path with fsdp_write_file_atomic, and says whether it is still there. */
+static int temporary_survives_a_save(uint32_t host, long pid) {
+    char path[256], stale[512], err[1024] = "";
+    struct stat st;
+    path_in(path, sizeof path, "state.json");
+    stale_name(stale, sizeof stale, path, host, pid);
+    write_bytes(stale, "half written", 12);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_write_file_atomic(path, "{}", 2, err, sizeof err), err);
+    return lstat(stale, &st) == 0;
+}
+
+static void test_save_removes_a_stale_temporary_file_of_this_host_whose_writer_is_dead(void) {
+    TEST_ASSERT_FALSE_MESSAGE(temporary_survives_a_save(fsdp__host_id(), (long)dead_pid()),
+                              "a temporary file of this host with a dead pid was left behind");
+}
+
+/* On a shared file system, another host's pid means nothing here: its file may be live. */
+static void test_save_keeps_a_temporary_file_of_another_host(void) {
+    TEST_ASSERT_TRUE_MESSAGE(temporary_survives_a_save(fsdp__host_id() ^ 0x5a5a5a5au, (long)dead_pid()),
+                             "another host's temporary file was removed");
+}
+
+static void test_save_keeps_a_temporary_file_of_this_host_whose_writer_is_alive(void) {
+    pid_t writer;
+    int status, survived;
+    fflush(NULL);
+    writer = fork();
+    if (writer == 0) {
+        alarm(30);
+        pause();
+        _exit(0);
+    }
+    TEST_ASSERT_TRUE(writer > 0);
+    survived = temporary_survives_a_save(fsdp__host_id(), (long)writer);
+    kill(writer, SIGKILL);
+    waitpid(writer, &status, 0);
+    TEST_ASSERT_TRUE_MESSAGE(survived, "a live writer's temporary file was removed");
+}
+
+/* ---------------------------------------------------------------------------------------------
+   readers: FIFOs, directories, devices, symlinks, and the bytes of what they point at
+   --------------------------------------------------------------------------------------------- */
+typedef struct open_board {
+    char path[256];
+    int which;      /* 0: fsdp_st_open(path); 1: fsdp_index_open(path) */
+    int rc;
+    int64_t elapsed_ms;
+    char error[1024];
+} open_board;
+
+static int open_in_child(void *arg) {
+    open_board *b = (open_board *)arg;
+    int64_t start = now_ms();
+    if (b->which == 0) {
+        fsdp_st_file *f = NULL;
+        b->rc = fsdp_st_open(&f, b->path, b->error, sizeof b->error);
+        fsdp_st_close(f);
+    } else {
+        fsdp_index *ix = NULL;
+        b->rc = fsdp_index_open(&ix, b->path, b->error, sizeof b->error);
+        fsdp_index_close(ix);
+    }
+    b->elapsed_ms = now_ms() - start;
+    return 0;
+}
+
+/* Opens a FIFO in a child bounded at 2 s: it must fail, within FIFO_DEADLINE_MS. */
+static void assert_fifo_refused_at_once(int which, const char *dir_or_file, const char *fifo) {
+    open_board *b = (open_board *)map_board(sizeof(open_board));
+    int status, finished;
+    TEST_ASSERT_EQUAL_INT(0, mkfifo(fifo, 0600));
+    snprintf(b->path, sizeof b->path, "%s", dir_or_file);
+    b->which = which;
+    finished = run_child(open_in_child, b, 2000, &status);
+    TEST_ASSERT_TRUE_MESSAGE(finished, "the open of a FIFO was still blocked after 2 s (the child was killed)");
+    assert_child_ok(finished, status, "open of a FIFO");
+    snprintf(message, sizeof message, "rc %s after %lld ms: \"%s\"", fsdp_result_name(b->rc), (long long)b->elapsed_ms, b->error);
+    TEST_ASSERT_TRUE_MESSAGE(b->rc != FSDP_SUCCESS, message);
+    TEST_ASSERT_TRUE_MESSAGE(b->elapsed_ms < FIFO_DEADLINE_MS, message);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(b->error, fifo), message);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(b->error, "not a regular file"), message);
+}
+
+static void test_st_open_of_a_fifo_fails_within_100_ms(void) {
+    char fifo[256];
+    path_in(fifo, sizeof fifo, "model.safetensors");
+    assert_fifo_refused_at_once(0, fifo, fifo);
+}
+
+static void test_index_open_where_index_json_is_a_fifo_fails_within_100_ms(void) {
+    char fifo[256];
+    path_in(fifo, sizeof fifo, "index.json");
+    assert_fifo_refused_at_once(1, tmpdir, fifo);
+}
+
+static void assert_st_open_refuses_non_regular(const char *path) {
+    fsdp_st_file *f = NULL;
+    char err[1024] = "";
+    int rc = fsdp_st_open(&f, path, err, sizeof err);
+    snprintf(message, sizeof message, "fsdp_st_open(%s): %s \"%s\"", path, fsdp_result_name(rc), err);
+    if (rc == FSDP_SUCCESS) fsdp_st_close(f);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_IO, rc, message);
+    TEST_ASSERT_NULL_MESSAGE(f, message);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(err, path), message);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(err, "not a regular file"), message);
+}
+
+static void test_st_open_of_a_directory_is_refused_as_not_a_regular_file(void) { assert_st_open_refuses_non_regular(tmpdir); }
+
+static void test_st_open_of_a_device_is_refused_as_not_a_regular_file(void) { assert_st_open_refuses_non_regular("/dev/null"); }
+
+/* A sharded checkpoint of the one-rank context in tmpdir/<name>; its shard file's path. */
+static void save_sharded_checkpoint(const char *name, char *dir, size_t dir_size, char *shard, size_t shard_size) {
+    char file[256];
+    path_in(dir, dir_size, name);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_save_sharded(ctx1, dir, NULL), fsdp_last_error(ctx1));
+    find_entry(dir, "shard-", ".safetensors", file, sizeof file);
+    TEST_ASSERT_TRUE_MESSAGE(file[0] != 0, "no shard file in the sharded checkpoint");
+    snprintf(shard, shard_size, "%s/%s", dir, file);
+}
+
+/* index.json replaced by a symlink to a valid copy elsewhere: refused, naming the link. */
+static void test_index_open_where_index_json_is_a_symlink_fails_naming_the_link(void) {
+    char dir[256], shard[512], index[512], elsewhere[256], err[1024] = "";
+    fsdp_index *ix = NULL;
+    int rc;
+    start_one_rank();
+    save_sharded_checkpoint("ckpt", dir, sizeof dir, shard, sizeof shard);
+    snprintf(index, sizeof index, "%s/index.json", dir);
+    path_in(elsewhere, sizeof elsewhere, "elsewhere.json");
+    TEST_ASSERT_EQUAL_INT(0, rename(index, elsewhere));
+    TEST_ASSERT_EQUAL_INT(0, symlink(elsewhere, index));
+    rc = fsdp_index_open(&ix, dir, err, sizeof err);
+    snprintf(message, sizeof message, "fsdp_index_open: %s \"%s\"", fsdp_result_name(rc), err);
+    if (rc == FSDP_SUCCESS) fsdp_index_close(ix);
+    TEST_ASSERT_TRUE_MESSAGE(rc != FSDP_SUCCESS, message);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(err, index), message);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(err, "symbolic link"), message);
+}
+
+/* A shard file replaced by a symlink to a byte-identical copy: the load must refuse it. */
+static void make_shard_a_symlink(char *dir, size_t dir_size) {
+    char shard[512], copy[256];
+    save_sharded_checkpoint("ckpt", dir, dir_size, shard, sizeof shard);
+    path_in(copy, sizeof copy, "copy.safetensors");
+    copy_file(shard, copy);
+    TEST_ASSERT_EQUAL_INT(0, unlink(shard));
+    TEST_ASSERT_EQUAL_INT(0, symlink(copy, shard));
+}
+
+static void test_load_sharded_where_a_shard_file_is_a_symlink_fails_naming_a_symbolic_link(void) {
+    char dir[256];
+    int rc;
+    start_one_rank();
+    make_shard_a_symlink(dir, sizeof dir);
+    rc = fsdp_load_sharded(ctx1, dir, NULL, NULL);
+    snprintf(message, sizeof message, "fsdp_load_sharded: %s \"%s\"", fsdp_result_name(rc), fsdp_last_error(ctx1));
+    TEST_ASSERT_TRUE_MESSAGE(rc != FSDP_SUCCESS, message);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(fsdp_last_error(ctx1), "symbolic link"), message);
+}
+
+static void test_index_open_file_of_a_shard_that_is_a_symlink_fails_naming_a_symbolic_link(void) {
+    char dir[256], err[1024] = "";
+    fsdp_index *ix = NULL;
+    fsdp_st_file *f = NULL;
+    int rc;
+    start_one_rank();
+    make_shard_a_symlink(dir, sizeof dir);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_index_open(&ix, dir, err, sizeof err), err);
+    rc = fsdp_index_open_file(ix, dir, 0, &f, err, sizeof err);
+    fsdp_index_close(ix);
+    snprintf(message, sizeof message, "fsdp_index_open_file: %s \"%s\"", fsdp_result_name(rc), err);
+    if (rc == FSDP_SUCCESS) fsdp_st_close(f);
+    TEST_ASSERT_TRUE_MESSAGE(rc != FSDP_SUCCESS, message);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(err, "symbolic link"), message);
+}
+
+/* Documented: a symlink the user made (latest.safetensors -> step-100.safetensors) opens. */
+static void test_st_open_of_a_users_symlink_to_a_checkpoint_works(void) {
+    char target[256], link[256];
+    path_in(target, sizeof target, "step-100.safetensors");
+    path_in(link, sizeof link, "latest.safetensors");
+    write_model_file_ok(target, 3.0f);
+    TEST_ASSERT_EQUAL_INT(0, symlink(target, link));
+    assert_model_file(link, 3.0f);
+}
+
+/* A link to a file that is not a checkpoint (a password file, say): the error must not show
+   its first 8 bytes, neither as text nor as the header length they make. */
+static const char secret_bytes[] = "SECRET!!and the rest of the password file\n";
+
+static void assert_message_hides_the_secret(const char *err) {
+    uint64_t value = 0;
+    char decimal[32], hex[32], hex_upper[32];
+    int i;
+    for (i = 7; i >= 0; i--) value = (value << 8) | (unsigned char)secret_bytes[i];
+    snprintf(decimal, sizeof decimal, "%llu", (unsigned long long)value);
+    snprintf(hex, sizeof hex, "%llx", (unsigned long long)value);
+    snprintf(hex_upper, sizeof hex_upper, "%llX", (unsigned long long)value);
+    snprintf(message, sizeof message, "the message shows the file's first bytes: \"%s\"", err);
+    TEST_ASSERT_NULL_MESSAGE(strstr(err, "SECRET"), message);
+    TEST_ASSERT_NULL_MESSAGE(strstr(err, decimal), message);
+    TEST_ASSERT_NULL_MESSAGE(strstr(err, hex), message);
+    TEST_ASSERT_NULL_MESSAGE(strstr(err, hex_upper), message);
+}
+
+static void test_st_open_of_a_symlink_to_a_non_checkpoint_does_not_show_its_first_bytes(void) {
+    char secret[256], link[256], err[1024] = "";
+    fsdp_st_file *f = NULL;
+    int rc;
+    path_in(secret, sizeof secret, "secret.txt");
+    path_in(link, sizeof link, "model.safetensors");
+    write_bytes(secret, secret_bytes, sizeof secret_bytes - 1);
+    TEST_ASSERT_EQUAL_INT(0, symlink(secret, link));
+    rc = fsdp_st_open(&f, link, err, sizeof err);
+    if (rc == FSDP_SUCCESS) fsdp_st_close(f);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_CORRUPT, rc, err);
+    assert_message_hides_the_secret(err);
+}
+
+static void test_load_sharded_of_a_shard_symlinked_to_a_non_checkpoint_does_not_show_its_first_bytes(void) {
+    char dir[256], shard[512], secret[256];
+    start_one_rank();
+    save_sharded_checkpoint("ckpt", dir, sizeof dir, shard, sizeof shard);
+    path_in(secret, sizeof secret, "secret.txt");
+    write_bytes(secret, secret_bytes, sizeof secret_bytes - 1);
+    TEST_ASSERT_EQUAL_INT(0, unlink(shard));
+    TEST_ASSERT_EQUAL_INT(0, symlink(secret, shard));
+    TEST_ASSERT_TRUE(fsdp_load_sharded(ctx1, dir, NULL, NULL) != FSDP_SUCCESS);
+    assert_message_hides_the_secret(fsdp_last_error(ctx1));
+}
+
+/* ---------------------------------------------------------------------------------------------
+   JSON: peak allocation of a parse against the input's size
+   --------------------------------------------------------------------------------------------- */
+static void text_add(const char *s) {
+    size_t n = strlen(s);
+    if (text_len + n + 1 > text_cap) {
+        size_t cap = text_cap ? text_cap * 2 : (1u << 20);
+        char *grown;
+        while (cap < text_len + n + 1) cap *= 2;
+        grown = (char *)realloc(text, cap);
+        TEST_ASSERT_NOT_NULL(grown);
+        text = grown;
+        text_cap = cap;
+    }
+    memcpy(text + text_len, s, n + 1);
+    text_len += n;
+}
+
+static void text_reset(void) {
+    text_len = 0;
+    if (text) text[0] = 0;
+}
+
+/* Appends repeat(i) for i = 0, 1, ... while the text is shorter than JSON_INPUT_BYTES. */
+static void text_repeat(void (*repeat)(int i)) {
+    int i;
+    for (i = 0; text_len < JSON_INPUT_BYTES; i++) repeat(i);
+}
+
+typedef struct parse_cost {
+    int rc;
+    double ratio;      /* peak allocated bytes during the parse / input bytes */
+    char error[256];
+} parse_cost;
+
+static parse_cost measure_st_parse(void) {
+    parse_cost cost;
+    unsigned char *image = (unsigned char *)malloc(text_len + 8);
+    fsdp_st_file *f = NULL;
+    size_t base, i;
+    TEST_ASSERT_NOT_NULL(image);
+    for (i = 0; i < 8; i++) image[i] = (unsigned char)((uint64_t)text_len >> (8 * i));
+    memcpy(image + 8, text, text_len);
+    cost.error[0] = 0;
+    base = __atomic_load_n(&alloc_current, __ATOMIC_RELAXED);
+    __atomic_store_n(&alloc_peak, base, __ATOMIC_RELAXED);
+    cost.rc = fsdp_st_parse(&f, image, text_len + 8, cost.error, sizeof cost.error);
+    cost.ratio = (double)(__atomic_load_n(&alloc_peak, __ATOMIC_RELAXED) - base) / (double)(text_len + 8);
+    fsdp_st_close(f);
+    free(image);
+    return cost;
+}
+
+static parse_cost measure_index_parse(void) {
+    parse_cost cost;
+    fsdp_index *ix = NULL;
+    size_t base;
+    cost.error[0] = 0;
+    base = __atomic_load_n(&alloc_current, __ATOMIC_RELAXED);
+    __atomic_store_n(&alloc_peak, base, __ATOMIC_RELAXED);
+    cost.rc = fsdp_index_parse(&ix, text, text_len, cost.error, sizeof cost.error);
+    cost.ratio = (double)(__atomic_load_n(&alloc_peak, __ATOMIC_RELAXED) - base) / (double)text_len;
+    fsdp_index_close(ix);
+    return cost;
+}
+
+/* Reports the ratio (TEST_MESSAGE, for the notes) and checks it against JSON_MAX_RATIO. */
+static void assert_parse_bounded(const char *what, parse_cost cost, int must_succeed) {
+    snprintf(message, sizeof message, "%s: %.2f MB, peak allocation %.3fx the input, %s%s%s", what,
+             (double)text_len / 1e6, cost.ratio, fsdp_result_name(cost.rc), cost.error[0] ? ": " : "", cost.error);
+    TEST_MESSAGE(message);
+    if (must_succeed) TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, cost.rc, message);
+    TEST_ASSERT_TRUE_MESSAGE(cost.ratio <= JSON_MAX_RATIO, message);
+}
+
+static void tiny_metadata_entry(int i) {
+    char entry[32];
+    snprintf(entry, sizeof entry, ",\"%x\":\"\"", i);
+    text_add(entry);
+}
+static void anonymous_metadata_entry(int i) { (void)i; text_add(",\"\":\"\""); }
+static void tiny_tensor_entry(int i) {
+    char entry[96];
+    snprintf(entry, sizeof entry, "%s\"%x\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}", i ? "," : "", i);
+    text_add(entry);
+}
+static void zero_entry(int i) { text_add(i ? ",0" : "0"); }
+static void non_object_tensor_entry(int i) { text_add(i ? ",\"a\":0" : "\"a\":0"); }
+static void non_string_metadata(int i) { text_add(i ? ",\"\":0" : "\"\":0"); }
+static void empty_object_tensor_entry(int i) { text_add(i ? ",\"a\":{}" : "\"a\":{}"); }
+
+/* The brief's shape: one real tensor with a huge ignored key, then metadata with thousands of
+   tiny entries. */
+static void test_st_parse_of_a_10mb_header_with_a_huge_ignored_key_peaks_under_4x_the_input(void) {
+    text_reset();
+    text_add("{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0],\"x\":[");
+    text_repeat(zero_entry);
+    text_add("]},\"__metadata__\":{\"format\":\"pt\"");
+    { int i; for (i = 0; i < 5000; i++) tiny_metadata_entry(i); }
+    text_add("}}");
+    assert_parse_bounded("safetensors, one tensor with a huge ignored key and 5000 metadata entries", measure_st_parse(), 1);
+}
+
+static void test_st_parse_of_a_10mb_header_of_tiny_metadata_entries_peaks_under_4x_the_input(void) {
+    text_reset();
+    text_add("{\"__metadata__\":{\"format\":\"pt\"");
+    text_repeat(anonymous_metadata_entry);
+    text_add("}}");
+    assert_parse_bounded("safetensors, metadata of tiny entries (\"\":\"\")", measure_st_parse(), 1);
+}
+
+static void test_st_parse_of_a_10mb_header_of_tiny_tensors_peaks_under_4x_the_input(void) {
+    text_reset();
+    text_add("{");
+    text_repeat(tiny_tensor_entry);
+    text_add("}");
+    assert_parse_bounded("safetensors, tiny empty tensors", measure_st_parse(), 1);
+}
+
+/* Entries that the parser rejects once it looks at them still must not be counted into tables
+   before then: "a":0 is 6 bytes, a table entry ~120. */
+static void test_st_parse_of_a_10mb_header_of_tensor_entries_that_are_not_objects_peaks_under_4x_the_input(void) {
+    text_reset();
+    text_add("{");
+    text_repeat(non_object_tensor_entry);
+    text_add("}");
+    assert_parse_bounded("safetensors, tensor entries that are not objects (\"a\":0)", measure_st_parse(), 0);
+}
+
+static void test_st_parse_of_a_10mb_header_of_empty_tensor_objects_peaks_under_4x_the_input(void) {
+    text_reset();
+    text_add("{");
+    text_repeat(empty_object_tensor_entry);
+    text_add("}");
+    assert_parse_bounded("safetensors, empty tensor objects (\"a\":{})", measure_st_parse(), 0);
+}
+
+static void test_st_parse_of_a_10mb_header_of_metadata_that_are_not_strings_peaks_under_4x_the_input(void) {
+    text_reset();
+    text_add("{\"__metadata__\":{");
+    text_repeat(non_string_metadata);
+    text_add("}}");
+    assert_parse_bounded("safetensors, metadata values that are not strings (\"\":0)", measure_st_parse(), 0);
+}
+
+#define INDEX_HEAD "{\"format\":\"fsdp.h-sharded\",\"version\":1,\"world_size\":1,\"step\":0,\"epoch\":0,"
+
+static int pieces_written;
+static void covering_piece(int i) {
+    char piece[48];
+    snprintf(piece, sizeof piece, "%s[0,%d,%d]", i ? "," : "", i, i + 1);
+    text_add(piece);
+    pieces_written = i + 1;
+}
+static void shortest_piece(int i) { text_add(i ? ",[0,0,1]" : "[0,0,1]"); }
+static void tiny_index_tensor(int i) {
+    char entry[96];
+    snprintf(entry, sizeof entry, "%s\"%x\":{\"dtype\":\"F32\",\"shape\":[1],\"pieces\":[[0,0,1]]}", i ? "," : "", i);
+    text_add(entry);
+}
+static void anonymous_index_metadata(int i) { text_add(i ? ",\"\":\"\"" : "\"\":\"\""); }
+
+/* [0,0,1],[0,1,2],...: a valid index of one tensor in a million pieces. */
+static void test_index_parse_of_a_10mb_index_of_tiny_pieces_peaks_under_4x_the_input(void) {
+    char shape[16];
+    text_reset();
+    text_add(INDEX_HEAD "\"metadata\":{},\"files\":[\"shard-0.safetensors\"],\"tensors\":{\"t\":{\"dtype\":\"F32\",\"shape\":[");
+    {   /* the shape must be the number of pieces: build the pieces first, then patch it in */
+        size_t head = text_len;
+        text_add("          ],\"pieces\":[");
+        text_repeat(covering_piece);
+        snprintf(shape, sizeof shape, "%10d", pieces_written);
+        memcpy(text + head, shape, 10);
+    }
+    text_add("]}}}");
+    assert_parse_bounded("index.json, one tensor in pieces [0,k,k+1]", measure_index_parse(), 1);
+}
+
+/* The shortest well-formed piece, 8 bytes for a 24-byte table entry: the worst case of a
+   well-typed index (rejected after parsing: the pieces overlap). */
+static void test_index_parse_of_a_10mb_index_of_the_shortest_pieces_peaks_under_4x_the_input(void) {
+    text_reset();
+    text_add(INDEX_HEAD "\"files\":[\"a\"],\"tensors\":{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"pieces\":[");
+    text_repeat(shortest_piece);
+    text_add("]}}}");
+    assert_parse_bounded("index.json, pieces [0,0,1] repeated", measure_index_parse(), 0);
+}
+
+static void test_index_parse_of_a_10mb_index_of_tiny_tensors_peaks_under_4x_the_input(void) {
+    text_reset();
+    text_add(INDEX_HEAD "\"files\":[\"a\"],\"tensors\":{");
+    text_repeat(tiny_index_tensor);
+    text_add("}}");
+    assert_parse_bounded("index.json, tiny tensors of one piece", measure_index_parse(), 1);
+}
+
+static void test_index_parse_of_a_10mb_index_of_tiny_metadata_entries_peaks_under_4x_the_input(void) {
+    text_reset();
+    text_add(INDEX_HEAD "\"files\":[\"a\"],\"tensors\":{},\"metadata\":{");
+    text_repeat(anonymous_index_metadata);
+    text_add("}}");
+    assert_parse_bounded("index.json, metadata of tiny entries (\"\":\"\")", measure_index_parse(), 1);
+}
+
+/* Elements of the wrong type, rejected once looked at, must not be counted into tables first. */
+static void test_index_parse_of_a_10mb_index_of_pieces_that_are_not_arrays_peaks_under_4x_the_input(void) {
+    text_reset();
+    text_add(INDEX_HEAD "\"files\":[\"a\"],\"tensors\":{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"pieces\":[");
+    text_repeat(zero_entry);
+    text_add("]}}}");
+    assert_parse_bounded("index.json, pieces that are not arrays (0,0,0,...)", measure_index_parse(), 0);
+}
+
+static void test_index_parse_of_a_10mb_index_of_tensor_entries_that_are_not_objects_peaks_under_4x_the_input(void) {
+    text_reset();
+    text_add(INDEX_HEAD "\"files\":[\"a\"],\"tensors\":{");
+    text_repeat(non_object_tensor_entry);
+    text_add("}}");
+    assert_parse_bounded("index.json, tensor entries that are not objects (\"a\":0)", measure_index_parse(), 0);
+}
+
+static void test_index_parse_of_a_10mb_index_of_metadata_that_are_not_strings_peaks_under_4x_the_input(void) {
+    text_reset();
+    text_add(INDEX_HEAD "\"files\":[\"a\"],\"tensors\":{},\"metadata\":{");
+    text_repeat(non_string_metadata);
+    text_add("}}");
+    assert_parse_bounded("index.json, metadata values that are not strings (\"\":0)", measure_index_parse(), 0);
+}
+
+static void test_index_parse_of_a_10mb_index_of_file_entries_that_are_not_strings_peaks_under_4x_the_input(void) {
+    text_reset();
+    text_add(INDEX_HEAD "\"tensors\":{},\"files\":[");
+    text_repeat(zero_entry);
+    text_add("]}");
+    assert_parse_bounded("index.json, file entries that are not strings (0,0,0,...)", measure_index_parse(), 0);
+}
+
+/* The control: real files parse, and cost little. */
+static void test_st_parse_and_index_parse_of_a_real_checkpoint_succeed(void) {
+    char dir[256], shard[512], index[512];
+    static char bytes[1 << 16];
+    size_t n;
+    parse_cost cost;
+    start_one_rank();
+    save_sharded_checkpoint("ckpt", dir, sizeof dir, shard, sizeof shard);
+    snprintf(index, sizeof index, "%s/index.json", dir);
+    text_reset();
+    n = read_bytes(index, bytes, sizeof bytes);
+    TEST_ASSERT_TRUE(n > 0 && n < sizeof bytes - 1);
+    text_add(bytes);
+    cost = measure_index_parse();
+    snprintf(message, sizeof message, "index.json of a real save: %s %s, %.2fx", fsdp_result_name(cost.rc), cost.error, cost.ratio);
+    TEST_MESSAGE(message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, cost.rc, message);
+    {
+        fsdp_st_file *f = NULL;
+        FILE *in = fopen(shard, "rb");
+        char err[1024] = "";
+        TEST_ASSERT_NOT_NULL(in);
+        n = fread(bytes, 1, sizeof bytes, in);
+        fclose(in);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_st_parse(&f, bytes, n, err, sizeof err), err);
+        TEST_ASSERT_EQUAL_INT(2, fsdp_st_num_tensors(f));
+        fsdp_st_close(f);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+   printable output
+   --------------------------------------------------------------------------------------------- */
+#define CANARY 0xA5
+
+/* fsdp_printable into a buffer of `size` inside a larger one; the bytes after it must stay. */
+static const char *printable(size_t size, const char *src) {
+    static unsigned char area[512];
+    size_t i;
+    const char *r;
+    TEST_ASSERT_TRUE(size + 64 <= sizeof area);
+    memset(area, CANARY, sizeof area);
+    r = fsdp_printable((char *)area, size, src);
+    TEST_ASSERT_EQUAL_PTR(area, r);
+    for (i = size; i < sizeof area; i++) {
+        snprintf(message, sizeof message, "fsdp_printable(size %zu) wrote byte %zu", size, i);
+        TEST_ASSERT_EQUAL_HEX8_MESSAGE(CANARY, area[i], message);
+    }
+    return (const char *)area;
+}
+
+static void test_printable_ascii_passes_unchanged(void) {
+    TEST_ASSERT_EQUAL_STRING("layers.0.weight [7,5] ~!@#$%^&*()_+{}|:<>?", printable(128, "layers.0.weight [7,5] ~!@#$%^&*()_+{}|:<>?"));
+    TEST_ASSERT_EQUAL_STRING("", printable(128, ""));
+    TEST_ASSERT_EQUAL_STRING("", printable(128, NULL));
+}
+
+static void test_printable_well_formed_utf8_passes_unchanged(void) {
+    TEST_ASSERT_EQUAL_STRING("caf\xc3\xa9", printable(128, "caf\xc3\xa9"));                  /* café */
+    TEST_ASSERT_EQUAL_STRING("\xe5\x90\x8d\xe5\x89\x8d", printable(128, "\xe5\x90\x8d\xe5\x89\x8d")); /* 3 bytes each */
+    TEST_ASSERT_EQUAL_STRING("\xf0\x9f\x98\x80", printable(128, "\xf0\x9f\x98\x80"));        /* U+1F600, 4 bytes */
+    TEST_ASSERT_EQUAL_STRING("\xc2\xa0", printable(128, "\xc2\xa0"));                        /* U+00A0: first after C1 */
+}
+
+static void test_printable_escape_bell_and_other_ascii_controls_become_hex(void) {
+    TEST_ASSERT_EQUAL_STRING("\\x1b]0;owned\\x07", printable(128, "\x1b]0;owned\x07"));
+    TEST_ASSERT_EQUAL_STRING("\\x1b[2J\\x0d\\x0a\\x09\\x7f", printable(128, "\x1b[2J\r\n\t\x7f"));
+}
+
+static void test_printable_c1_controls_encoded_as_c2_80_to_9f_become_hex(void) {
+    TEST_ASSERT_EQUAL_STRING("\\xc2\\x80", printable(128, "\xc2\x80"));
+    TEST_ASSERT_EQUAL_STRING("\\xc2\\x9b2J", printable(128, "\xc2\x9b" "2J")); /* CSI: ESC [ in one character */
+    TEST_ASSERT_EQUAL_STRING("\\xc2\\x9d0;x\\xc2\\x9c", printable(128, "\xc2\x9d" "0;x\xc2\x9c")); /* OSC ... ST */
+    TEST_ASSERT_EQUAL_STRING("\\xc2\\x9f", printable(128, "\xc2\x9f"));
+}
+
+static void test_printable_broken_utf8_becomes_hex(void) {
+    TEST_ASSERT_EQUAL_STRING("\\x80a", printable(128, "\x80" "a"));            /* lone continuation */
+    TEST_ASSERT_EQUAL_STRING("a\\xc3", printable(128, "a\xc3"));                /* cut at the end */
+    TEST_ASSERT_EQUAL_STRING("\\xe2\\x82x", printable(128, "\xe2\x82" "x"));    /* cut in the middle */
+    TEST_ASSERT_EQUAL_STRING("\\xff\\xfe", printable(128, "\xff\xfe"));         /* never in UTF-8 */
+    TEST_ASSERT_EQUAL_STRING("\\xf5\\x80\\x80\\x80", printable(128, "\xf5\x80\x80\x80")); /* beyond U+10FFFF */
+    TEST_ASSERT_EQUAL_STRING("\\xf4\\x90\\x80\\x80", printable(128, "\xf4\x90\x80\x80")); /* U+110000 */
+    TEST_ASSERT_EQUAL_STRING("\\xed\\xa0\\x80", printable(128, "\xed\xa0\x80")); /* a surrogate */
+}
+
+static void test_printable_overlong_encodings_become_hex(void) {
+    TEST_ASSERT_EQUAL_STRING("\\xc0\\xaf", printable(128, "\xc0\xaf"));             /* '/' in 2 bytes */
+    TEST_ASSERT_EQUAL_STRING("\\xc1\\x9b", printable(128, "\xc1\x9b"));             /* ESC [ in 2 bytes */
+    TEST_ASSERT_EQUAL_STRING("\\xe0\\x80\\x9b", printable(128, "\xe0\x80\x9b"));     /* ESC in 3 bytes */
+    TEST_ASSERT_EQUAL_STRING("\\xf0\\x80\\x80\\x9b", printable(128, "\xf0\x80\x80\x9b")); /* ESC in 4 bytes */
+}
+
+static void test_printable_truncation_ends_with_dots_at_a_character_boundary(void) {
+    TEST_ASSERT_EQUAL_STRING("abcdefghij", printable(11, "abcdefghij")); /* fits exactly: no dots */
+    TEST_ASSERT_EQUAL_STRING("abcd...", printable(8, "abcdefghij"));
+    TEST_ASSERT_EQUAL_STRING("\xc3\xa9\xc3\xa9...", printable(8, "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9")); /* never half an é */
+    TEST_ASSERT_EQUAL_STRING("\xc3\xa9...", printable(7, "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9"));
+    TEST_ASSERT_EQUAL_STRING("\\x1b...", printable(8, "\x1b\x1b\x1b"));   /* never half an escape */
+    TEST_ASSERT_EQUAL_STRING("...", printable(7, "\x1b\x1b\x1b"));
+    TEST_ASSERT_EQUAL_STRING("...", printable(4, "abcdef"));
+}
+
+static void test_printable_sizes_0_to_3_never_overflow(void) {
+    unsigned char before;
+    const char *r = printable(0, "abcdef"); /* size 0: nothing written (the canary checks) */
+    before = (unsigned char)r[0];
+    TEST_ASSERT_EQUAL_HEX8(CANARY, before);
+    TEST_ASSERT_EQUAL_STRING("", printable(1, "abcdef"));
+    TEST_ASSERT_EQUAL_STRING("a", printable(2, "abcdef"));
+    TEST_ASSERT_EQUAL_STRING("ab", printable(3, "abcdef"));
+    TEST_ASSERT_EQUAL_STRING("", printable(2, "\xc3\xa9"));   /* é needs 3 with its NUL */
+    TEST_ASSERT_EQUAL_STRING("\xc3\xa9", printable(3, "\xc3\xa9"));
+    TEST_ASSERT_EQUAL_STRING("", printable(3, "\x1b"));       /* \x1b needs 5 */
+    TEST_ASSERT_EQUAL_STRING("", printable(1, ""));
+}
+
+/* A checkpoint with an extra tensor named with a terminal escape sequence (JSON "\u001b" in the
+   header), loaded strictly: the error names it escaped, on_problem gets it raw. */
+static const char evil_name[] = "evil\x1b]0;owned\x07";
+static const char evil_shown[] = "evil\\x1b]0;owned\\x07";
+
+typedef struct problem_calls {
+    int calls;
+    char name[128];
+    char kind[32];
+} problem_calls;
+
+static void record_problem(void *user, const char *kind, const char *name, const char *detail) {
+    problem_calls *p = (problem_calls *)user;
+    (void)detail;
+    if (p->calls++ == 0) {
+        snprintf(p->kind, sizeof p->kind, "%s", kind);
+        snprintf(p->name, sizeof p->name, "%s", name);
+    }
+}
+
+static void assert_no_control_bytes(const char *text, const char *what) {
+    const char *c;
+    for (c = text; *c; c++) {
+        snprintf(message, sizeof message, "%s holds the control byte 0x%02x at %d: \"%s\"", what, (unsigned char)*c,
+                 (int)(c - text), text);
+        TEST_ASSERT_TRUE_MESSAGE((unsigned char)*c >= 0x20 && (unsigned char)*c != 0x7f, message);
+    }
+}
+
+static void test_load_full_of_an_unexpected_tensor_named_with_an_escape_sequence_shows_it_escaped(void) {
+    const char *extra[1] = {evil_name};
+    char path[256], err[1024] = "";
+    fsdp_load_options lo;
+    problem_calls calls;
+    int rc;
+    start_one_rank();
+    path_in(path, sizeof path, "evil.safetensors");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, write_model_file(path, 1.0f, extra, 1, err, sizeof err), err);
+    memset(&lo, 0, sizeof lo);
+    memset(&calls, 0, sizeof calls);
+    lo.strict = 1;
+    lo.on_problem = record_problem;
+    lo.user = &calls;
+    rc = fsdp_load_full(ctx1, path, &lo, NULL);
+    snprintf(message, sizeof message, "%s: \"%s\"", fsdp_result_name(rc), fsdp_last_error(ctx1));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_INCOMPATIBLE, rc, message);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(fsdp_last_error(ctx1), evil_shown), message);
+    assert_no_control_bytes(fsdp_last_error(ctx1), "the load's error");
+    TEST_ASSERT_EQUAL_INT(1, calls.calls);
+    TEST_ASSERT_EQUAL_STRING("unexpected", calls.kind);
+    TEST_ASSERT_EQUAL_STRING_MESSAGE(evil_name, calls.name, "on_problem must get the name as the file has it");
+}
+
+/* Non-strict, the load succeeds and warns listing what it did not load: escaped too. */
+static char captured_log[4096];
+
+static void capture_log(void *user, fsdp_log_level level, const char *text) {
+    size_t used = strlen(captured_log);
+    (void)user;
+    (void)level;
+    snprintf(captured_log + used, sizeof captured_log - used, "%s\n", text);
+}
+
+static void test_load_full_warning_about_an_unexpected_tensor_named_with_an_escape_sequence_shows_it_escaped(void) {
+    const char *extra[1] = {evil_name};
+    char path[256], err[1024] = "";
+    fsdp_load_options lo;
+    int rc;
+    captured_log[0] = 0;
+    ctx_logger.fn = capture_log;
+    ctx_logger.max_level = FSDP_LOG_WARN;
+    start_one_rank();
+    path_in(path, sizeof path, "evil.safetensors");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, write_model_file(path, 1.0f, extra, 1, err, sizeof err), err);
+    memset(&lo, 0, sizeof lo);
+    rc = fsdp_load_full(ctx1, path, &lo, NULL);
+    snprintf(message, sizeof message, "%s: \"%.1000s\"; log: \"%.2000s\"", fsdp_result_name(rc), fsdp_last_error(ctx1), captured_log);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(captured_log, evil_shown), message);
+    TEST_ASSERT_NULL_MESSAGE(strchr(captured_log, '\x1b'), message);
+    TEST_ASSERT_NULL_MESSAGE(strchr(captured_log, '\x07'), message);
+}
+
+/* A header error about a tensor so named (here: an unknown dtype) shows the name escaped. */
+static void test_parse_error_about_a_tensor_named_with_an_escape_sequence_shows_it_escaped(void) {
+    static const char header[] = "{\"evil\\u001b]0;owned\\u0007\":{\"dtype\":\"Q8\",\"shape\":[1],\"data_offsets\":[0,1]}}";
+    unsigned char image[256];
+    fsdp_st_file *f = NULL;
+    char err[1024] = "";
+    size_t i, n = sizeof header - 1;
+    int rc;
+    for (i = 0; i < 8; i++) image[i] = (unsigned char)((uint64_t)n >> (8 * i));
+    memcpy(image + 8, header, n);
+    image[8 + n] = 0;
+    rc = fsdp_st_parse(&f, image, 8 + n + 1, err, sizeof err);
+    if (rc == FSDP_SUCCESS) fsdp_st_close(f);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_CORRUPT, rc, err);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(err, evil_shown), err);
+    assert_no_control_bytes(err, "the parse error");
+}
+
+/* fsdp_st_verify names the tensor whose checksum fails: escaped too (ckpt_tool inspect prints
+   this message for every BAD tensor). */
+static void test_verify_error_about_a_tensor_named_with_an_escape_sequence_shows_it_escaped(void) {
+    static const char header[] =
+        "{\"__metadata__\":{\"crc32c.evil\\u001b]0;owned\\u0007\":\"00000000\"},"
+        "\"evil\\u001b]0;owned\\u0007\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+    unsigned char image[512];
+    fsdp_st_file *f = NULL;
+    char err[1024] = "";
+    size_t i, n = sizeof header - 1;
+    int rc;
+    for (i = 0; i < 8; i++) image[i] = (unsigned char)((uint64_t)n >> (8 * i));
+    memcpy(image + 8, header, n);
+    memcpy(image + 8 + n, "\x01\x02\x03\x04", 4);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_st_parse(&f, image, 8 + n + 4, err, sizeof err), err);
+    rc = fsdp_st_verify(f, 0, err, sizeof err);
+    fsdp_st_close(f);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_CORRUPT, rc, err);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(err, evil_shown), err);
+    assert_no_control_bytes(err, "the checksum error");
+}
+
+/* index.json names its shard files; one with an escape sequence in its name that cannot be
+   opened: the error shows the name escaped. */
+static void test_index_open_file_error_about_a_file_named_with_an_escape_sequence_shows_it_escaped(void) {
+    static const char index[] = INDEX_HEAD "\"files\":[\"shard\\u001b]0;owned\\u0007.safetensors\"],"
+                                           "\"tensors\":{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"pieces\":[[0,0,1]]}}}";
+    char path[256], err[1024] = "";
+    fsdp_index *ix = NULL;
+    fsdp_st_file *f = NULL;
+    int rc;
+    path_in(path, sizeof path, "index.json");
+    write_bytes(path, index, sizeof index - 1);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_index_open(&ix, tmpdir, err, sizeof err), err);
+    rc = fsdp_index_open_file(ix, tmpdir, 0, &f, err, sizeof err);
+    fsdp_index_close(ix);
+    if (rc == FSDP_SUCCESS) fsdp_st_close(f);
+    TEST_ASSERT_TRUE_MESSAGE(rc != FSDP_SUCCESS, err);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(err, "shard\\x1b]0;owned\\x07.safetensors"), err);
+    assert_no_control_bytes(err, "the open error");
+}
+
+/* ---------------------------------------------------------------------------------------------
+   fsdp_load_full: every rank must have opened the same file
+   --------------------------------------------------------------------------------------------- */
+typedef struct same_file_board {
+    char path[2][256];
+    int rc[2];
+    char error[2][1024];
+    int setup_failed;
+} same_file_board;
+
+static int load_own_file_rank(fsdp_comm *comm, void *arg) {
+    same_file_board *b = (same_file_board *)arg;
+    int rank = fsdp_comm_rank(comm), rc;
+    fsdp_model *model = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_load_options lo;
+    if ((rc = ctx_open(comm, &model, &ctx)) != 0) {
+        b->setup_failed = 1;
+        snprintf(b->error[rank], sizeof b->error[rank], "setup: %s %s", fsdp_result_name(rc), fsdp_last_error(NULL));
+    } else {
+        memset(&lo, 0, sizeof lo);
+        lo.strict = 1;
+        b->rc[rank] = fsdp_load_full(ctx, b->path[rank], &lo, NULL);
+        snprintf(b->error[rank], sizeof b->error[rank], "%s", fsdp_last_error(ctx));
+    }
+    fsdp_destroy(ctx);
+    fsdp_model_destroy(model);
+    return 0;
+}
+
+static void test_load_full_where_rank_1_opens_another_file_fails_on_every_rank_naming_rank_1(void) {
+    same_file_board *b = (same_file_board *)map_board(sizeof(same_file_board));
+    fsdp_launch_desc d;
+    fsdp_launch_status status;
+    int rc, rank;
+    path_in(b->path[0], sizeof b->path[0], "rank0.safetensors");
+    path_in(b->path[1], sizeof b->path[1], "rank1.safetensors");
+    write_model_file_ok(b->path[0], 1.0f);
+    write_model_file_ok(b->path[1], 2.0f); /* same tensors and shapes, other values */
+    memset(&d, 0, sizeof d);
+    d.nprocs = 2;
+    d.timeout_ms = CHILD_TIMEOUT_MS;
+    rc = fsdp_launch_ex(&d, load_own_file_rank, b, &status);
+    snprintf(message, sizeof message, "launch: %s %s | %s | %s", fsdp_result_name(rc), status.message, b->error[0], b->error[1]);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
+    TEST_ASSERT_FALSE_MESSAGE(b->setup_failed, message);
+    for (rank = 0; rank < 2; rank++) {
+        snprintf(message, sizeof message, "rank %d: %s \"%s\"", rank, fsdp_result_name(b->rc[rank]), b->error[rank]);
+        TEST_ASSERT_TRUE_MESSAGE(b->rc[rank] != FSDP_SUCCESS, message);
+        TEST_ASSERT_NOT_NULL_MESSAGE(strstr(b->error[rank], "rank 1"), message);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+   the index.json fuzz target's corpus and every crasher it found, through fsdp_index_parse, in
+   a child process per file so that a crash names the file
+   --------------------------------------------------------------------------------------------- */
+static void index_corpus_dir(char *out, size_t size, const char *sub) {
+    const char *env = getenv("INDEX_CORPUS_DIR"), *fixed = INDEX_CORPUS_DIR;
+    const char *file = __FILE__, *slash = strrchr(file, '/');
+    if (env && *env) snprintf(out, size, "%s%s", env, sub);
+    else if (fixed) snprintf(out, size, "%s%s", fixed, sub);
+    else if (slash) snprintf(out, size, "%.*s/corpus/index%s", (int)(slash - file), file, sub);
+    else snprintf(out, size, "corpus/index%s", sub);
+}
+
+/* What the fuzz target does with one input: parse, and on success walk everything. */
+static int exercise_index_parser(const char *bytes, size_t size) {
+    fsdp_index *ix = NULL;
+    char err[512] = "";
+    int i, k, rc = fsdp_index_parse(&ix, bytes, size, err, sizeof err);
+    if (rc != FSDP_SUCCESS) return (rc == FSDP_ERR_CORRUPT && err[0]) || rc == FSDP_ERR_OUT_OF_MEMORY ? 0 : 2;
+    for (i = 0; i < fsdp_index_num_tensors(ix); i++) {
+        const fsdp_index_tensor *t = fsdp_index_tensor_at(ix, i);
+        if (!t || fsdp_index_find(ix, t->name) != i) return 3;
+        for (k = 0; k < t->num_pieces; k++)
+            if (t->pieces[k].file < 0 || t->pieces[k].file >= fsdp_index_num_files(ix)) return 3;
+    }
+    for (i = 0; i < fsdp_index_num_metadata(ix); i++)
+        if (!fsdp_index_metadata_at(ix, i).key) return 3;
+    fsdp_index_close(ix);
+    return 0;
+}
+
+static int replay_index_dir(const char *dir, int *files) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char path[1024];
+    if (!d) return -1;
+    while ((e = readdir(d)) != NULL) {
+        struct stat st;
+        pid_t pid;
+        int status;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (e->d_name[0] == '.' || stat(path, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+        fflush(NULL);
+        pid = fork();
+        if (pid == 0) {
+            char *bytes = (char *)malloc((size_t)st.st_size + 1);
+            FILE *f = fopen(path, "rb");
+            size_t n;
+            alarm(20);
+            closedir(d); /* the child's copy */
+            if (!bytes || !f) _exit(4);
+            n = fread(bytes, 1, (size_t)st.st_size, f);
+            fclose(f);
+            status = exercise_index_parser(bytes, n);
+            free(bytes);
+            _exit(status);
+        }
+        TEST_ASSERT_TRUE(pid > 0);
+        TEST_ASSERT_EQUAL_INT(pid, waitpid(pid, &status, 0));
+        if (WIFSIGNALED(status)) snprintf(message, sizeof message, "%s: the parser crashed (signal %d)", path, WTERMSIG(status));
+        else snprintf(message, sizeof message, "%s: exit status %d (2: an error without a message, 3: a bad table)", path,
+                      WEXITSTATUS(status));
+        TEST_ASSERT_TRUE_MESSAGE(WIFEXITED(status) && WEXITSTATUS(status) == 0, message);
+        (*files)++;
+    }
+    closedir(d);
+    return 0;
+}
+
+static void test_index_fuzz_corpus_and_crashers_parse_without_crashing(void) {
+    char seeds[512], crashers[512];
+    int files = 0;
+    index_corpus_dir(seeds, sizeof seeds, "");
+    index_corpus_dir(crashers, sizeof crashers, "/crashers");
+    if (replay_index_dir(seeds, &files) != 0) {
+        snprintf(message, sizeof message, "no corpus at %s (run from the repository root or set INDEX_CORPUS_DIR)", seeds);
+        TEST_IGNORE_MESSAGE(message);
+    }
+    replay_index_dir(crashers, &files); /* absent when the fuzzer found nothing */
+    TEST_ASSERT_GREATER_THAN(0, files);
+}
+
+int main(void) {
+    UNITY_BEGIN();
+    /* writes */
+    RUN_TEST(test_st_writer_temporary_file_is_mode_0600_while_written);
+    RUN_TEST(test_save_full_temporary_file_is_mode_0600_while_written);
+    RUN_TEST(test_save_sharded_temporary_file_is_mode_0600_while_written);
+    RUN_TEST(test_write_file_atomic_temporary_file_is_mode_0600_while_written);
+    RUN_TEST(test_st_writer_final_file_is_0666_less_the_umask);
+    RUN_TEST(test_save_full_final_file_is_0666_less_the_umask);
+    RUN_TEST(test_save_sharded_shard_files_and_index_are_0666_less_the_umask);
+    RUN_TEST(test_write_file_atomic_final_file_is_0666_less_the_umask);
+    RUN_TEST(test_st_writer_replaces_a_symlink_at_the_final_path_leaving_its_target_untouched);
+    RUN_TEST(test_save_full_replaces_a_symlink_at_the_final_path_leaving_its_target_untouched);
+    RUN_TEST(test_write_file_atomic_replaces_a_symlink_at_the_final_path_leaving_its_target_untouched);
+    RUN_TEST(test_st_writer_does_not_follow_a_symlink_planted_at_the_old_temporary_name);
+    RUN_TEST(test_save_full_does_not_follow_a_symlink_planted_at_the_old_temporary_name);
+    RUN_TEST(test_save_sharded_index_does_not_follow_a_symlink_planted_at_the_old_temporary_name);
+    RUN_TEST(test_write_file_atomic_does_not_follow_a_symlink_planted_at_the_old_temporary_name);
+    RUN_TEST(test_two_st_writers_of_one_path_in_one_process_both_succeed_and_the_last_close_wins);
+    /* stale temporary files */
+    RUN_TEST(test_save_removes_a_stale_temporary_file_of_this_host_whose_writer_is_dead);
+    RUN_TEST(test_save_keeps_a_temporary_file_of_another_host);
+    RUN_TEST(test_save_keeps_a_temporary_file_of_this_host_whose_writer_is_alive);
+    /* readers */
+    RUN_TEST(test_st_open_of_a_fifo_fails_within_100_ms);
+    RUN_TEST(test_index_open_where_index_json_is_a_fifo_fails_within_100_ms);
+    RUN_TEST(test_st_open_of_a_directory_is_refused_as_not_a_regular_file);
+    RUN_TEST(test_st_open_of_a_device_is_refused_as_not_a_regular_file);
+    RUN_TEST(test_index_open_where_index_json_is_a_symlink_fails_naming_the_link);
+    RUN_TEST(test_load_sharded_where_a_shard_file_is_a_symlink_fails_naming_a_symbolic_link);
+    RUN_TEST(test_index_open_file_of_a_shard_that_is_a_symlink_fails_naming_a_symbolic_link);
+    RUN_TEST(test_st_open_of_a_users_symlink_to_a_checkpoint_works);
+    RUN_TEST(test_st_open_of_a_symlink_to_a_non_checkpoint_does_not_show_its_first_bytes);
+    RUN_TEST(test_load_sharded_of_a_shard_symlinked_to_a_non_checkpoint_does_not_show_its_first_bytes);
+    /* JSON memory */
+    RUN_TEST(test_st_parse_and_index_parse_of_a_real_checkpoint_succeed);
+    RUN_TEST(test_st_parse_of_a_10mb_header_with_a_huge_ignored_key_peaks_under_4x_the_input);
+    RUN_TEST(test_st_parse_of_a_10mb_header_of_tiny_metadata_entries_peaks_under_4x_the_input);
+    RUN_TEST(test_st_parse_of_a_10mb_header_of_tiny_tensors_peaks_under_4x_the_input);
+    RUN_TEST(test_st_parse_of_a_10mb_header_of_tensor_entries_that_are_not_objects_peaks_under_4x_the_input);
+    RUN_TEST(test_st_parse_of_a_10mb_header_of_empty_tensor_objects_peaks_under_4x_the_input);
+    RUN_TEST(test_st_parse_of_a_10mb_header_of_metadata_that_are_not_strings_peaks_under_4x_the_input);
+    RUN_TEST(test_index_parse_of_a_10mb_index_of_tiny_pieces_peaks_under_4x_the_input);
+    RUN_TEST(test_index_parse_of_a_10mb_index_of_the_shortest_pieces_peaks_under_4x_the_input);
+    RUN_TEST(test_index_parse_of_a_10mb_index_of_tiny_tensors_peaks_under_4x_the_input);
+    RUN_TEST(test_index_parse_of_a_10mb_index_of_tiny_metadata_entries_peaks_under_4x_the_input);
+    RUN_TEST(test_index_parse_of_a_10mb_index_of_pieces_that_are_not_arrays_peaks_under_4x_the_input);
+    RUN_TEST(test_index_parse_of_a_10mb_index_of_tensor_entries_that_are_not_objects_peaks_under_4x_the_input);
+    RUN_TEST(test_index_parse_of_a_10mb_index_of_metadata_that_are_not_strings_peaks_under_4x_the_input);
+    RUN_TEST(test_index_parse_of_a_10mb_index_of_file_entries_that_are_not_strings_peaks_under_4x_the_input);
+    /* printable output */
+    RUN_TEST(test_printable_ascii_passes_unchanged);
+    RUN_TEST(test_printable_well_formed_utf8_passes_unchanged);
+    RUN_TEST(test_printable_escape_bell_and_other_ascii_controls_become_hex);
+    RUN_TEST(test_printable_c1_controls_encoded_as_c2_80_to_9f_become_hex);
+    RUN_TEST(test_printable_broken_utf8_becomes_hex);
+    RUN_TEST(test_printable_overlong_encodings_become_hex);
+    RUN_TEST(test_printable_truncation_ends_with_dots_at_a_character_boundary);
+    RUN_TEST(test_printable_sizes_0_to_3_never_overflow);
+    RUN_TEST(test_load_full_of_an_unexpected_tensor_named_with_an_escape_sequence_shows_it_escaped);
+    RUN_TEST(test_load_full_warning_about_an_unexpected_tensor_named_with_an_escape_sequence_shows_it_escaped);
+    RUN_TEST(test_parse_error_about_a_tensor_named_with_an_escape_sequence_shows_it_escaped);
+    RUN_TEST(test_verify_error_about_a_tensor_named_with_an_escape_sequence_shows_it_escaped);
+    RUN_TEST(test_index_open_file_error_about_a_file_named_with_an_escape_sequence_shows_it_escaped);
+    /* ranks that opened different files */
+    RUN_TEST(test_load_full_where_rank_1_opens_another_file_fails_on_every_rank_naming_rank_1);
+    /* the fuzz corpus */
+    RUN_TEST(test_index_fuzz_corpus_and_crashers_parse_without_crashing);
+    return UNITY_END();
+}
