@@ -15,7 +15,7 @@ MPI_TESTS := test_mpi
 UNIT_TESTS := $(filter-out $(MPI_TESTS),$(TESTS))
 SANFLAGS ?=
 
-.PHONY: all help test test-asan test-tsan bench bench-mpi bench-torch demo demo-mlp demo-collectives tools fuzz clean check-deps
+.PHONY: all help test test-asan test-tsan test-multihost bench bench-mpi bench-torch demo demo-mlp demo-collectives tools fuzz clean check-deps
 
 all: $(BUILD)/gpt $(BUILD)/mlp $(BUILD)/ckpt_tool $(BUILD)/bench_comm $(BUILD)/bench_train $(BUILD)/demo_collectives
 
@@ -25,6 +25,7 @@ help:
 	@echo "make test        every test; ends with 'N passed, N failed' (UNITY_DIR=... for real Unity)"
 	@echo "make test-asan   the tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 	@echo "make test-tsan   the threaded tests under ThreadSanitizer"
+	@echo "make test-multihost  ranks on several simulated hosts (network namespaces; root)"
 	@echo "make bench       build/bench_comm (collectives) and build/bench_train (training)"
 	@echo "make bench-mpi   build/bench_comm_mpi (collectives through Open MPI; needs libopenmpi-dev)"
 	@echo "make bench-torch the GPT against PyTorch (python3-torch) at P = 1 and 2, two model sizes"
@@ -61,6 +62,11 @@ test-tsan:
 	@$(MAKE) --no-print-directory $(BUILD)/tsan/test_threads BUILD=$(BUILD)/tsan OPT="-O1 -g" \
 	    SANFLAGS="-fsanitize=thread"
 	@BUILD=$(BUILD)/tsan NO_EXTRA_CHECKS=1 sh tests/run.sh test_threads
+
+# Ranks on several "hosts" built from network, mount and UTS namespaces on this machine (root;
+# without them it says why and passes nothing): tests/multihost/test_multihost.sh.
+test-multihost: check-deps
+	@BUILD=$(BUILD) bash tests/multihost/test_multihost.sh
 
 check-deps:
 	@command -v $(CC) >/dev/null || { echo "error: no C compiler ($(CC)); sudo apt-get install build-essential"; exit 1; }

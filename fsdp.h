@@ -341,6 +341,10 @@ FSDP_API int fsdp_comm_local_size(const fsdp_comm *comm);
    are numbered in the order of their lowest rank. -1 where unknown (user backends). */
 FSDP_API int fsdp_comm_num_hosts(const fsdp_comm *comm);
 FSDP_API int fsdp_comm_host_of(const fsdp_comm *comm, int rank);
+/* 1 if reductions fold each host's ranks first (in rank order) and then the hosts (in host
+   order), as on ranks over several hosts, several on some, numbered host by host (socket:
+   shared memory inside hosts; mpi: the same order); 0 if they fold all ranks in rank order. */
+FSDP_API int fsdp_comm_hierarchical(const fsdp_comm *comm);
 FSDP_API fsdp_backend_kind fsdp_comm_backend(const fsdp_comm *comm);
 /* What carries the ops: "shm", "socket", "socket+shm" (a socket world over several hosts:
    shared memory inside each host, sockets between them), "mpi", or a user backend's name. */
@@ -1627,6 +1631,7 @@ static __thread char fsdp__init_error[FSDP__ERRMSG];
 struct fsdp_comm {
     int rank, world, local_rank, local_world;
     int num_hosts, host;    /* hosts of the comm's ranks and this rank's (numbered by their lowest rank) */
+    int two_level;          /* reductions fold inside hosts, then across hosts (fsdp_comm_hierarchical) */
     int *host_of;           /* host of every rank; NULL where unknown (user backends) */
     fsdp_backend_kind kind;
     const fsdp_backend *backend;
@@ -1777,6 +1782,7 @@ FSDP_API int fsdp_comm_size(const fsdp_comm *comm) { return comm ? comm->world :
 FSDP_API int fsdp_comm_local_rank(const fsdp_comm *comm) { return comm ? comm->local_rank : -1; }
 FSDP_API int fsdp_comm_local_size(const fsdp_comm *comm) { return comm ? comm->local_world : 0; }
 FSDP_API int fsdp_comm_num_hosts(const fsdp_comm *comm) { return comm && comm->host_of ? comm->num_hosts : -1; }
+FSDP_API int fsdp_comm_hierarchical(const fsdp_comm *comm) { return comm ? comm->two_level : 0; }
 FSDP_API int fsdp_comm_host_of(const fsdp_comm *comm, int rank) {
     return comm && comm->host_of && rank >= 0 && rank < comm->world ? comm->host_of[rank] : -1;
 }
@@ -4118,6 +4124,28 @@ static const fsdp_backend fsdp__sock_backend = {
    equal to the other backends'. MPI must already be initialised, or fsdp_comm_init calls
    MPI_Init_thread itself (and MPI_Finalize at destroy).
    ============================================================================================ */
+/* The comm's documented reduction of its ranks' inputs (srcs in rank order), for backends that
+   fold after moving the data (the MPI bridge): rank order, or with the two-level order each
+   host's ranks in rank order, the partial rounded to the dtype (as a hierarchical op sends it),
+   then the hosts in host order. scratch: num_hosts * count elements of dtype. */
+FSDP__PRIVATE void fsdp__reduce_layout(const fsdp_comm *comm, void *dst, const void *const *srcs, size_t count,
+                                       fsdp_dtype dtype, fsdp_reduce_op op, char *scratch) {
+    const void *mine[256], *partials[256];
+    size_t bytes = count * fsdp_dtype_size(dtype);
+    int h, r, n;
+    if (!comm->two_level) {
+        fsdp_reduce_ranks(dst, srcs, comm->world, count, dtype, op, comm->world);
+        return;
+    }
+    for (h = 0; h < comm->num_hosts; h++) {
+        for (r = 0, n = 0; r < comm->world; r++)
+            if (comm->host_of[r] == h) mine[n++] = srcs[r];
+        fsdp_reduce_ranks(scratch + (size_t)h * bytes, mine, n, count, dtype, op == FSDP_MAX ? FSDP_MAX : FSDP_SUM, 1);
+        partials[h] = scratch + (size_t)h * bytes;
+    }
+    fsdp_reduce_ranks(dst, partials, comm->num_hosts, count, dtype, op, comm->world);
+}
+
 #ifdef FSDP_WITH_MPI
 typedef struct fsdp__mpi {
     MPI_Comm comm;
@@ -4172,11 +4200,11 @@ FSDP__PRIVATE int fsdp__mpi_reduce_scatter(fsdp_comm *comm, void *impl, const fs
     const void *srcs[256];
     int p, rc;
     if (bytes > 0x7fffffff) return fsdp_comm_fail(comm, FSDP_ERR_UNSUPPORTED, "MPI bridge: pieces above 2 GiB are not supported");
-    if ((rc = fsdp__mpi_scratch(comm, m, bytes * (size_t)comm->world)) != 0) return rc;
+    if ((rc = fsdp__mpi_scratch(comm, m, bytes * (size_t)(comm->world + comm->num_hosts))) != 0) return rc;
     MPI_Ialltoall(c->send, (int)bytes, MPI_BYTE, m->scratch, (int)bytes, MPI_BYTE, m->comm, &req);
     if ((rc = fsdp__mpi_wait(comm, &req, c)) != 0) return rc;
     for (p = 0; p < comm->world; p++) srcs[p] = m->scratch + (size_t)p * bytes;
-    fsdp_reduce_ranks(c->recv, srcs, comm->world, c->count, c->dtype, c->op, comm->world);
+    fsdp__reduce_layout(comm, c->recv, srcs, c->count, c->dtype, c->op, m->scratch + (size_t)comm->world * bytes);
     return 0;
 }
 
@@ -4189,7 +4217,7 @@ FSDP__PRIVATE int fsdp__mpi_all_reduce(fsdp_comm *comm, void *impl, const fsdp_c
     char *in, *mine;
     int p, rc;
     if (piece > 0x7fffffff) return fsdp_comm_fail(comm, FSDP_ERR_UNSUPPORTED, "MPI bridge: pieces above 2 GiB are not supported");
-    if ((rc = fsdp__mpi_scratch(comm, m, padded * 2 + piece)) != 0) return rc;
+    if ((rc = fsdp__mpi_scratch(comm, m, padded * 2 + piece * (size_t)(1 + comm->num_hosts))) != 0) return rc;
     in = m->scratch + padded + piece;
     memset(in, 0, padded);
     memcpy(in, c->send, c->count * esize); /* padded to P equal pieces */
@@ -4197,7 +4225,7 @@ FSDP__PRIVATE int fsdp__mpi_all_reduce(fsdp_comm *comm, void *impl, const fsdp_c
     if ((rc = fsdp__mpi_wait(comm, &req, c)) != 0) return rc;
     mine = m->scratch + padded;
     for (p = 0; p < comm->world; p++) srcs[p] = m->scratch + (size_t)p * piece;
-    fsdp_reduce_ranks(mine, srcs, comm->world, share, c->dtype, c->op, comm->world);
+    fsdp__reduce_layout(comm, mine, srcs, share, c->dtype, c->op, m->scratch + padded * 2 + piece);
     MPI_Iallgather(mine, (int)piece, MPI_BYTE, in, (int)piece, MPI_BYTE, m->comm, &req);
     if ((rc = fsdp__mpi_wait(comm, &req, c)) != 0) return rc;
     memcpy(c->recv, in, c->count * esize);
@@ -4815,15 +4843,13 @@ FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) 
     int32_t mine[4], *all;
     int r, ok = 1, rc;
     char job[64];
-    if (comm->num_hosts < 2 || comm->num_hosts == comm->world || (env && strcmp(env, "0") == 0)) return 0;
-    for (r = 1; r < comm->world; r++)
-        if (comm->host_of[r] < comm->host_of[r - 1] || (comm->host_of[r] != comm->host_of[r - 1] &&
-                                                       comm->host_of[r] != comm->host_of[r - 1] + 1)) {
-            if (comm->rank == 0)
-                fsdp__log(&comm->logger, FSDP_LOG_INFO, "socket: the ranks are not numbered host by host: every byte "
-                          "goes over sockets, also between ranks of one host");
-            return 0;
-        }
+    if (!comm->two_level) {
+        (void)env;
+        if (comm->rank == 0 && comm->num_hosts > 1 && comm->num_hosts < comm->world && !(env && strcmp(env, "0") == 0))
+            fsdp__log(&comm->logger, FSDP_LOG_INFO, "socket: the ranks are not numbered host by host: every byte "
+                      "goes over sockets, also between ranks of one host");
+        return 0;
+    }
     memset(&ld, 0, sizeof ld);
     ld.backend = FSDP_BACKEND_SHM;
     ld.rank = comm->local_rank;
@@ -4852,6 +4878,7 @@ FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) 
     FSDP_FREE(all);
     if (rc || !ok || !(x = (fsdp__hier *)fsdp__calloc(sizeof *x))) {
         fsdp_comm_destroy(local);
+        if (!rc && !ok) comm->two_level = 0; /* flat after all: rank order */
         return rc ? rc : ok ? FSDP_ERR_OUT_OF_MEMORY : 0;
     }
     pthread_mutex_init(&x->lock, NULL);
@@ -4939,6 +4966,11 @@ FSDP__PRIVATE int fsdp__comm_topology(fsdp_comm *comm, int everyone) {
     comm->local_rank = comm->local_world = 0;
     for (r = 0; r < comm->world; r++)
         if (comm->host_of[r] == comm->host) comm->local_rank += r < comm->rank, comm->local_world++;
+    /* the two-level order needs several hosts, several ranks on some, ranks numbered host by host */
+    comm->two_level = comm->num_hosts > 1 && comm->num_hosts < comm->world &&
+                      !(getenv("FSDP_HIERARCHICAL") && strcmp(getenv("FSDP_HIERARCHICAL"), "0") == 0);
+    for (r = 1; r < comm->world; r++)
+        if (comm->host_of[r] != comm->host_of[r - 1] && comm->host_of[r] != comm->host_of[r - 1] + 1) comm->two_level = 0;
     return 0;
 }
 
@@ -5056,7 +5088,8 @@ FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **
     desc.backend = parent->kind;
     /* members that share a host talk through shared memory, whatever the parent's transport
        (HYBRID_SHARD's shard groups), if /dev/shm has room for their segment everywhere */
-    if (parent->kind == FSDP_BACKEND_SOCKET && parent->host_of && one_host && new_world > 1 &&
+    if ((parent->kind == FSDP_BACKEND_SOCKET || parent->kind == FSDP_BACKEND_MPI) && parent->host_of && one_host &&
+        new_world > 1 &&
         (double)free_mib * 1048576.0 >= 2.0 * (double)fsdp__shm_layout(new_world, fsdp__shm_slot_bytes(0), NULL, NULL))
         desc.backend = FSDP_BACKEND_SHM;
     desc.rank = new_rank;
@@ -5101,6 +5134,10 @@ FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **
             rc = fsdp_comm_fail(parent, FSDP_ERR_SYSTEM, "fsdp_comm_split: MPI_Comm_split failed");
             goto done;
         }
+        if (desc.backend == FSDP_BACKEND_SHM) { /* (collective over the parent all the same) */
+            MPI_Comm_free(&split);
+            goto create;
+        }
         comm = fsdp__comm_new(&desc, parent);
         if (!comm) { rc = FSDP_ERR_OUT_OF_MEMORY; goto done; }
         comm->kind = FSDP_BACKEND_MPI;
@@ -5109,6 +5146,9 @@ FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **
         *out = comm;
         goto done;
     }
+#endif
+#ifdef FSDP_WITH_MPI
+create:
 #endif
     rc = fsdp__comm_create(out, &desc, parent, listen_fd, NULL, 0);
     listen_fd = -1; /* fsdp__comm_create closed it */

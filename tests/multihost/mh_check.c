@@ -10,8 +10,10 @@
        two levels; flat rank order when every rank has a host to itself or all share one);
      - fsdp_comm_split: a group of one host's ranks runs on shm, one rank per host on sockets.
    Prints "mh_check: rank R: N checks, F failed" and one line per failure; exits 1 on failure.
-   MH_OPS_ONLY=1 skips the splits (quick fault tests); MH_LOOP_MS keeps all_reducing that long
-   (a link may be cut meanwhile) and reports how the first failure looked. */
+   MH_OPS_ONLY=1 skips the splits; MH_MAX_COUNT caps the sizes (slow links); MH_LOOP_MS keeps
+   all_reducing that long (a link may be cut meanwhile) and reports how the first failure looked.
+   Built with mpicc -DFSDP_WITH_MPI it runs under mpirun on the MPI bridge, which folds in the
+   same order as the sockets for the same layout. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -110,6 +112,7 @@ static int same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0 ||
 
 static void check_ops(fsdp_comm *comm, const layout *lay) {
     static const size_t counts[] = {1, 7, 1000, 16411, 100003, 1 << 20};
+    size_t max_count = getenv("MH_MAX_COUNT") ? (size_t)atol(getenv("MH_MAX_COUNT")) : (size_t)1 << 20;
     static const fsdp_dtype dtypes[] = {FSDP_F32, FSDP_BF16, FSDP_F16};
     static const fsdp_reduce_op ops[] = {FSDP_SUM, FSDP_AVG, FSDP_MAX};
     int P = lay->world, me = fsdp_comm_rank(comm), salt = 0, ci, di, oi, r;
@@ -119,7 +122,7 @@ static void check_ops(fsdp_comm *comm, const layout *lay) {
             fsdp_dtype dt = dtypes[di];
             char *send = (char *)malloc(n * es * (size_t)P), *recv = (char *)malloc(n * es * (size_t)P);
             if (!send || !recv) { check(0, "out of memory"); return; }
-            if (dt == FSDP_F16 && n > 100003) { free(send); free(recv); continue; } /* keep the run short */
+            if ((dt == FSDP_F16 && n > 100003) || n > max_count) { free(send); free(recv); continue; } /* keep it short */
             /* all_gather */
             salt++;
             for (i = 0; i < n; i++) put(send, dt, i, value(me, i, salt));
@@ -201,8 +204,11 @@ int main(void) {
     lay.hosts = fsdp_comm_num_hosts(comm);
     for (r = 0; r < lay.world && r < 256; r++) lay.host_of[r] = fsdp_comm_host_of(comm, r);
     for (r = 1; r < lay.world; r++) contiguous &= lay.host_of[r] == lay.host_of[r - 1] || lay.host_of[r] == lay.host_of[r - 1] + 1;
+    /* the documented order: two levels for several hosts, several ranks on some, numbered host by host */
     lay.two_level = lay.hosts > 1 && lay.hosts < lay.world && contiguous && !(getenv("FSDP_HIERARCHICAL") &&
                                                                              strcmp(getenv("FSDP_HIERARCHICAL"), "0") == 0);
+    check(fsdp_comm_hierarchical(comm) == lay.two_level, "fsdp_comm_hierarchical says %d for this layout",
+          fsdp_comm_hierarchical(comm));
     if (spec) { /* "2,1,3": the ranks per host the launcher placed */
         const char *at = spec;
         int first = 0;

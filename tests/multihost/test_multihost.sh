@@ -1,0 +1,195 @@
+#!/bin/bash
+# tests/multihost/test_multihost.sh: fsdp.h across several hosts (make test-multihost).
+#
+# Builds "hosts" on this machine with tests/multihost/hostbed.sh (network + mount + UTS
+# namespaces: own address, /dev/shm, /tmp and host name; root needed) and runs ranks in them:
+#   - collectives bitwise equal to the documented reduction order at 2x2, 3x2 and 2+1+3 ranks
+#     per host, over sockets (hierarchical) and over the MPI bridge under mpirun, with splits
+#     of one host's ranks on shared memory (tests/multihost/mh_check.c);
+#   - the GPT example, FULL_SHARD and HYBRID_SHARD across 2 hosts, with the losses of 4 ranks
+#     on one host;
+#   - torchrun (static and c10d rendezvous, 2 nodes x 2 ranks; tests/torchrun.py) and mpirun
+#     (sockets and the MPI bridge) across hosts;
+#   - faults: a link cut mid-op (every rank fails within its timeout naming the other host),
+#     5% loss and 20 ms delay (still right), a host killed (the others fail, nothing left in
+#     /dev/shm).
+# Prints one line per check, "tests/multihost/test_multihost.sh:0:<name>:PASS" or ":FAIL" (with
+# the logs), and ends with "N passed, N failed". Where no bed can be built (not root, no
+# namespaces) it says why and prints "0 passed, 0 failed". BUILD (default build) holds the
+# binaries, built here if missing. Tears the bed down whatever happens.
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+TOP=$(pwd)
+BUILD=${BUILD:-build}
+case $BUILD in /*) BIN=$BUILD ;; *) BIN=$TOP/$BUILD ;; esac
+ME=tests/multihost/test_multihost.sh
+passed=0
+failed=0
+
+. tests/multihost/hostbed.sh
+if ! hostbed_require 2>/dev/null; then
+    echo "$ME: skipped: ${HOSTBED_SKIP_REASON:-no test bed here}"
+    echo "0 passed, 0 failed"
+    exit 0
+fi
+
+mkdir -p "$BIN"
+cc=${CC:-cc}
+if ! $cc -std=c99 -O2 -Wall -Wextra -Werror -I. tests/multihost/mh_check.c -o "$BIN/mh_check" -lpthread -lm; then
+    echo "$ME: cannot build mh_check"; echo "0 passed, 1 failed"; exit 1
+fi
+have_mpi=0
+if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1 &&
+    mpicc -std=c99 -O2 -Wall -Wextra -Werror -DFSDP_WITH_MPI -I. tests/multihost/mh_check.c -o "$BIN/mh_check_mpi" -lpthread -lm; then
+    have_mpi=1
+fi
+have_gpt=0
+make --no-print-directory "$BUILD/gpt" >/dev/null 2>&1 && have_gpt=1
+have_torch=0
+/usr/bin/python3 -c 'import torch' >/dev/null 2>&1 && have_torch=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export FSDP_SECRET=multihost-test-secret
+LOG=$(mktemp -d)
+
+report() { # name, status (0 = pass), log file
+    if [ "$2" -eq 0 ]; then
+        echo "$ME:0:$1:PASS"
+        passed=$((passed + 1))
+    else
+        echo "$ME:0:$1:FAIL"
+        sed 's/^/    /' "$3" | tail -n 25
+        failed=$((failed + 1))
+    fi
+}
+
+# The rank logs of the last hostbed_ranks, concatenated.
+rank_logs() { cat "$HOSTBED_SHARE"/rank*.log 2>/dev/null; }
+
+# ranks_ok LOG: every rank of the last hostbed_ranks exited 0.
+ranks_ok() {
+    rank_logs >"$1"
+    echo "exit statuses: ${HOSTBED_RANK_STATUS[*]}" >>"$1"
+    for s in "${HOSTBED_RANK_STATUS[@]}"; do [ "$s" = 0 ] || return 1; done
+}
+
+# collectives LAYOUT: mh_check on sockets with ranks placed as LAYOUT ("2,1,3").
+collectives() {
+    MH_LAYOUT=$1 FSDP_TIMEOUT_MS=60000 hostbed_ranks --timeout 240 "$1" "$BIN/mh_check"
+    ranks_ok "$LOG/coll.log" && grep -q 'two-level order' "$LOG/coll.log"
+}
+
+# The losses rank 0 printed, one per line.
+losses() { grep -o 'loss [0-9.]*' "$1" | awk '{print $2}'; }
+
+# same_losses A B: the same number of losses, equal within 2e-3 relative (the hosts change
+# the order in which FULL_SHARD's gradients are summed).
+same_losses() {
+    paste <(losses "$1") <(losses "$2") | awk '
+        NF != 2 { bad = 1 } NF == 2 { n++; d = $1 - $2; if (d < 0) d = -d; if (d > 2e-3 * ($2 < 0 ? -$2 : $2) + 1e-4) bad = 1 }
+        END { exit (bad || n < 3) }'
+}
+
+gpt_args="--layers 2 --channels 64 --heads 2 --seq-len 32 --batch 8 --steps 30 --print-every 10 --ckpt none --sample 0"
+
+# gpt_across STRATEGY: the GPT on 2x2 and on 4 ranks of one host.
+gpt_across() {
+    FSDP_TIMEOUT_MS=60000 hostbed_ranks --timeout 240 2,2 "$BIN/gpt" $gpt_args --strategy "$1"
+    ranks_ok "$LOG/gpt2.log" || return 1
+    cp "$HOSTBED_SHARE/rank0.log" "$LOG/gpt_hosts.log"
+    FSDP_TIMEOUT_MS=60000 hostbed_ranks --timeout 240 4 "$BIN/gpt" $gpt_args --strategy "$1"
+    ranks_ok "$LOG/gpt1.log" || return 1
+    cp "$HOSTBED_SHARE/rank0.log" "$LOG/gpt_one.log"
+    { echo "== 2 hosts:"; grep loss "$LOG/gpt_hosts.log"; echo "== 1 host:"; grep loss "$LOG/gpt_one.log"; } >"$LOG/gpt.log"
+    same_losses "$LOG/gpt_hosts.log" "$LOG/gpt_one.log"
+}
+
+# torchrun_2_nodes ARGS...: tests/torchrun.py on h0 and h1, 2 ranks each, running mh_check.
+torchrun_2_nodes() {
+    local p0 p1 s0 s1
+    hostbed_spawn --timeout 240 h0 env MH_LAYOUT=2,2 MH_OPS_ONLY=1 MH_MAX_COUNT=100003 /usr/bin/python3 tests/torchrun.py \
+        --nnodes 2 --node_rank 0 --nproc_per_node 2 "$@" --no_python "$BIN/mh_check" >"$LOG/tr0.log" 2>&1
+    p0=$HOSTBED_SPAWNED
+    hostbed_spawn --timeout 240 h1 env MH_LAYOUT=2,2 MH_OPS_ONLY=1 MH_MAX_COUNT=100003 /usr/bin/python3 tests/torchrun.py \
+        --nnodes 2 --node_rank 1 --nproc_per_node 2 "$@" --no_python "$BIN/mh_check" >"$LOG/tr1.log" 2>&1
+    p1=$HOSTBED_SPAWNED
+    wait "$p0"; s0=$?
+    wait "$p1"; s1=$?
+    cat "$LOG/tr0.log" "$LOG/tr1.log" >"$LOG/tr.log"
+    [ $s0 = 0 ] && [ $s1 = 0 ] && [ "$(grep -c ' 0 failed' "$LOG/tr.log")" = 4 ]
+}
+
+# mpirun_2x2 PROGRAM ENV...: mpirun from h0 over h0 and h1, 2 ranks each.
+mpirun_2x2() {
+    local prog=$1
+    shift
+    hostbed_exec --timeout 240 h0 mpirun $HOSTBED_MPI_ARGS --host fsdp-h0:2,fsdp-h1:2 -np 4 -x MH_LAYOUT=2,2 \
+        -x MH_MAX_COUNT=100003 "$@" "$prog" >"$LOG/mpi.log" 2>&1 && [ "$(grep -c ' 0 failed' "$LOG/mpi.log")" = 4 ]
+}
+
+# A fault while 2x2 ranks all_reduce in a loop: every rank must exit 3 (the op failed) within
+# FSDP_TIMEOUT_MS + margin of the fault, saying which host was lost; /dev/shm of the surviving
+# host stays empty.
+fault() { # what (cut | kill)
+    local t0 t1 s ok=0
+    FSDP_TIMEOUT_MS=4000 MH_LOOP_MS=30000 hostbed_ranks --timeout 60 --no-wait 2,2 "$BIN/mh_check"
+    sleep 3
+    t0=$(date +%s%N)
+    if [ "$1" = cut ]; then hostbed_link h1 down; else hostbed_kill h1; fi
+    hostbed_ranks_wait
+    t1=$(date +%s%N)
+    [ "$1" = cut ] && hostbed_link h1 up
+    rank_logs >"$LOG/fault.log"
+    { echo "exit statuses: ${HOSTBED_RANK_STATUS[*]}"; echo "ranks ended $(((t1 - t0) / 1000000)) ms after the fault"
+      echo "h0 /dev/shm:"; hostbed_exec h0 ls -A /dev/shm; } >>"$LOG/fault.log" 2>&1
+    [ $(((t1 - t0) / 1000000)) -lt 15000 ] || ok=1
+    [ "${HOSTBED_RANK_STATUS[0]}" = 3 ] && [ "${HOSTBED_RANK_STATUS[1]}" = 3 ] || ok=1
+    if [ "$1" = cut ]; then # the far side fails too, and everyone names the other host's address
+        [ "${HOSTBED_RANK_STATUS[2]}" = 3 ] && [ "${HOSTBED_RANK_STATUS[3]}" = 3 ] || ok=1
+        grep -h 'rank 0: loop failed' "$HOSTBED_SHARE/rank0.log" | grep -q '10\.77\.0\.2' || ok=1
+        grep -h 'rank 2: loop failed' "$HOSTBED_SHARE/rank2.log" | grep -q '10\.77\.0\.1' || ok=1
+    fi
+    [ -z "$(hostbed_exec h0 ls -A /dev/shm)" ] || ok=1
+    return $ok
+}
+
+hostbed_up 3 || { s=$?; echo "$ME: the test bed did not come up (status $s)"; echo "0 passed, 1 failed"; exit 1; }
+
+collectives 2,2;   report collectives_2x2_bitwise_in_the_documented_order $? "$LOG/coll.log"
+collectives 2,2,2; report collectives_3x2_bitwise_in_the_documented_order $? "$LOG/coll.log"
+collectives 2,1,3; report collectives_2_1_3_bitwise_in_the_documented_order $? "$LOG/coll.log"
+if [ $have_mpi = 1 ]; then
+    mpirun_2x2 "$BIN/mh_check_mpi"; report mpirun_mpi_bridge_2x2_same_bits_as_sockets $? "$LOG/mpi.log"
+    mpirun_2x2 "$BIN/mh_check" -x FSDP_BACKEND=socket -x MASTER_ADDR=10.77.0.1 -x MASTER_PORT=29650 -x FSDP_SECRET
+    report mpirun_sockets_2x2 $? "$LOG/mpi.log"
+else
+    echo "$ME: mpirun tests skipped: mpicc/mpirun not installed (apt-get install libopenmpi-dev openmpi-bin)"
+fi
+if [ $have_torch = 1 ]; then
+    torchrun_2_nodes --master_addr 10.77.0.1 --master_port 29660
+    report torchrun_static_2_nodes_x_2 $? "$LOG/tr.log"
+    torchrun_2_nodes --rdzv_backend c10d --rdzv_endpoint 10.77.0.1:29670 --rdzv_id mh-c10d
+    report torchrun_c10d_2_nodes_x_2 $? "$LOG/tr.log"
+else
+    echo "$ME: torchrun tests skipped: /usr/bin/python3 has no torch (apt-get install python3-torch)"
+fi
+if [ $have_gpt = 1 ]; then
+    gpt_across full;   report gpt_full_shard_across_2_hosts_has_the_losses_of_one_host $? "$LOG/gpt.log"
+    gpt_across hybrid; report gpt_hybrid_shard_across_2_hosts_has_the_losses_of_one_host $? "$LOG/gpt.log"
+else
+    echo "$ME: GPT tests skipped: $BUILD/gpt does not build (apt-get install libopenblas-dev)"
+fi
+fault cut;  report link_cut_mid_op_fails_every_rank_within_its_timeout_naming_the_other_host $? "$LOG/fault.log"
+fault kill; report host_killed_mid_op_fails_the_others_and_leaves_no_shared_memory $? "$LOG/fault.log"
+if hostbed_shape all --loss 5% --delay 20ms >"$LOG/shape.log" 2>&1; then
+    MH_MAX_COUNT=16411 MH_OPS_ONLY=1 collectives 2,2
+    report collectives_right_with_5_percent_loss_and_20ms_delay $? "$LOG/coll.log"
+    hostbed_shape all off >/dev/null 2>&1
+else
+    echo "$ME: loss/delay test skipped: $(tail -1 "$LOG/shape.log")"
+fi
+
+hostbed_down
+rm -rf "$LOG"
+echo
+echo "$passed passed, $failed failed"
+[ $failed = 0 ]
