@@ -87,8 +87,11 @@ $(BUILD)/demo_collectives: examples/demo_collectives.c fsdp.h | $(BUILD)
 # errno or trap semantics for float math, which would keep exp-like loops scalar. Portable: no
 # -march; the kernels pick AVX-512 / AVX2 / SSE2 at run time.
 EXAMPLE_OPT ?= -O3 -fno-math-errno -fno-trapping-math
-BLAS_CHECK = @echo '\#include <cblas.h>' | $(CC) -E -x c - >/dev/null 2>&1 || \
-	{ echo "error: <cblas.h> not found; sudo apt-get install libopenblas-dev"; exit 1; }
+# OpenBLAS itself, not only some <cblas.h>: Debian's libblas-dev (reference BLAS) also provides
+# one, without openblas_set_num_threads.
+BLAS_CHECK = @printf '\043include <cblas.h>\nint main(void) { openblas_set_num_threads(1); return 0; }\n' | \
+	$(CC) -x c - -o /dev/null -lopenblas >/dev/null 2>&1 || \
+	{ echo "error: OpenBLAS not found (<cblas.h> with openblas_set_num_threads, -lopenblas); sudo apt-get install libopenblas-dev"; exit 1; }
 
 $(BUILD)/gpt: examples/gpt.c examples/gpt_model.h examples/example_gemm.h examples/example_common.h fsdp.h | $(BUILD)
 	$(BLAS_CHECK)

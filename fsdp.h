@@ -307,6 +307,10 @@ typedef struct fsdp_comm_desc {
                                    ranks read it (fsdp_comm_init_from_env sets it under torchrun) */
     /* shm backend */
     size_t shm_slot_bytes;      /* staging bytes per rank and slot; default 1 MiB */
+    int shm_single_copy;        /* peers read large ordinary buffers straight from each other's
+                                   memory (process_vm_readv, where the system allows it; one copy
+                                   instead of two): 0 if the ranks can (or FSDP_SHM_SINGLE_COPY),
+                                   1 required (init fails if they cannot), -1 never */
     /* FSDP_BACKEND_USER */
     const fsdp_backend *user_backend;
     void *user_impl;
@@ -499,6 +503,15 @@ typedef enum fsdp_strategy {
     FSDP_NO_SHARD = 3,         /* DDP: everything replicated, gradients all-reduced */
     FSDP_HYBRID_SHARD = 4      /* FULL_SHARD inside a shard group, replicated across groups */
 } fsdp_strategy;
+
+/* "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD" (PyTorch's ShardingStrategy names);
+   "invalid" for anything else. */
+FSDP_API const char *fsdp_strategy_name(fsdp_strategy strategy);
+/* A strategy from the names users type, case-insensitive: PyTorch's (FULL_SHARD,
+   SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD), Hugging Face's (full_shard, shard_grad_op, no_shard,
+   hybrid_shard; also 1..4 as its fsdp_sharding_strategy), and the short full, grad_op, hybrid.
+   FSDP_STRATEGY_DEFAULT (0) if none matches. */
+FSDP_API fsdp_strategy fsdp_strategy_from_name(const char *name);
 
 typedef enum fsdp_backward_prefetch {
     FSDP_BACKWARD_PREFETCH_DEFAULT = 0, /* FSDP_BACKWARD_PRE */
@@ -831,6 +844,11 @@ typedef struct fsdp_launch_desc {
     fsdp_backend_kind backend;  /* FSDP_BACKEND_SHM (default) or FSDP_BACKEND_SOCKET (loopback) */
     int timeout_ms;             /* for the ranks' communicators; 0: FSDP_TIMEOUT_MS or default */
     size_t shm_slot_bytes;      /* 0: default */
+    int shm_single_copy;        /* as fsdp_comm_desc.shm_single_copy */
+    int max_restarts;           /* when a rank fails, stop the others and start all ranks again, up
+                                   to this many times (torchrun's --max_restarts); the ranks see
+                                   FSDP_RESTART_COUNT=<attempt> (0 first), e.g. to resume from the
+                                   newest checkpoint */
     fsdp_logger logger;         /* for the ranks' communicators; default: as FSDP_DEBUG says */
 } fsdp_launch_desc;
 
@@ -839,6 +857,7 @@ typedef struct fsdp_launch_status {
     int exit_code;        /* its exit status if it exited, else -1 */
     int signal;           /* the signal that killed it, else 0 */
     char message[256];    /* "rank 2 was killed by signal 9 (Killed)"; "" on success */
+    int restarts;         /* restarts done (max_restarts): the status is the last attempt's */
 } fsdp_launch_status;
 
 /* Forks nprocs ranks joined by a shared-memory communicator, runs fn(comm, arg) in each and waits
@@ -2005,18 +2024,21 @@ FSDP__PRIVATE int fsdp__init_fail(const fsdp_logger *logger, int code, const cha
    on a futex with a timeout, checking the abort flag and the peer's liveness between sleeps.
    ============================================================================================ */
 #define FSDP__SHM_MAGIC 0x314d485350445346ull /* "FSDPSHM1" */
-#define FSDP__SHM_VERSION 2u
+#define FSDP__SHM_VERSION 3u
 #define FSDP__SHM_SLOTS 4
 #define FSDP__SHM_SMALL_ALL_REDUCE (32u * 1024u)
 #define FSDP__SHM_DIRECT_MIN ((size_t)64 * 1024) /* smaller ops stage even from shared memory */
 #define FSDP__SHM_IN_SLOT 0xffffffffu
+#define FSDP__SHM_IN_PROCESS 0xfffffffeu
 
-/* Where a rank's data for a round is: in its slot, or (region != FSDP__SHM_IN_SLOT) at offset
-   in its block of that fsdp_comm_alloc region, for peers to read directly. */
+/* Where a rank's data for a round is: in its slot (region FSDP__SHM_IN_SLOT); at offset in its
+   block of fsdp_comm_alloc region `region`, which peers map; or (FSDP__SHM_IN_PROCESS) at
+   address `offset` in its own memory, `length` bytes, which peers read with process_vm_readv. */
 typedef struct fsdp__shm_src {
     uint32_t region;
     uint32_t pad;
     uint64_t offset;
+    uint64_t length;
 } fsdp__shm_src;
 
 typedef struct fsdp__shm_rank {
@@ -2029,10 +2051,12 @@ typedef struct fsdp__shm_rank {
     int32_t pid;
     uint32_t attached;
     uint32_t left;              /* destroyed its communicator */
-    uint32_t pad2;
+    uint32_t single_copy;       /* 1: it can read every peer's memory (process_vm_readv), 2: cannot */
+    uint64_t probe_addr;        /* where in its memory peers find probe_cookie, to test that */
+    uint64_t probe_cookie;
     fsdp__fingerprint slot_fp[FSDP__SHM_SLOTS];
     fsdp__shm_src slot_src[FSDP__SHM_SLOTS];
-    char pad3[64 - (16 + FSDP__SHM_SLOTS * (sizeof(fsdp__fingerprint) + sizeof(fsdp__shm_src))) % 64];
+    char pad3[64 - (32 + FSDP__SHM_SLOTS * (sizeof(fsdp__fingerprint) + sizeof(fsdp__shm_src))) % 64];
 } fsdp__shm_rank;
 
 typedef struct fsdp__shm_header {
@@ -2067,6 +2091,10 @@ typedef struct fsdp__shm {
     size_t stride;              /* set by >>hier for one op: rank p's block of an all_gather's recv
                                    or a reduce_scatter's send starts p * stride bytes in (0: the
                                    block size, the documented layout) */
+    int single_copy;            /* peers read ordinary buffers with process_vm_readv (the probe passed) */
+    int single_copy_wanted;     /* fsdp_comm_desc.shm_single_copy: 0 probe, 1 required, -1 never */
+    uint64_t cookie;            /* what peers must read at &cookie in the probe */
+    char *bounce;               /* single copy: peers' pieces land here to be folded (slot_bytes) */
     char name[64];
 } fsdp__shm;
 
@@ -2237,25 +2265,56 @@ FSDP__PRIVATE const fsdp__region *fsdp__shared_region(const fsdp_comm *comm, con
     return NULL;
 }
 
-/* The region peers may read an op's buffer from directly, or NULL: only large ops go direct
-   (a small one is cheaper staged than with the wait for readers at its end). */
-static const fsdp__region *fsdp__shm_direct(const fsdp_comm *comm, const void *ptr, size_t bytes, size_t op_bytes) {
-    return op_bytes >= FSDP__SHM_DIRECT_MIN ? fsdp__shared_region(comm, ptr, bytes) : NULL;
+
+/* How this rank offers a buffer of an op to its peers: staged in its slots (neither set), from
+   fsdp_comm_alloc memory the peers map (region), or straight from its own memory, which peers
+   read with process_vm_readv (base, length). In the last two cases there is nothing to stage,
+   and the op waits at its end until peers are done reading (fsdp__shm_settle). */
+typedef struct fsdp__shm_offer {
+    const fsdp__region *region;
+    const char *base;
+    size_t length;
+} fsdp__shm_offer;
+
+/* The best offer of [buf, buf + bytes) for an op moving op_bytes: mapped memory, else a single
+   copy where the ranks can, else staging (always for small ops: the end-of-op wait for readers
+   and the system calls cost more than staging saves). */
+static fsdp__shm_offer fsdp__shm_offer_of(const fsdp_comm *comm, const fsdp__shm *s, const void *buf, size_t bytes,
+                                          size_t op_bytes) {
+    fsdp__shm_offer o;
+    memset(&o, 0, sizeof o);
+    if (op_bytes < FSDP__SHM_DIRECT_MIN || !buf) return o;
+    if (!s->stride && (o.region = fsdp__shared_region(comm, buf, bytes)) != NULL) return o;
+    if (s->single_copy) {
+        o.base = (const char *)buf;
+        o.length = bytes;
+    }
+    return o;
 }
 
+static int fsdp__shm_offered(const fsdp__shm_offer *o) { return o->region || o->base; }
+
 /* Publishes this rank's slot for the round and waits for every peer's, checking fingerprints.
-   With a region, this rank's data for the round is not in its slot but at `at` in the
-   region, where peers read it directly. */
+   With an offer, this rank's data for the round is not in its slot but at `at` in the offered
+   buffer, where peers read it directly. */
 FSDP__PRIVATE int fsdp__shm_round_exchange(fsdp_comm *comm, fsdp__shm *s, const fsdp_coll *c,
-                                           const fsdp__fingerprint *fp, const fsdp__region *region,
+                                           const fsdp__fingerprint *fp, const fsdp__shm_offer *offer,
                                            const void *at) {
     uint32_t g = s->round;
     int p, rc;
     fsdp__shm_rank *me = fsdp__shm_peer(s, comm->rank);
     fsdp__shm_src *src = &me->slot_src[g % FSDP__SHM_SLOTS];
     me->slot_fp[g % FSDP__SHM_SLOTS] = *fp;
-    src->region = region ? region->id : FSDP__SHM_IN_SLOT;
-    src->offset = region ? (uint64_t)((const char *)at - region->base) : 0;
+    src->region = FSDP__SHM_IN_SLOT;
+    src->offset = src->length = 0;
+    if (offer && offer->region) {
+        src->region = offer->region->id;
+        src->offset = (uint64_t)((const char *)at - offer->region->base);
+    } else if (offer && offer->base) {
+        src->region = FSDP__SHM_IN_PROCESS;
+        src->offset = (uint64_t)(uintptr_t)at;
+        src->length = (uint64_t)(offer->base + offer->length - (const char *)at);
+    }
     fsdp__publish(&me->arrive, &me->arrive_waiters, g + 1);
     for (p = 0; p < comm->world; p++) {
         fsdp__fingerprint theirs;
@@ -2273,11 +2332,58 @@ FSDP__PRIVATE void fsdp__shm_round_end(fsdp__shm *s, int rank) {
     fsdp__publish(&me->depart, &me->depart_waiters, s->round);
 }
 
+/* process_vm_readv by its system call number: the libc wrapper is declared only under
+   _GNU_SOURCE, which a program that includes <stdio.h> before fsdp.h in a -std=gnu mode lacks. */
+static ssize_t fsdp__vm_read(pid_t pid, struct iovec *local, struct iovec *remote) {
+#if defined(__linux__) && defined(SYS_process_vm_readv)
+    return (ssize_t)syscall(SYS_process_vm_readv, (long)pid, local, 1UL, remote, 1UL, 0UL);
+#else
+    (void)pid; (void)local; (void)remote;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+/* Reads len bytes at address + rel of peer p's memory into dst (process_vm_readv), after
+   checking them against the length it published (the address and length come from its rank
+   block in the segment, which only this user's processes could write). A failed read is an
+   error naming the peer, never a crash. */
+FSDP__PRIVATE int fsdp__shm_read_peer(fsdp_comm *comm, fsdp__shm *s, int p, uint64_t address, uint64_t length, size_t rel,
+                                      size_t len, char *dst) {
+#if defined(__linux__)
+    size_t done = 0;
+    pid_t pid = (pid_t)__atomic_load_n(&fsdp__shm_peer(s, p)->pid, __ATOMIC_RELAXED);
+    if (!s->single_copy || rel > length || len > length - rel)
+        return fsdp_comm_fail(comm, FSDP_ERR_MISMATCH, "rank %d offered %llu bytes of its memory, but rank %d needs "
+                              "bytes %zu..%zu%s", p, (unsigned long long)length, comm->rank, rel, rel + len,
+                              s->single_copy ? "" : " (and cannot read peers' memory)");
+    while (done < len) {
+        struct iovec local, remote;
+        ssize_t n;
+        local.iov_base = dst + done;
+        local.iov_len = len - done;
+        remote.iov_base = (void *)(uintptr_t)(address + rel + done);
+        remote.iov_len = len - done;
+        n = fsdp__vm_read(pid, &local, &remote);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0)
+            return fsdp_comm_fail(comm, n < 0 && errno == ESRCH ? FSDP_ERR_PEER_LOST : FSDP_ERR_SYSTEM,
+                                  "rank %d could not read %zu bytes of rank %d's memory (pid %d): %s", comm->rank,
+                                  len - done, p, (int)pid, n < 0 ? strerror(errno) : "nothing read");
+        done += (size_t)n;
+    }
+    return 0;
+#else
+    (void)s; (void)address; (void)length; (void)rel; (void)len; (void)dst;
+    return fsdp_comm_fail(comm, FSDP_ERR_UNSUPPORTED, "rank %d offered its memory, which only Linux can read", p);
+#endif
+}
+
 /* Where to read peer p's data for the current round: `rel` bytes past the place it published
    in shared memory (`len` bytes are checked to lie in its block), or, if it staged its data,
    `staged` (in its slot). */
 FSDP__PRIVATE int fsdp__shm_peer_data(fsdp_comm *comm, fsdp__shm *s, int p, size_t rel, size_t len, const char *staged,
-                                      const char **out) {
+                                      char *bounce, const char **out) {
     const fsdp__shm_src *src = &fsdp__shm_peer(s, p)->slot_src[s->round % FSDP__SHM_SLOTS];
     const fsdp__region *r;
     /* one load of each: the checks below hold for the values used, whatever the peer writes */
@@ -2286,6 +2392,10 @@ FSDP__PRIVATE int fsdp__shm_peer_data(fsdp_comm *comm, fsdp__shm *s, int p, size
     if (id == FSDP__SHM_IN_SLOT) {
         *out = staged;
         return 0;
+    }
+    if (id == FSDP__SHM_IN_PROCESS) { /* its own memory: one copy, by the kernel, into bounce */
+        *out = bounce;
+        return fsdp__shm_read_peer(comm, s, p, offset, __atomic_load_n(&src->length, __ATOMIC_RELAXED), rel, len, bounce);
     }
     for (r = comm->regions; r; r = r->next)
         if (r->id == id) break;
@@ -2298,6 +2408,21 @@ FSDP__PRIVATE int fsdp__shm_peer_data(fsdp_comm *comm, fsdp__shm *s, int p, size
                               (unsigned)id, comm->rank, !r || !r->peer_base ? "does not share with it" : "sees as smaller");
     *out = r->peer_base[p] + offset + rel;
     return 0;
+}
+
+/* Copies len bytes of peer p's data for the current round, rel bytes past where it put them,
+   to dst: out of its slot or of mapped memory (non-temporal stores if stream), or straight from
+   its memory by the kernel (a single copy). */
+FSDP__PRIVATE int fsdp__shm_peer_copy(fsdp_comm *comm, fsdp__shm *s, int p, size_t rel, size_t len, const char *staged,
+                                      char *dst, int stream) {
+    const fsdp__shm_src *src = &fsdp__shm_peer(s, p)->slot_src[s->round % FSDP__SHM_SLOTS];
+    const char *from;
+    if (__atomic_load_n(&src->region, __ATOMIC_RELAXED) == FSDP__SHM_IN_PROCESS)
+        return fsdp__shm_read_peer(comm, s, p, __atomic_load_n(&src->offset, __ATOMIC_RELAXED),
+                                   __atomic_load_n(&src->length, __ATOMIC_RELAXED), rel, len, dst);
+    int rc = fsdp__shm_peer_data(comm, s, p, rel, len, staged, NULL, &from);
+    if (!rc) fsdp__copy_out(dst, from, len, stream);
+    return rc;
 }
 
 /* After an op in which this rank let peers read its memory: returns when every peer has left
@@ -2325,31 +2450,30 @@ FSDP__PRIVATE int fsdp__shm_all_gather(fsdp_comm *comm, void *impl, const fsdp_c
     int P = comm->world, me = comm->rank, p, stream = bytes * (size_t)P >= FSDP__STREAM_MIN_BYTES;
     char *recv = (char *)c->recv;
     const char *send = (const char *)c->send;
-    const fsdp__region *direct = s->stride ? NULL : fsdp__shm_direct(comm, send, bytes, bytes * (size_t)P);
+    fsdp__shm_offer offer = fsdp__shm_offer_of(comm, s, send, bytes, bytes * (size_t)P);
     do {
         size_t len = bytes - off < s->slot_bytes ? bytes - off : s->slot_bytes;
-        const char *mine = send + off, *src;
+        const char *mine = send + off;
         FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
-        if (!direct) { /* own piece then comes from the slot just written: it is in cache */
+        if (!fsdp__shm_offered(&offer)) { /* own piece then comes from the slot just written: it is in cache */
             char *slot = fsdp__shm_slot(s, me, s->round);
             memcpy(slot, send + off, len);
             mine = slot;
         }
-        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, direct, send + off));
+        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, &offer, send + off));
         for (p = 0; p < P; p++) {
             char *dst = recv + (size_t)p * stride + off;
             if (p == me) {
                 if (dst != send + off) fsdp__copy_out(dst, mine, len, stream);
                 continue;
             }
-            FSDP__SHM_TRY(fsdp__shm_peer_data(comm, s, p, 0, len, fsdp__shm_slot(s, p, s->round), &src));
-            fsdp__copy_out(dst, src, len, stream);
+            FSDP__SHM_TRY(fsdp__shm_peer_copy(comm, s, p, 0, len, fsdp__shm_slot(s, p, s->round), dst, stream));
         }
         fsdp__shm_round_end(s, me);
         off += len;
     } while (off < bytes);
     fsdp__stream_fence();
-    return direct ? fsdp__shm_settle(comm, s, c) : 0;
+    return fsdp__shm_offered(&offer) ? fsdp__shm_settle(comm, s, c) : 0;
 }
 
 /* Bytes of one rank's piece per round when a slot is divided among all ranks. */
@@ -2363,27 +2487,28 @@ FSDP__PRIVATE int fsdp__shm_reduce_scatter(fsdp_comm *comm, void *impl, const fs
     int P = comm->world, me = comm->rank, p;
     const char *send = (const char *)c->send;
     const void *srcs[256];
-    const fsdp__region *direct = s->stride ? NULL : fsdp__shm_direct(comm, send, bytes * (size_t)P, bytes * (size_t)P);
+    fsdp__shm_offer offer = fsdp__shm_offer_of(comm, s, send, (size_t)(P - 1) * stride + bytes, bytes * (size_t)P);
     do {
         size_t len = bytes - off < piece ? bytes - off : piece;
         char *slot;
         FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
         slot = fsdp__shm_slot(s, me, s->round);
-        for (p = 0; p < P && !direct; p++)
+        for (p = 0; p < P && !fsdp__shm_offered(&offer); p++)
             if (p != me) memcpy(slot + (size_t)p * piece, send + (size_t)p * stride + off, len);
-        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, direct, send + off));
+        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, &offer, send + off));
         for (p = 0; p < P; p++) {
             const char *src = send + (size_t)me * stride + off;
-            if (p != me) /* a peer's send + me * bytes + off, or the piece it staged for me */
-                FSDP__SHM_TRY(fsdp__shm_peer_data(comm, s, p, (size_t)me * bytes, len,
-                                                  fsdp__shm_slot(s, p, s->round) + (size_t)me * piece, &src));
+            if (p != me) /* a peer's send + me * stride + off, or the piece it staged for me */
+                FSDP__SHM_TRY(fsdp__shm_peer_data(comm, s, p, (size_t)me * stride, len,
+                                                  fsdp__shm_slot(s, p, s->round) + (size_t)me * piece,
+                                                  s->bounce + (size_t)p * piece, &src));
             srcs[p] = src;
         }
         fsdp_reduce_ranks((char *)c->recv + off, srcs, P, len / esize, c->dtype, c->op, P);
         fsdp__shm_round_end(s, me);
         off += len;
     } while (off < bytes);
-    return direct ? fsdp__shm_settle(comm, s, c) : 0;
+    return fsdp__shm_offered(&offer) ? fsdp__shm_settle(comm, s, c) : 0;
 }
 
 FSDP__PRIVATE int fsdp__shm_all_reduce(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
@@ -2396,8 +2521,8 @@ FSDP__PRIVATE int fsdp__shm_all_reduce(fsdp_comm *comm, void *impl, const fsdp_c
     char *recv = (char *)c->recv;
     const void *srcs[256];
     /* peers may read my send in the reducing rounds and my recv in the gathering rounds */
-    const fsdp__region *direct_send = fsdp__shm_direct(comm, send, count * esize, count * esize);
-    const fsdp__region *direct_recv = fsdp__shm_direct(comm, recv, count * esize, count * esize);
+    fsdp__shm_offer offer_send = fsdp__shm_offer_of(comm, s, send, count * esize, count * esize);
+    fsdp__shm_offer offer_recv = fsdp__shm_offer_of(comm, s, recv, count * esize, count * esize);
     if (count * esize <= FSDP__SHM_SMALL_ALL_REDUCE && count * esize <= s->slot_bytes) {
         /* one round: everyone reduces the whole (small) buffer, in the same order */
         FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
@@ -2415,18 +2540,19 @@ FSDP__PRIVATE int fsdp__shm_all_reduce(fsdp_comm *comm, void *impl, const fsdp_c
         mine_n = mine_at >= start + n ? 0 : (start + n - mine_at < piece_elems ? start + n - mine_at : piece_elems);
         FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
         slot = fsdp__shm_slot(s, me, s->round);
-        for (p = 0; p < P && !direct_send; p++) {
+        for (p = 0; p < P && !fsdp__shm_offered(&offer_send); p++) {
             size_t at = start + (size_t)p * piece_elems, m;
             if (p == me || at >= start + n) continue;
             m = start + n - at < piece_elems ? start + n - at : piece_elems;
             memcpy(slot + (size_t)p * piece_elems * esize, send + at * esize, m * esize);
         }
-        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, direct_send, send + start * esize));
+        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, &offer_send, send + start * esize));
         for (p = 0; p < P && mine_n; p++) {
             src = send + mine_at * esize;
             if (p != me)
                 FSDP__SHM_TRY(fsdp__shm_peer_data(comm, s, p, (size_t)me * piece_elems * esize, mine_n * esize,
-                                                  fsdp__shm_slot(s, p, s->round) + (size_t)me * piece_elems * esize, &src));
+                                                  fsdp__shm_slot(s, p, s->round) + (size_t)me * piece_elems * esize,
+                                                  s->bounce + (size_t)p * piece_elems * esize, &src));
             srcs[p] = src;
         }
         if (mine_n) fsdp_reduce_ranks(recv + mine_at * esize, srcs, P, mine_n, c->dtype, c->op, P);
@@ -2434,21 +2560,22 @@ FSDP__PRIVATE int fsdp__shm_all_reduce(fsdp_comm *comm, void *impl, const fsdp_c
 
         FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
         slot = fsdp__shm_slot(s, me, s->round);
-        if (!direct_recv) memcpy(slot + (size_t)me * piece_elems * esize, recv + mine_at * esize, mine_n * esize);
-        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, direct_recv, recv + start * esize));
+        if (!fsdp__shm_offered(&offer_recv))
+            memcpy(slot + (size_t)me * piece_elems * esize, recv + mine_at * esize, mine_n * esize);
+        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, &offer_recv, recv + start * esize));
         for (p = 0; p < P; p++) {
             size_t at = start + (size_t)p * piece_elems, m;
             if (p == me || at >= start + n) continue;
             m = start + n - at < piece_elems ? start + n - at : piece_elems;
-            FSDP__SHM_TRY(fsdp__shm_peer_data(comm, s, p, (size_t)p * piece_elems * esize, m * esize,
-                                              fsdp__shm_slot(s, p, s->round) + (size_t)p * piece_elems * esize, &src));
-            fsdp__copy_out(recv + at * esize, src, m * esize, stream);
+            FSDP__SHM_TRY(fsdp__shm_peer_copy(comm, s, p, (size_t)p * piece_elems * esize, m * esize,
+                                              fsdp__shm_slot(s, p, s->round) + (size_t)p * piece_elems * esize,
+                                              recv + at * esize, stream));
         }
         fsdp__shm_round_end(s, me);
         start += n;
     } while (start < count);
     fsdp__stream_fence();
-    return direct_send || direct_recv ? fsdp__shm_settle(comm, s, c) : 0;
+    return fsdp__shm_offered(&offer_send) || fsdp__shm_offered(&offer_recv) ? fsdp__shm_settle(comm, s, c) : 0;
 }
 
 FSDP__PRIVATE int fsdp__shm_broadcast(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
@@ -2457,22 +2584,22 @@ FSDP__PRIVATE int fsdp__shm_broadcast(fsdp_comm *comm, void *impl, const fsdp_co
     size_t bytes = c->count * fsdp_dtype_size(c->dtype), off = 0;
     char *buf = (char *)c->recv;
     int root = comm->rank == c->root;
-    const fsdp__region *direct = root ? fsdp__shm_direct(comm, buf, bytes, bytes) : NULL;
+    fsdp__shm_offer offer;
+    if (root) offer = fsdp__shm_offer_of(comm, s, buf, bytes, bytes);
+    else memset(&offer, 0, sizeof offer);
     do {
         size_t len = bytes - off < s->slot_bytes ? bytes - off : s->slot_bytes;
-        const char *src;
         FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
-        if (root && !direct) memcpy(fsdp__shm_slot(s, comm->rank, s->round), buf + off, len);
-        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, direct, buf + off));
-        if (!root) {
-            FSDP__SHM_TRY(fsdp__shm_peer_data(comm, s, c->root, 0, len, fsdp__shm_slot(s, c->root, s->round), &src));
-            fsdp__copy_out(buf + off, src, len, bytes >= FSDP__STREAM_MIN_BYTES);
-        }
+        if (root && !fsdp__shm_offered(&offer)) memcpy(fsdp__shm_slot(s, comm->rank, s->round), buf + off, len);
+        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, &offer, buf + off));
+        if (!root)
+            FSDP__SHM_TRY(fsdp__shm_peer_copy(comm, s, c->root, 0, len, fsdp__shm_slot(s, c->root, s->round), buf + off,
+                                              bytes >= FSDP__STREAM_MIN_BYTES));
         fsdp__shm_round_end(s, comm->rank);
         off += len;
     } while (off < bytes);
     fsdp__stream_fence();
-    return direct ? fsdp__shm_settle(comm, s, c) : 0;
+    return fsdp__shm_offered(&offer) ? fsdp__shm_settle(comm, s, c) : 0;
 }
 
 FSDP__PRIVATE int fsdp__shm_barrier(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
@@ -2517,6 +2644,7 @@ FSDP__PRIVATE void fsdp__shm_destroy(fsdp_comm *comm, void *impl) {
         fsdp__futex(&me->depart, FUTEX_WAKE, 0x7fffffff, NULL);
     }
     if (s->header && s->owns_mapping) munmap((void *)s->header, s->map_bytes);
+    FSDP_FREE(s->bounce);
     FSDP_FREE(s);
 }
 
@@ -2664,6 +2792,64 @@ FSDP__PRIVATE void fsdp__shm_name(char *out, size_t size, const fsdp_comm *comm)
     fsdp__fmt(out + n, size - n, "-%s", hex);
 }
 
+/* Single copy (ordinary buffers read by peers with process_vm_readv) is used when every rank
+   can read every peer's memory: each reads the cookie each peer put in its own memory and
+   compares it with the copy the peer published, says whether all matched, and waits for the
+   others' verdicts. It is not weakened to make it work (no PR_SET_PTRACER, no change of the
+   dumpable flag): where Yama, seccomp, a container or another pid namespace forbids it, ranks
+   stage through the segment, and say so once. FSDP_SHM_SINGLE_COPY=0 or shm_single_copy -1
+   turn it off; 1 requires it (init fails if the ranks cannot). */
+FSDP__PRIVATE int fsdp__shm_probe_single_copy(fsdp_comm *comm, fsdp__shm *s, int64_t deadline) {
+    fsdp__shm_rank *me = fsdp__shm_peer(s, comm->rank);
+    const char *env = getenv("FSDP_SHM_SINGLE_COPY");
+    int wanted = s->single_copy_wanted ? s->single_copy_wanted : env && strcmp(env, "0") == 0 ? -1
+                                                              : env && strcmp(env, "1") == 0 ? 1 : 0;
+    int p, ok = wanted >= 0, all = 1;
+    char why[160] = "";
+#if defined(__linux__)
+    for (p = 0; p < comm->world && ok; p++) {
+        const fsdp__shm_rank *r = fsdp__shm_peer(s, p);
+        uint64_t seen = 0, expected = __atomic_load_n(&r->probe_cookie, __ATOMIC_RELAXED);
+        struct iovec local, remote;
+        if (p == comm->rank) continue;
+        local.iov_base = &seen;
+        local.iov_len = sizeof seen;
+        remote.iov_base = (void *)(uintptr_t)__atomic_load_n(&r->probe_addr, __ATOMIC_RELAXED);
+        remote.iov_len = sizeof seen;
+        ssize_t n = fsdp__vm_read((pid_t)r->pid, &local, &remote);
+        if (n != (ssize_t)sizeof seen || seen != expected) {
+            fsdp__fmt(why, sizeof why, "rank %d cannot read rank %d's memory (process_vm_readv: %s)", comm->rank, p,
+                      n == (ssize_t)sizeof seen ? "other bytes than it published" : strerror(errno));
+            ok = 0;
+        }
+    }
+#else
+    ok = 0;
+    fsdp__fmt(why, sizeof why, "process_vm_readv is Linux's");
+#endif
+    if (wanted < 0) fsdp__fmt(why, sizeof why, "turned off");
+    fsdp__store(&me->single_copy, ok ? 1u : 2u);
+    for (p = 0; p < comm->world; p++) {
+        uint32_t v;
+        while ((v = fsdp__load(&s->ranks[p].single_copy)) == 0) {
+            if (fsdp__load(&s->header->abort_flag) || fsdp__now_ms() >= deadline)
+                return fsdp__init_fail(&comm->logger, FSDP_ERR_TIMEOUT, "shm %s: rank %d did not finish joining in time",
+                                       s->name, p);
+            fsdp__sleep_us(200);
+        }
+        all &= v == 1;
+    }
+    if (all && !(s->bounce = (char *)FSDP_MALLOC(s->slot_bytes))) all = 0;
+    s->single_copy = all;
+    if (!all && wanted > 0)
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_UNSUPPORTED, "shm %s: single copy was required but %s", s->name,
+                               *why ? why : "a peer cannot read the others' memory");
+    if (!all && wanted == 0 && comm->rank == 0)
+        fsdp__log(&comm->logger, FSDP_LOG_INFO, "shm: ordinary buffers are staged (two copies), as %s",
+                  *why ? why : "a peer cannot read the others' memory");
+    return 0;
+}
+
 /* Attaches this rank to a mapped segment and waits until every rank has. */
 FSDP__PRIVATE int fsdp__shm_join(fsdp_comm *comm, fsdp__shm *s, int unlink_when_full) {
     fsdp__shm_header *h = s->header;
@@ -2680,6 +2866,10 @@ FSDP__PRIVATE int fsdp__shm_join(fsdp_comm *comm, fsdp__shm *s, int unlink_when_
                                "shm %s: rank %d joined twice (two processes were given the same rank)",
                                s->name, comm->rank);
     me->pid = (int32_t)getpid();
+    if (fsdp__random_bytes(&s->cookie, sizeof s->cookie) != 0) s->cookie = (uint64_t)fsdp__now_ms() ^ (uint64_t)getpid();
+    me->probe_addr = (uint64_t)(uintptr_t)&s->cookie;
+    me->probe_cookie = s->cookie;
+    me->single_copy = 0;
     fsdp__store(&me->attached, 1u);
     if (fsdp__fetch_add(&h->attached, 1u) + 1u == (uint32_t)comm->world && unlink_when_full)
         shm_unlink(s->name); /* everyone has it mapped: nothing can be left behind from now on */
@@ -2709,7 +2899,7 @@ FSDP__PRIVATE int fsdp__shm_join(fsdp_comm *comm, fsdp__shm *s, int unlink_when_
     s->check_pids = 1;
     for (p = 0; p < comm->world; p++) /* pids from another pid namespace would look dead */
         if (kill(s->ranks[p].pid, 0) != 0 && errno == ESRCH) s->check_pids = 0;
-    return 0;
+    return fsdp__shm_probe_single_copy(comm, s, deadline);
 }
 
 #define FSDP__SHM_SLOT_MAX ((size_t)1 << 30) /* larger staging slots gain nothing */
@@ -2721,13 +2911,15 @@ FSDP__PRIVATE size_t fsdp__shm_slot_bytes(size_t requested) { /* requested <= FS
 }
 
 /* A communicator on a segment that the launcher mapped before fork (nothing in /dev/shm). */
-FSDP__PRIVATE int fsdp__shm_init_mapped(fsdp_comm *comm, void *mapping, size_t map_bytes, size_t slot_bytes) {
+FSDP__PRIVATE int fsdp__shm_init_mapped(fsdp_comm *comm, void *mapping, size_t map_bytes, size_t slot_bytes,
+                                        int single_copy) {
     fsdp__shm *s = (fsdp__shm *)fsdp__calloc(sizeof *s);
     int rc;
     if (!s) return FSDP_ERR_OUT_OF_MEMORY;
     s->header = (fsdp__shm_header *)mapping;
     s->map_bytes = map_bytes;
     s->slot_bytes = slot_bytes;
+    s->single_copy_wanted = single_copy;
     fsdp__copy_string(s->name, sizeof s->name, "(launcher)");
     comm->backend = &fsdp__shm_backend;
     comm->impl = s;
@@ -2745,6 +2937,7 @@ FSDP__PRIVATE int fsdp__shm_init(fsdp_comm *comm, const fsdp_comm_desc *desc) {
     if (!s) return fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "shm: out of memory");
     fsdp__shm_name(s->name, sizeof s->name, comm);
     s->slot_bytes = slot;
+    s->single_copy_wanted = desc->shm_single_copy;
     s->map_bytes = total;
     s->owns_mapping = 1;
     if (comm->rank == 0) {
@@ -3312,6 +3505,19 @@ FSDP__PRIVATE int fsdp__sock_admit(fsdp_comm *comm, fsdp__sock *s, int listen_fd
                 if (!accept_trouble++)
                     fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d: accept at %s: %s (retrying)", comm->rank,
                               where, strerror(errno));
+                if ((errno == EMFILE || errno == ENFILE) && npending > 0) {
+                    /* strangers hold the descriptors: drop the one waiting longest (an honest
+                       rank answers its challenge at once) so the queue behind it moves */
+                    int oldest = 0;
+                    for (i = 1; i < npending; i++)
+                        if (pending[i].deadline < pending[oldest].deadline) oldest = i;
+                    fsdp__fmt(last_refusal, sizeof last_refusal, "%s was dropped: rank %d ran out of descriptors",
+                              pending[oldest].addr, comm->rank);
+                    refused++;
+                    close(pending[oldest].fd);
+                    pending[oldest] = pending[--npending];
+                    continue;
+                }
                 if (errno != ECONNABORTED && errno != EINTR && errno != EPROTO) fsdp__sleep_us(10000);
                 break;
             }
@@ -4857,6 +5063,7 @@ FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) 
     ld.timeout_ms = comm->timeout_ms;
     ld.logger = comm->logger;
     ld.shm_slot_bytes = desc->shm_slot_bytes;
+    ld.shm_single_copy = desc->shm_single_copy;
     fsdp__fmt(job, sizeof job, "%.16s.host%d", comm->job, comm->host);
     ld.job = job;
     /* every host makes its shm comm, then all agree that every host could */
@@ -5006,7 +5213,8 @@ FSDP__PRIVATE int fsdp__comm_create(fsdp_comm **out, const fsdp_comm_desc *desc,
     switch (comm->kind) {
         case FSDP_BACKEND_SHM:
             if (comm->world == 1) { comm->backend = &fsdp__shm_backend; comm->impl = NULL; break; }
-            rc = mapping ? fsdp__shm_init_mapped(comm, mapping, map_bytes, fsdp__shm_slot_bytes(desc->shm_slot_bytes))
+            rc = mapping ? fsdp__shm_init_mapped(comm, mapping, map_bytes, fsdp__shm_slot_bytes(desc->shm_slot_bytes),
+                                                 desc->shm_single_copy)
                          : fsdp__shm_init(comm, desc);
             break;
         case FSDP_BACKEND_SOCKET:
@@ -5831,6 +6039,31 @@ FSDP__PRIVATE int fsdp__fail(fsdp_ctx *ctx, int code, const char *fmt, ...) {
 }
 
 FSDP_API const char *fsdp_last_error(const fsdp_ctx *ctx) { return ctx ? ctx->error : fsdp__init_error; }
+
+FSDP_API const char *fsdp_strategy_name(fsdp_strategy strategy) {
+    switch (strategy) {
+        case FSDP_FULL_SHARD: return "FULL_SHARD";
+        case FSDP_SHARD_GRAD_OP: return "SHARD_GRAD_OP";
+        case FSDP_NO_SHARD: return "NO_SHARD";
+        case FSDP_HYBRID_SHARD: return "HYBRID_SHARD";
+        default: return "invalid";
+    }
+}
+
+FSDP_API fsdp_strategy fsdp_strategy_from_name(const char *name) {
+    static const struct { const char *name; fsdp_strategy strategy; } names[] = {
+        {"full_shard", FSDP_FULL_SHARD}, {"full", FSDP_FULL_SHARD}, {"1", FSDP_FULL_SHARD},
+        {"shard_grad_op", FSDP_SHARD_GRAD_OP}, {"grad_op", FSDP_SHARD_GRAD_OP}, {"2", FSDP_SHARD_GRAD_OP},
+        {"no_shard", FSDP_NO_SHARD}, {"3", FSDP_NO_SHARD},
+        {"hybrid_shard", FSDP_HYBRID_SHARD}, {"hybrid", FSDP_HYBRID_SHARD}, {"4", FSDP_HYBRID_SHARD}};
+    char lower[32];
+    size_t i, n;
+    if (!name || (n = strlen(name)) >= sizeof lower) return FSDP_STRATEGY_DEFAULT;
+    for (i = 0; i <= n; i++) lower[i] = (char)(name[i] >= 'A' && name[i] <= 'Z' ? name[i] - 'A' + 'a' : name[i]);
+    for (i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(lower, names[i].name) == 0) return names[i].strategy;
+    return FSDP_STRATEGY_DEFAULT;
+}
 
 static const char *fsdp__unit_name(const fsdp_ctx *ctx, int u) {
     const char *name = ctx->model->modules[ctx->units[u].module].name;
@@ -9146,6 +9379,7 @@ FSDP__PRIVATE void fsdp__launch_child(const fsdp_launch_desc *d, int rank, fsdp_
     cd.master_addr = "127.0.0.1";
     cd.master_port = port;
     cd.shm_slot_bytes = d->shm_slot_bytes;
+    cd.shm_single_copy = d->shm_single_copy;
     rc = fsdp__comm_create(&comm, &cd, NULL, rank == 0 ? listen_fd : -1, mapping, map_bytes);
     if (rc != FSDP_SUCCESS) {
         fsdp__copy_string(board[rank].error, sizeof board[rank].error, fsdp__init_error);
@@ -9167,7 +9401,9 @@ FSDP__PRIVATE void fsdp__launch_child(const fsdp_launch_desc *d, int rank, fsdp_
     _exit(rc == 0 ? 0 : (rc > 0 && rc < 100 ? rc : 1));
 }
 
-FSDP_API int fsdp_launch_ex(const fsdp_launch_desc *desc, fsdp_rank_fn fn, void *arg, fsdp_launch_status *status) {
+/* One attempt of fsdp_launch_ex: its ranks see FSDP_RESTART_COUNT=attempt. */
+FSDP__PRIVATE int fsdp__launch_once(const fsdp_launch_desc *desc, fsdp_rank_fn fn, void *arg, fsdp_launch_status *status,
+                                    int attempt) {
     fsdp_launch_desc d;
     fsdp_launch_status local;
     fsdp__launch_board *board = NULL;
@@ -9254,6 +9490,9 @@ FSDP_API int fsdp_launch_ex(const fsdp_launch_desc *desc, fsdp_rank_fn fn, void 
         if (pid == 0) { /* the child never returns; it needs nothing of the parent's bookkeeping */
             FSDP_FREE(pids);
             FSDP_FREE(outcome);
+            char restarts[16];
+            fsdp__fmt(restarts, sizeof restarts, "%d", attempt);
+            setenv("FSDP_RESTART_COUNT", restarts, 1);
             fsdp__launch_child(&d, rank, fn, arg, job, secret, launcher, listen_fd, port,
                                mapping == MAP_FAILED ? NULL : mapping, map_bytes, board);
         }
@@ -9357,6 +9596,23 @@ done:
     FSDP_FREE(outcome);
     fsdp__wipe(secret, sizeof secret);
     return rc;
+}
+
+FSDP_API int fsdp_launch_ex(const fsdp_launch_desc *desc, fsdp_rank_fn fn, void *arg, fsdp_launch_status *status) {
+    fsdp_launch_status local;
+    int attempt = 0, rc;
+    if (!status) status = &local;
+    for (;;) {
+        rc = fsdp__launch_once(desc, fn, arg, status, attempt);
+        status->restarts = attempt;
+        if (rc != FSDP_ERR_RANK_FAILED || !desc || attempt >= desc->max_restarts) return rc;
+        {
+            fsdp_logger logger = fsdp__env_logger(desc->logger);
+            fsdp__log(&logger, FSDP_LOG_WARN, "fsdp_launch: %s; restarting every rank (restart %d of %d)",
+                      status->message, attempt + 1, desc->max_restarts);
+        }
+        attempt++;
+    }
 }
 
 FSDP_API int fsdp_launch(int nprocs, fsdp_rank_fn fn, void *arg) {

@@ -1079,6 +1079,52 @@ static void test_init_from_env_with_unknown_backend_returns_env_error_naming_it(
     assert_env_error_names("FSDP_BACKEND");
 }
 
+
+/* ---------------------------------------------------------------------------------------------
+   restarts (fsdp_launch_desc.max_restarts)
+   --------------------------------------------------------------------------------------------- */
+/* Rank 1 fails in attempts below arg's count; everyone all_reduces its attempt number. */
+static int fail_early_attempts(fsdp_comm *comm, void *arg) {
+    const char *text = getenv("FSDP_RESTART_COUNT");
+    int attempt = text ? atoi(text) : -1, failing = *(const int *)arg;
+    float x = (float)attempt;
+    if (fsdp_comm_rank(comm) == 1 && attempt < failing) return 7;
+    if (fsdp_all_reduce(comm, &x, &x, 1, FSDP_F32, FSDP_SUM) != FSDP_SUCCESS) return 1;
+    return x == (float)(attempt * fsdp_comm_size(comm)) ? 0 : 2;
+}
+
+static int launch_with_restarts(int max_restarts, int failing, fsdp_launch_status *status) {
+    fsdp_launch_desc d;
+    memset(&d, 0, sizeof d);
+    d.nprocs = 3;
+    d.timeout_ms = SHORT_TIMEOUT_MS;
+    d.max_restarts = max_restarts;
+    d.logger = capturing_logger();
+    return fsdp_launch_ex(&d, fail_early_attempts, &failing, status);
+}
+
+static void test_launch_with_restarts_starts_every_rank_again_and_succeeds(void) {
+    fsdp_launch_status status;
+    int rc = launch_with_restarts(2, 2, &status);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, status.message);
+    TEST_ASSERT_EQUAL_INT(2, status.restarts);
+}
+
+static void test_launch_gives_up_after_max_restarts_naming_the_last_failure(void) {
+    fsdp_launch_status status;
+    int rc = launch_with_restarts(1, 5, &status);
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_RANK_FAILED, rc);
+    TEST_ASSERT_EQUAL_INT(1, status.restarts);
+    TEST_ASSERT_EQUAL_INT(1, status.failed_rank);
+    TEST_ASSERT_EQUAL_INT(7, status.exit_code);
+}
+
+static void test_launch_without_restarts_runs_once(void) {
+    fsdp_launch_status status;
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_RANK_FAILED, launch_with_restarts(0, 1, &status));
+    TEST_ASSERT_EQUAL_INT(0, status.restarts);
+}
+
 void setUp(void) {}
 void tearDown(void) { clear_launcher_environment(); }
 
@@ -1134,5 +1180,8 @@ int main(void) {
     RUN_TEST(test_init_from_env_with_malformed_world_size_returns_env_error_naming_it);
     RUN_TEST(test_init_from_env_without_rank_returns_env_error_naming_it);
     RUN_TEST(test_init_from_env_with_unknown_backend_returns_env_error_naming_it);
+    RUN_TEST(test_launch_with_restarts_starts_every_rank_again_and_succeeds);
+    RUN_TEST(test_launch_gives_up_after_max_restarts_naming_the_last_failure);
+    RUN_TEST(test_launch_without_restarts_runs_once);
     return UNITY_END();
 }

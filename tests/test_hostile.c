@@ -369,8 +369,10 @@ static void test_idle_and_garbage_connections_do_not_delay_the_rendezvous(void) 
     TEST_ASSERT_TRUE_MESSAGE(slowest < 3000, "the honest ranks waited for the strangers");
 }
 
-/* The rendezvous survives running out of descriptors for a moment: strangers hold rank 0's
-   last ones, its accept fails with EMFILE, and rank 1 gets in when their budgets end. */
+/* The rendezvous survives running out of descriptors: strangers hold rank 0's last ones and
+   more wait behind them, its accept fails with EMFILE, and rank 1 still gets in at once (the
+   strangers waiting longest make room), not after their budgets end (5 s each, while rank 1
+   waits 5 s for its greeting). */
 static int run_rank0_with_few_descriptors(void *arg) {
     struct rlimit lim;
     int open = open_fd_count();
@@ -381,23 +383,24 @@ static int run_rank0_with_few_descriptors(void *arg) {
 
 static void test_accept_failing_for_lack_of_descriptors_does_not_end_the_rendezvous(void) {
     rank_plan r0 = {0, 2, 0, 15000, SECRET, JOB, NULL, 4, 0}, r1;
-    int strangers[8], i;
+    int strangers[16], i;
     pid_t p0, p1;
     r0.port = pick_free_port();
     r1 = r0;
     r1.rank = 1;
     reset_reports();
     p0 = spawn(run_rank0_with_few_descriptors, &r0);
-    for (i = 0; i < 8; i++) strangers[i] = connect_retry(r0.port, 3000);
+    for (i = 0; i < 16; i++) strangers[i] = connect_retry(r0.port, 3000);
     sleep_ms(200);
     p1 = spawn(run_socket_rank, &r1);
     TEST_ASSERT_EQUAL_INT(0, reap(p1, 20000));
     TEST_ASSERT_EQUAL_INT(0, reap(p0, 20000));
-    for (i = 0; i < 8; i++)
+    for (i = 0; i < 16; i++)
         if (strangers[i] >= 0) close(strangers[i]);
-    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[0].rc, shared[0].message);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[1].rc, shared[1].message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[0].rc, shared[0].message);
     TEST_ASSERT_EQUAL_FLOAT(2.0f, shared[1].result);
+    TEST_ASSERT_TRUE_MESSAGE(shared[1].elapsed_ms < 3000, "rank 1 waited for the strangers' budgets");
 }
 
 /* Without a secret, a rank 0 reachable from other hosts says so once, naming the port. */
