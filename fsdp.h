@@ -468,6 +468,16 @@ FSDP_API int fsdp_model_param_shape(const fsdp_model *model, int param, int64_t 
 FSDP_API int fsdp_model_find_param(const fsdp_model *model, const char *full_name); /* id or -1 */
 /* Marks a module as a unit for FSDP_WRAP_MANUAL (and for any policy: always a unit). */
 FSDP_API int fsdp_model_wrap(fsdp_model *model, int module);
+/* Frozen parameters (PyTorch's requires_grad_(False)), before fsdp_init: trainable 0 freezes
+   every parameter of the module and its submodules (1 unfreezes them); the _param form one
+   parameter. A frozen parameter has no gradient (fsdp_grad returns NULL), no optimizer state and
+   is never updated. A unit whose parameters are all frozen also has no gradient shard and no
+   gradient communication, and its backward hooks may be skipped (when no input gradient is
+   needed through it, e.g. a teacher model or a frozen embedding); wrap frozen modules as units
+   of their own to get those savings (a unit that mixes both keeps a gradient shard for all). */
+FSDP_API int fsdp_model_set_trainable(fsdp_model *model, int module, int trainable);
+FSDP_API int fsdp_model_param_set_trainable(fsdp_model *model, int param, int trainable);
+FSDP_API int fsdp_model_param_trainable(const fsdp_model *model, int param); /* 1, 0, or -1: no such param */
 /* The value element `index` of a parameter gets from its init rule and the seed. */
 FSDP_API float fsdp_init_value(const fsdp_model *model, int param, int64_t index, uint64_t seed);
 
@@ -501,7 +511,8 @@ typedef enum fsdp_strategy {
     FSDP_FULL_SHARD = 1,       /* ZeRO-3: parameters, gradients, optimizer state sharded */
     FSDP_SHARD_GRAD_OP = 2,    /* ZeRO-2: parameters stay gathered from forward to backward */
     FSDP_NO_SHARD = 3,         /* DDP: everything replicated, gradients all-reduced */
-    FSDP_HYBRID_SHARD = 4      /* FULL_SHARD inside a shard group, replicated across groups */
+    FSDP_HYBRID_SHARD = 4,     /* FULL_SHARD inside a shard group, replicated across groups */
+    FSDP_STRATEGY_AUTO = 5     /* fsdp_desc.strategy only: the least sharded that fits memory_budget */
 } fsdp_strategy;
 
 /* "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD" (PyTorch's ShardingStrategy names);
@@ -548,6 +559,19 @@ typedef struct fsdp_optimizer_desc {
     int weight_decay_set;
 } fsdp_optimizer_desc;
 
+/* A parameter group (torch.optim's param_groups): the parameters it matches are updated with its
+   weight decay and lr x lr_scale (fsdp_set_lr sets the base lr of every group). A parameter
+   belongs to the first group that matches it, or to none (the optimizer's settings). A group
+   matches a parameter whose full name fits pattern (a shell glob as fnmatch: "*.bias", "ln_*";
+   NULL: any name) and whose number of dimensions is in [min_ndim, max_ndim] (max_ndim 0: no
+   upper bound). GPT-2's recipe, decay only matrices: {NULL, 0, 1, 0.0f, 0}. */
+typedef struct fsdp_param_group {
+    const char *pattern;
+    int min_ndim, max_ndim;
+    float weight_decay;      /* as given: 0 is no decay */
+    float lr_scale;          /* 0 is 1 (to keep a parameter fixed, freeze it) */
+} fsdp_param_group;
+
 typedef struct fsdp_desc {
     fsdp_comm *comm;                    /* required; the context does not own it */
     fsdp_strategy strategy;             /* for every unit without its own (fsdp_model_set_strategy) */
@@ -561,6 +585,10 @@ typedef struct fsdp_desc {
     int shard_group_size;               /* HYBRID_SHARD: ranks per shard group; default local size */
     uint64_t seed;                      /* for the init rules */
     fsdp_optimizer_desc optimizer;
+    const fsdp_param_group *param_groups; /* per-parameter weight decay and lr (copied at init) */
+    int num_param_groups;
+    size_t memory_budget;               /* FSDP_STRATEGY_AUTO: bytes per rank for fsdp.h's state (the
+                                           estimator's peak_bytes; leave room for activations) */
     fsdp_logger logger;                 /* default: the comm's */
 } fsdp_desc;
 
@@ -674,6 +702,14 @@ FSDP_API void fsdp_memory_reset_peak(fsdp_ctx *ctx);
    desc->comm has world_size ranks, else world_size (one host). */
 FSDP_API int fsdp_memory_estimate(const fsdp_model *model, const fsdp_desc *desc, int world_size,
                                   fsdp_memory_stats *estimate);
+/* The least sharded strategy whose estimated per-rank peak_bytes fit budget_bytes, trying
+   NO_SHARD, then HYBRID_SHARD (when desc->comm spans several hosts), SHARD_GRAD_OP and
+   FULL_SHARD (the seeds' "pick the strategy from model size and memory"). FSDP_ERR_OUT_OF_MEMORY
+   if none fits. why (optional) says what was chosen and why, or what the leanest needs:
+   "SHARD_GRAD_OP: needs 41.2 MiB per rank of the 64.0 MiB budget (NO_SHARD needs 99.4 MiB)".
+   fsdp_init does this for desc->strategy FSDP_STRATEGY_AUTO with desc->memory_budget. */
+FSDP_API int fsdp_strategy_for_budget(const fsdp_model *model, const fsdp_desc *desc, int world_size, size_t budget_bytes,
+                                      fsdp_strategy *chosen, char *why, size_t why_size);
 
 /* ============================================================================================
    >>checkpoint
@@ -897,6 +933,7 @@ FSDP_API const char *fsdp_printable(char *dst, size_t size, const char *src);
 
 #include <errno.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -2276,16 +2313,18 @@ typedef struct fsdp__shm_offer {
     size_t length;
 } fsdp__shm_offer;
 
-/* The best offer of [buf, buf + bytes) for an op moving op_bytes: mapped memory, else a single
-   copy where the ranks can, else staging (always for small ops: the end-of-op wait for readers
-   and the system calls cost more than staging saves). */
+/* The best offer of [buf, buf + bytes) for an op moving op_bytes: mapped memory, else (where
+   copy_only says the readers only copy the data) a single copy where the ranks can, else
+   staging (always for small ops: the end-of-op wait for readers and the system calls cost more
+   than staging saves). Data that readers reduce is not offered for a single copy: the kernel
+   would copy it into a bounce buffer first, which is the staging copy moved to the reader. */
 static fsdp__shm_offer fsdp__shm_offer_of(const fsdp_comm *comm, const fsdp__shm *s, const void *buf, size_t bytes,
-                                          size_t op_bytes) {
+                                          size_t op_bytes, int copy_only) {
     fsdp__shm_offer o;
     memset(&o, 0, sizeof o);
     if (op_bytes < FSDP__SHM_DIRECT_MIN || !buf) return o;
     if (!s->stride && (o.region = fsdp__shared_region(comm, buf, bytes)) != NULL) return o;
-    if (s->single_copy) {
+    if (s->single_copy && copy_only) {
         o.base = (const char *)buf;
         o.length = bytes;
     }
@@ -2450,7 +2489,7 @@ FSDP__PRIVATE int fsdp__shm_all_gather(fsdp_comm *comm, void *impl, const fsdp_c
     int P = comm->world, me = comm->rank, p, stream = bytes * (size_t)P >= FSDP__STREAM_MIN_BYTES;
     char *recv = (char *)c->recv;
     const char *send = (const char *)c->send;
-    fsdp__shm_offer offer = fsdp__shm_offer_of(comm, s, send, bytes, bytes * (size_t)P);
+    fsdp__shm_offer offer = fsdp__shm_offer_of(comm, s, send, bytes, bytes * (size_t)P, 1);
     do {
         size_t len = bytes - off < s->slot_bytes ? bytes - off : s->slot_bytes;
         const char *mine = send + off;
@@ -2487,7 +2526,7 @@ FSDP__PRIVATE int fsdp__shm_reduce_scatter(fsdp_comm *comm, void *impl, const fs
     int P = comm->world, me = comm->rank, p;
     const char *send = (const char *)c->send;
     const void *srcs[256];
-    fsdp__shm_offer offer = fsdp__shm_offer_of(comm, s, send, (size_t)(P - 1) * stride + bytes, bytes * (size_t)P);
+    fsdp__shm_offer offer = fsdp__shm_offer_of(comm, s, send, (size_t)(P - 1) * stride + bytes, bytes * (size_t)P, 0);
     do {
         size_t len = bytes - off < piece ? bytes - off : piece;
         char *slot;
@@ -2521,8 +2560,8 @@ FSDP__PRIVATE int fsdp__shm_all_reduce(fsdp_comm *comm, void *impl, const fsdp_c
     char *recv = (char *)c->recv;
     const void *srcs[256];
     /* peers may read my send in the reducing rounds and my recv in the gathering rounds */
-    fsdp__shm_offer offer_send = fsdp__shm_offer_of(comm, s, send, count * esize, count * esize);
-    fsdp__shm_offer offer_recv = fsdp__shm_offer_of(comm, s, recv, count * esize, count * esize);
+    fsdp__shm_offer offer_send = fsdp__shm_offer_of(comm, s, send, count * esize, count * esize, 0);
+    fsdp__shm_offer offer_recv = fsdp__shm_offer_of(comm, s, recv, count * esize, count * esize, 1);
     if (count * esize <= FSDP__SHM_SMALL_ALL_REDUCE && count * esize <= s->slot_bytes) {
         /* one round: everyone reduces the whole (small) buffer, in the same order */
         FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
@@ -2585,7 +2624,7 @@ FSDP__PRIVATE int fsdp__shm_broadcast(fsdp_comm *comm, void *impl, const fsdp_co
     char *buf = (char *)c->recv;
     int root = comm->rank == c->root;
     fsdp__shm_offer offer;
-    if (root) offer = fsdp__shm_offer_of(comm, s, buf, bytes, bytes);
+    if (root) offer = fsdp__shm_offer_of(comm, s, buf, bytes, bytes, 1);
     else memset(&offer, 0, sizeof offer);
     do {
         size_t len = bytes - off < s->slot_bytes ? bytes - off : s->slot_bytes;
@@ -5565,7 +5604,12 @@ FSDP_API int fsdp_comm_init_from_env(fsdp_comm **out, const fsdp_comm_desc *defa
        left over from an attempt that failed cannot join the next), else the rendezvous port */
     if ((text = getenv("FSDP_JOB")) && *text) fsdp__copy_string(job, sizeof job, text);
     else if (desc.job && *desc.job) fsdp__copy_string(job, sizeof job, desc.job);
-    else if (run_id && *run_id) fsdp__fmt(job, sizeof job, "te-%.20s-%ld.%.8s", run_id, port, restart ? restart : "0");
+    else if (run_id && *run_id) /* static rendezvous: the same MASTER_PORT every attempt, so the attempt
+                                     tells them apart; c10d picks a new port every round, and a node whose
+                                     own workers did not fail keeps its old restart count */
+        fsdp__fmt(job, sizeof job, "te-%.20s-%ld.%.8s", run_id, port,
+                  (text = getenv("TORCHELASTIC_USE_AGENT_STORE")) && strcmp(text, "True") == 0
+                      ? (restart && *restart ? restart : "0") : "c10d");
     else if ((text = getenv("SLURM_JOB_ID")) && *text)
         fsdp__fmt(job, sizeof job, "slurm-%.20s-%.10s", text, getenv("SLURM_STEP_ID") ? getenv("SLURM_STEP_ID") : "0");
     else if (port) fsdp__fmt(job, sizeof job, "port-%ld", port);
@@ -5614,6 +5658,7 @@ typedef struct fsdp__param {
     int64_t numel;
     fsdp_init_rule init;
     uint64_t key;          /* hash of the name: the generator's stream */
+    int frozen;            /* fsdp_model_set_trainable(..., 0) */
 } fsdp__param;
 
 struct fsdp_model {
@@ -5786,6 +5831,23 @@ FSDP_API int fsdp_model_wrap(fsdp_model *m, int module) {
     m->modules[module].marked = 1;
     return FSDP_SUCCESS;
 }
+FSDP_API int fsdp_model_param_set_trainable(fsdp_model *m, int param, int trainable) {
+    if (!m || param < 0 || param >= m->num_params) return FSDP_ERR_INVALID_ARG;
+    m->params[param].frozen = !trainable;
+    return FSDP_SUCCESS;
+}
+FSDP_API int fsdp_model_set_trainable(fsdp_model *m, int module, int trainable) {
+    int p, mod;
+    if (!m || module < 0 || module >= m->num_modules) return FSDP_ERR_INVALID_ARG;
+    for (p = 0; p < m->num_params; p++) { /* parents come before their children: walk up */
+        for (mod = m->params[p].module; mod >= 0 && mod != module; mod = m->modules[mod].parent) {}
+        if (mod == module) m->params[p].frozen = !trainable;
+    }
+    return FSDP_SUCCESS;
+}
+FSDP_API int fsdp_model_param_trainable(const fsdp_model *m, int param) {
+    return m && param >= 0 && param < m->num_params ? !m->params[param].frozen : -1;
+}
 FSDP_API int fsdp_model_set_strategy(fsdp_model *m, int module, fsdp_strategy strategy) {
     if (!m || module < 0 || module >= m->num_modules || (int)strategy < 0 || strategy > FSDP_HYBRID_SHARD)
         return FSDP_ERR_INVALID_ARG;
@@ -5820,7 +5882,8 @@ FSDP_API float fsdp_init_value(const fsdp_model *m, int param, int64_t index, ui
 typedef struct fsdp__plan_unit {
     int module;
     fsdp_strategy strategy;
-    int num_params;
+    int num_params, num_frozen;
+    int frozen;            /* it has parameters and all are frozen: no gradient, no optimizer state */
     int64_t numel, flat_numel, padded, shard;
     int group_size;
 } fsdp__plan_unit;
@@ -5918,10 +5981,12 @@ FSDP__PRIVATE int fsdp__plan_build(const fsdp_model *m, const fsdp_desc *desc, i
         pu->flat_numel += m->params[p].numel;
         pu->numel += m->params[p].numel;
         pu->num_params++;
+        pu->num_frozen += m->params[p].frozen != 0;
     }
     for (u = 0; u < plan->num_units; u++) {
         fsdp__plan_unit *pu = &plan->units[u];
         int64_t g = pu->group_size;
+        pu->frozen = pu->num_params > 0 && pu->num_frozen == pu->num_params;
         pu->padded = (pu->flat_numel + g - 1) / g * g;
         pu->shard = pu->padded / g;
     }
@@ -5966,6 +6031,10 @@ typedef struct fsdp__unit {
     uint64_t gather_task;
     int forward_done, backward_started, backward_done;
     int reshard_after_forward;
+    int frozen;             /* every parameter frozen: no grad, opt_a, opt_b, gradient reductions */
+    int uniform_update;     /* every parameter trainable with the optimizer's lr and weight decay */
+    int recompute;          /* open forward hooks of a recomputation inside its own backward */
+    int recomputing;        /* gathered again (state FORWARD) to recompute inside a later unit's backward */
 } fsdp__unit;
 
 typedef struct fsdp__task {
@@ -5997,6 +6066,7 @@ struct fsdp_ctx {
     int *unit_params;
     int *param_by_name;     /* parameter ids sorted by name */
     fsdp_param_info *params;
+    float *param_decay, *param_lr_scale; /* per parameter, from desc.param_groups */
     int rank, world;
     fsdp_dtype param_dtype, reduce_dtype;
     fsdp_optimizer_desc opt;
@@ -6386,7 +6456,7 @@ FSDP__PRIVATE int fsdp__end_iteration(fsdp_ctx *ctx) {
     }
     if (ctx->phase == 2)
         for (i = 0; i < ctx->num_units; i++)
-            if (ctx->units[i].forward_done && !ctx->units[i].backward_done)
+            if (ctx->units[i].forward_done && !ctx->units[i].backward_done && !ctx->units[i].frozen)
                 return fsdp__fail(ctx, FSDP_ERR_STATE, "unit '%s' ran forward but not backward in this iteration",
                                   fsdp__unit_name(ctx, i));
     for (i = 0; i < ctx->num_units; i++) { /* forward-only units that stayed gathered */
@@ -6461,7 +6531,7 @@ FSDP__PRIVATE int fsdp__unit_pre_backward(fsdp_ctx *ctx, int ui) {
     if (ctx->desc.backward_prefetch == FSDP_BACKWARD_PRE &&
         (rc = fsdp__prefetch_after(ctx, ctx->bwd_order, ctx->bwd_len, ui)) != 0)
         return rc;
-    if (!u->grad_full) {
+    if (!u->grad_full && !u->frozen) {
         /* at most one earlier unit's gradient still being reduced: bounds gradient memory to two */
         if (ctx->older_reduce && (rc = fsdp__wait_task(ctx, ctx->older_reduce)) != 0) return rc;
         u->grad_full = (float *)fsdp__buf_get(ctx, (size_t)u->padded * sizeof(float), 1);
@@ -6476,8 +6546,13 @@ FSDP__PRIVATE int fsdp__unit_pre_backward(fsdp_ctx *ctx, int ui) {
 FSDP__PRIVATE int fsdp__unit_post_backward(fsdp_ctx *ctx, int ui) {
     fsdp__unit *u = &ctx->units[ui];
     int rc;
+    if (u->recompute)
+        return fsdp__fail(ctx, FSDP_ERR_STATE, "post_backward of unit '%s' while %d forward hook(s) of its recomputation "
+                          "are still open (call post_forward for each)", fsdp__unit_name(ctx, ui), u->recompute);
     u->backward_done = 1;
-    if (ctx->no_sync) {
+    if (u->frozen) {
+        /* no gradient to reduce */
+    } else if (ctx->no_sync) {
         u->grad_full_pending = 1; /* keep accumulating locally */
     } else if (u->padded == 0) {
         fsdp__buf_put(ctx, u->grad_full, 0);
@@ -6509,9 +6584,42 @@ FSDP__PRIVATE int fsdp__unit_post_backward(fsdp_ctx *ctx, int ui) {
     return 0;
 }
 
+/* Activation checkpointing: during backward, a forward hook of a unit whose forward ran and
+   whose backward has not ended is a recomputation. Inside the unit's own backward it is
+   gathered already (nothing to do); before it (a checkpointed region spanning several units)
+   it is gathered again for the recomputation and resharded after, as in forward. Nothing is
+   recorded in the unit order. */
+FSDP__PRIVATE int fsdp__recompute_pre_forward(fsdp_ctx *ctx, int ui) {
+    fsdp__unit *u = &ctx->units[ui];
+    int rc;
+    if (u->state == FSDP__IN_BACKWARD) {
+        u->recompute++;
+        return 0;
+    }
+    if (u->refcount == 0) {
+        if ((rc = fsdp__issue_gather(ctx, ui)) != 0 || (rc = fsdp__wait_gathered(ctx, ui)) != 0) return rc;
+        u->state = FSDP__IN_FORWARD;
+        u->recomputing = 1;
+    }
+    u->refcount++;
+    return 0;
+}
+
+/* A frozen unit may skip its backward, so a later forward of it can also begin the next
+   iteration: it is a recomputation only while some unit's backward is open (inside a
+   checkpointed region's backward), not between backward passes (no_sync micro-steps). */
+static int fsdp__recomputes(const fsdp_ctx *ctx, const fsdp__unit *u) {
+    int i, open = 0;
+    if (ctx->phase != 2 || !u->forward_done || u->backward_done) return 0;
+    if (!u->frozen || u->state == FSDP__IN_BACKWARD) return 1;
+    for (i = 0; i < ctx->num_units && !open; i++) open = ctx->units[i].state == FSDP__IN_BACKWARD;
+    return open;
+}
+
 FSDP_API int fsdp_pre_forward(fsdp_ctx *ctx, int module) {
     int ui = -1, rc = fsdp__hook_unit(ctx, module, &ui);
     if (rc) return rc;
+    if (fsdp__recomputes(ctx, &ctx->units[ui])) return fsdp__recompute_pre_forward(ctx, ui);
     if (ctx->units[ui].refcount == 0 && (rc = fsdp__unit_pre_forward(ctx, ui)) != 0) return rc;
     if (ctx->units[ui].state != FSDP__IN_FORWARD)
         return fsdp__fail(ctx, FSDP_ERR_STATE, "pre_forward of module '%s' whose unit '%s' is in state %s",
@@ -6522,7 +6630,20 @@ FSDP_API int fsdp_pre_forward(fsdp_ctx *ctx, int module) {
 
 FSDP_API int fsdp_post_forward(fsdp_ctx *ctx, int module) {
     int ui = -1, rc = fsdp__hook_unit(ctx, module, &ui);
+    fsdp__unit *u;
     if (rc) return rc;
+    u = &ctx->units[ui];
+    if (u->state == FSDP__IN_BACKWARD && u->recompute > 0) { /* end of a recomputation in its own backward */
+        u->recompute--;
+        return 0;
+    }
+    if (u->recomputing && u->state == FSDP__IN_FORWARD && u->refcount > 0) {
+        if (--u->refcount > 0) return 0;
+        u->recomputing = 0;
+        if (u->reshard_after_forward && !fsdp__aliases_master(ctx, u)) fsdp__reshard(ctx, u);
+        else u->state = FSDP__UNSHARDED;
+        return 0;
+    }
     if (ctx->units[ui].state != FSDP__IN_FORWARD || ctx->units[ui].refcount <= 0)
         return fsdp__fail(ctx, FSDP_ERR_STATE, "post_forward of module '%s' but its unit '%s' is in state %s, not FORWARD",
                           *ctx->model->modules[module].name ? ctx->model->modules[module].name : "(root)",
@@ -6549,6 +6670,8 @@ FSDP_API int fsdp_post_backward(fsdp_ctx *ctx, int module) {
         return fsdp__fail(ctx, FSDP_ERR_STATE, "post_backward of module '%s' but its unit '%s' is in state %s, not BACKWARD",
                           *ctx->model->modules[module].name ? ctx->model->modules[module].name : "(root)",
                           fsdp__unit_name(ctx, ui), fsdp__state_name(ctx->units[ui].state));
+    if (ctx->units[ui].refcount == 1 && ctx->units[ui].recompute) /* refused before anything changes: close it, retry */
+        return fsdp__unit_post_backward(ctx, ui);
     if (--ctx->units[ui].refcount == 0) return fsdp__unit_post_backward(ctx, ui);
     return 0;
 }
@@ -6574,7 +6697,7 @@ FSDP_API void *fsdp_param_raw(fsdp_ctx *ctx, int param) {
 
 FSDP_API float *fsdp_grad(fsdp_ctx *ctx, int param) {
     fsdp__unit *u = fsdp__param_unit(ctx, param);
-    if (!u || u->state != FSDP__IN_BACKWARD || !u->grad_full) return NULL;
+    if (!u || u->state != FSDP__IN_BACKWARD || !u->grad_full || ctx->model->params[param].frozen) return NULL;
     return u->grad_full + ctx->plan.param_offset[param];
 }
 
@@ -6617,7 +6740,8 @@ FSDP__PRIVATE void fsdp__local_sumsq(const fsdp_ctx *ctx, double out[3]) {
     out[0] = out[1] = out[2] = 0;
     for (ui = 0; ui < ctx->num_units; ui++) {
         const fsdp__unit *u = &ctx->units[ui];
-        out[u->strategy == FSDP_HYBRID_SHARD ? 1 : u->group_size == 1 ? 2 : 0] += fsdp__sumsq(u->grad, (size_t)u->shard);
+        if (u->grad)
+            out[u->strategy == FSDP_HYBRID_SHARD ? 1 : u->group_size == 1 ? 2 : 0] += fsdp__sumsq(u->grad, (size_t)u->shard);
     }
 }
 
@@ -6639,13 +6763,13 @@ FSDP__PRIVATE int fsdp__global_norm(fsdp_ctx *ctx, double *norm) {
     return rc;
 }
 
-FSDP__PRIVATE void fsdp__optimizer_update(fsdp_ctx *ctx, fsdp__unit *u) {
+/* Updates elements [from, to) of a unit's shard with learning rate lr and weight decay wd. */
+FSDP__PRIVATE void fsdp__optimizer_range(fsdp_ctx *ctx, fsdp__unit *u, int64_t from, int64_t to, float lr, float wd) {
     const fsdp_optimizer_desc *o = &ctx->opt;
-    float lr = o->lr, wd = o->weight_decay;
-    int64_t i, n = u->shard;
+    int64_t i, n = to;
     float *p = u->master, *g = u->grad;
     if (o->kind == FSDP_SGD) {
-        for (i = 0; i < n; i++) {
+        for (i = from; i < n; i++) {
             float d = g[i] + wd * p[i];
             if (o->momentum != 0.0f) {
                 float *buf = u->opt_a;
@@ -6659,7 +6783,7 @@ FSDP__PRIVATE void fsdp__optimizer_update(fsdp_ctx *ctx, fsdp__unit *u) {
         float bc1 = (float)(1.0 - pow((double)o->beta1, t)), bc2 = (float)(1.0 - pow((double)o->beta2, t));
         float step_size = lr / bc1, bc2_sqrt = sqrtf(bc2);
         float *m = u->opt_a, *v = u->opt_b;
-        for (i = 0; i < n; i++) {
+        for (i = from; i < n; i++) {
             float d = g[i];
             if (o->kind == FSDP_ADAMW) p[i] *= 1.0f - lr * wd;
             else d += wd * p[i];
@@ -6667,6 +6791,24 @@ FSDP__PRIVATE void fsdp__optimizer_update(fsdp_ctx *ctx, fsdp__unit *u) {
             v[i] = o->beta2 * v[i] + (1.0f - o->beta2) * d * d;
             p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + o->eps);
         }
+    }
+}
+
+/* One optimizer step on a unit's shard: in one sweep where every parameter takes the
+   optimizer's settings, else parameter by parameter with its group's (frozen ones skipped). */
+FSDP__PRIVATE void fsdp__optimizer_update(fsdp_ctx *ctx, fsdp__unit *u) {
+    int k;
+    if (u->uniform_update) {
+        fsdp__optimizer_range(ctx, u, 0, u->shard, ctx->opt.lr, ctx->opt.weight_decay);
+        return;
+    }
+    for (k = 0; k < u->num_params; k++) {
+        int p = ctx->unit_params[u->first_param + k];
+        const fsdp_param_info *info = &ctx->params[p];
+        int64_t at = info->shard - u->master;
+        if (ctx->model->params[p].frozen || info->shard_end == info->shard_begin) continue;
+        fsdp__optimizer_range(ctx, u, at, at + (info->shard_end - info->shard_begin), ctx->opt.lr * ctx->param_lr_scale[p],
+                              ctx->param_decay[p]);
     }
 }
 
@@ -6711,7 +6853,7 @@ FSDP_API int fsdp_clip_grad_norm(fsdp_ctx *ctx, float max_norm, double *norm) {
         if (coef > 1.0f) coef = 1.0f;
         for (ui = 0; ui < ctx->num_units; ui++) {
             int64_t i;
-            for (i = 0; i < ctx->units[ui].shard; i++) ctx->units[ui].grad[i] *= coef;
+            for (i = 0; ctx->units[ui].grad && i < ctx->units[ui].shard; i++) ctx->units[ui].grad[i] *= coef;
         }
     }
     return 0;
@@ -6732,6 +6874,7 @@ FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) 
         return 0;
     }
     for (ui = 0; ui < ctx->num_units; ui++) {
+        if (ctx->units[ui].frozen) continue;
         fsdp__optimizer_update(ctx, &ctx->units[ui]);
         fsdp__zero_padding(ctx, &ctx->units[ui], ctx->units[ui].master);
     }
@@ -6746,7 +6889,7 @@ FSDP_API int fsdp_zero_grad(fsdp_ctx *ctx) {
     if ((rc = fsdp__wait_task(ctx, 0)) != 0) return rc;
     for (ui = 0; ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
-        memset(u->grad, 0, sizeof(float) * (size_t)u->shard);
+        if (u->grad) memset(u->grad, 0, sizeof(float) * (size_t)u->shard);
         if (u->grad_full_pending && u->grad_full) memset(u->grad_full, 0, sizeof(float) * (size_t)u->padded);
     }
     return 0;
@@ -6810,6 +6953,7 @@ FSDP__PRIVATE int fsdp__ctx_find_param(const fsdp_ctx *ctx, const char *name) {
 FSDP__PRIVATE int fsdp__desc_resolve(fsdp_desc *d, int world, int local_world, int *hybrid_group, char *err,
                                      size_t err_size) {
     fsdp_optimizer_desc *o = &d->optimizer;
+    int i;
     if (d->param_dtype == FSDP_DTYPE_DEFAULT) d->param_dtype = FSDP_F32;
     if (d->reduce_dtype == FSDP_DTYPE_DEFAULT) d->reduce_dtype = d->param_dtype;
     if (!fsdp_dtype_size(d->param_dtype) || !fsdp_dtype_size(d->reduce_dtype)) {
@@ -6841,6 +6985,19 @@ FSDP__PRIVATE int fsdp__desc_resolve(fsdp_desc *d, int world, int local_world, i
         if (o->eps == 0.0f) o->eps = 1e-8f;
     }
     if (o->kind == FSDP_ADAMW && o->weight_decay == 0.0f && !o->weight_decay_set) o->weight_decay = 0.01f;
+    if (d->num_param_groups < 0 || (d->num_param_groups > 0 && !d->param_groups)) {
+        fsdp__fmt(err, err_size, "num_param_groups %d without param_groups", d->num_param_groups);
+        return FSDP_ERR_INVALID_ARG;
+    }
+    for (i = 0; i < d->num_param_groups; i++) {
+        const fsdp_param_group *g = &d->param_groups[i];
+        if (!(g->weight_decay >= 0) || !isfinite(g->weight_decay) || !(g->lr_scale >= 0) || !isfinite(g->lr_scale) ||
+            g->min_ndim < 0 || g->max_ndim < 0 || (g->max_ndim && g->min_ndim > g->max_ndim)) {
+            fsdp__fmt(err, err_size, "param_groups[%d]: weight_decay and lr_scale must be finite and >= 0, and "
+                      "0 <= min_ndim <= max_ndim (max_ndim 0: no bound)", i);
+            return FSDP_ERR_INVALID_ARG;
+        }
+    }
     if (!(o->lr > 0) || !isfinite(o->lr) || o->weight_decay < 0 || o->momentum < 0 || o->momentum >= 1 ||
         o->beta1 < 0 || o->beta1 >= 1 || o->beta2 < 0 || o->beta2 >= 1 || o->eps < 0 || o->dampening < 0 ||
         o->dampening > 1 || (o->nesterov && (o->momentum <= 0 || o->dampening != 0))) {
@@ -6853,6 +7010,41 @@ FSDP__PRIVATE int fsdp__desc_resolve(fsdp_desc *d, int world, int local_world, i
 
 static int fsdp__opt_buffers(const fsdp_optimizer_desc *o) {
     return o->kind == FSDP_SGD ? (o->momentum != 0.0f ? 1 : 0) : 2;
+}
+
+/* Each parameter's weight decay and lr multiple from the first group that matches it, and
+   which units can be updated in one sweep. The groups are not kept (the caller's may go). */
+FSDP__PRIVATE int fsdp__apply_param_groups(fsdp_ctx *ctx) {
+    const fsdp_model *m = ctx->model;
+    int p, g, ui;
+    ctx->param_decay = (float *)fsdp__calloc(sizeof(float) * (size_t)(m->num_params + 1));
+    ctx->param_lr_scale = (float *)fsdp__calloc(sizeof(float) * (size_t)(m->num_params + 1));
+    if (!ctx->param_decay || !ctx->param_lr_scale) return FSDP_ERR_OUT_OF_MEMORY;
+    for (p = 0; p < m->num_params; p++) {
+        ctx->param_decay[p] = ctx->opt.weight_decay;
+        ctx->param_lr_scale[p] = 1.0f;
+        for (g = 0; g < ctx->desc.num_param_groups; g++) {
+            const fsdp_param_group *pg = &ctx->desc.param_groups[g];
+            if (m->params[p].ndim < pg->min_ndim || (pg->max_ndim && m->params[p].ndim > pg->max_ndim)) continue;
+            if (pg->pattern && fnmatch(pg->pattern, m->params[p].name, 0) != 0) continue;
+            ctx->param_decay[p] = pg->weight_decay;
+            ctx->param_lr_scale[p] = pg->lr_scale > 0 ? pg->lr_scale : 1.0f;
+            break;
+        }
+    }
+    for (ui = 0; ui < ctx->num_units; ui++) {
+        fsdp__unit *u = &ctx->units[ui];
+        int k;
+        u->uniform_update = 1;
+        for (k = 0; k < u->num_params; k++) {
+            p = ctx->unit_params[u->first_param + k];
+            if (m->params[p].frozen || ctx->param_decay[p] != ctx->opt.weight_decay || ctx->param_lr_scale[p] != 1.0f)
+                u->uniform_update = 0;
+        }
+    }
+    ctx->desc.param_groups = NULL;
+    ctx->desc.num_param_groups = 0;
+    return 0;
 }
 
 FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc) {
@@ -6868,6 +7060,23 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
     if (!ctx) return FSDP_ERR_OUT_OF_MEMORY;
     ctx->model = model;
     ctx->desc = *desc;
+    if (desc->strategy == FSDP_STRATEGY_AUTO) {
+        fsdp_strategy chosen = FSDP_FULL_SHARD;
+        char why[FSDP__ERRMSG - 64];
+        rc = desc->memory_budget ? fsdp_strategy_for_budget(model, desc, fsdp_comm_size(desc->comm), desc->memory_budget,
+                                                            &chosen, why, sizeof why)
+                                 : (fsdp__copy_string(why, sizeof why, "FSDP_STRATEGY_AUTO needs desc.memory_budget "
+                                                      "(bytes per rank)"), FSDP_ERR_INVALID_ARG);
+        if (rc) {
+            fsdp__fmt(fsdp__init_error, sizeof fsdp__init_error, "fsdp_init: %s", why);
+            fsdp__log(desc->logger.fn ? &desc->logger : &desc->comm->logger, FSDP_LOG_ERROR, "%s", fsdp__init_error);
+            FSDP_FREE(ctx);
+            return rc;
+        }
+        ctx->desc.strategy = chosen;
+        fsdp__log(desc->logger.fn ? &desc->logger : &desc->comm->logger, FSDP_LOG_INFO, "fsdp_init: strategy AUTO chose %s",
+                  why);
+    }
     ctx->comm = desc->comm;
     ctx->rank = fsdp_comm_rank(desc->comm);
     ctx->world = fsdp_comm_size(desc->comm);
@@ -6939,17 +7148,19 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
             u->shard_comm = ctx->comm;
         }
         u->reshard_after_forward = ui != 0 && (u->strategy == FSDP_FULL_SHARD || u->strategy == FSDP_HYBRID_SHARD);
-        u->grad = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard);
+        u->frozen = pu->frozen;
+        if (u->frozen) nbuf = 0; /* parameters only */
+        else u->grad = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard);
         if (nbuf >= 1) u->opt_a = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard);
         if (nbuf >= 2) u->opt_b = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard);
-        if (!u->grad || (nbuf >= 1 && !u->opt_a) || (nbuf >= 2 && !u->opt_b)) {
+        if ((!u->frozen && !u->grad) || (nbuf >= 1 && !u->opt_a) || (nbuf >= 2 && !u->opt_b)) {
             fsdp__fmt(fsdp__init_error, sizeof fsdp__init_error, "fsdp_init: no memory for unit '%s' (%lld elements per rank)",
                       fsdp__unit_name(ctx, ui), (long long)u->shard);
             fsdp_destroy(ctx);
             return FSDP_ERR_OUT_OF_MEMORY;
         }
         ctx->param_bytes += sizeof(float) * (size_t)u->shard;
-        ctx->grad_bytes += sizeof(float) * (size_t)u->shard;
+        ctx->grad_bytes += u->frozen ? 0 : sizeof(float) * (size_t)u->shard;
         ctx->opt_bytes += sizeof(float) * (size_t)u->shard * (size_t)nbuf;
     }
     ctx->persistent_bytes = ctx->param_bytes + ctx->grad_bytes + ctx->opt_bytes;
@@ -6976,9 +7187,14 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
         info->shard_end = hi - off;
         at = lo - begin < 0 ? 0 : lo - begin > u->shard ? u->shard : lo - begin; /* empty: still in the shard */
         info->shard = u->master + at;
-        info->grad_shard = u->grad + at;
+        info->grad_shard = u->grad && !model->params[p].frozen ? u->grad + at : NULL;
         for (i = info->shard_begin; i < info->shard_end; i++)
             info->shard[i - info->shard_begin] = fsdp_init_value(model, p, i, ctx->desc.seed);
+    }
+    if (fsdp__apply_param_groups(ctx) != 0) {
+        fsdp__copy_string(fsdp__init_error, sizeof fsdp__init_error, "fsdp_init: out of memory");
+        fsdp_destroy(ctx);
+        return FSDP_ERR_OUT_OF_MEMORY;
     }
     if (pthread_create(&ctx->thread, NULL, fsdp__worker, ctx) != 0) {
         fsdp__copy_string(fsdp__init_error, sizeof fsdp__init_error, "fsdp_init: cannot start the comm thread");
@@ -7019,6 +7235,8 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     FSDP_FREE(ctx->unit_params);
     FSDP_FREE(ctx->param_by_name);
     FSDP_FREE(ctx->params);
+    FSDP_FREE(ctx->param_decay);
+    FSDP_FREE(ctx->param_lr_scale);
     FSDP_FREE(ctx->fwd_order);
     FSDP_FREE(ctx->bwd_order);
     FSDP_FREE(ctx->queue);
@@ -7053,20 +7271,10 @@ FSDP_API int fsdp_param_info_get(const fsdp_ctx *ctx, int param, fsdp_param_info
     return 0;
 }
 
-static const char *fsdp__strategy_name(fsdp_strategy s) {
-    switch (s) {
-        case FSDP_FULL_SHARD: return "FULL_SHARD";
-        case FSDP_SHARD_GRAD_OP: return "SHARD_GRAD_OP";
-        case FSDP_NO_SHARD: return "NO_SHARD";
-        case FSDP_HYBRID_SHARD: return "HYBRID_SHARD";
-        default: return "?";
-    }
-}
-
 FSDP_API void fsdp_print_units(const fsdp_ctx *ctx, void (*fn)(void *user, const char *line), void *user) {
     char line[320];
     int ui;
-    size_t per_param = 8 + 4 * (size_t)(ctx ? fsdp__opt_buffers(&ctx->opt) : 0);
+    size_t per_param = 8 + 4 * (size_t)(ctx ? fsdp__opt_buffers(&ctx->opt) : 0); /* frozen units: 4 */
     if (!ctx) return;
     fsdp__fmt(line, sizeof line, "%-4s %-24s %-14s %7s %12s %9s %12s %14s", "unit", "module", "strategy", "params",
               "elements", "padding", "shard", "bytes/rank");
@@ -7074,8 +7282,8 @@ FSDP_API void fsdp_print_units(const fsdp_ctx *ctx, void (*fn)(void *user, const
     for (ui = 0; ui < ctx->num_units; ui++) {
         const fsdp__unit *u = &ctx->units[ui];
         fsdp__fmt(line, sizeof line, "%-4d %-24.24s %-14s %7d %12lld %9lld %12lld %14zu", ui, fsdp__unit_name(ctx, ui),
-                  fsdp__strategy_name(u->strategy), u->num_params, (long long)u->numel,
-                  (long long)(u->padded - u->numel), (long long)u->shard, (size_t)u->shard * per_param);
+                  fsdp_strategy_name(u->strategy), u->num_params, (long long)u->numel,
+                  (long long)(u->padded - u->numel), (long long)u->shard, (size_t)u->shard * (u->frozen ? 4 : per_param));
         if (fn) fn(user, line); else printf("%s\n", line);
     }
 }
@@ -7109,21 +7317,23 @@ FSDP_API void fsdp_memory_reset_peak(fsdp_ctx *ctx) {
    and limit_all_gathers prefetched, plus the root's f32 gradient (its backward encloses all
    others) and two more (one being written, one being reduced) with their reduce-dtype
    staging. Units nested in other units than the root hold their gradient the same way. */
-FSDP_API int fsdp_memory_estimate(const fsdp_model *model, const fsdp_desc *desc, int world_size,
-                                  fsdp_memory_stats *est) {
+FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc *desc, int world_size,
+                                        fsdp_memory_stats *est, char *err, size_t err_size) {
     fsdp_desc d;
     fsdp__plan plan;
-    char err[FSDP__ERRMSG];
     int rc, ui, hybrid_group = 1, nbuf;
-    size_t kept = 0, largest_resharded = 0, largest_grad = 0, root_grad = 0;
+    size_t kept = 0, largest_resharded = 0, resharded_total = 0, largest_grad = 0, root_grad = 0, gathered;
     if (!model || !desc || !est || world_size < 1) return FSDP_ERR_INVALID_ARG;
     memset(est, 0, sizeof *est);
     d = *desc;
+    if (d.strategy == FSDP_STRATEGY_AUTO &&
+        (!d.memory_budget || fsdp_strategy_for_budget(model, desc, world_size, d.memory_budget, &d.strategy, NULL, 0) != 0))
+        d.strategy = FSDP_FULL_SHARD; /* nothing fits: the leanest */
     rc = fsdp__desc_resolve(&d, world_size,
                             desc->comm && fsdp_comm_size(desc->comm) == world_size ? fsdp_comm_local_size(desc->comm)
                                                                                   : world_size,
-                            &hybrid_group, err, sizeof err);
-    if (!rc) rc = fsdp__plan_build(model, &d, world_size, hybrid_group, &plan, err, sizeof err);
+                            &hybrid_group, err, err_size);
+    if (!rc) rc = fsdp__plan_build(model, &d, world_size, hybrid_group, &plan, err, err_size);
     if (rc) return rc;
     nbuf = fsdp__opt_buffers(&d.optimizer);
     for (ui = 0; ui < plan.num_units; ui++) {
@@ -7134,18 +7344,71 @@ FSDP_API int fsdp_memory_estimate(const fsdp_model *model, const fsdp_desc *desc
         if (d.fp32_compute_view && d.param_dtype != FSDP_F32) pbytes += (size_t)pu->padded * sizeof(float);
         if (d.reduce_dtype != FSDP_F32) gbytes += (size_t)pu->padded * fsdp_dtype_size(d.reduce_dtype);
         est->param_shard_bytes += sizeof(float) * (size_t)pu->shard;
-        est->grad_shard_bytes += sizeof(float) * (size_t)pu->shard;
-        est->optimizer_bytes += sizeof(float) * (size_t)pu->shard * (size_t)nbuf;
+        if (pu->frozen) gbytes = 0; /* no gradient, no optimizer state */
+        else est->grad_shard_bytes += sizeof(float) * (size_t)pu->shard;
+        if (!pu->frozen) est->optimizer_bytes += sizeof(float) * (size_t)pu->shard * (size_t)nbuf;
         if (!reshards) kept += pbytes;
-        else if (pbytes > largest_resharded) largest_resharded = pbytes;
+        else {
+            resharded_total += pbytes;
+            if (pbytes > largest_resharded) largest_resharded = pbytes;
+        }
         if (ui == 0) root_grad = pu->numel ? gbytes : 0;
         else if (gbytes > largest_grad) largest_grad = gbytes;
     }
     est->persistent_bytes = est->param_shard_bytes + est->grad_shard_bytes + est->optimizer_bytes;
-    est->peak_unsharded_bytes = kept + (size_t)(d.limit_all_gathers + 1) * largest_resharded + root_grad + 2 * largest_grad;
+    /* the resharding units gathered at once: at most limit_all_gathers + 1, and never more than all of them */
+    gathered = (size_t)(d.limit_all_gathers + 1) * largest_resharded;
+    if (gathered > resharded_total) gathered = resharded_total;
+    est->peak_unsharded_bytes = kept + gathered + root_grad + 2 * largest_grad;
     est->peak_bytes = est->persistent_bytes + est->peak_unsharded_bytes;
     fsdp__plan_free(&plan);
     return 0;
+}
+
+FSDP_API int fsdp_memory_estimate(const fsdp_model *model, const fsdp_desc *desc, int world_size,
+                                  fsdp_memory_stats *est) {
+    char err[FSDP__ERRMSG];
+    return fsdp__memory_estimate(model, desc, world_size, est, err, sizeof err);
+}
+
+FSDP_API int fsdp_strategy_for_budget(const fsdp_model *model, const fsdp_desc *desc, int world_size, size_t budget,
+                                      fsdp_strategy *chosen, char *why, size_t why_size) {
+    fsdp_strategy order[4];
+    fsdp_desc d;
+    fsdp_memory_stats est;
+    size_t first_need = 0;
+    int n = 0, i, rc;
+    char mine[200];
+    if (!why) { why = mine; why_size = sizeof mine; }
+    *why = 0;
+    if (!model || !desc || !chosen || world_size < 1) return FSDP_ERR_INVALID_ARG;
+    order[n++] = FSDP_NO_SHARD;
+    if (desc->comm && fsdp_comm_size(desc->comm) == world_size && fsdp_comm_num_hosts(desc->comm) > 1)
+        order[n++] = FSDP_HYBRID_SHARD;
+    order[n++] = FSDP_SHARD_GRAD_OP;
+    order[n++] = FSDP_FULL_SHARD;
+    d = *desc;
+    for (i = 0; i < n; i++) {
+        d.strategy = order[i];
+        if ((rc = fsdp__memory_estimate(model, &d, world_size, &est, why, why_size)) != 0) return rc; /* says why */
+        if (i == 0) first_need = est.peak_bytes;
+        if (est.peak_bytes <= budget) {
+            *chosen = order[i];
+            if (i == 0)
+                fsdp__fmt(why, why_size, "%s: needs %.1f MiB per rank of the %.1f MiB budget", fsdp_strategy_name(order[i]),
+                          est.peak_bytes / 1048576.0, budget / 1048576.0);
+            else
+                fsdp__fmt(why, why_size, "%s: needs %.1f MiB per rank of the %.1f MiB budget (%s needs %.1f MiB)",
+                          fsdp_strategy_name(order[i]), est.peak_bytes / 1048576.0, budget / 1048576.0,
+                          fsdp_strategy_name(order[0]), first_need / 1048576.0);
+            return 0;
+        }
+    }
+    fsdp__fmt(why, why_size, "no strategy fits %zu bytes (%.1f MiB) per rank at world size %d: FULL_SHARD, the leanest, "
+              "needs %zu bytes (%.1f MiB) for parameters, gradients, optimizer state and gathered units (use more "
+              "ranks, a 16-bit param_dtype, or a larger budget)", budget, budget / 1048576.0, world_size,
+              est.peak_bytes, est.peak_bytes / 1048576.0);
+    return FSDP_ERR_OUT_OF_MEMORY;
 }
 
 /* --- full values ----------------------------------------------------------------------------- */
@@ -8452,7 +8715,7 @@ FSDP__PRIVATE fsdp_kv *fsdp__ckpt_metadata(fsdp_ctx *ctx, const fsdp_save_option
     fsdp__fmt(store[0], 64, "%lld", (long long)ctx->step);
     fsdp__fmt(store[1], 64, "%lld", (long long)(opt ? opt->epoch : 0));
     fsdp__fmt(store[2], 64, "%d", ctx->world);
-    fsdp__copy_string(store[3], 64, fsdp__strategy_name(ctx->desc.strategy ? ctx->desc.strategy : FSDP_FULL_SHARD));
+    fsdp__copy_string(store[3], 64, fsdp_strategy_name(ctx->desc.strategy ? ctx->desc.strategy : FSDP_FULL_SHARD));
     fsdp__copy_string(store[4], 64, fsdp__opt_name(ctx));
     fsdp__copy_string(store[5], 64, kind);
     kv[n].key = "step"; kv[n++].value = store[0];
@@ -8480,6 +8743,7 @@ FSDP_API int fsdp_save_full(fsdp_ctx *ctx, const char *path, const fsdp_save_opt
     fsdp_st_writer *w = NULL;
     fsdp_kv *meta = NULL;
     char store[6][64], err[FSDP__ERRMSG] = "";
+    unsigned char *owned = NULL; /* specs[k].name was allocated here (an optimizer tensor's) */
     float *flat[3] = {NULL, NULL, NULL};
     size_t flat_bytes = 0;
     fsdp_dtype dtype;
@@ -8489,15 +8753,17 @@ FSDP_API int fsdp_save_full(fsdp_ctx *ctx, const char *path, const fsdp_save_opt
     if ((rc = fsdp__quiesce(ctx, "fsdp_save_full")) != 0) return rc;
     if (opt && opt->with_optimizer) nopt = fsdp__opt_suffixes(ctx, suffix);
     specs = (fsdp_st_spec *)fsdp__calloc(sizeof *specs * (size_t)(ctx->model->num_params * (1 + nopt) + 1));
+    owned = (unsigned char *)fsdp__calloc((size_t)(ctx->model->num_params * (1 + nopt) + 1));
     meta = fsdp__ckpt_metadata(ctx, opt, "full", store, &nmeta);
-    if (!specs || !meta) { local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_save_full: out of memory"); goto done; }
+    if (!specs || !owned || !meta) { local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_save_full: out of memory"); goto done; }
     for (ui = 0; ui < ctx->num_units; ui++) { /* file order = gather order: unit by unit */
         fsdp__unit *u = &ctx->units[ui];
         if ((size_t)u->padded * sizeof(float) > flat_bytes) flat_bytes = (size_t)u->padded * sizeof(float);
         for (k = 0; k < u->num_params; k++) {
             const fsdp__param *p = &ctx->model->params[ctx->unit_params[u->first_param + k]];
-            for (j = 0; j <= nopt; j++) {
-                fsdp_st_spec *s = &specs[ntensors++];
+            for (j = 0; j <= (p->frozen ? 0 : nopt); j++) {
+                fsdp_st_spec *s = &specs[ntensors];
+                owned[ntensors++] = j > 0;
                 char *name = j ? (char *)FSDP_MALLOC(strlen(p->name) + strlen(suffix[j - 1]) + 2) : NULL;
                 if (j && name) fsdp__fmt(name, strlen(p->name) + strlen(suffix[j - 1]) + 2, "%s.%s", p->name, suffix[j - 1]);
                 s->name = j ? name : p->name;
@@ -8516,11 +8782,11 @@ FSDP_API int fsdp_save_full(fsdp_ctx *ctx, const char *path, const fsdp_save_opt
     if ((rc = fsdp__agree(ctx, local ? fsdp__fail(ctx, local, "fsdp_save_full: out of memory") : 0)) != 0) goto done;
     for (ui = 0; ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
-        for (j = 0; j <= nopt; j++)
+        for (j = 0; j <= (u->frozen ? 0 : nopt); j++)
             if ((rc = fsdp__gather_flat(ctx, u, j ? fsdp__opt_buffer(u, j - 1) : u->master, flat[j])) != 0) goto done;
         for (k = 0; w && !local && k < u->num_params; k++) { /* rank 0 writes; the others only gather */
             int p = ctx->unit_params[u->first_param + k];
-            for (j = 0; j <= nopt && !local; j++)
+            for (j = 0; j <= (ctx->model->params[p].frozen ? 0 : nopt) && !local; j++)
                 if (fsdp_st_writer_write_f32(w, flat[j] + ctx->plan.param_offset[p], (size_t)ctx->model->params[p].numel))
                     local = FSDP_ERR_IO;
         }
@@ -8534,7 +8800,8 @@ done:
     if (w) fsdp_st_writer_abort(w);
     for (j = 0; j <= nopt; j++) fsdp__buf_put(ctx, flat[j], flat[j] ? flat_bytes : 0);
     for (k = 0; specs && k < ntensors; k++)
-        if (k % (1 + nopt)) FSDP_FREE((char *)specs[k].name);
+        if (owned[k]) FSDP_FREE((char *)specs[k].name);
+    FSDP_FREE(owned);
     FSDP_FREE(specs);
     FSDP_FREE(meta);
     return rc;
@@ -8757,7 +9024,7 @@ FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_o
             int p = ctx->unit_params[u->first_param + k];
             const fsdp_param_info *info = &ctx->params[p];
             if (info->shard_end == info->shard_begin) continue;
-            for (j = 0; j <= nopt; j++) {
+            for (j = 0; j <= (ctx->model->params[p].frozen ? 0 : nopt); j++) {
                 fsdp_st_spec *s = &specs[n++];
                 char *name = (char *)FSDP_MALLOC(strlen(ctx->model->params[p].name) + 20);
                 if (!name) { local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory"); break; }
@@ -8779,9 +9046,10 @@ FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_o
             fsdp__unit *u = &ctx->units[ui];
             if (!fsdp__writes_shard(ctx, u)) continue;
             for (k = 0; !local && k < u->num_params; k++) {
-                const fsdp_param_info *info = &ctx->params[ctx->unit_params[u->first_param + k]];
+                int p = ctx->unit_params[u->first_param + k];
+                const fsdp_param_info *info = &ctx->params[p];
                 size_t len = (size_t)(info->shard_end - info->shard_begin), at = (size_t)(info->shard - u->master);
-                for (j = 0; len && j <= nopt && !local; j++)
+                for (j = 0; len && j <= (ctx->model->params[p].frozen ? 0 : nopt) && !local; j++)
                     if (fsdp_st_writer_write_f32(w, (j ? fsdp__opt_buffer(u, j - 1) : u->master) + at, len))
                         local = FSDP_ERR_IO;
             }
@@ -8813,7 +9081,7 @@ FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_o
             const fsdp__param *mp = &ctx->model->params[p];
             const fsdp__unit *u = &ctx->units[ctx->plan.unit_of_param[p]];
             int64_t off = ctx->plan.param_offset[p];
-            for (j = 0; j <= nopt; j++) {
+            for (j = 0; j <= (mp->frozen ? 0 : nopt); j++) {
                 char name[320];
                 int g, first = 1, writers = u->strategy == FSDP_NO_SHARD ? 1 : u->group_size;
                 if (j) fsdp__fmt(name, sizeof name, "%s.%s", mp->name, suffix[j - 1]);
