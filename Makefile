@@ -15,12 +15,13 @@ MPI_TESTS := test_mpi
 UNIT_TESTS := $(filter-out $(MPI_TESTS),$(TESTS))
 SANFLAGS ?=
 
-.PHONY: all help test test-asan test-tsan test-multihost bench bench-mpi bench-torch demo demo-mlp demo-collectives tools fuzz clean check-deps
+.PHONY: all help test test-asan test-tsan test-multihost bench bench-mpi bench-multihost bench-torch demo demo-big demo-mlp demo-collectives tools fuzz clean check-deps
 
-all: $(BUILD)/gpt $(BUILD)/mlp $(BUILD)/ckpt_tool $(BUILD)/bench_comm $(BUILD)/bench_train $(BUILD)/demo_collectives
+all: $(BUILD)/gpt $(BUILD)/distill $(BUILD)/mlp $(BUILD)/ckpt_tool $(BUILD)/bench_comm $(BUILD)/bench_train $(BUILD)/demo_collectives
 
 help:
 	@echo "make demo        train a GPT on 4 local ranks (shared memory, FULL_SHARD), checkpoint, sample"
+	@echo "make demo-big    an 85 M-parameter GPT on 4 local ranks under a per-rank memory budget 1 rank cannot meet"
 	@echo "make demo-mlp    train an MLP on 4 local ranks"
 	@echo "make test        every test; ends with 'N passed, N failed' (UNITY_DIR=... for real Unity)"
 	@echo "make test-asan   the tests under AddressSanitizer + UndefinedBehaviorSanitizer"
@@ -28,6 +29,7 @@ help:
 	@echo "make test-multihost  ranks on several simulated hosts (network namespaces; root)"
 	@echo "make bench       build/bench_comm (collectives) and build/bench_train (training)"
 	@echo "make bench-mpi   build/bench_comm_mpi (collectives through Open MPI; needs libopenmpi-dev)"
+	@echo "make bench-multihost  collectives across 2 simulated hosts: hierarchical vs flat vs Open MPI, GPT (root)"
 	@echo "make bench-torch the GPT against PyTorch (python3-torch) at P = 1 and 2, two model sizes"
 	@echo "make tools       build/ckpt_tool (inspect, consolidate, shard checkpoints)"
 	@echo "make fuzz        fuzz the safetensors, index.json and handshake parsers, FUZZ_TIME seconds each (clang + libFuzzer)"
@@ -97,6 +99,10 @@ $(BUILD)/gpt: examples/gpt.c examples/gpt_model.h examples/example_gemm.h exampl
 	$(BLAS_CHECK)
 	$(CC) -std=c99 $(EXAMPLE_OPT) $(WARN) $(CFLAGS) -I. $< -o $@ -lopenblas $(LDLIBS)
 
+$(BUILD)/distill: examples/distill.c examples/gpt_model.h examples/example_gemm.h examples/example_common.h fsdp.h | $(BUILD)
+	$(BLAS_CHECK)
+	$(CC) -std=c99 $(EXAMPLE_OPT) $(WARN) $(CFLAGS) -I. $< -o $@ -lopenblas $(LDLIBS)
+
 $(BUILD)/mlp: examples/mlp.c examples/mlp_model.h examples/example_gemm.h examples/example_common.h fsdp.h | $(BUILD)
 	$(BLAS_CHECK)
 	$(CC) -std=c99 $(EXAMPLE_OPT) $(WARN) $(CFLAGS) -I. $< -o $@ -lopenblas $(LDLIBS)
@@ -120,10 +126,28 @@ bench-torch: $(BUILD)/bench_train
 	OPENBLAS_NUM_THREADS=1 $(BUILD)/bench_train --model gpt --torch --torch-python $(TORCH_PYTHON) \
 	    --torch-coretype auto --rounds 2 --layers 8 --channels 512 --heads 8 --seq-len 256 --steps 4 --warmup 2
 bench-mpi: $(BUILD)/bench_comm_mpi
+# Across 2 simulated hosts (network namespaces, links shaped to 10 Gbit/s; root): fsdp.h hierarchical vs
+# flat sockets vs Open MPI's collectives at 2x2 and 2x4 ranks, 64 MiB, and the GPT with HYBRID_SHARD
+# across hosts vs FULL_SHARD on one (examples/bench_multihost.sh; --help there for the options).
+BENCH_MULTIHOST_ARGS ?= --gpt
+bench-multihost: $(BUILD)/bench_comm $(BUILD)/bench_comm_mpi $(BUILD)/gpt
+	BUILD=$(BUILD) bash examples/bench_multihost.sh $(BENCH_MULTIHOST_ARGS)
 tools: $(BUILD)/ckpt_tool
 
 demo: check-deps $(BUILD)/gpt
 	$(BUILD)/gpt --nproc 4
+
+# A GPT of 85 M parameters (GPT-2 small's blocks: 12 x 768 channels, 12 heads; byte vocabulary) on 4
+# local ranks, FULL_SHARD with every block recomputed in backward, each rank under a 768 MiB budget that
+# gpt checks against its estimate before allocating anything: 1 rank is refused (it needs 1.4 GiB),
+# then 4 ranks train a few steps and print their peak RSS against the estimate. About a minute on 2 cores.
+DEMO_BIG ?= --layers 12 --channels 768 --heads 12 --seq-len 64 --batch 4 --steps 10 --warmup 3 --lr 3e-4 \
+	--print-every 1 --sample 0 --ckpt none --recompute --mem-budget 768
+demo-big: check-deps $(BUILD)/gpt
+	@echo '$$ $(BUILD)/gpt --nproc 1 $(DEMO_BIG)'
+	@! $(BUILD)/gpt --nproc 1 $(DEMO_BIG)
+	@echo; echo '$$ $(BUILD)/gpt --nproc 4 $(DEMO_BIG)'
+	@$(BUILD)/gpt --nproc 4 $(DEMO_BIG)
 
 demo-mlp: check-deps $(BUILD)/mlp
 	$(BUILD)/mlp --nproc 4 --strategy full --hidden 1024 --layers 6 --batch 512 --steps 100 --print-every 10

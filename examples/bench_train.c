@@ -14,6 +14,9 @@
 
    Memory (--memory): FULL_SHARD and NO_SHARD at P = 1, 2, 4, a few steps each; rank 0's peak
    RSS and fsdp_memory_stats against fsdp_memory_estimate for the same model, desc and world size.
+   Then, for the GPT, activation checkpointing (gpt --recompute: none, every block, every 2nd
+   block): activation bytes and step time against none; and for either model, the model frozen
+   and run forward only (a distillation teacher): persistent bytes per parameter.
 
    Build and run: make bench && build/bench_train [--model gpt] [--memory] */
 #define FSDP_IMPLEMENTATION
@@ -76,6 +79,8 @@ typedef struct {
     fsdp_dtype param_dtype;           // 0: f32
     int torch;                        // a PyTorch row (tests/torch_gpt.py bench): eager, or DDP over gloo
     const char *coretype;             // PyTorch rows: OPENBLAS_CORETYPE for its BLAS (NULL: OpenBLAS's own choice)
+    int recompute;                    // GPT: activation checkpointing of every k-th block (0: off)
+    int frozen;                       // every parameter frozen, forward only (a distillation teacher)
 } config;
 
 typedef struct {       // what a rank reports, through shared memory
@@ -119,9 +124,11 @@ static int model_build(bench_model *bm, const options *o) {
     return mlp_build(&bm->mlp_net, o->data.features, o->hidden, o->layers, o->data.classes);
 }
 
-static int model_acts_alloc(bench_model *bm, int B) {
+/* recompute: the GPT's activation checkpointing (every k-th block; 0: off); with_grads 0: forward only. */
+static int model_acts_alloc(bench_model *bm, int B, int recompute, int with_grads) {
     bm->B = B;
-    if (bm->o->model == MODEL_GPT) return gpt_acts_alloc(&bm->gpt_act, &bm->gpt_net.config, B, bm->o->seq_len);
+    if (bm->o->model == MODEL_GPT)
+        return gpt_acts_alloc_ex(&bm->gpt_act, &bm->gpt_net.config, B, bm->o->seq_len, recompute, with_grads);
     return mlp_acts_alloc(&bm->mlp_act, &bm->mlp_net, B);
 }
 
@@ -159,6 +166,11 @@ static void model_batch(bench_model *bm, long long step, int lo, int hi) {
         text_batch(o->text, o->text_size, step, o->batch, o->seq_len, lo, hi, bm->gpt_act.inputs, bm->gpt_act.targets);
     else
         data_batch(&o->data, step, o->batch, lo, hi, bm->mlp_act.x[0], bm->mlp_act.targets);
+}
+
+static int model_forward(bench_model *bm, float *loss) {
+    if (bm->o->model == MODEL_GPT) return gpt_forward(&bm->gpt_net, &bm->gpt_act, bm->B, bm->o->seq_len, 1, loss);
+    return mlp_forward(&bm->mlp_net, &bm->mlp_act, loss);
 }
 
 static int model_forward_backward(bench_model *bm, float *loss) {
@@ -264,7 +276,8 @@ static int run_rank(fsdp_comm *comm, void *arg) {
     memset(&est, 0, sizeof est);
     memset(&bm, 0, sizeof bm);
     openblas_set_num_threads(1);
-    if (!ms || model_build(&bm, o) || model_acts_alloc(&bm, B)) {
+    // forward only (frozen): no gradients, and one block's activations at a time are enough
+    if (!ms || model_build(&bm, o) || model_acts_alloc(&bm, B, cfg->frozen ? 1 : cfg->recompute, !cfg->frozen)) {
         fprintf(stderr, "%s rank %d: out of memory\n", cfg->name, rank);
         goto done;
     }
@@ -289,6 +302,7 @@ static int run_rank(fsdp_comm *comm, void *arg) {
         desc.param_dtype = cfg->param_dtype;
         desc.fp32_compute_view = cfg->param_dtype != FSDP_DTYPE_DEFAULT && cfg->param_dtype != FSDP_F32; // f32 kernels
         desc.optimizer = o->optimizer;
+        if (cfg->frozen) fsdp_model_set_trainable(model_desc(&bm), 0, 0); // no gradients, no optimizer state
         if (fsdp_memory_estimate(model_desc(&bm), &desc, P, &est) || fsdp_init(&ctx, model_desc(&bm), &desc)) {
             fprintf(stderr, "%s rank %d: %s\n", cfg->name, rank, fsdp_last_error(NULL));
             goto done;
@@ -301,10 +315,10 @@ static int run_rank(fsdp_comm *comm, void *arg) {
         model_batch(&bm, s, rank * B, (rank + 1) * B);
         t0 = fsdp_now(), *model_hook_seconds(&bm) = 0;
         if (cfg->plain) memset(grads, 0, sizeof(float) * num_params); // zero_grad
-        if (model_forward_backward(&bm, &loss)) goto done;
+        if (cfg->frozen ? model_forward(&bm, &loss) : model_forward_backward(&bm, &loss)) goto done;
         t1 = fsdp_now();
         if (cfg->plain) plain_update(&opt, params, grads, num_params);
-        else if (fsdp_step(ctx, 0, NULL) || fsdp_zero_grad(ctx)) {
+        else if (cfg->frozen ? fsdp_finish_backward(ctx) : fsdp_step(ctx, 0, NULL) || fsdp_zero_grad(ctx)) {
             fprintf(stderr, "%s rank %d: %s\n", cfg->name, rank, fsdp_last_error(ctx));
             goto done;
         }
@@ -430,21 +444,21 @@ static int speed_table(const options *o) {
     int N = o->nproc, num_configs = 0, R = o->rounds;
     char names[6][32];
     config configs[20];
-    snprintf(names[0], sizeof names[0], "FSDP FULL_SHARD");
-    snprintf(names[1], sizeof names[1], "FSDP SHARD_GRAD_OP");
-    snprintf(names[2], sizeof names[2], "FSDP NO_SHARD");
-    snprintf(names[3], sizeof names[3], "FSDP HYBRID %dx%d", N / (N / 2), N / 2);
+    snprintf(names[0], sizeof names[0], "FSDP %s", fsdp_strategy_name(FSDP_FULL_SHARD));
+    snprintf(names[1], sizeof names[1], "FSDP %s", fsdp_strategy_name(FSDP_SHARD_GRAD_OP));
+    snprintf(names[2], sizeof names[2], "FSDP %s", fsdp_strategy_name(FSDP_NO_SHARD));
+    snprintf(names[3], sizeof names[3], "FSDP %s %dx%d", fsdp_strategy_name(FSDP_HYBRID_SHARD), N / (N / 2), N / 2);
     snprintf(names[4], sizeof names[4], "PyTorch eager %.8s", o->torch_coretype ? o->torch_coretype : "");
     snprintf(names[5], sizeof names[5], "PyTorch DDP %.10s", o->torch_coretype ? o->torch_coretype : "");
     { // in this order: PyTorch first at each world size, then fsdp.h's runs to compare with it
-        config torch1 = {"PyTorch eager", 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL};
-        config torchN = {"PyTorch DDP (gloo)", 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL};
-        config plain = {"plain loop (no fsdp)", 1, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL};
-        config full1 = {"FSDP FULL_SHARD", 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL};
-        config multi[4] = {{names[0], 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL},
-                           {names[1], 0, N, 0, FSDP_SHARD_GRAD_OP, FSDP_F32, 0, NULL},
-                           {names[2], 0, N, 0, FSDP_NO_SHARD, FSDP_F32, 0, NULL},
-                           {names[3], 0, N, N / 2, FSDP_HYBRID_SHARD, FSDP_F32, 0, NULL}};
+        config torch1 = {"PyTorch eager", 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL, 0, 0};
+        config torchN = {"PyTorch DDP (gloo)", 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL, 0, 0};
+        config plain = {"plain loop (no fsdp)", 1, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0};
+        config full1 = {names[0], 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0};
+        config multi[4] = {{names[0], 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0},
+                           {names[1], 0, N, 0, FSDP_SHARD_GRAD_OP, FSDP_F32, 0, NULL, 0, 0},
+                           {names[2], 0, N, 0, FSDP_NO_SHARD, FSDP_F32, 0, NULL, 0, 0},
+                           {names[3], 0, N, N / 2, FSDP_HYBRID_SHARD, FSDP_F32, 0, NULL, 0, 0}};
         if (o->torch) configs[num_configs++] = torch1;
         if (o->torch && o->torch_coretype) {
             config c = torch1;
@@ -566,15 +580,34 @@ static int speed_table(const options *o) {
 static int memory_table(const options *o) {
     enum { NUM_P = 3 };
     static const int world_sizes[NUM_P] = {1, 2, 4};
+    enum { NUM_RECOMPUTE = 5 };
     static const fsdp_strategy strategies[2] = {FSDP_FULL_SHARD, FSDP_NO_SHARD};
-    static const char *strategy_names[2] = {"FULL_SHARD", "NO_SHARD"};
-    config configs[2 * NUM_P];
-    int num_configs = 2 * NUM_P;
+    // activation checkpointing (GPT): none, every block, every 2nd block at P = 1; none, every block at P = 2
+    static const int recompute_every[NUM_RECOMPUTE] = {0, 1, 2, 0, 1}, recompute_p[NUM_RECOMPUTE] = {1, 1, 1, 2, 2};
+    static const char *const recompute_names[3] = {"none", "every block", "every 2nd"};
+    config configs[2 * NUM_P + NUM_RECOMPUTE + NUM_P];
+    int num_configs = 2 * NUM_P, first_recompute, first_frozen;
+    bench_model bm;
+    size_t num_params;
     for (int s = 0; s < 2; s++)
         for (int k = 0; k < NUM_P; k++) {
-            config c = {strategy_names[s], 0, world_sizes[k], 0, strategies[s], FSDP_F32, 0, NULL};
+            config c = {fsdp_strategy_name(strategies[s]), 0, world_sizes[k], 0, strategies[s], FSDP_F32, 0, NULL, 0, 0};
             configs[s * NUM_P + k] = c;
         }
+    first_recompute = num_configs;
+    for (int k = 0; o->model == MODEL_GPT && k < NUM_RECOMPUTE; k++) {
+        config c = {recompute_names[recompute_every[k]], 0, recompute_p[k], 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL,
+                    recompute_every[k], 0};
+        configs[num_configs++] = c;
+    }
+    first_frozen = num_configs;
+    for (int k = 0; k < NUM_P; k++) { // the whole model frozen, forward only: a distillation teacher
+        config c = {"frozen", 0, world_sizes[k], 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 1};
+        configs[num_configs++] = c;
+    }
+    if (model_build(&bm, o)) { fprintf(stderr, "bench_train: out of memory\n"); return 1; }
+    num_params = model_num_params(&bm);
+    model_free(&bm);
     rank_result *results = (rank_result *)mmap(NULL, sizeof(rank_result) * MAX_RANKS * (size_t)num_configs,
                                                PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (results == MAP_FAILED) { perror("bench_train: mmap"); return 1; }
@@ -583,7 +616,7 @@ static int memory_table(const options *o) {
 
     printf("%-10s %2s %9s %11s | %10s %10s %7s | %10s %10s %7s | %9s\n", "strategy", "P", "max RSS", "activations",
            "persistent", "estimate", "act/est", "peak unsh.", "estimate", "act/est", "pers.xP/P1");
-    for (int c = 0; c < num_configs; c++) {
+    for (int c = 0; c < 2 * NUM_P; c++) {
         const rank_result *r = &results[(size_t)c * MAX_RANKS]; // rank 0
         const rank_result *p1 = &results[(size_t)(c - c % NUM_P) * MAX_RANKS];
         char ratio_peak[16];
@@ -599,6 +632,35 @@ static int memory_table(const options *o) {
            "persistent: fp32 parameter, gradient and optimizer shards; peak unsh.: peak of gathered parameters\n"
            "and unsharded gradients (fsdp_memory_stats_get), each against fsdp_memory_estimate for the same model,\n"
            "desc and world size. pers.xP/P1: persistent x P / persistent at P = 1 (1.0: perfect 1/P sharding).\n");
+
+    if (first_frozen > first_recompute) {
+        printf("\nactivation checkpointing (gpt --recompute), FULL_SHARD, %d blocks, rank 0:\n", o->layers);
+        printf("%-12s %2s %11s %8s %9s %8s %9s %10s\n", "recompute", "P", "activations", "vs none", "ms/step", "vs none",
+               "max RSS", "loss");
+        for (int c = first_recompute; c < first_frozen; c++) {
+            const rank_result *r = &results[(size_t)c * MAX_RANKS], *none = r;
+            for (int k = first_recompute; k < first_frozen; k++)
+                if (configs[k].recompute == 0 && configs[k].nprocs == configs[c].nprocs) none = &results[(size_t)k * MAX_RANKS];
+            printf("%-12s %2d %7.1f MiB %8.3f %9.1f %8.3f %5.1f MiB %10.6f\n", configs[c].name, configs[c].nprocs,
+                   mib(r->activations), r->activations / none->activations, r->ms, r->ms / none->ms, mib(r->rss), r->loss);
+        }
+        printf("activations: the buffers gpt_acts_alloc_ex allocates (every block's inputs, one block's internals per\n"
+               "block not recomputed, plus one scratch block for the recomputed ones; logits and gradients); ms/step:\n"
+               "median of the %d steps; loss: the last step's, the same to the bit with and without recomputation.\n",
+               o->steps);
+    }
+    printf("\nfrozen parameters (every parameter frozen, forward only + fsdp_finish_backward: a distillation\n"
+           "teacher), FULL_SHARD, rank 0:\n");
+    printf("%-10s %2s %10s %10s %7s %10s %12s %9s\n", "config", "P", "persistent", "estimate", "act/est", "B/param",
+           "B/param x P", "max RSS");
+    for (int c = first_frozen; c < num_configs; c++) {
+        const rank_result *r = &results[(size_t)c * MAX_RANKS];
+        printf("%-10s %2d %6.2f MiB %6.2f MiB %7.3f %10.3f %12.3f %5.1f MiB\n", configs[c].name, configs[c].nprocs,
+               mib(r->persistent), mib(r->est_persistent), r->persistent / r->est_persistent,
+               r->persistent / (double)num_params, r->persistent * configs[c].nprocs / (double)num_params, mib(r->rss));
+    }
+    printf("persistent: the parameter shards alone (no gradient, no optimizer state): 4 bytes per parameter / P, against\n"
+           "16 for a trained parameter under AdamW (the FULL_SHARD rows above); %zu parameters.\n", num_params);
     munmap(results, sizeof(rank_result) * MAX_RANKS * (size_t)num_configs);
     return 0;
 }
@@ -681,7 +743,9 @@ static void usage(FILE *out) {
         "in several configurations, one after another, one BLAS thread per rank, and prints a table: a plain\n"
         "loop without fsdp.h's runtime, FSDP on 1 rank, and FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD\n"
         "on N local ranks (shm). With --memory: FULL_SHARD and NO_SHARD at P = 1, 2, 4, a few steps each,\n"
-        "rank 0's peak RSS and fsdp's memory statistics against fsdp_memory_estimate.\n"
+        "rank 0's peak RSS and fsdp's memory statistics against fsdp_memory_estimate; then activation\n"
+        "checkpointing (GPT: activation bytes and step time with every block or every 2nd recomputed; at 8+\n"
+        "blocks, --layers 8, the saving shows best) and frozen parameters (forward only: bytes per parameter).\n"
         "\n"
         "  --model M        mlp (default) or gpt\n"
         "  --memory         the memory table instead of the speed table\n"

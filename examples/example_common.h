@@ -1,6 +1,7 @@
 /* example_common.h - what the example programs (gpt, mlp, bench_train) share: command-line
-   checks, a timed hook call, the launcher and the peak-memory probe. Each program sets
-   example_program to its name before parsing. Include after fsdp.h. */
+   checks (--strategy's names among them), a timed hook call, the launcher (with its restarts)
+   and the peak-memory probe. Each program sets example_program to its name before parsing.
+   Include after fsdp.h. */
 #ifndef EXAMPLE_COMMON_H
 #define EXAMPLE_COMMON_H
 
@@ -55,6 +56,23 @@ EXAMPLE_HELPER int arg_choice(const char *flag, const char *text, const char *co
     return 0;
 }
 
+/* --strategy: every name fsdp_strategy_from_name takes, in any case (PyTorch's FULL_SHARD ...,
+   Hugging Face's full_shard ... and 1..4, the short full, grad_op, no_shard, hybrid), or a usage
+   error listing them. EXAMPLE_STRATEGY_HELP is the option's --help entry. */
+#define EXAMPLE_STRATEGY_HELP \
+    "  --strategy S         FULL_SHARD (default), SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD, in any case\n" \
+    "                       (full_shard, Shard_Grad_Op, ...), Hugging Face's 1..4, or the short full,\n" \
+    "                       grad_op, no_shard, hybrid\n"
+EXAMPLE_HELPER fsdp_strategy arg_strategy(const char *flag, const char *text) {
+    fsdp_strategy strategy = fsdp_strategy_from_name(text);
+    if (strategy == FSDP_STRATEGY_DEFAULT)
+        die_usage("%s: unknown strategy '%s' (choose one of %s, %s, %s, %s in any case, Hugging Face's 1..4, or the "
+                  "short full, grad_op, no_shard, hybrid)", flag, text, fsdp_strategy_name(FSDP_FULL_SHARD),
+                  fsdp_strategy_name(FSDP_SHARD_GRAD_OP), fsdp_strategy_name(FSDP_NO_SHARD),
+                  fsdp_strategy_name(FSDP_HYBRID_SHARD));
+    return strategy;
+}
+
 /* This process's own peak resident set size in bytes: VmHWM from /proc/self/status, or, where
    there is no /proc, getrusage's ru_maxrss. Not ru_maxrss first: it survives exec, so a rank
    started by torchrun or mpirun would report its launcher's peak (about 230 MiB for torchrun's
@@ -91,12 +109,21 @@ EXAMPLE_HELPER int example_hook(fsdp_ctx *ctx, const fsdp_model *model, int rank
     return rc;
 }
 
+/* Which attempt of an elastic job this process belongs to: 0 for the first, k after the k-th
+   restart (fsdp_launch_ex's FSDP_RESTART_COUNT, torchrun's TORCHELASTIC_RESTART_COUNT). */
+EXAMPLE_HELPER int example_restart_count(void) {
+    const char *text = getenv("FSDP_RESTART_COUNT");
+    if (!text || !*text) text = getenv("TORCHELASTIC_RESTART_COUNT");
+    return text && *text ? atoi(text) : 0;
+}
+
 /* Runs fn as the ranks of a job: nproc local ranks forked by fsdp_launch_ex (backend shm or
-   socket), or, without nproc, this process as one rank of the job the environment describes
-   (torchrun, SLURM, mpirun), or a single local rank when no launcher variables are set.
-   check(arg, world size) runs first, before anything is forked. Returns 0 on success. */
-EXAMPLE_HELPER int example_run(int nproc, fsdp_backend_kind backend, int (*check)(const void *arg, int world),
-                               fsdp_rank_fn fn, void *arg) {
+   socket; when a rank fails, all are started again up to max_restarts times), or, without
+   nproc, this process as one rank of the job the environment describes (torchrun, SLURM,
+   mpirun; restarts are then the launcher's), or a single local rank when no launcher variables
+   are set. check(arg, world size) runs first, before anything is forked. Returns 0 on success. */
+EXAMPLE_HELPER int example_run(int nproc, fsdp_backend_kind backend, int max_restarts,
+                               int (*check)(const void *arg, int world), fsdp_rank_fn fn, void *arg) {
     char err[512];
     int rc;
     if (nproc || !(getenv("RANK") || getenv("SLURM_PROCID") || getenv("OMPI_COMM_WORLD_RANK") || getenv("PMI_RANK"))) {
@@ -105,8 +132,12 @@ EXAMPLE_HELPER int example_run(int nproc, fsdp_backend_kind backend, int (*check
         memset(&ld, 0, sizeof ld);
         ld.nprocs = nproc ? nproc : 1;
         ld.backend = backend;
+        ld.max_restarts = max_restarts;
         if ((rc = check(arg, ld.nprocs)) == 0 && (rc = fsdp_launch_ex(&ld, fn, arg, &status)) != 0)
-            fprintf(stderr, "%s: %s\n", example_program, status.message);
+            fprintf(stderr, max_restarts ? "%s: %s (attempt %d of %d: no restarts left)\n" : "%s: %s\n", example_program,
+                    status.message, status.restarts + 1, max_restarts + 1);
+        else if (rc == 0 && status.restarts)
+            printf("%s: finished after %d restart%s\n", example_program, status.restarts, status.restarts > 1 ? "s" : "");
     } else {
         fsdp_comm *comm;
         if ((rc = fsdp_comm_init_from_env(&comm, NULL, err, sizeof err)) != 0)

@@ -3,8 +3,10 @@
 
    Build and run:  make demo            (build/gpt --nproc 4: 4 local ranks, FULL_SHARD, on the fsdp.h sources)
                    build/gpt --help
-                   build/gpt --nproc 2 --data input.txt --strategy grad_op --param-dtype bf16
+                   build/gpt --nproc 2 --data input.txt --strategy SHARD_GRAD_OP --param-dtype bf16
                    build/gpt --nproc 3 --resume build/gpt_ckpt --steps 800   (any rank count)
+                   build/gpt --nproc 4 --save-every 50 --resume auto --max-restarts 3   (elastic)
+                   make demo-big        (85 M parameters, 4 ranks, --recompute, --mem-budget 768 MiB per rank)
                    torchrun-style: RANK=0 WORLD_SIZE=2 MASTER_ADDR=... MASTER_PORT=... build/gpt
    The model and its layers are in gpt_model.h (shared with tests/test_gpt.c). */
 #define FSDP_IMPLEMENTATION
@@ -13,6 +15,7 @@
 #include <cblas.h>
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,19 +31,23 @@ typedef struct {
     fsdp_backend_kind backend;
     const char *data_path;           // NULL: the fsdp.h sources
     int layers, heads, channels, seq_len, batch, steps, warmup, print_every, save_every, sample, print_units;
+    int max_restarts;                // with nproc: fsdp_launch_ex's restarts after a failed rank
+    long long fault_at_step;         // GPT_FAULT_AT_STEP (testing): rank 1 kills itself there, first attempt only
     float lr, min_lr, weight_decay, clip, temperature;
     int min_lr_set;
+    int decay_all;                   // --decay-all: weight decay on every parameter, not only the matrices
+    int recompute;                   // --recompute K: activation checkpointing of every K-th block (0: off)
+    double mem_budget_mib;           // --mem-budget: refuse to start if a rank's estimate exceeds it (0: none)
+    double process_bytes;            // this process's peak RSS before the ranks start (for --mem-budget)
     fsdp_strategy strategy;
     fsdp_dtype param_dtype;
-    const char *ckpt, *resume, *prompt;
+    const char *ckpt, *resume, *prompt; // resume "auto": the ckpt directory's checkpoint, if any
     unsigned long long seed;
     char ckpt_default[1100];
     unsigned char *text;             // the whole text: train is [0, train_size), validation the rest
     size_t size, train_size;
     char data_name[1300];
 } options;
-
-static const char *strategy_names[] = {"", "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"};
 
 static double median(double *v, int n) { // sorts v
     for (int i = 1; i < n; i++)
@@ -58,24 +65,10 @@ static uint64_t rng_next(uint64_t *state) { // splitmix64
 }
 
 /* ----------------------------------------------------------------------------------------- */
-/* the end of training: held-out loss and a sample, on rank 0 with a plain copy of the weights
-   (gathered with fsdp_gather_param): fsdp.h's hooks expect a backward after every forward, so
-   forward-only passes cannot run through them */
-
-/* Mean loss over VAL_BATCHES batches of the held-out text (B,T windows each); -1 if there is none. */
-static double validation_loss(gpt *m, gpt_acts *acts, const options *o) {
-    const unsigned char *val = o->text + o->train_size;
-    size_t val_size = o->size - o->train_size;
-    double sum = 0;
-    if (val_size < (size_t)acts->T + 2) return -1;
-    for (int i = 0; i < VAL_BATCHES; i++) {
-        float loss;
-        data_batch(val, val_size, i, acts->B, acts->T, 0, acts->B, acts->inputs, acts->targets);
-        gpt_forward(m, acts, acts->B, acts->T, 1, &loss); // plain weights: cannot fail
-        sum += loss;
-    }
-    return sum / VAL_BATCHES;
-}
+/* the end of training: the held-out loss (gpt_heldout_loss: every rank scores a share through
+   the hooks, forward only) and a sample, on rank 0 with a plain copy of the weights (gathered
+   with fsdp_gather_param: sampling byte by byte on one rank would keep the others waiting in
+   every hook) */
 
 /* Prints one character of text (n bytes left): a printable ASCII byte, newline or tab, or a whole
    valid UTF-8 sequence; anything else as '?', so the terminal never sees control bytes or broken
@@ -152,11 +145,25 @@ static void print_vs_estimate(const double *all, int P, int stride, double est_p
     printf("\n");
 }
 
+/* Checkpoints are sharded (one file per rank and index.json, with the AdamW state) in --ckpt DIR.
+   index.json is the commit point and the files of an earlier save are removed only after it, so
+   DIR always holds the newest complete checkpoint, whatever killed the run. Besides fsdp's own
+   "step" (optimizer updates, which leave out steps skipped for a non-finite gradient) the
+   metadata holds gpt.step, the training steps done: the data (step s reads fixed places of the
+   text) and the learning-rate schedule continue from there. */
 static int save_checkpoint(fsdp_ctx *ctx, const options *o, int rank, long long step) {
+    char step_text[32], heads_text[16];
+    fsdp_kv kv[2];
     fsdp_save_options so;
     double t = fsdp_now();
+    snprintf(step_text, sizeof step_text, "%lld", step);
+    snprintf(heads_text, sizeof heads_text, "%d", o->heads);
+    kv[0].key = "gpt.step", kv[0].value = step_text;
+    kv[1].key = "gpt.heads", kv[1].value = heads_text; // the one model flag the shapes do not tell (for distill)
     memset(&so, 0, sizeof so);
     so.with_optimizer = 1;
+    so.metadata = kv;
+    so.num_metadata = 2;
     if (fsdp_save_sharded(ctx, o->ckpt, &so)) {
         fprintf(stderr, "rank %d: saving the checkpoint to %s failed: %s\n(choose another directory with --ckpt DIR, or "
                 "--ckpt none)\n", rank, o->ckpt, fsdp_last_error(ctx));
@@ -166,15 +173,179 @@ static int save_checkpoint(fsdp_ctx *ctx, const options *o, int rank, long long 
     return 0;
 }
 
+/* Where a run starts, decided by rank 0 and broadcast whole (so the ranks cannot disagree). */
+enum { RESUME_ACTION, RESUME_STEP, RESUME_FSDP_STEP, RESUME_N };
+enum { RESUME_ERROR = -1, RESUME_FROM_SCRATCH = 0, RESUME_LOAD = 1 };
+
+/* Rank 0: reads the checkpoint in dir. With is_auto, a dir without index.json (no save has
+   completed yet) means starting from scratch; anything else wrong with it is an error. */
+static void find_resume_point(const char *dir, int is_auto, long long v[RESUME_N], char *err, size_t err_size) {
+    char path[1200];
+    const char *text;
+    char *end;
+    fsdp_index *index;
+    memset(v, 0, sizeof(long long) * RESUME_N);
+    v[RESUME_ACTION] = RESUME_ERROR;
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    if (is_auto && access(path, F_OK) != 0 && errno == ENOENT) {
+        v[RESUME_ACTION] = RESUME_FROM_SCRATCH;
+        return;
+    }
+    if (fsdp_index_open(&index, dir, err, err_size)) return;
+    v[RESUME_FSDP_STEP] = fsdp_index_step(index);
+    if ((text = fsdp_index_metadata(index, "gpt.step")) != NULL) {
+        errno = 0;
+        v[RESUME_STEP] = strtoll(text, &end, 10);
+        if (!*text || *end || errno || v[RESUME_STEP] < 0 || v[RESUME_STEP] < v[RESUME_FSDP_STEP]) {
+            snprintf(err, err_size, "the metadata gpt.step is not a step count of at least its %lld optimizer steps "
+                     "(the checkpoint was not written by gpt, or was edited)", v[RESUME_FSDP_STEP]);
+            fsdp_index_close(index);
+            return;
+        }
+    } else { // saved by another program: continue at fsdp's step
+        v[RESUME_STEP] = v[RESUME_FSDP_STEP] > 0 ? v[RESUME_FSDP_STEP] : 0;
+    }
+    fsdp_index_close(index);
+    v[RESUME_ACTION] = RESUME_LOAD;
+}
+
+/* Collective: --resume. Returns the step to continue after (0: from scratch), -1 on error;
+   *loaded says whether a checkpoint was loaded. */
+static long long resume(fsdp_ctx *ctx, fsdp_comm *comm, const options *o, int *loaded) {
+    int rank = fsdp_comm_rank(comm), is_auto = strcmp(o->resume, "auto") == 0;
+    const char *dir = is_auto ? o->ckpt : o->resume;
+    long long v[RESUME_N];
+    char err[600] = "";
+    fsdp_load_options lo;
+    fsdp_load_report report;
+    *loaded = 0;
+    if (rank == 0) find_resume_point(dir, is_auto, v, err, sizeof err);
+    if (fsdp_broadcast(comm, v, sizeof v / 4, FSDP_F32, 0)) { // integers, moved as bytes
+        fprintf(stderr, "rank %d: broadcasting where to resume: %s\n", rank, fsdp_comm_last_error(comm));
+        return -1;
+    }
+    if (v[RESUME_ACTION] == RESUME_ERROR) {
+        if (rank == 0)
+            fprintf(stderr, "gpt: --resume %s: %s\n%s", o->resume, err, is_auto ? "(gpt cannot continue from what the --ckpt "
+                    "directory holds: move it away, or choose another --ckpt, to start from scratch)\n" : "");
+        return -1;
+    }
+    if (v[RESUME_ACTION] == RESUME_FROM_SCRATCH) return 0;
+    memset(&lo, 0, sizeof lo);
+    lo.strict = 1, lo.with_optimizer = 1;
+    if (fsdp_load_sharded(ctx, dir, &lo, &report)) {
+        fprintf(stderr, "rank %d: --resume %s: %s\n(the checkpoint must come from the same --layers, --heads, "
+                "--channels and --seq-len; --nproc and --strategy may differ)\n", rank, dir, fsdp_last_error(ctx));
+        return -1;
+    }
+    if (report.step != v[RESUME_FSDP_STEP]) {
+        fprintf(stderr, "rank %d: --resume %s: the checkpoint changed while it was being loaded (step %lld, then %lld): "
+                "is another run saving to it?\n", rank, dir, v[RESUME_FSDP_STEP], (long long)report.step);
+        return -1;
+    }
+    *loaded = 1;
+    return v[RESUME_STEP];
+}
+
+/* The FSDP configuration of a run at world size P (local_size ranks per host). With comm NULL:
+   for fsdp_memory_estimate before the ranks start. */
+static void make_desc(const options *o, fsdp_comm *comm, int P, int local_size, fsdp_desc *desc) {
+    static const char *const wrap_types[] = {"Block", NULL};
+    static const fsdp_param_group decay_matrices_only[1] = {{NULL, 0, 1, 0.0f, 0}}; // GPT-2's: no decay below 2-D
+    memset(desc, 0, sizeof *desc);
+    desc->comm = comm;
+    desc->strategy = o->strategy;
+    desc->wrap.kind = FSDP_WRAP_TYPES;
+    desc->wrap.types = wrap_types;
+    desc->param_dtype = o->param_dtype;
+    desc->fp32_compute_view = o->param_dtype != FSDP_F32; // the f32 kernels read fsdp_param
+    desc->forward_prefetch = 1;
+    desc->backward_prefetch = FSDP_BACKWARD_PRE;
+    desc->shard_group_size = local_size;
+    if (o->strategy == FSDP_HYBRID_SHARD && local_size == P && P % 2 == 0)
+        desc->shard_group_size = P / 2; // one host: two replicas of half the ranks each, so something is replicated
+    desc->seed = o->seed;
+    desc->optimizer.kind = FSDP_ADAMW;
+    desc->optimizer.lr = o->lr;
+    desc->optimizer.weight_decay = o->weight_decay;
+    desc->optimizer.weight_decay_set = 1;
+    if (!o->decay_all) desc->param_groups = decay_matrices_only, desc->num_param_groups = 1;
+}
+
+/* --mem-budget: what one rank of P needs, estimated before anything is allocated. */
+typedef struct {
+    fsdp_memory_stats fsdp;  // fsdp_memory_estimate: parameter, gradient and AdamW shards, gathered units, gradients
+    double activations;      // gpt_acts_bytes for this rank's sequences
+    double sample_copy;      // the whole model in f32 on every rank, for the sample at the end (--sample > 0)
+    double process;          // what the process held before the ranks started (libraries, the text)
+    double peer_shards;      // shm: the peers' f32 shards this rank's gathers read in place (shared memory: in
+                             // every reader's RSS, stored once)
+    double total;
+} memory_need;
+
+static int estimate_memory(const options *o, int P, memory_need *need) {
+    gpt_config config = {256, o->seq_len, o->layers, o->heads, o->channels};
+    fsdp_desc desc;
+    gpt m;
+    int rc;
+    memset(need, 0, sizeof *need);
+    if (gpt_build(&m, config)) return -1;
+    make_desc(o, NULL, P, P, &desc);
+    rc = fsdp_memory_estimate(m.model, &desc, P, &need->fsdp);
+    need->activations = (double)gpt_acts_bytes(&config, o->batch / P, o->seq_len, o->recompute, 1);
+    need->sample_copy = o->sample > 0 ? sizeof(float) * (double)m.num_params : 0;
+    need->process = o->process_bytes;
+    if (o->backend == FSDP_BACKEND_SHM && o->param_dtype == FSDP_F32 && o->strategy != FSDP_NO_SHARD)
+        need->peer_shards = (double)need->fsdp.param_shard_bytes *
+                            ((o->strategy == FSDP_HYBRID_SHARD ? desc.shard_group_size : P) - 1);
+    need->total = (double)need->fsdp.peak_bytes + need->activations + need->sample_copy + need->process + need->peer_shards;
+    gpt_free(&m);
+    return rc ? -1 : 0;
+}
+
+static void print_memory_need(FILE *out, const options *o, const memory_need *need) {
+    fprintf(out, "%.1f MiB (fsdp.h %.1f MiB: shards %.1f + gathered units and gradients %.1f; activations %.1f MiB%s",
+            mib(need->total), mib((double)need->fsdp.peak_bytes), mib((double)need->fsdp.persistent_bytes),
+            mib((double)need->fsdp.peak_unsharded_bytes), mib(need->activations), o->recompute ? " with --recompute" : "");
+    if (need->sample_copy > 0) fprintf(out, "; a copy of the weights for --sample %.1f MiB", mib(need->sample_copy));
+    if (need->peer_shards > 0) fprintf(out, "; the peers' shards read in place %.1f MiB", mib(need->peer_shards));
+    fprintf(out, "; the process before the ranks started %.1f MiB)", mib(need->process));
+}
+
+/* Before any rank allocates: P ranks must each fit in --mem-budget, or the run is refused with
+   what it needs and the fewest ranks that would fit. */
+static int check_memory_budget(const options *o, int P) {
+    memory_need need;
+    double budget = o->mem_budget_mib * 1048576.0;
+    if (estimate_memory(o, P, &need)) {
+        fprintf(stderr, "gpt: --mem-budget: cannot estimate the memory of this model\n");
+        return 1;
+    }
+    if (need.total <= budget) return 0;
+    fprintf(stderr, "gpt: --mem-budget %.0f MiB: refusing to start %d rank%s: each needs ", o->mem_budget_mib, P,
+            P > 1 ? "s" : "");
+    print_memory_need(stderr, o, &need);
+    fprintf(stderr, ", %.0f bytes\n", need.total);
+    for (int more = P + 1; more <= 256; more++) {
+        memory_need fewer;
+        if (o->batch % more || estimate_memory(o, more, &fewer) || fewer.total > budget) continue;
+        fprintf(stderr, "the fewest ranks that fit (with --batch %d): --nproc %d, %.1f MiB each\n", o->batch, more,
+                mib(fewer.total));
+        return 1;
+    }
+    fprintf(stderr, "no rank count up to 256 fits with --batch %d: raise the budget, or lower --batch or --seq-len%s\n",
+            o->batch, o->recompute ? "" : ", or add --recompute");
+    return 1;
+}
+
 static int train(fsdp_comm *comm, void *arg) {
     const options *o = (const options *)arg;
     int rank = fsdp_comm_rank(comm), P = fsdp_comm_size(comm), B = o->batch / P, T = o->seq_len, rc = 1;
-    const char *wrap_types[] = {"Block", NULL};
     gpt_config config = {256, o->seq_len, o->layers, o->heads, o->channels};
     double *step_ms = (double *)calloc(2 * (size_t)o->steps, sizeof(double)), *fsdp_ms = step_ms + o->steps;
     double interval_ms = 0, interval_fsdp_ms = 0;
     long long first_step = 0, step;
-    int timed = 0, interval_steps = 0;
+    int timed = 0, interval_steps = 0, loaded = 0;
     float loss = 0;
     fsdp_ctx *ctx = NULL;
     fsdp_desc desc;
@@ -184,48 +355,21 @@ static int train(fsdp_comm *comm, void *arg) {
     memset(&acts, 0, sizeof acts);
 
     openblas_set_num_threads(1);
-    if (!step_ms || gpt_build(&m, config) || gpt_acts_alloc(&acts, &config, B, T)) {
+    if (!step_ms || gpt_build(&m, config) || gpt_acts_alloc_ex(&acts, &config, B, T, o->recompute, 1)) {
         fprintf(stderr, "rank %d: out of memory building the model\n", rank);
         goto done;
     }
     m.rank = rank;
-    memset(&desc, 0, sizeof desc);
-    desc.comm = comm;
-    desc.strategy = o->strategy;
-    desc.wrap.kind = FSDP_WRAP_TYPES;
-    desc.wrap.types = wrap_types;
-    desc.param_dtype = o->param_dtype;
-    desc.fp32_compute_view = o->param_dtype != FSDP_F32; // the f32 kernels read fsdp_param
-    desc.forward_prefetch = 1;
-    desc.backward_prefetch = FSDP_BACKWARD_PRE;
-    desc.shard_group_size = fsdp_comm_local_size(comm);
-    if (o->strategy == FSDP_HYBRID_SHARD && fsdp_comm_local_size(comm) == P && P % 2 == 0)
-        desc.shard_group_size = P / 2; // one host: two replicas of half the ranks each, so something is replicated
-    desc.seed = o->seed;
-    desc.optimizer.kind = FSDP_ADAMW;
-    desc.optimizer.lr = o->lr;
-    desc.optimizer.weight_decay = o->weight_decay;
-    desc.optimizer.weight_decay_set = 1;
+    make_desc(o, comm, P, fsdp_comm_local_size(comm), &desc);
     if (fsdp_init(&ctx, m.model, &desc) != FSDP_SUCCESS) {
         fprintf(stderr, "rank %d: %s\n", rank, fsdp_last_error(NULL));
         goto done;
     }
     m.ctx = ctx;
-    if (o->resume) {
-        fsdp_load_options lo;
-        fsdp_load_report report;
-        memset(&lo, 0, sizeof lo);
-        lo.strict = 1, lo.with_optimizer = 1;
-        if (fsdp_load_sharded(ctx, o->resume, &lo, &report)) {
-            fprintf(stderr, "rank %d: --resume %s: %s\n(the checkpoint must come from the same --layers, --heads, "
-                    "--channels and --seq-len; --nproc and --strategy may differ)\n", rank, o->resume, fsdp_last_error(ctx));
-            goto done;
-        }
-        first_step = report.step > 0 ? report.step : 0;
-    }
+    if (o->resume && (first_step = resume(ctx, comm, o, &loaded)) < 0) goto done;
     if (rank == 0) {
         printf("gpt: %d rank%s (%s), %s", P, P > 1 ? "s" : "", fsdp_backend_name(fsdp_comm_backend(comm)),
-               strategy_names[o->strategy]);
+               fsdp_strategy_name(o->strategy));
         if (o->strategy == FSDP_HYBRID_SHARD)
             printf(" (shard groups of %d ranks, %d replica%s)", desc.shard_group_size, P / desc.shard_group_size,
                    P / desc.shard_group_size > 1 ? "s" : "");
@@ -236,10 +380,35 @@ static int train(fsdp_comm *comm, void *arg) {
                mib(4.0 * (double)m.num_params));
         printf("data: %s, %zu bytes (%zu for training, %zu held out); global batch %d x %d bytes (%d sequences per rank)\n",
                o->data_name, o->size, o->train_size, o->size - o->train_size, o->batch, T, B);
-        printf("optimizer: AdamW, lr %g (warmup %d steps, cosine to %g at step %d), weight decay %g, clip %g\n",
-               (double)o->lr, o->warmup, (double)o->min_lr, o->steps, (double)o->weight_decay, (double)o->clip);
-        if (o->resume) printf("resumed from %s at step %lld%s\n", o->resume, first_step,
-                              first_step >= o->steps ? ": nothing left to train (raise --steps)" : "");
+        printf("optimizer: AdamW, lr %g (warmup %d steps, cosine to %g at step %d), weight decay %g %s, clip %g\n",
+               (double)o->lr, o->warmup, (double)o->min_lr, o->steps, (double)o->weight_decay,
+               o->decay_all ? "on every parameter" : "on the matrices and embeddings only (none on biases and LayerNorm)",
+               (double)o->clip);
+        if (o->recompute) {
+            printf("activation checkpointing: blocks");
+            for (int l = 0; l < o->layers; l++)
+                if (acts.recomputed[l]) printf(" %d", l);
+            printf(" recomputed in backward; activations %.1f MiB per rank instead of %.1f MiB\n",
+                   mib(sizeof(float) * (double)acts.num_floats), mib((double)gpt_acts_bytes(&config, B, T, 0, 1)));
+        }
+        if (o->mem_budget_mib > 0) {
+            memory_need need;
+            if (estimate_memory(o, P, &need) == 0) {
+                printf("memory budget %.0f MiB per rank; estimate ", o->mem_budget_mib);
+                print_memory_need(stdout, o, &need);
+                printf("\n");
+            }
+        }
+        if (o->resume) {
+            int restart = example_restart_count();
+            char attempt[32] = "";
+            if (restart > 0) snprintf(attempt, sizeof attempt, " (restart %d)", restart);
+            if (loaded)
+                printf("resuming from %s at step %lld%s%s\n", strcmp(o->resume, "auto") ? o->resume : o->ckpt, first_step,
+                       attempt, first_step >= o->steps ? ": nothing left to train (raise --steps)" : "");
+            else
+                printf("no checkpoint in %s yet: starting from scratch%s\n", o->ckpt, attempt);
+        }
         if (o->print_units) fsdp_print_units(ctx, NULL, NULL);
     }
 
@@ -247,6 +416,11 @@ static int train(fsdp_comm *comm, void *arg) {
         fsdp_step_report report;
         float lr = lr_schedule(step, o->steps, o->warmup, o->lr, o->min_lr);
         double t0, t_step, t1;
+        if (step + 1 == o->fault_at_step && rank == (P > 1) && example_restart_count() == 0) {
+            fprintf(stderr, "rank %d: GPT_FAULT_AT_STEP=%lld: killing this rank (SIGKILL) at step %lld\n", rank,
+                    o->fault_at_step, step + 1);
+            raise(SIGKILL);
+        }
         data_batch(o->text, o->train_size, step, o->batch, T, rank * B, (rank + 1) * B, acts.inputs, acts.targets);
         fsdp_set_lr(ctx, lr);
         t0 = fsdp_now(), m.hook_seconds = 0;
@@ -308,23 +482,35 @@ static int train(fsdp_comm *comm, void *arg) {
             print_vs_estimate(all, P, 7, (double)est.persistent_bytes, (double)est.peak_unsharded_bytes);
             printf("max RSS: each rank's own peak resident memory (%s%s)\n", rss_source,
                    strcmp(rss_source, "VmHWM") == 0 ? " from /proc/self/status" : ": no /proc here; it may include a launcher's");
+            if (o->mem_budget_mib > 0) {
+                memory_need need;
+                double lo = all[3], hi = all[3];
+                for (int r = 1; r < P; r++) lo = all[7 * r + 3] < lo ? all[7 * r + 3] : lo, hi = all[7 * r + 3] > hi ? all[7 * r + 3] : hi;
+                if (estimate_memory(o, P, &need) == 0)
+                    printf("memory budget %.0f MiB per rank: peak RSS %.1f .. %.1f MiB over the ranks, estimate %.1f MiB "
+                           "(max RSS / estimate %.3f)\n", o->mem_budget_mib, mib(lo), mib(hi), mib(need.total),
+                           hi / need.total);
+            }
             if (timed)
                 printf("final loss %.4f; %.0f tokens/s (median step %.1f ms on rank 0)\n", (double)loss,
                        o->batch * T / (all[4] * 1e-3), all[4]);
         }
         free(all);
     }
-    if (o->sample > 0 || o->size - o->train_size >= (size_t)T + 2) { // rank 0 scores and samples on a plain copy
+    if (o->size - o->train_size >= (size_t)T + 2) { // every rank scores a share, through the hooks
+        double val;
+        if (gpt_heldout_loss(&m, &acts, comm, o->text + o->train_size, o->size - o->train_size, VAL_BATCHES, &val))
+            goto done;
+        if (rank == 0) printf("held-out loss %.4f (%d x %d x %d bytes not trained on)\n", val, VAL_BATCHES, B, T);
+    }
+    if (o->sample > 0) { // rank 0 samples on a plain copy (every rank gets one: fsdp_gather_param is collective)
         if (gpt_plain_gather(&m)) {
             fprintf(stderr, "rank %d: gathering the weights for the sample failed: %s\n", rank, fsdp_last_error(ctx));
             goto done;
         }
         if (rank == 0) {
-            double val;
             m.ctx = NULL; // the plain copy from here on
-            if ((val = validation_loss(&m, &acts, o)) >= 0)
-                printf("held-out loss %.4f (%d x %d x %d bytes not trained on)\n", val, VAL_BATCHES, B, T);
-            if (o->sample > 0) sample(&m, &acts, o, o->sample);
+            sample(&m, &acts, o, o->sample);
         }
     }
     rc = 0;
@@ -476,12 +662,29 @@ static void usage(FILE *out) {
         "  --lr X               peak learning rate (default 0.003)\n"
         "  --warmup N           steps of linear warmup (default 30)\n"
         "  --min-lr X           the cosine decay's end at the last step (default lr / 10)\n"
-        "  --weight-decay X     AdamW's decoupled weight decay, applied to every parameter (default 0.01)\n"
+        "  --weight-decay X     AdamW's decoupled weight decay (default 0.01), as GPT-2 recipes (nanoGPT,\n"
+        "                       llm.c) apply it: to the 2-D parameters (the Linear weights, wte, wpe) only,\n"
+        "                       not to biases and LayerNorm weights (an fsdp_param_group with decay 0 for\n"
+        "                       parameters of at most 1 dimension)\n"
+        "  --decay-all          apply it to every parameter instead\n"
         "  --clip X             clip the global gradient norm to X; 0: off (default 1)\n"
+        "memory\n"
+        "  --recompute [K]      activation checkpointing: forward keeps only the input of every K-th block\n"
+        "                       (blocks 0, K, 2K, ...; default K = 1: every block) and backward runs that\n"
+        "                       block's forward again before its backward, on the weights gathered for it\n"
+        "                       (no extra all-gather). Activations shrink to one block's plus the blocks'\n"
+        "                       inputs; training is bitwise the same, about a third more compute\n"
+        "  --mem-budget MIB     refuse to start unless each rank fits in MIB mebibytes by the estimate:\n"
+        "                       fsdp_memory_estimate (shards, gathered units, gradients) + the activations\n"
+        "                       + a copy of the weights for --sample + what the process holds at start\n"
+        "                       (+ on shm, the peers' f32 shards that gathers read in place: shared memory,\n"
+        "                       stored once but counted in every reader's RSS); says what is needed and the\n"
+        "                       fewest ranks that fit. At the end: every rank's peak RSS against it\n");
+    fprintf(out, // in two parts: C99 compilers need not take longer strings
         "fsdp\n"
-        "  --strategy S         full (FULL_SHARD, default), grad_op (SHARD_GRAD_OP), no_shard (NO_SHARD),\n"
-        "                       hybrid (HYBRID_SHARD: sharded within each host, replicated across hosts;\n"
-        "                       all ranks on one host and an even count: two replicas of half the ranks)\n"
+        EXAMPLE_STRATEGY_HELP
+        "                       HYBRID_SHARD: sharded within each host, replicated across hosts; all ranks\n"
+        "                       on one host and an even count: two replicas of half the ranks\n"
         "  --param-dtype D      f32 (default), bf16 or f16: what is gathered and reduced; master weights\n"
         "                       and AdamW state stay f32, the kernels read an f32 view\n"
         "  --print-units        print the FSDP units (rank 0)\n"
@@ -489,8 +692,18 @@ static void usage(FILE *out) {
         "  --ckpt DIR           where to save (default: gpt_ckpt next to the executable, e.g. build/gpt_ckpt);\n"
         "                       'none': never save. Saved after the last step\n"
         "  --save-every N       also every N steps (default 0: only after the last step)\n"
-        "  --resume DIR         load DIR (strict, with AdamW state) and continue from its step up to --steps;\n"
-        "                       any --nproc and --strategy; the model flags must match\n"
+        "  --resume DIR|auto    load DIR (strict, with AdamW state) and continue from its step up to --steps;\n"
+        "                       any --nproc and --strategy; the model flags must match. auto: the --ckpt\n"
+        "                       directory's checkpoint (saves are atomic: it is the newest complete one),\n"
+        "                       or from scratch if none has been saved yet. The data and the learning\n"
+        "                       rate continue at the saved step: with the same --nproc and flags the\n"
+        "                       result is bitwise that of a run never stopped\n"
+        "elastic runs\n"
+        "  --max-restarts N     with --nproc: when a rank fails, stop the others and start every rank again,\n"
+        "                       up to N times (default 0); with --resume auto and --save-every each attempt\n"
+        "                       continues from the last save. Under torchrun use its --max_restarts.\n"
+        "                       Testing aid: GPT_FAULT_AT_STEP=S in the environment makes rank 1 (rank 0\n"
+        "                       if it is alone) kill itself with SIGKILL at step S of the first attempt\n"
         "output\n"
         "  --print-every N      rank 0 prints every N steps: the step's loss (mean over all ranks), the\n"
         "                       learning rate, the gradient norm, and averaged since the last line: ms/step,\n"
@@ -503,8 +716,9 @@ static void usage(FILE *out) {
 }
 
 static void parse(options *o, int argc, char **argv, const char *exe_dir) {
-    static const char *const backends[] = {"shm", "socket", NULL}, *const strategies[] = {"full", "grad_op", "no_shard", "hybrid", NULL};
+    static const char *const backends[] = {"shm", "socket", NULL};
     static const char *const dtypes[] = {"f32", "bf16", "f16", NULL};
+    const char *fault;
     memset(o, 0, sizeof *o);
     o->backend = FSDP_BACKEND_SHM, o->layers = 4, o->heads = 4, o->channels = 128, o->seq_len = 64;
     o->batch = 16, o->steps = 500, o->warmup = 30, o->print_every = 25, o->sample = 300;
@@ -516,6 +730,11 @@ static void parse(options *o, int argc, char **argv, const char *exe_dir) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) { usage(stdout); exit(0); }
         if (!strcmp(f, "--print-units")) { o->print_units = 1; continue; }
+        if (!strcmp(f, "--decay-all")) { o->decay_all = 1; continue; }
+        if (!strcmp(f, "--recompute")) { // an optional K: every K-th block
+            o->recompute = v && *v >= '0' && *v <= '9' ? (int)arg_int(f, argv[++i], 1, GPT_MAX_LAYERS) : 1;
+            continue;
+        }
         if (strncmp(f, "--", 2) != 0) die_usage("unexpected argument '%s'", f);
         if (!v) die_usage("%s needs a value", f);
         i++;
@@ -534,11 +753,13 @@ static void parse(options *o, int argc, char **argv, const char *exe_dir) {
         else if (!strcmp(f, "--min-lr")) o->min_lr = arg_float(f, v), o->min_lr_set = 1;
         else if (!strcmp(f, "--weight-decay")) o->weight_decay = arg_float(f, v);
         else if (!strcmp(f, "--clip")) o->clip = arg_float(f, v);
-        else if (!strcmp(f, "--strategy")) o->strategy = (fsdp_strategy)arg_choice(f, v, strategies, FSDP_FULL_SHARD);
+        else if (!strcmp(f, "--mem-budget")) o->mem_budget_mib = arg_float(f, v);
+        else if (!strcmp(f, "--strategy")) o->strategy = arg_strategy(f, v);
         else if (!strcmp(f, "--param-dtype")) o->param_dtype = (fsdp_dtype)arg_choice(f, v, dtypes, FSDP_F32);
         else if (!strcmp(f, "--ckpt")) o->ckpt = v;
         else if (!strcmp(f, "--save-every")) o->save_every = (int)arg_int(f, v, 0, 100000000);
         else if (!strcmp(f, "--resume")) o->resume = v;
+        else if (!strcmp(f, "--max-restarts")) o->max_restarts = (int)arg_int(f, v, 0, 1000);
         else if (!strcmp(f, "--print-every")) o->print_every = (int)arg_int(f, v, 1, 100000000);
         else if (!strcmp(f, "--sample")) o->sample = (int)arg_int(f, v, 0, 1 << 20);
         else if (!strcmp(f, "--prompt")) o->prompt = v;
@@ -550,11 +771,17 @@ static void parse(options *o, int argc, char **argv, const char *exe_dir) {
     if (o->min_lr > o->lr) die_usage("--min-lr %g is above --lr %g", (double)o->min_lr, (double)o->lr);
     if (o->channels % o->heads) die_usage("--channels %d is not divisible by --heads %d", o->channels, o->heads);
     if (!*o->ckpt) die_usage("--ckpt needs a directory (or 'none')");
+    if (o->resume && !strcmp(o->resume, "auto") && !strcmp(o->ckpt, "none"))
+        die_usage("--resume auto continues from the --ckpt directory; give one instead of 'none'");
+    if (o->max_restarts && !o->nproc)
+        die_usage("--max-restarts restarts the ranks --nproc forks; under torchrun pass --max_restarts to torchrun");
+    if ((fault = getenv("GPT_FAULT_AT_STEP")) != NULL && *fault)
+        o->fault_at_step = arg_int("GPT_FAULT_AT_STEP", fault, 1, 100000000);
 }
 
 static int check_batch(const void *arg, int P) {
     const options *o = (const options *)arg;
-    if (o->batch % P == 0) return 0;
+    if (o->batch % P == 0) return o->mem_budget_mib > 0 ? check_memory_budget(o, P) : 0;
     fprintf(stderr, "gpt: --batch %d is not divisible by the %d ranks: each rank takes an equal part of the global "
             "batch; use a multiple of %d (e.g. --batch %d)\n", o->batch, P, P, (o->batch / P + 1) * P);
     return 1;
@@ -570,7 +797,8 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0); // ranks share stdout: whole lines
     openblas_set_num_threads(1);      // before forking: no idle BLAS threads in the parent
     if (load_data(&o, exe_dir)) return 1;
-    rc = example_run(o.nproc, o.backend, check_batch, train, &o);
+    o.process_bytes = example_peak_rss(NULL); // the libraries and the text, which every rank inherits
+    rc = example_run(o.nproc, o.backend, o.max_restarts, check_batch, train, &o);
     free(o.text);
     return rc ? 1 : 0;
 }

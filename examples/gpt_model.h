@@ -27,6 +27,14 @@
    reshard around each block) or on plain arrays (gpt.ctx NULL: the no-FSDP baseline the test
    compares against, and the sampler at the end of training).
 
+   Memory: with activation checkpointing (gpt_acts_alloc_ex's recompute_every) forward keeps only
+   the inputs of the recomputed blocks, and backward runs each one's forward again inside its own
+   backward, between fsdp_pre_backward and the gradient code, wrapped in fsdp_pre_forward /
+   fsdp_post_forward (fsdp.h takes those as the recomputation: the unit is gathered already, so no
+   second all-gather). Bitwise the same gradients. gpt_backward_from_dlogits starts backward from
+   any loss's logit gradient (distill.c's); gpt_heldout_loss scores text forward only, through the
+   hooks, each rank a share.
+
    Speed, on one core per rank: every matrix product, the attention's included (one per head),
    goes through example_sgemm (example_gemm.h: an AVX-512 kernel where the CPU has it, OpenBLAS
    otherwise). The other layers are loops the compiler vectorises: no libm call per element (exp
@@ -539,22 +547,27 @@ static void gpt_free(gpt *m) {
 }
 
 /* Activations of one local batch (B,T), one buffer carved by a sizes table, llm.c's layout:
-   what forward keeps for backward, per layer. */
+   what forward keeps for backward. The block outputs (residual3) are kept for every layer: each
+   is the next block's input. What a block keeps inside (ln1 .. fch_gelu) lives in a slot: every
+   block has its own, except with activation checkpointing (gpt_acts_alloc_ex's
+   recompute_every), where the recomputed blocks share one scratch slot. Forward fills it and
+   moves on; backward runs the block's forward again into it (gpt_backward), so only the block's
+   input has to survive from forward to backward. */
 typedef struct {
     float *encoded;    // (B,T,C)
-    float *ln1;        // (L,B,T,C)
-    float *ln1_mean;   // (L,B,T)
-    float *ln1_rstd;   // (L,B,T)
-    float *qkv;        // (L,B,T,3C)
-    float *atty;       // (L,B,T,C)
-    float *att;        // (L,B,NH,T,T)
-    float *residual2;  // (L,B,T,C)
-    float *ln2;        // (L,B,T,C)
-    float *ln2_mean;   // (L,B,T)
-    float *ln2_rstd;   // (L,B,T)
-    float *fch;        // (L,B,T,4C)
-    float *fch_gelu;   // (L,B,T,4C)
-    float *residual3;  // (L,B,T,C)
+    float *ln1;        // (S,B,T,C)  S: slots
+    float *ln1_mean;   // (S,B,T)
+    float *ln1_rstd;   // (S,B,T)
+    float *qkv;        // (S,B,T,3C)
+    float *atty;       // (S,B,T,C)
+    float *att;        // (S,B,NH,T,T)
+    float *residual2;  // (S,B,T,C)
+    float *ln2;        // (S,B,T,C)
+    float *ln2_mean;   // (S,B,T)
+    float *ln2_rstd;   // (S,B,T)
+    float *fch;        // (S,B,T,4C)
+    float *fch_gelu;   // (S,B,T,4C)
+    float *residual3;  // (L,B,T,C)  block outputs
     float *lnf;        // (B,T,C)
     float *lnf_mean;   // (B,T)
     float *lnf_rstd;   // (B,T)
@@ -584,19 +597,53 @@ typedef struct {
 typedef struct {
     int B, T;                // the largest batch they hold
     activations a;
-    activation_grads da;
+    activation_grads da;     // all NULL when allocated without gradients (forward only)
     float *memory;           // both, in one allocation
     size_t num_floats;       // of memory
     int *inputs, *targets;   // (B,T)
+    int num_slots;           // S
+    int slot[GPT_MAX_LAYERS];          // where block l keeps its activations
+    unsigned char recomputed[GPT_MAX_LAYERS]; // 1: block l's forward runs again in backward
 } gpt_acts;
 
-static int gpt_acts_alloc(gpt_acts *acts, const gpt_config *c, int B, int T) {
+/* Whether block l is recomputed in backward when every recompute_every-th block is (blocks 0,
+   k, 2k, ...; 1: all of them, 0: none). */
+static int gpt_block_recomputed(int l, int recompute_every) { return recompute_every > 0 && l % recompute_every == 0; }
+
+/* The slots: one per block kept whole, plus one shared by the recomputed blocks (if any). */
+static int gpt_num_slots(int L, int recompute_every) {
+    int recomputed = 0;
+    for (int l = 0; l < L; l++) recomputed += gpt_block_recomputed(l, recompute_every);
+    return L - recomputed + (recomputed > 0);
+}
+
+/* The sizes table: the elements of each buffer of activations, then of activation_grads (0 without
+   gradients). */
+static void gpt_acts_sizes(const gpt_config *c, int B, int T, int recompute_every, int with_grads,
+                           size_t sizes[NUM_ACTIVATIONS + NUM_ACTIVATION_GRADS]) {
     size_t L = (size_t)c->num_layers, NH = (size_t)c->num_heads, C = (size_t)c->channels, V = (size_t)c->vocab_size;
-    size_t BT = (size_t)B * (size_t)T;
-    size_t sizes[NUM_ACTIVATIONS + NUM_ACTIVATION_GRADS] = {
-        BT * C, L * BT * C, L * BT, L * BT, L * BT * 3 * C, L * BT * C, L * BT * NH * T, L * BT * C, L * BT * C, L * BT,
-        L * BT, L * BT * 4 * C, L * BT * 4 * C, L * BT * C, BT * C, BT, BT, BT * V, BT * V, BT, BT * C,
-        BT * C, BT * C, BT * 3 * C, BT * C, (size_t)T * T, BT * 4 * C, BT * 4 * C, BT * V, BT};
+    size_t S = (size_t)gpt_num_slots(c->num_layers, recompute_every), BT = (size_t)B * (size_t)T, g = with_grads != 0;
+    size_t table[NUM_ACTIVATIONS + NUM_ACTIVATION_GRADS] = {
+        BT * C, S * BT * C, S * BT, S * BT, S * BT * 3 * C, S * BT * C, S * BT * NH * T, S * BT * C, S * BT * C, S * BT,
+        S * BT, S * BT * 4 * C, S * BT * 4 * C, L * BT * C, BT * C, BT, BT, BT * V, BT * V, BT, BT * C,
+        g * BT * C, g * BT * C, g * BT * 3 * C, g * BT * C, g * T * T, g * BT * 4 * C, g * BT * 4 * C, g * BT * V, g * BT};
+    memcpy(sizes, table, sizeof table);
+}
+
+/* Bytes gpt_acts_alloc_ex(c, B, T, recompute_every, with_grads) allocates for activations (for
+   memory estimates before anything is allocated). */
+GPT_UNUSED static size_t gpt_acts_bytes(const gpt_config *c, int B, int T, int recompute_every, int with_grads) {
+    size_t sizes[NUM_ACTIVATIONS + NUM_ACTIVATION_GRADS], floats = 0;
+    gpt_acts_sizes(c, B, T, recompute_every, with_grads, sizes);
+    for (int i = 0; i < NUM_ACTIVATIONS + NUM_ACTIVATION_GRADS; i++) floats += (sizes[i] + 15) & ~(size_t)15;
+    return sizeof(float) * floats;
+}
+
+/* Activations for batches up to (B,T). recompute_every: activation checkpointing of every k-th
+   block (see gpt_block_recomputed; 0: off); with_grads 0: forward only (a teacher, evaluation),
+   no activation gradients. Returns 0, or -1 if out of memory. */
+static int gpt_acts_alloc_ex(gpt_acts *acts, const gpt_config *c, int B, int T, int recompute_every, int with_grads) {
+    size_t sizes[NUM_ACTIVATIONS + NUM_ACTIVATION_GRADS];
     activations *x = &acts->a;
     activation_grads *d = &acts->da;
     float **ptrs[NUM_ACTIVATIONS + NUM_ACTIVATION_GRADS] = {
@@ -605,16 +652,32 @@ static int gpt_acts_alloc(gpt_acts *acts, const gpt_config *c, int B, int T) {
         &x->logits, &x->probs, &x->losses, &x->proj,
         &d->dresidual, &d->dln, &d->dqkv, &d->datty, &d->datt, &d->dfch, &d->dfch_gelu, &d->dlogits, &d->dlosses};
     float *at;
+    int own = 0, shared;
     memset(acts, 0, sizeof *acts);
     acts->B = B, acts->T = T;
+    acts->num_slots = gpt_num_slots(c->num_layers, recompute_every);
+    shared = acts->num_slots - 1; // the last slot: the recomputed blocks' (if any)
+    for (int l = 0; l < c->num_layers; l++) {
+        acts->recomputed[l] = (unsigned char)gpt_block_recomputed(l, recompute_every);
+        acts->slot[l] = acts->recomputed[l] ? shared : own++;
+    }
+    gpt_acts_sizes(c, B, T, recompute_every, with_grads, sizes);
     for (int i = 0; i < NUM_ACTIVATIONS + NUM_ACTIVATION_GRADS; i++) acts->num_floats += (sizes[i] + 15) & ~(size_t)15;
     acts->memory = (float *)calloc(acts->num_floats, sizeof(float));
-    acts->inputs = (int *)calloc(BT, sizeof(int));
-    acts->targets = (int *)calloc(BT, sizeof(int));
+    acts->inputs = (int *)calloc((size_t)B * T, sizeof(int));
+    acts->targets = (int *)calloc((size_t)B * T, sizeof(int));
     if (!acts->memory || !acts->inputs || !acts->targets) return -1;
     at = acts->memory;
-    for (int i = 0; i < NUM_ACTIVATIONS + NUM_ACTIVATION_GRADS; i++) *ptrs[i] = at, at += (sizes[i] + 15) & ~(size_t)15;
+    for (int i = 0; i < NUM_ACTIVATIONS + NUM_ACTIVATION_GRADS; i++) {
+        *ptrs[i] = sizes[i] ? at : NULL;
+        at += (sizes[i] + 15) & ~(size_t)15;
+    }
     return 0;
+}
+
+/* Every block's activations kept (no recomputation), with gradients: for training. */
+GPT_UNUSED static int gpt_acts_alloc(gpt_acts *acts, const gpt_config *c, int B, int T) {
+    return gpt_acts_alloc_ex(acts, c, B, T, 0, 1);
 }
 
 static void gpt_acts_free(gpt_acts *acts) {
@@ -622,6 +685,26 @@ static void gpt_acts_free(gpt_acts *acts) {
     free(acts->inputs);
     free(acts->targets);
     memset(acts, 0, sizeof *acts);
+}
+
+/* Block l's activations for a batch (B,T): its input, what it keeps (in its slot) and its output. */
+typedef struct {
+    float *input, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch,
+        *fch_gelu, *output;
+} block_activations;
+
+static block_activations gpt_block_activations(gpt_acts *acts, const gpt_config *c, int l, int B, int T) {
+    activations *a = &acts->a;
+    size_t C = (size_t)c->channels, BT = (size_t)B * T, BTC = BT * C, s = (size_t)acts->slot[l];
+    block_activations v;
+    v.input = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * BTC;
+    v.ln1 = a->ln1 + s * BTC, v.ln1_mean = a->ln1_mean + s * BT, v.ln1_rstd = a->ln1_rstd + s * BT;
+    v.qkv = a->qkv + s * 3 * BTC, v.atty = a->atty + s * BTC, v.att = a->att + s * BT * (size_t)c->num_heads * T;
+    v.residual2 = a->residual2 + s * BTC, v.ln2 = a->ln2 + s * BTC;
+    v.ln2_mean = a->ln2_mean + s * BT, v.ln2_rstd = a->ln2_rstd + s * BT;
+    v.fch = a->fch + s * 4 * BTC, v.fch_gelu = a->fch_gelu + s * 4 * BTC;
+    v.output = a->residual3 + (size_t)l * BTC;
+    return v;
 }
 
 /* Calls an fsdp hook (nothing without a runtime), timing it and naming the module on failure. */
@@ -648,12 +731,29 @@ static int gpt_tensors(gpt *m, const int *ids, int n, int grad, float **out, con
     return 0;
 }
 
+/* One block's forward, v.input to v.output, keeping the rest of v for backward; w its weights.
+   proj (B,T,C) is scratch. The same float operations every time: a recomputation in backward
+   reproduces forward's activations bit for bit. */
+static void gpt_block_forward(const block_activations *v, float *const *w, float *proj, int B, int T, int C, int NH) {
+    size_t BTC = (size_t)B * T * C;
+    layernorm_forward(v->ln1, v->ln1_mean, v->ln1_rstd, v->input, w[LN1W], w[LN1B], B, T, C);
+    matmul_forward(v->qkv, v->ln1, w[QKVW], w[QKVB], B, T, C, 3 * C);
+    attention_forward(v->atty, v->att, v->qkv, B, T, C, NH);
+    matmul_forward(proj, v->atty, w[ATTPROJW], w[ATTPROJB], B, T, C, C);
+    residual_forward(v->residual2, v->input, proj, BTC);
+    layernorm_forward(v->ln2, v->ln2_mean, v->ln2_rstd, v->residual2, w[LN2W], w[LN2B], B, T, C);
+    matmul_forward(v->fch, v->ln2, w[FCW], w[FCB], B, T, C, 4 * C);
+    gelu_forward(v->fch_gelu, v->fch, 4 * BTC);
+    matmul_forward(proj, v->fch_gelu, w[FCPROJW], w[FCPROJB], B, T, 4 * C, C);
+    residual_forward(v->output, v->residual2, proj, BTC);
+}
+
 /* Forward over acts->inputs (B,T), B <= acts->B and T <= acts->T (smaller T: the sampler).
    With acts->targets (targets non-zero), *loss gets the mean loss over the B*T positions;
    otherwise only probs. Returns 0 or -1 (a hook failed; the message went to stderr). */
 static int gpt_forward(gpt *m, gpt_acts *acts, int B, int T, int targets, float *loss) {
     const gpt_config *c = &m->config;
-    int L = c->num_layers, NH = c->num_heads, C = c->channels, V = c->vocab_size;
+    int L = c->num_layers, C = c->channels, V = c->vocab_size;
     size_t BTC = (size_t)B * T * C, BT = (size_t)B * T;
     activations *a = &acts->a;
     float *root[NUM_ROOT_PARAMS], *residual;
@@ -662,24 +762,10 @@ static int gpt_forward(gpt *m, gpt_acts *acts, int B, int T, int targets, float 
     encoder_forward(a->encoded, acts->inputs, root[WTE], root[WPE], B, T, C);
     for (int l = 0; l < L; l++) {
         float *w[NUM_BLOCK_PARAMS];
-        float *l_ln1 = a->ln1 + l * BTC, *l_ln1_mean = a->ln1_mean + l * BT, *l_ln1_rstd = a->ln1_rstd + l * BT;
-        float *l_qkv = a->qkv + l * 3 * BTC, *l_atty = a->atty + l * BTC, *l_att = a->att + (size_t)l * BT * NH * T;
-        float *l_residual2 = a->residual2 + l * BTC, *l_ln2 = a->ln2 + l * BTC;
-        float *l_ln2_mean = a->ln2_mean + l * BT, *l_ln2_rstd = a->ln2_rstd + l * BT;
-        float *l_fch = a->fch + l * 4 * BTC, *l_fch_gelu = a->fch_gelu + l * 4 * BTC, *l_residual3 = a->residual3 + l * BTC;
-        residual = l == 0 ? a->encoded : a->residual3 + (l - 1) * BTC;
+        block_activations v = gpt_block_activations(acts, c, l, B, T);
         if (GPT_HOOK(m, fsdp_pre_forward, m->block[l]) || gpt_tensors(m, m->param[l], NUM_BLOCK_PARAMS, 0, w, "not gathered"))
             return -1;
-        layernorm_forward(l_ln1, l_ln1_mean, l_ln1_rstd, residual, w[LN1W], w[LN1B], B, T, C);
-        matmul_forward(l_qkv, l_ln1, w[QKVW], w[QKVB], B, T, C, 3 * C);
-        attention_forward(l_atty, l_att, l_qkv, B, T, C, NH);
-        matmul_forward(a->proj, l_atty, w[ATTPROJW], w[ATTPROJB], B, T, C, C);
-        residual_forward(l_residual2, residual, a->proj, BTC);
-        layernorm_forward(l_ln2, l_ln2_mean, l_ln2_rstd, l_residual2, w[LN2W], w[LN2B], B, T, C);
-        matmul_forward(l_fch, l_ln2, w[FCW], w[FCB], B, T, C, 4 * C);
-        gelu_forward(l_fch_gelu, l_fch, 4 * BTC);
-        matmul_forward(a->proj, l_fch_gelu, w[FCPROJW], w[FCPROJB], B, T, 4 * C, C);
-        residual_forward(l_residual3, l_residual2, a->proj, BTC);
+        gpt_block_forward(&v, w, a->proj, B, T, C, c->num_heads);
         if (GPT_HOOK(m, fsdp_post_forward, m->block[l])) return -1;
     }
     residual = a->residual3 + (L - 1) * BTC;
@@ -694,24 +780,28 @@ static int gpt_forward(gpt *m, gpt_acts *acts, int B, int T, int targets, float 
     return GPT_HOOK(m, fsdp_post_forward, 0);
 }
 
-/* Backward of the mean loss of the last gpt_forward (with targets, same B and T): accumulates
-   into the parameters' gradients (fsdp_grad, or m->dplain). The root's backward encloses the
-   blocks': the LM head and ln_f come first, the embeddings last. The residual stream's gradient
-   lives in da->dresidual throughout: a residual add passes its dout unchanged to both branches,
-   so each block's c_proj reads it as its dout and each LayerNorm adds its input gradient to it. */
-static int gpt_backward(gpt *m, gpt_acts *acts, int B, int T) {
+/* Backward from da->dlogits (B,T,V), the gradient of the loss with respect to the logits of the
+   last gpt_forward (same B and T): accumulates into the parameters' gradients (fsdp_grad, or
+   m->dplain). The root's backward encloses the blocks': the LM head and ln_f come first, the
+   embeddings last. The residual stream's gradient lives in da->dresidual throughout: a residual
+   add passes its dout unchanged to both branches, so each block's c_proj reads it as its dout
+   and each LayerNorm adds its input gradient to it. A recomputed block runs its forward again
+   first, between its pre_backward and its backward (fsdp.h takes forward hooks there as the
+   recomputation: the block is gathered already). */
+static int gpt_backward_from_dlogits(gpt *m, gpt_acts *acts, int B, int T) {
     const gpt_config *c = &m->config;
     int L = c->num_layers, NH = c->num_heads, C = c->channels, V = c->vocab_size;
-    size_t BTC = (size_t)B * T * C, BT = (size_t)B * T;
+    size_t BTC = (size_t)B * T * C;
     activations *a = &acts->a;
     activation_grads *da = &acts->da;
     float *root[NUM_ROOT_PARAMS], *droot[NUM_ROOT_PARAMS];
+    if (!da->dlogits) {
+        fprintf(stderr, "rank %d: gpt_backward: the activations were allocated without gradients\n", m->rank);
+        return -1;
+    }
     if (GPT_HOOK(m, fsdp_pre_backward, 0) || gpt_tensors(m, m->root_param, NUM_ROOT_PARAMS, 0, root, "not gathered") ||
         gpt_tensors(m, m->root_param, NUM_ROOT_PARAMS, 1, droot, "no gradient buffer"))
         return -1;
-    for (size_t i = 0; i < BT; i++) da->dlosses[i] = 1.0f / (float)BT; // d(mean)/d(each loss)
-    memset(da->dlogits, 0, sizeof(float) * BT * V);
-    softmax_crossentropy_backward(da->dlogits, da->dlosses, a->probs, acts->targets, B, T, V);
     memset(da->dln, 0, sizeof(float) * BTC);
     matmul_backward(da->dln, droot[WTE], NULL, da->dlogits, a->lnf, root[WTE], B, T, C, V);
     memset(da->dresidual, 0, sizeof(float) * BTC);
@@ -719,38 +809,49 @@ static int gpt_backward(gpt *m, gpt_acts *acts, int B, int T) {
                        a->lnf_mean, a->lnf_rstd, B, T, C);
     for (int l = L - 1; l >= 0; l--) {
         float *w[NUM_BLOCK_PARAMS], *dw[NUM_BLOCK_PARAMS];
-        const float *residual = l == 0 ? a->encoded : a->residual3 + (l - 1) * BTC;
-        const float *l_ln1 = a->ln1 + l * BTC, *l_ln1_mean = a->ln1_mean + l * BT, *l_ln1_rstd = a->ln1_rstd + l * BT;
-        const float *l_qkv = a->qkv + l * 3 * BTC, *l_atty = a->atty + l * BTC, *l_att = a->att + (size_t)l * BT * NH * T;
-        const float *l_residual2 = a->residual2 + l * BTC, *l_ln2 = a->ln2 + l * BTC;
-        const float *l_ln2_mean = a->ln2_mean + l * BT, *l_ln2_rstd = a->ln2_rstd + l * BT;
-        const float *l_fch = a->fch + l * 4 * BTC, *l_fch_gelu = a->fch_gelu + l * 4 * BTC;
+        block_activations v = gpt_block_activations(acts, c, l, B, T);
         if (GPT_HOOK(m, fsdp_pre_backward, m->block[l]) ||
             gpt_tensors(m, m->param[l], NUM_BLOCK_PARAMS, 0, w, "not gathered") ||
             gpt_tensors(m, m->param[l], NUM_BLOCK_PARAMS, 1, dw, "no gradient buffer"))
             return -1;
+        if (acts->recomputed[l]) { // its input survived forward; the rest is computed again (v.output: the same values)
+            if (GPT_HOOK(m, fsdp_pre_forward, m->block[l])) return -1;
+            gpt_block_forward(&v, w, a->proj, B, T, C, NH);
+            if (GPT_HOOK(m, fsdp_post_forward, m->block[l])) return -1;
+        }
         // da->dresidual holds the gradient of this block's output, residual3
         memset(da->dfch_gelu, 0, sizeof(float) * 4 * BTC);
-        matmul_backward(da->dfch_gelu, dw[FCPROJW], dw[FCPROJB], da->dresidual, l_fch_gelu, w[FCPROJW], B, T, 4 * C, C);
+        matmul_backward(da->dfch_gelu, dw[FCPROJW], dw[FCPROJB], da->dresidual, v.fch_gelu, w[FCPROJW], B, T, 4 * C, C);
         memset(da->dfch, 0, sizeof(float) * 4 * BTC);
-        gelu_backward(da->dfch, l_fch, da->dfch_gelu, 4 * BTC);
+        gelu_backward(da->dfch, v.fch, da->dfch_gelu, 4 * BTC);
         memset(da->dln, 0, sizeof(float) * BTC);
-        matmul_backward(da->dln, dw[FCW], dw[FCB], da->dfch, l_ln2, w[FCW], B, T, C, 4 * C);
-        layernorm_backward(da->dresidual, dw[LN2W], dw[LN2B], da->dln, l_residual2, w[LN2W], l_ln2_mean, l_ln2_rstd, B,
+        matmul_backward(da->dln, dw[FCW], dw[FCB], da->dfch, v.ln2, w[FCW], B, T, C, 4 * C);
+        layernorm_backward(da->dresidual, dw[LN2W], dw[LN2B], da->dln, v.residual2, w[LN2W], v.ln2_mean, v.ln2_rstd, B,
                            T, C);
         // now the gradient of residual2
         memset(da->datty, 0, sizeof(float) * BTC);
-        matmul_backward(da->datty, dw[ATTPROJW], dw[ATTPROJB], da->dresidual, l_atty, w[ATTPROJW], B, T, C, C);
+        matmul_backward(da->datty, dw[ATTPROJW], dw[ATTPROJB], da->dresidual, v.atty, w[ATTPROJW], B, T, C, C);
         memset(da->dqkv, 0, sizeof(float) * 3 * BTC);
-        attention_backward(da->dqkv, da->datt, da->datty, l_qkv, l_att, B, T, C, NH);
+        attention_backward(da->dqkv, da->datt, da->datty, v.qkv, v.att, B, T, C, NH);
         memset(da->dln, 0, sizeof(float) * BTC);
-        matmul_backward(da->dln, dw[QKVW], dw[QKVB], da->dqkv, l_ln1, w[QKVW], B, T, C, 3 * C);
-        layernorm_backward(da->dresidual, dw[LN1W], dw[LN1B], da->dln, residual, w[LN1W], l_ln1_mean, l_ln1_rstd, B, T, C);
+        matmul_backward(da->dln, dw[QKVW], dw[QKVB], da->dqkv, v.ln1, w[QKVW], B, T, C, 3 * C);
+        layernorm_backward(da->dresidual, dw[LN1W], dw[LN1B], da->dln, v.input, w[LN1W], v.ln1_mean, v.ln1_rstd, B, T, C);
         // now the gradient of the block's input
         if (GPT_HOOK(m, fsdp_post_backward, m->block[l])) return -1;
     }
     encoder_backward(droot[WTE], droot[WPE], da->dresidual, acts->inputs, B, T, C);
     return GPT_HOOK(m, fsdp_post_backward, 0);
+}
+
+/* Backward of the mean cross-entropy loss of the last gpt_forward (with targets, same B and T). */
+GPT_UNUSED static int gpt_backward(gpt *m, gpt_acts *acts, int B, int T) {
+    size_t BT = (size_t)B * T;
+    activation_grads *da = &acts->da;
+    if (!da->dlogits) return gpt_backward_from_dlogits(m, acts, B, T); // says why it cannot
+    for (size_t i = 0; i < BT; i++) da->dlosses[i] = 1.0f / (float)BT; // d(mean)/d(each loss)
+    memset(da->dlogits, 0, sizeof(float) * BT * m->config.vocab_size);
+    softmax_crossentropy_backward(da->dlogits, da->dlosses, acts->a.probs, acts->targets, B, T, m->config.vocab_size);
+    return gpt_backward_from_dlogits(m, acts, B, T);
 }
 
 /* ----------------------------------------------------------------------------------------- */
@@ -789,6 +890,40 @@ static float lr_schedule(long long step, int steps, int warmup, float lr, float 
     progress = steps > warmup ? (double)(step - warmup) / (double)(steps - warmup) : 1.0;
     if (progress > 1) progress = 1;
     return min_lr + (float)(0.5 * (1.0 + cos(3.14159265358979323846 * progress))) * (lr - min_lr);
+}
+
+/* Mean loss over `batches` batches of text (data_batch's batches 0 .. batches-1 of (acts->B,
+   acts->T) windows), forward only. Through FSDP (m->ctx set; collective over comm, the context's
+   communicator): rank r scores batches r, r+P, ... (all ranks run the same number of passes) on
+   gathered units, each pass ended by fsdp_finish_backward, so no rank needs the whole model;
+   plain weights (m->ctx NULL): this rank scores all of them. The losses are summed in batch order,
+   so the result does not depend on P. Returns 0, or -1 (a hook or collective failed; said on
+   stderr). */
+GPT_UNUSED static int gpt_heldout_loss(gpt *m, gpt_acts *acts, fsdp_comm *comm, const unsigned char *text, size_t size,
+                                       int batches, double *mean_loss) {
+    int rank = m->ctx ? fsdp_comm_rank(comm) : 0, P = m->ctx ? fsdp_comm_size(comm) : 1, rc = 0;
+    int rounds = (batches + P - 1) / P;
+    float *losses = (float *)calloc((size_t)batches + 1, sizeof(float)), loss = 0;
+    double sum = 0;
+    *mean_loss = 0;
+    if (!losses) { fprintf(stderr, "rank %d: out of memory for the held-out losses\n", m->rank); return -1; }
+    for (int i = rank; i < rounds * P && !rc; i += P) { // i >= batches: a repeat, to keep in step, not counted
+        data_batch(text, size, i % batches, acts->B, acts->T, 0, acts->B, acts->inputs, acts->targets);
+        rc = gpt_forward(m, acts, acts->B, acts->T, 1, &loss);
+        if (!rc && m->ctx && fsdp_finish_backward(m->ctx)) {
+            fprintf(stderr, "rank %d: ending a forward-only pass: %s\n", m->rank, fsdp_last_error(m->ctx));
+            rc = -1;
+        }
+        if (!rc && i < batches) losses[i] = loss;
+    }
+    if (!rc && m->ctx && fsdp_all_reduce(comm, losses, losses, (size_t)batches, FSDP_F32, FSDP_SUM)) { // others' are 0
+        fprintf(stderr, "rank %d: all_reduce of the held-out losses: %s\n", m->rank, fsdp_comm_last_error(comm));
+        rc = -1;
+    }
+    for (int i = 0; i < batches; i++) sum += losses[i];
+    *mean_loss = sum / batches;
+    free(losses);
+    return rc;
 }
 
 #endif /* GPT_MODEL_H */

@@ -2,7 +2,7 @@
 
    Build and run:  make demo            (4 local ranks, FULL_SHARD, synthetic data)
                    build/mlp --help
-                   build/mlp --nproc 2 --csv data.csv --strategy grad_op
+                   build/mlp --nproc 2 --csv data.csv --strategy SHARD_GRAD_OP
                    torchrun-style: RANK=0 WORLD_SIZE=2 MASTER_ADDR=... MASTER_PORT=... build/mlp
                    build/mlp --nproc 2 --steps 50 --save mlp.safetensors --save-every 10
                    build/mlp --nproc 4 --steps 100 --resume mlp.safetensors   (any rank count)
@@ -36,7 +36,6 @@ typedef struct {
     dataset data;
 } options;
 
-static const char *strategy_names[] = {"", "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"};
 static const char *optimizer_names[] = {"", "SGD", "Adam", "AdamW"};
 
 static double median(double *v, int n) { // sorts v
@@ -230,7 +229,7 @@ static int train(fsdp_comm *comm, void *arg) {
     m.ctx = ctx;
     if (rank == 0) {
         printf("mlp: %d rank%s (%s), %s", P, P > 1 ? "s" : "", fsdp_backend_name(fsdp_comm_backend(comm)),
-               strategy_names[o->strategy]);
+               fsdp_strategy_name(o->strategy));
         if (o->strategy == FSDP_HYBRID_SHARD)
             printf(" (%d shard group%s of %d rank%s)", P / desc.shard_group_size, P / desc.shard_group_size > 1 ? "s" : "",
                    desc.shard_group_size, desc.shard_group_size > 1 ? "s" : "");
@@ -391,8 +390,7 @@ static void usage(FILE *out) {
         "  --momentum X         sgd momentum (default 0)\n"
         "  --clip X             clip the global gradient norm to X (default 0: off)\n"
         "fsdp\n"
-        "  --strategy S         full (FULL_SHARD, default), grad_op (SHARD_GRAD_OP), no_shard (NO_SHARD),\n"
-        "                       hybrid (HYBRID_SHARD)\n"
+        EXAMPLE_STRATEGY_HELP
         "  --shard-group N      hybrid: ranks per shard group (default: half the ranks when all are on one\n"
         "                       host, else the ranks per host)\n"
         "  --param-dtype D      f32 (default), bf16 or f16: what is gathered and reduced; master weights\n"
@@ -421,7 +419,7 @@ static void usage(FILE *out) {
 }
 
 static void parse(options *o, int argc, char **argv) {
-    static const char *const backends[] = {"shm", "socket", NULL}, *const strategies[] = {"full", "grad_op", "no_shard", "hybrid", NULL};
+    static const char *const backends[] = {"shm", "socket", NULL};
     static const char *const dtypes[] = {"f32", "bf16", "f16", NULL}, *const optimizers[] = {"sgd", "adam", "adamw", NULL};
     static const char *const onoff[] = {"off", "on", NULL};
     int lr_set = 0;
@@ -452,7 +450,7 @@ static void parse(options *o, int argc, char **argv) {
         else if (!strcmp(f, "--weight-decay")) o->weight_decay = arg_float(f, v), o->weight_decay_set = 1;
         else if (!strcmp(f, "--momentum")) o->momentum = arg_float(f, v);
         else if (!strcmp(f, "--clip")) o->clip = arg_float(f, v);
-        else if (!strcmp(f, "--strategy")) o->strategy = (fsdp_strategy)arg_choice(f, v, strategies, FSDP_FULL_SHARD);
+        else if (!strcmp(f, "--strategy")) o->strategy = arg_strategy(f, v);
         else if (!strcmp(f, "--shard-group")) o->shard_group = (int)arg_int(f, v, 1, 256);
         else if (!strcmp(f, "--param-dtype")) o->param_dtype = (fsdp_dtype)arg_choice(f, v, dtypes, FSDP_F32);
         else if (!strcmp(f, "--prefetch")) o->prefetch = arg_choice(f, v, onoff, 0);
@@ -499,7 +497,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "mlp: %s\n", o.csv ? err : "out of memory for the synthetic data");
         return 1;
     }
-    rc = example_run(o.nproc, o.backend, check_ranks, train, &o);
+    rc = example_run(o.nproc, o.backend, 0, check_ranks, train, &o);
     data_free(&o.data);
     return rc ? 1 : 0;
 }

@@ -92,6 +92,103 @@ if [ -z "$NO_EXTRA_CHECKS" ]; then
         echo "(ckpt_tool checks skipped: $BUILD/ckpt_tool cannot be built)"
     fi
 
+    # the examples' command lines (issue 10): --strategy takes PyTorch's and Hugging Face's
+    # names in any case and lists them for a name it does not know; gpt --resume auto with
+    # --max-restarts survives a rank killed mid-run and ends bitwise where a run never stopped ends
+    if make --no-print-directory "$BUILD/gpt" "$BUILD/mlp" "$BUILD/ckpt_tool" BUILD="$BUILD" >"$log" 2>&1; then
+        tmp=$(mktemp -d)
+        cp fsdp.h "$tmp/text" # a text that cannot change between the runs compared
+        tiny="--data $tmp/text --layers 1 --channels 32 --heads 2 --seq-len 16 --batch 4 --sample 0"
+        mlp_tiny="--samples 64 --features 4 --classes 2 --hidden 8 --layers 2 --batch 8 --steps 1"
+        check examples.gpt_strategy_SHARD_GRAD_OP_accepted sh -c "'$BIN/gpt' $tiny --steps 1 --ckpt none --strategy SHARD_GRAD_OP |
+            grep '^gpt: 1 rank (shm), SHARD_GRAD_OP, '"
+        check examples.gpt_strategy_hybrid_shard_accepted sh -c "'$BIN/gpt' $tiny --steps 1 --ckpt none --nproc 2 --strategy hybrid_shard |
+            grep '^gpt: 2 ranks (shm), HYBRID_SHARD '"
+        check examples.mlp_strategy_No_Shard_and_2_accepted sh -c "'$BIN/mlp' $mlp_tiny --strategy No_Shard | grep '^mlp: 1 rank (shm), NO_SHARD, ' &&
+            '$BIN/mlp' $mlp_tiny --strategy 2 | grep '^mlp: 1 rank (shm), SHARD_GRAD_OP, '"
+        for prog in gpt mlp; do
+            check examples.${prog}_unknown_strategy_fails_listing_the_names sh -c "! '$BIN/$prog' --strategy zero3 2>'$tmp/err' &&
+                grep \"unknown strategy 'zero3' (choose one of FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD in any case,\" '$tmp/err' &&
+                grep 'short full, grad_op, no_shard, hybrid)' '$tmp/err'"
+        done
+        elastic="--nproc 2 $tiny --steps 12 --print-every 1 --save-every 4"
+        losses() { grep -o 'step *[0-9]*/12  loss [0-9.]*' "$1" | sort -u; } # a repeated step must repeat its loss
+        gpt_elastic() {
+            "$BIN/gpt" $elastic --ckpt "$tmp/ref" >"$tmp/ref.log" 2>&1 || { echo "uninterrupted run failed:"; cat "$tmp/ref.log"; return 1; }
+            GPT_FAULT_AT_STEP=7 "$BIN/gpt" $elastic --ckpt "$tmp/el" --resume auto --max-restarts 1 >"$tmp/el.log" 2>&1
+            status=$?
+            tail -n 18 "$tmp/el.log"
+            [ $status = 0 ] && grep -q "^no checkpoint in $tmp/el yet: starting from scratch" "$tmp/el.log" &&
+                grep -q '^rank 1: GPT_FAULT_AT_STEP=7: killing this rank' "$tmp/el.log" &&
+                grep -q "^resuming from $tmp/el at step 4 (restart 1)" "$tmp/el.log" &&
+                grep -q '^gpt: finished after 1 restart' "$tmp/el.log" || return 1
+            losses "$tmp/ref.log" >"$tmp/ref.losses"
+            losses "$tmp/el.log" >"$tmp/el.losses"
+            [ "$(wc -l <"$tmp/el.losses")" -eq 12 ] && cmp "$tmp/ref.losses" "$tmp/el.losses" || return 1
+            "$BIN/ckpt_tool" consolidate "$tmp/ref" "$tmp/ref.safetensors" >/dev/null &&
+                "$BIN/ckpt_tool" consolidate "$tmp/el" "$tmp/el.safetensors" >/dev/null &&
+                cmp "$tmp/ref.safetensors" "$tmp/el.safetensors" # parameters and AdamW state
+        }
+        check examples.gpt_resume_auto_after_a_killed_rank_ends_bitwise_as_a_run_never_stopped gpt_elastic
+        check examples.gpt_killed_rank_without_restarts_fails_naming_it sh -c "GPT_FAULT_AT_STEP=2 '$BIN/gpt' $elastic --ckpt none \
+            >'$tmp/kill.log' 2>&1; status=\$?; cat '$tmp/kill.log'; [ \$status -ne 0 ] && grep -q '^gpt: rank 1 was killed by signal 9' '$tmp/kill.log'"
+        rm -rf "$tmp"
+    else
+        echo "(example checks skipped: $BUILD/gpt, $BUILD/mlp or $BUILD/ckpt_tool cannot be built; they need libopenblas-dev)"
+    fi
+
+    # issue 12: gpt --recompute trains bitwise as without; --mem-budget refuses a rank count that
+    # cannot fit before anything is allocated; distill trains a student from a frozen teacher
+    # that build/gpt trained, at P = 2, and its loss falls
+    if make --no-print-directory "$BUILD/gpt" "$BUILD/distill" "$BUILD/ckpt_tool" BUILD="$BUILD" >"$log" 2>&1; then
+        tmp=$(mktemp -d)
+        cp fsdp.h "$tmp/text"
+        tiny="--data $tmp/text --layers 2 --channels 32 --heads 2 --seq-len 16 --batch 4 --sample 0 --ckpt none"
+        losses() { grep -E '^(step|held-out)' "$1" | sed 's/ *[0-9.]* ms\/step.*//'; }
+        gpt_recompute() {
+            "$BIN/gpt" --nproc 2 $tiny --steps 8 --print-every 1 >"$tmp/kept.log" 2>&1 &&
+                "$BIN/gpt" --nproc 2 $tiny --steps 8 --print-every 1 --recompute >"$tmp/recomputed.log" 2>&1 ||
+                { cat "$tmp/kept.log" "$tmp/recomputed.log"; return 1; }
+            losses "$tmp/kept.log" >"$tmp/kept.losses"
+            losses "$tmp/recomputed.log" >"$tmp/recomputed.losses"
+            cat "$tmp/recomputed.losses"
+            grep -q '^activation checkpointing: blocks 0 1 recomputed in backward' "$tmp/recomputed.log" &&
+                [ "$(wc -l <"$tmp/kept.losses")" -eq 9 ] && cmp "$tmp/kept.losses" "$tmp/recomputed.losses"
+        }
+        check examples.gpt_recompute_trains_bitwise_as_without gpt_recompute
+        big="--data $tmp/text --layers 4 --channels 256 --heads 4 --seq-len 16 --batch 4 --steps 1 --sample 0 --ckpt none"
+        check examples.gpt_mem_budget_refuses_1_rank_naming_the_bytes_and_the_fewest_ranks sh -c "! '$BIN/gpt' $big --mem-budget 60 \
+            >'$tmp/out' 2>'$tmp/err'; cat '$tmp/err'; grep -q '^gpt: --mem-budget 60 MiB: refusing to start 1 rank: each needs .*, [0-9]* bytes\$' '$tmp/err' &&
+            grep -q '^the fewest ranks that fit (with --batch 4): --nproc 2, ' '$tmp/err' && ! grep -q '^step' '$tmp/out'"
+        check examples.gpt_mem_budget_lets_2_ranks_train_and_compares_their_peak_rss sh -c "'$BIN/gpt' $big --mem-budget 60 --nproc 2 \
+            >'$tmp/out' 2>&1; status=\$?; cat '$tmp/out'; [ \$status = 0 ] && grep -q '^memory budget 60 MiB per rank: peak RSS ' '$tmp/out'"
+        distill_run() {
+            "$BIN/gpt" $tiny --steps 40 --ckpt "$tmp/teacher" >"$tmp/teacher.log" 2>&1 &&
+                "$BIN/ckpt_tool" consolidate "$tmp/teacher" "$tmp/teacher.safetensors" --params-only >/dev/null ||
+                { cat "$tmp/teacher.log"; return 1; }
+            "$BIN/distill" --nproc 2 --data "$tmp/text" --teacher "$tmp/teacher.safetensors" --layers 1 --channels 16 \
+                --heads 2 --seq-len 16 --batch 4 --steps 30 --print-every 10 >"$tmp/distill.log" 2>&1
+        }
+        distill_loss_falls() {
+            cat "$tmp/distill.log"
+            grep -q '^teacher: .*: 2 blocks, 2 heads, 32 channels, context 16: .* frozen, FULL_SHARD, forward only' "$tmp/distill.log" &&
+                awk '/^step/ { if (first == "") first = $4; last = $4 }
+                     /^first step loss/ { held = $NF }
+                     END { ok = first ~ /^[0-9]+[.][0-9]+$/ && last ~ /^[0-9]+[.][0-9]+$/ && held ~ /^[0-9]+[.][0-9]+$/
+                           exit !(ok && last + 0 < first + 0) }' "$tmp/distill.log"
+        }
+        if distill_run; then
+            check examples.distill_from_a_gpt_teacher_at_P2_runs_and_its_loss_falls distill_loss_falls
+            check examples.distill_teacher_holds_4_bytes_per_parameter_over_P sh -c "cat '$tmp/distill.log';
+                [ \$(grep -c '^ *[01]  .* MiB (2.000) ' '$tmp/distill.log') = 2 ]"
+        else
+            check examples.distill_from_a_gpt_teacher_at_P2_runs_and_its_loss_falls sh -c "cat '$tmp/distill.log'; false"
+        fi
+        rm -rf "$tmp"
+    else
+        echo "(gpt and distill checks skipped: $BUILD/gpt, $BUILD/distill or $BUILD/ckpt_tool cannot be built; they need libopenblas-dev)"
+    fi
+
     if [ -z "$SKIP_MPI" ] && [ -f tests/test_mpi.c ] && command -v "${MPICC:-mpicc}" >/dev/null 2>&1 && command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1; then
         echo "== MPI bridge (mpirun)"
         if make --no-print-directory "$BUILD/test_mpi" BUILD="$BUILD" UNITY_DIR="$UNITY_DIR" >"$log" 2>&1; then

@@ -495,18 +495,28 @@ static void make_corpus(void) {
 #define KEY_BIAS_BOUND 1e-4
 
 /* The plain reference: gpt_forward / gpt_backward on plain arrays over the whole global batch,
-   then torch.nn.utils.clip_grad_norm_ and torch.optim.AdamW (single-tensor path). */
-static int reference_run(float *params_out, int steps) {
+   then torch.nn.utils.clip_grad_norm_ and torch.optim.AdamW (single-tensor path). With
+   decay_matrices_only, two param groups as nanoGPT builds them: weight decay for the parameters
+   of 2 or more dimensions, none for the others (biases, LayerNorm weights). */
+static int reference_run(float *params_out, int steps, int decay_matrices_only) {
     gpt m;
     gpt_acts acts;
-    float *exp_avg = NULL, *exp_avg_sq = NULL, loss;
-    int rc = -1, step;
+    float *exp_avg = NULL, *exp_avg_sq = NULL, *decay = NULL, loss;
+    int rc = -1, step, p;
     size_t i, n;
+    memset(&acts, 0, sizeof acts);
     if (gpt_build(&m, TINY)) return -1;
     n = m.num_params;
     exp_avg = (float *)calloc(n, sizeof(float));
     exp_avg_sq = (float *)calloc(n, sizeof(float));
-    if (!exp_avg || !exp_avg_sq || gpt_plain_init(&m, SEED) || gpt_acts_alloc(&acts, &TINY, BATCH, SEQ)) goto done;
+    decay = (float *)calloc(n, sizeof(float));
+    if (!exp_avg || !exp_avg_sq || !decay || gpt_plain_init(&m, SEED) || gpt_acts_alloc(&acts, &TINY, BATCH, SEQ)) goto done;
+    for (p = 0; p < fsdp_model_num_params(m.model); p++) {
+        int64_t shape[FSDP_MAX_DIMS];
+        int ndim = fsdp_model_param_shape(m.model, p, shape);
+        for (i = 0; i < (size_t)fsdp_model_param_numel(m.model, p); i++)
+            decay[m.plain_offset[p] + i] = decay_matrices_only && ndim < 2 ? 0.0f : WEIGHT_DECAY;
+    }
     for (step = 0; step < steps; step++) {
         float lr = lr_schedule(step, STEPS, WARMUP, LR, MIN_LR), coef;
         double sumsq = 0, t = step + 1;
@@ -519,7 +529,7 @@ static int reference_run(float *params_out, int steps) {
         if (coef > 1.0f) coef = 1.0f;
         for (i = 0; i < n; i++) {
             float g = m.dplain[i] * coef, *p = &m.plain[i];
-            *p *= 1.0f - lr * WEIGHT_DECAY;
+            *p *= 1.0f - lr * decay[i];
             exp_avg[i] = BETA1 * exp_avg[i] + (1.0f - BETA1) * g;
             exp_avg_sq[i] = BETA2 * exp_avg_sq[i] + (1.0f - BETA2) * g * g;
             *p -= (lr / bias_correction1) * exp_avg[i] / (sqrtf(exp_avg_sq[i]) / bias_correction2_sqrt + ADAM_EPS);
@@ -532,6 +542,7 @@ done:
     gpt_free(&m);
     free(exp_avg);
     free(exp_avg_sq);
+    free(decay);
     return rc;
 }
 
@@ -546,12 +557,16 @@ typedef struct {
     fsdp_strategy strategy;
     int first_step, last_step; /* trains steps [first_step, last_step) */
     int load, save;            /* load from / save to the shared checkpoint directory */
+    int recompute;             /* activation checkpointing of every k-th block (gpt_acts_alloc_ex); 0: off */
+    int decay_matrices_only;   /* param group: no weight decay below 2 dimensions (GPT-2's recipe) */
 } run_spec;
 
 typedef struct { /* in MAP_SHARED memory: written by the ranks, read by the parent */
     int status[MAX_RUNS][MAX_WORLD];       /* 1 done, -1 failed, 0 never got there */
     char error[MAX_RUNS][MAX_WORLD][ERRLEN];
     long long loaded_step[MAX_RUNS];       /* fsdp_load_report.step seen by rank 0 */
+    float losses[MAX_RUNS][STEPS];         /* rank 0's loss at each step */
+    size_t activation_bytes[MAX_RUNS];     /* rank 0's activation buffers */
     float params[MAX_RUNS][MAX_PARAMS];    /* rank 0's gathered parameters, in parameter id order */
 } shared_results;
 
@@ -567,6 +582,8 @@ static const char *strategy_name(fsdp_strategy s) {
     return names[s];
 }
 
+static const fsdp_param_group decay_matrices_only = {NULL, 0, 1, 0.0f, 0}; /* fsdp.h's GPT-2 recipe */
+
 /* One run on this rank: init, maybe load, train, maybe save, gather. 0 or -1 with *error set. */
 static int fsdp_run(fsdp_comm *comm, const run_spec *spec, const char *ckpt_dir, shared_results *out, int run) {
     int rank = fsdp_comm_rank(comm), P = fsdp_comm_size(comm), B = BATCH / P, rc = -1, step, p;
@@ -579,7 +596,7 @@ static int fsdp_run(fsdp_comm *comm, const run_spec *spec, const char *ckpt_dir,
     gpt m;
     gpt_acts acts;
     memset(&acts, 0, sizeof acts);
-    if (gpt_build(&m, TINY) || !gathered || gpt_acts_alloc(&acts, &TINY, B, SEQ)) {
+    if (gpt_build(&m, TINY) || !gathered || gpt_acts_alloc_ex(&acts, &TINY, B, SEQ, spec->recompute, 1)) {
         snprintf(error, ERRLEN, "out of memory");
         goto done;
     }
@@ -596,6 +613,7 @@ static int fsdp_run(fsdp_comm *comm, const run_spec *spec, const char *ckpt_dir,
     desc.optimizer.lr = LR;
     desc.optimizer.weight_decay = WEIGHT_DECAY;
     desc.optimizer.weight_decay_set = 1;
+    if (spec->decay_matrices_only) desc.param_groups = &decay_matrices_only, desc.num_param_groups = 1;
     if (fsdp_init(&ctx, m.model, &desc)) {
         snprintf(error, ERRLEN, "fsdp_init: %.500s", fsdp_last_error(NULL));
         goto done;
@@ -621,6 +639,7 @@ static int fsdp_run(fsdp_comm *comm, const run_spec *spec, const char *ckpt_dir,
             snprintf(error, ERRLEN, "step %d: %.500s", step, fsdp_last_error(ctx));
             goto done;
         }
+        if (rank == 0) out->losses[run][step] = loss;
     }
     if (spec->save) {
         fsdp_save_options so;
@@ -638,7 +657,7 @@ static int fsdp_run(fsdp_comm *comm, const run_spec *spec, const char *ckpt_dir,
         }
         at += (size_t)fsdp_model_param_numel(m.model, p);
     }
-    if (rank == 0) memcpy(out->params[run], gathered, sizeof(float) * at);
+    if (rank == 0) memcpy(out->params[run], gathered, sizeof(float) * at), out->activation_bytes[run] = sizeof(float) * acts.num_floats;
     rc = 0;
 done:
     fsdp_destroy(ctx);
@@ -812,7 +831,8 @@ static void test_fsdp_training_matches_plain_run_for_every_strategy_and_world_si
     TEST_ASSERT_EQUAL_INT(0, gpt_build(&m, TINY));
     n = m.num_params;
     gpt_free(&m);
-    TEST_ASSERT_EQUAL_INT(0, reference_run(reference, STEPS));
+    TEST_ASSERT_EQUAL_INT(0, reference_run(reference, STEPS, 0));
+    memset(runs, 0, sizeof runs);
     for (s = 0; s < 4; s++) {
         runs[s].strategy = strategies[s];
         runs[s].first_step = 0, runs[s].last_step = STEPS, runs[s].load = runs[s].save = 0;
@@ -848,8 +868,8 @@ static void test_resumed_training_ends_bitwise_where_uninterrupted_training_ends
     n = m.num_params;
     gpt_free(&m);
     for (P = 2; P <= 3; P++) {
-        run_spec whole = {FSDP_FULL_SHARD, 0, STEPS, 0, 0}, first = {FSDP_FULL_SHARD, 0, RESUME_AT, 0, 1};
-        run_spec rest = {FSDP_FULL_SHARD, RESUME_AT, STEPS, 1, 0};
+        run_spec whole = {FSDP_FULL_SHARD, 0, STEPS, 0, 0, 0, 0}, first = {FSDP_FULL_SHARD, 0, RESUME_AT, 0, 1, 0, 0};
+        run_spec rest = {FSDP_FULL_SHARD, RESUME_AT, STEPS, 1, 0, 0, 0};
         strcpy(dir, dir_template);
         TEST_ASSERT_NOT_NULL_MESSAGE(mkdtemp(dir), "mkdtemp failed");
         launch(P, &whole, 1, dir);
@@ -867,6 +887,111 @@ static void test_resumed_training_ends_bitwise_where_uninterrupted_training_ends
                  (double)(i < n ? reference_resume[i] : 0));
         TEST_ASSERT_TRUE_MESSAGE(differ == 0, msg);
     }
+}
+
+/* Activation checkpointing on plain arrays: gpt_backward with every block recomputed gives
+   bitwise the gradients it gives with every block's activations kept, from a buffer that holds
+   one block's activations instead of all of them. */
+static void test_recomputed_backward_on_plain_weights_gives_bitwise_the_same_gradients(void) {
+    gpt m;
+    gpt_acts kept, recomputed;
+    float *grads, loss_kept, loss_recomputed;
+    char msg[200];
+    size_t i, differ = 0;
+    TEST_ASSERT_EQUAL_INT(0, gpt_build(&m, TINY));
+    TEST_ASSERT_EQUAL_INT(0, gpt_plain_init(&m, SEED));
+    TEST_ASSERT_EQUAL_INT(0, gpt_acts_alloc_ex(&kept, &TINY, 3, SEQ, 0, 1));
+    TEST_ASSERT_EQUAL_INT(0, gpt_acts_alloc_ex(&recomputed, &TINY, 3, SEQ, 1, 1));
+    TEST_ASSERT_NOT_NULL(grads = (float *)malloc(sizeof(float) * m.num_params));
+    data_batch(corpus, sizeof corpus, 5, 3, SEQ, 0, 3, kept.inputs, kept.targets);
+    memcpy(recomputed.inputs, kept.inputs, sizeof(int) * 3 * SEQ);
+    memcpy(recomputed.targets, kept.targets, sizeof(int) * 3 * SEQ);
+    TEST_ASSERT_EQUAL_INT(0, gpt_forward(&m, &kept, 3, SEQ, 1, &loss_kept));
+    TEST_ASSERT_EQUAL_INT(0, gpt_backward(&m, &kept, 3, SEQ));
+    memcpy(grads, m.dplain, sizeof(float) * m.num_params);
+    memset(m.dplain, 0, sizeof(float) * m.num_params);
+    TEST_ASSERT_EQUAL_INT(0, gpt_forward(&m, &recomputed, 3, SEQ, 1, &loss_recomputed));
+    TEST_ASSERT_EQUAL_INT(0, gpt_backward(&m, &recomputed, 3, SEQ));
+    TEST_ASSERT_EQUAL_MEMORY(&loss_kept, &loss_recomputed, sizeof(float));
+    for (i = 0; i < m.num_params; i++) differ += memcmp(&grads[i], &m.dplain[i], sizeof(float)) != 0;
+    snprintf(msg, sizeof msg, "%zu of %zu gradient elements differ", differ, m.num_params);
+    TEST_ASSERT_TRUE_MESSAGE(differ == 0, msg);
+    TEST_ASSERT_EQUAL_INT(2, kept.num_slots);
+    TEST_ASSERT_EQUAL_INT(1, recomputed.num_slots);
+    TEST_ASSERT_TRUE(recomputed.num_floats < kept.num_floats);
+    TEST_ASSERT_EQUAL_size_t(sizeof(float) * recomputed.num_floats, gpt_acts_bytes(&TINY, 3, SEQ, 1, 1));
+    free(grads);
+    gpt_acts_free(&kept);
+    gpt_acts_free(&recomputed);
+    gpt_free(&m);
+}
+
+/* Through FSDP at P = 2: recomputing every block (and every 2nd: block 0 only) in backward, with
+   the forward hooks called inside the block's own backward, trains to bitwise the parameters and
+   losses of the run that keeps every block's activations, under FULL_SHARD and SHARD_GRAD_OP;
+   recomputing both blocks holds fewer activation bytes (block 0 alone needs its scratch slot
+   anyway: no saving with 2 blocks). */
+static void test_recomputed_training_is_bitwise_the_same_with_fewer_activations(void) {
+    static const fsdp_strategy strategies[2] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP};
+    static const int recompute[3] = {0, 1, 2};
+    run_spec runs[6];
+    gpt m;
+    size_t n, i, differ;
+    char msg[400];
+    int s, k;
+    TEST_ASSERT_EQUAL_INT(0, gpt_build(&m, TINY));
+    n = m.num_params;
+    gpt_free(&m);
+    memset(runs, 0, sizeof runs);
+    for (s = 0; s < 2; s++)
+        for (k = 0; k < 3; k++) {
+            run_spec *r = &runs[3 * s + k];
+            r->strategy = strategies[s], r->first_step = 0, r->last_step = STEPS, r->recompute = recompute[k];
+        }
+    launch(2, runs, 6, NULL);
+    for (s = 0; s < 2; s++)
+        for (k = 1; k < 3; k++) {
+            const float *base = results->params[3 * s], *params = results->params[3 * s + k];
+            for (i = 0, differ = 0; i < n; i++) differ += memcmp(&params[i], &base[i], sizeof(float)) != 0;
+            for (i = 0; i < n && !memcmp(&params[i], &base[i], sizeof(float)); i++) {}
+            snprintf(msg, sizeof msg, "%s, recompute every %d: %zu of %zu parameters differ from the run without, "
+                     "first %s", strategy_name(strategies[s]), recompute[k], differ, n, param_name_of(i < n ? i : 0));
+            TEST_ASSERT_TRUE_MESSAGE(differ == 0, msg);
+            snprintf(msg, sizeof msg, "%s, recompute every %d: the losses differ", strategy_name(strategies[s]), recompute[k]);
+            TEST_ASSERT_EQUAL_MEMORY_MESSAGE(results->losses[3 * s], results->losses[3 * s + k], sizeof(float) * STEPS, msg);
+            snprintf(msg, sizeof msg, "%s, recompute every %d: %zu activation bytes, more than %zu without",
+                     strategy_name(strategies[s]), recompute[k], results->activation_bytes[3 * s + k],
+                     results->activation_bytes[3 * s]);
+            if (recompute[k] == 1) /* one slot for two blocks; every 2nd of 2 blocks needs the scratch slot as well */
+                TEST_ASSERT_TRUE_MESSAGE(results->activation_bytes[3 * s + k] < results->activation_bytes[3 * s], msg);
+            TEST_ASSERT_TRUE_MESSAGE(results->activation_bytes[3 * s + k] <= results->activation_bytes[3 * s], msg);
+        }
+    TEST_ASSERT_TRUE_MESSAGE(results->losses[0][STEPS - 1] < results->losses[0][0], "the loss did not fall");
+}
+
+/* The GPT-2 recipe through param_groups ({NULL, 0, 1, 0, 0}: no decay for parameters of at most
+   one dimension) at P = 2 against a plain AdamW that decays only the 2-D parameters, element by
+   element; and the two recipes really differ (LayerNorm weights start at 1, so their decay shows). */
+static void test_decay_of_matrices_only_matches_a_plain_adamw_with_two_groups(void) {
+    static float decay_all[MAX_PARAMS];
+    run_spec run;
+    gpt m;
+    double worst[2] = {0, 0}, moved = 0;
+    int l;
+    TEST_ASSERT_EQUAL_INT(0, reference_run(reference, STEPS, 1));
+    TEST_ASSERT_EQUAL_INT(0, reference_run(decay_all, STEPS, 0));
+    memset(&run, 0, sizeof run);
+    run.strategy = FSDP_FULL_SHARD, run.last_step = STEPS, run.decay_matrices_only = 1;
+    launch(2, &run, 1, NULL);
+    compare_to_reference(results->params[0], reference, 2, FSDP_FULL_SHARD, worst);
+    TEST_ASSERT_EQUAL_INT(0, gpt_build(&m, TINY));
+    TEST_ASSERT_EQUAL_INT(0, gpt_plain_init(&m, SEED));
+    for (l = 0; l < TINY.num_layers; l++) {
+        size_t at = m.plain_offset[m.param[l][LN1W]];
+        moved = fmax(moved, fabs((double)reference[at] - (double)decay_all[at]));
+    }
+    gpt_free(&m);
+    TEST_ASSERT_TRUE_MESSAGE(moved > 1e-4, "decaying the LayerNorm weights or not made no difference: the test shows nothing");
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1079,6 +1204,9 @@ int main(void) {
     RUN_TEST(test_gpt_backward_matches_finite_differences);
     RUN_TEST(test_fsdp_training_matches_plain_run_for_every_strategy_and_world_size);
     RUN_TEST(test_resumed_training_ends_bitwise_where_uninterrupted_training_ends);
+    RUN_TEST(test_recomputed_backward_on_plain_weights_gives_bitwise_the_same_gradients);
+    RUN_TEST(test_recomputed_training_is_bitwise_the_same_with_fewer_activations);
+    RUN_TEST(test_decay_of_matrices_only_matches_a_plain_adamw_with_two_groups);
     RUN_TEST(test_gpt_matches_pytorch_loss_and_gradients_on_its_own_checkpoint);
     return UNITY_END();
 }

@@ -12,7 +12,8 @@
 #     (sockets and the MPI bridge) across hosts;
 #   - faults: a link cut mid-op (every rank fails within its timeout naming the other host),
 #     5% loss and 20 ms delay (still right), a host killed (the others fail, nothing left in
-#     /dev/shm).
+#     /dev/shm), a rank killed under torchrun --max_restarts 1 (the GPT with --resume auto
+#     continues from its last checkpoint on the loss curve of a run never stopped).
 # Prints one line per check, "tests/multihost/test_multihost.sh:0:<name>:PASS" or ":FAIL" (with
 # the logs), and ends with "N passed, N failed". Where no bed can be built (not root, no
 # namespaces) it says why and prints "0 passed, 0 failed". BUILD (default build) holds the
@@ -96,6 +97,7 @@ gpt_across() {
     FSDP_TIMEOUT_MS=60000 hostbed_ranks --timeout 240 2,2 "$BIN/gpt" $gpt_args --strategy "$1"
     ranks_ok "$LOG/gpt2.log" || return 1
     cp "$HOSTBED_SHARE/rank0.log" "$LOG/gpt_hosts.log"
+    cp "$HOSTBED_SHARE/rank0.log" "$LOG/gpt_hosts_$1.log" # (gpt_elastic compares with the full run)
     FSDP_TIMEOUT_MS=60000 hostbed_ranks --timeout 240 4 "$BIN/gpt" $gpt_args --strategy "$1"
     ranks_ok "$LOG/gpt1.log" || return 1
     cp "$HOSTBED_SHARE/rank0.log" "$LOG/gpt_one.log"
@@ -116,6 +118,36 @@ torchrun_2_nodes() {
     wait "$p1"; s1=$?
     cat "$LOG/tr0.log" "$LOG/tr1.log" >"$LOG/tr.log"
     [ $s0 = 0 ] && [ $s1 = 0 ] && [ "$(grep -c ' 0 failed' "$LOG/tr.log")" = 4 ]
+}
+
+# gpt_elastic: torchrun on h0 and h1 (static rendezvous, 2 ranks each, --max_restarts 1) runs the
+# GPT with --resume auto, saving every 10 steps to a directory both hosts see; rank 1 (on h0)
+# kills itself at step 15 of the first attempt (GPT_FAULT_AT_STEP). Both agents restart their
+# workers, which continue from step 10 to the end; every loss rank 0 printed (before the fault
+# and after the restart) is the one the run never stopped printed for that step (gpt_across
+# full, same flags and layout).
+gpt_elastic() {
+    local i pids=() s ok=0 ckpt=$HOSTBED_SHARE/elastic_ckpt
+    rm -rf "$ckpt"
+    for i in 0 1; do
+        hostbed_spawn --timeout 240 "h$i" env GPT_FAULT_AT_STEP=15 FSDP_TIMEOUT_MS=60000 /usr/bin/python3 tests/torchrun.py \
+            --nnodes 2 --node_rank "$i" --nproc_per_node 2 --master_addr 10.77.0.1 --master_port 29680 --max_restarts 1 \
+            --monitor_interval 1 --no_python "$BIN/gpt" $gpt_args --strategy FULL_SHARD --ckpt "$ckpt" --save-every 10 \
+            --resume auto >"$LOG/el$i.log" 2>&1
+        pids+=("$HOSTBED_SPAWNED")
+    done
+    for i in 0 1; do wait "${pids[$i]}"; s=$?; echo "torchrun on h$i: exit status $s" >>"$LOG/el$i.log"; [ $s = 0 ] || ok=1; done
+    cat "$LOG/el0.log" "$LOG/el1.log" >"$LOG/elastic.log"
+    grep -q '^rank 1: GPT_FAULT_AT_STEP=15: killing this rank' "$LOG/el0.log" &&
+        grep -q "^no checkpoint in $ckpt yet: starting from scratch" "$LOG/el0.log" &&
+        grep -q "^resuming from $ckpt at step 10 (restart 1)" "$LOG/el0.log" &&
+        grep -q '^step    30/30 ' "$LOG/el0.log" || ok=1
+    if [ -f "$LOG/gpt_hosts_full.log" ]; then # step -> loss of the run never stopped; each printed loss must be it
+        awk 'NR == FNR { if (/^step .* loss /) ref[$2] = $4; next }
+             /^step .* loss / && ($2 in ref) { n++; if (ref[$2] != $4) { print "step " $2 ": loss " $4 ", never stopped: " ref[$2]; bad = 1 } }
+             END { exit bad || n < 4 }' "$LOG/gpt_hosts_full.log" "$LOG/el0.log" >>"$LOG/elastic.log" || ok=1
+    fi
+    return $ok
 }
 
 # mpirun_2x2 PROGRAM ENV...: mpirun from h0 over h0 and h1, 2 ranks each.
@@ -175,6 +207,9 @@ fi
 if [ $have_gpt = 1 ]; then
     gpt_across full;   report gpt_full_shard_across_2_hosts_has_the_losses_of_one_host $? "$LOG/gpt.log"
     gpt_across hybrid; report gpt_hybrid_shard_across_2_hosts_has_the_losses_of_one_host $? "$LOG/gpt.log"
+    if [ $have_torch = 1 ]; then
+        gpt_elastic; report elastic_restart_after_a_killed_rank_continues_the_loss_curve $? "$LOG/elastic.log"
+    fi
 else
     echo "$ME: GPT tests skipped: $BUILD/gpt does not build (apt-get install libopenblas-dev)"
 fi
