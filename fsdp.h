@@ -308,9 +308,13 @@ typedef struct fsdp_comm_desc {
     /* shm backend */
     size_t shm_slot_bytes;      /* staging bytes per rank and slot; default 1 MiB */
     int shm_single_copy;        /* peers read large ordinary buffers straight from each other's
-                                   memory (process_vm_readv, where the system allows it; one copy
-                                   instead of two): 0 if the ranks can (or FSDP_SHM_SINGLE_COPY),
-                                   1 required (init fails if they cannot), -1 never */
+                                   memory (process_vm_readv: one copy by the reader instead of the
+                                   owner's and the reader's, pipelined): 0 as FSDP_SHM_SINGLE_COPY
+                                   says (unset: off; "auto": where the ranks can; "1": required),
+                                   1 required (init fails if the ranks cannot), 2 where they can,
+                                   -1 never. Off by default: on the machines measured the staged
+                                   pipeline, which spreads the copies over two cores, was as fast
+                                   or faster (README, Collectives) */
     /* FSDP_BACKEND_USER */
     const fsdp_backend *user_backend;
     void *user_impl;
@@ -474,7 +478,8 @@ FSDP_API int fsdp_model_wrap(fsdp_model *model, int module);
    is never updated. A unit whose parameters are all frozen also has no gradient shard and no
    gradient communication, and its backward hooks may be skipped (when no input gradient is
    needed through it, e.g. a teacher model or a frozen embedding); wrap frozen modules as units
-   of their own to get those savings (a unit that mixes both keeps a gradient shard for all). */
+   of their own to get those savings (a unit that mixes both keeps a gradient shard for all).
+   A context run forward only (a frozen teacher) ends each pass with fsdp_finish_backward. */
 FSDP_API int fsdp_model_set_trainable(fsdp_model *model, int module, int trainable);
 FSDP_API int fsdp_model_param_set_trainable(fsdp_model *model, int param, int trainable);
 FSDP_API int fsdp_model_param_trainable(const fsdp_model *model, int param); /* 1, 0, or -1: no such param */
@@ -588,7 +593,9 @@ typedef struct fsdp_desc {
     const fsdp_param_group *param_groups; /* per-parameter weight decay and lr (copied at init) */
     int num_param_groups;
     size_t memory_budget;               /* FSDP_STRATEGY_AUTO: bytes per rank for fsdp.h's state (the
-                                           estimator's peak_bytes; leave room for activations) */
+                                           estimator's peak_bytes; leave room for activations, and on
+                                           shm for the peers' f32 shards that gathers read in place:
+                                           mapped, they count in each reader's RSS though stored once) */
     fsdp_logger logger;                 /* default: the comm's */
 } fsdp_desc;
 
@@ -2129,7 +2136,8 @@ typedef struct fsdp__shm {
                                    or a reduce_scatter's send starts p * stride bytes in (0: the
                                    block size, the documented layout) */
     int single_copy;            /* peers read ordinary buffers with process_vm_readv (the probe passed) */
-    int single_copy_wanted;     /* fsdp_comm_desc.shm_single_copy: 0 probe, 1 required, -1 never */
+    int single_copy_wanted;     /* fsdp_comm_desc.shm_single_copy: 0 as the environment says, 1 required,
+                                   2 where the ranks can, -1 never */
     uint64_t cookie;            /* what peers must read at &cookie in the probe */
     char *bounce;               /* single copy: peers' pieces land here to be folded (slot_bytes) */
     char name[64];
@@ -2831,19 +2839,19 @@ FSDP__PRIVATE void fsdp__shm_name(char *out, size_t size, const fsdp_comm *comm)
     fsdp__fmt(out + n, size - n, "-%s", hex);
 }
 
-/* Single copy (ordinary buffers read by peers with process_vm_readv) is used when every rank
-   can read every peer's memory: each reads the cookie each peer put in its own memory and
-   compares it with the copy the peer published, says whether all matched, and waits for the
-   others' verdicts. It is not weakened to make it work (no PR_SET_PTRACER, no change of the
-   dumpable flag): where Yama, seccomp, a container or another pid namespace forbids it, ranks
-   stage through the segment, and say so once. FSDP_SHM_SINGLE_COPY=0 or shm_single_copy -1
-   turn it off; 1 requires it (init fails if the ranks cannot). */
+/* Single copy (ordinary buffers read by peers with process_vm_readv), when asked for
+   (shm_single_copy 1 or 2, FSDP_SHM_SINGLE_COPY=1 or auto), is used when every rank can read
+   every peer's memory: each reads the cookie each peer put in its own memory and compares it
+   with the copy the peer published, says whether all matched, and waits for the others'
+   verdicts. It is not weakened to make it work (no PR_SET_PTRACER, no change of the dumpable
+   flag): where Yama, seccomp, a container or another pid namespace forbids it, ranks stage
+   through the segment, and say so once ("auto"), or init fails (1: required). */
 FSDP__PRIVATE int fsdp__shm_probe_single_copy(fsdp_comm *comm, fsdp__shm *s, int64_t deadline) {
     fsdp__shm_rank *me = fsdp__shm_peer(s, comm->rank);
     const char *env = getenv("FSDP_SHM_SINGLE_COPY");
-    int wanted = s->single_copy_wanted ? s->single_copy_wanted : env && strcmp(env, "0") == 0 ? -1
-                                                              : env && strcmp(env, "1") == 0 ? 1 : 0;
-    int p, ok = wanted >= 0, all = 1;
+    int wanted = s->single_copy_wanted ? s->single_copy_wanted : env && strcmp(env, "1") == 0 ? 1
+                                                              : env && strcmp(env, "auto") == 0 ? 2 : -1;
+    int p, ok = wanted > 0, all = 1;
     char why[160] = "";
 #if defined(__linux__)
     for (p = 0; p < comm->world && ok; p++) {
@@ -2867,6 +2875,10 @@ FSDP__PRIVATE int fsdp__shm_probe_single_copy(fsdp_comm *comm, fsdp__shm *s, int
     fsdp__fmt(why, sizeof why, "process_vm_readv is Linux's");
 #endif
     if (wanted < 0) fsdp__fmt(why, sizeof why, "turned off");
+    if (ok && !(s->bounce = (char *)FSDP_MALLOC(s->slot_bytes))) { /* before the verdict: all agree */
+        fsdp__fmt(why, sizeof why, "rank %d has no memory for its bounce buffer", comm->rank);
+        ok = 0;
+    }
     fsdp__store(&me->single_copy, ok ? 1u : 2u);
     for (p = 0; p < comm->world; p++) {
         uint32_t v;
@@ -2876,14 +2888,18 @@ FSDP__PRIVATE int fsdp__shm_probe_single_copy(fsdp_comm *comm, fsdp__shm *s, int
                                        s->name, p);
             fsdp__sleep_us(200);
         }
+        if (v != 1 && all && !*why) fsdp__fmt(why, sizeof why, "rank %d cannot read its peers' memory", p);
         all &= v == 1;
     }
-    if (all && !(s->bounce = (char *)FSDP_MALLOC(s->slot_bytes))) all = 0;
+    if (!all) {
+        FSDP_FREE(s->bounce);
+        s->bounce = NULL;
+    }
     s->single_copy = all;
-    if (!all && wanted > 0)
+    if (!all && wanted == 1)
         return fsdp__init_fail(&comm->logger, FSDP_ERR_UNSUPPORTED, "shm %s: single copy was required but %s", s->name,
                                *why ? why : "a peer cannot read the others' memory");
-    if (!all && wanted == 0 && comm->rank == 0)
+    if (!all && wanted == 2 && comm->rank == 0)
         fsdp__log(&comm->logger, FSDP_LOG_INFO, "shm: ordinary buffers are staged (two copies), as %s",
                   *why ? why : "a peer cannot read the others' memory");
     return 0;

@@ -3,16 +3,18 @@
    Build (make bench, make bench-mpi) and run from the repository root:
        gcc -std=c99 -O2 -I. examples/bench_comm.c -o build/bench_comm -lpthread -lm
        build/bench_comm --nproc 4                              # shm, every op, 1 KiB .. 256 MiB
+       build/bench_comm --nproc 2 --op all_gather --sizes 64M --single-copy 0   # shm, staged
        build/bench_comm --backend socket --nproc 2 --op all_reduce --sizes 1M,64M --csv
        mpicc -DFSDP_WITH_MPI -std=c99 -O2 -I. examples/bench_comm.c -o build/bench_comm_mpi -lm
        mpirun -np 4 build/bench_comm_mpi --backend mpi              # through fsdp.h's MPI bridge
        mpirun -np 4 build/bench_comm_mpi --backend mpi --mpi-native # MPI's own collectives
 
    S is the full, unsharded buffer: all_gather's output, reduce_scatter's input, all_reduce's
-   buffer. Each iteration is timed alone after a barrier; it lasts as long as its slowest rank,
-   and a row reports the median iteration.
+   and broadcast's buffer (broadcast from rank 0). Each iteration is timed alone after a barrier;
+   it lasts as long as its slowest rank, and a row reports the median iteration.
        algbw = S / t        busbw = algbw * (P-1)/P     all_gather, reduce_scatter
                                     algbw * 2(P-1)/P    all_reduce
+                                    algbw               broadcast
    busbw compares across ops and rank counts: it is what the busiest link carried per second.
    The first call at each size is checked against known values, so a fast but wrong backend
    cannot post a number: a wrong result exits 1. */
@@ -41,6 +43,7 @@ typedef struct options {
     int iters;                  /* 0: chosen per size */
     int warmup;
     int csv, inplace, mpi_native, registered, from_env;
+    int single_copy;            /* --single-copy: -1 not given, 0 staged, 1 single copy, 2 auto */
 } options;
 
 typedef struct bench {
@@ -49,8 +52,9 @@ typedef struct bench {
     int rank, nranks;
 } bench;
 
-static const fsdp_coll_kind all_ops[3] = {
-    FSDP_COLL_ALL_GATHER, FSDP_COLL_REDUCE_SCATTER, FSDP_COLL_ALL_REDUCE
+#define NUM_OPS 4
+static const fsdp_coll_kind all_ops[NUM_OPS] = {
+    FSDP_COLL_ALL_GATHER, FSDP_COLL_REDUCE_SCATTER, FSDP_COLL_ALL_REDUCE, FSDP_COLL_BROADCAST
 };
 
 static void usage(FILE *out)
@@ -60,7 +64,8 @@ static void usage(FILE *out)
         "  --backend shm|socket|mpi  collective backend (default shm)\n"
         "  --nproc P                 ranks to fork for shm and socket (default 2); with mpi the\n"
         "                            ranks come from mpirun (-np), and P, if given, must match\n"
-        "  --op all_gather|reduce_scatter|all_reduce|all   (default all)\n"
+        "  --op all_gather|reduce_scatter|all_reduce|broadcast|all   (default all: the four;\n"
+        "                            broadcast is from rank 0)\n"
         "  --sizes 1K,64K,1M,...     full buffer sizes, K/M/G = 1024^1/2/3\n"
         "                            (default 1K,4K,16K,...,256M)\n"
         "  --dtype f32|bf16|f16      element type (default f32)\n"
@@ -70,12 +75,21 @@ static void usage(FILE *out)
         "  --inplace                 in-place buffers instead of separate send and receive\n"
         "  --registered              buffers from fsdp_comm_alloc, which shm peers read directly\n"
         "                            (zero-copy); the backend column then says e.g. shm-registered\n"
+        "  --single-copy 0|1|auto    shm with malloc buffers: 1 = peers read each other's buffers\n"
+        "                            directly (process_vm_readv, one copy; the run fails if the\n"
+        "                            system forbids it), 0 = staged through the shared segment\n"
+        "                            (two copies), auto = single copy where the ranks can.\n"
+        "                            Default: as FSDP_SHM_SINGLE_COPY says (unset: staged).\n"
+        "                            Ops under 64 KiB always stage. The backend column: shm\n"
+        "                            (malloc, default), shm-1copy, shm-staged, shm-auto,\n"
+        "                            shm-registered (fsdp_comm_alloc)\n"
         "  --csv                     backend,P,op,bytes,median_us,algbw_GBps,busbw_GBps lines\n"
         "  --from-env                ranks from the environment, as a job launched by torchrun,\n"
         "                            srun or by hand across hosts (RANK, WORLD_SIZE, MASTER_ADDR,\n"
         "                            MASTER_PORT, FSDP_BACKEND, ...; see README, Many machines)\n"
-        "  --mpi-native              with --backend mpi: time MPI_Allgather, MPI_Reduce_scatter_block\n"
-        "                            and MPI_Allreduce (MPI_FLOAT, sum) directly, not fsdp.h's bridge\n"
+        "  --mpi-native              with --backend mpi: time MPI_Allgather, MPI_Reduce_scatter_block,\n"
+        "                            MPI_Allreduce (MPI_FLOAT, sum) and MPI_Bcast directly, not\n"
+        "                            fsdp.h's bridge\n"
         "  --help                    this text\n");
 }
 
@@ -125,12 +139,13 @@ static int parse_options(int argc, char **argv, options *opt, int *run)
 {
     static const char *const backends[] = { "shm", "socket", "mpi", NULL };  /* FSDP_BACKEND_ 1.. */
     static const char *const dtypes[] = { "f32", "bf16", "f16", NULL };      /* FSDP_F32 1.. */
-    static const char *const ops[] = { "all_gather", "reduce_scatter", "all_reduce", "all", NULL };
+    static const char *const ops[] = { "all_gather", "reduce_scatter", "all_reduce", "broadcast", "all", NULL };
     int quiet = launcher_rank() != 0, k;
     memset(opt, 0, sizeof *opt);
     opt->backend = FSDP_BACKEND_SHM;
-    opt->ops = 7;
+    opt->ops = (1u << NUM_OPS) - 1;
     opt->dtype = FSDP_F32;
+    opt->single_copy = -1;
     opt->warmup = 3;
     for (size_t s = 1024; s <= ((size_t)256 << 20); s *= 4) opt->sizes[opt->nsizes++] = s;
     *run = 0;
@@ -150,7 +165,7 @@ static int parse_options(int argc, char **argv, options *opt, int *run)
         } else if (!strcmp(flag, "--dtype")) {
             if ((ok = (k = lookup(val, dtypes)) >= 0)) opt->dtype = (fsdp_dtype)(k + 1);
         } else if (!strcmp(flag, "--op")) {
-            if ((ok = (k = lookup(val, ops)) >= 0)) opt->ops = k == 3 ? 7u : 1u << k;
+            if ((ok = (k = lookup(val, ops)) >= 0)) opt->ops = k == NUM_OPS ? (1u << NUM_OPS) - 1 : 1u << k;
         } else if (!strcmp(flag, "--sizes")) {
             char list[1024], *save = NULL;
             opt->nsizes = 0;
@@ -163,6 +178,10 @@ static int parse_options(int argc, char **argv, options *opt, int *run)
         } else if (!strcmp(flag, "--nproc")) ok = parse_int(val, 1, &opt->nprocs);
         else if (!strcmp(flag, "--iters")) ok = parse_int(val, 1, &opt->iters);
         else if (!strcmp(flag, "--warmup")) ok = parse_int(val, 0, &opt->warmup);
+        else if (!strcmp(flag, "--single-copy")) {
+            static const char *const modes[] = { "0", "1", "auto", NULL };
+            ok = (opt->single_copy = lookup(val, modes)) >= 0;
+        }
         else {
             if (!quiet) fprintf(stderr, "bench_comm: unknown flag '%s'\n", flag);
             goto bad;
@@ -175,6 +194,11 @@ static int parse_options(int argc, char **argv, options *opt, int *run)
     }
     if (opt->mpi_native && opt->registered) {
         if (!quiet) fprintf(stderr, "bench_comm: --registered is fsdp.h memory; it does not apply to --mpi-native\n");
+        goto bad;
+    }
+    if (opt->single_copy >= 0 && opt->backend != FSDP_BACKEND_SHM) {
+        if (!quiet) fprintf(stderr, "bench_comm: --single-copy chooses how the shm backend moves malloc "
+                            "buffers; it does not apply to --backend %s\n", backends[opt->backend - 1]);
         goto bad;
     }
     if (opt->mpi_native && (opt->backend != FSDP_BACKEND_MPI || opt->dtype != FSDP_F32)) {
@@ -217,6 +241,24 @@ static float round_to(fsdp_dtype dtype, float v)
 
 static int is_native(const bench *b) { return b->comm == NULL; }
 
+/* The backend column: the transport, then where the buffers come from and how shm moves them:
+   shm (malloc, as FSDP_SHM_SINGLE_COPY says), shm-1copy / shm-staged / shm-auto (--single-copy
+   1 / 0 / auto), shm-registered (fsdp_comm_alloc). */
+static void backend_label(const bench *b, char *out, size_t size)
+{
+    static const char *const modes[] = { "-staged", "-1copy", "-auto" };
+    const options *opt = b->opt;
+    snprintf(out, size, "%s%s%s", is_native(b) ? "mpi-native" : fsdp_comm_transport(b->comm),
+             opt->registered ? "-registered" : "", opt->single_copy >= 0 ? modes[opt->single_copy] : "");
+}
+
+/* fsdp_launch_desc/fsdp_comm_desc.shm_single_copy for --single-copy (0: as the environment says). */
+static int single_copy_setting(const options *opt)
+{
+    static const int settings[] = { -1, 1, 2 };
+    return opt->single_copy >= 0 ? settings[opt->single_copy] : 0;
+}
+
 static int barrier(const bench *b)
 {
 #ifdef FSDP_WITH_MPI
@@ -236,13 +278,16 @@ static int max_across_ranks(const bench *b, float *v, size_t n)
 }
 
 /* Where an op reads and writes in the two S-byte buffers x and y. In-place layouts are
-   fsdp.h's (see fsdp_coll), except MPI's reduce_scatter, which leaves the result at the start. */
+   fsdp.h's (see fsdp_coll), except MPI's reduce_scatter, which leaves the result at the start.
+   Broadcast has one buffer, x (always in place). */
 static void layout(const bench *b, fsdp_coll_kind kind, char *x, char *y, size_t count,
                    void **send, void **recv)
 {
     char *own = x + (size_t)b->rank * count * fsdp_dtype_size(b->opt->dtype);
     int in = b->opt->inplace;
-    if (kind == FSDP_COLL_ALL_GATHER) {
+    if (kind == FSDP_COLL_BROADCAST) {
+        *send = *recv = x;
+    } else if (kind == FSDP_COLL_ALL_GATHER) {
         *recv = y;
         *send = in ? y + (own - x) : x;
     } else {
@@ -265,12 +310,14 @@ static int collective(const bench *b, fsdp_coll_kind kind, void *send, void *rec
             return MPI_Allgather(s, n, MPI_FLOAT, recv, n, MPI_FLOAT, MPI_COMM_WORLD);
         if (kind == FSDP_COLL_REDUCE_SCATTER)
             return MPI_Reduce_scatter_block(s, recv, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        if (kind == FSDP_COLL_BROADCAST) return MPI_Bcast(recv, n, MPI_FLOAT, 0, MPI_COMM_WORLD);
         return MPI_Allreduce(s, recv, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     }
 #endif
     if (kind == FSDP_COLL_ALL_GATHER) return fsdp_all_gather(b->comm, send, recv, count, b->opt->dtype);
     if (kind == FSDP_COLL_REDUCE_SCATTER)
         return fsdp_reduce_scatter(b->comm, send, recv, count, b->opt->dtype, FSDP_SUM);
+    if (kind == FSDP_COLL_BROADCAST) return fsdp_broadcast(b->comm, recv, count, b->opt->dtype, 0);
     return fsdp_all_reduce(b->comm, send, recv, count, b->opt->dtype, FSDP_SUM);
 }
 
@@ -289,17 +336,19 @@ static int check_once(const bench *b, fsdp_coll_kind kind, void *send, void *rec
     fsdp_dtype dt = b->opt->dtype;
     size_t P = (size_t)b->nranks, base = (size_t)b->rank * count, nsend, nrecv;
     float exact_sum_base = (float)(P * (P + 1) / 2), bad = 0;
-    nsend = kind == FSDP_COLL_REDUCE_SCATTER ? P * count : count;
+    int copies = kind == FSDP_COLL_ALL_GATHER || kind == FSDP_COLL_BROADCAST; /* no arithmetic */
+    size_t first = kind == FSDP_COLL_ALL_GATHER ? base : 0; /* where this rank's values start */
+    nsend = kind == FSDP_COLL_REDUCE_SCATTER ? P * count : kind != FSDP_COLL_BROADCAST ? count
+                                             : b->rank == 0 ? count : 0;   /* the root's data */
     nrecv = kind == FSDP_COLL_ALL_GATHER ? P * count : count;
     memset(recv, 0xff, nrecv * fsdp_dtype_size(dt)); /* NaN in every dtype: stale data fails */
     for (size_t i = 0; i < nsend; i++) /* after the memset: in place, send lies inside recv */
-        put(dt, send, i, kind == FSDP_COLL_ALL_GATHER ? gather_value(base + i) : sum_value(b->rank, i));
+        put(dt, send, i, copies ? gather_value(first + i) : sum_value(b->rank, i));
     int rc = collective(b, kind, send, recv, count);
     if (rc != 0) return comm_error(b, fsdp_coll_name(kind), bytes, rc);
     for (size_t i = 0; i < nrecv && !bad; i++) {
         size_t g = kind == FSDP_COLL_REDUCE_SCATTER ? base + i : i;
-        float want = kind == FSDP_COLL_ALL_GATHER ? gather_value(g)
-                                                  : exact_sum_base + (float)P * (float)(g % 4);
+        float want = copies ? gather_value(g) : exact_sum_base + (float)P * (float)(g % 4);
         float expect = round_to(dt, want), got = get(dt, recv, i); /* one rounding, per contract */
         if (got != expect) {
             fprintf(stderr, "bench_comm: rank %d: wrong %s result at %zu bytes: element %zu is %g,"
@@ -322,8 +371,9 @@ static int measure(const bench *b, fsdp_coll_kind kind, char *x, char *y, size_t
 {
     const options *opt = b->opt;
     size_t es = fsdp_dtype_size(opt->dtype), P = (size_t)b->nranks;
-    size_t count = kind == FSDP_COLL_ALL_REDUCE ? bytes / es : bytes / (P * es);
-    size_t used = kind == FSDP_COLL_ALL_REDUCE ? count * es : count * P * es;
+    int whole = kind == FSDP_COLL_ALL_REDUCE || kind == FSDP_COLL_BROADCAST; /* count is S, not S/P */
+    size_t count = whole ? bytes / es : bytes / (P * es);
+    size_t used = whole ? count * es : count * P * es;
     const char *name = fsdp_coll_name(kind);
     void *send, *recv;
     if (count == 0) {
@@ -359,10 +409,10 @@ static int measure(const bench *b, fsdp_coll_kind kind, char *x, char *y, size_t
 
     if (b->rank == 0) {
         double algbw = (double)used / median / 1e3; /* bytes per microsecond / 1e3 = GB/s */
-        double factor = (double)(P - 1) / (double)P * (kind == FSDP_COLL_ALL_REDUCE ? 2 : 1);
-        char backend[32];
-        snprintf(backend, sizeof backend, "%s%s", is_native(b) ? "mpi-native" : fsdp_comm_transport(b->comm),
-                 opt->registered ? "-registered" : "");
+        double factor = kind == FSDP_COLL_BROADCAST ? 1.0
+                        : (double)(P - 1) / (double)P * (kind == FSDP_COLL_ALL_REDUCE ? 2 : 1);
+        char backend[48];
+        backend_label(b, backend, sizeof backend);
         if (opt->csv) printf("%s,%zu,%s,%zu,%.2f,%.3f,%.3f\n", backend, P, name, used, median,
                              algbw, algbw * factor);
         else printf("%12zu  %-14s  %10.2f  %10.3f  %10.3f\n", used, name, median, algbw,
@@ -395,11 +445,15 @@ static int run(const bench *b)
     if (b->rank == 0) {
         if (opt->csv) printf("backend,P,op,bytes,median_us,algbw_GBps,busbw_GBps\n");
         else {
-            printf("# bench_comm (fsdp.h %s): backend %s, %d rank%s, dtype %s, %s%s\n",
-                   fsdp_version_string(), b->comm ? fsdp_comm_transport(b->comm) : "mpi-native",
-                   b->nranks, b->nranks == 1 ? "" : "s", fsdp_dtype_name(opt->dtype),
-                   opt->inplace ? "in-place" : "out-of-place",
-                   opt->registered ? ", buffers from fsdp_comm_alloc" : "");
+            char backend[48];
+            backend_label(b, backend, sizeof backend);
+            printf("# bench_comm (fsdp.h %s): backend %s, %d rank%s, dtype %s, %s, buffers from %s%s\n",
+                   fsdp_version_string(), backend, b->nranks, b->nranks == 1 ? "" : "s",
+                   fsdp_dtype_name(opt->dtype), opt->inplace ? "in-place" : "out-of-place",
+                   opt->registered ? "fsdp_comm_alloc" : "malloc",
+                   opt->single_copy == 1 ? ", single copy (peers read them directly)"
+                   : opt->single_copy == 0 ? ", staged through the shared segment"
+                   : opt->single_copy == 2 ? ", single copy where the ranks can" : "");
             printf("# median over iterations of the slowest rank's time; %d warmup iterations\n",
                    opt->warmup);
             printf("#%11s  %-14s  %10s  %10s  %10s\n", "bytes", "op", "median_us", "algbw GB/s",
@@ -428,7 +482,7 @@ static int run(const bench *b)
         } else {
             memset(x, 0, bytes); /* fault every page in now, not in the timed loop */
             memset(y, 0, bytes);
-            for (int k = 0; k < 3 && rc == 0; k++)
+            for (int k = 0; k < NUM_OPS && rc == 0; k++)
                 if (opt->ops & (1u << k)) rc = measure(b, all_ops[k], x, y, bytes);
         }
         if (opt->registered) {
@@ -498,8 +552,11 @@ int main(int argc, char **argv)
     if (opt.backend == FSDP_BACKEND_MPI) return run_mpi(&opt);
     if (opt.from_env) {
         fsdp_comm *comm = NULL;
+        fsdp_comm_desc defaults;
         char err[512];
-        if (fsdp_comm_init_from_env(&comm, NULL, err, sizeof err) != 0) {
+        memset(&defaults, 0, sizeof defaults);
+        defaults.shm_single_copy = single_copy_setting(&opt);
+        if (fsdp_comm_init_from_env(&comm, &defaults, err, sizeof err) != 0) {
             fprintf(stderr, "bench_comm: %s\n", err);
             return 1;
         }
@@ -514,6 +571,7 @@ int main(int argc, char **argv)
     memset(&status, 0, sizeof status);
     desc.nprocs = opt.nprocs ? opt.nprocs : 2;
     desc.backend = opt.backend;
+    desc.shm_single_copy = single_copy_setting(&opt);
     rc = fsdp_launch_ex(&desc, rank_main, &opt, &status);
     if (rc != FSDP_SUCCESS) {
         fprintf(stderr, "bench_comm: %s\n", status.message[0] ? status.message
