@@ -2139,7 +2139,6 @@ typedef struct fsdp__shm {
     int single_copy_wanted;     /* fsdp_comm_desc.shm_single_copy: 0 as the environment says, 1 required,
                                    2 where the ranks can, -1 never */
     uint64_t cookie;            /* what peers must read at &cookie in the probe */
-    char *bounce;               /* single copy: peers' pieces land here to be folded (slot_bytes) */
     char name[64];
 } fsdp__shm;
 
@@ -2325,7 +2324,7 @@ typedef struct fsdp__shm_offer {
    copy_only says the readers only copy the data) a single copy where the ranks can, else
    staging (always for small ops: the end-of-op wait for readers and the system calls cost more
    than staging saves). Data that readers reduce is not offered for a single copy: the kernel
-   would copy it into a bounce buffer first, which is the staging copy moved to the reader. */
+   would have to copy it into the reader's memory first, the staging copy moved to the reader. */
 static fsdp__shm_offer fsdp__shm_offer_of(const fsdp_comm *comm, const fsdp__shm *s, const void *buf, size_t bytes,
                                           size_t op_bytes, int copy_only) {
     fsdp__shm_offer o;
@@ -2428,9 +2427,10 @@ FSDP__PRIVATE int fsdp__shm_read_peer(fsdp_comm *comm, fsdp__shm *s, int p, uint
 
 /* Where to read peer p's data for the current round: `rel` bytes past the place it published
    in shared memory (`len` bytes are checked to lie in its block), or, if it staged its data,
-   `staged` (in its slot). */
+   `staged` (in its slot). Data offered in a peer's own memory is only ever copied
+   (fsdp__shm_peer_copy), never read here: a peer that offers it for reducing breaks the protocol. */
 FSDP__PRIVATE int fsdp__shm_peer_data(fsdp_comm *comm, fsdp__shm *s, int p, size_t rel, size_t len, const char *staged,
-                                      char *bounce, const char **out) {
+                                      const char **out) {
     const fsdp__shm_src *src = &fsdp__shm_peer(s, p)->slot_src[s->round % FSDP__SHM_SLOTS];
     const fsdp__region *r;
     /* one load of each: the checks below hold for the values used, whatever the peer writes */
@@ -2439,10 +2439,6 @@ FSDP__PRIVATE int fsdp__shm_peer_data(fsdp_comm *comm, fsdp__shm *s, int p, size
     if (id == FSDP__SHM_IN_SLOT) {
         *out = staged;
         return 0;
-    }
-    if (id == FSDP__SHM_IN_PROCESS) { /* its own memory: one copy, by the kernel, into bounce */
-        *out = bounce;
-        return fsdp__shm_read_peer(comm, s, p, offset, __atomic_load_n(&src->length, __ATOMIC_RELAXED), rel, len, bounce);
     }
     for (r = comm->regions; r; r = r->next)
         if (r->id == id) break;
@@ -2467,7 +2463,7 @@ FSDP__PRIVATE int fsdp__shm_peer_copy(fsdp_comm *comm, fsdp__shm *s, int p, size
     if (__atomic_load_n(&src->region, __ATOMIC_RELAXED) == FSDP__SHM_IN_PROCESS)
         return fsdp__shm_read_peer(comm, s, p, __atomic_load_n(&src->offset, __ATOMIC_RELAXED),
                                    __atomic_load_n(&src->length, __ATOMIC_RELAXED), rel, len, dst);
-    int rc = fsdp__shm_peer_data(comm, s, p, rel, len, staged, NULL, &from);
+    int rc = fsdp__shm_peer_data(comm, s, p, rel, len, staged, &from);
     if (!rc) fsdp__copy_out(dst, from, len, stream);
     return rc;
 }
@@ -2548,7 +2544,7 @@ FSDP__PRIVATE int fsdp__shm_reduce_scatter(fsdp_comm *comm, void *impl, const fs
             if (p != me) /* a peer's send + me * stride + off, or the piece it staged for me */
                 FSDP__SHM_TRY(fsdp__shm_peer_data(comm, s, p, (size_t)me * stride, len,
                                                   fsdp__shm_slot(s, p, s->round) + (size_t)me * piece,
-                                                  s->bounce + (size_t)p * piece, &src));
+                                                  &src));
             srcs[p] = src;
         }
         fsdp_reduce_ranks((char *)c->recv + off, srcs, P, len / esize, c->dtype, c->op, P);
@@ -2599,7 +2595,7 @@ FSDP__PRIVATE int fsdp__shm_all_reduce(fsdp_comm *comm, void *impl, const fsdp_c
             if (p != me)
                 FSDP__SHM_TRY(fsdp__shm_peer_data(comm, s, p, (size_t)me * piece_elems * esize, mine_n * esize,
                                                   fsdp__shm_slot(s, p, s->round) + (size_t)me * piece_elems * esize,
-                                                  s->bounce + (size_t)p * piece_elems * esize, &src));
+                                                  &src));
             srcs[p] = src;
         }
         if (mine_n) fsdp_reduce_ranks(recv + mine_at * esize, srcs, P, mine_n, c->dtype, c->op, P);
@@ -2691,7 +2687,6 @@ FSDP__PRIVATE void fsdp__shm_destroy(fsdp_comm *comm, void *impl) {
         fsdp__futex(&me->depart, FUTEX_WAKE, 0x7fffffff, NULL);
     }
     if (s->header && s->owns_mapping) munmap((void *)s->header, s->map_bytes);
-    FSDP_FREE(s->bounce);
     FSDP_FREE(s);
 }
 
@@ -2875,10 +2870,6 @@ FSDP__PRIVATE int fsdp__shm_probe_single_copy(fsdp_comm *comm, fsdp__shm *s, int
     fsdp__fmt(why, sizeof why, "process_vm_readv is Linux's");
 #endif
     if (wanted < 0) fsdp__fmt(why, sizeof why, "turned off");
-    if (ok && !(s->bounce = (char *)FSDP_MALLOC(s->slot_bytes))) { /* before the verdict: all agree */
-        fsdp__fmt(why, sizeof why, "rank %d has no memory for its bounce buffer", comm->rank);
-        ok = 0;
-    }
     fsdp__store(&me->single_copy, ok ? 1u : 2u);
     for (p = 0; p < comm->world; p++) {
         uint32_t v;
@@ -2890,10 +2881,6 @@ FSDP__PRIVATE int fsdp__shm_probe_single_copy(fsdp_comm *comm, fsdp__shm *s, int
         }
         if (v != 1 && all && !*why) fsdp__fmt(why, sizeof why, "rank %d cannot read its peers' memory", p);
         all &= v == 1;
-    }
-    if (!all) {
-        FSDP_FREE(s->bounce);
-        s->bounce = NULL;
     }
     s->single_copy = all;
     if (!all && wanted == 1)
