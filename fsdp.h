@@ -409,9 +409,11 @@ FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **
    reading it). Such buffers and ordinary ones mix freely, per rank and per op.
    Collective: every rank of the comm calls it, in the same order relative to its other
    fsdp_comm_alloc calls and ops; bytes may differ by rank. The memory is zeroed, 64-byte
-   aligned, and lives until fsdp_comm_free or fsdp_comm_destroy. On other backends it is
-   ordinary memory. If the ranks cannot share it (say /dev/shm is too small), each rank gets
-   ordinary memory, a warning goes to the logger, and collectives on it stay correct, staged.
+   aligned, and lives until fsdp_comm_free or fsdp_comm_destroy. On a socket world spanning
+   hosts (transport socket+shm) it is shared among the ranks of each host, which read it
+   directly in the shared-memory half of every op; on other backends it is ordinary memory.
+   If the ranks cannot share it (say /dev/shm is too small), each rank gets ordinary memory,
+   a warning goes to the logger, and collectives on it stay correct, staged.
    Returns FSDP_SUCCESS; FSDP_ERR_INVALID_ARG; FSDP_ERR_OUT_OF_MEMORY; or, if the comm failed,
    its error (see fsdp_comm_last_error). */
 FSDP_API int fsdp_comm_alloc(fsdp_comm *comm, size_t bytes, void **out);
@@ -2330,7 +2332,7 @@ static fsdp__shm_offer fsdp__shm_offer_of(const fsdp_comm *comm, const fsdp__shm
     fsdp__shm_offer o;
     memset(&o, 0, sizeof o);
     if (op_bytes < FSDP__SHM_DIRECT_MIN || !buf) return o;
-    if (!s->stride && (o.region = fsdp__shared_region(comm, buf, bytes)) != NULL) return o;
+    if ((o.region = fsdp__shared_region(comm, buf, bytes)) != NULL) return o;
     if (s->single_copy && copy_only) {
         o.base = (const char *)buf;
         o.length = bytes;
@@ -4680,7 +4682,7 @@ FSDP__PRIVATE int fsdp__hier_run_job(fsdp_comm *comm, fsdp__hier *x, const fsdp_
         char *recv = (char *)c->recv;
         for (h = 0; h < H; h++)
             if (h != g)
-                fsdp__sock_plan(x->net, x->first[h] + l, recv + (size_t)comm->rank * bytes + job->at, job->len,
+                fsdp__sock_plan(x->net, x->first[h] + l, (const char *)c->send + job->at, job->len,
                                 recv + (size_t)(x->first[h] + l) * bytes + job->at, job->len);
         rc = fsdp__sock_phase(comm, x->net, c, 0, NULL);
     } else if (c->kind == FSDP_COLL_REDUCE_SCATTER) { /* partials out, my block's in, folded */
@@ -4777,8 +4779,6 @@ FSDP__PRIVATE int fsdp__hier_pipeline(fsdp_comm *comm, fsdp__hier *x, const fsdp
     const char *send = (const char *)c->send;
     x->net->op_deadline = fsdp__now_ms() + c->timeout_ms;
     x->job_rc = 0;
-    if (c->kind == FSDP_COLL_ALL_GATHER && recv + (size_t)comm->rank * bytes != send)
-        memmove(recv + (size_t)comm->rank * bytes, send, bytes);
     for (k = 0; k <= chunks && !rc; k++) {
         size_t at = k * chunk, len = k < chunks ? (span - at < chunk ? span - at : chunk) : 0;
         size_t prev_at = at - chunk, prev_len = chunk;
@@ -4793,9 +4793,9 @@ FSDP__PRIVATE int fsdp__hier_pipeline(fsdp_comm *comm, fsdp__hier *x, const fsdp
                                               len / esize, piece, fsdp__hier_local_op(c->op));
             if (rc || (rc = fsdp__hier_post(x, c, at, len)) != 0) break;
         }
-        if (k == 0 && c->kind == FSDP_COLL_ALL_GATHER) /* this host's blocks, meanwhile */
-            rc = fsdp__hier_local_strided(comm, x, c, FSDP_COLL_ALL_GATHER, recv + (size_t)comm->rank * bytes,
-                                          recv + (size_t)x->first[g] * bytes, c->count, 0, FSDP_SUM);
+        if (k == 0 && c->kind == FSDP_COLL_ALL_GATHER) /* this host's blocks (mine too), meanwhile */
+            rc = fsdp__hier_local_strided(comm, x, c, FSDP_COLL_ALL_GATHER, send, recv + (size_t)x->first[g] * bytes,
+                                          c->count, 0, FSDP_SUM);
         if (k == 0 || rc) continue;
         if (k == chunks) { /* the last chunk's network part must be done */
             if ((rc = fsdp__hier_wait(x)) != 0) break;
@@ -5437,6 +5437,10 @@ FSDP_API int fsdp_comm_alloc(fsdp_comm *comm, size_t bytes, void **out) {
         return FSDP_ERR_INVALID_ARG;
     }
     if (fsdp__load(&comm->status) != FSDP_SUCCESS) return FSDP_ERR_ABORTED;
+    if (comm->backend == &fsdp__hier_backend) { /* shared with the ranks of this host, which read it */
+        comm->allocations++;
+        return fsdp_comm_alloc(((fsdp__hier *)comm->impl)->local, bytes, out);
+    }
     if (!(r = (fsdp__region *)fsdp__calloc(sizeof *r))) return FSDP_ERR_OUT_OF_MEMORY;
     r->bytes = bytes ? bytes : 1;
     r->id = comm->allocations++;
@@ -5461,6 +5465,10 @@ FSDP_API int fsdp_comm_alloc(fsdp_comm *comm, size_t bytes, void **out) {
 FSDP_API void fsdp_comm_free(fsdp_comm *comm, void *ptr) {
     fsdp__region **at;
     if (!comm || !ptr) return;
+    if (comm->backend == &fsdp__hier_backend) {
+        fsdp_comm_free(((fsdp__hier *)comm->impl)->local, ptr);
+        return;
+    }
     for (at = &comm->regions; *at; at = &(*at)->next)
         if ((*at)->base == (char *)ptr) {
             fsdp__region *r = *at;
@@ -5472,6 +5480,7 @@ FSDP_API void fsdp_comm_free(fsdp_comm *comm, void *ptr) {
 }
 
 FSDP_API int fsdp_comm_is_shared(const fsdp_comm *comm, const void *ptr, size_t bytes) {
+    if (comm && comm->backend == &fsdp__hier_backend) return fsdp_comm_is_shared(((fsdp__hier *)comm->impl)->local, ptr, bytes);
     return comm && fsdp__shared_region(comm, ptr, bytes) != NULL;
 }
 

@@ -8,6 +8,10 @@
 #   flat   fsdp.h's socket backend with FSDP_HIERARCHICAL=0: every byte over TCP, also inside a host
 #   hier   fsdp.h's default for ranks spanning hosts (transport socket+shm): shared memory inside a
 #          host, sockets between hosts carrying only what each host must exchange
+#   1/host fsdp.h's socket backend with one rank per host (H ranks, the same full buffer): the same
+#          bytes cross the links as in hier, with no shared-memory half; the floor hier can reach
+#          when its shared-memory work hides behind the network (on a machine whose cores all the
+#          hosts share, TCP's own CPU cost can make this floor higher than the link's rate)
 #   ompi   Open MPI's own collectives (MPI_Allgather, MPI_Reduce_scatter_block, MPI_Allreduce, and
 #          MPI_Bcast where bench_comm has broadcast) under mpirun across the same hosts (orted started
 #          in the other hosts through the bed's rsh agent; --mca btl self,vader,tcp: vader inside a
@@ -15,11 +19,13 @@
 # with build/bench_comm --from-env (ranks started in the hosts with torchrun's variables) and
 # build/bench_comm_mpi --mpi-native, for all_gather, reduce_scatter, all_reduce (and broadcast if
 # bench_comm --help lists it). Time = median over iterations of the slowest rank (bench_comm's).
-# It prints one table: layout, op, bytes, flat ms, hier ms, ompi ms, hier/flat speedup
+# It prints one table: layout, op, bytes, flat ms, hier ms, 1/host ms, ompi ms, hier/flat speedup
 # (flat ms / hier ms) and ompi/hier (ompi ms / hier ms; > 1: fsdp.h faster), then the goals below.
 # With --gpt also the GPT's median ms/step (build/gpt, rank 0's median step after the first):
 # HYBRID_SHARD on 2 hosts x 2 ranks (socket, launched from the environment as torchrun would)
-# against FULL_SHARD on 4 ranks of one host (--nproc 4, shared memory), same model and batch.
+# against FULL_SHARD on 4 ranks of one host (--nproc 4, shared memory), same model and batch, and
+# HYBRID_SHARD on 4 ranks of one host (two replicas over shared memory): the strategy's own cost
+# (a second reduction, twice the optimizer work per rank) apart from the link's.
 #
 # Goals (issue 10, "Measure", at 64 MiB and a 10 Gbit/s link):
 #   hier >= 1.8x flat for all_gather, reduce_scatter and all_reduce at 2x2 (the link bound is 2x)
@@ -198,7 +204,7 @@ fsdp_run() {
         csv_lines "$HOSTBED_SHARE/rank0.log" >>"$RES/$layout.$kind"
         port=$((port + 1))
     done
-    want=$([ $kind = flat ] && echo socket || echo socket+shm)
+    want=$([ $kind = hier ] && echo socket+shm || echo socket)
     if [ -s "$RES/$layout.$kind" ] && awk -F, -v w="$want" '$1 != w { bad = 1 } END { exit !bad }' "$RES/$layout.$kind"; then
         echo "$ME: warning: $layout $kind ran on transport '$(cut -d, -f1 "$RES/$layout.$kind" | sort -u | tr '\n' ' ')', not $want" >&2
     fi
@@ -239,6 +245,11 @@ for l in "${LAYOUTS[@]}"; do
     counts=${counts%,}
     fsdp_run "$l" flat "$counts" && { m=$(missing_ops "$RES/$l.flat"); [ -z "$m" ] || fsdp_run "$l" flat "$counts" $m; }
     fsdp_run "$l" hier "$counts" && { m=$(missing_ops "$RES/$l.hier"); [ -z "$m" ] || fsdp_run "$l" hier "$counts" $m; }
+    if [ ! -f "$RES/${H}x1.link" ]; then # one rank per host: the same bytes across the links, no shm half
+        ones=$(printf "1,%.0s" $(seq "$H"))
+        fsdp_run "${H}x1" link "${ones%,}" && { m=$(missing_ops "$RES/${H}x1.link"); [ -z "$m" ] || fsdp_run "${H}x1" link "${ones%,}" $m; }
+    fi
+    [ -f "$RES/${H}x1.link" ] && cp "$RES/${H}x1.link" "$RES/$l.link"
     if [ $use_mpi = 1 ]; then
         ompi_run "$l" "$H" "$R" && {
             m=$(missing_ops "$RES/$l.ompi")
@@ -250,7 +261,7 @@ for l in "${LAYOUTS[@]}"; do
     fi
 done
 
-gpt_hybrid='' gpt_full=''
+gpt_hybrid='' gpt_full='' gpt_hybrid1=''
 if [ $gpt = 1 ]; then
     read -ra extra <<<"$gpt_extra"
     gpt_args=(--steps "$gpt_steps" --print-every "$gpt_steps" --ckpt none --sample 0 "${extra[@]}")
@@ -267,6 +278,11 @@ if [ $gpt = 1 ]; then
     r=$?
     if [ $r = 0 ]; then gpt_full=$(gpt_median "$RES/gpt_full.log"); else failed_run "GPT FULL_SHARD 1x4" "$RES/gpt_full.log"; fi
     echo "$ME: GPT FULL_SHARD 1 host x 4 done ($(elapsed $t) s)" >&2
+    t=$SECONDS
+    hostbed_exec --timeout "$run_timeout" h0 "$BIN/gpt" --nproc 4 "${gpt_args[@]}" --strategy HYBRID_SHARD >"$RES/gpt_hybrid1.log" 2>&1
+    r=$?
+    if [ $r = 0 ]; then gpt_hybrid1=$(gpt_median "$RES/gpt_hybrid1.log"); else failed_run "GPT HYBRID_SHARD 1x4" "$RES/gpt_hybrid1.log"; fi
+    echo "$ME: GPT HYBRID_SHARD 1 host x 4 done ($(elapsed $t) s)" >&2
 fi
 
 if [ -n "$keep" ]; then
@@ -278,11 +294,12 @@ echo
 echo "# bench_multihost: fsdp.h $(git describe --always --dirty 2>/dev/null || echo '?'), $(nproc) cores, links $rate"\
      "(tc tbf per host egress), sizes $sizes, iters ${iters:-auto}, warmup ${warmup:-3}"
 echo "# time = median over iterations of the slowest rank; flat = socket with FSDP_HIERARCHICAL=0,"
-echo "# hier = socket+shm (default), ompi = Open MPI $(mpirun --version 2>/dev/null | sed -n '1s/.*) //p')" \
+echo "# hier = socket+shm (default), 1/host = socket with one rank per host (the same bytes across the links),"
+echo "# ompi = Open MPI $(mpirun --version 2>/dev/null | sed -n '1s/.*) //p')" \
      "native collectives (btl self,vader,tcp${ompi_yields:+; mpi_yield_when_idle}$ompi_yields)"
 {
     for l in "${LAYOUTS[@]}"; do
-        for k in flat hier ompi; do
+        for k in flat hier link ompi; do
             [ -f "$RES/$l.$k" ] && sed "s/^/$l,$k,/" "$RES/$l.$k"
         done
     done
@@ -293,16 +310,17 @@ echo "# hier = socket+shm (default), ompi = Open MPI $(mpirun --version 2>/dev/n
     function cell(v) { return v == "" ? sprintf("%9s", "-") : sprintf("%9.2f", v) }
     function ratio(a, c) { return (a == "" || c == "" || c == 0) ? sprintf("%9s", "-") : sprintf("%8.2fx", a / c) }
     END {
-        printf "%-6s %-15s %10s %9s %9s %9s %9s %9s\n", "layout", "op", "bytes", "flat ms", "hier ms", "ompi ms",
-               "hier/flat", "ompi/hier"
+        printf "%-6s %-15s %10s %9s %9s %9s %9s %9s %9s\n", "layout", "op", "bytes", "flat ms", "hier ms", "1/host ms",
+               "ompi ms", "hier/flat", "ompi/hier"
         n = split(layouts, L, " "); m = split(ops, O, " ")
         for (i = 1; i <= n; i++) for (j = 1; j <= m; j++) for (s = 1; s <= nb[L[i], O[j]]; s++) {
             key = L[i] SUBSEP O[j] SUBSEP b[L[i], O[j], s]
             f = ((key, "flat") in ms) ? ms[key, "flat"] : ""
             h = ((key, "hier") in ms) ? ms[key, "hier"] : ""
             o = ((key, "ompi") in ms) ? ms[key, "ompi"] : ""
-            printf "%-6s %-15s %10s %s %s %s %s %s\n", L[i], O[j], b[L[i], O[j], s], cell(f), cell(h), cell(o),
-                   ratio(f, h), ratio(o, h)
+            k1 = ((key, "link") in ms) ? ms[key, "link"] : ""
+            printf "%-6s %-15s %10s %s %s %s %s %s %s\n", L[i], O[j], b[L[i], O[j], s], cell(f), cell(h), cell(k1),
+                   cell(o), ratio(f, h), ratio(o, h)
             if (O[j] == "broadcast") continue
             if (L[i] == "2x2" || L[i] == "2x4") {
                 need = L[i] == "2x2" ? 1.8 : 3
@@ -323,6 +341,11 @@ if [ $gpt = 1 ]; then
     echo "GPT ms/step (median of steps 2..$gpt_steps on rank 0; gpt ${gpt_args[*]}):"
     printf '  HYBRID_SHARD, 2 hosts x 2 ranks (socket):     %s ms\n' "${gpt_hybrid:--}"
     printf '  FULL_SHARD,   1 host x 4 ranks (shm):         %s ms\n' "${gpt_full:--}"
+    printf '  HYBRID_SHARD, 1 host x 4 ranks (shm):         %s ms\n' "${gpt_hybrid1:--}"
+    if [ -n "$gpt_hybrid" ] && [ -n "$gpt_hybrid1" ]; then
+        awk -v h="$gpt_hybrid" -v o="$gpt_hybrid1" 'BEGIN {
+            printf "  hybrid across hosts / hybrid on one host %.3f (what the link costs)\n", h / o }'
+    fi
     if [ -n "$gpt_hybrid" ] && [ -n "$gpt_full" ]; then
         awk -v h="$gpt_hybrid" -v f="$gpt_full" 'BEGIN {
             printf "  hybrid/full %.3f (goal <= 1.10, within 10%%): %s\n", h / f, h / f <= 1.10 ? "met" : "MISSED" }'

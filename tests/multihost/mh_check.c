@@ -8,6 +8,7 @@
        and broadcast exact; reductions bitwise equal to the documented order (inside a host in
        rank order, then the hosts' partials in host order, 16-bit partials rounded between the
        two levels; flat rank order when every rank has a host to itself or all share one);
+     - the same on fsdp_comm_alloc buffers (f32, bf16), which a host's ranks read directly;
      - fsdp_comm_split: a group of one host's ranks runs on shm, one rank per host on sockets.
    Prints "mh_check: rank R: N checks, F failed" and one line per failure; exits 1 on failure.
    MH_OPS_ONLY=1 skips the splits; MH_MAX_COUNT caps the sizes (slow links); MH_LOOP_MS keeps
@@ -110,19 +111,37 @@ static float reference(const layout *lay, fsdp_dtype dtype, fsdp_reduce_op op, s
 
 static int same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0 || (a != a && b != b); }
 
-static void check_ops(fsdp_comm *comm, const layout *lay) {
+/* Every op at every size and dtype (registered: f32 and bf16 only), on buffers from malloc or
+   (registered) from fsdp_comm_alloc, which the ranks of a host read directly from each other. */
+static void check_ops(fsdp_comm *comm, const layout *lay, int registered) {
     static const size_t counts[] = {1, 7, 1000, 16411, 100003, 1 << 20};
     size_t max_count = getenv("MH_MAX_COUNT") ? (size_t)atol(getenv("MH_MAX_COUNT")) : (size_t)1 << 20;
     static const fsdp_dtype dtypes[] = {FSDP_F32, FSDP_BF16, FSDP_F16};
     static const fsdp_reduce_op ops[] = {FSDP_SUM, FSDP_AVG, FSDP_MAX};
-    int P = lay->world, me = fsdp_comm_rank(comm), salt = 0, ci, di, oi, r;
+    int P = lay->world, me = fsdp_comm_rank(comm), salt = registered ? 1000 : 0, ci, di, oi, r;
+    const char *kind = registered ? ", registered" : "";
     for (ci = 0; ci < (int)(sizeof counts / sizeof counts[0]); ci++)
-        for (di = 0; di < 3; di++) {
+        for (di = 0; di < (registered ? 2 : 3); di++) {
             size_t n = counts[ci], es = fsdp_dtype_size(dtypes[di]), i, bad;
             fsdp_dtype dt = dtypes[di];
-            char *send = (char *)malloc(n * es * (size_t)P), *recv = (char *)malloc(n * es * (size_t)P);
-            if (!send || !recv) { check(0, "out of memory"); return; }
-            if ((dt == FSDP_F16 && n > 100003) || n > max_count) { free(send); free(recv); continue; } /* keep it short */
+            char *send = NULL, *recv = NULL;
+            if ((dt == FSDP_F16 && n > 100003) || n > max_count) continue; /* keep it short */
+            if (registered) {
+                void *a = NULL, *b = NULL;
+                check(fsdp_comm_alloc(comm, n * es * (size_t)P, &a) == 0 && fsdp_comm_alloc(comm, n * es * (size_t)P, &b) == 0,
+                      "fsdp_comm_alloc(%zu): %s", n * es * (size_t)P, fsdp_comm_last_error(comm));
+                if (!a || !b) { fsdp_comm_free(comm, a); fsdp_comm_free(comm, b); return; }
+                /* on a two-level world a host's ranks share it; flat sockets: ordinary memory */
+                check(fsdp_comm_is_shared(comm, a, n * es * (size_t)P) ==
+                          (!strcmp(fsdp_comm_transport(comm), "socket+shm") && fsdp_comm_local_size(comm) > 1),
+                      "fsdp_comm_is_shared says %d", fsdp_comm_is_shared(comm, a, n * es * (size_t)P));
+                send = (char *)a;
+                recv = (char *)b;
+            } else {
+                send = (char *)malloc(n * es * (size_t)P);
+                recv = (char *)malloc(n * es * (size_t)P);
+                if (!send || !recv) { free(send); free(recv); check(0, "out of memory"); return; }
+            }
             /* all_gather */
             salt++;
             for (i = 0; i < n; i++) put(send, dt, i, value(me, i, salt));
@@ -130,14 +149,21 @@ static void check_ops(fsdp_comm *comm, const layout *lay) {
                   fsdp_comm_last_error(comm));
             for (bad = 0, r = 0; r < P; r++)
                 for (i = 0; i < n; i++) bad += !same_bits(get(recv, dt, (size_t)r * n + i), round_to(dt, value(r, i, salt)));
-            check(bad == 0, "all_gather(%zu, %s): %zu elements differ", n, fsdp_dtype_name(dt), bad);
+            check(bad == 0, "all_gather(%zu, %s%s): %zu elements differ", n, fsdp_dtype_name(dt), kind, bad);
+            salt++; /* in place: this rank's block of recv is its input */
+            for (i = 0; i < n; i++) put(recv + (size_t)me * n * es, dt, i, value(me, i, salt));
+            check(fsdp_all_gather(comm, recv + (size_t)me * n * es, recv, n, dt) == 0, "all_gather in place(%zu, %s): %s", n,
+                  fsdp_dtype_name(dt), fsdp_comm_last_error(comm));
+            for (bad = 0, r = 0; r < P; r++)
+                for (i = 0; i < n; i++) bad += !same_bits(get(recv, dt, (size_t)r * n + i), round_to(dt, value(r, i, salt)));
+            check(bad == 0, "all_gather in place(%zu, %s%s): %zu elements differ", n, fsdp_dtype_name(dt), kind, bad);
             /* broadcast from every root (small sizes) or two roots */
             for (r = 0; r < P; r += n > 1000 ? P - 1 : 1) {
                 salt++;
                 for (i = 0; i < n; i++) put(recv, dt, i, me == r ? value(r, i, salt) : 0.0f);
                 check(fsdp_broadcast(comm, recv, n, dt, r) == 0, "broadcast(%zu, root %d): %s", n, r, fsdp_comm_last_error(comm));
                 for (bad = 0, i = 0; i < n; i++) bad += !same_bits(get(recv, dt, i), round_to(dt, value(r, i, salt)));
-                check(bad == 0, "broadcast(%zu, %s, root %d): %zu elements differ", n, fsdp_dtype_name(dt), r, bad);
+                check(bad == 0, "broadcast(%zu, %s%s, root %d): %zu elements differ", n, fsdp_dtype_name(dt), kind, r, bad);
                 if (P == 1) break;
             }
             for (oi = 0; oi < 3; oi++) {
@@ -150,21 +176,26 @@ static void check_ops(fsdp_comm *comm, const layout *lay) {
                       fsdp_comm_last_error(comm));
                 for (bad = 0, i = 0; i < n; i++)
                     bad += !same_bits(get(recv, dt, i), reference(lay, dt, op, (size_t)me * n + i, salt));
-                check(bad == 0, "reduce_scatter(%zu, %s, op %d): %zu elements differ from the documented order", n,
-                      fsdp_dtype_name(dt), (int)op, bad);
+                check(bad == 0, "reduce_scatter(%zu, %s%s, op %d): %zu elements differ from the documented order", n,
+                      fsdp_dtype_name(dt), kind, (int)op, bad);
                 /* all_reduce, out of place and in place */
                 salt++;
                 for (i = 0; i < n; i++) put(send, dt, i, value(me, i, salt));
                 check(fsdp_all_reduce(comm, send, recv, n, dt, op) == 0, "all_reduce(%zu): %s", n, fsdp_comm_last_error(comm));
                 for (bad = 0, i = 0; i < n; i++) bad += !same_bits(get(recv, dt, i), reference(lay, dt, op, i, salt));
-                check(bad == 0, "all_reduce(%zu, %s, op %d): %zu elements differ from the documented order", n,
-                      fsdp_dtype_name(dt), (int)op, bad);
+                check(bad == 0, "all_reduce(%zu, %s%s, op %d): %zu elements differ from the documented order", n,
+                      fsdp_dtype_name(dt), kind, (int)op, bad);
                 check(fsdp_all_reduce(comm, send, send, n, dt, op) == 0, "all_reduce in place(%zu)", n);
                 for (bad = 0, i = 0; i < n; i++) bad += !same_bits(get(send, dt, i), reference(lay, dt, op, i, salt));
-                check(bad == 0, "all_reduce in place(%zu, %s, op %d): %zu elements differ", n, fsdp_dtype_name(dt), (int)op, bad);
+                check(bad == 0, "all_reduce in place(%zu, %s%s, op %d): %zu elements differ", n, fsdp_dtype_name(dt), kind, (int)op, bad);
             }
-            free(send);
-            free(recv);
+            if (registered) {
+                fsdp_comm_free(comm, send);
+                fsdp_comm_free(comm, recv);
+            } else {
+                free(send);
+                free(recv);
+            }
         }
     check(fsdp_barrier(comm) == 0, "barrier: %s", fsdp_comm_last_error(comm));
 }
@@ -239,7 +270,8 @@ int main(void) {
         fsdp_comm_destroy(comm);
         return rc ? 3 : 0;
     }
-    check_ops(comm, &lay);
+    check_ops(comm, &lay, 0);
+    if (!getenv("MH_OPS_ONLY")) check_ops(comm, &lay, 1);
     if (!getenv("MH_OPS_ONLY")) check_splits(comm);
     printf("mh_check: rank %d of %d (host %d, local %d of %d, %s, %s): %d checks, %d failed, %.1f s\n", rank_id,
            lay.world, lay.host_of[rank_id], fsdp_comm_local_rank(comm), fsdp_comm_local_size(comm),
