@@ -6195,6 +6195,17 @@ static int fsdp__aliases_master(const fsdp_ctx *ctx, const fsdp__unit *u) {
     return u->group_size == 1 && ctx->param_dtype == FSDP_F32;
 }
 
+/* A unit whose gradient has nobody to be reduced with (one rank) and no dtype to pass through
+   (f32 reduce) accumulates its backward straight into its gradient shard, which then is the
+   whole gradient: no unsharded buffer to zero, no add afterwards. fsdp_grad's contract holds:
+   the shard is zero after fsdp_zero_grad, and += adds to what earlier backwards left, as the
+   separate buffer plus the add did. Not under no_sync, which keeps the shard untouched until
+   the micro-steps' sum is reduced. */
+static int fsdp__grad_in_place(const fsdp_ctx *ctx, const fsdp__unit *u) {
+    return ctx->world == 1 && ctx->reduce_dtype == FSDP_F32 && !ctx->no_sync && u->padded > 0 && u->shard == u->padded &&
+           u->grad != NULL;
+}
+
 /* --- comm thread ------------------------------------------------------------------------ */
 FSDP__PRIVATE int fsdp__run_gather(fsdp_ctx *ctx, fsdp__unit *u, uint32_t tag) {
     size_t esize = fsdp_dtype_size(ctx->param_dtype);
@@ -6543,7 +6554,9 @@ FSDP__PRIVATE int fsdp__unit_pre_backward(fsdp_ctx *ctx, int ui) {
     if (ctx->desc.backward_prefetch == FSDP_BACKWARD_PRE &&
         (rc = fsdp__prefetch_after(ctx, ctx->bwd_order, ctx->bwd_len, ui)) != 0)
         return rc;
-    if (!u->grad_full && !u->frozen) {
+    if (!u->grad_full && !u->frozen && fsdp__grad_in_place(ctx, u)) {
+        u->grad_full = u->grad; /* nothing to reduce: the backward accumulates straight into the gradient */
+    } else if (!u->grad_full && !u->frozen) {
         /* at most one earlier unit's gradient still being reduced: bounds gradient memory to two */
         if (ctx->older_reduce && (rc = fsdp__wait_task(ctx, ctx->older_reduce)) != 0) return rc;
         u->grad_full = (float *)fsdp__buf_get(ctx, (size_t)u->padded * sizeof(float), 1);
@@ -6566,6 +6579,9 @@ FSDP__PRIVATE int fsdp__unit_post_backward(fsdp_ctx *ctx, int ui) {
         /* no gradient to reduce */
     } else if (ctx->no_sync) {
         u->grad_full_pending = 1; /* keep accumulating locally */
+    } else if (u->grad_full == u->grad) { /* accumulated in place: done */
+        u->grad_full = NULL;
+        u->grad_full_pending = 0;
     } else if (u->padded == 0) {
         fsdp__buf_put(ctx, u->grad_full, 0);
         u->grad_full = NULL;
@@ -7231,7 +7247,7 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     for (ui = 0; ctx->units && ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
         fsdp__reshard(ctx, u);
-        fsdp__buf_put(ctx, u->grad_full, (size_t)u->padded * sizeof(float));
+        if (u->grad_full != u->grad) fsdp__buf_put(ctx, u->grad_full, (size_t)u->padded * sizeof(float));
         if (!u->master_shared) FSDP_FREE(u->master);
         FSDP_FREE(u->grad);
         FSDP_FREE(u->opt_a);
@@ -7355,6 +7371,7 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
         if (pu->group_size == 1 && d.param_dtype == FSDP_F32) pbytes = 0; /* computes on the master copy */
         if (d.fp32_compute_view && d.param_dtype != FSDP_F32) pbytes += (size_t)pu->padded * sizeof(float);
         if (d.reduce_dtype != FSDP_F32) gbytes += (size_t)pu->padded * fsdp_dtype_size(d.reduce_dtype);
+        else if (world_size == 1) gbytes = 0; /* accumulates in its gradient shard (fsdp__grad_in_place) */
         est->param_shard_bytes += sizeof(float) * (size_t)pu->shard;
         if (pu->frozen) gbytes = 0; /* no gradient, no optimizer state */
         else est->grad_shard_bytes += sizeof(float) * (size_t)pu->shard;
@@ -7430,7 +7447,7 @@ FSDP_API int fsdp_gather_param(fsdp_ctx *ctx, int param, float *out) {
     int rc;
     if (!u || !out) return ctx ? fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_gather_param: bad parameter %d", param)
                                : FSDP_ERR_INVALID_ARG;
-    if (!u->shard_comm) { /* replicated */
+    if (!u->shard_comm || u->group_size == 1) { /* replicated, or a group of one: the shard is the whole unit */
         memcpy(out, u->master + ctx->plan.param_offset[param], sizeof(float) * (size_t)ctx->model->params[param].numel);
         return 0;
     }
