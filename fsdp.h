@@ -6097,6 +6097,7 @@ struct fsdp_ctx {
     fsdp__task *queue;
     int queue_cap, queue_head, queue_len;
     uint64_t issued, completed;
+    int running;            /* a task is being run (by the comm thread, or by a waiter helping) */
     int worker_error;
     /* memory */
     size_t persistent_bytes, param_bytes, grad_bytes, opt_bytes, live_bytes, peak_live_bytes;
@@ -6259,43 +6260,61 @@ static fsdp_comm *fsdp__failed_comm(fsdp_ctx *ctx, const fsdp__task *t) {
     return u->shard_comm ? u->shard_comm : ctx->comm;
 }
 
+/* Takes the next task off the queue to run it; the caller holds ctx->lock. */
+static fsdp__task fsdp__take_task(fsdp_ctx *ctx) {
+    fsdp__task t = ctx->queue[ctx->queue_head];
+    ctx->queue_head = (ctx->queue_head + 1) % ctx->queue_cap;
+    ctx->queue_len--;
+    ctx->running = 1;
+    return t;
+}
+
+/* Runs a task taken off the queue (ctx->lock not held) and marks it done. Tasks run one at a
+   time in queue order, so completion is a count. After a failure the rest of the queue is only
+   drained. */
+FSDP__PRIVATE void fsdp__run_task(fsdp_ctx *ctx, fsdp__task *t) {
+    int rc;
+    pthread_mutex_lock(&ctx->lock);
+    rc = ctx->worker_error;
+    pthread_mutex_unlock(&ctx->lock);
+    if (!rc) {
+        fsdp__unit *u = t->unit >= 0 ? &ctx->units[t->unit] : NULL;
+        if (t->kind == FSDP__TASK_GATHER) rc = fsdp__run_gather(ctx, u, (uint32_t)(t->unit * 4 + 1));
+        else if (t->kind == FSDP__TASK_REDUCE) rc = fsdp__run_reduce(ctx, u, t, (uint32_t)(t->unit * 4 + 2));
+        else if (t->coll == FSDP_COLL_BROADCAST) rc = fsdp_broadcast(t->comm, t->recv, t->count, FSDP_F32, t->root);
+        else rc = fsdp__collective_tagged(t->comm, t->coll, t->send, t->recv, t->count, FSDP_F32, FSDP_SUM, 3);
+    }
+    if (t->kind == FSDP__TASK_REDUCE) {
+        fsdp__buf_put(ctx, t->grad_full, t->grad_bytes);
+        fsdp__buf_put(ctx, t->scratch, t->scratch_bytes);
+    }
+    fsdp__stream_fence();
+    pthread_mutex_lock(&ctx->lock);
+    if (rc && !ctx->worker_error) {
+        ctx->worker_error = rc;
+        fsdp__fmt(ctx->error, sizeof ctx->error, "%s of unit '%s' failed: %s",
+                  t->kind == FSDP__TASK_GATHER ? "all-gather" : t->kind == FSDP__TASK_REDUCE ? "gradient reduction"
+                                                                                          : "collective",
+                  t->unit >= 0 ? fsdp__unit_name(ctx, t->unit) : "-",
+                  fsdp_comm_last_error(fsdp__failed_comm(ctx, t)));
+    }
+    ctx->completed = t->id;
+    ctx->running = 0;
+    pthread_cond_broadcast(&ctx->done);
+    if (ctx->queue_len) pthread_cond_signal(&ctx->wake);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
 static void *fsdp__worker(void *arg) {
     fsdp_ctx *ctx = (fsdp_ctx *)arg;
     for (;;) {
         fsdp__task t;
-        int rc = 0;
         pthread_mutex_lock(&ctx->lock);
-        while (ctx->queue_len == 0 && !ctx->stop) pthread_cond_wait(&ctx->wake, &ctx->lock);
-        if (ctx->queue_len == 0 && ctx->stop) { pthread_mutex_unlock(&ctx->lock); break; }
-        t = ctx->queue[ctx->queue_head];
-        ctx->queue_head = (ctx->queue_head + 1) % ctx->queue_cap;
-        ctx->queue_len--;
-        rc = ctx->worker_error;
+        while ((ctx->queue_len == 0 || ctx->running) && !ctx->stop) pthread_cond_wait(&ctx->wake, &ctx->lock);
+        if (ctx->stop && (ctx->queue_len == 0 || ctx->running)) { pthread_mutex_unlock(&ctx->lock); break; }
+        t = fsdp__take_task(ctx);
         pthread_mutex_unlock(&ctx->lock);
-        if (!rc) { /* after a failure the rest of the queue is only drained */
-            fsdp__unit *u = t.unit >= 0 ? &ctx->units[t.unit] : NULL;
-            if (t.kind == FSDP__TASK_GATHER) rc = fsdp__run_gather(ctx, u, (uint32_t)(t.unit * 4 + 1));
-            else if (t.kind == FSDP__TASK_REDUCE) rc = fsdp__run_reduce(ctx, u, &t, (uint32_t)(t.unit * 4 + 2));
-            else if (t.coll == FSDP_COLL_BROADCAST) rc = fsdp_broadcast(t.comm, t.recv, t.count, FSDP_F32, t.root);
-            else rc = fsdp__collective_tagged(t.comm, t.coll, t.send, t.recv, t.count, FSDP_F32, FSDP_SUM, 3);
-        }
-        if (t.kind == FSDP__TASK_REDUCE) {
-            fsdp__buf_put(ctx, t.grad_full, t.grad_bytes);
-            fsdp__buf_put(ctx, t.scratch, t.scratch_bytes);
-        }
-        fsdp__stream_fence();
-        pthread_mutex_lock(&ctx->lock);
-        if (rc && !ctx->worker_error) {
-            ctx->worker_error = rc;
-            fsdp__fmt(ctx->error, sizeof ctx->error, "%s of unit '%s' failed: %s",
-                      t.kind == FSDP__TASK_GATHER ? "all-gather" : t.kind == FSDP__TASK_REDUCE ? "gradient reduction"
-                                                                                              : "collective",
-                      t.unit >= 0 ? fsdp__unit_name(ctx, t.unit) : "-",
-                      fsdp_comm_last_error(fsdp__failed_comm(ctx, &t)));
-        }
-        ctx->completed = t.id;
-        pthread_cond_broadcast(&ctx->done);
-        pthread_mutex_unlock(&ctx->lock);
+        fsdp__run_task(ctx, &t);
     }
     return NULL;
 }
@@ -6331,6 +6350,15 @@ FSDP__PRIVATE int fsdp__wait_task(fsdp_ctx *ctx, uint64_t id) {
                              fsdp_comm_timeout(ctx->comm) / 1000.0 + 2.0;
     while (ctx->completed < id && !ctx->worker_error) {
         struct timespec ts;
+        if (!ctx->running && ctx->queue_len > 0) {
+            /* the comm thread has not got to it (on a busy machine it waits for a core): rather
+               than sleep, run the tasks up to this one here, in order */
+            fsdp__task t = fsdp__take_task(ctx);
+            pthread_mutex_unlock(&ctx->lock);
+            fsdp__run_task(ctx, &t);
+            pthread_mutex_lock(&ctx->lock);
+            continue;
+        }
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_sec += 1;
         pthread_cond_timedwait(&ctx->done, &ctx->lock, &ts);
