@@ -102,10 +102,6 @@ EXAMPLE_HELPER int example_hook(fsdp_ctx *ctx, const fsdp_model *model, int rank
     double t = fsdp_now();
     int rc = hook(ctx, module);
     *seconds += fsdp_now() - t;
-    { static double acc[64][4]; static int calls; int k = hook_name[4]=='f' ? 0 : hook_name[5]=='f' ? 1 : hook_name[4]=='b' ? 2 : 3; /* pre_f post_f pre_b post_b */
-      if (!strncmp(hook_name, "fsdp_pre_forward", 16)) k = 0; else if (!strncmp(hook_name, "fsdp_post_forward", 17)) k = 1; else if (!strncmp(hook_name, "fsdp_pre_backward", 17)) k = 2; else k = 3;
-      acc[module & 63][k] += fsdp_now() - t; calls++;
-      if (getenv("HOOKDBG") && calls % 2000 == 0) { int m; for (m = 0; m < 64; m++) if (acc[m][0] + acc[m][1] + acc[m][2] + acc[m][3] > 0) fprintf(stderr, "rank %d mod %d: %.1f %.1f %.1f %.1f ms\n", rank, m, acc[m][0]*1e3, acc[m][1]*1e3, acc[m][2]*1e3, acc[m][3]*1e3); } }
     if (rc) {
         const char *name = fsdp_model_module_name(model, module);
         fprintf(stderr, "rank %d: %s(%s) failed: %s\n", rank, hook_name, name && *name ? name : root_name, fsdp_last_error(ctx));
