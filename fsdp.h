@@ -6335,6 +6335,20 @@ FSDP__PRIVATE uint64_t fsdp__enqueue(fsdp_ctx *ctx, const fsdp__task *task) {
     return id;
 }
 
+/* Whether a waiting thread may run queued tasks itself: only on the built-in shm and socket
+   backends, whose every op ends by its deadline. An op of another backend (MPI, a user's) may
+   not, and then the waiter must stay free to give up and abort it (below). */
+static int fsdp__can_help(const fsdp_ctx *ctx) {
+    const fsdp_comm *comms[3];
+    int i;
+    comms[0] = ctx->comm;
+    comms[1] = ctx->hybrid_shard_comm;
+    comms[2] = ctx->hybrid_replica_comm;
+    for (i = 0; i < 3; i++)
+        if (comms[i] && comms[i]->kind != FSDP_BACKEND_SHM && comms[i]->kind != FSDP_BACKEND_SOCKET) return 0;
+    return 1;
+}
+
 /* Waits for task id (0: everything issued). Each op of the comm thread ends by its
    communicator's timeout, so this wait does too. Should it not (a user backend that ignores
    its timeout), the wait gives up (after 4 timeouts per task ahead, a task being at most two
@@ -6350,7 +6364,7 @@ FSDP__PRIVATE int fsdp__wait_task(fsdp_ctx *ctx, uint64_t id) {
                              fsdp_comm_timeout(ctx->comm) / 1000.0 + 2.0;
     while (ctx->completed < id && !ctx->worker_error) {
         struct timespec ts;
-        if (!ctx->running && ctx->queue_len > 0) {
+        if (!ctx->running && ctx->queue_len > 0 && fsdp__can_help(ctx)) {
             /* the comm thread has not got to it (on a busy machine it waits for a core): rather
                than sleep, run the tasks up to this one here, in order */
             fsdp__task t = fsdp__take_task(ctx);
