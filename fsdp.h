@@ -5437,10 +5437,8 @@ FSDP_API int fsdp_comm_alloc(fsdp_comm *comm, size_t bytes, void **out) {
         return FSDP_ERR_INVALID_ARG;
     }
     if (fsdp__load(&comm->status) != FSDP_SUCCESS) return FSDP_ERR_ABORTED;
-    if (comm->backend == &fsdp__hier_backend) { /* shared with the ranks of this host, which read it */
-        comm->allocations++;
+    if (comm->backend == &fsdp__hier_backend) /* shared with the ranks of this host, which read it */
         return fsdp_comm_alloc(((fsdp__hier *)comm->impl)->local, bytes, out);
-    }
     if (!(r = (fsdp__region *)fsdp__calloc(sizeof *r))) return FSDP_ERR_OUT_OF_MEMORY;
     r->bytes = bytes ? bytes : 1;
     r->id = comm->allocations++;
@@ -6203,8 +6201,7 @@ static int fsdp__aliases_master(const fsdp_ctx *ctx, const fsdp__unit *u) {
    separate buffer plus the add did. Not under no_sync, which keeps the shard untouched until
    the micro-steps' sum is reduced. */
 static int fsdp__grad_in_place(const fsdp_ctx *ctx, const fsdp__unit *u) {
-    return ctx->world == 1 && ctx->reduce_dtype == FSDP_F32 && !ctx->no_sync && u->padded > 0 && u->shard == u->padded &&
-           u->grad != NULL;
+    return ctx->world == 1 && ctx->reduce_dtype == FSDP_F32 && !ctx->no_sync && u->padded > 0;
 }
 
 /* --- comm thread ------------------------------------------------------------------------ */
@@ -6596,14 +6593,16 @@ FSDP__PRIVATE int fsdp__unit_pre_backward(fsdp_ctx *ctx, int ui) {
     if (ctx->desc.backward_prefetch == FSDP_BACKWARD_PRE &&
         (rc = fsdp__prefetch_after(ctx, ctx->bwd_order, ctx->bwd_len, ui)) != 0)
         return rc;
-    if (!u->grad_full && !u->frozen && fsdp__grad_in_place(ctx, u)) {
-        u->grad_full = u->grad; /* nothing to reduce: the backward accumulates straight into the gradient */
-    } else if (!u->grad_full && !u->frozen) {
-        /* at most one earlier unit's gradient still being reduced: bounds gradient memory to two */
-        if (ctx->older_reduce && (rc = fsdp__wait_task(ctx, ctx->older_reduce)) != 0) return rc;
-        u->grad_full = (float *)fsdp__buf_get(ctx, (size_t)u->padded * sizeof(float), 1);
-        if (!u->grad_full) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "unit '%s': no memory for gradients",
-                                             fsdp__unit_name(ctx, ui));
+    if (!u->grad_full && !u->frozen) {
+        if (fsdp__grad_in_place(ctx, u)) {
+            u->grad_full = u->grad; /* nothing to reduce: the backward accumulates straight into the gradient */
+        } else {
+            /* at most one earlier unit's gradient still being reduced: bounds gradient memory to two */
+            if (ctx->older_reduce && (rc = fsdp__wait_task(ctx, ctx->older_reduce)) != 0) return rc;
+            u->grad_full = (float *)fsdp__buf_get(ctx, (size_t)u->padded * sizeof(float), 1);
+            if (!u->grad_full) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "unit '%s': no memory for gradients",
+                                                 fsdp__unit_name(ctx, ui));
+        }
     }
     if ((rc = fsdp__wait_gathered(ctx, ui)) != 0) return rc;
     u->state = FSDP__IN_BACKWARD;

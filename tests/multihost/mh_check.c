@@ -122,24 +122,24 @@ static void check_ops(fsdp_comm *comm, const layout *lay, int registered) {
     const char *kind = registered ? ", registered" : "";
     for (ci = 0; ci < (int)(sizeof counts / sizeof counts[0]); ci++)
         for (di = 0; di < (registered ? 2 : 3); di++) {
-            size_t n = counts[ci], es = fsdp_dtype_size(dtypes[di]), i, bad;
+            size_t n = counts[ci], es = fsdp_dtype_size(dtypes[di]), total = n * es * (size_t)P, i, bad;
             fsdp_dtype dt = dtypes[di];
             char *send = NULL, *recv = NULL;
             if ((dt == FSDP_F16 && n > 100003) || n > max_count) continue; /* keep it short */
             if (registered) {
                 void *a = NULL, *b = NULL;
-                check(fsdp_comm_alloc(comm, n * es * (size_t)P, &a) == 0 && fsdp_comm_alloc(comm, n * es * (size_t)P, &b) == 0,
-                      "fsdp_comm_alloc(%zu): %s", n * es * (size_t)P, fsdp_comm_last_error(comm));
+                check(fsdp_comm_alloc(comm, total, &a) == 0 && fsdp_comm_alloc(comm, total, &b) == 0,
+                      "fsdp_comm_alloc(%zu): %s", total, fsdp_comm_last_error(comm));
                 if (!a || !b) { fsdp_comm_free(comm, a); fsdp_comm_free(comm, b); return; }
                 /* on a two-level world a host's ranks share it; flat sockets: ordinary memory */
-                check(fsdp_comm_is_shared(comm, a, n * es * (size_t)P) ==
+                check(fsdp_comm_is_shared(comm, a, total) ==
                           (!strcmp(fsdp_comm_transport(comm), "socket+shm") && fsdp_comm_local_size(comm) > 1),
-                      "fsdp_comm_is_shared says %d", fsdp_comm_is_shared(comm, a, n * es * (size_t)P));
+                      "fsdp_comm_is_shared says %d", fsdp_comm_is_shared(comm, a, total));
                 send = (char *)a;
                 recv = (char *)b;
             } else {
-                send = (char *)malloc(n * es * (size_t)P);
-                recv = (char *)malloc(n * es * (size_t)P);
+                send = (char *)malloc(total);
+                recv = (char *)malloc(total);
                 if (!send || !recv) { free(send); free(recv); check(0, "out of memory"); return; }
             }
             /* all_gather */
