@@ -6316,7 +6316,9 @@ static void *fsdp__worker(void *arg) {
     return NULL;
 }
 
-FSDP__PRIVATE uint64_t fsdp__enqueue(fsdp_ctx *ctx, const fsdp__task *task) {
+/* Queues a task for the comm thread; wake 0 leaves the thread asleep, for a task the caller
+   is about to wait for and so runs itself (fsdp__wait_task). */
+FSDP__PRIVATE uint64_t fsdp__enqueue(fsdp_ctx *ctx, const fsdp__task *task, int wake) {
     uint64_t id;
     pthread_mutex_lock(&ctx->lock);
     if (ctx->queue_len == ctx->queue_cap) { /* cannot happen: at most a few tasks per unit */
@@ -6327,7 +6329,7 @@ FSDP__PRIVATE uint64_t fsdp__enqueue(fsdp_ctx *ctx, const fsdp__task *task) {
     ctx->queue[(ctx->queue_head + ctx->queue_len) % ctx->queue_cap] = *task;
     ctx->queue[(ctx->queue_head + ctx->queue_len) % ctx->queue_cap].id = id;
     ctx->queue_len++;
-    pthread_cond_signal(&ctx->wake);
+    if (wake) pthread_cond_signal(&ctx->wake);
     pthread_mutex_unlock(&ctx->lock);
     return id;
 }
@@ -6408,7 +6410,11 @@ FSDP__PRIVATE int fsdp__worker_coll(fsdp_ctx *ctx, fsdp_comm *comm, fsdp_coll_ki
     t.recv = recv;
     t.count = count;
     t.root = root;
-    id = fsdp__enqueue(ctx, &t);
+    /* a synchronous op: where the waiter may run tasks itself it does, rather than hand this one
+       to the comm thread and sleep until it is done (two thread switches; on a VM a vCPU that
+       idles also comes back slower: the next pass over the model's memory after such a sleep
+       ran about twice as long on this machine) */
+    id = fsdp__enqueue(ctx, &t, !fsdp__can_help(ctx));
     return id ? fsdp__wait_task(ctx, id) : fsdp__fail(ctx, FSDP_ERR_STATE, "comm queue full");
 }
 
@@ -6441,7 +6447,7 @@ FSDP__PRIVATE int fsdp__issue_gather(fsdp_ctx *ctx, int ui) {
     memset(&t, 0, sizeof t);
     t.kind = FSDP__TASK_GATHER;
     t.unit = ui;
-    u->gather_task = fsdp__enqueue(ctx, &t);
+    u->gather_task = fsdp__enqueue(ctx, &t, 1);
     u->state = FSDP__GATHERING;
     return 0;
 }
@@ -6642,7 +6648,7 @@ FSDP__PRIVATE int fsdp__unit_post_backward(fsdp_ctx *ctx, int ui) {
         u->grad_full = NULL; /* the comm thread owns it now */
         u->grad_full_pending = 0;
         ctx->older_reduce = ctx->newer_reduce;
-        ctx->newer_reduce = fsdp__enqueue(ctx, &t);
+        ctx->newer_reduce = fsdp__enqueue(ctx, &t, 1);
         if (!ctx->newer_reduce) return fsdp__fail(ctx, FSDP_ERR_STATE, "comm queue full");
     }
     if (!fsdp__aliases_master(ctx, u)) fsdp__reshard(ctx, u);
