@@ -2524,14 +2524,13 @@ FSDP__PRIVATE int fsdp__shm_all_gather(fsdp_comm *comm, void *impl, const fsdp_c
             memcpy(slot, send + off, len);
             mine = slot;
         }
+        if (recv + (size_t)me * stride + off != send + off) /* needs nobody: before the wait for the peers */
+            fsdp__copy_out(recv + (size_t)me * stride + off, mine, len, stream);
         FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, &offer, send + off));
         if (off == 0) round_bytes = fsdp__shm_later_rounds(s, P, -1);
         for (p = 0; p < P; p++) {
             char *dst = recv + (size_t)p * stride + off;
-            if (p == me) {
-                if (dst != send + off) fsdp__copy_out(dst, mine, len, stream);
-                continue;
-            }
+            if (p == me) continue;
             FSDP__SHM_TRY(fsdp__shm_peer_copy(comm, s, p, 0, len, fsdp__shm_slot(s, p, s->round), dst, stream));
         }
         fsdp__shm_round_end(s, me);
