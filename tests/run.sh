@@ -203,6 +203,8 @@ if [ -z "$NO_EXTRA_CHECKS" ]; then
             echo "test_mpi: build failed"
             failed=$((failed + 1))
         fi
+    elif [ -n "$SKIP_MPI" ]; then
+        echo "(MPI bridge tests skipped: SKIP_MPI is set, as the sanitizer run sets it)"
     else
         echo "(MPI bridge tests skipped: mpicc/mpirun not installed; sudo apt-get install libopenmpi-dev openmpi-bin)"
     fi
