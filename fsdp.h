@@ -2389,6 +2389,12 @@ FSDP__PRIVATE void fsdp__shm_round_end(fsdp__shm *s, int rank) {
     fsdp__publish(&me->depart, &me->depart_waiters, s->round);
 }
 
+/* Bytes per rank of a round of all_gather or broadcast in which someone stages: the first
+   round always, later ones as fsdp__shm_later_rounds decides. */
+static size_t fsdp__shm_stage_piece(const fsdp__shm *s) {
+    return s->slot_bytes < FSDP__SHM_STAGE_PIECE ? s->slot_bytes : FSDP__SHM_STAGE_PIECE;
+}
+
 /* The length of every later round of an all_gather (root < 0) or broadcast, decided after the
    exchange of its first round from what every rank, or the root, published for it: the same on
    all ranks. */
@@ -2397,7 +2403,7 @@ static size_t fsdp__shm_later_rounds(fsdp__shm *s, int world, int root) {
     for (p = 0; p < world; p++)
         if ((root < 0 || p == root) &&
             fsdp__shm_peer(s, p)->slot_src[s->round % FSDP__SHM_SLOTS].region == FSDP__SHM_IN_SLOT)
-            return s->slot_bytes < FSDP__SHM_STAGE_PIECE ? s->slot_bytes : FSDP__SHM_STAGE_PIECE;
+            return fsdp__shm_stage_piece(s);
     return s->slot_bytes;
 }
 
@@ -2517,7 +2523,7 @@ FSDP__PRIVATE int fsdp__shm_all_gather(fsdp_comm *comm, void *impl, const fsdp_c
     char *recv = (char *)c->recv;
     const char *send = (const char *)c->send;
     fsdp__shm_offer offer = fsdp__shm_offer_of(comm, s, send, bytes, bytes * (size_t)P, 1);
-    size_t round_bytes = s->slot_bytes < FSDP__SHM_STAGE_PIECE ? s->slot_bytes : FSDP__SHM_STAGE_PIECE;
+    size_t round_bytes = fsdp__shm_stage_piece(s);
     do {
         size_t len = bytes - off < round_bytes ? bytes - off : round_bytes;
         const char *mine = send + off;
@@ -2649,13 +2655,12 @@ FSDP__PRIVATE int fsdp__shm_all_reduce(fsdp_comm *comm, void *impl, const fsdp_c
 FSDP__PRIVATE int fsdp__shm_broadcast(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
     fsdp__shm *s = fsdp__shm_op(impl, c);
     fsdp__fingerprint fp = fsdp__fingerprint_of(c);
-    size_t bytes = c->count * fsdp_dtype_size(c->dtype), off = 0;
+    size_t bytes = c->count * fsdp_dtype_size(c->dtype), off = 0, round_bytes = fsdp__shm_stage_piece(s);
     char *buf = (char *)c->recv;
     int root = comm->rank == c->root;
     fsdp__shm_offer offer;
     if (root) offer = fsdp__shm_offer_of(comm, s, buf, bytes, bytes, 1);
     else memset(&offer, 0, sizeof offer);
-    size_t round_bytes = s->slot_bytes < FSDP__SHM_STAGE_PIECE ? s->slot_bytes : FSDP__SHM_STAGE_PIECE;
     do {
         size_t len = bytes - off < round_bytes ? bytes - off : round_bytes;
         FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
