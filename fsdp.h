@@ -1551,6 +1551,44 @@ static inline __m128i fsdp__ps_to_bf16x4(__m128 v) {
     return _mm_srai_epi32(_mm_slli_epi32(_mm_srli_epi32(out, 16), 16), 16);
 }
 
+/* f16 -> f32 on 4 lanes, exactly fsdp__from_f16: the exponent is rebased by adding 112 (another 112
+   for Inf/NaN); a subnormal m * 2^-24 is (2^-14 with mantissa m) - 2^-14, exact. */
+static inline __m128 fsdp__f16x4_to_ps(const uint16_t *x) {
+    const __m128i h = _mm_unpacklo_epi16(_mm_loadl_epi64((const __m128i *)x), _mm_setzero_si128());
+    const __m128i sign = _mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x8000)), 16);
+    const __m128i body = _mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x7fff)), 13);
+    const __m128i exponent = _mm_and_si128(body, _mm_set1_epi32(0x0f800000));
+    const __m128i special = _mm_cmpeq_epi32(exponent, _mm_set1_epi32(0x0f800000));
+    const __m128i tiny = _mm_cmpeq_epi32(exponent, _mm_setzero_si128());
+    const __m128i rebias = _mm_set1_epi32(112 << 23), magic = _mm_set1_epi32(113 << 23);
+    __m128i normal = _mm_add_epi32(_mm_add_epi32(body, rebias), _mm_and_si128(special, rebias));
+    __m128 subnormal = _mm_sub_ps(_mm_castsi128_ps(_mm_add_epi32(body, magic)), _mm_castsi128_ps(magic));
+    __m128i out = _mm_or_si128(_mm_and_si128(tiny, _mm_castps_si128(subnormal)), _mm_andnot_si128(tiny, normal));
+    return _mm_castsi128_ps(_mm_or_si128(out, sign));
+}
+
+/* f32 -> f16 bits on 4 lanes, exactly fsdp__to_f16 (the same integer steps; the subnormal lanes
+   round in the same float addition), sign-extended from 16 bits for _mm_packs_epi32. */
+static inline __m128i fsdp__ps_to_f16x4(__m128 v) {
+    const __m128i bits = _mm_castps_si128(v);
+    const __m128i sign = _mm_and_si128(_mm_srli_epi32(bits, 16), _mm_set1_epi32(0x8000));
+    const __m128i magnitude = _mm_and_si128(bits, _mm_set1_epi32(0x7fffffff));
+    const __m128i tiny = _mm_cmplt_epi32(magnitude, _mm_set1_epi32(0x38800000));
+    const __m128i huge = _mm_cmpgt_epi32(magnitude, _mm_set1_epi32(0x477fefff)); /* >= 65520: Inf or NaN */
+    const __m128i nan = _mm_cmpgt_epi32(magnitude, _mm_set1_epi32(0x7f800000));
+    const __m128i lsb = _mm_and_si128(_mm_srli_epi32(magnitude, 13), _mm_set1_epi32(1));
+    __m128i normal = _mm_srli_epi32(_mm_add_epi32(_mm_add_epi32(magnitude, _mm_set1_epi32((int)0xc8000fffu)), lsb), 13);
+    /* only the tiny lanes go through the float addition (the others add 0.5 to +0) */
+    __m128 shifted = _mm_add_ps(_mm_castsi128_ps(_mm_and_si128(tiny, magnitude)), _mm_set1_ps(0.5f));
+    __m128i subnormal = _mm_sub_epi32(_mm_castps_si128(shifted), _mm_set1_epi32(0x3f000000));
+    __m128i payload = _mm_or_si128(_mm_set1_epi32(0x0200), _mm_and_si128(_mm_srli_epi32(magnitude, 13), _mm_set1_epi32(0x3ff)));
+    __m128i infinite = _mm_or_si128(_mm_set1_epi32(0x7c00), _mm_and_si128(nan, payload));
+    __m128i out = _mm_or_si128(_mm_and_si128(tiny, subnormal), _mm_andnot_si128(tiny, normal));
+    out = _mm_or_si128(_mm_and_si128(huge, infinite), _mm_andnot_si128(huge, out));
+    out = _mm_or_si128(out, sign);
+    return _mm_srai_epi32(_mm_slli_epi32(out, 16), 16);
+}
+
 /* fsdp__combine on 4 lanes: maxps(acc, x) is "acc > x ? acc : x", and x when either is NaN;
    an acc NaN is then put back. */
 static inline __m128 fsdp__combine_ps(__m128 acc, __m128 x, fsdp_reduce_op op) {
@@ -1580,19 +1618,17 @@ FSDP__PRIVATE void fsdp__accumulate(float *acc, const void *src, fsdp_dtype dtyp
         for (; i < n; i++) acc[i] = first ? fsdp__from_bf16(x[i]) : fsdp__combine(acc[i], fsdp__from_bf16(x[i]), op);
     } else {
         const uint16_t *x = (const uint16_t *)src;
+#if FSDP__HAVE_STREAM
+        if (first) for (; i + 4 <= n; i += 4) _mm_storeu_ps(acc + i, fsdp__f16x4_to_ps(x + i));
+        else for (; i + 4 <= n; i += 4) _mm_storeu_ps(acc + i, fsdp__combine_ps(_mm_loadu_ps(acc + i), fsdp__f16x4_to_ps(x + i), op));
+#endif
         for (; i < n; i++) acc[i] = first ? fsdp__from_f16(x[i]) : fsdp__combine(acc[i], fsdp__from_f16(x[i]), op);
     }
 }
 
 FSDP__PRIVATE void fsdp__to_f32(float *dst, const void *src, fsdp_dtype dtype, size_t count) {
-    size_t i;
     if (dtype == FSDP_F32) { if ((const void *)dst != src) memmove(dst, src, count * 4); return; }
-    if (dtype == FSDP_BF16) {
-        fsdp__accumulate(dst, src, dtype, count, FSDP_SUM, 1);
-    } else {
-        const uint16_t *s = (const uint16_t *)src;
-        for (i = 0; i < count; i++) dst[i] = fsdp__from_f16(s[i]);
-    }
+    fsdp__accumulate(dst, src, dtype, count, FSDP_SUM, 1);
 }
 
 FSDP__PRIVATE void fsdp__from_f32(void *dst, fsdp_dtype dtype, const float *src, size_t count) {
@@ -1609,7 +1645,13 @@ FSDP__PRIVATE void fsdp__from_f32(void *dst, fsdp_dtype dtype, const float *src,
         for (; i < count; i++) d[i] = fsdp__to_bf16(src[i]);
     } else {
         uint16_t *d = (uint16_t *)dst;
-        for (i = 0; i < count; i++) d[i] = fsdp__to_f16(src[i]);
+        i = 0;
+#if FSDP__HAVE_STREAM
+        for (; i + 8 <= count; i += 8)
+            _mm_storeu_si128((__m128i *)(d + i), _mm_packs_epi32(fsdp__ps_to_f16x4(_mm_loadu_ps(src + i)),
+                                                                 fsdp__ps_to_f16x4(_mm_loadu_ps(src + i + 4))));
+#endif
+        for (; i < count; i++) d[i] = fsdp__to_f16(src[i]);
     }
 }
 

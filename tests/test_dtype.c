@@ -504,6 +504,108 @@ static void test_convert_every_dtype_pair_matches_scalar_conversions(void) {
     }
 }
 
+/* fsdp_convert and fsdp_reduce_ranks convert whole arrays (vectorised where the CPU allows): bit for
+   bit what the scalar conversions give, NaN payloads included, at any alignment and length. */
+static void test_convert_bulk_matches_scalar_for_every_16_bit_pattern(void) {
+    static uint16_t halves[65536 + 3], back[65536 + 3];
+    static float widened[65536 + 3];
+    static const fsdp_dtype dtypes[2] = {FSDP_BF16, FSDP_F16};
+    char message[80];
+    uint32_t i;
+    int d, shift;
+    for (i = 0; i < 65536; i++) halves[i + 1] = (uint16_t)i;
+    for (d = 0; d < 2; d++) {
+        for (shift = 0; shift < 2; shift++) { /* shift 1: every load and store one element off */
+            fsdp_convert(widened + shift, FSDP_F32, halves + 1, dtypes[d], 65536);
+            fsdp_convert(back + shift, dtypes[d], widened + shift, FSDP_F32, 65536);
+            for (i = 0; i < 65536; i++) {
+                uint16_t h = (uint16_t)i;
+                float scalar = dtypes[d] == FSDP_BF16 ? fsdp_bf16_to_f32(h) : fsdp_f16_to_f32(h);
+                uint16_t again = dtypes[d] == FSDP_BF16 ? fsdp_f32_to_bf16(scalar) : fsdp_f32_to_f16(scalar);
+                if (bits_of_f32(widened[i + shift]) == bits_of_f32(scalar) && back[i + shift] == again) continue;
+                snprintf(message, sizeof message, "%s 0x%04X, shift %d", fsdp_dtype_name(dtypes[d]), (unsigned)h, shift);
+                TEST_ASSERT_EQUAL_HEX32_MESSAGE(bits_of_f32(scalar), bits_of_f32(widened[i + shift]), message);
+                TEST_ASSERT_EQUAL_HEX16_MESSAGE(again, back[i + shift], message);
+            }
+        }
+    }
+}
+
+static void test_convert_bulk_f32_to_16_bits_matches_scalar_across_f32_range(void) {
+    /* a stride through every sign, exponent and NaN payload, then the f16 and bf16 edges: ties at
+       the top of the f16 range and around 2^-14 and 2^-25, where the rounding changes regime */
+    static float values[70000];
+    static uint16_t bulk[70000];
+    static const uint32_t edges[] = {0x477FEFFFu, 0x477FF000u, 0x477FF001u, 0x477FE000u, 0x38800000u, 0x387FFFFFu,
+                                     0x387FF000u, 0x387FE000u, 0x33000000u, 0x33000001u, 0x32FFFFFFu, 0x33400000u,
+                                     0x00000001u, 0x007FFFFFu, 0x7F800000u, 0x7F800001u, 0x7FBFFFFFu, 0x7FC00000u,
+                                     0x7FFFFFFFu, 0x7F7FFFFFu, 0x3F800000u, 0x3F801000u, 0x3F803000u, 0x3F808000u};
+    static const fsdp_dtype dtypes[2] = {FSDP_BF16, FSDP_F16};
+    char message[80];
+    size_t n = 0, i, e;
+    uint64_t pattern;
+    int d;
+    for (pattern = 0; pattern <= 0xFFFFFFFFu; pattern += 65521) values[n++] = f32_from_bits((uint32_t)pattern);
+    for (e = 0; e < sizeof edges / sizeof edges[0]; e++) {
+        values[n++] = f32_from_bits(edges[e]);
+        values[n++] = f32_from_bits(edges[e] | 0x80000000u);
+    }
+    TEST_ASSERT_TRUE(n <= sizeof values / sizeof values[0]);
+    for (d = 0; d < 2; d++) {
+        fsdp_convert(bulk, dtypes[d], values, FSDP_F32, n);
+        for (i = 0; i < n; i++) {
+            uint16_t scalar = dtypes[d] == FSDP_BF16 ? fsdp_f32_to_bf16(values[i]) : fsdp_f32_to_f16(values[i]);
+            if (bulk[i] == scalar) continue;
+            snprintf(message, sizeof message, "%s of f32 0x%08X", fsdp_dtype_name(dtypes[d]),
+                     (unsigned)bits_of_f32(values[i]));
+            TEST_ASSERT_EQUAL_HEX16_MESSAGE(scalar, bulk[i], message);
+        }
+    }
+}
+
+static void test_reduce_ranks_of_16_bit_values_folds_in_f32_in_rank_order_and_rounds_once(void) {
+    enum { COUNT = 1003, RANKS = 3 };
+    static uint16_t in[RANKS][COUNT], out[COUNT];
+    static const fsdp_dtype dtypes[2] = {FSDP_BF16, FSDP_F16};
+    static const fsdp_reduce_op ops[3] = {FSDP_SUM, FSDP_AVG, FSDP_MAX};
+    const void *srcs[RANKS];
+    char message[80];
+    int d, o, r;
+    size_t i;
+    for (d = 0; d < 2; d++) {
+        fsdp_dtype dt = dtypes[d];
+        for (r = 0; r < RANKS; r++) {
+            for (i = 0; i < COUNT; i++) {
+                /* values of every size, with NaNs, Infs, zeros of both signs and subnormals among them */
+                float v = (float)(((i * 7919u + (size_t)r * 104729u) % 20011u) - 10005.0) *
+                          ldexpf(1.0f, (int)((i + (size_t)r) % 40) - 30);
+                if (i % 97 == (size_t)r) v = NAN;
+                if (i % 89 == 5) v = r == 1 ? -INFINITY : 1.0f;
+                if (i % 83 == 3) v = r == 2 ? -0.0f : 0.0f;
+                in[r][i] = dt == FSDP_BF16 ? fsdp_f32_to_bf16(v) : fsdp_f32_to_f16(v);
+            }
+            srcs[r] = in[r];
+        }
+        for (o = 0; o < 3; o++) {
+            fsdp_reduce_ranks(out, srcs, RANKS, COUNT, dt, ops[o], RANKS);
+            for (i = 0; i < COUNT; i++) {
+                float acc = load_from(in[0], dt, i), x;
+                uint16_t expected;
+                for (r = 1; r < RANKS; r++) {
+                    x = load_from(in[r], dt, i);
+                    if (ops[o] != FSDP_MAX) acc = acc + x;
+                    else if (acc == acc) acc = x != x ? x : (acc > x ? acc : x);
+                }
+                if (ops[o] == FSDP_AVG) acc /= (float)RANKS;
+                expected = dt == FSDP_BF16 ? fsdp_f32_to_bf16(acc) : fsdp_f32_to_f16(acc);
+                if (out[i] == expected) continue;
+                snprintf(message, sizeof message, "%s op %d element %u", fsdp_dtype_name(dt), (int)ops[o], (unsigned)i);
+                TEST_ASSERT_EQUAL_HEX16_MESSAGE(expected, out[i], message);
+            }
+        }
+    }
+}
+
 static void test_convert_same_dtype_in_place_leaves_values_unchanged(void) {
     static const fsdp_dtype dtypes[3] = {FSDP_F32, FSDP_BF16, FSDP_F16};
     int d;
@@ -613,6 +715,9 @@ int main(void) {
     RUN_TEST(test_f32_to_f16_matches_reference_rounding_across_f32_range);
 
     RUN_TEST(test_convert_every_dtype_pair_matches_scalar_conversions);
+    RUN_TEST(test_convert_bulk_matches_scalar_for_every_16_bit_pattern);
+    RUN_TEST(test_convert_bulk_f32_to_16_bits_matches_scalar_across_f32_range);
+    RUN_TEST(test_reduce_ranks_of_16_bit_values_folds_in_f32_in_rank_order_and_rounds_once);
     RUN_TEST(test_convert_same_dtype_in_place_leaves_values_unchanged);
     RUN_TEST(test_convert_zero_count_writes_nothing);
 
