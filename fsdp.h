@@ -1677,8 +1677,17 @@ FSDP_API void fsdp_convert(void *dst, fsdp_dtype dst_dtype, const void *src, fsd
 FSDP__PRIVATE void fsdp__reduce_block_f32(float *acc, const void *const *srcs, int nsrc, size_t offset,
                                           size_t n, fsdp_dtype dtype, fsdp_reduce_op op) {
     size_t esize = fsdp_dtype_size(dtype);
-    int s;
-    for (s = 0; s < nsrc; s++) fsdp__accumulate(acc, (const char *)srcs[s] + offset * esize, dtype, n, op, s == 0);
+    int s = 0;
+    if (dtype == FSDP_F32 && nsrc >= 2) { /* acc = x0 (+) x1 in one pass, not a copy and a pass over acc */
+        const float *x0 = (const float *)srcs[0] + offset, *x1 = (const float *)srcs[1] + offset;
+        size_t i = 0;
+#if FSDP__HAVE_STREAM
+        for (; i + 4 <= n; i += 4) _mm_storeu_ps(acc + i, fsdp__combine_ps(_mm_loadu_ps(x0 + i), _mm_loadu_ps(x1 + i), op));
+#endif
+        for (; i < n; i++) acc[i] = fsdp__combine(x0[i], x1[i], op);
+        s = 2;
+    }
+    for (; s < nsrc; s++) fsdp__accumulate(acc, (const char *)srcs[s] + offset * esize, dtype, n, op, s == 0);
 }
 
 FSDP_API void fsdp_reduce_ranks(void *dst, const void *const *srcs, int nsrc, size_t count,
