@@ -1597,7 +1597,37 @@ static inline __m128 fsdp__combine_ps(__m128 acc, __m128 x, fsdp_reduce_op op) {
     acc_nan = _mm_cmpunord_ps(acc, acc);
     return _mm_or_ps(_mm_and_ps(acc_nan, acc), _mm_andnot_ps(acc_nan, _mm_max_ps(acc, x)));
 }
+
+/* 4 bf16 or f16 values widened to f32, and 4 floats rounded to bf16 or f16 (for _mm_packs_epi32) */
+static inline __m128 fsdp__half4_to_ps(const uint16_t *x, fsdp_dtype dtype) {
+    return dtype == FSDP_BF16 ? fsdp__bf16x4_to_ps(x) : fsdp__f16x4_to_ps(x);
+}
+
+static inline __m128i fsdp__ps_to_half4(__m128 v, fsdp_dtype dtype) {
+    return dtype == FSDP_BF16 ? fsdp__ps_to_bf16x4(v) : fsdp__ps_to_f16x4(v);
+}
 #endif
+
+/* one bf16 or f16 value widened to f32, and one float rounded to bf16 or f16 */
+static inline float fsdp__from_half(uint16_t value, fsdp_dtype dtype) {
+    return dtype == FSDP_BF16 ? fsdp__from_bf16(value) : fsdp__from_f16(value);
+}
+
+static inline uint16_t fsdp__to_half(float value, fsdp_dtype dtype) {
+    return dtype == FSDP_BF16 ? fsdp__to_bf16(value) : fsdp__to_f16(value);
+}
+
+/* fsdp__accumulate of bf16 or f16 values; called with a constant dtype, so that each copy of the
+   loop is specialised to one conversion */
+static inline void fsdp__accumulate_half(float *acc, const uint16_t *x, fsdp_dtype dtype, size_t n, fsdp_reduce_op op,
+                                         int first) {
+    size_t i = 0;
+#if FSDP__HAVE_STREAM
+    if (first) for (; i + 4 <= n; i += 4) _mm_storeu_ps(acc + i, fsdp__half4_to_ps(x + i, dtype));
+    else for (; i + 4 <= n; i += 4) _mm_storeu_ps(acc + i, fsdp__combine_ps(_mm_loadu_ps(acc + i), fsdp__half4_to_ps(x + i, dtype), op));
+#endif
+    for (; i < n; i++) acc[i] = first ? fsdp__from_half(x[i], dtype) : fsdp__combine(acc[i], fsdp__from_half(x[i], dtype), op);
+}
 
 /* acc = x (first) or acc = acc (+) x, widening x to f32: one source of a rank-order fold. */
 FSDP__PRIVATE void fsdp__accumulate(float *acc, const void *src, fsdp_dtype dtype, size_t n, fsdp_reduce_op op, int first) {
@@ -1610,19 +1640,9 @@ FSDP__PRIVATE void fsdp__accumulate(float *acc, const void *src, fsdp_dtype dtyp
 #endif
         for (; i < n; i++) acc[i] = fsdp__combine(acc[i], x[i], op);
     } else if (dtype == FSDP_BF16) {
-        const uint16_t *x = (const uint16_t *)src;
-#if FSDP__HAVE_STREAM
-        if (first) for (; i + 4 <= n; i += 4) _mm_storeu_ps(acc + i, fsdp__bf16x4_to_ps(x + i));
-        else for (; i + 4 <= n; i += 4) _mm_storeu_ps(acc + i, fsdp__combine_ps(_mm_loadu_ps(acc + i), fsdp__bf16x4_to_ps(x + i), op));
-#endif
-        for (; i < n; i++) acc[i] = first ? fsdp__from_bf16(x[i]) : fsdp__combine(acc[i], fsdp__from_bf16(x[i]), op);
+        fsdp__accumulate_half(acc, (const uint16_t *)src, FSDP_BF16, n, op, first);
     } else {
-        const uint16_t *x = (const uint16_t *)src;
-#if FSDP__HAVE_STREAM
-        if (first) for (; i + 4 <= n; i += 4) _mm_storeu_ps(acc + i, fsdp__f16x4_to_ps(x + i));
-        else for (; i + 4 <= n; i += 4) _mm_storeu_ps(acc + i, fsdp__combine_ps(_mm_loadu_ps(acc + i), fsdp__f16x4_to_ps(x + i), op));
-#endif
-        for (; i < n; i++) acc[i] = first ? fsdp__from_f16(x[i]) : fsdp__combine(acc[i], fsdp__from_f16(x[i]), op);
+        fsdp__accumulate_half(acc, (const uint16_t *)src, FSDP_F16, n, op, first);
     }
 }
 
@@ -1631,28 +1651,21 @@ FSDP__PRIVATE void fsdp__to_f32(float *dst, const void *src, fsdp_dtype dtype, s
     fsdp__accumulate(dst, src, dtype, count, FSDP_SUM, 1);
 }
 
+/* fsdp__from_f32 to bf16 or f16, called with a constant dtype (see fsdp__accumulate_half) */
+static inline void fsdp__from_f32_half(uint16_t *d, fsdp_dtype dtype, const float *src, size_t count) {
+    size_t i = 0;
+#if FSDP__HAVE_STREAM
+    for (; i + 8 <= count; i += 8)
+        _mm_storeu_si128((__m128i *)(d + i), _mm_packs_epi32(fsdp__ps_to_half4(_mm_loadu_ps(src + i), dtype),
+                                                             fsdp__ps_to_half4(_mm_loadu_ps(src + i + 4), dtype)));
+#endif
+    for (; i < count; i++) d[i] = fsdp__to_half(src[i], dtype);
+}
+
 FSDP__PRIVATE void fsdp__from_f32(void *dst, fsdp_dtype dtype, const float *src, size_t count) {
-    size_t i;
     if (dtype == FSDP_F32) { if (dst != (const void *)src) memmove(dst, src, count * 4); return; }
-    if (dtype == FSDP_BF16) {
-        uint16_t *d = (uint16_t *)dst;
-        i = 0;
-#if FSDP__HAVE_STREAM
-        for (; i + 8 <= count; i += 8)
-            _mm_storeu_si128((__m128i *)(d + i), _mm_packs_epi32(fsdp__ps_to_bf16x4(_mm_loadu_ps(src + i)),
-                                                                 fsdp__ps_to_bf16x4(_mm_loadu_ps(src + i + 4))));
-#endif
-        for (; i < count; i++) d[i] = fsdp__to_bf16(src[i]);
-    } else {
-        uint16_t *d = (uint16_t *)dst;
-        i = 0;
-#if FSDP__HAVE_STREAM
-        for (; i + 8 <= count; i += 8)
-            _mm_storeu_si128((__m128i *)(d + i), _mm_packs_epi32(fsdp__ps_to_f16x4(_mm_loadu_ps(src + i)),
-                                                                 fsdp__ps_to_f16x4(_mm_loadu_ps(src + i + 4))));
-#endif
-        for (; i < count; i++) d[i] = fsdp__to_f16(src[i]);
-    }
+    if (dtype == FSDP_BF16) fsdp__from_f32_half((uint16_t *)dst, FSDP_BF16, src, count);
+    else fsdp__from_f32_half((uint16_t *)dst, FSDP_F16, src, count);
 }
 
 FSDP_API void fsdp_convert(void *dst, fsdp_dtype dst_dtype, const void *src, fsdp_dtype src_dtype,
