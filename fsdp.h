@@ -1629,6 +1629,18 @@ static inline void fsdp__accumulate_half(float *acc, const uint16_t *x, fsdp_dty
     for (; i < n; i++) acc[i] = first ? fsdp__from_half(x[i], dtype) : fsdp__combine(acc[i], fsdp__from_half(x[i], dtype), op);
 }
 
+/* acc = x0 (+) x1 of bf16 or f16 values, widened: the first two sources of a fold in one pass
+   (constant dtype, as fsdp__accumulate_half) */
+static inline void fsdp__fold_two_half(float *acc, const uint16_t *x0, const uint16_t *x1, fsdp_dtype dtype, size_t n,
+                                       fsdp_reduce_op op) {
+    size_t i = 0;
+#if FSDP__HAVE_STREAM
+    for (; i + 4 <= n; i += 4)
+        _mm_storeu_ps(acc + i, fsdp__combine_ps(fsdp__half4_to_ps(x0 + i, dtype), fsdp__half4_to_ps(x1 + i, dtype), op));
+#endif
+    for (; i < n; i++) acc[i] = fsdp__combine(fsdp__from_half(x0[i], dtype), fsdp__from_half(x1[i], dtype), op);
+}
+
 /* acc = x (first) or acc = acc (+) x, widening x to f32: one source of a rank-order fold. */
 FSDP__PRIVATE void fsdp__accumulate(float *acc, const void *src, fsdp_dtype dtype, size_t n, fsdp_reduce_op op, int first) {
     size_t i = 0;
@@ -1691,13 +1703,19 @@ FSDP__PRIVATE void fsdp__reduce_block_f32(float *acc, const void *const *srcs, i
                                           size_t n, fsdp_dtype dtype, fsdp_reduce_op op, int fuse) {
     size_t esize = fsdp_dtype_size(dtype);
     int s = 0;
-    if (fuse && dtype == FSDP_F32 && nsrc >= 2) { /* acc = x0 (+) x1 in one pass, not a copy and a pass over acc */
-        const float *x0 = (const float *)srcs[0] + offset, *x1 = (const float *)srcs[1] + offset;
-        size_t i = 0;
+    if (fuse && nsrc >= 2) { /* acc = x0 (+) x1 in one pass, not a copy and a pass over acc */
+        if (dtype == FSDP_F32) {
+            const float *x0 = (const float *)srcs[0] + offset, *x1 = (const float *)srcs[1] + offset;
+            size_t i = 0;
 #if FSDP__HAVE_STREAM
-        for (; i + 4 <= n; i += 4) _mm_storeu_ps(acc + i, fsdp__combine_ps(_mm_loadu_ps(x0 + i), _mm_loadu_ps(x1 + i), op));
+            for (; i + 4 <= n; i += 4) _mm_storeu_ps(acc + i, fsdp__combine_ps(_mm_loadu_ps(x0 + i), _mm_loadu_ps(x1 + i), op));
 #endif
-        for (; i < n; i++) acc[i] = fsdp__combine(x0[i], x1[i], op);
+            for (; i < n; i++) acc[i] = fsdp__combine(x0[i], x1[i], op);
+        } else if (dtype == FSDP_BF16) {
+            fsdp__fold_two_half(acc, (const uint16_t *)srcs[0] + offset, (const uint16_t *)srcs[1] + offset, FSDP_BF16, n, op);
+        } else {
+            fsdp__fold_two_half(acc, (const uint16_t *)srcs[0] + offset, (const uint16_t *)srcs[1] + offset, FSDP_F16, n, op);
+        }
         s = 2;
     }
     for (; s < nsrc; s++) fsdp__accumulate(acc, (const char *)srcs[s] + offset * esize, dtype, n, op, s == 0);
