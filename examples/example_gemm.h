@@ -8,18 +8,23 @@
    with EXAMPLE_SGEMM=openblas in the environment, it calls OpenBLAS's cblas_sgemm. Why a kernel
    of our own: Debian's OpenBLAS 0.3.21 does not know recent CPUs (AMD Zen 4/5) and picks its
    AVX2 "Haswell" kernels there, which reach about half of what one core can do with AVX-512.
-   On this project's 2-core AMD EPYC machine: 125-130 GFLOP/s for OpenBLAS as it picks itself,
-   about 240 with OPENBLAS_CORETYPE=SkylakeX, 200-240 for this kernel on the models' shapes.
+   On this project's 2-core AMD EPYC machine, on the GPT's shapes: 125-130 GFLOP/s for OpenBLAS
+   as it picks itself, 175-200 with OPENBLAS_CORETYPE=SkylakeX, 165-190 for this kernel.
 
-   The kernel is the textbook (Goto / BLIS) layout: B is packed into panels of KC x 32 columns
-   that stay in L1 while a 12 x 32 block of C accumulates in 24 zmm registers over KC steps;
-   A is packed into panels of 12 rows x KC, a block of MC rows of them stays in L2. Partial tiles
-   at the right edge use masked loads and stores; at the bottom edge the packed panel is padded
-   with zeros and only the real rows are stored. Sums run over k in order within each KC block,
-   so results differ from OpenBLAS's in the last bits only.
+   The kernel is the textbook (Goto / BLIS) layout: B is packed into panels of KC x 32 columns and
+   A into panels of 12 rows x KC (a block of MC rows of them in L2); a 12 x 32 block of C
+   accumulates in 24 zmm registers over KC steps, streaming one panel of each. Partial tiles at
+   the right edge use masked loads and stores; at the bottom edge the packed panel is padded with
+   zeros and only the real rows are stored. Sums run over k in order within each KC block, so
+   results differ from OpenBLAS's in the last bits only. The block is deep (KC 1024) because the
+   kernel itself runs near the core's peak (about 205 GFLOP/s against 210 for FMAs alone here)
+   while C is what costs: a C of 2048 x 2048 does not stay in cache, and each further K block
+   reads and writes it again. With KC 256 the GPT's wide shapes (M = 2048 rows, K = 512..2048)
+   ran at 135-165 GFLOP/s against OpenBLAS's AVX-512 kernels' 175-200; with KC 1024 at 165-185.
 
-   The packing buffers are thread-local (each thread that multiplies gets its own, 640 KiB of
-   address space, touched only on the AVX-512 path). Include after <cblas.h>. */
+   The packing buffers are per thread (4.2 MiB, allocated on the thread's first multiply on the
+   AVX-512 path, freed when it exits; OpenBLAS is used if they cannot be had). Include after
+   <cblas.h>; link with -lpthread. */
 #ifndef EXAMPLE_GEMM_H
 #define EXAMPLE_GEMM_H
 
@@ -30,6 +35,7 @@
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && !defined(EXAMPLE_GEMM_NO_AVX512)
 #  define EXAMPLE_GEMM_AVX512 1
 #  include <immintrin.h>
+#  include <pthread.h>
 #else
 #  define EXAMPLE_GEMM_AVX512 0
 #endif
@@ -42,14 +48,18 @@
 
 #if EXAMPLE_GEMM_AVX512
 
-#define GEMM_MR 12  /* rows of a C tile: one broadcast of A each */
-#define GEMM_NR 32  /* columns of a C tile: two zmm registers */
-#define GEMM_KC 256 /* depth of a packed block: a B panel (KC x NR, 32 KiB) stays in L1 */
-#define GEMM_MC 96  /* rows of A packed at once (96 KiB, in L2) */
-#define GEMM_NC 512 /* columns of B packed at once (512 KiB, in L2) */
+#define GEMM_MR 12   /* rows of a C tile: one broadcast of A each */
+#define GEMM_NR 32   /* columns of a C tile: two zmm registers */
+#define GEMM_KC 1024 /* depth of a packed block; each C tile is read and written once per block */
+#define GEMM_MC 48   /* rows of A packed at once (192 KiB, in L2) */
+#define GEMM_NC 1024 /* columns of B packed at once (4 MiB) */
 
-static __thread float gemm_packed_a[GEMM_MC * GEMM_KC] __attribute__((aligned(64)));
-static __thread float gemm_packed_b[GEMM_KC * GEMM_NC] __attribute__((aligned(64)));
+/* The packing buffers of this thread (A's, then B's, in one allocation): made on its first
+   multiply, freed when the thread exits (the key's destructor). */
+static __thread float *gemm_packed_a, *gemm_packed_b;
+static pthread_once_t gemm_key_once = PTHREAD_ONCE_INIT;
+static pthread_key_t gemm_key;
+static int gemm_key_ok;
 
 /* The columns [0, n) of a 32-wide tile as two 16-lane masks. */
 static inline __mmask16 gemm_mask(int n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1); }
@@ -68,6 +78,10 @@ __attribute__((target("avx512f"))) static void gemm_kernel_12x32(int kc, const f
 #  pragma GCC unroll 12
 #endif
     for (int r = 0; r < GEMM_MR; r++) c0[r] = _mm512_setzero_ps(), c1[r] = _mm512_setzero_ps();
+    for (int r = 0; r < mr; r++) { // the tile's rows are stored after the loop: fetch them meanwhile
+        _mm_prefetch((const char *)(c + (size_t)r * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(c + (size_t)r * ldc + nr - 1), _MM_HINT_T0);
+    }
     for (int k = 0; k < kc; k++, a += GEMM_MR, b += GEMM_NR) {
         __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
 #if defined(__GNUC__) && !defined(__clang__)
@@ -189,6 +203,22 @@ __attribute__((target("avx512f"))) static void gemm_avx512(int trans_a, int tran
     }
 }
 
+static void gemm_make_key(void) { gemm_key_ok = pthread_key_create(&gemm_key, free) == 0; }
+
+/* 1 once this thread has its packing buffers (allocated on its first call), 0 if they cannot be had. */
+static int gemm_buffers(void) {
+    void *both = NULL;
+    if (gemm_packed_a) return 1;
+    pthread_once(&gemm_key_once, gemm_make_key);
+    if (!gemm_key_ok || posix_memalign(&both, 64, sizeof(float) * (GEMM_MC + GEMM_NC) * GEMM_KC)) return 0;
+    if (pthread_setspecific(gemm_key, both) != 0) {
+        free(both);
+        return 0;
+    }
+    gemm_packed_a = (float *)both, gemm_packed_b = gemm_packed_a + GEMM_MC * GEMM_KC;
+    return 1;
+}
+
 #endif /* EXAMPLE_GEMM_AVX512 */
 
 /* 1 if example_sgemm runs the AVX-512 kernel here, 0 if it calls OpenBLAS. */
@@ -206,6 +236,19 @@ EXAMPLE_GEMM_UNUSED static const char *example_sgemm_name(void) {
     return example_sgemm_is_own() ? "own AVX-512 kernel" : "OpenBLAS cblas_sgemm";
 }
 
+/* The bytes of packing buffers a thread touches multiplying a product of N columns and depth K
+   (0 where OpenBLAS does the work): for memory estimates (the largest over a model's products). */
+EXAMPLE_GEMM_UNUSED static size_t example_sgemm_scratch_bytes(int N, int K) {
+#if EXAMPLE_GEMM_AVX512
+    size_t kc = (size_t)(K < GEMM_KC ? K : GEMM_KC), nc = (size_t)(N + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
+    if (!example_sgemm_is_own() || N <= 0 || K <= 0) return 0;
+    return sizeof(float) * kc * (GEMM_MC + (nc < GEMM_NC ? nc : GEMM_NC));
+#else
+    (void)N, (void)K;
+    return 0;
+#endif
+}
+
 /* C (M,N) = op(A) @ op(B) + beta * C, plus bias (N) on every row if not NULL: the one function
    behind example_sgemm and example_sgemm_bias. */
 static void example_sgemm_any(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
@@ -214,7 +257,7 @@ static void example_sgemm_any(int trans_a, int trans_b, int M, int N, int K, flo
     if (M <= 0 || N <= 0) return;
     if (own < 0) own = example_sgemm_is_own();
 #if EXAMPLE_GEMM_AVX512
-    if (own && (beta == 0.0f || beta == 1.0f) && K > 0) {
+    if (own && (beta == 0.0f || beta == 1.0f) && K > 0 && gemm_buffers()) {
         gemm_avx512(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, bias, C, ldc);
         return;
     }

@@ -277,6 +277,7 @@ typedef struct {
     fsdp_memory_stats fsdp;  // fsdp_memory_estimate: parameter, gradient and AdamW shards, gathered units, gradients
     double activations;      // gpt_acts_bytes for this rank's sequences
     double sample_copy;      // the whole model in f32 on every rank, for the sample at the end (--sample > 0)
+    double gemm_scratch;     // the matrix kernel's packing buffers (example_gemm.h)
     double process;          // what the process held before the ranks started (libraries, the text)
     double peer_shards;      // shm: the peers' f32 shards this rank's gathers read in place (shared memory: in
                              // every reader's RSS, stored once)
@@ -295,10 +296,20 @@ static int estimate_memory(const options *o, int P, memory_need *need) {
     need->activations = (double)gpt_acts_bytes(&config, o->batch / P, o->seq_len, o->recompute, 1);
     need->sample_copy = o->sample > 0 ? sizeof(float) * (double)m.num_params : 0;
     need->process = o->process_bytes;
+    { // the products' (columns, depth): the Linear layers' forward (OC, C) and input gradient (C, OC),
+      // their weight gradients (C, the rank's B T rows), the LM head's (V, C) and (C, V), attention's
+        int C = o->channels, T = o->seq_len, rows = o->batch / P * T, hs = C / o->heads, i;
+        const int shapes[][2] = {{4 * C, C}, {C, 4 * C}, {3 * C, C}, {C, 3 * C}, {C, rows}, {256, C}, {C, 256}, {T, hs}, {hs, T}};
+        for (i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
+            double bytes = (double)example_sgemm_scratch_bytes(shapes[i][0], shapes[i][1]);
+            need->gemm_scratch = bytes > need->gemm_scratch ? bytes : need->gemm_scratch;
+        }
+    }
     if (o->backend == FSDP_BACKEND_SHM && o->param_dtype == FSDP_F32 && o->strategy != FSDP_NO_SHARD)
         need->peer_shards = (double)need->fsdp.param_shard_bytes *
                             ((o->strategy == FSDP_HYBRID_SHARD ? desc.shard_group_size : P) - 1);
-    need->total = (double)need->fsdp.peak_bytes + need->activations + need->sample_copy + need->process + need->peer_shards;
+    need->total = (double)need->fsdp.peak_bytes + need->activations + need->gemm_scratch + need->sample_copy + need->process +
+                  need->peer_shards;
     gpt_free(&m);
     return rc ? -1 : 0;
 }
@@ -307,6 +318,7 @@ static void print_memory_need(FILE *out, const options *o, const memory_need *ne
     fprintf(out, "%.1f MiB (fsdp.h %.1f MiB: shards %.1f + gathered units and gradients %.1f; activations %.1f MiB%s",
             mib(need->total), mib((double)need->fsdp.peak_bytes), mib((double)need->fsdp.persistent_bytes),
             mib((double)need->fsdp.peak_unsharded_bytes), mib(need->activations), o->recompute ? " with --recompute" : "");
+    if (need->gemm_scratch > 0) fprintf(out, "; the matrix kernel's buffers %.1f MiB", mib(need->gemm_scratch));
     if (need->sample_copy > 0) fprintf(out, "; a copy of the weights for --sample %.1f MiB", mib(need->sample_copy));
     if (need->peer_shards > 0) fprintf(out, "; the peers' shards read in place %.1f MiB", mib(need->peer_shards));
     fprintf(out, "; the process before the ranks started %.1f MiB)", mib(need->process));
@@ -676,7 +688,8 @@ static void usage(FILE *out) {
         "                       inputs; training is bitwise the same, about a third more compute\n"
         "  --mem-budget MIB     refuse to start unless each rank fits in MIB mebibytes by the estimate:\n"
         "                       fsdp_memory_estimate (shards, gathered units, gradients) + the activations\n"
-        "                       + a copy of the weights for --sample + what the process holds at start\n"
+        "                       + the matrix kernel's packing buffers + a copy of the weights for --sample\n"
+        "                       + what the process holds at start\n"
         "                       (+ on shm, the peers' f32 shards that gathers read in place: shared memory,\n"
         "                       stored once but counted in every reader's RSS); says what is needed and the\n"
         "                       fewest ranks that fit. At the end: every rank's peak RSS against it\n");

@@ -24,6 +24,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -220,10 +221,10 @@ static void test_matmul_backward_matches_finite_differences(void) {
 /* example_sgemm against a double-precision loop: every transpose, beta 0 (C holds NaN, which must
    not leak in) and 1, alpha != 1, and example_sgemm_bias (alpha 1, beta 0, plus a bias row);
    leading dimensions wider than the matrices (the padding columns must stay untouched), and
-   sizes on both sides of the kernel's tile (12 x 32) and block (K 256, N 512) edges. */
+   sizes on both sides of the kernel's tile (12 x 32) and block (M 48, K 1024, N 1024) edges. */
 static void test_sgemm_matches_a_double_precision_product_for_every_layout_and_edge(void) {
     static const int sizes[][3] = {{1, 1, 1}, {5, 7, 3}, {12, 32, 16}, {13, 33, 17}, {25, 95, 64}, {37, 64, 257},
-                                   {100, 520, 40}, {24, 31, 600}};
+                                   {100, 520, 40}, {24, 31, 600}, {50, 1060, 20}, {13, 45, 2100}};
     static const char *const modes[3] = {"beta 0", "beta 1", "bias"};
     char msg[200];
     int s, layout, mode;
@@ -266,6 +267,32 @@ static void test_sgemm_matches_a_double_precision_product_for_every_layout_and_e
                          K, ta ? "A^T" : "A", tb ? " B^T" : " B", modes[mode], worst);
                 TEST_ASSERT_TRUE_MESSAGE(worst <= 1e-5 * sqrt((double)K + 1), msg); /* float rounding of K products */
                 free(A), free(B), free(C), free(bias), free(ref);
+            }
+}
+
+/* A thread that multiplies gets packing buffers of its own and frees them when it exits (under
+   ASan's leak check and valgrind, a buffer kept past the thread's end fails this test). Two
+   threads at once, each checked against a product of small integers (exact in float). */
+static void *sgemm_thread(void *arg) {
+    float *c = (float *)arg, a[40 * 30], b[30 * 50];
+    int i;
+    for (i = 0; i < 40 * 30; i++) a[i] = (float)(i % 7 - 3);
+    for (i = 0; i < 30 * 50; i++) b[i] = (float)(i % 5 - 2);
+    example_sgemm(0, 0, 40, 50, 30, 1.0f, a, 30, b, 50, 0.0f, c, 50);
+    return NULL;
+}
+static void test_sgemm_in_threads_frees_each_threads_buffers(void) {
+    static float c[2][40 * 50];
+    pthread_t th[2];
+    int t, i, j, k;
+    for (t = 0; t < 2; t++) TEST_ASSERT_EQUAL_INT(0, pthread_create(&th[t], NULL, sgemm_thread, c[t]));
+    for (t = 0; t < 2; t++) TEST_ASSERT_EQUAL_INT(0, pthread_join(th[t], NULL));
+    for (t = 0; t < 2; t++)
+        for (i = 0; i < 40; i++)
+            for (j = 0; j < 50; j++) {
+                float sum = 0;
+                for (k = 0; k < 30; k++) sum += (float)((i * 30 + k) % 7 - 3) * (float)((k * 50 + j) % 5 - 2);
+                TEST_ASSERT_EQUAL_FLOAT(sum, c[t][i * 50 + j]);
             }
 }
 
@@ -1195,6 +1222,7 @@ int main(void) {
     RUN_TEST(test_layernorm_backward_matches_finite_differences);
     RUN_TEST(test_matmul_backward_matches_finite_differences);
     RUN_TEST(test_sgemm_matches_a_double_precision_product_for_every_layout_and_edge);
+    RUN_TEST(test_sgemm_in_threads_frees_each_threads_buffers);
     RUN_TEST(test_attention_backward_matches_finite_differences);
     RUN_TEST(test_attention_forward_is_causal);
     RUN_TEST(test_attention_matches_plain_loops_across_query_blocks);
