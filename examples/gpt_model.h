@@ -96,22 +96,25 @@ typedef struct {
    (truncation 8e-9), then 2^n put into the exponent bits. n is rounded by adding 1.5 * 2^23,
    which leaves round(x / ln2) in the low mantissa bits (so never compile this with
    -ffast-math, which would fold (t + c) - c to t). No libm call and no branch, so loops over it
-   vectorise (with -fno-trapping-math, which lets the compiler evaluate both arms of a clamp). */
+   vectorise (with -fno-trapping-math, which lets the compiler evaluate both arms of a clamp).
+   The clamp is written as max and min, which the compiler turns into those instructions (they make
+   a NaN -87: the NaN is given back at the end). Written instead as `x < -87 ? -87 : x`, which keeps
+   a NaN by itself, GCC 12 specialised the clamped lanes with masked moves, and GELU's forward ran
+   2.6x slower on this project's Zen 5 machine (8 M elements: 10.6 ms, now 4.0); same values. */
 static inline float gpt_expf(float x) {
     const float round_magic = 12582912.0f; // 1.5 * 2^23
-    float t, n, r, p, two_n;
+    float y = x > -87.0f ? x : -87.0f, t, n, r, p, two_n;
     int32_t i, bits;
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 88.0f ? 88.0f : x;
-    t = x * 1.44269504f + round_magic;
-    n = t - round_magic;                                   // round(x / ln2), as a float
+    y = y < 88.0f ? y : 88.0f;
+    t = y * 1.44269504f + round_magic;
+    n = t - round_magic;                                   // round(y / ln2), as a float
     memcpy(&i, &t, sizeof i);
     i -= 0x4b400000;                                       // ... and as an integer: t's bits minus round_magic's
-    r = (x - n * 0.693145751953125f) - n * 1.42860677e-6f; // ln2 in two parts: n * the first is exact
+    r = (y - n * 0.693145751953125f) - n * 1.42860677e-6f; // ln2 in two parts: n * the first is exact
     p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720 + r * (1.0f / 5040)))))));
     bits = (i + 127) << 23;
     memcpy(&two_n, &bits, sizeof two_n);
-    return p * two_n;
+    return x == x ? p * two_n : x;
 }
 
 /* ----------------------------------------------------------------------------------------- */

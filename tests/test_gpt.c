@@ -296,6 +296,40 @@ static void test_sgemm_in_threads_frees_each_threads_buffers(void) {
             }
 }
 
+/* gpt_expf, under every exp of the model (softmax, GELU): within 2 ulp of exp over [-87, 88] (every
+   1021st float there), exp(-87) below and exp(88) above it (infinities too), a NaN for a NaN. Also
+   through gelu_forward, whose vectorised loop is where the clamp's form matters (see gpt_expf). */
+static void test_expf_within_2_ulp_clamped_outside_and_nan_stays_nan(void) {
+    float lo = gpt_expf(-87.0f), hi = gpt_expf(88.0f), x, nan = NAN;
+    uint32_t u;
+    float in[5], out[5];
+    for (u = 0; u < 0xffffffffu - 1021; u += 1021) {
+        float got, want;
+        memcpy(&x, &u, sizeof x);
+        if (!(x >= -87.0f && x <= 88.0f)) continue;
+        got = gpt_expf(x), want = (float)exp((double)x);
+        if (fabsf(got - want) > 2.0f * (nextafterf(want, INFINITY) - want)) {
+            char msg[96];
+            snprintf(msg, sizeof msg, "gpt_expf(%a) = %a, exp = %a", (double)x, (double)got, (double)want);
+            TEST_FAIL_MESSAGE(msg);
+        }
+    }
+    TEST_ASSERT_FLOAT_WITHIN(1e-44f, (float)exp(-87.0), lo);
+    TEST_ASSERT_FLOAT_WITHIN(2e31f, (float)exp(88.0), hi);
+    TEST_ASSERT_EQUAL_FLOAT(lo, gpt_expf(-100.0f));
+    TEST_ASSERT_EQUAL_FLOAT(lo, gpt_expf(-INFINITY));
+    TEST_ASSERT_EQUAL_FLOAT(hi, gpt_expf(1e30f));
+    TEST_ASSERT_EQUAL_FLOAT(hi, gpt_expf(INFINITY));
+    TEST_ASSERT_TRUE(isnan(gpt_expf(nan)));
+    in[0] = 1.0f, in[1] = nan, in[2] = -200.0f, in[3] = 200.0f, in[4] = -1.0f;
+    gelu_forward(out, in, 5);
+    TEST_ASSERT_FLOAT_WITHIN(1e-6f, 0.841192f, out[0]);
+    TEST_ASSERT_TRUE(isnan(out[1]));
+    TEST_ASSERT_FLOAT_WITHIN(1e-30f, 0.0f, out[2]);
+    TEST_ASSERT_EQUAL_FLOAT(200.0f, out[3]);
+    TEST_ASSERT_FLOAT_WITHIN(1e-6f, -0.158808f, out[4]);
+}
+
 /* --- attention --- */
 typedef struct {
     float inp[GB * GT * 3 * GC], out[GB * GT * GC], att[GB * GNH * GT * GT];
@@ -1223,6 +1257,7 @@ int main(void) {
     RUN_TEST(test_matmul_backward_matches_finite_differences);
     RUN_TEST(test_sgemm_matches_a_double_precision_product_for_every_layout_and_edge);
     RUN_TEST(test_sgemm_in_threads_frees_each_threads_buffers);
+    RUN_TEST(test_expf_within_2_ulp_clamped_outside_and_nan_stays_nan);
     RUN_TEST(test_attention_backward_matches_finite_differences);
     RUN_TEST(test_attention_forward_is_causal);
     RUN_TEST(test_attention_matches_plain_loops_across_query_blocks);
