@@ -357,8 +357,9 @@ GPT_SIMD static void residual_forward(float *out, const float *inp1, const float
 }
 
 // dinp1 (N) += dout; dinp2 (N) += dout. (gpt_backward needs no call: it accumulates the residual
-// stream's gradient in one buffer, which is both branches' dout.)
-GPT_UNUSED GPT_SIMD static void residual_backward(float *dinp1, float *dinp2, const float *dout, size_t N) {
+// stream's gradient in one buffer, which is both branches' dout. Not multi-versioned: clang does
+// not take target_clones together with the unused attribute.)
+GPT_UNUSED static void residual_backward(float *dinp1, float *dinp2, const float *dout, size_t N) {
     for (size_t i = 0; i < N; i++) {
         dinp1[i] += dout[i];
         dinp2[i] += dout[i];

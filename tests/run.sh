@@ -73,6 +73,9 @@ if [ -z "$NO_EXTRA_CHECKS" ]; then
     check header.after_stdio_c99_explains sh -c "! $CC -std=c99 $W -c '$tmp/after_stdio.c' -o '$tmp/a.o' 2>'$tmp/err' && grep -q 'define _GNU_SOURCE at the very top' '$tmp/err'"
     if command -v clang >/dev/null 2>&1; then
         check header.clang_c99 clang -std=c99 $W "$tmp/first.c" -o "$tmp/a" -lpthread -lm
+        # the examples' models too (their target_clones and AVX-512 kernel are compiler-specific)
+        check examples.gpt_and_mlp_clang_c99 sh -c "clang -std=c99 $W -O1 examples/gpt.c -o '$tmp/a' -lopenblas -lpthread -lm &&
+            clang -std=c99 $W -O1 examples/mlp.c -o '$tmp/a' -lopenblas -lpthread -lm"
     fi
     rm -rf "$tmp"
 
