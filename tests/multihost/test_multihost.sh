@@ -189,10 +189,12 @@ fault() { # what (cut | kill)
       echo "h0 /dev/shm:"; hostbed_exec h0 ls -A /dev/shm; } >>"$LOG/fault.log" 2>&1
     [ $(((t1 - t0) / 1000000)) -lt 15000 ] || ok=1
     [ "${HOSTBED_RANK_STATUS[0]}" = 3 ] && [ "${HOSTBED_RANK_STATUS[1]}" = 3 ] || ok=1
-    if [ "$1" = cut ]; then # the far side fails too, and everyone names the other host's address
+    if [ "$1" = cut ]; then # the far side fails too, and each host's ranks name the other host's address:
+        # the ranks waiting on the link do; a local peer that was waiting for one of them at that moment
+        # names that rank (both time out together), so which local rank names the host varies run to run
         [ "${HOSTBED_RANK_STATUS[2]}" = 3 ] && [ "${HOSTBED_RANK_STATUS[3]}" = 3 ] || ok=1
-        grep -h 'rank 0: loop failed' "$HOSTBED_SHARE/rank0.log" | grep -q '10\.77\.0\.2' || ok=1
-        grep -h 'rank 2: loop failed' "$HOSTBED_SHARE/rank2.log" | grep -q '10\.77\.0\.1' || ok=1
+        cat "$HOSTBED_SHARE/rank0.log" "$HOSTBED_SHARE/rank1.log" | grep -h 'rank [01]: loop failed' | grep -q '10\.77\.0\.2' || ok=1
+        cat "$HOSTBED_SHARE/rank2.log" "$HOSTBED_SHARE/rank3.log" | grep -h 'rank [23]: loop failed' | grep -q '10\.77\.0\.1' || ok=1
     fi
     [ -z "$(hostbed_exec h0 ls -A /dev/shm)" ] || ok=1
     return $ok
