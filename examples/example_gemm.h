@@ -54,9 +54,9 @@
 #define GEMM_MC 48   /* rows of A packed at once (192 KiB, in L2) */
 #define GEMM_NC 1024 /* columns of B packed at once (4 MiB) */
 
-/* The packing buffers of this thread (A's, then B's, in one allocation): made on its first
-   multiply, freed when the thread exits (the key's destructor). */
-static __thread float *gemm_packed_a, *gemm_packed_b;
+/* The packing buffers of this thread, A's (MC x KC) then B's (KC x NC) in one allocation: made on
+   its first multiply, freed when the thread exits (the key's destructor). */
+static __thread float *gemm_packed;
 static pthread_once_t gemm_key_once = PTHREAD_ONCE_INIT;
 static pthread_key_t gemm_key;
 static int gemm_key_ok;
@@ -183,19 +183,20 @@ __attribute__((target("avx512f"))) static void gemm_pack_a(float *packed, int tr
 __attribute__((target("avx512f"))) static void gemm_avx512(int trans_a, int trans_b, int M, int N, int K, float alpha,
                                                             const float *A, int lda, const float *B, int ldb, float beta,
                                                             const float *bias, float *C, int ldc) {
+    float *packed_a = gemm_packed, *packed_b = gemm_packed + GEMM_MC * GEMM_KC;
     for (int j0 = 0; j0 < N; j0 += GEMM_NC) {
         int nc = N - j0 < GEMM_NC ? N - j0 : GEMM_NC;
         for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
             int kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
             float block_beta = k0 == 0 ? beta : 1.0f; // later K blocks add to what the first one wrote
             const float *block_bias = k0 == 0 ? bias : NULL; // ... which added the bias
-            gemm_pack_b(gemm_packed_b, trans_b, B, ldb, k0, kc, j0, nc);
+            gemm_pack_b(packed_b, trans_b, B, ldb, k0, kc, j0, nc);
             for (int i0 = 0; i0 < M; i0 += GEMM_MC) {
                 int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC;
-                gemm_pack_a(gemm_packed_a, trans_a, A, lda, i0, mc, k0, kc);
+                gemm_pack_a(packed_a, trans_a, A, lda, i0, mc, k0, kc);
                 for (int j = 0; j < nc; j += GEMM_NR)
                     for (int i = 0; i < mc; i += GEMM_MR)
-                        gemm_kernel_12x32(kc, gemm_packed_a + (size_t)i * kc, gemm_packed_b + (size_t)j * kc,
+                        gemm_kernel_12x32(kc, packed_a + (size_t)i * kc, packed_b + (size_t)j * kc,
                                           C + (size_t)(i0 + i) * ldc + j0 + j, ldc, mc - i < GEMM_MR ? mc - i : GEMM_MR,
                                           nc - j, alpha, block_beta, block_bias ? block_bias + j0 + j : NULL);
             }
@@ -208,14 +209,14 @@ static void gemm_make_key(void) { gemm_key_ok = pthread_key_create(&gemm_key, fr
 /* 1 once this thread has its packing buffers (allocated on its first call), 0 if they cannot be had. */
 static int gemm_buffers(void) {
     void *both = NULL;
-    if (gemm_packed_a) return 1;
+    if (gemm_packed) return 1;
     pthread_once(&gemm_key_once, gemm_make_key);
     if (!gemm_key_ok || posix_memalign(&both, 64, sizeof(float) * (GEMM_MC + GEMM_NC) * GEMM_KC)) return 0;
     if (pthread_setspecific(gemm_key, both) != 0) {
         free(both);
         return 0;
     }
-    gemm_packed_a = (float *)both, gemm_packed_b = gemm_packed_a + GEMM_MC * GEMM_KC;
+    gemm_packed = (float *)both;
     return 1;
 }
 

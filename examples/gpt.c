@@ -296,15 +296,7 @@ static int estimate_memory(const options *o, int P, memory_need *need) {
     need->activations = (double)gpt_acts_bytes(&config, o->batch / P, o->seq_len, o->recompute, 1);
     need->sample_copy = o->sample > 0 ? sizeof(float) * (double)m.num_params : 0;
     need->process = o->process_bytes;
-    { // the products' (columns, depth): the Linear layers' forward (OC, C) and input gradient (C, OC),
-      // their weight gradients (C, the rank's B T rows), the LM head's (V, C) and (C, V), attention's
-        int C = o->channels, T = o->seq_len, rows = o->batch / P * T, hs = C / o->heads, i;
-        const int shapes[][2] = {{4 * C, C}, {C, 4 * C}, {3 * C, C}, {C, 3 * C}, {C, rows}, {256, C}, {C, 256}, {T, hs}, {hs, T}};
-        for (i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
-            double bytes = (double)example_sgemm_scratch_bytes(shapes[i][0], shapes[i][1]);
-            need->gemm_scratch = bytes > need->gemm_scratch ? bytes : need->gemm_scratch;
-        }
-    }
+    need->gemm_scratch = (double)gpt_sgemm_scratch_bytes(&config, o->batch / P, o->seq_len);
     if (o->backend == FSDP_BACKEND_SHM && o->param_dtype == FSDP_F32 && o->strategy != FSDP_NO_SHARD)
         need->peer_shards = (double)need->fsdp.param_shard_bytes *
                             ((o->strategy == FSDP_HYBRID_SHARD ? desc.shard_group_size : P) - 1);

@@ -634,6 +634,20 @@ static void gpt_acts_sizes(const gpt_config *c, int B, int T, int recompute_ever
     memcpy(sizes, table, sizeof table);
 }
 
+/* The bytes of packing buffers example_sgemm touches for the largest of this model's products with
+   B sequences of T: (columns, depth) of the Linear layers' forward (OC, C) and input gradient (C, OC),
+   their weight gradients (C, B T rows), the LM head's (V, C) and (C, V), attention's (T, hs), (hs, T). */
+GPT_UNUSED static size_t gpt_sgemm_scratch_bytes(const gpt_config *c, int B, int T) {
+    int C = c->channels, V = c->vocab_size, hs = C / c->num_heads;
+    const int shapes[][2] = {{4 * C, C}, {C, 4 * C}, {3 * C, C}, {C, 3 * C}, {C, B * T}, {V, C}, {C, V}, {T, hs}, {hs, T}};
+    size_t most = 0;
+    for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
+        size_t bytes = example_sgemm_scratch_bytes(shapes[i][0], shapes[i][1]);
+        most = bytes > most ? bytes : most;
+    }
+    return most;
+}
+
 /* Bytes gpt_acts_alloc_ex(c, B, T, recompute_every, with_grads) allocates for activations (for
    memory estimates before anything is allocated). */
 GPT_UNUSED static size_t gpt_acts_bytes(const gpt_config *c, int B, int T, int recompute_every, int with_grads) {

@@ -271,7 +271,8 @@ static void test_sgemm_matches_a_double_precision_product_for_every_layout_and_e
 }
 
 /* A thread that multiplies gets packing buffers of its own and frees them when it exits (under
-   ASan's leak check and valgrind, a buffer kept past the thread's end fails this test). Two
+   ASan's leak check a buffer kept past the thread's end fails this test; valgrind has no AVX-512,
+   so there the products go to OpenBLAS). Two
    threads at once, each checked against a product of small integers (exact in float). */
 static void *sgemm_thread(void *arg) {
     float *c = (float *)arg, a[40 * 30], b[30 * 50];
