@@ -1658,6 +1658,23 @@ FSDP__PRIVATE void fsdp__accumulate(float *acc, const void *src, fsdp_dtype dtyp
     }
 }
 
+/* acc = x0 (+) x1, widened to f32: the first two sources of a rank-order fold in one pass. */
+FSDP__PRIVATE void fsdp__fold_two(float *acc, const void *src0, const void *src1, fsdp_dtype dtype, size_t n,
+                                  fsdp_reduce_op op) {
+    size_t i = 0;
+    if (dtype == FSDP_F32) {
+        const float *x0 = (const float *)src0, *x1 = (const float *)src1;
+#if FSDP__HAVE_STREAM
+        for (; i + 4 <= n; i += 4) _mm_storeu_ps(acc + i, fsdp__combine_ps(_mm_loadu_ps(x0 + i), _mm_loadu_ps(x1 + i), op));
+#endif
+        for (; i < n; i++) acc[i] = fsdp__combine(x0[i], x1[i], op);
+    } else if (dtype == FSDP_BF16) {
+        fsdp__fold_two_half(acc, (const uint16_t *)src0, (const uint16_t *)src1, FSDP_BF16, n, op);
+    } else {
+        fsdp__fold_two_half(acc, (const uint16_t *)src0, (const uint16_t *)src1, FSDP_F16, n, op);
+    }
+}
+
 FSDP__PRIVATE void fsdp__to_f32(float *dst, const void *src, fsdp_dtype dtype, size_t count) {
     if (dtype == FSDP_F32) { if ((const void *)dst != src) memmove(dst, src, count * 4); return; }
     fsdp__accumulate(dst, src, dtype, count, FSDP_SUM, 1);
@@ -1704,18 +1721,7 @@ FSDP__PRIVATE void fsdp__reduce_block_f32(float *acc, const void *const *srcs, i
     size_t esize = fsdp_dtype_size(dtype);
     int s = 0;
     if (fuse && nsrc >= 2) { /* acc = x0 (+) x1 in one pass, not a copy and a pass over acc */
-        if (dtype == FSDP_F32) {
-            const float *x0 = (const float *)srcs[0] + offset, *x1 = (const float *)srcs[1] + offset;
-            size_t i = 0;
-#if FSDP__HAVE_STREAM
-            for (; i + 4 <= n; i += 4) _mm_storeu_ps(acc + i, fsdp__combine_ps(_mm_loadu_ps(x0 + i), _mm_loadu_ps(x1 + i), op));
-#endif
-            for (; i < n; i++) acc[i] = fsdp__combine(x0[i], x1[i], op);
-        } else if (dtype == FSDP_BF16) {
-            fsdp__fold_two_half(acc, (const uint16_t *)srcs[0] + offset, (const uint16_t *)srcs[1] + offset, FSDP_BF16, n, op);
-        } else {
-            fsdp__fold_two_half(acc, (const uint16_t *)srcs[0] + offset, (const uint16_t *)srcs[1] + offset, FSDP_F16, n, op);
-        }
+        fsdp__fold_two(acc, (const char *)srcs[0] + offset * esize, (const char *)srcs[1] + offset * esize, dtype, n, op);
         s = 2;
     }
     for (; s < nsrc; s++) fsdp__accumulate(acc, (const char *)srcs[s] + offset * esize, dtype, n, op, s == 0);
@@ -1957,8 +1963,12 @@ FSDP__PRIVATE int fsdp__default_timeout(void) {
     return FSDP__DEFAULT_TIMEOUT_MS;
 }
 
+FSDP__PRIVATE fsdp_comm *fsdp__hier_local(const fsdp_comm *comm);
+
 FSDP_API void fsdp_comm_set_timeout(fsdp_comm *comm, int timeout_ms) {
+    fsdp_comm *local = fsdp__hier_local(comm); /* a hierarchical comm's host part waits as long */
     if (comm) comm->timeout_ms = timeout_ms > 0 ? timeout_ms : fsdp__default_timeout();
+    if (local) local->timeout_ms = comm->timeout_ms;
 }
 
 /* Checks arguments (an invalid call does not poison the comm), stamps the op and runs it. */
@@ -2161,7 +2171,7 @@ FSDP__PRIVATE int fsdp__init_fail(const fsdp_logger *logger, int code, const cha
    on a futex with a timeout, checking the abort flag and the peer's liveness between sleeps.
    ============================================================================================ */
 #define FSDP__SHM_MAGIC 0x314d485350445346ull /* "FSDPSHM1" */
-#define FSDP__SHM_VERSION 3u
+#define FSDP__SHM_VERSION 4u
 #define FSDP__SHM_SLOTS 4
 #define FSDP__SHM_SMALL_ALL_REDUCE (32u * 1024u)
 /* ... and up to this much with two ranks, where reducing everything on both costs less than a
@@ -2187,6 +2197,14 @@ typedef struct fsdp__shm_src {
     uint64_t length;
 } fsdp__shm_src;
 
+/* A line a rank writes about itself for the ranks of its host: in a hierarchical comm, whom its
+   wait on the network is for (read by a local peer that times out waiting for it). seq is odd
+   while the text changes; readers copy it and keep the copy only if seq was even and unchanged. */
+typedef struct fsdp__shm_note {
+    uint32_t seq;
+    char text[92];
+} fsdp__shm_note;
+
 typedef struct fsdp__shm_rank {
     uint32_t arrive;            /* futex word: rounds whose data this rank has published */
     uint32_t arrive_waiters;
@@ -2200,9 +2218,10 @@ typedef struct fsdp__shm_rank {
     uint32_t single_copy;       /* 1: it can read every peer's memory (process_vm_readv), 2: cannot */
     uint64_t probe_addr;        /* where in its memory peers find probe_cookie, to test that */
     uint64_t probe_cookie;
+    fsdp__shm_note waiting_for; /* hierarchical comms: the remote rank its network wait is on */
     fsdp__fingerprint slot_fp[FSDP__SHM_SLOTS];
     fsdp__shm_src slot_src[FSDP__SHM_SLOTS];
-    char pad3[64 - (32 + FSDP__SHM_SLOTS * (sizeof(fsdp__fingerprint) + sizeof(fsdp__shm_src))) % 64];
+    char pad3[64 - (32 + sizeof(fsdp__shm_note) + FSDP__SHM_SLOTS * (sizeof(fsdp__fingerprint) + sizeof(fsdp__shm_src))) % 64];
 } fsdp__shm_rank;
 
 typedef struct fsdp__shm_header {
@@ -2313,6 +2332,27 @@ static void fsdp__shm_abort_message(const fsdp__shm_header *h, char *out, size_t
     fsdp__printable_n(out, size, raw, sizeof raw);
 }
 
+/* Writes text (cut to fit) into a note of this rank's; only its owner writes it. */
+static void fsdp__shm_note_set(fsdp__shm_note *n, const char *text) {
+    uint32_t seq = __atomic_load_n(&n->seq, __ATOMIC_RELAXED);
+    __atomic_store_n(&n->seq, seq + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    fsdp__copy_string(n->text, sizeof n->text, text);
+    __atomic_store_n(&n->seq, seq + 2, __ATOMIC_RELEASE);
+}
+
+/* A peer's note, copied out bounded and printable; 0 if it is empty or was being rewritten. */
+static int fsdp__shm_note_get(const fsdp__shm_note *n, char *out, size_t size) {
+    char raw[sizeof n->text];
+    uint32_t before = __atomic_load_n(&n->seq, __ATOMIC_ACQUIRE), after;
+    memcpy(raw, n->text, sizeof raw);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    after = __atomic_load_n(&n->seq, __ATOMIC_RELAXED);
+    if (before != after || (before & 1u)) raw[0] = 0;
+    fsdp__printable_n(out, size, raw, sizeof raw);
+    return out[0] != 0;
+}
+
 /* Fails the comm because the shared abort flag is set; adopts the first failer's code. */
 FSDP__PRIVATE int fsdp__shm_adopt_abort(fsdp_comm *comm, fsdp__shm *s) {
     const fsdp__shm_header *h = s->header;
@@ -2365,15 +2405,19 @@ FSDP__PRIVATE int fsdp__shm_wait(fsdp_comm *comm, fsdp__shm *s, int peer, int de
                                   "rank %d (pid %d) died while rank %d waited for it in %s (op #%llu)",
                                   peer, (int)r->pid, comm->rank, fsdp_coll_name(c->kind),
                                   (unsigned long long)c->seq);
-        if (now >= deadline)
+        if (now >= deadline) { /* a peer waiting on another host says whom for */
+            char why[sizeof r->waiting_for.text + 8];
+            int noted = fsdp__shm_note_get(&r->waiting_for, why, sizeof why);
             return fsdp_comm_fail(comm, FSDP_ERR_TIMEOUT,
                                   "rank %d waited %d ms for rank %d (pid %d) in %s (op #%llu); rank %d is "
-                                  "alive but did not %s",
+                                  "alive but did not %s%s%s",
                                   comm->rank, c->timeout_ms, peer, (int)r->pid, fsdp_coll_name(c->kind),
                                   (unsigned long long)c->seq, peer,
                                   depart == 0 ? "join this collective"
                                   : depart == 1 ? "read the data this rank staged earlier"
-                                                : "finish reading this rank's memory");
+                                                : "finish reading this rank's memory",
+                                  noted ? ": it is waiting for " : "", noted ? why : "");
+        }
         {
             int64_t left_ms = deadline - now;
             struct timespec ts;
@@ -3289,6 +3333,8 @@ typedef struct fsdp__sock {
     int *pfd_peer;
     double spin_seconds;    /* busy-poll before sleeping in poll; 0 when ranks outnumber cores */
     int64_t op_deadline;    /* the running op fails at this time (fsdp__now_ms) */
+    fsdp__shm_note *wait_note; /* hierarchical: this rank's note in its host's segment (or NULL) */
+    int noted;              /* 1 + the peer wait_note names now; 0: none */
     unsigned char session[16];
     struct sockaddr_in local; /* this rank's address as its peers reach it (for fsdp_comm_split) */
 } fsdp__sock;
@@ -4207,9 +4253,29 @@ typedef struct fsdp__sock_reduction {
     int divisor;
 } fsdp__sock_reduction;
 
+/* Says in the rank's note (hierarchical comms) which peer its network wait is for; p < 0: none. */
+FSDP__PRIVATE void fsdp__sock_note(fsdp__sock *s, int p) {
+    char text[sizeof s->wait_note->text];
+    if (!s->wait_note || s->noted == p + 1) return;
+    if (p >= 0) fsdp__fmt(text, sizeof text, "rank %d of the world at %s, on another host", p, s->peers[p].addr);
+    else text[0] = 0;
+    fsdp__shm_note_set(s->wait_note, text);
+    s->noted = p + 1;
+}
+
+FSDP__PRIVATE int fsdp__sock_phase_io(fsdp_comm *comm, fsdp__sock *s, const fsdp_coll *c, uint32_t phase,
+                                      const fsdp__sock_reduction *red);
+
 /* Runs one phase: the caller has set every peer's out_data/out_len and in_direct/in_len. */
 FSDP__PRIVATE int fsdp__sock_phase(fsdp_comm *comm, fsdp__sock *s, const fsdp_coll *c, uint32_t phase,
                                    const fsdp__sock_reduction *red) {
+    int rc = fsdp__sock_phase_io(comm, s, c, phase, red);
+    fsdp__sock_note(s, -1);
+    return rc;
+}
+
+FSDP__PRIVATE int fsdp__sock_phase_io(fsdp_comm *comm, fsdp__sock *s, const fsdp_coll *c, uint32_t phase,
+                                      const fsdp__sock_reduction *red) {
     const size_t ring_bytes = FSDP__SOCK_RING_SEGMENTS * FSDP__SOCK_SEGMENT;
     const fsdp__fingerprint fp = fsdp__fingerprint_of(c);
     size_t esize = fsdp_dtype_size(c->dtype), reduced = 0;
@@ -4290,7 +4356,15 @@ FSDP__PRIVATE int fsdp__sock_phase(fsdp_comm *comm, fsdp__sock *s, const fsdp_co
                 ready = poll(s->pfds, (nfds_t)n, 0);
             }
         }
-        if (ready == 0) ready = poll(s->pfds, (nfds_t)n, 100);
+        if (ready == 0) { /* then sleep, to the op's deadline at most; a peer of this host
+                             waiting for us meanwhile learns whom we wait for */
+            int64_t left = s->op_deadline - fsdp__now_ms();
+            int i, waited = s->pfd_peer[0];
+            for (i = n - 1; i >= 0; i--)
+                if (s->pfds[i].events & POLLIN) waited = s->pfd_peer[i];
+            fsdp__sock_note(s, waited);
+            ready = poll(s->pfds, (nfds_t)n, left <= 0 ? 0 : left < 100 ? (int)left : 100);
+        }
         if (ready < 0 && errno != EINTR)
             return fsdp_comm_fail(comm, FSDP_ERR_SYSTEM, "poll failed: %s", strerror(errno));
         if (ready <= 0) continue;
@@ -4731,8 +4805,12 @@ typedef struct fsdp__hier {
 FSDP__PRIVATE int fsdp__hier_local_failed(fsdp_comm *comm, fsdp__hier *x) {
     const char *why = fsdp_comm_last_error(x->local);
     int code = fsdp_comm_status(x->local) ? fsdp_comm_status(x->local) : FSDP_ERR_ABORTED;
-    return x->local->adopted ? fsdp__comm_adopt(comm, code, "on host %d: %s", x->host, why)
-                             : fsdp_comm_fail(comm, code, "on host %d: %s", x->host, why);
+    int first = x->first[x->host], last = first + x->size[x->host] - 1;
+    return x->local->adopted
+               ? fsdp__comm_adopt(comm, code, "on host %d (local ranks 0-%d are world ranks %d-%d): %s", x->host,
+                                  last - first, first, last, why)
+               : fsdp_comm_fail(comm, code, "on host %d (local ranks 0-%d are world ranks %d-%d): %s", x->host,
+                                last - first, first, last, why);
 }
 
 /* A collective among this host's ranks, tagged like the world op it serves. */
@@ -5178,6 +5256,7 @@ FSDP__PRIVATE void fsdp__hier_free(fsdp__hier *x, int world) {
     }
     pthread_mutex_destroy(&x->lock);
     pthread_cond_destroy(&x->cond);
+    if (x->net) x->net->wait_note = NULL; /* it was in x->local's segment */
     fsdp_comm_destroy(x->local);
     fsdp__sock_free(x->net, world);
     FSDP_FREE(x->first);
@@ -5192,6 +5271,11 @@ FSDP__PRIVATE void fsdp__hier_destroy(fsdp_comm *comm, void *impl) { fsdp__hier_
 static const fsdp_backend fsdp__hier_backend = {
     "socket+shm", fsdp__hier_all_gather, fsdp__hier_reduce_scatter, fsdp__hier_all_reduce, fsdp__hier_broadcast,
     fsdp__hier_barrier, fsdp__hier_abort, fsdp__hier_destroy, 0};
+
+/* The shm comm of a hierarchical comm's host, or NULL. */
+FSDP__PRIVATE fsdp_comm *fsdp__hier_local(const fsdp_comm *comm) {
+    return comm && comm->backend == &fsdp__hier_backend && comm->impl ? ((fsdp__hier *)comm->impl)->local : NULL;
+}
 
 /* The socket connections of a socket comm, hierarchical or not. */
 static fsdp__sock *fsdp__sock_of(const fsdp_comm *comm) {
@@ -5273,6 +5357,8 @@ FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) 
     x->uniform = 1;
     for (r = 1; r < x->hosts; r++) x->uniform &= x->size[r] == x->size[0];
     x->world = comm;
+    if (local && local->backend == &fsdp__shm_backend && local->impl) /* (a host of one rank has no segment) */
+        x->net->wait_note = &fsdp__shm_peer((fsdp__shm *)local->impl, local->rank)->waiting_for;
     x->thread_started = pthread_create(&x->thread, NULL, fsdp__hier_thread, x) == 0; /* else: not pipelined */
     comm->impl = x;
     comm->backend = &fsdp__hier_backend;

@@ -12,7 +12,10 @@
      - fsdp_comm_split: a group of one host's ranks runs on shm, one rank per host on sockets.
    Prints "mh_check: rank R: N checks, F failed" and one line per failure; exits 1 on failure.
    MH_OPS_ONLY=1 skips the splits; MH_MAX_COUNT caps the sizes (slow links); MH_LOOP_MS keeps
-   all_reducing that long (a link may be cut meanwhile) and reports how the first failure looked.
+   all_reducing that long (a link may be cut meanwhile) and reports how the first failure looked;
+   with MH_LOOP_OP=all_gather it all-gathers instead (256 KiB per rank), and MH_LAG_RANK=r makes
+   rank r join every op MH_LAG_MS (default 300) late; MH_SET_TIMEOUT=r:ms gives rank r that
+   timeout with fsdp_comm_set_timeout.
    Built with mpicc -DFSDP_WITH_MPI it runs under mpirun on the MPI bridge, which folds in the
    same order as the sockets for the same layout. */
 #ifndef _GNU_SOURCE
@@ -24,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int checks, failures, rank_id;
 
@@ -258,13 +262,29 @@ int main(void) {
         check(lay.hosts == expected_hosts, "%d hosts seen, %d expected", lay.hosts, expected_hosts);
     }
     if (loop) { /* fault tests: all_reduce until something fails or the time is up */
-        static float buf[1 << 18];
-        double until = fsdp_now() + atof(loop) / 1000.0, t0;
-        int rc = 0;
+        static float buf[1 << 18], *gathered;
+        const char *op = getenv("MH_LOOP_OP"), *lag_rank = getenv("MH_LAG_RANK"), *lag_ms = getenv("MH_LAG_MS");
+        double until = fsdp_now() + atof(loop) / 1000.0, t0 = 0, lag = 0;
+        size_t piece = (size_t)1 << 16;
+        int rc = 0, gather = op && strcmp(op, "all_gather") == 0;
+        const char *set_timeout = getenv("MH_SET_TIMEOUT");
+        if (lag_rank && *lag_rank && atoi(lag_rank) == rank_id) lag = (lag_ms ? atof(lag_ms) : 300.0) / 1000.0;
+        if (set_timeout && strchr(set_timeout, ':') && atoi(set_timeout) == rank_id)
+            fsdp_comm_set_timeout(comm, atoi(strchr(set_timeout, ':') + 1));
+        if (gather && !(gathered = (float *)malloc(piece * (size_t)lay.world * sizeof *gathered))) return 2;
         while (fsdp_now() < until) {
+            if (lag > 0) {
+                struct timespec ts;
+                ts.tv_sec = (time_t)lag;
+                ts.tv_nsec = (long)((lag - (double)ts.tv_sec) * 1e9);
+                nanosleep(&ts, NULL);
+            }
             t0 = fsdp_now();
-            if ((rc = fsdp_all_reduce(comm, buf, buf, sizeof buf / sizeof buf[0], FSDP_F32, FSDP_SUM)) != 0) break;
+            rc = gather ? fsdp_all_gather(comm, buf, gathered, piece, FSDP_F32)
+                        : fsdp_all_reduce(comm, buf, buf, sizeof buf / sizeof buf[0], FSDP_F32, FSDP_SUM);
+            if (rc) break;
         }
+        if (gather) free(gathered);
         printf("mh_check: rank %d: loop %s after %.1f s (op took %.1f s): %s\n", rank_id, rc ? "failed" : "done",
                fsdp_now() - started, rc ? fsdp_now() - t0 : 0.0, rc ? fsdp_comm_last_error(comm) : "ok");
         fsdp_comm_destroy(comm);

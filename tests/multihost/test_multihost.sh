@@ -10,7 +10,8 @@
 #     on one host;
 #   - torchrun (static and c10d rendezvous, 2 nodes x 2 ranks; tests/torchrun.py) and mpirun
 #     (sockets and the MPI bridge) across hosts;
-#   - faults: a link cut mid-op (every rank fails within its timeout naming the other host),
+#   - faults: a link cut mid-op (every rank fails within its timeout naming the other host, also
+#     a rank whose wait was for a local peer that waits on the link),
 #     5% loss and 20 ms delay (still right), a host killed (the others fail, nothing left in
 #     /dev/shm), a rank killed under torchrun --max_restarts 1 (the GPT with --resume auto
 #     continues from its last checkpoint on the loss curve of a run never stopped).
@@ -175,26 +176,37 @@ mpirun_2x2() {
 # A fault while 2x2 ranks all_reduce in a loop: every rank must exit 3 (the op failed) within
 # FSDP_TIMEOUT_MS + margin of the fault, saying which host was lost; /dev/shm of the surviving
 # host stays empty.
-fault() { # what (cut | kill)
-    local t0 t1 s ok=0
-    FSDP_TIMEOUT_MS=4000 MH_LOOP_MS=30000 hostbed_ranks --timeout 60 --no-wait 2,2 "$BIN/mh_check"
+# cut-lagging: the same while all-gathering with rank 3 joining every op 300 ms late, and rank 0's
+# timeout set to 2500 ms (fsdp_comm_set_timeout), so that rank 0 times out waiting for its local
+# peer rank 1 before rank 1's own wait on the link (for rank 3) ends: rank 0 must name the host
+# from what rank 1 wrote in their segment, after 2500 ms (its host's part waits as long).
+fault() { # what (cut | cut-lagging | kill)
+    local t0 t1 s ok=0 op=all_reduce lag= set=
+    [ "$1" = cut-lagging ] && op=all_gather lag=3 set=0:2500
+    MH_LOOP_OP=$op MH_LAG_RANK=$lag MH_SET_TIMEOUT=$set FSDP_TIMEOUT_MS=4000 MH_LOOP_MS=30000 hostbed_ranks --timeout 60 --no-wait 2,2 "$BIN/mh_check"
     sleep 3
     t0=$(date +%s%N)
-    if [ "$1" = cut ]; then hostbed_link h1 down; else hostbed_kill h1; fi
+    if [ "$1" = kill ]; then hostbed_kill h1; else hostbed_link h1 down; fi
     hostbed_ranks_wait
     t1=$(date +%s%N)
-    [ "$1" = cut ] && hostbed_link h1 up
+    [ "$1" = kill ] || hostbed_link h1 up
     rank_logs >"$LOG/fault.log"
     { echo "exit statuses: ${HOSTBED_RANK_STATUS[*]}"; echo "ranks ended $(((t1 - t0) / 1000000)) ms after the fault"
       echo "h0 /dev/shm:"; hostbed_exec h0 ls -A /dev/shm; } >>"$LOG/fault.log" 2>&1
     [ $(((t1 - t0) / 1000000)) -lt 15000 ] || ok=1
     [ "${HOSTBED_RANK_STATUS[0]}" = 3 ] && [ "${HOSTBED_RANK_STATUS[1]}" = 3 ] || ok=1
-    if [ "$1" = cut ]; then # the far side fails too, and each host's ranks name the other host's address:
-        # the ranks waiting on the link do; a local peer that was waiting for one of them at that moment
-        # names that rank (both time out together), so which local rank names the host varies run to run
+    if [ "$1" != kill ]; then # the far side fails too, and every rank names the other host's address: the
+        # ranks waiting on the link do, and a local peer that timed out waiting for one of them (they may
+        # time out together) names it from what that rank wrote in the host's segment, or adopts its failure
         [ "${HOSTBED_RANK_STATUS[2]}" = 3 ] && [ "${HOSTBED_RANK_STATUS[3]}" = 3 ] || ok=1
-        cat "$HOSTBED_SHARE/rank0.log" "$HOSTBED_SHARE/rank1.log" | grep -h 'rank [01]: loop failed' | grep -q '10\.77\.0\.2' || ok=1
-        cat "$HOSTBED_SHARE/rank2.log" "$HOSTBED_SHARE/rank3.log" | grep -h 'rank [23]: loop failed' | grep -q '10\.77\.0\.1' || ok=1
+        for r in 0 1 2 3; do
+            grep -h "rank $r: loop failed" "$HOSTBED_SHARE/rank$r.log" | grep -q "10\.77\.0\.$((r < 2 ? 2 : 1))" || ok=1
+        done
+        if [ "$1" = cut-lagging ]; then
+            grep -h "rank 0: loop failed" "$HOSTBED_SHARE/rank0.log" |
+                grep "waited 2500 ms for rank 1 " |
+                grep -q "rank 1 is alive but did not join this collective: it is waiting for rank 3 of the world at 10\.77\.0\.2" || ok=1
+        fi
     fi
     [ -z "$(hostbed_exec h0 ls -A /dev/shm)" ] || ok=1
     return $ok
@@ -230,6 +242,8 @@ else
     echo "$ME: GPT tests skipped: $BUILD/gpt does not build (apt-get install libopenblas-dev)"
 fi
 fault cut;  report link_cut_mid_op_fails_every_rank_within_its_timeout_naming_the_other_host $? "$LOG/fault.log"
+fault cut-lagging
+report link_cut_a_rank_waiting_for_a_local_peer_names_the_host_that_peer_waits_for $? "$LOG/fault.log"
 fault kill; report host_killed_mid_op_fails_the_others_and_leaves_no_shared_memory $? "$LOG/fault.log"
 if hostbed_shape all --loss 5% --delay 20ms >"$LOG/shape.log" 2>&1; then
     MH_MAX_COUNT=16411 MH_OPS_ONLY=1 collectives 2,2
