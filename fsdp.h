@@ -2332,12 +2332,17 @@ static void fsdp__shm_abort_message(const fsdp__shm_header *h, char *out, size_t
     fsdp__printable_n(out, size, raw, sizeof raw);
 }
 
-/* Writes text (cut to fit) into a note of this rank's; only its owner writes it. */
+/* Writes text (cut to fit) into a note of this rank's; only its owner writes it. Byte by byte
+   with release stores (and the reader's acquire loads), which order it as a seqlock without
+   fences (the thread sanitizer does not take fences). */
 static void fsdp__shm_note_set(fsdp__shm_note *n, const char *text) {
+    char buf[sizeof n->text];
     uint32_t seq = __atomic_load_n(&n->seq, __ATOMIC_RELAXED);
+    size_t i;
+    memset(buf, 0, sizeof buf);
+    fsdp__copy_string(buf, sizeof buf, text);
     __atomic_store_n(&n->seq, seq + 1, __ATOMIC_RELAXED);
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    fsdp__copy_string(n->text, sizeof n->text, text);
+    for (i = 0; i < sizeof buf; i++) __atomic_store_n(&n->text[i], buf[i], __ATOMIC_RELEASE);
     __atomic_store_n(&n->seq, seq + 2, __ATOMIC_RELEASE);
 }
 
@@ -2345,8 +2350,8 @@ static void fsdp__shm_note_set(fsdp__shm_note *n, const char *text) {
 static int fsdp__shm_note_get(const fsdp__shm_note *n, char *out, size_t size) {
     char raw[sizeof n->text];
     uint32_t before = __atomic_load_n(&n->seq, __ATOMIC_ACQUIRE), after;
-    memcpy(raw, n->text, sizeof raw);
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    size_t i;
+    for (i = 0; i < sizeof raw; i++) raw[i] = __atomic_load_n(&n->text[i], __ATOMIC_ACQUIRE);
     after = __atomic_load_n(&n->seq, __ATOMIC_RELAXED);
     if (before != after || (before & 1u)) raw[0] = 0;
     fsdp__printable_n(out, size, raw, sizeof raw);
