@@ -44,6 +44,10 @@
 #   --iters N         timed iterations per size [bench_comm's: min(200, max(5, 2 GiB / size))]
 #   --warmup N        untimed iterations per size [3]
 #   --no-mpi          leave out the Open MPI column
+#   --fsdp-spin auto|0|1  FSDP_SPIN for fsdp.h's ranks; auto: 0 when a run has more ranks than the
+#                     machine has cores [auto]. Like Open MPI's yield, for the same reason: each
+#                     host sees all the machine's cores, and its ranks would spin while the other
+#                     host's ranks need the core (fsdp.h's own rule counts only its host's ranks)
 #   --ompi-yield auto|0|1  Open MPI's mpi_yield_when_idle; auto: 1 when a layout has more ranks than
 #                     the machine has cores [auto]. Each host sees all the machine's cores, so Open
 #                     MPI cannot tell that the hosts share them, and its busy-polling ranks then
@@ -67,7 +71,7 @@ BUILD=${BUILD:-build}
 case $BUILD in /*) BIN=$BUILD ;; *) BIN=$TOP/$BUILD ;; esac
 
 layouts=2x2,2x4 rate=10gbit sizes=64M iters='' warmup='' use_mpi=1 gpt=0 gpt_steps=30 gpt_extra=''
-run_timeout=1800 keep='' ompi_yield=auto
+run_timeout=1800 keep='' ompi_yield=auto fsdp_spin=auto
 usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 die_usage() { echo "$ME: $*" >&2; echo "(--help for the options)" >&2; exit 2; }
 while [ $# -gt 0 ]; do
@@ -88,6 +92,7 @@ while [ $# -gt 0 ]; do
     --timeout) run_timeout=$2 ;;
     --keep-logs) keep=$2 ;;
     --ompi-yield) ompi_yield=$2 ;;
+    --fsdp-spin) fsdp_spin=$2 ;;
     *) die_usage "unknown option '$1'" ;;
     esac
     shift 2
@@ -96,6 +101,7 @@ for v in "iters:$iters" "warmup:$warmup" "gpt-steps:$gpt_steps" "timeout:$run_ti
     case ${v#*:} in '') ;; *[!0-9]*) die_usage "--${v%%:*} takes a number, not '${v#*:}'" ;; esac
 done
 case $ompi_yield in auto | 0 | 1) ;; *) die_usage "--ompi-yield takes auto, 0 or 1" ;; esac
+case $fsdp_spin in auto | 0 | 1) ;; *) die_usage "--fsdp-spin takes auto, 0 or 1" ;; esac
 [ "$gpt_steps" -ge 2 ] || die_usage "--gpt-steps must be at least 2 (the first step is not timed)"
 IFS=, read -ra LAYOUTS <<<"$layouts"
 [ ${#LAYOUTS[@]} -gt 0 ] || die_usage "--layouts is empty"
@@ -172,6 +178,13 @@ bench_args=(--csv --sizes "$sizes")
 [ -n "$warmup" ] && bench_args+=(--warmup "$warmup")
 csv_lines() { grep -E '^[a-z+-]+,[0-9]+,[a-z_]+,[0-9]+,[0-9.]+,' "$@"; }
 elapsed() { echo $((SECONDS - $1)); }
+# spin_for RANKS: sets spin, FSDP_SPIN for a run of that many ranks ('': the library decides)
+fsdp_spins='' spin=''
+spin_for() {
+    spin=$fsdp_spin
+    if [ "$spin" = auto ]; then spin=''; [ "$1" -gt "$(nproc)" ] && spin=0; fi
+    case "$fsdp_spins " in *" $1:"*) ;; *) fsdp_spins="$fsdp_spins $1:${spin:-auto}" ;; esac
+}
 
 # failed_run NAME LOG: reports a failed run with the end of its log
 failed_run() {
@@ -185,14 +198,15 @@ failed_run() {
 fsdp_run() {
     local layout=$1 kind=$2 counts=$3 t=$SECONDS r k log=$RES/$1.$2.log op want
     shift 3
+    spin_for $((${counts//,/+}))
     port=$((port + 1))
     if [ $# -eq 0 ]; then set -- all; fi
     for op in "$@"; do
         if [ $kind = flat ]; then
-            FSDP_HIERARCHICAL=0 hostbed_ranks --timeout "$run_timeout" --port $port "$counts" \
+            FSDP_SPIN=$spin FSDP_HIERARCHICAL=0 hostbed_ranks --timeout "$run_timeout" --port $port "$counts" \
                 "$BIN/bench_comm" --from-env "${bench_args[@]}" --op "$op"
         else
-            hostbed_ranks --timeout "$run_timeout" --port $port "$counts" \
+            FSDP_SPIN=$spin hostbed_ranks --timeout "$run_timeout" --port $port "$counts" \
                 "$BIN/bench_comm" --from-env "${bench_args[@]}" --op "$op"
         fi
         r=$?
@@ -268,18 +282,19 @@ if [ $gpt = 1 ]; then
     gpt_median() { sed -n 's/.*(median step \([0-9.]*\) ms on rank 0).*/\1/p' "$1" | tail -n 1; }
     t=$SECONDS
     port=$((port + 1))
-    hostbed_ranks --timeout "$run_timeout" --port $port 2,2 "$BIN/gpt" "${gpt_args[@]}" --strategy HYBRID_SHARD
+    spin_for 4
+    FSDP_SPIN=$spin hostbed_ranks --timeout "$run_timeout" --port $port 2,2 "$BIN/gpt" "${gpt_args[@]}" --strategy HYBRID_SHARD
     r=$?
     for ((k = 0; k < 4; k++)); do echo "== rank $k"; cat "$HOSTBED_SHARE/rank$k.log"; done >"$RES/gpt_hybrid.log"
     if [ $r = 0 ]; then gpt_hybrid=$(gpt_median "$HOSTBED_SHARE/rank0.log"); else failed_run "GPT HYBRID_SHARD 2x2" "$RES/gpt_hybrid.log"; fi
     echo "$ME: GPT HYBRID_SHARD 2 hosts x 2 done ($(elapsed $t) s)" >&2
     t=$SECONDS
-    hostbed_exec --timeout "$run_timeout" h0 "$BIN/gpt" --nproc 4 "${gpt_args[@]}" --strategy FULL_SHARD >"$RES/gpt_full.log" 2>&1
+    FSDP_SPIN=$spin hostbed_exec --timeout "$run_timeout" h0 "$BIN/gpt" --nproc 4 "${gpt_args[@]}" --strategy FULL_SHARD >"$RES/gpt_full.log" 2>&1
     r=$?
     if [ $r = 0 ]; then gpt_full=$(gpt_median "$RES/gpt_full.log"); else failed_run "GPT FULL_SHARD 1x4" "$RES/gpt_full.log"; fi
     echo "$ME: GPT FULL_SHARD 1 host x 4 done ($(elapsed $t) s)" >&2
     t=$SECONDS
-    hostbed_exec --timeout "$run_timeout" h0 "$BIN/gpt" --nproc 4 "${gpt_args[@]}" --strategy HYBRID_SHARD >"$RES/gpt_hybrid1.log" 2>&1
+    FSDP_SPIN=$spin hostbed_exec --timeout "$run_timeout" h0 "$BIN/gpt" --nproc 4 "${gpt_args[@]}" --strategy HYBRID_SHARD >"$RES/gpt_hybrid1.log" 2>&1
     r=$?
     if [ $r = 0 ]; then gpt_hybrid1=$(gpt_median "$RES/gpt_hybrid1.log"); else failed_run "GPT HYBRID_SHARD 1x4" "$RES/gpt_hybrid1.log"; fi
     echo "$ME: GPT HYBRID_SHARD 1 host x 4 done ($(elapsed $t) s)" >&2
@@ -297,6 +312,7 @@ echo "# time = median over iterations of the slowest rank; flat = socket with FS
 echo "# hier = socket+shm (default), 1/host = socket with one rank per host (the same bytes across the links),"
 echo "# ompi = Open MPI $(mpirun --version 2>/dev/null | sed -n '1s/.*) //p')" \
      "native collectives (btl self,vader,tcp${ompi_yields:+; mpi_yield_when_idle}$ompi_yields)"
+echo "# FSDP_SPIN for fsdp.h's runs (ranks:value):$fsdp_spins"
 {
     for l in "${LAYOUTS[@]}"; do
         for k in flat hier link ompi; do

@@ -930,6 +930,69 @@ static void test_repeated_runs_over_socket_give_identical_bits(void) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+   the tests: whether waits spin (fsdp_comm_spins, FSDP_SPIN)
+   --------------------------------------------------------------------------------------------- */
+typedef struct spin_report {
+    int done, rc, world_spins, split_spins, split_size;
+} spin_report;
+
+static int spin_rank_main(fsdp_comm *comm, void *arg) {
+    spin_report *rep = (spin_report *)arg + fsdp_comm_rank(comm);
+    fsdp_comm *half = NULL;
+    int r = fsdp_comm_rank(comm);
+    rep->world_spins = fsdp_comm_spins(comm);
+    rep->rc = fsdp_comm_split(comm, r < 2 ? 0 : 1, r, &half); /* ranks 0-1, and rank 2 alone */
+    if (rep->rc == FSDP_SUCCESS) {
+        rep->split_spins = fsdp_comm_spins(half);
+        rep->split_size = fsdp_comm_size(half);
+    }
+    fsdp_comm_destroy(half);
+    rep->done = 1;
+    return rep->rc;
+}
+
+/* 3 shm ranks split into 2 + 1 under FSDP_SPIN=value (NULL: unset); expect for the world and
+   the split of 2 (the split of 1 has nothing to wait for: never). */
+static void assert_spins(const char *value, int expected) {
+    spin_report *reps = (spin_report *)mmap(NULL, sizeof(spin_report) * 3, PROT_READ | PROT_WRITE,
+                                            MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    fsdp_launch_desc desc;
+    fsdp_launch_status status;
+    char message[sizeof status.message + 100];
+    int r, rc;
+    TEST_ASSERT_TRUE(reps != MAP_FAILED);
+    memset(reps, 0, sizeof(spin_report) * 3);
+    memset(&desc, 0, sizeof desc);
+    desc.nprocs = 3;
+    desc.backend = FSDP_BACKEND_SHM;
+    desc.timeout_ms = SHORT_TIMEOUT_MS;
+    if (value) setenv("FSDP_SPIN", value, 1);
+    else unsetenv("FSDP_SPIN");
+    fflush(stdout);
+    fflush(stderr);
+    rc = fsdp_launch_ex(&desc, spin_rank_main, reps, &status);
+    unsetenv("FSDP_SPIN");
+    for (r = 0; r < 3; r++) {
+        snprintf(message, sizeof message, "FSDP_SPIN=%s, rank %d: launch %s (%s), split %s", value ? value : "(unset)", r,
+                 fsdp_result_name(rc), status.message, fsdp_result_name(reps[r].rc));
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
+        TEST_ASSERT_TRUE_MESSAGE(reps[r].done && reps[r].rc == FSDP_SUCCESS, message);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(expected, reps[r].world_spins, message);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(r < 2 ? 2 : 1, reps[r].split_size, message);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(r < 2 ? expected : 0, reps[r].split_spins, message);
+    }
+    munmap(reps, sizeof(spin_report) * 3);
+}
+
+/* A split's ranks share the cores with the rest of the job: its waits spin only if the whole
+   job's ranks on the host have a core each (3 here), not its own 2; FSDP_SPIN forces either. */
+static void test_waits_spin_only_when_the_whole_job_has_a_core_per_rank_or_as_fsdp_spin_says(void) {
+    assert_spins(NULL, sysconf(_SC_NPROCESSORS_ONLN) >= 3);
+    assert_spins("0", 0);
+    assert_spins("1", 1);
+}
+
+/* ---------------------------------------------------------------------------------------------
    the tests: invalid arguments
    --------------------------------------------------------------------------------------------- */
 static void assert_invalid_args_rejected_and_comm_usable(int backend, int world) {
@@ -1242,5 +1305,6 @@ int main(void) {
     RUN_TEST(test_big_bf16_reduce_scatter_and_all_reduce_are_bitwise_identical_over_shm_and_socket);
     RUN_TEST(test_repeated_runs_over_shm_give_identical_bits);
     RUN_TEST(test_repeated_runs_over_socket_give_identical_bits);
+    RUN_TEST(test_waits_spin_only_when_the_whole_job_has_a_core_per_rank_or_as_fsdp_spin_says);
     return UNITY_END();
 }
