@@ -1379,6 +1379,16 @@ FSDP__PRIVATE int fsdp__online_cpus(void) {
     return n > 0 ? (int)n : 1;
 }
 
+/* How long waits spin before they yield and sleep, with this many ranks of the job on the host:
+   50 us while each can have a core, else not at all. FSDP_SPIN=0 never spins, =1 always does,
+   for what the process cannot see (CPU quotas, other jobs on the same cores). */
+FSDP__PRIVATE double fsdp__spin_seconds(int ranks) {
+    const char *env = getenv("FSDP_SPIN");
+    if (env && strcmp(env, "0") == 0) return 0;
+    if (env && strcmp(env, "1") == 0) return 50e-6;
+    return ranks <= fsdp__online_cpus() ? 50e-6 : 0;
+}
+
 FSDP__PRIVATE void fsdp__cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
@@ -2255,7 +2265,7 @@ typedef struct fsdp__shm {
     size_t map_bytes;
     size_t slot_bytes;
     int owns_mapping;           /* 0 when the launcher mapped it before fork */
-    double spin_seconds;        /* how long to spin before yielding; 0 when ranks outnumber cores */
+    double spin_seconds;        /* how long to spin before yielding; fsdp__spin_seconds */
     int check_pids;             /* peers' pids are visible from here */
     uint32_t round;             /* rounds completed by this rank */
     int64_t op_deadline;        /* the running op fails at this time (fsdp__now_ms) */
@@ -3076,7 +3086,7 @@ FSDP__PRIVATE int fsdp__shm_join(fsdp_comm *comm, fsdp__shm *s, int unlink_when_
     fsdp__shm_header *h = s->header;
     fsdp__shm_rank *me;
     int64_t deadline = fsdp__now_ms() + comm->timeout_ms;
-    int p, cpus = fsdp__online_cpus();
+    int p;
     size_t ranks_at, data_at;
     fsdp__shm_layout(comm->world, s->slot_bytes, &ranks_at, &data_at);
     s->ranks = (fsdp__shm_rank *)((char *)h + ranks_at);
@@ -3116,7 +3126,7 @@ FSDP__PRIVATE int fsdp__shm_join(fsdp_comm *comm, fsdp__shm *s, int unlink_when_
         }
         fsdp__sleep_us(1000);
     }
-    s->spin_seconds = comm->world <= cpus ? 50e-6 : 0;
+    s->spin_seconds = fsdp__spin_seconds(comm->world);
     s->check_pids = 1;
     for (p = 0; p < comm->world; p++) /* pids from another pid namespace would look dead */
         if (kill(s->ranks[p].pid, 0) != 0 && errno == ESRCH) s->check_pids = 0;
@@ -3342,7 +3352,7 @@ typedef struct fsdp__sock {
     char *ring;             /* world * RING_SEGMENTS * SEGMENT bytes, for reductions */
     struct pollfd *pfds;
     int *pfd_peer;
-    double spin_seconds;    /* busy-poll before sleeping in poll; 0 when ranks outnumber cores */
+    double spin_seconds;    /* busy-poll before sleeping in poll; fsdp__spin_seconds */
     int64_t op_deadline;    /* the running op fails at this time (fsdp__now_ms) */
     fsdp__shm_note *wait_note; /* hierarchical: this rank's note in its host's segment (or NULL) */
     int noted;              /* 1 + the peer wait_note names now; 0: none */
@@ -4165,7 +4175,7 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
         fsdp__sock_nonblock(s->peers[p].fd, 1);
         s->peers[p].at_boundary = 1;
     }
-    s->spin_seconds = comm->local_world <= fsdp__online_cpus() ? 50e-6 : 0;
+    s->spin_seconds = fsdp__spin_seconds(comm->local_world);
     comm->backend = NULL; /* set by the caller */
     comm->impl = s;
 done:
@@ -4817,11 +4827,11 @@ FSDP__PRIVATE int fsdp__hier_local_failed(fsdp_comm *comm, fsdp__hier *x) {
     const char *why = fsdp_comm_last_error(x->local);
     int code = fsdp_comm_status(x->local) ? fsdp_comm_status(x->local) : FSDP_ERR_ABORTED;
     int first = x->first[x->host], last = first + x->size[x->host] - 1;
-    return x->local->adopted
-               ? fsdp__comm_adopt(comm, code, "on host %d (local ranks 0-%d are world ranks %d-%d): %s", x->host,
-                                  last - first, first, last, why)
-               : fsdp_comm_fail(comm, code, "on host %d (local ranks 0-%d are world ranks %d-%d): %s", x->host,
-                                last - first, first, last, why);
+    char where[96];
+    fsdp__fmt(where, sizeof where, "on host %d (local ranks 0-%d are world ranks %d-%d)", x->host, last - first, first,
+              last);
+    return x->local->adopted ? fsdp__comm_adopt(comm, code, "%s: %s", where, why)
+                             : fsdp_comm_fail(comm, code, "%s: %s", where, why);
 }
 
 /* A collective among this host's ranks, tagged like the world op it serves. */
@@ -5376,29 +5386,26 @@ FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) 
     return 0;
 }
 
-/* Waits spin (50 us before they yield and sleep) only while every rank of the job on this host
-   can have a core: a split's few ranks share the cores with the rest of the job (HYBRID_SHARD's
-   groups of 2 among 4 ranks on 2 cores spent 4.8% of the run spinning in fsdp__shm_wait, against
-   0.4% for FULL_SHARD). FSDP_SPIN=0 never spins, =1 always does (auto: this rule), for what the
-   process cannot see: CPU quotas, or other jobs on the same cores. */
+/* Where a comm's waits keep how long they spin, or NULL (one rank, MPI and user backends). */
+static double *fsdp__spin_of(const fsdp_comm *comm) {
+    if (!comm || !comm->impl) return NULL;
+    if (comm->backend == &fsdp__shm_backend) return &((fsdp__shm *)comm->impl)->spin_seconds;
+    if (comm->backend == &fsdp__sock_backend) return &((fsdp__sock *)comm->impl)->spin_seconds;
+    if (comm->backend == &fsdp__hier_backend) return &((fsdp__hier *)comm->impl)->net->spin_seconds;
+    return NULL;
+}
+
+/* Once a comm is made, its waits spin by the whole job's ranks on this host, not only its own: a
+   split's few ranks share the cores with the rest of the job (HYBRID_SHARD's groups of 2 among 4
+   ranks on 2 cores spent 4.8% of the run spinning in fsdp__shm_wait, against 0.4% for FULL_SHARD). */
 FSDP__PRIVATE void fsdp__comm_spin_if_room(fsdp_comm *comm) {
-    const char *env = getenv("FSDP_SPIN");
-    double spin = comm->crowd <= fsdp__online_cpus() ? 50e-6 : 0;
-    if (env && strcmp(env, "0") == 0) spin = 0;
-    else if (env && strcmp(env, "1") == 0) spin = 50e-6;
-    else if (spin > 0) return; /* the backend's own choice stands */
-    if (!comm->impl) return;
-    if (comm->backend == &fsdp__shm_backend) ((fsdp__shm *)comm->impl)->spin_seconds = spin;
-    else if (comm->backend == &fsdp__sock_backend) ((fsdp__sock *)comm->impl)->spin_seconds = spin;
-    else if (comm->backend == &fsdp__hier_backend) ((fsdp__hier *)comm->impl)->net->spin_seconds = spin;
+    double *spin = fsdp__spin_of(comm);
+    if (spin) *spin = fsdp__spin_seconds(comm->crowd);
 }
 
 FSDP_API int fsdp_comm_spins(const fsdp_comm *comm) {
-    if (!comm || !comm->impl) return 0;
-    if (comm->backend == &fsdp__shm_backend) return ((const fsdp__shm *)comm->impl)->spin_seconds > 0;
-    if (comm->backend == &fsdp__sock_backend) return ((const fsdp__sock *)comm->impl)->spin_seconds > 0;
-    if (comm->backend == &fsdp__hier_backend) return ((const fsdp__hier *)comm->impl)->net->spin_seconds > 0;
-    return 0;
+    const double *spin = fsdp__spin_of(comm);
+    return spin && *spin > 0;
 }
 
 /* >>collectives: creating a communicator ------------------------------------------------- */
