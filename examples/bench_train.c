@@ -6,6 +6,9 @@
      plain     the same forward/backward kernels on plain arrays with the same optimizer update;
                no fsdp runtime at all (no context, hooks or communicator)
      FSDP P=1  FULL_SHARD on one rank
+     plain xN  N plain loops side by side, each on its B/N of the batch, with no communication at
+               all (N separate models): the most N ranks can get from this machine, the ceiling
+               for the P = N rows (cores that slow down when both are busy, shared caches)
      FSDP P=N  FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD (shard groups of N/2 ranks)
    For each: samples/s (MLP) or tokens/s (GPT) and ms/step (median over the steps after warmup),
    the time the compute thread spends inside the fsdp calls (hooks, fsdp_step with its sharded
@@ -289,7 +292,7 @@ static int run_rank(fsdp_comm *comm, void *arg) {
         opt.a = (float *)calloc(num_params, sizeof(float));
         opt.b = (float *)calloc(num_params, sizeof(float));
         if (model_plain_init(&bm, &params, &grads) || !opt.a || !opt.b) { fprintf(stderr, "plain: out of memory\n"); goto done; }
-        j->out[0].state = (double)num_params * sizeof(float) * (2.0 + buffers); // params, grads, optimizer
+        j->out[rank].state = (double)num_params * sizeof(float) * (2.0 + buffers); // params, grads, optimizer
     } else {
         fsdp_desc desc;
         memset(&desc, 0, sizeof desc);
@@ -312,6 +315,12 @@ static int run_rank(fsdp_comm *comm, void *arg) {
 
     for (int s = 0; s < total; s++) {
         double t0, t1, t2;
+        // N plain loops (no communication at all) start their timed steps together, so that they run
+        // side by side: what the machine itself allows N ranks on B/N each
+        if (cfg->plain && P > 1 && s == o->warmup && fsdp_barrier(comm)) {
+            fprintf(stderr, "%s rank %d: %s\n", cfg->name, rank, fsdp_last_error(NULL));
+            goto done;
+        }
         model_batch(&bm, s, rank * B, (rank + 1) * B);
         t0 = fsdp_now(), *model_hook_seconds(&bm) = 0;
         if (cfg->plain) memset(grads, 0, sizeof(float) * num_params); // zero_grad
@@ -327,8 +336,9 @@ static int run_rank(fsdp_comm *comm, void *arg) {
         wait_ms[s] = 1e3 * (*model_hook_seconds(&bm) + t2 - t1);
         update_ms[s] = 1e3 * (t2 - t1);
     }
-    // the global mean loss of the last step; the comm thread is idle after fsdp_step
-    if (ctx && fsdp_all_reduce(comm, &loss, &loss, 1, FSDP_F32, FSDP_AVG)) goto done;
+    // the global mean loss of the last step (the comm thread is idle after fsdp_step); N plain loops
+    // each trained their own copy on their own part of the batch, so theirs is not the model's loss
+    if ((ctx || P > 1) && fsdp_all_reduce(comm, &loss, &loss, 1, FSDP_F32, FSDP_AVG)) goto done;
     {
         rank_result *r = &j->out[rank];
         r->ms = median(ms + o->warmup, o->steps);
@@ -442,7 +452,7 @@ static double config_rate(const options *o, const config *cfg, const rank_result
 
 static int speed_table(const options *o) {
     int N = o->nproc, num_configs = 0, R = o->rounds;
-    char names[6][32];
+    char names[7][32];
     config configs[20];
     snprintf(names[0], sizeof names[0], "FSDP %s", fsdp_strategy_name(FSDP_FULL_SHARD));
     snprintf(names[1], sizeof names[1], "FSDP %s", fsdp_strategy_name(FSDP_SHARD_GRAD_OP));
@@ -450,10 +460,12 @@ static int speed_table(const options *o) {
     snprintf(names[3], sizeof names[3], "FSDP %s %dx%d", fsdp_strategy_name(FSDP_HYBRID_SHARD), N / (N / 2), N / 2);
     snprintf(names[4], sizeof names[4], "PyTorch eager %.8s", o->torch_coretype ? o->torch_coretype : "");
     snprintf(names[5], sizeof names[5], "PyTorch DDP %.10s", o->torch_coretype ? o->torch_coretype : "");
+    snprintf(names[6], sizeof names[6], "plain x%d, no comm", N);
     { // in this order: PyTorch first at each world size, then fsdp.h's runs to compare with it
         config torch1 = {"PyTorch eager", 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL, 0, 0};
         config torchN = {"PyTorch DDP (gloo)", 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL, 0, 0};
         config plain = {"plain loop (no fsdp)", 1, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0};
+        config plainN = {names[6], 1, N, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0}; // the machine's ceiling at P = N
         config full1 = {names[0], 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0};
         config multi[4] = {{names[0], 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0},
                            {names[1], 0, N, 0, FSDP_SHARD_GRAD_OP, FSDP_F32, 0, NULL, 0, 0},
@@ -479,6 +491,7 @@ static int speed_table(const options *o) {
                 configs[num_configs++] = c;
             }
         }
+        if (N > 1) configs[num_configs++] = plainN;
         for (int k = 0; k < 4; k++) configs[num_configs++] = multi[k];
         if (o->torch) {
             config bf16 = multi[0], f16 = multi[0];
@@ -503,17 +516,18 @@ static int speed_table(const options *o) {
            o->model == MODEL_GPT ? "tokens/s" : "samples/s", "ms/step", "in fsdp ms", "vs plain", "vs P=1",
            o->torch ? "vs torch" : "", "max RSS/rank", "fsdp peak/rk", "loss");
     double rate[20], plain_rate = 0, p1_rate = 0, torch1_rate = 0, torchN_rate = 0, core1_rate = 0, coreN_rate = 0;
-    double full_n_rate = 0, plain_update_ms = 0;
+    double full_n_rate = 0, plain_update_ms = 0, plain_n_rate = 0;
     for (int c = 0; c < num_configs; c++) {
         double per_round[64];
         for (int round = 0; round < R; round++) per_round[round] = config_rate(o, &configs[c], results, num_configs, c, round);
         rate[c] = median(per_round, R);
-        if (configs[c].plain) plain_rate = rate[c], plain_update_ms = results[(size_t)c * MAX_RANKS].update_ms;
+        if (configs[c].plain && configs[c].nprocs == 1) plain_rate = rate[c], plain_update_ms = results[(size_t)c * MAX_RANKS].update_ms;
+        if (configs[c].plain && configs[c].nprocs > 1) plain_n_rate = rate[c];
         if (!configs[c].plain && !configs[c].torch && configs[c].nprocs == 1 && configs[c].param_dtype == FSDP_F32 && !p1_rate)
             p1_rate = rate[c];
         if (configs[c].torch && !configs[c].coretype) *(configs[c].nprocs == 1 ? &torch1_rate : &torchN_rate) = rate[c];
         if (configs[c].torch && configs[c].coretype) *(configs[c].nprocs == 1 ? &core1_rate : &coreN_rate) = rate[c];
-        if (!configs[c].torch && configs[c].nprocs == N && configs[c].strategy == FSDP_FULL_SHARD &&
+        if (!configs[c].torch && !configs[c].plain && configs[c].nprocs == N && configs[c].strategy == FSDP_FULL_SHARD &&
             configs[c].param_dtype == FSDP_F32 && !full_n_rate)
             full_n_rate = rate[c];
     }
@@ -530,17 +544,18 @@ static int speed_table(const options *o) {
             if (r[k].rss > worst.rss) worst.rss = r[k].rss;
             if (r[k].state > worst.state) worst.state = r[k].state;
         }
-        char wait[16], state[24], vs_p1[16], vs_torch[16];
+        char wait[16], state[24], vs_p1[16], vs_torch[16], loss[16];
         double torch_rate = cfg->nprocs == 1 ? torch1_rate : torchN_rate;
-        double p1 = !cfg->torch ? p1_rate : cfg->coretype ? core1_rate : torch1_rate;
+        double p1 = cfg->plain ? plain_rate : !cfg->torch ? p1_rate : cfg->coretype ? core1_rate : torch1_rate;
         snprintf(wait, sizeof wait, cfg->plain || cfg->torch ? "-" : "%.1f", worst.wait_ms);
-        snprintf(vs_p1, sizeof vs_p1, cfg->plain || p1 <= 0 ? "-" : "%.2fx", rate[c] / p1);
+        snprintf(vs_p1, sizeof vs_p1, (cfg->plain && cfg->nprocs == 1) || p1 <= 0 ? "-" : "%.2fx", rate[c] / p1);
+        snprintf(loss, sizeof loss, cfg->plain && cfg->nprocs > 1 ? "-" : "%.4f", worst.loss); // N separate models
         snprintf(vs_torch, sizeof vs_torch, cfg->torch || torch_rate <= 0 ? "-" : "%.2fx", rate[c] / torch_rate);
         snprintf(state, sizeof state, cfg->torch ? "-" : "%.1f MiB%s", mib(worst.state), cfg->plain ? "*" : "");
-        printf("%-22s %2d %4s %10.0f %8.1f %10s %7.2fx %7s %8s %8.1f MiB %13s %8.4f\n", cfg->name, cfg->nprocs,
+        printf("%-22s %2d %4s %10.0f %8.1f %10s %7.2fx %7s %8s %8.1f MiB %13s %8s\n", cfg->name, cfg->nprocs,
                cfg->param_dtype == FSDP_BF16 ? "bf16" : cfg->param_dtype == FSDP_F16 ? "f16" : "f32", rate[c],
                items_per_step(o) / rate[c] * 1e3, wait, rate[c] / plain_rate, vs_p1, o->torch ? vs_torch : "",
-               mib(worst.rss), state, worst.loss);
+               mib(worst.rss), state, loss);
     }
     printf("\nms/step: median over the timed steps, slowest rank%s. in fsdp ms: time inside the hooks,\n"
            "fsdp_step and fsdp_zero_grad (waiting for gathers and reductions, plus the optimizer update on this rank's\n"
@@ -548,6 +563,12 @@ static int speed_table(const options *o) {
            "*plain: parameters + gradients + optimizer state, no fsdp. The matrix products here: %s.\n",
            R > 1 ? " (the median of the rounds)" : "", plain_update_ms,
            example_sgemm_name());
+    if (plain_n_rate > 0 && plain_rate > 0 && p1_rate > 0 && full_n_rate > 0)
+        printf("plain x%d, no comm: %d plain loops side by side, each on its %d of the batch's %d %s, with no\n"
+               "communication (separate models): the most %d ranks get from this machine, %.2fx one plain loop.\n"
+               "FSDP %s at P = %d: %.2fx of P = 1, %.0f%% of that ceiling's rate.\n",
+               N, N, o->batch / N, o->batch, o->model == MODEL_GPT ? "sequences" : "samples", N, plain_n_rate / plain_rate,
+               fsdp_strategy_name(FSDP_FULL_SHARD), N, full_n_rate / p1_rate, 100.0 * full_n_rate / plain_n_rate);
     if (o->torch)
         printf("vs torch: against PyTorch %s (%s; eager at P = 1, DistributedDataParallel over gloo at P = %d;\n"
                "one intra-op thread per process; same model, batch, AdamW, text) at the same world size.\n",
@@ -741,11 +762,13 @@ static void usage(FILE *out) {
         "usage: bench_train [options]\n"
         "Trains the MLP of mlp.c (synthetic data unless --csv) or the GPT of gpt.c (on the text of fsdp.h)\n"
         "in several configurations, one after another, one BLAS thread per rank, and prints a table: a plain\n"
-        "loop without fsdp.h's runtime, FSDP on 1 rank, and FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD\n"
-        "on N local ranks (shm). With --memory: FULL_SHARD and NO_SHARD at P = 1, 2, 4, a few steps each,\n"
-        "rank 0's peak RSS and fsdp's memory statistics against fsdp_memory_estimate; then activation\n"
-        "checkpointing (GPT: activation bytes and step time with every block or every 2nd recomputed; at 8+\n"
-        "blocks, --layers 8, the saving shows best) and frozen parameters (forward only: bytes per parameter).\n"
+        "loop without fsdp.h's runtime, FSDP on 1 rank, N plain loops side by side on B/N each without any\n"
+        "communication (the machine's ceiling for N ranks), and FULL_SHARD, SHARD_GRAD_OP, NO_SHARD,\n"
+        "HYBRID_SHARD on N local ranks (shm). With --memory: FULL_SHARD and NO_SHARD at P = 1, 2, 4, a few\n"
+        "steps each, rank 0's peak RSS and fsdp's memory statistics against fsdp_memory_estimate; then\n"
+        "activation checkpointing (GPT: activation bytes and step time with every block or every 2nd\n"
+        "recomputed; at 8+ blocks, --layers 8, the saving shows best) and frozen parameters (forward only:\n"
+        "bytes per parameter).\n"
         "\n"
         "  --model M        mlp (default) or gpt\n"
         "  --memory         the memory table instead of the speed table\n"
