@@ -289,8 +289,8 @@ static int run_rank(fsdp_comm *comm, void *arg) {
     if (cfg->plain) {
         int buffers = o->optimizer.kind == FSDP_SGD ? (o->optimizer.momentum != 0.0f) : 2;
         opt.o = o->optimizer;
-        opt.a = (float *)calloc(num_params, sizeof(float));
-        opt.b = (float *)calloc(num_params, sizeof(float));
+        opt.a = example_floats(num_params, 1);
+        opt.b = example_floats(num_params, 1);
         if (model_plain_init(&bm, &params, &grads) || !opt.a || !opt.b) { fprintf(stderr, "plain: out of memory\n"); goto done; }
         j->out[rank].state = (double)num_params * sizeof(float) * (2.0 + buffers); // params, grads, optimizer
     } else {

@@ -1,6 +1,6 @@
 /* example_common.h - what the example programs (gpt, mlp, bench_train) share: command-line
-   checks (--strategy's names among them), a timed hook call, the launcher (with its restarts)
-   and the peak-memory probe. Each program sets example_program to its name before parsing.
+   checks (--strategy's names among them), a timed hook call, the launcher (with its restarts),
+   the peak-memory probe and aligned float buffers. Each program sets example_program to its name before parsing.
    Include after fsdp.h. */
 #ifndef EXAMPLE_COMMON_H
 #define EXAMPLE_COMMON_H
@@ -92,6 +92,16 @@ EXAMPLE_HELPER double example_peak_rss(const char **source) {
     if (f) fclose(f);
     if (source) *source = "ru_maxrss";
     return getrusage(RUSAGE_SELF, &ru) == 0 ? 1024.0 * (double)ru.ru_maxrss : 0.0;
+}
+
+/* n floats (zeroed if asked) starting on a 64-byte boundary, a cache line and an AVX-512 vector:
+   the plain loops' parameters and gradients, which fsdp.h's runtime also keeps aligned (malloc's
+   16-byte alignment put every matrix of the plain GPT across cache lines). Free with free(). */
+EXAMPLE_HELPER float *example_floats(size_t n, int zero) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? sizeof(float) * n : 64)) return NULL;
+    if (zero) memset(p, 0, n ? sizeof(float) * n : 64);
+    return (float *)p;
 }
 
 /* Calls an fsdp hook, adding the time it took to *seconds and naming the module on failure

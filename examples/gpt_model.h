@@ -510,8 +510,8 @@ fail:
 GPT_UNUSED static int gpt_plain_init(gpt *m, uint64_t seed) {
     size_t at = 0;
     int n = fsdp_model_num_params(m->model);
-    m->plain = (float *)malloc(sizeof(float) * m->num_params);
-    m->dplain = (float *)calloc(m->num_params, sizeof(float));
+    m->plain = example_floats(m->num_params, 0);
+    m->dplain = example_floats(m->num_params, 1);
     m->plain_offset = (size_t *)malloc(sizeof(size_t) * (size_t)n);
     if (!m->plain || !m->dplain || !m->plain_offset) return -1;
     for (int p = 0; p < n; p++) {
@@ -531,7 +531,7 @@ GPT_UNUSED static int gpt_plain_init(gpt *m, uint64_t seed) {
 GPT_UNUSED static int gpt_plain_gather(gpt *m) {
     size_t at = 0;
     int n = fsdp_model_num_params(m->model);
-    m->plain = (float *)malloc(sizeof(float) * m->num_params);
+    m->plain = example_floats(m->num_params, 0);
     m->plain_offset = (size_t *)malloc(sizeof(size_t) * (size_t)n);
     if (!m->plain || !m->plain_offset) return -1;
     for (int p = 0; p < n; p++) {

@@ -296,8 +296,8 @@ static int mlp_build(mlp *m, int features, int hidden, int layers, int classes) 
 /* The no-FSDP baseline: parameters in one plain buffer, initialised exactly as fsdp_init would. */
 MLP_UNUSED static int mlp_plain_init(mlp *m, uint64_t seed) {
     size_t at = 0;
-    m->plain = (float *)malloc(sizeof(float) * m->num_params);
-    m->dplain = (float *)calloc(m->num_params, sizeof(float));
+    m->plain = example_floats(m->num_params, 0);
+    m->dplain = example_floats(m->num_params, 1);
     if (!m->plain || !m->dplain) return -1;
     for (int p = 0; p < fsdp_model_num_params(m->model); p++) {
         int64_t n = fsdp_model_param_numel(m->model, p);
