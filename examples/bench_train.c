@@ -392,7 +392,7 @@ static int run_torch(const options *o, const config *cfg, rank_result *r) {
         return -1;
     }
     r->ms = ms, r->loss = loss, r->rss = rss * 1048576.0, r->done = 1;
-    snprintf(r->torch_version, sizeof r->torch_version, "%s", version);
+    snprintf(r->torch_version, sizeof r->torch_version, "%.*s", (int)sizeof r->torch_version - 1, version);
     return 0;
 }
 
