@@ -1,7 +1,7 @@
 /* example_common.h - what the example programs (gpt, mlp, bench_train) share: command-line
    checks (--strategy's names among them), a timed hook call, the launcher (with its restarts),
-   the peak-memory probe and aligned float buffers. Each program sets example_program to its name before parsing.
-   Include after fsdp.h. */
+   the peak-memory probe and aligned float buffers. Each program sets example_program to its name
+   before parsing. Include after fsdp.h. */
 #ifndef EXAMPLE_COMMON_H
 #define EXAMPLE_COMMON_H
 
@@ -98,9 +98,10 @@ EXAMPLE_HELPER double example_peak_rss(const char **source) {
    the plain loops' parameters and gradients, which fsdp.h's runtime also keeps aligned (malloc's
    16-byte alignment put every matrix of the plain GPT across cache lines). Free with free(). */
 EXAMPLE_HELPER float *example_floats(size_t n, int zero) {
+    size_t bytes = n ? sizeof(float) * n : 64;
     void *p = NULL;
-    if (posix_memalign(&p, 64, n ? sizeof(float) * n : 64)) return NULL;
-    if (zero) memset(p, 0, n ? sizeof(float) * n : 64);
+    if (n > (size_t)-1 / sizeof(float) || posix_memalign(&p, 64, bytes)) return NULL; /* as calloc: no wrap */
+    if (zero) memset(p, 0, bytes);
     return (float *)p;
 }
 
