@@ -1379,14 +1379,19 @@ FSDP__PRIVATE int fsdp__online_cpus(void) {
     return n > 0 ? (int)n : 1;
 }
 
-/* How long waits spin before they yield and sleep, with this many ranks of the job on the host:
-   50 us while each can have a core, else not at all. FSDP_SPIN=0 never spins, =1 always does,
-   for what the process cannot see (CPU quotas, other jobs on the same cores). */
-FSDP__PRIVATE double fsdp__spin_seconds(int ranks) {
+/* FSDP_SPIN=0 says the job's ranks share their cores, =1 that each has cores of its own, for
+   what the process cannot see (CPU quotas, other jobs on the same cores): 0 or 1 as set, else
+   -1 (fsdp.h decides from the cores it sees). */
+FSDP__PRIVATE int fsdp__spin_env(void) {
     const char *env = getenv("FSDP_SPIN");
-    if (env && strcmp(env, "0") == 0) return 0;
-    if (env && strcmp(env, "1") == 0) return 50e-6;
-    return ranks <= fsdp__online_cpus() ? 50e-6 : 0;
+    return env && strcmp(env, "0") == 0 ? 0 : env && strcmp(env, "1") == 0 ? 1 : -1;
+}
+
+/* How long waits spin before they yield and sleep, with this many ranks of the job on the host:
+   50 us while each can have a core, else not at all; FSDP_SPIN=0 never spins, =1 always does. */
+FSDP__PRIVATE double fsdp__spin_seconds(int ranks) {
+    int env = fsdp__spin_env();
+    return env == 1 || (env < 0 && ranks <= fsdp__online_cpus()) ? 50e-6 : 0;
 }
 
 FSDP__PRIVATE void fsdp__cpu_relax(void) {
@@ -4820,6 +4825,8 @@ typedef struct fsdp__hier {
     pthread_cond_t cond;
     fsdp__hier_job job;
     size_t piece;             /* all_reduce: elements of each local rank's piece */
+    int small_steps;          /* pipelines take 2 MiB steps: two cores per rank of the job on this
+                                 host, or FSDP_SPIN=1; else one step per op (fsdp__hier_step) */
 } fsdp__hier;
 
 /* The world fails because its host's shm comm did, with that comm's message. */
@@ -4862,6 +4869,20 @@ static fsdp_reduce_op fsdp__hier_local_op(fsdp_reduce_op op) { return op == FSDP
    chunk, while the calling thread does the shared-memory half of the neighbouring chunks
    (both halves would otherwise wait for each other: a link is slower than memory). -------- */
 #define FSDP__HIER_CHUNK ((size_t)2 << 20) /* bytes of a block (or piece) per pipeline step */
+
+/* Bytes per pipeline step of an op spanning `span` bytes per block (or piece), a multiple of
+   esize. Small steps overlap the two halves where each rank's two threads (the caller and the
+   net thread) can have a core of their own (x->small_steps). Where they cannot, the halves
+   only compete for the same cores and each step adds hand-overs between the threads and a
+   pause of the streams, so the op takes one step (the net thread still moves it while the
+   caller does the shared-memory work that needs nothing from the network). Measured, 2
+   namespace hosts x 2 ranks on one 2-core machine, 64 MiB, links at 10 Gbit/s, two
+   interleaved runs: 2 MiB steps against one, all_gather 51.8 / 46.8 -> 39.6 / 41.6 ms,
+   reduce_scatter 54.0 / 51.9 -> 45.8 / 48.0, all_reduce 117.1 / 105.2 -> 89.1 / 90.2. */
+static size_t fsdp__hier_step(const fsdp__hier *x, size_t span, size_t esize) {
+    size_t step = x->small_steps ? FSDP__HIER_CHUNK / esize * esize : span;
+    return step ? step : esize;
+}
 
 
 
@@ -4993,7 +5014,7 @@ FSDP__PRIVATE int fsdp__hier_post(fsdp__hier *x, const fsdp_coll *c, size_t at, 
    shared-memory work before the network (pre) and after it (post) while the net thread moves
    chunk k - 1 or k + 1. */
 FSDP__PRIVATE int fsdp__hier_pipeline(fsdp_comm *comm, fsdp__hier *x, const fsdp_coll *c, size_t span) {
-    size_t esize = fsdp_dtype_size(c->dtype), bytes = c->count * esize, chunk = FSDP__HIER_CHUNK / esize * esize;
+    size_t esize = fsdp_dtype_size(c->dtype), bytes = c->count * esize, chunk = fsdp__hier_step(x, span, esize);
     size_t chunks = (span + chunk - 1) / chunk, k, piece = x->piece * esize;
     int l = comm->local_rank, g = x->host, h, rc = 0, net_rc;
     char *recv = (char *)c->recv;
@@ -5316,7 +5337,7 @@ FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) 
     fsdp_comm_desc ld;
     fsdp_comm *local = NULL;
     int32_t mine[4], *all;
-    int r, ok = 1, rc;
+    int r, ok = 1, rc, spin;
     char job[64];
     if (!comm->two_level) {
         (void)env;
@@ -5376,6 +5397,8 @@ FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) 
         x->size[comm->host_of[r]]++;
     }
     x->uniform = 1;
+    spin = fsdp__spin_env();
+    x->small_steps = spin == 1 || (spin < 0 && fsdp__online_cpus() >= 2 * comm->crowd);
     for (r = 1; r < x->hosts; r++) x->uniform &= x->size[r] == x->size[0];
     x->world = comm;
     if (local && local->backend == &fsdp__shm_backend && local->impl) /* (a host of one rank has no segment) */
