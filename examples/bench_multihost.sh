@@ -47,7 +47,9 @@
 #   --fsdp-spin auto|0|1  FSDP_SPIN for fsdp.h's ranks; auto: 0 when a run has more ranks than the
 #                     machine has cores [auto]. Like Open MPI's yield, for the same reason: each
 #                     host sees all the machine's cores, and its ranks would spin while the other
-#                     host's ranks need the core (fsdp.h's own rule counts only its host's ranks)
+#                     host's ranks need the core (fsdp.h's own rule counts only its host's ranks).
+#                     It also decides the hierarchical pipeline's steps: 1 = 2 MiB steps (ranks
+#                     with cores of their own), 0 = one step per op (see README, Many machines)
 #   --ompi-yield auto|0|1  Open MPI's mpi_yield_when_idle; auto: 1 when a layout has more ranks than
 #                     the machine has cores [auto]. Each host sees all the machine's cores, so Open
 #                     MPI cannot tell that the hosts share them, and its busy-polling ranks then
