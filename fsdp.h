@@ -1379,19 +1379,14 @@ FSDP__PRIVATE int fsdp__online_cpus(void) {
     return n > 0 ? (int)n : 1;
 }
 
-/* FSDP_SPIN=0 says the job's ranks share their cores, =1 that each has cores of its own, for
-   what the process cannot see (CPU quotas, other jobs on the same cores): 0 or 1 as set, else
-   -1 (fsdp.h decides from the cores it sees). */
-FSDP__PRIVATE int fsdp__spin_env(void) {
-    const char *env = getenv("FSDP_SPIN");
-    return env && strcmp(env, "0") == 0 ? 0 : env && strcmp(env, "1") == 0 ? 1 : -1;
-}
-
 /* How long waits spin before they yield and sleep, with this many ranks of the job on the host:
-   50 us while each can have a core, else not at all; FSDP_SPIN=0 never spins, =1 always does. */
+   50 us while each can have a core, else not at all. FSDP_SPIN=0 never spins, =1 always does,
+   for what the process cannot see (CPU quotas, other jobs on the same cores). */
 FSDP__PRIVATE double fsdp__spin_seconds(int ranks) {
-    int env = fsdp__spin_env();
-    return env == 1 || (env < 0 && ranks <= fsdp__online_cpus()) ? 50e-6 : 0;
+    const char *env = getenv("FSDP_SPIN");
+    if (env && strcmp(env, "0") == 0) return 0;
+    if (env && strcmp(env, "1") == 0) return 50e-6;
+    return ranks <= fsdp__online_cpus() ? 50e-6 : 0;
 }
 
 FSDP__PRIVATE void fsdp__cpu_relax(void) {
@@ -4825,8 +4820,7 @@ typedef struct fsdp__hier {
     pthread_cond_t cond;
     fsdp__hier_job job;
     size_t piece;             /* all_reduce: elements of each local rank's piece */
-    int small_steps;          /* pipelines take 2 MiB steps: two cores per rank of the job on this
-                                 host, or FSDP_SPIN=1; else one step per op (fsdp__hier_step) */
+    size_t step_bytes;        /* per pipeline step, the same on every rank; 0: one step per op */
 } fsdp__hier;
 
 /* The world fails because its host's shm comm did, with that comm's message. */
@@ -4871,16 +4865,16 @@ static fsdp_reduce_op fsdp__hier_local_op(fsdp_reduce_op op) { return op == FSDP
 #define FSDP__HIER_CHUNK ((size_t)2 << 20) /* bytes of a block (or piece) per pipeline step */
 
 /* Bytes per pipeline step of an op spanning `span` bytes per block (or piece), a multiple of
-   esize. Small steps overlap the two halves where each rank's two threads (the caller and the
-   net thread) can have a core of their own (x->small_steps). Where they cannot, the halves
-   only compete for the same cores and each step adds hand-overs between the threads and a
-   pause of the streams, so the op takes one step (the net thread still moves it while the
-   caller does the shared-memory work that needs nothing from the network). Measured, 2
-   namespace hosts x 2 ranks on one 2-core machine, 64 MiB, links at 10 Gbit/s, two
-   interleaved runs: 2 MiB steps against one, all_gather 51.8 / 46.8 -> 39.6 / 41.6 ms,
-   reduce_scatter 54.0 / 51.9 -> 45.8 / 48.0, all_reduce 117.1 / 105.2 -> 89.1 / 90.2. */
+   esize: FSDP_HIER_STEP_MIB (default 2; 0: the whole op in one step), agreed at setup. Small
+   steps hide the shared-memory half behind the network where the link is the bottleneck. Where
+   TCP itself is CPU-bound on cores the ranks share, the overlapped halves only slow each other
+   and one step is faster. Measured, 2 namespace hosts x 2 ranks on one 2-core machine, 64 MiB,
+   2 interleaved A/B runs each, 2 MiB steps -> one step: at 10 Gbit/s (CPU-bound) all_gather
+   53.8 / 55.6 -> 40.4 / 45.5 ms, reduce_scatter 60.1 / 64.8 -> 46.4 / 48.6, all_reduce 105.7 /
+   128.4 -> 100.8 / 104.5; at 2 Gbit/s (the link) all_gather 142.0 / 147.0 -> 147.6 / 149.5,
+   reduce_scatter 143.6 / 143.2 -> 169.0 / 162.5, all_reduce 295.5 / 300.6 -> 320.2 / 318.6. */
 static size_t fsdp__hier_step(const fsdp__hier *x, size_t span, size_t esize) {
-    size_t step = x->small_steps ? FSDP__HIER_CHUNK / esize * esize : span;
+    size_t step = x->step_bytes ? x->step_bytes / esize * esize : span;
     return step ? step : esize;
 }
 
@@ -5331,13 +5325,17 @@ FSDP__PRIVATE int fsdp__comm_create(fsdp_comm **out, const fsdp_comm_desc *desc,
 /* Makes a socket world hierarchical when it spans hosts with several ranks on some, its ranks
    numbered host by host (else it stays flat, as FSDP_HIERARCHICAL=0 asks too). Collective over
    the (flat) world: every host creates its shm comm, and the ranks agree that all could. */
+FSDP__PRIVATE int fsdp__env_int(const char *const *names, long lo, long hi, long *out, char *err, size_t err_size);
 FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) {
     const char *env = getenv("FSDP_HIERARCHICAL");
     fsdp__hier *x;
     fsdp_comm_desc ld;
     fsdp_comm *local = NULL;
     int32_t mine[4], *all;
-    int r, ok = 1, rc, spin;
+    int r, ok = 1, rc;
+    long step_mib = (long)(FSDP__HIER_CHUNK >> 20);
+    const char *const step_vars[] = {"FSDP_HIER_STEP_MIB", NULL};
+    char err[160];
     char job[64];
     if (!comm->two_level) {
         (void)env;
@@ -5364,14 +5362,23 @@ FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) 
     if (!ok)
         fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d cannot share memory with the ranks of its host (%s): "
                   "every byte goes over sockets", comm->rank, local ? "" : fsdp__init_error);
+    if (fsdp__env_int(step_vars, 0, 1024, &step_mib, err, sizeof err) < 0) {
+        fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d: %s; pipeline steps of %d MiB", comm->rank, err,
+                  (int)(FSDP__HIER_CHUNK >> 20));
+        step_mib = (long)(FSDP__HIER_CHUNK >> 20);
+    }
     mine[0] = ok;
-    mine[1] = mine[2] = mine[3] = 0;
+    mine[1] = step_mib ? (int32_t)step_mib : INT32_MAX; /* the job takes the smallest step any rank asks for */
+    mine[2] = mine[3] = 0;
     if (!(all = (int32_t *)FSDP_MALLOC(sizeof *all * 4 * (size_t)comm->world))) {
         fsdp_comm_destroy(local);
         return FSDP_ERR_OUT_OF_MEMORY;
     }
     rc = fsdp__collective_tagged(comm, FSDP_COLL_ALL_GATHER, mine, all, 4, FSDP_F32, FSDP_SUM, 0x71e0u);
-    for (r = 0; !rc && r < comm->world; r++) ok &= all[4 * r] == 1;
+    for (r = 0; !rc && r < comm->world; r++) {
+        ok &= all[4 * r] == 1;
+        if (all[4 * r + 1] >= 0 && all[4 * r + 1] <= 1024 && all[4 * r + 1] < mine[1]) mine[1] = all[4 * r + 1];
+    }
     FSDP_FREE(all);
     if (rc || !ok || !(x = (fsdp__hier *)fsdp__calloc(sizeof *x))) {
         fsdp_comm_destroy(local);
@@ -5397,8 +5404,7 @@ FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) 
         x->size[comm->host_of[r]]++;
     }
     x->uniform = 1;
-    spin = fsdp__spin_env();
-    x->small_steps = spin == 1 || (spin < 0 && fsdp__online_cpus() >= 2 * comm->crowd);
+    x->step_bytes = mine[1] == INT32_MAX ? 0 : (size_t)mine[1] << 20;
     for (r = 1; r < x->hosts; r++) x->uniform &= x->size[r] == x->size[0];
     x->world = comm;
     if (local && local->backend == &fsdp__shm_backend && local->impl) /* (a host of one rank has no segment) */

@@ -47,9 +47,7 @@
 #   --fsdp-spin auto|0|1  FSDP_SPIN for fsdp.h's ranks; auto: 0 when a run has more ranks than the
 #                     machine has cores [auto]. Like Open MPI's yield, for the same reason: each
 #                     host sees all the machine's cores, and its ranks would spin while the other
-#                     host's ranks need the core (fsdp.h's own rule counts only its host's ranks).
-#                     It also decides the hierarchical pipeline's steps: 1 = 2 MiB steps (ranks
-#                     with cores of their own), 0 = one step per op (see README, Many machines)
+#                     host's ranks need the core (fsdp.h's own rule counts only its host's ranks)
 #   --ompi-yield auto|0|1  Open MPI's mpi_yield_when_idle; auto: 1 when a layout has more ranks than
 #                     the machine has cores [auto]. Each host sees all the machine's cores, so Open
 #                     MPI cannot tell that the hosts share them, and its busy-polling ranks then
@@ -60,7 +58,8 @@
 #   --gpt-args "..."  extra gpt flags (model, batch) for both GPT runs [gpt's defaults]
 #   --timeout S       bound on each run [1800]
 #   --keep-logs DIR   copy every run's logs to DIR
-# Environment: BUILD (binaries, default build; not under /tmp: the hosts have their own /tmp).
+# Environment: BUILD (binaries, default build; not under /tmp: the hosts have their own /tmp);
+# FSDP_* variables exported to it reach every fsdp.h rank (e.g. FSDP_HIER_STEP_MIB=0).
 # Exit status: 0 every run succeeded (the goals are reported, not enforced), 1 a run failed,
 # 2 bad usage or a binary missing, 77 cannot run here (not root, no namespaces, no iproute2: the
 # reason is printed). The bed is torn down however the script ends.

@@ -4,8 +4,7 @@
 # Builds "hosts" on this machine with tests/multihost/hostbed.sh (network + mount + UTS
 # namespaces: own address, /dev/shm, /tmp and host name; root needed) and runs ranks in them:
 #   - collectives bitwise equal to the documented reduction order at 2x2, 3x2 and 2+1+3 ranks
-#     per host (2x2 also with large ops pipelined in 2 MiB steps, as on hosts with two cores
-#     per rank), over sockets (hierarchical) and over the MPI bridge under mpirun, with splits
+#     per host (2x2 also with large ops in one pipeline step, FSDP_HIER_STEP_MIB=0), over sockets (hierarchical) and over the MPI bridge under mpirun, with splits
 #     of one host's ranks on shared memory (tests/multihost/mh_check.c);
 #   - the GPT example, FULL_SHARD and HYBRID_SHARD across 2 hosts, with the losses of 4 ranks
 #     on one host;
@@ -216,9 +215,8 @@ fault() { # what (cut | cut-lagging | kill)
 hostbed_up 3 || { s=$?; echo "$ME: the test bed did not come up (status $s)"; echo "0 passed, 1 failed"; exit 1; }
 
 collectives 2,2;   report collectives_2x2_bitwise_in_the_documented_order $? "$LOG/coll.log"
-# FSDP_SPIN=1 says each rank has cores of its own: large ops then pipeline in 2 MiB steps
-# (on this bed's few cores they take one step each by default)
-FSDP_SPIN=1 collectives 2,2; report collectives_2x2_in_2_MiB_pipeline_steps_bitwise $? "$LOG/coll.log"
+# FSDP_HIER_STEP_MIB=0: large ops in one pipeline step instead of 2 MiB ones
+FSDP_HIER_STEP_MIB=0 collectives 2,2; report collectives_2x2_in_one_pipeline_step_bitwise $? "$LOG/coll.log"
 collectives 2,2,2; report collectives_3x2_bitwise_in_the_documented_order $? "$LOG/coll.log"
 collectives 2,1,3; report collectives_2_1_3_bitwise_in_the_documented_order $? "$LOG/coll.log"
 if [ $have_mpi = 1 ]; then
