@@ -5322,10 +5322,12 @@ static fsdp__sock *fsdp__sock_of(const fsdp_comm *comm) {
 FSDP__PRIVATE int fsdp__comm_create(fsdp_comm **out, const fsdp_comm_desc *desc, const fsdp_comm *parent,
                                     int listen_fd, void *mapping, size_t map_bytes);
 
+FSDP__PRIVATE int fsdp__env_int(const char *const *names, long lo, long hi, long *out, char *err, size_t err_size);
+
 /* Makes a socket world hierarchical when it spans hosts with several ranks on some, its ranks
    numbered host by host (else it stays flat, as FSDP_HIERARCHICAL=0 asks too). Collective over
-   the (flat) world: every host creates its shm comm, and the ranks agree that all could. */
-FSDP__PRIVATE int fsdp__env_int(const char *const *names, long lo, long hi, long *out, char *err, size_t err_size);
+   the (flat) world: every host creates its shm comm, and the ranks agree that all could, and on
+   the pipeline's step (FSDP_HIER_STEP_MIB, see fsdp__hier_step). */
 FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) {
     const char *env = getenv("FSDP_HIERARCHICAL");
     fsdp__hier *x;
