@@ -4,7 +4,8 @@
 # Builds "hosts" on this machine with tests/multihost/hostbed.sh (network + mount + UTS
 # namespaces: own address, /dev/shm, /tmp and host name; root needed) and runs ranks in them:
 #   - collectives bitwise equal to the documented reduction order at 2x2, 3x2 and 2+1+3 ranks
-#     per host (2x2 also with large ops in one pipeline step, FSDP_HIER_STEP_MIB=0), over sockets (hierarchical) and over the MPI bridge under mpirun, with splits
+#     per host (2x2 also with large ops in one pipeline step, FSDP_HIER_STEP_MIB=0, and with
+#     ranks asking for different steps), over sockets (hierarchical) and over the MPI bridge under mpirun, with splits
 #     of one host's ranks on shared memory (tests/multihost/mh_check.c);
 #   - the GPT example, FULL_SHARD and HYBRID_SHARD across 2 hosts, with the losses of 4 ranks
 #     on one host;
@@ -217,6 +218,20 @@ hostbed_up 3 || { s=$?; echo "$ME: the test bed did not come up (status $s)"; ec
 collectives 2,2;   report collectives_2x2_bitwise_in_the_documented_order $? "$LOG/coll.log"
 # FSDP_HIER_STEP_MIB=0: large ops in one pipeline step instead of 2 MiB ones
 FSDP_HIER_STEP_MIB=0 collectives 2,2; report collectives_2x2_in_one_pipeline_step_bitwise $? "$LOG/coll.log"
+
+# Ranks asking for different steps (one step, 3 MiB, a malformed value, unset) agree on one
+# (steps that differ between peers would pair the wrong phases), and the malformed one is named.
+mixed_steps() {
+    cat >"$HOSTBED_SHARE/mixed_steps.sh" <<'EOF_'
+#!/bin/sh
+case $RANK in 0) export FSDP_HIER_STEP_MIB=0 ;; 1) export FSDP_HIER_STEP_MIB=3 ;; 2) export FSDP_HIER_STEP_MIB=bogus ;; esac
+exec "$@"
+EOF_
+    chmod +x "$HOSTBED_SHARE/mixed_steps.sh"
+    MH_LAYOUT=2,2 FSDP_TIMEOUT_MS=60000 hostbed_ranks --timeout 240 2,2 "$HOSTBED_SHARE/mixed_steps.sh" "$BIN/mh_check"
+    ranks_ok "$LOG/coll.log" && grep -q "FSDP_HIER_STEP_MIB='bogus' is not an integer" "$LOG/coll.log"
+}
+mixed_steps; report collectives_2x2_ranks_asking_for_different_pipeline_steps_agree $? "$LOG/coll.log"
 collectives 2,2,2; report collectives_3x2_bitwise_in_the_documented_order $? "$LOG/coll.log"
 collectives 2,1,3; report collectives_2_1_3_bitwise_in_the_documented_order $? "$LOG/coll.log"
 if [ $have_mpi = 1 ]; then
