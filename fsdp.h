@@ -4863,6 +4863,7 @@ static fsdp_reduce_op fsdp__hier_local_op(fsdp_reduce_op op) { return op == FSDP
    chunk, while the calling thread does the shared-memory half of the neighbouring chunks
    (both halves would otherwise wait for each other: a link is slower than memory). -------- */
 #define FSDP__HIER_CHUNK ((size_t)2 << 20) /* bytes of a block (or piece) per pipeline step */
+#define FSDP__HIER_STEP_MAX_MIB 1024        /* the largest FSDP_HIER_STEP_MIB */
 
 /* Bytes per pipeline step of an op spanning `span` bytes per block (or piece), a multiple of
    esize: FSDP_HIER_STEP_MIB (default 2; 0: the whole op in one step), agreed at setup. Small
@@ -5335,7 +5336,8 @@ FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) 
     fsdp_comm *local = NULL;
     int32_t mine[4], *all;
     int r, ok = 1, rc;
-    long step_mib = (long)(FSDP__HIER_CHUNK >> 20);
+    const long default_mib = (long)(FSDP__HIER_CHUNK >> 20);
+    long step_mib = default_mib;
     const char *const step_vars[] = {"FSDP_HIER_STEP_MIB", NULL};
     char err[160];
     char job[64];
@@ -5364,10 +5366,10 @@ FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) 
     if (!ok)
         fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d cannot share memory with the ranks of its host (%s): "
                   "every byte goes over sockets", comm->rank, local ? "" : fsdp__init_error);
-    if (fsdp__env_int(step_vars, 0, 1024, &step_mib, err, sizeof err) < 0) {
-        fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d: %s; pipeline steps of %d MiB", comm->rank, err,
-                  (int)(FSDP__HIER_CHUNK >> 20));
-        step_mib = (long)(FSDP__HIER_CHUNK >> 20);
+    if (fsdp__env_int(step_vars, 0, FSDP__HIER_STEP_MAX_MIB, &step_mib, err, sizeof err) < 0) {
+        fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d: %s; pipeline steps of %ld MiB", comm->rank, err,
+                  default_mib);
+        step_mib = default_mib;
     }
     mine[0] = ok;
     mine[1] = step_mib ? (int32_t)step_mib : INT32_MAX; /* the job takes the smallest step any rank asks for */
@@ -5379,7 +5381,8 @@ FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) 
     rc = fsdp__collective_tagged(comm, FSDP_COLL_ALL_GATHER, mine, all, 4, FSDP_F32, FSDP_SUM, 0x71e0u);
     for (r = 0; !rc && r < comm->world; r++) {
         ok &= all[4 * r] == 1;
-        if (all[4 * r + 1] >= 0 && all[4 * r + 1] <= 1024 && all[4 * r + 1] < mine[1]) mine[1] = all[4 * r + 1];
+        if (all[4 * r + 1] >= 0 && all[4 * r + 1] <= FSDP__HIER_STEP_MAX_MIB && all[4 * r + 1] < mine[1])
+            mine[1] = all[4 * r + 1];
     }
     FSDP_FREE(all);
     if (rc || !ok || !(x = (fsdp__hier *)fsdp__calloc(sizeof *x))) {

@@ -5,8 +5,8 @@
 # namespaces: own address, /dev/shm, /tmp and host name; root needed) and runs ranks in them:
 #   - collectives bitwise equal to the documented reduction order at 2x2, 3x2 and 2+1+3 ranks
 #     per host (2x2 also with large ops in one pipeline step, FSDP_HIER_STEP_MIB=0, and with
-#     ranks asking for different steps), over sockets (hierarchical) and over the MPI bridge under mpirun, with splits
-#     of one host's ranks on shared memory (tests/multihost/mh_check.c);
+#     ranks asking for different steps), over sockets (hierarchical) and over the MPI bridge
+#     under mpirun, with splits of one host's ranks on shared memory (tests/multihost/mh_check.c);
 #   - the GPT example, FULL_SHARD and HYBRID_SHARD across 2 hosts, with the losses of 4 ranks
 #     on one host;
 #   - torchrun (static and c10d rendezvous, 2 nodes x 2 ranks; tests/torchrun.py) and mpirun
