@@ -159,12 +159,12 @@ if [ -z "$NO_EXTRA_CHECKS" ]; then
                 [ "$(wc -l <"$tmp/kept.losses")" -eq 9 ] && cmp "$tmp/kept.losses" "$tmp/recomputed.losses"
         }
         check examples.gpt_recompute_trains_bitwise_as_without gpt_recompute
-        big="--data $tmp/text --layers 4 --channels 256 --heads 4 --seq-len 16 --batch 4 --steps 1 --sample 0 --ckpt none"
-        check examples.gpt_mem_budget_refuses_1_rank_naming_the_bytes_and_the_fewest_ranks sh -c "! '$BIN/gpt' $big --mem-budget 60 \
-            >'$tmp/out' 2>'$tmp/err'; cat '$tmp/err'; grep -q '^gpt: --mem-budget 60 MiB: refusing to start 1 rank: each needs .*, [0-9]* bytes\$' '$tmp/err' &&
+        big="--data $tmp/text --layers 8 --channels 256 --heads 4 --seq-len 16 --batch 4 --steps 1 --sample 0 --ckpt none"
+        check examples.gpt_mem_budget_refuses_1_rank_naming_the_bytes_and_the_fewest_ranks sh -c "! '$BIN/gpt' $big --mem-budget 100 \
+            >'$tmp/out' 2>'$tmp/err'; cat '$tmp/err'; grep -q '^gpt: --mem-budget 100 MiB: refusing to start 1 rank: each needs .*, [0-9]* bytes\$' '$tmp/err' &&
             grep -q '^the fewest ranks that fit (with --batch 4): --nproc 2, ' '$tmp/err' && ! grep -q '^step' '$tmp/out'"
-        check examples.gpt_mem_budget_lets_2_ranks_train_and_compares_their_peak_rss sh -c "'$BIN/gpt' $big --mem-budget 60 --nproc 2 \
-            >'$tmp/out' 2>&1; status=\$?; cat '$tmp/out'; [ \$status = 0 ] && grep -q '^memory budget 60 MiB per rank: peak RSS ' '$tmp/out'"
+        check examples.gpt_mem_budget_lets_2_ranks_train_and_compares_their_peak_rss sh -c "'$BIN/gpt' $big --mem-budget 100 --nproc 2 \
+            >'$tmp/out' 2>&1; status=\$?; cat '$tmp/out'; [ \$status = 0 ] && grep -q '^memory budget 100 MiB per rank: peak RSS ' '$tmp/out'"
         distill_run() {
             "$BIN/gpt" $tiny --steps 40 --ckpt "$tmp/teacher" >"$tmp/teacher.log" 2>&1 &&
                 "$BIN/ckpt_tool" consolidate "$tmp/teacher" "$tmp/teacher.safetensors" --params-only >/dev/null ||
