@@ -255,6 +255,15 @@ typedef struct fsdp_coll {
     int timeout_ms;     /* bound on any single wait for another rank */
 } fsdp_coll;
 
+/* A sub-communicator being made from a user backend's comm (fsdp_comm_split): who is in it.
+   Ranks of one color form it, numbered by (key, parent rank), as MPI_Comm_split and
+   ncclCommSplit number them. */
+typedef struct fsdp_split_info {
+    int color, key;          /* as given to fsdp_comm_split */
+    int rank, world_size;    /* this rank in the new comm, and its size */
+    const int *parent_ranks; /* [world_size]: the parent rank of each new rank */
+} fsdp_split_info;
+
 /* The backend contract. Fill this table to plug in another engine (NCCL, Gloo, your own).
    Every function receives the communicator (for fsdp_comm_rank/size and fsdp_comm_fail) and the
    impl pointer you passed in fsdp_comm_desc.user_impl.
@@ -270,7 +279,14 @@ typedef struct fsdp_coll {
        shared flag). destroy releases everything; it is called once, after all ops returned.
    check_fingerprints: if nonzero, the library all-gathers each op's fingerprint with your
    all_gather (as bytes) before the op and fails with FSDP_ERR_MISMATCH on disagreement. Set it
-   unless your engine checks fingerprints itself. */
+   unless your engine checks fingerprints itself.
+   split (optional): makes the impl of a sub-communicator (fsdp_comm_split, and so HYBRID_SHARD's
+   shard and replica groups). Collective: every rank of the parent calls it once, after the
+   library agreed on the members; store the new impl in *child_impl. The new comm uses this same
+   table, and destroy releases the child's impl when the child is destroyed. NULL: such comms
+   cannot be split (fsdp_comm_split fails with FSDP_ERR_UNSUPPORTED).
+   Initialise tables by field name (C99 designated initialisers), so that fields added later
+   stay zero. */
 typedef struct fsdp_backend {
     const char *name;
     int (*all_gather)(fsdp_comm *comm, void *impl, const fsdp_coll *c);
@@ -281,6 +297,7 @@ typedef struct fsdp_backend {
     void (*abort)(fsdp_comm *comm, void *impl);
     void (*destroy)(fsdp_comm *comm, void *impl);
     int check_fingerprints;
+    int (*split)(fsdp_comm *parent, void *impl, const fsdp_split_info *info, void **child_impl);
 } fsdp_backend;
 
 /* Zero-initialise and set what you need; 0 / NULL fields take the defaults named here. */
@@ -402,8 +419,11 @@ FSDP_API void fsdp_reduce_ranks(void *dst, const void *const *srcs, int nsrc, si
                                 fsdp_dtype dtype, fsdp_reduce_op op, int avg_divisor);
 
 /* Splits a communicator: ranks that pass the same color form a new communicator, ordered by
-   key (then by parent rank). Collective over the parent. Same backend as the parent (shm
-   segments and socket rendezvous are set up through the parent). */
+   key (then by parent rank). Collective over the parent. The new comm uses the parent's
+   backend, set up through the parent (shm segments, socket rendezvous, MPI_Comm_split, a user
+   backend's split), except that members who all share one host talk through shared memory
+   whatever the parent's transport (socket and mpi parents). FSDP_ERR_UNSUPPORTED for a user
+   backend without split. */
 FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **out);
 
 /* Memory that peers on the shm backend read straight from this process (zero-copy): when the
@@ -995,7 +1015,10 @@ FSDP_API const char *fsdp_printable(char *dst, size_t size, const char *src);
 #  error "fsdp.h: a system header came before fsdp.h in strict ISO C mode; put #define _GNU_SOURCE at the very top of this file (or compile with -D_GNU_SOURCE)"
 #endif
 
-/* >>config (implementation) -------------------------------------------------------------- */
+/* ============================================================================================
+   >>config
+   Allocator, private macros, result codes, logging.
+   ============================================================================================ */
 #if defined(FSDP_MALLOC) && defined(FSDP_FREE) && defined(FSDP_REALLOC)
 /* user allocator */
 #elif !defined(FSDP_MALLOC) && !defined(FSDP_FREE) && !defined(FSDP_REALLOC)
@@ -1112,7 +1135,10 @@ FSDP__PRIVATE fsdp_logger fsdp__env_logger(fsdp_logger given) {
     return given;
 }
 
-/* >>utilities (implementation) ------------------------------------------------------------ */
+/* ============================================================================================
+   >>utilities
+   Time, sleeping, strings for display, small parsers.
+   ============================================================================================ */
 FSDP_API double fsdp_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -1190,168 +1216,6 @@ FSDP_API const char *fsdp_printable(char *dst, size_t size, const char *src) {
     return fsdp__printable_n(dst, size, src, src ? strlen(src) : 0);
 }
 
-/* --- SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), for authenticating connections ---- */
-typedef struct fsdp__sha256 {
-    uint32_t state[8];
-    uint64_t bytes;
-    unsigned char block[64];
-    size_t used;
-} fsdp__sha256;
-
-static const uint32_t fsdp__sha256_k[64] = {
-    0x428a2f98u, 0x71374491u, 0xb5c0fbcfu, 0xe9b5dba5u, 0x3956c25bu, 0x59f111f1u, 0x923f82a4u, 0xab1c5ed5u,
-    0xd807aa98u, 0x12835b01u, 0x243185beu, 0x550c7dc3u, 0x72be5d74u, 0x80deb1feu, 0x9bdc06a7u, 0xc19bf174u,
-    0xe49b69c1u, 0xefbe4786u, 0x0fc19dc6u, 0x240ca1ccu, 0x2de92c6fu, 0x4a7484aau, 0x5cb0a9dcu, 0x76f988dau,
-    0x983e5152u, 0xa831c66du, 0xb00327c8u, 0xbf597fc7u, 0xc6e00bf3u, 0xd5a79147u, 0x06ca6351u, 0x14292967u,
-    0x27b70a85u, 0x2e1b2138u, 0x4d2c6dfcu, 0x53380d13u, 0x650a7354u, 0x766a0abbu, 0x81c2c92eu, 0x92722c85u,
-    0xa2bfe8a1u, 0xa81a664bu, 0xc24b8b70u, 0xc76c51a3u, 0xd192e819u, 0xd6990624u, 0xf40e3585u, 0x106aa070u,
-    0x19a4c116u, 0x1e376c08u, 0x2748774cu, 0x34b0bcb5u, 0x391c0cb3u, 0x4ed8aa4au, 0x5b9cca4fu, 0x682e6ff3u,
-    0x748f82eeu, 0x78a5636fu, 0x84c87814u, 0x8cc70208u, 0x90befffau, 0xa4506cebu, 0xbef9a3f7u, 0xc67178f2u};
-
-static uint32_t fsdp__ror32(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
-
-FSDP__PRIVATE void fsdp__sha256_block(fsdp__sha256 *h, const unsigned char *p) {
-    uint32_t w[64], a, b, c, d, e, f, g, k, t1, t2;
-    int i;
-    for (i = 0; i < 16; i++)
-        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
-    for (i = 16; i < 64; i++) {
-        uint32_t s0 = fsdp__ror32(w[i - 15], 7) ^ fsdp__ror32(w[i - 15], 18) ^ (w[i - 15] >> 3);
-        uint32_t s1 = fsdp__ror32(w[i - 2], 17) ^ fsdp__ror32(w[i - 2], 19) ^ (w[i - 2] >> 10);
-        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-    }
-    a = h->state[0]; b = h->state[1]; c = h->state[2]; d = h->state[3];
-    e = h->state[4]; f = h->state[5]; g = h->state[6]; k = h->state[7];
-    for (i = 0; i < 64; i++) {
-        t1 = k + (fsdp__ror32(e, 6) ^ fsdp__ror32(e, 11) ^ fsdp__ror32(e, 25)) + ((e & f) ^ (~e & g)) + fsdp__sha256_k[i] + w[i];
-        t2 = (fsdp__ror32(a, 2) ^ fsdp__ror32(a, 13) ^ fsdp__ror32(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-        k = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
-    }
-    h->state[0] += a; h->state[1] += b; h->state[2] += c; h->state[3] += d;
-    h->state[4] += e; h->state[5] += f; h->state[6] += g; h->state[7] += k;
-}
-
-FSDP__PRIVATE void fsdp__sha256_init(fsdp__sha256 *h) {
-    static const uint32_t iv[8] = {0x6a09e667u, 0xbb67ae85u, 0x3c6ef372u, 0xa54ff53au,
-                                   0x510e527fu, 0x9b05688cu, 0x1f83d9abu, 0x5be0cd19u};
-    memcpy(h->state, iv, sizeof iv);
-    h->bytes = 0;
-    h->used = 0;
-}
-
-FSDP__PRIVATE void fsdp__sha256_update(fsdp__sha256 *h, const void *data, size_t n) {
-    const unsigned char *p = (const unsigned char *)data;
-    h->bytes += n;
-    while (n > 0) {
-        size_t take = 64 - h->used < n ? 64 - h->used : n;
-        memcpy(h->block + h->used, p, take);
-        h->used += take;
-        p += take;
-        n -= take;
-        if (h->used == 64) {
-            fsdp__sha256_block(h, h->block);
-            h->used = 0;
-        }
-    }
-}
-
-FSDP__PRIVATE void fsdp__sha256_final(fsdp__sha256 *h, unsigned char out[32]) {
-    uint64_t bits = h->bytes * 8;
-    unsigned char pad = 0x80, len[8];
-    int i;
-    fsdp__sha256_update(h, &pad, 1);
-    pad = 0;
-    while (h->used != 56) fsdp__sha256_update(h, &pad, 1);
-    for (i = 0; i < 8; i++) len[i] = (unsigned char)(bits >> (56 - 8 * i));
-    fsdp__sha256_update(h, len, 8);
-    for (i = 0; i < 8; i++) {
-        out[4 * i] = (unsigned char)(h->state[i] >> 24);
-        out[4 * i + 1] = (unsigned char)(h->state[i] >> 16);
-        out[4 * i + 2] = (unsigned char)(h->state[i] >> 8);
-        out[4 * i + 3] = (unsigned char)h->state[i];
-    }
-}
-
-/* HMAC-SHA256 over the concatenation of n parts (data[i], size[i]). */
-FSDP__PRIVATE void fsdp__hmac_sha256(unsigned char out[32], const void *key, size_t key_size, int n,
-                                     const void *const *data, const size_t *size) {
-    unsigned char block[64], inner[32];
-    fsdp__sha256 h;
-    int i;
-    memset(block, 0, sizeof block);
-    if (key_size > 64) { /* long keys are hashed first */
-        fsdp__sha256_init(&h);
-        fsdp__sha256_update(&h, key, key_size);
-        fsdp__sha256_final(&h, block);
-    } else if (key_size) {
-        memcpy(block, key, key_size);
-    }
-    for (i = 0; i < 64; i++) block[i] ^= 0x36;
-    fsdp__sha256_init(&h);
-    fsdp__sha256_update(&h, block, 64);
-    for (i = 0; i < n; i++) fsdp__sha256_update(&h, data[i], size[i]);
-    fsdp__sha256_final(&h, inner);
-    for (i = 0; i < 64; i++) block[i] ^= 0x36 ^ 0x5c;
-    fsdp__sha256_init(&h);
-    fsdp__sha256_update(&h, block, 64);
-    fsdp__sha256_update(&h, inner, 32);
-    fsdp__sha256_final(&h, out);
-    memset(block, 0, sizeof block);
-    memset(inner, 0, sizeof inner);
-}
-
-/* The job's key: HMAC-SHA256(secret, label | job), so jobs that share a secret still have
-   different keys, and nothing about the secret can be learned from the key. */
-FSDP__PRIVATE void fsdp__comm_key(unsigned char key[32], const void *secret, size_t secret_size, const char *label,
-                                  const char *job) {
-    const void *parts[2];
-    size_t sizes[2];
-    parts[0] = label;
-    sizes[0] = strlen(label) + 1;
-    parts[1] = job;
-    sizes[1] = strlen(job);
-    fsdp__hmac_sha256(key, secret, secret_size, 2, parts, sizes);
-}
-
-/* 1 if the n bytes agree; the time taken does not depend on where they differ. */
-FSDP__PRIVATE int fsdp__equal_ct(const void *a, const void *b, size_t n) {
-    const volatile unsigned char *x = (const volatile unsigned char *)a, *y = (const volatile unsigned char *)b;
-    unsigned char diff = 0;
-    size_t i;
-    for (i = 0; i < n; i++) diff |= (unsigned char)(x[i] ^ y[i]);
-    return diff == 0;
-}
-
-/* Overwrites a secret's bytes in a way the compiler may not drop. */
-FSDP__PRIVATE void fsdp__wipe(void *p, size_t n) {
-    volatile unsigned char *v = (volatile unsigned char *)p;
-    while (n--) *v++ = 0;
-}
-
-/* Fills out with bytes from the kernel's random generator; 0 on success. */
-FSDP__PRIVATE int fsdp__random_bytes(void *out, size_t n) {
-    unsigned char *p = (unsigned char *)out;
-    size_t done = 0;
-    int fd;
-#if defined(__linux__) && defined(SYS_getrandom)
-    while (done < n) {
-        long got = syscall(SYS_getrandom, p + done, n - done, 0);
-        if (got > 0) done += (size_t)got;
-        else if (got < 0 && errno != EINTR) break;
-    }
-    if (done == n) return 0;
-#endif
-    fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    while (done < n) {
-        ssize_t got = read(fd, p + done, n - done);
-        if (got > 0) done += (size_t)got;
-        else if (got == 0 || errno != EINTR) break;
-    }
-    close(fd);
-    return done == n ? 0 : -1;
-}
-
 FSDP__PRIVATE void fsdp__hex(char *out, const unsigned char *bytes, size_t n) {
     static const char digits[] = "0123456789abcdef";
     size_t i;
@@ -1374,107 +1238,25 @@ FSDP__PRIVATE int fsdp__parse_int(const char *text, long lo, long hi, long *out)
     return 0;
 }
 
-FSDP__PRIVATE int fsdp__online_cpus(void) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
-/* How long waits spin before they yield and sleep, with this many ranks of the job on the host:
-   50 us while each can have a core, else not at all. FSDP_SPIN=0 never spins, =1 always does,
-   for what the process cannot see (CPU quotas, other jobs on the same cores). */
-FSDP__PRIVATE double fsdp__spin_seconds(int ranks) {
-    const char *env = getenv("FSDP_SPIN");
-    if (env && strcmp(env, "0") == 0) return 0;
-    if (env && strcmp(env, "1") == 0) return 50e-6;
-    return ranks <= fsdp__online_cpus() ? 50e-6 : 0;
-}
-
-FSDP__PRIVATE void fsdp__cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
-/* Outputs of large collectives are written with non-temporal stores: they would only evict
-   the cache on their way to memory, and skipping the read-for-ownership makes the copy about
-   1.5x faster on a memory-bound host. Smaller outputs stay in cache for the consumer. */
-#define FSDP__STREAM_MIN_BYTES ((size_t)8 << 20)
-
-#if FSDP__HAVE_STREAM_AVX2
-/* 64-byte blocks with 32-byte non-temporal stores; d is 32-byte aligned. On this project's
-   machines they copy large buffers about a quarter faster than 16-byte ones. */
-__attribute__((target("avx2"))) static void fsdp__stream_blocks_avx2(char *d, const char *s, size_t blocks) {
-    size_t i;
-    for (i = 0; i < blocks; i++, d += 64, s += 64) {
-        __m256i a = _mm256_loadu_si256((const __m256i *)s), b = _mm256_loadu_si256((const __m256i *)(s + 32));
-        _mm256_stream_si256((__m256i *)d, a);
-        _mm256_stream_si256((__m256i *)(d + 32), b);
-    }
-}
-
-/* -1: not asked yet (racing first callers store the same answer); 0: SSE2; 1: AVX2. The tests
-   set 0 to cover the SSE2 kernel on machines with AVX2. */
-static int fsdp__stream_avx2 = -1;
-
-static int fsdp__have_avx2(void) {
-    int v = __atomic_load_n(&fsdp__stream_avx2, __ATOMIC_RELAXED);
-    if (v < 0) {
-        v = __builtin_cpu_supports("avx2") ? 1 : 0;
-        __atomic_store_n(&fsdp__stream_avx2, v, __ATOMIC_RELAXED);
-    }
-    return v;
-}
-#endif
-
-FSDP__PRIVATE void fsdp__copy_out(void *dst, const void *src, size_t n, int stream) {
-#if FSDP__HAVE_STREAM
-    if (stream && n >= 256) {
-        char *d = (char *)dst;
-        const char *s = (const char *)src;
-        size_t head, i, blocks;
-#if FSDP__HAVE_STREAM_AVX2
-        if (fsdp__have_avx2()) {
-            head = (32 - ((uintptr_t)d & 31)) & 31;
-            memcpy(d, s, head);
-            blocks = (n - head) / 64;
-            fsdp__stream_blocks_avx2(d + head, s + head, blocks);
-            memcpy(d + head + blocks * 64, s + head + blocks * 64, (n - head) % 64);
-            return;
+/* Reads the first set variable of a list as an int in [lo, hi]. 1 found, 0 unset, -1 malformed. */
+FSDP__PRIVATE int fsdp__env_int(const char *const *names, long lo, long hi, long *out, char *err, size_t err_size) {
+    int i;
+    for (i = 0; names[i]; i++) {
+        const char *text = getenv(names[i]);
+        if (!text) continue;
+        if (fsdp__parse_int(text, lo, hi, out) != 0) {
+            fsdp__fmt(err, err_size, "environment variable %s='%s' is not an integer in [%ld, %ld]", names[i], text, lo, hi);
+            return -1;
         }
-#endif
-        head = (16 - ((uintptr_t)d & 15)) & 15;
-        memcpy(d, s, head);
-        d += head;
-        s += head;
-        n -= head;
-        blocks = n / 64;
-        for (i = 0; i < blocks; i++, d += 64, s += 64) {
-            __m128i a = _mm_loadu_si128((const __m128i *)s), b = _mm_loadu_si128((const __m128i *)(s + 16));
-            __m128i c = _mm_loadu_si128((const __m128i *)(s + 32)), e = _mm_loadu_si128((const __m128i *)(s + 48));
-            _mm_stream_si128((__m128i *)d, a);
-            _mm_stream_si128((__m128i *)(d + 16), b);
-            _mm_stream_si128((__m128i *)(d + 32), c);
-            _mm_stream_si128((__m128i *)(d + 48), e);
-        }
-        memcpy(d, s, n % 64);
-        return;
+        return 1;
     }
-#else
-    (void)stream;
-#endif
-    memcpy(dst, src, n);
+    return 0;
 }
 
-/* Orders non-temporal stores before anything that tells another thread the data is there. */
-static inline void fsdp__stream_fence(void) {
-#if FSDP__HAVE_STREAM
-    _mm_sfence();
-#endif
-}
-
-/* >>dtypes (implementation) --------------------------------------------------------------- */
+/* ============================================================================================
+   >>dtypes
+   f32 / bf16 / f16 conversions and the rank-order reductions every backend uses.
+   ============================================================================================ */
 FSDP_API size_t fsdp_dtype_size(fsdp_dtype dtype) {
     switch (dtype) {
         case FSDP_F32: return 4;
@@ -1772,7 +1554,223 @@ FSDP_API void fsdp_reduce_ranks(void *dst, const void *const *srcs, int nsrc, si
     fsdp__reduce_ranks(dst, srcs, nsrc, count, dtype, op, avg_divisor, 1);
 }
 
-/* >>collectives (implementation) ---------------------------------------------------------- */
+/* ============================================================================================
+   >>auth
+   What proves that a peer belongs to the job: SHA-256 and HMAC-SHA256, the job's key and
+   what derives from it, constant-time comparison, wiping, random bytes, the secret file.
+   The socket handshake that uses them is in >>socket (fsdp__sock_greet, fsdp__sock_admit).
+   ============================================================================================ */
+/* --- SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), for authenticating connections ---- */
+typedef struct fsdp__sha256 {
+    uint32_t state[8];
+    uint64_t bytes;
+    unsigned char block[64];
+    size_t used;
+} fsdp__sha256;
+
+static const uint32_t fsdp__sha256_k[64] = {
+    0x428a2f98u, 0x71374491u, 0xb5c0fbcfu, 0xe9b5dba5u, 0x3956c25bu, 0x59f111f1u, 0x923f82a4u, 0xab1c5ed5u,
+    0xd807aa98u, 0x12835b01u, 0x243185beu, 0x550c7dc3u, 0x72be5d74u, 0x80deb1feu, 0x9bdc06a7u, 0xc19bf174u,
+    0xe49b69c1u, 0xefbe4786u, 0x0fc19dc6u, 0x240ca1ccu, 0x2de92c6fu, 0x4a7484aau, 0x5cb0a9dcu, 0x76f988dau,
+    0x983e5152u, 0xa831c66du, 0xb00327c8u, 0xbf597fc7u, 0xc6e00bf3u, 0xd5a79147u, 0x06ca6351u, 0x14292967u,
+    0x27b70a85u, 0x2e1b2138u, 0x4d2c6dfcu, 0x53380d13u, 0x650a7354u, 0x766a0abbu, 0x81c2c92eu, 0x92722c85u,
+    0xa2bfe8a1u, 0xa81a664bu, 0xc24b8b70u, 0xc76c51a3u, 0xd192e819u, 0xd6990624u, 0xf40e3585u, 0x106aa070u,
+    0x19a4c116u, 0x1e376c08u, 0x2748774cu, 0x34b0bcb5u, 0x391c0cb3u, 0x4ed8aa4au, 0x5b9cca4fu, 0x682e6ff3u,
+    0x748f82eeu, 0x78a5636fu, 0x84c87814u, 0x8cc70208u, 0x90befffau, 0xa4506cebu, 0xbef9a3f7u, 0xc67178f2u};
+
+static uint32_t fsdp__ror32(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+FSDP__PRIVATE void fsdp__sha256_block(fsdp__sha256 *h, const unsigned char *p) {
+    uint32_t w[64], a, b, c, d, e, f, g, k, t1, t2;
+    int i;
+    for (i = 0; i < 16; i++)
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+    for (i = 16; i < 64; i++) {
+        uint32_t s0 = fsdp__ror32(w[i - 15], 7) ^ fsdp__ror32(w[i - 15], 18) ^ (w[i - 15] >> 3);
+        uint32_t s1 = fsdp__ror32(w[i - 2], 17) ^ fsdp__ror32(w[i - 2], 19) ^ (w[i - 2] >> 10);
+        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    a = h->state[0]; b = h->state[1]; c = h->state[2]; d = h->state[3];
+    e = h->state[4]; f = h->state[5]; g = h->state[6]; k = h->state[7];
+    for (i = 0; i < 64; i++) {
+        t1 = k + (fsdp__ror32(e, 6) ^ fsdp__ror32(e, 11) ^ fsdp__ror32(e, 25)) + ((e & f) ^ (~e & g)) + fsdp__sha256_k[i] + w[i];
+        t2 = (fsdp__ror32(a, 2) ^ fsdp__ror32(a, 13) ^ fsdp__ror32(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+        k = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    }
+    h->state[0] += a; h->state[1] += b; h->state[2] += c; h->state[3] += d;
+    h->state[4] += e; h->state[5] += f; h->state[6] += g; h->state[7] += k;
+}
+
+FSDP__PRIVATE void fsdp__sha256_init(fsdp__sha256 *h) {
+    static const uint32_t iv[8] = {0x6a09e667u, 0xbb67ae85u, 0x3c6ef372u, 0xa54ff53au,
+                                   0x510e527fu, 0x9b05688cu, 0x1f83d9abu, 0x5be0cd19u};
+    memcpy(h->state, iv, sizeof iv);
+    h->bytes = 0;
+    h->used = 0;
+}
+
+FSDP__PRIVATE void fsdp__sha256_update(fsdp__sha256 *h, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    h->bytes += n;
+    while (n > 0) {
+        size_t take = 64 - h->used < n ? 64 - h->used : n;
+        memcpy(h->block + h->used, p, take);
+        h->used += take;
+        p += take;
+        n -= take;
+        if (h->used == 64) {
+            fsdp__sha256_block(h, h->block);
+            h->used = 0;
+        }
+    }
+}
+
+FSDP__PRIVATE void fsdp__sha256_final(fsdp__sha256 *h, unsigned char out[32]) {
+    uint64_t bits = h->bytes * 8;
+    unsigned char pad = 0x80, len[8];
+    int i;
+    fsdp__sha256_update(h, &pad, 1);
+    pad = 0;
+    while (h->used != 56) fsdp__sha256_update(h, &pad, 1);
+    for (i = 0; i < 8; i++) len[i] = (unsigned char)(bits >> (56 - 8 * i));
+    fsdp__sha256_update(h, len, 8);
+    for (i = 0; i < 8; i++) {
+        out[4 * i] = (unsigned char)(h->state[i] >> 24);
+        out[4 * i + 1] = (unsigned char)(h->state[i] >> 16);
+        out[4 * i + 2] = (unsigned char)(h->state[i] >> 8);
+        out[4 * i + 3] = (unsigned char)h->state[i];
+    }
+}
+
+/* HMAC-SHA256 over the concatenation of n parts (data[i], size[i]). */
+FSDP__PRIVATE void fsdp__hmac_sha256(unsigned char out[32], const void *key, size_t key_size, int n,
+                                     const void *const *data, const size_t *size) {
+    unsigned char block[64], inner[32];
+    fsdp__sha256 h;
+    int i;
+    memset(block, 0, sizeof block);
+    if (key_size > 64) { /* long keys are hashed first */
+        fsdp__sha256_init(&h);
+        fsdp__sha256_update(&h, key, key_size);
+        fsdp__sha256_final(&h, block);
+    } else if (key_size) {
+        memcpy(block, key, key_size);
+    }
+    for (i = 0; i < 64; i++) block[i] ^= 0x36;
+    fsdp__sha256_init(&h);
+    fsdp__sha256_update(&h, block, 64);
+    for (i = 0; i < n; i++) fsdp__sha256_update(&h, data[i], size[i]);
+    fsdp__sha256_final(&h, inner);
+    for (i = 0; i < 64; i++) block[i] ^= 0x36 ^ 0x5c;
+    fsdp__sha256_init(&h);
+    fsdp__sha256_update(&h, block, 64);
+    fsdp__sha256_update(&h, inner, 32);
+    fsdp__sha256_final(&h, out);
+    memset(block, 0, sizeof block);
+    memset(inner, 0, sizeof inner);
+}
+
+/* The job's key: HMAC-SHA256(secret, label | job), so jobs that share a secret still have
+   different keys, and nothing about the secret can be learned from the key. */
+FSDP__PRIVATE void fsdp__comm_key(unsigned char key[32], const void *secret, size_t secret_size, const char *label,
+                                  const char *job) {
+    const void *parts[2];
+    size_t sizes[2];
+    parts[0] = label;
+    sizes[0] = strlen(label) + 1;
+    parts[1] = job;
+    sizes[1] = strlen(job);
+    fsdp__hmac_sha256(key, secret, secret_size, 2, parts, sizes);
+}
+
+/* 1 if the n bytes agree; the time taken does not depend on where they differ. */
+FSDP__PRIVATE int fsdp__equal_ct(const void *a, const void *b, size_t n) {
+    const volatile unsigned char *x = (const volatile unsigned char *)a, *y = (const volatile unsigned char *)b;
+    unsigned char diff = 0;
+    size_t i;
+    for (i = 0; i < n; i++) diff |= (unsigned char)(x[i] ^ y[i]);
+    return diff == 0;
+}
+
+/* Overwrites a secret's bytes in a way the compiler may not drop. */
+FSDP__PRIVATE void fsdp__wipe(void *p, size_t n) {
+    volatile unsigned char *v = (volatile unsigned char *)p;
+    while (n--) *v++ = 0;
+}
+
+/* Fills out with bytes from the kernel's random generator; 0 on success. */
+FSDP__PRIVATE int fsdp__random_bytes(void *out, size_t n) {
+    unsigned char *p = (unsigned char *)out;
+    size_t done = 0;
+    int fd;
+#if defined(__linux__) && defined(SYS_getrandom)
+    while (done < n) {
+        long got = syscall(SYS_getrandom, p + done, n - done, 0);
+        if (got > 0) done += (size_t)got;
+        else if (got < 0 && errno != EINTR) break;
+    }
+    if (done == n) return 0;
+#endif
+    fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    while (done < n) {
+        ssize_t got = read(fd, p + done, n - done);
+        if (got > 0) done += (size_t)got;
+        else if (got == 0 || errno != EINTR) break;
+    }
+    close(fd);
+    return done == n ? 0 : -1;
+}
+
+/* Reads the job's secret from FSDP_SECRET_FILE's file: a regular file (no FIFO or device to
+   hang on) that only its owner, this user, can read, holding 1..size-1 bytes; one trailing
+   newline is dropped. 0, or -1 with the reason in err (which never shows the file's bytes). */
+FSDP__PRIVATE int fsdp__read_secret_file(const char *path, char *secret, size_t size, char *err, size_t err_size) {
+    struct stat st;
+    ssize_t got = 0;
+    size_t n = 0;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        fsdp__fmt(err, err_size, "environment variable FSDP_SECRET_FILE=%.200s: cannot open it: %s", path, strerror(errno));
+        return -1;
+    }
+    memset(&st, 0, sizeof st);
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
+        fsdp__fmt(err, err_size, "environment variable FSDP_SECRET_FILE=%.200s: %s", path,
+                  !S_ISREG(st.st_mode) ? "not a regular file"
+                  : st.st_uid != geteuid() ? "owned by another user"
+                                           : "group or others may read it (chmod 600 it)");
+        close(fd);
+        return -1;
+    }
+    while (n < size && (got = read(fd, secret + n, size - n)) != 0) {
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) break;
+        n += (size_t)got;
+    }
+    close(fd);
+    if (n > 0 && secret[n - 1] == '\n') n--;
+    if (got < 0 || n == 0 || n >= size) {
+        fsdp__fmt(err, err_size, "environment variable FSDP_SECRET_FILE=%.200s: %s", path,
+                  got < 0 ? "read failed" : n == 0 ? "the file is empty" : "the secret is longer than 1024 bytes");
+        fsdp__wipe(secret, size);
+        return -1;
+    }
+    secret[n] = 0;
+    if (memchr(secret, 0, n)) {
+        fsdp__fmt(err, err_size, "environment variable FSDP_SECRET_FILE=%.200s: the secret holds a NUL byte", path);
+        fsdp__wipe(secret, size);
+        return -1;
+    }
+    return 0;
+}
+
+/* ============================================================================================
+   >>collectives
+   The communicator every backend shares: its state and failure, the checked dispatch of an
+   op to the backend, the spin policy of waits, copies, fsdp_comm_alloc memory and the
+   topology (which ranks share a host).
+   ============================================================================================ */
 /* What every rank must agree on for one op; compared byte for byte across ranks. */
 typedef struct fsdp__fingerprint {
     uint64_t seq;
@@ -1804,6 +1802,8 @@ typedef struct fsdp__region {
    returned by fsdp_comm_last_error(NULL). */
 static __thread char fsdp__init_error[FSDP__ERRMSG];
 
+typedef struct fsdp__transport fsdp__transport;
+
 struct fsdp_comm {
     int rank, world, local_rank, local_world;
     int crowd;              /* ranks of the job on this host: of this comm, or of the one it was split from */
@@ -1811,7 +1811,8 @@ struct fsdp_comm {
     int two_level;          /* reductions fold inside hosts, then across hosts (fsdp_comm_hierarchical) */
     int *host_of;           /* host of every rank; NULL where unknown (user backends) */
     fsdp_backend_kind kind;
-    const fsdp_backend *backend;
+    const fsdp__transport *transport; /* what carries the ops: its row (below) */
+    const fsdp_backend *backend;      /* its ops: &transport->ops, or a user backend's table */
     void *impl;
     int timeout_ms;
     uint64_t seq;
@@ -1829,14 +1830,65 @@ struct fsdp_comm {
     uint32_t allocations;   /* fsdp_comm_alloc calls so far */
 };
 
+/* What a backend's create is handed besides the description: what the launcher's parent
+   process prepared before it forked (fsdp_launch: a segment mapped for every rank (shm), a
+   listener on loopback (socket; rank 0's) and its port), or what a split made. A create takes
+   ownership of listen_fd (and sets it to -1) if it uses it. */
+typedef struct fsdp__inherit {
+    void *mapping;
+    size_t map_bytes;
+    int listen_fd;
+    int port;
+    void *engine_comm;      /* a split's engine communicator the new comm takes over (MPI: an MPI_Comm *) */
+} fsdp__inherit;
+
+/* A split the members agreed on (fsdp_comm_split), for the parent's transport to carry out. */
+typedef struct fsdp__split {
+    fsdp_split_info info;   /* color, key, this rank's new rank and the new world, parent ranks */
+    int leader;             /* the parent rank that becomes rank 0 */
+    fsdp_comm_desc desc;    /* the new comm: backend (the parent's, or shm for one host), rank, world, job */
+} fsdp__split;
+
+/* Everything the library knows about a transport, one row per transport, defined at the end of
+   its own section; >>backends lists the rows that fsdp_comm_init can make. Hooks may be NULL. */
+struct fsdp__transport {
+    fsdp_backend ops;           /* name, ops, abort, destroy (a user backend's comm: its own table) */
+    fsdp_backend_kind kind;     /* fsdp_comm_backend() of its comms */
+    const char *name;           /* fsdp_backend_name(kind); FSDP_BACKEND=name where FSDP__CAP_ENV */
+    unsigned caps;              /* FSDP__CAP_* */
+    int max_world;              /* the most ranks it serves (0: no limit) */
+    /* Joins comm's peers (rank, world, key, timeout, logger are set): sets comm->backend and
+       comm->impl, and learns the topology (fsdp__comm_topology). */
+    int (*create)(fsdp_comm *comm, const fsdp_comm_desc *desc, fsdp__inherit *inherit);
+    /* Makes sp->desc's comm from the parent (collective over the parent: every rank calls it). */
+    int (*split)(fsdp_comm *parent, fsdp__split *sp, fsdp_comm **out);
+    /* Where the comm's waits keep how many seconds they spin before they yield (NULL: none). */
+    double *(*spin)(const fsdp_comm *comm);
+    /* The comm of this rank's host inside a comm over hosts: it shares fsdp_comm_alloc memory
+       and the timeout. NULL: none. */
+    fsdp_comm *(*host_part)(const fsdp_comm *comm);
+    /* Makes fsdp_comm_alloc memory readable by the peers (collective; NULL: ordinary memory). */
+    int (*share)(fsdp_comm *comm, fsdp__region *region);
+    /* fsdp_comm_init_from_env: 1 if this transport is the default for this environment (the
+       first row, in table order, that says so wins), and what it needs from the environment. */
+    int (*env_claims)(const fsdp_comm_desc *desc);
+    int (*env_read)(fsdp_comm_desc *desc, char *scratch, size_t scratch_size, char *err, size_t err_size);
+    /* fsdp_launch: the parent's preparation before fork (NULL: not launchable), and how a
+       rank's failure reaches the others through it. */
+    int (*launch_prepare)(fsdp__inherit *inherit, const fsdp_launch_desc *desc, char *err, size_t err_size);
+    void (*launch_abort)(fsdp__inherit *inherit, int nprocs, const char *why);
+};
+
+#define FSDP__CAP_ENV 1u       /* FSDP_BACKEND=<name> selects it */
+#define FSDP__CAP_DEADLINE 2u  /* every op ends by its timeout: a waiting thread may run an op itself */
+#define FSDP__CAP_OWN_RANKS 4u /* learns rank and world size itself (MPI): the description's are checks */
+#define FSDP__MAX_WORLD 256    /* the shipped backends' limit (their folds take per-rank arrays of this size) */
+
+FSDP__PRIVATE const fsdp__transport *fsdp__transport_of(fsdp_backend_kind kind);
+
 FSDP_API const char *fsdp_backend_name(fsdp_backend_kind kind) {
-    switch (kind) {
-        case FSDP_BACKEND_SHM: return "shm";
-        case FSDP_BACKEND_SOCKET: return "socket";
-        case FSDP_BACKEND_MPI: return "mpi";
-        case FSDP_BACKEND_USER: return "user";
-        default: return "default";
-    }
+    const fsdp__transport *t = fsdp__transport_of(kind);
+    return t ? t->name : "default";
 }
 
 FSDP_API const char *fsdp_coll_name(fsdp_coll_kind kind) {
@@ -1978,12 +2030,21 @@ FSDP__PRIVATE int fsdp__default_timeout(void) {
     return FSDP__DEFAULT_TIMEOUT_MS;
 }
 
-FSDP__PRIVATE fsdp_comm *fsdp__hier_local(const fsdp_comm *comm);
+/* The comm of this rank's host inside a comm over hosts, or NULL. */
+static fsdp_comm *fsdp__host_part(const fsdp_comm *comm) {
+    return comm && comm->transport && comm->transport->host_part ? comm->transport->host_part(comm) : NULL;
+}
 
 FSDP_API void fsdp_comm_set_timeout(fsdp_comm *comm, int timeout_ms) {
-    fsdp_comm *local = fsdp__hier_local(comm); /* a hierarchical comm's host part waits as long */
-    if (comm) comm->timeout_ms = timeout_ms > 0 ? timeout_ms : fsdp__default_timeout();
-    if (local) local->timeout_ms = comm->timeout_ms;
+    fsdp_comm *host = fsdp__host_part(comm); /* waits as long */
+    if (!comm) return;
+    comm->timeout_ms = timeout_ms > 0 ? timeout_ms : fsdp__default_timeout();
+    if (host) host->timeout_ms = comm->timeout_ms;
+}
+
+/* 1 if every op of the comm ends by its timeout, so a waiting thread may run one itself. */
+FSDP__PRIVATE int fsdp__comm_keeps_deadline(const fsdp_comm *comm) {
+    return comm && comm->transport && (comm->transport->caps & FSDP__CAP_DEADLINE);
 }
 
 /* Checks arguments (an invalid call does not poison the comm), stamps the op and runs it. */
@@ -2173,6 +2234,292 @@ FSDP__PRIVATE int fsdp__init_fail(const fsdp_logger *logger, int code, const cha
     va_end(ap);
     fsdp__log(logger, FSDP_LOG_ERROR, "%s", fsdp__init_error);
     return code;
+}
+
+FSDP__PRIVATE int fsdp__online_cpus(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/* How long waits spin before they yield and sleep, with this many ranks of the job on the host:
+   50 us while each can have a core, else not at all. FSDP_SPIN=0 never spins, =1 always does,
+   for what the process cannot see (CPU quotas, other jobs on the same cores). */
+FSDP__PRIVATE double fsdp__spin_seconds(int ranks) {
+    const char *env = getenv("FSDP_SPIN");
+    if (env && strcmp(env, "0") == 0) return 0;
+    if (env && strcmp(env, "1") == 0) return 50e-6;
+    return ranks <= fsdp__online_cpus() ? 50e-6 : 0;
+}
+
+/* Where the comm's waits keep how long they spin, or NULL (one rank, or a transport that
+   never spins). */
+static double *fsdp__spin_of(const fsdp_comm *comm) {
+    return comm && comm->impl && comm->transport && comm->transport->spin ? comm->transport->spin(comm) : NULL;
+}
+
+/* Once a comm is made, its waits spin by the whole job's ranks on this host, not only its own:
+   a split's few ranks share the cores with the rest of the job. */
+FSDP__PRIVATE void fsdp__comm_spin_if_room(fsdp_comm *comm) {
+    double *spin = fsdp__spin_of(comm);
+    if (spin) *spin = fsdp__spin_seconds(comm->crowd);
+}
+
+FSDP_API int fsdp_comm_spins(const fsdp_comm *comm) {
+    const double *spin = fsdp__spin_of(comm);
+    return spin && *spin > 0;
+}
+
+FSDP__PRIVATE void fsdp__cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Outputs of large collectives are written with non-temporal stores: they would only evict
+   the cache on their way to memory, and skipping the read-for-ownership makes the copy about
+   1.5x faster on a memory-bound host. Smaller outputs stay in cache for the consumer. */
+#define FSDP__STREAM_MIN_BYTES ((size_t)8 << 20)
+
+#if FSDP__HAVE_STREAM_AVX2
+/* 64-byte blocks with 32-byte non-temporal stores; d is 32-byte aligned. On this project's
+   machines they copy large buffers about a quarter faster than 16-byte ones. */
+__attribute__((target("avx2"))) static void fsdp__stream_blocks_avx2(char *d, const char *s, size_t blocks) {
+    size_t i;
+    for (i = 0; i < blocks; i++, d += 64, s += 64) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)s), b = _mm256_loadu_si256((const __m256i *)(s + 32));
+        _mm256_stream_si256((__m256i *)d, a);
+        _mm256_stream_si256((__m256i *)(d + 32), b);
+    }
+}
+
+/* -1: not asked yet (racing first callers store the same answer); 0: SSE2; 1: AVX2. The tests
+   set 0 to cover the SSE2 kernel on machines with AVX2. */
+static int fsdp__stream_avx2 = -1;
+
+static int fsdp__have_avx2(void) {
+    int v = __atomic_load_n(&fsdp__stream_avx2, __ATOMIC_RELAXED);
+    if (v < 0) {
+        v = __builtin_cpu_supports("avx2") ? 1 : 0;
+        __atomic_store_n(&fsdp__stream_avx2, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+#endif
+
+FSDP__PRIVATE void fsdp__copy_out(void *dst, const void *src, size_t n, int stream) {
+#if FSDP__HAVE_STREAM
+    if (stream && n >= 256) {
+        char *d = (char *)dst;
+        const char *s = (const char *)src;
+        size_t head, i, blocks;
+#if FSDP__HAVE_STREAM_AVX2
+        if (fsdp__have_avx2()) {
+            head = (32 - ((uintptr_t)d & 31)) & 31;
+            memcpy(d, s, head);
+            blocks = (n - head) / 64;
+            fsdp__stream_blocks_avx2(d + head, s + head, blocks);
+            memcpy(d + head + blocks * 64, s + head + blocks * 64, (n - head) % 64);
+            return;
+        }
+#endif
+        head = (16 - ((uintptr_t)d & 15)) & 15;
+        memcpy(d, s, head);
+        d += head;
+        s += head;
+        n -= head;
+        blocks = n / 64;
+        for (i = 0; i < blocks; i++, d += 64, s += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)s), b = _mm_loadu_si128((const __m128i *)(s + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(s + 32)), e = _mm_loadu_si128((const __m128i *)(s + 48));
+            _mm_stream_si128((__m128i *)d, a);
+            _mm_stream_si128((__m128i *)(d + 16), b);
+            _mm_stream_si128((__m128i *)(d + 32), c);
+            _mm_stream_si128((__m128i *)(d + 48), e);
+        }
+        memcpy(d, s, n % 64);
+        return;
+    }
+#else
+    (void)stream;
+#endif
+    memcpy(dst, src, n);
+}
+
+/* Orders non-temporal stores before anything that tells another thread the data is there. */
+static inline void fsdp__stream_fence(void) {
+#if FSDP__HAVE_STREAM
+    _mm_sfence();
+#endif
+}
+
+/* The comm's documented reduction of its ranks' inputs (srcs in rank order), for backends that
+   fold after moving the data (the MPI bridge): rank order, or with the two-level order each
+   host's ranks in rank order, the partial rounded to the dtype (as a hierarchical op sends it),
+   then the hosts in host order. scratch: num_hosts * count elements of dtype. */
+FSDP__PRIVATE void fsdp__reduce_layout(const fsdp_comm *comm, void *dst, const void *const *srcs, size_t count,
+                                       fsdp_dtype dtype, fsdp_reduce_op op, char *scratch) {
+    const void *mine[FSDP__MAX_WORLD], *partials[FSDP__MAX_WORLD];
+    size_t bytes = count * fsdp_dtype_size(dtype);
+    int h, r, n;
+    if (!comm->two_level) {
+        fsdp_reduce_ranks(dst, srcs, comm->world, count, dtype, op, comm->world);
+        return;
+    }
+    for (h = 0; h < comm->num_hosts; h++) {
+        for (r = 0, n = 0; r < comm->world; r++)
+            if (comm->host_of[r] == h) mine[n++] = srcs[r];
+        fsdp_reduce_ranks(scratch + (size_t)h * bytes, mine, n, count, dtype, op == FSDP_MAX ? FSDP_MAX : FSDP_SUM, 1);
+        partials[h] = scratch + (size_t)h * bytes;
+    }
+    fsdp_reduce_ranks(dst, partials, comm->num_hosts, count, dtype, op, comm->world);
+}
+
+/* What makes ranks "one host" for fsdp.h: they can share memory through the same /dev/shm.
+   Learned from facts, not from LOCAL_WORLD_SIZE: a digest of the host name, the boot id, the
+   device and inode of the /dev/shm this process sees, and its network namespace, so ranks in
+   different network or mount namespaces (containers, test hosts) count as different hosts. */
+FSDP__PRIVATE void fsdp__host_facts(unsigned char out[32]) {
+    char name[256] = "", boot[64] = "", net[64] = "";
+    struct stat st;
+    unsigned long long dev = 0, ino = 0;
+    fsdp__sha256 h;
+    ssize_t got;
+    int fd;
+    gethostname(name, sizeof name - 1);
+    if ((fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC)) >= 0) {
+        if ((got = read(fd, boot, sizeof boot - 1)) > 0) boot[got] = 0;
+        close(fd);
+    }
+    if ((got = readlink("/proc/self/ns/net", net, sizeof net - 1)) > 0) net[got] = 0;
+    if (stat("/dev/shm", &st) == 0) {
+        dev = (unsigned long long)st.st_dev;
+        ino = (unsigned long long)st.st_ino;
+    }
+    fsdp__sha256_init(&h);
+    fsdp__sha256_update(&h, "fsdp.h host", 12);
+    fsdp__sha256_update(&h, name, strlen(name) + 1);
+    fsdp__sha256_update(&h, boot, strlen(boot) + 1);
+    fsdp__sha256_update(&h, net, strlen(net) + 1);
+    fsdp__sha256_update(&h, &dev, sizeof dev);
+    fsdp__sha256_update(&h, &ino, sizeof ino);
+    fsdp__sha256_final(&h, out);
+}
+
+/* Sets host_of, num_hosts, host, local_rank and local_world. With everyone = 1 (one shm
+   segment) the ranks are one host by construction; else they all-gather their host facts
+   (collective: the comm's first op). */
+FSDP__PRIVATE int fsdp__comm_topology(fsdp_comm *comm, int everyone) {
+    unsigned char *all = NULL, mine[32];
+    int r, q, rc = 0;
+    if (!(comm->host_of = (int *)fsdp__calloc(sizeof(int) * (size_t)comm->world))) return FSDP_ERR_OUT_OF_MEMORY;
+    if (!everyone && comm->world > 1) {
+        if (!(all = (unsigned char *)FSDP_MALLOC(16 * (size_t)comm->world))) return FSDP_ERR_OUT_OF_MEMORY;
+        fsdp__host_facts(mine);
+        rc = fsdp__collective_tagged(comm, FSDP_COLL_ALL_GATHER, mine, all, 4, FSDP_F32, FSDP_SUM, 0x70b0u);
+        for (r = 0; !rc && r < comm->world; r++) { /* host numbers in order of their lowest rank */
+            comm->host_of[r] = -1;
+            for (q = 0; q < r && comm->host_of[r] < 0; q++)
+                if (memcmp(all + 16 * (size_t)r, all + 16 * (size_t)q, 16) == 0) comm->host_of[r] = comm->host_of[q];
+            if (comm->host_of[r] < 0) comm->host_of[r] = comm->num_hosts++;
+        }
+        FSDP_FREE(all);
+        if (rc) return rc;
+    } else {
+        comm->num_hosts = 1;
+    }
+    comm->host = comm->host_of[comm->rank];
+    comm->local_rank = comm->local_world = 0;
+    for (r = 0; r < comm->world; r++)
+        if (comm->host_of[r] == comm->host) comm->local_rank += r < comm->rank, comm->local_world++;
+    /* the two-level order needs several hosts, several ranks on some, ranks numbered host by host */
+    comm->two_level = comm->num_hosts > 1 && comm->num_hosts < comm->world &&
+                      !(getenv("FSDP_HIERARCHICAL") && strcmp(getenv("FSDP_HIERARCHICAL"), "0") == 0);
+    for (r = 1; r < comm->world; r++)
+        if (comm->host_of[r] != comm->host_of[r - 1] && comm->host_of[r] != comm->host_of[r - 1] + 1) comm->two_level = 0;
+    return 0;
+}
+
+/* fsdp__comm_topology for a comm being made: a failure is the init's, and says so. */
+FSDP__PRIVATE int fsdp__comm_learn_topology(fsdp_comm *comm, int everyone) {
+    int rc = fsdp__comm_topology(comm, everyone);
+    if (rc)
+        fsdp__init_fail(&comm->logger, rc, "fsdp_comm_init: rank %d could not learn which ranks share its host: %s",
+                        comm->rank, rc == FSDP_ERR_OUT_OF_MEMORY ? "out of memory" : comm->error);
+    return rc;
+}
+
+/* Creates a communicator (>>backends); the backends' splits make theirs with it too. */
+FSDP__PRIVATE int fsdp__comm_create(fsdp_comm **out, const fsdp_comm_desc *desc, const fsdp_comm *parent,
+                                    fsdp__inherit *inherit);
+
+/* The shared fsdp_comm_alloc region holding [ptr, ptr + bytes), or NULL. */
+FSDP__PRIVATE const fsdp__region *fsdp__shared_region(const fsdp_comm *comm, const void *ptr, size_t bytes) {
+    const fsdp__region *r;
+    const char *at = (const char *)ptr;
+    if (!ptr) return NULL;
+    for (r = comm->regions; r; r = r->next)
+        if (r->peer_base && at >= r->base && bytes <= r->bytes && (size_t)(at - r->base) <= r->bytes - bytes) return r;
+    return NULL;
+}
+
+FSDP_API int fsdp_comm_alloc(fsdp_comm *comm, size_t bytes, void **out) {
+    fsdp__region *r;
+    fsdp_comm *host;
+    int rc = 0;
+    if (out) *out = NULL;
+    if (!comm || !out) return FSDP_ERR_INVALID_ARG;
+    if (bytes > SIZE_MAX / 2) {
+        fsdp__log(&comm->logger, FSDP_LOG_ERROR, "fsdp_comm_alloc: %zu bytes is too large", bytes);
+        return FSDP_ERR_INVALID_ARG;
+    }
+    if (fsdp__load(&comm->status) != FSDP_SUCCESS) return FSDP_ERR_ABORTED;
+    if ((host = fsdp__host_part(comm)) != NULL) /* shared with the ranks of this host, which read it */
+        return fsdp_comm_alloc(host, bytes, out);
+    if (!(r = (fsdp__region *)fsdp__calloc(sizeof *r))) return FSDP_ERR_OUT_OF_MEMORY;
+    r->bytes = bytes ? bytes : 1;
+    r->id = comm->allocations++;
+    if (comm->transport->share && comm->world > 1 && (rc = comm->transport->share(comm, r)) != 0) {
+        FSDP_FREE(r);
+        return rc;
+    }
+    if (!r->base) { /* ordinary memory, 64-byte aligned */
+        if (!(r->raw = FSDP_MALLOC(r->bytes + 64))) {
+            FSDP_FREE(r);
+            return FSDP_ERR_OUT_OF_MEMORY;
+        }
+        r->base = (char *)r->raw + (64 - (uintptr_t)r->raw % 64);
+        memset(r->base, 0, r->bytes);
+    }
+    r->next = comm->regions;
+    comm->regions = r;
+    *out = r->base;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API void fsdp_comm_free(fsdp_comm *comm, void *ptr) {
+    fsdp__region **at;
+    fsdp_comm *host = fsdp__host_part(comm);
+    if (!comm || !ptr) return;
+    if (host) {
+        fsdp_comm_free(host, ptr);
+        return;
+    }
+    for (at = &comm->regions; *at; at = &(*at)->next)
+        if ((*at)->base == (char *)ptr) {
+            fsdp__region *r = *at;
+            *at = r->next;
+            fsdp__region_release(r, comm->world);
+            return;
+        }
+    fsdp__log(&comm->logger, FSDP_LOG_ERROR, "fsdp_comm_free: %p is not memory from fsdp_comm_alloc on this comm", ptr);
+}
+
+FSDP_API int fsdp_comm_is_shared(const fsdp_comm *comm, const void *ptr, size_t bytes) {
+    fsdp_comm *host = fsdp__host_part(comm);
+    if (host) return fsdp_comm_is_shared(host, ptr, bytes);
+    return comm && fsdp__shared_region(comm, ptr, bytes) != NULL;
 }
 
 /* ============================================================================================
@@ -2466,17 +2813,6 @@ FSDP__PRIVATE int fsdp__shm_round_begin(fsdp_comm *comm, fsdp__shm *s, const fsd
     return 0;
 }
 
-/* The shared fsdp_comm_alloc region holding [ptr, ptr + bytes), or NULL. */
-FSDP__PRIVATE const fsdp__region *fsdp__shared_region(const fsdp_comm *comm, const void *ptr, size_t bytes) {
-    const fsdp__region *r;
-    const char *at = (const char *)ptr;
-    if (!ptr) return NULL;
-    for (r = comm->regions; r; r = r->next)
-        if (r->peer_base && at >= r->base && bytes <= r->bytes && (size_t)(at - r->base) <= r->bytes - bytes) return r;
-    return NULL;
-}
-
-
 /* How this rank offers a buffer of an op to its peers: staged in its slots (neither set), from
    fsdp_comm_alloc memory the peers map (region), or straight from its own memory, which peers
    read with process_vm_readv (base, length). In the last two cases there is nothing to stage,
@@ -2715,7 +3051,7 @@ FSDP__PRIVATE int fsdp__shm_reduce_scatter(fsdp_comm *comm, void *impl, const fs
     size_t stride = s->stride ? s->stride : bytes;
     int P = comm->world, me = comm->rank, p;
     const char *send = (const char *)c->send;
-    const void *srcs[256];
+    const void *srcs[FSDP__MAX_WORLD];
     fsdp__shm_offer offer = fsdp__shm_offer_of(comm, s, send, (size_t)(P - 1) * stride + bytes, bytes * (size_t)P, 0);
     do {
         size_t len = bytes - off < piece ? bytes - off : piece;
@@ -2748,7 +3084,7 @@ FSDP__PRIVATE int fsdp__shm_all_reduce(fsdp_comm *comm, void *impl, const fsdp_c
     int P = comm->world, me = comm->rank, p, stream = count * esize >= FSDP__STREAM_MIN_BYTES;
     const char *send = (const char *)c->send, *src;
     char *recv = (char *)c->recv;
-    const void *srcs[256];
+    const void *srcs[FSDP__MAX_WORLD];
     /* peers may read my send in the reducing rounds and my recv in the gathering rounds */
     fsdp__shm_offer offer_send = fsdp__shm_offer_of(comm, s, send, count * esize, count * esize, 0);
     fsdp__shm_offer offer_recv = fsdp__shm_offer_of(comm, s, recv, count * esize, count * esize, 1);
@@ -2878,10 +3214,6 @@ FSDP__PRIVATE void fsdp__shm_destroy(fsdp_comm *comm, void *impl) {
     if (s->header && s->owns_mapping) munmap((void *)s->header, s->map_bytes);
     FSDP_FREE(s);
 }
-
-static const fsdp_backend fsdp__shm_backend = {
-    "shm", fsdp__shm_all_gather, fsdp__shm_reduce_scatter, fsdp__shm_all_reduce, fsdp__shm_broadcast,
-    fsdp__shm_barrier, fsdp__shm_abort, fsdp__shm_destroy, 0};
 
 /* Why a shared-memory file opened by name is not one this user's job made (NULL if it may be):
    it must be a regular file of this user with mode 0600, as every rank creates them. */
@@ -3152,119 +3484,197 @@ FSDP__PRIVATE int fsdp__shm_init_mapped(fsdp_comm *comm, void *mapping, size_t m
     s->slot_bytes = slot_bytes;
     s->single_copy_wanted = single_copy;
     fsdp__copy_string(s->name, sizeof s->name, "(launcher)");
-    comm->backend = &fsdp__shm_backend;
-    comm->impl = s;
-    if ((rc = fsdp__shm_join(comm, s, 0)) != 0) { comm->backend = NULL; FSDP_FREE(s); comm->impl = NULL; }
+    if ((rc = fsdp__shm_join(comm, s, 0)) != 0) FSDP_FREE(s);
+    else comm->impl = s;
     return rc;
 }
 
+/* Rank 0 makes the segment: a new name (O_EXCL), mode 0600, every byte reserved now so that a
+   full /dev/shm is an error here and not a crash later. The descriptor, or -1. */
+FSDP__PRIVATE int fsdp__shm_make_segment(fsdp_comm *comm, const fsdp__shm *s, int *rc) {
+    int fd = shm_open(s->name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
+        *rc = fsdp__init_fail(&comm->logger, errno == EEXIST ? FSDP_ERR_STATE : FSDP_ERR_SYSTEM,
+                              "shm: cannot create /dev/shm%s: %s%s", s->name, strerror(errno),
+                              errno == EEXIST ? " (another job with this job token and secret is running, one "
+                                                "crashed during init, or someone else created the name first: "
+                                                "use another FSDP_JOB or FSDP_SECRET, or remove the file)"
+                                              : "");
+        return -1;
+    }
+    fchmod(fd, 0600); /* whatever the umask: peers accept nothing else */
+    if (ftruncate(fd, (off_t)s->map_bytes) != 0 || (errno = posix_fallocate(fd, 0, (off_t)s->map_bytes)) != 0) {
+        int err = errno;
+        *rc = fsdp__init_fail(&comm->logger, err == ENOSPC ? FSDP_ERR_NO_SPACE : FSDP_ERR_SYSTEM,
+                              "shm: cannot reserve %.1f MiB in /dev/shm for %d ranks: %s (free space in "
+                              "/dev/shm, or lower shm_slot_bytes)",
+                              (double)s->map_bytes / 1048576.0, comm->world, strerror(err));
+        shm_unlink(s->name);
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* The other ranks wait for rank 0's segment to appear at its full size, and refuse one this
+   user's job did not make. The descriptor, or -1. */
+FSDP__PRIVATE int fsdp__shm_open_segment(fsdp_comm *comm, const fsdp__shm *s, int64_t deadline, int *rc) {
+    for (;;) {
+        int fd = shm_open(s->name, O_RDWR | O_NOFOLLOW, 0600);
+        if (fd >= 0) {
+            struct stat st;
+            char why[160];
+            if (fsdp__shm_foreign(fd, why, sizeof why)) {
+                *rc = fsdp__init_fail(&comm->logger, FSDP_ERR_REJECTED,
+                                      "shm: rank %d refuses /dev/shm%s: %s (this job's rank 0 did not make it)",
+                                      comm->rank, s->name, why);
+                close(fd);
+                return -1;
+            }
+            if (fstat(fd, &st) == 0 && (size_t)st.st_size >= s->map_bytes) return fd;
+            close(fd);
+        } else if (errno != ENOENT) {
+            *rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "shm: cannot open /dev/shm%s: %s", s->name,
+                                  strerror(errno));
+            return -1;
+        }
+        if (fsdp__now_ms() >= deadline) {
+            *rc = fsdp__init_fail(&comm->logger, FSDP_ERR_TIMEOUT,
+                                  "shm: rank %d waited %d ms for rank 0 to create /dev/shm%s; is rank 0 "
+                                  "running with the same job token and world size %d?",
+                                  comm->rank, comm->timeout_ms, s->name, comm->world);
+            return -1;
+        }
+        fsdp__sleep_us(2000);
+    }
+}
+
+/* The other ranks wait for rank 0 to write the header, and check that it set up what they expect. */
+FSDP__PRIVATE int fsdp__shm_check_header(fsdp_comm *comm, const fsdp__shm *s, int64_t deadline) {
+    while (fsdp__load(&s->header->magic) != FSDP__SHM_MAGIC) {
+        if (fsdp__now_ms() >= deadline)
+            return fsdp__init_fail(&comm->logger, FSDP_ERR_TIMEOUT, "shm: %s was never initialised by rank 0", s->name);
+        fsdp__sleep_us(1000);
+    }
+    if (s->header->version != FSDP__SHM_VERSION || s->header->world != (uint32_t)comm->world ||
+        s->header->slot_bytes != s->slot_bytes)
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_REJECTED,
+                               "shm %s: rank 0 set up world size %u, slot %llu bytes, version %u; rank %d "
+                               "expected world size %d, slot %zu bytes, version %u",
+                               s->name, s->header->world, (unsigned long long)s->header->slot_bytes,
+                               s->header->version, comm->rank, comm->world, s->slot_bytes, FSDP__SHM_VERSION);
+    return 0;
+}
+
+/* A communicator on a segment in /dev/shm named after the job's key: rank 0 makes it, the
+   others open it, all map it and join. */
 FSDP__PRIVATE int fsdp__shm_init(fsdp_comm *comm, const fsdp_comm_desc *desc) {
     fsdp__shm *s = (fsdp__shm *)fsdp__calloc(sizeof *s);
-    size_t slot = fsdp__shm_slot_bytes(desc->shm_slot_bytes);
-    size_t total = fsdp__shm_layout(comm->world, slot, NULL, NULL);
-    int fd = -1, rc = 0;
     int64_t deadline = fsdp__now_ms() + comm->timeout_ms;
-    void *base = MAP_FAILED;
+    int fd, rc = 0;
+    void *base;
     if (!s) return fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "shm: out of memory");
     fsdp__shm_name(s->name, sizeof s->name, comm);
-    s->slot_bytes = slot;
+    s->slot_bytes = fsdp__shm_slot_bytes(desc->shm_slot_bytes);
     s->single_copy_wanted = desc->shm_single_copy;
-    s->map_bytes = total;
+    s->map_bytes = fsdp__shm_layout(comm->world, s->slot_bytes, NULL, NULL);
     s->owns_mapping = 1;
-    if (comm->rank == 0) {
-        fd = shm_open(s->name, O_RDWR | O_CREAT | O_EXCL, 0600);
-        if (fd < 0) {
-            rc = fsdp__init_fail(&comm->logger, errno == EEXIST ? FSDP_ERR_STATE : FSDP_ERR_SYSTEM,
-                                 "shm: cannot create /dev/shm%s: %s%s", s->name, strerror(errno),
-                                 errno == EEXIST ? " (another job with this job token and secret is running, one "
-                                                   "crashed during init, or someone else created the name first: "
-                                                   "use another FSDP_JOB or FSDP_SECRET, or remove the file)"
-                                                 : "");
-            goto fail;
-        }
-        fchmod(fd, 0600); /* whatever the umask: peers accept nothing else */
-        if (ftruncate(fd, (off_t)total) != 0 || (errno = posix_fallocate(fd, 0, (off_t)total)) != 0) {
-            int err = errno;
-            rc = fsdp__init_fail(&comm->logger, err == ENOSPC ? FSDP_ERR_NO_SPACE : FSDP_ERR_SYSTEM,
-                                 "shm: cannot reserve %.1f MiB in /dev/shm for %d ranks: %s (free space in "
-                                 "/dev/shm, or lower shm_slot_bytes)",
-                                 (double)total / 1048576.0, comm->world, strerror(err));
-            shm_unlink(s->name);
-            goto fail;
-        }
-    } else {
-        for (;;) { /* rank 0 creates it; wait for the name, then for the header */
-            fd = shm_open(s->name, O_RDWR | O_NOFOLLOW, 0600);
-            if (fd >= 0) {
-                struct stat st;
-                char why[160];
-                if (fsdp__shm_foreign(fd, why, sizeof why)) {
-                    rc = fsdp__init_fail(&comm->logger, FSDP_ERR_REJECTED,
-                                         "shm: rank %d refuses /dev/shm%s: %s (this job's rank 0 did not make it)",
-                                         comm->rank, s->name, why);
-                    goto fail;
-                }
-                if (fstat(fd, &st) == 0 && (size_t)st.st_size >= total) break;
-                close(fd);
-                fd = -1;
-            } else if (errno != ENOENT) {
-                rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "shm: cannot open /dev/shm%s: %s", s->name,
-                                     strerror(errno));
-                goto fail;
-            }
-            if (fsdp__now_ms() >= deadline) {
-                rc = fsdp__init_fail(&comm->logger, FSDP_ERR_TIMEOUT,
-                                     "shm: rank %d waited %d ms for rank 0 to create /dev/shm%s; is rank 0 "
-                                     "running with the same job token and world size %d?",
-                                     comm->rank, comm->timeout_ms, s->name, comm->world);
-                goto fail;
-            }
-            fsdp__sleep_us(2000);
-        }
+    fd = comm->rank == 0 ? fsdp__shm_make_segment(comm, s, &rc) : fsdp__shm_open_segment(comm, s, deadline, &rc);
+    if (fd < 0) {
+        FSDP_FREE(s);
+        return rc;
     }
-    base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    base = mmap(NULL, s->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
-    fd = -1;
     if (base == MAP_FAILED) {
         rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "shm: cannot map %s: %s", s->name, strerror(errno));
         if (comm->rank == 0) shm_unlink(s->name);
-        goto fail;
+        FSDP_FREE(s);
+        return rc;
     }
     s->header = (fsdp__shm_header *)base;
-    if (comm->rank == 0) {
-        fsdp__shm_header_init(base, comm->world, slot, total, s->name);
-    } else {
-        while (fsdp__load(&s->header->magic) != FSDP__SHM_MAGIC) {
-            if (fsdp__now_ms() >= deadline) {
-                rc = fsdp__init_fail(&comm->logger, FSDP_ERR_TIMEOUT, "shm: %s was never initialised by rank 0", s->name);
-                goto fail;
-            }
-            fsdp__sleep_us(1000);
-        }
-        if (s->header->version != FSDP__SHM_VERSION || s->header->world != (uint32_t)comm->world ||
-            s->header->slot_bytes != slot) {
-            rc = fsdp__init_fail(&comm->logger, FSDP_ERR_REJECTED,
-                                 "shm %s: rank 0 set up world size %u, slot %llu bytes, version %u; rank %d "
-                                 "expected world size %d, slot %zu bytes, version %u",
-                                 s->name, s->header->world, (unsigned long long)s->header->slot_bytes,
-                                 s->header->version, comm->rank, comm->world, slot, FSDP__SHM_VERSION);
-            goto fail;
-        }
+    if (comm->rank == 0) fsdp__shm_header_init(base, comm->world, s->slot_bytes, s->map_bytes, s->name);
+    else rc = fsdp__shm_check_header(comm, s, deadline);
+    if (!rc) rc = fsdp__shm_join(comm, s, 1);
+    if (rc) {
+        munmap(base, s->map_bytes);
+        FSDP_FREE(s);
+        return rc;
     }
-    comm->backend = &fsdp__shm_backend;
     comm->impl = s;
-    if ((rc = fsdp__shm_join(comm, s, 1)) != 0) {
-        comm->backend = NULL;
-        comm->impl = NULL;
-        goto fail;
-    }
     return 0;
-fail:
-    if (fd >= 0) close(fd);
-    if (base != MAP_FAILED) munmap(base, total);
-    FSDP_FREE(s);
-    return rc;
 }
+
+/* 1 if /dev/shm, with free_mib MiB free, has room for twice the segment of world ranks with the
+   slots that slot_request asks for (what a host's or a split's shm comm needs). */
+FSDP__PRIVATE int fsdp__shm_fits(int world, size_t slot_request, int32_t free_mib) {
+    return (double)free_mib * 1048576.0 >= 2.0 * (double)fsdp__shm_layout(world, fsdp__shm_slot_bytes(slot_request), NULL, NULL);
+}
+
+/* --- the shm row ---------------------------------------------------------------------------- */
+FSDP__PRIVATE int fsdp__shm_create(fsdp_comm *comm, const fsdp_comm_desc *desc, fsdp__inherit *inherit) {
+    int rc = 0;
+    if (comm->world > 1)
+        rc = inherit && inherit->mapping
+                 ? fsdp__shm_init_mapped(comm, inherit->mapping, inherit->map_bytes,
+                                         fsdp__shm_slot_bytes(desc->shm_slot_bytes), desc->shm_single_copy)
+                 : fsdp__shm_init(comm, desc);
+    return rc ? rc : fsdp__comm_learn_topology(comm, 1); /* one segment: one host */
+}
+
+/* A split of a shm comm is a shm comm with the parent's slots. */
+FSDP__PRIVATE int fsdp__shm_split(fsdp_comm *parent, fsdp__split *sp, fsdp_comm **out) {
+    if (parent->impl) sp->desc.shm_slot_bytes = ((fsdp__shm *)parent->impl)->slot_bytes;
+    return fsdp__comm_create(out, &sp->desc, parent, NULL);
+}
+
+static double *fsdp__shm_spin(const fsdp_comm *comm) { return &((fsdp__shm *)comm->impl)->spin_seconds; }
+
+/* The environment's default when every rank is on this host (LOCAL_WORLD_SIZE == WORLD_SIZE). */
+static int fsdp__shm_env_claims(const fsdp_comm_desc *desc) {
+    return desc->world_size > 0 && desc->local_world_size == desc->world_size ? 2 : 0;
+}
+
+static int fsdp__shm_env_read(fsdp_comm_desc *desc, char *scratch, size_t scratch_size, char *err, size_t err_size) {
+    (void)scratch; (void)scratch_size;
+    if (desc->job && *desc->job) return 0;
+    fsdp__fmt(err, err_size, "environment variable FSDP_JOB is not set (the shm backend names its segment after it; "
+              "MASTER_PORT, TORCHELASTIC_RUN_ID or SLURM_JOB_ID would also do)");
+    return FSDP_ERR_ENV;
+}
+
+/* fsdp_launch maps the segment before fork (anonymous: nothing in /dev/shm); the children
+   inherit it. */
+FSDP__PRIVATE int fsdp__shm_launch_prepare(fsdp__inherit *inherit, const fsdp_launch_desc *desc, char *err, size_t err_size) {
+    size_t slot = fsdp__shm_slot_bytes(desc->shm_slot_bytes);
+    void *mapping;
+    if (desc->nprocs <= 1) return 0;
+    inherit->map_bytes = fsdp__shm_layout(desc->nprocs, slot, NULL, NULL);
+    mapping = mmap(NULL, inherit->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (mapping == MAP_FAILED) {
+        fsdp__fmt(err, err_size, "fsdp_launch: cannot map %.1f MiB of shared memory: %s",
+                  (double)inherit->map_bytes / 1048576.0, strerror(errno));
+        return errno == ENOMEM ? FSDP_ERR_NO_SPACE : FSDP_ERR_SYSTEM;
+    }
+    fsdp__shm_header_init(mapping, desc->nprocs, slot, inherit->map_bytes, "(launcher)");
+    inherit->mapping = mapping;
+    return 0;
+}
+
+/* A launched rank failed: the others learn it at once through the segment. */
+static void fsdp__shm_launch_abort(fsdp__inherit *inherit, int nprocs, const char *why) {
+    char *base = (char *)inherit->mapping;
+    if (!base) return;
+    fsdp__shm_signal_abort((fsdp__shm_header *)base, (fsdp__shm_rank *)(base + fsdp__align(sizeof(fsdp__shm_header), 4096)),
+                           nprocs, -1, FSDP_ERR_PEER_LOST, why);
+}
+
+static const fsdp__transport fsdp__shm_transport = {
+    {"shm", fsdp__shm_all_gather, fsdp__shm_reduce_scatter, fsdp__shm_all_reduce, fsdp__shm_broadcast,
+     fsdp__shm_barrier, fsdp__shm_abort, fsdp__shm_destroy, 0, NULL},
+    FSDP_BACKEND_SHM, "shm", FSDP__CAP_ENV | FSDP__CAP_DEADLINE, FSDP__MAX_WORLD,
+    fsdp__shm_create, fsdp__shm_split, fsdp__shm_spin, NULL, fsdp__shm_share,
+    fsdp__shm_env_claims, fsdp__shm_env_read, fsdp__shm_launch_prepare, fsdp__shm_launch_abort};
 
 /* ============================================================================================
    >>socket
@@ -3959,231 +4369,256 @@ FSDP__PRIVATE void fsdp__store_delete(int fd, const char *key, int64_t deadline)
 /* 1 if the address is on this host's loopback network. */
 static int fsdp__is_loopback(const struct sockaddr_in *a) { return (ntohl(a->sin_addr.s_addr) >> 24) == 127; }
 
-FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, int inherited_listen_fd) {
-    fsdp__sock *s = (fsdp__sock *)fsdp__calloc(sizeof *s);
-    struct sockaddr_in master, local;
-    int64_t deadline = fsdp__now_ms() + comm->timeout_ms;
-    int P = comm->world, me = comm->rank, p, rc = 0, listen_fd = inherited_listen_fd, resolved;
-    uint32_t *ips = NULL, *ports = NULL;
-    unsigned char *nonces = NULL, mac[32];
-    const char *host = desc->master_addr && *desc->master_addr ? desc->master_addr : "127.0.0.1";
+/* The rendezvous of a socket world: where rank 0 listens, the store it may be published in,
+   and what rank 0 collects for everyone: each rank's data listener (ips, ports) and the nonces
+   of its handshake with rank 0 (nonces[64 * rank]: hello's, challenge's), which bind the table
+   of addresses to that handshake. */
+typedef struct fsdp__sock_rdv {
+    struct sockaddr_in master;
+    const char *store_key;      /* NULL: no store (MASTER_ADDR:MASTER_PORT is rank 0's listener) */
+    char store_at[240];         /* "host:port" of the master address, for messages */
+    int store_fd, listen_fd;
+    uint32_t *ips, *ports;
+    unsigned char *nonces;
+} fsdp__sock_rdv;
+
+/* Rank 0 listens (at the master address, or beside the store, publishing where), then admits
+   every other rank. */
+FSDP__PRIVATE int fsdp__sock_rank0_admit(fsdp_comm *comm, fsdp__sock *s, fsdp__sock_rdv *rdv, int64_t deadline) {
+    struct sockaddr_in at = rdv->master;
+    socklen_t len = sizeof at;
     char err[FSDP__ERRMSG], where[96];
-    fsdp__sock_hello hello;
+    int rc;
+    if (rdv->store_key) { /* the port is the store's: listen beside it and say where in the store */
+        if ((rdv->store_fd = fsdp__store_connect(&rdv->master, deadline, rdv->store_at, err, sizeof err)) < 0)
+            return fsdp__init_fail(&comm->logger, FSDP_ERR_PROTOCOL, "socket: rank 0: %s", err);
+        getsockname(rdv->store_fd, (struct sockaddr *)&at, &len);
+        at.sin_port = 0;
+    }
+    if (rdv->listen_fd < 0) rdv->listen_fd = fsdp__sock_listen(&at, comm->world + 8);
+    len = sizeof at;
+    if (rdv->listen_fd < 0 || getsockname(rdv->listen_fd, (struct sockaddr *)&at, &len) != 0)
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM,
+                               "socket: rank 0 cannot listen on %s: %s (MASTER_ADDR must be an address of "
+                               "rank 0's host and MASTER_PORT free)", rdv->store_at, strerror(errno));
+    if (rdv->store_key) {
+        char value[64];
+        fsdp__sock_addr_string(value, sizeof value, &at);
+        if (fsdp__store_set(rdv->store_fd, rdv->store_key, value, deadline) != 0)
+            return fsdp__init_fail(&comm->logger, FSDP_ERR_PROTOCOL,
+                                   "socket: rank 0 could not publish its address in torchrun's store at %s", rdv->store_at);
+    }
+    if (!comm->has_secret && !fsdp__is_loopback(&at)) {
+        char open_port[64];
+        fsdp__sock_addr_string(open_port, sizeof open_port, &at);
+        fsdp__log(&comm->logger, FSDP_LOG_WARN,
+                  "socket: no secret is set (FSDP_SECRET or FSDP_SECRET_FILE): anyone who can reach %s or "
+                  "the ranks' data ports can join this job or feed it data; give every rank the same secret",
+                  open_port);
+    }
+    if (fsdp__random_bytes(s->session, sizeof s->session) != 0)
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "socket: no random bytes: %s", strerror(errno));
+    s->local = at;
+    s->local.sin_port = 0;
+    fsdp__sock_addr_string(rdv->store_at, sizeof rdv->store_at, &at);
+    fsdp__fmt(where, sizeof where, "%s %s", rdv->store_key ? "its listener" : "the master address", rdv->store_at);
+    rc = fsdp__sock_admit(comm, s, rdv->listen_fd, 1, deadline, 1, rdv->ips, rdv->ports, rdv->nonces, where);
+    if (rc && rdv->store_key)
+        fsdp__fmt(fsdp__init_error + strlen(fsdp__init_error), sizeof fsdp__init_error - strlen(fsdp__init_error),
+                  " (published in torchrun's store as '%s')", rdv->store_key);
+    return rc;
+}
+
+/* Rank 0, once everyone is in: welcomes each rank with the session and the table of data
+   addresses, the table mac'd under the nonces of that rank's handshake. */
+FSDP__PRIVATE int fsdp__sock_rank0_welcome(fsdp_comm *comm, fsdp__sock *s, fsdp__sock_rdv *rdv, int64_t deadline) {
+    size_t table = sizeof *rdv->ips * (size_t)comm->world;
+    unsigned char mac[32];
+    int p;
+    for (p = 1; p < comm->world; p++) {
+        fsdp__sock_challenge challenge;
+        fsdp__sock_hello theirs;
+        fsdp__sock_reply reply;
+        memcpy(theirs.nonce, rdv->nonces + 64 * (size_t)p, 32);
+        memcpy(challenge.nonce, rdv->nonces + 64 * (size_t)p + 32, 32);
+        fsdp__sock_make_reply(&reply, comm->key, &theirs, &challenge, 0, "welcome", s->session, 1);
+        fsdp__sock_mac(mac, comm->key, "fsdp.h table", rdv->nonces + 64 * (size_t)p, 64, rdv->ips, table, rdv->ports, table);
+        if (fsdp__sock_io_full(s->peers[p].fd, &reply, sizeof reply, deadline, 1) != 0 ||
+            fsdp__sock_io_full(s->peers[p].fd, rdv->ips, table, deadline, 1) != 0 ||
+            fsdp__sock_io_full(s->peers[p].fd, rdv->ports, table, deadline, 1) != 0 ||
+            fsdp__sock_io_full(s->peers[p].fd, mac, sizeof mac, deadline, 1) != 0)
+            return fsdp__init_fail(&comm->logger, FSDP_ERR_PEER_LOST, "socket: rank %d (%s) went away during the rendezvous",
+                                   p, s->peers[p].addr);
+    }
+    if (rdv->store_fd >= 0) fsdp__store_delete(rdv->store_fd, rdv->store_key, fsdp__now_ms() + 1000); /* it served its turn */
+    return 0;
+}
+
+/* Under torchrun's agent store, the other ranks read rank 0's address from the store. */
+FSDP__PRIVATE int fsdp__sock_store_lookup(fsdp_comm *comm, fsdp__sock_rdv *rdv, int64_t deadline) {
+    char value[64], err[FSDP__ERRMSG], *colon;
+    long port;
+    int got;
+    if ((rdv->store_fd = fsdp__store_connect(&rdv->master, deadline, rdv->store_at, err, sizeof err)) < 0)
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_PROTOCOL, "socket: rank %d: %s", comm->rank, err);
+    got = fsdp__store_get(rdv->store_fd, rdv->store_key, value, sizeof value, deadline);
+    if (got != 0 || !(colon = strrchr(value, ':')) || (*colon = 0, fsdp__parse_int(colon + 1, 1, 65535, &port)) != 0 ||
+        inet_pton(AF_INET, value, &rdv->master.sin_addr) != 1)
+        return fsdp__init_fail(&comm->logger, got == -2 ? FSDP_ERR_TIMEOUT : FSDP_ERR_PROTOCOL,
+                               "socket: rank %d %s key '%.200s' in torchrun's store at %s%s", comm->rank,
+                               got == -2 ? "waited in vain for" : "could not read a valid address from", rdv->store_key,
+                               rdv->store_at, got == -2 ? " (is rank 0 running? torchrun restarts a node only when "
+                               "its own workers fail)" : "");
+    rdv->master.sin_port = htons((uint16_t)port);
+    close(rdv->store_fd);
+    rdv->store_fd = -1;
+    return 0;
+}
+
+/* Another rank joins through rank 0: connects, opens its own data listener, greets rank 0 with
+   its address, and receives the session and the table of every rank's address (checked). */
+FSDP__PRIVATE int fsdp__sock_greet_rank0(fsdp_comm *comm, fsdp__sock *s, fsdp__sock_rdv *rdv, fsdp__sock_hello *hello,
+                                         unsigned char nonces[64], int64_t deadline) {
+    size_t table = sizeof *rdv->ips * (size_t)comm->world;
+    struct sockaddr_in local;
+    socklen_t len = sizeof local;
+    unsigned char mac[32], their_mac[32];
+    char who[96], err[FSDP__ERRMSG];
     fsdp__sock_reply reply;
-    const char *store_key = desc->store_key && *desc->store_key ? desc->store_key : NULL;
-    char store_at[240];
-    int store_fd = -1;
-    if (!s) return fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
+    int fd = fsdp__sock_connect(&rdv->master, deadline), rc;
+    fsdp__sock_addr_string(s->peers[0].addr, sizeof s->peers[0].addr, &rdv->master);
+    if (fd < 0)
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_TIMEOUT,
+                               "socket: rank %d could not reach rank 0 at %s within %d ms: %s (is rank 0 "
+                               "running? are MASTER_ADDR and MASTER_PORT right?)",
+                               comm->rank, s->peers[0].addr, comm->timeout_ms, strerror(errno));
+    s->peers[0].fd = fd;
+    getsockname(fd, (struct sockaddr *)&local, &len);
+    local.sin_port = 0;
+    s->local = local;
+    rdv->listen_fd = fsdp__sock_listen(&local, comm->world + 8);
+    len = sizeof local;
+    if (rdv->listen_fd < 0 || getsockname(rdv->listen_fd, (struct sockaddr *)&local, &len) != 0)
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "socket: rank %d cannot open a data listener: %s",
+                               comm->rank, strerror(errno));
+    hello->data_ip = local.sin_addr.s_addr;
+    hello->data_port = ntohs(local.sin_port);
+    fsdp__fmt(who, sizeof who, "rank 0 at %s", s->peers[0].addr);
+    if ((rc = fsdp__sock_greet(fd, comm->key, hello, deadline, &reply, nonces, who, err, sizeof err)) != 0)
+        return fsdp__init_fail(&comm->logger, rc, "socket: rank %d: %s", comm->rank, err);
+    if (fsdp__sock_io_full(fd, rdv->ips, table, deadline, 0) != 0 || fsdp__sock_io_full(fd, rdv->ports, table, deadline, 0) != 0 ||
+        fsdp__sock_io_full(fd, their_mac, sizeof their_mac, deadline, 0) != 0)
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_PEER_LOST, "socket: rank 0 went away during the rendezvous");
+    fsdp__sock_mac(mac, comm->key, "fsdp.h table", nonces, 64, rdv->ips, table, rdv->ports, table);
+    if (!fsdp__equal_ct(mac, their_mac, 32))
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_PROTOCOL,
+                               "socket: rank %d: the address table from rank 0 at %s failed its check", comm->rank,
+                               s->peers[0].addr);
+    memcpy(s->session, reply.session, sizeof s->session);
+    memcpy(hello->session, s->session, sizeof hello->session);
+    return 0;
+}
+
+/* The mesh: rank i connects to ranks 1..i-1 (with the session) and admits ranks i+1..P-1. */
+FSDP__PRIVATE int fsdp__sock_mesh(fsdp_comm *comm, fsdp__sock *s, fsdp__sock_rdv *rdv, fsdp__sock_hello *hello,
+                                  int64_t deadline) {
+    unsigned char nonces[64];
+    char who[96], err[FSDP__ERRMSG], where[96], here[64];
+    struct sockaddr_in local;
+    socklen_t len = sizeof local;
+    fsdp__sock_reply reply;
+    int p, rc;
+    for (p = 1; p < comm->rank; p++) { /* connect down */
+        struct sockaddr_in peer;
+        memset(&peer, 0, sizeof peer);
+        peer.sin_family = AF_INET;
+        peer.sin_addr.s_addr = rdv->ips[p];
+        peer.sin_port = htons((uint16_t)rdv->ports[p]);
+        fsdp__sock_addr_string(s->peers[p].addr, sizeof s->peers[p].addr, &peer);
+        s->peers[p].fd = fsdp__sock_connect(&peer, deadline);
+        if (s->peers[p].fd < 0)
+            return fsdp__init_fail(&comm->logger, FSDP_ERR_TIMEOUT, "socket: rank %d could not connect to rank %d at %s: %s",
+                                   comm->rank, p, s->peers[p].addr, strerror(errno));
+        fsdp__fmt(who, sizeof who, "rank %d at %s", p, s->peers[p].addr);
+        if ((rc = fsdp__sock_greet(s->peers[p].fd, comm->key, hello, deadline, &reply, nonces, who, err, sizeof err)) != 0)
+            return fsdp__init_fail(&comm->logger, rc, "socket: rank %d: %s", comm->rank, err);
+    }
+    getsockname(rdv->listen_fd, (struct sockaddr *)&local, &len);
+    fsdp__sock_addr_string(here, sizeof here, &local);
+    fsdp__fmt(where, sizeof where, "its data listener %s", here);
+    return fsdp__sock_admit(comm, s, rdv->listen_fd, comm->rank + 1, deadline, 0, NULL, NULL, NULL, where);
+}
+
+/* Connects a socket world (see the top of this section). Takes ownership of listen_fd (a
+   listener rank 0 inherited from fsdp_launch, or -1). */
+FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, int listen_fd) {
+    fsdp__sock *s = (fsdp__sock *)fsdp__calloc(sizeof *s);
+    int64_t deadline = fsdp__now_ms() + comm->timeout_ms;
+    int P = comm->world, p, rc = 0, resolved;
+    const char *host = desc->master_addr && *desc->master_addr ? desc->master_addr : "127.0.0.1";
+    fsdp__sock_rdv rdv;
+    fsdp__sock_hello hello;
+    memset(&rdv, 0, sizeof rdv);
+    rdv.store_fd = -1;
+    rdv.listen_fd = listen_fd;
+    rdv.store_key = desc->store_key && *desc->store_key ? desc->store_key : NULL;
+    if (!s) {
+        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
+        goto done;
+    }
     s->peers = (fsdp__sock_peer *)fsdp__calloc(sizeof *s->peers * (size_t)P);
     s->ring = (char *)FSDP_MALLOC((size_t)P * FSDP__SOCK_RING_SEGMENTS * FSDP__SOCK_SEGMENT);
     s->pfds = (struct pollfd *)fsdp__calloc(sizeof *s->pfds * (size_t)P);
     s->pfd_peer = (int *)fsdp__calloc(sizeof *s->pfd_peer * (size_t)P);
-    ips = (uint32_t *)fsdp__calloc(sizeof *ips * (size_t)P);
-    ports = (uint32_t *)fsdp__calloc(sizeof *ports * (size_t)P);
-    nonces = (unsigned char *)fsdp__calloc(64 * (size_t)P);
-    if (!s->peers || !s->ring || !s->pfds || !s->pfd_peer || !ips || !ports || !nonces) {
+    rdv.ips = (uint32_t *)fsdp__calloc(sizeof *rdv.ips * (size_t)P);
+    rdv.ports = (uint32_t *)fsdp__calloc(sizeof *rdv.ports * (size_t)P);
+    rdv.nonces = (unsigned char *)fsdp__calloc(64 * (size_t)P);
+    if (!s->peers || !s->ring || !s->pfds || !s->pfd_peer || !rdv.ips || !rdv.ports || !rdv.nonces) {
         rc = fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
         goto done;
     }
     for (p = 0; p < P; p++) s->peers[p].fd = -1;
-    if (inherited_listen_fd < 0 && (desc->master_port <= 0 || desc->master_port > 65535)) {
+    if (listen_fd < 0 && (desc->master_port <= 0 || desc->master_port > 65535)) {
         rc = fsdp__init_fail(&comm->logger, FSDP_ERR_INVALID_ARG, "socket: master_port %d is not a TCP port",
                              desc->master_port);
         goto done;
     }
-    if ((resolved = fsdp__sock_resolve(host, desc->master_port, &master, deadline)) != 0) {
+    if (rdv.store_key && strlen(rdv.store_key) > 200) {
+        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_INVALID_ARG, "socket: store_key is longer than 200 characters");
+        goto done;
+    }
+    if ((resolved = fsdp__sock_resolve(host, desc->master_port, &rdv.master, deadline)) != 0) {
         rc = fsdp__init_fail(&comm->logger, resolved == -2 ? FSDP_ERR_TIMEOUT : FSDP_ERR_INVALID_ARG,
                              "socket: cannot resolve master address '%.200s'%s", host,
                              resolved == -2 ? ": the resolver did not answer in time" : "");
         goto done;
     }
+    fsdp__fmt(rdv.store_at, sizeof rdv.store_at, "%.200s:%d", host, desc->master_port);
     memset(&hello, 0, sizeof hello);
-    hello.rank = (uint32_t)me;
+    hello.rank = (uint32_t)comm->rank;
     hello.world = (uint32_t)P;
-    fsdp__fmt(store_at, sizeof store_at, "%.200s:%d", host, desc->master_port);
-    if (store_key && strlen(store_key) > 200) {
-        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_INVALID_ARG, "socket: store_key is longer than 200 characters");
-        goto done;
-    }
-    if (me == 0) {
-        struct sockaddr_in at = master;
-        socklen_t len = sizeof at;
-        if (store_key) { /* the port is the store's: listen beside it and say where in the store */
-            if ((store_fd = fsdp__store_connect(&master, deadline, store_at, err, sizeof err)) < 0) {
-                rc = fsdp__init_fail(&comm->logger, FSDP_ERR_PROTOCOL, "socket: rank 0: %s", err);
-                goto done;
-            }
-            getsockname(store_fd, (struct sockaddr *)&at, &len);
-            at.sin_port = 0;
-        }
-        if (listen_fd < 0) listen_fd = fsdp__sock_listen(&at, P + 8);
-        len = sizeof at;
-        if (listen_fd < 0 || getsockname(listen_fd, (struct sockaddr *)&at, &len) != 0) {
-            rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM,
-                                 "socket: rank 0 cannot listen on %s: %s (MASTER_ADDR must be an address of "
-                                 "rank 0's host and MASTER_PORT free)",
-                                 store_at, strerror(errno));
-            goto done;
-        }
-        if (store_key) {
-            char value[64];
-            fsdp__sock_addr_string(value, sizeof value, &at);
-            if (fsdp__store_set(store_fd, store_key, value, deadline) != 0) {
-                rc = fsdp__init_fail(&comm->logger, FSDP_ERR_PROTOCOL,
-                                     "socket: rank 0 could not publish its address in torchrun's store at %s", store_at);
-                goto done;
-            }
-        }
-        if (!comm->has_secret && !fsdp__is_loopback(&at)) {
-            char open_port[64];
-            fsdp__sock_addr_string(open_port, sizeof open_port, &at);
-            fsdp__log(&comm->logger, FSDP_LOG_WARN,
-                      "socket: no secret is set (FSDP_SECRET or FSDP_SECRET_FILE): anyone who can reach %s or "
-                      "the ranks' data ports can join this job or feed it data; give every rank the same secret",
-                      open_port);
-        }
-        master = at;
-        if (fsdp__random_bytes(s->session, sizeof s->session) != 0) {
-            rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "socket: no random bytes: %s", strerror(errno));
-            goto done;
-        }
-        fsdp__sock_addr_string(store_at, sizeof store_at, &at);
-        fsdp__fmt(where, sizeof where, "%s %s", store_key ? "its listener" : "the master address", store_at);
-        if ((rc = fsdp__sock_admit(comm, s, listen_fd, 1, deadline, 1, ips, ports, nonces, where)) != 0) {
-            if (store_key) fsdp__fmt(fsdp__init_error + strlen(fsdp__init_error), sizeof fsdp__init_error - strlen(fsdp__init_error),
-                                     " (published in torchrun's store as '%s')", store_key);
-            goto done;
-        }
-        for (p = 1; p < P; p++) { /* everyone is in: welcome them with the session and the table */
-            fsdp__sock_challenge challenge;
-            fsdp__sock_hello theirs;
-            memcpy(theirs.nonce, nonces + 64 * (size_t)p, 32);
-            memcpy(challenge.nonce, nonces + 64 * (size_t)p + 32, 32);
-            fsdp__sock_make_reply(&reply, comm->key, &theirs, &challenge, 0, "welcome", s->session, 1);
-            fsdp__sock_mac(mac, comm->key, "fsdp.h table", nonces + 64 * (size_t)p, 64, ips, sizeof *ips * (size_t)P,
-                           ports, sizeof *ports * (size_t)P);
-            if (fsdp__sock_io_full(s->peers[p].fd, &reply, sizeof reply, deadline, 1) != 0 ||
-                fsdp__sock_io_full(s->peers[p].fd, ips, sizeof *ips * (size_t)P, deadline, 1) != 0 ||
-                fsdp__sock_io_full(s->peers[p].fd, ports, sizeof *ports * (size_t)P, deadline, 1) != 0 ||
-                fsdp__sock_io_full(s->peers[p].fd, mac, sizeof mac, deadline, 1) != 0) {
-                rc = fsdp__init_fail(&comm->logger, FSDP_ERR_PEER_LOST,
-                                     "socket: rank %d (%s) went away during the rendezvous", p, s->peers[p].addr);
-                goto done;
-            }
-        }
-        if (store_fd >= 0) fsdp__store_delete(store_fd, store_key, fsdp__now_ms() + 1000); /* it served its turn */
-        s->local = master;
-        s->local.sin_port = 0;
+    if (comm->rank == 0) {
+        if ((rc = fsdp__sock_rank0_admit(comm, s, &rdv, deadline)) == 0) rc = fsdp__sock_rank0_welcome(comm, s, &rdv, deadline);
     } else {
-        socklen_t len = sizeof local;
-        unsigned char mine[64], their_mac[32];
-        char who[96];
-        int fd;
-        if (store_key) { /* rank 0's address is in the store */
-            char value[64], *colon;
-            long port;
-            int got;
-            if ((store_fd = fsdp__store_connect(&master, deadline, store_at, err, sizeof err)) < 0) {
-                rc = fsdp__init_fail(&comm->logger, FSDP_ERR_PROTOCOL, "socket: rank %d: %s", me, err);
-                goto done;
-            }
-            got = fsdp__store_get(store_fd, store_key, value, sizeof value, deadline);
-            if (got != 0 || !(colon = strrchr(value, ':')) || (*colon = 0, fsdp__parse_int(colon + 1, 1, 65535, &port)) != 0 ||
-                inet_pton(AF_INET, value, &master.sin_addr) != 1) {
-                rc = fsdp__init_fail(&comm->logger, got == -2 ? FSDP_ERR_TIMEOUT : FSDP_ERR_PROTOCOL,
-                                     "socket: rank %d %s key '%.200s' in torchrun's store at %s%s", me,
-                                     got == -2 ? "waited in vain for" : "could not read a valid address from", store_key,
-                                     store_at, got == -2 ? " (is rank 0 running? torchrun restarts a node only when "
-                                     "its own workers fail)" : "");
-                goto done;
-            }
-            master.sin_port = htons((uint16_t)port);
-            close(store_fd);
-            store_fd = -1;
-        }
-        fd = fsdp__sock_connect(&master, deadline);
-        fsdp__sock_addr_string(s->peers[0].addr, sizeof s->peers[0].addr, &master);
-        if (fd < 0) {
-            rc = fsdp__init_fail(&comm->logger, FSDP_ERR_TIMEOUT,
-                                 "socket: rank %d could not reach rank 0 at %s within %d ms: %s (is rank 0 "
-                                 "running? are MASTER_ADDR and MASTER_PORT right?)",
-                                 me, s->peers[0].addr, comm->timeout_ms, strerror(errno));
-            goto done;
-        }
-        s->peers[0].fd = fd;
-        getsockname(fd, (struct sockaddr *)&local, &len);
-        local.sin_port = 0;
-        s->local = local;
-        listen_fd = fsdp__sock_listen(&local, P + 8);
-        len = sizeof local;
-        if (listen_fd < 0 || getsockname(listen_fd, (struct sockaddr *)&local, &len) != 0) {
-            rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "socket: rank %d cannot open a data listener: %s",
-                                 me, strerror(errno));
-            goto done;
-        }
-        hello.data_ip = local.sin_addr.s_addr;
-        hello.data_port = ntohs(local.sin_port);
-        fsdp__fmt(who, sizeof who, "rank 0 at %s", s->peers[0].addr);
-        if ((rc = fsdp__sock_greet(fd, comm->key, &hello, deadline, &reply, mine, who, err, sizeof err)) != 0) {
-            rc = fsdp__init_fail(&comm->logger, rc, "socket: rank %d: %s", me, err);
-            goto done;
-        }
-        if (fsdp__sock_io_full(fd, ips, sizeof *ips * (size_t)P, deadline, 0) != 0 ||
-            fsdp__sock_io_full(fd, ports, sizeof *ports * (size_t)P, deadline, 0) != 0 ||
-            fsdp__sock_io_full(fd, their_mac, sizeof their_mac, deadline, 0) != 0) {
-            rc = fsdp__init_fail(&comm->logger, FSDP_ERR_PEER_LOST, "socket: rank 0 went away during the rendezvous");
-            goto done;
-        }
-        fsdp__sock_mac(mac, comm->key, "fsdp.h table", mine, 64, ips, sizeof *ips * (size_t)P, ports,
-                       sizeof *ports * (size_t)P);
-        if (!fsdp__equal_ct(mac, their_mac, 32)) {
-            rc = fsdp__init_fail(&comm->logger, FSDP_ERR_PROTOCOL,
-                                 "socket: rank %d: the address table from rank 0 at %s failed its check", me,
-                                 s->peers[0].addr);
-            goto done;
-        }
-        memcpy(s->session, reply.session, sizeof s->session);
-        memcpy(hello.session, s->session, sizeof hello.session);
-        for (p = 1; p < me; p++) { /* connect down */
-            struct sockaddr_in peer;
-            memset(&peer, 0, sizeof peer);
-            peer.sin_family = AF_INET;
-            peer.sin_addr.s_addr = ips[p];
-            peer.sin_port = htons((uint16_t)ports[p]);
-            fsdp__sock_addr_string(s->peers[p].addr, sizeof s->peers[p].addr, &peer);
-            s->peers[p].fd = fsdp__sock_connect(&peer, deadline);
-            if (s->peers[p].fd < 0) {
-                rc = fsdp__init_fail(&comm->logger, FSDP_ERR_TIMEOUT, "socket: rank %d could not connect to rank %d at %s: %s",
-                                     me, p, s->peers[p].addr, strerror(errno));
-                goto done;
-            }
-            fsdp__fmt(who, sizeof who, "rank %d at %s", p, s->peers[p].addr);
-            if ((rc = fsdp__sock_greet(s->peers[p].fd, comm->key, &hello, deadline, &reply, mine, who, err, sizeof err)) != 0) {
-                rc = fsdp__init_fail(&comm->logger, rc, "socket: rank %d: %s", me, err);
-                goto done;
-            }
-        }
-        {
-            char here[64];
-            fsdp__sock_addr_string(here, sizeof here, &local);
-            fsdp__fmt(where, sizeof where, "its data listener %s", here);
-        }
-        if ((rc = fsdp__sock_admit(comm, s, listen_fd, me + 1, deadline, 0, NULL, NULL, NULL, where)) != 0) goto done;
+        unsigned char mine[64];
+        if (rdv.store_key) rc = fsdp__sock_store_lookup(comm, &rdv, deadline);
+        if (!rc) rc = fsdp__sock_greet_rank0(comm, s, &rdv, &hello, mine, deadline);
+        if (!rc) rc = fsdp__sock_mesh(comm, s, &rdv, &hello, deadline);
     }
+    if (rc) goto done;
     for (p = 0; p < P; p++) {
-        if (p == me) continue;
+        if (p == comm->rank) continue;
         fsdp__sock_nonblock(s->peers[p].fd, 1);
         s->peers[p].at_boundary = 1;
     }
     s->spin_seconds = fsdp__spin_seconds(comm->local_world);
-    comm->backend = NULL; /* set by the caller */
     comm->impl = s;
 done:
-    if (listen_fd >= 0) close(listen_fd);
-    if (store_fd >= 0) close(store_fd);
-    FSDP_FREE(ips);
-    FSDP_FREE(ports);
-    FSDP_FREE(nonces);
+    if (rdv.listen_fd >= 0) close(rdv.listen_fd);
+    if (rdv.store_fd >= 0) close(rdv.store_fd);
+    FSDP_FREE(rdv.ips);
+    FSDP_FREE(rdv.ports);
+    FSDP_FREE(rdv.nonces);
     if (rc) fsdp__sock_free(s, P);
     return rc;
 }
@@ -4301,7 +4736,7 @@ FSDP__PRIVATE int fsdp__sock_phase_io(fsdp_comm *comm, fsdp__sock *s, const fsdp
     const fsdp__fingerprint fp = fsdp__fingerprint_of(c);
     size_t esize = fsdp_dtype_size(c->dtype), reduced = 0;
     int P = comm->world, me = comm->rank, p;
-    const void *srcs[256];
+    const void *srcs[FSDP__MAX_WORLD];
     int64_t now;
     for (p = 0; p < P; p++) {
         fsdp__sock_peer *peer = &s->peers[p];
@@ -4579,197 +5014,125 @@ FSDP__PRIVATE int fsdp__sock_barrier(fsdp_comm *comm, void *impl, const fsdp_col
     return fsdp__sock_end(s, fsdp__sock_phase(comm, s, c, 0, NULL));
 }
 
-static const fsdp_backend fsdp__sock_backend = {
-    "socket", fsdp__sock_all_gather, fsdp__sock_reduce_scatter, fsdp__sock_all_reduce, fsdp__sock_broadcast,
-    fsdp__sock_barrier, fsdp__sock_abort, fsdp__sock_destroy, 0};
+/* --- the socket row ------------------------------------------------------------------------ */
+FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc); /* >>hier */
 
-/* ============================================================================================
-   >>mpi
-   The bridge to an existing cluster engine (Open MPI, MPICH; launched by mpirun or srun).
-   Ops are issued non-blocking and polled, so the timeout holds; reductions are done as an
-   all-to-all of the pieces followed by the library's rank-order fold, so results are bitwise
-   equal to the other backends'. MPI must already be initialised, or fsdp_comm_init calls
-   MPI_Init_thread itself (and MPI_Finalize at destroy).
-   ============================================================================================ */
-/* The comm's documented reduction of its ranks' inputs (srcs in rank order), for backends that
-   fold after moving the data (the MPI bridge): rank order, or with the two-level order each
-   host's ranks in rank order, the partial rounded to the dtype (as a hierarchical op sends it),
-   then the hosts in host order. scratch: num_hosts * count elements of dtype. */
-FSDP__PRIVATE void fsdp__reduce_layout(const fsdp_comm *comm, void *dst, const void *const *srcs, size_t count,
-                                       fsdp_dtype dtype, fsdp_reduce_op op, char *scratch) {
-    const void *mine[256], *partials[256];
-    size_t bytes = count * fsdp_dtype_size(dtype);
-    int h, r, n;
-    if (!comm->two_level) {
-        fsdp_reduce_ranks(dst, srcs, comm->world, count, dtype, op, comm->world);
-        return;
+/* A socket world, made hierarchical where its ranks share hosts (>>hier). */
+FSDP__PRIVATE int fsdp__sock_create(fsdp_comm *comm, const fsdp_comm_desc *desc, fsdp__inherit *inherit) {
+    int rc = 0, listen_fd = -1;
+    if (inherit) {
+        listen_fd = inherit->listen_fd;
+        inherit->listen_fd = -1;
     }
-    for (h = 0; h < comm->num_hosts; h++) {
-        for (r = 0, n = 0; r < comm->world; r++)
-            if (comm->host_of[r] == h) mine[n++] = srcs[r];
-        fsdp_reduce_ranks(scratch + (size_t)h * bytes, mine, n, count, dtype, op == FSDP_MAX ? FSDP_MAX : FSDP_SUM, 1);
-        partials[h] = scratch + (size_t)h * bytes;
-    }
-    fsdp_reduce_ranks(dst, partials, comm->num_hosts, count, dtype, op, comm->world);
+    if (comm->world > 1) rc = fsdp__sock_init(comm, desc, listen_fd);
+    else if (listen_fd >= 0) close(listen_fd);
+    if (!rc) rc = fsdp__comm_learn_topology(comm, 0);
+    if (!rc && comm->world > 1 && (rc = fsdp__hier_setup(comm, desc)) != 0)
+        fsdp__init_fail(&comm->logger, rc, "fsdp_comm_init: rank %d could not set up shared memory with its host: %s",
+                        comm->rank, comm->error);
+    return rc;
 }
 
-#ifdef FSDP_WITH_MPI
-typedef struct fsdp__mpi {
-    MPI_Comm comm;
-    int finalize;
-    char *scratch;
-    size_t scratch_bytes;
-} fsdp__mpi;
-
-FSDP__PRIVATE int fsdp__mpi_wait(fsdp_comm *comm, MPI_Request *req, const fsdp_coll *c) {
-    int64_t deadline = fsdp__now_ms() + c->timeout_ms;
-    int done = 0, spins = 0;
-    for (;;) {
-        if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-            return fsdp_comm_fail(comm, FSDP_ERR_PEER_LOST, "MPI reported an error in %s (op #%llu)",
-                                  fsdp_coll_name(c->kind), (unsigned long long)c->seq);
-        if (done) return 0;
-        if (fsdp__load(&comm->status) != FSDP_SUCCESS) return fsdp__load(&comm->status);
-        if (++spins > 1000) {
-            if (fsdp__now_ms() >= deadline)
-                return fsdp_comm_fail(comm, FSDP_ERR_TIMEOUT,
-                                      "rank %d waited %d ms in MPI %s (op #%llu); another rank did not join",
-                                      comm->rank, c->timeout_ms, fsdp_coll_name(c->kind), (unsigned long long)c->seq);
-            sched_yield();
+/* A split of a socket world (net: its connections): the new group's rank 0 listens where its
+   peers already reach it, and every rank of the parent learns where (collective over the
+   parent, whether its own group is made of sockets or not). */
+FSDP__PRIVATE int fsdp__sock_split_over(fsdp_comm *parent, const fsdp__sock *net, fsdp__split *sp, fsdp_comm **out) {
+    int32_t mine[4] = {0, 0, 0, 0}, *all;
+    char host[INET_ADDRSTRLEN] = "127.0.0.1";
+    fsdp__inherit inherit;
+    struct in_addr ip;
+    int rc;
+    memset(&inherit, 0, sizeof inherit);
+    inherit.listen_fd = -1;
+    if (!net) return fsdp__comm_create(out, &sp->desc, parent, NULL); /* a world of one */
+    if (!(all = (int32_t *)FSDP_MALLOC(sizeof *all * 4 * (size_t)parent->world))) return FSDP_ERR_OUT_OF_MEMORY;
+    if (sp->desc.backend == FSDP_BACKEND_SOCKET && sp->info.rank == 0 && sp->info.world_size > 1) {
+        struct sockaddr_in at = net->local;
+        socklen_t len = sizeof at;
+        at.sin_port = 0;
+        inherit.listen_fd = fsdp__sock_listen(&at, sp->info.world_size + 8);
+        if (inherit.listen_fd < 0 || getsockname(inherit.listen_fd, (struct sockaddr *)&at, &len) != 0) {
+            rc = fsdp_comm_fail(parent, FSDP_ERR_SYSTEM, "fsdp_comm_split: rank %d cannot listen: %s", parent->rank,
+                                strerror(errno));
+            if (inherit.listen_fd >= 0) close(inherit.listen_fd);
+            FSDP_FREE(all);
+            return rc;
         }
+        memcpy(&mine[2], &at.sin_addr.s_addr, 4);
+        mine[3] = ntohs(at.sin_port);
     }
+    /* integers travel as f32 bit patterns: an all-gather only copies */
+    rc = fsdp__collective_tagged(parent, FSDP_COLL_ALL_GATHER, mine, all, 4, FSDP_F32, FSDP_SUM, 0x5b118u);
+    if (!rc) {
+        memcpy(&ip.s_addr, &all[4 * sp->leader + 2], 4);
+        inet_ntop(AF_INET, &ip, host, sizeof host);
+        sp->desc.master_addr = host;
+        sp->desc.master_port = all[4 * sp->leader + 3];
+        rc = fsdp__comm_create(out, &sp->desc, parent, &inherit);
+    }
+    if (inherit.listen_fd >= 0) close(inherit.listen_fd);
+    FSDP_FREE(all);
+    return rc;
 }
 
-FSDP__PRIVATE int fsdp__mpi_scratch(fsdp_comm *comm, fsdp__mpi *m, size_t bytes) {
-    if (bytes <= m->scratch_bytes) return 0;
-    FSDP_FREE(m->scratch);
-    m->scratch = (char *)FSDP_MALLOC(bytes);
-    m->scratch_bytes = m->scratch ? bytes : 0;
-    return m->scratch ? 0 : fsdp_comm_fail(comm, FSDP_ERR_OUT_OF_MEMORY, "MPI bridge: no memory for %zu bytes", bytes);
+FSDP__PRIVATE int fsdp__sock_split(fsdp_comm *parent, fsdp__split *sp, fsdp_comm **out) {
+    return fsdp__sock_split_over(parent, (const fsdp__sock *)parent->impl, sp, out);
 }
 
-FSDP__PRIVATE int fsdp__mpi_all_gather(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
-    fsdp__mpi *m = (fsdp__mpi *)impl;
-    MPI_Request req;
-    int bytes = (int)(c->count * fsdp_dtype_size(c->dtype));
-    if (c->count * fsdp_dtype_size(c->dtype) > 0x7fffffff)
-        return fsdp_comm_fail(comm, FSDP_ERR_UNSUPPORTED, "MPI bridge: pieces above 2 GiB are not supported");
-    MPI_Iallgather((const char *)c->recv + (size_t)comm->rank * (size_t)bytes == c->send ? MPI_IN_PLACE : c->send,
-                   bytes, MPI_BYTE, c->recv, bytes, MPI_BYTE, m->comm, &req);
-    return fsdp__mpi_wait(comm, &req, c);
+static double *fsdp__sock_spin(const fsdp_comm *comm) { return &((fsdp__sock *)comm->impl)->spin_seconds; }
+
+/* The environment's default when nothing else claims it: ranks over several hosts. */
+static int fsdp__sock_env_claims(const fsdp_comm_desc *desc) {
+    (void)desc;
+    return 1;
 }
 
-/* Each rank's piece for owner p goes to p; the owner folds the pieces in rank order. */
-FSDP__PRIVATE int fsdp__mpi_reduce_scatter(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
-    fsdp__mpi *m = (fsdp__mpi *)impl;
-    MPI_Request req;
-    size_t bytes = c->count * fsdp_dtype_size(c->dtype);
-    const void *srcs[256];
-    int p, rc;
-    if (bytes > 0x7fffffff) return fsdp_comm_fail(comm, FSDP_ERR_UNSUPPORTED, "MPI bridge: pieces above 2 GiB are not supported");
-    if ((rc = fsdp__mpi_scratch(comm, m, bytes * (size_t)(comm->world + comm->num_hosts))) != 0) return rc;
-    MPI_Ialltoall(c->send, (int)bytes, MPI_BYTE, m->scratch, (int)bytes, MPI_BYTE, m->comm, &req);
-    if ((rc = fsdp__mpi_wait(comm, &req, c)) != 0) return rc;
-    for (p = 0; p < comm->world; p++) srcs[p] = m->scratch + (size_t)p * bytes;
-    fsdp__reduce_layout(comm, c->recv, srcs, c->count, c->dtype, c->op, m->scratch + (size_t)comm->world * bytes);
+/* MASTER_ADDR and MASTER_PORT (torchrun's), and under torchrun's static rendezvous the key in its
+   agent's store (which holds MASTER_PORT) where rank 0 publishes where it listens. */
+FSDP__PRIVATE int fsdp__sock_env_read(fsdp_comm_desc *desc, char *scratch, size_t scratch_size, char *err, size_t err_size) {
+    const char *text = getenv("MASTER_ADDR"), *run_id = getenv("TORCHELASTIC_RUN_ID");
+    const char *restart = getenv("TORCHELASTIC_RESTART_COUNT");
+    if (!text || !*text) text = desc->master_addr;
+    if (!text || !*text) {
+        fsdp__fmt(err, err_size, "environment variable MASTER_ADDR is not set (the address of rank 0's host)");
+        return FSDP_ERR_ENV;
+    }
+    desc->master_addr = text;
+    if ((text = getenv("TORCHELASTIC_USE_AGENT_STORE")) && strcmp(text, "True") == 0 && !desc->store_key) {
+        fsdp__fmt(scratch, scratch_size, "/fsdp.h/rank0/%.40s/%.12s", run_id && *run_id ? run_id : "none",
+                  restart && *restart ? restart : "0");
+        desc->store_key = scratch;
+    }
+    if (!desc->master_port) {
+        fsdp__fmt(err, err_size, "environment variable MASTER_PORT is not set (a free TCP port on rank 0's host)");
+        return FSDP_ERR_ENV;
+    }
     return 0;
 }
 
-FSDP__PRIVATE int fsdp__mpi_all_reduce(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
-    fsdp__mpi *m = (fsdp__mpi *)impl;
-    MPI_Request req;
-    size_t esize = fsdp_dtype_size(c->dtype), share = (c->count + (size_t)comm->world - 1) / (size_t)comm->world;
-    size_t padded = share * (size_t)comm->world * esize, piece = share * esize;
-    const void *srcs[256];
-    char *in, *mine;
-    int p, rc;
-    if (piece > 0x7fffffff) return fsdp_comm_fail(comm, FSDP_ERR_UNSUPPORTED, "MPI bridge: pieces above 2 GiB are not supported");
-    if ((rc = fsdp__mpi_scratch(comm, m, padded * 2 + piece * (size_t)(1 + comm->num_hosts))) != 0) return rc;
-    in = m->scratch + padded + piece;
-    memset(in, 0, padded);
-    memcpy(in, c->send, c->count * esize); /* padded to P equal pieces */
-    MPI_Ialltoall(in, (int)piece, MPI_BYTE, m->scratch, (int)piece, MPI_BYTE, m->comm, &req);
-    if ((rc = fsdp__mpi_wait(comm, &req, c)) != 0) return rc;
-    mine = m->scratch + padded;
-    for (p = 0; p < comm->world; p++) srcs[p] = m->scratch + (size_t)p * piece;
-    fsdp__reduce_layout(comm, mine, srcs, share, c->dtype, c->op, m->scratch + padded * 2 + piece);
-    MPI_Iallgather(mine, (int)piece, MPI_BYTE, in, (int)piece, MPI_BYTE, m->comm, &req);
-    if ((rc = fsdp__mpi_wait(comm, &req, c)) != 0) return rc;
-    memcpy(c->recv, in, c->count * esize);
+/* fsdp_launch opens rank 0's listener on loopback before fork: the port is known to all. */
+FSDP__PRIVATE int fsdp__sock_launch_prepare(fsdp__inherit *inherit, const fsdp_launch_desc *desc, char *err, size_t err_size) {
+    struct sockaddr_in any;
+    socklen_t len = sizeof any;
+    if (desc->nprocs <= 1) return 0;
+    memset(&any, 0, sizeof any);
+    any.sin_family = AF_INET;
+    any.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    inherit->listen_fd = fsdp__sock_listen(&any, desc->nprocs + 8);
+    if (inherit->listen_fd < 0 || getsockname(inherit->listen_fd, (struct sockaddr *)&any, &len) != 0) {
+        fsdp__fmt(err, err_size, "fsdp_launch: cannot listen on loopback: %s", strerror(errno));
+        return FSDP_ERR_SYSTEM;
+    }
+    inherit->port = ntohs(any.sin_port);
     return 0;
 }
 
-FSDP__PRIVATE int fsdp__mpi_broadcast(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
-    fsdp__mpi *m = (fsdp__mpi *)impl;
-    MPI_Request req;
-    size_t bytes = c->count * fsdp_dtype_size(c->dtype);
-    if (bytes > 0x7fffffff) return fsdp_comm_fail(comm, FSDP_ERR_UNSUPPORTED, "MPI bridge: broadcasts above 2 GiB are not supported");
-    MPI_Ibcast(c->recv, (int)bytes, MPI_BYTE, c->root, m->comm, &req);
-    return fsdp__mpi_wait(comm, &req, c);
-}
-
-FSDP__PRIVATE int fsdp__mpi_barrier(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
-    fsdp__mpi *m = (fsdp__mpi *)impl;
-    MPI_Request req;
-    MPI_Ibarrier(m->comm, &req);
-    return fsdp__mpi_wait(comm, &req, c);
-}
-
-FSDP__PRIVATE void fsdp__mpi_abort(fsdp_comm *comm, void *impl) {
-    /* MPI offers no way to fail one collective on every rank but to abort the job, which
-       would kill the ranks before they can report. Local ops fail from now on; peers blocked
-       in an op with us fail by their timeout. */
-    (void)comm; (void)impl;
-}
-
-FSDP__PRIVATE void fsdp__mpi_destroy(fsdp_comm *comm, void *impl) {
-    fsdp__mpi *m = (fsdp__mpi *)impl;
-    (void)comm;
-    if (!m) return;
-    MPI_Comm_free(&m->comm);
-    if (m->finalize) MPI_Finalize();
-    FSDP_FREE(m->scratch);
-    FSDP_FREE(m);
-}
-
-static const fsdp_backend fsdp__mpi_backend = {
-    "mpi", fsdp__mpi_all_gather, fsdp__mpi_reduce_scatter, fsdp__mpi_all_reduce, fsdp__mpi_broadcast,
-    fsdp__mpi_barrier, fsdp__mpi_abort, fsdp__mpi_destroy, 1};
-
-/* base: the MPI communicator to duplicate (MPI_COMM_NULL: MPI_COMM_WORLD, initialising MPI
-   if nobody has). */
-FSDP__PRIVATE int fsdp__mpi_init(fsdp_comm *comm, MPI_Comm base) {
-    fsdp__mpi *m = (fsdp__mpi *)fsdp__calloc(sizeof *m);
-    int initialized = 0, provided = 0, rank = 0, size = 0;
-    if (!m) return fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "mpi: out of memory");
-    MPI_Initialized(&initialized);
-    if (!initialized) {
-        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
-            FSDP_FREE(m);
-            return fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "mpi: MPI_Init_thread failed");
-        }
-        m->finalize = 1;
-    }
-    if (base == MPI_COMM_NULL) MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
-    else m->comm = base;
-    MPI_Comm_rank(m->comm, &rank);
-    MPI_Comm_size(m->comm, &size);
-    if (size > 256 || (comm->world && (comm->world != size || comm->rank != rank))) {
-        fsdp__init_fail(&comm->logger, FSDP_ERR_INVALID_ARG,
-                        "mpi: MPI says rank %d of %d, the description says rank %d of %d (at most 256 ranks)",
-                        rank, size, comm->rank, comm->world);
-        MPI_Comm_free(&m->comm);
-        if (m->finalize) MPI_Finalize();
-        FSDP_FREE(m);
-        return FSDP_ERR_INVALID_ARG;
-    }
-    comm->rank = rank;
-    comm->world = size;
-    comm->backend = &fsdp__mpi_backend;
-    comm->impl = m;
-    return 0;
-}
-#endif /* FSDP_WITH_MPI */
+static const fsdp__transport fsdp__sock_transport = {
+    {"socket", fsdp__sock_all_gather, fsdp__sock_reduce_scatter, fsdp__sock_all_reduce, fsdp__sock_broadcast,
+     fsdp__sock_barrier, fsdp__sock_abort, fsdp__sock_destroy, 0, NULL},
+    FSDP_BACKEND_SOCKET, "socket", FSDP__CAP_ENV | FSDP__CAP_DEADLINE, FSDP__MAX_WORLD,
+    fsdp__sock_create, fsdp__sock_split, fsdp__sock_spin, NULL, NULL,
+    fsdp__sock_env_claims, fsdp__sock_env_read, fsdp__sock_launch_prepare, NULL};
 
 /* ============================================================================================
    >>hier
@@ -5305,49 +5668,29 @@ FSDP__PRIVATE void fsdp__hier_free(fsdp__hier *x, int world) {
 
 FSDP__PRIVATE void fsdp__hier_destroy(fsdp_comm *comm, void *impl) { fsdp__hier_free((fsdp__hier *)impl, comm->world); }
 
-static const fsdp_backend fsdp__hier_backend = {
-    "socket+shm", fsdp__hier_all_gather, fsdp__hier_reduce_scatter, fsdp__hier_all_reduce, fsdp__hier_broadcast,
-    fsdp__hier_barrier, fsdp__hier_abort, fsdp__hier_destroy, 0};
-
-/* The shm comm of a hierarchical comm's host, or NULL. */
-FSDP__PRIVATE fsdp_comm *fsdp__hier_local(const fsdp_comm *comm) {
-    return comm && comm->backend == &fsdp__hier_backend && comm->impl ? ((fsdp__hier *)comm->impl)->local : NULL;
+/* --- the hierarchical row: a socket comm over hosts (made by fsdp__hier_setup) ------------- */
+FSDP__PRIVATE int fsdp__hier_split(fsdp_comm *parent, fsdp__split *sp, fsdp_comm **out) {
+    return fsdp__sock_split_over(parent, ((const fsdp__hier *)parent->impl)->net, sp, out);
 }
 
-/* The socket connections of a socket comm, hierarchical or not. */
-static fsdp__sock *fsdp__sock_of(const fsdp_comm *comm) {
-    if (comm->backend == &fsdp__hier_backend) return ((fsdp__hier *)comm->impl)->net;
-    return comm->backend == &fsdp__sock_backend ? (fsdp__sock *)comm->impl : NULL;
+static double *fsdp__hier_spin(const fsdp_comm *comm) { return &((fsdp__hier *)comm->impl)->net->spin_seconds; }
+
+static fsdp_comm *fsdp__hier_host_part(const fsdp_comm *comm) {
+    return comm->impl ? ((const fsdp__hier *)comm->impl)->local : NULL;
 }
 
-FSDP__PRIVATE int fsdp__comm_create(fsdp_comm **out, const fsdp_comm_desc *desc, const fsdp_comm *parent,
-                                    int listen_fd, void *mapping, size_t map_bytes);
+static const fsdp__transport fsdp__hier_transport = {
+    {"socket+shm", fsdp__hier_all_gather, fsdp__hier_reduce_scatter, fsdp__hier_all_reduce, fsdp__hier_broadcast,
+     fsdp__hier_barrier, fsdp__hier_abort, fsdp__hier_destroy, 0, NULL},
+    FSDP_BACKEND_SOCKET, "socket", FSDP__CAP_DEADLINE, FSDP__MAX_WORLD,
+    NULL, fsdp__hier_split, fsdp__hier_spin, fsdp__hier_host_part, NULL, NULL, NULL, NULL, NULL};
 
-FSDP__PRIVATE int fsdp__env_int(const char *const *names, long lo, long hi, long *out, char *err, size_t err_size);
-
-/* Makes a socket world hierarchical when it spans hosts with several ranks on some, its ranks
-   numbered host by host (else it stays flat, as FSDP_HIERARCHICAL=0 asks too). Collective over
-   the (flat) world: every host creates its shm comm, and the ranks agree that all could, and on
-   the pipeline's step (FSDP_HIER_STEP_MIB, see fsdp__hier_step). */
-FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) {
-    const char *env = getenv("FSDP_HIERARCHICAL");
-    fsdp__hier *x;
+/* This host's shm comm for a hierarchical world (NULL where it cannot be made: the caller says
+   why). A host of one rank has a comm of one, without a segment. */
+FSDP__PRIVATE fsdp_comm *fsdp__hier_host_comm(fsdp_comm *comm, const fsdp_comm_desc *desc) {
     fsdp_comm_desc ld;
     fsdp_comm *local = NULL;
-    int32_t mine[4], *all;
-    int r, ok = 1, rc;
-    const long default_mib = (long)(FSDP__HIER_CHUNK >> 20);
-    long step_mib = default_mib;
-    const char *const step_vars[] = {"FSDP_HIER_STEP_MIB", NULL};
-    char err[160];
     char job[64];
-    if (!comm->two_level) {
-        (void)env;
-        if (comm->rank == 0 && comm->num_hosts > 1 && comm->num_hosts < comm->world && !(env && strcmp(env, "0") == 0))
-            fsdp__log(&comm->logger, FSDP_LOG_INFO, "socket: the ranks are not numbered host by host: every byte "
-                      "goes over sockets, also between ranks of one host");
-        return 0;
-    }
     memset(&ld, 0, sizeof ld);
     ld.backend = FSDP_BACKEND_SHM;
     ld.rank = comm->local_rank;
@@ -5358,33 +5701,65 @@ FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) 
     ld.shm_single_copy = desc->shm_single_copy;
     fsdp__fmt(job, sizeof job, "%.16s.host%d", comm->job, comm->host);
     ld.job = job;
-    /* every host makes its shm comm, then all agree that every host could */
-    if (comm->local_world > 1 &&
-        (double)fsdp__shm_free_mib() * 1048576.0 < 2.0 * (double)fsdp__shm_layout(comm->local_world, fsdp__shm_slot_bytes(desc->shm_slot_bytes), NULL, NULL))
-        ok = 0;
-    if (ok && fsdp__comm_create(&local, &ld, comm, -1, NULL, 0) != 0) ok = 0;
-    if (!ok)
-        fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d cannot share memory with the ranks of its host (%s): "
-                  "every byte goes over sockets", comm->rank, local ? "" : fsdp__init_error);
-    if (fsdp__env_int(step_vars, 0, FSDP__HIER_STEP_MAX_MIB, &step_mib, err, sizeof err) < 0) {
+    if (comm->local_world > 1 && !fsdp__shm_fits(comm->local_world, desc->shm_slot_bytes, fsdp__shm_free_mib())) {
+        fsdp__copy_string(fsdp__init_error, sizeof fsdp__init_error, "too little free space in /dev/shm");
+        return NULL;
+    }
+    return fsdp__comm_create(&local, &ld, comm, NULL) == 0 ? local : NULL;
+}
+
+/* The ranks agree whether every host has its shm comm (*ok) and on the pipeline's step in MiB
+   (*step_mib: the smallest any rank asks for with FSDP_HIER_STEP_MIB; 0: one step per op).
+   Collective over the world. */
+FSDP__PRIVATE int fsdp__hier_agree(fsdp_comm *comm, int *ok, long *step_mib) {
+    const long default_mib = (long)(FSDP__HIER_CHUNK >> 20);
+    const char *const step_vars[] = {"FSDP_HIER_STEP_MIB", NULL};
+    int32_t mine[4], *all;
+    char err[160];
+    int r, rc;
+    *step_mib = default_mib;
+    if (fsdp__env_int(step_vars, 0, FSDP__HIER_STEP_MAX_MIB, step_mib, err, sizeof err) < 0) {
         fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d: %s; pipeline steps of %ld MiB", comm->rank, err,
                   default_mib);
-        step_mib = default_mib;
+        *step_mib = default_mib;
     }
-    mine[0] = ok;
-    mine[1] = step_mib ? (int32_t)step_mib : INT32_MAX; /* the job takes the smallest step any rank asks for */
+    mine[0] = *ok;
+    mine[1] = *step_mib ? (int32_t)*step_mib : INT32_MAX;
     mine[2] = mine[3] = 0;
-    if (!(all = (int32_t *)FSDP_MALLOC(sizeof *all * 4 * (size_t)comm->world))) {
-        fsdp_comm_destroy(local);
-        return FSDP_ERR_OUT_OF_MEMORY;
-    }
+    if (!(all = (int32_t *)FSDP_MALLOC(sizeof *all * 4 * (size_t)comm->world))) return FSDP_ERR_OUT_OF_MEMORY;
     rc = fsdp__collective_tagged(comm, FSDP_COLL_ALL_GATHER, mine, all, 4, FSDP_F32, FSDP_SUM, 0x71e0u);
     for (r = 0; !rc && r < comm->world; r++) {
-        ok &= all[4 * r] == 1;
+        *ok &= all[4 * r] == 1;
         if (all[4 * r + 1] >= 0 && all[4 * r + 1] <= FSDP__HIER_STEP_MAX_MIB && all[4 * r + 1] < mine[1])
             mine[1] = all[4 * r + 1];
     }
     FSDP_FREE(all);
+    *step_mib = mine[1] == INT32_MAX ? 0 : mine[1];
+    return rc;
+}
+
+/* Makes a socket world hierarchical when it spans hosts with several ranks on some, its ranks
+   numbered host by host (else it stays flat, as FSDP_HIERARCHICAL=0 asks too). Collective over
+   the (flat) world: every host creates its shm comm, and the ranks agree that all could, and on
+   the pipeline's step (FSDP_HIER_STEP_MIB, see fsdp__hier_step). */
+FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) {
+    const char *env = getenv("FSDP_HIERARCHICAL");
+    fsdp__hier *x;
+    fsdp_comm *local;
+    long step_mib;
+    int r, ok, rc;
+    if (!comm->two_level) {
+        if (comm->rank == 0 && comm->num_hosts > 1 && comm->num_hosts < comm->world && !(env && strcmp(env, "0") == 0))
+            fsdp__log(&comm->logger, FSDP_LOG_INFO, "socket: the ranks are not numbered host by host: every byte "
+                      "goes over sockets, also between ranks of one host");
+        return 0;
+    }
+    local = fsdp__hier_host_comm(comm, desc);
+    ok = local != NULL;
+    if (!ok)
+        fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d cannot share memory with the ranks of its host (%s): "
+                  "every byte goes over sockets", comm->rank, fsdp__init_error);
+    rc = fsdp__hier_agree(comm, &ok, &step_mib);
     if (rc || !ok || !(x = (fsdp__hier *)fsdp__calloc(sizeof *x))) {
         fsdp_comm_destroy(local);
         if (!rc && !ok) comm->two_level = 0; /* flat after all: rank order */
@@ -5409,180 +5784,332 @@ FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) 
         x->size[comm->host_of[r]]++;
     }
     x->uniform = 1;
-    x->step_bytes = mine[1] == INT32_MAX ? 0 : (size_t)mine[1] << 20;
+    x->step_bytes = (size_t)step_mib << 20;
     for (r = 1; r < x->hosts; r++) x->uniform &= x->size[r] == x->size[0];
     x->world = comm;
-    if (local && local->backend == &fsdp__shm_backend && local->impl) /* (a host of one rank has no segment) */
+    if (local->world > 1) /* (a host of one rank has no segment) */
         x->net->wait_note = &fsdp__shm_peer((fsdp__shm *)local->impl, local->rank)->waiting_for;
     x->thread_started = pthread_create(&x->thread, NULL, fsdp__hier_thread, x) == 0; /* else: not pipelined */
     comm->impl = x;
-    comm->backend = &fsdp__hier_backend;
+    comm->transport = &fsdp__hier_transport;
+    comm->backend = &fsdp__hier_transport.ops;
     return 0;
 }
 
-/* Where a comm's waits keep how long they spin, or NULL (one rank, MPI and user backends). */
-static double *fsdp__spin_of(const fsdp_comm *comm) {
-    if (!comm || !comm->impl) return NULL;
-    if (comm->backend == &fsdp__shm_backend) return &((fsdp__shm *)comm->impl)->spin_seconds;
-    if (comm->backend == &fsdp__sock_backend) return &((fsdp__sock *)comm->impl)->spin_seconds;
-    if (comm->backend == &fsdp__hier_backend) return &((fsdp__hier *)comm->impl)->net->spin_seconds;
+/* ============================================================================================
+   >>mpi
+   The bridge to an existing cluster engine (Open MPI, MPICH; launched by mpirun or srun).
+   Ops are issued non-blocking and polled, so the timeout holds; reductions are done as an
+   all-to-all of the pieces followed by the library's rank-order fold, so results are bitwise
+   equal to the other backends'. MPI must already be initialised, or fsdp_comm_init calls
+   MPI_Init_thread itself (and MPI_Finalize at destroy).
+   ============================================================================================ */
+#ifdef FSDP_WITH_MPI
+typedef struct fsdp__mpi {
+    MPI_Comm comm;
+    int finalize;
+    char *scratch;
+    size_t scratch_bytes;
+} fsdp__mpi;
+
+FSDP__PRIVATE int fsdp__mpi_wait(fsdp_comm *comm, MPI_Request *req, const fsdp_coll *c) {
+    int64_t deadline = fsdp__now_ms() + c->timeout_ms;
+    int done = 0, spins = 0;
+    for (;;) {
+        if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            return fsdp_comm_fail(comm, FSDP_ERR_PEER_LOST, "MPI reported an error in %s (op #%llu)",
+                                  fsdp_coll_name(c->kind), (unsigned long long)c->seq);
+        if (done) return 0;
+        if (fsdp__load(&comm->status) != FSDP_SUCCESS) return fsdp__load(&comm->status);
+        if (++spins > 1000) {
+            if (fsdp__now_ms() >= deadline)
+                return fsdp_comm_fail(comm, FSDP_ERR_TIMEOUT,
+                                      "rank %d waited %d ms in MPI %s (op #%llu); another rank did not join",
+                                      comm->rank, c->timeout_ms, fsdp_coll_name(c->kind), (unsigned long long)c->seq);
+            sched_yield();
+        }
+    }
+}
+
+FSDP__PRIVATE int fsdp__mpi_scratch(fsdp_comm *comm, fsdp__mpi *m, size_t bytes) {
+    if (bytes <= m->scratch_bytes) return 0;
+    FSDP_FREE(m->scratch);
+    m->scratch = (char *)FSDP_MALLOC(bytes);
+    m->scratch_bytes = m->scratch ? bytes : 0;
+    return m->scratch ? 0 : fsdp_comm_fail(comm, FSDP_ERR_OUT_OF_MEMORY, "MPI bridge: no memory for %zu bytes", bytes);
+}
+
+FSDP__PRIVATE int fsdp__mpi_all_gather(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
+    fsdp__mpi *m = (fsdp__mpi *)impl;
+    MPI_Request req;
+    int bytes = (int)(c->count * fsdp_dtype_size(c->dtype));
+    if (c->count * fsdp_dtype_size(c->dtype) > 0x7fffffff)
+        return fsdp_comm_fail(comm, FSDP_ERR_UNSUPPORTED, "MPI bridge: pieces above 2 GiB are not supported");
+    MPI_Iallgather((const char *)c->recv + (size_t)comm->rank * (size_t)bytes == c->send ? MPI_IN_PLACE : c->send,
+                   bytes, MPI_BYTE, c->recv, bytes, MPI_BYTE, m->comm, &req);
+    return fsdp__mpi_wait(comm, &req, c);
+}
+
+/* Each rank's piece for owner p goes to p; the owner folds the pieces in rank order. */
+FSDP__PRIVATE int fsdp__mpi_reduce_scatter(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
+    fsdp__mpi *m = (fsdp__mpi *)impl;
+    MPI_Request req;
+    size_t bytes = c->count * fsdp_dtype_size(c->dtype);
+    const void *srcs[FSDP__MAX_WORLD];
+    int p, rc;
+    if (bytes > 0x7fffffff) return fsdp_comm_fail(comm, FSDP_ERR_UNSUPPORTED, "MPI bridge: pieces above 2 GiB are not supported");
+    if ((rc = fsdp__mpi_scratch(comm, m, bytes * (size_t)(comm->world + comm->num_hosts))) != 0) return rc;
+    MPI_Ialltoall(c->send, (int)bytes, MPI_BYTE, m->scratch, (int)bytes, MPI_BYTE, m->comm, &req);
+    if ((rc = fsdp__mpi_wait(comm, &req, c)) != 0) return rc;
+    for (p = 0; p < comm->world; p++) srcs[p] = m->scratch + (size_t)p * bytes;
+    fsdp__reduce_layout(comm, c->recv, srcs, c->count, c->dtype, c->op, m->scratch + (size_t)comm->world * bytes);
+    return 0;
+}
+
+FSDP__PRIVATE int fsdp__mpi_all_reduce(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
+    fsdp__mpi *m = (fsdp__mpi *)impl;
+    MPI_Request req;
+    size_t esize = fsdp_dtype_size(c->dtype), share = (c->count + (size_t)comm->world - 1) / (size_t)comm->world;
+    size_t padded = share * (size_t)comm->world * esize, piece = share * esize;
+    const void *srcs[FSDP__MAX_WORLD];
+    char *in, *mine;
+    int p, rc;
+    if (piece > 0x7fffffff) return fsdp_comm_fail(comm, FSDP_ERR_UNSUPPORTED, "MPI bridge: pieces above 2 GiB are not supported");
+    if ((rc = fsdp__mpi_scratch(comm, m, padded * 2 + piece * (size_t)(1 + comm->num_hosts))) != 0) return rc;
+    in = m->scratch + padded + piece;
+    memset(in, 0, padded);
+    memcpy(in, c->send, c->count * esize); /* padded to P equal pieces */
+    MPI_Ialltoall(in, (int)piece, MPI_BYTE, m->scratch, (int)piece, MPI_BYTE, m->comm, &req);
+    if ((rc = fsdp__mpi_wait(comm, &req, c)) != 0) return rc;
+    mine = m->scratch + padded;
+    for (p = 0; p < comm->world; p++) srcs[p] = m->scratch + (size_t)p * piece;
+    fsdp__reduce_layout(comm, mine, srcs, share, c->dtype, c->op, m->scratch + padded * 2 + piece);
+    MPI_Iallgather(mine, (int)piece, MPI_BYTE, in, (int)piece, MPI_BYTE, m->comm, &req);
+    if ((rc = fsdp__mpi_wait(comm, &req, c)) != 0) return rc;
+    memcpy(c->recv, in, c->count * esize);
+    return 0;
+}
+
+FSDP__PRIVATE int fsdp__mpi_broadcast(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
+    fsdp__mpi *m = (fsdp__mpi *)impl;
+    MPI_Request req;
+    size_t bytes = c->count * fsdp_dtype_size(c->dtype);
+    if (bytes > 0x7fffffff) return fsdp_comm_fail(comm, FSDP_ERR_UNSUPPORTED, "MPI bridge: broadcasts above 2 GiB are not supported");
+    MPI_Ibcast(c->recv, (int)bytes, MPI_BYTE, c->root, m->comm, &req);
+    return fsdp__mpi_wait(comm, &req, c);
+}
+
+FSDP__PRIVATE int fsdp__mpi_barrier(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
+    fsdp__mpi *m = (fsdp__mpi *)impl;
+    MPI_Request req;
+    MPI_Ibarrier(m->comm, &req);
+    return fsdp__mpi_wait(comm, &req, c);
+}
+
+FSDP__PRIVATE void fsdp__mpi_abort(fsdp_comm *comm, void *impl) {
+    /* MPI offers no way to fail one collective on every rank but to abort the job, which
+       would kill the ranks before they can report. Local ops fail from now on; peers blocked
+       in an op with us fail by their timeout. */
+    (void)comm; (void)impl;
+}
+
+FSDP__PRIVATE void fsdp__mpi_destroy(fsdp_comm *comm, void *impl) {
+    fsdp__mpi *m = (fsdp__mpi *)impl;
+    (void)comm;
+    if (!m) return;
+    MPI_Comm_free(&m->comm);
+    if (m->finalize) MPI_Finalize();
+    FSDP_FREE(m->scratch);
+    FSDP_FREE(m);
+}
+
+/* base: the MPI communicator to duplicate (MPI_COMM_NULL: MPI_COMM_WORLD, initialising MPI
+   if nobody has). */
+FSDP__PRIVATE int fsdp__mpi_init(fsdp_comm *comm, MPI_Comm base) {
+    fsdp__mpi *m = (fsdp__mpi *)fsdp__calloc(sizeof *m);
+    int initialized = 0, provided = 0, rank = 0, size = 0;
+    if (!m) return fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "mpi: out of memory");
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+            FSDP_FREE(m);
+            return fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "mpi: MPI_Init_thread failed");
+        }
+        m->finalize = 1;
+    }
+    if (base == MPI_COMM_NULL) MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
+    else m->comm = base;
+    MPI_Comm_rank(m->comm, &rank);
+    MPI_Comm_size(m->comm, &size);
+    if (size > FSDP__MAX_WORLD || (comm->world && (comm->world != size || comm->rank != rank))) {
+        fsdp__init_fail(&comm->logger, FSDP_ERR_INVALID_ARG,
+                        "mpi: MPI says rank %d of %d, the description says rank %d of %d (at most 256 ranks)",
+                        rank, size, comm->rank, comm->world);
+        MPI_Comm_free(&m->comm);
+        if (m->finalize) MPI_Finalize();
+        FSDP_FREE(m);
+        return FSDP_ERR_INVALID_ARG;
+    }
+    comm->rank = rank;
+    comm->world = size;
+    comm->impl = m;
+    return 0;
+}
+
+/* --- the mpi row ---------------------------------------------------------------------------- */
+/* MPI_COMM_WORLD's duplicate, or the communicator a split made (inherit->engine_comm). */
+FSDP__PRIVATE int fsdp__mpi_create(fsdp_comm *comm, const fsdp_comm_desc *desc, fsdp__inherit *inherit) {
+    int rc = fsdp__mpi_init(comm, inherit && inherit->engine_comm ? *(MPI_Comm *)inherit->engine_comm : MPI_COMM_NULL);
+    (void)desc;
+    return rc ? rc : fsdp__comm_learn_topology(comm, 0);
+}
+
+/* MPI_Comm_split (collective over the parent even where the group is made of shared memory). */
+FSDP__PRIVATE int fsdp__mpi_split(fsdp_comm *parent, fsdp__split *sp, fsdp_comm **out) {
+    MPI_Comm split;
+    fsdp__inherit inherit;
+    if (MPI_Comm_split(((fsdp__mpi *)parent->impl)->comm, sp->info.color, sp->info.key, &split) != MPI_SUCCESS)
+        return fsdp_comm_fail(parent, FSDP_ERR_SYSTEM, "fsdp_comm_split: MPI_Comm_split failed");
+    if (sp->desc.backend != FSDP_BACKEND_MPI) {
+        MPI_Comm_free(&split);
+        return fsdp__comm_create(out, &sp->desc, parent, NULL);
+    }
+    memset(&inherit, 0, sizeof inherit);
+    inherit.listen_fd = -1;
+    inherit.engine_comm = &split;
+    return fsdp__comm_create(out, &sp->desc, parent, &inherit);
+}
+
+/* The environment's default under an MPI launcher (Open MPI's or PMI's variables). */
+static int fsdp__mpi_env_claims(const fsdp_comm_desc *desc) {
+    (void)desc;
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") ? 3 : 0;
+}
+
+static const fsdp__transport fsdp__mpi_transport = {
+    {"mpi", fsdp__mpi_all_gather, fsdp__mpi_reduce_scatter, fsdp__mpi_all_reduce, fsdp__mpi_broadcast,
+     fsdp__mpi_barrier, fsdp__mpi_abort, fsdp__mpi_destroy, 1, NULL},
+    FSDP_BACKEND_MPI, "mpi", FSDP__CAP_ENV | FSDP__CAP_OWN_RANKS, FSDP__MAX_WORLD,
+    fsdp__mpi_create, fsdp__mpi_split, NULL, NULL, NULL, fsdp__mpi_env_claims, NULL, NULL, NULL};
+#else
+FSDP__PRIVATE int fsdp__mpi_create(fsdp_comm *comm, const fsdp_comm_desc *desc, fsdp__inherit *inherit) {
+    (void)desc; (void)inherit;
+    return fsdp__init_fail(&comm->logger, FSDP_ERR_UNSUPPORTED, "the mpi backend needs fsdp.h compiled with "
+                           "FSDP_WITH_MPI (and mpicc)");
+}
+
+/* Without the bridge the row only names the backend and says why it cannot be made. */
+static const fsdp__transport fsdp__mpi_transport = {
+    {"mpi", NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, NULL},
+    FSDP_BACKEND_MPI, "mpi", FSDP__CAP_ENV | FSDP__CAP_OWN_RANKS, FSDP__MAX_WORLD,
+    fsdp__mpi_create, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+#endif /* FSDP_WITH_MPI */
+
+/* ============================================================================================
+   >>backends
+   The shipped backends in one table, and making communicators: fsdp_comm_init,
+   fsdp_comm_split.
+   ============================================================================================ */
+/* --- the user row: a comm over the caller's fsdp_backend table (fsdp_comm_desc.user_backend) -- */
+FSDP__PRIVATE int fsdp__user_create(fsdp_comm *comm, const fsdp_comm_desc *desc, fsdp__inherit *inherit) {
+    const fsdp_backend *b = desc->user_backend;
+    (void)inherit;
+    if (!b || !b->all_gather || !b->reduce_scatter || !b->all_reduce || !b->broadcast || !b->barrier)
+        return fsdp__init_fail(&desc->logger, FSDP_ERR_INVALID_ARG, "fsdp_comm_init: user_backend is missing or lacks an op");
+    comm->backend = b;
+    comm->impl = desc->user_impl;
+    return 0;
+}
+
+/* The table's split makes the child's impl; the child is a comm over the same table. */
+FSDP__PRIVATE int fsdp__user_split(fsdp_comm *parent, fsdp__split *sp, fsdp_comm **out) {
+    const fsdp_backend *b = parent->backend;
+    fsdp_comm_desc desc = sp->desc;
+    void *child = NULL;
+    int rc;
+    if (!b->split)
+        return fsdp_comm_fail(parent, FSDP_ERR_UNSUPPORTED, "fsdp_comm_split: the user backend '%s' has no split",
+                              b->name ? b->name : "(unnamed)");
+    if ((rc = b->split(parent, parent->impl, &sp->info, &child)) != 0) {
+        fsdp__log(&parent->logger, FSDP_LOG_ERROR, "fsdp_comm_split: the user backend '%s' could not split: %s",
+                  b->name ? b->name : "(unnamed)", fsdp_result_description(rc));
+        return rc;
+    }
+    desc.user_backend = b;
+    desc.user_impl = child;
+    if ((rc = fsdp__comm_create(out, &desc, parent, NULL)) != 0 && b->destroy) b->destroy(parent, child);
+    return rc;
+}
+
+static const fsdp__transport fsdp__user_transport = {
+    {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL},
+    FSDP_BACKEND_USER, "user", 0, 0,
+    fsdp__user_create, fsdp__user_split, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+
+/* --- the table ------------------------------------------------------------------------------ */
+/* Every kind of communicator fsdp_comm_init makes. A shipped backend is one row here, one
+   enum value (fsdp_backend_kind) and its own section. */
+static const fsdp__transport *const fsdp__transports[] = {&fsdp__shm_transport, &fsdp__sock_transport,
+                                                          &fsdp__mpi_transport, &fsdp__user_transport};
+#define FSDP__NUM_TRANSPORTS ((int)(sizeof fsdp__transports / sizeof fsdp__transports[0]))
+
+FSDP__PRIVATE const fsdp__transport *fsdp__transport_of(fsdp_backend_kind kind) {
+    int i;
+    for (i = 0; i < FSDP__NUM_TRANSPORTS; i++)
+        if (fsdp__transports[i]->kind == kind) return fsdp__transports[i];
     return NULL;
 }
 
-/* Once a comm is made, its waits spin by the whole job's ranks on this host, not only its own: a
-   split's few ranks share the cores with the rest of the job (HYBRID_SHARD's groups of 2 among 4
-   ranks on 2 cores spent 4.8% of the run spinning in fsdp__shm_wait, against 0.4% for FULL_SHARD). */
-FSDP__PRIVATE void fsdp__comm_spin_if_room(fsdp_comm *comm) {
-    double *spin = fsdp__spin_of(comm);
-    if (spin) *spin = fsdp__spin_seconds(comm->crowd);
-}
-
-FSDP_API int fsdp_comm_spins(const fsdp_comm *comm) {
-    const double *spin = fsdp__spin_of(comm);
-    return spin && *spin > 0;
-}
-
-/* >>collectives: creating a communicator ------------------------------------------------- */
-/* What makes ranks "one host" for fsdp.h: they can share memory through the same /dev/shm.
-   Learned from facts, not from LOCAL_WORLD_SIZE: a digest of the host name, the boot id, the
-   device and inode of the /dev/shm this process sees, and its network namespace, so ranks in
-   different network or mount namespaces (containers, test hosts) count as different hosts. */
-FSDP__PRIVATE void fsdp__host_facts(unsigned char out[32]) {
-    char name[256] = "", boot[64] = "", net[64] = "";
-    struct stat st;
-    unsigned long long dev = 0, ino = 0;
-    fsdp__sha256 h;
-    ssize_t got;
-    int fd;
-    gethostname(name, sizeof name - 1);
-    if ((fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC)) >= 0) {
-        if ((got = read(fd, boot, sizeof boot - 1)) > 0) boot[got] = 0;
-        close(fd);
-    }
-    if ((got = readlink("/proc/self/ns/net", net, sizeof net - 1)) > 0) net[got] = 0;
-    if (stat("/dev/shm", &st) == 0) {
-        dev = (unsigned long long)st.st_dev;
-        ino = (unsigned long long)st.st_ino;
-    }
-    fsdp__sha256_init(&h);
-    fsdp__sha256_update(&h, "fsdp.h host", 12);
-    fsdp__sha256_update(&h, name, strlen(name) + 1);
-    fsdp__sha256_update(&h, boot, strlen(boot) + 1);
-    fsdp__sha256_update(&h, net, strlen(net) + 1);
-    fsdp__sha256_update(&h, &dev, sizeof dev);
-    fsdp__sha256_update(&h, &ino, sizeof ino);
-    fsdp__sha256_final(&h, out);
-}
-
-/* Sets host_of, num_hosts, host, local_rank and local_world. With everyone = 1 (one shm
-   segment) the ranks are one host by construction; else they all-gather their host facts
-   (collective: the comm's first op). */
-FSDP__PRIVATE int fsdp__comm_topology(fsdp_comm *comm, int everyone) {
-    unsigned char *all = NULL, mine[32];
-    int r, q, rc = 0;
-    if (!(comm->host_of = (int *)fsdp__calloc(sizeof(int) * (size_t)comm->world))) return FSDP_ERR_OUT_OF_MEMORY;
-    if (!everyone && comm->world > 1) {
-        if (!(all = (unsigned char *)FSDP_MALLOC(16 * (size_t)comm->world))) return FSDP_ERR_OUT_OF_MEMORY;
-        fsdp__host_facts(mine);
-        rc = fsdp__collective_tagged(comm, FSDP_COLL_ALL_GATHER, mine, all, 4, FSDP_F32, FSDP_SUM, 0x70b0u);
-        for (r = 0; !rc && r < comm->world; r++) { /* host numbers in order of their lowest rank */
-            comm->host_of[r] = -1;
-            for (q = 0; q < r && comm->host_of[r] < 0; q++)
-                if (memcmp(all + 16 * (size_t)r, all + 16 * (size_t)q, 16) == 0) comm->host_of[r] = comm->host_of[q];
-            if (comm->host_of[r] < 0) comm->host_of[r] = comm->num_hosts++;
-        }
-        FSDP_FREE(all);
-        if (rc) return rc;
-    } else {
-        comm->num_hosts = 1;
-    }
-    comm->host = comm->host_of[comm->rank];
-    comm->local_rank = comm->local_world = 0;
-    for (r = 0; r < comm->world; r++)
-        if (comm->host_of[r] == comm->host) comm->local_rank += r < comm->rank, comm->local_world++;
-    /* the two-level order needs several hosts, several ranks on some, ranks numbered host by host */
-    comm->two_level = comm->num_hosts > 1 && comm->num_hosts < comm->world &&
-                      !(getenv("FSDP_HIERARCHICAL") && strcmp(getenv("FSDP_HIERARCHICAL"), "0") == 0);
-    for (r = 1; r < comm->world; r++)
-        if (comm->host_of[r] != comm->host_of[r - 1] && comm->host_of[r] != comm->host_of[r - 1] + 1) comm->two_level = 0;
+/* Checks a description before anything is made; 0 or the init's failure. */
+FSDP__PRIVATE int fsdp__comm_check_desc(const fsdp_comm_desc *desc, const fsdp__transport *t) {
+    if (!t)
+        return fsdp__init_fail(&desc->logger, FSDP_ERR_INVALID_ARG, "fsdp_comm_init: unknown backend %d", (int)desc->backend);
+    if (!(t->caps & FSDP__CAP_OWN_RANKS) && (desc->world_size < 1 || desc->rank < 0 || desc->rank >= desc->world_size))
+        return fsdp__init_fail(&desc->logger, FSDP_ERR_INVALID_ARG, "fsdp_comm_init: rank %d is not in a world of size %d",
+                               desc->rank, desc->world_size);
+    if (t->max_world && desc->world_size > t->max_world)
+        return fsdp__init_fail(&desc->logger, FSDP_ERR_UNSUPPORTED, "fsdp_comm_init: world size %d is above the %s "
+                               "backend's limit of %d", desc->world_size, t->name, t->max_world);
+    if (desc->shm_slot_bytes > FSDP__SHM_SLOT_MAX)
+        return fsdp__init_fail(&desc->logger, FSDP_ERR_INVALID_ARG, "fsdp_comm_init: shm_slot_bytes %zu is above the "
+                               "limit of %zu (1 GiB)", desc->shm_slot_bytes, FSDP__SHM_SLOT_MAX);
+    if (desc->job && strlen(desc->job) >= 48)
+        return fsdp__init_fail(&desc->logger, FSDP_ERR_INVALID_ARG, "fsdp_comm_init: the job token is %zu characters "
+                               "long; at most 47", strlen(desc->job));
     return 0;
 }
 
-/* Creates a communicator; takes ownership of listen_fd (a socket rank 0's inherited listener,
-   or -1) and of nothing else. parent: the communicator a split came from (its key), or NULL. */
+/* Creates a communicator. parent: the communicator a split came from (its key), or NULL.
+   inherit (may be NULL): what the launcher or a split prepared; its listen_fd is closed here
+   unless the transport took it. */
 FSDP__PRIVATE int fsdp__comm_create(fsdp_comm **out, const fsdp_comm_desc *desc, const fsdp_comm *parent,
-                                    int listen_fd, void *mapping, size_t map_bytes) {
+                                    fsdp__inherit *inherit) {
+    const fsdp__transport *t;
     fsdp_comm *comm = NULL;
-    int rc = 0;
+    int rc;
     fsdp__init_error[0] = 0;
     if (out) *out = NULL;
     if (!out || !desc) rc = FSDP_ERR_INVALID_ARG;
-    else if (desc->backend != FSDP_BACKEND_MPI &&
-             (desc->world_size < 1 || desc->rank < 0 || desc->rank >= desc->world_size))
-        rc = fsdp__init_fail(&desc->logger, FSDP_ERR_INVALID_ARG, "fsdp_comm_init: rank %d is not in a world of size %d",
-                             desc->rank, desc->world_size);
-    else if (desc->world_size > 256 && desc->backend != FSDP_BACKEND_USER)
-        rc = fsdp__init_fail(&desc->logger, FSDP_ERR_UNSUPPORTED, "fsdp_comm_init: world size %d is above the "
-                             "shipped backends' limit of 256", desc->world_size);
-    else if (desc->shm_slot_bytes > FSDP__SHM_SLOT_MAX)
-        rc = fsdp__init_fail(&desc->logger, FSDP_ERR_INVALID_ARG, "fsdp_comm_init: shm_slot_bytes %zu is above the "
-                             "limit of %zu (1 GiB)", desc->shm_slot_bytes, FSDP__SHM_SLOT_MAX);
-    else if (desc->job && strlen(desc->job) >= 48)
-        rc = fsdp__init_fail(&desc->logger, FSDP_ERR_INVALID_ARG, "fsdp_comm_init: the job token is %zu characters "
-                             "long; at most 47", strlen(desc->job));
-    else if (!(comm = fsdp__comm_new(desc, parent)))
+    else if ((rc = fsdp__comm_check_desc(desc, t = fsdp__transport_of(desc->backend == FSDP_BACKEND_DEFAULT
+                                                                          ? FSDP_BACKEND_SHM : desc->backend))) == 0 &&
+             !(comm = fsdp__comm_new(desc, parent)))
         rc = fsdp__init_fail(&desc->logger, FSDP_ERR_OUT_OF_MEMORY, "fsdp_comm_init: out of memory");
-    if (rc || (comm->kind != FSDP_BACKEND_SOCKET || comm->world == 1)) { /* nobody else will close it */
-        if (listen_fd >= 0) close(listen_fd);
-        listen_fd = -1;
+    if (!rc) {
+        comm->transport = t;
+        comm->backend = &t->ops;
+        rc = t->create(comm, desc, inherit);
     }
-    if (rc) return rc;
-    switch (comm->kind) {
-        case FSDP_BACKEND_SHM:
-            if (comm->world == 1) { comm->backend = &fsdp__shm_backend; comm->impl = NULL; break; }
-            rc = mapping ? fsdp__shm_init_mapped(comm, mapping, map_bytes, fsdp__shm_slot_bytes(desc->shm_slot_bytes),
-                                                 desc->shm_single_copy)
-                         : fsdp__shm_init(comm, desc);
-            break;
-        case FSDP_BACKEND_SOCKET:
-            if (comm->world == 1) { comm->backend = &fsdp__sock_backend; comm->impl = NULL; break; }
-            rc = fsdp__sock_init(comm, desc, listen_fd);
-            if (!rc) comm->backend = &fsdp__sock_backend;
-            break;
-        case FSDP_BACKEND_MPI:
-#ifdef FSDP_WITH_MPI
-            rc = fsdp__mpi_init(comm, MPI_COMM_NULL);
-#else
-            rc = fsdp__init_fail(&desc->logger, FSDP_ERR_UNSUPPORTED, "the mpi backend needs fsdp.h compiled with "
-                                 "FSDP_WITH_MPI (and mpicc)");
-#endif
-            break;
-        case FSDP_BACKEND_USER:
-            if (!desc->user_backend || !desc->user_backend->all_gather || !desc->user_backend->reduce_scatter ||
-                !desc->user_backend->all_reduce || !desc->user_backend->broadcast || !desc->user_backend->barrier) {
-                rc = fsdp__init_fail(&desc->logger, FSDP_ERR_INVALID_ARG, "fsdp_comm_init: user_backend is missing or "
-                                     "lacks an op");
-                break;
-            }
-            comm->backend = desc->user_backend;
-            comm->impl = desc->user_impl;
-            break;
-        default:
-            rc = fsdp__init_fail(&desc->logger, FSDP_ERR_INVALID_ARG, "fsdp_comm_init: unknown backend %d", (int)desc->backend);
+    if (inherit && inherit->listen_fd >= 0) { /* nobody else will close it */
+        close(inherit->listen_fd);
+        inherit->listen_fd = -1;
     }
-    if (!rc && comm->kind != FSDP_BACKEND_USER && (rc = fsdp__comm_topology(comm, comm->kind == FSDP_BACKEND_SHM)) != 0)
-        fsdp__init_fail(&desc->logger, rc, "fsdp_comm_init: rank %d could not learn which ranks share its host: %s",
-                        comm->rank, comm->error);
-    if (!rc && comm->local_world > comm->crowd) comm->crowd = comm->local_world;
-    if (!rc && comm->kind == FSDP_BACKEND_SOCKET && comm->world > 1 && (rc = fsdp__hier_setup(comm, desc)) != 0)
-        fsdp__init_fail(&desc->logger, rc, "fsdp_comm_init: rank %d could not set up shared memory with its host: %s",
-                        comm->rank, comm->error);
     if (rc) {
-        if (comm->backend && comm->backend->destroy) comm->backend->destroy(comm, comm->impl);
-        comm->backend = NULL;
+        if (comm && comm->backend && comm->backend->destroy) comm->backend->destroy(comm, comm->impl);
+        if (comm) comm->backend = NULL;
         fsdp_comm_destroy(comm);
         return rc;
     }
+    if (comm->local_world > comm->crowd) comm->crowd = comm->local_world;
     fsdp__comm_spin_if_room(comm);
     fsdp__log(&comm->logger, FSDP_LOG_INFO, "rank %d of %d joined on %s (job '%s')", comm->rank, comm->world,
               fsdp_backend_name(comm->kind), comm->job);
@@ -5591,21 +6118,47 @@ FSDP__PRIVATE int fsdp__comm_create(fsdp_comm **out, const fsdp_comm_desc *desc,
 }
 
 FSDP_API int fsdp_comm_init(fsdp_comm **out, const fsdp_comm_desc *desc) {
-    return fsdp__comm_create(out, desc, NULL, -1, NULL, 0);
+    return fsdp__comm_create(out, desc, NULL, NULL);
+}
+
+/* The members of the split of this rank's color, from every parent rank's (color, key) in all:
+   sp->info's rank, size and parent ranks (by key, then parent rank), and the leader. *one_host:
+   every member on this rank's host (hosts known). */
+FSDP__PRIVATE int fsdp__split_members(const fsdp_comm *parent, const int32_t *all, fsdp__split *sp, int *members,
+                                      int *one_host) {
+    int r, k, n = 0;
+    *one_host = parent->host_of != NULL;
+    for (r = 0; r < parent->world; r++) { /* members of my color in parent rank order, then sorted by key */
+        if (all[4 * r] != sp->info.color) continue;
+        for (k = n++; k > 0 && all[4 * members[k - 1] + 1] > all[4 * r + 1]; k--) members[k] = members[k - 1];
+        members[k] = r;
+        if (parent->host_of && parent->host_of[r] != parent->host) *one_host = 0;
+    }
+    for (k = 0; k < n; k++)
+        if (members[k] == parent->rank) sp->info.rank = k;
+    sp->info.world_size = n;
+    sp->info.parent_ranks = members;
+    sp->leader = members[0];
+    return n;
 }
 
 FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **out) {
     int32_t mine[4], *all = NULL, free_mib = INT32_MAX;
-    int P, r, new_rank = 0, new_world = 0, leader = -1, rc, listen_fd = -1, one_host = 1;
-    fsdp_comm_desc desc;
-    char job[64], host[INET_ADDRSTRLEN] = "127.0.0.1";
+    int *members = NULL, r, rc, one_host;
+    char job[64];
+    fsdp__split sp;
     if (out) *out = NULL;
     if (!parent || !out) return FSDP_ERR_INVALID_ARG;
-    if (parent->kind == FSDP_BACKEND_USER)
-        return fsdp_comm_fail(parent, FSDP_ERR_UNSUPPORTED, "fsdp_comm_split: not available for user backends");
-    P = parent->world;
-    all = (int32_t *)FSDP_MALLOC(sizeof *all * 4 * (size_t)P);
-    if (!all) return FSDP_ERR_OUT_OF_MEMORY;
+    if (!parent->transport->split)
+        return fsdp_comm_fail(parent, FSDP_ERR_UNSUPPORTED, "fsdp_comm_split: %s communicators cannot be split",
+                              fsdp_comm_transport(parent));
+    all = (int32_t *)FSDP_MALLOC(sizeof *all * 4 * (size_t)parent->world);
+    members = (int *)FSDP_MALLOC(sizeof *members * (size_t)parent->world);
+    if (!all || !members) {
+        FSDP_FREE(all);
+        FSDP_FREE(members);
+        return FSDP_ERR_OUT_OF_MEMORY;
+    }
     mine[0] = color;
     mine[1] = key;
     mine[2] = fsdp__shm_free_mib();
@@ -5613,310 +6166,153 @@ FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **
     /* integers travel as f32 bit patterns: an all-gather only copies */
     rc = fsdp__collective_tagged(parent, FSDP_COLL_ALL_GATHER, mine, all, 4, FSDP_F32, FSDP_SUM, 0x5b117u);
     if (rc) goto done;
-    for (r = 0; r < P; r++) { /* members of my color ordered by (key, rank) */
-        if (all[4 * r] != color) continue;
-        if (all[4 * r + 1] < key || (all[4 * r + 1] == key && r < parent->rank)) new_rank++;
-        if (leader < 0 || all[4 * r + 1] < all[4 * leader + 1]) leader = r;
-        if (parent->host_of && parent->host_of[r] != parent->host) one_host = 0;
-        if (all[4 * r + 2] < free_mib) free_mib = all[4 * r + 2];
-        new_world++;
-    }
-    memset(&desc, 0, sizeof desc);
-    desc.backend = parent->kind;
+    memset(&sp, 0, sizeof sp);
+    sp.info.color = color;
+    sp.info.key = key;
+    fsdp__split_members(parent, all, &sp, members, &one_host);
+    for (r = 0; r < sp.info.world_size; r++)
+        if (all[4 * members[r] + 2] < free_mib) free_mib = all[4 * members[r] + 2];
+    sp.desc.backend = parent->kind;
     /* members that share a host talk through shared memory, whatever the parent's transport
        (HYBRID_SHARD's shard groups), if /dev/shm has room for their segment everywhere */
-    if ((parent->kind == FSDP_BACKEND_SOCKET || parent->kind == FSDP_BACKEND_MPI) && parent->host_of && one_host &&
-        new_world > 1 &&
-        (double)free_mib * 1048576.0 >= 2.0 * (double)fsdp__shm_layout(new_world, fsdp__shm_slot_bytes(0), NULL, NULL))
-        desc.backend = FSDP_BACKEND_SHM;
-    desc.rank = new_rank;
-    desc.world_size = new_world;
-    desc.timeout_ms = parent->timeout_ms;
-    desc.logger = parent->logger;
+    if (one_host && sp.info.world_size > 1 && fsdp__shm_fits(sp.info.world_size, 0, free_mib))
+        sp.desc.backend = FSDP_BACKEND_SHM;
+    sp.desc.rank = sp.info.rank;
+    sp.desc.world_size = sp.info.world_size;
+    sp.desc.timeout_ms = parent->timeout_ms;
+    sp.desc.logger = parent->logger;
     /* unique per split and short whatever the parent's token (at most 16 + 1 + 16 + 1 + 8 characters) */
     fsdp__fmt(job, sizeof job, "%.16s.%llx.%x", parent->job, (unsigned long long)parent->seq, (unsigned)color);
-    desc.job = job;
-    if (parent->kind == FSDP_BACKEND_SHM && parent->impl) desc.shm_slot_bytes = ((fsdp__shm *)parent->impl)->slot_bytes;
-    if (parent->kind == FSDP_BACKEND_SOCKET && parent->impl) { /* every rank of the parent takes part */
-        /* a socket group's rank 0 listens where its peers already reach it */
-        struct sockaddr_in at = fsdp__sock_of(parent)->local;
-        socklen_t len = sizeof at;
-        mine[2] = mine[3] = 0;
-        if (desc.backend == FSDP_BACKEND_SOCKET && new_rank == 0 && new_world > 1) {
-            at.sin_port = 0;
-            listen_fd = fsdp__sock_listen(&at, new_world + 8);
-            if (listen_fd < 0 || getsockname(listen_fd, (struct sockaddr *)&at, &len) != 0) {
-                rc = fsdp_comm_fail(parent, FSDP_ERR_SYSTEM, "fsdp_comm_split: rank %d cannot listen: %s", parent->rank,
-                                    strerror(errno));
-                goto done;
-            }
-            memcpy(&mine[2], &at.sin_addr.s_addr, 4);
-            mine[3] = ntohs(at.sin_port);
-        }
-        rc = fsdp__collective_tagged(parent, FSDP_COLL_ALL_GATHER, mine, all, 4, FSDP_F32, FSDP_SUM, 0x5b118u);
-        if (rc) goto done;
-        {
-            struct in_addr ip;
-            memcpy(&ip.s_addr, &all[4 * leader + 2], 4);
-            inet_ntop(AF_INET, &ip, host, sizeof host);
-        }
-        desc.master_addr = host;
-        desc.master_port = all[4 * leader + 3];
-    }
-#ifdef FSDP_WITH_MPI
-    if (parent->kind == FSDP_BACKEND_MPI) {
-        MPI_Comm split;
-        fsdp_comm *comm;
-        if (MPI_Comm_split(((fsdp__mpi *)parent->impl)->comm, color, key, &split) != MPI_SUCCESS) {
-            rc = fsdp_comm_fail(parent, FSDP_ERR_SYSTEM, "fsdp_comm_split: MPI_Comm_split failed");
-            goto done;
-        }
-        if (desc.backend == FSDP_BACKEND_SHM) { /* (collective over the parent all the same) */
-            MPI_Comm_free(&split);
-            goto create;
-        }
-        comm = fsdp__comm_new(&desc, parent);
-        if (!comm) { rc = FSDP_ERR_OUT_OF_MEMORY; goto done; }
-        comm->kind = FSDP_BACKEND_MPI;
-        if ((rc = fsdp__mpi_init(comm, split)) != 0) { fsdp_comm_destroy(comm); goto done; }
-        if ((rc = fsdp__comm_topology(comm, 0)) != 0) { fsdp_comm_destroy(comm); goto done; }
-        *out = comm;
-        goto done;
-    }
-#endif
-#ifdef FSDP_WITH_MPI
-create:
-#endif
-    rc = fsdp__comm_create(out, &desc, parent, listen_fd, NULL, 0);
-    listen_fd = -1; /* fsdp__comm_create closed it */
-    if (rc) fsdp__log(&parent->logger, FSDP_LOG_ERROR, "fsdp_comm_split: %s", fsdp__init_error);
+    sp.desc.job = job;
+    rc = parent->transport->split(parent, &sp, out);
+    if (rc && fsdp__init_error[0]) fsdp__log(&parent->logger, FSDP_LOG_ERROR, "fsdp_comm_split: %s", fsdp__init_error);
 done:
-    if (listen_fd >= 0) close(listen_fd);
     FSDP_FREE(all);
+    FSDP_FREE(members);
     return rc;
 }
 
 /* ============================================================================================
    >>env
+   fsdp_comm_init_from_env: torchrun, SLURM, Open MPI and MPICH conventions.
    ============================================================================================ */
-/* Reads the first set variable of a list as an int in [lo, hi]. 1 found, 0 unset, -1 malformed. */
-FSDP__PRIVATE int fsdp__env_int(const char *const *names, long lo, long hi, long *out, char *err, size_t err_size) {
-    int i;
-    for (i = 0; names[i]; i++) {
-        const char *text = getenv(names[i]);
-        if (!text) continue;
-        if (fsdp__parse_int(text, lo, hi, out) != 0) {
-            fsdp__fmt(err, err_size, "environment variable %s='%s' is not an integer in [%ld, %ld]", names[i], text, lo, hi);
-            return -1;
-        }
-        return 1;
-    }
-    return 0;
-}
+/* The launchers' integers (torchrun's, SLURM's, Open MPI's, PMI's names, first set wins). */
+typedef struct fsdp__env_ints {
+    long rank, world, local_rank, local_world, port, timeout;
+    int have_rank, have_world;
+} fsdp__env_ints;
 
-FSDP_API int fsdp_comm_alloc(fsdp_comm *comm, size_t bytes, void **out) {
-    fsdp__region *r;
-    int rc = 0;
-    if (out) *out = NULL;
-    if (!comm || !out) return FSDP_ERR_INVALID_ARG;
-    if (bytes > SIZE_MAX / 2) {
-        fsdp__log(&comm->logger, FSDP_LOG_ERROR, "fsdp_comm_alloc: %zu bytes is too large", bytes);
-        return FSDP_ERR_INVALID_ARG;
-    }
-    if (fsdp__load(&comm->status) != FSDP_SUCCESS) return FSDP_ERR_ABORTED;
-    if (comm->backend == &fsdp__hier_backend) /* shared with the ranks of this host, which read it */
-        return fsdp_comm_alloc(((fsdp__hier *)comm->impl)->local, bytes, out);
-    if (!(r = (fsdp__region *)fsdp__calloc(sizeof *r))) return FSDP_ERR_OUT_OF_MEMORY;
-    r->bytes = bytes ? bytes : 1;
-    r->id = comm->allocations++;
-    if (comm->backend == &fsdp__shm_backend && comm->world > 1 && (rc = fsdp__shm_share(comm, r)) != 0) {
-        FSDP_FREE(r);
-        return rc;
-    }
-    if (!r->base) { /* ordinary memory, 64-byte aligned */
-        if (!(r->raw = FSDP_MALLOC(r->bytes + 64))) {
-            FSDP_FREE(r);
-            return FSDP_ERR_OUT_OF_MEMORY;
-        }
-        r->base = (char *)r->raw + (64 - (uintptr_t)r->raw % 64);
-        memset(r->base, 0, r->bytes);
-    }
-    r->next = comm->regions;
-    comm->regions = r;
-    *out = r->base;
-    return FSDP_SUCCESS;
-}
-
-FSDP_API void fsdp_comm_free(fsdp_comm *comm, void *ptr) {
-    fsdp__region **at;
-    if (!comm || !ptr) return;
-    if (comm->backend == &fsdp__hier_backend) {
-        fsdp_comm_free(((fsdp__hier *)comm->impl)->local, ptr);
-        return;
-    }
-    for (at = &comm->regions; *at; at = &(*at)->next)
-        if ((*at)->base == (char *)ptr) {
-            fsdp__region *r = *at;
-            *at = r->next;
-            fsdp__region_release(r, comm->world);
-            return;
-        }
-    fsdp__log(&comm->logger, FSDP_LOG_ERROR, "fsdp_comm_free: %p is not memory from fsdp_comm_alloc on this comm", ptr);
-}
-
-FSDP_API int fsdp_comm_is_shared(const fsdp_comm *comm, const void *ptr, size_t bytes) {
-    if (comm && comm->backend == &fsdp__hier_backend) return fsdp_comm_is_shared(((fsdp__hier *)comm->impl)->local, ptr, bytes);
-    return comm && fsdp__shared_region(comm, ptr, bytes) != NULL;
-}
-
-/* Reads the job's secret from FSDP_SECRET_FILE's file: a regular file (no FIFO or device to
-   hang on) that only its owner, this user, can read, holding 1..size-1 bytes; one trailing
-   newline is dropped. 0, or -1 with the reason in err (which never shows the file's bytes). */
-FSDP__PRIVATE int fsdp__read_secret_file(const char *path, char *secret, size_t size, char *err, size_t err_size) {
-    struct stat st;
-    ssize_t got = 0;
-    size_t n = 0;
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
-        fsdp__fmt(err, err_size, "environment variable FSDP_SECRET_FILE=%.200s: cannot open it: %s", path, strerror(errno));
-        return -1;
-    }
-    memset(&st, 0, sizeof st);
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
-        fsdp__fmt(err, err_size, "environment variable FSDP_SECRET_FILE=%.200s: %s", path,
-                  !S_ISREG(st.st_mode) ? "not a regular file"
-                  : st.st_uid != geteuid() ? "owned by another user"
-                                           : "group or others may read it (chmod 600 it)");
-        close(fd);
-        return -1;
-    }
-    while (n < size && (got = read(fd, secret + n, size - n)) != 0) {
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0) break;
-        n += (size_t)got;
-    }
-    close(fd);
-    if (n > 0 && secret[n - 1] == '\n') n--;
-    if (got < 0 || n == 0 || n >= size) {
-        fsdp__fmt(err, err_size, "environment variable FSDP_SECRET_FILE=%.200s: %s", path,
-                  got < 0 ? "read failed" : n == 0 ? "the file is empty" : "the secret is longer than 1024 bytes");
-        fsdp__wipe(secret, size);
-        return -1;
-    }
-    secret[n] = 0;
-    if (memchr(secret, 0, n)) {
-        fsdp__fmt(err, err_size, "environment variable FSDP_SECRET_FILE=%.200s: the secret holds a NUL byte", path);
-        fsdp__wipe(secret, size);
-        return -1;
-    }
-    return 0;
-}
-
-FSDP_API int fsdp_comm_init_from_env(fsdp_comm **out, const fsdp_comm_desc *defaults, char *errbuf,
-                                     size_t errbuf_size) {
+FSDP__PRIVATE int fsdp__env_read_ints(fsdp__env_ints *v, char *err, size_t err_size) {
     static const char *const rank_vars[] = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", NULL};
     static const char *const world_vars[] = {"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", NULL};
     static const char *const local_rank_vars[] = {"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", NULL};
     static const char *const local_world_vars[] = {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", NULL};
     static const char *const port_vars[] = {"MASTER_PORT", NULL};
     static const char *const timeout_vars[] = {"FSDP_TIMEOUT_MS", NULL};
+    memset(v, 0, sizeof *v);
+    if ((v->have_rank = fsdp__env_int(rank_vars, 0, 1 << 20, &v->rank, err, err_size)) < 0 ||
+        (v->have_world = fsdp__env_int(world_vars, 1, 1 << 20, &v->world, err, err_size)) < 0 ||
+        fsdp__env_int(local_rank_vars, 0, 1 << 20, &v->local_rank, err, err_size) < 0 ||
+        fsdp__env_int(local_world_vars, 1, 1 << 20, &v->local_world, err, err_size) < 0 ||
+        fsdp__env_int(port_vars, 1, 65535, &v->port, err, err_size) < 0 ||
+        fsdp__env_int(timeout_vars, 1, 0x7fffffffL, &v->timeout, err, err_size) < 0)
+        return FSDP_ERR_ENV;
+    return 0;
+}
+
+/* The backend: FSDP_BACKEND names a row of the table; else the description's; else the row that
+   claims this environment most (an MPI launcher: mpi, when built with it; every rank on this
+   host: shm; else socket). */
+FSDP__PRIVATE int fsdp__env_backend(fsdp_comm_desc *desc, const fsdp__env_ints *v, char *err, size_t err_size) {
+    const char *name = getenv("FSDP_BACKEND");
+    int i, best = 0;
+    if (name && *name) {
+        size_t used = 0;
+        char names[64] = "";
+        for (i = 0; i < FSDP__NUM_TRANSPORTS; i++) {
+            const fsdp__transport *t = fsdp__transports[i];
+            if (!(t->caps & FSDP__CAP_ENV)) continue;
+            if (strcmp(name, t->name) == 0) {
+                desc->backend = t->kind;
+                return 0;
+            }
+            used += (size_t)fsdp__fmt(names + used, sizeof names - used, "%s%s", used ? ", " : "", t->name);
+        }
+        fsdp__fmt(err, err_size, "environment variable FSDP_BACKEND='%s' is not one of %s", name, names);
+        return FSDP_ERR_ENV;
+    }
+    if (desc->backend != FSDP_BACKEND_DEFAULT) return 0;
+    for (i = 0; i < FSDP__NUM_TRANSPORTS; i++) {
+        fsdp_comm_desc seen = *desc;
+        int claim;
+        seen.world_size = v->have_world ? (int)v->world : 0;
+        seen.local_world_size = (int)v->local_world;
+        claim = fsdp__transports[i]->env_claims ? fsdp__transports[i]->env_claims(&seen) : 0;
+        if (claim > best) {
+            best = claim;
+            desc->backend = fsdp__transports[i]->kind;
+        }
+    }
+    return 0;
+}
+
+/* The job token: explicit, else the launcher's job id (torchrun's also names the attempt: ranks
+   left over from an attempt that failed cannot join the next), else the rendezvous port; ""
+   when the environment names none. */
+FSDP__PRIVATE void fsdp__env_job(const fsdp_comm_desc *desc, long port, char *job, size_t size) {
+    const char *text, *run_id = getenv("TORCHELASTIC_RUN_ID"), *restart = getenv("TORCHELASTIC_RESTART_COUNT");
+    job[0] = 0;
+    if ((text = getenv("FSDP_JOB")) && *text) fsdp__copy_string(job, size, text);
+    else if (desc->job && *desc->job) fsdp__copy_string(job, size, desc->job);
+    else if (run_id && *run_id) /* static rendezvous: the same MASTER_PORT every attempt, so the attempt
+                                     tells them apart; c10d picks a new port every round, and a node whose
+                                     own workers did not fail keeps its old restart count */
+        fsdp__fmt(job, size, "te-%.20s-%ld.%.8s", run_id, port,
+                  (text = getenv("TORCHELASTIC_USE_AGENT_STORE")) && strcmp(text, "True") == 0
+                      ? (restart && *restart ? restart : "0") : "c10d");
+    else if ((text = getenv("SLURM_JOB_ID")) && *text)
+        fsdp__fmt(job, size, "slurm-%.20s-%.10s", text, getenv("SLURM_STEP_ID") ? getenv("SLURM_STEP_ID") : "0");
+    else if (port) fsdp__fmt(job, size, "port-%ld", port);
+}
+
+FSDP_API int fsdp_comm_init_from_env(fsdp_comm **out, const fsdp_comm_desc *defaults, char *errbuf,
+                                     size_t errbuf_size) {
     fsdp_comm_desc desc;
-    char err[FSDP__ERRMSG] = "", job[64], secret[1025], store_key[128];
-    const char *backend = getenv("FSDP_BACKEND"), *text;
-    const char *run_id = getenv("TORCHELASTIC_RUN_ID"), *restart = getenv("TORCHELASTIC_RESTART_COUNT");
-    long rank = 0, world = 0, local_rank = 0, local_world = 0, port = 0, timeout = 0;
-    int have_rank, have_world, rc;
+    fsdp__env_ints v;
+    const fsdp__transport *t;
+    char err[FSDP__ERRMSG] = "", job[64], secret[1025], scratch[128];
+    const char *text;
+    int rc;
     if (out) *out = NULL;
     if (!out) return FSDP_ERR_INVALID_ARG;
     memset(&desc, 0, sizeof desc);
     if (defaults) desc = *defaults;
     desc.logger = fsdp__env_logger(desc.logger);
-    if ((have_rank = fsdp__env_int(rank_vars, 0, 1 << 20, &rank, err, sizeof err)) < 0 ||
-        (have_world = fsdp__env_int(world_vars, 1, 1 << 20, &world, err, sizeof err)) < 0 ||
-        fsdp__env_int(local_rank_vars, 0, 1 << 20, &local_rank, err, sizeof err) < 0 ||
-        fsdp__env_int(local_world_vars, 1, 1 << 20, &local_world, err, sizeof err) < 0 ||
-        fsdp__env_int(port_vars, 1, 65535, &port, err, sizeof err) < 0 ||
-        fsdp__env_int(timeout_vars, 1, 0x7fffffffL, &timeout, err, sizeof err) < 0) {
-        rc = FSDP_ERR_ENV;
+    if ((rc = fsdp__env_read_ints(&v, err, sizeof err)) != 0 || (rc = fsdp__env_backend(&desc, &v, err, sizeof err)) != 0)
         goto fail;
-    }
-    if (backend && *backend) {
-        if (strcmp(backend, "shm") == 0) desc.backend = FSDP_BACKEND_SHM;
-        else if (strcmp(backend, "socket") == 0) desc.backend = FSDP_BACKEND_SOCKET;
-        else if (strcmp(backend, "mpi") == 0) desc.backend = FSDP_BACKEND_MPI;
-        else {
-            fsdp__fmt(err, sizeof err, "environment variable FSDP_BACKEND='%s' is not one of shm, socket, mpi", backend);
-            rc = FSDP_ERR_ENV;
-            goto fail;
-        }
-    } else if (desc.backend == FSDP_BACKEND_DEFAULT) {
-#ifdef FSDP_WITH_MPI
-        if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE")) desc.backend = FSDP_BACKEND_MPI;
-        else
-#endif
-        desc.backend = have_world && local_world == world ? FSDP_BACKEND_SHM : FSDP_BACKEND_SOCKET;
-    }
-    if (desc.backend != FSDP_BACKEND_MPI) {
-        if (!have_rank || !have_world) {
+    t = fsdp__transport_of(desc.backend);
+    if (t && !(t->caps & FSDP__CAP_OWN_RANKS)) {
+        rc = FSDP_ERR_ENV;
+        if (!v.have_rank || !v.have_world) {
             fsdp__fmt(err, sizeof err, "environment variable %s is not set (set RANK and WORLD_SIZE as torchrun does, or "
-                     "run under SLURM or mpirun)", !have_rank ? "RANK" : "WORLD_SIZE");
-            rc = FSDP_ERR_ENV;
+                      "run under SLURM or mpirun)", !v.have_rank ? "RANK" : "WORLD_SIZE");
             goto fail;
         }
-        if (rank >= world) {
-            fsdp__fmt(err, sizeof err, "environment variable RANK=%ld is not below WORLD_SIZE=%ld", rank, world);
-            rc = FSDP_ERR_ENV;
+        if (v.rank >= v.world) {
+            fsdp__fmt(err, sizeof err, "environment variable RANK=%ld is not below WORLD_SIZE=%ld", v.rank, v.world);
             goto fail;
         }
-        desc.rank = (int)rank;
-        desc.world_size = (int)world;
+        desc.rank = (int)v.rank;
+        desc.world_size = (int)v.world;
     }
-    desc.local_rank = (int)local_rank;
-    desc.local_world_size = (int)local_world;
-    if (timeout) desc.timeout_ms = (int)timeout;
-    if (desc.backend == FSDP_BACKEND_SOCKET) {
-        text = getenv("MASTER_ADDR");
-        if (!text || !*text) text = desc.master_addr;
-        if (!text || !*text) {
-            fsdp__fmt(err, sizeof err, "environment variable MASTER_ADDR is not set (the address of rank 0's host)");
-            rc = FSDP_ERR_ENV;
-            goto fail;
-        }
-        desc.master_addr = text;
-        if (port) desc.master_port = (int)port;
-        /* torchrun's static rendezvous: the agent's store holds MASTER_PORT (the test torch's
-           own workers use); rank 0 meets the others through it */
-        if ((text = getenv("TORCHELASTIC_USE_AGENT_STORE")) && strcmp(text, "True") == 0 && !desc.store_key) {
-            fsdp__fmt(store_key, sizeof store_key, "/fsdp.h/rank0/%.40s/%.12s", run_id && *run_id ? run_id : "none",
-                      restart && *restart ? restart : "0");
-            desc.store_key = store_key;
-        }
-        if (!desc.master_port) {
-            fsdp__fmt(err, sizeof err, "environment variable MASTER_PORT is not set (a free TCP port on rank 0's host)");
-            rc = FSDP_ERR_ENV;
-            goto fail;
-        }
-    }
-    /* job token: explicit, else the launcher's job id (torchrun's also names the attempt: ranks
-       left over from an attempt that failed cannot join the next), else the rendezvous port */
-    if ((text = getenv("FSDP_JOB")) && *text) fsdp__copy_string(job, sizeof job, text);
-    else if (desc.job && *desc.job) fsdp__copy_string(job, sizeof job, desc.job);
-    else if (run_id && *run_id) /* static rendezvous: the same MASTER_PORT every attempt, so the attempt
-                                     tells them apart; c10d picks a new port every round, and a node whose
-                                     own workers did not fail keeps its old restart count */
-        fsdp__fmt(job, sizeof job, "te-%.20s-%ld.%.8s", run_id, port,
-                  (text = getenv("TORCHELASTIC_USE_AGENT_STORE")) && strcmp(text, "True") == 0
-                      ? (restart && *restart ? restart : "0") : "c10d");
-    else if ((text = getenv("SLURM_JOB_ID")) && *text)
-        fsdp__fmt(job, sizeof job, "slurm-%.20s-%.10s", text, getenv("SLURM_STEP_ID") ? getenv("SLURM_STEP_ID") : "0");
-    else if (port) fsdp__fmt(job, sizeof job, "port-%ld", port);
-    else if (desc.backend == FSDP_BACKEND_SHM) {
-        fsdp__fmt(err, sizeof err, "environment variable FSDP_JOB is not set (the shm backend names its segment after "
-                 "it; MASTER_PORT, TORCHELASTIC_RUN_ID or SLURM_JOB_ID would also do)");
-        rc = FSDP_ERR_ENV;
-        goto fail;
-    } else fsdp__copy_string(job, sizeof job, "fsdp");
-    desc.job = job;
+    desc.local_rank = (int)v.local_rank;
+    desc.local_world_size = (int)v.local_world;
+    if (v.timeout) desc.timeout_ms = (int)v.timeout;
+    if (v.port) desc.master_port = (int)v.port;
+    fsdp__env_job(&desc, v.port, job, sizeof job);
+    desc.job = *job ? job : NULL;
+    if (t && t->env_read && (rc = t->env_read(&desc, scratch, sizeof scratch, err, sizeof err)) != 0) goto fail;
+    if (!desc.job) desc.job = "fsdp";
     if ((text = getenv("FSDP_SECRET")) && *text) {
         desc.secret = text;
     } else if ((text = getenv("FSDP_SECRET_FILE")) && *text) {
@@ -5926,7 +6322,7 @@ FSDP_API int fsdp_comm_init_from_env(fsdp_comm **out, const fsdp_comm_desc *defa
         }
         desc.secret = secret;
     }
-    rc = fsdp__comm_create(out, &desc, NULL, -1, NULL, 0);
+    rc = fsdp__comm_create(out, &desc, NULL, NULL);
     fsdp__wipe(secret, sizeof secret);
     if (rc && errbuf && errbuf_size) fsdp__copy_string(errbuf, errbuf_size, fsdp__init_error);
     return rc;
@@ -5937,7 +6333,7 @@ fail:
 }
 
 /* ============================================================================================
-   >>model (implementation)
+   >>model
    ============================================================================================ */
 typedef struct fsdp__module {
     char *name;            /* full dotted name; "" for the root */
@@ -6171,7 +6567,7 @@ FSDP_API float fsdp_init_value(const fsdp_model *m, int param, int64_t index, ui
 }
 
 /* ============================================================================================
-   >>wrap (implementation)
+   >>wrap
    Units are found bottom-up: a module's "unwrapped" parameters are its own plus those of
    children that did not become units; the policy looks at that count (PyTorch's semantics).
    The root is always a unit and owns whatever no child unit took.
@@ -6293,7 +6689,7 @@ FSDP__PRIVATE int fsdp__plan_build(const fsdp_model *m, const fsdp_desc *desc, i
 }
 
 /* ============================================================================================
-   >>runtime (implementation)
+   >>runtime
    The compute thread calls the hooks; one comm thread runs every collective of the context in
    the order they were issued (every rank issues the same sequence), so gathers of the next unit
    overlap this unit's compute and reductions overlap the rest of backward. Tasks finish in
@@ -6621,9 +7017,9 @@ FSDP__PRIVATE uint64_t fsdp__enqueue(fsdp_ctx *ctx, const fsdp__task *task, int 
     return id;
 }
 
-/* Whether a waiting thread may run queued tasks itself: only on the built-in shm and socket
-   backends, whose every op ends by its deadline. An op of another backend (MPI, a user's) may
-   not, and then the waiter must stay free to give up and abort it (below). */
+/* Whether a waiting thread may run queued tasks itself: only where every op ends by its deadline
+   (the shm and socket transports). An op of another backend (MPI, a user's) may not, and then
+   the waiter must stay free to give up and abort it (below). */
 static int fsdp__can_help(const fsdp_ctx *ctx) {
     const fsdp_comm *comms[3];
     int i;
@@ -6631,7 +7027,7 @@ static int fsdp__can_help(const fsdp_ctx *ctx) {
     comms[1] = ctx->hybrid_shard_comm;
     comms[2] = ctx->hybrid_replica_comm;
     for (i = 0; i < 3; i++)
-        if (comms[i] && comms[i]->kind != FSDP_BACKEND_SHM && comms[i]->kind != FSDP_BACKEND_SOCKET) return 0;
+        if (comms[i] && !fsdp__comm_keeps_deadline(comms[i])) return 0;
     return 1;
 }
 
@@ -7831,73 +8227,9 @@ FSDP_API int fsdp_set_param_full(fsdp_ctx *ctx, int param, const float *full) {
 }
 
 /* ============================================================================================
-   >>checkpoint (implementation)
+   >>json
+   A pull parser (safetensors headers, index.json) and a string builder that writes JSON.
    ============================================================================================ */
-static const uint32_t fsdp__crc32c_table[256] = {
-    0x00000000u, 0xf26b8303u, 0xe13b70f7u, 0x1350f3f4u, 0xc79a971fu, 0x35f1141cu, 0x26a1e7e8u, 0xd4ca64ebu,
-    0x8ad958cfu, 0x78b2dbccu, 0x6be22838u, 0x9989ab3bu, 0x4d43cfd0u, 0xbf284cd3u, 0xac78bf27u, 0x5e133c24u,
-    0x105ec76fu, 0xe235446cu, 0xf165b798u, 0x030e349bu, 0xd7c45070u, 0x25afd373u, 0x36ff2087u, 0xc494a384u,
-    0x9a879fa0u, 0x68ec1ca3u, 0x7bbcef57u, 0x89d76c54u, 0x5d1d08bfu, 0xaf768bbcu, 0xbc267848u, 0x4e4dfb4bu,
-    0x20bd8edeu, 0xd2d60dddu, 0xc186fe29u, 0x33ed7d2au, 0xe72719c1u, 0x154c9ac2u, 0x061c6936u, 0xf477ea35u,
-    0xaa64d611u, 0x580f5512u, 0x4b5fa6e6u, 0xb93425e5u, 0x6dfe410eu, 0x9f95c20du, 0x8cc531f9u, 0x7eaeb2fau,
-    0x30e349b1u, 0xc288cab2u, 0xd1d83946u, 0x23b3ba45u, 0xf779deaeu, 0x05125dadu, 0x1642ae59u, 0xe4292d5au,
-    0xba3a117eu, 0x4851927du, 0x5b016189u, 0xa96ae28au, 0x7da08661u, 0x8fcb0562u, 0x9c9bf696u, 0x6ef07595u,
-    0x417b1dbcu, 0xb3109ebfu, 0xa0406d4bu, 0x522bee48u, 0x86e18aa3u, 0x748a09a0u, 0x67dafa54u, 0x95b17957u,
-    0xcba24573u, 0x39c9c670u, 0x2a993584u, 0xd8f2b687u, 0x0c38d26cu, 0xfe53516fu, 0xed03a29bu, 0x1f682198u,
-    0x5125dad3u, 0xa34e59d0u, 0xb01eaa24u, 0x42752927u, 0x96bf4dccu, 0x64d4cecfu, 0x77843d3bu, 0x85efbe38u,
-    0xdbfc821cu, 0x2997011fu, 0x3ac7f2ebu, 0xc8ac71e8u, 0x1c661503u, 0xee0d9600u, 0xfd5d65f4u, 0x0f36e6f7u,
-    0x61c69362u, 0x93ad1061u, 0x80fde395u, 0x72966096u, 0xa65c047du, 0x5437877eu, 0x4767748au, 0xb50cf789u,
-    0xeb1fcbadu, 0x197448aeu, 0x0a24bb5au, 0xf84f3859u, 0x2c855cb2u, 0xdeeedfb1u, 0xcdbe2c45u, 0x3fd5af46u,
-    0x7198540du, 0x83f3d70eu, 0x90a324fau, 0x62c8a7f9u, 0xb602c312u, 0x44694011u, 0x5739b3e5u, 0xa55230e6u,
-    0xfb410cc2u, 0x092a8fc1u, 0x1a7a7c35u, 0xe811ff36u, 0x3cdb9bddu, 0xceb018deu, 0xdde0eb2au, 0x2f8b6829u,
-    0x82f63b78u, 0x709db87bu, 0x63cd4b8fu, 0x91a6c88cu, 0x456cac67u, 0xb7072f64u, 0xa457dc90u, 0x563c5f93u,
-    0x082f63b7u, 0xfa44e0b4u, 0xe9141340u, 0x1b7f9043u, 0xcfb5f4a8u, 0x3dde77abu, 0x2e8e845fu, 0xdce5075cu,
-    0x92a8fc17u, 0x60c37f14u, 0x73938ce0u, 0x81f80fe3u, 0x55326b08u, 0xa759e80bu, 0xb4091bffu, 0x466298fcu,
-    0x1871a4d8u, 0xea1a27dbu, 0xf94ad42fu, 0x0b21572cu, 0xdfeb33c7u, 0x2d80b0c4u, 0x3ed04330u, 0xccbbc033u,
-    0xa24bb5a6u, 0x502036a5u, 0x4370c551u, 0xb11b4652u, 0x65d122b9u, 0x97baa1bau, 0x84ea524eu, 0x7681d14du,
-    0x2892ed69u, 0xdaf96e6au, 0xc9a99d9eu, 0x3bc21e9du, 0xef087a76u, 0x1d63f975u, 0x0e330a81u, 0xfc588982u,
-    0xb21572c9u, 0x407ef1cau, 0x532e023eu, 0xa145813du, 0x758fe5d6u, 0x87e466d5u, 0x94b49521u, 0x66df1622u,
-    0x38cc2a06u, 0xcaa7a905u, 0xd9f75af1u, 0x2b9cd9f2u, 0xff56bd19u, 0x0d3d3e1au, 0x1e6dcdeeu, 0xec064eedu,
-    0xc38d26c4u, 0x31e6a5c7u, 0x22b65633u, 0xd0ddd530u, 0x0417b1dbu, 0xf67c32d8u, 0xe52cc12cu, 0x1747422fu,
-    0x49547e0bu, 0xbb3ffd08u, 0xa86f0efcu, 0x5a048dffu, 0x8ecee914u, 0x7ca56a17u, 0x6ff599e3u, 0x9d9e1ae0u,
-    0xd3d3e1abu, 0x21b862a8u, 0x32e8915cu, 0xc083125fu, 0x144976b4u, 0xe622f5b7u, 0xf5720643u, 0x07198540u,
-    0x590ab964u, 0xab613a67u, 0xb831c993u, 0x4a5a4a90u, 0x9e902e7bu, 0x6cfbad78u, 0x7fab5e8cu, 0x8dc0dd8fu,
-    0xe330a81au, 0x115b2b19u, 0x020bd8edu, 0xf0605beeu, 0x24aa3f05u, 0xd6c1bc06u, 0xc5914ff2u, 0x37faccf1u,
-    0x69e9f0d5u, 0x9b8273d6u, 0x88d28022u, 0x7ab90321u, 0xae7367cau, 0x5c18e4c9u, 0x4f48173du, 0xbd23943eu,
-    0xf36e6f75u, 0x0105ec76u, 0x12551f82u, 0xe03e9c81u, 0x34f4f86au, 0xc69f7b69u, 0xd5cf889du, 0x27a40b9eu,
-    0x79b737bau, 0x8bdcb4b9u, 0x988c474du, 0x6ae7c44eu, 0xbe2da0a5u, 0x4c4623a6u, 0x5f16d052u, 0xad7d5351u,
-};
-
-#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
-#  include <nmmintrin.h>
-#  define FSDP__CRC_HW 1
-__attribute__((target("sse4.2"))) static uint32_t fsdp__crc32c_hw(uint32_t crc, const unsigned char *p, size_t n) {
-    uint64_t c = crc;
-    while (n && ((uintptr_t)p & 7)) { c = _mm_crc32_u8((uint32_t)c, *p++); n--; }
-    while (n >= 8) {
-        uint64_t v;
-        memcpy(&v, p, 8);
-        c = _mm_crc32_u64(c, v);
-        p += 8;
-        n -= 8;
-    }
-    while (n--) c = _mm_crc32_u8((uint32_t)c, *p++);
-    return (uint32_t)c;
-}
-#else
-#  define FSDP__CRC_HW 0
-#endif
-
-FSDP_API uint32_t fsdp_crc32c(uint32_t crc, const void *data, size_t size) {
-    const unsigned char *p = (const unsigned char *)data;
-    crc = ~crc;
-#if FSDP__CRC_HW
-    if (__builtin_cpu_supports("sse4.2")) return ~fsdp__crc32c_hw(crc, p, size);
-#endif
-    while (size--) crc = fsdp__crc32c_table[(crc ^ *p++) & 0xffu] ^ (crc >> 8);
-    return ~crc;
-}
-
 /* --- JSON: a pull parser for safetensors headers and index.json. A caller walks the text
    three times: the syntax (fsdp__json_skip), then the form of what it holds, counting only
    entries that can be valid (nothing is written), then it fills tables of exactly the counted
@@ -8176,6 +8508,75 @@ FSDP__PRIVATE void fsdp__sbuf_jstring(fsdp__sbuf *b, const char *s) {
     fsdp__sbuf_add(b, "\"", 1);
     fsdp__sbuf_jescape(b, s);
     fsdp__sbuf_add(b, "\"", 1);
+}
+
+/* ============================================================================================
+   >>safetensors
+   Safetensors files: CRC-32C, reading and checking, writing, atomic file replacement.
+   ============================================================================================ */
+static const uint32_t fsdp__crc32c_table[256] = {
+    0x00000000u, 0xf26b8303u, 0xe13b70f7u, 0x1350f3f4u, 0xc79a971fu, 0x35f1141cu, 0x26a1e7e8u, 0xd4ca64ebu,
+    0x8ad958cfu, 0x78b2dbccu, 0x6be22838u, 0x9989ab3bu, 0x4d43cfd0u, 0xbf284cd3u, 0xac78bf27u, 0x5e133c24u,
+    0x105ec76fu, 0xe235446cu, 0xf165b798u, 0x030e349bu, 0xd7c45070u, 0x25afd373u, 0x36ff2087u, 0xc494a384u,
+    0x9a879fa0u, 0x68ec1ca3u, 0x7bbcef57u, 0x89d76c54u, 0x5d1d08bfu, 0xaf768bbcu, 0xbc267848u, 0x4e4dfb4bu,
+    0x20bd8edeu, 0xd2d60dddu, 0xc186fe29u, 0x33ed7d2au, 0xe72719c1u, 0x154c9ac2u, 0x061c6936u, 0xf477ea35u,
+    0xaa64d611u, 0x580f5512u, 0x4b5fa6e6u, 0xb93425e5u, 0x6dfe410eu, 0x9f95c20du, 0x8cc531f9u, 0x7eaeb2fau,
+    0x30e349b1u, 0xc288cab2u, 0xd1d83946u, 0x23b3ba45u, 0xf779deaeu, 0x05125dadu, 0x1642ae59u, 0xe4292d5au,
+    0xba3a117eu, 0x4851927du, 0x5b016189u, 0xa96ae28au, 0x7da08661u, 0x8fcb0562u, 0x9c9bf696u, 0x6ef07595u,
+    0x417b1dbcu, 0xb3109ebfu, 0xa0406d4bu, 0x522bee48u, 0x86e18aa3u, 0x748a09a0u, 0x67dafa54u, 0x95b17957u,
+    0xcba24573u, 0x39c9c670u, 0x2a993584u, 0xd8f2b687u, 0x0c38d26cu, 0xfe53516fu, 0xed03a29bu, 0x1f682198u,
+    0x5125dad3u, 0xa34e59d0u, 0xb01eaa24u, 0x42752927u, 0x96bf4dccu, 0x64d4cecfu, 0x77843d3bu, 0x85efbe38u,
+    0xdbfc821cu, 0x2997011fu, 0x3ac7f2ebu, 0xc8ac71e8u, 0x1c661503u, 0xee0d9600u, 0xfd5d65f4u, 0x0f36e6f7u,
+    0x61c69362u, 0x93ad1061u, 0x80fde395u, 0x72966096u, 0xa65c047du, 0x5437877eu, 0x4767748au, 0xb50cf789u,
+    0xeb1fcbadu, 0x197448aeu, 0x0a24bb5au, 0xf84f3859u, 0x2c855cb2u, 0xdeeedfb1u, 0xcdbe2c45u, 0x3fd5af46u,
+    0x7198540du, 0x83f3d70eu, 0x90a324fau, 0x62c8a7f9u, 0xb602c312u, 0x44694011u, 0x5739b3e5u, 0xa55230e6u,
+    0xfb410cc2u, 0x092a8fc1u, 0x1a7a7c35u, 0xe811ff36u, 0x3cdb9bddu, 0xceb018deu, 0xdde0eb2au, 0x2f8b6829u,
+    0x82f63b78u, 0x709db87bu, 0x63cd4b8fu, 0x91a6c88cu, 0x456cac67u, 0xb7072f64u, 0xa457dc90u, 0x563c5f93u,
+    0x082f63b7u, 0xfa44e0b4u, 0xe9141340u, 0x1b7f9043u, 0xcfb5f4a8u, 0x3dde77abu, 0x2e8e845fu, 0xdce5075cu,
+    0x92a8fc17u, 0x60c37f14u, 0x73938ce0u, 0x81f80fe3u, 0x55326b08u, 0xa759e80bu, 0xb4091bffu, 0x466298fcu,
+    0x1871a4d8u, 0xea1a27dbu, 0xf94ad42fu, 0x0b21572cu, 0xdfeb33c7u, 0x2d80b0c4u, 0x3ed04330u, 0xccbbc033u,
+    0xa24bb5a6u, 0x502036a5u, 0x4370c551u, 0xb11b4652u, 0x65d122b9u, 0x97baa1bau, 0x84ea524eu, 0x7681d14du,
+    0x2892ed69u, 0xdaf96e6au, 0xc9a99d9eu, 0x3bc21e9du, 0xef087a76u, 0x1d63f975u, 0x0e330a81u, 0xfc588982u,
+    0xb21572c9u, 0x407ef1cau, 0x532e023eu, 0xa145813du, 0x758fe5d6u, 0x87e466d5u, 0x94b49521u, 0x66df1622u,
+    0x38cc2a06u, 0xcaa7a905u, 0xd9f75af1u, 0x2b9cd9f2u, 0xff56bd19u, 0x0d3d3e1au, 0x1e6dcdeeu, 0xec064eedu,
+    0xc38d26c4u, 0x31e6a5c7u, 0x22b65633u, 0xd0ddd530u, 0x0417b1dbu, 0xf67c32d8u, 0xe52cc12cu, 0x1747422fu,
+    0x49547e0bu, 0xbb3ffd08u, 0xa86f0efcu, 0x5a048dffu, 0x8ecee914u, 0x7ca56a17u, 0x6ff599e3u, 0x9d9e1ae0u,
+    0xd3d3e1abu, 0x21b862a8u, 0x32e8915cu, 0xc083125fu, 0x144976b4u, 0xe622f5b7u, 0xf5720643u, 0x07198540u,
+    0x590ab964u, 0xab613a67u, 0xb831c993u, 0x4a5a4a90u, 0x9e902e7bu, 0x6cfbad78u, 0x7fab5e8cu, 0x8dc0dd8fu,
+    0xe330a81au, 0x115b2b19u, 0x020bd8edu, 0xf0605beeu, 0x24aa3f05u, 0xd6c1bc06u, 0xc5914ff2u, 0x37faccf1u,
+    0x69e9f0d5u, 0x9b8273d6u, 0x88d28022u, 0x7ab90321u, 0xae7367cau, 0x5c18e4c9u, 0x4f48173du, 0xbd23943eu,
+    0xf36e6f75u, 0x0105ec76u, 0x12551f82u, 0xe03e9c81u, 0x34f4f86au, 0xc69f7b69u, 0xd5cf889du, 0x27a40b9eu,
+    0x79b737bau, 0x8bdcb4b9u, 0x988c474du, 0x6ae7c44eu, 0xbe2da0a5u, 0x4c4623a6u, 0x5f16d052u, 0xad7d5351u,
+};
+
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#  include <nmmintrin.h>
+#  define FSDP__CRC_HW 1
+__attribute__((target("sse4.2"))) static uint32_t fsdp__crc32c_hw(uint32_t crc, const unsigned char *p, size_t n) {
+    uint64_t c = crc;
+    while (n && ((uintptr_t)p & 7)) { c = _mm_crc32_u8((uint32_t)c, *p++); n--; }
+    while (n >= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        c = _mm_crc32_u64(c, v);
+        p += 8;
+        n -= 8;
+    }
+    while (n--) c = _mm_crc32_u8((uint32_t)c, *p++);
+    return (uint32_t)c;
+}
+#else
+#  define FSDP__CRC_HW 0
+#endif
+
+FSDP_API uint32_t fsdp_crc32c(uint32_t crc, const void *data, size_t size) {
+    const unsigned char *p = (const unsigned char *)data;
+    crc = ~crc;
+#if FSDP__CRC_HW
+    if (__builtin_cpu_supports("sse4.2")) return ~fsdp__crc32c_hw(crc, p, size);
+#endif
+    while (size--) crc = fsdp__crc32c_table[(crc ^ *p++) & 0xffu] ^ (crc >> 8);
+    return ~crc;
 }
 
 /* --- safetensors files ---------------------------------------------------------------------- */
@@ -8993,6 +9394,9 @@ FSDP_API int fsdp_st_writer_close(fsdp_st_writer *w, char *err, size_t err_size)
     return rc;
 }
 
+/* ============================================================================================
+   >>checkpoint
+   ============================================================================================ */
 /* --- checkpoints of a context --------------------------------------------------------------- */
 /* Every rank learns the first failing rank's code and message (an all-gather of a fixed-size
    report), so a collective save or load fails everywhere with the same reason. */
@@ -9986,32 +10390,50 @@ FSDP__PRIVATE void fsdp__describe_exit(char *out, size_t size, int rank, int sta
         fsdp__fmt(out, size, "rank %d exited with status %d", rank, WEXITSTATUS(status));
 }
 
-FSDP__PRIVATE void fsdp__launch_child(const fsdp_launch_desc *d, int rank, fsdp_rank_fn fn, void *arg, const char *job,
-                                      const char *secret, pid_t launcher, int listen_fd, int port, void *mapping,
-                                      size_t map_bytes, fsdp__launch_board *board) {
+/* One attempt's state in the parent: the children, their report boards, what the transport
+   prepared for them before fork. */
+typedef struct fsdp__launch {
+    fsdp_launch_desc d;
+    const fsdp__transport *t;
+    fsdp__inherit inherit;
+    fsdp__launch_board *board;
+    size_t board_bytes;
+    pid_t *pids;
+    fsdp__launch_outcome *outcome;
+    pid_t launcher;
+    char job[48], secret[65];
+} fsdp__launch;
+
+FSDP__PRIVATE void fsdp__launch_child(const fsdp__launch *l, int rank, fsdp_rank_fn fn, void *arg) {
+    const fsdp_launch_desc *d = &l->d;
+    fsdp__launch_board *board = l->board;
+    fsdp__inherit inherit = l->inherit;
     fsdp_comm_desc cd;
     fsdp_comm *comm = NULL;
     int rc;
 #if defined(__linux__)
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the launcher */
 #endif
-    if (getppid() != launcher) _exit(101); /* it died before the line above took effect */
-    if (rank != 0 && listen_fd >= 0) close(listen_fd);
+    if (getppid() != l->launcher) _exit(101); /* it died before the line above took effect */
+    if (rank != 0 && inherit.listen_fd >= 0) { /* a listener is rank 0's */
+        close(inherit.listen_fd);
+        inherit.listen_fd = -1;
+    }
     memset(&cd, 0, sizeof cd);
     cd.backend = d->backend;
     cd.rank = rank;
     cd.world_size = d->nprocs;
     cd.local_rank = rank;
     cd.local_world_size = d->nprocs;
-    cd.job = job;
-    cd.secret = secret;
+    cd.job = l->job;
+    cd.secret = l->secret;
     cd.timeout_ms = d->timeout_ms;
     cd.logger = fsdp__env_logger(d->logger);
     cd.master_addr = "127.0.0.1";
-    cd.master_port = port;
+    cd.master_port = inherit.port;
     cd.shm_slot_bytes = d->shm_slot_bytes;
     cd.shm_single_copy = d->shm_single_copy;
-    rc = fsdp__comm_create(&comm, &cd, NULL, rank == 0 ? listen_fd : -1, mapping, map_bytes);
+    rc = fsdp__comm_create(&comm, &cd, NULL, &inherit);
     if (rc != FSDP_SUCCESS) {
         fsdp__copy_string(board[rank].error, sizeof board[rank].error, fsdp__init_error);
         board[rank].original = 1;
@@ -10032,149 +10454,114 @@ FSDP__PRIVATE void fsdp__launch_child(const fsdp_launch_desc *d, int rank, fsdp_
     _exit(rc == 0 ? 0 : (rc > 0 && rc < 100 ? rc : 1));
 }
 
-/* One attempt of fsdp_launch_ex: its ranks see FSDP_RESTART_COUNT=attempt. */
-FSDP__PRIVATE int fsdp__launch_once(const fsdp_launch_desc *desc, fsdp_rank_fn fn, void *arg, fsdp_launch_status *status,
-                                    int attempt) {
-    fsdp_launch_desc d;
-    fsdp_launch_status local;
-    fsdp__launch_board *board = NULL;
-    pid_t *pids = NULL;
-    void *mapping = MAP_FAILED;
-    size_t map_bytes = 0, board_bytes;
-    int listen_fd = -1, port = 0, rank, running = 0, failed = 0, rc = FSDP_SUCCESS;
-    int64_t kill_at = 0;
-    long backoff_us = 1000;
-    fsdp__launch_outcome *outcome = NULL;
-    struct sigaction default_chld, old_chld;
-    int have_old_chld = 0;
-    pid_t launcher = getpid();
-    char job[48], secret[65];
-    if (!status) status = &local;
-    memset(status, 0, sizeof *status);
-    status->failed_rank = -1;
-    status->exit_code = -1;
-    if (!desc || !fn || desc->nprocs < 1 || desc->nprocs > 256 || desc->shm_slot_bytes > FSDP__SHM_SLOT_MAX) {
+/* Checks the description and prepares what the ranks share: a job token and a fresh secret that
+   only these processes know, the report boards, and what the transport needs before fork. */
+FSDP__PRIVATE int fsdp__launch_prepare(fsdp__launch *l, const fsdp_launch_desc *desc, fsdp_launch_status *status) {
+    unsigned char random[32];
+    int rc;
+    if (!desc || desc->nprocs < 1 || desc->nprocs > FSDP__MAX_WORLD || desc->shm_slot_bytes > FSDP__SHM_SLOT_MAX) {
         fsdp__fmt(status->message, sizeof status->message,
-                  "fsdp_launch: nprocs must be 1..256, fn non-NULL and shm_slot_bytes at most 1 GiB");
+                  "fsdp_launch: nprocs must be 1..%d, fn non-NULL and shm_slot_bytes at most 1 GiB", FSDP__MAX_WORLD);
         return FSDP_ERR_INVALID_ARG;
     }
-    d = *desc;
-    if (d.backend == FSDP_BACKEND_DEFAULT) d.backend = FSDP_BACKEND_SHM;
-    if (d.backend != FSDP_BACKEND_SHM && d.backend != FSDP_BACKEND_SOCKET) {
-        fsdp__fmt(status->message, sizeof status->message, "fsdp_launch: backend must be shm or socket");
+    l->d = *desc;
+    if (l->d.backend == FSDP_BACKEND_DEFAULT) l->d.backend = FSDP_BACKEND_SHM;
+    l->t = fsdp__transport_of(l->d.backend);
+    if (!l->t || !l->t->launch_prepare) {
+        fsdp__fmt(status->message, sizeof status->message, "fsdp_launch: the %s backend cannot be launched (shm or socket can)",
+                  fsdp_backend_name(l->d.backend));
         return FSDP_ERR_INVALID_ARG;
     }
-    if (d.timeout_ms <= 0) d.timeout_ms = fsdp__default_timeout();
-    fsdp__fmt(job, sizeof job, "launch-%d-%lld", (int)getpid(), (long long)(fsdp_now() * 1e6));
-    { /* the ranks' secret: fresh for this launch, known only to these processes */
-        unsigned char random[32];
-        if (fsdp__random_bytes(random, sizeof random) != 0) {
-            fsdp__fmt(status->message, sizeof status->message, "fsdp_launch: no random bytes for the job's secret");
-            return FSDP_ERR_SYSTEM;
-        }
-        fsdp__hex(secret, random, sizeof random);
-        fsdp__wipe(random, sizeof random);
+    if (l->d.timeout_ms <= 0) l->d.timeout_ms = fsdp__default_timeout();
+    l->launcher = getpid();
+    fsdp__fmt(l->job, sizeof l->job, "launch-%d-%lld", (int)getpid(), (long long)(fsdp_now() * 1e6));
+    if (fsdp__random_bytes(random, sizeof random) != 0) {
+        fsdp__fmt(status->message, sizeof status->message, "fsdp_launch: no random bytes for the job's secret");
+        return FSDP_ERR_SYSTEM;
     }
-    board_bytes = fsdp__align(sizeof *board * (size_t)d.nprocs, 4096);
-    board = (fsdp__launch_board *)mmap(NULL, board_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    pids = (pid_t *)fsdp__calloc(sizeof *pids * (size_t)d.nprocs);
-    outcome = (fsdp__launch_outcome *)fsdp__calloc(sizeof *outcome * (size_t)d.nprocs);
-    if (board == MAP_FAILED || !pids || !outcome) {
+    fsdp__hex(l->secret, random, sizeof random);
+    fsdp__wipe(random, sizeof random);
+    l->board_bytes = fsdp__align(sizeof *l->board * (size_t)l->d.nprocs, 4096);
+    l->board = (fsdp__launch_board *)mmap(NULL, l->board_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (l->board == MAP_FAILED) l->board = NULL;
+    l->pids = (pid_t *)fsdp__calloc(sizeof *l->pids * (size_t)l->d.nprocs);
+    l->outcome = (fsdp__launch_outcome *)fsdp__calloc(sizeof *l->outcome * (size_t)l->d.nprocs);
+    if (!l->board || !l->pids || !l->outcome) {
         fsdp__fmt(status->message, sizeof status->message, "fsdp_launch: out of memory");
-        rc = FSDP_ERR_OUT_OF_MEMORY;
-        goto done;
+        return FSDP_ERR_OUT_OF_MEMORY;
     }
-    if (d.backend == FSDP_BACKEND_SHM && d.nprocs > 1) {
-        size_t slot = fsdp__shm_slot_bytes(d.shm_slot_bytes);
-        map_bytes = fsdp__shm_layout(d.nprocs, slot, NULL, NULL);
-        mapping = mmap(NULL, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-        if (mapping == MAP_FAILED) {
-            fsdp__fmt(status->message, sizeof status->message, "fsdp_launch: cannot map %.1f MiB of shared memory: %s",
-                     (double)map_bytes / 1048576.0, strerror(errno));
-            rc = errno == ENOMEM ? FSDP_ERR_NO_SPACE : FSDP_ERR_SYSTEM;
-            goto done;
-        }
-        fsdp__shm_header_init(mapping, d.nprocs, slot, map_bytes, "(launcher)");
-    } else if (d.backend == FSDP_BACKEND_SOCKET && d.nprocs > 1) {
-        struct sockaddr_in any;
-        socklen_t len = sizeof any;
-        memset(&any, 0, sizeof any);
-        any.sin_family = AF_INET;
-        any.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        listen_fd = fsdp__sock_listen(&any, d.nprocs + 8);
-        if (listen_fd < 0 || getsockname(listen_fd, (struct sockaddr *)&any, &len) != 0) {
-            fsdp__fmt(status->message, sizeof status->message, "fsdp_launch: cannot listen on loopback: %s", strerror(errno));
-            rc = FSDP_ERR_SYSTEM;
-            goto done;
-        }
-        port = ntohs(any.sin_port);
-    }
-    /* Our children's exits must reach us: not reaped by the kernel (SIGCHLD ignored) nor by a
-       handler of the host program that waits for any child. Restored before returning. */
-    memset(&default_chld, 0, sizeof default_chld);
-    default_chld.sa_handler = SIG_DFL;
-    sigemptyset(&default_chld.sa_mask);
-    have_old_chld = sigaction(SIGCHLD, &default_chld, &old_chld) == 0;
+    if ((rc = l->t->launch_prepare(&l->inherit, &l->d, status->message, sizeof status->message)) != 0) return rc;
+    return 0;
+}
+
+/* Forks the ranks (each sees FSDP_RESTART_COUNT=attempt). Returns how many run; a failed fork
+   is said in status and *failed set. */
+FSDP__PRIVATE int fsdp__launch_fork(fsdp__launch *l, fsdp_rank_fn fn, void *arg, int attempt, fsdp_launch_status *status,
+                                    int *failed) {
+    int rank, running = 0;
     fflush(NULL);
-    for (rank = 0; rank < d.nprocs; rank++) {
+    for (rank = 0; rank < l->d.nprocs; rank++) {
         pid_t pid = fork();
-        if (pid == 0) { /* the child never returns; it needs nothing of the parent's bookkeeping */
-            FSDP_FREE(pids);
-            FSDP_FREE(outcome);
+        if (pid == 0) { /* the child never returns */
             char restarts[16];
             fsdp__fmt(restarts, sizeof restarts, "%d", attempt);
             setenv("FSDP_RESTART_COUNT", restarts, 1);
-            fsdp__launch_child(&d, rank, fn, arg, job, secret, launcher, listen_fd, port,
-                               mapping == MAP_FAILED ? NULL : mapping, map_bytes, board);
+            fsdp__launch_child(l, rank, fn, arg);
         }
         if (pid < 0) {
             fsdp__fmt(status->message, sizeof status->message, "fsdp_launch: fork of rank %d failed: %s", rank, strerror(errno));
-            rc = FSDP_ERR_SYSTEM;
-            failed = 1;
-            kill_at = fsdp__now_ms();
+            *failed = 1;
             break;
         }
-        pids[rank] = pid;
+        l->pids[rank] = pid;
         running++;
     }
-    if (listen_fd >= 0) { close(listen_fd); listen_fd = -1; }
+    if (l->inherit.listen_fd >= 0) { /* the children have it */
+        close(l->inherit.listen_fd);
+        l->inherit.listen_fd = -1;
+    }
+    return running;
+}
+
+/* Reaps the children as they end. The first failure stops the others: at once through the
+   transport (launch_abort), by signal after a grace period. Returns 1 if a rank failed. */
+FSDP__PRIVATE int fsdp__launch_reap(fsdp__launch *l, int running, int failed) {
+    int64_t kill_at = failed ? fsdp__now_ms() : 0;
+    long backoff_us = 1000;
+    int rank;
     while (running > 0) { /* wait for our own pids only, polling with a backoff of up to 20 ms */
         int progressed = 0;
         int64_t now = fsdp__now_ms();
-        for (rank = 0; rank < d.nprocs; rank++) {
+        for (rank = 0; rank < l->d.nprocs; rank++) {
             int wstatus = 0;
             pid_t got;
-            if (pids[rank] <= 0) continue;
-            got = waitpid(pids[rank], &wstatus, WNOHANG);
+            if (l->pids[rank] <= 0) continue;
+            got = waitpid(l->pids[rank], &wstatus, WNOHANG);
             if (got == 0 || (got < 0 && errno == EINTR)) continue;
             if (got < 0) { /* someone else took its status: it cannot be called a success */
-                outcome[rank].lost = 1;
+                l->outcome[rank].lost = 1;
                 wstatus = 0x7f00; /* reads as "exited with status 127" */
             }
-            pids[rank] = 0;
+            l->pids[rank] = 0;
             running--;
             progressed = 1;
-            outcome[rank].status = wstatus;
-            outcome[rank].reaped_ms = now;
-            outcome[rank].ended = 1;
-            if (!outcome[rank].lost && WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) continue;
-            if (!failed) { /* stop the others: at once through the segment, by signal after a grace period */
+            l->outcome[rank].status = wstatus;
+            l->outcome[rank].reaped_ms = now;
+            l->outcome[rank].ended = 1;
+            if (!l->outcome[rank].lost && WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) continue;
+            if (!failed) {
                 char why[160];
                 failed = 1;
-                rc = FSDP_ERR_RANK_FAILED;
-                kill_at = now + (d.timeout_ms < 10000 ? d.timeout_ms : 10000) + 1000;
+                kill_at = now + (l->d.timeout_ms < 10000 ? l->d.timeout_ms : 10000) + 1000;
                 fsdp__describe_exit(why, sizeof why, rank, wstatus, "");
-                if (mapping != MAP_FAILED)
-                    fsdp__shm_signal_abort((fsdp__shm_header *)mapping,
-                                           (fsdp__shm_rank *)((char *)mapping + fsdp__align(sizeof(fsdp__shm_header), 4096)),
-                                           d.nprocs, -1, FSDP_ERR_PEER_LOST, why);
+                if (l->t->launch_abort) l->t->launch_abort(&l->inherit, l->d.nprocs, why);
             }
         }
         if (failed && now >= kill_at)
-            for (rank = 0; rank < d.nprocs; rank++)
-                if (pids[rank] > 0) {
-                    kill(pids[rank], now >= kill_at + 2000 ? SIGKILL : SIGTERM);
-                    outcome[rank].stopped = 1;
+            for (rank = 0; rank < l->d.nprocs; rank++)
+                if (l->pids[rank] > 0) {
+                    kill(l->pids[rank], now >= kill_at + 2000 ? SIGKILL : SIGTERM);
+                    l->outcome[rank].stopped = 1;
                 }
         if (progressed) {
             backoff_us = 1000;
@@ -10183,49 +10570,78 @@ FSDP__PRIVATE int fsdp__launch_once(const fsdp_launch_desc *desc, fsdp_rank_fn f
             if (backoff_us < 20000) backoff_us *= 2;
         }
     }
-    if (have_old_chld) sigaction(SIGCHLD, &old_chld, NULL);
-    /* Blame the rank whose failure came first and was its own: a crash we did not cause (by
-       the time it was reaped), else an error of its own (by when it happened: reaping order
-       says nothing, as several ranks may have ended before we looked), else the earliest. */
-    {
-        int best = -1, best_class = 4;
-        int64_t best_ms = 0;
-        for (rank = 0; rank < d.nprocs; rank++) {
-            const fsdp__launch_outcome *o = &outcome[rank];
-            int cls;
-            int64_t ms;
-            if (!o->ended || (!o->lost && WIFEXITED(o->status) && WEXITSTATUS(o->status) == 0)) continue;
-            if (WIFSIGNALED(o->status) && !o->stopped) { cls = 0; ms = o->reaped_ms; }
-            else if (WIFSIGNALED(o->status)) { cls = 3; ms = o->reaped_ms; }
-            else {
-                cls = board[rank].failed_ms && !board[rank].original ? 2 : 1;
-                ms = board[rank].failed_ms ? board[rank].failed_ms : o->reaped_ms;
-            }
-            if (cls < best_class || (cls == best_class && ms < best_ms)) { best = rank; best_class = cls; best_ms = ms; }
+    return failed;
+}
+
+/* Blames the rank whose failure came first and was its own: a crash we did not cause (by the
+   time it was reaped), else an error of its own (by when it happened: reaping order says
+   nothing, as several ranks may have ended before we looked), else the earliest. */
+FSDP__PRIVATE void fsdp__launch_blame(const fsdp__launch *l, fsdp_launch_status *status) {
+    int best = -1, best_class = 4, rank;
+    int64_t best_ms = 0;
+    const fsdp__launch_outcome *o;
+    char error[sizeof l->board->error + 1];
+    for (rank = 0; rank < l->d.nprocs; rank++) {
+        int cls;
+        int64_t ms;
+        o = &l->outcome[rank];
+        if (!o->ended || (!o->lost && WIFEXITED(o->status) && WEXITSTATUS(o->status) == 0)) continue;
+        if (WIFSIGNALED(o->status) && !o->stopped) { cls = 0; ms = o->reaped_ms; }
+        else if (WIFSIGNALED(o->status)) { cls = 3; ms = o->reaped_ms; }
+        else {
+            cls = l->board[rank].failed_ms && !l->board[rank].original ? 2 : 1;
+            ms = l->board[rank].failed_ms ? l->board[rank].failed_ms : o->reaped_ms;
         }
-        if (best >= 0 && !status->message[0]) { /* (a failed fork has said what happened) */
-            const fsdp__launch_outcome *o = &outcome[best];
-            char error[sizeof board->error + 1];
-            memcpy(error, board[best].error, sizeof board->error);
-            error[sizeof board->error] = 0;
-            status->failed_rank = best;
-            status->exit_code = WIFEXITED(o->status) ? WEXITSTATUS(o->status) : -1;
-            status->signal = WIFSIGNALED(o->status) ? WTERMSIG(o->status) : 0;
-            if (o->lost)
-                fsdp__fmt(status->message, sizeof status->message, "rank %d ended, but its exit status was taken by "
-                          "another wait in this process (a SIGCHLD handler or thread calling waitpid)", best);
-            else
-                fsdp__describe_exit(status->message, sizeof status->message, best, o->status, error);
-        }
+        if (cls < best_class || (cls == best_class && ms < best_ms)) { best = rank; best_class = cls; best_ms = ms; }
     }
-    if (failed && rc == FSDP_SUCCESS) rc = FSDP_ERR_RANK_FAILED;
-done:
-    if (listen_fd >= 0) close(listen_fd);
-    if (mapping != MAP_FAILED) munmap(mapping, map_bytes);
-    if (board && board != MAP_FAILED) munmap(board, board_bytes);
-    FSDP_FREE(pids);
-    FSDP_FREE(outcome);
-    fsdp__wipe(secret, sizeof secret);
+    if (best < 0 || status->message[0]) return; /* (a failed fork has said what happened) */
+    o = &l->outcome[best];
+    memcpy(error, l->board[best].error, sizeof l->board->error);
+    error[sizeof l->board->error] = 0;
+    status->failed_rank = best;
+    status->exit_code = WIFEXITED(o->status) ? WEXITSTATUS(o->status) : -1;
+    status->signal = WIFSIGNALED(o->status) ? WTERMSIG(o->status) : 0;
+    if (o->lost)
+        fsdp__fmt(status->message, sizeof status->message, "rank %d ended, but its exit status was taken by "
+                  "another wait in this process (a SIGCHLD handler or thread calling waitpid)", best);
+    else
+        fsdp__describe_exit(status->message, sizeof status->message, best, o->status, error);
+}
+
+/* One attempt of fsdp_launch_ex: its ranks see FSDP_RESTART_COUNT=attempt. */
+FSDP__PRIVATE int fsdp__launch_once(const fsdp_launch_desc *desc, fsdp_rank_fn fn, void *arg, fsdp_launch_status *status,
+                                    int attempt) {
+    fsdp__launch l;
+    fsdp_launch_status local;
+    struct sigaction default_chld, old_chld;
+    int have_old_chld, running, failed = 0, rc;
+    if (!status) status = &local;
+    memset(status, 0, sizeof *status);
+    status->failed_rank = -1;
+    status->exit_code = -1;
+    memset(&l, 0, sizeof l);
+    l.inherit.listen_fd = -1;
+    rc = fn ? fsdp__launch_prepare(&l, desc, status) : FSDP_ERR_INVALID_ARG;
+    if (!fn) fsdp__fmt(status->message, sizeof status->message, "fsdp_launch: fn must not be NULL");
+    if (!rc) {
+        /* Our children's exits must reach us: not reaped by the kernel (SIGCHLD ignored) nor by a
+           handler of the host program that waits for any child. Restored before returning. */
+        memset(&default_chld, 0, sizeof default_chld);
+        default_chld.sa_handler = SIG_DFL;
+        sigemptyset(&default_chld.sa_mask);
+        have_old_chld = sigaction(SIGCHLD, &default_chld, &old_chld) == 0;
+        running = fsdp__launch_fork(&l, fn, arg, attempt, status, &failed);
+        if (failed) rc = FSDP_ERR_SYSTEM;
+        if (fsdp__launch_reap(&l, running, failed) && !rc) rc = FSDP_ERR_RANK_FAILED;
+        if (have_old_chld) sigaction(SIGCHLD, &old_chld, NULL);
+        fsdp__launch_blame(&l, status);
+    }
+    if (l.inherit.listen_fd >= 0) close(l.inherit.listen_fd);
+    if (l.inherit.mapping) munmap(l.inherit.mapping, l.inherit.map_bytes);
+    if (l.board) munmap(l.board, l.board_bytes);
+    FSDP_FREE(l.pids);
+    FSDP_FREE(l.outcome);
+    fsdp__wipe(l.secret, sizeof l.secret);
     return rc;
 }
 

@@ -519,7 +519,7 @@ static int counting_barrier(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
 }
 static const fsdp_backend counting_backend = {"counting", counting_all_gather, counting_reduce_scatter,
                                               counting_all_reduce, counting_broadcast, counting_barrier,
-                                              NULL, NULL, 0};
+                                              NULL, NULL, 0, NULL};
 
 /* ---------------------------------------------------------------------------------------------
    what the ranks report (MAP_SHARED)
