@@ -533,6 +533,93 @@ typedef struct fsdp_wrap_policy {
 } fsdp_wrap_policy;
 
 /* ============================================================================================
+   >>optimizer
+   The sharded optimizer updates this rank's f32 shard only. An optimizer is a row
+   (fsdp_optimizer): its name, its state tensors, defaults, checks and the update of a range of
+   the shard. The shipped rows follow PyTorch's update rules and defaults (torch.optim.SGD / Adam /
+   AdamW) bit for bit, with t = steps taken + 1:
+     SGD:   g = grad + weight_decay * p; if momentum: buf = g on the first step, else
+            buf = momentum * buf + (1 - dampening) * g; g = nesterov ? g + momentum * buf : buf;
+            p -= lr * g.  Defaults: momentum 0, dampening 0, weight_decay 0, nesterov off.
+            State: momentum_buffer (only with momentum).
+     Adam:  g = grad + weight_decay * p; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+            p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+            Defaults: betas 0.9, 0.999, eps 1e-8, weight_decay 0. State: exp_avg, exp_avg_sq.
+     AdamW: p *= 1 - lr * weight_decay, then Adam without the weight-decay term.
+            Defaults as Adam but weight_decay 0.01.
+   An optimizer of your own is a row you fill (fsdp_optimizer_desc.custom), as a backend is.
+   ============================================================================================ */
+typedef enum fsdp_optimizer_kind {
+    FSDP_OPTIMIZER_DEFAULT = 0, /* FSDP_SGD, or .custom when set */
+    FSDP_SGD = 1,
+    FSDP_ADAM = 2,
+    FSDP_ADAMW = 3,
+    FSDP_OPTIMIZER_CUSTOM = 4   /* fsdp_optimizer_desc.custom */
+} fsdp_optimizer_kind;
+
+#define FSDP_OPTIMIZER_MAX_STATE 4
+
+typedef struct fsdp_optimizer fsdp_optimizer;
+
+/* Hyper-parameters. A zero field takes the optimizer's default; to ask for exactly zero where the
+   default is not zero (AdamW's weight decay), set weight_decay_set = 1. Fields an optimizer does
+   not use are ignored. */
+typedef struct fsdp_optimizer_desc {
+    fsdp_optimizer_kind kind;
+    float lr;              /* default 1e-3 (every optimizer; a row's defaults may change it) */
+    float momentum, dampening;
+    int nesterov;
+    float beta1, beta2, eps;
+    float weight_decay;
+    int weight_decay_set;
+    const fsdp_optimizer *custom; /* an optimizer of your own (kind FSDP_OPTIMIZER_CUSTOM or 0) */
+} fsdp_optimizer_desc;
+
+/* One update of count elements of a shard: what a row's update receives. */
+typedef struct fsdp_optimizer_step {
+    float *param;                            /* the f32 master values, updated in place */
+    const float *grad;                       /* their gradients (averaged over ranks, clipped) */
+    float *state[FSDP_OPTIMIZER_MAX_STATE];  /* the row's state for the same elements, in
+                                                state_names order; zero before the first step */
+    size_t count;
+    float lr, weight_decay;                  /* these elements' (parameter groups applied) */
+    int64_t step;                            /* steps taken before this one: 0 on the first */
+    const fsdp_optimizer_desc *desc;         /* the other hyper-parameters, defaults filled in */
+} fsdp_optimizer_step;
+
+/* An optimizer. Only update is required. Its state is f32, one value per parameter element per
+   state name, sharded like the parameters and saved in checkpoints as "<param>.<state name>".
+   The update must depend only on the element's own values (it is called on ranges of shards, of
+   any length), and give the same bits for the same inputs, for checkpoints and world sizes to
+   agree bit for bit. */
+struct fsdp_optimizer {
+    const char *name;                                 /* "adamw": the checkpoints' "optimizer" */
+    const char *state_names[FSDP_OPTIMIZER_MAX_STATE]; /* NULL-terminated */
+    int (*num_state)(const fsdp_optimizer_desc *desc); /* how many of the names the settings
+                                                          keep (NULL: all); SGD: 1 with momentum */
+    void (*defaults)(fsdp_optimizer_desc *desc);      /* fills the zero fields it has defaults for */
+    const char *(*check)(const fsdp_optimizer_desc *desc); /* NULL, or why the settings are invalid */
+    void (*update)(const fsdp_optimizer_step *step);
+};
+
+/* The shipped optimizers' rows (FSDP_SGD, FSDP_ADAM, FSDP_ADAMW; the default kind is FSDP_SGD);
+   NULL for any other kind. Tools use them for the state names. */
+FSDP_API const fsdp_optimizer *fsdp_optimizer_of(fsdp_optimizer_kind kind);
+
+/* A parameter group (torch.optim's param_groups): the parameters it matches are updated with its
+   weight decay and lr x lr_scale (fsdp_set_lr sets the base lr of every group). A parameter
+   belongs to the first group that matches it, or to none (the optimizer's settings). A group
+   matches a parameter whose full name fits pattern (a shell glob as fnmatch: "*.bias", "ln_*";
+   NULL: any name) and whose number of dimensions is in [min_ndim, max_ndim] (max_ndim 0: no
+   upper bound). GPT-2's recipe, decay only matrices: {NULL, 0, 1, 0.0f, 0}. */
+typedef struct fsdp_param_group {
+    const char *pattern;
+    int min_ndim, max_ndim;
+    float weight_decay;      /* as given: 0 is no decay */
+    float lr_scale;          /* 0 is 1 (to keep a parameter fixed, freeze it) */
+} fsdp_param_group;
+
+/* ============================================================================================
    >>runtime
    ============================================================================================ */
 typedef struct fsdp_ctx fsdp_ctx;
@@ -561,47 +648,6 @@ typedef enum fsdp_backward_prefetch {
     FSDP_BACKWARD_POST = 2,             /* ... when this one's backward ends */
     FSDP_BACKWARD_PREFETCH_NONE = 3
 } fsdp_backward_prefetch;
-
-typedef enum fsdp_optimizer_kind {
-    FSDP_OPTIMIZER_DEFAULT = 0, /* FSDP_SGD */
-    FSDP_SGD = 1,
-    FSDP_ADAM = 2,
-    FSDP_ADAMW = 3
-} fsdp_optimizer_kind;
-
-/* PyTorch's update rules and defaults (torch.optim.SGD / Adam / AdamW):
-     SGD:   g = grad + weight_decay * p; if momentum: buf = g on the first step, else
-            buf = momentum * buf + (1 - dampening) * g; g = nesterov ? g + momentum * buf : buf;
-            p -= lr * g.  Defaults: momentum 0, dampening 0, weight_decay 0, nesterov off.
-     Adam:  g = grad + weight_decay * p; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
-            p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
-            Defaults: betas 0.9, 0.999, eps 1e-8, weight_decay 0.
-     AdamW: p *= 1 - lr * weight_decay, then Adam without the weight-decay term.
-            Defaults as Adam but weight_decay 0.01.
-   A zero field takes the default; to ask for exactly zero where the default is not zero
-   (AdamW weight decay), set weight_decay_set = 1. */
-typedef struct fsdp_optimizer_desc {
-    fsdp_optimizer_kind kind;
-    float lr;              /* default 1e-3 */
-    float momentum, dampening;
-    int nesterov;
-    float beta1, beta2, eps;
-    float weight_decay;
-    int weight_decay_set;
-} fsdp_optimizer_desc;
-
-/* A parameter group (torch.optim's param_groups): the parameters it matches are updated with its
-   weight decay and lr x lr_scale (fsdp_set_lr sets the base lr of every group). A parameter
-   belongs to the first group that matches it, or to none (the optimizer's settings). A group
-   matches a parameter whose full name fits pattern (a shell glob as fnmatch: "*.bias", "ln_*";
-   NULL: any name) and whose number of dimensions is in [min_ndim, max_ndim] (max_ndim 0: no
-   upper bound). GPT-2's recipe, decay only matrices: {NULL, 0, 1, 0.0f, 0}. */
-typedef struct fsdp_param_group {
-    const char *pattern;
-    int min_ndim, max_ndim;
-    float weight_decay;      /* as given: 0 is no decay */
-    float lr_scale;          /* 0 is 1 (to keep a parameter fixed, freeze it) */
-} fsdp_param_group;
 
 typedef struct fsdp_desc {
     fsdp_comm *comm;                    /* required; the context does not own it */
@@ -6689,6 +6735,151 @@ FSDP__PRIVATE int fsdp__plan_build(const fsdp_model *m, const fsdp_desc *desc, i
 }
 
 /* ============================================================================================
+   >>optimizer
+   The shipped optimizers, one row each (see the declarations). The step that calls a row's
+   update on every unit's shard, clipping and skipping non-finite steps, is fsdp_step (>>runtime).
+   ============================================================================================ */
+static int fsdp__sgd_num_state(const fsdp_optimizer_desc *d) { return d->momentum != 0.0f; }
+
+static const char *fsdp__sgd_check(const fsdp_optimizer_desc *d) {
+    if (!(d->momentum >= 0 && d->momentum < 1)) return "momentum must be in [0, 1)";
+    if (!(d->dampening >= 0 && d->dampening <= 1)) return "dampening must be in [0, 1]";
+    if (d->nesterov && (d->momentum <= 0 || d->dampening != 0)) return "nesterov needs momentum > 0 and dampening 0";
+    return NULL;
+}
+
+static void fsdp__sgd_update(const fsdp_optimizer_step *s) {
+    const fsdp_optimizer_desc *o = s->desc;
+    float *p = s->param, *buf = s->state[0];
+    const float *g = s->grad;
+    size_t i;
+    for (i = 0; i < s->count; i++) {
+        float d = g[i] + s->weight_decay * p[i];
+        if (o->momentum != 0.0f) {
+            buf[i] = s->step == 0 ? d : o->momentum * buf[i] + (1.0f - o->dampening) * d;
+            d = o->nesterov ? d + o->momentum * buf[i] : buf[i];
+        }
+        p[i] -= s->lr * d;
+    }
+}
+
+static void fsdp__adam_defaults(fsdp_optimizer_desc *d) {
+    if (d->beta1 == 0.0f) d->beta1 = 0.9f;
+    if (d->beta2 == 0.0f) d->beta2 = 0.999f;
+    if (d->eps == 0.0f) d->eps = 1e-8f;
+}
+
+static void fsdp__adamw_defaults(fsdp_optimizer_desc *d) {
+    fsdp__adam_defaults(d);
+    if (d->weight_decay == 0.0f && !d->weight_decay_set) d->weight_decay = 0.01f;
+}
+
+static const char *fsdp__adam_check(const fsdp_optimizer_desc *d) {
+    if (!(d->beta1 >= 0 && d->beta1 < 1) || !(d->beta2 >= 0 && d->beta2 < 1)) return "betas must be in [0, 1)";
+    if (!(d->eps >= 0)) return "eps must be >= 0";
+    return NULL;
+}
+
+/* Adam's update; decoupled: AdamW's weight decay (on the parameter, not in the gradient). */
+static void fsdp__adam_fold(const fsdp_optimizer_step *s, int decoupled) {
+    const fsdp_optimizer_desc *o = s->desc;
+    double t = (double)(s->step + 1);
+    float bc1 = (float)(1.0 - pow((double)o->beta1, t)), bc2 = (float)(1.0 - pow((double)o->beta2, t));
+    float step_size = s->lr / bc1, bc2_sqrt = sqrtf(bc2);
+    float *p = s->param, *m = s->state[0], *v = s->state[1];
+    const float *g = s->grad;
+    size_t i;
+    for (i = 0; i < s->count; i++) {
+        float d = g[i];
+        if (decoupled) p[i] *= 1.0f - s->lr * s->weight_decay;
+        else d += s->weight_decay * p[i];
+        m[i] = o->beta1 * m[i] + (1.0f - o->beta1) * d;
+        v[i] = o->beta2 * v[i] + (1.0f - o->beta2) * d * d;
+        p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + o->eps);
+    }
+}
+
+static void fsdp__adam_update(const fsdp_optimizer_step *s) { fsdp__adam_fold(s, 0); }
+static void fsdp__adamw_update(const fsdp_optimizer_step *s) { fsdp__adam_fold(s, 1); }
+
+static const fsdp_optimizer fsdp__optimizers[3] = {
+    {"sgd", {"momentum_buffer", NULL}, fsdp__sgd_num_state, NULL, fsdp__sgd_check, fsdp__sgd_update},
+    {"adam", {"exp_avg", "exp_avg_sq", NULL}, NULL, fsdp__adam_defaults, fsdp__adam_check, fsdp__adam_update},
+    {"adamw", {"exp_avg", "exp_avg_sq", NULL}, NULL, fsdp__adamw_defaults, fsdp__adam_check, fsdp__adamw_update}};
+
+FSDP_API const fsdp_optimizer *fsdp_optimizer_of(fsdp_optimizer_kind kind) {
+    if (kind == FSDP_OPTIMIZER_DEFAULT) kind = FSDP_SGD;
+    return kind >= FSDP_SGD && kind <= FSDP_ADAMW ? &fsdp__optimizers[kind - FSDP_SGD] : NULL;
+}
+
+/* The row a (resolved) description selects. */
+static const fsdp_optimizer *fsdp__optimizer_row(const fsdp_optimizer_desc *o) {
+    return o->kind == FSDP_OPTIMIZER_CUSTOM ? o->custom : fsdp_optimizer_of(o->kind);
+}
+
+FSDP__PRIVATE const char *fsdp__optimizer_name(const fsdp_optimizer *row) {
+    return row->name && *row->name ? row->name : "custom";
+}
+
+/* How many state buffers the settings keep per parameter element. */
+FSDP__PRIVATE int fsdp__optimizer_num_state(const fsdp_optimizer_desc *o) {
+    const fsdp_optimizer *row = fsdp__optimizer_row(o);
+    int n = 0;
+    if (!row) return 0;
+    if (row->num_state) return row->num_state(o);
+    while (n < FSDP_OPTIMIZER_MAX_STATE && row->state_names[n]) n++;
+    return n;
+}
+
+/* Picks the row, fills the defaults and checks the settings: 0, or FSDP_ERR_INVALID_ARG with
+   the reason in err. */
+FSDP__PRIVATE int fsdp__optimizer_resolve(fsdp_optimizer_desc *o, char *err, size_t err_size) {
+    const fsdp_optimizer *row;
+    const char *why = NULL;
+    int n, i;
+    if (o->kind == FSDP_OPTIMIZER_DEFAULT) o->kind = o->custom ? FSDP_OPTIMIZER_CUSTOM : FSDP_SGD;
+    if ((int)o->kind < 0 || o->kind > FSDP_OPTIMIZER_CUSTOM) {
+        fsdp__fmt(err, err_size, "optimizer %d is not SGD, ADAM, ADAMW or CUSTOM", (int)o->kind);
+        return FSDP_ERR_INVALID_ARG;
+    }
+    row = fsdp__optimizer_row(o);
+    if (!row || !row->update) {
+        fsdp__fmt(err, err_size, "optimizer CUSTOM needs optimizer.custom with an update function");
+        return FSDP_ERR_INVALID_ARG;
+    }
+    if (o->lr == 0.0f) o->lr = 1e-3f;
+    if (row->defaults) row->defaults(o);
+    n = fsdp__optimizer_num_state(o);
+    if (!(o->lr > 0) || !isfinite(o->lr)) why = "lr must be > 0 and finite";
+    else if (!(o->weight_decay >= 0) || !isfinite(o->weight_decay)) why = "weight_decay must be >= 0 and finite";
+    else if (n < 0 || n > FSDP_OPTIMIZER_MAX_STATE) why = "it keeps more state buffers than FSDP_OPTIMIZER_MAX_STATE";
+    else if (row->check) why = row->check(o);
+    for (i = 0; !why && i < n; i++)
+        if (!row->state_names[i] || !*row->state_names[i] || strchr(row->state_names[i], '.'))
+            why = "every state it keeps needs a name, without '.' (checkpoints store <param>.<name>)";
+    if (why) {
+        char name[40];
+        fsdp__fmt(err, err_size, "optimizer %s: %s", fsdp_printable(name, sizeof name, fsdp__optimizer_name(row)), why);
+        return FSDP_ERR_INVALID_ARG;
+    }
+    return 0;
+}
+
+/* Which state buffer a checkpoint tensor's suffix ("exp_avg") names: its index among the k the
+   context keeps; FSDP__STATE_NOT_KEPT for the state of another optimizer or of settings that keep
+   less (skipped on load, as PyTorch skips unknown state); -1 if no optimizer has such state. */
+#define FSDP__STATE_NOT_KEPT (-2)
+FSDP__PRIVATE int fsdp__optimizer_state_index(const fsdp_optimizer *row, int kept, const char *suffix) {
+    int k, r;
+    for (k = 0; k < FSDP_OPTIMIZER_MAX_STATE && row->state_names[k]; k++)
+        if (strcmp(row->state_names[k], suffix) == 0) return k < kept ? k : FSDP__STATE_NOT_KEPT;
+    for (r = 0; r < 3; r++)
+        for (k = 0; k < FSDP_OPTIMIZER_MAX_STATE && fsdp__optimizers[r].state_names[k]; k++)
+            if (strcmp(fsdp__optimizers[r].state_names[k], suffix) == 0) return FSDP__STATE_NOT_KEPT;
+    return -1;
+}
+
+/* ============================================================================================
    >>runtime
    The compute thread calls the hooks; one comm thread runs every collective of the context in
    the order they were issued (every rank issues the same sequence), so gathers of the next unit
@@ -6715,7 +6906,7 @@ typedef struct fsdp__unit {
     float *master;          /* fp32 shard [shard]; inside ctx->master_mem when master_shared */
     int master_shared;
     float *grad;            /* gradient shard [shard] */
-    float *opt_a, *opt_b;   /* exp_avg / momentum_buffer, exp_avg_sq */
+    float *opt_state[FSDP_OPTIMIZER_MAX_STATE]; /* the optimizer's state shards [shard] (ctx->num_state of them) */
     void *unsharded;        /* [padded] param_dtype, while gathered */
     float *view32;          /* fp32 compute view, while gathered */
     float *grad_full;       /* [padded] f32, from pre_backward to the end of its reduction */
@@ -6724,7 +6915,7 @@ typedef struct fsdp__unit {
     uint64_t gather_task;
     int forward_done, backward_started, backward_done;
     int reshard_after_forward;
-    int frozen;             /* every parameter frozen: no grad, opt_a, opt_b, gradient reductions */
+    int frozen;             /* every parameter frozen: no grad, optimizer state, gradient reductions */
     int uniform_update;     /* every parameter trainable with the optimizer's lr and weight decay */
     int recompute;          /* open forward hooks of a recomputation inside its own backward */
     int recomputing;        /* gathered again (state FORWARD) to recompute inside a later unit's backward */
@@ -6762,7 +6953,9 @@ struct fsdp_ctx {
     float *param_decay, *param_lr_scale; /* per parameter, from desc.param_groups */
     int rank, world;
     fsdp_dtype param_dtype, reduce_dtype;
-    fsdp_optimizer_desc opt;
+    fsdp_optimizer_desc opt;           /* resolved: defaults filled */
+    const fsdp_optimizer *optimizer;   /* its row */
+    int num_state;                     /* state buffers per trainable unit */
     int64_t step;
     int no_sync;
     /* iteration */
@@ -7523,33 +7716,18 @@ FSDP__PRIVATE int fsdp__global_norm(fsdp_ctx *ctx, double *norm) {
 
 /* Updates elements [from, to) of a unit's shard with learning rate lr and weight decay wd. */
 FSDP__PRIVATE void fsdp__optimizer_range(fsdp_ctx *ctx, fsdp__unit *u, int64_t from, int64_t to, float lr, float wd) {
-    const fsdp_optimizer_desc *o = &ctx->opt;
-    int64_t i, n = to;
-    float *p = u->master, *g = u->grad;
-    if (o->kind == FSDP_SGD) {
-        for (i = from; i < n; i++) {
-            float d = g[i] + wd * p[i];
-            if (o->momentum != 0.0f) {
-                float *buf = u->opt_a;
-                buf[i] = ctx->step == 0 ? d : o->momentum * buf[i] + (1.0f - o->dampening) * d;
-                d = o->nesterov ? d + o->momentum * buf[i] : buf[i];
-            }
-            p[i] -= lr * d;
-        }
-    } else {
-        double t = (double)(ctx->step + 1);
-        float bc1 = (float)(1.0 - pow((double)o->beta1, t)), bc2 = (float)(1.0 - pow((double)o->beta2, t));
-        float step_size = lr / bc1, bc2_sqrt = sqrtf(bc2);
-        float *m = u->opt_a, *v = u->opt_b;
-        for (i = from; i < n; i++) {
-            float d = g[i];
-            if (o->kind == FSDP_ADAMW) p[i] *= 1.0f - lr * wd;
-            else d += wd * p[i];
-            m[i] = o->beta1 * m[i] + (1.0f - o->beta1) * d;
-            v[i] = o->beta2 * v[i] + (1.0f - o->beta2) * d * d;
-            p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + o->eps);
-        }
-    }
+    fsdp_optimizer_step step;
+    int k;
+    memset(&step, 0, sizeof step);
+    step.param = u->master + from;
+    step.grad = u->grad + from;
+    for (k = 0; k < ctx->num_state; k++) step.state[k] = u->opt_state[k] + from;
+    step.count = (size_t)(to - from);
+    step.lr = lr;
+    step.weight_decay = wd;
+    step.step = ctx->step;
+    step.desc = &ctx->opt;
+    ctx->optimizer->update(&step);
 }
 
 /* One optimizer step on a unit's shard: in one sweep where every parameter takes the
@@ -7710,7 +7888,6 @@ FSDP__PRIVATE int fsdp__ctx_find_param(const fsdp_ctx *ctx, const char *name) {
 
 FSDP__PRIVATE int fsdp__desc_resolve(fsdp_desc *d, int world, int local_world, int *hybrid_group, char *err,
                                      size_t err_size) {
-    fsdp_optimizer_desc *o = &d->optimizer;
     int i;
     if (d->param_dtype == FSDP_DTYPE_DEFAULT) d->param_dtype = FSDP_F32;
     if (d->reduce_dtype == FSDP_DTYPE_DEFAULT) d->reduce_dtype = d->param_dtype;
@@ -7731,18 +7908,7 @@ FSDP__PRIVATE int fsdp__desc_resolve(fsdp_desc *d, int world, int local_world, i
         return FSDP_ERR_INVALID_ARG;
     }
     *hybrid_group = d->shard_group_size;
-    if (o->kind == FSDP_OPTIMIZER_DEFAULT) o->kind = FSDP_SGD;
-    if ((int)o->kind < 0 || o->kind > FSDP_ADAMW) {
-        fsdp__fmt(err, err_size, "optimizer %d is not SGD, ADAM or ADAMW", (int)o->kind);
-        return FSDP_ERR_INVALID_ARG;
-    }
-    if (o->lr == 0.0f) o->lr = 1e-3f;
-    if (o->kind != FSDP_SGD) {
-        if (o->beta1 == 0.0f) o->beta1 = 0.9f;
-        if (o->beta2 == 0.0f) o->beta2 = 0.999f;
-        if (o->eps == 0.0f) o->eps = 1e-8f;
-    }
-    if (o->kind == FSDP_ADAMW && o->weight_decay == 0.0f && !o->weight_decay_set) o->weight_decay = 0.01f;
+    if ((i = fsdp__optimizer_resolve(&d->optimizer, err, err_size)) != 0) return i;
     if (d->num_param_groups < 0 || (d->num_param_groups > 0 && !d->param_groups)) {
         fsdp__fmt(err, err_size, "num_param_groups %d without param_groups", d->num_param_groups);
         return FSDP_ERR_INVALID_ARG;
@@ -7756,18 +7922,7 @@ FSDP__PRIVATE int fsdp__desc_resolve(fsdp_desc *d, int world, int local_world, i
             return FSDP_ERR_INVALID_ARG;
         }
     }
-    if (!(o->lr > 0) || !isfinite(o->lr) || o->weight_decay < 0 || o->momentum < 0 || o->momentum >= 1 ||
-        o->beta1 < 0 || o->beta1 >= 1 || o->beta2 < 0 || o->beta2 >= 1 || o->eps < 0 || o->dampening < 0 ||
-        o->dampening > 1 || (o->nesterov && (o->momentum <= 0 || o->dampening != 0))) {
-        fsdp__fmt(err, err_size, "optimizer settings out of range (lr > 0, 0 <= momentum < 1, 0 <= betas < 1, eps >= 0, "
-                  "weight_decay >= 0; nesterov needs momentum > 0 and dampening 0)");
-        return FSDP_ERR_INVALID_ARG;
-    }
     return 0;
-}
-
-static int fsdp__opt_buffers(const fsdp_optimizer_desc *o) {
-    return o->kind == FSDP_SGD ? (o->momentum != 0.0f ? 1 : 0) : 2;
 }
 
 /* Each parameter's weight decay and lr multiple from the first group that matches it, and
@@ -7853,6 +8008,8 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
     ctx->param_dtype = ctx->desc.param_dtype;
     ctx->reduce_dtype = ctx->desc.reduce_dtype;
     ctx->opt = ctx->desc.optimizer;
+    ctx->optimizer = fsdp__optimizer_row(&ctx->opt);
+    ctx->num_state = fsdp__optimizer_num_state(&ctx->opt);
     ctx->num_units = ctx->plan.num_units;
     for (ui = 0; ui < ctx->num_units; ui++) any_hybrid |= ctx->plan.units[ui].strategy == FSDP_HYBRID_SHARD;
     if (any_hybrid && ctx->world > 1) { /* shard groups of consecutive ranks; replicas across them */
@@ -7881,7 +8038,7 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
     for (ui = 0, k = 0; ui < ctx->num_units; ui++) { /* each unit's parameters, in order */
         fsdp__unit *u = &ctx->units[ui];
         const fsdp__plan_unit *pu = &ctx->plan.units[ui];
-        int nbuf = fsdp__opt_buffers(&ctx->opt);
+        int nbuf = ctx->num_state, j;
         u->module = pu->module;
         u->strategy = pu->strategy;
         u->numel = pu->numel;
@@ -7909,9 +8066,9 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
         u->frozen = pu->frozen;
         if (u->frozen) nbuf = 0; /* parameters only */
         else u->grad = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard);
-        if (nbuf >= 1) u->opt_a = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard);
-        if (nbuf >= 2) u->opt_b = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard);
-        if ((!u->frozen && !u->grad) || (nbuf >= 1 && !u->opt_a) || (nbuf >= 2 && !u->opt_b)) {
+        for (j = 0; j < nbuf; j++)
+            if (!(u->opt_state[j] = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard))) break;
+        if ((!u->frozen && !u->grad) || j < nbuf) {
             fsdp__fmt(fsdp__init_error, sizeof fsdp__init_error, "fsdp_init: no memory for unit '%s' (%lld elements per rank)",
                       fsdp__unit_name(ctx, ui), (long long)u->shard);
             fsdp_destroy(ctx);
@@ -7965,7 +8122,7 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
 }
 
 FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
-    int ui;
+    int ui, k;
     if (!ctx) return;
     if (ctx->thread_started) {
         pthread_mutex_lock(&ctx->lock);
@@ -7980,8 +8137,7 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
         if (u->grad_full != u->grad) fsdp__buf_put(ctx, u->grad_full, (size_t)u->padded * sizeof(float));
         if (!u->master_shared) FSDP_FREE(u->master);
         FSDP_FREE(u->grad);
-        FSDP_FREE(u->opt_a);
-        FSDP_FREE(u->opt_b);
+        for (k = 0; k < FSDP_OPTIMIZER_MAX_STATE; k++) FSDP_FREE(u->opt_state[k]);
     }
     for (ui = 0; ui < ctx->pool_len; ui++) FSDP_FREE(ctx->pool[ui].ptr);
     fsdp_comm_free(ctx->comm, ctx->master_mem[0]);
@@ -8032,7 +8188,7 @@ FSDP_API int fsdp_param_info_get(const fsdp_ctx *ctx, int param, fsdp_param_info
 FSDP_API void fsdp_print_units(const fsdp_ctx *ctx, void (*fn)(void *user, const char *line), void *user) {
     char line[320];
     int ui;
-    size_t per_param = 8 + 4 * (size_t)(ctx ? fsdp__opt_buffers(&ctx->opt) : 0); /* frozen units: 4 */
+    size_t per_param = 8 + 4 * (size_t)(ctx ? ctx->num_state : 0); /* frozen units: 4 */
     if (!ctx) return;
     fsdp__fmt(line, sizeof line, "%-4s %-24s %-14s %7s %12s %9s %12s %14s", "unit", "module", "strategy", "params",
               "elements", "padding", "shard", "bytes/rank");
@@ -8093,7 +8249,7 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
                             &hybrid_group, err, err_size);
     if (!rc) rc = fsdp__plan_build(model, &d, world_size, hybrid_group, &plan, err, err_size);
     if (rc) return rc;
-    nbuf = fsdp__opt_buffers(&d.optimizer);
+    nbuf = fsdp__optimizer_num_state(&d.optimizer);
     for (ui = 0; ui < plan.num_units; ui++) {
         const fsdp__plan_unit *pu = &plan.units[ui];
         size_t pbytes = (size_t)pu->padded * fsdp_dtype_size(d.param_dtype), gbytes = (size_t)pu->padded * sizeof(float);
@@ -9440,22 +9596,24 @@ FSDP__PRIVATE int fsdp__quiesce(fsdp_ctx *ctx, const char *what) {
     return 0;
 }
 
-/* The optimizer tensors of the context's optimizer: names' suffixes and which state buffer. */
-static int fsdp__opt_suffixes(const fsdp_ctx *ctx, const char **suffix) {
-    if (ctx->opt.kind == FSDP_SGD) {
-        if (ctx->opt.momentum == 0.0f) return 0;
-        suffix[0] = "momentum_buffer";
-        return 1;
-    }
-    suffix[0] = "exp_avg";
-    suffix[1] = "exp_avg_sq";
-    return 2;
+/* The optimizer state tensors of the context: "<param>.<state_names[k]>" for k < num_state. */
+static const char *const *fsdp__opt_suffixes(const fsdp_ctx *ctx, int *count) {
+    *count = ctx->num_state;
+    return ctx->optimizer->state_names;
 }
 
-static float *fsdp__opt_buffer(fsdp__unit *u, int k) { return k == 0 ? u->opt_a : u->opt_b; }
+static const char *fsdp__opt_name(const fsdp_ctx *ctx) { return fsdp__optimizer_name(ctx->optimizer); }
 
-static const char *fsdp__opt_name(const fsdp_ctx *ctx) {
-    return ctx->opt.kind == FSDP_SGD ? "sgd" : ctx->opt.kind == FSDP_ADAM ? "adam" : "adamw";
+/* What a checkpoint stores of a unit, j-th: 0 the f32 master shard, k + 1 the optimizer's state k. */
+static float *fsdp__unit_values(const fsdp__unit *u, int j) { return j ? u->opt_state[j - 1] : u->master; }
+
+/* A checkpoint tensor's name: the parameter's, or "<param>.<state name>"; allocated (NULL:
+   out of memory). */
+FSDP__PRIVATE char *fsdp__tensor_name(const char *param, const char *state) {
+    size_t n = strlen(param) + (state ? strlen(state) + 1 : 0) + 1;
+    char *name = (char *)FSDP_MALLOC(n);
+    if (name) fsdp__fmt(name, n, state ? "%s.%s" : "%s", param, state);
+    return name;
 }
 
 /* Whether to restore optimizer state: asked for, and saved by the same optimizer (strict: a
@@ -9504,36 +9662,31 @@ FSDP__PRIVATE int fsdp__gather_flat(fsdp_ctx *ctx, fsdp__unit *u, const float *s
 }
 
 FSDP_API int fsdp_save_full(fsdp_ctx *ctx, const char *path, const fsdp_save_options *opt) {
-    const char *suffix[2];
+    const char *const *suffix = NULL;
     int nopt = 0, ntensors = 0, ui, k, j, rc, nmeta = 0, local = 0;
     fsdp_st_spec *specs = NULL;
     fsdp_st_writer *w = NULL;
     fsdp_kv *meta = NULL;
     char store[6][64], err[FSDP__ERRMSG] = "";
-    unsigned char *owned = NULL; /* specs[k].name was allocated here (an optimizer tensor's) */
-    float *flat[3] = {NULL, NULL, NULL};
+    float *flat[1 + FSDP_OPTIMIZER_MAX_STATE] = {NULL};
     size_t flat_bytes = 0;
     fsdp_dtype dtype;
     if (!ctx || !path) return FSDP_ERR_INVALID_ARG;
     dtype = opt && opt->dtype ? opt->dtype : FSDP_F32;
     if (!fsdp_dtype_size(dtype)) return fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_save_full: bad dtype %d", (int)dtype);
     if ((rc = fsdp__quiesce(ctx, "fsdp_save_full")) != 0) return rc;
-    if (opt && opt->with_optimizer) nopt = fsdp__opt_suffixes(ctx, suffix);
+    if (opt && opt->with_optimizer) suffix = fsdp__opt_suffixes(ctx, &nopt);
     specs = (fsdp_st_spec *)fsdp__calloc(sizeof *specs * (size_t)(ctx->model->num_params * (1 + nopt) + 1));
-    owned = (unsigned char *)fsdp__calloc((size_t)(ctx->model->num_params * (1 + nopt) + 1));
     meta = fsdp__ckpt_metadata(ctx, opt, "full", store, &nmeta);
-    if (!specs || !owned || !meta) { local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_save_full: out of memory"); goto done; }
+    if (!specs || !meta) { local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_save_full: out of memory"); goto done; }
     for (ui = 0; ui < ctx->num_units; ui++) { /* file order = gather order: unit by unit */
         fsdp__unit *u = &ctx->units[ui];
         if ((size_t)u->padded * sizeof(float) > flat_bytes) flat_bytes = (size_t)u->padded * sizeof(float);
         for (k = 0; k < u->num_params; k++) {
             const fsdp__param *p = &ctx->model->params[ctx->unit_params[u->first_param + k]];
             for (j = 0; j <= (p->frozen ? 0 : nopt); j++) {
-                fsdp_st_spec *s = &specs[ntensors];
-                owned[ntensors++] = j > 0;
-                char *name = j ? (char *)FSDP_MALLOC(strlen(p->name) + strlen(suffix[j - 1]) + 2) : NULL;
-                if (j && name) fsdp__fmt(name, strlen(p->name) + strlen(suffix[j - 1]) + 2, "%s.%s", p->name, suffix[j - 1]);
-                s->name = j ? name : p->name;
+                fsdp_st_spec *s = &specs[ntensors++];
+                s->name = fsdp__tensor_name(p->name, j ? suffix[j - 1] : NULL);
                 s->dtype = j ? FSDP_F32 : dtype;
                 s->ndim = p->ndim;
                 memcpy(s->shape, p->shape, sizeof s->shape);
@@ -9550,7 +9703,7 @@ FSDP_API int fsdp_save_full(fsdp_ctx *ctx, const char *path, const fsdp_save_opt
     for (ui = 0; ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
         for (j = 0; j <= (u->frozen ? 0 : nopt); j++)
-            if ((rc = fsdp__gather_flat(ctx, u, j ? fsdp__opt_buffer(u, j - 1) : u->master, flat[j])) != 0) goto done;
+            if ((rc = fsdp__gather_flat(ctx, u, fsdp__unit_values(u, j), flat[j])) != 0) goto done;
         for (k = 0; w && !local && k < u->num_params; k++) { /* rank 0 writes; the others only gather */
             int p = ctx->unit_params[u->first_param + k];
             for (j = 0; j <= (ctx->model->params[p].frozen ? 0 : nopt) && !local; j++)
@@ -9566,36 +9719,28 @@ FSDP_API int fsdp_save_full(fsdp_ctx *ctx, const char *path, const fsdp_save_opt
 done:
     if (w) fsdp_st_writer_abort(w);
     for (j = 0; j <= nopt; j++) fsdp__buf_put(ctx, flat[j], flat[j] ? flat_bytes : 0);
-    for (k = 0; specs && k < ntensors; k++)
-        if (owned[k]) FSDP_FREE((char *)specs[k].name);
-    FSDP_FREE(owned);
+    for (k = 0; specs && k < ntensors; k++) FSDP_FREE((char *)specs[k].name);
     FSDP_FREE(specs);
     FSDP_FREE(meta);
     return rc;
 }
 
 /* Which checkpoint tensor feeds which state: a parameter or one of its optimizer buffers. */
+/* 1: a parameter (*buffer -1); 2: optimizer state "<param>.<state name>" (*buffer: the state's
+   index, or FSDP__STATE_NOT_KEPT); 0: neither. */
 static int fsdp__match_name(const fsdp_ctx *ctx, const char *name, int *param, int *buffer) {
-    static const char *const known[3] = {"momentum_buffer", "exp_avg", "exp_avg_sq"};
     const char *dot;
-    int k;
+    char *base;
     *buffer = -1;
     if ((*param = fsdp__ctx_find_param(ctx, name)) >= 0) return 1;
-    dot = strrchr(name, '.');
-    if (!dot) return 0;
-    for (k = 0; k < 3; k++)
-        if (strcmp(dot + 1, known[k]) == 0) {
-            char *base = (char *)FSDP_MALLOC((size_t)(dot - name) + 1);
-            if (!base) return 0;
-            memcpy(base, name, (size_t)(dot - name));
-            base[dot - name] = 0;
-            *param = fsdp__ctx_find_param(ctx, base);
-            FSDP_FREE(base);
-            if (*param < 0) return 0;
-            *buffer = k == 2 ? 1 : 0; /* momentum_buffer and exp_avg live in opt_a, exp_avg_sq in opt_b */
-            return 2;
-        }
-    return 0;
+    if (!(dot = strrchr(name, '.'))) return 0;
+    if ((*buffer = fsdp__optimizer_state_index(ctx->optimizer, ctx->num_state, dot + 1)) == -1) return 0;
+    if (!(base = (char *)FSDP_MALLOC((size_t)(dot - name) + 1))) return 0;
+    memcpy(base, name, (size_t)(dot - name));
+    base[dot - name] = 0;
+    *param = fsdp__ctx_find_param(ctx, base);
+    FSDP_FREE(base);
+    return *param >= 0 ? 2 : 0;
 }
 
 /* Shape check for a tensor against parameter p; 0 if it fits. */
@@ -9642,9 +9787,10 @@ FSDP__PRIVATE int fsdp__load_slice(fsdp_ctx *ctx, int p, int buffer, fsdp__slice
     const fsdp_param_info *info = &ctx->params[p];
     fsdp__unit *u = &ctx->units[info->unit];
     float *dst = info->shard;
+    if (buffer == FSDP__STATE_NOT_KEPT) return 0;
     if (buffer >= 0) {
-        float *base = fsdp__opt_buffer(u, buffer);
-        if (!base) return 0; /* this optimizer keeps no such state */
+        float *base = u->opt_state[buffer];
+        if (!base) return 0; /* a frozen unit keeps no state */
         dst = base + (info->shard - u->master);
     }
     return read(src, info->shard_begin, info->shard_end - info->shard_begin, dst, err, err_size);
@@ -9762,138 +9908,164 @@ FSDP__PRIVATE void fsdp__shard_file_name(char *out, size_t size, uint32_t nonce,
     fsdp__fmt(out, size, "shard-%08x-%05d.safetensors", (unsigned)nonce, rank);
 }
 
-FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_options *opt) {
-    const char *suffix[2];
-    int nopt = 0, n = 0, ui, k, j, rc, local = 0, nmeta = 0, r;
-    uint32_t nonce[2] = {0, 0};
-    fsdp_st_spec *specs = NULL;
-    fsdp_kv *meta = NULL;
-    fsdp_st_writer *w = NULL;
-    char store[6][64], err[FSDP__ERRMSG] = "", path[1024], file[64];
+/* What a sharded save writes: the tensors' dtype, the optimizer state names (nopt of them, none
+   without with_optimizer), the metadata, and the name of this save's files. */
+typedef struct fsdp__sharded_save {
+    const fsdp_save_options *opt;
     fsdp_dtype dtype;
+    const char *const *suffix;
+    int nopt, nmeta;
+    fsdp_kv *meta;
+    uint32_t nonce;
+    const char *dir;
+} fsdp__sharded_save;
+
+/* This rank's shard file: its slices of every parameter it holds a copy of (replicas write
+   nothing), each a 1-D tensor, then the optimizer state of the same elements. Local. */
+FSDP__PRIVATE int fsdp__write_shard_file(fsdp_ctx *ctx, const fsdp__sharded_save *sv) {
+    fsdp_st_spec *specs = (fsdp_st_spec *)fsdp__calloc(sizeof *specs * (size_t)(ctx->model->num_params * (1 + sv->nopt) + 1));
+    fsdp_st_writer *w = NULL;
+    char err[FSDP__ERRMSG] = "", path[1024], file[64];
+    int n = 0, ui, k, j, local = specs ? 0 : fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
+    for (ui = 0; !local && ui < ctx->num_units; ui++) {
+        fsdp__unit *u = &ctx->units[ui];
+        if (!fsdp__writes_shard(ctx, u)) continue;
+        for (k = 0; !local && k < u->num_params; k++) {
+            int p = ctx->unit_params[u->first_param + k];
+            const fsdp_param_info *info = &ctx->params[p];
+            if (info->shard_end == info->shard_begin) continue;
+            for (j = 0; j <= (ctx->model->params[p].frozen ? 0 : sv->nopt); j++) {
+                fsdp_st_spec *spec = &specs[n++];
+                if (!(spec->name = fsdp__tensor_name(ctx->model->params[p].name, j ? sv->suffix[j - 1] : NULL))) {
+                    local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
+                    break;
+                }
+                spec->dtype = j ? FSDP_F32 : sv->dtype;
+                spec->ndim = 1;
+                spec->shape[0] = info->shard_end - info->shard_begin;
+            }
+        }
+    }
+    fsdp__shard_file_name(file, sizeof file, sv->nonce, ctx->rank);
+    fsdp__fmt(path, sizeof path, "%s/%s", sv->dir, file);
+    if (!local && n > 0 && fsdp_st_writer_open(&w, path, specs, n, sv->meta, sv->nmeta, err, sizeof err) != 0)
+        local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_save_sharded: %s", err);
+    for (ui = 0; w && !local && ui < ctx->num_units; ui++) {
+        fsdp__unit *u = &ctx->units[ui];
+        if (!fsdp__writes_shard(ctx, u)) continue;
+        for (k = 0; !local && k < u->num_params; k++) {
+            int p = ctx->unit_params[u->first_param + k];
+            const fsdp_param_info *info = &ctx->params[p];
+            size_t len = (size_t)(info->shard_end - info->shard_begin), at = (size_t)(info->shard - u->master);
+            for (j = 0; len && j <= (ctx->model->params[p].frozen ? 0 : sv->nopt) && !local; j++)
+                if (fsdp_st_writer_write_f32(w, fsdp__unit_values(u, j) + at, len)) local = FSDP_ERR_IO;
+        }
+    }
+    if (w && !local && fsdp_st_writer_close(w, err, sizeof err) != 0) local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_save_sharded: %s", err);
+    else if (w && local) fsdp_st_writer_abort(w);
+    for (k = 0; specs && k < n; k++) FSDP_FREE((char *)specs[k].name);
+    FSDP_FREE(specs);
+    return local;
+}
+
+/* index.json's text: the metadata, the files, and per tensor its dtype, shape and which element
+   ranges lie in which file (group rank g's file holds [g*S, (g+1)*S) of each flat parameter). */
+FSDP__PRIVATE void fsdp__index_text(fsdp_ctx *ctx, const fsdp__sharded_save *sv, fsdp__sbuf *b) {
+    char file[64];
+    int k, r, p, j;
+    fsdp__sbuf_printf(b, "{\"format\":\"fsdp.h-sharded\",\"version\":1,\"world_size\":%d,\"step\":%lld,\"epoch\":%lld,",
+                      ctx->world, (long long)ctx->step, (long long)(sv->opt ? sv->opt->epoch : 0));
+    fsdp__sbuf_str(b, "\"metadata\":{");
+    for (k = 0; k < sv->nmeta; k++) {
+        fsdp__sbuf_str(b, k ? "," : "");
+        fsdp__sbuf_jstring(b, sv->meta[k].key);
+        fsdp__sbuf_str(b, ":");
+        fsdp__sbuf_jstring(b, sv->meta[k].value);
+    }
+    fsdp__sbuf_str(b, "},\"files\":[");
+    for (r = 0; r < ctx->world; r++) {
+        fsdp__shard_file_name(file, sizeof file, sv->nonce, r);
+        fsdp__sbuf_printf(b, "%s\"%s\"", r ? "," : "", file);
+    }
+    fsdp__sbuf_str(b, "],\"tensors\":{");
+    for (p = 0; p < ctx->model->num_params; p++) {
+        const fsdp__param *mp = &ctx->model->params[p];
+        const fsdp__unit *u = &ctx->units[ctx->plan.unit_of_param[p]];
+        int64_t off = ctx->plan.param_offset[p];
+        for (j = 0; j <= (mp->frozen ? 0 : sv->nopt); j++) {
+            char *name = fsdp__tensor_name(mp->name, j ? sv->suffix[j - 1] : NULL);
+            int g, first = 1, writers = u->strategy == FSDP_NO_SHARD ? 1 : u->group_size;
+            if (!name) {
+                b->failed = 1;
+                return;
+            }
+            fsdp__sbuf_str(b, p || j ? "," : "");
+            fsdp__sbuf_jstring(b, name);
+            FSDP_FREE(name);
+            fsdp__sbuf_printf(b, ":{\"dtype\":\"%s\",\"shape\":[", fsdp__st_dtype_name(j ? FSDP_F32 : sv->dtype));
+            for (k = 0; k < mp->ndim; k++) fsdp__sbuf_printf(b, k ? ",%lld" : "%lld", (long long)mp->shape[k]);
+            fsdp__sbuf_str(b, "],\"pieces\":[");
+            for (g = 0; g < writers; g++) {
+                int64_t lo = (int64_t)g * u->shard, hi = lo + u->shard;
+                if (lo < off) lo = off;
+                if (hi > off + mp->numel) hi = off + mp->numel;
+                if (hi <= lo) continue;
+                fsdp__sbuf_printf(b, "%s[%d,%lld,%lld]", first ? "" : ",", g, (long long)(lo - off), (long long)(hi - off));
+                first = 0;
+            }
+            fsdp__sbuf_str(b, "]}");
+        }
+    }
+    fsdp__sbuf_str(b, "}}\n");
+}
+
+/* Files of earlier saves in dir, no longer referenced once this save's index is in place. */
+FSDP__PRIVATE void fsdp__remove_old_shards(const char *dir, uint32_t nonce) {
+    char prefix[32], path[1024];
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    fsdp__fmt(prefix, sizeof prefix, "shard-%08x-", (unsigned)nonce);
+    while (d && (e = readdir(d)) != NULL)
+        if (strncmp(e->d_name, "shard-", 6) == 0 && strncmp(e->d_name, prefix, strlen(prefix)) != 0) {
+            fsdp__fmt(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+    if (d) closedir(d);
+}
+
+FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_options *opt) {
+    fsdp__sharded_save sv;
+    uint32_t nonce[2] = {0, 0};
+    char store[6][64], err[FSDP__ERRMSG] = "", path[1024];
+    int rc, local = 0;
     if (!ctx || !dir || strlen(dir) > 900) return FSDP_ERR_INVALID_ARG;
-    dtype = opt && opt->dtype ? opt->dtype : FSDP_F32;
     if ((rc = fsdp__quiesce(ctx, "fsdp_save_sharded")) != 0) return rc;
-    if (opt && opt->with_optimizer) nopt = fsdp__opt_suffixes(ctx, suffix);
+    memset(&sv, 0, sizeof sv);
+    sv.opt = opt;
+    sv.dir = dir;
+    sv.dtype = opt && opt->dtype ? opt->dtype : FSDP_F32;
+    if (opt && opt->with_optimizer) sv.suffix = fsdp__opt_suffixes(ctx, &sv.nopt);
     if (ctx->rank == 0) { /* a fresh name for this save's files, the same on every rank */
         if (mkdir(dir, 0755) != 0 && errno != EEXIST) local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_save_sharded: %s: %s", dir, strerror(errno));
         nonce[0] = (uint32_t)fsdp__mix64((uint64_t)getpid() ^ (uint64_t)(fsdp_now() * 1e9) ^ (uint64_t)ctx->step);
     }
     if ((rc = fsdp__agree(ctx, local)) != 0) return rc;
     if ((rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_BROADCAST, NULL, nonce, 2, 0)) != 0) return rc;
-    specs = (fsdp_st_spec *)fsdp__calloc(sizeof *specs * (size_t)(ctx->model->num_params * (1 + nopt) + 1));
-    meta = fsdp__ckpt_metadata(ctx, opt, "shard", store, &nmeta);
-    if (!specs || !meta) local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
-    for (ui = 0; !local && ui < ctx->num_units; ui++) { /* this rank's slices, each a 1-D tensor */
-        fsdp__unit *u = &ctx->units[ui];
-        if (!fsdp__writes_shard(ctx, u)) continue;
-        for (k = 0; k < u->num_params; k++) {
-            int p = ctx->unit_params[u->first_param + k];
-            const fsdp_param_info *info = &ctx->params[p];
-            if (info->shard_end == info->shard_begin) continue;
-            for (j = 0; j <= (ctx->model->params[p].frozen ? 0 : nopt); j++) {
-                fsdp_st_spec *s = &specs[n++];
-                char *name = (char *)FSDP_MALLOC(strlen(ctx->model->params[p].name) + 20);
-                if (!name) { local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory"); break; }
-                if (j) fsdp__fmt(name, strlen(ctx->model->params[p].name) + 20, "%s.%s", ctx->model->params[p].name, suffix[j - 1]);
-                else strcpy(name, ctx->model->params[p].name);
-                s->name = name;
-                s->dtype = j ? FSDP_F32 : dtype;
-                s->ndim = 1;
-                s->shape[0] = info->shard_end - info->shard_begin;
-            }
-        }
-    }
-    fsdp__shard_file_name(file, sizeof file, nonce[0], ctx->rank);
-    fsdp__fmt(path, sizeof path, "%s/%s", dir, file);
-    if (!local && n > 0) {
-        if (fsdp_st_writer_open(&w, path, specs, n, meta, nmeta, err, sizeof err) != 0)
-            local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_save_sharded: %s", err);
-        for (ui = 0; !local && ui < ctx->num_units; ui++) {
-            fsdp__unit *u = &ctx->units[ui];
-            if (!fsdp__writes_shard(ctx, u)) continue;
-            for (k = 0; !local && k < u->num_params; k++) {
-                int p = ctx->unit_params[u->first_param + k];
-                const fsdp_param_info *info = &ctx->params[p];
-                size_t len = (size_t)(info->shard_end - info->shard_begin), at = (size_t)(info->shard - u->master);
-                for (j = 0; len && j <= (ctx->model->params[p].frozen ? 0 : nopt) && !local; j++)
-                    if (fsdp_st_writer_write_f32(w, (j ? fsdp__opt_buffer(u, j - 1) : u->master) + at, len))
-                        local = FSDP_ERR_IO;
-            }
-        }
-        if (fsdp_st_writer_close(w, err, sizeof err) != 0) local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_save_sharded: %s", err);
-        w = NULL;
-    }
-    if ((rc = fsdp__agree(ctx, local)) != 0) goto done;
-    if (ctx->rank == 0) { /* the index is the commit point: it names this save's files */
+    sv.nonce = nonce[0];
+    sv.meta = fsdp__ckpt_metadata(ctx, opt, "shard", store, &sv.nmeta);
+    local = sv.meta ? fsdp__write_shard_file(ctx, &sv) : fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
+    if ((rc = fsdp__agree(ctx, local)) == 0 && ctx->rank == 0) { /* the index is the commit point: it names this save's files */
         fsdp__sbuf b;
-        int p;
         memset(&b, 0, sizeof b);
-        fsdp__sbuf_printf(&b, "{\"format\":\"fsdp.h-sharded\",\"version\":1,\"world_size\":%d,\"step\":%lld,\"epoch\":%lld,",
-                          ctx->world, (long long)ctx->step, (long long)(opt ? opt->epoch : 0));
-        fsdp__sbuf_str(&b, "\"metadata\":{");
-        for (k = 0; k < nmeta; k++) {
-            fsdp__sbuf_str(&b, k ? "," : "");
-            fsdp__sbuf_jstring(&b, meta[k].key);
-            fsdp__sbuf_str(&b, ":");
-            fsdp__sbuf_jstring(&b, meta[k].value);
-        }
-        fsdp__sbuf_str(&b, "},\"files\":[");
-        for (r = 0; r < ctx->world; r++) {
-            fsdp__shard_file_name(file, sizeof file, nonce[0], r);
-            fsdp__sbuf_printf(&b, "%s\"%s\"", r ? "," : "", file);
-        }
-        fsdp__sbuf_str(&b, "],\"tensors\":{");
-        for (p = 0; p < ctx->model->num_params; p++) {
-            const fsdp__param *mp = &ctx->model->params[p];
-            const fsdp__unit *u = &ctx->units[ctx->plan.unit_of_param[p]];
-            int64_t off = ctx->plan.param_offset[p];
-            for (j = 0; j <= (mp->frozen ? 0 : nopt); j++) {
-                char name[320];
-                int g, first = 1, writers = u->strategy == FSDP_NO_SHARD ? 1 : u->group_size;
-                if (j) fsdp__fmt(name, sizeof name, "%s.%s", mp->name, suffix[j - 1]);
-                else fsdp__copy_string(name, sizeof name, mp->name);
-                fsdp__sbuf_str(&b, p || j ? "," : "");
-                fsdp__sbuf_jstring(&b, name);
-                fsdp__sbuf_printf(&b, ":{\"dtype\":\"%s\",\"shape\":[", fsdp__st_dtype_name(j ? FSDP_F32 : dtype));
-                for (k = 0; k < mp->ndim; k++) fsdp__sbuf_printf(&b, k ? ",%lld" : "%lld", (long long)mp->shape[k]);
-                fsdp__sbuf_str(&b, "],\"pieces\":[");
-                for (g = 0; g < writers; g++) { /* group rank g holds [g*S, (g+1)*S) of the flat parameter */
-                    int64_t lo = (int64_t)g * u->shard, hi = lo + u->shard;
-                    if (lo < off) lo = off;
-                    if (hi > off + mp->numel) hi = off + mp->numel;
-                    if (hi <= lo) continue;
-                    fsdp__sbuf_printf(&b, "%s[%d,%lld,%lld]", first ? "" : ",", g, (long long)(lo - off), (long long)(hi - off));
-                    first = 0;
-                }
-                fsdp__sbuf_str(&b, "]}");
-            }
-        }
-        fsdp__sbuf_str(&b, "}}\n");
+        fsdp__index_text(ctx, &sv, &b);
         fsdp__fmt(path, sizeof path, "%s/index.json", dir);
         if (b.failed) local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_save_sharded: out of memory");
         else if ((local = fsdp_write_file_atomic(path, b.data, b.len, err, sizeof err)) != 0)
             fsdp__fail(ctx, local, "fsdp_save_sharded: cannot write the index: %s", err);
         FSDP_FREE(b.data);
     }
-    if ((rc = fsdp__agree(ctx, local)) != 0) goto done;
-    if (ctx->rank == 0) { /* files of earlier saves are no longer referenced */
-        char prefix[32];
-        DIR *d = opendir(dir);
-        struct dirent *e;
-        fsdp__fmt(prefix, sizeof prefix, "shard-%08x-", (unsigned)nonce[0]);
-        while (d && (e = readdir(d)) != NULL)
-            if (strncmp(e->d_name, "shard-", 6) == 0 && strncmp(e->d_name, prefix, strlen(prefix)) != 0) {
-                fsdp__fmt(path, sizeof path, "%s/%s", dir, e->d_name);
-                unlink(path);
-            }
-        if (d) closedir(d);
-    }
-done:
-    if (w) fsdp_st_writer_abort(w);
-    for (k = 0; specs && k < n; k++) FSDP_FREE((char *)specs[k].name);
-    FSDP_FREE(specs);
-    FSDP_FREE(meta);
+    if (!rc && (rc = fsdp__agree(ctx, local)) == 0 && ctx->rank == 0) fsdp__remove_old_shards(dir, sv.nonce);
+    FSDP_FREE(sv.meta);
     return rc;
 }
 

@@ -148,19 +148,21 @@ static int copy_elements(source *s, int tensor, int64_t first, int64_t count, fs
     return 0;
 }
 
-/* Optimizer state that fsdp.h saves next to a parameter: "<param>.exp_avg", ... */
+/* Optimizer state that fsdp.h saves next to a parameter: "<param>.<state>", <state> one of the
+   shipped optimizers' state names (fsdp_optimizer_of: exp_avg, exp_avg_sq, momentum_buffer). */
 static int is_optimizer_state(const char *name, const fsdp_index *ix) {
-    static const char *const suffixes[] = {".exp_avg", ".exp_avg_sq", ".momentum_buffer"};
-    size_t n = strlen(name), k;
-    for (k = 0; k < sizeof suffixes / sizeof suffixes[0]; k++) {
-        size_t s = strlen(suffixes[k]);
-        if (n > s && strcmp(name + n - s, suffixes[k]) == 0) {
-            char base[4096];
-            if (n - s >= sizeof base) return 0;
-            memcpy(base, name, n - s);
-            base[n - s] = 0;
-            return fsdp_index_find(ix, base) >= 0;
-        }
+    const char *dot = strrchr(name, '.');
+    char base[4096];
+    int kind, k;
+    if (!dot || (size_t)(dot - name) >= sizeof base) return 0;
+    for (kind = FSDP_SGD; kind <= FSDP_ADAMW; kind++) {
+        const fsdp_optimizer *o = fsdp_optimizer_of((fsdp_optimizer_kind)kind);
+        for (k = 0; k < FSDP_OPTIMIZER_MAX_STATE && o->state_names[k]; k++)
+            if (strcmp(dot + 1, o->state_names[k]) == 0) {
+                memcpy(base, name, (size_t)(dot - name));
+                base[dot - name] = 0;
+                return fsdp_index_find(ix, base) >= 0;
+            }
     }
     return 0;
 }
