@@ -3755,6 +3755,7 @@ static const fsdp__transport fsdp__shm_transport = {
 #define FSDP__SOCK_VERSION 2u
 #define FSDP__SOCK_SEGMENT ((size_t)256 * 1024)
 #define FSDP__SOCK_RING_SEGMENTS 4
+#define FSDP__SOCK_RING_BYTES ((size_t)FSDP__SOCK_RING_SEGMENTS * FSDP__SOCK_SEGMENT) /* per peer, for reductions */
 #define FSDP__SOCK_GREETING_MS 5000  /* an acceptor greets at once; silence this long means "not fsdp.h" */
 #define FSDP__SOCK_HANDSHAKE_MS 5000 /* a connection's budget to present a complete hello */
 #define FSDP__SOCK_PENDING_MAX 64    /* handshakes an acceptor runs at once */
@@ -4065,188 +4066,236 @@ typedef struct fsdp__sock_pending {
     char addr[64];
 } fsdp__sock_pending;
 
+/* An acceptor at work (fsdp__sock_admit): its listener, the ranks it waits for, the
+   connections that have not finished their hello, and what it refused. */
+typedef struct fsdp__sock_door {
+    fsdp_comm *comm;
+    fsdp__sock *s;
+    int listen_fd, first, rendezvous;
+    int64_t deadline;
+    uint32_t *ips, *ports;
+    unsigned char *nonces;
+    const char *where;
+    const unsigned char *session;
+    fsdp__sock_pending pending[FSDP__SOCK_PENDING_MAX];
+    int npending, missing, refused, accept_trouble;
+    char last_refusal[200];
+} fsdp__sock_door;
+
+/* Drops pending connection i, saying why (why NULL: already said in last_refusal). */
+static void fsdp__sock_door_drop(fsdp__sock_door *d, int i, const char *why) {
+    if (why) fsdp__fmt(d->last_refusal, sizeof d->last_refusal, "%s %s", d->pending[i].addr, why);
+    d->refused++;
+    close(d->pending[i].fd);
+    d->pending[i] = d->pending[--d->npending];
+}
+
+/* The pending connection waiting longest: an honest rank answers its challenge at once, so it
+   is the likeliest stranger. */
+static int fsdp__sock_door_oldest(const fsdp__sock_door *d) {
+    int i, oldest = 0;
+    for (i = 1; i < d->npending; i++)
+        if (d->pending[i].deadline < d->pending[oldest].deadline) oldest = i;
+    return oldest;
+}
+
+/* The deadline passed: the error names the missing ranks and the last refusal. */
+FSDP__PRIVATE int fsdp__sock_door_timeout(fsdp__sock_door *d) {
+    char list[160] = "", refusals[280] = "";
+    size_t used = 0;
+    int p;
+    for (p = d->first; p < d->comm->world && used + 12 < sizeof list; p++)
+        if (d->s->peers[p].fd < 0) used += (size_t)fsdp__fmt(list + used, sizeof list - used, "%s%d", used ? ", " : "", p);
+    if (d->refused)
+        fsdp__fmt(refusals, sizeof refusals, "; refused %d connection(s), the last: %s", d->refused, d->last_refusal);
+    return fsdp__init_fail(&d->comm->logger, FSDP_ERR_TIMEOUT, "socket: rank %d waited %d ms at %s; missing rank(s): %s%s",
+                           d->comm->rank, d->comm->timeout_ms, d->where, list, refusals);
+}
+
+/* A complete hello on pending connection pd: judged, answered, and the rank admitted (1) or
+   the connection refused with why (0). */
+FSDP__PRIVATE int fsdp__sock_door_judge(fsdp__sock_door *d, fsdp__sock_pending *pd, int64_t now, const char **problem,
+                                        char *why, size_t why_size) {
+    fsdp_comm *comm = d->comm;
+    fsdp__sock_reply reply;
+    int authentic = 0, r;
+    *problem = fsdp__sock_judge_hello(&pd->hello, &pd->challenge, comm->key, comm->world, d->first, d->session,
+                                      &authentic, why, why_size);
+    r = (int)pd->hello.rank;
+    if (!*problem && d->s->peers[r].fd >= 0) *problem = (fsdp__fmt(why, why_size, "rank %d has already joined", r), why);
+    if (!*problem && !d->rendezvous) { /* welcome now, proving this side knows the key too */
+        fsdp__sock_make_reply(&reply, comm->key, &pd->hello, &pd->challenge, 0, "welcome", NULL, 1);
+        if (fsdp__sock_io_full(pd->fd, &reply, sizeof reply, now + FSDP__SOCK_HANDSHAKE_MS, 1) != 0)
+            *problem = "went away before it was welcomed";
+    } else if (*problem) { /* tell an authenticated peer why; anyone else only that it failed */
+        fsdp__sock_make_reply(&reply, comm->key, &pd->hello, &pd->challenge, FSDP_ERR_REJECTED, *problem, NULL, authentic);
+        fsdp__sock_io_full(pd->fd, &reply, sizeof reply, now + 1000, 1);
+    }
+    if (*problem) return 0;
+    d->s->peers[r].fd = pd->fd;
+    fsdp__copy_string(d->s->peers[r].addr, sizeof d->s->peers[r].addr, pd->addr);
+    if (d->rendezvous) {
+        d->ips[r] = pd->hello.data_ip;
+        d->ports[r] = pd->hello.data_port;
+        memcpy(d->nonces + 64 * (size_t)r, pd->hello.nonce, 32);
+        memcpy(d->nonces + 64 * (size_t)r + 32, pd->challenge.nonce, 32);
+    }
+    d->missing--;
+    return 1;
+}
+
+/* Reads what the pending connections that poll reported sent; admits complete hellos. */
+FSDP__PRIVATE void fsdp__sock_door_read(fsdp__sock_door *d, const struct pollfd *pfds, int64_t now) {
+    int i;
+    for (i = d->npending - 1; i >= 0; i--) {
+        fsdp__sock_pending *pd = &d->pending[i];
+        const char *problem = NULL;
+        char why[160];
+        ssize_t got;
+        if (!pfds[i + 1].revents) continue;
+        got = recv(pd->fd, (char *)&pd->hello + pd->got, sizeof pd->hello - pd->got, MSG_DONTWAIT);
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+        if (got <= 0) {
+            problem = "closed the connection before finishing its hello";
+        } else if ((pd->got += (size_t)got) >= 8 &&
+                   (pd->hello.magic != FSDP__SOCK_MAGIC || pd->hello.version != FSDP__SOCK_VERSION)) {
+            problem = "does not speak fsdp.h's protocol (or another version of it)";
+        } else if (pd->got == sizeof pd->hello) {
+            if (fsdp__sock_door_judge(d, pd, now, &problem, why, sizeof why)) {
+                d->pending[i] = d->pending[--d->npending]; /* admitted: its descriptor is the peer's now */
+                continue;
+            }
+        } else {
+            continue; /* more of the hello to come */
+        }
+        fsdp__sock_door_drop(d, i, problem);
+        fsdp__log(&d->comm->logger, FSDP_LOG_WARN, "socket: rank %d refused a connection at %s: %s", d->comm->rank,
+                  d->where, d->last_refusal);
+    }
+}
+
+/* Accepts new connections: each gets a challenge at once. 0, or a system failure of the listener. */
+FSDP__PRIVATE int fsdp__sock_door_accept(fsdp__sock_door *d) {
+    fsdp_comm *comm = d->comm;
+    for (;;) {
+        struct sockaddr_in from;
+        socklen_t len = sizeof from;
+        fsdp__sock_pending *pd;
+        int fd = accept(d->listen_fd, (struct sockaddr *)&from, &len);
+        if (fd < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+            if (errno == EBADF || errno == EINVAL || errno == ENOTSOCK || errno == EFAULT || errno == EOPNOTSUPP)
+                return fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "socket: accept failed at %s: %s", d->where,
+                                       strerror(errno));
+            /* a connection that vanished, or the process or system out of descriptors or buffers
+               for a moment: none of it ends the rendezvous */
+            if (!d->accept_trouble++)
+                fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d: accept at %s: %s (retrying)", comm->rank,
+                          d->where, strerror(errno));
+            if ((errno == EMFILE || errno == ENFILE) && d->npending > 0) {
+                /* strangers hold the descriptors: drop the one waiting longest so the queue moves */
+                int oldest = fsdp__sock_door_oldest(d);
+                fsdp__fmt(d->last_refusal, sizeof d->last_refusal, "%s was dropped: rank %d ran out of descriptors",
+                          d->pending[oldest].addr, comm->rank);
+                fsdp__sock_door_drop(d, oldest, NULL);
+                continue;
+            }
+            if (errno != ECONNABORTED && errno != EINTR && errno != EPROTO) fsdp__sleep_us(10000);
+            return 0;
+        }
+        fcntl(fd, F_SETFD, FD_CLOEXEC);
+        fsdp__sock_nonblock(fd, 1);
+        fsdp__sock_tune(fd);
+        if (d->npending == FSDP__SOCK_PENDING_MAX) { /* make room: the oldest are the likeliest strangers */
+            int oldest = fsdp__sock_door_oldest(d);
+            fsdp__fmt(d->last_refusal, sizeof d->last_refusal, "%s was dropped: %d other connections were waiting",
+                      d->pending[oldest].addr, FSDP__SOCK_PENDING_MAX);
+            fsdp__sock_door_drop(d, oldest, NULL);
+        }
+        pd = &d->pending[d->npending];
+        memset(pd, 0, sizeof *pd);
+        pd->fd = fd;
+        pd->deadline = fsdp__now_ms() + FSDP__SOCK_HANDSHAKE_MS;
+        if (pd->deadline > d->deadline) pd->deadline = d->deadline;
+        fsdp__sock_addr_string(pd->addr, sizeof pd->addr, &from);
+        pd->challenge.magic = FSDP__SOCK_MAGIC;
+        pd->challenge.version = FSDP__SOCK_VERSION;
+        if (fsdp__random_bytes(pd->challenge.nonce, sizeof pd->challenge.nonce) != 0) {
+            close(fd);
+            return fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "socket: no random bytes for a challenge: %s",
+                                   strerror(errno));
+        }
+        /* a fresh connection's send buffer always takes these 40 bytes */
+        if (send(fd, &pd->challenge, sizeof pd->challenge, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof pd->challenge) {
+            close(fd);
+            continue;
+        }
+        d->npending++;
+    }
+}
+
 /* Admits ranks first..P-1 (those without a connection yet) on listen_fd until each has one or
    the deadline passes. rendezvous (rank 0 at the master address): hellos carry no session,
    the data addresses go to ips/ports and each rank's nonces (hello, challenge) to
    nonces[64 * rank], and the caller welcomes everyone at the end; otherwise hellos must carry
-   s->session and each rank is welcomed at once. where names the listener in messages. */
+   s->session and each rank is welcomed at once. where names the listener in messages.
+   Acceptors run every pending handshake at once, each with a short budget, so silent or
+   garbage-sending strangers cannot hold the door. */
 FSDP__PRIVATE int fsdp__sock_admit(fsdp_comm *comm, fsdp__sock *s, int listen_fd, int first, int64_t deadline,
                                    int rendezvous, uint32_t *ips, uint32_t *ports, unsigned char *nonces,
                                    const char *where) {
     static const unsigned char no_session[16] = {0};
-    fsdp__sock_pending pending[FSDP__SOCK_PENDING_MAX];
+    fsdp__sock_door *d = (fsdp__sock_door *)fsdp__calloc(sizeof *d);
     struct pollfd pfds[FSDP__SOCK_PENDING_MAX + 1];
-    int npending = 0, missing = 0, refused = 0, accept_trouble = 0, p, i, rc = 0;
-    char last_refusal[200] = "";
-    const unsigned char *session = rendezvous ? no_session : s->session;
-    for (p = first; p < comm->world; p++) missing += s->peers[p].fd < 0;
+    int p, i, rc = 0;
+    if (!d) return fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
+    d->comm = comm;
+    d->s = s;
+    d->listen_fd = listen_fd;
+    d->first = first;
+    d->rendezvous = rendezvous;
+    d->deadline = deadline;
+    d->ips = ips;
+    d->ports = ports;
+    d->nonces = nonces;
+    d->where = where;
+    d->session = rendezvous ? no_session : s->session;
+    for (p = first; p < comm->world; p++) d->missing += s->peers[p].fd < 0;
     fsdp__sock_nonblock(listen_fd, 1);
-    while (missing > 0) {
+    while (d->missing > 0 && !rc) {
         int64_t now = fsdp__now_ms(), wake = deadline;
         int ready;
         if (now >= deadline) {
-            char list[160] = "", refusals[280] = "";
-            size_t used = 0;
-            for (p = first; p < comm->world && used + 12 < sizeof list; p++)
-                if (s->peers[p].fd < 0) used += (size_t)fsdp__fmt(list + used, sizeof list - used, "%s%d", used ? ", " : "", p);
-            if (refused)
-                fsdp__fmt(refusals, sizeof refusals, "; refused %d connection(s), the last: %s", refused, last_refusal);
-            rc = fsdp__init_fail(&comm->logger, FSDP_ERR_TIMEOUT, "socket: rank %d waited %d ms at %s; missing rank(s): %s%s",
-                                 comm->rank, comm->timeout_ms, where, list, refusals);
+            rc = fsdp__sock_door_timeout(d);
             break;
         }
-        for (i = npending - 1; i >= 0; i--) { /* strangers that ran out of time */
-            if (now < pending[i].deadline) {
-                if (pending[i].deadline < wake) wake = pending[i].deadline;
+        for (i = d->npending - 1; i >= 0; i--) { /* strangers that ran out of time */
+            if (now < d->pending[i].deadline) {
+                if (d->pending[i].deadline < wake) wake = d->pending[i].deadline;
                 continue;
             }
-            fsdp__fmt(last_refusal, sizeof last_refusal, "%s sent no complete hello within %d ms", pending[i].addr,
+            fsdp__fmt(d->last_refusal, sizeof d->last_refusal, "%s sent no complete hello within %d ms", d->pending[i].addr,
                       FSDP__SOCK_HANDSHAKE_MS);
-            fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d dropped %s", comm->rank, last_refusal);
-            refused++;
-            close(pending[i].fd);
-            pending[i] = pending[--npending];
+            fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d dropped %s", comm->rank, d->last_refusal);
+            fsdp__sock_door_drop(d, i, NULL);
         }
         pfds[0].fd = listen_fd;
         pfds[0].events = POLLIN;
         pfds[0].revents = 0;
-        for (i = 0; i < npending; i++) {
-            pfds[i + 1].fd = pending[i].fd;
+        for (i = 0; i < d->npending; i++) {
+            pfds[i + 1].fd = d->pending[i].fd;
             pfds[i + 1].events = POLLIN;
             pfds[i + 1].revents = 0;
         }
-        ready = poll(pfds, (nfds_t)(npending + 1), wake - now > 1000 ? 1000 : (int)(wake - now));
-        if (ready < 0 && errno != EINTR) {
+        ready = poll(pfds, (nfds_t)(d->npending + 1), wake - now > 1000 ? 1000 : (int)(wake - now));
+        if (ready < 0 && errno != EINTR)
             rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "socket: poll failed at %s: %s", where, strerror(errno));
-            break;
-        }
         if (ready <= 0) continue;
-        for (i = npending - 1; i >= 0; i--) {
-            fsdp__sock_pending *pd = &pending[i];
-            const char *problem = NULL;
-            char why[160];
-            int authentic = 0, keep = 1;
-            ssize_t got;
-            if (!pfds[i + 1].revents) continue;
-            got = recv(pd->fd, (char *)&pd->hello + pd->got, sizeof pd->hello - pd->got, MSG_DONTWAIT);
-            if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
-            if (got <= 0) {
-                problem = "closed the connection before finishing its hello";
-                keep = 0;
-            } else if ((pd->got += (size_t)got) >= 8 &&
-                       (pd->hello.magic != FSDP__SOCK_MAGIC || pd->hello.version != FSDP__SOCK_VERSION)) {
-                problem = "does not speak fsdp.h's protocol (or another version of it)";
-                keep = 0;
-            } else if (pd->got == sizeof pd->hello) {
-                fsdp__sock_reply reply;
-                int r;
-                problem = fsdp__sock_judge_hello(&pd->hello, &pd->challenge, comm->key, comm->world, first, session,
-                                                 &authentic, why, sizeof why);
-                r = (int)pd->hello.rank;
-                if (!problem && s->peers[r].fd >= 0)
-                    problem = (fsdp__fmt(why, sizeof why, "rank %d has already joined", r), why);
-                if (!problem && !rendezvous) { /* welcome now, proving this side knows the key too */
-                    fsdp__sock_make_reply(&reply, comm->key, &pd->hello, &pd->challenge, 0, "welcome", NULL, 1);
-                    if (fsdp__sock_io_full(pd->fd, &reply, sizeof reply, now + FSDP__SOCK_HANDSHAKE_MS, 1) != 0)
-                        problem = "went away before it was welcomed";
-                } else if (problem) { /* tell an authenticated peer why; anyone else only that it failed */
-                    fsdp__sock_make_reply(&reply, comm->key, &pd->hello, &pd->challenge, FSDP_ERR_REJECTED, problem,
-                                          NULL, authentic);
-                    fsdp__sock_io_full(pd->fd, &reply, sizeof reply, now + 1000, 1);
-                }
-                if (!problem) {
-                    s->peers[r].fd = pd->fd;
-                    fsdp__copy_string(s->peers[r].addr, sizeof s->peers[r].addr, pd->addr);
-                    if (rendezvous) {
-                        ips[r] = pd->hello.data_ip;
-                        ports[r] = pd->hello.data_port;
-                        memcpy(nonces + 64 * (size_t)r, pd->hello.nonce, 32);
-                        memcpy(nonces + 64 * (size_t)r + 32, pd->challenge.nonce, 32);
-                    }
-                    missing--;
-                    pending[i] = pending[--npending];
-                    continue;
-                }
-                keep = 0;
-            }
-            if (keep) continue;
-            fsdp__fmt(last_refusal, sizeof last_refusal, "%s %s", pd->addr, problem);
-            fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d refused a connection at %s: %s", comm->rank, where,
-                      last_refusal);
-            refused++;
-            close(pd->fd);
-            pending[i] = pending[--npending];
-        }
-        while (pfds[0].revents & POLLIN) { /* new connections: each gets a challenge at once */
-            struct sockaddr_in from;
-            socklen_t len = sizeof from;
-            fsdp__sock_pending *pd;
-            int fd = accept(listen_fd, (struct sockaddr *)&from, &len);
-            if (fd < 0) {
-                if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-                if (errno == EBADF || errno == EINVAL || errno == ENOTSOCK || errno == EFAULT || errno == EOPNOTSUPP) {
-                    rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "socket: accept failed at %s: %s", where,
-                                         strerror(errno));
-                    break;
-                }
-                /* a connection that vanished, or the process or system out of descriptors or
-                   buffers for a moment: none of it ends the rendezvous */
-                if (!accept_trouble++)
-                    fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d: accept at %s: %s (retrying)", comm->rank,
-                              where, strerror(errno));
-                if ((errno == EMFILE || errno == ENFILE) && npending > 0) {
-                    /* strangers hold the descriptors: drop the one waiting longest (an honest
-                       rank answers its challenge at once) so the queue behind it moves */
-                    int oldest = 0;
-                    for (i = 1; i < npending; i++)
-                        if (pending[i].deadline < pending[oldest].deadline) oldest = i;
-                    fsdp__fmt(last_refusal, sizeof last_refusal, "%s was dropped: rank %d ran out of descriptors",
-                              pending[oldest].addr, comm->rank);
-                    refused++;
-                    close(pending[oldest].fd);
-                    pending[oldest] = pending[--npending];
-                    continue;
-                }
-                if (errno != ECONNABORTED && errno != EINTR && errno != EPROTO) fsdp__sleep_us(10000);
-                break;
-            }
-            fcntl(fd, F_SETFD, FD_CLOEXEC);
-            fsdp__sock_nonblock(fd, 1);
-            fsdp__sock_tune(fd);
-            if (npending == FSDP__SOCK_PENDING_MAX) { /* make room: the oldest are the likeliest strangers */
-                int oldest = 0;
-                for (i = 1; i < npending; i++)
-                    if (pending[i].deadline < pending[oldest].deadline) oldest = i;
-                fsdp__fmt(last_refusal, sizeof last_refusal, "%s was dropped: %d other connections were waiting",
-                          pending[oldest].addr, FSDP__SOCK_PENDING_MAX);
-                refused++;
-                close(pending[oldest].fd);
-                pending[oldest] = pending[--npending];
-            }
-            pd = &pending[npending];
-            memset(pd, 0, sizeof *pd);
-            pd->fd = fd;
-            pd->deadline = fsdp__now_ms() + FSDP__SOCK_HANDSHAKE_MS;
-            if (pd->deadline > deadline) pd->deadline = deadline;
-            fsdp__sock_addr_string(pd->addr, sizeof pd->addr, &from);
-            pd->challenge.magic = FSDP__SOCK_MAGIC;
-            pd->challenge.version = FSDP__SOCK_VERSION;
-            if (fsdp__random_bytes(pd->challenge.nonce, sizeof pd->challenge.nonce) != 0) {
-                rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "socket: no random bytes for a challenge: %s",
-                                     strerror(errno));
-                close(fd);
-                break;
-            }
-            /* a fresh connection's send buffer always takes these 40 bytes */
-            if (send(fd, &pd->challenge, sizeof pd->challenge, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof pd->challenge) {
-                close(fd);
-                continue;
-            }
-            npending++;
-        }
-        if (rc) break;
+        fsdp__sock_door_read(d, pfds, now);
+        if (pfds[0].revents & POLLIN) rc = fsdp__sock_door_accept(d);
     }
-    for (i = 0; i < npending; i++) close(pending[i].fd);
+    for (i = 0; i < d->npending; i++) close(d->pending[i].fd);
+    FSDP_FREE(d);
     return rc;
 }
 
@@ -4613,7 +4662,7 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
         goto done;
     }
     s->peers = (fsdp__sock_peer *)fsdp__calloc(sizeof *s->peers * (size_t)P);
-    s->ring = (char *)FSDP_MALLOC((size_t)P * FSDP__SOCK_RING_SEGMENTS * FSDP__SOCK_SEGMENT);
+    s->ring = (char *)FSDP_MALLOC((size_t)P * FSDP__SOCK_RING_BYTES);
     s->pfds = (struct pollfd *)fsdp__calloc(sizeof *s->pfds * (size_t)P);
     s->pfd_peer = (int *)fsdp__calloc(sizeof *s->pfd_peer * (size_t)P);
     rdv.ips = (uint32_t *)fsdp__calloc(sizeof *rdv.ips * (size_t)P);
@@ -4776,17 +4825,184 @@ FSDP__PRIVATE int fsdp__sock_phase(fsdp_comm *comm, fsdp__sock *s, const fsdp_co
     return rc;
 }
 
+/* Folds every segment of the phase's reduction that all peers have delivered; *reduced counts
+   the bytes folded. 1 while some are still to come. */
+FSDP__PRIVATE int fsdp__sock_fold(fsdp_comm *comm, fsdp__sock *s, const fsdp_coll *c, const fsdp__sock_reduction *red,
+                                  size_t *reduced) {
+    const void *srcs[FSDP__MAX_WORLD];
+    size_t esize = fsdp_dtype_size(c->dtype);
+    int n = red->order ? red->count : comm->world, k, p;
+    for (;;) {
+        size_t len = red->bytes - *reduced < FSDP__SOCK_SEGMENT ? red->bytes - *reduced : FSDP__SOCK_SEGMENT;
+        int all = len > 0;
+        for (k = 0; k < n && all; k++) {
+            p = red->order ? red->order[k] : k;
+            if (p != comm->rank && s->peers[p].in_done < *reduced + len) all = 0;
+        }
+        if (!all) break;
+        for (k = 0; k < n; k++) {
+            p = red->order ? red->order[k] : k;
+            srcs[k] = p == comm->rank ? (const void *)(red->own + *reduced)
+                                      : (const void *)(s->ring + (size_t)p * FSDP__SOCK_RING_BYTES + *reduced % FSDP__SOCK_RING_BYTES);
+        }
+        fsdp_reduce_ranks(red->dst + *reduced, srcs, n, len / esize, c->dtype, red->order ? red->op : c->op,
+                          red->order ? red->divisor : comm->world);
+        *reduced += len;
+    }
+    return *reduced < red->bytes;
+}
+
+/* Sets s->pfds to the peers that have something to send or receive (receive: while the ring has
+   room, reduced bytes being folded). *n: their number; *pending: the phase is not done. Fails
+   once the op's deadline passed with a peer still owing (a total bound: a peer trickling bytes
+   cannot stretch it). */
+FSDP__PRIVATE int fsdp__sock_poll_set(fsdp_comm *comm, fsdp__sock *s, const fsdp_coll *c, size_t reduced, int *n,
+                                      int *pending) {
+    int64_t now = fsdp__now_ms();
+    int p;
+    *n = 0;
+    for (p = 0; p < comm->world; p++) {
+        fsdp__sock_peer *peer = &s->peers[p];
+        short events = 0;
+        if (p == comm->rank || !peer->active) continue;
+        if (peer->out_header_done < sizeof peer->out_header || peer->out_done < peer->out_len) events |= POLLOUT;
+        if (peer->in_header_done < sizeof peer->in_header ||
+            (peer->in_done < peer->in_len && (peer->in_direct || peer->in_done < reduced + FSDP__SOCK_RING_BYTES)))
+            events |= POLLIN;
+        if (peer->in_done < peer->in_len || peer->in_header_done < sizeof peer->in_header) *pending = 1;
+        if (events & POLLOUT) *pending = 1;
+        if (!events) continue;
+        if (now >= s->op_deadline)
+            return fsdp_comm_fail(comm, FSDP_ERR_TIMEOUT,
+                                  "rank %d waited %d ms for rank %d (%s) in %s (op #%llu): it has not %s (%zu of "
+                                  "%zu bytes)",
+                                  comm->rank, c->timeout_ms, p, peer->addr, fsdp_coll_name(c->kind),
+                                  (unsigned long long)c->seq, (events & POLLIN) ? "sent all its data" : "read all of ours",
+                                  (events & POLLIN) ? peer->in_done : peer->out_done,
+                                  (events & POLLIN) ? peer->in_len : peer->out_len);
+        s->pfds[*n].fd = peer->fd;
+        s->pfds[*n].events = events;
+        s->pfds[*n].revents = 0;
+        s->pfd_peer[(*n)++] = p;
+    }
+    return 0;
+}
+
+/* Waits for any of the n sockets: spins while peers usually answer within microseconds, then
+   yields the core for a while (with more ranks than cores the rank we wait for may need it),
+   then sleeps in poll, to the op's deadline at most; a peer of this host waiting for us
+   meanwhile learns whom we wait for. poll's result. */
+FSDP__PRIVATE int fsdp__sock_wait(fsdp__sock *s, int n) {
+    int ready = poll(s->pfds, (nfds_t)n, 0);
+    if (ready == 0 && s->spin_seconds > 0) {
+        double until = fsdp_now() + s->spin_seconds;
+        while (ready == 0 && fsdp_now() < until) ready = poll(s->pfds, (nfds_t)n, 0);
+    }
+    if (ready == 0) {
+        double until = fsdp_now() + 200e-6;
+        while (ready == 0 && fsdp_now() < until) {
+            sched_yield();
+            ready = poll(s->pfds, (nfds_t)n, 0);
+        }
+    }
+    if (ready == 0) {
+        int64_t left = s->op_deadline - fsdp__now_ms();
+        int i, waited = s->pfd_peer[0];
+        for (i = n - 1; i >= 0; i--)
+            if (s->pfds[i].events & POLLIN) waited = s->pfd_peer[i];
+        fsdp__sock_note(s, waited);
+        ready = poll(s->pfds, (nfds_t)n, left <= 0 ? 0 : left < 100 ? (int)left : 100);
+    }
+    return ready;
+}
+
+/* Sends what peer p can take now: header and payload in one go, then the rest. */
+FSDP__PRIVATE int fsdp__sock_send_some(fsdp_comm *comm, fsdp__sock *s, int p, const fsdp_coll *c,
+                                       const fsdp__fingerprint *fp, uint32_t phase) {
+    fsdp__sock_peer *peer = &s->peers[p];
+    for (;;) {
+        ssize_t got;
+        if (peer->out_header_done < sizeof peer->out_header) {
+            struct iovec iov[2];
+            struct msghdr msg;
+            size_t head_left = sizeof peer->out_header - peer->out_header_done;
+            memset(&msg, 0, sizeof msg);
+            iov[0].iov_base = (char *)&peer->out_header + peer->out_header_done;
+            iov[0].iov_len = head_left;
+            iov[1].iov_base = (void *)(uintptr_t)peer->out_data;
+            iov[1].iov_len = peer->out_len;
+            msg.msg_iov = iov;
+            msg.msg_iovlen = peer->out_len ? 2 : 1;
+            peer->at_boundary = 0;
+            got = sendmsg(peer->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (got > 0) {
+                size_t sent = (size_t)got;
+                peer->out_header_done += sent < head_left ? sent : head_left;
+                if (sent > head_left) peer->out_done += sent - head_left;
+            }
+        } else if (peer->out_done < peer->out_len) {
+            got = send(peer->fd, peer->out_data + peer->out_done, peer->out_len - peer->out_done, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (got > 0) peer->out_done += (size_t)got;
+        } else {
+            peer->at_boundary = 1;
+            return 0;
+        }
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+        if (got <= 0) return fsdp__sock_lost(comm, s, p, c, fp, phase, errno);
+    }
+}
+
+/* Receives what peer p has sent: the header (checked before any payload is taken), then the
+   payload, into place or into its ring while the ring has room (reduced bytes folded). */
+FSDP__PRIVATE int fsdp__sock_recv_some(fsdp_comm *comm, fsdp__sock *s, int p, const fsdp_coll *c,
+                                       const fsdp__fingerprint *fp, uint32_t phase, size_t reduced) {
+    fsdp__sock_peer *peer = &s->peers[p];
+    for (;;) {
+        ssize_t got;
+        if (peer->in_header_done < sizeof peer->in_header) {
+            got = recv(peer->fd, (char *)&peer->in_header + peer->in_header_done,
+                       sizeof peer->in_header - peer->in_header_done, MSG_DONTWAIT);
+            if (got > 0) {
+                peer->in_header_done += (size_t)got;
+                if (peer->in_header_done == sizeof peer->in_header) {
+                    int rc = fsdp__sock_check_header(comm, s, p, c, fp, phase);
+                    if (rc) return rc;
+                }
+            }
+        } else if (peer->in_done < peer->in_len) {
+            char *dst;
+            size_t room;
+            if (peer->in_direct) {
+                dst = peer->in_direct + peer->in_done;
+                room = peer->in_len - peer->in_done;
+            } else {
+                size_t at = peer->in_done % FSDP__SOCK_RING_BYTES;
+                if (peer->in_done >= reduced + FSDP__SOCK_RING_BYTES) return 0; /* ring full: fold first */
+                dst = s->ring + (size_t)p * FSDP__SOCK_RING_BYTES + at;
+                room = FSDP__SOCK_RING_BYTES - at;
+                if (room > reduced + FSDP__SOCK_RING_BYTES - peer->in_done) room = reduced + FSDP__SOCK_RING_BYTES - peer->in_done;
+                if (room > peer->in_len - peer->in_done) room = peer->in_len - peer->in_done;
+            }
+            got = recv(peer->fd, dst, room, MSG_DONTWAIT);
+            if (got > 0) peer->in_done += (size_t)got;
+        } else {
+            return 0;
+        }
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+        if (got <= 0) return fsdp__sock_lost(comm, s, p, c, fp, phase, got < 0 ? errno : 0);
+    }
+}
+
+/* Runs one phase's transfers: every active peer gets one header and its payload, and sends the
+   same; received pieces of a reduction are folded as they arrive. */
 FSDP__PRIVATE int fsdp__sock_phase_io(fsdp_comm *comm, fsdp__sock *s, const fsdp_coll *c, uint32_t phase,
                                       const fsdp__sock_reduction *red) {
-    const size_t ring_bytes = FSDP__SOCK_RING_SEGMENTS * FSDP__SOCK_SEGMENT;
     const fsdp__fingerprint fp = fsdp__fingerprint_of(c);
-    size_t esize = fsdp_dtype_size(c->dtype), reduced = 0;
-    int P = comm->world, me = comm->rank, p;
-    const void *srcs[FSDP__MAX_WORLD];
-    int64_t now;
-    for (p = 0; p < P; p++) {
+    size_t reduced = 0;
+    int p, i, rc;
+    for (p = 0; p < comm->world; p++) {
         fsdp__sock_peer *peer = &s->peers[p];
-        if (p == me || !peer->active) continue;
+        if (p == comm->rank || !peer->active) continue;
         memset(&peer->out_header, 0, sizeof peer->out_header);
         peer->out_header.magic = FSDP__SOCK_MAGIC;
         peer->out_header.phase = phase;
@@ -4797,151 +5013,19 @@ FSDP__PRIVATE int fsdp__sock_phase_io(fsdp_comm *comm, fsdp__sock *s, const fsdp
     for (;;) {
         int n = 0, pending = 0, ready;
         if (fsdp__load(&comm->status) != FSDP_SUCCESS) return fsdp__load(&comm->status);
-        if (red && red->dst) { /* fold every segment that all peers have delivered */
-            for (;;) {
-                size_t len = red->bytes - reduced < FSDP__SOCK_SEGMENT ? red->bytes - reduced : FSDP__SOCK_SEGMENT;
-                int all = len > 0;
-                int n = red->order ? red->count : P, k;
-                for (k = 0; k < n && all; k++) {
-                    p = red->order ? red->order[k] : k;
-                    if (p != me && s->peers[p].in_done < reduced + len) all = 0;
-                }
-                if (!all) break;
-                for (k = 0; k < n; k++) {
-                    p = red->order ? red->order[k] : k;
-                    srcs[k] = p == me ? (const void *)(red->own + reduced)
-                                      : (const void *)(s->ring + (size_t)p * ring_bytes + reduced % ring_bytes);
-                }
-                fsdp_reduce_ranks(red->dst + reduced, srcs, n, len / esize, c->dtype, red->order ? red->op : c->op,
-                                  red->order ? red->divisor : P);
-                reduced += len;
-            }
-            if (reduced < red->bytes) pending = 1;
-        }
-        now = fsdp__now_ms();
-        for (p = 0; p < P; p++) {
-            fsdp__sock_peer *peer = &s->peers[p];
-            short events = 0;
-            if (p == me || !peer->active) continue;
-            if (peer->out_header_done < sizeof peer->out_header || peer->out_done < peer->out_len) events |= POLLOUT;
-            if (peer->in_header_done < sizeof peer->in_header ||
-                (peer->in_done < peer->in_len && (peer->in_direct || peer->in_done < reduced + ring_bytes)))
-                events |= POLLIN;
-            if (peer->in_done < peer->in_len || peer->in_header_done < sizeof peer->in_header) pending = 1;
-            if (events & POLLOUT) pending = 1;
-            if (!events) continue;
-            if (now >= s->op_deadline) /* a total bound: a peer trickling bytes cannot stretch it */
-                return fsdp_comm_fail(comm, FSDP_ERR_TIMEOUT,
-                                      "rank %d waited %d ms for rank %d (%s) in %s (op #%llu): it has not %s (%zu of "
-                                      "%zu bytes)",
-                                      me, c->timeout_ms, p, peer->addr, fsdp_coll_name(c->kind),
-                                      (unsigned long long)c->seq, (events & POLLIN) ? "sent all its data" : "read all of ours",
-                                      (events & POLLIN) ? peer->in_done : peer->out_done,
-                                      (events & POLLIN) ? peer->in_len : peer->out_len);
-            s->pfds[n].fd = peer->fd;
-            s->pfds[n].events = events;
-            s->pfds[n].revents = 0;
-            s->pfd_peer[n++] = p;
-        }
+        if (red && red->dst) pending = fsdp__sock_fold(comm, s, c, red, &reduced);
+        if ((rc = fsdp__sock_poll_set(comm, s, c, reduced, &n, &pending)) != 0) return rc;
         if (!pending) return 0;
         if (n == 0) continue; /* only folding left */
-        ready = poll(s->pfds, (nfds_t)n, 0);
-        if (ready == 0 && s->spin_seconds > 0) { /* peers usually answer within microseconds */
-            double until = fsdp_now() + s->spin_seconds;
-            while (ready == 0 && fsdp_now() < until) ready = poll(s->pfds, (nfds_t)n, 0);
-        }
-        if (ready == 0) { /* then yield the core for a while: with more ranks than cores, the
-                             rank we wait for may need it (4 KiB ops at P = 4 on 2 cores: 60 -> 33 us) */
-            double until = fsdp_now() + 200e-6;
-            while (ready == 0 && fsdp_now() < until) {
-                sched_yield();
-                ready = poll(s->pfds, (nfds_t)n, 0);
-            }
-        }
-        if (ready == 0) { /* then sleep, to the op's deadline at most; a peer of this host
-                             waiting for us meanwhile learns whom we wait for */
-            int64_t left = s->op_deadline - fsdp__now_ms();
-            int i, waited = s->pfd_peer[0];
-            for (i = n - 1; i >= 0; i--)
-                if (s->pfds[i].events & POLLIN) waited = s->pfd_peer[i];
-            fsdp__sock_note(s, waited);
-            ready = poll(s->pfds, (nfds_t)n, left <= 0 ? 0 : left < 100 ? (int)left : 100);
-        }
-        if (ready < 0 && errno != EINTR)
-            return fsdp_comm_fail(comm, FSDP_ERR_SYSTEM, "poll failed: %s", strerror(errno));
+        ready = fsdp__sock_wait(s, n);
+        if (ready < 0 && errno != EINTR) return fsdp_comm_fail(comm, FSDP_ERR_SYSTEM, "poll failed: %s", strerror(errno));
         if (ready <= 0) continue;
-        for (int i = 0; i < n; i++) {
-            fsdp__sock_peer *peer = &s->peers[s->pfd_peer[i]];
+        for (i = 0; i < n; i++) {
             short rev = s->pfds[i].revents;
-            ssize_t got;
             p = s->pfd_peer[i];
-            if (rev & POLLOUT) {
-                for (;;) {
-                    if (peer->out_header_done < sizeof peer->out_header) { /* header and payload in one go */
-                        struct iovec iov[2];
-                        struct msghdr msg;
-                        size_t head_left = sizeof peer->out_header - peer->out_header_done;
-                        memset(&msg, 0, sizeof msg);
-                        iov[0].iov_base = (char *)&peer->out_header + peer->out_header_done;
-                        iov[0].iov_len = head_left;
-                        iov[1].iov_base = (void *)(uintptr_t)peer->out_data;
-                        iov[1].iov_len = peer->out_len;
-                        msg.msg_iov = iov;
-                        msg.msg_iovlen = peer->out_len ? 2 : 1;
-                        peer->at_boundary = 0;
-                        got = sendmsg(peer->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-                        if (got > 0) {
-                            size_t sent = (size_t)got;
-                            peer->out_header_done += sent < head_left ? sent : head_left;
-                            if (sent > head_left) peer->out_done += sent - head_left;
-                        }
-                    } else if (peer->out_done < peer->out_len) {
-                        got = send(peer->fd, peer->out_data + peer->out_done, peer->out_len - peer->out_done,
-                                   MSG_NOSIGNAL | MSG_DONTWAIT);
-                        if (got > 0) peer->out_done += (size_t)got;
-                    } else {
-                        peer->at_boundary = 1;
-                        break;
-                    }
-                    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
-                    if (got <= 0) return fsdp__sock_lost(comm, s, p, c, &fp, phase, errno);
-                }
-            }
-            if (rev & (POLLIN | POLLHUP | POLLERR)) {
-                for (;;) {
-                    if (peer->in_header_done < sizeof peer->in_header) {
-                        got = recv(peer->fd, (char *)&peer->in_header + peer->in_header_done,
-                                   sizeof peer->in_header - peer->in_header_done, MSG_DONTWAIT);
-                        if (got > 0) {
-                            peer->in_header_done += (size_t)got;
-                            if (peer->in_header_done == sizeof peer->in_header) {
-                                int rc = fsdp__sock_check_header(comm, s, p, c, &fp, phase);
-                                if (rc) return rc;
-                            }
-                        }
-                    } else if (peer->in_done < peer->in_len) {
-                        char *dst;
-                        size_t room;
-                        if (peer->in_direct) {
-                            dst = peer->in_direct + peer->in_done;
-                            room = peer->in_len - peer->in_done;
-                        } else {
-                            size_t at = peer->in_done % ring_bytes;
-                            if (peer->in_done >= reduced + ring_bytes) break; /* ring full: fold first */
-                            dst = s->ring + (size_t)p * ring_bytes + at;
-                            room = ring_bytes - at;
-                            if (room > reduced + ring_bytes - peer->in_done) room = reduced + ring_bytes - peer->in_done;
-                            if (room > peer->in_len - peer->in_done) room = peer->in_len - peer->in_done;
-                        }
-                        got = recv(peer->fd, dst, room, MSG_DONTWAIT);
-                        if (got > 0) peer->in_done += (size_t)got;
-                    } else {
-                        break;
-                    }
-                    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
-                    if (got <= 0) return fsdp__sock_lost(comm, s, p, c, &fp, phase, got < 0 ? errno : 0);
-                }
-            }
+            if ((rev & POLLOUT) && (rc = fsdp__sock_send_some(comm, s, p, c, &fp, phase)) != 0) return rc;
+            if ((rev & (POLLIN | POLLHUP | POLLERR)) && (rc = fsdp__sock_recv_some(comm, s, p, c, &fp, phase, reduced)) != 0)
+                return rc;
         }
     }
 }
@@ -7960,85 +8044,74 @@ FSDP__PRIVATE int fsdp__apply_param_groups(fsdp_ctx *ctx) {
     return 0;
 }
 
-FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc) {
-    fsdp_ctx *ctx;
-    int rc, ui, p, k, hybrid_group = 1, any_hybrid = 0;
+/* fsdp_init's phases below fail with the message in fsdp__init_error (and to the logger). */
+FSDP__PRIVATE int fsdp__init_fail_ctx(fsdp_ctx *ctx, int code, const char *fmt, ...) FSDP__PRINTF(3, 4);
+FSDP__PRIVATE int fsdp__init_fail_ctx(fsdp_ctx *ctx, int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(fsdp__init_error, sizeof fsdp__init_error, fmt, ap);
+    va_end(ap);
+    fsdp__log(&ctx->logger, FSDP_LOG_ERROR, "%s", fsdp__init_error);
+    return code;
+}
+
+/* The description with every default filled (FSDP_STRATEGY_AUTO: the strategy the budget
+   allows), and the plan: which parameters form which unit, where each lies in its flat
+   parameter. */
+FSDP__PRIVATE int fsdp__init_resolve(fsdp_ctx *ctx, int *hybrid_group) {
     char err[FSDP__ERRMSG] = "";
-    if (out) *out = NULL;
-    if (!out || !model || !desc || !desc->comm) {
-        fsdp__copy_string(fsdp__init_error, sizeof fsdp__init_error, "fsdp_init: out, model, desc and desc->comm are required");
-        return FSDP_ERR_INVALID_ARG;
-    }
-    ctx = (fsdp_ctx *)fsdp__calloc(sizeof *ctx);
-    if (!ctx) return FSDP_ERR_OUT_OF_MEMORY;
-    ctx->model = model;
-    ctx->desc = *desc;
-    if (desc->strategy == FSDP_STRATEGY_AUTO) {
+    int rc;
+    if (ctx->desc.strategy == FSDP_STRATEGY_AUTO) {
         fsdp_strategy chosen = FSDP_FULL_SHARD;
         char why[FSDP__ERRMSG - 64];
-        rc = desc->memory_budget ? fsdp_strategy_for_budget(model, desc, fsdp_comm_size(desc->comm), desc->memory_budget,
-                                                            &chosen, why, sizeof why)
-                                 : (fsdp__copy_string(why, sizeof why, "FSDP_STRATEGY_AUTO needs desc.memory_budget "
-                                                      "(bytes per rank)"), FSDP_ERR_INVALID_ARG);
-        if (rc) {
-            fsdp__fmt(fsdp__init_error, sizeof fsdp__init_error, "fsdp_init: %s", why);
-            fsdp__log(desc->logger.fn ? &desc->logger : &desc->comm->logger, FSDP_LOG_ERROR, "%s", fsdp__init_error);
-            FSDP_FREE(ctx);
-            return rc;
-        }
+        rc = ctx->desc.memory_budget ? fsdp_strategy_for_budget(ctx->model, &ctx->desc, ctx->world, ctx->desc.memory_budget,
+                                                                &chosen, why, sizeof why)
+                                     : (fsdp__copy_string(why, sizeof why, "FSDP_STRATEGY_AUTO needs desc.memory_budget "
+                                                          "(bytes per rank)"), FSDP_ERR_INVALID_ARG);
+        if (rc) return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: %s", why);
         ctx->desc.strategy = chosen;
-        fsdp__log(desc->logger.fn ? &desc->logger : &desc->comm->logger, FSDP_LOG_INFO, "fsdp_init: strategy AUTO chose %s",
-                  why);
+        fsdp__log(&ctx->logger, FSDP_LOG_INFO, "fsdp_init: strategy AUTO chose %s", why);
     }
-    ctx->comm = desc->comm;
-    ctx->rank = fsdp_comm_rank(desc->comm);
-    ctx->world = fsdp_comm_size(desc->comm);
-    ctx->logger = desc->logger.fn ? desc->logger : desc->comm->logger;
-    pthread_mutex_init(&ctx->lock, NULL);
-    pthread_cond_init(&ctx->wake, NULL);
-    pthread_cond_init(&ctx->done, NULL);
-    rc = fsdp__desc_resolve(&ctx->desc, ctx->world, fsdp_comm_local_size(desc->comm), &hybrid_group, err, sizeof err);
-    if (!rc) rc = fsdp__plan_build(model, &ctx->desc, ctx->world, hybrid_group, &ctx->plan, err, sizeof err);
-    if (rc) {
-        fsdp__fmt(fsdp__init_error, sizeof fsdp__init_error, "fsdp_init: %s", err);
-        fsdp__log(&ctx->logger, FSDP_LOG_ERROR, "%s", fsdp__init_error);
-        fsdp_destroy(ctx);
-        return rc;
-    }
+    rc = fsdp__desc_resolve(&ctx->desc, ctx->world, fsdp_comm_local_size(ctx->comm), hybrid_group, err, sizeof err);
+    if (!rc) rc = fsdp__plan_build(ctx->model, &ctx->desc, ctx->world, *hybrid_group, &ctx->plan, err, sizeof err);
+    if (rc) return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: %s", err);
     ctx->param_dtype = ctx->desc.param_dtype;
     ctx->reduce_dtype = ctx->desc.reduce_dtype;
     ctx->opt = ctx->desc.optimizer;
     ctx->optimizer = fsdp__optimizer_row(&ctx->opt);
     ctx->num_state = fsdp__optimizer_num_state(&ctx->opt);
     ctx->num_units = ctx->plan.num_units;
+    return 0;
+}
+
+/* HYBRID_SHARD's groups: shard groups of consecutive ranks, replicas across them. Collective. */
+FSDP__PRIVATE int fsdp__init_groups(fsdp_ctx *ctx, int hybrid_group) {
+    int ui, rc, any_hybrid = 0;
     for (ui = 0; ui < ctx->num_units; ui++) any_hybrid |= ctx->plan.units[ui].strategy == FSDP_HYBRID_SHARD;
-    if (any_hybrid && ctx->world > 1) { /* shard groups of consecutive ranks; replicas across them */
-        rc = fsdp_comm_split(ctx->comm, ctx->rank / hybrid_group, ctx->rank, &ctx->hybrid_shard_comm);
-        if (!rc) rc = fsdp_comm_split(ctx->comm, ctx->rank % hybrid_group, ctx->rank, &ctx->hybrid_replica_comm);
-        if (rc) {
-            fsdp__fmt(fsdp__init_error, sizeof fsdp__init_error, "fsdp_init: cannot form HYBRID_SHARD groups: %s",
-                      fsdp_comm_last_error(ctx->comm));
-            fsdp_destroy(ctx);
-            return rc;
-        }
-    }
+    if (!any_hybrid || ctx->world == 1) return 0;
+    rc = fsdp_comm_split(ctx->comm, ctx->rank / hybrid_group, ctx->rank, &ctx->hybrid_shard_comm);
+    if (!rc) rc = fsdp_comm_split(ctx->comm, ctx->rank % hybrid_group, ctx->rank, &ctx->hybrid_replica_comm);
+    if (rc)
+        return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: cannot form HYBRID_SHARD groups: %s", fsdp_comm_last_error(ctx->comm));
+    return 0;
+}
+
+/* The units from the plan: their parameters, communicators, gradient and optimizer state shards. */
+FSDP__PRIVATE int fsdp__init_units(fsdp_ctx *ctx, int hybrid_group) {
+    const fsdp_model *model = ctx->model;
+    int ui, p, k, j;
     ctx->units = (fsdp__unit *)fsdp__calloc(sizeof *ctx->units * (size_t)ctx->num_units);
     ctx->unit_params = (int *)fsdp__calloc(sizeof(int) * (size_t)(model->num_params + 1));
-    ctx->param_by_name = (int *)fsdp__calloc(sizeof(int) * (size_t)(model->num_params + 1));
-    ctx->params = (fsdp_param_info *)fsdp__calloc(sizeof *ctx->params * (size_t)(model->num_params + 1));
     ctx->fwd_order = (int *)fsdp__calloc(sizeof(int) * (size_t)ctx->num_units);
     ctx->bwd_order = (int *)fsdp__calloc(sizeof(int) * (size_t)ctx->num_units);
     ctx->queue_cap = 4 * ctx->num_units + 16;
     ctx->queue = (fsdp__task *)fsdp__calloc(sizeof *ctx->queue * (size_t)ctx->queue_cap);
-    if (!ctx->units || !ctx->unit_params || !ctx->param_by_name || !ctx->params || !ctx->fwd_order || !ctx->bwd_order ||
-        !ctx->queue) {
-        fsdp_destroy(ctx);
-        return FSDP_ERR_OUT_OF_MEMORY;
-    }
+    if (!ctx->units || !ctx->unit_params || !ctx->fwd_order || !ctx->bwd_order || !ctx->queue)
+        return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: out of memory");
     for (ui = 0, k = 0; ui < ctx->num_units; ui++) { /* each unit's parameters, in order */
         fsdp__unit *u = &ctx->units[ui];
         const fsdp__plan_unit *pu = &ctx->plan.units[ui];
-        int nbuf = ctx->num_state, j;
+        int nbuf = pu->frozen ? 0 : ctx->num_state; /* frozen: parameters only */
         u->module = pu->module;
         u->strategy = pu->strategy;
         u->numel = pu->numel;
@@ -8064,32 +8137,33 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
         }
         u->reshard_after_forward = ui != 0 && (u->strategy == FSDP_FULL_SHARD || u->strategy == FSDP_HYBRID_SHARD);
         u->frozen = pu->frozen;
-        if (u->frozen) nbuf = 0; /* parameters only */
-        else u->grad = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard);
+        if (!u->frozen) u->grad = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard);
         for (j = 0; j < nbuf; j++)
             if (!(u->opt_state[j] = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard))) break;
-        if ((!u->frozen && !u->grad) || j < nbuf) {
-            fsdp__fmt(fsdp__init_error, sizeof fsdp__init_error, "fsdp_init: no memory for unit '%s' (%lld elements per rank)",
-                      fsdp__unit_name(ctx, ui), (long long)u->shard);
-            fsdp_destroy(ctx);
-            return FSDP_ERR_OUT_OF_MEMORY;
-        }
+        if ((!u->frozen && !u->grad) || j < nbuf)
+            return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: no memory for unit '%s' (%lld elements "
+                                       "per rank)", fsdp__unit_name(ctx, ui), (long long)u->shard);
         ctx->param_bytes += sizeof(float) * (size_t)u->shard;
         ctx->grad_bytes += u->frozen ? 0 : sizeof(float) * (size_t)u->shard;
         ctx->opt_bytes += sizeof(float) * (size_t)u->shard * (size_t)nbuf;
     }
     ctx->persistent_bytes = ctx->param_bytes + ctx->grad_bytes + ctx->opt_bytes;
-    if ((rc = fsdp__alloc_masters(ctx)) != 0) {
-        fsdp__fmt(fsdp__init_error, sizeof fsdp__init_error, "fsdp_init: no memory for the parameter shards: %s",
-                  rc == FSDP_ERR_OUT_OF_MEMORY ? "out of memory" : fsdp_comm_last_error(ctx->comm));
-        fsdp_destroy(ctx);
-        return rc;
-    }
+    return 0;
+}
+
+/* Each parameter's slice on this rank (fsdp_param_info), initialised from its rule, and the
+   index of parameters by name. */
+FSDP__PRIVATE int fsdp__init_params(fsdp_ctx *ctx) {
+    fsdp_model *model = ctx->model;
+    int p;
+    ctx->param_by_name = (int *)fsdp__calloc(sizeof(int) * (size_t)(model->num_params + 1));
+    ctx->params = (fsdp_param_info *)fsdp__calloc(sizeof *ctx->params * (size_t)(model->num_params + 1));
+    if (!ctx->param_by_name || !ctx->params) return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: out of memory");
     for (p = 0; p < model->num_params; p++) ctx->param_by_name[p] = p;
     fsdp__sorting_model = model;
     qsort(ctx->param_by_name, (size_t)model->num_params, sizeof(int), fsdp__cmp_param_name);
     fsdp__sorting_model = NULL;
-    for (p = 0; p < model->num_params; p++) { /* this rank's slice of each parameter, initialised */
+    for (p = 0; p < model->num_params; p++) {
         fsdp_param_info *info = &ctx->params[p];
         fsdp__unit *u = &ctx->units[ctx->plan.unit_of_param[p]];
         int64_t off = ctx->plan.param_offset[p], begin = (int64_t)u->group_rank * u->shard, end = begin + u->shard, i, at;
@@ -8106,15 +8180,41 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
         for (i = info->shard_begin; i < info->shard_end; i++)
             info->shard[i - info->shard_begin] = fsdp_init_value(model, p, i, ctx->desc.seed);
     }
-    if (fsdp__apply_param_groups(ctx) != 0) {
-        fsdp__copy_string(fsdp__init_error, sizeof fsdp__init_error, "fsdp_init: out of memory");
-        fsdp_destroy(ctx);
-        return FSDP_ERR_OUT_OF_MEMORY;
+    return 0;
+}
+
+FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc) {
+    fsdp_ctx *ctx;
+    int rc, hybrid_group = 1;
+    if (out) *out = NULL;
+    if (!out || !model || !desc || !desc->comm) {
+        fsdp__copy_string(fsdp__init_error, sizeof fsdp__init_error, "fsdp_init: out, model, desc and desc->comm are required");
+        return FSDP_ERR_INVALID_ARG;
     }
-    if (pthread_create(&ctx->thread, NULL, fsdp__worker, ctx) != 0) {
-        fsdp__copy_string(fsdp__init_error, sizeof fsdp__init_error, "fsdp_init: cannot start the comm thread");
+    ctx = (fsdp_ctx *)fsdp__calloc(sizeof *ctx);
+    if (!ctx) return FSDP_ERR_OUT_OF_MEMORY;
+    ctx->model = model;
+    ctx->desc = *desc;
+    ctx->comm = desc->comm;
+    ctx->rank = fsdp_comm_rank(desc->comm);
+    ctx->world = fsdp_comm_size(desc->comm);
+    ctx->logger = desc->logger.fn ? desc->logger : desc->comm->logger;
+    pthread_mutex_init(&ctx->lock, NULL);
+    pthread_cond_init(&ctx->wake, NULL);
+    pthread_cond_init(&ctx->done, NULL);
+    if ((rc = fsdp__init_resolve(ctx, &hybrid_group)) == 0 && (rc = fsdp__init_groups(ctx, hybrid_group)) == 0 &&
+        (rc = fsdp__init_units(ctx, hybrid_group)) == 0) {
+        if ((rc = fsdp__alloc_masters(ctx)) != 0)
+            fsdp__init_fail_ctx(ctx, rc, "fsdp_init: no memory for the parameter shards: %s",
+                                rc == FSDP_ERR_OUT_OF_MEMORY ? "out of memory" : fsdp_comm_last_error(ctx->comm));
+        else if ((rc = fsdp__init_params(ctx)) == 0 && (rc = fsdp__apply_param_groups(ctx)) != 0)
+            fsdp__init_fail_ctx(ctx, rc, "fsdp_init: out of memory");
+    }
+    if (!rc && pthread_create(&ctx->thread, NULL, fsdp__worker, ctx) != 0)
+        rc = fsdp__init_fail_ctx(ctx, FSDP_ERR_SYSTEM, "fsdp_init: cannot start the comm thread");
+    if (rc) {
         fsdp_destroy(ctx);
-        return FSDP_ERR_SYSTEM;
+        return rc;
     }
     ctx->thread_started = 1;
     *out = ctx;
