@@ -9,8 +9,9 @@
        #define FSDP_IMPLEMENTATION
        #include "fsdp.h"
 
-   Link with -lpthread (and -lrt on old glibc). Define FSDP_WITH_MPI before the implementation
-   (and compile with mpicc) to get the MPI bridge.
+   Build and link, e.g.:
+       cc -std=c99 -O2 train.c -o train -lpthread -lm             (add -lrt on glibc before 2.17)
+       mpicc -std=c99 -O2 -DFSDP_WITH_MPI train.c -o train -lpthread -lm   (the MPI bridge)
 
    The implementation needs POSIX 2008 plus the common extensions (_DEFAULT_SOURCE). It defines
    _GNU_SOURCE itself when fsdp.h comes before every system header. If your file includes
@@ -52,34 +53,66 @@
        }
        int main(void) { return fsdp_launch(4, train, NULL) == FSDP_SUCCESS ? 0 : 1; }
 
-   TABLE OF CONTENTS (grep for the marker)
+   TABLE OF CONTENTS (grep for the marker: the declarations, then the implementation)
        >>config        version, linkage, allocator, result codes, logging
-       >>dtypes        f32 / bf16 / f16 and conversions (round to nearest even)
-       >>collectives   the collective interface: fsdp_comm, ops, the backend contract
+       >>utilities     time, sleeping, strings for display, small parsers
+       >>dtypes        f32 / bf16 / f16 conversions, rank-order reductions
+       >>auth          SHA-256, HMAC, the job's key, random bytes, the secret file
+       >>collectives   fsdp_comm, its ops and the backend contract; spins, shared memory, topology
        >>shm           shared-memory backend (processes on one host)
-       >>socket        TCP backend (processes on one or many hosts)
+       >>socket        TCP backend (processes on one or many hosts): rendezvous, handshake, phases
+       >>hier          a socket world over hosts: shared memory inside, sockets between
        >>mpi           MPI bridge (compiled with FSDP_WITH_MPI)
+       >>backends      the table of backends; fsdp_comm_init, fsdp_comm_split
        >>env           fsdp_comm_init_from_env: torchrun, SLURM, Open MPI conventions
        >>model         modules, parameters, counter-based initialisation
        >>wrap          wrap policies: which modules become units
-       >>runtime       fsdp_ctx: flat parameters, hooks, comm thread, strategies, optimizer
+       >>optimizer     the optimizer table: SGD, Adam, AdamW, yours
+       >>runtime       fsdp_ctx: flat parameters, hooks, comm thread, strategies, the step
        >>memory        memory statistics and the estimator
-       >>checkpoint    safetensors full and sharded checkpoints
+       >>json          JSON parsing and writing
+       >>safetensors   safetensors files: checksums, reading, writing, atomic replacement
+       >>checkpoint    full and sharded checkpoints, index.json
        >>launcher      fsdp_launch: fork N local ranks joined by shared memory
-       >>utilities     time, strings, small helpers
 
-   ENVIRONMENT
-       FSDP_BACKEND      shm | socket | mpi (fsdp_comm_init_from_env)
-       FSDP_TIMEOUT_MS   bound on every wait for another rank (default 600000 = 10 minutes)
-       FSDP_JOB          job token: ranks with different tokens refuse to talk to each other
-       FSDP_SECRET       shared secret of the job (the same on every rank): every connection
-                         proves knowledge of it (HMAC-SHA256 challenge-response); never sent
-       FSDP_SECRET_FILE  a file holding it (mode 0600 or stricter), instead of FSDP_SECRET
-       FSDP_DEBUG        unset: warnings to stderr; 0: silent; 1: also errors; 2: also info;
-                         3: also debug (for objects made from the environment or by fsdp_launch)
+   CONFIGURATION (define before including fsdp.h)
+       FSDP_IMPLEMENTATION  in one file: compile the implementation there
+       FSDP_STATIC          every function static (a private copy per file that defines
+                            FSDP_IMPLEMENTATION)
+       FSDP_API             the linkage of the public functions (default extern; static with
+                            FSDP_STATIC)
+       FSDP_MALLOC(size) FSDP_REALLOC(ptr, size) FSDP_FREE(ptr)
+                            the allocator: define all three or none (default malloc, realloc, free)
+       FSDP_ASSERT(cond)    checks of internal invariants (default assert)
+       FSDP_WITH_MPI        build the MPI bridge (needs <mpi.h>: compile with mpicc)
+
+   ENVIRONMENT (read by fsdp_comm_init_from_env, fsdp_launch and the backends)
+       FSDP_BACKEND          shm | socket | mpi; default: mpi under an MPI launcher (when built
+                             with it), shm when every rank is on this host, else socket
+       FSDP_TIMEOUT_MS       bound on every wait for another rank (default 600000 = 10 minutes)
+       FSDP_JOB              job token: ranks with different tokens refuse to talk to each other
+                             (default: the launcher's job id, else port-<MASTER_PORT>)
+       FSDP_SECRET           shared secret of the job (the same on every rank): every connection
+                             proves knowledge of it (HMAC-SHA256 challenge-response); never sent
+       FSDP_SECRET_FILE      a file holding it (mode 0600 or stricter), instead of FSDP_SECRET
+       FSDP_DEBUG            unset: warnings to stderr; 0: silent; 1: also errors; 2: also info;
+                             3: also debug (for objects made from the environment or by fsdp_launch)
+       FSDP_SPIN             0: waits never spin; 1: they spin 50 us before yielding; unset: they
+                             spin while every rank of the job on this host can have a core
+       FSDP_SHM_SINGLE_COPY  1: peers read large buffers straight from each other's memory
+                             (process_vm_readv), init fails if they cannot; auto: where they can;
+                             unset: staged through the segment (fsdp_comm_desc.shm_single_copy)
+       FSDP_HIERARCHICAL     0: a socket world over hosts stays flat (every byte over sockets)
+       FSDP_HIER_STEP_MIB    pipeline step of large ops over hosts in MiB, 0..1024 (default 2;
+                             0: one step per op); the ranks take the smallest any asks for
+       FSDP_RESTART_COUNT    set by fsdp_launch for its ranks: the attempt, 0 first (max_restarts)
        RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT      (torchrun)
-       SLURM_PROCID SLURM_NTASKS SLURM_LOCALID                                  (SLURM)
-       OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK ... (Open MPI)
+       TORCHELASTIC_RUN_ID TORCHELASTIC_RESTART_COUNT TORCHELASTIC_USE_AGENT_STORE (torchrun: the
+                             job token, and rank 0's address in the agent's store)
+       SLURM_PROCID SLURM_NTASKS SLURM_LOCALID SLURM_JOB_ID SLURM_STEP_ID       (SLURM)
+       OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK
+       OMPI_COMM_WORLD_LOCAL_SIZE                                               (Open MPI)
+       PMI_RANK PMI_SIZE                                                        (MPICH, PMI)
 
    LICENSE
        See the end of the file.
@@ -177,6 +210,17 @@ typedef struct fsdp_logger {
 
 /* A ready-made logger function: "fsdp: error: <message>" lines on stderr. */
 FSDP_API void fsdp_log_stderr(void *user, fsdp_log_level level, const char *message);
+
+/* ============================================================================================
+   >>utilities
+   ============================================================================================ */
+/* Monotonic time in seconds. */
+FSDP_API double fsdp_now(void);
+/* Copies src into dst (size bytes, always terminated) for display: printable ASCII and
+   well-formed UTF-8 pass, every other byte (control characters and so terminal escape
+   sequences, broken UTF-8) shows as \xNN; what does not fit ends in "...". For names and
+   metadata read from files before printing them. Returns dst. */
+FSDP_API const char *fsdp_printable(char *dst, size_t size, const char *src);
 
 /* ============================================================================================
    >>dtypes
@@ -329,9 +373,8 @@ typedef struct fsdp_comm_desc {
                                    owner's and the reader's, pipelined): 0 as FSDP_SHM_SINGLE_COPY
                                    says (unset: off; "auto": where the ranks can; "1": required),
                                    1 required (init fails if the ranks cannot), 2 where they can,
-                                   -1 never. Off by default: on the machines measured the staged
-                                   pipeline, which spreads the copies over two cores, was as fast
-                                   or faster (README, Collectives) */
+                                   -1 never. Off by default: the staged pipeline spreads the
+                                   copies over two cores (BENCHMARKS.md compares the two) */
     /* FSDP_BACKEND_USER */
     const fsdp_backend *user_backend;
     void *user_impl;
@@ -986,17 +1029,6 @@ FSDP_API int fsdp_launch(int nprocs, fsdp_rank_fn fn, void *arg);
 FSDP_API int fsdp_launch_ex(const fsdp_launch_desc *desc, fsdp_rank_fn fn, void *arg,
                             fsdp_launch_status *status);
 
-/* ============================================================================================
-   >>utilities
-   ============================================================================================ */
-/* Monotonic time in seconds. */
-FSDP_API double fsdp_now(void);
-/* Copies src into dst (size bytes, always terminated) for display: printable ASCII and
-   well-formed UTF-8 pass, every other byte (control characters and so terminal escape
-   sequences, broken UTF-8) shows as \xNN; what does not fit ends in "...". For names and
-   metadata read from files before printing them. Returns dst. */
-FSDP_API const char *fsdp_printable(char *dst, size_t size, const char *src);
-
 #ifdef __cplusplus
 }
 #endif
@@ -1570,9 +1602,8 @@ FSDP__PRIVATE void fsdp__reduce_block_f32(float *acc, const void *const *srcs, i
 }
 
 /* fsdp_reduce_ranks. fuse 0: the first rank's values are copied to dst before the second's are
-   added, for a dst whose cache lines peers still hold (they read it after every op): measured on
-   shm all_reduce of fsdp_comm_alloc buffers, the copy takes such lines over faster than the fused
-   pass's stores do (1 MiB, P = 4: 165 against 205 us); elsewhere the fused pass is faster. */
+   added, for a dst whose cache lines peers still hold (they read it after every op): the copy
+   takes such lines over faster than the fused pass's stores do; elsewhere the fused pass wins. */
 FSDP__PRIVATE void fsdp__reduce_ranks(void *dst, const void *const *srcs, int nsrc, size_t count,
                                       fsdp_dtype dtype, fsdp_reduce_op op, int avg_divisor, int fuse) {
     float block[2048];
@@ -2324,13 +2355,13 @@ FSDP__PRIVATE void fsdp__cpu_relax(void) {
 }
 
 /* Outputs of large collectives are written with non-temporal stores: they would only evict
-   the cache on their way to memory, and skipping the read-for-ownership makes the copy about
-   1.5x faster on a memory-bound host. Smaller outputs stay in cache for the consumer. */
+   the cache on their way to memory, and skipping the read-for-ownership makes the copy faster
+   on a memory-bound host. Smaller outputs stay in cache for the consumer. */
 #define FSDP__STREAM_MIN_BYTES ((size_t)8 << 20)
 
 #if FSDP__HAVE_STREAM_AVX2
-/* 64-byte blocks with 32-byte non-temporal stores; d is 32-byte aligned. On this project's
-   machines they copy large buffers about a quarter faster than 16-byte ones. */
+/* 64-byte blocks with 32-byte non-temporal stores (faster than 16-byte ones on large buffers);
+   d is 32-byte aligned. */
 __attribute__((target("avx2"))) static void fsdp__stream_blocks_avx2(char *d, const char *s, size_t blocks) {
     size_t i;
     for (i = 0; i < blocks; i++, d += 64, s += 64) {
@@ -2584,15 +2615,14 @@ FSDP_API int fsdp_comm_is_shared(const fsdp_comm *comm, const void *ptr, size_t 
 #define FSDP__SHM_SLOTS 4
 #define FSDP__SHM_SMALL_ALL_REDUCE (32u * 1024u)
 /* ... and up to this much with two ranks, where reducing everything on both costs less than a
-   second round (P = 2, this VM: 64 KiB 13 -> 9.3 us, 256 KiB 43 -> 31 us; 1 MiB 93 -> 230 us) */
+   second round */
 #define FSDP__SHM_SMALL_ALL_REDUCE_2 (256u * 1024u)
 #define FSDP__SHM_DIRECT_MIN ((size_t)64 * 1024) /* smaller ops stage even from shared memory */
 #define FSDP__SHM_IN_SLOT 0xffffffffu
 /* Rounds of all_gather and broadcast in which a rank stages move at most this much per rank:
    a staged piece is read by the peers while it is still in its writer's cache (a 1 MiB L2 is
-   common). Measured on this 2-core VM, 64 MiB at P = 2, staged: all_gather 9.8-11 -> 6.3-7.1 ms,
-   broadcast 9.5-10.2 -> 3.7-4.3 ms against whole 1 MiB slots. When no rank stages (buffers in
-   shared regions or read by single copy) rounds use the whole slot: fewer rounds to agree on. */
+   common). When no rank stages (buffers in shared regions or read by single copy) rounds use
+   the whole slot: fewer rounds to agree on. */
 #define FSDP__SHM_STAGE_PIECE ((size_t)512 * 1024)
 #define FSDP__SHM_IN_PROCESS 0xfffffffeu
 
@@ -5362,17 +5392,11 @@ static fsdp_reduce_op fsdp__hier_local_op(fsdp_reduce_op op) { return op == FSDP
    esize: FSDP_HIER_STEP_MIB (default 2; 0: the whole op in one step), agreed at setup. Small
    steps hide the shared-memory half behind the network where the link is the bottleneck. Where
    TCP itself is CPU-bound on cores the ranks share, the overlapped halves only slow each other
-   and one step is faster. Measured, 2 namespace hosts x 2 ranks on one 2-core machine, 64 MiB,
-   2 interleaved A/B runs each, 2 MiB steps -> one step: at 10 Gbit/s (CPU-bound) all_gather
-   53.8 / 55.6 -> 40.4 / 45.5 ms, reduce_scatter 60.1 / 64.8 -> 46.4 / 48.6, all_reduce 105.7 /
-   128.4 -> 100.8 / 104.5; at 2 Gbit/s (the link) all_gather 142.0 / 147.0 -> 147.6 / 149.5,
-   reduce_scatter 143.6 / 143.2 -> 169.0 / 162.5, all_reduce 295.5 / 300.6 -> 320.2 / 318.6. */
+   and one step is faster (BENCHMARKS.md, many hosts). */
 static size_t fsdp__hier_step(const fsdp__hier *x, size_t span, size_t esize) {
     size_t step = x->step_bytes ? x->step_bytes / esize * esize : span;
     return step ? step : esize;
 }
-
-
 
 /* A strided collective among this host's ranks: rank p's block (all_gather's recv,
    reduce_scatter's send) starts p * stride bytes from the base. */
@@ -7281,7 +7305,8 @@ static void *fsdp__worker(void *arg) {
 FSDP__PRIVATE uint64_t fsdp__enqueue(fsdp_ctx *ctx, const fsdp__task *task, int wake) {
     uint64_t id;
     pthread_mutex_lock(&ctx->lock);
-    if (ctx->queue_len == ctx->queue_cap) { /* cannot happen: at most a few tasks per unit */
+    FSDP_ASSERT(ctx->queue_len < ctx->queue_cap); /* at most a few tasks per unit are ever queued */
+    if (ctx->queue_len == ctx->queue_cap) { /* (with assertions off: the caller reports it) */
         pthread_mutex_unlock(&ctx->lock);
         return 0;
     }
@@ -7371,9 +7396,8 @@ FSDP__PRIVATE int fsdp__worker_coll(fsdp_ctx *ctx, fsdp_comm *comm, fsdp_coll_ki
     t.count = count;
     t.root = root;
     /* a synchronous op: where the waiter may run tasks itself it does, rather than hand this one
-       to the comm thread and sleep until it is done (two thread switches; on a VM a vCPU that
-       idles also comes back slower: the next pass over the model's memory after such a sleep
-       ran about twice as long on this machine) */
+       to the comm thread and sleep until it is done (two thread switches, and on a VM a vCPU
+       that idled comes back slow) */
     id = fsdp__enqueue(ctx, &t, !fsdp__can_help(ctx));
     return id ? fsdp__wait_task(ctx, id) : fsdp__fail(ctx, FSDP_ERR_STATE, "comm queue full");
 }
@@ -8302,7 +8326,67 @@ FSDP_API void fsdp_print_units(const fsdp_ctx *ctx, void (*fn)(void *user, const
     }
 }
 
-/* --- memory -------------------------------------------------------------------------------- */
+/* --- full values ----------------------------------------------------------------------------- */
+FSDP_API int fsdp_gather_param(fsdp_ctx *ctx, int param, float *out) {
+    fsdp__unit *u = fsdp__param_unit(ctx, param);
+    float *flat;
+    int rc;
+    if (!u || !out) return ctx ? fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_gather_param: bad parameter %d", param)
+                               : FSDP_ERR_INVALID_ARG;
+    if (!u->shard_comm || u->group_size == 1) { /* replicated, or a group of one: the shard is the whole unit */
+        memcpy(out, u->master + ctx->plan.param_offset[param], sizeof(float) * (size_t)ctx->model->params[param].numel);
+        return 0;
+    }
+    flat = (float *)fsdp__buf_get(ctx, sizeof(float) * (size_t)u->padded, 0);
+    if (!flat) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_gather_param: out of memory");
+    rc = fsdp__worker_coll(ctx, u->shard_comm, FSDP_COLL_ALL_GATHER, u->master, flat, (size_t)u->shard, 0);
+    if (!rc) memcpy(out, flat + ctx->plan.param_offset[param], sizeof(float) * (size_t)ctx->model->params[param].numel);
+    fsdp__buf_put(ctx, flat, sizeof(float) * (size_t)u->padded);
+    return rc;
+}
+
+static int fsdp__check_settable(fsdp_ctx *ctx, fsdp__unit *u, int param) {
+    if (ctx->phase != 0 || u->state != FSDP__SHARDED)
+        return fsdp__fail(ctx, FSDP_ERR_STATE, "parameter '%s' can only be set between iterations (its unit is %s)",
+                          ctx->model->params[param].name, fsdp__state_name(u->state));
+    return 0;
+}
+
+FSDP_API int fsdp_set_param_shard(fsdp_ctx *ctx, int param, const float *slice) {
+    fsdp__unit *u = fsdp__param_unit(ctx, param);
+    const fsdp_param_info *info;
+    int rc;
+    if (!u || !slice) return FSDP_ERR_INVALID_ARG;
+    if ((rc = fsdp__check_settable(ctx, u, param)) != 0) return rc;
+    info = &ctx->params[param];
+    memcpy(info->shard, slice, sizeof(float) * (size_t)(info->shard_end - info->shard_begin));
+    return 0;
+}
+
+FSDP_API int fsdp_set_param_full(fsdp_ctx *ctx, int param, const float *full) {
+    fsdp__unit *u = fsdp__param_unit(ctx, param);
+    const fsdp_param_info *info;
+    float *buf;
+    size_t n;
+    int rc;
+    if (!u || (ctx->rank == 0 && !full)) return FSDP_ERR_INVALID_ARG;
+    if ((rc = fsdp__check_settable(ctx, u, param)) != 0) return rc;
+    n = (size_t)ctx->model->params[param].numel;
+    buf = (float *)fsdp__buf_get(ctx, sizeof(float) * n, 0);
+    if (!buf) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_set_param_full: out of memory");
+    if (ctx->rank == 0) memcpy(buf, full, sizeof(float) * n);
+    rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_BROADCAST, NULL, buf, n, 0);
+    info = &ctx->params[param];
+    if (!rc) memcpy(info->shard, buf + info->shard_begin, sizeof(float) * (size_t)(info->shard_end - info->shard_begin));
+    fsdp__buf_put(ctx, buf, sizeof(float) * n);
+    return rc;
+}
+
+/* ============================================================================================
+   >>memory
+   What fsdp.h holds per rank, measured (fsdp_memory_stats_get) and predicted before anything
+   is allocated (fsdp_memory_estimate, fsdp_strategy_for_budget, FSDP_STRATEGY_AUTO).
+   ============================================================================================ */
 FSDP_API int fsdp_memory_stats_get(const fsdp_ctx *ctx, fsdp_memory_stats *st) {
     if (!ctx || !st) return FSDP_ERR_INVALID_ARG;
     memset(st, 0, sizeof *st);
@@ -8424,62 +8508,6 @@ FSDP_API int fsdp_strategy_for_budget(const fsdp_model *model, const fsdp_desc *
               "ranks, a 16-bit param_dtype, or a larger budget)", budget, budget / 1048576.0, world_size,
               est.peak_bytes, est.peak_bytes / 1048576.0);
     return FSDP_ERR_OUT_OF_MEMORY;
-}
-
-/* --- full values ----------------------------------------------------------------------------- */
-FSDP_API int fsdp_gather_param(fsdp_ctx *ctx, int param, float *out) {
-    fsdp__unit *u = fsdp__param_unit(ctx, param);
-    float *flat;
-    int rc;
-    if (!u || !out) return ctx ? fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_gather_param: bad parameter %d", param)
-                               : FSDP_ERR_INVALID_ARG;
-    if (!u->shard_comm || u->group_size == 1) { /* replicated, or a group of one: the shard is the whole unit */
-        memcpy(out, u->master + ctx->plan.param_offset[param], sizeof(float) * (size_t)ctx->model->params[param].numel);
-        return 0;
-    }
-    flat = (float *)fsdp__buf_get(ctx, sizeof(float) * (size_t)u->padded, 0);
-    if (!flat) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_gather_param: out of memory");
-    rc = fsdp__worker_coll(ctx, u->shard_comm, FSDP_COLL_ALL_GATHER, u->master, flat, (size_t)u->shard, 0);
-    if (!rc) memcpy(out, flat + ctx->plan.param_offset[param], sizeof(float) * (size_t)ctx->model->params[param].numel);
-    fsdp__buf_put(ctx, flat, sizeof(float) * (size_t)u->padded);
-    return rc;
-}
-
-static int fsdp__check_settable(fsdp_ctx *ctx, fsdp__unit *u, int param) {
-    if (ctx->phase != 0 || u->state != FSDP__SHARDED)
-        return fsdp__fail(ctx, FSDP_ERR_STATE, "parameter '%s' can only be set between iterations (its unit is %s)",
-                          ctx->model->params[param].name, fsdp__state_name(u->state));
-    return 0;
-}
-
-FSDP_API int fsdp_set_param_shard(fsdp_ctx *ctx, int param, const float *slice) {
-    fsdp__unit *u = fsdp__param_unit(ctx, param);
-    const fsdp_param_info *info;
-    int rc;
-    if (!u || !slice) return FSDP_ERR_INVALID_ARG;
-    if ((rc = fsdp__check_settable(ctx, u, param)) != 0) return rc;
-    info = &ctx->params[param];
-    memcpy(info->shard, slice, sizeof(float) * (size_t)(info->shard_end - info->shard_begin));
-    return 0;
-}
-
-FSDP_API int fsdp_set_param_full(fsdp_ctx *ctx, int param, const float *full) {
-    fsdp__unit *u = fsdp__param_unit(ctx, param);
-    const fsdp_param_info *info;
-    float *buf;
-    size_t n;
-    int rc;
-    if (!u || (ctx->rank == 0 && !full)) return FSDP_ERR_INVALID_ARG;
-    if ((rc = fsdp__check_settable(ctx, u, param)) != 0) return rc;
-    n = (size_t)ctx->model->params[param].numel;
-    buf = (float *)fsdp__buf_get(ctx, sizeof(float) * n, 0);
-    if (!buf) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_set_param_full: out of memory");
-    if (ctx->rank == 0) memcpy(buf, full, sizeof(float) * n);
-    rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_BROADCAST, NULL, buf, n, 0);
-    info = &ctx->params[param];
-    if (!rc) memcpy(info->shard, buf + info->shard_begin, sizeof(float) * (size_t)(info->shard_end - info->shard_begin));
-    fsdp__buf_put(ctx, buf, sizeof(float) * n);
-    return rc;
 }
 
 /* ============================================================================================
