@@ -4,12 +4,15 @@
 
        C (M,N) = alpha * op(A) (M,K) @ op(B) (K,N) + beta * C,   op(X) = X or X^T
 
-   On a CPU with AVX-512 (checked at run time) it runs the blocked kernel below; elsewhere, or
-   with EXAMPLE_SGEMM=openblas in the environment, it calls OpenBLAS's cblas_sgemm. Why a kernel
-   of our own: Debian's OpenBLAS 0.3.21 does not know recent CPUs (AMD Zen 4/5) and picks its
-   AVX2 "Haswell" kernels there, which reach about half of what one core can do with AVX-512.
-   On this project's 2-core AMD EPYC machine, on the GPT's shapes: 125-130 GFLOP/s for OpenBLAS
-   as it picks itself, 175-200 with OPENBLAS_CORETYPE=SkylakeX, 165-190 for this kernel.
+   It runs either the blocked AVX-512 kernel below or OpenBLAS's cblas_sgemm, decided once per
+   process (example_gemm_choose): the kernel where the CPU has AVX-512F (all the kernel uses) and
+   OpenBLAS runs one of its kernels without AVX-512 (openblas_get_corename() names a core such as
+   "Haswell" or "Zen"; OPENBLAS_CORETYPE, which changes what OpenBLAS runs, changes that name);
+   cblas_sgemm elsewhere: on OpenBLAS's own AVX-512 kernels (SkylakeX, Cooperlake,
+   SapphireRapids), without AVX-512, or under a core name not in the list. EXAMPLE_SGEMM=openblas
+   in the environment forces cblas_sgemm, EXAMPLE_SGEMM=own the kernel (where the CPU has
+   AVX-512F). Why a kernel of our own: Debian's OpenBLAS 0.3.21 does not know AMD Zen 4/5 and runs
+   its AVX2 kernels there, about half of what a core does with AVX-512.
 
    The kernel is the textbook (Goto / BLIS) layout: B is packed into panels of KC x 32 columns and
    A into panels of 12 rows x KC (a block of MC rows of them in L2); a 12 x 32 block of C
@@ -17,25 +20,24 @@
    the right edge use masked loads and stores; at the bottom edge the packed panel is padded with
    zeros and only the real rows are stored. Sums run over k in order within each KC block, so
    results differ from OpenBLAS's in the last bits only. The block is deep (KC 1024) because the
-   kernel itself runs near the core's peak (about 205 GFLOP/s against 210 for FMAs alone here)
-   while C is what costs: a C of 2048 x 2048 does not stay in cache, and each further K block
-   reads and writes it again. With KC 256 the GPT's wide shapes (M = 2048 rows, K = 512..2048)
-   ran at 135-165 GFLOP/s against OpenBLAS's AVX-512 kernels' 175-200; with KC 1024 at 165-185.
+   kernel itself runs near the core's peak while C is what costs: a C of 2048 x 2048 does not stay
+   in cache, and each further K block reads and writes it again.
 
    The packing buffers are per thread (4.2 MiB, allocated on the thread's first multiply on the
    AVX-512 path, freed when it exits; OpenBLAS is used if they cannot be had). Include after
-   <cblas.h>; link with -lpthread. */
+   OpenBLAS's <cblas.h> (openblas_get_corename); link with -lopenblas -lpthread. */
 #ifndef EXAMPLE_GEMM_H
 #define EXAMPLE_GEMM_H
 
+#include <pthread.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && !defined(EXAMPLE_GEMM_NO_AVX512)
 #  define EXAMPLE_GEMM_AVX512 1
 #  include <immintrin.h>
-#  include <pthread.h>
 #else
 #  define EXAMPLE_GEMM_AVX512 0
 #endif
@@ -222,19 +224,63 @@ static int gemm_buffers(void) {
 
 #endif /* EXAMPLE_GEMM_AVX512 */
 
+/* OpenBLAS's x86-64 cores (as openblas_get_corename() names them) whose kernels are AVX2 or older. */
+static const char *const example_gemm_pre_avx512_cores[] = {
+    "Haswell",   "Zen",       "Sandybridge", "Excavator", "Steamroller", "Piledriver",
+    "Bulldozer", "Nehalem",   "Barcelona",   "Core2",     "Penryn",      "Dunnington",
+    "Atom",      "Nano",      "Bobcat",      "Opteron",   "Opteron_SSE3", "Prescott"};
+
+/* c in lower case (ASCII: no locale). */
+static int example_gemm_lower(char c) { return c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c; }
+
+/* a and b equal, ignoring case (an OpenBLAS built for one target names it in capitals: "HASWELL"). */
+static int example_gemm_same_name(const char *a, const char *b) {
+    for (; *a && example_gemm_lower(*a) == example_gemm_lower(*b); a++, b++) {}
+    return example_gemm_lower(*a) == example_gemm_lower(*b);
+}
+
+/* The rule, without side effects: 1 to run the AVX-512 kernel, 0 to call cblas_sgemm, given whether
+   the CPU (and OS) can run AVX-512F, openblas_get_corename()'s answer and EXAMPLE_SGEMM's value
+   (either may be NULL). A core name not in the list (NULL, "", "Unknown", or a core newer than this
+   file) gets OpenBLAS: the kernel is only known to win over OpenBLAS's pre-AVX-512 kernels. */
+EXAMPLE_GEMM_UNUSED static int example_gemm_choose(int cpu_has_avx512f, const char *openblas_corename,
+                                                   const char *example_sgemm_env) {
+    if (!cpu_has_avx512f || (example_sgemm_env && strcmp(example_sgemm_env, "openblas") == 0)) return 0;
+    if (example_sgemm_env && strcmp(example_sgemm_env, "own") == 0) return 1;
+    if (!openblas_corename) return 0;
+    for (size_t i = 0; i < sizeof example_gemm_pre_avx512_cores / sizeof example_gemm_pre_avx512_cores[0]; i++)
+        if (example_gemm_same_name(openblas_corename, example_gemm_pre_avx512_cores[i])) return 1;
+    return 0;
+}
+
+/* The choice and its name for the banners, made once per process (the CPU, the environment and
+   OpenBLAS's core do not change). */
+static int example_gemm_own;
+static char example_gemm_name[96] = "OpenBLAS cblas_sgemm";
+
+static void example_gemm_decide(void) {
+    const char *core = openblas_get_corename();
+#if EXAMPLE_GEMM_AVX512
+    example_gemm_own = example_gemm_choose(__builtin_cpu_supports("avx512f"), core, getenv("EXAMPLE_SGEMM"));
+#endif
+    snprintf(example_gemm_name, sizeof example_gemm_name,
+             example_gemm_own ? "own AVX-512 kernel (OpenBLAS would run its %.40s kernels)"
+                              : "OpenBLAS cblas_sgemm, its %.40s kernels",
+             core && *core ? core : "unnamed");
+}
+
+static pthread_once_t example_gemm_decided = PTHREAD_ONCE_INIT;
+
 /* 1 if example_sgemm runs the AVX-512 kernel here, 0 if it calls OpenBLAS. */
 EXAMPLE_GEMM_UNUSED static int example_sgemm_is_own(void) {
-#if EXAMPLE_GEMM_AVX512
-    const char *choice = getenv("EXAMPLE_SGEMM");
-    return __builtin_cpu_supports("avx512f") && !(choice && strcmp(choice, "openblas") == 0);
-#else
-    return 0;
-#endif
+    pthread_once(&example_gemm_decided, example_gemm_decide);
+    return example_gemm_own;
 }
 
 /* What example_sgemm uses, for the programs' banners. */
 EXAMPLE_GEMM_UNUSED static const char *example_sgemm_name(void) {
-    return example_sgemm_is_own() ? "own AVX-512 kernel" : "OpenBLAS cblas_sgemm";
+    pthread_once(&example_gemm_decided, example_gemm_decide);
+    return example_gemm_name;
 }
 
 /* The bytes of packing buffers a thread touches multiplying a product of N columns and depth K
@@ -254,11 +300,9 @@ EXAMPLE_GEMM_UNUSED static size_t example_sgemm_scratch_bytes(int N, int K) {
    behind example_sgemm and example_sgemm_bias. */
 static void example_sgemm_any(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
                               const float *B, int ldb, float beta, const float *bias, float *C, int ldc) {
-    static int own = -1; // decided once per process: the CPU and the environment do not change
     if (M <= 0 || N <= 0) return;
-    if (own < 0) own = example_sgemm_is_own();
 #if EXAMPLE_GEMM_AVX512
-    if (own && (beta == 0.0f || beta == 1.0f) && K > 0 && gemm_buffers()) {
+    if (example_sgemm_is_own() && (beta == 0.0f || beta == 1.0f) && K > 0 && gemm_buffers()) {
         gemm_avx512(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, bias, C, ldc);
         return;
     }

@@ -36,12 +36,13 @@
    hooks, each rank a share.
 
    Speed, on one core per rank: every matrix product, the attention's included (one per head),
-   goes through example_sgemm (example_gemm.h: an AVX-512 kernel where the CPU has it, OpenBLAS
-   otherwise). The other layers are loops the compiler vectorises: no libm call per element (exp
-   is gpt_expf below), float sums kept in GPT_LANES partial sums (a compiler may not reorder a
-   float sum by itself), and, with GCC or clang on x86-64, each compiled three times (AVX-512,
-   AVX2+FMA, SSE2) with the CPU's best picked at run time (GPT_SIMD). Backward keeps one layer's
-   activation gradients at a time, not all of them. Pointers marked restrict must not overlap.
+   goes through example_sgemm (example_gemm.h: an AVX-512 kernel where the CPU has AVX-512 and
+   OpenBLAS would run older kernels, OpenBLAS otherwise). The other layers are loops the compiler
+   vectorises: no libm call per element (exp is gpt_expf below), float sums kept in GPT_LANES
+   partial sums (a compiler may not reorder a float sum by itself), and, with GCC or clang on
+   x86-64, each compiled three times (AVX-512, AVX2+FMA, SSE2) with the CPU's best picked at run
+   time (GPT_SIMD). Backward keeps one layer's activation gradients at a time, not all of them.
+   Pointers marked restrict must not overlap.
    Compile with -O3 -fno-math-errno -fno-trapping-math (the Makefile's EXAMPLE_OPT): GCC's -O2
    vectorises almost none of these loops; never with -ffast-math (see gpt_expf).
 

@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "example_common.h"
-#include "example_gemm.h" /* example_sgemm: an AVX-512 kernel where the CPU has it, else OpenBLAS */
+#include "example_gemm.h" /* example_sgemm: an AVX-512 kernel or OpenBLAS (see there which) */
 
 #if defined(__GNUC__) || defined(__clang__)
 #  define MLP_UNUSED __attribute__((unused)) /* for what only one of the two programs calls */
