@@ -6939,24 +6939,28 @@ FSDP__PRIVATE int fsdp__optimizer_num_state(const fsdp_optimizer_desc *o) {
     return n;
 }
 
-/* Picks the row, fills the defaults and checks the settings: 0, or FSDP_ERR_INVALID_ARG with
-   the reason in err. */
-FSDP__PRIVATE int fsdp__optimizer_resolve(fsdp_optimizer_desc *o, char *err, size_t err_size) {
+/* Picks the row (kind 0: SGD, or custom when set) and fills the defaults. */
+FSDP__PRIVATE void fsdp__optimizer_defaults(fsdp_optimizer_desc *o) {
     const fsdp_optimizer *row;
-    const char *why = NULL;
-    int n, i;
     if (o->kind == FSDP_OPTIMIZER_DEFAULT) o->kind = o->custom ? FSDP_OPTIMIZER_CUSTOM : FSDP_SGD;
-    if ((int)o->kind < 0 || o->kind > FSDP_OPTIMIZER_CUSTOM) {
+    if (o->lr == 0.0f) o->lr = 1e-3f;
+    if ((row = fsdp__optimizer_row(o)) != NULL && row->defaults) row->defaults(o);
+}
+
+/* Checks settings with their defaults filled: 0, or FSDP_ERR_INVALID_ARG with why in err. */
+FSDP__PRIVATE int fsdp__optimizer_check(const fsdp_optimizer_desc *o, char *err, size_t err_size) {
+    const fsdp_optimizer *row = fsdp__optimizer_row(o);
+    const char *why = NULL;
+    char name[40];
+    int n, i;
+    if ((int)o->kind < FSDP_SGD || o->kind > FSDP_OPTIMIZER_CUSTOM) {
         fsdp__fmt(err, err_size, "optimizer %d is not SGD, ADAM, ADAMW or CUSTOM", (int)o->kind);
         return FSDP_ERR_INVALID_ARG;
     }
-    row = fsdp__optimizer_row(o);
     if (!row || !row->update) {
         fsdp__fmt(err, err_size, "optimizer CUSTOM needs optimizer.custom with an update function");
         return FSDP_ERR_INVALID_ARG;
     }
-    if (o->lr == 0.0f) o->lr = 1e-3f;
-    if (row->defaults) row->defaults(o);
     n = fsdp__optimizer_num_state(o);
     if (!(o->lr > 0) || !isfinite(o->lr)) why = "lr must be > 0 and finite";
     else if (!(o->weight_decay >= 0) || !isfinite(o->weight_decay)) why = "weight_decay must be >= 0 and finite";
@@ -6965,12 +6969,9 @@ FSDP__PRIVATE int fsdp__optimizer_resolve(fsdp_optimizer_desc *o, char *err, siz
     for (i = 0; !why && i < n; i++)
         if (!row->state_names[i] || !*row->state_names[i] || strchr(row->state_names[i], '.'))
             why = "every state it keeps needs a name, without '.' (checkpoints store <param>.<name>)";
-    if (why) {
-        char name[40];
-        fsdp__fmt(err, err_size, "optimizer %s: %s", fsdp_printable(name, sizeof name, fsdp__optimizer_name(row)), why);
-        return FSDP_ERR_INVALID_ARG;
-    }
-    return 0;
+    if (!why) return 0;
+    fsdp__fmt(err, err_size, "optimizer %s: %s", fsdp_printable(name, sizeof name, fsdp__optimizer_name(row)), why);
+    return FSDP_ERR_INVALID_ARG;
 }
 
 /* Which state buffer a checkpoint tensor's suffix ("exp_avg") names: its index among the k the
@@ -7994,29 +7995,33 @@ FSDP__PRIVATE int fsdp__ctx_find_param(const fsdp_ctx *ctx, const char *name) {
     return -1;
 }
 
-FSDP__PRIVATE int fsdp__desc_resolve(fsdp_desc *d, int world, int local_world, int *hybrid_group, char *err,
-                                     size_t err_size) {
-    int i;
+/* Fills the description's zero fields with their defaults (the optimizer's too). */
+FSDP__PRIVATE void fsdp__desc_defaults(fsdp_desc *d, int world, int local_world) {
     if (d->param_dtype == FSDP_DTYPE_DEFAULT) d->param_dtype = FSDP_F32;
     if (d->reduce_dtype == FSDP_DTYPE_DEFAULT) d->reduce_dtype = d->param_dtype;
+    if (d->limit_all_gathers <= 0) d->limit_all_gathers = 2;
+    if (d->backward_prefetch == FSDP_BACKWARD_PREFETCH_DEFAULT) d->backward_prefetch = FSDP_BACKWARD_PRE;
+    if (d->shard_group_size <= 0) d->shard_group_size = local_world > 0 ? local_world : world;
+    fsdp__optimizer_defaults(&d->optimizer);
+}
+
+/* Checks a description with its defaults filled: 0, or FSDP_ERR_INVALID_ARG with why in err. */
+FSDP__PRIVATE int fsdp__desc_validate(const fsdp_desc *d, int world, char *err, size_t err_size) {
+    int i;
     if (!fsdp_dtype_size(d->param_dtype) || !fsdp_dtype_size(d->reduce_dtype)) {
         fsdp__fmt(err, err_size, "param_dtype %d / reduce_dtype %d: use FSDP_F32, FSDP_BF16 or FSDP_F16",
                   (int)d->param_dtype, (int)d->reduce_dtype);
         return FSDP_ERR_INVALID_ARG;
     }
-    if (d->limit_all_gathers <= 0) d->limit_all_gathers = 2;
-    if (d->backward_prefetch == FSDP_BACKWARD_PREFETCH_DEFAULT) d->backward_prefetch = FSDP_BACKWARD_PRE;
     if ((int)d->backward_prefetch < 0 || d->backward_prefetch > FSDP_BACKWARD_PREFETCH_NONE) {
         fsdp__fmt(err, err_size, "backward_prefetch %d is not PRE, POST or NONE", (int)d->backward_prefetch);
         return FSDP_ERR_INVALID_ARG;
     }
-    if (d->shard_group_size <= 0) d->shard_group_size = local_world > 0 ? local_world : world;
     if (d->shard_group_size > world || world % d->shard_group_size != 0) {
         fsdp__fmt(err, err_size, "shard_group_size %d must divide the world size %d", d->shard_group_size, world);
         return FSDP_ERR_INVALID_ARG;
     }
-    *hybrid_group = d->shard_group_size;
-    if ((i = fsdp__optimizer_resolve(&d->optimizer, err, err_size)) != 0) return i;
+    if ((i = fsdp__optimizer_check(&d->optimizer, err, err_size)) != 0) return i;
     if (d->num_param_groups < 0 || (d->num_param_groups > 0 && !d->param_groups)) {
         fsdp__fmt(err, err_size, "num_param_groups %d without param_groups", d->num_param_groups);
         return FSDP_ERR_INVALID_ARG;
@@ -8031,6 +8036,14 @@ FSDP__PRIVATE int fsdp__desc_resolve(fsdp_desc *d, int world, int local_world, i
         }
     }
     return 0;
+}
+
+/* The defaults, then the checks; *hybrid_group gets the shard group size. */
+FSDP__PRIVATE int fsdp__desc_resolve(fsdp_desc *d, int world, int local_world, int *hybrid_group, char *err,
+                                     size_t err_size) {
+    fsdp__desc_defaults(d, world, local_world);
+    *hybrid_group = d->shard_group_size;
+    return fsdp__desc_validate(d, world, err, err_size);
 }
 
 /* Each parameter's weight decay and lr multiple from the first group that matches it, and
