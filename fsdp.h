@@ -31,18 +31,22 @@
 
    QUICK EXAMPLE (examples/mlp.c and examples/gpt.c are complete programs)
        static int train(fsdp_comm *comm, void *arg) {
-           fsdp_model *m; fsdp_ctx *ctx; fsdp_desc d = {0};
-           fsdp_init_rule init = {FSDP_INIT_NORMAL, 0.0f, 0.02f};
+           fsdp_model *m; fsdp_ctx *ctx; fsdp_desc d; memset(&d, 0, sizeof d);
+           fsdp_init_rule init = {.kind = FSDP_INIT_NORMAL, .a = 0.0f, .b = 0.02f};
            int64_t shape[2] = {512, 256};
            fsdp_model_create(&m, "Net");
            int fc = fsdp_model_module(m, 0, "fc", "Linear");
            int w = fsdp_model_param(m, fc, "weight", 2, shape, init);
+           (void)arg;
            d.comm = comm;                                    // FULL_SHARD, SGD by default
            if (fsdp_init(&ctx, m, &d)) { fprintf(stderr, "%s\n", fsdp_last_error(NULL)); return 1; }
            for (int step = 0; step < 100; step++) {
-               fsdp_pre_forward(ctx, fc);   // forward reads fsdp_param(ctx, w)
+               fsdp_pre_forward(ctx, fc);
+               const float *weight = fsdp_param(ctx, w);     // your forward reads it
                fsdp_post_forward(ctx, fc);
-               fsdp_pre_backward(ctx, fc);  // backward adds into fsdp_grad(ctx, w)
+               fsdp_pre_backward(ctx, fc);
+               float *dweight = fsdp_grad(ctx, w);           // your backward adds into it
+               dweight[0] += weight[0];
                fsdp_post_backward(ctx, fc);
                fsdp_step(ctx, 1.0f, NULL);  // clip to norm 1, update this rank's shard
                fsdp_zero_grad(ctx);
