@@ -22,7 +22,7 @@ FSDP_H=${FSDP_H:-fsdp.h}
 README=${README:-README.md}
 tmp=$(mktemp -d) || exit 2
 trap 'rm -rf "$tmp"' EXIT
-[ -r "$FSDP_H" ] && [ -r "$README" ] || { echo "cannot read $FSDP_H or $README"; exit 2; }
+if [ ! -r "$FSDP_H" ] || [ ! -r "$README" ]; then echo "cannot read $FSDP_H or $README"; exit 2; fi
 
 sed '/^#ifndef FSDP_H_INCLUDE$/,$d' "$FSDP_H" >"$tmp/top"   # the top comment
 sed -n '/^#ifndef FSDP_H_INCLUDE$/,$p' "$FSDP_H" >"$tmp/body"
