@@ -38,18 +38,20 @@ help:
 $(BUILD):
 	@mkdir -p $(BUILD)
 
-# Tests: one program per tests/test_*.c, linked with the Unity runner (ours or UNITY_DIR's).
+# Tests: one program per tests/test_*.c, linked with the Unity runner (ours or UNITY_DIR's), and the
+# helpers they share (tests/test_common.h; tests/test_mlp.h: the model of two of them).
+TEST_HEADERS := tests/test_common.h tests/test_mlp.h
 $(BUILD)/unity.o: $(UNITY_DIR)/unity.c | $(BUILD)
 	$(CC) -std=c99 $(OPT) $(SANFLAGS) -I$(UNITY_DIR) -c $< -o $@
 
-$(BUILD)/test_%: tests/test_%.c fsdp.h $(BUILD)/unity.o | $(BUILD)
+$(BUILD)/test_%: tests/test_%.c fsdp.h $(TEST_HEADERS) $(BUILD)/unity.o | $(BUILD)
 	$(CC) -std=c99 $(OPT) $(WARN) $(SANFLAGS) $(CFLAGS) -I. -I$(UNITY_DIR) $< $(BUILD)/unity.o -o $@ $(LDLIBS)
 
-$(BUILD)/test_gpt: tests/test_gpt.c examples/gpt_model.h examples/example_gemm.h examples/example_common.h fsdp.h $(BUILD)/unity.o | $(BUILD)
+$(BUILD)/test_gpt: tests/test_gpt.c examples/gpt_model.h examples/example_gemm.h examples/example_common.h fsdp.h $(TEST_HEADERS) $(BUILD)/unity.o | $(BUILD)
 	$(BLAS_CHECK)
 	$(CC) -std=c99 $(OPT) $(WARN) $(SANFLAGS) $(CFLAGS) -I. -I$(UNITY_DIR) $< $(BUILD)/unity.o -o $@ -lopenblas $(LDLIBS)
 
-$(BUILD)/test_mpi: tests/test_mpi.c fsdp.h $(BUILD)/unity.o | $(BUILD)
+$(BUILD)/test_mpi: tests/test_mpi.c fsdp.h $(TEST_HEADERS) $(BUILD)/unity.o | $(BUILD)
 	$(MPICC) -std=c99 $(OPT) $(WARN) -DFSDP_WITH_MPI -I. -I$(UNITY_DIR) $< $(BUILD)/unity.o -o $@ $(LDLIBS)
 
 test: check-deps $(addprefix $(BUILD)/,$(UNIT_TESTS))

@@ -49,6 +49,12 @@ check() { # name, command...
 
 if [ -z "$NO_EXTRA_CHECKS" ]; then
     echo "== header and build checks"
+    # fsdp.h's documentation against its code: environment variables, configuration macros,
+    # table of contents and section markers (tests/check_docs.sh), one check per property
+    for property in env_vars_in_top_comment fsdp_env_vars_in_readme config_macros_in_top_comment toc_matches_markers \
+        one_marker_style; do
+        check docs.$property sh tests/check_docs.sh $property
+    done
     CC=${CC:-cc}
     CXX=${CXX:-c++}
     tmp=$(mktemp -d)

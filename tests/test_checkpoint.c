@@ -32,21 +32,9 @@
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 #include "unity.h"
+#include "test_common.h"
 
-#include <dirent.h>
-#include <errno.h>
-#include <ftw.h>
-#include <math.h>
 #include <pthread.h>
-#include <signal.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #define MAX_WORLD 4
 #define NUM_STRATEGIES 4       /* FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD */
@@ -64,8 +52,6 @@
 
 static char tmpdir[128];        /* this test's directory */
 static char message[4096];      /* assertion messages */
-static void *board_memory;      /* the MAP_SHARED region of a multi-rank test */
-static size_t board_bytes;
 
 /* Single-rank objects of in-process tests; tearDown releases whatever a test left. */
 static fsdp_comm *comm1;
@@ -76,45 +62,19 @@ static size_t file_size;
 
 static void free_snapshots(void);
 
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
 void setUp(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/fsdp-test-checkpoint-XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        snprintf(message, sizeof message, "mkdtemp(%s): %s", tmpdir, strerror(errno));
-        TEST_FAIL_MESSAGE(message);
-    }
+    make_test_dir(tmpdir, sizeof tmpdir, "fsdp-test-checkpoint");
 }
 
 void tearDown(void) {
-    fsdp_destroy(ctx1);
-    ctx1 = NULL;
-    fsdp_model_destroy(model1);
-    model1 = NULL;
-    fsdp_comm_destroy(comm1);
-    comm1 = NULL;
+    release_one_rank(&ctx1, &model1, &comm1);
     free(file_bytes);
     file_bytes = NULL;
     file_size = 0;
     free_snapshots();
-    if (board_memory) munmap(board_memory, board_bytes);
-    board_memory = NULL;
-    if (tmpdir[0]) nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    unmap_board(); /* the MAP_SHARED region of a multi-rank test (map_board) */
+    if (tmpdir[0]) remove_tree(tmpdir);
     tmpdir[0] = 0;
-}
-
-/* A zeroed MAP_SHARED region the forked ranks write into; unmapped in tearDown. */
-static void *map_board(size_t bytes) {
-    board_memory = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    TEST_ASSERT_TRUE_MESSAGE(board_memory != MAP_FAILED, "mmap of the shared board");
-    board_bytes = bytes;
-    memset(board_memory, 0, bytes);
-    return board_memory;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -134,11 +94,7 @@ static int rank_fail(rank_error *e, fsdp_comm *comm, const char *what, int rc, c
 }
 
 static int launch(int nprocs, fsdp_rank_fn fn, void *arg, fsdp_launch_status *status) {
-    fsdp_launch_desc d;
-    memset(&d, 0, sizeof d);
-    d.nprocs = nprocs;
-    d.timeout_ms = LAUNCH_TIMEOUT_MS;
-    return fsdp_launch_ex(&d, fn, arg, status);
+    return launch_ranks(nprocs, FSDP_BACKEND_SHM, LAUNCH_TIMEOUT_MS, fn, arg, status);
 }
 
 static void assert_launch_ok(int rc, const fsdp_launch_status *status, const rank_error *e, const char *what) {
@@ -239,45 +195,6 @@ static fsdp_desc mlp_desc(fsdp_comm *comm, fsdp_strategy strategy, int wrap, int
     return d;
 }
 
-/* x0 = x * scale; x is (rows, D) */
-static void scale_forward(float *x0, const float *x, const float *scale, int rows) {
-    int i, j;
-    for (i = 0; i < rows; i++)
-        for (j = 0; j < D; j++) x0[i * D + j] = x[i * D + j] * scale[j];
-}
-
-static void scale_backward(float *dscale, const float *dx0, const float *x, int rows) {
-    int i, j;
-    for (i = 0; i < rows; i++)
-        for (j = 0; j < D; j++) dscale[j] += dx0[i * D + j] * x[i * D + j];
-}
-
-/* out = in @ weight^T + bias; in is (rows, n_in), weight (n_out, n_in), out (rows, n_out) */
-static void linear_forward(float *out, const float *in, const float *weight, const float *bias, int rows, int n_in,
-                           int n_out) {
-    int i, o, k;
-    for (i = 0; i < rows; i++)
-        for (o = 0; o < n_out; o++) {
-            float sum = bias[o];
-            for (k = 0; k < n_in; k++) sum += in[i * n_in + k] * weight[o * n_in + k];
-            out[i * n_out + o] = sum;
-        }
-}
-
-static void linear_backward(float *din, float *dweight, float *dbias, const float *dout, const float *in,
-                            const float *weight, int rows, int n_in, int n_out) {
-    int i, o, k;
-    for (i = 0; i < rows; i++)
-        for (o = 0; o < n_out; o++) {
-            float d = dout[i * n_out + o];
-            dbias[o] += d;
-            for (k = 0; k < n_in; k++) {
-                dweight[o * n_in + k] += d * in[i * n_in + k];
-                din[i * n_in + k] += d * weight[o * n_in + k];
-            }
-        }
-}
-
 static void relu_forward(float *h, int n) {
     int i;
     for (i = 0; i < n; i++) h[i] = h[i] > 0.0f ? h[i] : 0.0f;
@@ -322,7 +239,7 @@ static int train_step(fsdp_ctx *ctx, const mlp *m, fsdp_comm *comm, int step, co
     /* forward */
     HOOK(fsdp_pre_forward(ctx, 0), "pre_forward(root)");
     NEED(scale, fsdp_param(ctx, m->param[P_SCALE]), "fsdp_param(scale)");
-    scale_forward(x0, x, scale, n);
+    scale_forward(x0, x, scale, n, D);
     HOOK(fsdp_pre_forward(ctx, m->layer[0]), "pre_forward(layers.0)");
     NEED(w, fsdp_param(ctx, m->param[P_W0]), "fsdp_param(layers.0.weight)");
     NEED(b, fsdp_param(ctx, m->param[P_B0]), "fsdp_param(layers.0.bias)");
@@ -355,7 +272,7 @@ static int train_step(fsdp_ctx *ctx, const mlp *m, fsdp_comm *comm, int step, co
     linear_backward(dx0, gw, gb, dh, x0, w, n, D, H);
     HOOK(fsdp_post_backward(ctx, m->layer[0]), "post_backward(layers.0)");
     NEED(gw, fsdp_grad(ctx, m->param[P_SCALE]), "fsdp_grad(scale)");
-    scale_backward(gw, dx0, x, n);
+    scale_backward(gw, dx0, x, n, D);
     HOOK(fsdp_post_backward(ctx, 0), "post_backward(root)");
     HOOK(fsdp_step(ctx, 0.0f, NULL), "fsdp_step");
     HOOK(fsdp_zero_grad(ctx), "fsdp_zero_grad");
@@ -389,15 +306,8 @@ static const char *first_difference(const float *expected, const float *actual, 
 static mlp net1;
 
 static void start_one_rank(fsdp_strategy strategy, uint64_t seed) {
-    fsdp_comm_desc cd;
     fsdp_desc d;
-    char job[64];
-    memset(&cd, 0, sizeof cd);
-    snprintf(job, sizeof job, "test-checkpoint-%d", (int)getpid());
-    cd.world_size = 1;
-    cd.job = job;
-    cd.timeout_ms = 5000;
-    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_comm_init(&comm1, &cd), "fsdp_comm_init (one rank)");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, open_one_rank_comm(&comm1, "test-checkpoint"), "fsdp_comm_init (one rank)");
     TEST_ASSERT_EQUAL_INT(0, mlp_build(&net1));
     model1 = net1.model;
     d = mlp_desc(comm1, strategy, WRAP_LINEAR, OPT_ADAMW, seed);
@@ -429,30 +339,12 @@ static void train_one_rank(int steps) {
 /* ---------------------------------------------------------------------------------------------
    files
    --------------------------------------------------------------------------------------------- */
+/* The file's bytes into file_bytes and file_size. */
 static void read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    long size;
-    snprintf(message, sizeof message, "cannot read %s: %s", path, strerror(errno));
-    TEST_ASSERT_NOT_NULL_MESSAGE(f, message);
-    fseek(f, 0, SEEK_END);
-    size = ftell(f);
-    fseek(f, 0, SEEK_SET);
     free(file_bytes);
-    file_bytes = (unsigned char *)malloc((size_t)size + 1);
-    file_size = (size_t)size;
-    TEST_ASSERT_NOT_NULL(file_bytes);
-    TEST_ASSERT_EQUAL_size_t(file_size, fread(file_bytes, 1, file_size, f));
-    fclose(f);
+    file_bytes = NULL;
+    file_bytes = read_whole_file(path, &file_size);
 }
-
-static void write_file(const char *path, const void *bytes, size_t size) {
-    FILE *f = fopen(path, "wb");
-    snprintf(message, sizeof message, "cannot write %s: %s", path, strerror(errno));
-    TEST_ASSERT_NOT_NULL_MESSAGE(f, message);
-    TEST_ASSERT_EQUAL_size_t(size, fwrite(bytes, 1, size, f));
-    TEST_ASSERT_EQUAL_INT(0, fclose(f));
-}
-
 static uint64_t header_length(const unsigned char *bytes) {
     uint64_t n = 0;
     int i;
@@ -568,18 +460,6 @@ static void patch_header(const char *from, const char *to) {
         }
     snprintf(message, sizeof message, "'%s' is not in the header", from);
     TEST_FAIL_MESSAGE(message);
-}
-
-/* Number of directory entries whose names contain `part` (NULL: all but . and ..). */
-static int count_entries(const char *dir, const char *part) {
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    int n = 0;
-    if (!d) return -1;
-    while ((e = readdir(d)) != NULL)
-        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 && (!part || strstr(e->d_name, part))) n++;
-    closedir(d);
-    return n;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -939,8 +819,7 @@ static void test_resume_at_another_world_size_strategy_and_wrap_policy_matches_w
                         double worst = 0.0;
                         int worst_at = 0;
                         for (i = 0; i < MODEL_NUMEL; i++) {
-                            double scale = fabs((double)want[i]) > REL_FLOOR ? fabs((double)want[i]) : REL_FLOOR;
-                            double rel = fabs((double)got[i] - (double)want[i]) / scale;
+                            double rel = rel_error(got[i], want[i], REL_FLOOR);
                             if (!(rel <= worst)) { worst = rel; worst_at = i; }
                         }
                         snprintf(message, sizeof message, "saved at P=%d %s %s after step %d, resumed from the %s checkpoint at "
@@ -2135,16 +2014,7 @@ static void test_python_json_and_struct_read_full_and_sharded_checkpoints(void) 
    the fuzz target's corpus and every crasher it found: parsed, read and verified without a
    crash, in a child process per file so that a crash names the file
    --------------------------------------------------------------------------------------------- */
-static void corpus_dir(char *out, size_t size, const char *sub) {
-    const char *env = getenv("CORPUS_DIR"), *fixed = CORPUS_DIR;
-    const char *file = __FILE__, *slash = strrchr(file, '/');
-    if (env && *env) snprintf(out, size, "%s%s", env, sub);
-    else if (fixed) snprintf(out, size, "%s%s", fixed, sub);
-    else if (slash) snprintf(out, size, "%.*s/corpus/safetensors%s", (int)(slash - file), file, sub);
-    else snprintf(out, size, "corpus/safetensors%s", sub);
-}
-
-/* What the fuzz target does with one input. */
+/* What the fuzz target does with one input: 0, or 2 for an error without a message. */
 static int exercise_parser(const unsigned char *bytes, size_t size) {
     fsdp_st_file *f = NULL;
     char err[512];
@@ -2161,51 +2031,9 @@ static int exercise_parser(const unsigned char *bytes, size_t size) {
     return 0;
 }
 
-static int replay_dir(const char *dir, int *files) {
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    char path[1024];
-    if (!d) return -1;
-    while ((e = readdir(d)) != NULL) {
-        struct stat st;
-        pid_t pid;
-        int status;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        if (e->d_name[0] == '.' || stat(path, &st) != 0 || !S_ISREG(st.st_mode)) continue;
-        fflush(NULL);
-        pid = fork();
-        if (pid == 0) {
-            int rc;
-            alarm(20);
-            closedir(d); /* the child's copy: nothing of the parent's stays allocated in it */
-            read_file(path);
-            rc = exercise_parser(file_bytes, file_size);
-            _exit(rc);
-        }
-        TEST_ASSERT_TRUE(pid > 0);
-        TEST_ASSERT_EQUAL_INT(pid, waitpid(pid, &status, 0));
-        if (WIFSIGNALED(status)) snprintf(message, sizeof message, "%s: the parser crashed (signal %d)", path, WTERMSIG(status));
-        else snprintf(message, sizeof message, "%s: exit status %d (2: an error without a message)", path, WEXITSTATUS(status));
-        TEST_ASSERT_TRUE_MESSAGE(WIFEXITED(status) && WEXITSTATUS(status) == 0, message);
-        (*files)++;
-    }
-    closedir(d);
-    return 0;
-}
-
 static void test_fuzz_corpus_and_crashers_parse_without_crashing(void) {
-    char seeds[512], crashers[512];
-    int files = 0;
-    corpus_dir(seeds, sizeof seeds, "");
-    corpus_dir(crashers, sizeof crashers, "/crashers");
-    if (replay_dir(seeds, &files) != 0) {
-        snprintf(message, sizeof message, "no corpus at %s (run from the repository root or set CORPUS_DIR)", seeds);
-        TEST_IGNORE_MESSAGE(message);
-    }
-    replay_dir(crashers, &files); /* absent when the fuzzer found nothing */
-    TEST_ASSERT_GREATER_THAN(0, files);
+    assert_corpus_replays("CORPUS_DIR", CORPUS_DIR, "safetensors", exercise_parser, "2: an error without a message");
 }
-
 static void free_snapshots(void) { snapshot_free(&before_kill); }
 
 int main(void) {

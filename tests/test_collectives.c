@@ -24,18 +24,9 @@
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 #include "unity.h"
+#include "test_common.h"
 
-#include <math.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <dirent.h>
-#include <signal.h>
-#include <sys/mman.h>
 #include <sys/resource.h>
-#include <time.h>
-#include <unistd.h>
 
 #define BIG_COUNT ((size_t)1000003)
 #define MAX_WORLD 4
@@ -133,60 +124,6 @@ typedef struct job {
 /* ---------------------------------------------------------------------------------------------
    reference conversions (independent of fsdp.h)
    --------------------------------------------------------------------------------------------- */
-static float f16_decode_table[65536];
-
-static uint32_t bits_of(float value) {
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    return bits;
-}
-
-static float float_of(uint32_t bits) {
-    float value;
-    memcpy(&value, &bits, sizeof value);
-    return value;
-}
-
-static void build_f16_decode_table(void) {
-    uint32_t h;
-    for (h = 0; h < 65536; h++) {
-        int exponent = (int)((h >> 10) & 0x1F), mantissa = (int)(h & 0x3FF);
-        float magnitude;
-        if (exponent == 0) magnitude = ldexpf((float)mantissa, -24);
-        else if (exponent == 31) magnitude = mantissa ? NAN : INFINITY;
-        else magnitude = ldexpf((float)(mantissa + 1024), exponent - 25);
-        f16_decode_table[h] = (h & 0x8000u) ? -magnitude : magnitude;
-    }
-}
-
-static uint16_t reference_bf16(float value) {
-    uint32_t u = bits_of(value);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static uint16_t reference_f16(float value) {
-    uint32_t u = bits_of(value);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    u &= 0x7FFFFFFFu;
-    if (u > 0x7F800000u) return (uint16_t)(sign | 0x7E00u);
-    if (u >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);       /* >= 65520: infinity */
-    if (u <= 0x33000000u) return sign;                               /* <= 2^-25: zero */
-    if (u < 0x38800000u) {                                           /* < 2^-14: subnormal */
-        uint32_t exponent = u >> 23, mantissa = (u & 0x7FFFFFu) | 0x800000u;
-        uint32_t shift = 126 - exponent, quotient = mantissa >> shift;
-        uint32_t rest = mantissa & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rest > half || (rest == half && (quotient & 1u))) quotient++;
-        return (uint16_t)(sign | quotient);
-    }
-    u += 0xFFFu + ((u >> 13) & 1u);
-    u -= 112u << 23;
-    return (uint16_t)(sign | (u >> 13));
-}
-
-static size_t element_size(fsdp_dtype dtype) { return dtype == FSDP_F32 ? 4 : 2; }
-
 static float load_element(const void *buffer, fsdp_dtype dtype, size_t index) {
     if (dtype == FSDP_F32) return ((const float *)buffer)[index];
     if (dtype == FSDP_BF16) return float_of((uint32_t)((const uint16_t *)buffer)[index] << 16);
@@ -207,15 +144,6 @@ static int element_is_nan(const void *buffer, fsdp_dtype dtype, size_t index) {
    inputs: a small integer hash scaled into [-2, 2), full f32 precision, never tiny (so that a
    MAX never compares +0 with -0)
    --------------------------------------------------------------------------------------------- */
-static uint32_t mix32(uint32_t x) {
-    x ^= x >> 16;
-    x *= 0x7FEB352Du;
-    x ^= x >> 15;
-    x *= 0x846CA68Bu;
-    x ^= x >> 16;
-    return x;
-}
-
 static void fill_input(void *buffer, fsdp_dtype dtype, uint32_t salt, int rank, int world,
                        size_t elems, size_t count, int inject_nan) {
     uint32_t stream = mix32(salt * 0x9E3779B9u + (uint32_t)rank * 0x85EBCA6Bu + 0x165667B1u);
@@ -240,25 +168,6 @@ static const char *family_name(int family) {
                                                 "broadcast",  "in-place",       "barrier",
                                                 "NaN max",    "count zero"};
     return names[family];
-}
-
-static const char *kind_name(fsdp_coll_kind kind) {
-    switch (kind) {
-    case FSDP_COLL_ALL_GATHER: return "all_gather";
-    case FSDP_COLL_REDUCE_SCATTER: return "reduce_scatter";
-    case FSDP_COLL_ALL_REDUCE: return "all_reduce";
-    case FSDP_COLL_BROADCAST: return "broadcast";
-    case FSDP_COLL_BARRIER: return "barrier";
-    default: return "?";
-    }
-}
-
-static const char *op_name(fsdp_reduce_op op) {
-    return op == FSDP_SUM ? "SUM" : op == FSDP_AVG ? "AVG" : op == FSDP_MAX ? "MAX" : "?";
-}
-
-static const char *dtype_label(fsdp_dtype dtype) {
-    return dtype == FSDP_F32 ? "f32" : dtype == FSDP_BF16 ? "bf16" : "f16";
 }
 
 static void describe_case(char *out, size_t size, const test_case *tc, int world, const char *backend) {
@@ -353,28 +262,6 @@ static size_t build_matrix(test_case *cases, int world) {
 /* ---------------------------------------------------------------------------------------------
    what the ranks run
    --------------------------------------------------------------------------------------------- */
-static void sleep_ms(int ms) {
-    struct timespec delay;
-    delay.tv_sec = ms / 1000;
-    delay.tv_nsec = (long)(ms % 1000) * 1000000L;
-    nanosleep(&delay, NULL);
-}
-
-/* Appends src to the string in dst, truncating to size; snprintf("%s") would trip
-   -Wformat-truncation on messages the library bounds at 512 bytes. */
-static void append_text(char *dst, size_t size, const char *src) {
-    size_t used = strlen(dst);
-    while (*src && used + 1 < size) dst[used++] = *src++;
-    dst[used] = '\0';
-}
-
-static int bytes_all_equal(const unsigned char *bytes, size_t n, unsigned char value) {
-    size_t i;
-    for (i = 0; i < n; i++)
-        if (bytes[i] != value) return 0;
-    return 1;
-}
-
 static void run_barrier_case(fsdp_comm *comm, const job *j, const test_case *tc, case_report *report) {
     int rank = fsdp_comm_rank(comm);
     /* one rank arrives late; a barrier that lets the others through early shows as a low count */
@@ -549,7 +436,6 @@ static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 /* Maps the shared region for cases[] at this world size and runs one launch. */
 static int run_job(job *j, int backend, int world, test_case *cases, size_t ncases, int timeout_ms,
                    int check_invalid_args, fsdp_launch_status *status) {
-    fsdp_launch_desc desc;
     size_t outputs_bytes = layout_outputs(cases, ncases, world);
     size_t header = align64(sizeof(long)) + align64(sizeof(invalid_args_report) * MAX_WORLD) +
                     align64(sizeof(case_report) * ncases * (size_t)world);
@@ -573,13 +459,7 @@ static int run_job(job *j, int backend, int world, test_case *cases, size_t ncas
     j->reports = (case_report *)((unsigned char *)j->invalid +
                                  align64(sizeof(invalid_args_report) * MAX_WORLD));
     j->outputs = j->region + header;
-    memset(&desc, 0, sizeof desc);
-    desc.nprocs = world;
-    desc.backend = backend_kinds[backend];
-    desc.timeout_ms = timeout_ms;
-    fflush(stdout);
-    fflush(stderr);
-    return fsdp_launch_ex(&desc, rank_main, j, status);
+    return launch_ranks(world, backend_kinds[backend], timeout_ms, rank_main, j, status);
 }
 
 static void release_job(job *j) {
@@ -653,22 +533,10 @@ static size_t first_difference(const unsigned char *expected, const unsigned cha
     return (size_t)-1;
 }
 
-typedef struct verdict {
-    int checked;
-    int failed;
-    char first_failure[900];
-} verdict;
-
 static verdict verdicts[BACKENDS][FAMILIES];
 static int matrix_ran[BACKENDS];
 static unsigned char *cross_backend_outputs[BACKENDS][2]; /* bf16 big reduce_scatter, all_reduce */
 static size_t cross_backend_bytes[BACKENDS][2];
-
-static void record(verdict *v, int ok, const char *what) {
-    v->checked++;
-    if (ok) return;
-    if (v->failed++ == 0) snprintf(v->first_failure, sizeof v->first_failure, "%s", what);
-}
 
 /* Checks one case on every rank against the reference; records the verdict of its family. */
 static void verify_case(const job *j, size_t index, const char *backend, verdict *v) {
@@ -956,21 +824,14 @@ static int spin_rank_main(fsdp_comm *comm, void *arg) {
 static void assert_spins(const char *value, int expected) {
     spin_report *reps = (spin_report *)mmap(NULL, sizeof(spin_report) * 3, PROT_READ | PROT_WRITE,
                                             MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    fsdp_launch_desc desc;
     fsdp_launch_status status;
     char message[sizeof status.message + 100];
     int r, rc;
     TEST_ASSERT_TRUE(reps != MAP_FAILED);
     memset(reps, 0, sizeof(spin_report) * 3);
-    memset(&desc, 0, sizeof desc);
-    desc.nprocs = 3;
-    desc.backend = FSDP_BACKEND_SHM;
-    desc.timeout_ms = SHORT_TIMEOUT_MS;
     if (value) setenv("FSDP_SPIN", value, 1);
     else unsetenv("FSDP_SPIN");
-    fflush(stdout);
-    fflush(stderr);
-    rc = fsdp_launch_ex(&desc, spin_rank_main, reps, &status);
+    rc = launch_ranks(3, FSDP_BACKEND_SHM, SHORT_TIMEOUT_MS, spin_rank_main, reps, &status);
     unsetenv("FSDP_SPIN");
     for (r = 0; r < 3; r++) {
         snprintf(message, sizeof message, "FSDP_SPIN=%s, rank %d: launch %s (%s), split %s", value ? value : "(unset)", r,
@@ -1138,16 +999,10 @@ static int alloc_rank_main(fsdp_comm *comm, void *arg) {
 static alloc_job *run_alloc_job(int scenario, fsdp_backend_kind backend, int world, fsdp_launch_status *status,
                                 int *rc) {
     alloc_job *j = mmap(NULL, sizeof *j, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    fsdp_launch_desc desc;
     TEST_ASSERT_TRUE(j != MAP_FAILED);
     memset(j, 0, sizeof *j);
     j->scenario = scenario;
-    memset(&desc, 0, sizeof desc);
-    desc.nprocs = world;
-    desc.backend = backend;
-    desc.timeout_ms = SHORT_TIMEOUT_MS;
-    fflush(stdout);
-    *rc = fsdp_launch_ex(&desc, alloc_rank_main, j, status);
+    *rc = launch_ranks(world, backend, SHORT_TIMEOUT_MS, alloc_rank_main, j, status);
     return j;
 }
 

@@ -13,12 +13,9 @@
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 #include "unity.h"
+#include "test_common.h"
 
 #include <float.h>
-#include <math.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <string.h>
 
 void setUp(void) {}
 void tearDown(void) {}
@@ -26,18 +23,6 @@ void tearDown(void) {}
 /* ---------------------------------------------------------------------------------------------
    helpers
    --------------------------------------------------------------------------------------------- */
-static float f32_from_bits(uint32_t bits) {
-    float value;
-    memcpy(&value, &bits, sizeof value);
-    return value;
-}
-
-static uint32_t bits_of_f32(float value) {
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    return bits;
-}
-
 static int bf16_is_nan(uint16_t h) { return (h & 0x7F80u) == 0x7F80u && (h & 0x007Fu) != 0; }
 static int f16_is_nan(uint16_t h) { return (h & 0x7C00u) == 0x7C00u && (h & 0x03FFu) != 0; }
 
@@ -55,7 +40,7 @@ static double f16_value_by_definition(uint16_t h) {
 /* Reference f32 -> f16 rounding done in double: scale to an integer significand, rint (ties to
    even), and let a carry out of the significand bump the exponent. */
 static uint16_t reference_f32_to_f16(float value) {
-    uint16_t sign = (uint16_t)((bits_of_f32(value) >> 16) & 0x8000u);
+    uint16_t sign = (uint16_t)((bits_of(value) >> 16) & 0x8000u);
     double magnitude = fabs((double)value);
     int exponent;
     double significand;
@@ -78,7 +63,7 @@ static uint16_t reference_f32_to_f16(float value) {
 
 /* Reference f32 -> bf16 rounding done in double, same method with 8 significant bits. */
 static uint16_t reference_f32_to_bf16(float value) {
-    uint16_t sign = (uint16_t)((bits_of_f32(value) >> 16) & 0x8000u);
+    uint16_t sign = (uint16_t)((bits_of(value) >> 16) & 0x8000u);
     double magnitude = fabs((double)value);
     int exponent;
     double significand;
@@ -101,14 +86,14 @@ static uint16_t reference_f32_to_bf16(float value) {
 
 static void assert_f16_of(uint16_t expected, float input, const char *what) {
     char message[160];
-    snprintf(message, sizeof message, "%s: f32 0x%08X (%.9g)", what, (unsigned)bits_of_f32(input),
+    snprintf(message, sizeof message, "%s: f32 0x%08X (%.9g)", what, (unsigned)bits_of(input),
              (double)input);
     TEST_ASSERT_EQUAL_HEX16_MESSAGE(expected, fsdp_f32_to_f16(input), message);
 }
 
 static void assert_bf16_of(uint16_t expected, float input, const char *what) {
     char message[160];
-    snprintf(message, sizeof message, "%s: f32 0x%08X (%.9g)", what, (unsigned)bits_of_f32(input),
+    snprintf(message, sizeof message, "%s: f32 0x%08X (%.9g)", what, (unsigned)bits_of(input),
              (double)input);
     TEST_ASSERT_EQUAL_HEX16_MESSAGE(expected, fsdp_f32_to_bf16(input), message);
 }
@@ -116,7 +101,7 @@ static void assert_bf16_of(uint16_t expected, float input, const char *what) {
 /* f32 -> bf16 must give a quiet NaN (quiet bit 0x0040) with the input's sign. */
 static void assert_bf16_quiet_nan_with_sign(uint32_t nan_bits) {
     char message[120];
-    uint16_t h = fsdp_f32_to_bf16(f32_from_bits(nan_bits));
+    uint16_t h = fsdp_f32_to_bf16(float_of(nan_bits));
     snprintf(message, sizeof message, "NaN f32 0x%08X gave bf16 0x%04X", (unsigned)nan_bits, h);
     TEST_ASSERT_TRUE_MESSAGE(bf16_is_nan(h), message);
     TEST_ASSERT_TRUE_MESSAGE((h & 0x0040u) != 0, message);
@@ -125,7 +110,7 @@ static void assert_bf16_quiet_nan_with_sign(uint32_t nan_bits) {
 
 static void assert_f16_quiet_nan_with_sign(uint32_t nan_bits) {
     char message[120];
-    uint16_t h = fsdp_f32_to_f16(f32_from_bits(nan_bits));
+    uint16_t h = fsdp_f32_to_f16(float_of(nan_bits));
     snprintf(message, sizeof message, "NaN f32 0x%08X gave f16 0x%04X", (unsigned)nan_bits, h);
     TEST_ASSERT_TRUE_MESSAGE(f16_is_nan(h), message);
     TEST_ASSERT_TRUE_MESSAGE((h & 0x0200u) != 0, message);
@@ -140,35 +125,35 @@ static void test_f32_to_bf16_exactly_representable_values_keep_their_bits(void) 
     assert_bf16_of(0x3F80, 1.0f, "one");
     assert_bf16_of(0xC000, -2.0f, "minus two");
     assert_bf16_of(0x3FC0, 1.5f, "one and a half");
-    assert_bf16_of(0x4049, f32_from_bits(0x40490000u), "3.140625");
-    assert_bf16_of(0x7F7F, f32_from_bits(0x7F7F0000u), "largest finite bf16");
-    assert_bf16_of(0x0080, f32_from_bits(0x00800000u), "smallest normal");
+    assert_bf16_of(0x4049, float_of(0x40490000u), "3.140625");
+    assert_bf16_of(0x7F7F, float_of(0x7F7F0000u), "largest finite bf16");
+    assert_bf16_of(0x0080, float_of(0x00800000u), "smallest normal");
 }
 
 static void test_f32_to_bf16_tie_with_even_lower_neighbour_rounds_down(void) {
-    assert_bf16_of(0x3F80, f32_from_bits(0x3F808000u), "1 + 2^-8");
-    assert_bf16_of(0xBF80, f32_from_bits(0xBF808000u), "-(1 + 2^-8)");
-    assert_bf16_of(0x4000, f32_from_bits(0x40008000u), "2 + 2^-7");
+    assert_bf16_of(0x3F80, float_of(0x3F808000u), "1 + 2^-8");
+    assert_bf16_of(0xBF80, float_of(0xBF808000u), "-(1 + 2^-8)");
+    assert_bf16_of(0x4000, float_of(0x40008000u), "2 + 2^-7");
 }
 
 static void test_f32_to_bf16_tie_with_odd_lower_neighbour_rounds_up(void) {
-    assert_bf16_of(0x3F82, f32_from_bits(0x3F818000u), "1 + 3*2^-8");
-    assert_bf16_of(0xBF82, f32_from_bits(0xBF818000u), "-(1 + 3*2^-8)");
-    assert_bf16_of(0x3F80, f32_from_bits(0x3F7F8000u), "tie below one carries into the exponent");
+    assert_bf16_of(0x3F82, float_of(0x3F818000u), "1 + 3*2^-8");
+    assert_bf16_of(0xBF82, float_of(0xBF818000u), "-(1 + 3*2^-8)");
+    assert_bf16_of(0x3F80, float_of(0x3F7F8000u), "tie below one carries into the exponent");
 }
 
 static void test_f32_to_bf16_values_off_a_tie_round_to_nearest(void) {
-    assert_bf16_of(0x3F81, f32_from_bits(0x3F808001u), "just above the tie");
-    assert_bf16_of(0x3F80, f32_from_bits(0x3F807FFFu), "just below the tie");
-    assert_bf16_of(0x3F81, f32_from_bits(0x3F81700Fu), "below the tie above an odd value");
-    assert_bf16_of(0xBF81, f32_from_bits(0xBF808001u), "negative just above the tie");
+    assert_bf16_of(0x3F81, float_of(0x3F808001u), "just above the tie");
+    assert_bf16_of(0x3F80, float_of(0x3F807FFFu), "just below the tie");
+    assert_bf16_of(0x3F81, float_of(0x3F81700Fu), "below the tie above an odd value");
+    assert_bf16_of(0xBF81, float_of(0xBF808001u), "negative just above the tie");
 }
 
 static void test_f32_to_bf16_flt_max_overflows_to_infinity(void) {
     assert_bf16_of(0x7F80, FLT_MAX, "FLT_MAX");
     assert_bf16_of(0xFF80, -FLT_MAX, "-FLT_MAX");
-    assert_bf16_of(0x7F80, f32_from_bits(0x7F7F8000u), "tie above the largest finite bf16");
-    assert_bf16_of(0x7F7F, f32_from_bits(0x7F7F7FFFu), "just below that tie");
+    assert_bf16_of(0x7F80, float_of(0x7F7F8000u), "tie above the largest finite bf16");
+    assert_bf16_of(0x7F7F, float_of(0x7F7F7FFFu), "just below that tie");
 }
 
 static void test_f32_to_bf16_negative_zero_keeps_its_sign(void) {
@@ -191,22 +176,22 @@ static void test_f32_to_bf16_nan_stays_quiet_nan_with_its_sign(void) {
 }
 
 static void test_f32_to_bf16_subnormals_round_to_nearest_even(void) {
-    assert_bf16_of(0x0001, f32_from_bits(0x00010000u), "smallest bf16 subnormal");
-    assert_bf16_of(0x007F, f32_from_bits(0x007F0000u), "largest bf16 subnormal");
-    assert_bf16_of(0x0000, f32_from_bits(0x00008000u), "half the smallest: tie to zero");
-    assert_bf16_of(0x0001, f32_from_bits(0x00008001u), "just above half the smallest");
-    assert_bf16_of(0x0002, f32_from_bits(0x00018000u), "tie above an odd subnormal");
-    assert_bf16_of(0x0080, f32_from_bits(0x007F8000u), "tie up to the smallest normal");
-    assert_bf16_of(0x8001, f32_from_bits(0x80010000u), "negative subnormal");
-    assert_bf16_of(0x8000, f32_from_bits(0x80000001u), "tiny negative rounds to -0");
+    assert_bf16_of(0x0001, float_of(0x00010000u), "smallest bf16 subnormal");
+    assert_bf16_of(0x007F, float_of(0x007F0000u), "largest bf16 subnormal");
+    assert_bf16_of(0x0000, float_of(0x00008000u), "half the smallest: tie to zero");
+    assert_bf16_of(0x0001, float_of(0x00008001u), "just above half the smallest");
+    assert_bf16_of(0x0002, float_of(0x00018000u), "tie above an odd subnormal");
+    assert_bf16_of(0x0080, float_of(0x007F8000u), "tie up to the smallest normal");
+    assert_bf16_of(0x8001, float_of(0x80010000u), "negative subnormal");
+    assert_bf16_of(0x8000, float_of(0x80000001u), "tiny negative rounds to -0");
 }
 
 static void test_bf16_to_f32_widens_into_the_upper_half(void) {
-    TEST_ASSERT_EQUAL_HEX32(0x3F800000u, bits_of_f32(fsdp_bf16_to_f32(0x3F80)));
-    TEST_ASSERT_EQUAL_HEX32(0x00010000u, bits_of_f32(fsdp_bf16_to_f32(0x0001)));
-    TEST_ASSERT_EQUAL_HEX32(0x80000000u, bits_of_f32(fsdp_bf16_to_f32(0x8000)));
-    TEST_ASSERT_EQUAL_HEX32(0x7F800000u, bits_of_f32(fsdp_bf16_to_f32(0x7F80)));
-    TEST_ASSERT_EQUAL_HEX32(0xFF800000u, bits_of_f32(fsdp_bf16_to_f32(0xFF80)));
+    TEST_ASSERT_EQUAL_HEX32(0x3F800000u, bits_of(fsdp_bf16_to_f32(0x3F80)));
+    TEST_ASSERT_EQUAL_HEX32(0x00010000u, bits_of(fsdp_bf16_to_f32(0x0001)));
+    TEST_ASSERT_EQUAL_HEX32(0x80000000u, bits_of(fsdp_bf16_to_f32(0x8000)));
+    TEST_ASSERT_EQUAL_HEX32(0x7F800000u, bits_of(fsdp_bf16_to_f32(0x7F80)));
+    TEST_ASSERT_EQUAL_HEX32(0xFF800000u, bits_of(fsdp_bf16_to_f32(0xFF80)));
     TEST_ASSERT_TRUE(isnan(fsdp_bf16_to_f32(0x7FC0)));
 }
 
@@ -218,12 +203,12 @@ static void test_bf16_every_pattern_round_trips_through_f32(void) {
         float widened = fsdp_bf16_to_f32(h);
         uint16_t back = fsdp_f32_to_bf16(widened);
         snprintf(message, sizeof message, "bf16 0x%04X -> f32 0x%08X -> bf16 0x%04X", h,
-                 (unsigned)bits_of_f32(widened), back);
+                 (unsigned)bits_of(widened), back);
         if (bf16_is_nan(h)) {
             TEST_ASSERT_TRUE_MESSAGE(isnan(widened) && bf16_is_nan(back), message);
             TEST_ASSERT_EQUAL_INT_MESSAGE(h >> 15, back >> 15, message);
         } else {
-            TEST_ASSERT_EQUAL_HEX32_MESSAGE((uint32_t)h << 16, bits_of_f32(widened), message);
+            TEST_ASSERT_EQUAL_HEX32_MESSAGE((uint32_t)h << 16, bits_of(widened), message);
             TEST_ASSERT_EQUAL_HEX16_MESSAGE(h, back, message);
         }
     }
@@ -235,7 +220,7 @@ static void test_f32_to_bf16_matches_reference_rounding_across_f32_range(void) {
     char message[40];
     /* a stride through every exponent and sign */
     for (pattern = 0; pattern <= 0xFFFFFFFFu; pattern += 997) {
-        float value = f32_from_bits((uint32_t)pattern);
+        float value = float_of((uint32_t)pattern);
         if (isnan(value)) continue; /* NaNs are covered by their own test */
         if (fsdp_f32_to_bf16(value) != reference_f32_to_bf16(value)) {
             assert_bf16_of(reference_f32_to_bf16(value), value, "stride sweep");
@@ -247,9 +232,9 @@ static void test_f32_to_bf16_matches_reference_rounding_across_f32_range(void) {
         uint32_t signs;
         for (signs = 0; signs < 2; signs++) {
             uint32_t sign = signs << 31;
-            float tie_value = f32_from_bits(sign | tie);
-            float below = f32_from_bits(sign | (tie - 1));
-            float above = f32_from_bits(sign | (tie + 1));
+            float tie_value = float_of(sign | tie);
+            float below = float_of(sign | (tie - 1));
+            float above = float_of(sign | (tie + 1));
             snprintf(message, sizeof message, "around bf16 0x%04X", (unsigned)h);
             if (fsdp_f32_to_bf16(tie_value) != reference_f32_to_bf16(tie_value))
                 assert_bf16_of(reference_f32_to_bf16(tie_value), tie_value, message);
@@ -276,22 +261,22 @@ static void test_f32_to_f16_exactly_representable_values_keep_their_bits(void) {
 }
 
 static void test_f32_to_f16_tie_with_even_lower_neighbour_rounds_down(void) {
-    assert_f16_of(0x3C00, f32_from_bits(0x3F801000u), "1 + 2^-11");
-    assert_f16_of(0xBC00, f32_from_bits(0xBF801000u), "-(1 + 2^-11)");
+    assert_f16_of(0x3C00, float_of(0x3F801000u), "1 + 2^-11");
+    assert_f16_of(0xBC00, float_of(0xBF801000u), "-(1 + 2^-11)");
     assert_f16_of(0x6800, 2049.0f, "2049 between 2048 and 2050");
 }
 
 static void test_f32_to_f16_tie_with_odd_lower_neighbour_rounds_up(void) {
-    assert_f16_of(0x3C02, f32_from_bits(0x3F803000u), "1 + 3*2^-11");
-    assert_f16_of(0xBC02, f32_from_bits(0xBF803000u), "-(1 + 3*2^-11)");
+    assert_f16_of(0x3C02, float_of(0x3F803000u), "1 + 3*2^-11");
+    assert_f16_of(0xBC02, float_of(0xBF803000u), "-(1 + 3*2^-11)");
     assert_f16_of(0x6802, 2051.0f, "2051 between 2050 and 2052");
-    assert_f16_of(0x3C00, f32_from_bits(0x3F7FF000u), "tie below one carries into the exponent");
+    assert_f16_of(0x3C00, float_of(0x3F7FF000u), "tie below one carries into the exponent");
 }
 
 static void test_f32_to_f16_values_off_a_tie_round_to_nearest(void) {
-    assert_f16_of(0x3C01, f32_from_bits(0x3F801001u), "just above the tie");
-    assert_f16_of(0x3C00, f32_from_bits(0x3F800FFFu), "just below the tie");
-    assert_f16_of(0xBC01, f32_from_bits(0xBF801001u), "negative just above the tie");
+    assert_f16_of(0x3C01, float_of(0x3F801001u), "just above the tie");
+    assert_f16_of(0x3C00, float_of(0x3F800FFFu), "just below the tie");
+    assert_f16_of(0xBC01, float_of(0xBF801001u), "negative just above the tie");
     assert_f16_of(0x3555, 1.0f / 3.0f, "one third");
 }
 
@@ -340,7 +325,7 @@ static void test_f32_to_f16_below_half_the_smallest_subnormal_rounds_to_zero(voi
     assert_f16_of(0x0000, ldexpf(1.0f, -26), "2^-26");
     assert_f16_of(0x0000, nextafterf(ldexpf(1.0f, -25), 0.0f), "just below 2^-25");
     assert_f16_of(0x0000, FLT_MIN, "FLT_MIN");
-    assert_f16_of(0x0000, f32_from_bits(0x00000001u), "smallest f32 subnormal");
+    assert_f16_of(0x0000, float_of(0x00000001u), "smallest f32 subnormal");
     assert_f16_of(0x8000, -ldexpf(1.0f, -26), "-2^-26 keeps its sign");
 }
 
@@ -369,18 +354,18 @@ static void test_f32_to_f16_values_just_below_two_to_minus_14_round_up_to_smalle
 }
 
 static void test_f16_to_f32_reads_subnormals_exactly(void) {
-    TEST_ASSERT_EQUAL_HEX32(0x33800000u, bits_of_f32(fsdp_f16_to_f32(0x0001))); /* 2^-24 */
-    TEST_ASSERT_EQUAL_HEX32(bits_of_f32(ldexpf(1023.0f, -24)), bits_of_f32(fsdp_f16_to_f32(0x03FF)));
-    TEST_ASSERT_EQUAL_HEX32(0xB3800000u, bits_of_f32(fsdp_f16_to_f32(0x8001)));
-    TEST_ASSERT_EQUAL_HEX32(0x38000000u, bits_of_f32(fsdp_f16_to_f32(0x0200))); /* 2^-15 */
+    TEST_ASSERT_EQUAL_HEX32(0x33800000u, bits_of(fsdp_f16_to_f32(0x0001))); /* 2^-24 */
+    TEST_ASSERT_EQUAL_HEX32(bits_of(ldexpf(1023.0f, -24)), bits_of(fsdp_f16_to_f32(0x03FF)));
+    TEST_ASSERT_EQUAL_HEX32(0xB3800000u, bits_of(fsdp_f16_to_f32(0x8001)));
+    TEST_ASSERT_EQUAL_HEX32(0x38000000u, bits_of(fsdp_f16_to_f32(0x0200))); /* 2^-15 */
 }
 
 static void test_f16_to_f32_reads_special_values(void) {
-    TEST_ASSERT_EQUAL_HEX32(0x7F800000u, bits_of_f32(fsdp_f16_to_f32(0x7C00)));
-    TEST_ASSERT_EQUAL_HEX32(0xFF800000u, bits_of_f32(fsdp_f16_to_f32(0xFC00)));
-    TEST_ASSERT_EQUAL_HEX32(0x80000000u, bits_of_f32(fsdp_f16_to_f32(0x8000)));
-    TEST_ASSERT_EQUAL_HEX32(0x00000000u, bits_of_f32(fsdp_f16_to_f32(0x0000)));
-    TEST_ASSERT_EQUAL_HEX32(bits_of_f32(65504.0f), bits_of_f32(fsdp_f16_to_f32(0x7BFF)));
+    TEST_ASSERT_EQUAL_HEX32(0x7F800000u, bits_of(fsdp_f16_to_f32(0x7C00)));
+    TEST_ASSERT_EQUAL_HEX32(0xFF800000u, bits_of(fsdp_f16_to_f32(0xFC00)));
+    TEST_ASSERT_EQUAL_HEX32(0x80000000u, bits_of(fsdp_f16_to_f32(0x8000)));
+    TEST_ASSERT_EQUAL_HEX32(0x00000000u, bits_of(fsdp_f16_to_f32(0x0000)));
+    TEST_ASSERT_EQUAL_HEX32(bits_of(65504.0f), bits_of(fsdp_f16_to_f32(0x7BFF)));
     TEST_ASSERT_TRUE(isnan(fsdp_f16_to_f32(0x7E00)));
     TEST_ASSERT_TRUE(isnan(fsdp_f16_to_f32(0x7C01)));
     TEST_ASSERT_TRUE(isnan(fsdp_f16_to_f32(0xFE00)) && signbit(fsdp_f16_to_f32(0xFE00)));
@@ -394,12 +379,12 @@ static void test_f16_every_pattern_decodes_to_its_exact_value(void) {
         float decoded = fsdp_f16_to_f32(h);
         double expected = f16_value_by_definition(h);
         snprintf(message, sizeof message, "f16 0x%04X decoded to f32 0x%08X", h,
-                 (unsigned)bits_of_f32(decoded));
+                 (unsigned)bits_of(decoded));
         if (f16_is_nan(h)) {
             TEST_ASSERT_TRUE_MESSAGE(isnan(decoded), message);
         } else {
             /* bits, so that -0.0 and +0.0 are told apart */
-            TEST_ASSERT_EQUAL_HEX32_MESSAGE(bits_of_f32((float)expected), bits_of_f32(decoded), message);
+            TEST_ASSERT_EQUAL_HEX32_MESSAGE(bits_of((float)expected), bits_of(decoded), message);
         }
     }
 }
@@ -412,7 +397,7 @@ static void test_f16_every_pattern_round_trips_through_f32(void) {
         float widened = fsdp_f16_to_f32(h);
         uint16_t back = fsdp_f32_to_f16(widened);
         snprintf(message, sizeof message, "f16 0x%04X -> f32 0x%08X -> f16 0x%04X", h,
-                 (unsigned)bits_of_f32(widened), back);
+                 (unsigned)bits_of(widened), back);
         if (f16_is_nan(h)) {
             TEST_ASSERT_TRUE_MESSAGE(f16_is_nan(back), message);
             TEST_ASSERT_EQUAL_INT_MESSAGE(h >> 15, back >> 15, message);
@@ -426,7 +411,7 @@ static void test_f32_to_f16_matches_reference_rounding_across_f32_range(void) {
     uint64_t pattern;
     uint32_t h;
     for (pattern = 0; pattern <= 0xFFFFFFFFu; pattern += 997) {
-        float value = f32_from_bits((uint32_t)pattern);
+        float value = float_of((uint32_t)pattern);
         if (isnan(value)) continue;
         if (fsdp_f32_to_f16(value) != reference_f32_to_f16(value)) {
             assert_f16_of(reference_f32_to_f16(value), value, "stride sweep");
@@ -522,9 +507,9 @@ static void test_convert_bulk_matches_scalar_for_every_16_bit_pattern(void) {
                 uint16_t h = (uint16_t)i;
                 float scalar = dtypes[d] == FSDP_BF16 ? fsdp_bf16_to_f32(h) : fsdp_f16_to_f32(h);
                 uint16_t again = dtypes[d] == FSDP_BF16 ? fsdp_f32_to_bf16(scalar) : fsdp_f32_to_f16(scalar);
-                if (bits_of_f32(widened[i + shift]) == bits_of_f32(scalar) && back[i + shift] == again) continue;
+                if (bits_of(widened[i + shift]) == bits_of(scalar) && back[i + shift] == again) continue;
                 snprintf(message, sizeof message, "%s 0x%04X, shift %d", fsdp_dtype_name(dtypes[d]), (unsigned)h, shift);
-                TEST_ASSERT_EQUAL_HEX32_MESSAGE(bits_of_f32(scalar), bits_of_f32(widened[i + shift]), message);
+                TEST_ASSERT_EQUAL_HEX32_MESSAGE(bits_of(scalar), bits_of(widened[i + shift]), message);
                 TEST_ASSERT_EQUAL_HEX16_MESSAGE(again, back[i + shift], message);
             }
         }
@@ -545,10 +530,10 @@ static void test_convert_bulk_f32_to_16_bits_matches_scalar_across_f32_range(voi
     size_t n = 0, i, e;
     uint64_t pattern;
     int d;
-    for (pattern = 0; pattern <= 0xFFFFFFFFu; pattern += 65521) values[n++] = f32_from_bits((uint32_t)pattern);
+    for (pattern = 0; pattern <= 0xFFFFFFFFu; pattern += 65521) values[n++] = float_of((uint32_t)pattern);
     for (e = 0; e < sizeof edges / sizeof edges[0]; e++) {
-        values[n++] = f32_from_bits(edges[e]);
-        values[n++] = f32_from_bits(edges[e] | 0x80000000u);
+        values[n++] = float_of(edges[e]);
+        values[n++] = float_of(edges[e] | 0x80000000u);
     }
     TEST_ASSERT_TRUE(n <= sizeof values / sizeof values[0]);
     for (d = 0; d < 2; d++) {
@@ -557,7 +542,7 @@ static void test_convert_bulk_f32_to_16_bits_matches_scalar_across_f32_range(voi
             uint16_t scalar = dtypes[d] == FSDP_BF16 ? fsdp_f32_to_bf16(values[i]) : fsdp_f32_to_f16(values[i]);
             if (bulk[i] == scalar) continue;
             snprintf(message, sizeof message, "%s of f32 0x%08X", fsdp_dtype_name(dtypes[d]),
-                     (unsigned)bits_of_f32(values[i]));
+                     (unsigned)bits_of(values[i]));
             TEST_ASSERT_EQUAL_HEX16_MESSAGE(scalar, bulk[i], message);
         }
     }

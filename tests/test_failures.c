@@ -15,22 +15,10 @@
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 #include "unity.h"
+#include "test_common.h"
 
-#include <arpa/inet.h>
 #include <ctype.h>
-#include <dirent.h>
-#include <netinet/in.h>
 #include <pthread.h>
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 #define MAX_RANKS 4
 #define TIMEOUT_MS 2000          /* the communicators' bound on any wait in these tests */
@@ -69,33 +57,6 @@ static shared_reports *shared; /* MAP_SHARED, mapped once in main before any for
 /* ---------------------------------------------------------------------------------------------
    helpers
    --------------------------------------------------------------------------------------------- */
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1000.0 + (double)t.tv_nsec / 1e6;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec delay;
-    delay.tv_sec = ms / 1000;
-    delay.tv_nsec = (long)(ms % 1000) * 1000000L;
-    nanosleep(&delay, NULL);
-}
-
-/* Appends src to the string in dst, truncating to size. */
-static void append_text(char *dst, size_t size, const char *src) {
-    size_t used = strlen(dst);
-    while (*src && used + 1 < size) dst[used++] = *src++;
-    dst[used] = '\0';
-}
-
-static void copy_text(char *dst, size_t size, const char *src) {
-    dst[0] = '\0';
-    append_text(dst, size, src ? src : "(null)");
-}
-
-static int contains(const char *haystack, const char *needle) { return strstr(haystack, needle) != NULL; }
-
 static int contains_nocase(const char *haystack, const char *needle) {
     size_t n = strlen(needle);
     for (; *haystack; haystack++) {
@@ -141,21 +102,6 @@ static int names_rank(const char *message, int rank) {
 }
 
 static int is_one_of(int rc, int a, int b) { return rc == a || rc == b; }
-
-/* A free TCP port on the loopback interface: bind port 0 and read what the kernel chose. */
-static int pick_free_port(void) {
-    struct sockaddr_in addr;
-    socklen_t len = sizeof addr;
-    int port = 0, fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return 0;
-    memset(&addr, 0, sizeof addr);
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fd, (struct sockaddr *)&addr, sizeof addr) == 0 && getsockname(fd, (struct sockaddr *)&addr, &len) == 0)
-        port = ntohs(addr.sin_port);
-    close(fd);
-    return port;
-}
 
 /* Names in /dev/shm. */
 #define MAX_SHM_NAMES 512
@@ -247,20 +193,13 @@ static void finish_scenario(scenario *s, const shm_listing *before, const char *
 
 static void run_launch(scenario *s, fsdp_backend_kind backend, int nprocs, int timeout_ms, fsdp_rank_fn fn,
                        void *arg) {
-    fsdp_launch_desc desc;
     shm_listing *before = malloc(sizeof *before);
     double start;
     memset(s, 0, sizeof *s);
     memset(shared, 0, sizeof *shared);
     if (before) list_dev_shm(before);
-    memset(&desc, 0, sizeof desc);
-    desc.nprocs = nprocs;
-    desc.backend = backend;
-    desc.timeout_ms = timeout_ms;
-    fflush(stdout);
-    fflush(stderr);
     start = now_ms();
-    s->launch_rc = fsdp_launch_ex(&desc, fn, arg, &s->status);
+    s->launch_rc = launch_ranks(nprocs, backend, timeout_ms, fn, arg, &s->status);
     s->launch_ms = (int)(now_ms() - start);
     if (before) {
         finish_scenario(s, before, "fsdp");
@@ -1079,7 +1018,6 @@ static void test_init_from_env_with_unknown_backend_returns_env_error_naming_it(
     assert_env_error_names("FSDP_BACKEND");
 }
 
-
 /* ---------------------------------------------------------------------------------------------
    restarts (fsdp_launch_desc.max_restarts)
    --------------------------------------------------------------------------------------------- */
@@ -1129,11 +1067,7 @@ void setUp(void) {}
 void tearDown(void) { clear_launcher_environment(); }
 
 int main(void) {
-    shared = mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (shared == MAP_FAILED) {
-        perror("test_failures: mmap");
-        return 2;
-    }
+    shared = (shared_reports *)map_shared(sizeof *shared);
     signal(SIGPIPE, SIG_IGN);
     clear_launcher_environment();
     UNITY_BEGIN();

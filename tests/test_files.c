@@ -86,20 +86,10 @@ static void counting_free(void *ptr) {
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 #include "unity.h"
+#include "test_common.h"
 
-#include <dirent.h>
-#include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
-#include <signal.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <sys/mman.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 #define CHILD_TIMEOUT_MS 20000   /* bound on a forked child; only reached on a hang */
 #define FIFO_DEADLINE_MS 100     /* a reader given a FIFO fails within this */
@@ -113,8 +103,6 @@ static void counting_free(void *ptr) {
 static char tmpdir[128];        /* this test's directory */
 static char message[4096];      /* assertion messages */
 static mode_t saved_umask;
-static void *board_memory;      /* the MAP_SHARED region of a forked test */
-static size_t board_bytes;
 
 /* single-rank objects of in-process tests; tearDown releases whatever a test left */
 static fsdp_comm *comm1;
@@ -124,76 +112,30 @@ static fsdp_logger ctx_logger;  /* what ctx_open gives a context (default: silen
 static char *text;              /* a document being built (plain malloc: not counted) */
 static size_t text_len, text_cap;
 
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
 void setUp(void) {
     saved_umask = umask(022);
     umask(saved_umask);
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/fsdp-test-files-XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        snprintf(message, sizeof message, "mkdtemp(%s): %s", tmpdir, strerror(errno));
-        TEST_FAIL_MESSAGE(message);
-    }
+    make_test_dir(tmpdir, sizeof tmpdir, "fsdp-test-files");
 }
 
 void tearDown(void) {
     umask(saved_umask);
     memset(&ctx_logger, 0, sizeof ctx_logger);
-    fsdp_destroy(ctx1);
-    ctx1 = NULL;
-    fsdp_model_destroy(model1);
-    model1 = NULL;
-    fsdp_comm_destroy(comm1);
-    comm1 = NULL;
+    release_one_rank(&ctx1, &model1, &comm1);
     free(text);
     text = NULL;
     text_len = text_cap = 0;
-    if (board_memory) munmap(board_memory, board_bytes);
-    board_memory = NULL;
-    if (tmpdir[0]) nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    unmap_board(); /* the MAP_SHARED region of a forked test (map_board) */
+    if (tmpdir[0]) remove_tree(tmpdir);
     tmpdir[0] = 0;
-}
-
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* A zeroed MAP_SHARED region forked children write into; unmapped in tearDown. */
-static void *map_board(size_t bytes) {
-    board_memory = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    TEST_ASSERT_TRUE_MESSAGE(board_memory != MAP_FAILED, "mmap of the shared board");
-    board_bytes = bytes;
-    memset(board_memory, 0, bytes);
-    return board_memory;
 }
 
 /* Runs fn(arg) in a forked child (which must not assert) and waits for it at most timeout_ms,
    killing it then. Returns 1 if it exited by itself (its status in *status), 0 if killed. */
 static int run_child(int (*fn)(void *), void *arg, int timeout_ms, int *status) {
-    int64_t until = now_ms() + timeout_ms;
-    pid_t pid;
-    fflush(NULL);
-    pid = fork();
-    if (pid == 0) {
-        alarm((unsigned)(timeout_ms / 1000 + 2)); /* a child that outlives the parent's wait dies */
-        _exit(fn(arg));
-    }
+    pid_t pid = spawn(fn, arg, (unsigned)(timeout_ms / 1000 + 2)); /* a child that outlives the wait dies */
     TEST_ASSERT_TRUE_MESSAGE(pid > 0, "fork");
-    while (now_ms() < until) {
-        pid_t done = waitpid(pid, status, WNOHANG);
-        if (done == pid) return 1;
-        usleep(1000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, status, 0);
-    return 0;
+    return wait_child(pid, timeout_ms, status);
 }
 
 static void assert_child_ok(int finished, int status, const char *what) {
@@ -220,14 +162,6 @@ static pid_t dead_pid(void) {
    --------------------------------------------------------------------------------------------- */
 static void path_in(char *out, size_t size, const char *name) { snprintf(out, size, "%s/%s", tmpdir, name); }
 
-static void write_bytes(const char *path, const void *bytes, size_t size) {
-    FILE *f = fopen(path, "wb");
-    snprintf(message, sizeof message, "cannot write %s: %s", path, strerror(errno));
-    TEST_ASSERT_NOT_NULL_MESSAGE(f, message);
-    TEST_ASSERT_EQUAL_size_t(size, fwrite(bytes, 1, size, f));
-    TEST_ASSERT_EQUAL_INT(0, fclose(f));
-}
-
 /* The file's bytes (at most size - 1) as a string; its length. */
 static size_t read_bytes(const char *path, char *out, size_t size) {
     FILE *f = fopen(path, "rb");
@@ -248,19 +182,7 @@ static void copy_file(const char *from, const char *to) {
     n = fread(bytes, 1, sizeof bytes, f);
     fclose(f);
     TEST_ASSERT_TRUE(n < sizeof bytes);
-    write_bytes(to, bytes, n);
-}
-
-/* Number of entries of dir whose names contain part. */
-static int count_entries(const char *dir, const char *part) {
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    int n = 0;
-    if (!d) return -1;
-    while ((e = readdir(d)) != NULL)
-        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 && strstr(e->d_name, part)) n++;
-    closedir(d);
-    return n;
+    write_file(to, bytes, n);
 }
 
 /* The name of the first entry of dir that starts with prefix and ends with suffix ("" if none). */
@@ -325,19 +247,8 @@ static int ctx_open(fsdp_comm *comm, fsdp_model **model, fsdp_ctx **ctx) {
     return fsdp_init(ctx, *model, &d);
 }
 
-static int comm_open_one(fsdp_comm **comm) {
-    fsdp_comm_desc cd;
-    char job[64];
-    memset(&cd, 0, sizeof cd);
-    snprintf(job, sizeof job, "test-files-%d", (int)getpid());
-    cd.world_size = 1;
-    cd.job = job;
-    cd.timeout_ms = 5000;
-    return fsdp_comm_init(comm, &cd);
-}
-
 static void start_one_rank(void) {
-    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, comm_open_one(&comm1), fsdp_comm_last_error(NULL));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, open_one_rank_comm(&comm1, "test-files"), fsdp_comm_last_error(NULL));
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, ctx_open(comm1, &model1, &ctx1), fsdp_last_error(NULL));
 }
 
@@ -470,7 +381,7 @@ static int write_beyond_the_limit(void *arg) {
     umask(022);
     signal(SIGXFSZ, look_at_temporaries);
     if (b->writer == WRITER_SAVE_FULL || b->writer == WRITER_SAVE_SHARDED) {
-        if ((rc = comm_open_one(&comm)) != 0 || (rc = ctx_open(comm, &model, &ctx)) != 0) {
+        if ((rc = open_one_rank_comm(&comm, "test-files")) != 0 || (rc = ctx_open(comm, &model, &ctx)) != 0) {
             snprintf(b->error, sizeof b->error, "setup: %s", fsdp_result_name(rc));
             return 1;
         }
@@ -594,7 +505,7 @@ static const char precious[] = "precious bytes that no checkpoint writer may tou
 
 static void make_victim(char *victim, size_t size) {
     path_in(victim, size, "victim.txt");
-    write_bytes(victim, precious, sizeof precious - 1);
+    write_file(victim, precious, sizeof precious - 1);
 }
 
 static void assert_victim_untouched(const char *victim, const char *what) {
@@ -731,7 +642,7 @@ static int temporary_survives_a_save(uint32_t host, long pid) {
     struct stat st;
     path_in(path, sizeof path, "state.json");
     stale_name(stale, sizeof stale, path, host, pid);
-    write_bytes(stale, "half written", 12);
+    write_file(stale, "half written", 12);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_write_file_atomic(path, "{}", 2, err, sizeof err), err);
     return lstat(stale, &st) == 0;
 }
@@ -777,7 +688,7 @@ typedef struct open_board {
 
 static int open_in_child(void *arg) {
     open_board *b = (open_board *)arg;
-    int64_t start = now_ms();
+    double start = now_ms();
     if (b->which == 0) {
         fsdp_st_file *f = NULL;
         b->rc = fsdp_st_open(&f, b->path, b->error, sizeof b->error);
@@ -787,7 +698,7 @@ static int open_in_child(void *arg) {
         b->rc = fsdp_index_open(&ix, b->path, b->error, sizeof b->error);
         fsdp_index_close(ix);
     }
-    b->elapsed_ms = now_ms() - start;
+    b->elapsed_ms = (int64_t)(now_ms() - start);
     return 0;
 }
 
@@ -937,7 +848,7 @@ static void test_st_open_of_a_symlink_to_a_non_checkpoint_does_not_show_its_firs
     int rc;
     path_in(secret, sizeof secret, "secret.txt");
     path_in(link, sizeof link, "model.safetensors");
-    write_bytes(secret, secret_bytes, sizeof secret_bytes - 1);
+    write_file(secret, secret_bytes, sizeof secret_bytes - 1);
     TEST_ASSERT_EQUAL_INT(0, symlink(secret, link));
     rc = fsdp_st_open(&f, link, err, sizeof err);
     if (rc == FSDP_SUCCESS) fsdp_st_close(f);
@@ -950,7 +861,7 @@ static void test_load_sharded_of_a_shard_symlinked_to_a_non_checkpoint_does_not_
     start_one_rank();
     save_sharded_checkpoint("ckpt", dir, sizeof dir, shard, sizeof shard);
     path_in(secret, sizeof secret, "secret.txt");
-    write_bytes(secret, secret_bytes, sizeof secret_bytes - 1);
+    write_file(secret, secret_bytes, sizeof secret_bytes - 1);
     TEST_ASSERT_EQUAL_INT(0, unlink(shard));
     TEST_ASSERT_EQUAL_INT(0, symlink(secret, shard));
     TEST_ASSERT_TRUE(fsdp_load_sharded(ctx1, dir, NULL, NULL) != FSDP_SUCCESS);
@@ -1444,7 +1355,7 @@ static void test_index_open_file_error_about_a_file_named_with_an_escape_sequenc
     fsdp_st_file *f = NULL;
     int rc;
     path_in(path, sizeof path, "index.json");
-    write_bytes(path, index, sizeof index - 1);
+    write_file(path, index, sizeof index - 1);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_index_open(&ix, tmpdir, err, sizeof err), err);
     rc = fsdp_index_open_file(ix, tmpdir, 0, &f, err, sizeof err);
     fsdp_index_close(ix);
@@ -1511,17 +1422,8 @@ static void test_load_full_where_rank_1_opens_another_file_fails_on_every_rank_n
    the index.json fuzz target's corpus and every crasher it found, through fsdp_index_parse, in
    a child process per file so that a crash names the file
    --------------------------------------------------------------------------------------------- */
-static void index_corpus_dir(char *out, size_t size, const char *sub) {
-    const char *env = getenv("INDEX_CORPUS_DIR"), *fixed = INDEX_CORPUS_DIR;
-    const char *file = __FILE__, *slash = strrchr(file, '/');
-    if (env && *env) snprintf(out, size, "%s%s", env, sub);
-    else if (fixed) snprintf(out, size, "%s%s", fixed, sub);
-    else if (slash) snprintf(out, size, "%.*s/corpus/index%s", (int)(slash - file), file, sub);
-    else snprintf(out, size, "corpus/index%s", sub);
-}
-
 /* What the fuzz target does with one input: parse, and on success walk everything. */
-static int exercise_index_parser(const char *bytes, size_t size) {
+static int exercise_index_parser(const unsigned char *bytes, size_t size) {
     fsdp_index *ix = NULL;
     char err[512] = "";
     int i, k, rc = fsdp_index_parse(&ix, bytes, size, err, sizeof err);
@@ -1538,55 +1440,9 @@ static int exercise_index_parser(const char *bytes, size_t size) {
     return 0;
 }
 
-static int replay_index_dir(const char *dir, int *files) {
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    char path[1024];
-    if (!d) return -1;
-    while ((e = readdir(d)) != NULL) {
-        struct stat st;
-        pid_t pid;
-        int status;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        if (e->d_name[0] == '.' || stat(path, &st) != 0 || !S_ISREG(st.st_mode)) continue;
-        fflush(NULL);
-        pid = fork();
-        if (pid == 0) {
-            char *bytes = (char *)malloc((size_t)st.st_size + 1);
-            FILE *f = fopen(path, "rb");
-            size_t n;
-            alarm(20);
-            closedir(d); /* the child's copy */
-            if (!bytes || !f) _exit(4);
-            n = fread(bytes, 1, (size_t)st.st_size, f);
-            fclose(f);
-            status = exercise_index_parser(bytes, n);
-            free(bytes);
-            _exit(status);
-        }
-        TEST_ASSERT_TRUE(pid > 0);
-        TEST_ASSERT_EQUAL_INT(pid, waitpid(pid, &status, 0));
-        if (WIFSIGNALED(status)) snprintf(message, sizeof message, "%s: the parser crashed (signal %d)", path, WTERMSIG(status));
-        else snprintf(message, sizeof message, "%s: exit status %d (2: an error without a message, 3: a bad table)", path,
-                      WEXITSTATUS(status));
-        TEST_ASSERT_TRUE_MESSAGE(WIFEXITED(status) && WEXITSTATUS(status) == 0, message);
-        (*files)++;
-    }
-    closedir(d);
-    return 0;
-}
-
 static void test_index_fuzz_corpus_and_crashers_parse_without_crashing(void) {
-    char seeds[512], crashers[512];
-    int files = 0;
-    index_corpus_dir(seeds, sizeof seeds, "");
-    index_corpus_dir(crashers, sizeof crashers, "/crashers");
-    if (replay_index_dir(seeds, &files) != 0) {
-        snprintf(message, sizeof message, "no corpus at %s (run from the repository root or set INDEX_CORPUS_DIR)", seeds);
-        TEST_IGNORE_MESSAGE(message);
-    }
-    replay_index_dir(crashers, &files); /* absent when the fuzzer found nothing */
-    TEST_ASSERT_GREATER_THAN(0, files);
+    assert_corpus_replays("INDEX_CORPUS_DIR", INDEX_CORPUS_DIR, "index", exercise_index_parser,
+                          "2: an error without a message, 3: a bad table");
 }
 
 int main(void) {

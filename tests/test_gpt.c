@@ -21,16 +21,10 @@
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 #include "unity.h"
+#include "test_common.h"
 
 #include <cblas.h>
-#include <math.h>
 #include <pthread.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "examples/gpt_model.h"
 
@@ -744,16 +738,11 @@ static shared_results *results;
 /* Runs the plan on P forked ranks; fails the test (naming the run, rank and error) if any failed. */
 static void launch(int P, const run_spec *runs, int num_runs, const char *ckpt_dir) {
     launch_plan plan = {runs, num_runs, ckpt_dir, results};
-    fsdp_launch_desc ld;
     fsdp_launch_status status;
     char msg[1000];
     int rc, run, r;
     memset(results, 0, sizeof *results);
-    memset(&ld, 0, sizeof ld);
-    ld.nprocs = P;
-    ld.timeout_ms = LAUNCH_TIMEOUT_MS;
-    fflush(stdout);
-    rc = fsdp_launch_ex(&ld, run_ranks, &plan, &status);
+    rc = launch_ranks(P, FSDP_BACKEND_SHM, LAUNCH_TIMEOUT_MS, run_ranks, &plan, &status);
     for (run = 0; run < num_runs; run++)
         for (r = 0; r < P; r++)
             if (results->status[run][r] != 1) {
@@ -782,7 +771,7 @@ static void compare_to_reference(const float *params, const float *ref, int P, f
         double diff2 = 0, ref2 = 0, tensor_err;
         for (l = 0; l < TINY.num_layers; l++) is_qkv_bias |= m.param[l][QKVB] == p;
         for (i = 0; i < n; i++) {
-            double a = params[at + i], r = ref[at + i], err = fabs(a - r) / fmax(fabs(r), PARAM_FLOOR);
+            double a = params[at + i], r = ref[at + i], err = rel_error(a, r, PARAM_FLOOR);
             if (is_qkv_bias && i >= (size_t)TINY.channels && i < 2 * (size_t)TINY.channels) { /* a key bias */
                 snprintf(msg, sizeof msg, "P=%d %s: key bias %s[%zu] is %.3g (plain run %.3g): beyond %g, so it "
                          "received a real update", P, strategy_name(strategy), fsdp_model_param_name(m.model, p), i, a, r,
@@ -921,8 +910,7 @@ static void test_fsdp_training_matches_plain_run_for_every_strategy_and_world_si
 /* Train STEPS steps; or RESUME_AT steps, save, and in fresh processes load and train the rest:
    bitwise the same parameters, at P = 2 and at P = 3 (uneven shards with padding). */
 static void test_resumed_training_ends_bitwise_where_uninterrupted_training_ends(void) {
-    static char dir_template[] = "/tmp/test_gpt_ckpt_XXXXXX";
-    char dir[64], cmd[128], msg[400];
+    char dir[64], msg[400];
     gpt m;
     size_t n, i, differ;
     int P;
@@ -932,14 +920,12 @@ static void test_resumed_training_ends_bitwise_where_uninterrupted_training_ends
     for (P = 2; P <= 3; P++) {
         run_spec whole = {FSDP_FULL_SHARD, 0, STEPS, 0, 0, 0, 0}, first = {FSDP_FULL_SHARD, 0, RESUME_AT, 0, 1, 0, 0};
         run_spec rest = {FSDP_FULL_SHARD, RESUME_AT, STEPS, 1, 0, 0, 0};
-        strcpy(dir, dir_template);
-        TEST_ASSERT_NOT_NULL_MESSAGE(mkdtemp(dir), "mkdtemp failed");
+        TEST_ASSERT_EQUAL_INT_MESSAGE(0, make_temp_dir(dir, sizeof dir, "test_gpt_ckpt"), "mkdtemp failed");
         launch(P, &whole, 1, dir);
         memcpy(reference_resume, results->params[0], sizeof(float) * n);
         launch(P, &first, 1, dir);
         launch(P, &rest, 1, dir); /* fresh processes: nothing but the checkpoint carries over */
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-        if (system(cmd) != 0) TEST_MESSAGE("could not remove the checkpoint directory");
+        if (remove_tree(dir) != 0) TEST_MESSAGE("could not remove the checkpoint directory");
         snprintf(msg, sizeof msg, "P=%d: the checkpoint's step", P);
         TEST_ASSERT_EQUAL_INT64_MESSAGE(RESUME_AT, results->loaded_step[0], msg);
         for (i = 0, differ = 0; i < n; i++) differ += memcmp(&results->params[0][i], &reference_resume[i], sizeof(float)) != 0;
@@ -1198,9 +1184,7 @@ done:
    loss within 1e-5, every parameter's gradient within 1e-4 relative (torch_gpt.py checks and
    prints). Ignored, with a message, where the interpreter has no torch. */
 static void test_gpt_matches_pytorch_loss_and_gradients_on_its_own_checkpoint(void) {
-    static char dir_template[] = "/tmp/test_gpt_torch_XXXXXX";
     char dir[64], ckpt[128], ref[128], cmd[1024], out[4096], msg[6000];
-    fsdp_launch_desc ld;
     fsdp_launch_status status;
     FILE *pipe;
     size_t got = 0;
@@ -1213,15 +1197,10 @@ static void test_gpt_matches_pytorch_loss_and_gradients_on_its_own_checkpoint(vo
     }
     TEST_ASSERT_TRUE_MESSAGE(access("tests/torch_gpt.py", R_OK) == 0,
                              "tests/torch_gpt.py not found: run the tests from the repository root (make test)");
-    strcpy(dir, dir_template);
-    TEST_ASSERT_NOT_NULL_MESSAGE(mkdtemp(dir), "mkdtemp failed");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, make_temp_dir(dir, sizeof dir, "test_gpt_torch"), "mkdtemp failed");
     snprintf(ckpt, sizeof ckpt, "%s/gpt.safetensors", dir);
     snprintf(ref, sizeof ref, "%s/reference.safetensors", dir);
-    memset(&ld, 0, sizeof ld);
-    ld.nprocs = 2;
-    ld.timeout_ms = LAUNCH_TIMEOUT_MS;
-    fflush(stdout);
-    rc = fsdp_launch_ex(&ld, crosscheck_rank, ckpt, &status);
+    rc = launch_ranks(2, FSDP_BACKEND_SHM, LAUNCH_TIMEOUT_MS, crosscheck_rank, ckpt, &status);
     snprintf(msg, sizeof msg, "training and saving the checkpoint at P=2: %.300s", status.message);
     if (rc == 0 && crosscheck_reference(ckpt, ref, msg, sizeof msg) == 0) {
         snprintf(cmd, sizeof cmd, "%s tests/torch_gpt.py crosscheck '%s' '%s' </dev/null 2>&1", torch_python(), ckpt, ref);
@@ -1233,8 +1212,7 @@ static void test_gpt_matches_pytorch_loss_and_gradients_on_its_own_checkpoint(vo
         } else rc = -1;
         snprintf(msg, sizeof msg, "%s (exit status %d):\n%s", cmd, rc, out);
     } else if (rc == 0) rc = -1;
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) TEST_MESSAGE("could not remove the temporary directory");
+    if (remove_tree(dir) != 0) TEST_MESSAGE("could not remove the temporary directory");
     TEST_ASSERT_TRUE_MESSAGE(rc == 0, msg);
     for (got = 0; out[got]; got++) /* one line for the runner */
         if (out[got] == '\n') out[got] = out[got + 1] ? ';' : 0;
@@ -1247,11 +1225,7 @@ void tearDown(void) {}
 int main(void) {
     openblas_set_num_threads(1); /* before forking: one BLAS thread per rank, none idle in the parent */
     make_corpus();
-    results = (shared_results *)mmap(NULL, sizeof *results, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (results == MAP_FAILED) {
-        perror("mmap");
-        return 1;
-    }
+    results = (shared_results *)map_shared(sizeof *results);
     UNITY_BEGIN();
     RUN_TEST(test_encoder_backward_matches_finite_differences);
     RUN_TEST(test_layernorm_backward_matches_finite_differences);

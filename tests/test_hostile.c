@@ -17,23 +17,10 @@
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 #include "unity.h"
+#include "test_common.h"
 
-#include <arpa/inet.h>
-#include <dirent.h>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 #define MAX_RANKS 4
 #define MESSAGE_BYTES 600
@@ -58,45 +45,12 @@ static rank_report *shared; /* MAX_RANKS reports, MAP_SHARED before any fork */
 /* ---------------------------------------------------------------------------------------------
    helpers
    --------------------------------------------------------------------------------------------- */
-static int now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int)((long long)t.tv_sec * 1000 + t.tv_nsec / 1000000);
-}
-
-static void sleep_ms(int ms) {
-    struct timespec d;
-    d.tv_sec = ms / 1000;
-    d.tv_nsec = (long)(ms % 1000) * 1000000L;
-    nanosleep(&d, NULL);
-}
-
-static void copy_text(char *dst, size_t size, const char *src) {
-    snprintf(dst, size, "%s", src ? src : "(null)");
-}
-
-static int contains(const char *haystack, const char *needle) { return strstr(haystack, needle) != NULL; }
-
 /* 1 if the bytes hold the text anywhere (binary-safe). */
 static int bytes_contain(const unsigned char *bytes, size_t n, const char *text) {
     size_t k = strlen(text), i;
     for (i = 0; i + k <= n; i++)
         if (memcmp(bytes + i, text, k) == 0) return 1;
     return 0;
-}
-
-static int pick_free_port(void) {
-    struct sockaddr_in addr;
-    socklen_t len = sizeof addr;
-    int port = 0, fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return 0;
-    memset(&addr, 0, sizeof addr);
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fd, (struct sockaddr *)&addr, sizeof addr) == 0 && getsockname(fd, (struct sockaddr *)&addr, &len) == 0)
-        port = ntohs(addr.sin_port);
-    close(fd);
-    return port;
 }
 
 static struct sockaddr_in loopback(int port) {
@@ -111,7 +65,7 @@ static struct sockaddr_in loopback(int port) {
 /* A TCP connection to 127.0.0.1:port, retried for up to limit_ms (rank 0 may not listen yet). */
 static int connect_retry(int port, int limit_ms) {
     struct sockaddr_in a = loopback(port);
-    int start = now_ms();
+    double start = now_ms();
     for (;;) {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0) return fd;
@@ -124,7 +78,7 @@ static int connect_retry(int port, int limit_ms) {
 /* Reads what arrives within limit_ms or until the peer closes; returns the byte count. */
 static size_t read_some(int fd, unsigned char *buf, size_t cap, int limit_ms) {
     size_t got = 0;
-    int start = now_ms();
+    double start = now_ms();
     while (got < cap && now_ms() - start < limit_ms) {
         struct pollfd p;
         ssize_t n;
@@ -148,29 +102,6 @@ static int open_fd_count(void) {
         if (e->d_name[0] != '.') n++;
     closedir(d);
     return n - 1; /* the directory's own descriptor */
-}
-
-/* Forks fn(arg) as a child that exits with its return value. */
-static pid_t spawn(int (*fn)(void *), void *arg) {
-    pid_t pid;
-    fflush(NULL);
-    pid = fork();
-    if (pid == 0) _exit(fn(arg));
-    return pid;
-}
-
-/* Waits up to limit_ms for a child, killing it after that. Returns its exit status or -1. */
-static int reap(pid_t pid, int limit_ms) {
-    int status = 0, start = now_ms();
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-        if (now_ms() - start > limit_ms) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            return -1;
-        }
-        sleep_ms(5);
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 static char captured[MESSAGE_BYTES];
@@ -211,10 +142,10 @@ static int run_socket_rank(void *arg) {
     rank_report *r = &shared[plan->rank];
     fsdp_comm_desc d = socket_desc(plan);
     fsdp_comm *comm = NULL;
-    int start = now_ms();
+    double start = now_ms();
     captured[0] = 0;
     r->rc = fsdp_comm_init(&comm, &d);
-    r->elapsed_ms = now_ms() - start;
+    r->elapsed_ms = (int)(now_ms() - start);
     copy_text(r->message, sizeof r->message, fsdp_comm_last_error(comm));
     if (r->rc == FSDP_SUCCESS && (plan->count || plan->gather_count)) {
         size_t n = plan->count ? plan->count : (size_t)plan->gather_count * (size_t)plan->world;
@@ -224,14 +155,14 @@ static int run_socket_rank(void *arg) {
         start = now_ms();
         r->op_rc = plan->count ? fsdp_all_reduce(comm, buf, buf, n, FSDP_F32, FSDP_SUM)
                                : fsdp_all_gather(comm, buf, buf, (size_t)plan->gather_count, FSDP_F32);
-        r->op_elapsed_ms = now_ms() - start;
+        r->op_elapsed_ms = (int)(now_ms() - start);
         r->result = buf[0];
         copy_text(r->message, sizeof r->message, fsdp_comm_last_error(comm));
         free(buf);
     }
     start = now_ms();
     fsdp_comm_destroy(comm);
-    r->destroy_ms = now_ms() - start;
+    r->destroy_ms = (int)(now_ms() - start);
     copy_text(r->log, sizeof r->log, captured);
     r->done = 1;
     return 0;
@@ -286,7 +217,7 @@ static void test_impostor_without_the_secret_is_refused_and_learns_neither_token
     r1 = r0;
     r1.rank = 1;
     reset_reports();
-    p0 = spawn(run_socket_rank, &r0);
+    p0 = spawn(run_socket_rank, &r0, 0);
     /* a guesser who knows the job token (it was sent in clear before) but not the secret */
     job_key(guessed_key, NULL, JOB);
     impostor_attempt(r0.port, guessed_key, seen, &seen_len, &reply);
@@ -301,7 +232,7 @@ static void test_impostor_without_the_secret_is_refused_and_learns_neither_token
     TEST_ASSERT_FALSE(bytes_contain(seen, seen_len, JOB));
     TEST_ASSERT_FALSE(bytes_contain(seen, seen_len, SECRET));
     /* the real rank 1 still gets its rank, and the job works */
-    p1 = spawn(run_socket_rank, &r1);
+    p1 = spawn(run_socket_rank, &r1, 0);
     TEST_ASSERT_EQUAL_INT(0, reap(p1, 15000));
     TEST_ASSERT_EQUAL_INT(0, reap(p0, 15000));
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[0].rc, shared[0].message);
@@ -319,8 +250,8 @@ static void test_rank_with_another_secret_is_refused_saying_the_secrets_differ(v
     r1.rank = 1;
     r1.secret = "another-secret";
     reset_reports();
-    p0 = spawn(run_socket_rank, &r0);
-    p1 = spawn(run_socket_rank, &r1);
+    p0 = spawn(run_socket_rank, &r0, 0);
+    p1 = spawn(run_socket_rank, &r1, 0);
     TEST_ASSERT_EQUAL_INT(0, reap(p1, 8000));
     TEST_ASSERT_EQUAL_INT(0, reap(p0, 8000));
     TEST_ASSERT_EQUAL_INT(FSDP_ERR_REJECTED, shared[1].rc);
@@ -350,14 +281,14 @@ static void test_idle_and_garbage_connections_do_not_delay_the_rendezvous(void) 
         plan[r].job = JOB;
         plan[r].count = 16;
     }
-    pids[0] = spawn(run_socket_rank, &plan[0]);
+    pids[0] = spawn(run_socket_rank, &plan[0], 0);
     for (i = 0; i < 256; i++) garbage[i % 100] = (unsigned char)(i * 37 + 11);
     for (i = 0; i < 32; i++) {
         strangers[i] = connect_retry(plan[0].port, 3000);
         TEST_ASSERT_TRUE(strangers[i] >= 0);
         if (i % 2) send(strangers[i], garbage, sizeof garbage, MSG_NOSIGNAL);
     }
-    for (r = 1; r < 4; r++) pids[r] = spawn(run_socket_rank, &plan[r]);
+    for (r = 1; r < 4; r++) pids[r] = spawn(run_socket_rank, &plan[r], 0);
     for (r = 0; r < 4; r++) TEST_ASSERT_EQUAL_INT(0, reap(pids[r], 25000));
     for (i = 0; i < 32; i++) close(strangers[i]);
     for (r = 0; r < 4; r++) {
@@ -389,10 +320,10 @@ static void test_accept_failing_for_lack_of_descriptors_does_not_end_the_rendezv
     r1 = r0;
     r1.rank = 1;
     reset_reports();
-    p0 = spawn(run_rank0_with_few_descriptors, &r0);
+    p0 = spawn(run_rank0_with_few_descriptors, &r0, 0);
     for (i = 0; i < 16; i++) strangers[i] = connect_retry(r0.port, 3000);
     sleep_ms(200);
-    p1 = spawn(run_socket_rank, &r1);
+    p1 = spawn(run_socket_rank, &r1, 0);
     TEST_ASSERT_EQUAL_INT(0, reap(p1, 20000));
     TEST_ASSERT_EQUAL_INT(0, reap(p0, 20000));
     for (i = 0; i < 16; i++)
@@ -413,8 +344,8 @@ static void test_rank0_without_a_secret_off_loopback_warns_naming_the_open_port(
     r1.rank = 1;
     r1.master_addr = "127.0.0.1";
     reset_reports();
-    p0 = spawn(run_socket_rank, &r0);
-    p1 = spawn(run_socket_rank, &r1);
+    p0 = spawn(run_socket_rank, &r0, 0);
+    p1 = spawn(run_socket_rank, &r1, 0);
     TEST_ASSERT_EQUAL_INT(0, reap(p1, 10000));
     TEST_ASSERT_EQUAL_INT(0, reap(p0, 10000));
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[0].rc, shared[0].message);
@@ -424,8 +355,8 @@ static void test_rank0_without_a_secret_off_loopback_warns_naming_the_open_port(
     r0.port = r1.port = pick_free_port();
     r0.secret = r1.secret = SECRET;
     reset_reports();
-    p0 = spawn(run_socket_rank, &r0);
-    p1 = spawn(run_socket_rank, &r1);
+    p0 = spawn(run_socket_rank, &r0, 0);
+    p1 = spawn(run_socket_rank, &r1, 0);
     TEST_ASSERT_EQUAL_INT(0, reap(p1, 10000));
     TEST_ASSERT_EQUAL_INT(0, reap(p0, 10000));
     TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, shared[0].rc);
@@ -447,11 +378,12 @@ static void test_peer_trickling_bytes_fails_the_op_within_its_total_deadline(voi
     fsdp_coll c;
     uint32_t table[4];
     char err[512];
-    int fd, start, i;
+    double start;
+    int fd, i;
     pid_t p0;
     r0.port = pick_free_port();
     reset_reports();
-    p0 = spawn(run_socket_rank, &r0);
+    p0 = spawn(run_socket_rank, &r0, 0);
     job_key(key, SECRET, JOB);
     fd = connect_retry(r0.port, 3000);
     TEST_ASSERT_TRUE(fd >= 0);
@@ -530,7 +462,7 @@ static void test_connect_to_a_full_accept_queue_fails_within_the_deadline(void) 
     TEST_ASSERT_TRUE_MESSAGE(i < 16, "the accept queue never filled");
     r1.port = ntohs(a.sin_port);
     reset_reports();
-    p1 = spawn(run_socket_rank, &r1);
+    p1 = spawn(run_socket_rank, &r1, 0);
     TEST_ASSERT_EQUAL_INT(0, reap(p1, 10000));
     for (i = 0; i < n; i++) close(queued[i]);
     close(listener);
@@ -553,7 +485,7 @@ static void test_service_that_accepts_but_never_greets_fails_within_seconds_nami
     getsockname(listener, (struct sockaddr *)&a, &len);
     r1.port = ntohs(a.sin_port);
     reset_reports();
-    p1 = spawn(run_socket_rank, &r1);
+    p1 = spawn(run_socket_rank, &r1, 0);
     TEST_ASSERT_EQUAL_INT(0, reap(p1, 15000));
     close(listener);
     snprintf(where, sizeof where, "127.0.0.1:%d", r1.port);
@@ -585,9 +517,9 @@ static void test_service_that_speaks_another_protocol_fails_at_once_naming_it(vo
     TEST_ASSERT_EQUAL_INT(0, listen(listener, 8));
     getsockname(listener, (struct sockaddr *)&a, &len);
     r1.port = ntohs(a.sin_port);
-    server = spawn(serve_http_once, &listener);
+    server = spawn(serve_http_once, &listener, 0);
     reset_reports();
-    p1 = spawn(run_socket_rank, &r1);
+    p1 = spawn(run_socket_rank, &r1, 0);
     TEST_ASSERT_EQUAL_INT(0, reap(p1, 10000));
     reap(server, 5000);
     close(listener);
@@ -606,7 +538,7 @@ static void test_service_that_speaks_another_protocol_fails_at_once_naming_it(vo
 typedef struct stuck_backend {
     int ops, hang_at;
     volatile int aborted;
-    int late_write_ms, returned_ms;
+    double late_write_ms, returned_ms;
 } stuck_backend;
 
 static int stuck_hang(stuck_backend *b, void *recv, size_t bytes) {
@@ -665,7 +597,8 @@ static void test_wait_that_gives_up_aborts_and_returns_only_after_the_comm_threa
     int64_t shape[1] = {1000};
     fsdp_init_rule init = {FSDP_INIT_CONSTANT, 1.0f, 0.0f, NULL, NULL};
     char path[128];
-    int rc, start;
+    double start;
+    int rc;
     memset(&b, 0, sizeof b);
     b.hang_at = 1 << 30;
     memset(&cd, 0, sizeof cd);
@@ -810,7 +743,7 @@ static void test_huge_shm_slot_bytes_are_refused_at_init(void) {
     for (i = 0; i < 3; i++) {
         fsdp_comm_desc d;
         fsdp_comm *comm = NULL;
-        int start = now_ms();
+        double start = now_ms();
         memset(&d, 0, sizeof d);
         d.backend = FSDP_BACKEND_SHM;
         d.world_size = 2;
@@ -876,8 +809,8 @@ static void test_split_of_a_job_with_the_longest_token_works_without_leaking_des
     r1 = r0;
     r1.rank = 1;
     reset_reports();
-    p0 = spawn(run_split_rank, &r0);
-    p1 = spawn(run_split_rank, &r1);
+    p0 = spawn(run_split_rank, &r0, 0);
+    p1 = spawn(run_split_rank, &r1, 0);
     TEST_ASSERT_EQUAL_INT(0, reap(p0, 15000));
     TEST_ASSERT_EQUAL_INT(0, reap(p1, 15000));
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[0].rc, shared[0].message);
@@ -899,16 +832,12 @@ static int crash_rank1(fsdp_comm *comm, void *arg) {
 
 static void test_launcher_reports_a_crash_while_sigchld_is_ignored(void) {
     struct sigaction ignore, before, after;
-    fsdp_launch_desc d;
     fsdp_launch_status status;
     int rc;
     memset(&ignore, 0, sizeof ignore);
     ignore.sa_handler = SIG_IGN;
     sigaction(SIGCHLD, &ignore, &before);
-    memset(&d, 0, sizeof d);
-    d.nprocs = 3;
-    d.timeout_ms = 3000;
-    rc = fsdp_launch_ex(&d, crash_rank1, NULL, &status);
+    rc = launch_ranks(3, FSDP_BACKEND_SHM, 3000, crash_rank1, NULL, &status);
     sigaction(SIGCHLD, NULL, &after);
     sigaction(SIGCHLD, &before, NULL);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_RANK_FAILED, rc, status.message);
@@ -925,7 +854,6 @@ static int quick_success(fsdp_comm *comm, void *arg) {
 }
 
 static void test_launcher_leaves_the_host_programs_own_children_alone(void) {
-    fsdp_launch_desc d;
     fsdp_launch_status status;
     int wstatus = 0;
     pid_t mine = fork();
@@ -933,10 +861,8 @@ static void test_launcher_leaves_the_host_programs_own_children_alone(void) {
         sleep_ms(100);
         _exit(42);
     }
-    memset(&d, 0, sizeof d);
-    d.nprocs = 2;
-    d.timeout_ms = 5000;
-    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_launch_ex(&d, quick_success, NULL, &status), status.message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, launch_ranks(2, FSDP_BACKEND_SHM, 5000, quick_success, NULL, &status),
+                                  status.message);
     TEST_ASSERT_EQUAL_INT(mine, waitpid(mine, &wstatus, 0));
     TEST_ASSERT_TRUE(WIFEXITED(wstatus));
     TEST_ASSERT_EQUAL_INT(42, WEXITSTATUS(wstatus));
@@ -958,12 +884,8 @@ static int rank2_fails_first(fsdp_comm *comm, void *arg) {
 static void test_launcher_blames_the_rank_that_failed_first_every_time(void) {
     int run;
     for (run = 0; run < 10; run++) {
-        fsdp_launch_desc d;
         fsdp_launch_status status;
-        memset(&d, 0, sizeof d);
-        d.nprocs = 4;
-        d.timeout_ms = 3000;
-        TEST_ASSERT_EQUAL_INT(FSDP_ERR_RANK_FAILED, fsdp_launch_ex(&d, rank2_fails_first, NULL, &status));
+        TEST_ASSERT_EQUAL_INT(FSDP_ERR_RANK_FAILED, launch_ranks(4, FSDP_BACKEND_SHM, 3000, rank2_fails_first, NULL, &status));
         TEST_ASSERT_EQUAL_INT_MESSAGE(2, status.failed_rank, status.message);
         TEST_ASSERT_EQUAL_INT(3, status.exit_code);
     }
@@ -973,9 +895,7 @@ void setUp(void) {}
 void tearDown(void) {}
 
 int main(void) {
-    shared = (rank_report *)mmap(NULL, sizeof *shared * MAX_RANKS, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                                 -1, 0);
-    if (shared == MAP_FAILED) return 1;
+    shared = (rank_report *)map_shared(sizeof *shared * MAX_RANKS);
     signal(SIGPIPE, SIG_IGN);
     UNITY_BEGIN();
     RUN_TEST(test_impostor_without_the_secret_is_refused_and_learns_neither_token_nor_secret);

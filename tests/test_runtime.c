@@ -5,14 +5,10 @@
    the flat parameters are laid out and padded as documented; memory statistics match the
    estimator. Failures and configuration errors are specified in test_runtime_errors.c.
 
-   The model (every parameter size is prime to 6, so none divides by P = 2, 3 or 4, and neither
-   does any unit's flat size: 5, 43, 91, 61):
-       x0 = x * scale                      scale (5)           owned by the root unit
-       h1 = tanh(layers.0(x0))             Linear 5 -> 7       weight 7x5, bias 7
-       h2 = tanh(layers.1(h1))             Linear 7 -> 11      weight 11x7, bias 11
-       y  = layers.2(h2)                   Linear 11 -> 5      weight 5x11, bias 5
-       loss = mean over rows of 0.5 * |y - target|^2
-   wrapped with FSDP_WRAP_TYPES {"Linear"}: four units, the root holding only `scale`.
+   The model is tests/test_mlp.h's (shared with test_training_features.c): x * scale, then
+   Linear 5 -> 7, tanh, Linear 7 -> 11, tanh, Linear 11 -> 5, and the mean squared error; four
+   units under FSDP_WRAP_TYPES {"Linear"}, the root holding only `scale`; no parameter's or
+   unit's size divides by P = 2, 3 or 4.
 
    The reference is written here in plain C: the same layer functions (forward_backward) run
    with the hooks turned into no-ops, on one process and the whole batch, followed by PyTorch's
@@ -31,13 +27,8 @@
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 #include "unity.h"
-
-#include <math.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
+#include "test_common.h"
+#include "test_mlp.h"
 
 #define MAX_WORLD 4
 #define SEED 20260522u
@@ -63,77 +54,11 @@
 #define F16_TOLERANCE 2.5e-3
 
 /* ---------------------------------------------------------------------------------------------
-   the model and its layers
+   the model (tests/test_mlp.h) and its layers
    --------------------------------------------------------------------------------------------- */
-#define IN 5
-#define H1 7
-#define H2 11
-#define OUT 5
 #define ROWS 48   /* rows per optimizer step, over all ranks and micro-steps; divides by 4 * P */
 #define MICRO 4   /* micro-steps of the accumulation runs */
 #define STEPS 4   /* optimizer steps per run */
-
-enum { P_SCALE, P_W0, P_B0, P_W1, P_B1, P_W2, P_B2, NPARAMS };
-static const char *const param_names[NPARAMS] = {"scale",          "layers.0.weight", "layers.0.bias",
-                                                 "layers.1.weight", "layers.1.bias",   "layers.2.weight",
-                                                 "layers.2.bias"};
-static const int param_numel[NPARAMS] = {IN, H1 * IN, H1, H2 * H1, H2, OUT * H2, OUT};
-#define NELEM (IN + H1 * IN + H1 + H2 * H1 + H2 + OUT * H2 + OUT) /* 195: all parameters, concatenated */
-static int param_offset[NPARAMS];                                 /* in that concatenation */
-
-typedef struct mlp {
-    fsdp_model *model;
-    int param[NPARAMS];
-    int layer[3];        /* module ids of layers.0 .. layers.2 */
-} mlp;
-
-static int mlp_build(mlp *m) {
-    fsdp_init_rule scale_init = {FSDP_INIT_UNIFORM, 0.5f, 1.5f, NULL, NULL};
-    fsdp_init_rule weight_init = {FSDP_INIT_NORMAL, 0.0f, 0.5f, NULL, NULL};
-    fsdp_init_rule bias_init = {FSDP_INIT_UNIFORM, -0.1f, 0.1f, NULL, NULL};
-    int64_t shape_scale[1] = {IN}, shape_w[3][2] = {{H1, IN}, {H2, H1}, {OUT, H2}}, shape_b[3][1] = {{H1}, {H2}, {OUT}};
-    static const char *const layer_names[3] = {"0", "1", "2"};
-    int layers, l, rc;
-    memset(m, 0, sizeof *m);
-    if ((rc = fsdp_model_create(&m->model, "MLP")) != FSDP_SUCCESS) return rc;
-    if ((m->param[P_SCALE] = fsdp_model_param(m->model, 0, "scale", 1, shape_scale, scale_init)) < 0) return m->param[P_SCALE];
-    if ((layers = fsdp_model_module(m->model, 0, "layers", "ModuleList")) < 0) return layers;
-    for (l = 0; l < 3; l++) {
-        if ((m->layer[l] = fsdp_model_module(m->model, layers, layer_names[l], "Linear")) < 0) return m->layer[l];
-        if ((m->param[P_W0 + 2 * l] = fsdp_model_param(m->model, m->layer[l], "weight", 2, shape_w[l], weight_init)) < 0)
-            return m->param[P_W0 + 2 * l];
-        if ((m->param[P_B0 + 2 * l] = fsdp_model_param(m->model, m->layer[l], "bias", 1, shape_b[l], bias_init)) < 0)
-            return m->param[P_B0 + 2 * l];
-    }
-    return FSDP_SUCCESS;
-}
-
-/* out (n,out_dim) = in (n,in_dim) @ weight^T + bias; weight is (out_dim,in_dim) */
-static void linear_forward(float *out, const float *in, const float *weight, const float *bias, int n, int in_dim,
-                           int out_dim) {
-    int i, o, k;
-    for (i = 0; i < n; i++)
-        for (o = 0; o < out_dim; o++) {
-            float sum = bias[o];
-            for (k = 0; k < in_dim; k++) sum += weight[o * in_dim + k] * in[i * in_dim + k];
-            out[i * out_dim + o] = sum;
-        }
-}
-
-/* din (n,in_dim) += dout @ weight; dweight += dout^T @ in; dbias += column sums of dout */
-static void linear_backward(float *din, float *dweight, float *dbias, const float *dout, const float *in,
-                            const float *weight, int n, int in_dim, int out_dim) {
-    int i, o, k;
-    for (i = 0; i < n; i++)
-        for (o = 0; o < out_dim; o++) {
-            float d = dout[i * out_dim + o];
-            dbias[o] += d;
-            for (k = 0; k < in_dim; k++) {
-                dweight[o * in_dim + k] += d * in[i * in_dim + k];
-                din[i * in_dim + k] += d * weight[o * in_dim + k];
-            }
-        }
-}
 
 static void tanh_forward(float *inout, int count) {
     int i;
@@ -144,29 +69,6 @@ static void tanh_forward(float *inout, int count) {
 static void tanh_backward(float *dinout, const float *out, int count) {
     int i;
     for (i = 0; i < count; i++) dinout[i] *= 1.0f - out[i] * out[i];
-}
-
-/* x0 (n,IN) = x * scale (IN), broadcast over rows */
-static void scale_forward(float *x0, const float *x, const float *scale, int n) {
-    int i, k;
-    for (i = 0; i < n; i++)
-        for (k = 0; k < IN; k++) x0[i * IN + k] = x[i * IN + k] * scale[k];
-}
-
-static void scale_backward(float *dscale, const float *dx0, const float *x, int n) {
-    int i, k;
-    for (i = 0; i < n; i++)
-        for (k = 0; k < IN; k++) dscale[k] += dx0[i * IN + k] * x[i * IN + k];
-}
-
-/* Row `row` of step `step`'s batch: a pure function, so every rank builds its own rows. */
-static void load_batch(int step, int lo, int hi, float *x, float *target) {
-    int i, k;
-    for (i = lo; i < hi; i++) {
-        for (k = 0; k < IN; k++) x[(i - lo) * IN + k] = sinf(1.3f * (float)i + 0.9f * (float)k + 0.37f * (float)step);
-        for (k = 0; k < OUT; k++)
-            target[(i - lo) * OUT + k] = 0.5f * cosf(0.7f * (float)i + 1.1f * (float)k - 0.23f * (float)step);
-    }
 }
 
 /* Where forward_backward gets weights and puts gradients: fsdp.h (ctx) or plain arrays. */
@@ -242,7 +144,7 @@ static int forward_backward(tensors *t, int step, int lo, int hi, float grad_sca
     HOOK(fsdp_pre_forward(t->ctx, 0), "pre_forward(root)");
     NEED(scale = weight_of(t, P_SCALE), "fsdp_param(scale)");
     if (t->check_padding) count_padding(t, P_SCALE);
-    scale_forward(x0, x, scale, n);
+    scale_forward(x0, x, scale, n, IN);
     HOOK(fsdp_pre_forward(t->ctx, m->layer[0]), "pre_forward(layers.0)");
     NEED(w = weight_of(t, P_W0), "fsdp_param(layers.0.weight)");
     NEED(b = weight_of(t, P_B0), "fsdp_param(layers.0.bias)");
@@ -293,7 +195,7 @@ static int forward_backward(tensors *t, int step, int lo, int hi, float grad_sca
     linear_backward(dx0, gw, gb, dh1, x0, w, n, IN, H1);
     HOOK(fsdp_post_backward(t->ctx, m->layer[0]), "post_backward(layers.0)");
     NEED(gw = grad_of(t, P_SCALE), "fsdp_grad(scale)");
-    scale_backward(gw, dx0, x, n);
+    scale_backward(gw, dx0, x, n, IN);
     HOOK(fsdp_post_backward(t->ctx, 0), "post_backward(root)");
     return 0;
 }
@@ -490,13 +392,6 @@ typedef struct matrix_results {
 
 static matrix_results *matrix; /* MAP_SHARED */
 
-static int gather_all(fsdp_ctx *ctx, const mlp *m, float *out) {
-    int p, rc;
-    for (p = 0; p < NPARAMS; p++)
-        if ((rc = fsdp_gather_param(ctx, m->param[p], out + param_offset[p])) != 0) return rc;
-    return 0;
-}
-
 static void record_error(rank_result *r, int rc, const char *where, const char *message) {
     r->rc = rc;
     snprintf(r->error, sizeof r->error, "%.40s: %.24s (%.120s)", where, fsdp_result_name(rc), message);
@@ -599,16 +494,11 @@ static int matrix_rank(fsdp_comm *comm, void *arg) {
     return 0;
 }
 
+/* launch_ranks, keeping the launch's message ("" on success) in message. */
 static int launch(int world, fsdp_backend_kind backend, int timeout_ms, fsdp_rank_fn fn, void *arg, char *message,
                   size_t message_size) {
-    fsdp_launch_desc d;
     fsdp_launch_status status;
-    int rc;
-    memset(&d, 0, sizeof d);
-    d.nprocs = world;
-    d.backend = backend;
-    d.timeout_ms = timeout_ms;
-    rc = fsdp_launch_ex(&d, fn, arg, &status);
+    int rc = launch_ranks(world, backend, timeout_ms, fn, arg, &status);
     snprintf(message, message_size, "%s", rc == FSDP_SUCCESS ? "" : status.message);
     return rc;
 }
@@ -684,13 +574,6 @@ static void reference_train(const run_config *c, reference_result *out) {
    --------------------------------------------------------------------------------------------- */
 static char message[1024];
 
-static const char *param_of_element(int e, int *index) {
-    int p;
-    for (p = NPARAMS - 1; p > 0 && e < param_offset[p]; p--) {}
-    *index = e - param_offset[p];
-    return param_names[p];
-}
-
 /* Asserts that the launch of (run, world) succeeded and that this rank trained config ci. */
 static const rank_result *result_of(int run, int world, int ci, int rank) {
     const rank_result *r = &matrix->result[run][world][ci][rank];
@@ -711,7 +594,7 @@ static double worst_seen;
 static void assert_close(const float *got, const float *want, double tolerance, const char *what) {
     int e, index;
     for (e = 0; e < NELEM; e++) {
-        double err = fabs((double)got[e] - (double)want[e]) / fmax(fabs((double)want[e]), REL_FLOOR);
+        double err = rel_error(got[e], want[e], REL_FLOOR);
         if (err > worst_seen || err != err) worst_seen = err;
         if (!(err <= tolerance)) {
             const char *name = param_of_element(e, &index);
@@ -1421,6 +1304,7 @@ static int big_step(fsdp_ctx *ctx, const int *layer, const int *weight, const in
         for (i = 0; i < BIG_DIM * BIG_DIM; i += 97) sink += w[i];
         if ((rc = fsdp_post_forward(ctx, layer[l])) != 0) return rc;
     }
+    (void)sink; /* clang's -Wunused-but-set-variable: the reads above are the point */
     if ((rc = fsdp_post_forward(ctx, 0)) != 0 || (rc = fsdp_pre_backward(ctx, 0)) != 0) return rc;
     for (l = BIG_LAYERS - 1; l >= 0; l--) {
         float *gw, *gb;
@@ -1591,19 +1475,9 @@ static void test_memory_hybrid_shard_peak_unsharded_bytes_stay_within_the_estima
 void setUp(void) {}
 void tearDown(void) {}
 
-static void *map_shared(size_t bytes) {
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        perror("mmap");
-        exit(1);
-    }
-    return p; /* zero-filled */
-}
-
 int main(void) {
-    int p, ci, rc;
+    int ci, rc;
     char line[120];
-    for (p = 1; p < NPARAMS; p++) param_offset[p] = param_offset[p - 1] + param_numel[p - 1];
     if ((rc = mlp_build(&reference_model)) != FSDP_SUCCESS) {
         fprintf(stderr, "cannot build the reference model: %s\n", fsdp_result_name(rc));
         return 1;

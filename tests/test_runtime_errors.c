@@ -18,14 +18,8 @@
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 #include "unity.h"
+#include "test_common.h"
 
-#include <math.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #define MAX_WORLD 4
 #define ORDER_TIMEOUT_MS 2000  /* the communicators' bound on any wait in the order tests */
@@ -83,23 +77,12 @@ static small_model net;
 void setUp(void) {}
 
 void tearDown(void) {
-    fsdp_destroy(ctx);
-    ctx = NULL;
-    fsdp_model_destroy(net.model);
+    release_one_rank(&ctx, &net.model, &comm1);
     memset(&net, 0, sizeof net);
-    fsdp_comm_destroy(comm1);
-    comm1 = NULL;
 }
 
 static fsdp_comm *one_rank_comm(void) {
-    fsdp_comm_desc cd;
-    char job[64];
-    memset(&cd, 0, sizeof cd);
-    snprintf(job, sizeof job, "test-runtime-errors-%d", (int)getpid());
-    cd.world_size = 1;
-    cd.job = job;
-    cd.timeout_ms = 5000;
-    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_comm_init(&comm1, &cd), "fsdp_comm_init (one rank)");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, open_one_rank_comm(&comm1, "test-runtime-errors"), "fsdp_comm_init (one rank)");
     return comm1;
 }
 
@@ -288,17 +271,13 @@ static int set_params_rank(fsdp_comm *comm, void *arg) {
 }
 
 static void assert_set_params(int use_shard) {
-    fsdp_launch_desc ld;
     fsdp_launch_status st;
     int P, r;
     set_reports = (set_report *)mmap(NULL, sizeof *set_reports * MAX_WORLD, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     TEST_ASSERT_TRUE(set_reports != MAP_FAILED);
     for (P = 1; P <= 3; P++) {
         memset(set_reports, 0, sizeof *set_reports * MAX_WORLD);
-        memset(&ld, 0, sizeof ld);
-        ld.nprocs = P;
-        ld.timeout_ms = 10000;
-        r = fsdp_launch_ex(&ld, set_params_rank, &use_shard, &st);
+        r = launch_ranks(P, FSDP_BACKEND_SHM, 10000, set_params_rank, &use_shard, &st);
         snprintf(message, sizeof message, "P=%d: %s | rank 0: %s", P, st.message, set_reports[0].error);
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, r, message);
     }
@@ -428,19 +407,15 @@ static int order_rank(fsdp_comm *comm, void *arg) {
 }
 
 static void assert_order_mismatch_detected(fsdp_strategy strategy, int swap_backward) {
-    fsdp_launch_desc ld;
     fsdp_launch_status status;
     order_job job;
     double start;
     int rc, rank;
     memset(order_reports, 0, sizeof(order_report) * MAX_WORLD);
-    memset(&ld, 0, sizeof ld);
-    ld.nprocs = 2;
-    ld.timeout_ms = ORDER_TIMEOUT_MS;
     job.strategy = strategy;
     job.swap_backward = swap_backward;
     start = fsdp_now();
-    rc = fsdp_launch_ex(&ld, order_rank, &job, &status);
+    rc = launch_ranks(2, FSDP_BACKEND_SHM, ORDER_TIMEOUT_MS, order_rank, &job, &status);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, status.message);
     snprintf(message, sizeof message, "the launch took %.0f ms", (fsdp_now() - start) * 1000.0);
     TEST_ASSERT_TRUE_MESSAGE((fsdp_now() - start) * 1000.0 < ORDER_TIMEOUT_MS + MARGIN_MS, message);
@@ -521,14 +496,10 @@ static int destroy_rank(fsdp_comm *comm, void *arg) {
 }
 
 static void test_destroy_in_the_middle_of_an_iteration_leaves_the_communicator_usable_on_every_rank(void) {
-    fsdp_launch_desc ld;
     fsdp_launch_status status;
     int rc, rank;
     memset(destroy_reports, 0, sizeof(destroy_report) * MAX_WORLD);
-    memset(&ld, 0, sizeof ld);
-    ld.nprocs = 2;
-    ld.timeout_ms = ORDER_TIMEOUT_MS;
-    rc = fsdp_launch_ex(&ld, destroy_rank, NULL, &status);
+    rc = launch_ranks(2, FSDP_BACKEND_SHM, ORDER_TIMEOUT_MS, destroy_rank, NULL, &status);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, status.message);
     for (rank = 0; rank < 2; rank++) {
         const destroy_report *r = &destroy_reports[rank];
@@ -703,14 +674,10 @@ static int bad_group_rank(fsdp_comm *comm, void *arg) {
 }
 
 static void test_init_with_shard_group_size_not_dividing_world_returns_invalid_arg_on_every_rank(void) {
-    fsdp_launch_desc ld;
     fsdp_launch_status status;
     int rc, rank;
     memset(init_reports, 0, sizeof(init_report) * MAX_WORLD);
-    memset(&ld, 0, sizeof ld);
-    ld.nprocs = 4;
-    ld.timeout_ms = ORDER_TIMEOUT_MS;
-    rc = fsdp_launch_ex(&ld, bad_group_rank, NULL, &status);
+    rc = launch_ranks(4, FSDP_BACKEND_SHM, ORDER_TIMEOUT_MS, bad_group_rank, NULL, &status);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, status.message);
     for (rank = 0; rank < 4; rank++) {
         const init_report *r = &init_reports[rank];
@@ -1036,15 +1003,6 @@ static void test_wrap_unit_with_its_own_strategy_reports_it(void) {
 /* ---------------------------------------------------------------------------------------------
    runner
    --------------------------------------------------------------------------------------------- */
-static void *map_shared(size_t bytes) {
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        perror("mmap");
-        exit(1);
-    }
-    return p;
-}
-
 int main(void) {
     order_reports = (order_report *)map_shared(sizeof(order_report) * MAX_WORLD);
     destroy_reports = (destroy_report *)map_shared(sizeof(destroy_report) * MAX_WORLD);

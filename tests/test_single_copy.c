@@ -40,21 +40,10 @@
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 #include "unity.h"
+#include "test_common.h"
 
-#include <errno.h>
-#include <math.h>
-#include <signal.h>
 #include <stddef.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/types.h>
 #include <sys/uio.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 #if defined(__linux__) && (defined(__x86_64__) || defined(__aarch64__))
 #include <linux/audit.h>
@@ -175,59 +164,6 @@ static shared_area *area;
 /* ---------------------------------------------------------------------------------------------
    reference values (independent of fsdp.h)
    --------------------------------------------------------------------------------------------- */
-static float f16_decode_table[65536];
-
-static uint32_t bits_of(float value) {
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    return bits;
-}
-
-static float float_of(uint32_t bits) {
-    float value;
-    memcpy(&value, &bits, sizeof value);
-    return value;
-}
-
-static void build_f16_decode_table(void) {
-    uint32_t h;
-    for (h = 0; h < 65536; h++) {
-        int exponent = (int)((h >> 10) & 0x1F), mantissa = (int)(h & 0x3FF);
-        float magnitude;
-        if (exponent == 0) magnitude = ldexpf((float)mantissa, -24);
-        else if (exponent == 31) magnitude = mantissa ? NAN : INFINITY;
-        else magnitude = ldexpf((float)(mantissa + 1024), exponent - 25);
-        f16_decode_table[h] = (h & 0x8000u) ? -magnitude : magnitude;
-    }
-}
-
-/* Round to nearest even; no NaN or overflow can occur with these inputs. */
-static uint16_t reference_bf16(float value) {
-    uint32_t u = bits_of(value);
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static uint16_t reference_f16(float value) {
-    uint32_t u = bits_of(value);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    u &= 0x7FFFFFFFu;
-    if (u >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);       /* >= 65520: infinity */
-    if (u <= 0x33000000u) return sign;                               /* <= 2^-25: zero */
-    if (u < 0x38800000u) {                                           /* < 2^-14: subnormal */
-        uint32_t exponent = u >> 23, mantissa = (u & 0x7FFFFFu) | 0x800000u;
-        uint32_t shift = 126 - exponent, quotient = mantissa >> shift;
-        uint32_t rest = mantissa & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rest > half || (rest == half && (quotient & 1u))) quotient++;
-        return (uint16_t)(sign | quotient);
-    }
-    u += 0xFFFu + ((u >> 13) & 1u);
-    u -= 112u << 23;
-    return (uint16_t)(sign | (u >> 13));
-}
-
-static size_t element_size(fsdp_dtype dtype) { return dtype == FSDP_F32 ? 4 : 2; }
-
 /* The bits a value has in the dtype (f32: 32 bits; bf16, f16: the low 16). */
 static uint32_t encode(fsdp_dtype dtype, float value) {
     if (dtype == FSDP_F32) return bits_of(value);
@@ -247,15 +183,6 @@ static uint32_t load_bits(const unsigned char *buffer, fsdp_dtype dtype, size_t 
 static void store_bits(unsigned char *buffer, fsdp_dtype dtype, size_t index, uint32_t bits) {
     if (dtype == FSDP_F32) ((uint32_t *)(void *)buffer)[index] = bits;
     else ((uint16_t *)(void *)buffer)[index] = (uint16_t)bits;
-}
-
-static uint32_t mix32(uint32_t x) {
-    x ^= x >> 16;
-    x *= 0x7FEB352Du;
-    x ^= x >> 15;
-    x *= 0x846CA68Bu;
-    x ^= x >> 16;
-    return x;
 }
 
 /* Rank `rank`'s input is element i -> a hash of (salt, rank, i) scaled into [-2, 2), never tiny
@@ -321,24 +248,6 @@ static uint64_t digest_of(const unsigned char *bytes, size_t n) {
 /* ---------------------------------------------------------------------------------------------
    the cases
    --------------------------------------------------------------------------------------------- */
-static const char *kind_name(fsdp_coll_kind kind) {
-    switch (kind) {
-    case FSDP_COLL_ALL_GATHER: return "all_gather";
-    case FSDP_COLL_REDUCE_SCATTER: return "reduce_scatter";
-    case FSDP_COLL_ALL_REDUCE: return "all_reduce";
-    case FSDP_COLL_BROADCAST: return "broadcast";
-    default: return "?";
-    }
-}
-
-static const char *op_name(fsdp_reduce_op op) {
-    return op == FSDP_SUM ? "SUM" : op == FSDP_AVG ? "AVG" : op == FSDP_MAX ? "MAX" : "?";
-}
-
-static const char *dtype_label(fsdp_dtype dtype) {
-    return dtype == FSDP_F32 ? "f32" : dtype == FSDP_BF16 ? "bf16" : "f16";
-}
-
 static const char *layout_name(int layout) {
     static const char *const names[] = {"separate buffers", "in place", "separate buffers at odd offsets",
                                         "in place at an odd offset", "mixed fsdp_comm_alloc/malloc buffers",
@@ -444,20 +353,6 @@ static size_t build_cases(test_case *list, int world) {
 static int single_copy_in_use(const fsdp_comm *comm) {
     return fsdp_comm_backend(comm) == FSDP_BACKEND_SHM && comm->impl != NULL &&
            ((const fsdp__shm *)comm->impl)->single_copy != 0;
-}
-
-/* Appends src to the string in dst, truncating to size. */
-static void append_text(char *dst, size_t size, const char *src) {
-    size_t used = strlen(dst);
-    while (*src && used + 1 < size) dst[used++] = *src++;
-    dst[used] = '\0';
-}
-
-static int bytes_all_equal(const unsigned char *bytes, size_t n, unsigned char value) {
-    size_t i;
-    for (i = 0; i < n; i++)
-        if (bytes[i] != value) return 0;
-    return 1;
 }
 
 /* One buffer of a case: [guard][offset][data][guard], the guards and offset GUARD_FILL. In the
@@ -663,17 +558,6 @@ static void run_path(int path) {
     }
 }
 
-typedef struct verdict {
-    int checked, failed;
-    char first_failure[900];
-} verdict;
-
-static void record(verdict *v, int ok, const char *what) {
-    v->checked++;
-    if (ok) return;
-    if (v->failed++ == 0) snprintf(v->first_failure, sizeof v->first_failure, "%s", what);
-}
-
 /* Checks every rank's report of every case of the family on the path. */
 static void judge_family(int path, int family, verdict *v) {
     int w, r;
@@ -759,33 +643,6 @@ static void assert_paths_give_identical_bits(int path, int other) {
    can this machine do cross-memory attach between sibling processes at all?
    --------------------------------------------------------------------------------------------- */
 static volatile uint64_t sibling_cookie;
-
-static void sleep_ms(int ms) {
-    struct timespec delay;
-    delay.tv_sec = ms / 1000;
-    delay.tv_nsec = (long)(ms % 1000) * 1000000L;
-    nanosleep(&delay, NULL);
-}
-
-static int now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int)((long long)t.tv_sec * 1000 + t.tv_nsec / 1000000);
-}
-
-/* Waits up to limit_ms for a child, killing it after that. Returns its exit status or -1. */
-static int reap(pid_t pid, int limit_ms) {
-    int status = 0, start = now_ms();
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-        if (now_ms() - start > limit_ms) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            return -1;
-        }
-        sleep_ms(2);
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 /* Whether one child of this process can read another's memory with process_vm_readv, as the
    launcher's ranks must: checked without the library, so that a machine that forbids it (Yama's
@@ -1095,7 +952,7 @@ static int run_barred_rank(int rank, int single_copy, const char *job) {
     barred_report *me = &barred->ranks[rank];
     fsdp_comm_desc d;
     fsdp_comm *comm = NULL;
-    int start;
+    double start;
     size_t c;
     if (rank == BARRED_WORLD - 1) {
         me->filter_installed = bar_process_vm_readv() == 0;
@@ -1114,7 +971,7 @@ static int run_barred_rank(int rank, int single_copy, const char *job) {
     log_target = me->log;
     start = now_ms();
     me->init_rc = fsdp_comm_init(&comm, &d);
-    me->init_ms = now_ms() - start;
+    me->init_ms = (int)(now_ms() - start);
     snprintf(me->message, sizeof me->message, "%s", fsdp_comm_last_error(NULL));
     if (me->init_rc == FSDP_SUCCESS) {
         me->single_copy = single_copy_in_use(comm);
@@ -1176,8 +1033,6 @@ static void assert_the_barred_rank_was_barred(void) {
              last->filter_errno);
     TEST_ASSERT_EQUAL_INT_MESSAGE(EPERM, last->filter_errno, message);
 }
-
-static int contains(const char *haystack, const char *needle) { return strstr(haystack, needle) != NULL; }
 
 static void test_rank_barred_from_process_vm_readv_makes_the_job_stage_with_identical_bits(void) {
     int r, saying_staged = 0;

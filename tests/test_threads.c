@@ -4,9 +4,9 @@
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 #include "unity.h"
+#include "test_common.h"
 
 #include <pthread.h>
-#include <unistd.h>
 
 void setUp(void) {}
 void tearDown(void) {}
@@ -45,13 +45,8 @@ static int ops_on_worker(fsdp_comm *comm, void *arg) {
 }
 
 static void launch_expect_success(fsdp_backend_kind backend, fsdp_rank_fn fn) {
-    fsdp_launch_desc d;
     fsdp_launch_status st;
-    memset(&d, 0, sizeof d);
-    d.nprocs = 2;
-    d.backend = backend;
-    d.timeout_ms = 20000;
-    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_launch_ex(&d, fn, NULL, &st), st.message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, launch_ranks(2, backend, 20000, fn, NULL, &st), st.message);
 }
 
 static void test_threads_ops_from_worker_thread_shm_succeed(void) { launch_expect_success(FSDP_BACKEND_SHM, ops_on_worker); }

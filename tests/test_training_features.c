@@ -2,14 +2,10 @@
    checkpointing (a unit's forward recomputed during backward), frozen parameters, parameter
    groups and FSDP_STRATEGY_AUTO.
 
-   The model is test_runtime.c's (every size prime to 6, so nothing divides by P = 2, 3 or 4):
-       x0 = x * scale                      scale (5)           owned by the root unit
-       h1 = tanh(layers.0(x0))             Linear 5 -> 7       weight 7x5, bias 7
-       h2 = tanh(layers.1(h1))             Linear 7 -> 11      weight 11x7, bias 11
-       y  = layers.2(h2)                   Linear 11 -> 5      weight 5x11, bias 5
-       loss = mean over rows of 0.5 * |y - target|^2
-   wrapped with FSDP_WRAP_TYPES {"Linear"}: four units, the root holding only `scale`. A unit's
-   forward is its Linear and the tanh after it.
+   The model is test_runtime.c's, in tests/test_mlp.h: x * scale, then Linear 5 -> 7, tanh,
+   Linear 7 -> 11, tanh, Linear 11 -> 5, and the mean squared error; four units under
+   FSDP_WRAP_TYPES {"Linear"}, the root holding only `scale`; no size divides by P = 2, 3 or 4.
+   A unit's forward is its Linear and the tanh after it.
 
    Recompute modes (the backward keeps only what it says; outputs come from the recomputation):
        OWN     every Linear unit re-runs its forward inside its own backward (pre_forward and
@@ -39,13 +35,8 @@
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 #include "unity.h"
-
-#include <math.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
+#include "test_common.h"
+#include "test_mlp.h"
 
 #define MAX_WORLD 4
 #define SEED 20260522u
@@ -58,90 +49,14 @@
 #define REL_FLOOR 1e-2
 
 /* ---------------------------------------------------------------------------------------------
-   the model and its layers (as in test_runtime.c)
+   the model (tests/test_mlp.h) and its runs
    --------------------------------------------------------------------------------------------- */
-#define IN 5
-#define H1 7
-#define H2 11
-#define OUT 5
 #define ROWS 48  /* rows per optimizer step, over all ranks and micro-steps; divides by 4 * P */
 #define MICRO 4  /* micro-steps of the accumulation runs */
 #define STEPS 3  /* optimizer steps per run */
 #define UNITS 4  /* root, layers.0, layers.1, layers.2 */
 
-enum { P_SCALE, P_W0, P_B0, P_W1, P_B1, P_W2, P_B2, NPARAMS };
-static const char *const param_names[NPARAMS] = {"scale",          "layers.0.weight", "layers.0.bias",
-                                                 "layers.1.weight", "layers.1.bias",   "layers.2.weight",
-                                                 "layers.2.bias"};
-static const int param_numel[NPARAMS] = {IN, H1 * IN, H1, H2 * H1, H2, OUT * H2, OUT};
-#define NELEM (IN + H1 * IN + H1 + H2 * H1 + H2 + OUT * H2 + OUT) /* 195 */
-static int param_offset[NPARAMS];
 static const int dims[4] = {IN, H1, H2, OUT}; /* layer l maps dims[l] -> dims[l + 1] */
-
-typedef struct mlp {
-    fsdp_model *model;
-    int param[NPARAMS];
-    int layers;   /* module id of the ModuleList "layers" */
-    int layer[3]; /* module ids of layers.0 .. layers.2 */
-} mlp;
-
-static int mlp_build(mlp *m) {
-    fsdp_init_rule scale_init = {FSDP_INIT_UNIFORM, 0.5f, 1.5f, NULL, NULL};
-    fsdp_init_rule weight_init = {FSDP_INIT_NORMAL, 0.0f, 0.5f, NULL, NULL};
-    fsdp_init_rule bias_init = {FSDP_INIT_UNIFORM, -0.1f, 0.1f, NULL, NULL};
-    int64_t shape_scale[1] = {IN}, shape_w[3][2] = {{H1, IN}, {H2, H1}, {OUT, H2}}, shape_b[3][1] = {{H1}, {H2}, {OUT}};
-    static const char *const layer_names[3] = {"0", "1", "2"};
-    int l;
-    memset(m, 0, sizeof *m);
-    if (fsdp_model_create(&m->model, "MLP") != FSDP_SUCCESS) return -1;
-    if ((m->param[P_SCALE] = fsdp_model_param(m->model, 0, "scale", 1, shape_scale, scale_init)) < 0) return -1;
-    if ((m->layers = fsdp_model_module(m->model, 0, "layers", "ModuleList")) < 0) return -1;
-    for (l = 0; l < 3; l++) {
-        if ((m->layer[l] = fsdp_model_module(m->model, m->layers, layer_names[l], "Linear")) < 0) return -1;
-        if ((m->param[P_W0 + 2 * l] = fsdp_model_param(m->model, m->layer[l], "weight", 2, shape_w[l], weight_init)) < 0)
-            return -1;
-        if ((m->param[P_B0 + 2 * l] = fsdp_model_param(m->model, m->layer[l], "bias", 1, shape_b[l], bias_init)) < 0)
-            return -1;
-    }
-    return 0;
-}
-
-/* out (n,out_dim) = in (n,in_dim) @ weight^T + bias; weight is (out_dim,in_dim) */
-static void linear_forward(float *out, const float *in, const float *weight, const float *bias, int n, int in_dim,
-                           int out_dim) {
-    int i, o, k;
-    for (i = 0; i < n; i++)
-        for (o = 0; o < out_dim; o++) {
-            float sum = bias[o];
-            for (k = 0; k < in_dim; k++) sum += weight[o * in_dim + k] * in[i * in_dim + k];
-            out[i * out_dim + o] = sum;
-        }
-}
-
-/* din (n,in_dim) += dout @ weight; dweight += dout^T @ in; dbias += column sums of dout */
-static void linear_backward(float *din, float *dweight, float *dbias, const float *dout, const float *in,
-                            const float *weight, int n, int in_dim, int out_dim) {
-    int i, o, k;
-    for (i = 0; i < n; i++)
-        for (o = 0; o < out_dim; o++) {
-            float d = dout[i * out_dim + o];
-            dbias[o] += d;
-            for (k = 0; k < in_dim; k++) {
-                dweight[o * in_dim + k] += d * in[i * in_dim + k];
-                din[i * in_dim + k] += d * weight[o * in_dim + k];
-            }
-        }
-}
-
-/* Row `row` of step `step`'s batch: a pure function, so every rank builds its own rows. */
-static void load_batch(int step, int lo, int hi, float *x, float *target) {
-    int i, k;
-    for (i = lo; i < hi; i++) {
-        for (k = 0; k < IN; k++) x[(i - lo) * IN + k] = sinf(1.3f * (float)i + 0.9f * (float)k + 0.37f * (float)step);
-        for (k = 0; k < OUT; k++)
-            target[(i - lo) * OUT + k] = 0.5f * cosf(0.7f * (float)i + 1.1f * (float)k - 0.23f * (float)step);
-    }
-}
 
 /* ---------------------------------------------------------------------------------------------
    configurations
@@ -606,13 +521,6 @@ static void record_error(int *rc_out, char *error, size_t size, int rc, const ch
     snprintf(error, size, "%.60s: %.24s (%.140s)", where, fsdp_result_name(rc), message);
 }
 
-static int gather_all(fsdp_ctx *ctx, const mlp *m, float *out) {
-    int p, rc;
-    for (p = 0; p < NPARAMS; p++)
-        if ((rc = fsdp_gather_param(ctx, m->param[p], out + param_offset[p])) != 0) return rc;
-    return 0;
-}
-
 /* One optimizer step's worth of forward/backward on this rank's rows, then fsdp_step. */
 static int train_step(fsdp_ctx *ctx, tensors *t, const run_config *c, int step, int rank, int world, double *norm) {
     fsdp_step_report report;
@@ -970,13 +878,8 @@ static void ensure_matrix(void) {
     if (launched) return;
     launched = 1;
     for (world = 1; world <= MAX_WORLD; world++) {
-        fsdp_launch_desc d;
         fsdp_launch_status status;
-        memset(&d, 0, sizeof d);
-        d.nprocs = world;
-        d.backend = FSDP_BACKEND_SHM;
-        d.timeout_ms = LAUNCH_TIMEOUT_MS;
-        matrix->launch_rc[world] = fsdp_launch_ex(&d, matrix_rank, NULL, &status);
+        matrix->launch_rc[world] = launch_ranks(world, FSDP_BACKEND_SHM, LAUNCH_TIMEOUT_MS, matrix_rank, NULL, &status);
         snprintf(matrix->launch_message[world], sizeof matrix->launch_message[world], "%s",
                  matrix->launch_rc[world] == FSDP_SUCCESS ? "" : status.message);
     }
@@ -1050,13 +953,6 @@ static void reference_train(const run_config *c, reference_result *out) {
    --------------------------------------------------------------------------------------------- */
 static char message[2048];
 
-static const char *param_of_element(int e, int *index) {
-    int p;
-    for (p = NPARAMS - 1; p > 0 && e < param_offset[p]; p--) {}
-    *index = e - param_offset[p];
-    return param_names[p];
-}
-
 static int runs_at(int ci, int world) { return (configs[ci].worlds & (1 << world)) != 0; }
 
 /* Asserts that the launch at P succeeded and that this rank trained config ci. */
@@ -1080,15 +976,14 @@ static int compare_with_reference(int ci, int world, char *first, size_t size) {
         const rank_result *r = result_of(world, ci, rank);
         for (step = 0; step < STEPS; step++)
             for (e = 0; e < NELEM; e++) {
-                double want = ref->after[step][e], got = r->after[step][e];
-                double scale = fabs(want) > REL_FLOOR ? fabs(want) : REL_FLOOR;
-                if (!(fabs(got - want) <= TOLERANCE * scale)) {
+                double want = ref->after[step][e], got = r->after[step][e], rel = rel_error(got, want, REL_FLOOR);
+                if (!(rel <= TOLERANCE)) {
                     if (!bad++ && !*first) {
                         char what[400];
                         const char *name = param_of_element(e, &index);
                         describe(what, sizeof what, &configs[ci], world);
                         snprintf(first, size, "%s: rank %d step %d %s[%d] = %.9g, reference %.9g (rel %.2g)", what, rank,
-                                 step, name, index, got, want, fabs(got - want) / scale);
+                                 step, name, index, got, want, rel);
                     }
                 }
             }
@@ -1768,25 +1663,14 @@ static void test_auto_full_shard_estimate_never_exceeds_shard_grad_op(void) {
 void setUp(void) {}
 void tearDown(void) {}
 
-static void *map_shared(size_t bytes) {
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        perror("mmap");
-        exit(1);
-    }
-    return p; /* zero-filled */
-}
-
 int main(void) {
-    int p, ci, status;
-    char line[160], command[320];
-    for (p = 1; p < NPARAMS; p++) param_offset[p] = param_offset[p - 1] + param_numel[p - 1];
+    int ci;
+    char line[160];
     if (mlp_build(&reference_model) != 0) {
         fprintf(stderr, "cannot build the reference model\n");
         return 1;
     }
-    snprintf(ckpt_dir, sizeof ckpt_dir, "/tmp/fsdp_test_training_features_XXXXXX");
-    if (!mkdtemp(ckpt_dir)) {
+    if (make_temp_dir(ckpt_dir, sizeof ckpt_dir, "fsdp_test_training_features") != 0) {
         perror("mkdtemp");
         return 1;
     }
@@ -1830,9 +1714,7 @@ int main(void) {
     snprintf(line, sizeof line, "training-features matrix: %d configurations over P=1..4 in %.1f s", num_configs,
              matrix->seconds);
     puts(line);
-    snprintf(command, sizeof command, "rm -rf '%s'", ckpt_dir);
-    status = system(command);
-    (void)status;
+    remove_tree(ckpt_dir);
     fsdp_model_destroy(reference_model.model);
     return UNITY_END();
 }

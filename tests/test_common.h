@@ -1,0 +1,502 @@
+/* test_common.h - the helpers the test programs share, written once: time and text, forked
+   children and shared memory, launches, temporary directories and files, the fuzz corpora,
+   reference dtype conversions independent of fsdp.h, and the dense layers of the test models.
+
+   A test file includes it after fsdp.h (which sets the feature macros for the system headers)
+   and unity.h; it brings the C and POSIX headers below, so a test file includes only the others
+   it needs. Every helper is static and marked unused, so a file that uses only some of them
+   compiles warning-free with -Wall -Wextra -Wpedantic -Werror. Helpers that assert are meant for
+   the parent (they may run in a forked child only where the comment says so); the others also
+   run in children, which never assert. */
+#ifndef TEST_COMMON_H
+#define TEST_COMMON_H
+
+#include "unity.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define TEST_UNUSED __attribute__((unused))
+#else
+#define TEST_UNUSED
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+   time and text
+   --------------------------------------------------------------------------------------------- */
+/* Milliseconds on the monotonic clock. */
+static TEST_UNUSED double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1000.0 + (double)t.tv_nsec / 1e6;
+}
+
+static TEST_UNUSED void sleep_ms(int ms) {
+    struct timespec delay;
+    delay.tv_sec = ms / 1000;
+    delay.tv_nsec = (long)(ms % 1000) * 1000000L;
+    nanosleep(&delay, NULL);
+}
+
+/* Appends src to the string in dst, truncating to size; snprintf("%s") would trip
+   -Wformat-truncation on messages the library bounds at 512 bytes. */
+static TEST_UNUSED void append_text(char *dst, size_t size, const char *src) {
+    size_t used = strlen(dst);
+    while (*src && used + 1 < size) dst[used++] = *src++;
+    dst[used] = '\0';
+}
+
+/* src (or "(null)") into dst, truncated to size. */
+static TEST_UNUSED void copy_text(char *dst, size_t size, const char *src) {
+    dst[0] = '\0';
+    append_text(dst, size, src ? src : "(null)");
+}
+
+static TEST_UNUSED int contains(const char *haystack, const char *needle) { return strstr(haystack, needle) != NULL; }
+
+static TEST_UNUSED int bytes_all_equal(const unsigned char *bytes, size_t n, unsigned char value) {
+    size_t i;
+    for (i = 0; i < n; i++)
+        if (bytes[i] != value) return 0;
+    return 1;
+}
+
+/* Many checks summed up as one verdict: how many ran, how many failed, the first failure. */
+typedef struct verdict {
+    int checked, failed;
+    char first_failure[900];
+} verdict;
+
+static TEST_UNUSED void record(verdict *v, int ok, const char *what) {
+    v->checked++;
+    if (ok) return;
+    if (v->failed++ == 0) snprintf(v->first_failure, sizeof v->first_failure, "%s", what);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   shared memory, forked children and launches
+   --------------------------------------------------------------------------------------------- */
+/* A zero-filled MAP_SHARED region that forked children write and the parent reads; for main,
+   before any test: exits if it cannot be mapped. */
+static TEST_UNUSED void *map_shared(size_t bytes) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        perror("mmap");
+        exit(1);
+    }
+    return p;
+}
+
+/* The MAP_SHARED region of one test (the board): mapped zeroed by map_board, which asserts,
+   and unmapped by unmap_board in tearDown. */
+static TEST_UNUSED void *board_memory;
+static TEST_UNUSED size_t board_bytes;
+
+static TEST_UNUSED void *map_board(size_t bytes) {
+    board_memory = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    TEST_ASSERT_TRUE_MESSAGE(board_memory != MAP_FAILED, "mmap of the shared board");
+    board_bytes = bytes;
+    memset(board_memory, 0, bytes);
+    return board_memory;
+}
+
+static TEST_UNUSED void unmap_board(void) {
+    if (board_memory && board_memory != MAP_FAILED) munmap(board_memory, board_bytes);
+    board_memory = NULL;
+}
+
+/* Forks a child that runs fn(arg) and exits with its return value; alarm_s > 0: the child dies
+   of SIGALRM after that many seconds (should it outlive the parent's wait). */
+static TEST_UNUSED pid_t spawn(int (*fn)(void *), void *arg, unsigned alarm_s) {
+    pid_t pid;
+    fflush(NULL);
+    pid = fork();
+    if (pid == 0) {
+        if (alarm_s) alarm(alarm_s);
+        _exit(fn(arg));
+    }
+    return pid;
+}
+
+/* Waits up to limit_ms for the child, killing it then. Returns 1 if it ended by itself (its
+   wait status in *status), 0 if it had to be killed. */
+static TEST_UNUSED int wait_child(pid_t pid, int limit_ms, int *status) {
+    double until = now_ms() + limit_ms;
+    *status = 0;
+    while (waitpid(pid, status, WNOHANG) == 0) {
+        if (now_ms() > until) {
+            kill(pid, SIGKILL);
+            waitpid(pid, status, 0);
+            return 0;
+        }
+        sleep_ms(2);
+    }
+    return 1;
+}
+
+/* Waits up to limit_ms for a child, killing it after that. Returns its exit status or -1. */
+static TEST_UNUSED int reap(pid_t pid, int limit_ms) {
+    int status;
+    if (!wait_child(pid, limit_ms, &status)) return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* fsdp_launch_ex of nprocs ranks on backend, every wait of their communicators bounded by
+   timeout_ms; stdout and stderr are flushed first so that no child repeats buffered output. */
+static TEST_UNUSED int launch_ranks(int nprocs, fsdp_backend_kind backend, int timeout_ms, fsdp_rank_fn fn, void *arg,
+                                    fsdp_launch_status *status) {
+    fsdp_launch_desc d;
+    memset(&d, 0, sizeof d);
+    d.nprocs = nprocs;
+    d.backend = backend;
+    d.timeout_ms = timeout_ms;
+    fflush(stdout);
+    fflush(stderr);
+    return fsdp_launch_ex(&d, fn, arg, status);
+}
+
+/* A communicator of one rank in this process, its job named after the test and the process. */
+static TEST_UNUSED int open_one_rank_comm(fsdp_comm **comm, const char *name) {
+    fsdp_comm_desc cd;
+    char job[64];
+    memset(&cd, 0, sizeof cd);
+    snprintf(job, sizeof job, "%.40s-%d", name, (int)getpid());
+    cd.world_size = 1;
+    cd.job = job;
+    cd.timeout_ms = 5000;
+    return fsdp_comm_init(comm, &cd);
+}
+
+/* What a one-rank test left in this process, released (each may be NULL) and set to NULL: for
+   tearDown. */
+static TEST_UNUSED void release_one_rank(fsdp_ctx **ctx, fsdp_model **model, fsdp_comm **comm) {
+    fsdp_destroy(*ctx);
+    *ctx = NULL;
+    fsdp_model_destroy(*model);
+    *model = NULL;
+    fsdp_comm_destroy(*comm);
+    *comm = NULL;
+}
+
+/* A free TCP port on the loopback interface: bind port 0 and read what the kernel chose. */
+static TEST_UNUSED int pick_free_port(void) {
+    struct sockaddr_in addr;
+    socklen_t len = sizeof addr;
+    int port = 0, fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return 0;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(fd, (struct sockaddr *)&addr, sizeof addr) == 0 && getsockname(fd, (struct sockaddr *)&addr, &len) == 0)
+        port = ntohs(addr.sin_port);
+    close(fd);
+    return port;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   temporary directories and files
+   --------------------------------------------------------------------------------------------- */
+/* A fresh directory /tmp/<name>-XXXXXX (mkdtemp), its path in dir: 0, or -1 with errno set. */
+static TEST_UNUSED int make_temp_dir(char *dir, size_t size, const char *name) {
+    snprintf(dir, size, "/tmp/%s-XXXXXX", name);
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+/* setUp's directory for one test (make_temp_dir); fails the test if it cannot be made. */
+static TEST_UNUSED void make_test_dir(char *dir, size_t size, const char *name) {
+    static char message[300];
+    if (make_temp_dir(dir, size, name) != 0) {
+        snprintf(message, sizeof message, "mkdtemp(%.200s): %s", dir, strerror(errno));
+        TEST_FAIL_MESSAGE(message);
+    }
+}
+
+static TEST_UNUSED int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+/* Removes path and everything below it (symbolic links themselves, never what they point to). */
+static TEST_UNUSED int remove_tree(const char *path) { return nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static TEST_UNUSED void write_file(const char *path, const void *bytes, size_t size) {
+    static char message[1200];
+    FILE *f = fopen(path, "wb");
+    snprintf(message, sizeof message, "cannot write %.1000s: %s", path, strerror(errno));
+    TEST_ASSERT_NOT_NULL_MESSAGE(f, message);
+    TEST_ASSERT_EQUAL_size_t(size, fwrite(bytes, 1, size, f));
+    TEST_ASSERT_EQUAL_INT(0, fclose(f));
+}
+
+/* The whole file in malloc'd memory (a 0 byte after it, not counted in *size). */
+static TEST_UNUSED unsigned char *read_whole_file(const char *path, size_t *size) {
+    static char message[1200];
+    FILE *f = fopen(path, "rb");
+    unsigned char *bytes;
+    long n;
+    snprintf(message, sizeof message, "cannot read %.1000s: %s", path, strerror(errno));
+    TEST_ASSERT_NOT_NULL_MESSAGE(f, message);
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    bytes = (unsigned char *)malloc((size_t)n + 1);
+    if (!bytes) fclose(f);
+    TEST_ASSERT_NOT_NULL(bytes);
+    *size = (size_t)n;
+    bytes[*size] = 0;
+    TEST_ASSERT_EQUAL_size_t(*size, fread(bytes, 1, *size, f));
+    fclose(f);
+    return bytes;
+}
+
+/* Number of entries of dir (but . and ..) whose names contain part (NULL: all); -1 if dir
+   cannot be read. */
+static TEST_UNUSED int count_entries(const char *dir, const char *part) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int n = 0;
+    if (!d) return -1;
+    while ((e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 && (!part || strstr(e->d_name, part))) n++;
+    closedir(d);
+    return n;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   the fuzz targets' corpora (tests/corpus/<name> and its crashers/ folder)
+   --------------------------------------------------------------------------------------------- */
+/* The folder of corpus `name` plus sub: the environment variable env_var if set, else fixed (a
+   -D at build time) if not NULL, else tests/corpus/<name> found from this file's path. */
+static TEST_UNUSED void corpus_dir(char *out, size_t size, const char *env_var, const char *fixed, const char *name,
+                                   const char *sub) {
+    const char *env = getenv(env_var);
+    const char *file = __FILE__, *slash = strrchr(file, '/');
+    if (env && *env) snprintf(out, size, "%s%s", env, sub);
+    else if (fixed) snprintf(out, size, "%s%s", fixed, sub);
+    else if (slash) snprintf(out, size, "%.*s/corpus/%s%s", (int)(slash - file), file, name, sub);
+    else snprintf(out, size, "corpus/%s%s", name, sub);
+}
+
+/* Runs parse on every regular file of dir, each in a child of its own (so that a crash names the
+   file, bounded by alarm at 20 s), and asserts that each exits with status 0; codes says what
+   other statuses mean (4: the child could not read the file). Counts the files in *files;
+   returns -1 if dir cannot be opened. */
+static TEST_UNUSED int replay_corpus_dir(const char *dir, int (*parse)(const unsigned char *bytes, size_t size),
+                                         const char *codes, int *files) {
+    static char message[1400];
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char path[1024];
+    if (!d) return -1;
+    while ((e = readdir(d)) != NULL) {
+        struct stat st;
+        pid_t pid;
+        int status;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (e->d_name[0] == '.' || stat(path, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+        fflush(NULL);
+        pid = fork();
+        if (pid == 0) {
+            unsigned char *bytes = (unsigned char *)malloc((size_t)st.st_size + 1);
+            FILE *f = fopen(path, "rb");
+            size_t n;
+            alarm(20);
+            closedir(d); /* the child's copy: nothing of the parent's stays allocated in it */
+            if (!bytes || !f) _exit(4);
+            n = fread(bytes, 1, (size_t)st.st_size, f);
+            fclose(f);
+            status = parse(bytes, n);
+            free(bytes);
+            _exit(status);
+        }
+        TEST_ASSERT_TRUE(pid > 0);
+        TEST_ASSERT_EQUAL_INT(pid, waitpid(pid, &status, 0));
+        if (WIFSIGNALED(status))
+            snprintf(message, sizeof message, "%s: the parser crashed (signal %d)", path, WTERMSIG(status));
+        else
+            snprintf(message, sizeof message, "%s: exit status %d (%.200s)", path, WEXITSTATUS(status), codes);
+        TEST_ASSERT_TRUE_MESSAGE(WIFEXITED(status) && WEXITSTATUS(status) == 0, message);
+        (*files)++;
+    }
+    closedir(d);
+    return 0;
+}
+
+/* The whole test of a fuzz target's corpus: every seed of corpus `name` (corpus_dir) and every
+   crasher in its crashers/ folder (absent when the fuzzer found nothing) through parse
+   (replay_corpus_dir); ignored, saying where it looked, when there is no corpus. */
+static TEST_UNUSED void assert_corpus_replays(const char *env_var, const char *fixed, const char *name,
+                                              int (*parse)(const unsigned char *bytes, size_t size), const char *codes) {
+    static char message[700];
+    char seeds[512], crashers[512];
+    int files = 0;
+    corpus_dir(seeds, sizeof seeds, env_var, fixed, name, "");
+    corpus_dir(crashers, sizeof crashers, env_var, fixed, name, "/crashers");
+    if (replay_corpus_dir(seeds, parse, codes, &files) != 0) {
+        snprintf(message, sizeof message, "no corpus at %s (run from the repository root or set %s)", seeds, env_var);
+        TEST_IGNORE_MESSAGE(message);
+    }
+    replay_corpus_dir(crashers, parse, codes, &files);
+    TEST_ASSERT_GREATER_THAN(0, files);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   floats and dtypes: reference conversions written from the formats, independent of fsdp.h
+   --------------------------------------------------------------------------------------------- */
+static TEST_UNUSED uint32_t bits_of(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    return bits;
+}
+
+static TEST_UNUSED float float_of(uint32_t bits) {
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+/* The value of every f16 bit pattern; filled by build_f16_decode_table in main. */
+static TEST_UNUSED float f16_decode_table[65536];
+
+static TEST_UNUSED void build_f16_decode_table(void) {
+    uint32_t h;
+    for (h = 0; h < 65536; h++) {
+        int exponent = (int)((h >> 10) & 0x1F), mantissa = (int)(h & 0x3FF);
+        float magnitude;
+        if (exponent == 0) magnitude = ldexpf((float)mantissa, -24);
+        else if (exponent == 31) magnitude = mantissa ? NAN : INFINITY;
+        else magnitude = ldexpf((float)(mantissa + 1024), exponent - 25);
+        f16_decode_table[h] = (h & 0x8000u) ? -magnitude : magnitude;
+    }
+}
+
+/* f32 -> bf16, round to nearest even; a NaN stays a quiet NaN with its sign. */
+static TEST_UNUSED uint16_t reference_bf16(float value) {
+    uint32_t u = bits_of(value);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* f32 -> f16, round to nearest even, subnormals, overflow to infinity, NaN quiet with its sign. */
+static TEST_UNUSED uint16_t reference_f16(float value) {
+    uint32_t u = bits_of(value);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    u &= 0x7FFFFFFFu;
+    if (u > 0x7F800000u) return (uint16_t)(sign | 0x7E00u);
+    if (u >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);       /* >= 65520: infinity */
+    if (u <= 0x33000000u) return sign;                               /* <= 2^-25: zero */
+    if (u < 0x38800000u) {                                           /* < 2^-14: subnormal */
+        uint32_t exponent = u >> 23, mantissa = (u & 0x7FFFFFu) | 0x800000u;
+        uint32_t shift = 126 - exponent, quotient = mantissa >> shift;
+        uint32_t rest = mantissa & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rest > half || (rest == half && (quotient & 1u))) quotient++;
+        return (uint16_t)(sign | quotient);
+    }
+    u += 0xFFFu + ((u >> 13) & 1u);
+    u -= 112u << 23;
+    return (uint16_t)(sign | (u >> 13));
+}
+
+static TEST_UNUSED size_t element_size(fsdp_dtype dtype) { return dtype == FSDP_F32 ? 4 : 2; }
+
+/* A 32-bit integer hash (the inputs of the collective tests). */
+static TEST_UNUSED uint32_t mix32(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7FEB352Du;
+    x ^= x >> 15;
+    x *= 0x846CA68Bu;
+    x ^= x >> 16;
+    return x;
+}
+
+/* |got - want| relative to max(|want|, floor): an element near zero has no meaningful relative
+   error of its own and is measured against floor, the scale of the values compared. NaN if
+   either is NaN (so that `!(rel_error(...) <= tolerance)` catches it). */
+static TEST_UNUSED double rel_error(double got, double want, double floor) {
+    return fabs(got - want) / fmax(fabs(want), floor);
+}
+
+static TEST_UNUSED const char *kind_name(fsdp_coll_kind kind) {
+    switch (kind) {
+    case FSDP_COLL_ALL_GATHER: return "all_gather";
+    case FSDP_COLL_REDUCE_SCATTER: return "reduce_scatter";
+    case FSDP_COLL_ALL_REDUCE: return "all_reduce";
+    case FSDP_COLL_BROADCAST: return "broadcast";
+    case FSDP_COLL_BARRIER: return "barrier";
+    default: return "?";
+    }
+}
+
+static TEST_UNUSED const char *op_name(fsdp_reduce_op op) {
+    return op == FSDP_SUM ? "SUM" : op == FSDP_AVG ? "AVG" : op == FSDP_MAX ? "MAX" : "?";
+}
+
+static TEST_UNUSED const char *dtype_label(fsdp_dtype dtype) {
+    return dtype == FSDP_F32 ? "f32" : dtype == FSDP_BF16 ? "bf16" : "f16";
+}
+
+/* ---------------------------------------------------------------------------------------------
+   the dense layers of the test models, in plain C (the references compute with these)
+   --------------------------------------------------------------------------------------------- */
+/* out (n,out_dim) = in (n,in_dim) @ weight^T + bias; weight is (out_dim,in_dim) */
+static TEST_UNUSED void linear_forward(float *out, const float *in, const float *weight, const float *bias, int n,
+                                       int in_dim, int out_dim) {
+    int i, o, k;
+    for (i = 0; i < n; i++)
+        for (o = 0; o < out_dim; o++) {
+            float sum = bias[o];
+            for (k = 0; k < in_dim; k++) sum += weight[o * in_dim + k] * in[i * in_dim + k];
+            out[i * out_dim + o] = sum;
+        }
+}
+
+/* din (n,in_dim) += dout @ weight; dweight += dout^T @ in; dbias += column sums of dout */
+static TEST_UNUSED void linear_backward(float *din, float *dweight, float *dbias, const float *dout, const float *in,
+                                        const float *weight, int n, int in_dim, int out_dim) {
+    int i, o, k;
+    for (i = 0; i < n; i++)
+        for (o = 0; o < out_dim; o++) {
+            float d = dout[i * out_dim + o];
+            dbias[o] += d;
+            for (k = 0; k < in_dim; k++) {
+                dweight[o * in_dim + k] += d * in[i * in_dim + k];
+                din[i * in_dim + k] += d * weight[o * in_dim + k];
+            }
+        }
+}
+
+/* x0 (n,dim) = x * scale (dim), broadcast over rows */
+static TEST_UNUSED void scale_forward(float *x0, const float *x, const float *scale, int n, int dim) {
+    int i, k;
+    for (i = 0; i < n; i++)
+        for (k = 0; k < dim; k++) x0[i * dim + k] = x[i * dim + k] * scale[k];
+}
+
+/* dscale (dim) += column sums of dx0 * x */
+static TEST_UNUSED void scale_backward(float *dscale, const float *dx0, const float *x, int n, int dim) {
+    int i, k;
+    for (i = 0; i < n; i++)
+        for (k = 0; k < dim; k++) dscale[k] += dx0[i * dim + k] * x[i * dim + k];
+}
+
+#endif /* TEST_COMMON_H */
