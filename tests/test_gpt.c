@@ -212,6 +212,26 @@ static void test_matmul_backward_matches_finite_differences(void) {
 }
 
 /* --- the matrix multiply under every layer (example_gemm.h) --- */
+/* The example's own AVX-512 kernel only where OpenBLAS would run pre-AVX-512 kernels on an
+   AVX-512 CPU (corename in any case); OpenBLAS for unknown, newer or missing names; the
+   environment forces either (own only where the CPU can). */
+static void test_sgemm_kernel_chosen_only_where_openblas_runs_older_kernels_on_avx512(void) {
+    TEST_ASSERT_EQUAL_INT(1, example_gemm_choose(1, "Haswell", NULL));
+    TEST_ASSERT_EQUAL_INT(1, example_gemm_choose(1, "Zen", NULL));
+    TEST_ASSERT_EQUAL_INT(1, example_gemm_choose(1, "HASWELL", NULL));
+    TEST_ASSERT_EQUAL_INT(0, example_gemm_choose(1, "SkylakeX", NULL));
+    TEST_ASSERT_EQUAL_INT(0, example_gemm_choose(1, "Cooperlake", NULL));
+    TEST_ASSERT_EQUAL_INT(0, example_gemm_choose(1, "SapphireRapids", NULL));
+    TEST_ASSERT_EQUAL_INT(0, example_gemm_choose(0, "Haswell", NULL));
+    TEST_ASSERT_EQUAL_INT(0, example_gemm_choose(1, NULL, NULL));
+    TEST_ASSERT_EQUAL_INT(0, example_gemm_choose(1, "", NULL));
+    TEST_ASSERT_EQUAL_INT(0, example_gemm_choose(1, "Unknown", NULL));
+    TEST_ASSERT_EQUAL_INT(0, example_gemm_choose(1, "Haswellx", NULL));
+    TEST_ASSERT_EQUAL_INT(0, example_gemm_choose(1, "Zen", "openblas"));
+    TEST_ASSERT_EQUAL_INT(1, example_gemm_choose(1, "SkylakeX", "own"));
+    TEST_ASSERT_EQUAL_INT(0, example_gemm_choose(0, "Haswell", "own"));
+}
+
 /* example_sgemm against a double-precision loop: every transpose, beta 0 (C holds NaN, which must
    not leak in) and 1, alpha != 1, and example_sgemm_bias (alpha 1, beta 0, plus a bias row);
    leading dimensions wider than the matrices (the padding columns must stay untouched), and
@@ -1224,12 +1244,18 @@ void tearDown(void) {}
 
 int main(void) {
     openblas_set_num_threads(1); /* before forking: one BLAS thread per rank, none idle in the parent */
+#if EXAMPLE_GEMM_AVX512
+    /* where the CPU can run it, the kernel itself is what the multiply tests check (the choice is
+       made once, at the first multiply) */
+    if (__builtin_cpu_supports("avx512f")) setenv("EXAMPLE_SGEMM", "own", 1);
+#endif
     make_corpus();
     results = (shared_results *)map_shared(sizeof *results);
     UNITY_BEGIN();
     RUN_TEST(test_encoder_backward_matches_finite_differences);
     RUN_TEST(test_layernorm_backward_matches_finite_differences);
     RUN_TEST(test_matmul_backward_matches_finite_differences);
+    RUN_TEST(test_sgemm_kernel_chosen_only_where_openblas_runs_older_kernels_on_avx512);
     RUN_TEST(test_sgemm_matches_a_double_precision_product_for_every_layout_and_edge);
     RUN_TEST(test_sgemm_in_threads_frees_each_threads_buffers);
     RUN_TEST(test_expf_within_2_ulp_clamped_outside_and_nan_stays_nan);
