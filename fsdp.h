@@ -72,6 +72,7 @@
        >>model         modules, parameters, counter-based initialisation
        >>wrap          wrap policies: which modules become units
        >>optimizer     the optimizer table: SGD, Adam, AdamW, yours
+       >>offload       the tier below RAM: files on local disk, an I/O thread
        >>runtime       fsdp_ctx: flat parameters, hooks, comm thread, strategies, the step
        >>memory        memory statistics and the estimator
        >>json          JSON parsing and writing
@@ -110,6 +111,8 @@
        FSDP_HIER_STEP_MIB    pipeline step of large ops over hosts in MiB, 0..1024 (default 2;
                              0: one step per op); the ranks take the smallest any asks for
        FSDP_RESTART_COUNT    set by fsdp_launch for its ranks: the attempt, 0 first (max_restarts)
+       FSDP_OFFLOAD_DIR      where offloaded state goes when fsdp_desc.offload.dir is NULL (a
+                             directory on a local disk; every rank keeps one unlinked file there)
        RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT      (torchrun)
        TORCHELASTIC_RUN_ID TORCHELASTIC_RESTART_COUNT TORCHELASTIC_USE_AGENT_STORE (torchrun: the
                              job token, and rank 0's address in the agent's store)
@@ -620,6 +623,10 @@ typedef struct fsdp_optimizer_desc {
     float weight_decay;
     int weight_decay_set;
     const fsdp_optimizer *custom; /* an optimizer of your own (kind FSDP_OPTIMIZER_CUSTOM or 0) */
+    fsdp_dtype state_dtype;       /* the state's storage: FSDP_F32 (default: PyTorch's bits) or
+                                     FSDP_BF16 (half the bytes, in RAM and on disk: each step widens
+                                     the state to f32, updates in f32 and rounds the new state to
+                                     the nearest bf16, ties to even) */
 } fsdp_optimizer_desc;
 
 /* One update of count elements of a shard: what a row's update receives. */
@@ -665,6 +672,24 @@ typedef struct fsdp_param_group {
     float weight_decay;      /* as given: 0 is no decay */
     float lr_scale;          /* 0 is 1 (to keep a parameter fixed, freeze it) */
 } fsdp_param_group;
+
+/* ============================================================================================
+   >>offload
+   The tier below RAM: state a rank keeps on its local disk (an SSD or NVMe), streamed to and from
+   RAM in the order it is used, as DeepSpeed's ZeRO-Infinity keeps it on NVMe. Each rank keeps one
+   file in the directory, unlinked from the start (it never outlives the process) and reserved in
+   full at init (a full disk is an error then, not mid-training); its bytes bypass the page cache
+   (O_DIRECT, or written back and dropped where the filesystem has no O_DIRECT), so they really
+   leave RAM. An I/O thread reads ahead and writes behind while the step computes.
+   ============================================================================================ */
+typedef struct fsdp_offload_desc {
+    int optimizer;          /* optimizer state on disk (DeepSpeed's offload_optimizer) */
+    const char *dir;        /* a directory on a local disk; NULL: FSDP_OFFLOAD_DIR */
+    size_t ram_bytes;       /* the most RAM the streaming may use per rank (at least three chunks
+                               of 2048 elements of each state buffer); 0: 64 MiB */
+    int allow_tmpfs;        /* accept a directory in RAM (tmpfs, ramfs), which saves no memory:
+                               for tests; refused otherwise */
+} fsdp_offload_desc;
 
 /* ============================================================================================
    >>runtime
@@ -715,6 +740,7 @@ typedef struct fsdp_desc {
                                            estimator's peak_bytes; leave room for activations, and on
                                            shm for the peers' f32 shards that gathers read in place:
                                            mapped, they count in each reader's RSS though stored once) */
+    fsdp_offload_desc offload;          /* state kept on local disk (default: everything in RAM) */
     fsdp_logger logger;                 /* default: the comm's */
 } fsdp_desc;
 
@@ -810,14 +836,17 @@ FSDP_API int fsdp_set_param_shard(fsdp_ctx *ctx, int param, const float *slice);
 /* ============================================================================================
    >>memory
    ============================================================================================ */
+/* Bytes per rank. RAM: everything but disk_bytes. */
 typedef struct fsdp_memory_stats {
-    size_t param_shard_bytes;    /* fp32 master shards */
-    size_t grad_shard_bytes;     /* gradient shards */
-    size_t optimizer_bytes;      /* optimizer state shards */
+    size_t param_shard_bytes;    /* fp32 master shards in RAM */
+    size_t grad_shard_bytes;     /* gradient shards in RAM */
+    size_t optimizer_bytes;      /* optimizer state shards in RAM */
     size_t persistent_bytes;     /* the three above */
     size_t unsharded_bytes;      /* gathered parameters and unsharded gradients live now */
     size_t peak_unsharded_bytes; /* their peak since init or the last reset */
-    size_t peak_bytes;           /* persistent + peak unsharded */
+    size_t peak_bytes;           /* persistent + peak unsharded + stream: the RAM fsdp.h needs */
+    size_t disk_bytes;           /* state offloaded to disk (the offload file's size) */
+    size_t stream_bytes;         /* RAM the streaming of offloaded state uses at most */
 } fsdp_memory_stats;
 
 FSDP_API int fsdp_memory_stats_get(const fsdp_ctx *ctx, fsdp_memory_stats *stats);
@@ -836,6 +865,12 @@ FSDP_API int fsdp_memory_estimate(const fsdp_model *model, const fsdp_desc *desc
    fsdp_init does this for desc->strategy FSDP_STRATEGY_AUTO with desc->memory_budget. */
 FSDP_API int fsdp_strategy_for_budget(const fsdp_model *model, const fsdp_desc *desc, int world_size, size_t budget_bytes,
                                       fsdp_strategy *chosen, char *why, size_t why_size);
+/* As fsdp_strategy_for_budget, then, where no strategy fits with the optimizer state in RAM,
+   FULL_SHARD with it offloaded to disk (>>offload; when desc->offload.dir or FSDP_OFFLOAD_DIR
+   names a directory): the least offload that fits. *chosen is desc with the strategy and offload
+   that fit; why says which and why. fsdp_init does this for FSDP_STRATEGY_AUTO. */
+FSDP_API int fsdp_fit_budget(const fsdp_model *model, const fsdp_desc *desc, int world_size, size_t budget_bytes,
+                             fsdp_desc *chosen, char *why, size_t why_size);
 
 /* ============================================================================================
    >>checkpoint
@@ -1076,6 +1111,10 @@ FSDP_API int fsdp_launch_ex(const fsdp_launch_desc *desc, fsdp_rank_fn fn, void 
 #include <unistd.h>
 #if defined(__linux__)
 #  include <linux/futex.h>
+#  include <sys/vfs.h>
+#endif
+#if defined(__linux__) && !defined(O_TMPFILE)
+#  define O_TMPFILE (020000000 | O_DIRECTORY)
 #endif
 #if defined(__SSE2__) && (defined(__x86_64__) || defined(__i386__))
 #  include <emmintrin.h>
@@ -6948,6 +6987,7 @@ FSDP__PRIVATE void fsdp__optimizer_defaults(fsdp_optimizer_desc *o) {
     const fsdp_optimizer *row;
     if (o->kind == FSDP_OPTIMIZER_DEFAULT) o->kind = o->custom ? FSDP_OPTIMIZER_CUSTOM : FSDP_SGD;
     if (o->lr == 0.0f) o->lr = 1e-3f;
+    if (o->state_dtype == FSDP_DTYPE_DEFAULT) o->state_dtype = FSDP_F32;
     if ((row = fsdp__optimizer_row(o)) != NULL && row->defaults) row->defaults(o);
 }
 
@@ -6966,7 +7006,8 @@ FSDP__PRIVATE int fsdp__optimizer_check(const fsdp_optimizer_desc *o, char *err,
         return FSDP_ERR_INVALID_ARG;
     }
     n = fsdp__optimizer_num_state(o);
-    if (!(o->lr > 0) || !isfinite(o->lr)) why = "lr must be > 0 and finite";
+    if (o->state_dtype != FSDP_F32 && o->state_dtype != FSDP_BF16) why = "state_dtype must be FSDP_F32 or FSDP_BF16";
+    else if (!(o->lr > 0) || !isfinite(o->lr)) why = "lr must be > 0 and finite";
     else if (!(o->weight_decay >= 0) || !isfinite(o->weight_decay)) why = "weight_decay must be >= 0 and finite";
     else if (n < 0 || n > FSDP_OPTIMIZER_MAX_STATE) why = "it keeps more state buffers than FSDP_OPTIMIZER_MAX_STATE";
     else if (row->check) why = row->check(o);
@@ -6993,6 +7034,256 @@ FSDP__PRIVATE int fsdp__optimizer_state_index(const fsdp_optimizer *row, int kep
 }
 
 /* ============================================================================================
+   >>offload
+   One file per rank, written and read in whole aligned blocks by an I/O thread that runs the
+   requests in the order they were made; callers wait for a ticket. Every failure names the file,
+   the offset and the bytes, and stays: later requests fail with it.
+   ============================================================================================ */
+#define FSDP__IO_ALIGN ((size_t)4096)             /* O_DIRECT's unit for offsets, lengths, buffers */
+#define FSDP__OFFLOAD_RAM_DEFAULT ((size_t)64 << 20)
+#define FSDP__IO_QUEUE 64
+
+typedef struct fsdp__io_req {
+    int write;
+    int64_t offset;
+    size_t bytes;
+    void *buf;
+} fsdp__io_req;
+
+typedef struct fsdp__offload {
+    int fd;
+    int direct;             /* O_DIRECT; else every block is written back and dropped from the page cache */
+    int rank;
+    char where[300];        /* "the offload file of rank 3 in /scratch", for messages */
+    int64_t size;           /* bytes reserved */
+    pthread_t thread;
+    int thread_started, stop;
+    pthread_mutex_t lock;
+    pthread_cond_t work, done;
+    fsdp__io_req queue[FSDP__IO_QUEUE];
+    int head, len;
+    uint64_t issued, completed;
+    int error;              /* the first failure (FSDP_ERR_IO, FSDP_ERR_NO_SPACE) and its message */
+    char message[FSDP__ERRMSG];
+    uint64_t bytes_read, bytes_written;
+} fsdp__offload;
+
+static void *fsdp__aligned_alloc(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, FSDP__IO_ALIGN, fsdp__align(bytes ? bytes : 1, FSDP__IO_ALIGN)) != 0) return NULL;
+    return p;
+}
+
+/* Runs one request; 0, or the failure with its message set. */
+FSDP__PRIVATE int fsdp__io_run(fsdp__offload *o, const fsdp__io_req *r, char *message, size_t size) {
+    size_t done = 0;
+    while (done < r->bytes) {
+        ssize_t n = r->write ? pwrite(o->fd, (const char *)r->buf + done, r->bytes - done, (off_t)(r->offset + (int64_t)done))
+                             : pread(o->fd, (char *)r->buf + done, r->bytes - done, (off_t)(r->offset + (int64_t)done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            int err = n < 0 ? errno : 0;
+            fsdp__fmt(message, size, "offload: %s %zu bytes at offset %lld of %s failed: %s", r->write ? "writing" : "reading",
+                      r->bytes, (long long)r->offset, o->where,
+                      n == 0 ? "short read (the file ends early)" : strerror(err));
+            return err == ENOSPC || err == EDQUOT ? FSDP_ERR_NO_SPACE : FSDP_ERR_IO;
+        }
+        done += (size_t)n;
+    }
+#if defined(__linux__)
+    if (!o->direct) { /* the bytes leave RAM all the same: written back, then dropped */
+        if (r->write) sync_file_range(o->fd, (off_t)r->offset, (off_t)r->bytes,
+                                      SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+        posix_fadvise(o->fd, (off_t)r->offset, (off_t)r->bytes, POSIX_FADV_DONTNEED);
+    }
+#endif
+    return 0;
+}
+
+static void *fsdp__io_thread(void *arg) {
+    fsdp__offload *o = (fsdp__offload *)arg;
+    pthread_mutex_lock(&o->lock);
+    for (;;) {
+        fsdp__io_req r;
+        char message[FSDP__ERRMSG];
+        int rc = 0;
+        while (!o->len && !o->stop) pthread_cond_wait(&o->work, &o->lock);
+        if (!o->len) break;
+        r = o->queue[o->head];
+        pthread_mutex_unlock(&o->lock);
+        if (!__atomic_load_n(&o->error, __ATOMIC_ACQUIRE)) rc = fsdp__io_run(o, &r, message, sizeof message);
+        pthread_mutex_lock(&o->lock);
+        if (rc && !o->error) {
+            fsdp__copy_string(o->message, sizeof o->message, message);
+            __atomic_store_n(&o->error, rc, __ATOMIC_RELEASE);
+        }
+        if (!rc) {
+            if (r.write) o->bytes_written += r.bytes;
+            else o->bytes_read += r.bytes;
+        }
+        o->head = (o->head + 1) % FSDP__IO_QUEUE;
+        o->len--;
+        o->completed++;
+        pthread_cond_broadcast(&o->done);
+    }
+    pthread_mutex_unlock(&o->lock);
+    return NULL;
+}
+
+/* Queues a read or write of whole aligned blocks (offset, bytes and buf aligned to
+   FSDP__IO_ALIGN); its ticket for fsdp__io_wait. */
+FSDP__PRIVATE uint64_t fsdp__io_submit(fsdp__offload *o, int write, int64_t offset, void *buf, size_t bytes) {
+    uint64_t ticket;
+    FSDP_ASSERT(offset % (int64_t)FSDP__IO_ALIGN == 0 && bytes % FSDP__IO_ALIGN == 0 && (uintptr_t)buf % FSDP__IO_ALIGN == 0);
+    pthread_mutex_lock(&o->lock);
+    while (o->len == FSDP__IO_QUEUE) pthread_cond_wait(&o->done, &o->lock);
+    o->queue[(o->head + o->len) % FSDP__IO_QUEUE].write = write;
+    o->queue[(o->head + o->len) % FSDP__IO_QUEUE].offset = offset;
+    o->queue[(o->head + o->len) % FSDP__IO_QUEUE].bytes = bytes;
+    o->queue[(o->head + o->len) % FSDP__IO_QUEUE].buf = buf;
+    o->len++;
+    ticket = ++o->issued;
+    pthread_cond_signal(&o->work);
+    pthread_mutex_unlock(&o->lock);
+    return ticket;
+}
+
+/* Waits until the request with this ticket (0: every one) is done; 0, or the first failure,
+   whose message is in o->message. */
+FSDP__PRIVATE int fsdp__io_wait(fsdp__offload *o, uint64_t ticket) {
+    int rc;
+    pthread_mutex_lock(&o->lock);
+    if (!ticket) ticket = o->issued;
+    while (o->completed < ticket) pthread_cond_wait(&o->done, &o->lock);
+    rc = o->error;
+    pthread_mutex_unlock(&o->lock);
+    return rc;
+}
+
+/* Bytes [at, at + n) of the file, at any alignment, to or from mem (through an aligned bounce
+   buffer of the blocks around them; a write reads those blocks first). */
+FSDP__PRIVATE int fsdp__io_bytes(fsdp__offload *o, int write, int64_t at, void *mem, size_t n) {
+    int64_t first = at / (int64_t)FSDP__IO_ALIGN * (int64_t)FSDP__IO_ALIGN;
+    size_t span = fsdp__align((size_t)(at - first) + n, FSDP__IO_ALIGN);
+    char *bounce = (char *)fsdp__aligned_alloc(span);
+    int rc;
+    if (!bounce) return FSDP_ERR_OUT_OF_MEMORY;
+    rc = fsdp__io_wait(o, fsdp__io_submit(o, 0, first, bounce, span));
+    if (!rc && write) {
+        memcpy(bounce + (at - first), mem, n);
+        rc = fsdp__io_wait(o, fsdp__io_submit(o, 1, first, bounce, span));
+    } else if (!rc) {
+        memcpy(mem, bounce + (at - first), n);
+    }
+    FSDP_FREE(bounce);
+    return rc;
+}
+
+/* Whether dir can hold offloaded state: a directory on a disk (tmpfs and ramfs are RAM: refused
+   unless allowed) with room for need bytes times the ranks of this host, which share it. 0, or
+   FSDP_ERR_INVALID_ARG / FSDP_ERR_NO_SPACE with why. */
+FSDP__PRIVATE int fsdp__offload_check_dir(const char *dir, int allow_tmpfs, size_t need, int local_ranks, char *why,
+                                          size_t size) {
+    struct statvfs vfs;
+    double free_bytes, wanted = (double)need * (double)(local_ranks > 0 ? local_ranks : 1);
+    char shown[200];
+    fsdp_printable(shown, sizeof shown, dir);
+#if defined(__linux__)
+    {
+        struct statfs fs;
+        if (statfs(dir, &fs) != 0)
+            return fsdp__fmt(why, size, "offload directory %s: %s", shown, strerror(errno)), FSDP_ERR_INVALID_ARG;
+        if (!allow_tmpfs && (fs.f_type == 0x01021994 /* TMPFS_MAGIC */ || fs.f_type == (long)0x858458f6 /* RAMFS_MAGIC */))
+            return fsdp__fmt(why, size, "offload directory %s is in RAM (tmpfs): offloading there frees no memory; "
+                             "use a directory on a local disk (offload.allow_tmpfs = 1 forces it)", shown), FSDP_ERR_INVALID_ARG;
+    }
+#endif
+    if (statvfs(dir, &vfs) != 0)
+        return fsdp__fmt(why, size, "offload directory %s: %s", shown, strerror(errno)), FSDP_ERR_INVALID_ARG;
+    free_bytes = (double)vfs.f_bavail * (double)vfs.f_frsize;
+    if (free_bytes < wanted)
+        return fsdp__fmt(why, size, "offload directory %s has %.0f bytes (%.1f GiB) free; the %d rank(s) of this host need "
+                         "%.0f bytes (%.1f GiB)", shown, free_bytes, free_bytes / 1073741824.0, local_ranks > 0 ? local_ranks : 1,
+                         wanted, wanted / 1073741824.0), FSDP_ERR_NO_SPACE;
+    return 0;
+}
+
+/* An unlinked file in dir (O_TMPFILE, else made and unlinked at once), O_DIRECT where the
+   filesystem takes it; -1 with errno. */
+static int fsdp__offload_file(const char *dir, int *direct) {
+    int fd = -1;
+#if defined(__linux__)
+    fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC | O_DIRECT, 0600);
+    *direct = fd >= 0;
+    if (fd < 0) fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+#endif
+    if (fd < 0) {
+        char path[512];
+        fsdp__fmt(path, sizeof path, "%s/.fsdp-offload-XXXXXX", dir);
+        if ((fd = mkstemp(path)) >= 0) {
+            unlink(path);
+            fcntl(fd, F_SETFD, FD_CLOEXEC);
+        }
+        *direct = 0;
+    }
+    return fd;
+}
+
+/* Opens rank's offload file in dir with bytes reserved (posix_fallocate: a full disk is an
+   error now), and starts its I/O thread. 0, or the failure with why in err. */
+FSDP__PRIVATE int fsdp__offload_open(fsdp__offload *o, const char *dir, int allow_tmpfs, int64_t bytes, int rank,
+                                     int local_ranks, const fsdp_logger *logger, char *err, size_t err_size) {
+    char shown[200];
+    int rc;
+    memset(o, 0, sizeof o[0]);
+    o->fd = -1;
+    o->rank = rank;
+    o->size = bytes;
+    fsdp__fmt(o->where, sizeof o->where, "the offload file of rank %d in %s", rank, fsdp_printable(shown, sizeof shown, dir));
+    if ((rc = fsdp__offload_check_dir(dir, allow_tmpfs, (size_t)bytes, local_ranks, err, err_size)) != 0) return rc;
+    if ((o->fd = fsdp__offload_file(dir, &o->direct)) < 0) {
+        fsdp__fmt(err, err_size, "offload: cannot create a file in %s: %s", shown, strerror(errno));
+        return FSDP_ERR_IO;
+    }
+    if (bytes > 0 && (rc = posix_fallocate(o->fd, 0, (off_t)bytes)) != 0) {
+        fsdp__fmt(err, err_size, "offload: cannot reserve %lld bytes for %s: %s", (long long)bytes, o->where, strerror(rc));
+        close(o->fd);
+        o->fd = -1;
+        return rc == ENOSPC || rc == EDQUOT ? FSDP_ERR_NO_SPACE : FSDP_ERR_IO;
+    }
+    if (!o->direct)
+        fsdp__log(logger, FSDP_LOG_WARN, "offload: %s takes no O_DIRECT: every block is written back and dropped from the "
+                  "page cache instead", o->where);
+    pthread_mutex_init(&o->lock, NULL);
+    pthread_cond_init(&o->work, NULL);
+    pthread_cond_init(&o->done, NULL);
+    if (pthread_create(&o->thread, NULL, fsdp__io_thread, o) != 0) {
+        fsdp__fmt(err, err_size, "offload: cannot start the I/O thread");
+        return FSDP_ERR_SYSTEM;
+    }
+    o->thread_started = 1;
+    return 0;
+}
+
+/* Waits for every request, stops the thread, closes (and so frees) the file. */
+FSDP__PRIVATE void fsdp__offload_close(fsdp__offload *o) {
+    if (!o) return;
+    if (o->thread_started) {
+        pthread_mutex_lock(&o->lock);
+        o->stop = 1;
+        pthread_cond_broadcast(&o->work);
+        pthread_mutex_unlock(&o->lock);
+        pthread_join(o->thread, NULL);
+        pthread_mutex_destroy(&o->lock);
+        pthread_cond_destroy(&o->work);
+        pthread_cond_destroy(&o->done);
+    }
+    if (o->fd >= 0) close(o->fd);
+    o->fd = -1;
+    o->thread_started = 0;
+}
+
+/* ============================================================================================
    >>runtime
    The compute thread calls the hooks; one comm thread runs every collective of the context in
    the order they were issued (every rank issues the same sequence), so gathers of the next unit
@@ -7007,6 +7298,14 @@ static const char *fsdp__state_name(int state) {
     return state >= 0 && state <= 4 ? names[state] : "?";
 }
 
+/* Where one of a unit's persistent shards lives: in RAM, or in the rank's offload file. Its
+   values are ctx->state_dtype (optimizer state); read and written through fsdp__home_read and
+   fsdp__home_write, or directly where fsdp__home_f32 gives a pointer. */
+typedef struct fsdp__home {
+    void *ram;              /* the shard in RAM; NULL when on disk */
+    int64_t offset;         /* on disk: its first byte in the offload file (aligned); -1 in RAM */
+} fsdp__home;
+
 typedef struct fsdp__unit {
     int module;
     fsdp_strategy strategy;
@@ -7019,7 +7318,7 @@ typedef struct fsdp__unit {
     float *master;          /* fp32 shard [shard]; inside ctx->master_mem when master_shared */
     int master_shared;
     float *grad;            /* gradient shard [shard] */
-    float *opt_state[FSDP_OPTIMIZER_MAX_STATE]; /* the optimizer's state shards [shard] (ctx->num_state of them) */
+    fsdp__home opt[FSDP_OPTIMIZER_MAX_STATE]; /* the optimizer's state shards (ctx->num_state of them) */
     void *unsharded;        /* [padded] param_dtype, while gathered */
     float *view32;          /* fp32 compute view, while gathered */
     float *grad_full;       /* [padded] f32, from pre_backward to the end of its reduction */
@@ -7090,6 +7389,13 @@ struct fsdp_ctx {
     size_t persistent_bytes, param_bytes, grad_bytes, opt_bytes, live_bytes, peak_live_bytes;
     fsdp__pool_entry pool[FSDP__POOL_MAX];
     int pool_len;
+    /* optimizer state: its dtype, and the offload file and streaming buffers when it is on disk
+       or bf16 (see fsdp__step_streamed) */
+    fsdp_dtype state_dtype;
+    fsdp__offload *offload;
+    void *stream_raw, *stream_f32;   /* FSDP__STREAM_SLOTS slots of stream_chunk elements per state */
+    int64_t stream_chunk;
+    size_t stream_bytes;
     fsdp_logger logger;
     char error[FSDP__ERRMSG];
 };
@@ -7827,14 +8133,16 @@ FSDP__PRIVATE int fsdp__global_norm(fsdp_ctx *ctx, double *norm) {
     return rc;
 }
 
-/* Updates elements [from, to) of a unit's shard with learning rate lr and weight decay wd. */
-FSDP__PRIVATE void fsdp__optimizer_range(fsdp_ctx *ctx, fsdp__unit *u, int64_t from, int64_t to, float lr, float wd) {
+/* Updates elements [from, to) of a unit's shard with learning rate lr and weight decay wd;
+   state[k] points at element `from` of state k (in f32). */
+FSDP__PRIVATE void fsdp__optimizer_range(fsdp_ctx *ctx, fsdp__unit *u, int64_t from, int64_t to, float lr, float wd,
+                                         float *const *state) {
     fsdp_optimizer_step step;
     int k;
     memset(&step, 0, sizeof step);
     step.param = u->master + from;
     step.grad = u->grad + from;
-    for (k = 0; k < ctx->num_state; k++) step.state[k] = u->opt_state[k] + from;
+    for (k = 0; k < ctx->num_state; k++) step.state[k] = state[k];
     step.count = (size_t)(to - from);
     step.lr = lr;
     step.weight_decay = wd;
@@ -7843,22 +8151,161 @@ FSDP__PRIVATE void fsdp__optimizer_range(fsdp_ctx *ctx, fsdp__unit *u, int64_t f
     ctx->optimizer->update(&step);
 }
 
-/* One optimizer step on a unit's shard: in one sweep where every parameter takes the
-   optimizer's settings, else parameter by parameter with its group's (frozen ones skipped). */
-FSDP__PRIVATE void fsdp__optimizer_update(fsdp_ctx *ctx, fsdp__unit *u) {
-    int k;
+/* One optimizer step on elements [a, b) of a unit's shard (state[k]: element a of state k, in
+   f32): in one sweep where every parameter takes the optimizer's settings, else parameter by
+   parameter with its group's (frozen ones skipped). */
+FSDP__PRIVATE void fsdp__optimizer_update(fsdp_ctx *ctx, fsdp__unit *u, int64_t a, int64_t b, float *const *state) {
+    float *at_state[FSDP_OPTIMIZER_MAX_STATE];
+    int k, j;
     if (u->uniform_update) {
-        fsdp__optimizer_range(ctx, u, 0, u->shard, ctx->opt.lr, ctx->opt.weight_decay);
+        fsdp__optimizer_range(ctx, u, a, b, ctx->opt.lr, ctx->opt.weight_decay, state);
         return;
     }
     for (k = 0; k < u->num_params; k++) {
         int p = ctx->unit_params[u->first_param + k];
         const fsdp_param_info *info = &ctx->params[p];
-        int64_t at = info->shard - u->master;
-        if (ctx->model->params[p].frozen || info->shard_end == info->shard_begin) continue;
-        fsdp__optimizer_range(ctx, u, at, at + (info->shard_end - info->shard_begin), ctx->opt.lr * ctx->param_lr_scale[p],
-                              ctx->param_decay[p]);
+        int64_t lo = info->shard - u->master, hi = lo + (info->shard_end - info->shard_begin);
+        if (ctx->model->params[p].frozen || hi <= a || lo >= b) continue;
+        if (lo < a) lo = a;
+        if (hi > b) hi = b;
+        for (j = 0; j < ctx->num_state; j++) at_state[j] = state[j] + (lo - a);
+        fsdp__optimizer_range(ctx, u, lo, hi, ctx->opt.lr * ctx->param_lr_scale[p], ctx->param_decay[p], at_state);
     }
+}
+
+/* --- optimizer state where it lives (RAM f32, RAM bf16, disk) -------------------------------- */
+/* The state shard as f32 in RAM, to use in place; NULL if it is bf16 or on disk. */
+static float *fsdp__home_f32(const fsdp_ctx *ctx, const fsdp__home *h) {
+    return ctx->state_dtype == FSDP_F32 ? (float *)h->ram : NULL;
+}
+
+/* Elements [first, first + count) of a home to or from f32 values at mem. */
+FSDP__PRIVATE int fsdp__home_io(fsdp_ctx *ctx, const fsdp__home *h, int write, int64_t first, int64_t count, float *mem) {
+    size_t esize = fsdp_dtype_size(ctx->state_dtype), n = (size_t)count * esize;
+    void *raw;
+    int rc;
+    if (count <= 0) return 0;
+    if (h->ram) {
+        char *at = (char *)h->ram + (size_t)first * esize;
+        if (write) fsdp__from_f32(at, ctx->state_dtype, mem, (size_t)count);
+        else fsdp__to_f32(mem, at, ctx->state_dtype, (size_t)count);
+        return 0;
+    }
+    if (ctx->state_dtype == FSDP_F32)
+        return fsdp__io_bytes(ctx->offload, write, h->offset + (int64_t)((size_t)first * esize), mem, n);
+    if (!(raw = FSDP_MALLOC(n))) return FSDP_ERR_OUT_OF_MEMORY;
+    if (write) fsdp__from_f32(raw, ctx->state_dtype, mem, (size_t)count);
+    rc = fsdp__io_bytes(ctx->offload, write, h->offset + (int64_t)((size_t)first * esize), raw, n);
+    if (!rc && !write) fsdp__to_f32(mem, raw, ctx->state_dtype, (size_t)count);
+    FSDP_FREE(raw);
+    return rc;
+}
+
+static int fsdp__home_read(fsdp_ctx *ctx, const fsdp__home *h, int64_t first, int64_t count, float *dst) {
+    return fsdp__home_io(ctx, h, 0, first, count, dst);
+}
+
+static int fsdp__home_write(fsdp_ctx *ctx, const fsdp__home *h, int64_t first, int64_t count, const float *src) {
+    return fsdp__home_io(ctx, h, 1, first, count, (float *)(uintptr_t)src);
+}
+
+/* An I/O failure of the offload file fails the context and its comm (the other ranks learn it
+   from their next collective, naming this rank); the state is then half updated. */
+FSDP__PRIVATE int fsdp__offload_failed(fsdp_ctx *ctx, int rc) {
+    const char *why = rc == FSDP_ERR_OUT_OF_MEMORY ? "out of memory" : ctx->offload->message;
+    fsdp_comm_fail(ctx->comm, rc, "rank %d: %s", ctx->rank, why);
+    return fsdp__fail(ctx, rc, "%s", why);
+}
+
+/* The streamed step: every trainable unit's state in chunks of stream_chunk elements through
+   FSDP__STREAM_SLOTS slots: while chunk i is updated, the I/O thread reads chunk i + 1 ahead
+   and writes chunk i - 1 behind. bf16 state is widened to f32 for the update and rounded back. */
+#define FSDP__STREAM_SLOTS 3
+
+typedef struct fsdp__chunk {
+    int unit;
+    int64_t first, count;
+} fsdp__chunk;
+
+/* The chunk after c (c->unit < 0: the first); 0 when there is none (then and from then on). */
+static int fsdp__next_chunk(const fsdp_ctx *ctx, fsdp__chunk *c) {
+    if (c->unit >= ctx->num_units) return 0;
+    if (c->unit >= 0 && c->first + c->count < ctx->units[c->unit].shard) {
+        c->first += c->count;
+    } else {
+        do c->unit++;
+        while (c->unit < ctx->num_units && (ctx->units[c->unit].frozen || ctx->units[c->unit].shard == 0));
+        if (c->unit >= ctx->num_units) return 0;
+        c->first = 0;
+    }
+    c->count = ctx->units[c->unit].shard - c->first < ctx->stream_chunk ? ctx->units[c->unit].shard - c->first
+                                                                         : ctx->stream_chunk;
+    return 1;
+}
+
+/* Slot s's raw buffer of state k (the stored dtype), and its f32 buffer (bf16 state). */
+static char *fsdp__slot_raw(const fsdp_ctx *ctx, int s, int k) {
+    return (char *)ctx->stream_raw + ((size_t)s * (size_t)ctx->num_state + (size_t)k) *
+                                         fsdp__align((size_t)ctx->stream_chunk * fsdp_dtype_size(ctx->state_dtype), FSDP__IO_ALIGN);
+}
+static float *fsdp__slot_f32(const fsdp_ctx *ctx, int s, int k) {
+    return (float *)ctx->stream_f32 + ((size_t)s * (size_t)ctx->num_state + (size_t)k) * (size_t)ctx->stream_chunk;
+}
+
+/* Queues the transfer of chunk c's state between the file and slot s; the last ticket. */
+static uint64_t fsdp__chunk_io(fsdp_ctx *ctx, const fsdp__chunk *c, int s, int write) {
+    size_t esize = fsdp_dtype_size(ctx->state_dtype);
+    uint64_t ticket = 0;
+    int k;
+    for (k = 0; k < ctx->num_state; k++) {
+        const fsdp__home *h = &ctx->units[c->unit].opt[k];
+        ticket = fsdp__io_submit(ctx->offload, write, h->offset + (int64_t)((size_t)c->first * esize), fsdp__slot_raw(ctx, s, k),
+                                 fsdp__align((size_t)c->count * esize, FSDP__IO_ALIGN));
+    }
+    return ticket;
+}
+
+FSDP__PRIVATE int fsdp__step_streamed(fsdp_ctx *ctx) {
+    fsdp__chunk chunk[FSDP__STREAM_SLOTS], c;
+    uint64_t read_done[FSDP__STREAM_SLOTS] = {0}, write_done[FSDP__STREAM_SLOTS] = {0};
+    int more[FSDP__STREAM_SLOTS] = {0}, i, k, rc = 0, disk = ctx->offload != NULL;
+    c.unit = -1;
+    c.first = c.count = 0;
+    for (i = 0; i < FSDP__STREAM_SLOTS - 1; i++) /* read ahead the first chunks */
+        if ((more[i] = fsdp__next_chunk(ctx, &c)) != 0) {
+            chunk[i] = c;
+            if (disk) read_done[i] = fsdp__chunk_io(ctx, &chunk[i], i, 0);
+        }
+    for (i = 0; more[i % FSDP__STREAM_SLOTS] && !rc; i++) {
+        int s = i % FSDP__STREAM_SLOTS, ahead = (i + FSDP__STREAM_SLOTS - 1) % FSDP__STREAM_SLOTS;
+        fsdp__unit *u = &ctx->units[chunk[s].unit];
+        float *state[FSDP_OPTIMIZER_MAX_STATE];
+        if (disk && (rc = fsdp__io_wait(ctx->offload, read_done[s])) != 0) break;
+        for (k = 0; k < ctx->num_state; k++) {
+            const char *raw = disk ? fsdp__slot_raw(ctx, s, k)
+                                   : (const char *)u->opt[k].ram + (size_t)chunk[s].first * fsdp_dtype_size(ctx->state_dtype);
+            state[k] = ctx->state_dtype == FSDP_F32 ? (float *)(uintptr_t)raw : fsdp__slot_f32(ctx, s, k);
+            if (ctx->state_dtype != FSDP_F32) fsdp__to_f32(state[k], raw, ctx->state_dtype, (size_t)chunk[s].count);
+        }
+        fsdp__optimizer_update(ctx, u, chunk[s].first, chunk[s].first + chunk[s].count, state);
+        for (k = 0; k < ctx->num_state && ctx->state_dtype != FSDP_F32; k++)
+            fsdp__from_f32(disk ? (void *)fsdp__slot_raw(ctx, s, k)
+                                : (void *)((char *)u->opt[k].ram + (size_t)chunk[s].first * fsdp_dtype_size(ctx->state_dtype)),
+                           ctx->state_dtype, state[k], (size_t)chunk[s].count);
+        if (disk) write_done[s] = fsdp__chunk_io(ctx, &chunk[s], s, 1);
+        /* the slot the next read-ahead fills held chunk i - 1: its write must be done */
+        if (disk && write_done[ahead] && (rc = fsdp__io_wait(ctx->offload, write_done[ahead])) != 0) break;
+        if ((more[ahead] = fsdp__next_chunk(ctx, &c)) != 0) {
+            chunk[ahead] = c;
+            if (disk) read_done[ahead] = fsdp__chunk_io(ctx, &chunk[ahead], ahead, 0);
+        }
+    }
+    if (disk && !rc) rc = fsdp__io_wait(ctx->offload, 0);
+    if (disk && rc) {
+        fsdp__io_wait(ctx->offload, 0); /* never leave the thread on the slots */
+        return fsdp__offload_failed(ctx, rc);
+    }
+    return rc;
 }
 
 /* Zeroes what the flat layout does not use (alignment gaps, tail padding) in a unit's shard. */
@@ -7922,10 +8369,15 @@ FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) 
         if (report) { report->skipped = 1; report->step = ctx->step; }
         return 0;
     }
+    if (ctx->stream_chunk && (rc = fsdp__step_streamed(ctx)) != 0) return rc;
     for (ui = 0; ui < ctx->num_units; ui++) {
-        if (ctx->units[ui].frozen) continue;
-        fsdp__optimizer_update(ctx, &ctx->units[ui]);
-        fsdp__zero_padding(ctx, &ctx->units[ui], ctx->units[ui].master);
+        fsdp__unit *u = &ctx->units[ui];
+        float *state[FSDP_OPTIMIZER_MAX_STATE];
+        int k;
+        if (u->frozen) continue;
+        for (k = 0; k < ctx->num_state; k++) state[k] = fsdp__home_f32(ctx, &u->opt[k]);
+        if (!ctx->stream_chunk) fsdp__optimizer_update(ctx, u, 0, u->shard, state);
+        fsdp__zero_padding(ctx, u, u->master);
     }
     ctx->step++;
     if (report) report->step = ctx->step;
@@ -8006,6 +8458,8 @@ FSDP__PRIVATE void fsdp__desc_defaults(fsdp_desc *d, int world, int local_world)
     if (d->limit_all_gathers <= 0) d->limit_all_gathers = 2;
     if (d->backward_prefetch == FSDP_BACKWARD_PREFETCH_DEFAULT) d->backward_prefetch = FSDP_BACKWARD_PRE;
     if (d->shard_group_size <= 0) d->shard_group_size = local_world > 0 ? local_world : world;
+    if (d->offload.optimizer && (!d->offload.dir || !*d->offload.dir)) d->offload.dir = getenv("FSDP_OFFLOAD_DIR");
+    if (!d->offload.ram_bytes) d->offload.ram_bytes = FSDP__OFFLOAD_RAM_DEFAULT;
     fsdp__optimizer_defaults(&d->optimizer);
 }
 
@@ -8026,6 +8480,10 @@ FSDP__PRIVATE int fsdp__desc_validate(const fsdp_desc *d, int world, char *err, 
         return FSDP_ERR_INVALID_ARG;
     }
     if ((i = fsdp__optimizer_check(&d->optimizer, err, err_size)) != 0) return i;
+    if (d->offload.optimizer && (!d->offload.dir || !*d->offload.dir)) {
+        fsdp__fmt(err, err_size, "offload.optimizer needs a directory on a local disk: offload.dir or FSDP_OFFLOAD_DIR");
+        return FSDP_ERR_INVALID_ARG;
+    }
     if (d->num_param_groups < 0 || (d->num_param_groups > 0 && !d->param_groups)) {
         fsdp__fmt(err, err_size, "num_param_groups %d without param_groups", d->num_param_groups);
         return FSDP_ERR_INVALID_ARG;
@@ -8103,14 +8561,15 @@ FSDP__PRIVATE int fsdp__init_resolve(fsdp_ctx *ctx, int *hybrid_group) {
     char err[FSDP__ERRMSG] = "";
     int rc;
     if (ctx->desc.strategy == FSDP_STRATEGY_AUTO) {
-        fsdp_strategy chosen = FSDP_FULL_SHARD;
+        fsdp_desc chosen;
         char why[FSDP__ERRMSG - 64];
-        rc = ctx->desc.memory_budget ? fsdp_strategy_for_budget(ctx->model, &ctx->desc, ctx->world, ctx->desc.memory_budget,
-                                                                &chosen, why, sizeof why)
+        rc = ctx->desc.memory_budget ? fsdp_fit_budget(ctx->model, &ctx->desc, ctx->world, ctx->desc.memory_budget, &chosen,
+                                                       why, sizeof why)
                                      : (fsdp__copy_string(why, sizeof why, "FSDP_STRATEGY_AUTO needs desc.memory_budget "
                                                           "(bytes per rank)"), FSDP_ERR_INVALID_ARG);
         if (rc) return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: %s", why);
-        ctx->desc.strategy = chosen;
+        ctx->desc.strategy = chosen.strategy;
+        ctx->desc.offload = chosen.offload;
         fsdp__log(&ctx->logger, FSDP_LOG_INFO, "fsdp_init: strategy AUTO chose %s", why);
     }
     rc = fsdp__desc_resolve(&ctx->desc, ctx->world, fsdp_comm_local_size(ctx->comm), hybrid_group, err, sizeof err);
@@ -8121,6 +8580,7 @@ FSDP__PRIVATE int fsdp__init_resolve(fsdp_ctx *ctx, int *hybrid_group) {
     ctx->opt = ctx->desc.optimizer;
     ctx->optimizer = fsdp__optimizer_row(&ctx->opt);
     ctx->num_state = fsdp__optimizer_num_state(&ctx->opt);
+    ctx->state_dtype = ctx->opt.state_dtype;
     ctx->num_units = ctx->plan.num_units;
     return 0;
 }
@@ -8152,7 +8612,7 @@ FSDP__PRIVATE int fsdp__init_units(fsdp_ctx *ctx, int hybrid_group) {
     for (ui = 0, k = 0; ui < ctx->num_units; ui++) { /* each unit's parameters, in order */
         fsdp__unit *u = &ctx->units[ui];
         const fsdp__plan_unit *pu = &ctx->plan.units[ui];
-        int nbuf = pu->frozen ? 0 : ctx->num_state; /* frozen: parameters only */
+        int nbuf = pu->frozen ? 0 : ctx->num_state; /* frozen: parameters only (no optimizer state) */
         u->module = pu->module;
         u->strategy = pu->strategy;
         u->numel = pu->numel;
@@ -8179,16 +8639,80 @@ FSDP__PRIVATE int fsdp__init_units(fsdp_ctx *ctx, int hybrid_group) {
         u->reshard_after_forward = ui != 0 && (u->strategy == FSDP_FULL_SHARD || u->strategy == FSDP_HYBRID_SHARD);
         u->frozen = pu->frozen;
         if (!u->frozen) u->grad = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard);
-        for (j = 0; j < nbuf; j++)
-            if (!(u->opt_state[j] = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard))) break;
-        if ((!u->frozen && !u->grad) || j < nbuf)
+        for (j = 0; j < nbuf; j++) u->opt[j].offset = -1;
+        if (!u->frozen && !u->grad)
             return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: no memory for unit '%s' (%lld elements "
                                        "per rank)", fsdp__unit_name(ctx, ui), (long long)u->shard);
         ctx->param_bytes += sizeof(float) * (size_t)u->shard;
         ctx->grad_bytes += u->frozen ? 0 : sizeof(float) * (size_t)u->shard;
-        ctx->opt_bytes += sizeof(float) * (size_t)u->shard * (size_t)nbuf;
+    }
+    return 0;
+}
+
+/* Elements per chunk of the streamed step and the bytes of its slots: as many as ram_bytes
+   holds, no more than the largest shard needs, in multiples of 2048 elements (whole 4 KiB blocks
+   in f32 and bf16). At least 2048: ram_bytes below that is raised to it. */
+static int64_t fsdp__stream_chunk(int num_state, fsdp_dtype state_dtype, int disk, size_t ram_bytes, int64_t largest_shard,
+                                  size_t *bytes) {
+    size_t per_element = (size_t)FSDP__STREAM_SLOTS * (size_t)num_state *
+                         ((disk ? fsdp_dtype_size(state_dtype) : 0) + (state_dtype == FSDP_F32 ? 0 : 4));
+    int64_t chunk = per_element ? (int64_t)(ram_bytes / per_element) / 2048 * 2048 : 0;
+    int64_t needed = (largest_shard + 2047) / 2048 * 2048;
+    if (chunk > needed) chunk = needed;
+    if (chunk < 2048) chunk = 2048;
+    *bytes = (size_t)chunk * per_element;
+    return chunk;
+}
+
+/* The optimizer state's homes: shards in RAM (f32 or bf16), or regions of the offload file,
+   reserved now; and the streaming slots where the step needs them. */
+FSDP__PRIVATE int fsdp__init_state(fsdp_ctx *ctx) {
+    const fsdp_offload_desc *od = &ctx->desc.offload;
+    size_t esize = fsdp_dtype_size(ctx->state_dtype);
+    int64_t at = 0, largest = 0;
+    int ui, k, rc, disk = od->optimizer && ctx->num_state > 0;
+    char err[FSDP__ERRMSG];
+    for (ui = 0; ui < ctx->num_units; ui++) {
+        fsdp__unit *u = &ctx->units[ui];
+        if (!u->frozen && u->shard > largest) largest = u->shard;
+        for (k = 0; !u->frozen && k < ctx->num_state; k++) {
+            size_t bytes = (size_t)u->shard * esize;
+            if (disk) {
+                u->opt[k].offset = at;
+                at += (int64_t)fsdp__align(bytes ? bytes : 1, FSDP__IO_ALIGN);
+            } else if (!(u->opt[k].ram = fsdp__calloc(bytes))) {
+                return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: no memory for the optimizer state of "
+                                           "unit '%s' (%zu bytes)", fsdp__unit_name(ctx, ui), bytes);
+            } else {
+                ctx->opt_bytes += bytes;
+            }
+        }
     }
     ctx->persistent_bytes = ctx->param_bytes + ctx->grad_bytes + ctx->opt_bytes;
+    if (disk) {
+        if (!(ctx->offload = (fsdp__offload *)fsdp__calloc(sizeof *ctx->offload)))
+            return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: out of memory");
+        if ((rc = fsdp__offload_open(ctx->offload, od->dir, od->allow_tmpfs, at, ctx->rank, fsdp_comm_local_size(ctx->comm),
+                                     &ctx->logger, err, sizeof err)) != 0) {
+            FSDP_FREE(ctx->offload);
+            ctx->offload = NULL;
+            return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: %s", err);
+        }
+    }
+    if (!disk && ctx->state_dtype == FSDP_F32) return 0; /* the step updates the state in place */
+    if (!ctx->num_state) return 0;
+    ctx->stream_chunk = fsdp__stream_chunk(ctx->num_state, ctx->state_dtype, disk, od->ram_bytes, largest, &ctx->stream_bytes);
+    if (ctx->stream_bytes > od->ram_bytes)
+        return fsdp__init_fail_ctx(ctx, FSDP_ERR_INVALID_ARG, "fsdp_init: offload.ram_bytes %zu cannot hold the streaming's "
+                                   "smallest chunks: %zu bytes for %d %s state buffers", od->ram_bytes, ctx->stream_bytes,
+                                   ctx->num_state, fsdp_dtype_name(ctx->state_dtype));
+    if (disk) ctx->stream_raw = fsdp__aligned_alloc((size_t)FSDP__STREAM_SLOTS * (size_t)ctx->num_state *
+                                                    fsdp__align((size_t)ctx->stream_chunk * esize, FSDP__IO_ALIGN));
+    if (ctx->state_dtype != FSDP_F32)
+        ctx->stream_f32 = FSDP_MALLOC((size_t)FSDP__STREAM_SLOTS * (size_t)ctx->num_state * (size_t)ctx->stream_chunk * 4);
+    if ((disk && !ctx->stream_raw) || (ctx->state_dtype != FSDP_F32 && !ctx->stream_f32))
+        return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: no memory for the streaming buffers (%zu bytes)",
+                                   ctx->stream_bytes);
     return 0;
 }
 
@@ -8244,7 +8768,7 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
     pthread_cond_init(&ctx->wake, NULL);
     pthread_cond_init(&ctx->done, NULL);
     if ((rc = fsdp__init_resolve(ctx, &hybrid_group)) == 0 && (rc = fsdp__init_groups(ctx, hybrid_group)) == 0 &&
-        (rc = fsdp__init_units(ctx, hybrid_group)) == 0) {
+        (rc = fsdp__init_units(ctx, hybrid_group)) == 0 && (rc = fsdp__init_state(ctx)) == 0) {
         if ((rc = fsdp__alloc_masters(ctx)) != 0)
             fsdp__init_fail_ctx(ctx, rc, "fsdp_init: no memory for the parameter shards: %s",
                                 rc == FSDP_ERR_OUT_OF_MEMORY ? "out of memory" : fsdp_comm_last_error(ctx->comm));
@@ -8278,9 +8802,13 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
         if (u->grad_full != u->grad) fsdp__buf_put(ctx, u->grad_full, (size_t)u->padded * sizeof(float));
         if (!u->master_shared) FSDP_FREE(u->master);
         FSDP_FREE(u->grad);
-        for (k = 0; k < FSDP_OPTIMIZER_MAX_STATE; k++) FSDP_FREE(u->opt_state[k]);
+        for (k = 0; k < FSDP_OPTIMIZER_MAX_STATE; k++) FSDP_FREE(u->opt[k].ram);
     }
     for (ui = 0; ui < ctx->pool_len; ui++) FSDP_FREE(ctx->pool[ui].ptr);
+    fsdp__offload_close(ctx->offload);
+    FSDP_FREE(ctx->offload);
+    FSDP_FREE(ctx->stream_raw);
+    FSDP_FREE(ctx->stream_f32);
     fsdp_comm_free(ctx->comm, ctx->master_mem[0]);
     fsdp_comm_free(ctx->hybrid_shard_comm, ctx->master_mem[1]);
     fsdp_comm_destroy(ctx->hybrid_shard_comm);
@@ -8329,7 +8857,7 @@ FSDP_API int fsdp_param_info_get(const fsdp_ctx *ctx, int param, fsdp_param_info
 FSDP_API void fsdp_print_units(const fsdp_ctx *ctx, void (*fn)(void *user, const char *line), void *user) {
     char line[320];
     int ui;
-    size_t per_param = 8 + 4 * (size_t)(ctx ? ctx->num_state : 0); /* frozen units: 4 */
+    size_t per_param = 8 + (ctx && !ctx->offload ? fsdp_dtype_size(ctx->state_dtype) * (size_t)ctx->num_state : 0); /* frozen units: 4 */
     if (!ctx) return;
     fsdp__fmt(line, sizeof line, "%-4s %-24s %-14s %7s %12s %9s %12s %14s", "unit", "module", "strategy", "params",
               "elements", "padding", "shard", "bytes/rank");
@@ -8414,8 +8942,10 @@ FSDP_API int fsdp_memory_stats_get(const fsdp_ctx *ctx, fsdp_memory_stats *st) {
     st->persistent_bytes = ctx->persistent_bytes;
     st->unsharded_bytes = ctx->live_bytes;
     st->peak_unsharded_bytes = ctx->peak_live_bytes;
+    st->disk_bytes = ctx->offload ? (size_t)ctx->offload->size : 0;
+    st->stream_bytes = ctx->stream_bytes;
     pthread_mutex_unlock((pthread_mutex_t *)&ctx->lock);
-    st->peak_bytes = st->persistent_bytes + st->peak_unsharded_bytes;
+    st->peak_bytes = st->persistent_bytes + st->peak_unsharded_bytes + st->stream_bytes;
     return 0;
 }
 
@@ -8437,12 +8967,14 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
     fsdp_desc d;
     fsdp__plan plan;
     int rc, ui, hybrid_group = 1, nbuf;
+    size_t sbytes;
+    int64_t largest_state = 0;
     size_t kept = 0, largest_resharded = 0, resharded_total = 0, largest_grad = 0, root_grad = 0, gathered;
     if (!model || !desc || !est || world_size < 1) return FSDP_ERR_INVALID_ARG;
     memset(est, 0, sizeof *est);
     d = *desc;
-    if (d.strategy == FSDP_STRATEGY_AUTO &&
-        (!d.memory_budget || fsdp_strategy_for_budget(model, desc, world_size, d.memory_budget, &d.strategy, NULL, 0) != 0))
+    if (d.strategy == FSDP_STRATEGY_AUTO && (!d.memory_budget || fsdp_fit_budget(model, desc, world_size, d.memory_budget,
+                                                                                 &d, NULL, 0) != 0))
         d.strategy = FSDP_FULL_SHARD; /* nothing fits: the leanest */
     rc = fsdp__desc_resolve(&d, world_size,
                             desc->comm && fsdp_comm_size(desc->comm) == world_size ? fsdp_comm_local_size(desc->comm)
@@ -8451,6 +8983,7 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
     if (!rc) rc = fsdp__plan_build(model, &d, world_size, hybrid_group, &plan, err, err_size);
     if (rc) return rc;
     nbuf = fsdp__optimizer_num_state(&d.optimizer);
+    sbytes = fsdp_dtype_size(d.optimizer.state_dtype);
     for (ui = 0; ui < plan.num_units; ui++) {
         const fsdp__plan_unit *pu = &plan.units[ui];
         size_t pbytes = (size_t)pu->padded * fsdp_dtype_size(d.param_dtype), gbytes = (size_t)pu->padded * sizeof(float);
@@ -8462,7 +8995,10 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
         est->param_shard_bytes += sizeof(float) * (size_t)pu->shard;
         if (pu->frozen) gbytes = 0; /* no gradient, no optimizer state */
         else est->grad_shard_bytes += sizeof(float) * (size_t)pu->shard;
-        if (!pu->frozen) est->optimizer_bytes += sizeof(float) * (size_t)pu->shard * (size_t)nbuf;
+        if (!pu->frozen && pu->shard > largest_state) largest_state = pu->shard;
+        if (!pu->frozen && d.offload.optimizer)
+            est->disk_bytes += fsdp__align(sbytes * (size_t)(pu->shard ? pu->shard : 1), FSDP__IO_ALIGN) * (size_t)nbuf;
+        else if (!pu->frozen) est->optimizer_bytes += sbytes * (size_t)pu->shard * (size_t)nbuf;
         if (!reshards) kept += pbytes;
         else {
             resharded_total += pbytes;
@@ -8476,7 +9012,10 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
     gathered = (size_t)(d.limit_all_gathers + 1) * largest_resharded;
     if (gathered > resharded_total) gathered = resharded_total;
     est->peak_unsharded_bytes = kept + gathered + root_grad + 2 * largest_grad;
-    est->peak_bytes = est->persistent_bytes + est->peak_unsharded_bytes;
+    if (nbuf && largest_state && (d.offload.optimizer || d.optimizer.state_dtype != FSDP_F32))
+        fsdp__stream_chunk(nbuf, d.optimizer.state_dtype, d.offload.optimizer, d.offload.ram_bytes, largest_state,
+                           &est->stream_bytes);
+    est->peak_bytes = est->persistent_bytes + est->peak_unsharded_bytes + est->stream_bytes;
     fsdp__plan_free(&plan);
     return 0;
 }
@@ -8487,44 +9026,73 @@ FSDP_API int fsdp_memory_estimate(const fsdp_model *model, const fsdp_desc *desc
     return fsdp__memory_estimate(model, desc, world_size, est, err, sizeof err);
 }
 
-FSDP_API int fsdp_strategy_for_budget(const fsdp_model *model, const fsdp_desc *desc, int world_size, size_t budget,
-                                      fsdp_strategy *chosen, char *why, size_t why_size) {
-    fsdp_strategy order[4];
-    fsdp_desc d;
+/* Tries the strategies in order, least sharded first, then (offload_after) FULL_SHARD with the
+   optimizer state on disk; *chosen gets the first whose estimated peak fits budget. */
+FSDP__PRIVATE int fsdp__fit(const fsdp_model *model, const fsdp_desc *desc, int world_size, size_t budget, int offload_after,
+                            fsdp_desc *chosen, char *why, size_t why_size) {
+    fsdp_desc d = *desc, tries[5];
     fsdp_memory_stats est;
-    size_t first_need = 0;
+    size_t first_need = 0, leanest = 0;
     int n = 0, i, rc;
     char mine[200];
     if (!why) { why = mine; why_size = sizeof mine; }
     *why = 0;
     if (!model || !desc || !chosen || world_size < 1) return FSDP_ERR_INVALID_ARG;
-    order[n++] = FSDP_NO_SHARD;
+    d.strategy = FSDP_NO_SHARD;
+    tries[n++] = d;
     if (desc->comm && fsdp_comm_size(desc->comm) == world_size && fsdp_comm_num_hosts(desc->comm) > 1)
-        order[n++] = FSDP_HYBRID_SHARD;
-    order[n++] = FSDP_SHARD_GRAD_OP;
-    order[n++] = FSDP_FULL_SHARD;
-    d = *desc;
+        (d.strategy = FSDP_HYBRID_SHARD, tries[n++] = d);
+    d.strategy = FSDP_SHARD_GRAD_OP;
+    tries[n++] = d;
+    d.strategy = FSDP_FULL_SHARD;
+    tries[n++] = d;
+    if (offload_after && !desc->offload.optimizer && ((desc->offload.dir && *desc->offload.dir) || getenv("FSDP_OFFLOAD_DIR")))
+        (d.offload.optimizer = 1, tries[n++] = d);
     for (i = 0; i < n; i++) {
-        d.strategy = order[i];
-        if ((rc = fsdp__memory_estimate(model, &d, world_size, &est, why, why_size)) != 0) return rc; /* says why */
+        if ((rc = fsdp__memory_estimate(model, &tries[i], world_size, &est, why, why_size)) != 0) return rc; /* says why */
         if (i == 0) first_need = est.peak_bytes;
-        if (est.peak_bytes <= budget) {
-            *chosen = order[i];
-            if (i == 0)
-                fsdp__fmt(why, why_size, "%s: needs %.1f MiB per rank of the %.1f MiB budget", fsdp_strategy_name(order[i]),
-                          est.peak_bytes / 1048576.0, budget / 1048576.0);
-            else
-                fsdp__fmt(why, why_size, "%s: needs %.1f MiB per rank of the %.1f MiB budget (%s needs %.1f MiB)",
-                          fsdp_strategy_name(order[i]), est.peak_bytes / 1048576.0, budget / 1048576.0,
-                          fsdp_strategy_name(order[0]), first_need / 1048576.0);
-            return 0;
-        }
+        if (tries[i].strategy == FSDP_FULL_SHARD && !tries[i].offload.optimizer) leanest = est.peak_bytes;
+        if (est.peak_bytes > budget) continue;
+        *chosen = tries[i];
+        if (i == 0)
+            fsdp__fmt(why, why_size, "%s: needs %.1f MiB per rank of the %.1f MiB budget", fsdp_strategy_name(tries[i].strategy),
+                      est.peak_bytes / 1048576.0, budget / 1048576.0);
+        else if (tries[i].offload.optimizer != desc->offload.optimizer)
+            fsdp__fmt(why, why_size, "FULL_SHARD with the optimizer state offloaded (%.1f MiB per rank on disk): needs %.1f "
+                      "MiB of RAM per rank of the %.1f MiB budget (with it in RAM FULL_SHARD needs %.1f MiB)",
+                      est.disk_bytes / 1048576.0, est.peak_bytes / 1048576.0, budget / 1048576.0, leanest / 1048576.0);
+        else
+            fsdp__fmt(why, why_size, "%s: needs %.1f MiB per rank of the %.1f MiB budget (%s needs %.1f MiB)",
+                      fsdp_strategy_name(tries[i].strategy), est.peak_bytes / 1048576.0, budget / 1048576.0,
+                      fsdp_strategy_name(tries[0].strategy), first_need / 1048576.0);
+        return 0;
     }
-    fsdp__fmt(why, why_size, "no strategy fits %zu bytes (%.1f MiB) per rank at world size %d: FULL_SHARD, the leanest, "
-              "needs %zu bytes (%.1f MiB) for parameters, gradients, optimizer state and gathered units (use more "
-              "ranks, a 16-bit param_dtype, or a larger budget)", budget, budget / 1048576.0, world_size,
-              est.peak_bytes, est.peak_bytes / 1048576.0);
+    {
+        int offloaded = tries[n - 1].offload.optimizer && !desc->offload.optimizer;
+        char also[120] = "";
+        if (offloaded)
+            fsdp__fmt(also, sizeof also, "; with the optimizer state on disk it needs %zu bytes (%.1f MiB) of RAM",
+                      est.peak_bytes, est.peak_bytes / 1048576.0);
+        fsdp__fmt(why, why_size, "no strategy fits %zu bytes (%.1f MiB) per rank at world size %d: FULL_SHARD, the leanest, "
+                  "needs %zu bytes (%.1f MiB) for parameters, gradients, optimizer state and gathered units%s (use more "
+                  "ranks, a 16-bit param_dtype, %sor a larger budget)", budget, budget / 1048576.0, world_size, leanest,
+                  leanest / 1048576.0, also, !offloaded && !desc->offload.optimizer
+                  ? "the optimizer state on disk (offload.optimizer with offload.dir or FSDP_OFFLOAD_DIR), " : "");
+    }
     return FSDP_ERR_OUT_OF_MEMORY;
+}
+
+FSDP_API int fsdp_strategy_for_budget(const fsdp_model *model, const fsdp_desc *desc, int world_size, size_t budget,
+                                      fsdp_strategy *chosen, char *why, size_t why_size) {
+    fsdp_desc fit;
+    int rc = chosen ? fsdp__fit(model, desc, world_size, budget, 0, &fit, why, why_size) : FSDP_ERR_INVALID_ARG;
+    if (!rc) *chosen = fit.strategy;
+    return rc;
+}
+
+FSDP_API int fsdp_fit_budget(const fsdp_model *model, const fsdp_desc *desc, int world_size, size_t budget,
+                             fsdp_desc *chosen, char *why, size_t why_size) {
+    return fsdp__fit(model, desc, world_size, budget, 1, chosen, why, why_size);
 }
 
 /* ============================================================================================
@@ -9749,8 +10317,21 @@ static const char *const *fsdp__opt_suffixes(const fsdp_ctx *ctx, int *count) {
 
 static const char *fsdp__opt_name(const fsdp_ctx *ctx) { return fsdp__optimizer_name(ctx->optimizer); }
 
-/* What a checkpoint stores of a unit, j-th: 0 the f32 master shard, k + 1 the optimizer's state k. */
-static float *fsdp__unit_values(const fsdp__unit *u, int j) { return j ? u->opt_state[j - 1] : u->master; }
+/* What a checkpoint stores of a unit, j-th (0 the f32 master shard, k + 1 the optimizer's state
+   k), elements [first, first + count) of its shard as f32: a pointer into the shard where it is
+   f32 in RAM, else the values read into *tmp (which the caller frees). NULL on failure (*rc). */
+FSDP__PRIVATE const float *fsdp__unit_values(fsdp_ctx *ctx, const fsdp__unit *u, int j, int64_t first, int64_t count,
+                                             float **tmp, int *rc) {
+    const float *ram = j ? fsdp__home_f32(ctx, &u->opt[j - 1]) : u->master;
+    *tmp = NULL;
+    *rc = 0;
+    if (ram) return ram + first;
+    if (!(*tmp = (float *)FSDP_MALLOC(sizeof(float) * (size_t)(count ? count : 1)))) *rc = FSDP_ERR_OUT_OF_MEMORY;
+    else if ((*rc = fsdp__home_read(ctx, &u->opt[j - 1], first, count, *tmp)) != 0) FSDP_FREE(*tmp);
+    if (!*rc) return *tmp;
+    fsdp__offload_failed(ctx, *rc);
+    return NULL;
+}
 
 /* A checkpoint tensor's name: the parameter's, or "<param>.<state name>"; allocated (NULL:
    out of memory). */
@@ -9847,8 +10428,13 @@ FSDP_API int fsdp_save_full(fsdp_ctx *ctx, const char *path, const fsdp_save_opt
     if ((rc = fsdp__agree(ctx, local ? fsdp__fail(ctx, local, "fsdp_save_full: out of memory") : 0)) != 0) goto done;
     for (ui = 0; ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
-        for (j = 0; j <= (u->frozen ? 0 : nopt); j++)
-            if ((rc = fsdp__gather_flat(ctx, u, fsdp__unit_values(u, j), flat[j])) != 0) goto done;
+        for (j = 0; j <= (u->frozen ? 0 : nopt); j++) { /* (offloaded state: one unit's shard in RAM at a time) */
+            float *tmp;
+            const float *values = fsdp__unit_values(ctx, u, j, 0, u->shard, &tmp, &rc);
+            if (values) rc = fsdp__gather_flat(ctx, u, values, flat[j]);
+            FSDP_FREE(tmp);
+            if (rc) goto done;
+        }
         for (k = 0; w && !local && k < u->num_params; k++) { /* rank 0 writes; the others only gather */
             int p = ctx->unit_params[u->first_param + k];
             for (j = 0; j <= (ctx->model->params[p].frozen ? 0 : nopt) && !local; j++)
@@ -9931,14 +10517,19 @@ FSDP__PRIVATE int fsdp__load_slice(fsdp_ctx *ctx, int p, int buffer, fsdp__slice
                                    size_t err_size) {
     const fsdp_param_info *info = &ctx->params[p];
     fsdp__unit *u = &ctx->units[info->unit];
-    float *dst = info->shard;
-    if (buffer == FSDP__STATE_NOT_KEPT) return 0;
-    if (buffer >= 0) {
-        float *base = u->opt_state[buffer];
-        if (!base) return 0; /* a frozen unit keeps no state */
-        dst = base + (info->shard - u->master);
-    }
-    return read(src, info->shard_begin, info->shard_end - info->shard_begin, dst, err, err_size);
+    int64_t count = info->shard_end - info->shard_begin, at = info->shard - u->master;
+    float *tmp;
+    int rc;
+    if (buffer == FSDP__STATE_NOT_KEPT || (buffer >= 0 && u->frozen)) return 0; /* (a frozen unit keeps no state) */
+    if (buffer < 0) return read(src, info->shard_begin, count, info->shard, err, err_size);
+    if (fsdp__home_f32(ctx, &u->opt[buffer])) /* in place */
+        return read(src, info->shard_begin, count, fsdp__home_f32(ctx, &u->opt[buffer]) + at, err, err_size);
+    if (!(tmp = (float *)FSDP_MALLOC(sizeof(float) * (size_t)(count ? count : 1)))) return FSDP_ERR_OUT_OF_MEMORY;
+    rc = read(src, info->shard_begin, count, tmp, err, err_size);
+    if (!rc && (rc = fsdp__home_write(ctx, &u->opt[buffer], at, count, tmp)) != 0)
+        fsdp__fmt(err, err_size, "%s", rc == FSDP_ERR_OUT_OF_MEMORY ? "out of memory" : ctx->offload->message);
+    FSDP_FREE(tmp);
+    return rc;
 }
 
 typedef struct fsdp__st_src { fsdp_st_file *file; int tensor; } fsdp__st_src;
@@ -10102,8 +10693,12 @@ FSDP__PRIVATE int fsdp__write_shard_file(fsdp_ctx *ctx, const fsdp__sharded_save
             int p = ctx->unit_params[u->first_param + k];
             const fsdp_param_info *info = &ctx->params[p];
             size_t len = (size_t)(info->shard_end - info->shard_begin), at = (size_t)(info->shard - u->master);
-            for (j = 0; len && j <= (ctx->model->params[p].frozen ? 0 : sv->nopt) && !local; j++)
-                if (fsdp_st_writer_write_f32(w, fsdp__unit_values(u, j) + at, len)) local = FSDP_ERR_IO;
+            for (j = 0; len && j <= (ctx->model->params[p].frozen ? 0 : sv->nopt) && !local; j++) {
+                float *tmp;
+                const float *values = fsdp__unit_values(ctx, u, j, (int64_t)at, (int64_t)len, &tmp, &local);
+                if (values && fsdp_st_writer_write_f32(w, values, len)) local = FSDP_ERR_IO;
+                FSDP_FREE(tmp);
+            }
         }
     }
     if (w && !local && fsdp_st_writer_close(w, err, sizeof err) != 0) local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_save_sharded: %s", err);

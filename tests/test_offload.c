@@ -1,0 +1,788 @@
+/* test_offload.c - optimizer state on local disk (fsdp_desc.offload) and in bf16
+   (optimizer.state_dtype): training gives the bits it gives in RAM, for every strategy at
+   P = 1, 2, 4, with units larger than the streaming chunks; the file is unlinked and its bytes
+   stay out of the page cache; a directory in RAM, a missing directory and a disk too small are
+   refused at init; a short read mid-training fails the step naming the file, offset and bytes,
+   and the other ranks name the rank; checkpoints are the bytes of checkpoints from RAM, and load
+   into offloaded state at another world size; the estimator counts RAM and disk apart and AUTO
+   offloads when nothing fits in RAM.
+
+   The model: a root holding a small vector and three "Block" units of a 5003-element weight and
+   a 7-element bias (prime sizes: no unit divides by P), gradients made up per rank and step (the
+   optimizer is what is tested, not a network). The offload directory is a fresh one beside the
+   test program (the build directory), on disk where the build is.
+   Build: make test (or make build/test_offload). */
+#define _GNU_SOURCE
+#define FSDP_IMPLEMENTATION
+#include "fsdp.h"
+
+#include "unity.h"
+#include "test_common.h"
+
+#include <sys/mount.h>
+#include <sys/statfs.h>
+
+#define BLOCKS 3
+#define WEIGHT 5003
+#define BIAS 7
+#define ROOT 3
+#define NELEM (ROOT + BLOCKS * (WEIGHT + BIAS))
+#define STEPS 4
+#define MAX_WORLD 4
+#define TIMEOUT_MS 20000
+#define SMALL_RAM ((size_t)80 << 10) /* 80 KiB: chunks of 2048 elements, so a block spans three */
+
+static char offload_dir[512]; /* made by main, beside the test program */
+
+void setUp(void) {}
+void tearDown(void) {}
+
+/* ---------------------------------------------------------------------------------------------
+   the model and its made-up training
+   --------------------------------------------------------------------------------------------- */
+typedef struct net {
+    fsdp_model *model;
+    int block[BLOCKS], weight[BLOCKS], bias[BLOCKS], scale;
+} net;
+
+static int net_build(net *n) {
+    fsdp_init_rule normal = {FSDP_INIT_NORMAL, 0.0f, 0.2f, NULL, NULL}, ones = {FSDP_INIT_ONES, 0, 0, NULL, NULL};
+    int64_t ws[1] = {WEIGHT}, bs[1] = {BIAS}, rs[1] = {ROOT};
+    char name[8];
+    int b;
+    memset(n, 0, sizeof *n);
+    if (fsdp_model_create(&n->model, "Net") || (n->scale = fsdp_model_param(n->model, 0, "scale", 1, rs, ones)) < 0) return -1;
+    for (b = 0; b < BLOCKS; b++) {
+        snprintf(name, sizeof name, "%d", b);
+        if ((n->block[b] = fsdp_model_module(n->model, 0, name, "Block")) < 0 ||
+            (n->weight[b] = fsdp_model_param(n->model, n->block[b], "weight", 1, ws, normal)) < 0 ||
+            (n->bias[b] = fsdp_model_param(n->model, n->block[b], "bias", 1, bs, normal)) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* A gradient element of parameter p on rank r at step s: made up, different per rank. */
+static float made_up_grad(int p, int i, int rank, int step) {
+    return sinf(0.013f * (float)i + 0.7f * (float)p + 0.31f * (float)step) * (1.0f + 0.25f * (float)rank);
+}
+
+static void add_grad(fsdp_ctx *ctx, int param, int numel, int rank, int step) {
+    float *g = fsdp_grad(ctx, param);
+    int i;
+    for (i = 0; g && i < numel; i++) g[i] += made_up_grad(param, i, rank, step);
+}
+
+/* One iteration: every hook in order, the gradients added in backward, then the step. */
+static int iterate(fsdp_ctx *ctx, const net *n, int rank, int step, fsdp_step_report *report) {
+    int b, rc;
+    if ((rc = fsdp_pre_forward(ctx, 0)) != 0) return rc;
+    for (b = 0; b < BLOCKS; b++)
+        if ((rc = fsdp_pre_forward(ctx, n->block[b])) != 0 || (rc = fsdp_post_forward(ctx, n->block[b])) != 0) return rc;
+    if ((rc = fsdp_post_forward(ctx, 0)) != 0 || (rc = fsdp_pre_backward(ctx, 0)) != 0) return rc;
+    for (b = BLOCKS - 1; b >= 0; b--) {
+        if ((rc = fsdp_pre_backward(ctx, n->block[b])) != 0) return rc;
+        add_grad(ctx, n->weight[b], WEIGHT, rank, step);
+        add_grad(ctx, n->bias[b], BIAS, rank, step);
+        if ((rc = fsdp_post_backward(ctx, n->block[b])) != 0) return rc;
+    }
+    add_grad(ctx, n->scale, ROOT, rank, step);
+    if ((rc = fsdp_post_backward(ctx, 0)) != 0) return rc;
+    if ((rc = fsdp_step(ctx, 1.0f, report)) != 0) return rc;
+    return fsdp_zero_grad(ctx);
+}
+
+/* Every parameter, gathered, in build order (scale, then each block's weight and bias). */
+static int gather_net(fsdp_ctx *ctx, const net *n, float *out) {
+    int b, rc;
+    if ((rc = fsdp_gather_param(ctx, n->scale, out)) != 0) return rc;
+    for (b = 0, out += ROOT; b < BLOCKS; b++, out += WEIGHT + BIAS)
+        if ((rc = fsdp_gather_param(ctx, n->weight[b], out)) != 0 || (rc = fsdp_gather_param(ctx, n->bias[b], out + WEIGHT)) != 0)
+            return rc;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   configurations: each trains in RAM and with its state on disk (and in bf16, both ways)
+   --------------------------------------------------------------------------------------------- */
+typedef struct run_config {
+    fsdp_strategy strategy;
+    fsdp_optimizer_kind optimizer;
+    fsdp_dtype state_dtype;
+    int offload;
+} run_config;
+
+#define MAX_CONFIGS 32
+static run_config configs[MAX_CONFIGS];
+static int num_configs;
+
+static void build_configs(void) {
+    static const fsdp_strategy strategies[4] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP, FSDP_NO_SHARD, FSDP_HYBRID_SHARD};
+    static const fsdp_optimizer_kind optimizers[2] = {FSDP_ADAMW, FSDP_SGD};
+    int s, o, d, off;
+    for (s = 0; s < 4; s++)
+        for (o = 0; o < 2; o++)
+            for (d = 0; d < 2; d++)
+                for (off = 0; off < 2; off++) {
+                    run_config *c = &configs[num_configs++];
+                    c->strategy = strategies[s];
+                    c->optimizer = optimizers[o];
+                    c->state_dtype = d ? FSDP_BF16 : FSDP_F32;
+                    c->offload = off;
+                }
+}
+
+static void describe(char *out, size_t size, const run_config *c, int world) {
+    snprintf(out, size, "P=%d %s %s, %s state%s", world, fsdp_strategy_name(c->strategy),
+             c->optimizer == FSDP_SGD ? "SGD(momentum 0.9)" : "AdamW", fsdp_dtype_name(c->state_dtype),
+             c->offload ? " on disk" : " in RAM");
+}
+
+static void desc_for(fsdp_desc *d, const run_config *c, fsdp_comm *comm) {
+    static const char *const blocks[] = {"Block", NULL};
+    memset(d, 0, sizeof *d);
+    d->comm = comm;
+    d->strategy = c->strategy;
+    d->wrap.kind = FSDP_WRAP_TYPES;
+    d->wrap.types = blocks;
+    d->shard_group_size = comm && fsdp_comm_size(comm) == 4 ? 2 : 0;
+    d->seed = 11;
+    d->optimizer.kind = c->optimizer;
+    d->optimizer.lr = c->optimizer == FSDP_SGD ? 0.05f : 0.01f;
+    d->optimizer.momentum = c->optimizer == FSDP_SGD ? 0.9f : 0.0f;
+    d->optimizer.state_dtype = c->state_dtype;
+    d->offload.optimizer = c->offload;
+    d->offload.dir = offload_dir;
+    d->offload.ram_bytes = SMALL_RAM;
+}
+
+typedef struct rank_result {
+    int done;
+    char error[300];
+    float after[STEPS][NELEM];
+    fsdp_memory_stats stats;
+} rank_result;
+
+typedef struct shared_results {
+    int launch_rc[MAX_WORLD + 1];
+    char launch_message[MAX_WORLD + 1][256];
+    rank_result result[MAX_WORLD + 1][MAX_CONFIGS][MAX_WORLD];
+} shared_results;
+static shared_results *shared;
+
+static void train_config(fsdp_comm *comm, const run_config *c, rank_result *r) {
+    int rank = fsdp_comm_rank(comm), step, rc;
+    fsdp_ctx *ctx = NULL;
+    fsdp_desc d;
+    net n;
+    memset(r, 0, sizeof *r);
+    if (net_build(&n) != 0) {
+        snprintf(r->error, sizeof r->error, "building the model failed");
+        fsdp_model_destroy(n.model);
+        return;
+    }
+    desc_for(&d, c, comm);
+    if ((rc = fsdp_init(&ctx, n.model, &d)) != 0) {
+        snprintf(r->error, sizeof r->error, "fsdp_init: %.280s", fsdp_last_error(NULL));
+        fsdp_model_destroy(n.model);
+        return;
+    }
+    for (step = 0; step < STEPS; step++) {
+        if ((rc = iterate(ctx, &n, rank, step, NULL)) != 0 || (rc = gather_net(ctx, &n, r->after[step])) != 0) {
+            snprintf(r->error, sizeof r->error, "step %d: %.280s", step, fsdp_last_error(ctx));
+            break;
+        }
+    }
+    fsdp_memory_stats_get(ctx, &r->stats);
+    r->done = step == STEPS;
+    fsdp_destroy(ctx);
+    fsdp_model_destroy(n.model);
+}
+
+static int matrix_rank(fsdp_comm *comm, void *arg) {
+    int world = fsdp_comm_size(comm), rank = fsdp_comm_rank(comm), i;
+    (void)arg;
+    for (i = 0; i < num_configs; i++) train_config(comm, &configs[i], &shared->result[world][i][rank]);
+    return 0;
+}
+
+static void ensure_matrix(void) {
+    static int launched;
+    int world;
+    if (launched) return;
+    launched = 1;
+    for (world = 1; world <= MAX_WORLD; world++) {
+        fsdp_launch_status status;
+        if (world == 3) continue;
+        shared->launch_rc[world] = launch_ranks(world, FSDP_BACKEND_SHM, TIMEOUT_MS, matrix_rank, NULL, &status);
+        snprintf(shared->launch_message[world], sizeof shared->launch_message[world], "%s", status.message);
+    }
+}
+
+static char message[1024];
+
+static const rank_result *result_of(int world, int ci, int rank) {
+    const rank_result *r = &shared->result[world][ci][rank];
+    char what[200];
+    snprintf(message, sizeof message, "launch at P=%d: %s", world, shared->launch_message[world]);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared->launch_rc[world], message);
+    describe(what, sizeof what, &configs[ci], world);
+    snprintf(message, sizeof message, "%s, rank %d did not finish: %s", what, rank, r->error);
+    TEST_ASSERT_TRUE_MESSAGE(r->done, message);
+    return r;
+}
+
+/* The configuration like ci but with its state in RAM. */
+static int in_ram_twin(int ci) {
+    int b;
+    for (b = 0; b < num_configs; b++)
+        if (configs[b].strategy == configs[ci].strategy && configs[b].optimizer == configs[ci].optimizer &&
+            configs[b].state_dtype == configs[ci].state_dtype && !configs[b].offload)
+            return b;
+    return -1;
+}
+
+/* Every offloaded configuration of this state dtype, every P, every rank and step: the same bits
+   as its twin in RAM. */
+static void assert_offload_bitwise(fsdp_dtype state_dtype) {
+    int ci, world, rank, step, e, runs = 0;
+    ensure_matrix();
+    for (ci = 0; ci < num_configs; ci++) {
+        int twin = in_ram_twin(ci);
+        if (!configs[ci].offload || configs[ci].state_dtype != state_dtype) continue;
+        for (world = 1; world <= MAX_WORLD; world++) {
+            if (world == 3) continue;
+            for (rank = 0; rank < world; rank++) {
+                const rank_result *r = result_of(world, ci, rank), *ram = result_of(world, twin, rank);
+                for (step = 0; step < STEPS; step++)
+                    for (e = 0; e < NELEM; e++)
+                        if (memcmp(&r->after[step][e], &ram->after[step][e], sizeof(float)) != 0) {
+                            char what[200];
+                            describe(what, sizeof what, &configs[ci], world);
+                            snprintf(message, sizeof message, "%s, rank %d: after step %d element %d = %.9g, in RAM %.9g",
+                                     what, rank, step, e, r->after[step][e], ram->after[step][e]);
+                            TEST_FAIL_MESSAGE(message);
+                        }
+            }
+            runs++;
+        }
+    }
+    TEST_ASSERT_EQUAL_INT_MESSAGE(24, runs, "offloaded runs compared");
+}
+
+/* ---------------------------------------------------------------------------------------------
+   tests: the same training, wherever the state is
+   --------------------------------------------------------------------------------------------- */
+static void test_offloaded_f32_state_trains_bitwise_as_in_ram_for_every_strategy_at_P_1_2_4(void) {
+    assert_offload_bitwise(FSDP_F32);
+}
+
+static void test_offloaded_bf16_state_trains_bitwise_as_bf16_state_in_ram(void) { assert_offload_bitwise(FSDP_BF16); }
+
+/* bf16 state changes the numbers (a little): it is not silently f32. */
+static void test_bf16_state_trains_close_to_but_not_bitwise_as_f32_state(void) {
+    int ci, differ = 0;
+    double worst = 0;
+    ensure_matrix();
+    for (ci = 0; ci < num_configs; ci++) {
+        int f32, e;
+        const rank_result *r, *ref;
+        if (configs[ci].state_dtype != FSDP_BF16 || configs[ci].offload) continue;
+        for (f32 = 0; !(configs[f32].strategy == configs[ci].strategy && configs[f32].optimizer == configs[ci].optimizer &&
+                        configs[f32].state_dtype == FSDP_F32 && !configs[f32].offload);
+             f32++) {}
+        r = result_of(2, ci, 0);
+        ref = result_of(2, f32, 0);
+        for (e = 0; e < NELEM; e++) {
+            double d = fabs((double)r->after[STEPS - 1][e] - (double)ref->after[STEPS - 1][e]);
+            differ += d != 0;
+            if (d > worst) worst = d;
+        }
+    }
+    snprintf(message, sizeof message, "bf16 against f32 state after %d steps: %d elements differ, by up to %g", STEPS, differ, worst);
+    TEST_ASSERT_TRUE_MESSAGE(differ > 0, message);
+    TEST_ASSERT_TRUE_MESSAGE(worst < 0.02, message); /* a few lr-sized steps apart at most */
+}
+
+/* The memory statistics: state on disk is not in RAM; the streaming uses at most ram_bytes. */
+static void test_offloaded_state_is_counted_on_disk_and_the_stream_within_ram_bytes(void) {
+    int ci;
+    ensure_matrix();
+    for (ci = 0; ci < num_configs; ci++) {
+        const rank_result *r = result_of(2, ci, 0);
+        char what[200];
+        describe(what, sizeof what, &configs[ci], 2);
+        snprintf(message, sizeof message, "%s: optimizer %zu bytes in RAM, %zu on disk, stream %zu", what, r->stats.optimizer_bytes,
+                 r->stats.disk_bytes, r->stats.stream_bytes);
+        if (configs[ci].offload) {
+            TEST_ASSERT_EQUAL_MESSAGE(0, r->stats.optimizer_bytes, message);
+            TEST_ASSERT_TRUE_MESSAGE(r->stats.disk_bytes > 0, message);
+            TEST_ASSERT_TRUE_MESSAGE(r->stats.stream_bytes > 0 && r->stats.stream_bytes <= SMALL_RAM, message);
+        } else {
+            TEST_ASSERT_EQUAL_MESSAGE(0, r->stats.disk_bytes, message);
+            TEST_ASSERT_TRUE_MESSAGE(r->stats.optimizer_bytes > 0, message);
+        }
+        TEST_ASSERT_EQUAL_MESSAGE(r->stats.persistent_bytes + r->stats.peak_unsharded_bytes + r->stats.stream_bytes,
+                                  r->stats.peak_bytes, message);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+   the file: unlinked, outside the page cache, and what goes wrong with it
+   --------------------------------------------------------------------------------------------- */
+/* This process's offload file: the descriptor whose target lies in the offload directory (a file
+   already unlinked reads "(deleted)"); -1 if none. */
+static int find_offload_fd(void) {
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    int found = -1;
+    while (d && (e = readdir(d)) != NULL) {
+        char link[64], target[600];
+        ssize_t n;
+        snprintf(link, sizeof link, "/proc/self/fd/%.20s", e->d_name);
+        if ((n = readlink(link, target, sizeof target - 1)) <= 0) continue;
+        target[n] = 0;
+        if (strncmp(target, offload_dir, strlen(offload_dir)) == 0 && target[strlen(offload_dir)] == '/') found = atoi(e->d_name);
+    }
+    if (d) closedir(d);
+    return found;
+}
+
+typedef struct file_report {
+    int done, rc, fd_found, links, entries;
+    long long size, disk_bytes;
+    long resident, pages;
+    char error[300];
+    /* the short read */
+    int step_rc;
+    char step_error[600];
+} file_report;
+
+typedef struct special_results {
+    file_report file[2];
+} special_results;
+static special_results *special;
+
+static int init_offloaded(fsdp_comm *comm, net *n, fsdp_ctx **ctx, char *error, size_t size) {
+    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 1};
+    fsdp_desc d;
+    int rc;
+    if (net_build(n) != 0) return snprintf(error, size, "building the model failed"), FSDP_ERR_STATE;
+    desc_for(&d, &c, comm);
+    if ((rc = fsdp_init(ctx, n->model, &d)) != 0) snprintf(error, size, "fsdp_init: %.280s", fsdp_last_error(NULL));
+    return rc;
+}
+
+/* After two steps: the file in /proc/self/fd, unlinked, of the size reserved, none of its pages
+   in the page cache (mincore over a mapping of it). */
+static int file_rank(fsdp_comm *comm, void *arg) {
+    file_report *r = &special->file[fsdp_comm_rank(comm)];
+    fsdp_ctx *ctx = NULL;
+    fsdp_memory_stats st;
+    struct stat sb;
+    net n;
+    int step;
+    (void)arg;
+    if ((r->rc = init_offloaded(comm, &n, &ctx, r->error, sizeof r->error)) != 0) return 0;
+    for (step = 0; step < 2 && !r->rc; step++)
+        if ((r->rc = iterate(ctx, &n, fsdp_comm_rank(comm), step, NULL)) != 0)
+            snprintf(r->error, sizeof r->error, "step: %.280s", fsdp_last_error(ctx));
+    fsdp_memory_stats_get(ctx, &st);
+    r->disk_bytes = (long long)st.disk_bytes;
+    r->entries = count_entries(offload_dir, "");
+    if ((r->fd_found = find_offload_fd()) >= 0 && fstat(r->fd_found, &sb) == 0) {
+        size_t bytes = (size_t)sb.st_size, page = (size_t)sysconf(_SC_PAGESIZE), i;
+        void *map = mmap(NULL, bytes, PROT_READ, MAP_SHARED, r->fd_found, 0);
+        unsigned char *vec = (unsigned char *)calloc(bytes / page + 1, 1);
+        r->links = (int)sb.st_nlink;
+        r->size = (long long)sb.st_size;
+        if (map != MAP_FAILED && vec && mincore(map, bytes, vec) == 0) {
+            r->pages = (long)((bytes + page - 1) / page);
+            for (i = 0; i < (size_t)r->pages; i++) r->resident += vec[i] & 1;
+        } else {
+            r->pages = -1;
+        }
+        if (map != MAP_FAILED) munmap(map, bytes);
+        free(vec);
+    }
+    /* then a fault: rank 1's file is cut short, and the next step reads it */
+    if (fsdp_comm_rank(comm) == 1 && r->fd_found >= 0 && ftruncate(r->fd_found, 0) != 0) r->links = -100;
+    r->step_rc = iterate(ctx, &n, fsdp_comm_rank(comm), 2, NULL);
+    if (!r->step_rc) r->step_rc = iterate(ctx, &n, fsdp_comm_rank(comm), 3, NULL); /* rank 0: its next collective */
+    snprintf(r->step_error, sizeof r->step_error, "%.590s", fsdp_last_error(ctx));
+    r->done = 1;
+    fsdp_destroy(ctx);
+    fsdp_model_destroy(n.model);
+    return 0;
+}
+
+static void ensure_file_runs(void) {
+    static int launched;
+    fsdp_launch_status status;
+    int rc;
+    if (launched) return;
+    launched = 1;
+    rc = launch_ranks(2, FSDP_BACKEND_SHM, 5000, file_rank, NULL, &status);
+    (void)rc; /* rank 1 fails on purpose; what each saw is in special->file */
+}
+
+static const file_report *file_of(int rank) {
+    const file_report *r = &special->file[rank];
+    ensure_file_runs();
+    snprintf(message, sizeof message, "rank %d did not finish (%s)", rank, r->error);
+    TEST_ASSERT_TRUE_MESSAGE(r->done, message);
+    snprintf(message, sizeof message, "rank %d: %s", rank, r->error);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, r->rc, message);
+    return r;
+}
+
+static void test_offload_file_is_unlinked_of_the_reserved_size_and_outside_the_page_cache(void) {
+    struct statfs fs;
+    int rank;
+    if (statfs(offload_dir, &fs) == 0 && fs.f_type == 0x01021994)
+        TEST_IGNORE_MESSAGE("the build directory is on tmpfs: its pages are RAM whatever fsdp.h does");
+    for (rank = 0; rank < 2; rank++) {
+        const file_report *r = file_of(rank);
+        snprintf(message, sizeof message, "rank %d: fd %d, %d links, %lld bytes (disk_bytes %lld), %ld of %ld pages cached, "
+                 "%d entries in the directory", rank, r->fd_found, r->links, r->size, r->disk_bytes, r->resident, r->pages,
+                 r->entries);
+        TEST_ASSERT_TRUE_MESSAGE(r->fd_found >= 0, message);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(0, r->links, message);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(0, r->entries, message);
+        TEST_ASSERT_TRUE_MESSAGE(r->size == r->disk_bytes && r->size > 0, message);
+        TEST_ASSERT_TRUE_MESSAGE(r->pages > 0, message);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(0, (int)r->resident, message);
+    }
+}
+
+/* Rank 1's file cut short: its step fails with FSDP_ERR_IO naming the file, the offset and the
+   bytes; rank 0 fails in its next collective naming rank 1. */
+static void test_offload_short_read_fails_the_step_naming_file_offset_and_bytes_and_the_peer_names_the_rank(void) {
+    const file_report *r0 = file_of(0), *r1 = file_of(1);
+    snprintf(message, sizeof message, "rank 1: %s (%s)", fsdp_result_name(r1->step_rc), r1->step_error);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_IO, r1->step_rc, message);
+    TEST_ASSERT_TRUE_MESSAGE(contains(r1->step_error, "short read") && contains(r1->step_error, "at offset") &&
+                                 contains(r1->step_error, " bytes") && contains(r1->step_error, "offload file of rank 1") &&
+                                 contains(r1->step_error, offload_dir),
+                             message);
+    snprintf(message, sizeof message, "rank 0: %s (%s)", fsdp_result_name(r0->step_rc), r0->step_error);
+    TEST_ASSERT_NOT_EQUAL_MESSAGE(0, r0->step_rc, message);
+    TEST_ASSERT_TRUE_MESSAGE(contains(r0->step_error, "rank 1"), message);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   refused at init: a directory in RAM, none, one too small
+   --------------------------------------------------------------------------------------------- */
+static int init_one_rank(const char *dir, int allow_tmpfs, char *error, size_t size) {
+    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 1};
+    fsdp_comm *comm = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_desc d;
+    net n;
+    int rc;
+    if ((rc = open_one_rank_comm(&comm, "offload")) != 0 || (rc = net_build(&n)) != 0) return rc ? rc : FSDP_ERR_STATE;
+    desc_for(&d, &c, comm);
+    d.offload.dir = dir;
+    d.offload.allow_tmpfs = allow_tmpfs;
+    rc = fsdp_init(&ctx, n.model, &d);
+    snprintf(error, size, "%s", fsdp_last_error(NULL));
+    release_one_rank(&ctx, &n.model, &comm);
+    return rc;
+}
+
+static void test_offload_dir_in_ram_is_refused_unless_allowed(void) {
+    char error[600];
+    int rc = init_one_rank("/dev/shm", 0, error, sizeof error);
+    snprintf(message, sizeof message, "%s (%s)", fsdp_result_name(rc), error);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_INVALID_ARG, rc, message);
+    TEST_ASSERT_TRUE_MESSAGE(contains(error, "/dev/shm") && contains(error, "in RAM"), message);
+    rc = init_one_rank("/dev/shm", 1, error, sizeof error);
+    snprintf(message, sizeof message, "with allow_tmpfs: %s (%s)", fsdp_result_name(rc), error);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
+}
+
+static void test_offload_without_a_directory_fails_init_naming_FSDP_OFFLOAD_DIR(void) {
+    char error[600];
+    int rc;
+    unsetenv("FSDP_OFFLOAD_DIR");
+    rc = init_one_rank(NULL, 0, error, sizeof error);
+    snprintf(message, sizeof message, "%s (%s)", fsdp_result_name(rc), error);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_INVALID_ARG, rc, message);
+    TEST_ASSERT_TRUE_MESSAGE(contains(error, "FSDP_OFFLOAD_DIR"), message);
+    setenv("FSDP_OFFLOAD_DIR", offload_dir, 1);
+    rc = init_one_rank(NULL, 0, error, sizeof error);
+    snprintf(message, sizeof message, "with FSDP_OFFLOAD_DIR: %s (%s)", fsdp_result_name(rc), error);
+    unsetenv("FSDP_OFFLOAD_DIR");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
+}
+
+/* A 64 KiB filesystem (a tmpfs mounted for the test: root only) cannot hold the state. */
+static void test_offload_dir_too_small_fails_init_naming_the_bytes_needed_and_free(void) {
+    char small[600], error[600];
+    int rc;
+    snprintf(small, sizeof small, "%s/small", offload_dir);
+    if (mkdir(small, 0700) != 0 || mount("fsdp-test", small, "tmpfs", 0, "size=64k") != 0) {
+        rmdir(small);
+        TEST_IGNORE_MESSAGE("cannot mount a small tmpfs (needs root)");
+    }
+    rc = init_one_rank(small, 1, error, sizeof error);
+    umount(small);
+    rmdir(small);
+    snprintf(message, sizeof message, "%s (%s)", fsdp_result_name(rc), error);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_NO_SPACE, rc, message);
+    TEST_ASSERT_TRUE_MESSAGE(contains(error, "bytes") && contains(error, "free") && contains(error, "need"), message);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   checkpoints of offloaded state, and bf16 state's rounding
+   --------------------------------------------------------------------------------------------- */
+typedef struct ckpt_report {
+    int done;
+    char error[300];
+    float after[NELEM];     /* the load runs: after one more step */
+    float exp_avg[NELEM];   /* the rounding runs: state after one step, read from the saved file */
+    float params[NELEM];
+} ckpt_report;
+enum { SAVE_RAM, SAVE_DISK, LOAD_RAM_FROM_DISK, LOAD_DISK_FROM_RAM, ROUND_F32, ROUND_BF16, CKPT_RUNS };
+static ckpt_report *ckpt; /* [CKPT_RUNS][MAX_WORLD] */
+static int ckpt_run;
+
+static void ckpt_paths(int from_disk, char *full, char *sharded, size_t size) {
+    snprintf(full, size, "%s/%s.safetensors", offload_dir, from_disk ? "disk" : "ram");
+    snprintf(sharded, size, "%s/%s-sharded", offload_dir, from_disk ? "disk" : "ram");
+}
+
+/* SAVE_*: two steps at P = 2, saved full and sharded with the optimizer state. LOAD_*: at P = 4
+   the other kind's sharded checkpoint loaded, one more step. ROUND_*: one AdamW step at P = 1,
+   saved full (the state as f32 values). */
+static int ckpt_rank(fsdp_comm *comm, void *arg) {
+    int run = ckpt_run, rank = fsdp_comm_rank(comm), step, rc = 0;
+    ckpt_report *r = &ckpt[run * MAX_WORLD + rank];
+    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, run == ROUND_BF16 ? FSDP_BF16 : FSDP_F32,
+                    run == SAVE_DISK || run == LOAD_DISK_FROM_RAM};
+    char full[600], sharded[600];
+    fsdp_save_options so;
+    fsdp_load_options lo;
+    fsdp_ctx *ctx = NULL;
+    fsdp_desc d;
+    net n;
+    (void)arg;
+    memset(&so, 0, sizeof so);
+    memset(&lo, 0, sizeof lo);
+    so.with_optimizer = lo.with_optimizer = lo.strict = 1;
+    if (net_build(&n) != 0) return 1;
+    desc_for(&d, &c, comm);
+    if ((rc = fsdp_init(&ctx, n.model, &d)) != 0) {
+        snprintf(r->error, sizeof r->error, "fsdp_init: %.280s", fsdp_last_error(NULL));
+        fsdp_model_destroy(n.model);
+        return 1;
+    }
+    if (run == SAVE_RAM || run == SAVE_DISK || run >= ROUND_F32) {
+        for (step = 0; step < (run >= ROUND_F32 ? 1 : 2) && !rc; step++) rc = iterate(ctx, &n, rank, step, NULL);
+        ckpt_paths(run == SAVE_DISK, full, sharded, sizeof full);
+        if (run >= ROUND_F32) snprintf(full, sizeof full, "%s/round-%d.safetensors", offload_dir, run);
+        if (!rc) rc = fsdp_save_full(ctx, full, &so);
+        if (!rc && run < ROUND_F32) rc = fsdp_save_sharded(ctx, sharded, &so);
+        if (!rc && run >= ROUND_F32) rc = gather_net(ctx, &n, r->params);
+    } else {
+        ckpt_paths(run == LOAD_RAM_FROM_DISK, full, sharded, sizeof full);
+        rc = fsdp_load_sharded(ctx, sharded, &lo, NULL);
+        if (!rc) rc = iterate(ctx, &n, rank, 2, NULL);
+        if (!rc) rc = gather_net(ctx, &n, r->after);
+    }
+    if (rc) snprintf(r->error, sizeof r->error, "%.280s", fsdp_last_error(ctx));
+    r->done = !rc;
+    fsdp_destroy(ctx);
+    fsdp_model_destroy(n.model);
+    return rc ? 1 : 0;
+}
+
+static void ensure_ckpt_runs(void) {
+    static int launched;
+    static const int worlds[CKPT_RUNS] = {2, 2, 4, 4, 1, 1};
+    fsdp_launch_status status;
+    if (launched) return;
+    launched = 1;
+    for (ckpt_run = 0; ckpt_run < CKPT_RUNS; ckpt_run++) launch_ranks(worlds[ckpt_run], FSDP_BACKEND_SHM, TIMEOUT_MS, ckpt_rank, NULL, &status);
+}
+
+static const ckpt_report *ckpt_of(int run, int rank) {
+    const ckpt_report *r = &ckpt[run * MAX_WORLD + rank];
+    ensure_ckpt_runs();
+    snprintf(message, sizeof message, "run %d rank %d: %s", run, rank, r->error);
+    TEST_ASSERT_TRUE_MESSAGE(r->done, message);
+    return r;
+}
+
+/* The full file saved from offloaded state is the file saved from RAM, byte for byte. */
+static void test_full_checkpoint_of_offloaded_state_is_the_bytes_of_one_from_ram(void) {
+    char ram_full[600], disk_full[600], sharded[600];
+    unsigned char *a, *b;
+    size_t na = 0, nb = 0;
+    ckpt_of(SAVE_RAM, 0);
+    ckpt_of(SAVE_DISK, 0);
+    ckpt_paths(0, ram_full, sharded, sizeof ram_full);
+    ckpt_paths(1, disk_full, sharded, sizeof disk_full);
+    a = read_whole_file(ram_full, &na);
+    b = read_whole_file(disk_full, &nb);
+    TEST_ASSERT_NOT_NULL(a);
+    TEST_ASSERT_NOT_NULL(b);
+    TEST_ASSERT_EQUAL_MESSAGE(na, nb, "file sizes");
+    TEST_ASSERT_EQUAL_MEMORY_MESSAGE(a, b, na, "full checkpoints from RAM and from disk");
+    free(a);
+    free(b);
+}
+
+/* Sharded checkpoints from either, loaded at P = 4 into the other kind, continue alike. */
+static void test_sharded_checkpoints_load_into_offloaded_state_at_another_world_size_and_continue_alike(void) {
+    int rank;
+    for (rank = 0; rank < 4; rank++) {
+        const ckpt_report *a = ckpt_of(LOAD_RAM_FROM_DISK, rank), *b = ckpt_of(LOAD_DISK_FROM_RAM, rank);
+        snprintf(message, sizeof message, "rank %d: a step after loading, state in RAM from disk's save, on disk from RAM's", rank);
+        TEST_ASSERT_EQUAL_MEMORY_MESSAGE(a->after, b->after, sizeof a->after, message);
+    }
+}
+
+/* bf16 state: the update runs in f32 on the widened state (so one step from zero state gives the
+   f32 parameters), and the new state is the f32 result rounded to the nearest bf16, ties to even. */
+static void test_bf16_state_is_the_f32_update_rounded_to_nearest_even(void) {
+    char path[2][600], name[64];
+    int run, b, i, checked = 0;
+    float *state[2];
+    const ckpt_report *f = ckpt_of(ROUND_F32, 0), *h = ckpt_of(ROUND_BF16, 0);
+    TEST_ASSERT_EQUAL_MEMORY_MESSAGE(f->params, h->params, sizeof f->params, "parameters after the first step");
+    for (run = 0; run < 2; run++) snprintf(path[run], sizeof path[run], "%s/round-%d.safetensors", offload_dir, ROUND_F32 + run);
+    state[0] = (float *)calloc(WEIGHT, sizeof(float));
+    state[1] = (float *)calloc(WEIGHT, sizeof(float));
+    for (b = 0; b < BLOCKS; b++) {
+        for (run = 0; run < 2; run++) {
+            fsdp_st_file *file = NULL;
+            char err[300];
+            int rc = fsdp_st_open(&file, path[run], err, sizeof err);
+            TEST_ASSERT_EQUAL_INT_MESSAGE(0, rc, err);
+            snprintf(name, sizeof name, "%d.weight.exp_avg_sq", b);
+            rc = fsdp_st_read(file, fsdp_st_find(file, name), 0, WEIGHT, state[run], err, sizeof err);
+            fsdp_st_close(file);
+            TEST_ASSERT_EQUAL_INT_MESSAGE(0, rc, err);
+        }
+        for (i = 0; i < WEIGHT; i++) {
+            float want = fsdp_bf16_to_f32(reference_bf16(state[0][i]));
+            if (memcmp(&want, &state[1][i], sizeof want) != 0) {
+                snprintf(message, sizeof message, "%d.weight.exp_avg_sq[%d]: f32 state %.9g, bf16 state %.9g, nearest bf16 %.9g",
+                         b, i, state[0][i], state[1][i], want);
+                TEST_FAIL_MESSAGE(message);
+            }
+            checked += state[0][i] != want; /* rounding happened */
+        }
+    }
+    free(state[0]);
+    free(state[1]);
+    TEST_ASSERT_TRUE_MESSAGE(checked > 1000, "most f32 states are not bf16 values, so the rounding was exercised");
+}
+
+/* ---------------------------------------------------------------------------------------------
+   the estimator and AUTO
+   --------------------------------------------------------------------------------------------- */
+static void test_estimate_of_offloaded_state_counts_disk_and_stream_apart_and_matches_init(void) {
+    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 1};
+    fsdp_memory_stats est, st, ram;
+    fsdp_comm *comm = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_desc d;
+    net n;
+    TEST_ASSERT_EQUAL_INT(0, open_one_rank_comm(&comm, "estimate"));
+    TEST_ASSERT_EQUAL_INT(0, net_build(&n));
+    desc_for(&d, &c, comm);
+    TEST_ASSERT_EQUAL_INT(0, fsdp_memory_estimate(n.model, &d, 1, &est));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, fsdp_init(&ctx, n.model, &d), fsdp_last_error(NULL));
+    fsdp_memory_stats_get(ctx, &st);
+    d.offload.optimizer = 0;
+    TEST_ASSERT_EQUAL_INT(0, fsdp_memory_estimate(n.model, &d, 1, &ram));
+    release_one_rank(&ctx, &n.model, &comm);
+    snprintf(message, sizeof message, "estimate: RAM persistent %zu, disk %zu, stream %zu; init: %zu, %zu, %zu; all in RAM: "
+             "optimizer %zu", est.persistent_bytes, est.disk_bytes, est.stream_bytes, st.persistent_bytes, st.disk_bytes,
+             st.stream_bytes, ram.optimizer_bytes);
+    TEST_ASSERT_EQUAL_MESSAGE(st.persistent_bytes, est.persistent_bytes, message);
+    TEST_ASSERT_EQUAL_MESSAGE(st.disk_bytes, est.disk_bytes, message);
+    TEST_ASSERT_EQUAL_MESSAGE(st.stream_bytes, est.stream_bytes, message);
+    TEST_ASSERT_EQUAL_MESSAGE(0, est.optimizer_bytes, message);
+    TEST_ASSERT_TRUE_MESSAGE(est.disk_bytes >= ram.optimizer_bytes, message);
+    TEST_ASSERT_EQUAL_MESSAGE(ram.persistent_bytes - ram.optimizer_bytes, est.persistent_bytes, message);
+}
+
+/* A budget between what FULL_SHARD needs with its optimizer state in RAM and on disk: the
+   strategies alone do not fit, fsdp_fit_budget offloads and says so, and fsdp_init's AUTO trains
+   with the state on disk. */
+static void test_auto_offloads_the_optimizer_state_when_no_strategy_fits_in_ram(void) {
+    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 0};
+    fsdp_memory_stats in_ram, on_disk, st;
+    fsdp_strategy strategy;
+    fsdp_comm *comm = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_desc d, fit;
+    char why[400];
+    size_t budget;
+    net n;
+    int rc;
+    TEST_ASSERT_EQUAL_INT(0, open_one_rank_comm(&comm, "auto"));
+    TEST_ASSERT_EQUAL_INT(0, net_build(&n));
+    desc_for(&d, &c, comm);
+    TEST_ASSERT_EQUAL_INT(0, fsdp_memory_estimate(n.model, &d, 1, &in_ram));
+    d.offload.optimizer = 1;
+    TEST_ASSERT_EQUAL_INT(0, fsdp_memory_estimate(n.model, &d, 1, &on_disk));
+    d.offload.optimizer = 0;
+    budget = (in_ram.peak_bytes + on_disk.peak_bytes) / 2;
+    rc = fsdp_strategy_for_budget(n.model, &d, 1, budget, &strategy, why, sizeof why);
+    snprintf(message, sizeof message, "strategies alone: %s (%s)", fsdp_result_name(rc), why);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_OUT_OF_MEMORY, rc, message);
+    TEST_ASSERT_TRUE_MESSAGE(contains(why, "optimizer state on disk"), message);
+    rc = fsdp_fit_budget(n.model, &d, 1, budget, &fit, why, sizeof why);
+    snprintf(message, sizeof message, "fit: %s (%s)", fsdp_result_name(rc), why);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, rc, message);
+    TEST_ASSERT_TRUE_MESSAGE(fit.offload.optimizer && fit.strategy == FSDP_FULL_SHARD, message);
+    TEST_ASSERT_TRUE_MESSAGE(contains(why, "offloaded"), message);
+    d.strategy = FSDP_STRATEGY_AUTO;
+    d.memory_budget = budget;
+    rc = fsdp_init(&ctx, n.model, &d);
+    snprintf(message, sizeof message, "AUTO: %s (%s)", fsdp_result_name(rc), fsdp_last_error(NULL));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, rc, message);
+    fsdp_memory_stats_get(ctx, &st);
+    release_one_rank(&ctx, &n.model, &comm);
+    TEST_ASSERT_TRUE_MESSAGE(st.disk_bytes > 0 && st.optimizer_bytes == 0 && st.peak_bytes <= budget, message);
+}
+
+int main(void) {
+    char exe[400], *slash;
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    int rc;
+    if (n <= 0) return 1;
+    exe[n] = 0;
+    if ((slash = strrchr(exe, '/')) != NULL) *slash = 0;
+    snprintf(offload_dir, sizeof offload_dir, "%s/offload-test-XXXXXX", exe);
+    if (!mkdtemp(offload_dir)) {
+        fprintf(stderr, "mkdtemp(%s): %s\n", offload_dir, strerror(errno));
+        return 1;
+    }
+    build_configs();
+    shared = (shared_results *)map_shared(sizeof *shared);
+    special = (special_results *)map_shared(sizeof *special);
+    ckpt = (ckpt_report *)map_shared(sizeof *ckpt * CKPT_RUNS * MAX_WORLD);
+    UNITY_BEGIN();
+    RUN_TEST(test_offloaded_f32_state_trains_bitwise_as_in_ram_for_every_strategy_at_P_1_2_4);
+    RUN_TEST(test_offloaded_bf16_state_trains_bitwise_as_bf16_state_in_ram);
+    RUN_TEST(test_bf16_state_trains_close_to_but_not_bitwise_as_f32_state);
+    RUN_TEST(test_offloaded_state_is_counted_on_disk_and_the_stream_within_ram_bytes);
+    RUN_TEST(test_offload_file_is_unlinked_of_the_reserved_size_and_outside_the_page_cache);
+    RUN_TEST(test_offload_short_read_fails_the_step_naming_file_offset_and_bytes_and_the_peer_names_the_rank);
+    RUN_TEST(test_offload_dir_in_ram_is_refused_unless_allowed);
+    RUN_TEST(test_offload_without_a_directory_fails_init_naming_FSDP_OFFLOAD_DIR);
+    RUN_TEST(test_offload_dir_too_small_fails_init_naming_the_bytes_needed_and_free);
+    RUN_TEST(test_full_checkpoint_of_offloaded_state_is_the_bytes_of_one_from_ram);
+    RUN_TEST(test_sharded_checkpoints_load_into_offloaded_state_at_another_world_size_and_continue_alike);
+    RUN_TEST(test_bf16_state_is_the_f32_update_rounded_to_nearest_even);
+    RUN_TEST(test_estimate_of_offloaded_state_counts_disk_and_stream_apart_and_matches_init);
+    RUN_TEST(test_auto_offloads_the_optimizer_state_when_no_strategy_fits_in_ram);
+    rc = UNITY_END();
+    remove_tree(offload_dir);
+    return rc;
+}
