@@ -684,12 +684,19 @@ typedef struct fsdp_param_group {
    ============================================================================================ */
 typedef struct fsdp_offload_desc {
     int optimizer;          /* optimizer state on disk (DeepSpeed's offload_optimizer) */
+    int params;             /* f32 master shards on disk (PyTorch's CPUOffload(offload_params), DeepSpeed's
+                               offload_param): read before each gather and by the step, written by it;
+                               fsdp_param_info.shard is then NULL */
+    int grads;              /* gradient shards on disk: written by each reduction, read by the step;
+                               fsdp_param_info.grad_shard is then NULL */
     const char *dir;        /* a directory on a local disk; NULL: FSDP_OFFLOAD_DIR */
     size_t ram_bytes;       /* the most RAM the streaming may use per rank (at least three chunks
                                of 2048 elements of each state buffer); 0: 64 MiB */
     int allow_tmpfs;        /* accept a directory in RAM (tmpfs, ramfs), which saves no memory:
                                for tests; refused otherwise */
 } fsdp_offload_desc;
+/* What o offloads, in words: "the parameters, gradients and optimizer state", "nothing", ... */
+FSDP_API const char *fsdp_offload_describe(const fsdp_offload_desc *o);
 
 /* ============================================================================================
    >>runtime
@@ -815,8 +822,9 @@ typedef struct fsdp_param_info {
     int64_t numel;
     int64_t shard_begin;     /* this rank holds elements [shard_begin, shard_end) of the */
     int64_t shard_end;       /*   parameter (flattened); empty when begin == end */
-    float *shard;            /* those elements in the fp32 master shard */
-    float *grad_shard;       /* and in the gradient shard (after the reduction) */
+    float *shard;            /* those elements in the fp32 master shard (NULL: offload.params) */
+    float *grad_shard;       /* and in the gradient shard, after the reduction (NULL: frozen,
+                                or offload.grads) */
 } fsdp_param_info;
 
 FSDP_API int fsdp_num_units(const fsdp_ctx *ctx);
@@ -865,10 +873,11 @@ FSDP_API int fsdp_memory_estimate(const fsdp_model *model, const fsdp_desc *desc
    fsdp_init does this for desc->strategy FSDP_STRATEGY_AUTO with desc->memory_budget. */
 FSDP_API int fsdp_strategy_for_budget(const fsdp_model *model, const fsdp_desc *desc, int world_size, size_t budget_bytes,
                                       fsdp_strategy *chosen, char *why, size_t why_size);
-/* As fsdp_strategy_for_budget, then, where no strategy fits with the optimizer state in RAM,
-   FULL_SHARD with it offloaded to disk (>>offload; when desc->offload.dir or FSDP_OFFLOAD_DIR
-   names a directory): the least offload that fits. *chosen is desc with the strategy and offload
-   that fit; why says which and why. fsdp_init does this for FSDP_STRATEGY_AUTO. */
+/* As fsdp_strategy_for_budget, then, where no strategy fits in RAM, FULL_SHARD with ever more
+   on disk (>>offload; when desc->offload.dir or FSDP_OFFLOAD_DIR names a directory): the
+   optimizer state, then the gradients too, then the parameters too; the least offload that
+   fits. *chosen is desc with the strategy and offload that fit; why says which and why.
+   fsdp_init does this for FSDP_STRATEGY_AUTO. */
 FSDP_API int fsdp_fit_budget(const fsdp_model *model, const fsdp_desc *desc, int world_size, size_t budget_bytes,
                              fsdp_desc *chosen, char *why, size_t why_size);
 
@@ -1115,6 +1124,13 @@ FSDP_API int fsdp_launch_ex(const fsdp_launch_desc *desc, fsdp_rank_fn fn, void 
 #endif
 #if defined(__linux__) && !defined(O_TMPFILE)
 #  define O_TMPFILE (020000000 | O_DIRECTORY)
+#endif
+#if defined(__linux__) && !defined(O_DIRECT) /* declared only under _GNU_SOURCE; the value is the architecture's */
+#  if defined(__x86_64__) || defined(__i386__)
+#    define O_DIRECT 040000
+#  elif defined(__aarch64__) || defined(__arm__)
+#    define O_DIRECT 0200000
+#  endif
 #endif
 #if defined(__SSE2__) && (defined(__x86_64__) || defined(__i386__))
 #  include <emmintrin.h>
@@ -7092,8 +7108,11 @@ FSDP__PRIVATE int fsdp__io_run(fsdp__offload *o, const fsdp__io_req *r, char *me
     }
 #if defined(__linux__)
     if (!o->direct) { /* the bytes leave RAM all the same: written back, then dropped */
-        if (r->write) sync_file_range(o->fd, (off_t)r->offset, (off_t)r->bytes,
-                                      SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+#  if defined(SYS_sync_file_range) /* by number: the wrapper is declared only under _GNU_SOURCE (as process_vm_readv) */
+        if (r->write) syscall(SYS_sync_file_range, o->fd, (off_t)r->offset, (off_t)r->bytes, 1 | 2 | 4); /* wait, write, wait */
+#  else
+        if (r->write) fdatasync(o->fd);
+#  endif
         posix_fadvise(o->fd, (off_t)r->offset, (off_t)r->bytes, POSIX_FADV_DONTNEED);
     }
 #endif
@@ -7212,9 +7231,12 @@ FSDP__PRIVATE int fsdp__offload_check_dir(const char *dir, int allow_tmpfs, size
    filesystem takes it; -1 with errno. */
 static int fsdp__offload_file(const char *dir, int *direct) {
     int fd = -1;
+    *direct = 0;
 #if defined(__linux__)
+#  if defined(O_DIRECT)
     fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC | O_DIRECT, 0600);
     *direct = fd >= 0;
+#  endif
     if (fd < 0) fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
 #endif
     if (fd < 0) {
@@ -7298,9 +7320,9 @@ static const char *fsdp__state_name(int state) {
     return state >= 0 && state <= 4 ? names[state] : "?";
 }
 
-/* Where one of a unit's persistent shards lives: in RAM, or in the rank's offload file. Its
-   values are ctx->state_dtype (optimizer state); read and written through fsdp__home_read and
-   fsdp__home_write, or directly where fsdp__home_f32 gives a pointer. */
+/* Where one of a unit's persistent shards lives: in RAM, or in the rank's offload file (its
+   master and gradient: f32; its optimizer state: ctx->state_dtype); read and written through
+   fsdp__home_io, or directly where it is f32 in RAM. */
 typedef struct fsdp__home {
     void *ram;              /* the shard in RAM; NULL when on disk */
     int64_t offset;         /* on disk: its first byte in the offload file (aligned); -1 in RAM */
@@ -7315,9 +7337,13 @@ typedef struct fsdp__unit {
     int group_size, group_rank;
     fsdp_comm *shard_comm;  /* gathers and reduce-scatters (NULL: group of one) */
     fsdp_comm *replica_comm; /* HYBRID: across shard groups; NO_SHARD: everyone */
-    float *master;          /* fp32 shard [shard]; inside ctx->master_mem when master_shared */
+    float *master;          /* fp32 shard [shard]; inside ctx->master_mem when master_shared; NULL on disk */
     int master_shared;
-    float *grad;            /* gradient shard [shard] */
+    float *grad;            /* gradient shard [shard]; NULL on disk */
+    int64_t master_off, grad_off; /* on disk: their first bytes in the offload file; -1 in RAM */
+    int grad_zero;          /* the gradient on disk is zero (fsdp_zero_grad: nothing written) */
+    double grad_sumsq;      /* its sum of squares, made when it was written (fsdp__sumsq) */
+    float grad_scale;       /* a clipping factor the gradient on disk still owes (1: none) */
     fsdp__home opt[FSDP_OPTIMIZER_MAX_STATE]; /* the optimizer's state shards (ctx->num_state of them) */
     void *unsharded;        /* [padded] param_dtype, while gathered */
     float *view32;          /* fp32 compute view, while gathered */
@@ -7361,6 +7387,7 @@ struct fsdp_ctx {
     int num_units;
     int *unit_params;
     int *param_by_name;     /* parameter ids sorted by name */
+    int64_t *param_at;      /* where each parameter's slice starts in its unit's shard */
     fsdp_param_info *params;
     float *param_decay, *param_lr_scale; /* per parameter, from desc.param_groups */
     int rank, world;
@@ -7393,8 +7420,10 @@ struct fsdp_ctx {
        or bf16 (see fsdp__step_streamed) */
     fsdp_dtype state_dtype;
     fsdp__offload *offload;
-    void *stream_raw, *stream_f32;   /* FSDP__STREAM_SLOTS slots of stream_chunk elements per state */
-    int64_t stream_chunk;
+    int64_t offload_size;            /* bytes of the offload file (0: none) */
+    void *stream_raw, *stream_f32;   /* FSDP__STREAM_SLOTS slots of stream_chunk elements per shard */
+    size_t stream_raw_stride, stream_f32_stride;
+    int64_t stream_chunk;            /* 0: the step updates every shard in place (all f32 in RAM) */
     size_t stream_bytes;
     fsdp_logger logger;
     char error[FSDP__ERRMSG];
@@ -7486,7 +7515,7 @@ static size_t fsdp__unsharded_bytes(const fsdp_ctx *ctx, const fsdp__unit *u) {
 
 /* A NO_SHARD unit in f32 computes straight on its master copy: nothing to gather. */
 static int fsdp__aliases_master(const fsdp_ctx *ctx, const fsdp__unit *u) {
-    return u->group_size == 1 && ctx->param_dtype == FSDP_F32;
+    return u->group_size == 1 && ctx->param_dtype == FSDP_F32 && u->master;
 }
 
 /* A unit whose gradient has nobody to be reduced with (one rank) and no dtype to pass through
@@ -7496,18 +7525,109 @@ static int fsdp__aliases_master(const fsdp_ctx *ctx, const fsdp__unit *u) {
    separate buffer plus the add did. Not under no_sync, which keeps the shard untouched until
    the micro-steps' sum is reduced. */
 static int fsdp__grad_in_place(const fsdp_ctx *ctx, const fsdp__unit *u) {
-    return ctx->world == 1 && ctx->reduce_dtype == FSDP_F32 && !ctx->no_sync && u->padded > 0;
+    return ctx->world == 1 && ctx->reduce_dtype == FSDP_F32 && !ctx->no_sync && u->padded > 0 && u->grad;
+}
+
+/* --- a unit's shards where they live (RAM, or the offload file) --------------------------------- */
+enum { FSDP__VEC_MASTER = 0, FSDP__VEC_GRAD = 1, FSDP__VEC_STATE = 2 /* + k: the optimizer's state k */ };
+
+/* Unit u's shard `which`: where it is, and its dtype. */
+static fsdp__home fsdp__vec_home(const fsdp_ctx *ctx, const fsdp__unit *u, int which, fsdp_dtype *dtype) {
+    fsdp__home h;
+    *dtype = which >= FSDP__VEC_STATE ? ctx->state_dtype : FSDP_F32;
+    if (which >= FSDP__VEC_STATE) return u->opt[which - FSDP__VEC_STATE];
+    h.ram = which == FSDP__VEC_MASTER ? u->master : u->grad;
+    h.offset = which == FSDP__VEC_MASTER ? u->master_off : u->grad_off;
+    return h;
+}
+
+/* The optimizer state shard as f32 in RAM, to use in place; NULL if it is bf16 or on disk. */
+static float *fsdp__home_f32(const fsdp_ctx *ctx, const fsdp__home *h) {
+    return ctx->state_dtype == FSDP_F32 ? (float *)h->ram : NULL;
+}
+
+/* Elements [first, first + count) of unit u's shard `which` to (write) or from f32 values at mem,
+   converting from and to its dtype. A gradient on disk still zero (grad_zero) reads as zeros. */
+FSDP__PRIVATE int fsdp__vec_io(fsdp_ctx *ctx, const fsdp__unit *u, int which, int write, int64_t first, int64_t count,
+                               float *mem) {
+    fsdp_dtype dtype;
+    fsdp__home h = fsdp__vec_home(ctx, u, which, &dtype);
+    size_t esize = fsdp_dtype_size(dtype), n = (size_t)count * esize;
+    void *raw;
+    int rc;
+    if (count <= 0) return 0;
+    if (h.ram) {
+        char *at = (char *)h.ram + (size_t)first * esize;
+        if (write) fsdp__from_f32(at, dtype, mem, (size_t)count);
+        else fsdp__to_f32(mem, at, dtype, (size_t)count);
+        return 0;
+    }
+    if (!write && which == FSDP__VEC_GRAD && u->grad_zero) {
+        memset(mem, 0, sizeof(float) * (size_t)count);
+        return 0;
+    }
+    if (dtype == FSDP_F32) return fsdp__io_bytes(ctx->offload, write, h.offset + (int64_t)((size_t)first * esize), mem, n);
+    if (!(raw = FSDP_MALLOC(n))) return FSDP_ERR_OUT_OF_MEMORY;
+    if (write) fsdp__from_f32(raw, dtype, mem, (size_t)count);
+    rc = fsdp__io_bytes(ctx->offload, write, h.offset + (int64_t)((size_t)first * esize), raw, n);
+    if (!rc && !write) fsdp__to_f32(mem, raw, dtype, (size_t)count);
+    FSDP_FREE(raw);
+    return rc;
+}
+
+/* An I/O failure of the offload file fails the context and its comm (the other ranks learn it
+   from their next collective, naming this rank); the state is then half updated. */
+FSDP__PRIVATE int fsdp__offload_failed(fsdp_ctx *ctx, int rc) {
+    const char *why = rc == FSDP_ERR_OUT_OF_MEMORY ? "out of memory" : ctx->offload->message;
+    fsdp_comm_fail(ctx->comm, rc, "rank %d: %s", ctx->rank, why);
+    return fsdp__fail(ctx, rc, "%s", why);
+}
+
+/* Sum of squares in double, with independent partial sums (a single chain of dependent adds
+   would run at the adder's latency, several times slower than memory). */
+FSDP__PRIVATE double fsdp__sumsq(const float *x, size_t n) {
+    size_t i = 0;
+    double total = 0;
+#if FSDP__HAVE_STREAM
+    __m128d a0 = _mm_setzero_pd(), a1 = _mm_setzero_pd(), a2 = _mm_setzero_pd(), a3 = _mm_setzero_pd();
+    double lanes[2];
+    for (; i + 8 <= n; i += 8) {
+        __m128 v0 = _mm_loadu_ps(x + i), v1 = _mm_loadu_ps(x + i + 4);
+        __m128d d0 = _mm_cvtps_pd(v0), d1 = _mm_cvtps_pd(_mm_movehl_ps(v0, v0));
+        __m128d d2 = _mm_cvtps_pd(v1), d3 = _mm_cvtps_pd(_mm_movehl_ps(v1, v1));
+        a0 = _mm_add_pd(a0, _mm_mul_pd(d0, d0));
+        a1 = _mm_add_pd(a1, _mm_mul_pd(d1, d1));
+        a2 = _mm_add_pd(a2, _mm_mul_pd(d2, d2));
+        a3 = _mm_add_pd(a3, _mm_mul_pd(d3, d3));
+    }
+    _mm_storeu_pd(lanes, _mm_add_pd(_mm_add_pd(a0, a1), _mm_add_pd(a2, a3)));
+    total = lanes[0] + lanes[1];
+#endif
+    for (; i < n; i++) total += (double)x[i] * (double)x[i];
+    return total;
 }
 
 /* --- comm thread ------------------------------------------------------------------------ */
 FSDP__PRIVATE int fsdp__run_gather(fsdp_ctx *ctx, fsdp__unit *u, uint32_t tag) {
     size_t esize = fsdp_dtype_size(ctx->param_dtype);
     char *slot = (char *)u->unsharded + (size_t)u->group_rank * (size_t)u->shard * esize;
+    const float *master = u->master;
+    float *staged = NULL;
     int rc = 0;
     if (u->master_shared) /* f32: straight from the shard, which peers may read directly */
         return fsdp__collective_tagged(u->shard_comm, FSDP_COLL_ALL_GATHER, u->master, u->unsharded, (size_t)u->shard,
                                        FSDP_F32, FSDP_SUM, tag);
-    fsdp__from_f32(slot, ctx->param_dtype, u->master, (size_t)u->shard);
+    if (!master) { /* on disk: read first (f32 straight into this rank's slot of the gathered buffer) */
+        staged = ctx->param_dtype == FSDP_F32 ? NULL : (float *)fsdp__buf_get(ctx, sizeof(float) * (size_t)u->shard, 0);
+        if (ctx->param_dtype != FSDP_F32 && !staged) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
+        if ((rc = fsdp__vec_io(ctx, u, FSDP__VEC_MASTER, 0, 0, u->shard, staged ? staged : (float *)(void *)slot)) != 0) {
+            fsdp__buf_put(ctx, staged, sizeof(float) * (size_t)u->shard);
+            return fsdp__offload_failed(ctx, rc);
+        }
+        master = staged ? staged : (const float *)(const void *)slot;
+    }
+    fsdp__from_f32(slot, ctx->param_dtype, master, (size_t)u->shard);
+    fsdp__buf_put(ctx, staged, sizeof(float) * (size_t)u->shard);
     if (u->shard_comm)
         rc = fsdp__collective_tagged(u->shard_comm, FSDP_COLL_ALL_GATHER, slot, u->unsharded, (size_t)u->shard,
                                      ctx->param_dtype, FSDP_SUM, tag);
@@ -7517,6 +7637,7 @@ FSDP__PRIVATE int fsdp__run_gather(fsdp_ctx *ctx, fsdp__unit *u, uint32_t tag) {
 
 FSDP__PRIVATE int fsdp__run_reduce(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, uint32_t tag) {
     fsdp_dtype rd = ctx->reduce_dtype;
+    float *grad;
     size_t esize = fsdp_dtype_size(rd), i, S = (size_t)u->shard;
     char *data = rd == FSDP_F32 ? (char *)t->grad_full : (char *)t->scratch;
     char *mine = data + (size_t)u->group_rank * S * esize;
@@ -7527,17 +7648,33 @@ FSDP__PRIVATE int fsdp__run_reduce(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, 
     if (!rc && u->replica_comm)
         rc = fsdp__collective_tagged(u->replica_comm, FSDP_COLL_ALL_REDUCE, mine, mine, S, rd, FSDP_AVG, tag);
     if (rc) return rc;
+    if (!(grad = u->grad)) { /* on disk: added to in a staged shard, written back with its sum of squares */
+        if (!(grad = (float *)fsdp__buf_get(ctx, sizeof(float) * S, 0))) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
+        if ((rc = fsdp__vec_io(ctx, u, FSDP__VEC_GRAD, 0, 0, u->shard, grad)) != 0) { /* (zero: zeros) */
+            fsdp__buf_put(ctx, grad, sizeof(float) * S);
+            return fsdp__offload_failed(ctx, rc);
+        }
+        for (i = 0; u->grad_scale != 1.0f && !u->grad_zero && i < S; i++) grad[i] *= u->grad_scale; /* as in RAM */
+    }
     if (rd != FSDP_F32) { /* widen block by block and add */
         float block[1024];
         size_t done, j;
         for (done = 0; done < S; done += j) {
             j = S - done < 1024 ? S - done : 1024;
             fsdp__to_f32(block, mine + done * esize, rd, j);
-            for (i = 0; i < j; i++) u->grad[done + i] += block[i];
+            for (i = 0; i < j; i++) grad[done + i] += block[i];
         }
     } else {
         const float *avg = (const float *)mine;
-        for (i = 0; i < S; i++) u->grad[i] += avg[i];
+        for (i = 0; i < S; i++) grad[i] += avg[i];
+    }
+    if (grad != u->grad) {
+        u->grad_sumsq = fsdp__sumsq(grad, S);
+        rc = fsdp__vec_io(ctx, u, FSDP__VEC_GRAD, 1, 0, u->shard, grad);
+        u->grad_zero = 0;
+        u->grad_scale = 1.0f;
+        fsdp__buf_put(ctx, grad, sizeof(float) * S);
+        if (rc) return fsdp__offload_failed(ctx, rc);
     }
     return 0;
 }
@@ -8052,6 +8189,9 @@ static fsdp__unit *fsdp__param_unit(fsdp_ctx *ctx, int param) {
     return &ctx->units[ctx->plan.unit_of_param[param]];
 }
 
+/* Where parameter p's slice starts in its unit's shard (an empty slice: still inside it). */
+static int64_t fsdp__param_at(const fsdp_ctx *ctx, int p) { return ctx->param_at[p]; }
+
 FSDP_API float *fsdp_param(fsdp_ctx *ctx, int param) {
     fsdp__unit *u = fsdp__param_unit(ctx, param);
     if (!u || (u->state != FSDP__IN_FORWARD && u->state != FSDP__IN_BACKWARD && u->state != FSDP__UNSHARDED)) return NULL;
@@ -8078,47 +8218,47 @@ FSDP_API int fsdp_set_no_sync(fsdp_ctx *ctx, int on) {
 }
 
 /* --- optimizer ----------------------------------------------------------------------------- */
-/* Sum of squares in double, with independent partial sums (a single chain of dependent adds
-   would run at the adder's latency, several times slower than memory). */
-FSDP__PRIVATE double fsdp__sumsq(const float *x, size_t n) {
-    size_t i = 0;
-    double total = 0;
-#if FSDP__HAVE_STREAM
-    __m128d a0 = _mm_setzero_pd(), a1 = _mm_setzero_pd(), a2 = _mm_setzero_pd(), a3 = _mm_setzero_pd();
-    double lanes[2];
-    for (; i + 8 <= n; i += 8) {
-        __m128 v0 = _mm_loadu_ps(x + i), v1 = _mm_loadu_ps(x + i + 4);
-        __m128d d0 = _mm_cvtps_pd(v0), d1 = _mm_cvtps_pd(_mm_movehl_ps(v0, v0));
-        __m128d d2 = _mm_cvtps_pd(v1), d3 = _mm_cvtps_pd(_mm_movehl_ps(v1, v1));
-        a0 = _mm_add_pd(a0, _mm_mul_pd(d0, d0));
-        a1 = _mm_add_pd(a1, _mm_mul_pd(d1, d1));
-        a2 = _mm_add_pd(a2, _mm_mul_pd(d2, d2));
-        a3 = _mm_add_pd(a3, _mm_mul_pd(d3, d3));
+
+/* A gradient on disk that owes a clipping factor, scaled and written back (with its sum of
+   squares), so that what follows sees the very floats a gradient in RAM would hold. */
+FSDP__PRIVATE int fsdp__grad_settle(fsdp_ctx *ctx, fsdp__unit *u) {
+    size_t S = (size_t)u->shard, i;
+    float *grad;
+    int rc;
+    if (u->grad || u->grad_zero || u->grad_scale == 1.0f) return 0;
+    if (!(grad = (float *)fsdp__buf_get(ctx, sizeof(float) * S, 0))) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
+    if ((rc = fsdp__vec_io(ctx, u, FSDP__VEC_GRAD, 0, 0, u->shard, grad)) == 0) {
+        for (i = 0; i < S; i++) grad[i] *= u->grad_scale;
+        u->grad_sumsq = fsdp__sumsq(grad, S);
+        u->grad_scale = 1.0f;
+        rc = fsdp__vec_io(ctx, u, FSDP__VEC_GRAD, 1, 0, u->shard, grad);
     }
-    _mm_storeu_pd(lanes, _mm_add_pd(_mm_add_pd(a0, a1), _mm_add_pd(a2, a3)));
-    total = lanes[0] + lanes[1];
-#endif
-    for (; i < n; i++) total += (double)x[i] * (double)x[i];
-    return total;
+    fsdp__buf_put(ctx, grad, sizeof(float) * S);
+    return rc ? fsdp__offload_failed(ctx, rc) : 0;
 }
 
 /* Sums of squares of this rank's gradient shards, split so replicas are counted once:
    [0] units sharded over everyone, [1] HYBRID units (counted in replica group 0),
-   [2] NO_SHARD units (counted on rank 0). */
-FSDP__PRIVATE void fsdp__local_sumsq(const fsdp_ctx *ctx, double out[3]) {
-    int ui;
+   [2] NO_SHARD units (counted on rank 0). A gradient on disk gives the sum made when it was
+   written. */
+FSDP__PRIVATE int fsdp__local_sumsq(fsdp_ctx *ctx, double out[3]) {
+    int ui, rc;
     out[0] = out[1] = out[2] = 0;
     for (ui = 0; ui < ctx->num_units; ui++) {
-        const fsdp__unit *u = &ctx->units[ui];
-        if (u->grad)
-            out[u->strategy == FSDP_HYBRID_SHARD ? 1 : u->group_size == 1 ? 2 : 0] += fsdp__sumsq(u->grad, (size_t)u->shard);
+        fsdp__unit *u = &ctx->units[ui];
+        double *sum = &out[u->strategy == FSDP_HYBRID_SHARD ? 1 : u->group_size == 1 ? 2 : 0];
+        if (u->grad) *sum += fsdp__sumsq(u->grad, (size_t)u->shard);
+        else if (u->frozen || u->grad_zero) continue;
+        else if ((rc = fsdp__grad_settle(ctx, u)) != 0) return rc;
+        else *sum += u->grad_sumsq;
     }
+    return 0;
 }
 
 FSDP__PRIVATE int fsdp__global_norm(fsdp_ctx *ctx, double *norm) {
     double mine[4], *all, total = 0;
     int r, rc, hybrid = ctx->desc.shard_group_size;
-    fsdp__local_sumsq(ctx, mine);
+    if ((rc = fsdp__local_sumsq(ctx, mine)) != 0) return rc;
     mine[3] = 0;
     all = (double *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world);
     if (!all) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
@@ -8133,17 +8273,22 @@ FSDP__PRIVATE int fsdp__global_norm(fsdp_ctx *ctx, double *norm) {
     return rc;
 }
 
-/* Updates elements [from, to) of a unit's shard with learning rate lr and weight decay wd;
-   state[k] points at element `from` of state k (in f32). */
-FSDP__PRIVATE void fsdp__optimizer_range(fsdp_ctx *ctx, fsdp__unit *u, int64_t from, int64_t to, float lr, float wd,
-                                         float *const *state) {
+/* The f32 values of a span of a unit's shard for the optimizer: vec[FSDP__VEC_MASTER], [GRAD]
+   and [STATE + k] point at the span's first element. */
+typedef struct fsdp__span {
+    float *vec[2 + FSDP_OPTIMIZER_MAX_STATE];
+} fsdp__span;
+
+/* Updates the count elements of a span (vec at its first) with learning rate lr and weight
+   decay wd. */
+FSDP__PRIVATE void fsdp__optimizer_range(fsdp_ctx *ctx, float *const *vec, int64_t count, float lr, float wd) {
     fsdp_optimizer_step step;
     int k;
     memset(&step, 0, sizeof step);
-    step.param = u->master + from;
-    step.grad = u->grad + from;
-    for (k = 0; k < ctx->num_state; k++) step.state[k] = state[k];
-    step.count = (size_t)(to - from);
+    step.param = vec[FSDP__VEC_MASTER];
+    step.grad = vec[FSDP__VEC_GRAD];
+    for (k = 0; k < ctx->num_state; k++) step.state[k] = vec[FSDP__VEC_STATE + k];
+    step.count = (size_t)count;
     step.lr = lr;
     step.weight_decay = wd;
     step.step = ctx->step;
@@ -8151,76 +8296,49 @@ FSDP__PRIVATE void fsdp__optimizer_range(fsdp_ctx *ctx, fsdp__unit *u, int64_t f
     ctx->optimizer->update(&step);
 }
 
-/* One optimizer step on elements [a, b) of a unit's shard (state[k]: element a of state k, in
-   f32): in one sweep where every parameter takes the optimizer's settings, else parameter by
-   parameter with its group's (frozen ones skipped). */
-FSDP__PRIVATE void fsdp__optimizer_update(fsdp_ctx *ctx, fsdp__unit *u, int64_t a, int64_t b, float *const *state) {
-    float *at_state[FSDP_OPTIMIZER_MAX_STATE];
+/* One optimizer step on elements [a, b) of a unit's shard (span: f32 values from element a): in
+   one sweep where every parameter takes the optimizer's settings, else parameter by parameter
+   with its group's (frozen ones skipped). */
+FSDP__PRIVATE void fsdp__optimizer_update(fsdp_ctx *ctx, fsdp__unit *u, int64_t a, int64_t b, const fsdp__span *span) {
+    float *at[2 + FSDP_OPTIMIZER_MAX_STATE];
     int k, j;
     if (u->uniform_update) {
-        fsdp__optimizer_range(ctx, u, a, b, ctx->opt.lr, ctx->opt.weight_decay, state);
+        fsdp__optimizer_range(ctx, span->vec, b - a, ctx->opt.lr, ctx->opt.weight_decay);
         return;
     }
     for (k = 0; k < u->num_params; k++) {
         int p = ctx->unit_params[u->first_param + k];
         const fsdp_param_info *info = &ctx->params[p];
-        int64_t lo = info->shard - u->master, hi = lo + (info->shard_end - info->shard_begin);
+        int64_t lo = fsdp__param_at(ctx, p), hi = lo + (info->shard_end - info->shard_begin);
         if (ctx->model->params[p].frozen || hi <= a || lo >= b) continue;
         if (lo < a) lo = a;
         if (hi > b) hi = b;
-        for (j = 0; j < ctx->num_state; j++) at_state[j] = state[j] + (lo - a);
-        fsdp__optimizer_range(ctx, u, lo, hi, ctx->opt.lr * ctx->param_lr_scale[p], ctx->param_decay[p], at_state);
+        for (j = 0; j < FSDP__VEC_STATE + ctx->num_state; j++) at[j] = span->vec[j] + (lo - a);
+        fsdp__optimizer_range(ctx, at, hi - lo, ctx->opt.lr * ctx->param_lr_scale[p], ctx->param_decay[p]);
     }
 }
 
-/* --- optimizer state where it lives (RAM f32, RAM bf16, disk) -------------------------------- */
-/* The state shard as f32 in RAM, to use in place; NULL if it is bf16 or on disk. */
-static float *fsdp__home_f32(const fsdp_ctx *ctx, const fsdp__home *h) {
-    return ctx->state_dtype == FSDP_F32 ? (float *)h->ram : NULL;
-}
 
-/* Elements [first, first + count) of a home to or from f32 values at mem. */
-FSDP__PRIVATE int fsdp__home_io(fsdp_ctx *ctx, const fsdp__home *h, int write, int64_t first, int64_t count, float *mem) {
-    size_t esize = fsdp_dtype_size(ctx->state_dtype), n = (size_t)count * esize;
-    void *raw;
-    int rc;
-    if (count <= 0) return 0;
-    if (h->ram) {
-        char *at = (char *)h->ram + (size_t)first * esize;
-        if (write) fsdp__from_f32(at, ctx->state_dtype, mem, (size_t)count);
-        else fsdp__to_f32(mem, at, ctx->state_dtype, (size_t)count);
-        return 0;
+/* Zeroes what the flat layout does not use (alignment gaps, tail padding) in elements [a, b) of
+   a unit's shard (values: element a). */
+FSDP__PRIVATE void fsdp__zero_padding(fsdp_ctx *ctx, fsdp__unit *u, int64_t a, int64_t b, float *values) {
+    int64_t begin = (int64_t)u->group_rank * u->shard, lo = begin + a, hi = begin + b, at = begin;
+    int k;
+    for (k = 0; k <= u->num_params; k++) { /* the gap before each parameter, then the tail */
+        int p = k < u->num_params ? ctx->unit_params[u->first_param + k] : -1;
+        int64_t off = p >= 0 ? ctx->plan.param_offset[p] : begin + u->shard, stop = p >= 0 ? off + ctx->model->params[p].numel : off;
+        int64_t z0 = at > lo ? at : lo, z1 = off < hi ? off : hi;
+        if (z1 > z0) memset(values + (z0 - lo), 0, sizeof(float) * (size_t)(z1 - z0));
+        if (stop > at) at = stop;
     }
-    if (ctx->state_dtype == FSDP_F32)
-        return fsdp__io_bytes(ctx->offload, write, h->offset + (int64_t)((size_t)first * esize), mem, n);
-    if (!(raw = FSDP_MALLOC(n))) return FSDP_ERR_OUT_OF_MEMORY;
-    if (write) fsdp__from_f32(raw, ctx->state_dtype, mem, (size_t)count);
-    rc = fsdp__io_bytes(ctx->offload, write, h->offset + (int64_t)((size_t)first * esize), raw, n);
-    if (!rc && !write) fsdp__to_f32(mem, raw, ctx->state_dtype, (size_t)count);
-    FSDP_FREE(raw);
-    return rc;
 }
 
-static int fsdp__home_read(fsdp_ctx *ctx, const fsdp__home *h, int64_t first, int64_t count, float *dst) {
-    return fsdp__home_io(ctx, h, 0, first, count, dst);
-}
-
-static int fsdp__home_write(fsdp_ctx *ctx, const fsdp__home *h, int64_t first, int64_t count, const float *src) {
-    return fsdp__home_io(ctx, h, 1, first, count, (float *)(uintptr_t)src);
-}
-
-/* An I/O failure of the offload file fails the context and its comm (the other ranks learn it
-   from their next collective, naming this rank); the state is then half updated. */
-FSDP__PRIVATE int fsdp__offload_failed(fsdp_ctx *ctx, int rc) {
-    const char *why = rc == FSDP_ERR_OUT_OF_MEMORY ? "out of memory" : ctx->offload->message;
-    fsdp_comm_fail(ctx->comm, rc, "rank %d: %s", ctx->rank, why);
-    return fsdp__fail(ctx, rc, "%s", why);
-}
-
-/* The streamed step: every trainable unit's state in chunks of stream_chunk elements through
-   FSDP__STREAM_SLOTS slots: while chunk i is updated, the I/O thread reads chunk i + 1 ahead
-   and writes chunk i - 1 behind. bf16 state is widened to f32 for the update and rounded back. */
+/* The streamed step: every trainable unit's shards (those on disk or in bf16) in chunks of
+   stream_chunk elements through FSDP__STREAM_SLOTS slots: while chunk i is updated, the I/O
+   thread reads chunk i + 1 ahead and writes chunk i - 1 behind. bf16 state is widened to f32 for
+   the update and rounded back; gradients on disk are scaled by the clipping they still owe. */
 #define FSDP__STREAM_SLOTS 3
+#define FSDP__NUM_VECS (FSDP__VEC_STATE + FSDP_OPTIMIZER_MAX_STATE)
 
 typedef struct fsdp__chunk {
     int unit;
@@ -8243,32 +8361,84 @@ static int fsdp__next_chunk(const fsdp_ctx *ctx, fsdp__chunk *c) {
     return 1;
 }
 
-/* Slot s's raw buffer of state k (the stored dtype), and its f32 buffer (bf16 state). */
-static char *fsdp__slot_raw(const fsdp_ctx *ctx, int s, int k) {
-    return (char *)ctx->stream_raw + ((size_t)s * (size_t)ctx->num_state + (size_t)k) *
-                                         fsdp__align((size_t)ctx->stream_chunk * fsdp_dtype_size(ctx->state_dtype), FSDP__IO_ALIGN);
+/* Which shards a streamed chunk moves (v < FSDP__VEC_STATE + num_state): whether they are on
+   disk (raw blocks in the slot) and whether they are bf16 (widened into the slot's f32 part). */
+static int fsdp__vec_on_disk(const fsdp_ctx *ctx, int v) {
+    const fsdp_offload_desc *od = &ctx->desc.offload;
+    return v == FSDP__VEC_MASTER ? od->params : v == FSDP__VEC_GRAD ? od->grads : od->optimizer;
 }
-static float *fsdp__slot_f32(const fsdp_ctx *ctx, int s, int k) {
-    return (float *)ctx->stream_f32 + ((size_t)s * (size_t)ctx->num_state + (size_t)k) * (size_t)ctx->stream_chunk;
+static fsdp_dtype fsdp__vec_dtype(const fsdp_ctx *ctx, int v) { return v >= FSDP__VEC_STATE ? ctx->state_dtype : FSDP_F32; }
+
+/* Bytes per element that a slot holds for shard v: raw (on disk), f32 (bf16). */
+static size_t fsdp__slot_raw_bytes(const fsdp_ctx *ctx, int v) {
+    return fsdp__vec_on_disk(ctx, v) ? fsdp_dtype_size(fsdp__vec_dtype(ctx, v)) : 0;
+}
+static size_t fsdp__slot_f32_bytes(const fsdp_ctx *ctx, int v) { return fsdp__vec_dtype(ctx, v) == FSDP_F32 ? 0 : 4; }
+
+/* Slot s's buffer of shard v: its raw blocks, and its f32 values (a bf16 shard). */
+static char *fsdp__slot_raw(const fsdp_ctx *ctx, int s, int v) {
+    size_t at = 0;
+    int w;
+    for (w = 0; w < v; w++) at += fsdp__align((size_t)ctx->stream_chunk * fsdp__slot_raw_bytes(ctx, w), FSDP__IO_ALIGN);
+    return (char *)ctx->stream_raw + (size_t)s * ctx->stream_raw_stride + at;
+}
+static float *fsdp__slot_f32(const fsdp_ctx *ctx, int s, int v) {
+    size_t at = 0;
+    int w;
+    for (w = 0; w < v; w++) at += (size_t)ctx->stream_chunk * fsdp__slot_f32_bytes(ctx, w);
+    return (float *)(void *)((char *)ctx->stream_f32 + (size_t)s * ctx->stream_f32_stride + at);
 }
 
-/* Queues the transfer of chunk c's state between the file and slot s; the last ticket. */
+/* Queues the transfer of chunk c's shards on disk between the file and slot s (a gradient still
+   zero is not read); the last ticket, 0 if none. */
 static uint64_t fsdp__chunk_io(fsdp_ctx *ctx, const fsdp__chunk *c, int s, int write) {
-    size_t esize = fsdp_dtype_size(ctx->state_dtype);
+    const fsdp__unit *u = &ctx->units[c->unit];
     uint64_t ticket = 0;
-    int k;
-    for (k = 0; k < ctx->num_state; k++) {
-        const fsdp__home *h = &ctx->units[c->unit].opt[k];
-        ticket = fsdp__io_submit(ctx->offload, write, h->offset + (int64_t)((size_t)c->first * esize), fsdp__slot_raw(ctx, s, k),
+    int v;
+    for (v = 0; v < FSDP__VEC_STATE + ctx->num_state; v++) {
+        fsdp_dtype dtype;
+        fsdp__home h = fsdp__vec_home(ctx, u, v, &dtype);
+        size_t esize = fsdp_dtype_size(dtype);
+        if (!fsdp__vec_on_disk(ctx, v) || (v == FSDP__VEC_GRAD && (write || u->grad_zero))) continue; /* grads are read only */
+        ticket = fsdp__io_submit(ctx->offload, write, h.offset + (int64_t)((size_t)c->first * esize), fsdp__slot_raw(ctx, s, v),
                                  fsdp__align((size_t)c->count * esize, FSDP__IO_ALIGN));
     }
     return ticket;
 }
 
+/* Updates chunk c, whose shards on disk are in slot s: the f32 values of every shard, the update,
+   the padding of a master on disk zeroed, bf16 state rounded back. */
+static void fsdp__chunk_update(fsdp_ctx *ctx, const fsdp__chunk *c, int s) {
+    fsdp__unit *u = &ctx->units[c->unit];
+    fsdp__span span;
+    size_t n = (size_t)c->count;
+    int v;
+    for (v = 0; v < FSDP__VEC_STATE + ctx->num_state; v++) {
+        fsdp_dtype dtype;
+        fsdp__home h = fsdp__vec_home(ctx, u, v, &dtype);
+        char *raw = fsdp__vec_on_disk(ctx, v) ? fsdp__slot_raw(ctx, s, v) : (char *)h.ram + (size_t)c->first * fsdp_dtype_size(dtype);
+        span.vec[v] = dtype == FSDP_F32 ? (float *)(void *)raw : fsdp__slot_f32(ctx, s, v);
+        if (dtype != FSDP_F32) fsdp__to_f32(span.vec[v], raw, dtype, n);
+    }
+    if (fsdp__vec_on_disk(ctx, FSDP__VEC_GRAD)) {
+        size_t i;
+        if (u->grad_zero) memset(span.vec[FSDP__VEC_GRAD], 0, sizeof(float) * n);
+        else if (u->grad_scale != 1.0f)
+            for (i = 0; i < n; i++) span.vec[FSDP__VEC_GRAD][i] *= u->grad_scale;
+    }
+    fsdp__optimizer_update(ctx, u, c->first, c->first + c->count, &span);
+    if (fsdp__vec_on_disk(ctx, FSDP__VEC_MASTER)) fsdp__zero_padding(ctx, u, c->first, c->first + c->count, span.vec[FSDP__VEC_MASTER]);
+    for (v = FSDP__VEC_STATE; v < FSDP__VEC_STATE + ctx->num_state && ctx->state_dtype != FSDP_F32; v++)
+        fsdp__from_f32(fsdp__vec_on_disk(ctx, v) ? (void *)fsdp__slot_raw(ctx, s, v)
+                                                 : (void *)((char *)u->opt[v - FSDP__VEC_STATE].ram +
+                                                            (size_t)c->first * fsdp_dtype_size(ctx->state_dtype)),
+                       ctx->state_dtype, span.vec[v], n);
+}
+
 FSDP__PRIVATE int fsdp__step_streamed(fsdp_ctx *ctx) {
     fsdp__chunk chunk[FSDP__STREAM_SLOTS], c;
     uint64_t read_done[FSDP__STREAM_SLOTS] = {0}, write_done[FSDP__STREAM_SLOTS] = {0};
-    int more[FSDP__STREAM_SLOTS] = {0}, i, k, rc = 0, disk = ctx->offload != NULL;
+    int more[FSDP__STREAM_SLOTS] = {0}, i, rc = 0, disk = ctx->offload != NULL;
     c.unit = -1;
     c.first = c.count = 0;
     for (i = 0; i < FSDP__STREAM_SLOTS - 1; i++) /* read ahead the first chunks */
@@ -8278,26 +8448,15 @@ FSDP__PRIVATE int fsdp__step_streamed(fsdp_ctx *ctx) {
         }
     for (i = 0; more[i % FSDP__STREAM_SLOTS] && !rc; i++) {
         int s = i % FSDP__STREAM_SLOTS, ahead = (i + FSDP__STREAM_SLOTS - 1) % FSDP__STREAM_SLOTS;
-        fsdp__unit *u = &ctx->units[chunk[s].unit];
-        float *state[FSDP_OPTIMIZER_MAX_STATE];
-        if (disk && (rc = fsdp__io_wait(ctx->offload, read_done[s])) != 0) break;
-        for (k = 0; k < ctx->num_state; k++) {
-            const char *raw = disk ? fsdp__slot_raw(ctx, s, k)
-                                   : (const char *)u->opt[k].ram + (size_t)chunk[s].first * fsdp_dtype_size(ctx->state_dtype);
-            state[k] = ctx->state_dtype == FSDP_F32 ? (float *)(uintptr_t)raw : fsdp__slot_f32(ctx, s, k);
-            if (ctx->state_dtype != FSDP_F32) fsdp__to_f32(state[k], raw, ctx->state_dtype, (size_t)chunk[s].count);
-        }
-        fsdp__optimizer_update(ctx, u, chunk[s].first, chunk[s].first + chunk[s].count, state);
-        for (k = 0; k < ctx->num_state && ctx->state_dtype != FSDP_F32; k++)
-            fsdp__from_f32(disk ? (void *)fsdp__slot_raw(ctx, s, k)
-                                : (void *)((char *)u->opt[k].ram + (size_t)chunk[s].first * fsdp_dtype_size(ctx->state_dtype)),
-                           ctx->state_dtype, state[k], (size_t)chunk[s].count);
+        if (disk && read_done[s] && (rc = fsdp__io_wait(ctx->offload, read_done[s])) != 0) break;
+        fsdp__chunk_update(ctx, &chunk[s], s);
         if (disk) write_done[s] = fsdp__chunk_io(ctx, &chunk[s], s, 1);
         /* the slot the next read-ahead fills held chunk i - 1: its write must be done */
         if (disk && write_done[ahead] && (rc = fsdp__io_wait(ctx->offload, write_done[ahead])) != 0) break;
+        write_done[ahead] = 0;
         if ((more[ahead] = fsdp__next_chunk(ctx, &c)) != 0) {
             chunk[ahead] = c;
-            if (disk) read_done[ahead] = fsdp__chunk_io(ctx, &chunk[ahead], ahead, 0);
+            read_done[ahead] = disk ? fsdp__chunk_io(ctx, &chunk[ahead], ahead, 0) : 0;
         }
     }
     if (disk && !rc) rc = fsdp__io_wait(ctx->offload, 0);
@@ -8308,18 +8467,6 @@ FSDP__PRIVATE int fsdp__step_streamed(fsdp_ctx *ctx) {
     return rc;
 }
 
-/* Zeroes what the flat layout does not use (alignment gaps, tail padding) in a unit's shard. */
-FSDP__PRIVATE void fsdp__zero_padding(fsdp_ctx *ctx, fsdp__unit *u, float *shard) {
-    int64_t begin = (int64_t)u->group_rank * u->shard, end = begin + u->shard, at = begin;
-    int k;
-    for (k = 0; k < u->num_params; k++) {
-        int p = ctx->unit_params[u->first_param + k];
-        int64_t off = ctx->plan.param_offset[p], stop = off + ctx->model->params[p].numel;
-        if (off > at && at < end) memset(shard + (at - begin), 0, sizeof(float) * (size_t)((off < end ? off : end) - at));
-        if (stop > at) at = stop;
-    }
-    if (at < end) memset(shard + (at > begin ? at - begin : 0), 0, sizeof(float) * (size_t)(end - (at > begin ? at : begin)));
-}
 
 FSDP__PRIVATE int fsdp__finish(fsdp_ctx *ctx) {
     int rc;
@@ -8348,8 +8495,10 @@ FSDP_API int fsdp_clip_grad_norm(fsdp_ctx *ctx, float max_norm, double *norm) {
         float coef = (float)(max_norm / (total + 1e-6));
         if (coef > 1.0f) coef = 1.0f;
         for (ui = 0; ui < ctx->num_units; ui++) {
+            fsdp__unit *u = &ctx->units[ui];
             int64_t i;
-            for (i = 0; ctx->units[ui].grad && i < ctx->units[ui].shard; i++) ctx->units[ui].grad[i] *= coef;
+            for (i = 0; u->grad && i < u->shard; i++) u->grad[i] *= coef;
+            if (!u->grad && !u->grad_zero) u->grad_scale = coef; /* on disk: owed (fsdp__global_norm settled any earlier) */
         }
     }
     return 0;
@@ -8372,12 +8521,14 @@ FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) 
     if (ctx->stream_chunk && (rc = fsdp__step_streamed(ctx)) != 0) return rc;
     for (ui = 0; ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
-        float *state[FSDP_OPTIMIZER_MAX_STATE];
+        fsdp__span span;
         int k;
         if (u->frozen) continue;
-        for (k = 0; k < ctx->num_state; k++) state[k] = fsdp__home_f32(ctx, &u->opt[k]);
-        if (!ctx->stream_chunk) fsdp__optimizer_update(ctx, u, 0, u->shard, state);
-        fsdp__zero_padding(ctx, u, u->master);
+        span.vec[FSDP__VEC_MASTER] = u->master;
+        span.vec[FSDP__VEC_GRAD] = u->grad;
+        for (k = 0; k < ctx->num_state; k++) span.vec[FSDP__VEC_STATE + k] = fsdp__home_f32(ctx, &u->opt[k]);
+        if (!ctx->stream_chunk) fsdp__optimizer_update(ctx, u, 0, u->shard, &span);
+        if (u->master) fsdp__zero_padding(ctx, u, 0, u->shard, u->master);
     }
     ctx->step++;
     if (report) report->step = ctx->step;
@@ -8391,6 +8542,9 @@ FSDP_API int fsdp_zero_grad(fsdp_ctx *ctx) {
     for (ui = 0; ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
         if (u->grad) memset(u->grad, 0, sizeof(float) * (size_t)u->shard);
+        u->grad_zero = 1; /* on disk: nothing to write */
+        u->grad_sumsq = 0;
+        u->grad_scale = 1.0f;
         if (u->grad_full_pending && u->grad_full) memset(u->grad_full, 0, sizeof(float) * (size_t)u->padded);
     }
     return 0;
@@ -8412,6 +8566,7 @@ FSDP__PRIVATE int fsdp__alloc_masters(fsdp_ctx *ctx) {
     int c, ui, rc;
     comms[0] = ctx->comm;
     comms[1] = ctx->hybrid_shard_comm;
+    if (ctx->desc.offload.params) return 0; /* on disk (fsdp__init_layout) */
     for (c = 0; c < 2 && ctx->param_dtype == FSDP_F32; c++) {
         size_t total = 0, at = 0;
         for (ui = 0; ui < ctx->num_units; ui++)
@@ -8451,6 +8606,16 @@ FSDP__PRIVATE int fsdp__ctx_find_param(const fsdp_ctx *ctx, const char *name) {
     return -1;
 }
 
+/* Whether anything is offloaded. */
+static int fsdp__offloads(const fsdp_offload_desc *o) { return o->optimizer || o->params || o->grads; }
+
+FSDP_API const char *fsdp_offload_describe(const fsdp_offload_desc *o) {
+    static const char *const what[8] = {"nothing", "the optimizer state", "the gradients", "the optimizer state and gradients",
+                                        "the parameters", "the parameters and optimizer state", "the parameters and gradients",
+                                        "the parameters, gradients and optimizer state"};
+    return o ? what[(o->optimizer ? 1 : 0) | (o->grads ? 2 : 0) | (o->params ? 4 : 0)] : "nothing";
+}
+
 /* Fills the description's zero fields with their defaults (the optimizer's too). */
 FSDP__PRIVATE void fsdp__desc_defaults(fsdp_desc *d, int world, int local_world) {
     if (d->param_dtype == FSDP_DTYPE_DEFAULT) d->param_dtype = FSDP_F32;
@@ -8458,7 +8623,7 @@ FSDP__PRIVATE void fsdp__desc_defaults(fsdp_desc *d, int world, int local_world)
     if (d->limit_all_gathers <= 0) d->limit_all_gathers = 2;
     if (d->backward_prefetch == FSDP_BACKWARD_PREFETCH_DEFAULT) d->backward_prefetch = FSDP_BACKWARD_PRE;
     if (d->shard_group_size <= 0) d->shard_group_size = local_world > 0 ? local_world : world;
-    if (d->offload.optimizer && (!d->offload.dir || !*d->offload.dir)) d->offload.dir = getenv("FSDP_OFFLOAD_DIR");
+    if (fsdp__offloads(&d->offload) && (!d->offload.dir || !*d->offload.dir)) d->offload.dir = getenv("FSDP_OFFLOAD_DIR");
     if (!d->offload.ram_bytes) d->offload.ram_bytes = FSDP__OFFLOAD_RAM_DEFAULT;
     fsdp__optimizer_defaults(&d->optimizer);
 }
@@ -8480,8 +8645,9 @@ FSDP__PRIVATE int fsdp__desc_validate(const fsdp_desc *d, int world, char *err, 
         return FSDP_ERR_INVALID_ARG;
     }
     if ((i = fsdp__optimizer_check(&d->optimizer, err, err_size)) != 0) return i;
-    if (d->offload.optimizer && (!d->offload.dir || !*d->offload.dir)) {
-        fsdp__fmt(err, err_size, "offload.optimizer needs a directory on a local disk: offload.dir or FSDP_OFFLOAD_DIR");
+    if (fsdp__offloads(&d->offload) && (!d->offload.dir || !*d->offload.dir)) {
+        fsdp__fmt(err, err_size, "offload (%s) needs a directory on a local disk: offload.dir or FSDP_OFFLOAD_DIR",
+                  fsdp_offload_describe(&d->offload));
         return FSDP_ERR_INVALID_ARG;
     }
     if (d->num_param_groups < 0 || (d->num_param_groups > 0 && !d->param_groups)) {
@@ -8638,24 +8804,24 @@ FSDP__PRIVATE int fsdp__init_units(fsdp_ctx *ctx, int hybrid_group) {
         }
         u->reshard_after_forward = ui != 0 && (u->strategy == FSDP_FULL_SHARD || u->strategy == FSDP_HYBRID_SHARD);
         u->frozen = pu->frozen;
-        if (!u->frozen) u->grad = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard);
+        u->master_off = u->grad_off = -1;
+        u->grad_zero = 1;
+        u->grad_scale = 1.0f;
+        if (!u->frozen && !ctx->desc.offload.grads) u->grad = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard);
         for (j = 0; j < nbuf; j++) u->opt[j].offset = -1;
-        if (!u->frozen && !u->grad)
+        if (!u->frozen && !ctx->desc.offload.grads && !u->grad)
             return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: no memory for unit '%s' (%lld elements "
                                        "per rank)", fsdp__unit_name(ctx, ui), (long long)u->shard);
-        ctx->param_bytes += sizeof(float) * (size_t)u->shard;
-        ctx->grad_bytes += u->frozen ? 0 : sizeof(float) * (size_t)u->shard;
+        ctx->param_bytes += ctx->desc.offload.params ? 0 : sizeof(float) * (size_t)u->shard;
+        ctx->grad_bytes += u->grad ? sizeof(float) * (size_t)u->shard : 0;
     }
     return 0;
 }
 
 /* Elements per chunk of the streamed step and the bytes of its slots: as many as ram_bytes
    holds, no more than the largest shard needs, in multiples of 2048 elements (whole 4 KiB blocks
-   in f32 and bf16). At least 2048: ram_bytes below that is raised to it. */
-static int64_t fsdp__stream_chunk(int num_state, fsdp_dtype state_dtype, int disk, size_t ram_bytes, int64_t largest_shard,
-                                  size_t *bytes) {
-    size_t per_element = (size_t)FSDP__STREAM_SLOTS * (size_t)num_state *
-                         ((disk ? fsdp_dtype_size(state_dtype) : 0) + (state_dtype == FSDP_F32 ? 0 : 4));
+   in f32 and bf16), at least 2048. per_element: the slots' bytes per element of a chunk. */
+static int64_t fsdp__stream_chunk(size_t per_element, size_t ram_bytes, int64_t largest_shard, size_t *bytes) {
     int64_t chunk = per_element ? (int64_t)(ram_bytes / per_element) / 2048 * 2048 : 0;
     int64_t needed = (largest_shard + 2047) / 2048 * 2048;
     if (chunk > needed) chunk = needed;
@@ -8664,22 +8830,38 @@ static int64_t fsdp__stream_chunk(int num_state, fsdp_dtype state_dtype, int dis
     return chunk;
 }
 
-/* The optimizer state's homes: shards in RAM (f32 or bf16), or regions of the offload file,
-   reserved now; and the streaming slots where the step needs them. */
-FSDP__PRIVATE int fsdp__init_state(fsdp_ctx *ctx) {
+/* The slots' bytes per chunk element: for each shard a step moves, its raw bytes when on disk and
+   its f32 widening when bf16, three slots of them. 0: nothing needs streaming (all f32 in RAM). */
+static size_t fsdp__stream_per_element(const fsdp_offload_desc *od, fsdp_dtype state_dtype, int num_state) {
+    size_t state_bytes = (od->optimizer ? fsdp_dtype_size(state_dtype) : 0) + (state_dtype == FSDP_F32 ? 0 : 4);
+    return (size_t)FSDP__STREAM_SLOTS * ((od->params ? 4 : 0) + (od->grads ? 4 : 0) + (size_t)num_state * state_bytes);
+}
+
+/* The next region of bytes in the offload file, whole blocks: its offset; *at moves past it. */
+static int64_t fsdp__file_region(int64_t *at, size_t bytes) {
+    int64_t start = *at;
+    *at += (int64_t)fsdp__align(bytes ? bytes : 1, FSDP__IO_ALIGN);
+    return start;
+}
+
+/* Where the shards that the description offloads lie in the rank's offload file (regions of
+   whole blocks, in unit order: master, gradient, optimizer state), and the RAM homes of the
+   optimizer state that is not offloaded. The file's size. */
+FSDP__PRIVATE int fsdp__init_layout(fsdp_ctx *ctx, int64_t *largest) {
     const fsdp_offload_desc *od = &ctx->desc.offload;
     size_t esize = fsdp_dtype_size(ctx->state_dtype);
-    int64_t at = 0, largest = 0;
-    int ui, k, rc, disk = od->optimizer && ctx->num_state > 0;
-    char err[FSDP__ERRMSG];
+    int64_t at = 0;
+    int ui, k;
+    *largest = 0;
     for (ui = 0; ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
-        if (!u->frozen && u->shard > largest) largest = u->shard;
+        size_t bytes = (size_t)u->shard * esize;
+        if (!u->frozen && u->shard > *largest) *largest = u->shard;
+        if (od->params) u->master_off = fsdp__file_region(&at, (size_t)u->shard * sizeof(float));
+        if (od->grads && !u->frozen) u->grad_off = fsdp__file_region(&at, (size_t)u->shard * sizeof(float));
         for (k = 0; !u->frozen && k < ctx->num_state; k++) {
-            size_t bytes = (size_t)u->shard * esize;
-            if (disk) {
-                u->opt[k].offset = at;
-                at += (int64_t)fsdp__align(bytes ? bytes : 1, FSDP__IO_ALIGN);
+            if (od->optimizer) {
+                u->opt[k].offset = fsdp__file_region(&at, bytes);
             } else if (!(u->opt[k].ram = fsdp__calloc(bytes))) {
                 return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: no memory for the optimizer state of "
                                            "unit '%s' (%zu bytes)", fsdp__unit_name(ctx, ui), bytes);
@@ -8688,42 +8870,81 @@ FSDP__PRIVATE int fsdp__init_state(fsdp_ctx *ctx) {
             }
         }
     }
+    ctx->offload_size = at;
+    return 0;
+}
+
+/* The shards' homes (fsdp__init_layout), the offload file reserved, and the streaming slots
+   where the step needs them. */
+FSDP__PRIVATE int fsdp__init_state(fsdp_ctx *ctx) {
+    const fsdp_offload_desc *od = &ctx->desc.offload;
+    int64_t largest;
+    size_t per_element = fsdp__stream_per_element(od, ctx->state_dtype, ctx->num_state), raw = 0, f32 = 0;
+    int rc, v;
+    char err[FSDP__ERRMSG];
+    if ((rc = fsdp__init_layout(ctx, &largest)) != 0) return rc;
     ctx->persistent_bytes = ctx->param_bytes + ctx->grad_bytes + ctx->opt_bytes;
-    if (disk) {
+    if (ctx->offload_size > 0) {
         if (!(ctx->offload = (fsdp__offload *)fsdp__calloc(sizeof *ctx->offload)))
             return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: out of memory");
-        if ((rc = fsdp__offload_open(ctx->offload, od->dir, od->allow_tmpfs, at, ctx->rank, fsdp_comm_local_size(ctx->comm),
-                                     &ctx->logger, err, sizeof err)) != 0) {
+        if ((rc = fsdp__offload_open(ctx->offload, od->dir, od->allow_tmpfs, ctx->offload_size, ctx->rank,
+                                     fsdp_comm_local_size(ctx->comm), &ctx->logger, err, sizeof err)) != 0) {
             FSDP_FREE(ctx->offload);
             ctx->offload = NULL;
             return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: %s", err);
         }
     }
-    if (!disk && ctx->state_dtype == FSDP_F32) return 0; /* the step updates the state in place */
-    if (!ctx->num_state) return 0;
-    ctx->stream_chunk = fsdp__stream_chunk(ctx->num_state, ctx->state_dtype, disk, od->ram_bytes, largest, &ctx->stream_bytes);
+    if (!per_element || !largest) return 0; /* the step updates every shard in place */
+    ctx->stream_chunk = fsdp__stream_chunk(per_element, od->ram_bytes, largest, &ctx->stream_bytes);
     if (ctx->stream_bytes > od->ram_bytes)
         return fsdp__init_fail_ctx(ctx, FSDP_ERR_INVALID_ARG, "fsdp_init: offload.ram_bytes %zu cannot hold the streaming's "
-                                   "smallest chunks: %zu bytes for %d %s state buffers", od->ram_bytes, ctx->stream_bytes,
-                                   ctx->num_state, fsdp_dtype_name(ctx->state_dtype));
-    if (disk) ctx->stream_raw = fsdp__aligned_alloc((size_t)FSDP__STREAM_SLOTS * (size_t)ctx->num_state *
-                                                    fsdp__align((size_t)ctx->stream_chunk * esize, FSDP__IO_ALIGN));
-    if (ctx->state_dtype != FSDP_F32)
-        ctx->stream_f32 = FSDP_MALLOC((size_t)FSDP__STREAM_SLOTS * (size_t)ctx->num_state * (size_t)ctx->stream_chunk * 4);
-    if ((disk && !ctx->stream_raw) || (ctx->state_dtype != FSDP_F32 && !ctx->stream_f32))
+                                   "smallest chunks (%zu bytes)", od->ram_bytes, ctx->stream_bytes);
+    for (v = 0; v < FSDP__VEC_STATE + ctx->num_state; v++) {
+        raw += fsdp__align((size_t)ctx->stream_chunk * fsdp__slot_raw_bytes(ctx, v), FSDP__IO_ALIGN);
+        f32 += (size_t)ctx->stream_chunk * fsdp__slot_f32_bytes(ctx, v);
+    }
+    ctx->stream_raw_stride = raw;
+    ctx->stream_f32_stride = f32;
+    if ((raw && !(ctx->stream_raw = fsdp__aligned_alloc(FSDP__STREAM_SLOTS * raw))) ||
+        (f32 && !(ctx->stream_f32 = FSDP_MALLOC(FSDP__STREAM_SLOTS * f32))))
         return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: no memory for the streaming buffers (%zu bytes)",
                                    ctx->stream_bytes);
     return 0;
 }
 
-/* Each parameter's slice on this rank (fsdp_param_info), initialised from its rule, and the
-   index of parameters by name. */
+/* Masters on disk get their initial values there, a unit's shard at a time (zero padding). */
+FSDP__PRIVATE int fsdp__init_offloaded_params(fsdp_ctx *ctx) {
+    int ui, k, rc = 0;
+    for (ui = 0; ui < ctx->num_units && !rc; ui++) {
+        fsdp__unit *u = &ctx->units[ui];
+        float *shard;
+        if (u->master || !u->shard) continue;
+        if (!(shard = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard)))
+            return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: out of memory");
+        for (k = 0; k < u->num_params; k++) {
+            int p = ctx->unit_params[u->first_param + k];
+            const fsdp_param_info *info = &ctx->params[p];
+            int64_t i;
+            for (i = info->shard_begin; i < info->shard_end; i++)
+                shard[ctx->param_at[p] + i - info->shard_begin] = fsdp_init_value(ctx->model, p, i, ctx->desc.seed);
+        }
+        if ((rc = fsdp__vec_io(ctx, u, FSDP__VEC_MASTER, 1, 0, u->shard, shard)) != 0)
+            fsdp__init_fail_ctx(ctx, rc, "fsdp_init: %s", rc == FSDP_ERR_OUT_OF_MEMORY ? "out of memory" : ctx->offload->message);
+        FSDP_FREE(shard);
+    }
+    return rc;
+}
+
+/* Each parameter's slice on this rank (fsdp_param_info), initialised from its rule (or on disk),
+   and the index of parameters by name. */
 FSDP__PRIVATE int fsdp__init_params(fsdp_ctx *ctx) {
     fsdp_model *model = ctx->model;
     int p;
     ctx->param_by_name = (int *)fsdp__calloc(sizeof(int) * (size_t)(model->num_params + 1));
     ctx->params = (fsdp_param_info *)fsdp__calloc(sizeof *ctx->params * (size_t)(model->num_params + 1));
-    if (!ctx->param_by_name || !ctx->params) return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: out of memory");
+    ctx->param_at = (int64_t *)fsdp__calloc(sizeof(int64_t) * (size_t)(model->num_params + 1));
+    if (!ctx->param_by_name || !ctx->params || !ctx->param_at)
+        return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: out of memory");
     for (p = 0; p < model->num_params; p++) ctx->param_by_name[p] = p;
     fsdp__sorting_model = model;
     qsort(ctx->param_by_name, (size_t)model->num_params, sizeof(int), fsdp__cmp_param_name);
@@ -8740,12 +8961,13 @@ FSDP__PRIVATE int fsdp__init_params(fsdp_ctx *ctx) {
         info->shard_begin = lo - off;
         info->shard_end = hi - off;
         at = lo - begin < 0 ? 0 : lo - begin > u->shard ? u->shard : lo - begin; /* empty: still in the shard */
-        info->shard = u->master + at;
+        ctx->param_at[p] = at;
+        info->shard = u->master ? u->master + at : NULL;
         info->grad_shard = u->grad && !model->params[p].frozen ? u->grad + at : NULL;
-        for (i = info->shard_begin; i < info->shard_end; i++)
+        for (i = info->shard_begin; u->master && i < info->shard_end; i++)
             info->shard[i - info->shard_begin] = fsdp_init_value(model, p, i, ctx->desc.seed);
     }
-    return 0;
+    return fsdp__init_offloaded_params(ctx);
 }
 
 FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc) {
@@ -8817,6 +9039,7 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     FSDP_FREE(ctx->units);
     FSDP_FREE(ctx->unit_params);
     FSDP_FREE(ctx->param_by_name);
+    FSDP_FREE(ctx->param_at);
     FSDP_FREE(ctx->params);
     FSDP_FREE(ctx->param_decay);
     FSDP_FREE(ctx->param_lr_scale);
@@ -8857,8 +9080,11 @@ FSDP_API int fsdp_param_info_get(const fsdp_ctx *ctx, int param, fsdp_param_info
 FSDP_API void fsdp_print_units(const fsdp_ctx *ctx, void (*fn)(void *user, const char *line), void *user) {
     char line[320];
     int ui;
-    size_t per_param = 8 + (ctx && !ctx->offload ? fsdp_dtype_size(ctx->state_dtype) * (size_t)ctx->num_state : 0); /* frozen units: 4 */
+    size_t master, per_param;
     if (!ctx) return;
+    master = ctx->desc.offload.params ? 0 : 4; /* bytes per element in RAM (frozen units: the master only) */
+    per_param = master + (ctx->desc.offload.grads ? 0 : 4) +
+                (ctx->desc.offload.optimizer ? 0 : fsdp_dtype_size(ctx->state_dtype) * (size_t)ctx->num_state);
     fsdp__fmt(line, sizeof line, "%-4s %-24s %-14s %7s %12s %9s %12s %14s", "unit", "module", "strategy", "params",
               "elements", "padding", "shard", "bytes/rank");
     if (fn) fn(user, line); else printf("%s\n", line);
@@ -8866,7 +9092,7 @@ FSDP_API void fsdp_print_units(const fsdp_ctx *ctx, void (*fn)(void *user, const
         const fsdp__unit *u = &ctx->units[ui];
         fsdp__fmt(line, sizeof line, "%-4d %-24.24s %-14s %7d %12lld %9lld %12lld %14zu", ui, fsdp__unit_name(ctx, ui),
                   fsdp_strategy_name(u->strategy), u->num_params, (long long)u->numel,
-                  (long long)(u->padded - u->numel), (long long)u->shard, (size_t)u->shard * (u->frozen ? 4 : per_param));
+                  (long long)(u->padded - u->numel), (long long)u->shard, (size_t)u->shard * (u->frozen ? master : per_param));
         if (fn) fn(user, line); else printf("%s\n", line);
     }
 }
@@ -8879,12 +9105,25 @@ FSDP_API int fsdp_gather_param(fsdp_ctx *ctx, int param, float *out) {
     if (!u || !out) return ctx ? fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_gather_param: bad parameter %d", param)
                                : FSDP_ERR_INVALID_ARG;
     if (!u->shard_comm || u->group_size == 1) { /* replicated, or a group of one: the shard is the whole unit */
-        memcpy(out, u->master + ctx->plan.param_offset[param], sizeof(float) * (size_t)ctx->model->params[param].numel);
+        if (u->master)
+            memcpy(out, u->master + ctx->plan.param_offset[param], sizeof(float) * (size_t)ctx->model->params[param].numel);
+        else if ((rc = fsdp__vec_io(ctx, u, FSDP__VEC_MASTER, 0, ctx->plan.param_offset[param],
+                                    ctx->model->params[param].numel, out)) != 0)
+            return fsdp__offload_failed(ctx, rc);
         return 0;
     }
     flat = (float *)fsdp__buf_get(ctx, sizeof(float) * (size_t)u->padded, 0);
     if (!flat) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_gather_param: out of memory");
-    rc = fsdp__worker_coll(ctx, u->shard_comm, FSDP_COLL_ALL_GATHER, u->master, flat, (size_t)u->shard, 0);
+    if (!u->master) { /* on disk: read into this rank's part of the gathered buffer, gathered in place */
+        float *mine = flat + (size_t)u->group_rank * (size_t)u->shard;
+        if ((rc = fsdp__vec_io(ctx, u, FSDP__VEC_MASTER, 0, 0, u->shard, mine)) != 0) {
+            fsdp__offload_failed(ctx, rc); /* (fails the comm too: the peers' gather fails, naming this rank) */
+            fsdp__buf_put(ctx, flat, sizeof(float) * (size_t)u->padded);
+            return rc;
+        }
+    }
+    rc = fsdp__worker_coll(ctx, u->shard_comm, FSDP_COLL_ALL_GATHER,
+                           u->master ? u->master : flat + (size_t)u->group_rank * (size_t)u->shard, flat, (size_t)u->shard, 0);
     if (!rc) memcpy(out, flat + ctx->plan.param_offset[param], sizeof(float) * (size_t)ctx->model->params[param].numel);
     fsdp__buf_put(ctx, flat, sizeof(float) * (size_t)u->padded);
     return rc;
@@ -8897,15 +9136,25 @@ static int fsdp__check_settable(fsdp_ctx *ctx, fsdp__unit *u, int param) {
     return 0;
 }
 
+/* This rank's slice of a parameter set to slice (in its shard in RAM or on disk). */
+FSDP__PRIVATE int fsdp__write_slice(fsdp_ctx *ctx, fsdp__unit *u, int param, const float *slice) {
+    const fsdp_param_info *info = &ctx->params[param];
+    int64_t count = info->shard_end - info->shard_begin;
+    int rc;
+    if (info->shard) {
+        memcpy(info->shard, slice, sizeof(float) * (size_t)count);
+        return 0;
+    }
+    rc = fsdp__vec_io(ctx, u, FSDP__VEC_MASTER, 1, fsdp__param_at(ctx, param), count, (float *)(uintptr_t)slice); /* (only read) */
+    return rc ? fsdp__offload_failed(ctx, rc) : 0;
+}
+
 FSDP_API int fsdp_set_param_shard(fsdp_ctx *ctx, int param, const float *slice) {
     fsdp__unit *u = fsdp__param_unit(ctx, param);
-    const fsdp_param_info *info;
     int rc;
     if (!u || !slice) return FSDP_ERR_INVALID_ARG;
     if ((rc = fsdp__check_settable(ctx, u, param)) != 0) return rc;
-    info = &ctx->params[param];
-    memcpy(info->shard, slice, sizeof(float) * (size_t)(info->shard_end - info->shard_begin));
-    return 0;
+    return fsdp__write_slice(ctx, u, param, slice);
 }
 
 FSDP_API int fsdp_set_param_full(fsdp_ctx *ctx, int param, const float *full) {
@@ -8922,7 +9171,7 @@ FSDP_API int fsdp_set_param_full(fsdp_ctx *ctx, int param, const float *full) {
     if (ctx->rank == 0) memcpy(buf, full, sizeof(float) * n);
     rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_BROADCAST, NULL, buf, n, 0);
     info = &ctx->params[param];
-    if (!rc) memcpy(info->shard, buf + info->shard_begin, sizeof(float) * (size_t)(info->shard_end - info->shard_begin));
+    if (!rc) rc = fsdp__write_slice(ctx, u, param, buf + info->shard_begin);
     fsdp__buf_put(ctx, buf, sizeof(float) * n);
     return rc;
 }
@@ -8967,7 +9216,7 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
     fsdp_desc d;
     fsdp__plan plan;
     int rc, ui, hybrid_group = 1, nbuf;
-    size_t sbytes;
+    size_t sbytes, staged = 0, staged_grad = 0;
     int64_t largest_state = 0;
     size_t kept = 0, largest_resharded = 0, resharded_total = 0, largest_grad = 0, root_grad = 0, gathered;
     if (!model || !desc || !est || world_size < 1) return FSDP_ERR_INVALID_ARG;
@@ -8988,14 +9237,24 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
         const fsdp__plan_unit *pu = &plan.units[ui];
         size_t pbytes = (size_t)pu->padded * fsdp_dtype_size(d.param_dtype), gbytes = (size_t)pu->padded * sizeof(float);
         int reshards = ui != 0 && (pu->strategy == FSDP_FULL_SHARD || pu->strategy == FSDP_HYBRID_SHARD);
-        if (pu->group_size == 1 && d.param_dtype == FSDP_F32) pbytes = 0; /* computes on the master copy */
+        if (pu->group_size == 1 && d.param_dtype == FSDP_F32 && !d.offload.params) pbytes = 0; /* computes on the master */
         if (d.fp32_compute_view && d.param_dtype != FSDP_F32) pbytes += (size_t)pu->padded * sizeof(float);
         if (d.reduce_dtype != FSDP_F32) gbytes += (size_t)pu->padded * fsdp_dtype_size(d.reduce_dtype);
-        else if (world_size == 1) gbytes = 0; /* accumulates in its gradient shard (fsdp__grad_in_place) */
+        else if (world_size == 1 && !d.offload.grads) gbytes = 0; /* accumulates in its gradient shard (fsdp__grad_in_place) */
         est->param_shard_bytes += sizeof(float) * (size_t)pu->shard;
         if (pu->frozen) gbytes = 0; /* no gradient, no optimizer state */
         else est->grad_shard_bytes += sizeof(float) * (size_t)pu->shard;
         if (!pu->frozen && pu->shard > largest_state) largest_state = pu->shard;
+        if (d.offload.params) { /* on disk; a gather reads it straight into its place (f32), else into a staged shard */
+            est->param_shard_bytes -= sizeof(float) * (size_t)pu->shard;
+            est->disk_bytes += fsdp__align(sizeof(float) * (size_t)(pu->shard ? pu->shard : 1), FSDP__IO_ALIGN);
+            if (d.param_dtype != FSDP_F32 && sizeof(float) * (size_t)pu->shard > staged) staged = sizeof(float) * (size_t)pu->shard;
+        }
+        if (d.offload.grads && !pu->frozen) { /* on disk; a reduction adds to it in a staged shard */
+            if (sizeof(float) * (size_t)pu->shard > staged_grad) staged_grad = sizeof(float) * (size_t)pu->shard;
+            est->grad_shard_bytes -= sizeof(float) * (size_t)pu->shard;
+            est->disk_bytes += fsdp__align(sizeof(float) * (size_t)(pu->shard ? pu->shard : 1), FSDP__IO_ALIGN);
+        }
         if (!pu->frozen && d.offload.optimizer)
             est->disk_bytes += fsdp__align(sbytes * (size_t)(pu->shard ? pu->shard : 1), FSDP__IO_ALIGN) * (size_t)nbuf;
         else if (!pu->frozen) est->optimizer_bytes += sbytes * (size_t)pu->shard * (size_t)nbuf;
@@ -9012,9 +9271,10 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
     gathered = (size_t)(d.limit_all_gathers + 1) * largest_resharded;
     if (gathered > resharded_total) gathered = resharded_total;
     est->peak_unsharded_bytes = kept + gathered + root_grad + 2 * largest_grad;
-    if (nbuf && largest_state && (d.offload.optimizer || d.optimizer.state_dtype != FSDP_F32))
-        fsdp__stream_chunk(nbuf, d.optimizer.state_dtype, d.offload.optimizer, d.offload.ram_bytes, largest_state,
-                           &est->stream_bytes);
+    if (largest_state && fsdp__stream_per_element(&d.offload, d.optimizer.state_dtype, nbuf))
+        fsdp__stream_chunk(fsdp__stream_per_element(&d.offload, d.optimizer.state_dtype, nbuf), d.offload.ram_bytes,
+                           largest_state, &est->stream_bytes);
+    est->peak_unsharded_bytes += staged + staged_grad; /* shards on disk, staged (the comm thread's, one at a time) */
     est->peak_bytes = est->persistent_bytes + est->peak_unsharded_bytes + est->stream_bytes;
     fsdp__plan_free(&plan);
     return 0;
@@ -9026,14 +9286,15 @@ FSDP_API int fsdp_memory_estimate(const fsdp_model *model, const fsdp_desc *desc
     return fsdp__memory_estimate(model, desc, world_size, est, err, sizeof err);
 }
 
-/* Tries the strategies in order, least sharded first, then (offload_after) FULL_SHARD with the
-   optimizer state on disk; *chosen gets the first whose estimated peak fits budget. */
+/* Tries the strategies in order, least sharded first, then (offload_after) FULL_SHARD with ever
+   more on disk: the optimizer state, then the gradients too, then the parameters too; *chosen
+   gets the first whose estimated peak fits budget. */
 FSDP__PRIVATE int fsdp__fit(const fsdp_model *model, const fsdp_desc *desc, int world_size, size_t budget, int offload_after,
                             fsdp_desc *chosen, char *why, size_t why_size) {
-    fsdp_desc d = *desc, tries[5];
+    fsdp_desc d = *desc, tries[8];
     fsdp_memory_stats est;
     size_t first_need = 0, leanest = 0;
-    int n = 0, i, rc;
+    int n = 0, i, rc, ram_tries;
     char mine[200];
     if (!why) { why = mine; why_size = sizeof mine; }
     *why = 0;
@@ -9046,21 +9307,26 @@ FSDP__PRIVATE int fsdp__fit(const fsdp_model *model, const fsdp_desc *desc, int 
     tries[n++] = d;
     d.strategy = FSDP_FULL_SHARD;
     tries[n++] = d;
-    if (offload_after && !desc->offload.optimizer && ((desc->offload.dir && *desc->offload.dir) || getenv("FSDP_OFFLOAD_DIR")))
-        (d.offload.optimizer = 1, tries[n++] = d);
+    ram_tries = n;
+    if (offload_after && ((desc->offload.dir && *desc->offload.dir) || getenv("FSDP_OFFLOAD_DIR"))) {
+        if (!d.offload.optimizer) (d.offload.optimizer = 1, tries[n++] = d);
+        if (!d.offload.grads) (d.offload.grads = 1, tries[n++] = d);
+        if (!d.offload.params) (d.offload.params = 1, tries[n++] = d);
+    }
     for (i = 0; i < n; i++) {
         if ((rc = fsdp__memory_estimate(model, &tries[i], world_size, &est, why, why_size)) != 0) return rc; /* says why */
         if (i == 0) first_need = est.peak_bytes;
-        if (tries[i].strategy == FSDP_FULL_SHARD && !tries[i].offload.optimizer) leanest = est.peak_bytes;
+        if (i == ram_tries - 1) leanest = est.peak_bytes;
         if (est.peak_bytes > budget) continue;
         *chosen = tries[i];
         if (i == 0)
             fsdp__fmt(why, why_size, "%s: needs %.1f MiB per rank of the %.1f MiB budget", fsdp_strategy_name(tries[i].strategy),
                       est.peak_bytes / 1048576.0, budget / 1048576.0);
-        else if (tries[i].offload.optimizer != desc->offload.optimizer)
-            fsdp__fmt(why, why_size, "FULL_SHARD with the optimizer state offloaded (%.1f MiB per rank on disk): needs %.1f "
-                      "MiB of RAM per rank of the %.1f MiB budget (with it in RAM FULL_SHARD needs %.1f MiB)",
-                      est.disk_bytes / 1048576.0, est.peak_bytes / 1048576.0, budget / 1048576.0, leanest / 1048576.0);
+        else if (i >= ram_tries)
+            fsdp__fmt(why, why_size, "FULL_SHARD with %s offloaded (%.1f MiB per rank on disk): needs %.1f MiB of RAM per "
+                      "rank of the %.1f MiB budget (with less on disk FULL_SHARD needs %.1f MiB)",
+                      fsdp_offload_describe(&tries[i].offload), est.disk_bytes / 1048576.0, est.peak_bytes / 1048576.0,
+                      budget / 1048576.0, leanest / 1048576.0);
         else
             fsdp__fmt(why, why_size, "%s: needs %.1f MiB per rank of the %.1f MiB budget (%s needs %.1f MiB)",
                       fsdp_strategy_name(tries[i].strategy), est.peak_bytes / 1048576.0, budget / 1048576.0,
@@ -9068,16 +9334,16 @@ FSDP__PRIVATE int fsdp__fit(const fsdp_model *model, const fsdp_desc *desc, int 
         return 0;
     }
     {
-        int offloaded = tries[n - 1].offload.optimizer && !desc->offload.optimizer;
-        char also[120] = "";
-        if (offloaded)
-            fsdp__fmt(also, sizeof also, "; with the optimizer state on disk it needs %zu bytes (%.1f MiB) of RAM",
-                      est.peak_bytes, est.peak_bytes / 1048576.0);
+        char also[160] = "";
+        if (n > ram_tries)
+            fsdp__fmt(also, sizeof also, "; with %s on disk it needs %zu bytes (%.1f MiB) of RAM",
+                      fsdp_offload_describe(&tries[n - 1].offload), est.peak_bytes, est.peak_bytes / 1048576.0);
         fsdp__fmt(why, why_size, "no strategy fits %zu bytes (%.1f MiB) per rank at world size %d: FULL_SHARD, the leanest, "
                   "needs %zu bytes (%.1f MiB) for parameters, gradients, optimizer state and gathered units%s (use more "
                   "ranks, a 16-bit param_dtype, %sor a larger budget)", budget, budget / 1048576.0, world_size, leanest,
-                  leanest / 1048576.0, also, !offloaded && !desc->offload.optimizer
-                  ? "the optimizer state on disk (offload.optimizer with offload.dir or FSDP_OFFLOAD_DIR), " : "");
+                  leanest / 1048576.0, also, n == ram_tries && !(desc->offload.optimizer && desc->offload.grads &&
+                  desc->offload.params) ? "offload to a local disk (fsdp_desc.offload with offload.dir or FSDP_OFFLOAD_DIR), "
+                                        : "smaller units (a finer wrap policy), ");
     }
     return FSDP_ERR_OUT_OF_MEMORY;
 }
@@ -10327,7 +10593,8 @@ FSDP__PRIVATE const float *fsdp__unit_values(fsdp_ctx *ctx, const fsdp__unit *u,
     *rc = 0;
     if (ram) return ram + first;
     if (!(*tmp = (float *)FSDP_MALLOC(sizeof(float) * (size_t)(count ? count : 1)))) *rc = FSDP_ERR_OUT_OF_MEMORY;
-    else if ((*rc = fsdp__home_read(ctx, &u->opt[j - 1], first, count, *tmp)) != 0) FSDP_FREE(*tmp);
+    else if ((*rc = fsdp__vec_io(ctx, u, j ? FSDP__VEC_STATE + j - 1 : FSDP__VEC_MASTER, 0, first, count, *tmp)) != 0)
+        FSDP_FREE(*tmp);
     if (!*rc) return *tmp;
     fsdp__offload_failed(ctx, *rc);
     return NULL;
@@ -10517,16 +10784,14 @@ FSDP__PRIVATE int fsdp__load_slice(fsdp_ctx *ctx, int p, int buffer, fsdp__slice
                                    size_t err_size) {
     const fsdp_param_info *info = &ctx->params[p];
     fsdp__unit *u = &ctx->units[info->unit];
-    int64_t count = info->shard_end - info->shard_begin, at = info->shard - u->master;
-    float *tmp;
+    int64_t count = info->shard_end - info->shard_begin, at = fsdp__param_at(ctx, p);
+    float *tmp, *ram = buffer < 0 ? u->master : fsdp__home_f32(ctx, &u->opt[buffer]);
     int rc;
     if (buffer == FSDP__STATE_NOT_KEPT || (buffer >= 0 && u->frozen)) return 0; /* (a frozen unit keeps no state) */
-    if (buffer < 0) return read(src, info->shard_begin, count, info->shard, err, err_size);
-    if (fsdp__home_f32(ctx, &u->opt[buffer])) /* in place */
-        return read(src, info->shard_begin, count, fsdp__home_f32(ctx, &u->opt[buffer]) + at, err, err_size);
+    if (ram) return read(src, info->shard_begin, count, ram + at, err, err_size); /* in place */
     if (!(tmp = (float *)FSDP_MALLOC(sizeof(float) * (size_t)(count ? count : 1)))) return FSDP_ERR_OUT_OF_MEMORY;
     rc = read(src, info->shard_begin, count, tmp, err, err_size);
-    if (!rc && (rc = fsdp__home_write(ctx, &u->opt[buffer], at, count, tmp)) != 0)
+    if (!rc && (rc = fsdp__vec_io(ctx, u, buffer < 0 ? FSDP__VEC_MASTER : FSDP__VEC_STATE + buffer, 1, at, count, tmp)) != 0)
         fsdp__fmt(err, err_size, "%s", rc == FSDP_ERR_OUT_OF_MEMORY ? "out of memory" : ctx->offload->message);
     FSDP_FREE(tmp);
     return rc;
@@ -10692,7 +10957,7 @@ FSDP__PRIVATE int fsdp__write_shard_file(fsdp_ctx *ctx, const fsdp__sharded_save
         for (k = 0; !local && k < u->num_params; k++) {
             int p = ctx->unit_params[u->first_param + k];
             const fsdp_param_info *info = &ctx->params[p];
-            size_t len = (size_t)(info->shard_end - info->shard_begin), at = (size_t)(info->shard - u->master);
+            size_t len = (size_t)(info->shard_end - info->shard_begin), at = (size_t)fsdp__param_at(ctx, p);
             for (j = 0; len && j <= (ctx->model->params[p].frozen ? 0 : sv->nopt) && !local; j++) {
                 float *tmp;
                 const float *values = fsdp__unit_values(ctx, u, j, (int64_t)at, (int64_t)len, &tmp, &local);

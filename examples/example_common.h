@@ -73,6 +73,38 @@ EXAMPLE_HELPER fsdp_strategy arg_strategy(const char *flag, const char *text) {
     return strategy;
 }
 
+/* --offload WHAT: none, optimizer, params, grads or all, or a comma list of them
+   ("optimizer,grads"), into d's flags; a usage error otherwise. EXAMPLE_OFFLOAD_HELP is the
+   --offload, --offload-dir, --offload-ram and --state-dtype entries of --help. */
+#define EXAMPLE_OFFLOAD_HELP \
+    "  --offload WHAT       keep on local disk, streamed in execution order (fsdp_desc.offload): none\n" \
+    "                       (default), optimizer (AdamW state), params (f32 master weights: read before\n" \
+    "                       each all-gather, written by the step), grads (gradient shards: written by\n" \
+    "                       each reduce-scatter, read by the step), all; or a comma list\n" \
+    "  --offload-dir DIR    where (a directory on a local disk, not tmpfs; default FSDP_OFFLOAD_DIR).\n" \
+    "                       Each rank keeps one unlinked file there, reserved in full at start\n" \
+    "  --offload-ram MIB    RAM the streaming may use per rank (default 64)\n" \
+    "  --state-dtype D      f32 (default, PyTorch's AdamW bit for bit) or bf16: AdamW state rounded to\n" \
+    "                       bf16 (nearest, ties to even) after each f32 update: half the bytes\n"
+EXAMPLE_HELPER void arg_offload(const char *flag, const char *text, fsdp_offload_desc *d) {
+    static const char *const names[] = {"none", "optimizer", "params", "grads", "all", NULL};
+    char word[32];
+    const char *at = text;
+    d->optimizer = d->params = d->grads = 0;
+    while (*at) {
+        size_t n = strcspn(at, ",");
+        int k;
+        if (n == 0 || n >= sizeof word) die_usage("%s: '%s' is not a comma list of none, optimizer, params, grads, all", flag, text);
+        memcpy(word, at, n);
+        word[n] = 0;
+        k = arg_choice(flag, word, names, 0);
+        d->optimizer |= k == 1 || k == 4;
+        d->params |= k == 2 || k == 4;
+        d->grads |= k == 3 || k == 4;
+        at += n + (at[n] == ',');
+    }
+}
+
 /* This process's own peak resident set size in bytes: VmHWM from /proc/self/status, or, where
    there is no /proc, getrusage's ru_maxrss. Not ru_maxrss first: it survives exec, so a rank
    started by torchrun or mpirun would report its launcher's peak (about 230 MiB for torchrun's

@@ -7,6 +7,7 @@
                    build/gpt --nproc 3 --resume build/gpt_ckpt --steps 800   (any rank count)
                    build/gpt --nproc 4 --save-every 50 --resume auto --max-restarts 3   (elastic)
                    make demo-big        (85 M parameters, 4 ranks, --recompute, --mem-budget 768 MiB per rank)
+                   make demo-huge       (2.2 B parameters, 4 ranks, everything offloaded to disk: --offload all)
                    torchrun-style: RANK=0 WORLD_SIZE=2 MASTER_ADDR=... MASTER_PORT=... build/gpt
    The model and its layers are in gpt_model.h (shared with tests/test_gpt.c). */
 #define FSDP_IMPLEMENTATION
@@ -41,6 +42,8 @@ typedef struct {
     double process_bytes;            // this process's peak RSS before the ranks start (for --mem-budget)
     fsdp_strategy strategy;
     fsdp_dtype param_dtype;
+    fsdp_offload_desc offload;       // --offload, --offload-dir, --offload-ram
+    fsdp_dtype state_dtype;          // --state-dtype
     const char *ckpt, *resume, *prompt; // resume "auto": the ckpt directory's checkpoint, if any
     unsigned long long seed;
     char ckpt_default[1100];
@@ -269,6 +272,8 @@ static void make_desc(const options *o, fsdp_comm *comm, int P, int local_size, 
     desc->optimizer.lr = o->lr;
     desc->optimizer.weight_decay = o->weight_decay;
     desc->optimizer.weight_decay_set = 1;
+    desc->optimizer.state_dtype = o->state_dtype;
+    desc->offload = o->offload;
     if (!o->decay_all) desc->param_groups = decay_matrices_only, desc->num_param_groups = 1;
 }
 
@@ -297,7 +302,7 @@ static int estimate_memory(const options *o, int P, memory_need *need) {
     need->sample_copy = o->sample > 0 ? sizeof(float) * (double)m.num_params : 0;
     need->process = o->process_bytes;
     need->gemm_scratch = (double)gpt_sgemm_scratch_bytes(&config, o->batch / P, o->seq_len);
-    if (o->backend == FSDP_BACKEND_SHM && o->param_dtype == FSDP_F32 && o->strategy != FSDP_NO_SHARD)
+    if (o->backend == FSDP_BACKEND_SHM && o->param_dtype == FSDP_F32 && o->strategy != FSDP_NO_SHARD && !o->offload.params)
         need->peer_shards = (double)need->fsdp.param_shard_bytes *
                             ((o->strategy == FSDP_HYBRID_SHARD ? desc.shard_group_size : P) - 1);
     need->total = (double)need->fsdp.peak_bytes + need->activations + need->gemm_scratch + need->sample_copy + need->process +
@@ -307,9 +312,13 @@ static int estimate_memory(const options *o, int P, memory_need *need) {
 }
 
 static void print_memory_need(FILE *out, const options *o, const memory_need *need) {
-    fprintf(out, "%.1f MiB (fsdp.h %.1f MiB: shards %.1f + gathered units and gradients %.1f; activations %.1f MiB%s",
-            mib(need->total), mib((double)need->fsdp.peak_bytes), mib((double)need->fsdp.persistent_bytes),
-            mib((double)need->fsdp.peak_unsharded_bytes), mib(need->activations), o->recompute ? " with --recompute" : "");
+    fprintf(out, "%.1f MiB (fsdp.h %.1f MiB: shards %.1f + gathered units and gradients %.1f", mib(need->total),
+            mib((double)need->fsdp.peak_bytes), mib((double)need->fsdp.persistent_bytes),
+            mib((double)need->fsdp.peak_unsharded_bytes));
+    if (need->fsdp.disk_bytes)
+        fprintf(out, " + streaming %.1f, with %.1f MiB on disk", mib((double)need->fsdp.stream_bytes),
+                mib((double)need->fsdp.disk_bytes));
+    fprintf(out, "; activations %.1f MiB%s", mib(need->activations), o->recompute ? " with --recompute" : "");
     if (need->gemm_scratch > 0) fprintf(out, "; the matrix kernel's buffers %.1f MiB", mib(need->gemm_scratch));
     if (need->sample_copy > 0) fprintf(out, "; a copy of the weights for --sample %.1f MiB", mib(need->sample_copy));
     if (need->peer_shards > 0) fprintf(out, "; the peers' shards read in place %.1f MiB", mib(need->peer_shards));
@@ -337,8 +346,9 @@ static int check_memory_budget(const options *o, int P) {
                 mib(fewer.total));
         return 1;
     }
-    fprintf(stderr, "no rank count up to 256 fits with --batch %d: raise the budget, or lower --batch or --seq-len%s\n",
-            o->batch, o->recompute ? "" : ", or add --recompute");
+    fprintf(stderr, "no rank count up to 256 fits with --batch %d: raise the budget, or lower --batch or --seq-len%s%s\n",
+            o->batch, o->recompute ? "" : ", or add --recompute",
+            o->offload.optimizer && o->offload.params && o->offload.grads ? "" : ", or offload to disk (--offload all --offload-dir DIR)");
     return 1;
 }
 
@@ -384,10 +394,19 @@ static int train(fsdp_comm *comm, void *arg) {
                mib(4.0 * (double)m.num_params));
         printf("data: %s, %zu bytes (%zu for training, %zu held out); global batch %d x %d bytes (%d sequences per rank)\n",
                o->data_name, o->size, o->train_size, o->size - o->train_size, o->batch, T, B);
-        printf("optimizer: AdamW, lr %g (warmup %d steps, cosine to %g at step %d), weight decay %g %s, clip %g\n",
+        printf("optimizer: AdamW, lr %g (warmup %d steps, cosine to %g at step %d), weight decay %g %s, clip %g, %s state\n",
                (double)o->lr, o->warmup, (double)o->min_lr, o->steps, (double)o->weight_decay,
                o->decay_all ? "on every parameter" : "on the matrices and embeddings only (none on biases and LayerNorm)",
-               (double)o->clip);
+               (double)o->clip, fsdp_dtype_name(o->state_dtype));
+        if (desc.offload.optimizer || desc.offload.params || desc.offload.grads) {
+            fsdp_memory_stats st;
+            memset(&st, 0, sizeof st); // (as below: -O3 cannot see that fsdp_memory_stats_get always fills it)
+            fsdp_memory_stats_get(ctx, &st);
+            printf("offload: %s on disk in %s: %.1f MiB per rank (one unlinked file each, reserved at start), streamed "
+                   "through %.1f MiB of RAM per rank\n", fsdp_offload_describe(&desc.offload),
+                   desc.offload.dir ? desc.offload.dir : getenv("FSDP_OFFLOAD_DIR"), mib((double)st.disk_bytes),
+                   mib((double)st.stream_bytes));
+        }
         if (o->recompute) {
             printf("activation checkpointing: blocks");
             for (int l = 0; l < o->layers; l++)
@@ -460,7 +479,7 @@ static int train(fsdp_comm *comm, void *arg) {
         fsdp_memory_stats st, est;
         memset(&st, 0, sizeof st); // fsdp_memory_stats_get fills it; -O3 cannot see that it always does
         const char *rss_source = "";
-        double mine[7], *all = (double *)calloc((size_t)P * 7, sizeof(double));
+        double mine[8], *all = (double *)calloc((size_t)P * 8, sizeof(double));
         int skip = timed > 1; // the first step warms up
         fsdp_memory_stats_get(ctx, &st);
         if (fsdp_memory_estimate(m.model, &desc, P, &est)) memset(&est, 0, sizeof est); // fsdp_init took this desc
@@ -468,28 +487,30 @@ static int train(fsdp_comm *comm, void *arg) {
         mine[2] = (double)st.peak_bytes, mine[3] = example_peak_rss(&rss_source);
         mine[4] = median(step_ms + skip, timed - skip), mine[5] = median(fsdp_ms + skip, timed - skip);
         mine[6] = sizeof(float) * (double)acts.num_floats;
+        mine[7] = (double)st.disk_bytes;
         if (!all || fsdp_all_gather(comm, mine, all, sizeof mine / 4, FSDP_F32)) { // doubles, moved as bytes
             fprintf(stderr, "rank %d: gathering the statistics failed: %s\n", rank, fsdp_comm_last_error(comm));
             free(all);
             goto done;
         }
         if (rank == 0) {
-            printf("\nrank  persistent  peak unsharded  fsdp peak  activations   max RSS   ms/step  in fsdp calls (ms/step)\n");
+            printf("\nrank  persistent  peak unsharded  fsdp peak  activations   max RSS        disk   ms/step  in fsdp calls "
+                   "(ms/step)\n");
             for (int r = 0; r < P; r++) {
-                double *s = all + 7 * r;
-                printf("%4d  %6.2f MiB  %10.2f MiB  %5.2f MiB  %7.2f MiB  %5.1f MiB  %7.1f  %6.1f\n", r, mib(s[0]),
-                       mib(s[1]), mib(s[2]), mib(s[6]), mib(s[3]), s[4], s[5]);
+                double *s = all + 8 * r;
+                printf("%4d  %6.2f MiB  %10.2f MiB  %5.2f MiB  %7.2f MiB  %5.1f MiB  %6.1f MiB  %7.1f  %6.1f\n", r, mib(s[0]),
+                       mib(s[1]), mib(s[2]), mib(s[6]), mib(s[3]), mib(s[7]), s[4], s[5]);
             }
-            printf(" est  %6.2f MiB  %10.2f MiB  %5.2f MiB  (fsdp_memory_estimate for this model, desc and %d rank%s)\n",
-                   mib((double)est.persistent_bytes), mib((double)est.peak_unsharded_bytes), mib((double)est.peak_bytes),
-                   P, P > 1 ? "s" : "");
-            print_vs_estimate(all, P, 7, (double)est.persistent_bytes, (double)est.peak_unsharded_bytes);
+            printf(" est  %6.2f MiB  %10.2f MiB  %5.2f MiB  %24s%6.1f MiB  (fsdp_memory_estimate for this model, desc and "
+                   "%d rank%s)\n", mib((double)est.persistent_bytes), mib((double)est.peak_unsharded_bytes),
+                   mib((double)est.peak_bytes), "", mib((double)est.disk_bytes), P, P > 1 ? "s" : "");
+            print_vs_estimate(all, P, 8, (double)est.persistent_bytes, (double)est.peak_unsharded_bytes);
             printf("max RSS: each rank's own peak resident memory (%s%s)\n", rss_source,
                    strcmp(rss_source, "VmHWM") == 0 ? " from /proc/self/status" : ": no /proc here; it may include a launcher's");
             if (o->mem_budget_mib > 0) {
                 memory_need need;
                 double lo = all[3], hi = all[3];
-                for (int r = 1; r < P; r++) lo = all[7 * r + 3] < lo ? all[7 * r + 3] : lo, hi = all[7 * r + 3] > hi ? all[7 * r + 3] : hi;
+                for (int r = 1; r < P; r++) lo = all[8 * r + 3] < lo ? all[8 * r + 3] : lo, hi = all[8 * r + 3] > hi ? all[8 * r + 3] : hi;
                 if (estimate_memory(o, P, &need) == 0)
                     printf("memory budget %.0f MiB per rank: peak RSS %.1f .. %.1f MiB over the ranks, estimate %.1f MiB "
                            "(max RSS / estimate %.3f)\n", o->mem_budget_mib, mib(lo), mib(hi), mib(need.total),
@@ -691,8 +712,9 @@ static void usage(FILE *out) {
         "                       HYBRID_SHARD: sharded within each host, replicated across hosts; all ranks\n"
         "                       on one host and an even count: two replicas of half the ranks\n"
         "  --param-dtype D      f32 (default), bf16 or f16: what is gathered and reduced; master weights\n"
-        "                       and AdamW state stay f32, the kernels read an f32 view\n"
+        "                       stay f32 (AdamW state too, unless --state-dtype), the kernels read an f32 view\n"
         "  --print-units        print the FSDP units (rank 0)\n"
+        EXAMPLE_OFFLOAD_HELP
         "checkpoints (sharded: one safetensors file per rank + index.json, with AdamW state)\n"
         "  --ckpt DIR           where to save (default: gpt_ckpt next to the executable, e.g. build/gpt_ckpt);\n"
         "                       'none': never save. Saved after the last step\n"
@@ -722,13 +744,13 @@ static void usage(FILE *out) {
 
 static void parse(options *o, int argc, char **argv, const char *exe_dir) {
     static const char *const backends[] = {"shm", "socket", NULL};
-    static const char *const dtypes[] = {"f32", "bf16", "f16", NULL};
+    static const char *const dtypes[] = {"f32", "bf16", "f16", NULL}, *const state_dtypes[] = {"f32", "bf16", NULL};
     const char *fault;
     memset(o, 0, sizeof *o);
     o->backend = FSDP_BACKEND_SHM, o->layers = 4, o->heads = 4, o->channels = 128, o->seq_len = 64;
     o->batch = 16, o->steps = 500, o->warmup = 30, o->print_every = 25, o->sample = 300;
     o->lr = 3e-3f, o->weight_decay = 0.01f, o->clip = 1.0f, o->temperature = 0.8f, o->prompt = "\n";
-    o->strategy = FSDP_FULL_SHARD, o->param_dtype = FSDP_F32;
+    o->strategy = FSDP_FULL_SHARD, o->param_dtype = FSDP_F32, o->state_dtype = FSDP_F32;
     snprintf(o->ckpt_default, sizeof o->ckpt_default, "%s/gpt_ckpt", exe_dir);
     o->ckpt = o->ckpt_default;
     for (int i = 1; i < argc; i++) {
@@ -761,6 +783,10 @@ static void parse(options *o, int argc, char **argv, const char *exe_dir) {
         else if (!strcmp(f, "--mem-budget")) o->mem_budget_mib = arg_float(f, v);
         else if (!strcmp(f, "--strategy")) o->strategy = arg_strategy(f, v);
         else if (!strcmp(f, "--param-dtype")) o->param_dtype = (fsdp_dtype)arg_choice(f, v, dtypes, FSDP_F32);
+        else if (!strcmp(f, "--offload")) arg_offload(f, v, &o->offload);
+        else if (!strcmp(f, "--offload-dir")) o->offload.dir = v;
+        else if (!strcmp(f, "--offload-ram")) o->offload.ram_bytes = (size_t)arg_int(f, v, 1, 1 << 20) << 20;
+        else if (!strcmp(f, "--state-dtype")) o->state_dtype = (fsdp_dtype)arg_choice(f, v, state_dtypes, FSDP_F32);
         else if (!strcmp(f, "--ckpt")) o->ckpt = v;
         else if (!strcmp(f, "--save-every")) o->save_every = (int)arg_int(f, v, 0, 100000000);
         else if (!strcmp(f, "--resume")) o->resume = v;
@@ -778,6 +804,9 @@ static void parse(options *o, int argc, char **argv, const char *exe_dir) {
     if (!*o->ckpt) die_usage("--ckpt needs a directory (or 'none')");
     if (o->resume && !strcmp(o->resume, "auto") && !strcmp(o->ckpt, "none"))
         die_usage("--resume auto continues from the --ckpt directory; give one instead of 'none'");
+    if ((o->offload.optimizer || o->offload.params || o->offload.grads) && !o->offload.dir &&
+        !(getenv("FSDP_OFFLOAD_DIR") && *getenv("FSDP_OFFLOAD_DIR")))
+        die_usage("--offload needs a directory on a local disk: --offload-dir DIR (or FSDP_OFFLOAD_DIR)");
     if (o->max_restarts && !o->nproc)
         die_usage("--max-restarts restarts the ranks --nproc forks; under torchrun pass --max_restarts to torchrun");
     if ((fault = getenv("GPT_FAULT_AT_STEP")) != NULL && *fault)

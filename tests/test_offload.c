@@ -1,11 +1,13 @@
-/* test_offload.c - optimizer state on local disk (fsdp_desc.offload) and in bf16
-   (optimizer.state_dtype): training gives the bits it gives in RAM, for every strategy at
-   P = 1, 2, 4, with units larger than the streaming chunks; the file is unlinked and its bytes
-   stay out of the page cache; a directory in RAM, a missing directory and a disk too small are
-   refused at init; a short read mid-training fails the step naming the file, offset and bytes,
-   and the other ranks name the rank; checkpoints are the bytes of checkpoints from RAM, and load
-   into offloaded state at another world size; the estimator counts RAM and disk apart and AUTO
-   offloads when nothing fits in RAM.
+/* test_offload.c - optimizer state, gradients and parameters on local disk (fsdp_desc.offload)
+   and optimizer state in bf16 (optimizer.state_dtype): training gives the bits it gives in RAM,
+   for every strategy at P = 1, 2, 4, with units larger than the streaming chunks, through
+   gradient accumulation, clipping twice, a skipped step and parameters set by hand; the file is
+   unlinked and its bytes stay out of the page cache; a directory in RAM, a missing directory and
+   a disk too small are refused at init; a short read mid-training (in the step, or before a
+   gather) fails naming the file, offset and bytes, and the other ranks name the rank;
+   checkpoints are the bytes of checkpoints from RAM, and load into offloaded state at another
+   world size; the estimator counts RAM and disk apart and AUTO offloads (the optimizer state,
+   then the gradients, then the parameters) when nothing fits in RAM.
 
    The model: a root holding a small vector and three "Block" units of a 5003-element weight and
    a 7-element bias (prime sizes: no unit divides by P), gradients made up per rank and step (the
@@ -30,7 +32,8 @@
 #define STEPS 4
 #define MAX_WORLD 4
 #define TIMEOUT_MS 20000
-#define SMALL_RAM ((size_t)80 << 10) /* 80 KiB: chunks of 2048 elements, so a block spans three */
+#define BIG_WEIGHT 200003 /* the AUTO levels' model */
+#define SMALL_RAM ((size_t)128 << 10) /* 128 KiB: chunks of 2048 or 4096 elements, so a block spans several */
 
 static char offload_dir[512]; /* made by main, beside the test program */
 
@@ -43,14 +46,17 @@ void tearDown(void) {}
 typedef struct net {
     fsdp_model *model;
     int block[BLOCKS], weight[BLOCKS], bias[BLOCKS], scale;
+    int weight_numel;
 } net;
 
-static int net_build(net *n) {
+/* The model with weights of weight_numel elements (WEIGHT: what gather_net gathers). */
+static int net_build_sized(net *n, int weight_numel) {
     fsdp_init_rule normal = {FSDP_INIT_NORMAL, 0.0f, 0.2f, NULL, NULL}, ones = {FSDP_INIT_ONES, 0, 0, NULL, NULL};
-    int64_t ws[1] = {WEIGHT}, bs[1] = {BIAS}, rs[1] = {ROOT};
+    int64_t ws[1] = {weight_numel}, bs[1] = {BIAS}, rs[1] = {ROOT};
     char name[8];
     int b;
     memset(n, 0, sizeof *n);
+    n->weight_numel = weight_numel;
     if (fsdp_model_create(&n->model, "Net") || (n->scale = fsdp_model_param(n->model, 0, "scale", 1, rs, ones)) < 0) return -1;
     for (b = 0; b < BLOCKS; b++) {
         snprintf(name, sizeof name, "%d", b);
@@ -61,6 +67,7 @@ static int net_build(net *n) {
     }
     return 0;
 }
+static int net_build(net *n) { return net_build_sized(n, WEIGHT); }
 
 /* A gradient element of parameter p on rank r at step s: made up, different per rank. */
 static float made_up_grad(int p, int i, int rank, int step) {
@@ -73,8 +80,11 @@ static void add_grad(fsdp_ctx *ctx, int param, int numel, int rank, int step) {
     for (i = 0; g && i < numel; i++) g[i] += made_up_grad(param, i, rank, step);
 }
 
-/* One iteration: every hook in order, the gradients added in backward, then the step. */
-static int iterate(fsdp_ctx *ctx, const net *n, int rank, int step, fsdp_step_report *report) {
+static int poison_rank = -1; /* this rank's pass makes a gradient NaN (a step every rank skips) */
+
+/* A forward and backward: every hook in order, the gradients added in backward (to what earlier
+   passes left: accumulation). */
+static int pass(fsdp_ctx *ctx, const net *n, int rank, int step) {
     int b, rc;
     if ((rc = fsdp_pre_forward(ctx, 0)) != 0) return rc;
     for (b = 0; b < BLOCKS; b++)
@@ -82,13 +92,19 @@ static int iterate(fsdp_ctx *ctx, const net *n, int rank, int step, fsdp_step_re
     if ((rc = fsdp_post_forward(ctx, 0)) != 0 || (rc = fsdp_pre_backward(ctx, 0)) != 0) return rc;
     for (b = BLOCKS - 1; b >= 0; b--) {
         if ((rc = fsdp_pre_backward(ctx, n->block[b])) != 0) return rc;
-        add_grad(ctx, n->weight[b], WEIGHT, rank, step);
+        add_grad(ctx, n->weight[b], n->weight_numel, rank, step);
         add_grad(ctx, n->bias[b], BIAS, rank, step);
         if ((rc = fsdp_post_backward(ctx, n->block[b])) != 0) return rc;
     }
     add_grad(ctx, n->scale, ROOT, rank, step);
-    if ((rc = fsdp_post_backward(ctx, 0)) != 0) return rc;
-    if ((rc = fsdp_step(ctx, 1.0f, report)) != 0) return rc;
+    if (rank == poison_rank) fsdp_grad(ctx, n->scale)[1] = NAN;
+    return fsdp_post_backward(ctx, 0);
+}
+
+/* One iteration: a pass, the step (clipping to norm 1), gradients zeroed. */
+static int iterate(fsdp_ctx *ctx, const net *n, int rank, int step, fsdp_step_report *report) {
+    int rc;
+    if ((rc = pass(ctx, n, rank, step)) != 0 || (rc = fsdp_step(ctx, 1.0f, report)) != 0) return rc;
     return fsdp_zero_grad(ctx);
 }
 
@@ -105,37 +121,53 @@ static int gather_net(fsdp_ctx *ctx, const net *n, float *out) {
 /* ---------------------------------------------------------------------------------------------
    configurations: each trains in RAM and with its state on disk (and in bf16, both ways)
    --------------------------------------------------------------------------------------------- */
+enum { OFF_OPT = 1, OFF_GRAD = 2, OFF_PARAM = 4, OFF_ALL = 7 }; /* what is on disk */
+
 typedef struct run_config {
     fsdp_strategy strategy;
     fsdp_optimizer_kind optimizer;
     fsdp_dtype state_dtype;
-    int offload;
+    int offload; /* OFF_* */
 } run_config;
 
-#define MAX_CONFIGS 32
+#define MAX_CONFIGS 64
 static run_config configs[MAX_CONFIGS];
 static int num_configs;
 
+/* Every strategy, optimizer and state dtype with nothing, the optimizer state, and everything on
+   disk; and AdamW with f32 state with only the gradients, and only the parameters. */
 static void build_configs(void) {
     static const fsdp_strategy strategies[4] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP, FSDP_NO_SHARD, FSDP_HYBRID_SHARD};
     static const fsdp_optimizer_kind optimizers[2] = {FSDP_ADAMW, FSDP_SGD};
+    static const int offloads[5] = {0, OFF_OPT, OFF_ALL, OFF_GRAD, OFF_PARAM};
     int s, o, d, off;
     for (s = 0; s < 4; s++)
         for (o = 0; o < 2; o++)
             for (d = 0; d < 2; d++)
-                for (off = 0; off < 2; off++) {
-                    run_config *c = &configs[num_configs++];
+                for (off = 0; off < 5; off++) {
+                    run_config *c = &configs[num_configs];
+                    if (off >= 3 && (o || d)) continue;
                     c->strategy = strategies[s];
                     c->optimizer = optimizers[o];
                     c->state_dtype = d ? FSDP_BF16 : FSDP_F32;
-                    c->offload = off;
+                    c->offload = offloads[off];
+                    num_configs++;
                 }
 }
 
+static const char *offload_name(int offload) { /* "the parameters and gradients" ... */
+    fsdp_offload_desc d;
+    memset(&d, 0, sizeof d);
+    d.optimizer = (offload & OFF_OPT) != 0;
+    d.grads = (offload & OFF_GRAD) != 0;
+    d.params = (offload & OFF_PARAM) != 0;
+    return fsdp_offload_describe(&d);
+}
+
 static void describe(char *out, size_t size, const run_config *c, int world) {
-    snprintf(out, size, "P=%d %s %s, %s state%s", world, fsdp_strategy_name(c->strategy),
+    snprintf(out, size, "P=%d %s %s, %s state, %s on disk", world, fsdp_strategy_name(c->strategy),
              c->optimizer == FSDP_SGD ? "SGD(momentum 0.9)" : "AdamW", fsdp_dtype_name(c->state_dtype),
-             c->offload ? " on disk" : " in RAM");
+             offload_name(c->offload));
 }
 
 static void desc_for(fsdp_desc *d, const run_config *c, fsdp_comm *comm) {
@@ -151,7 +183,9 @@ static void desc_for(fsdp_desc *d, const run_config *c, fsdp_comm *comm) {
     d->optimizer.lr = c->optimizer == FSDP_SGD ? 0.05f : 0.01f;
     d->optimizer.momentum = c->optimizer == FSDP_SGD ? 0.9f : 0.0f;
     d->optimizer.state_dtype = c->state_dtype;
-    d->offload.optimizer = c->offload;
+    d->offload.optimizer = (c->offload & OFF_OPT) != 0;
+    d->offload.grads = (c->offload & OFF_GRAD) != 0;
+    d->offload.params = (c->offload & OFF_PARAM) != 0;
     d->offload.dir = offload_dir;
     d->offload.ram_bytes = SMALL_RAM;
 }
@@ -245,11 +279,12 @@ static int in_ram_twin(int ci) {
 /* Every offloaded configuration of this state dtype, every P, every rank and step: the same bits
    as its twin in RAM. */
 static void assert_offload_bitwise(fsdp_dtype state_dtype) {
-    int ci, world, rank, step, e, runs = 0;
+    int ci, world, rank, step, e, runs = 0, want = 0;
     ensure_matrix();
     for (ci = 0; ci < num_configs; ci++) {
         int twin = in_ram_twin(ci);
         if (!configs[ci].offload || configs[ci].state_dtype != state_dtype) continue;
+        want += 3;
         for (world = 1; world <= MAX_WORLD; world++) {
             if (world == 3) continue;
             for (rank = 0; rank < world; rank++) {
@@ -267,7 +302,8 @@ static void assert_offload_bitwise(fsdp_dtype state_dtype) {
             runs++;
         }
     }
-    TEST_ASSERT_EQUAL_INT_MESSAGE(24, runs, "offloaded runs compared");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(want, runs, "offloaded runs compared");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(state_dtype == FSDP_F32 ? 3 * 24 : 3 * 16, runs, "offloaded runs compared");
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -304,24 +340,23 @@ static void test_bf16_state_trains_close_to_but_not_bitwise_as_f32_state(void) {
     TEST_ASSERT_TRUE_MESSAGE(worst < 0.02, message); /* a few lr-sized steps apart at most */
 }
 
-/* The memory statistics: state on disk is not in RAM; the streaming uses at most ram_bytes. */
+/* The memory statistics: what is on disk is not in RAM; the streaming uses at most ram_bytes. */
 static void test_offloaded_state_is_counted_on_disk_and_the_stream_within_ram_bytes(void) {
     int ci;
     ensure_matrix();
     for (ci = 0; ci < num_configs; ci++) {
         const rank_result *r = result_of(2, ci, 0);
         char what[200];
+        int off = configs[ci].offload;
         describe(what, sizeof what, &configs[ci], 2);
-        snprintf(message, sizeof message, "%s: optimizer %zu bytes in RAM, %zu on disk, stream %zu", what, r->stats.optimizer_bytes,
-                 r->stats.disk_bytes, r->stats.stream_bytes);
-        if (configs[ci].offload) {
-            TEST_ASSERT_EQUAL_MESSAGE(0, r->stats.optimizer_bytes, message);
-            TEST_ASSERT_TRUE_MESSAGE(r->stats.disk_bytes > 0, message);
-            TEST_ASSERT_TRUE_MESSAGE(r->stats.stream_bytes > 0 && r->stats.stream_bytes <= SMALL_RAM, message);
-        } else {
-            TEST_ASSERT_EQUAL_MESSAGE(0, r->stats.disk_bytes, message);
-            TEST_ASSERT_TRUE_MESSAGE(r->stats.optimizer_bytes > 0, message);
-        }
+        snprintf(message, sizeof message, "%s: in RAM params %zu, grads %zu, optimizer %zu bytes; %zu on disk, stream %zu", what,
+                 r->stats.param_shard_bytes, r->stats.grad_shard_bytes, r->stats.optimizer_bytes, r->stats.disk_bytes,
+                 r->stats.stream_bytes);
+        TEST_ASSERT_TRUE_MESSAGE((r->stats.optimizer_bytes == 0) == ((off & OFF_OPT) != 0), message);
+        TEST_ASSERT_TRUE_MESSAGE((r->stats.grad_shard_bytes == 0) == ((off & OFF_GRAD) != 0), message);
+        TEST_ASSERT_TRUE_MESSAGE((r->stats.param_shard_bytes == 0) == ((off & OFF_PARAM) != 0), message);
+        TEST_ASSERT_TRUE_MESSAGE((r->stats.disk_bytes > 0) == (off != 0), message);
+        if (off) TEST_ASSERT_TRUE_MESSAGE(r->stats.stream_bytes > 0 && r->stats.stream_bytes <= SMALL_RAM, message);
         TEST_ASSERT_EQUAL_MESSAGE(r->stats.persistent_bytes + r->stats.peak_unsharded_bytes + r->stats.stream_bytes,
                                   r->stats.peak_bytes, message);
     }
@@ -358,15 +393,22 @@ typedef struct file_report {
     char step_error[600];
 } file_report;
 
+/* Two cases: the optimizer state on disk (the short read hits the step), and everything (it hits
+   the read before the first gather). */
+enum { FILE_CASES = 2 };
+static const int file_offload[FILE_CASES] = {OFF_OPT, OFF_ALL};
+static int file_case;
+
 typedef struct special_results {
-    file_report file[2];
+    file_report file[FILE_CASES][2];
 } special_results;
 static special_results *special;
 
 static int init_offloaded(fsdp_comm *comm, net *n, fsdp_ctx **ctx, char *error, size_t size) {
-    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 1};
+    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 0};
     fsdp_desc d;
     int rc;
+    c.offload = file_offload[file_case];
     if (net_build(n) != 0) return snprintf(error, size, "building the model failed"), FSDP_ERR_STATE;
     desc_for(&d, &c, comm);
     if ((rc = fsdp_init(ctx, n->model, &d)) != 0) snprintf(error, size, "fsdp_init: %.280s", fsdp_last_error(NULL));
@@ -376,7 +418,7 @@ static int init_offloaded(fsdp_comm *comm, net *n, fsdp_ctx **ctx, char *error, 
 /* After two steps: the file in /proc/self/fd, unlinked, of the size reserved, none of its pages
    in the page cache (mincore over a mapping of it). */
 static int file_rank(fsdp_comm *comm, void *arg) {
-    file_report *r = &special->file[fsdp_comm_rank(comm)];
+    file_report *r = &special->file[file_case][fsdp_comm_rank(comm)];
     fsdp_ctx *ctx = NULL;
     fsdp_memory_stats st;
     struct stat sb;
@@ -422,52 +464,61 @@ static void ensure_file_runs(void) {
     int rc;
     if (launched) return;
     launched = 1;
-    rc = launch_ranks(2, FSDP_BACKEND_SHM, 5000, file_rank, NULL, &status);
-    (void)rc; /* rank 1 fails on purpose; what each saw is in special->file */
+    for (file_case = 0; file_case < FILE_CASES; file_case++) {
+        rc = launch_ranks(2, FSDP_BACKEND_SHM, 5000, file_rank, NULL, &status);
+        (void)rc; /* rank 1 fails on purpose; what each saw is in special->file */
+    }
 }
 
-static const file_report *file_of(int rank) {
-    const file_report *r = &special->file[rank];
+static const file_report *file_of(int fc, int rank) {
+    const file_report *r = &special->file[fc][rank];
     ensure_file_runs();
-    snprintf(message, sizeof message, "rank %d did not finish (%s)", rank, r->error);
+    snprintf(message, sizeof message, "%s on disk: rank %d did not finish (%s)", offload_name(file_offload[fc]), rank, r->error);
     TEST_ASSERT_TRUE_MESSAGE(r->done, message);
-    snprintf(message, sizeof message, "rank %d: %s", rank, r->error);
+    snprintf(message, sizeof message, "%s on disk: rank %d: %s", offload_name(file_offload[fc]), rank, r->error);
     TEST_ASSERT_EQUAL_INT_MESSAGE(0, r->rc, message);
     return r;
 }
 
 static void test_offload_file_is_unlinked_of_the_reserved_size_and_outside_the_page_cache(void) {
     struct statfs fs;
-    int rank;
+    int rank, fc;
     if (statfs(offload_dir, &fs) == 0 && fs.f_type == 0x01021994)
         TEST_IGNORE_MESSAGE("the build directory is on tmpfs: its pages are RAM whatever fsdp.h does");
-    for (rank = 0; rank < 2; rank++) {
-        const file_report *r = file_of(rank);
-        snprintf(message, sizeof message, "rank %d: fd %d, %d links, %lld bytes (disk_bytes %lld), %ld of %ld pages cached, "
-                 "%d entries in the directory", rank, r->fd_found, r->links, r->size, r->disk_bytes, r->resident, r->pages,
-                 r->entries);
-        TEST_ASSERT_TRUE_MESSAGE(r->fd_found >= 0, message);
-        TEST_ASSERT_EQUAL_INT_MESSAGE(0, r->links, message);
-        TEST_ASSERT_EQUAL_INT_MESSAGE(0, r->entries, message);
-        TEST_ASSERT_TRUE_MESSAGE(r->size == r->disk_bytes && r->size > 0, message);
-        TEST_ASSERT_TRUE_MESSAGE(r->pages > 0, message);
-        TEST_ASSERT_EQUAL_INT_MESSAGE(0, (int)r->resident, message);
-    }
+    for (fc = 0; fc < FILE_CASES; fc++)
+        for (rank = 0; rank < 2; rank++) {
+            const file_report *r = file_of(fc, rank);
+            snprintf(message, sizeof message, "%s on disk, rank %d: fd %d, %d links, %lld bytes (disk_bytes %lld), %ld of %ld "
+                     "pages cached, %d entries in the directory", offload_name(file_offload[fc]), rank, r->fd_found, r->links,
+                     r->size, r->disk_bytes, r->resident, r->pages, r->entries);
+            TEST_ASSERT_TRUE_MESSAGE(r->fd_found >= 0, message);
+            TEST_ASSERT_EQUAL_INT_MESSAGE(0, r->links, message);
+            TEST_ASSERT_EQUAL_INT_MESSAGE(0, r->entries, message);
+            TEST_ASSERT_TRUE_MESSAGE(r->size == r->disk_bytes && r->size > 0, message);
+            TEST_ASSERT_TRUE_MESSAGE(r->pages > 0, message);
+            TEST_ASSERT_EQUAL_INT_MESSAGE(0, (int)r->resident, message);
+        }
 }
 
-/* Rank 1's file cut short: its step fails with FSDP_ERR_IO naming the file, the offset and the
-   bytes; rank 0 fails in its next collective naming rank 1. */
+/* Rank 1's file cut short: its step (or, parameters on disk, its first gather) fails with
+   FSDP_ERR_IO naming the file, the offset and the bytes; rank 0 fails in its next collective
+   naming rank 1. */
 static void test_offload_short_read_fails_the_step_naming_file_offset_and_bytes_and_the_peer_names_the_rank(void) {
-    const file_report *r0 = file_of(0), *r1 = file_of(1);
-    snprintf(message, sizeof message, "rank 1: %s (%s)", fsdp_result_name(r1->step_rc), r1->step_error);
-    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_IO, r1->step_rc, message);
-    TEST_ASSERT_TRUE_MESSAGE(contains(r1->step_error, "short read") && contains(r1->step_error, "at offset") &&
-                                 contains(r1->step_error, " bytes") && contains(r1->step_error, "offload file of rank 1") &&
-                                 contains(r1->step_error, offload_dir),
-                             message);
-    snprintf(message, sizeof message, "rank 0: %s (%s)", fsdp_result_name(r0->step_rc), r0->step_error);
-    TEST_ASSERT_NOT_EQUAL_MESSAGE(0, r0->step_rc, message);
-    TEST_ASSERT_TRUE_MESSAGE(contains(r0->step_error, "rank 1"), message);
+    int fc;
+    for (fc = 0; fc < FILE_CASES; fc++) {
+        const file_report *r0 = file_of(fc, 0), *r1 = file_of(fc, 1);
+        snprintf(message, sizeof message, "%s on disk, rank 1: %s (%s)", offload_name(file_offload[fc]),
+                 fsdp_result_name(r1->step_rc), r1->step_error);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_IO, r1->step_rc, message);
+        TEST_ASSERT_TRUE_MESSAGE(contains(r1->step_error, "short read") && contains(r1->step_error, "at offset") &&
+                                     contains(r1->step_error, " bytes") && contains(r1->step_error, "offload file of rank 1") &&
+                                     contains(r1->step_error, offload_dir),
+                                 message);
+        snprintf(message, sizeof message, "%s on disk, rank 0: %s (%s)", offload_name(file_offload[fc]),
+                 fsdp_result_name(r0->step_rc), r0->step_error);
+        TEST_ASSERT_NOT_EQUAL_MESSAGE(0, r0->step_rc, message);
+        TEST_ASSERT_TRUE_MESSAGE(contains(r0->step_error, "rank 1"), message);
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -534,6 +585,131 @@ static void test_offload_dir_too_small_fails_init_naming_the_bytes_needed_and_fr
 }
 
 /* ---------------------------------------------------------------------------------------------
+   gradients and parameters on disk: accumulation, clipping twice, a skipped step, set by hand
+   --------------------------------------------------------------------------------------------- */
+enum { ACCUM_CASES = 3, ACCUM_WORLDS = 3 };
+static const int accum_offload[ACCUM_CASES] = {0, OFF_GRAD, OFF_ALL};
+static const int accum_world[ACCUM_WORLDS] = {1, 2, 4};
+static const fsdp_strategy accum_strategy[ACCUM_WORLDS] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP, FSDP_HYBRID_SHARD};
+static int accum_case, accum_wi;
+
+typedef struct accum_report {
+    int done, skipped[STEPS], shard_null, grad_shard_null;
+    char error[300];
+    double norm[STEPS][3]; /* clip_grad_norm twice, then the step's */
+    float after[STEPS][NELEM];
+} accum_report;
+static accum_report *accum; /* [ACCUM_CASES][ACCUM_WORLDS][MAX_WORLD] */
+
+/* The parameters set by hand first: scale in full from rank 0, block 1's weight slice by slice.
+   Then each step: two passes (accumulating), clip_grad_norm to 0.5 and again to 0.3, a third
+   pass onto the clipped gradients, the step clipping to 0.8; at step 2 rank 0's third pass makes
+   a gradient NaN, so every rank skips the step. */
+static int accum_rank(fsdp_comm *comm, void *arg) {
+    int rank = fsdp_comm_rank(comm), step, rc, i;
+    accum_report *r = &accum[(accum_case * ACCUM_WORLDS + accum_wi) * MAX_WORLD + rank];
+    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 0};
+    float full[WEIGHT];
+    fsdp_param_info info;
+    fsdp_step_report report;
+    fsdp_ctx *ctx = NULL;
+    fsdp_desc d;
+    net n;
+    (void)arg;
+    c.strategy = accum_strategy[accum_wi];
+    c.offload = accum_offload[accum_case];
+    if (net_build(&n) != 0) return 1;
+    desc_for(&d, &c, comm);
+    if ((rc = fsdp_init(&ctx, n.model, &d)) != 0) {
+        snprintf(r->error, sizeof r->error, "fsdp_init: %.280s", fsdp_last_error(NULL));
+        fsdp_model_destroy(n.model);
+        return 1;
+    }
+    for (i = 0; i < WEIGHT; i++) full[i] = 0.001f * (float)(i % 97) - 0.04f;
+    rc = fsdp_set_param_full(ctx, n.scale, rank == 0 ? full : NULL);
+    if (!rc) rc = fsdp_param_info_get(ctx, n.weight[1], &info);
+    if (!rc) rc = fsdp_set_param_shard(ctx, n.weight[1], full + info.shard_begin);
+    r->shard_null = info.shard == NULL;
+    r->grad_shard_null = info.grad_shard == NULL;
+    for (step = 0; step < STEPS && !rc; step++) {
+        rc = pass(ctx, &n, rank, step);
+        if (!rc) rc = pass(ctx, &n, rank, step + 10);
+        if (!rc) rc = fsdp_clip_grad_norm(ctx, 0.5f, &r->norm[step][0]);
+        if (!rc) rc = fsdp_clip_grad_norm(ctx, 0.3f, &r->norm[step][1]);
+        poison_rank = step == 2 ? 0 : -1;
+        if (!rc) rc = pass(ctx, &n, rank, step + 20);
+        poison_rank = -1;
+        if (!rc) rc = fsdp_step(ctx, 0.8f, &report);
+        r->norm[step][2] = report.grad_norm;
+        r->skipped[step] = report.skipped;
+        if (!rc) rc = fsdp_zero_grad(ctx);
+        if (!rc) rc = gather_net(ctx, &n, r->after[step]);
+    }
+    if (rc) snprintf(r->error, sizeof r->error, "step %d: %.280s", step, fsdp_last_error(ctx));
+    r->done = !rc;
+    fsdp_destroy(ctx);
+    fsdp_model_destroy(n.model);
+    return rc ? 1 : 0;
+}
+
+static const accum_report *accum_of(int ac, int wi, int rank) {
+    static int launched;
+    const accum_report *r = &accum[(ac * ACCUM_WORLDS + wi) * MAX_WORLD + rank];
+    fsdp_launch_status status;
+    if (!launched) {
+        launched = 1;
+        for (accum_case = 0; accum_case < ACCUM_CASES; accum_case++)
+            for (accum_wi = 0; accum_wi < ACCUM_WORLDS; accum_wi++)
+                launch_ranks(accum_world[accum_wi], FSDP_BACKEND_SHM, TIMEOUT_MS, accum_rank, NULL, &status);
+    }
+    snprintf(message, sizeof message, "P=%d %s, %s on disk, rank %d: %s", accum_world[wi], fsdp_strategy_name(accum_strategy[wi]),
+             offload_name(accum_offload[ac]), rank, r->error);
+    TEST_ASSERT_TRUE_MESSAGE(r->done, message);
+    return r;
+}
+
+static void test_gradients_on_disk_accumulate_clip_twice_and_skip_a_step_bitwise_as_in_ram(void) {
+    int ac, wi, rank, step, e;
+    for (wi = 0; wi < ACCUM_WORLDS; wi++)
+        for (rank = 0; rank < accum_world[wi]; rank++) {
+            const accum_report *ram = accum_of(0, wi, rank);
+            TEST_ASSERT_TRUE_MESSAGE(ram->skipped[2] && !ram->skipped[1] && !ram->skipped[3], "step 2 (only) is skipped");
+            TEST_ASSERT_TRUE_MESSAGE(ram->norm[0][1] < ram->norm[0][0] && ram->norm[0][0] > 0.5, "the first clip clips");
+            for (ac = 1; ac < ACCUM_CASES; ac++) {
+                const accum_report *r = accum_of(ac, wi, rank);
+                for (step = 0; step < STEPS; step++) {
+                    snprintf(message, sizeof message, "P=%d %s, %s on disk, rank %d, step %d: norms %.17g %.17g %.17g, in RAM "
+                             "%.17g %.17g %.17g", accum_world[wi], fsdp_strategy_name(accum_strategy[wi]),
+                             offload_name(accum_offload[ac]), rank, step, r->norm[step][0], r->norm[step][1],
+                             r->norm[step][2], ram->norm[step][0], ram->norm[step][1], ram->norm[step][2]);
+                    TEST_ASSERT_TRUE_MESSAGE(r->skipped[step] == ram->skipped[step], message);
+                    if (!ram->skipped[step]) TEST_ASSERT_EQUAL_MEMORY_MESSAGE(ram->norm[step], r->norm[step], sizeof r->norm[step], message);
+                    for (e = 0; e < NELEM; e++)
+                        if (memcmp(&r->after[step][e], &ram->after[step][e], sizeof(float)) != 0) {
+                            snprintf(message + strlen(message), sizeof message - strlen(message),
+                                     ": element %d = %.9g, in RAM %.9g", e, r->after[step][e], ram->after[step][e]);
+                            TEST_FAIL_MESSAGE(message);
+                        }
+                }
+            }
+        }
+}
+
+/* fsdp_param_info: the slices of what is on disk are NULL (and the values set by hand through
+   fsdp_set_param_full and fsdp_set_param_shard are in the bitwise runs above). */
+static void test_param_info_slices_are_null_for_what_is_on_disk(void) {
+    int ac, wi;
+    for (ac = 0; ac < ACCUM_CASES; ac++)
+        for (wi = 0; wi < ACCUM_WORLDS; wi++) {
+            const accum_report *r = accum_of(ac, wi, 0);
+            snprintf(message, sizeof message, "%s on disk: shard %s, grad_shard %s", offload_name(accum_offload[ac]),
+                     r->shard_null ? "NULL" : "set", r->grad_shard_null ? "NULL" : "set");
+            TEST_ASSERT_TRUE_MESSAGE(r->shard_null == ((accum_offload[ac] & OFF_PARAM) != 0), message);
+            TEST_ASSERT_TRUE_MESSAGE(r->grad_shard_null == ((accum_offload[ac] & OFF_GRAD) != 0), message);
+        }
+}
+
+/* ---------------------------------------------------------------------------------------------
    checkpoints of offloaded state, and bf16 state's rounding
    --------------------------------------------------------------------------------------------- */
 typedef struct ckpt_report {
@@ -559,7 +735,7 @@ static int ckpt_rank(fsdp_comm *comm, void *arg) {
     int run = ckpt_run, rank = fsdp_comm_rank(comm), step, rc = 0;
     ckpt_report *r = &ckpt[run * MAX_WORLD + rank];
     run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, run == ROUND_BF16 ? FSDP_BF16 : FSDP_F32,
-                    run == SAVE_DISK || run == LOAD_DISK_FROM_RAM};
+                    run == SAVE_DISK || run == LOAD_DISK_FROM_RAM ? OFF_ALL : 0};
     char full[600], sharded[600];
     fsdp_save_options so;
     fsdp_load_options lo;
@@ -735,7 +911,7 @@ static void test_auto_offloads_the_optimizer_state_when_no_strategy_fits_in_ram(
     rc = fsdp_strategy_for_budget(n.model, &d, 1, budget, &strategy, why, sizeof why);
     snprintf(message, sizeof message, "strategies alone: %s (%s)", fsdp_result_name(rc), why);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_OUT_OF_MEMORY, rc, message);
-    TEST_ASSERT_TRUE_MESSAGE(contains(why, "optimizer state on disk"), message);
+    TEST_ASSERT_TRUE_MESSAGE(contains(why, "offload to a local disk"), message);
     rc = fsdp_fit_budget(n.model, &d, 1, budget, &fit, why, sizeof why);
     snprintf(message, sizeof message, "fit: %s (%s)", fsdp_result_name(rc), why);
     TEST_ASSERT_EQUAL_INT_MESSAGE(0, rc, message);
@@ -749,6 +925,87 @@ static void test_auto_offloads_the_optimizer_state_when_no_strategy_fits_in_ram(
     fsdp_memory_stats_get(ctx, &st);
     release_one_rank(&ctx, &n.model, &comm);
     TEST_ASSERT_TRUE_MESSAGE(st.disk_bytes > 0 && st.optimizer_bytes == 0 && st.peak_bytes <= budget, message);
+}
+
+/* AUTO at P = 2 with a budget (arg): one step, its memory statistics. */
+typedef struct auto_report {
+    int rc;
+    char error[400];
+    fsdp_memory_stats st;
+} auto_report;
+static auto_report *auto_runs; /* [2] */
+
+static int auto_rank(fsdp_comm *comm, void *arg) {
+    auto_report *r = &auto_runs[fsdp_comm_rank(comm)];
+    run_config c = {FSDP_STRATEGY_AUTO, FSDP_ADAMW, FSDP_F32, 0};
+    fsdp_ctx *ctx = NULL;
+    fsdp_desc d;
+    net n;
+    if (net_build_sized(&n, BIG_WEIGHT) != 0) return 1;
+    desc_for(&d, &c, comm);
+    d.memory_budget = *(const size_t *)arg;
+    if ((r->rc = fsdp_init(&ctx, n.model, &d)) != 0) snprintf(r->error, sizeof r->error, "init: %.380s", fsdp_last_error(NULL));
+    else if ((r->rc = iterate(ctx, &n, fsdp_comm_rank(comm), 0, NULL)) != 0)
+        snprintf(r->error, sizeof r->error, "step: %.380s", fsdp_last_error(ctx));
+    fsdp_memory_stats_get(ctx, &r->st);
+    fsdp_destroy(ctx);
+    fsdp_model_destroy(n.model);
+    return r->rc ? 1 : 0;
+}
+
+/* Budgets between the levels at P = 2, for weights large enough that the state outweighs the
+   streaming's buffers: with the optimizer state on disk FULL_SHARD does not fit,
+   so fsdp_fit_budget puts the gradients there too, then the parameters too (the least offload
+   that fits), and says what; below everything on disk it fails saying what that needs. AUTO
+   trains at the middle budget. */
+static void test_auto_offloads_gradients_then_parameters_when_the_optimizer_state_on_disk_is_not_enough(void) {
+    static const int levels[3] = {OFF_OPT, OFF_OPT | OFF_GRAD, OFF_ALL};
+    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 0};
+    fsdp_memory_stats est[3];
+    fsdp_launch_status status;
+    fsdp_desc d, fit;
+    char why[400];
+    size_t budget;
+    net n;
+    int i, rc;
+    TEST_ASSERT_EQUAL_INT(0, net_build_sized(&n, BIG_WEIGHT));
+    for (i = 0; i < 3; i++) {
+        c.offload = levels[i];
+        desc_for(&d, &c, NULL);
+        TEST_ASSERT_EQUAL_INT(0, fsdp_memory_estimate(n.model, &d, 2, &est[i]));
+    }
+    snprintf(message, sizeof message, "peaks: optimizer state on disk %zu, and gradients %zu, and parameters %zu",
+             est[0].peak_bytes, est[1].peak_bytes, est[2].peak_bytes);
+    TEST_ASSERT_TRUE_MESSAGE(est[0].peak_bytes > est[1].peak_bytes && est[1].peak_bytes > est[2].peak_bytes, message);
+    c.offload = 0;
+    desc_for(&d, &c, NULL);
+    for (i = 1; i < 3; i++) {
+        budget = (est[i - 1].peak_bytes + est[i].peak_bytes) / 2;
+        rc = fsdp_fit_budget(n.model, &d, 2, budget, &fit, why, sizeof why);
+        snprintf(message, sizeof message, "budget %zu: %s (%s)", budget, fsdp_result_name(rc), why);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(0, rc, message);
+        TEST_ASSERT_TRUE_MESSAGE(fit.strategy == FSDP_FULL_SHARD && fit.offload.optimizer && fit.offload.grads &&
+                                     fit.offload.params == (i == 2), message);
+        TEST_ASSERT_TRUE_MESSAGE(contains(why, i == 2 ? "the parameters, gradients and optimizer state offloaded"
+                                                      : "the optimizer state and gradients offloaded"), message);
+    }
+    rc = fsdp_fit_budget(n.model, &d, 2, est[2].peak_bytes - 1, &fit, why, sizeof why);
+    fsdp_model_destroy(n.model);
+    snprintf(message, sizeof message, "below everything on disk: %s (%s)", fsdp_result_name(rc), why);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_OUT_OF_MEMORY, rc, message);
+    TEST_ASSERT_TRUE_MESSAGE(contains(why, "with the parameters, gradients and optimizer state on disk it needs"), message);
+    budget = (est[0].peak_bytes + est[1].peak_bytes) / 2;
+    rc = launch_ranks(2, FSDP_BACKEND_SHM, TIMEOUT_MS, auto_rank, &budget, &status);
+    for (i = 0; i < 2; i++) {
+        const fsdp_memory_stats *st = &auto_runs[i].st;
+        snprintf(message, sizeof message, "AUTO rank %d: %s (%s); grads %zu, optimizer %zu, params %zu bytes in RAM, peak %zu of "
+                 "%zu", i, fsdp_result_name(auto_runs[i].rc), auto_runs[i].error, st->grad_shard_bytes, st->optimizer_bytes,
+                 st->param_shard_bytes, st->peak_bytes, budget);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(0, auto_runs[i].rc, message);
+        TEST_ASSERT_TRUE_MESSAGE(st->grad_shard_bytes == 0 && st->optimizer_bytes == 0 && st->param_shard_bytes > 0 &&
+                                     st->peak_bytes <= budget, message);
+    }
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, rc, status.message);
 }
 
 int main(void) {
@@ -767,6 +1024,8 @@ int main(void) {
     shared = (shared_results *)map_shared(sizeof *shared);
     special = (special_results *)map_shared(sizeof *special);
     ckpt = (ckpt_report *)map_shared(sizeof *ckpt * CKPT_RUNS * MAX_WORLD);
+    auto_runs = (auto_report *)map_shared(sizeof *auto_runs * 2);
+    accum = (accum_report *)map_shared(sizeof *accum * ACCUM_CASES * ACCUM_WORLDS * MAX_WORLD);
     UNITY_BEGIN();
     RUN_TEST(test_offloaded_f32_state_trains_bitwise_as_in_ram_for_every_strategy_at_P_1_2_4);
     RUN_TEST(test_offloaded_bf16_state_trains_bitwise_as_bf16_state_in_ram);
@@ -777,11 +1036,14 @@ int main(void) {
     RUN_TEST(test_offload_dir_in_ram_is_refused_unless_allowed);
     RUN_TEST(test_offload_without_a_directory_fails_init_naming_FSDP_OFFLOAD_DIR);
     RUN_TEST(test_offload_dir_too_small_fails_init_naming_the_bytes_needed_and_free);
+    RUN_TEST(test_gradients_on_disk_accumulate_clip_twice_and_skip_a_step_bitwise_as_in_ram);
+    RUN_TEST(test_param_info_slices_are_null_for_what_is_on_disk);
     RUN_TEST(test_full_checkpoint_of_offloaded_state_is_the_bytes_of_one_from_ram);
     RUN_TEST(test_sharded_checkpoints_load_into_offloaded_state_at_another_world_size_and_continue_alike);
     RUN_TEST(test_bf16_state_is_the_f32_update_rounded_to_nearest_even);
     RUN_TEST(test_estimate_of_offloaded_state_counts_disk_and_stream_apart_and_matches_init);
     RUN_TEST(test_auto_offloads_the_optimizer_state_when_no_strategy_fits_in_ram);
+    RUN_TEST(test_auto_offloads_gradients_then_parameters_when_the_optimizer_state_on_disk_is_not_enough);
     rc = UNITY_END();
     remove_tree(offload_dir);
     return rc;
