@@ -698,6 +698,13 @@ typedef struct fsdp_offload_desc {
 /* What o offloads, in words: "the parameters, gradients and optimizer state", "nothing", ... */
 FSDP_API const char *fsdp_offload_describe(const fsdp_offload_desc *o);
 
+/* The disk under dir as the offload sees it: a file of `bytes` written, then read, through the
+   same I/O thread, O_DIRECT and request size (8 MiB, three in flight) as the streaming; bytes
+   per second each way. The file is unlinked from the start. For benchmarks and roofline
+   figures. 0, or FSDP_ERR_* with why in err. */
+FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, double *write_bytes_per_s, double *read_bytes_per_s,
+                                    char *err, size_t err_size);
+
 /* ============================================================================================
    >>runtime
    ============================================================================================ */
@@ -859,6 +866,13 @@ typedef struct fsdp_memory_stats {
 
 FSDP_API int fsdp_memory_stats_get(const fsdp_ctx *ctx, fsdp_memory_stats *stats);
 FSDP_API void fsdp_memory_reset_peak(fsdp_ctx *ctx);
+/* What the offload file moved since fsdp_init (zeros without offload; >>offload). */
+typedef struct fsdp_offload_stats {
+    uint64_t bytes_read, bytes_written;
+    double io_seconds;      /* the I/O thread's time in reads and writes */
+    double wait_seconds;    /* the other threads' time waiting for it: I/O that compute did not hide */
+} fsdp_offload_stats;
+FSDP_API int fsdp_offload_stats_get(const fsdp_ctx *ctx, fsdp_offload_stats *stats);
 /* Predicts the stats above for a model, config and world size before anything is allocated:
    persistent bytes exactly; peak_unsharded_bytes as an upper bound of what the scheduler keeps
    alive (without no_sync). HYBRID_SHARD's default group is the comm's ranks per host when
@@ -7082,6 +7096,7 @@ typedef struct fsdp__offload {
     int error;              /* the first failure (FSDP_ERR_IO, FSDP_ERR_NO_SPACE) and its message */
     char message[FSDP__ERRMSG];
     uint64_t bytes_read, bytes_written;
+    double io_seconds, wait_seconds;
 } fsdp__offload;
 
 static void *fsdp__aligned_alloc(size_t bytes) {
@@ -7130,8 +7145,11 @@ static void *fsdp__io_thread(void *arg) {
         if (!o->len) break;
         r = o->queue[o->head];
         pthread_mutex_unlock(&o->lock);
+        double t = fsdp_now();
         if (!__atomic_load_n(&o->error, __ATOMIC_ACQUIRE)) rc = fsdp__io_run(o, &r, message, sizeof message);
+        t = fsdp_now() - t;
         pthread_mutex_lock(&o->lock);
+        o->io_seconds += t;
         if (rc && !o->error) {
             fsdp__copy_string(o->message, sizeof o->message, message);
             __atomic_store_n(&o->error, rc, __ATOMIC_RELEASE);
@@ -7171,9 +7189,12 @@ FSDP__PRIVATE uint64_t fsdp__io_submit(fsdp__offload *o, int write, int64_t offs
    whose message is in o->message. */
 FSDP__PRIVATE int fsdp__io_wait(fsdp__offload *o, uint64_t ticket) {
     int rc;
+    double t = 0;
     pthread_mutex_lock(&o->lock);
     if (!ticket) ticket = o->issued;
+    if (o->completed < ticket) t = fsdp_now();
     while (o->completed < ticket) pthread_cond_wait(&o->done, &o->lock);
+    if (t > 0) o->wait_seconds += fsdp_now() - t;
     rc = o->error;
     pthread_mutex_unlock(&o->lock);
     return rc;
@@ -7305,6 +7326,42 @@ FSDP__PRIVATE void fsdp__offload_close(fsdp__offload *o) {
     o->thread_started = 0;
 }
 
+FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, double *write_bps, double *read_bps, char *err,
+                                    size_t err_size) {
+    enum { REQUEST = 8 << 20, IN_FLIGHT = 3 };
+    fsdp__offload o;
+    fsdp_logger quiet;
+    char *buf, mine[FSDP__ERRMSG];
+    int rc = 0, pass, k;
+    if (!err) { err = mine; err_size = sizeof mine; }
+    *err = 0;
+    bytes = fsdp__align(bytes < (size_t)REQUEST ? (size_t)REQUEST : bytes, (size_t)REQUEST);
+    if (!dir || !write_bps || !read_bps) return fsdp__fmt(err, err_size, "fsdp_offload_bandwidth: bad arguments"), FSDP_ERR_INVALID_ARG;
+    memset(&quiet, 0, sizeof quiet); /* silent: the caller reports */
+    if (!(buf = (char *)fsdp__aligned_alloc((size_t)REQUEST * IN_FLIGHT))) return FSDP_ERR_OUT_OF_MEMORY;
+    for (k = 0; k < REQUEST * IN_FLIGHT; k++) buf[k] = (char)(k * 131 + 7); /* not zeros: nothing to compress */
+    if ((rc = fsdp__offload_open(&o, dir, 1, (int64_t)bytes, 0, 1, &quiet, err, err_size)) != 0) {
+        FSDP_FREE(buf);
+        return rc;
+    }
+    for (pass = 1; pass >= 0 && !rc; pass--) { /* write, then read */
+        uint64_t ticket[IN_FLIGHT] = {0};
+        size_t at;
+        double t = fsdp_now();
+        for (at = 0, k = 0; at < bytes && !rc; at += REQUEST, k = (k + 1) % IN_FLIGHT) {
+            if (ticket[k] && (rc = fsdp__io_wait(&o, ticket[k])) != 0) break;
+            ticket[k] = fsdp__io_submit(&o, pass, (int64_t)at, buf + (size_t)k * REQUEST, REQUEST);
+        }
+        if (!rc) rc = fsdp__io_wait(&o, 0);
+        t = fsdp_now() - t;
+        *(pass ? write_bps : read_bps) = t > 0 ? (double)bytes / t : 0;
+    }
+    if (rc) fsdp__fmt(err, err_size, "%s", o.message);
+    fsdp__offload_close(&o);
+    FSDP_FREE(buf);
+    return rc;
+}
+
 /* ============================================================================================
    >>runtime
    The compute thread calls the hooks; one comm thread runs every collective of the context in
@@ -7422,6 +7479,9 @@ struct fsdp_ctx {
     fsdp__offload *offload;
     int64_t offload_size;            /* bytes of the offload file (0: none) */
     void *stream_raw, *stream_f32;   /* FSDP__STREAM_SLOTS slots of stream_chunk elements per shard */
+    float *shard_buf;                /* parameters or gradients on disk: a unit's whole shard region, aligned for
+                                        O_DIRECT, where gathers read and reductions add (fsdp__shard_io) */
+    size_t shard_buf_bytes;
     size_t stream_raw_stride, stream_f32_stride;
     int64_t stream_chunk;            /* 0: the step updates every shard in place (all f32 in RAM) */
     size_t stream_bytes;
@@ -7583,6 +7643,23 @@ FSDP__PRIVATE int fsdp__offload_failed(fsdp_ctx *ctx, int rc) {
     return fsdp__fail(ctx, rc, "%s", why);
 }
 
+/* Unit u's whole master or gradient shard (which) between the file and ctx->shard_buf, straight
+   (its region is whole aligned blocks: no bounce buffer, and a write need not read first); a
+   gradient still zero reads as zeros. 0, or the failure (the context failed, the peers told). */
+FSDP__PRIVATE int fsdp__shard_io(fsdp_ctx *ctx, const fsdp__unit *u, int which, int write) {
+    size_t bytes = sizeof(float) * (size_t)u->shard, region = fsdp__align(bytes ? bytes : 1, FSDP__IO_ALIGN);
+    int64_t offset = which == FSDP__VEC_MASTER ? u->master_off : u->grad_off;
+    int rc;
+    FSDP_ASSERT(offset >= 0 && region <= ctx->shard_buf_bytes);
+    if (!write && which == FSDP__VEC_GRAD && u->grad_zero) {
+        memset(ctx->shard_buf, 0, bytes);
+        return 0;
+    }
+    if (write) memset((char *)ctx->shard_buf + bytes, 0, region - bytes); /* the region's padding */
+    rc = fsdp__io_wait(ctx->offload, fsdp__io_submit(ctx->offload, write, offset, ctx->shard_buf, region));
+    return rc ? fsdp__offload_failed(ctx, rc) : 0;
+}
+
 /* Sum of squares in double, with independent partial sums (a single chain of dependent adds
    would run at the adder's latency, several times slower than memory). */
 FSDP__PRIVATE double fsdp__sumsq(const float *x, size_t n) {
@@ -7612,22 +7689,15 @@ FSDP__PRIVATE int fsdp__run_gather(fsdp_ctx *ctx, fsdp__unit *u, uint32_t tag) {
     size_t esize = fsdp_dtype_size(ctx->param_dtype);
     char *slot = (char *)u->unsharded + (size_t)u->group_rank * (size_t)u->shard * esize;
     const float *master = u->master;
-    float *staged = NULL;
     int rc = 0;
     if (u->master_shared) /* f32: straight from the shard, which peers may read directly */
         return fsdp__collective_tagged(u->shard_comm, FSDP_COLL_ALL_GATHER, u->master, u->unsharded, (size_t)u->shard,
                                        FSDP_F32, FSDP_SUM, tag);
-    if (!master) { /* on disk: read first (f32 straight into this rank's slot of the gathered buffer) */
-        staged = ctx->param_dtype == FSDP_F32 ? NULL : (float *)fsdp__buf_get(ctx, sizeof(float) * (size_t)u->shard, 0);
-        if (ctx->param_dtype != FSDP_F32 && !staged) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
-        if ((rc = fsdp__vec_io(ctx, u, FSDP__VEC_MASTER, 0, 0, u->shard, staged ? staged : (float *)(void *)slot)) != 0) {
-            fsdp__buf_put(ctx, staged, sizeof(float) * (size_t)u->shard);
-            return fsdp__offload_failed(ctx, rc);
-        }
-        master = staged ? staged : (const float *)(const void *)slot;
+    if (!master) { /* on disk: read first */
+        if ((rc = fsdp__shard_io(ctx, u, FSDP__VEC_MASTER, 0)) != 0) return rc;
+        master = ctx->shard_buf;
     }
     fsdp__from_f32(slot, ctx->param_dtype, master, (size_t)u->shard);
-    fsdp__buf_put(ctx, staged, sizeof(float) * (size_t)u->shard);
     if (u->shard_comm)
         rc = fsdp__collective_tagged(u->shard_comm, FSDP_COLL_ALL_GATHER, slot, u->unsharded, (size_t)u->shard,
                                      ctx->param_dtype, FSDP_SUM, tag);
@@ -7648,12 +7718,9 @@ FSDP__PRIVATE int fsdp__run_reduce(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, 
     if (!rc && u->replica_comm)
         rc = fsdp__collective_tagged(u->replica_comm, FSDP_COLL_ALL_REDUCE, mine, mine, S, rd, FSDP_AVG, tag);
     if (rc) return rc;
-    if (!(grad = u->grad)) { /* on disk: added to in a staged shard, written back with its sum of squares */
-        if (!(grad = (float *)fsdp__buf_get(ctx, sizeof(float) * S, 0))) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
-        if ((rc = fsdp__vec_io(ctx, u, FSDP__VEC_GRAD, 0, 0, u->shard, grad)) != 0) { /* (zero: zeros) */
-            fsdp__buf_put(ctx, grad, sizeof(float) * S);
-            return fsdp__offload_failed(ctx, rc);
-        }
+    if (!(grad = u->grad)) { /* on disk: added to in ctx->shard_buf, written back with its sum of squares */
+        if ((rc = fsdp__shard_io(ctx, u, FSDP__VEC_GRAD, 0)) != 0) return rc;
+        grad = ctx->shard_buf;
         for (i = 0; u->grad_scale != 1.0f && !u->grad_zero && i < S; i++) grad[i] *= u->grad_scale; /* as in RAM */
     }
     if (rd != FSDP_F32) { /* widen block by block and add */
@@ -7670,11 +7737,9 @@ FSDP__PRIVATE int fsdp__run_reduce(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, 
     }
     if (grad != u->grad) {
         u->grad_sumsq = fsdp__sumsq(grad, S);
-        rc = fsdp__vec_io(ctx, u, FSDP__VEC_GRAD, 1, 0, u->shard, grad);
         u->grad_zero = 0;
         u->grad_scale = 1.0f;
-        fsdp__buf_put(ctx, grad, sizeof(float) * S);
-        if (rc) return fsdp__offload_failed(ctx, rc);
+        return fsdp__shard_io(ctx, u, FSDP__VEC_GRAD, 1);
     }
     return 0;
 }
@@ -8221,20 +8286,15 @@ FSDP_API int fsdp_set_no_sync(fsdp_ctx *ctx, int on) {
 
 /* A gradient on disk that owes a clipping factor, scaled and written back (with its sum of
    squares), so that what follows sees the very floats a gradient in RAM would hold. */
-FSDP__PRIVATE int fsdp__grad_settle(fsdp_ctx *ctx, fsdp__unit *u) {
+FSDP__PRIVATE int fsdp__grad_settle(fsdp_ctx *ctx, fsdp__unit *u) { /* (the comm thread is idle: its buffer is free) */
     size_t S = (size_t)u->shard, i;
-    float *grad;
     int rc;
     if (u->grad || u->grad_zero || u->grad_scale == 1.0f) return 0;
-    if (!(grad = (float *)fsdp__buf_get(ctx, sizeof(float) * S, 0))) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
-    if ((rc = fsdp__vec_io(ctx, u, FSDP__VEC_GRAD, 0, 0, u->shard, grad)) == 0) {
-        for (i = 0; i < S; i++) grad[i] *= u->grad_scale;
-        u->grad_sumsq = fsdp__sumsq(grad, S);
-        u->grad_scale = 1.0f;
-        rc = fsdp__vec_io(ctx, u, FSDP__VEC_GRAD, 1, 0, u->shard, grad);
-    }
-    fsdp__buf_put(ctx, grad, sizeof(float) * S);
-    return rc ? fsdp__offload_failed(ctx, rc) : 0;
+    if ((rc = fsdp__shard_io(ctx, u, FSDP__VEC_GRAD, 0)) != 0) return rc;
+    for (i = 0; i < S; i++) ctx->shard_buf[i] *= u->grad_scale;
+    u->grad_sumsq = fsdp__sumsq(ctx->shard_buf, S);
+    u->grad_scale = 1.0f;
+    return fsdp__shard_io(ctx, u, FSDP__VEC_GRAD, 1);
 }
 
 /* Sums of squares of this rank's gradient shards, split so replicas are counted once:
@@ -8894,6 +8954,19 @@ FSDP__PRIVATE int fsdp__init_state(fsdp_ctx *ctx) {
             return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: %s", err);
         }
     }
+    if (od->params || od->grads) { /* counted with the unsharded buffers, which it resembles (one unit's worth) */
+        int ui;
+        for (ui = 0; ui < ctx->num_units; ui++)
+            if (fsdp__align(sizeof(float) * (size_t)(ctx->units[ui].shard ? ctx->units[ui].shard : 1), FSDP__IO_ALIGN) >
+                ctx->shard_buf_bytes)
+                ctx->shard_buf_bytes = fsdp__align(sizeof(float) * (size_t)(ctx->units[ui].shard ? ctx->units[ui].shard : 1),
+                                                   FSDP__IO_ALIGN);
+        if (!(ctx->shard_buf = (float *)fsdp__aligned_alloc(ctx->shard_buf_bytes)))
+            return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: no memory for the offload's shard buffer "
+                                       "(%zu bytes)", ctx->shard_buf_bytes);
+        ctx->live_bytes += ctx->shard_buf_bytes;
+        if (ctx->live_bytes > ctx->peak_live_bytes) ctx->peak_live_bytes = ctx->live_bytes;
+    }
     if (!per_element || !largest) return 0; /* the step updates every shard in place */
     ctx->stream_chunk = fsdp__stream_chunk(per_element, od->ram_bytes, largest, &ctx->stream_bytes);
     if (ctx->stream_bytes > od->ram_bytes)
@@ -9030,6 +9103,7 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     fsdp__offload_close(ctx->offload);
     FSDP_FREE(ctx->offload);
     FSDP_FREE(ctx->stream_raw);
+    FSDP_FREE(ctx->shard_buf);
     FSDP_FREE(ctx->stream_f32);
     fsdp_comm_free(ctx->comm, ctx->master_mem[0]);
     fsdp_comm_free(ctx->hybrid_shard_comm, ctx->master_mem[1]);
@@ -9181,6 +9255,20 @@ FSDP_API int fsdp_set_param_full(fsdp_ctx *ctx, int param, const float *full) {
    What fsdp.h holds per rank, measured (fsdp_memory_stats_get) and predicted before anything
    is allocated (fsdp_memory_estimate, fsdp_strategy_for_budget, FSDP_STRATEGY_AUTO).
    ============================================================================================ */
+FSDP_API int fsdp_offload_stats_get(const fsdp_ctx *ctx, fsdp_offload_stats *st) {
+    fsdp__offload *o;
+    if (!ctx || !st) return FSDP_ERR_INVALID_ARG;
+    memset(st, 0, sizeof *st);
+    if (!(o = ctx->offload)) return 0;
+    pthread_mutex_lock(&o->lock);
+    st->bytes_read = o->bytes_read;
+    st->bytes_written = o->bytes_written;
+    st->io_seconds = o->io_seconds;
+    st->wait_seconds = o->wait_seconds;
+    pthread_mutex_unlock(&o->lock);
+    return 0;
+}
+
 FSDP_API int fsdp_memory_stats_get(const fsdp_ctx *ctx, fsdp_memory_stats *st) {
     if (!ctx || !st) return FSDP_ERR_INVALID_ARG;
     memset(st, 0, sizeof *st);
@@ -9216,7 +9304,7 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
     fsdp_desc d;
     fsdp__plan plan;
     int rc, ui, hybrid_group = 1, nbuf;
-    size_t sbytes, staged = 0, staged_grad = 0;
+    size_t sbytes, shard_buf = 0;
     int64_t largest_state = 0;
     size_t kept = 0, largest_resharded = 0, resharded_total = 0, largest_grad = 0, root_grad = 0, gathered;
     if (!model || !desc || !est || world_size < 1) return FSDP_ERR_INVALID_ARG;
@@ -9245,13 +9333,14 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
         if (pu->frozen) gbytes = 0; /* no gradient, no optimizer state */
         else est->grad_shard_bytes += sizeof(float) * (size_t)pu->shard;
         if (!pu->frozen && pu->shard > largest_state) largest_state = pu->shard;
-        if (d.offload.params) { /* on disk; a gather reads it straight into its place (f32), else into a staged shard */
+        if ((d.offload.params || d.offload.grads) && /* gathers read and reductions add in one shard's buffer */
+            fsdp__align(sizeof(float) * (size_t)(pu->shard ? pu->shard : 1), FSDP__IO_ALIGN) > shard_buf)
+            shard_buf = fsdp__align(sizeof(float) * (size_t)(pu->shard ? pu->shard : 1), FSDP__IO_ALIGN);
+        if (d.offload.params) { /* on disk */
             est->param_shard_bytes -= sizeof(float) * (size_t)pu->shard;
             est->disk_bytes += fsdp__align(sizeof(float) * (size_t)(pu->shard ? pu->shard : 1), FSDP__IO_ALIGN);
-            if (d.param_dtype != FSDP_F32 && sizeof(float) * (size_t)pu->shard > staged) staged = sizeof(float) * (size_t)pu->shard;
         }
-        if (d.offload.grads && !pu->frozen) { /* on disk; a reduction adds to it in a staged shard */
-            if (sizeof(float) * (size_t)pu->shard > staged_grad) staged_grad = sizeof(float) * (size_t)pu->shard;
+        if (d.offload.grads && !pu->frozen) { /* on disk */
             est->grad_shard_bytes -= sizeof(float) * (size_t)pu->shard;
             est->disk_bytes += fsdp__align(sizeof(float) * (size_t)(pu->shard ? pu->shard : 1), FSDP__IO_ALIGN);
         }
@@ -9274,7 +9363,7 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
     if (largest_state && fsdp__stream_per_element(&d.offload, d.optimizer.state_dtype, nbuf))
         fsdp__stream_chunk(fsdp__stream_per_element(&d.offload, d.optimizer.state_dtype, nbuf), d.offload.ram_bytes,
                            largest_state, &est->stream_bytes);
-    est->peak_unsharded_bytes += staged + staged_grad; /* shards on disk, staged (the comm thread's, one at a time) */
+    est->peak_unsharded_bytes += shard_buf;
     est->peak_bytes = est->persistent_bytes + est->peak_unsharded_bytes + est->stream_bytes;
     fsdp__plan_free(&plan);
     return 0;

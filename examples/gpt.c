@@ -352,6 +352,29 @@ static int check_memory_budget(const options *o, int P) {
     return 1;
 }
 
+/* The offload's cost, rank 0 after training: the bytes every rank moved per step against the disk's
+   bandwidth measured through fsdp.h's own I/O path (while the other ranks wait), the compute (time
+   outside fsdp calls), and the roofline ratio step / max(compute, bytes / bandwidth): 1 means the
+   step is as fast as the slower of the two allows. all: NSTAT statistics per rank (gathered). */
+static void print_offload_roofline(const fsdp_desc *desc, const double *all, int P, int nstat) {
+    double read = 0, written = 0, wait = 0, write_bps = 0, read_bps = 0, io_s, compute_s = all[11] * 1e-3, step_s = all[4] * 1e-3;
+    const char *dir = desc->offload.dir ? desc->offload.dir : getenv("FSDP_OFFLOAD_DIR");
+    char err[400], machine[400];
+    for (int r = 0; r < P; r++) read += all[nstat * r + 8], written += all[nstat * r + 9], wait += all[nstat * r + 10] / P;
+    printf("offload per step (all ranks): %.2f GiB read, %.2f GiB written; waiting on the disk %.0f ms per rank on average\n",
+           read / 1073741824.0, written / 1073741824.0, wait);
+    if (fsdp_offload_bandwidth(dir, (size_t)1 << 30, &write_bps, &read_bps, err, sizeof err)) {
+        printf("disk bandwidth: not measured (%s)\n", err);
+        return;
+    }
+    io_s = read / read_bps + written / write_bps;
+    example_machine_line(machine, sizeof machine);
+    printf("disk %s through fsdp.h's I/O path (1 GiB each way): %.2f GB/s write, %.2f GB/s read: the step's bytes take "
+           "%.1f s there\n", dir, write_bps / 1e9, read_bps / 1e9, io_s);
+    printf("roofline: step %.1f s / max(compute %.1f s (outside fsdp calls), disk %.1f s) = %.2f\nmachine: %s\n", step_s,
+           compute_s, io_s, step_s / (compute_s > io_s ? compute_s : io_s), machine);
+}
+
 static int train(fsdp_comm *comm, void *arg) {
     const options *o = (const options *)arg;
     int rank = fsdp_comm_rank(comm), P = fsdp_comm_size(comm), B = o->batch / P, T = o->seq_len, rc = 1;
@@ -360,6 +383,8 @@ static int train(fsdp_comm *comm, void *arg) {
     double interval_ms = 0, interval_fsdp_ms = 0;
     long long first_step = 0, step;
     int timed = 0, interval_steps = 0, loaded = 0;
+    fsdp_offload_stats io_start; // after the first step (which warms up), for the per-step I/O
+    memset(&io_start, 0, sizeof io_start);
     float loss = 0;
     fsdp_ctx *ctx = NULL;
     fsdp_desc desc;
@@ -456,7 +481,9 @@ static int train(fsdp_comm *comm, void *arg) {
         t1 = fsdp_now();
         step_ms[timed] = 1e3 * (t1 - t0);
         fsdp_ms[timed] = 1e3 * (m.hook_seconds + t1 - t_step); // hooks, fsdp_step (with the update), zero_grad
+        if (getenv("GPT_DEBUG_TIMES") && rank == 0) fprintf(stderr, "DEBUG fwd+bwd %.0f ms (hooks %.0f), step %.0f ms\n", 1e3 * (t_step - t0), 1e3 * m.hook_seconds, 1e3 * (t1 - t_step));
         interval_ms += step_ms[timed], interval_fsdp_ms += fsdp_ms[timed], interval_steps++, timed++;
+        if (timed == 1) fsdp_offload_stats_get(ctx, &io_start);
         // the global mean loss; safe here: fsdp_step returned, so the runtime's comm thread is idle
         if (fsdp_all_reduce(comm, &loss, &loss, 1, FSDP_F32, FSDP_AVG)) {
             fprintf(stderr, "rank %d: all_reduce of the loss: %s\n", rank, fsdp_comm_last_error(comm));
@@ -479,7 +506,10 @@ static int train(fsdp_comm *comm, void *arg) {
         fsdp_memory_stats st, est;
         memset(&st, 0, sizeof st); // fsdp_memory_stats_get fills it; -O3 cannot see that it always does
         const char *rss_source = "";
-        double mine[8], *all = (double *)calloc((size_t)P * 8, sizeof(double));
+        enum { NSTAT = 12 };
+        double mine[NSTAT], *all = (double *)calloc((size_t)P * NSTAT, sizeof(double));
+        fsdp_offload_stats io;
+        memset(&io, 0, sizeof io); // (-O3 cannot see that fsdp_offload_stats_get always fills it)
         int skip = timed > 1; // the first step warms up
         fsdp_memory_stats_get(ctx, &st);
         if (fsdp_memory_estimate(m.model, &desc, P, &est)) memset(&est, 0, sizeof est); // fsdp_init took this desc
@@ -488,6 +518,18 @@ static int train(fsdp_comm *comm, void *arg) {
         mine[4] = median(step_ms + skip, timed - skip), mine[5] = median(fsdp_ms + skip, timed - skip);
         mine[6] = sizeof(float) * (double)acts.num_floats;
         mine[7] = (double)st.disk_bytes;
+        { // the offload per timed step: bytes read, written, ms waited on the disk; ms outside fsdp calls (compute)
+            int n = timed > 1 ? timed - 1 : 1;
+            double *outside = (double *)malloc(sizeof(double) * (size_t)(timed ? timed : 1));
+            fsdp_offload_stats_get(ctx, &io);
+            if (timed <= 1) memset(&io_start, 0, sizeof io_start);
+            mine[8] = (double)(io.bytes_read - io_start.bytes_read) / n;
+            mine[9] = (double)(io.bytes_written - io_start.bytes_written) / n;
+            mine[10] = 1e3 * (io.wait_seconds - io_start.wait_seconds) / n;
+            for (int k = 0; outside && k < timed; k++) outside[k] = step_ms[k] - fsdp_ms[k];
+            mine[11] = outside ? median(outside + skip, timed - skip) : 0;
+            free(outside);
+        }
         if (!all || fsdp_all_gather(comm, mine, all, sizeof mine / 4, FSDP_F32)) { // doubles, moved as bytes
             fprintf(stderr, "rank %d: gathering the statistics failed: %s\n", rank, fsdp_comm_last_error(comm));
             free(all);
@@ -497,20 +539,20 @@ static int train(fsdp_comm *comm, void *arg) {
             printf("\nrank  persistent  peak unsharded  fsdp peak  activations   max RSS        disk   ms/step  in fsdp calls "
                    "(ms/step)\n");
             for (int r = 0; r < P; r++) {
-                double *s = all + 8 * r;
+                double *s = all + NSTAT * r;
                 printf("%4d  %6.2f MiB  %10.2f MiB  %5.2f MiB  %7.2f MiB  %5.1f MiB  %6.1f MiB  %7.1f  %6.1f\n", r, mib(s[0]),
                        mib(s[1]), mib(s[2]), mib(s[6]), mib(s[3]), mib(s[7]), s[4], s[5]);
             }
             printf(" est  %6.2f MiB  %10.2f MiB  %5.2f MiB  %24s%6.1f MiB  (fsdp_memory_estimate for this model, desc and "
                    "%d rank%s)\n", mib((double)est.persistent_bytes), mib((double)est.peak_unsharded_bytes),
                    mib((double)est.peak_bytes), "", mib((double)est.disk_bytes), P, P > 1 ? "s" : "");
-            print_vs_estimate(all, P, 8, (double)est.persistent_bytes, (double)est.peak_unsharded_bytes);
+            print_vs_estimate(all, P, NSTAT, (double)est.persistent_bytes, (double)est.peak_unsharded_bytes);
             printf("max RSS: each rank's own peak resident memory (%s%s)\n", rss_source,
                    strcmp(rss_source, "VmHWM") == 0 ? " from /proc/self/status" : ": no /proc here; it may include a launcher's");
             if (o->mem_budget_mib > 0) {
                 memory_need need;
                 double lo = all[3], hi = all[3];
-                for (int r = 1; r < P; r++) lo = all[8 * r + 3] < lo ? all[8 * r + 3] : lo, hi = all[8 * r + 3] > hi ? all[8 * r + 3] : hi;
+                for (int r = 1; r < P; r++) lo = all[NSTAT * r + 3] < lo ? all[NSTAT * r + 3] : lo, hi = all[NSTAT * r + 3] > hi ? all[NSTAT * r + 3] : hi;
                 if (estimate_memory(o, P, &need) == 0)
                     printf("memory budget %.0f MiB per rank: peak RSS %.1f .. %.1f MiB over the ranks, estimate %.1f MiB "
                            "(max RSS / estimate %.3f)\n", o->mem_budget_mib, mib(lo), mib(hi), mib(need.total),
@@ -519,6 +561,7 @@ static int train(fsdp_comm *comm, void *arg) {
             if (timed)
                 printf("final loss %.4f; %.0f tokens/s (median step %.1f ms on rank 0)\n", (double)loss,
                        o->batch * T / (all[4] * 1e-3), all[4]);
+            if (st.disk_bytes && timed) print_offload_roofline(&desc, all, P, NSTAT);
         }
         free(all);
     }
