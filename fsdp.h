@@ -7371,6 +7371,7 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, double *write
    ============================================================================================ */
 enum { FSDP__SHARDED = 0, FSDP__GATHERING, FSDP__UNSHARDED, FSDP__IN_FORWARD, FSDP__IN_BACKWARD };
 enum { FSDP__TASK_GATHER = 1, FSDP__TASK_REDUCE, FSDP__TASK_COLL };
+#define FSDP__IO_BUFS 16 /* at most: limit_all_gathers + 3 */
 
 static const char *fsdp__state_name(int state) {
     static const char *names[] = {"SHARDED", "GATHERING", "UNSHARDED", "FORWARD", "BACKWARD"};
@@ -7423,6 +7424,8 @@ typedef struct fsdp__task {
     size_t scratch_bytes;
     float *grad_full;       /* REDUCE: the unsharded gradient, freed by the comm thread */
     size_t grad_bytes;
+    int read_buf;           /* GATHER of a master on disk: the io_buf its read went to (-1: none yet) */
+    uint64_t read_ticket;
     fsdp_comm *comm;        /* COLL: one collective */
     fsdp_coll_kind coll;
     const void *send;
@@ -7479,9 +7482,12 @@ struct fsdp_ctx {
     fsdp__offload *offload;
     int64_t offload_size;            /* bytes of the offload file (0: none) */
     void *stream_raw, *stream_f32;   /* FSDP__STREAM_SLOTS slots of stream_chunk elements per shard */
-    float *shard_buf;                /* parameters or gradients on disk: a unit's whole shard region, aligned for
-                                        O_DIRECT, where gathers read and reductions add (fsdp__shard_io) */
-    size_t shard_buf_bytes;
+    /* parameters or gradients on disk: buffers of a unit's whole shard region, aligned for O_DIRECT,
+       where gathers read (ahead, from fsdp__issue_gather) and reductions add (writing behind) */
+    float *io_buf[FSDP__IO_BUFS];
+    uint64_t io_buf_ticket[FSDP__IO_BUFS]; /* the write still running from it (0: none) */
+    int io_buf_busy[FSDP__IO_BUFS], num_io_bufs;
+    size_t io_buf_bytes;
     size_t stream_raw_stride, stream_f32_stride;
     int64_t stream_chunk;            /* 0: the step updates every shard in place (all f32 in RAM) */
     size_t stream_bytes;
@@ -7643,21 +7649,60 @@ FSDP__PRIVATE int fsdp__offload_failed(fsdp_ctx *ctx, int rc) {
     return fsdp__fail(ctx, rc, "%s", why);
 }
 
-/* Unit u's whole master or gradient shard (which) between the file and ctx->shard_buf, straight
-   (its region is whole aligned blocks: no bounce buffer, and a write need not read first); a
-   gradient still zero reads as zeros. 0, or the failure (the context failed, the peers told). */
-FSDP__PRIVATE int fsdp__shard_io(fsdp_ctx *ctx, const fsdp__unit *u, int which, int write) {
+/* The shard buffers: taken (a free one, its last write done first; -1 unless more than reserve
+   are free) and given back (with the ticket of a write still running from it, or 0). Any thread.
+   Reads ahead leave two for the comm thread, so that it always finds one. */
+FSDP__PRIVATE int fsdp__io_buf_take(fsdp_ctx *ctx, int reserve) {
+    int b, found = -1, free_bufs = 0;
+    uint64_t pending = 0;
+    pthread_mutex_lock(&ctx->lock);
+    for (b = 0; b < ctx->num_io_bufs; b++)
+        if (!ctx->io_buf_busy[b] && free_bufs++ == 0) found = b;
+    if (free_bufs <= reserve) found = -1;
+    if (found >= 0) {
+        ctx->io_buf_busy[found] = 1;
+        pending = ctx->io_buf_ticket[found];
+        ctx->io_buf_ticket[found] = 0;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    if (pending) fsdp__io_wait(ctx->offload, pending); /* (a failed write fails whoever waits next) */
+    return found;
+}
+FSDP__PRIVATE void fsdp__io_buf_give(fsdp_ctx *ctx, int b, uint64_t pending) {
+    if (b < 0) return;
+    pthread_mutex_lock(&ctx->lock);
+    ctx->io_buf_busy[b] = 0;
+    ctx->io_buf_ticket[b] = pending;
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+/* Queues the transfer of unit u's whole master or gradient shard (which) between the file and
+   io_buf b, straight (the region is whole aligned blocks: no bounce buffer, and a write need not
+   read first); its ticket. A write zeroes the region's padding first. */
+FSDP__PRIVATE uint64_t fsdp__shard_submit(fsdp_ctx *ctx, const fsdp__unit *u, int which, int write, int b) {
     size_t bytes = sizeof(float) * (size_t)u->shard, region = fsdp__align(bytes ? bytes : 1, FSDP__IO_ALIGN);
     int64_t offset = which == FSDP__VEC_MASTER ? u->master_off : u->grad_off;
-    int rc;
-    FSDP_ASSERT(offset >= 0 && region <= ctx->shard_buf_bytes);
-    if (!write && which == FSDP__VEC_GRAD && u->grad_zero) {
-        memset(ctx->shard_buf, 0, bytes);
-        return 0;
+    FSDP_ASSERT(offset >= 0 && region <= ctx->io_buf_bytes && b >= 0);
+    if (write) memset((char *)ctx->io_buf[b] + bytes, 0, region - bytes);
+    return fsdp__io_submit(ctx->offload, write, offset, ctx->io_buf[b], region);
+}
+
+/* Takes a shard buffer and reads unit u's shard (which) into it (a gradient still zero: zeros);
+   the buffer, or -1 on failure (the context failed, the peers told; *rc says why). */
+FSDP__PRIVATE int fsdp__shard_read(fsdp_ctx *ctx, const fsdp__unit *u, int which, int *rc) {
+    int b = fsdp__io_buf_take(ctx, 0);
+    *rc = 0;
+    if (b < 0) { /* every buffer busy: cannot happen (the reads ahead leave two) */
+        *rc = fsdp__fail(ctx, FSDP_ERR_STATE, "offload: no free shard buffer (%d)", ctx->num_io_bufs);
+        return -1;
     }
-    if (write) memset((char *)ctx->shard_buf + bytes, 0, region - bytes); /* the region's padding */
-    rc = fsdp__io_wait(ctx->offload, fsdp__io_submit(ctx->offload, write, offset, ctx->shard_buf, region));
-    return rc ? fsdp__offload_failed(ctx, rc) : 0;
+    if (which == FSDP__VEC_GRAD && u->grad_zero) memset(ctx->io_buf[b], 0, sizeof(float) * (size_t)u->shard);
+    else if ((*rc = fsdp__io_wait(ctx->offload, fsdp__shard_submit(ctx, u, which, 0, b))) != 0) {
+        fsdp__io_buf_give(ctx, b, 0);
+        *rc = fsdp__offload_failed(ctx, *rc);
+        return -1;
+    }
+    return b;
 }
 
 /* Sum of squares in double, with independent partial sums (a single chain of dependent adds
@@ -7685,7 +7730,7 @@ FSDP__PRIVATE double fsdp__sumsq(const float *x, size_t n) {
 }
 
 /* --- comm thread ------------------------------------------------------------------------ */
-FSDP__PRIVATE int fsdp__run_gather(fsdp_ctx *ctx, fsdp__unit *u, uint32_t tag) {
+FSDP__PRIVATE int fsdp__run_gather(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, uint32_t tag) {
     size_t esize = fsdp_dtype_size(ctx->param_dtype);
     char *slot = (char *)u->unsharded + (size_t)u->group_rank * (size_t)u->shard * esize;
     const float *master = u->master;
@@ -7693,11 +7738,16 @@ FSDP__PRIVATE int fsdp__run_gather(fsdp_ctx *ctx, fsdp__unit *u, uint32_t tag) {
     if (u->master_shared) /* f32: straight from the shard, which peers may read directly */
         return fsdp__collective_tagged(u->shard_comm, FSDP_COLL_ALL_GATHER, u->master, u->unsharded, (size_t)u->shard,
                                        FSDP_F32, FSDP_SUM, tag);
-    if (!master) { /* on disk: read first */
-        if ((rc = fsdp__shard_io(ctx, u, FSDP__VEC_MASTER, 0)) != 0) return rc;
-        master = ctx->shard_buf;
+    if (!master) { /* on disk: read ahead by fsdp__issue_gather, or now */
+        if (t->read_buf >= 0 && (rc = fsdp__io_wait(ctx->offload, t->read_ticket)) != 0) return fsdp__offload_failed(ctx, rc);
+        if (t->read_buf < 0 && (t->read_buf = fsdp__shard_read(ctx, u, FSDP__VEC_MASTER, &rc)) < 0) return rc;
+        master = ctx->io_buf[t->read_buf];
     }
     fsdp__from_f32(slot, ctx->param_dtype, master, (size_t)u->shard);
+    if (t->read_buf >= 0) {
+        fsdp__io_buf_give(ctx, t->read_buf, 0);
+        t->read_buf = -1;
+    }
     if (u->shard_comm)
         rc = fsdp__collective_tagged(u->shard_comm, FSDP_COLL_ALL_GATHER, slot, u->unsharded, (size_t)u->shard,
                                      ctx->param_dtype, FSDP_SUM, tag);
@@ -7711,16 +7761,16 @@ FSDP__PRIVATE int fsdp__run_reduce(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, 
     size_t esize = fsdp_dtype_size(rd), i, S = (size_t)u->shard;
     char *data = rd == FSDP_F32 ? (char *)t->grad_full : (char *)t->scratch;
     char *mine = data + (size_t)u->group_rank * S * esize;
-    int rc = 0;
+    int rc = 0, b = -1;
     if (rd != FSDP_F32) fsdp__from_f32(data, rd, t->grad_full, (size_t)u->padded);
     if (u->shard_comm) /* in place: this rank's slice of the buffer receives the average */
         rc = fsdp__collective_tagged(u->shard_comm, FSDP_COLL_REDUCE_SCATTER, data, mine, S, rd, FSDP_AVG, tag);
     if (!rc && u->replica_comm)
         rc = fsdp__collective_tagged(u->replica_comm, FSDP_COLL_ALL_REDUCE, mine, mine, S, rd, FSDP_AVG, tag);
     if (rc) return rc;
-    if (!(grad = u->grad)) { /* on disk: added to in ctx->shard_buf, written back with its sum of squares */
-        if ((rc = fsdp__shard_io(ctx, u, FSDP__VEC_GRAD, 0)) != 0) return rc;
-        grad = ctx->shard_buf;
+    if (!(grad = u->grad)) { /* on disk: added to in a shard buffer, written back behind (with its sum of squares) */
+        if ((b = fsdp__shard_read(ctx, u, FSDP__VEC_GRAD, &rc)) < 0) return rc;
+        grad = ctx->io_buf[b];
         for (i = 0; u->grad_scale != 1.0f && !u->grad_zero && i < S; i++) grad[i] *= u->grad_scale; /* as in RAM */
     }
     if (rd != FSDP_F32) { /* widen block by block and add */
@@ -7735,11 +7785,11 @@ FSDP__PRIVATE int fsdp__run_reduce(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, 
         const float *avg = (const float *)mine;
         for (i = 0; i < S; i++) grad[i] += avg[i];
     }
-    if (grad != u->grad) {
+    if (b >= 0) {
         u->grad_sumsq = fsdp__sumsq(grad, S);
         u->grad_zero = 0;
         u->grad_scale = 1.0f;
-        return fsdp__shard_io(ctx, u, FSDP__VEC_GRAD, 1);
+        fsdp__io_buf_give(ctx, b, fsdp__shard_submit(ctx, u, FSDP__VEC_GRAD, 1, b)); /* the step's reads queue after it */
     }
     return 0;
 }
@@ -7773,7 +7823,7 @@ FSDP__PRIVATE void fsdp__run_task(fsdp_ctx *ctx, fsdp__task *t) {
     pthread_mutex_unlock(&ctx->lock);
     if (!rc) {
         fsdp__unit *u = t->unit >= 0 ? &ctx->units[t->unit] : NULL;
-        if (t->kind == FSDP__TASK_GATHER) rc = fsdp__run_gather(ctx, u, (uint32_t)(t->unit * 4 + 1));
+        if (t->kind == FSDP__TASK_GATHER) rc = fsdp__run_gather(ctx, u, t, (uint32_t)(t->unit * 4 + 1));
         else if (t->kind == FSDP__TASK_REDUCE) rc = fsdp__run_reduce(ctx, u, t, (uint32_t)(t->unit * 4 + 2));
         else if (t->coll == FSDP_COLL_BROADCAST) rc = fsdp_broadcast(t->comm, t->recv, t->count, FSDP_F32, t->root);
         else rc = fsdp__collective_tagged(t->comm, t->coll, t->send, t->recv, t->count, FSDP_F32, FSDP_SUM, 3);
@@ -7781,6 +7831,10 @@ FSDP__PRIVATE void fsdp__run_task(fsdp_ctx *ctx, fsdp__task *t) {
     if (t->kind == FSDP__TASK_REDUCE) {
         fsdp__buf_put(ctx, t->grad_full, t->grad_bytes);
         fsdp__buf_put(ctx, t->scratch, t->scratch_bytes);
+    }
+    if (t->kind == FSDP__TASK_GATHER && t->read_buf >= 0) { /* read ahead but not used (a failure): done with it */
+        fsdp__io_wait(ctx->offload, t->read_ticket);
+        fsdp__io_buf_give(ctx, t->read_buf, 0);
     }
     fsdp__stream_fence();
     pthread_mutex_lock(&ctx->lock);
@@ -7944,6 +7998,9 @@ FSDP__PRIVATE int fsdp__issue_gather(fsdp_ctx *ctx, int ui) {
     memset(&t, 0, sizeof t);
     t.kind = FSDP__TASK_GATHER;
     t.unit = ui;
+    t.read_buf = -1;
+    if (!u->master && ctx->offload && (t.read_buf = fsdp__io_buf_take(ctx, 2)) >= 0) /* on disk: its read starts now */
+        t.read_ticket = fsdp__shard_submit(ctx, u, FSDP__VEC_MASTER, 0, t.read_buf);
     u->gather_task = fsdp__enqueue(ctx, &t, 1);
     u->state = FSDP__GATHERING;
     return 0;
@@ -8286,15 +8343,18 @@ FSDP_API int fsdp_set_no_sync(fsdp_ctx *ctx, int on) {
 
 /* A gradient on disk that owes a clipping factor, scaled and written back (with its sum of
    squares), so that what follows sees the very floats a gradient in RAM would hold. */
-FSDP__PRIVATE int fsdp__grad_settle(fsdp_ctx *ctx, fsdp__unit *u) { /* (the comm thread is idle: its buffer is free) */
+FSDP__PRIVATE int fsdp__grad_settle(fsdp_ctx *ctx, fsdp__unit *u) {
     size_t S = (size_t)u->shard, i;
-    int rc;
+    int rc, b;
+    float *grad;
     if (u->grad || u->grad_zero || u->grad_scale == 1.0f) return 0;
-    if ((rc = fsdp__shard_io(ctx, u, FSDP__VEC_GRAD, 0)) != 0) return rc;
-    for (i = 0; i < S; i++) ctx->shard_buf[i] *= u->grad_scale;
-    u->grad_sumsq = fsdp__sumsq(ctx->shard_buf, S);
+    if ((b = fsdp__shard_read(ctx, u, FSDP__VEC_GRAD, &rc)) < 0) return rc;
+    grad = ctx->io_buf[b];
+    for (i = 0; i < S; i++) grad[i] *= u->grad_scale;
+    u->grad_sumsq = fsdp__sumsq(grad, S);
     u->grad_scale = 1.0f;
-    return fsdp__shard_io(ctx, u, FSDP__VEC_GRAD, 1);
+    fsdp__io_buf_give(ctx, b, fsdp__shard_submit(ctx, u, FSDP__VEC_GRAD, 1, b));
+    return 0;
 }
 
 /* Sums of squares of this rank's gradient shards, split so replicas are counted once:
@@ -8890,6 +8950,13 @@ static int64_t fsdp__stream_chunk(size_t per_element, size_t ram_bytes, int64_t 
     return chunk;
 }
 
+/* Shard buffers for parameters or gradients on disk: one per gather that can be in flight
+   (limit_all_gathers + 1) plus two for reductions (one adding while the other's write runs). */
+static int fsdp__io_bufs(const fsdp_offload_desc *od, int limit_all_gathers) {
+    int n = (od->params ? (limit_all_gathers > 0 ? limit_all_gathers : 2) + 1 : 0) + (od->grads || od->params ? 2 : 0);
+    return n < FSDP__IO_BUFS ? n : FSDP__IO_BUFS;
+}
+
 /* The slots' bytes per chunk element: for each shard a step moves, its raw bytes when on disk and
    its f32 widening when bf16, three slots of them. 0: nothing needs streaming (all f32 in RAM). */
 static size_t fsdp__stream_per_element(const fsdp_offload_desc *od, fsdp_dtype state_dtype, int num_state) {
@@ -8954,17 +9021,19 @@ FSDP__PRIVATE int fsdp__init_state(fsdp_ctx *ctx) {
             return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: %s", err);
         }
     }
-    if (od->params || od->grads) { /* counted with the unsharded buffers, which it resembles (one unit's worth) */
-        int ui;
+    if (od->params || od->grads) { /* counted with the unsharded buffers, which they resemble */
+        int ui, b;
         for (ui = 0; ui < ctx->num_units; ui++)
             if (fsdp__align(sizeof(float) * (size_t)(ctx->units[ui].shard ? ctx->units[ui].shard : 1), FSDP__IO_ALIGN) >
-                ctx->shard_buf_bytes)
-                ctx->shard_buf_bytes = fsdp__align(sizeof(float) * (size_t)(ctx->units[ui].shard ? ctx->units[ui].shard : 1),
-                                                   FSDP__IO_ALIGN);
-        if (!(ctx->shard_buf = (float *)fsdp__aligned_alloc(ctx->shard_buf_bytes)))
-            return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: no memory for the offload's shard buffer "
-                                       "(%zu bytes)", ctx->shard_buf_bytes);
-        ctx->live_bytes += ctx->shard_buf_bytes;
+                ctx->io_buf_bytes)
+                ctx->io_buf_bytes = fsdp__align(sizeof(float) * (size_t)(ctx->units[ui].shard ? ctx->units[ui].shard : 1),
+                                                FSDP__IO_ALIGN);
+        ctx->num_io_bufs = fsdp__io_bufs(od, ctx->desc.limit_all_gathers);
+        for (b = 0; b < ctx->num_io_bufs; b++)
+            if (!(ctx->io_buf[b] = (float *)fsdp__aligned_alloc(ctx->io_buf_bytes)))
+                return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: no memory for the offload's shard "
+                                           "buffers (%d of %zu bytes)", ctx->num_io_bufs, ctx->io_buf_bytes);
+        ctx->live_bytes += (size_t)ctx->num_io_bufs * ctx->io_buf_bytes;
         if (ctx->live_bytes > ctx->peak_live_bytes) ctx->peak_live_bytes = ctx->live_bytes;
     }
     if (!per_element || !largest) return 0; /* the step updates every shard in place */
@@ -9103,7 +9172,7 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     fsdp__offload_close(ctx->offload);
     FSDP_FREE(ctx->offload);
     FSDP_FREE(ctx->stream_raw);
-    FSDP_FREE(ctx->shard_buf);
+    for (ui = 0; ui < ctx->num_io_bufs; ui++) FSDP_FREE(ctx->io_buf[ui]);
     FSDP_FREE(ctx->stream_f32);
     fsdp_comm_free(ctx->comm, ctx->master_mem[0]);
     fsdp_comm_free(ctx->hybrid_shard_comm, ctx->master_mem[1]);
@@ -9363,7 +9432,7 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
     if (largest_state && fsdp__stream_per_element(&d.offload, d.optimizer.state_dtype, nbuf))
         fsdp__stream_chunk(fsdp__stream_per_element(&d.offload, d.optimizer.state_dtype, nbuf), d.offload.ram_bytes,
                            largest_state, &est->stream_bytes);
-    est->peak_unsharded_bytes += shard_buf;
+    est->peak_unsharded_bytes += shard_buf * (size_t)fsdp__io_bufs(&d.offload, d.limit_all_gathers);
     est->peak_bytes = est->persistent_bytes + est->peak_unsharded_bytes + est->stream_bytes;
     fsdp__plan_free(&plan);
     return 0;

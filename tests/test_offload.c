@@ -32,7 +32,8 @@
 #define STEPS 4
 #define MAX_WORLD 4
 #define TIMEOUT_MS 20000
-#define BIG_WEIGHT 200003 /* the AUTO levels' model */
+#define BIG_WEIGHT 200003 /* the AUTO levels' model: BIG_BLOCKS blocks of these */
+#define BIG_BLOCKS 12
 #define SMALL_RAM ((size_t)128 << 10) /* 128 KiB: chunks of 2048 or 4096 elements, so a block spans several */
 
 static char offload_dir[512]; /* made by main, beside the test program */
@@ -45,20 +46,22 @@ void tearDown(void) {}
    --------------------------------------------------------------------------------------------- */
 typedef struct net {
     fsdp_model *model;
-    int block[BLOCKS], weight[BLOCKS], bias[BLOCKS], scale;
-    int weight_numel;
+    int block[BIG_BLOCKS], weight[BIG_BLOCKS], bias[BIG_BLOCKS], scale;
+    int weight_numel, blocks;
 } net;
 
-/* The model with weights of weight_numel elements (WEIGHT: what gather_net gathers). */
-static int net_build_sized(net *n, int weight_numel) {
+/* The model with `blocks` blocks of weights of weight_numel elements (gather_net gathers the
+   standard one: BLOCKS of WEIGHT). */
+static int net_build_sized(net *n, int weight_numel, int blocks) {
     fsdp_init_rule normal = {FSDP_INIT_NORMAL, 0.0f, 0.2f, NULL, NULL}, ones = {FSDP_INIT_ONES, 0, 0, NULL, NULL};
     int64_t ws[1] = {weight_numel}, bs[1] = {BIAS}, rs[1] = {ROOT};
     char name[8];
     int b;
     memset(n, 0, sizeof *n);
     n->weight_numel = weight_numel;
+    n->blocks = blocks;
     if (fsdp_model_create(&n->model, "Net") || (n->scale = fsdp_model_param(n->model, 0, "scale", 1, rs, ones)) < 0) return -1;
-    for (b = 0; b < BLOCKS; b++) {
+    for (b = 0; b < blocks; b++) {
         snprintf(name, sizeof name, "%d", b);
         if ((n->block[b] = fsdp_model_module(n->model, 0, name, "Block")) < 0 ||
             (n->weight[b] = fsdp_model_param(n->model, n->block[b], "weight", 1, ws, normal)) < 0 ||
@@ -67,7 +70,7 @@ static int net_build_sized(net *n, int weight_numel) {
     }
     return 0;
 }
-static int net_build(net *n) { return net_build_sized(n, WEIGHT); }
+static int net_build(net *n) { return net_build_sized(n, WEIGHT, BLOCKS); }
 
 /* A gradient element of parameter p on rank r at step s: made up, different per rank. */
 static float made_up_grad(int p, int i, int rank, int step) {
@@ -87,10 +90,10 @@ static int poison_rank = -1; /* this rank's pass makes a gradient NaN (a step ev
 static int pass(fsdp_ctx *ctx, const net *n, int rank, int step) {
     int b, rc;
     if ((rc = fsdp_pre_forward(ctx, 0)) != 0) return rc;
-    for (b = 0; b < BLOCKS; b++)
+    for (b = 0; b < n->blocks; b++)
         if ((rc = fsdp_pre_forward(ctx, n->block[b])) != 0 || (rc = fsdp_post_forward(ctx, n->block[b])) != 0) return rc;
     if ((rc = fsdp_post_forward(ctx, 0)) != 0 || (rc = fsdp_pre_backward(ctx, 0)) != 0) return rc;
-    for (b = BLOCKS - 1; b >= 0; b--) {
+    for (b = n->blocks - 1; b >= 0; b--) {
         if ((rc = fsdp_pre_backward(ctx, n->block[b])) != 0) return rc;
         add_grad(ctx, n->weight[b], n->weight_numel, rank, step);
         add_grad(ctx, n->bias[b], BIAS, rank, step);
@@ -941,7 +944,7 @@ static int auto_rank(fsdp_comm *comm, void *arg) {
     fsdp_ctx *ctx = NULL;
     fsdp_desc d;
     net n;
-    if (net_build_sized(&n, BIG_WEIGHT) != 0) return 1;
+    if (net_build_sized(&n, BIG_WEIGHT, BIG_BLOCKS) != 0) return 1;
     desc_for(&d, &c, comm);
     d.memory_budget = *(const size_t *)arg;
     if ((r->rc = fsdp_init(&ctx, n.model, &d)) != 0) snprintf(r->error, sizeof r->error, "init: %.380s", fsdp_last_error(NULL));
@@ -968,7 +971,7 @@ static void test_auto_offloads_gradients_then_parameters_when_the_optimizer_stat
     size_t budget;
     net n;
     int i, rc;
-    TEST_ASSERT_EQUAL_INT(0, net_build_sized(&n, BIG_WEIGHT));
+    TEST_ASSERT_EQUAL_INT(0, net_build_sized(&n, BIG_WEIGHT, BIG_BLOCKS));
     for (i = 0; i < 3; i++) {
         c.offload = levels[i];
         desc_for(&d, &c, NULL);
