@@ -15,13 +15,14 @@ MPI_TESTS := test_mpi
 UNIT_TESTS := $(filter-out $(MPI_TESTS),$(TESTS))
 SANFLAGS ?=
 
-.PHONY: all help test test-asan test-tsan test-multihost bench bench-mpi bench-multihost bench-torch demo demo-big demo-mlp demo-collectives tools fuzz clean check-deps
+.PHONY: all help test test-asan test-tsan test-multihost bench bench-mpi bench-multihost bench-torch demo demo-big demo-huge demo-mlp demo-collectives tools fuzz clean check-deps
 
 all: $(BUILD)/gpt $(BUILD)/distill $(BUILD)/mlp $(BUILD)/ckpt_tool $(BUILD)/bench_comm $(BUILD)/bench_train $(BUILD)/demo_collectives
 
 help:
 	@echo "make demo        train a GPT on 4 local ranks (shared memory, FULL_SHARD), checkpoint, sample"
 	@echo "make demo-big    an 85 M-parameter GPT on 4 local ranks under a per-rank memory budget 1 rank cannot meet"
+	@echo "make demo-huge   a 2.4 B-parameter GPT (state 1.5x the RAM) on 4 ranks, everything offloaded to disk (OFFLOAD_DIR)"
 	@echo "make demo-mlp    train an MLP on 4 local ranks"
 	@echo "make test        every test; ends with 'N passed, N failed' (UNITY_DIR=... for real Unity)"
 	@echo "make test-asan   the tests under AddressSanitizer + UndefinedBehaviorSanitizer"
@@ -150,6 +151,24 @@ demo-big: check-deps $(BUILD)/gpt
 	@! $(BUILD)/gpt --nproc 1 $(DEMO_BIG)
 	@echo; echo '$$ $(BUILD)/gpt --nproc 4 $(DEMO_BIG)'
 	@$(BUILD)/gpt --nproc 4 $(DEMO_BIG)
+
+# A GPT whose training state (16 bytes a parameter: f32 weights and gradients, AdamW's two moments) is
+# more than 1.5x this machine's RAM: 2.4 B parameters (48 blocks of 2048 channels, 16 heads) on 4 local
+# ranks, every block recomputed, the parameters, gradients and optimizer state on local disk under
+# OFFLOAD_DIR (default build/offload; 39 GB free needed, not tmpfs). gpt first refuses it without
+# offload (its estimate exceeds the 5000 MiB per-rank budget), then trains 3 steps with it and prints
+# every rank's peak RSS, the disk bytes and the roofline ratio; the directory is empty afterwards.
+# About 15 minutes on 2 cores; not part of make test.
+OFFLOAD_DIR ?= $(BUILD)/offload
+DEMO_HUGE ?= --layers 48 --channels 2048 --heads 16 --seq-len 64 --batch 16 --steps 3 --warmup 0 --lr 2e-7 \
+	--min-lr 2e-7 --print-every 1 --sample 0 --ckpt none --recompute --mem-budget 5000
+demo-huge: check-deps $(BUILD)/gpt
+	@mkdir -p $(OFFLOAD_DIR)
+	@echo '$$ $(BUILD)/gpt --nproc 4 $(DEMO_HUGE)'
+	@! $(BUILD)/gpt --nproc 4 $(DEMO_HUGE)
+	@echo; echo '$$ $(BUILD)/gpt --nproc 4 $(DEMO_HUGE) --offload all --offload-dir $(OFFLOAD_DIR)'
+	@$(BUILD)/gpt --nproc 4 $(DEMO_HUGE) --offload all --offload-dir $(OFFLOAD_DIR)
+	@echo "$(OFFLOAD_DIR) after the run: $$(ls -A $(OFFLOAD_DIR) | wc -l) entries"; test -z "$$(ls -A $(OFFLOAD_DIR))"
 
 demo-mlp: check-deps $(BUILD)/mlp
 	$(BUILD)/mlp --nproc 4 --strategy full --hidden 1024 --layers 6 --batch 512 --steps 100 --print-every 10

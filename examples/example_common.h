@@ -105,6 +105,16 @@ EXAMPLE_HELPER void arg_offload(const char *flag, const char *text, fsdp_offload
     }
 }
 
+/* The machine's RAM in bytes (MemTotal from /proc/meminfo; 0 where there is none). */
+EXAMPLE_HELPER double example_mem_total(void) {
+    char line[256];
+    unsigned long long kib = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    while (f && fgets(line, sizeof line, f) && sscanf(line, "MemTotal: %llu kB", &kib) != 1) {}
+    if (f) fclose(f);
+    return 1024.0 * (double)kib;
+}
+
 /* This process's own peak resident set size in bytes: VmHWM from /proc/self/status, or, where
    there is no /proc, getrusage's ru_maxrss. Not ru_maxrss first: it survives exec, so a rank
    started by torchrun or mpirun would report its launcher's peak (about 230 MiB for torchrun's

@@ -427,10 +427,14 @@ static int train(fsdp_comm *comm, void *arg) {
             fsdp_memory_stats st;
             memset(&st, 0, sizeof st); // (as below: -O3 cannot see that fsdp_memory_stats_get always fills it)
             fsdp_memory_stats_get(ctx, &st);
+            double ram = example_mem_total();
             printf("offload: %s on disk in %s: %.1f MiB per rank (one unlinked file each, reserved at start), streamed "
                    "through %.1f MiB of RAM per rank\n", fsdp_offload_describe(&desc.offload),
                    desc.offload.dir ? desc.offload.dir : getenv("FSDP_OFFLOAD_DIR"), mib((double)st.disk_bytes),
                    mib((double)st.stream_bytes));
+            if (ram > 0)
+                printf("training state at 16 bytes a parameter: %.1f GiB, %.2fx this machine's RAM (%.1f GiB)\n",
+                       16.0 * (double)m.num_params / 1073741824.0, 16.0 * (double)m.num_params / ram, ram / 1073741824.0);
         }
         if (o->recompute) {
             printf("activation checkpointing: blocks");
@@ -481,7 +485,6 @@ static int train(fsdp_comm *comm, void *arg) {
         t1 = fsdp_now();
         step_ms[timed] = 1e3 * (t1 - t0);
         fsdp_ms[timed] = 1e3 * (m.hook_seconds + t1 - t_step); // hooks, fsdp_step (with the update), zero_grad
-        if (getenv("GPT_DEBUG_TIMES") && rank == 0) fprintf(stderr, "DEBUG fwd+bwd %.0f ms (hooks %.0f), step %.0f ms\n", 1e3 * (t_step - t0), 1e3 * m.hook_seconds, 1e3 * (t1 - t_step));
         interval_ms += step_ms[timed], interval_fsdp_ms += fsdp_ms[timed], interval_steps++, timed++;
         if (timed == 1) fsdp_offload_stats_get(ctx, &io_start);
         // the global mean loss; safe here: fsdp_step returned, so the runtime's comm thread is idle

@@ -396,10 +396,13 @@ typedef struct file_report {
     char step_error[600];
 } file_report;
 
-/* Two cases: the optimizer state on disk (the short read hits the step), and everything (it hits
-   the read before the first gather). */
-enum { FILE_CASES = 2 };
-static const int file_offload[FILE_CASES] = {OFF_OPT, OFF_ALL};
+/* Three cases: rank 1's file cut short with the optimizer state on disk (the short read hits the
+   step) and with everything (it hits the read before the first gather); and with everything on
+   disk, rank 1's file descriptor swapped for a read-only one of the same file (reads work, the
+   first write, a gradient's behind its reduction, fails with EBADF). */
+enum { FILE_CASES = 3 };
+static const int file_offload[FILE_CASES] = {OFF_OPT, OFF_ALL, OFF_ALL};
+static const int file_read_only[FILE_CASES] = {0, 0, 1};
 static int file_case;
 
 typedef struct special_results {
@@ -450,8 +453,16 @@ static int file_rank(fsdp_comm *comm, void *arg) {
         if (map != MAP_FAILED) munmap(map, bytes);
         free(vec);
     }
-    /* then a fault: rank 1's file is cut short, and the next step reads it */
-    if (fsdp_comm_rank(comm) == 1 && r->fd_found >= 0 && ftruncate(r->fd_found, 0) != 0) r->links = -100;
+    /* then a fault: rank 1's file is cut short (or made read-only), and the next step reads (writes) it */
+    if (fsdp_comm_rank(comm) == 1 && r->fd_found >= 0 && !file_read_only[file_case] && ftruncate(r->fd_found, 0) != 0)
+        r->links = -100;
+    if (fsdp_comm_rank(comm) == 1 && r->fd_found >= 0 && file_read_only[file_case]) {
+        char self[64];
+        int ro;
+        snprintf(self, sizeof self, "/proc/self/fd/%d", r->fd_found);
+        if ((ro = open(self, O_RDONLY)) < 0 || dup2(ro, r->fd_found) < 0) r->links = -200;
+        if (ro >= 0) close(ro);
+    }
     r->step_rc = iterate(ctx, &n, fsdp_comm_rank(comm), 2, NULL);
     if (!r->step_rc) r->step_rc = iterate(ctx, &n, fsdp_comm_rank(comm), 3, NULL); /* rank 0: its next collective */
     snprintf(r->step_error, sizeof r->step_error, "%.590s", fsdp_last_error(ctx));
@@ -504,8 +515,8 @@ static void test_offload_file_is_unlinked_of_the_reserved_size_and_outside_the_p
 }
 
 /* Rank 1's file cut short: its step (or, parameters on disk, its first gather) fails with
-   FSDP_ERR_IO naming the file, the offset and the bytes; rank 0 fails in its next collective
-   naming rank 1. */
+   FSDP_ERR_IO naming the file, the offset and the bytes; read-only, its first write fails so,
+   naming the error. Rank 0 fails in its next collective naming rank 1. */
 static void test_offload_short_read_fails_the_step_naming_file_offset_and_bytes_and_the_peer_names_the_rank(void) {
     int fc;
     for (fc = 0; fc < FILE_CASES; fc++) {
@@ -513,7 +524,9 @@ static void test_offload_short_read_fails_the_step_naming_file_offset_and_bytes_
         snprintf(message, sizeof message, "%s on disk, rank 1: %s (%s)", offload_name(file_offload[fc]),
                  fsdp_result_name(r1->step_rc), r1->step_error);
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_IO, r1->step_rc, message);
-        TEST_ASSERT_TRUE_MESSAGE(contains(r1->step_error, "short read") && contains(r1->step_error, "at offset") &&
+        TEST_ASSERT_TRUE_MESSAGE(contains(r1->step_error, file_read_only[fc] ? "writing" : "short read") &&
+                                     contains(r1->step_error, file_read_only[fc] ? "Bad file descriptor" : "reading") &&
+                                     contains(r1->step_error, "at offset") &&
                                      contains(r1->step_error, " bytes") && contains(r1->step_error, "offload file of rank 1") &&
                                      contains(r1->step_error, offload_dir),
                                  message);
