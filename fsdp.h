@@ -698,12 +698,14 @@ typedef struct fsdp_offload_desc {
 /* What o offloads, in words: "the parameters, gradients and optimizer state", "nothing", ... */
 FSDP_API const char *fsdp_offload_describe(const fsdp_offload_desc *o);
 
-/* The disk under dir as the offload sees it: a file of `bytes` written, then read, through the
-   same I/O thread, O_DIRECT and request size (8 MiB, three in flight) as the streaming; bytes
-   per second each way. The file is unlinked from the start. For benchmarks and roofline
-   figures. 0, or FSDP_ERR_* with why in err. */
-FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, double *write_bytes_per_s, double *read_bytes_per_s,
-                                    char *err, size_t err_size);
+/* The disk under dir as the offload sees it: `streams` files (as many as the ranks sharing the
+   disk, 1..64) of bytes / streams each, written, then read, at once, each through an I/O thread
+   with the O_DIRECT and request size (8 MiB, three in flight) of the streaming; the bytes per
+   second of all streams together, each way (the write timed the second time: a first write of
+   reserved blocks costs more, as in training's first step). The files are unlinked from the start. For
+   benchmarks and roofline figures. 0, or FSDP_ERR_* with why in err. */
+FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, double *write_bytes_per_s,
+                                    double *read_bytes_per_s, char *err, size_t err_size);
 
 /* ============================================================================================
    >>runtime
@@ -7326,38 +7328,47 @@ FSDP__PRIVATE void fsdp__offload_close(fsdp__offload *o) {
     o->thread_started = 0;
 }
 
-FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, double *write_bps, double *read_bps, char *err,
-                                    size_t err_size) {
-    enum { REQUEST = 8 << 20, IN_FLIGHT = 3 };
-    fsdp__offload o;
+FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, double *write_bps, double *read_bps,
+                                    char *err, size_t err_size) {
+    enum { REQUEST = 8 << 20, IN_FLIGHT = 3, MAX_STREAMS = 64 };
+    fsdp__offload *o;
     fsdp_logger quiet;
-    char *buf, mine[FSDP__ERRMSG];
-    int rc = 0, pass, k;
+    char *buf = NULL, mine[FSDP__ERRMSG];
+    size_t each;
+    int rc = 0, pass, k, s, opened = 0;
     if (!err) { err = mine; err_size = sizeof mine; }
     *err = 0;
-    bytes = fsdp__align(bytes < (size_t)REQUEST ? (size_t)REQUEST : bytes, (size_t)REQUEST);
-    if (!dir || !write_bps || !read_bps) return fsdp__fmt(err, err_size, "fsdp_offload_bandwidth: bad arguments"), FSDP_ERR_INVALID_ARG;
+    if (!dir || !write_bps || !read_bps || streams < 1 || streams > MAX_STREAMS)
+        return fsdp__fmt(err, err_size, "fsdp_offload_bandwidth: bad arguments (streams 1..%d)", MAX_STREAMS), FSDP_ERR_INVALID_ARG;
+    each = fsdp__align(bytes / (size_t)streams < (size_t)REQUEST ? (size_t)REQUEST : bytes / (size_t)streams, (size_t)REQUEST);
     memset(&quiet, 0, sizeof quiet); /* silent: the caller reports */
-    if (!(buf = (char *)fsdp__aligned_alloc((size_t)REQUEST * IN_FLIGHT))) return FSDP_ERR_OUT_OF_MEMORY;
-    for (k = 0; k < REQUEST * IN_FLIGHT; k++) buf[k] = (char)(k * 131 + 7); /* not zeros: nothing to compress */
-    if ((rc = fsdp__offload_open(&o, dir, 1, (int64_t)bytes, 0, 1, &quiet, err, err_size)) != 0) {
-        FSDP_FREE(buf);
-        return rc;
-    }
-    for (pass = 1; pass >= 0 && !rc; pass--) { /* write, then read */
-        uint64_t ticket[IN_FLIGHT] = {0};
+    o = (fsdp__offload *)fsdp__calloc(sizeof *o * (size_t)streams);
+    buf = (char *)fsdp__aligned_alloc((size_t)REQUEST * IN_FLIGHT * (size_t)streams);
+    if (!o || !buf) rc = FSDP_ERR_OUT_OF_MEMORY;
+    for (k = 0; buf && k < REQUEST * IN_FLIGHT * streams; k++) buf[k] = (char)(k * 131 + 7); /* not zeros: nothing to compress */
+    for (s = 0; !rc && s < streams; s++, opened++)
+        rc = fsdp__offload_open(&o[s], dir, 1, (int64_t)each, s, streams, &quiet, err, err_size);
+    for (pass = 2; pass >= 0 && !rc; pass--) { /* write (untimed: the reserved blocks are written once first, as
+                                                   training's first step does), write, read; IN_FLIGHT per stream */
+        int write = pass > 0;
+        uint64_t ticket[MAX_STREAMS][IN_FLIGHT];
         size_t at;
         double t = fsdp_now();
-        for (at = 0, k = 0; at < bytes && !rc; at += REQUEST, k = (k + 1) % IN_FLIGHT) {
-            if (ticket[k] && (rc = fsdp__io_wait(&o, ticket[k])) != 0) break;
-            ticket[k] = fsdp__io_submit(&o, pass, (int64_t)at, buf + (size_t)k * REQUEST, REQUEST);
-        }
-        if (!rc) rc = fsdp__io_wait(&o, 0);
+        memset(ticket, 0, sizeof ticket);
+        for (at = 0, k = 0; at < each && !rc; at += REQUEST, k = (k + 1) % IN_FLIGHT)
+            for (s = 0; s < streams && !rc; s++) {
+                if (ticket[s][k] && (rc = fsdp__io_wait(&o[s], ticket[s][k])) != 0) break;
+                ticket[s][k] = fsdp__io_submit(&o[s], write, (int64_t)at, buf + ((size_t)s * IN_FLIGHT + (size_t)k) * REQUEST,
+                                               REQUEST);
+            }
+        for (s = 0; s < streams && !rc; s++) rc = fsdp__io_wait(&o[s], 0);
         t = fsdp_now() - t;
-        *(pass ? write_bps : read_bps) = t > 0 ? (double)bytes / t : 0;
+        *(write ? write_bps : read_bps) = t > 0 ? (double)each * streams / t : 0;
+        for (s = 0; rc && s < streams; s++)
+            if (o[s].error) fsdp__fmt(err, err_size, "%s", o[s].message);
     }
-    if (rc) fsdp__fmt(err, err_size, "%s", o.message);
-    fsdp__offload_close(&o);
+    for (s = 0; s < opened; s++) fsdp__offload_close(&o[s]);
+    FSDP_FREE(o);
     FSDP_FREE(buf);
     return rc;
 }

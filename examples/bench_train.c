@@ -21,7 +21,13 @@
    block): activation bytes and step time against none; and for either model, the model frozen
    and run forward only (a distillation teacher): persistent bytes per parameter.
 
-   Build and run: make bench && build/bench_train [--model gpt] [--memory] */
+   Offload (--offload DIR): FULL_SHARD on --nproc ranks with nothing, the optimizer state (f32,
+   then bf16), and everything on disk under DIR: ms/step against none, the bytes every rank read
+   and wrote per step, the disk's bandwidth through fsdp.h's own I/O path (fsdp_offload_bandwidth),
+   the compute-only step (the same training with nothing offloaded) and the roofline ratio
+   step / max(compute-only, bytes / bandwidth); peak RSS and disk bytes per rank.
+
+   Build and run: make bench && build/bench_train [--model gpt] [--memory | --offload DIR] */
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 
@@ -59,6 +65,7 @@ typedef enum { MODEL_MLP, MODEL_GPT } model_kind;
 typedef struct {
     model_kind model;
     int memory;                       // --memory: the memory table instead of the speed table
+    const char *offload_dir;          // --offload DIR: the offload table
     int layers, batch, steps, warmup, nproc;
     int hidden, features, classes;    // MLP
     const char *csv;
@@ -84,12 +91,16 @@ typedef struct {
     const char *coretype;             // PyTorch rows: OPENBLAS_CORETYPE for its BLAS (NULL: OpenBLAS's own choice)
     int recompute;                    // GPT: activation checkpointing of every k-th block (0: off)
     int frozen;                       // every parameter frozen, forward only (a distillation teacher)
+    fsdp_offload_desc offload;        // the offload table: what is on disk (dir: options.offload_dir)
+    fsdp_dtype state_dtype;           // the optimizer state's dtype (0: f32)
 } config;
+#define IN_RAM {0, 0, 0, NULL, 0, 0}, FSDP_F32 // a config's last two fields: nothing offloaded, f32 state
 
 typedef struct {       // what a rank reports, through shared memory
     int done;
     double ms, wait_ms, update_ms, rss, state, loss;
     double persistent, peak_unsharded, est_persistent, est_peak_unsharded, activations; // bytes
+    double read_bytes, written_bytes, disk_bytes;  // the offload: per timed step, and the file's size
     char torch_version[32];  // PyTorch rows
 } rank_result;
 
@@ -305,6 +316,9 @@ static int run_rank(fsdp_comm *comm, void *arg) {
         desc.param_dtype = cfg->param_dtype;
         desc.fp32_compute_view = cfg->param_dtype != FSDP_DTYPE_DEFAULT && cfg->param_dtype != FSDP_F32; // f32 kernels
         desc.optimizer = o->optimizer;
+        desc.optimizer.state_dtype = cfg->state_dtype;
+        desc.offload = cfg->offload;
+        desc.offload.dir = o->offload_dir;
         if (cfg->frozen) fsdp_model_set_trainable(model_desc(&bm), 0, 0); // no gradients, no optimizer state
         if (fsdp_memory_estimate(model_desc(&bm), &desc, P, &est) || fsdp_init(&ctx, model_desc(&bm), &desc)) {
             fprintf(stderr, "%s rank %d: %s\n", cfg->name, rank, fsdp_last_error(NULL));
@@ -313,8 +327,11 @@ static int run_rank(fsdp_comm *comm, void *arg) {
         model_attach(&bm, ctx, rank);
     }
 
+    fsdp_offload_stats io0, io1;
+    memset(&io0, 0, sizeof io0), memset(&io1, 0, sizeof io1);
     for (int s = 0; s < total; s++) {
         double t0, t1, t2;
+        if (s == o->warmup && ctx) fsdp_offload_stats_get(ctx, &io0);
         // N plain loops (no communication at all) start their timed steps together, so that they run
         // side by side: what the machine itself allows N ranks on B/N each
         if (cfg->plain && P > 1 && s == o->warmup && fsdp_barrier(comm)) {
@@ -348,7 +365,11 @@ static int run_rank(fsdp_comm *comm, void *arg) {
         r->activations = (double)model_activation_bytes(&bm);
         if (ctx) {
             fsdp_memory_stats st;
+            fsdp_offload_stats_get(ctx, &io1);
+            r->read_bytes = (double)(io1.bytes_read - io0.bytes_read) / o->steps;
+            r->written_bytes = (double)(io1.bytes_written - io0.bytes_written) / o->steps;
             fsdp_memory_stats_get(ctx, &st);
+            r->disk_bytes = (double)st.disk_bytes;
             r->state = (double)st.peak_bytes;
             r->persistent = (double)st.persistent_bytes, r->peak_unsharded = (double)st.peak_unsharded_bytes;
             r->est_persistent = (double)est.persistent_bytes, r->est_peak_unsharded = (double)est.peak_unsharded_bytes;
@@ -462,15 +483,15 @@ static int speed_table(const options *o) {
     snprintf(names[5], sizeof names[5], "PyTorch DDP %.10s", o->torch_coretype ? o->torch_coretype : "");
     snprintf(names[6], sizeof names[6], "plain x%d, no comm", N);
     { // in this order: PyTorch first at each world size, then fsdp.h's runs to compare with it
-        config torch1 = {"PyTorch eager", 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL, 0, 0};
-        config torchN = {"PyTorch DDP (gloo)", 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL, 0, 0};
-        config plain = {"plain loop (no fsdp)", 1, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0};
-        config plainN = {names[6], 1, N, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0}; // the machine's ceiling at P = N
-        config full1 = {names[0], 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0};
-        config multi[4] = {{names[0], 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0},
-                           {names[1], 0, N, 0, FSDP_SHARD_GRAD_OP, FSDP_F32, 0, NULL, 0, 0},
-                           {names[2], 0, N, 0, FSDP_NO_SHARD, FSDP_F32, 0, NULL, 0, 0},
-                           {names[3], 0, N, N / 2, FSDP_HYBRID_SHARD, FSDP_F32, 0, NULL, 0, 0}};
+        config torch1 = {"PyTorch eager", 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL, 0, 0, IN_RAM};
+        config torchN = {"PyTorch DDP (gloo)", 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL, 0, 0, IN_RAM};
+        config plain = {"plain loop (no fsdp)", 1, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM};
+        config plainN = {names[6], 1, N, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM}; // the machine's ceiling at P = N
+        config full1 = {names[0], 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM};
+        config multi[4] = {{names[0], 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM},
+                           {names[1], 0, N, 0, FSDP_SHARD_GRAD_OP, FSDP_F32, 0, NULL, 0, 0, IN_RAM},
+                           {names[2], 0, N, 0, FSDP_NO_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM},
+                           {names[3], 0, N, N / 2, FSDP_HYBRID_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM}};
         if (o->torch) configs[num_configs++] = torch1;
         if (o->torch && o->torch_coretype) {
             config c = torch1;
@@ -612,18 +633,18 @@ static int memory_table(const options *o) {
     size_t num_params;
     for (int s = 0; s < 2; s++)
         for (int k = 0; k < NUM_P; k++) {
-            config c = {fsdp_strategy_name(strategies[s]), 0, world_sizes[k], 0, strategies[s], FSDP_F32, 0, NULL, 0, 0};
+            config c = {fsdp_strategy_name(strategies[s]), 0, world_sizes[k], 0, strategies[s], FSDP_F32, 0, NULL, 0, 0, IN_RAM};
             configs[s * NUM_P + k] = c;
         }
     first_recompute = num_configs;
     for (int k = 0; o->model == MODEL_GPT && k < NUM_RECOMPUTE; k++) {
         config c = {recompute_names[recompute_every[k]], 0, recompute_p[k], 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL,
-                    recompute_every[k], 0};
+                    recompute_every[k], 0, IN_RAM};
         configs[num_configs++] = c;
     }
     first_frozen = num_configs;
     for (int k = 0; k < NUM_P; k++) { // the whole model frozen, forward only: a distillation teacher
-        config c = {"frozen", 0, world_sizes[k], 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 1};
+        config c = {"frozen", 0, world_sizes[k], 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 1, IN_RAM};
         configs[num_configs++] = c;
     }
     if (model_build(&bm, o)) { fprintf(stderr, "bench_train: out of memory\n"); return 1; }
@@ -683,6 +704,62 @@ static int memory_table(const options *o) {
     printf("persistent: the parameter shards alone (no gradient, no optimizer state): 4 bytes per parameter / P, against\n"
            "16 for a trained parameter under AdamW (the FULL_SHARD rows above); %zu parameters.\n", num_params);
     munmap(results, sizeof(rank_result) * MAX_RANKS * (size_t)num_configs);
+    return 0;
+}
+
+/* --offload DIR: FULL_SHARD on --nproc ranks with more and more on disk, against the same training in
+   RAM, and the roofline step / max(compute-only, bytes / bandwidth). */
+static int offload_table(const options *o) {
+    enum { NUM = 5 };
+    static const char *const names[NUM] = {"nothing", "optimizer", "optimizer bf16", "all", "all, bf16 state"};
+    config configs[NUM];
+    double write_bps = 0, read_bps = 0;
+    char err[600], machine[400];
+    for (int k = 0; k < NUM; k++) {
+        config c = {names[k], 0, o->nproc, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM};
+        c.offload.optimizer = k > 0;
+        c.offload.params = c.offload.grads = k >= 3;
+        c.state_dtype = k == 2 || k == 4 ? FSDP_BF16 : FSDP_F32;
+        configs[k] = c;
+    }
+    rank_result *results = (rank_result *)mmap(NULL, sizeof(rank_result) * MAX_RANKS * NUM, PROT_READ | PROT_WRITE,
+                                               MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (results == MAP_FAILED) { perror("bench_train: mmap"); return 1; }
+    memset(results, 0, sizeof(rank_result) * MAX_RANKS * NUM);
+    if (run_configs(o, configs, NUM, results)) return 1;
+    if (fsdp_offload_bandwidth(o->offload_dir, (size_t)2 << 30, o->nproc, &write_bps, &read_bps, err, sizeof err)) {
+        fprintf(stderr, "bench_train: measuring the disk under %s: %s\n", o->offload_dir, err);
+        return 1;
+    }
+    example_machine_line(machine, sizeof machine);
+    double compute = results[0].ms; // nothing offloaded: the compute-only step (slowest rank below)
+    for (int k = 1; k < o->nproc; k++) compute = results[k].ms > compute ? results[k].ms : compute;
+    printf("%-16s %2s %9s %8s %10s %10s %9s %9s %11s %11s %9s\n", "on disk", "P", "ms/step", "vs none", "read/step",
+           "write/step", "disk ms", "roofline", "max RSS/rk", "disk/rank", "loss");
+    for (int c = 0; c < NUM; c++) {
+        const rank_result *r = &results[(size_t)c * MAX_RANKS];
+        rank_result worst = r[0];
+        double read = 0, written = 0, disk_ms, bound;
+        for (int k = 0; k < o->nproc; k++) {
+            if (r[k].ms > worst.ms) worst.ms = r[k].ms;
+            if (r[k].rss > worst.rss) worst.rss = r[k].rss;
+            read += r[k].read_bytes, written += r[k].written_bytes;
+        }
+        disk_ms = 1e3 * (read / read_bps + written / write_bps);
+        bound = compute > disk_ms ? compute : disk_ms;
+        printf("%-16s %2d %9.1f %7.2fx %6.0f MiB %6.0f MiB %9.1f %8.2fx %7.1f MiB %7.1f MiB %9.4f\n", configs[c].name,
+               configs[c].nprocs, worst.ms, worst.ms / compute, mib(read), mib(written), disk_ms, worst.ms / bound,
+               mib(worst.rss), mib(r[0].disk_bytes), worst.loss);
+    }
+    printf("\nFULL_SHARD, %d ranks, %d timed steps after %d. on disk: the optimizer state (f32 or bf16), or everything\n"
+           "(parameters, gradients, optimizer state) under %s. read/write per step: every rank's bytes together;\n"
+           "disk ms: those at the disk's bandwidth through fsdp.h's own I/O path, measured after the runs (2 GiB each\n"
+           "way, one stream per rank: %.2f GB/s write, %.2f GB/s read). roofline: ms/step / max(compute-only, disk\n"
+           "ms), compute-only being the 'nothing' row (%.1f ms); 1.00x: as fast as the slower of compute and disk\n"
+           "allows. loss: the last step's (f32 state: the same bits wherever it lives, tests/test_offload.c).\n"
+           "machine: %s\n",
+           o->nproc, o->steps, o->warmup, o->offload_dir, write_bps / 1e9, read_bps / 1e9, compute, machine);
+    munmap(results, sizeof(rank_result) * MAX_RANKS * NUM);
     return 0;
 }
 
@@ -772,6 +849,10 @@ static void usage(FILE *out) {
         "\n"
         "  --model M        mlp (default) or gpt\n"
         "  --memory         the memory table instead of the speed table\n"
+        "  --offload DIR    the offload table instead: FULL_SHARD on --nproc ranks with nothing, the optimizer\n"
+        "                   state (f32, bf16) and everything on disk under DIR (a local disk, not tmpfs):\n"
+        "                   ms/step, bytes read and written per step, the disk's bandwidth through fsdp.h's\n"
+        "                   I/O path, and the roofline ratio step / max(compute-only step, bytes / bandwidth)\n"
         "  --layers N       Linear layers (MLP, default 6) or transformer blocks (GPT, default 4)\n"
         "  --batch N        global batch in samples (MLP, default 2048) or sequences (GPT, default 16);\n"
         "                   divisible by --nproc, and by 4 with --memory\n"
@@ -839,6 +920,7 @@ static void parse(options *o, int argc, char **argv) {
         else if (!strcmp(f, "--torch-python")) o->torch_python = v, gpt_flag = f;
         else if (!strcmp(f, "--torch-coretype")) o->torch_coretype = v, gpt_flag = f;
         else if (!strcmp(f, "--rounds")) o->rounds = arg_int(f, v, 1, 64);
+        else if (!strcmp(f, "--offload")) o->offload_dir = v;
         else if (!strcmp(f, "--optimizer")) {
             if (!strcmp(v, "sgd")) o->optimizer.kind = FSDP_SGD;
             else if (!strcmp(v, "adam")) o->optimizer.kind = FSDP_ADAM;
@@ -850,6 +932,7 @@ static void parse(options *o, int argc, char **argv) {
     if (o->model == MODEL_MLP && gpt_flag) die_usage("%s is a GPT option: add --model gpt", gpt_flag);
     if (o->memory && nproc_flag) die_usage("--memory runs P = 1, 2 and 4; --nproc does not apply");
     if (o->memory && o->torch) die_usage("--torch adds rows to the speed table, not to --memory's");
+    if (o->offload_dir && (o->memory || o->torch)) die_usage("--offload is a table of its own: without --memory or --torch");
     if (o->torch_coretype && !o->torch) die_usage("--torch-coretype adds PyTorch rows: add --torch");
     if (o->torch_coretype && !strcmp(o->torch_coretype, "auto")) {
         int avx512 = 0;
@@ -889,7 +972,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     print_header(&o, argc, argv);
-    rc = o.memory ? memory_table(&o) : speed_table(&o);
+    rc = o.memory ? memory_table(&o) : o.offload_dir ? offload_table(&o) : speed_table(&o);
     data_free(&o.data);
     free(o.text);
     return rc;

@@ -363,14 +363,14 @@ static void print_offload_roofline(const fsdp_desc *desc, const double *all, int
     for (int r = 0; r < P; r++) read += all[nstat * r + 8], written += all[nstat * r + 9], wait += all[nstat * r + 10] / P;
     printf("offload per step (all ranks): %.2f GiB read, %.2f GiB written; waiting on the disk %.0f ms per rank on average\n",
            read / 1073741824.0, written / 1073741824.0, wait);
-    if (fsdp_offload_bandwidth(dir, (size_t)1 << 30, &write_bps, &read_bps, err, sizeof err)) {
+    if (fsdp_offload_bandwidth(dir, (size_t)2 << 30, P, &write_bps, &read_bps, err, sizeof err)) {
         printf("disk bandwidth: not measured (%s)\n", err);
         return;
     }
     io_s = read / read_bps + written / write_bps;
     example_machine_line(machine, sizeof machine);
-    printf("disk %s through fsdp.h's I/O path (1 GiB each way): %.2f GB/s write, %.2f GB/s read: the step's bytes take "
-           "%.1f s there\n", dir, write_bps / 1e9, read_bps / 1e9, io_s);
+    printf("disk %s through fsdp.h's I/O path (2 GiB each way, %d streams): %.2f GB/s write, %.2f GB/s read: the step's\n"
+           "bytes take %.1f s there\n", dir, P, write_bps / 1e9, read_bps / 1e9, io_s);
     printf("roofline: step %.1f s / max(compute %.1f s (outside fsdp calls), disk %.1f s) = %.2f\nmachine: %s\n", step_s,
            compute_s, io_s, step_s / (compute_s > io_s ? compute_s : io_s), machine);
 }

@@ -201,9 +201,10 @@ typedef struct rank_result {
 } rank_result;
 
 typedef struct shared_results {
-    int launch_rc[MAX_WORLD + 1];
-    char launch_message[MAX_WORLD + 1][256];
+    int launch_rc[MAX_WORLD + 1], socket_rc[MAX_WORLD + 1];
+    char launch_message[MAX_WORLD + 1][256], socket_message[MAX_WORLD + 1][256];
     rank_result result[MAX_WORLD + 1][MAX_CONFIGS][MAX_WORLD];
+    rank_result socket[MAX_WORLD + 1][MAX_CONFIGS][MAX_WORLD]; /* on sockets: the configurations with all on disk */
 } shared_results;
 static shared_results *shared;
 
@@ -236,10 +237,11 @@ static void train_config(fsdp_comm *comm, const run_config *c, rank_result *r) {
     fsdp_model_destroy(n.model);
 }
 
-static int matrix_rank(fsdp_comm *comm, void *arg) {
+static int matrix_rank(fsdp_comm *comm, void *arg) { /* arg: NULL on shm; on sockets, everything on disk only */
     int world = fsdp_comm_size(comm), rank = fsdp_comm_rank(comm), i;
-    (void)arg;
-    for (i = 0; i < num_configs; i++) train_config(comm, &configs[i], &shared->result[world][i][rank]);
+    for (i = 0; i < num_configs; i++)
+        if (!arg) train_config(comm, &configs[i], &shared->result[world][i][rank]);
+        else if (configs[i].offload == OFF_ALL) train_config(comm, &configs[i], &shared->socket[world][i][rank]);
     return 0;
 }
 
@@ -253,6 +255,9 @@ static void ensure_matrix(void) {
         if (world == 3) continue;
         shared->launch_rc[world] = launch_ranks(world, FSDP_BACKEND_SHM, TIMEOUT_MS, matrix_rank, NULL, &status);
         snprintf(shared->launch_message[world], sizeof shared->launch_message[world], "%s", status.message);
+        if (world == 1) continue;
+        shared->socket_rc[world] = launch_ranks(world, FSDP_BACKEND_SOCKET, TIMEOUT_MS, matrix_rank, &status, &status);
+        snprintf(shared->socket_message[world], sizeof shared->socket_message[world], "%s", status.message);
     }
 }
 
@@ -317,6 +322,31 @@ static void test_offloaded_f32_state_trains_bitwise_as_in_ram_for_every_strategy
 }
 
 static void test_offloaded_bf16_state_trains_bitwise_as_bf16_state_in_ram(void) { assert_offload_bitwise(FSDP_BF16); }
+
+/* Everything on disk over sockets (loopback) at P = 2 and 4: the bits of the same training in RAM
+   over shared memory. */
+static void test_everything_on_disk_over_sockets_trains_bitwise_as_in_ram_over_shm(void) {
+    int ci, world, rank, runs = 0;
+    ensure_matrix();
+    for (world = 2; world <= MAX_WORLD; world += 2) {
+        snprintf(message, sizeof message, "sockets at P=%d: %s", world, shared->socket_message[world]);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared->socket_rc[world], message);
+        for (ci = 0; ci < num_configs; ci++) {
+            char what[200];
+            if (configs[ci].offload != OFF_ALL) continue;
+            describe(what, sizeof what, &configs[ci], world);
+            for (rank = 0; rank < world; rank++) {
+                const rank_result *r = &shared->socket[world][ci][rank], *ram = result_of(world, in_ram_twin(ci), rank);
+                snprintf(message, sizeof message, "%s on sockets, rank %d: %s", what, rank, r->done ? "differs from shm in RAM"
+                                                                                                  : r->error);
+                TEST_ASSERT_TRUE_MESSAGE(r->done, message);
+                TEST_ASSERT_EQUAL_MEMORY_MESSAGE(ram->after, r->after, sizeof r->after, message);
+            }
+            runs++;
+        }
+    }
+    TEST_ASSERT_EQUAL_INT_MESSAGE(2 * 16, runs, "runs on sockets compared");
+}
 
 /* bf16 state changes the numbers (a little): it is not silently f32. */
 static void test_bf16_state_trains_close_to_but_not_bitwise_as_f32_state(void) {
@@ -1045,6 +1075,7 @@ int main(void) {
     UNITY_BEGIN();
     RUN_TEST(test_offloaded_f32_state_trains_bitwise_as_in_ram_for_every_strategy_at_P_1_2_4);
     RUN_TEST(test_offloaded_bf16_state_trains_bitwise_as_bf16_state_in_ram);
+    RUN_TEST(test_everything_on_disk_over_sockets_trains_bitwise_as_in_ram_over_shm);
     RUN_TEST(test_bf16_state_trains_close_to_but_not_bitwise_as_f32_state);
     RUN_TEST(test_offloaded_state_is_counted_on_disk_and_the_stream_within_ram_bytes);
     RUN_TEST(test_offload_file_is_unlinked_of_the_reserved_size_and_outside_the_page_cache);
