@@ -802,8 +802,14 @@ typedef struct fsdp_step_report {
 } fsdp_step_report;
 
 /* Waits for outstanding reduce-scatters, clips to max_norm (<= 0: no clipping), applies the
-   optimizer to this rank's shards and ends the iteration. Collective. */
+   optimizer to this rank's shards and ends the iteration. Collective. With offload (>>offload)
+   the update streams on a thread of its own and fsdp_step returns once it has begun: the next
+   forward overlaps it, each unit's hooks waiting for that unit's new values; fsdp calls that
+   read the shards wait for all of it, and so does fsdp_synchronize. */
 FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report);
+/* Waits for everything running for ctx in the background (the comm thread's collectives, an
+   update behind): before reading fsdp_param_info's shards directly, or timing. */
+FSDP_API int fsdp_synchronize(fsdp_ctx *ctx);
 /* Waits for outstanding reductions and ends the iteration without an update: after a
    micro-step, or after a forward-only (evaluation) pass. Collective. */
 FSDP_API int fsdp_finish_backward(fsdp_ctx *ctx);
@@ -7413,6 +7419,10 @@ typedef struct fsdp__unit {
     int grad_zero;          /* the gradient on disk is zero (fsdp_zero_grad: nothing written) */
     double grad_sumsq;      /* its sum of squares, made when it was written (fsdp__sumsq) */
     float grad_scale;       /* a clipping factor the gradient on disk still owes (1: none) */
+    int step_done;          /* the step running in the background has updated this unit (1 when none runs) */
+    int zero_pending;       /* fsdp_zero_grad came before that: the step thread zeroes the gradient after */
+    int upd_grad_zero;      /* grad_zero and grad_scale as the step being applied sees them */
+    float upd_grad_scale;
     fsdp__home opt[FSDP_OPTIMIZER_MAX_STATE]; /* the optimizer's state shards (ctx->num_state of them) */
     void *unsharded;        /* [padded] param_dtype, while gathered */
     float *view32;          /* fp32 compute view, while gathered */
@@ -7492,6 +7502,16 @@ struct fsdp_ctx {
     fsdp_dtype state_dtype;
     fsdp__offload *offload;
     int64_t offload_size;            /* bytes of the offload file (0: none) */
+    /* the update being applied: the optimizer's settings and step count when fsdp_step began it
+       (fsdp_set_lr may change ctx->opt meanwhile); with offload it runs on the step thread,
+       behind the next forward (see fsdp__step_launch) */
+    fsdp_optimizer_desc upd_opt;
+    int64_t upd_step;
+    pthread_t step_thread;
+    int step_thread_started, step_pending, step_stop, step_rc;
+    pthread_mutex_t step_lock;
+    pthread_cond_t step_cond;
+    char step_error[FSDP__ERRMSG];
     void *stream_raw, *stream_f32;   /* FSDP__STREAM_SLOTS slots of stream_chunk elements per shard */
     /* parameters or gradients on disk: buffers of a unit's whole shard region, aligned for O_DIRECT,
        where gathers read (ahead, from fsdp__issue_gather) and reductions add (writing behind) */
@@ -7660,6 +7680,10 @@ FSDP__PRIVATE int fsdp__offload_failed(fsdp_ctx *ctx, int rc) {
     return fsdp__fail(ctx, rc, "%s", why);
 }
 
+/* (the step in the background, defined with fsdp_step) */
+FSDP__PRIVATE int fsdp__step_wait_unit(fsdp_ctx *ctx, fsdp__unit *u, int compute_thread);
+FSDP__PRIVATE void fsdp__unit_updated(fsdp_ctx *ctx, fsdp__unit *u);
+
 /* The shard buffers: taken (a free one, its last write done first; -1 unless more than reserve
    are free) and given back (with the ticket of a write still running from it, or 0). Any thread.
    Reads ahead leave two for the comm thread, so that it always finds one. */
@@ -7745,7 +7769,8 @@ FSDP__PRIVATE int fsdp__run_gather(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, 
     size_t esize = fsdp_dtype_size(ctx->param_dtype);
     char *slot = (char *)u->unsharded + (size_t)u->group_rank * (size_t)u->shard * esize;
     const float *master = u->master;
-    int rc = 0;
+    int rc = fsdp__step_wait_unit(ctx, u, 0); /* (peers read a shared master once this rank has joined) */
+    if (rc) return rc;
     if (u->master_shared) /* f32: straight from the shard, which peers may read directly */
         return fsdp__collective_tagged(u->shard_comm, FSDP_COLL_ALL_GATHER, u->master, u->unsharded, (size_t)u->shard,
                                        FSDP_F32, FSDP_SUM, tag);
@@ -7956,6 +7981,11 @@ FSDP__PRIVATE int fsdp__wait_task(fsdp_ctx *ctx, uint64_t id) {
     }
     rc = ctx->worker_error;
     pthread_mutex_unlock(&ctx->lock);
+    if (rc && ctx->step_thread_started) { /* a collective failed because the step behind did: its cause */
+        pthread_mutex_lock(&ctx->step_lock);
+        if (ctx->step_rc) rc = ctx->step_rc;
+        pthread_mutex_unlock(&ctx->step_lock);
+    }
     return rc;
 }
 
@@ -8010,7 +8040,8 @@ FSDP__PRIVATE int fsdp__issue_gather(fsdp_ctx *ctx, int ui) {
     t.kind = FSDP__TASK_GATHER;
     t.unit = ui;
     t.read_buf = -1;
-    if (!u->master && ctx->offload && (t.read_buf = fsdp__io_buf_take(ctx, 2)) >= 0) /* on disk: its read starts now */
+    if (!u->master && ctx->offload && __atomic_load_n(&u->step_done, __ATOMIC_ACQUIRE) &&
+        (t.read_buf = fsdp__io_buf_take(ctx, 2)) >= 0) /* on disk and updated: its read starts now */
         t.read_ticket = fsdp__shard_submit(ctx, u, FSDP__VEC_MASTER, 0, t.read_buf);
     u->gather_task = fsdp__enqueue(ctx, &t, 1);
     u->state = FSDP__GATHERING;
@@ -8121,6 +8152,7 @@ static int fsdp__hook_unit(fsdp_ctx *ctx, int module, int *ui) {
 FSDP__PRIVATE int fsdp__unit_pre_forward(fsdp_ctx *ctx, int ui) {
     fsdp__unit *u = &ctx->units[ui];
     int rc, i;
+    if ((rc = fsdp__step_wait_unit(ctx, u, 1)) != 0) return rc; /* the update of the step behind */
     if (ctx->phase == 2) { /* the first forward after a backward starts a new iteration */
         if ((rc = fsdp__end_iteration(ctx)) != 0) return rc;
     }
@@ -8151,6 +8183,7 @@ FSDP__PRIVATE int fsdp__unit_post_forward(fsdp_ctx *ctx, int ui) {
 FSDP__PRIVATE int fsdp__unit_pre_backward(fsdp_ctx *ctx, int ui) {
     fsdp__unit *u = &ctx->units[ui];
     int rc;
+    if ((rc = fsdp__step_wait_unit(ctx, u, 1)) != 0) return rc;
     if (!u->forward_done || u->backward_started || u->state == FSDP__IN_FORWARD)
         return fsdp__fail(ctx, FSDP_ERR_STATE, "pre_backward of unit '%s' in state %s (%s)", fsdp__unit_name(ctx, ui),
                           fsdp__state_name(u->state),
@@ -8422,8 +8455,8 @@ FSDP__PRIVATE void fsdp__optimizer_range(fsdp_ctx *ctx, float *const *vec, int64
     step.count = (size_t)count;
     step.lr = lr;
     step.weight_decay = wd;
-    step.step = ctx->step;
-    step.desc = &ctx->opt;
+    step.step = ctx->upd_step;
+    step.desc = &ctx->upd_opt;
     ctx->optimizer->update(&step);
 }
 
@@ -8434,7 +8467,7 @@ FSDP__PRIVATE void fsdp__optimizer_update(fsdp_ctx *ctx, fsdp__unit *u, int64_t 
     float *at[2 + FSDP_OPTIMIZER_MAX_STATE];
     int k, j;
     if (u->uniform_update) {
-        fsdp__optimizer_range(ctx, span->vec, b - a, ctx->opt.lr, ctx->opt.weight_decay);
+        fsdp__optimizer_range(ctx, span->vec, b - a, ctx->upd_opt.lr, ctx->upd_opt.weight_decay);
         return;
     }
     for (k = 0; k < u->num_params; k++) {
@@ -8445,7 +8478,7 @@ FSDP__PRIVATE void fsdp__optimizer_update(fsdp_ctx *ctx, fsdp__unit *u, int64_t 
         if (lo < a) lo = a;
         if (hi > b) hi = b;
         for (j = 0; j < FSDP__VEC_STATE + ctx->num_state; j++) at[j] = span->vec[j] + (lo - a);
-        fsdp__optimizer_range(ctx, at, hi - lo, ctx->opt.lr * ctx->param_lr_scale[p], ctx->param_decay[p]);
+        fsdp__optimizer_range(ctx, at, hi - lo, ctx->upd_opt.lr * ctx->param_lr_scale[p], ctx->param_decay[p]);
     }
 }
 
@@ -8530,7 +8563,7 @@ static uint64_t fsdp__chunk_io(fsdp_ctx *ctx, const fsdp__chunk *c, int s, int w
         fsdp_dtype dtype;
         fsdp__home h = fsdp__vec_home(ctx, u, v, &dtype);
         size_t esize = fsdp_dtype_size(dtype);
-        if (!fsdp__vec_on_disk(ctx, v) || (v == FSDP__VEC_GRAD && (write || u->grad_zero))) continue; /* grads are read only */
+        if (!fsdp__vec_on_disk(ctx, v) || (v == FSDP__VEC_GRAD && (write || u->upd_grad_zero))) continue; /* grads: read only */
         ticket = fsdp__io_submit(ctx->offload, write, h.offset + (int64_t)((size_t)c->first * esize), fsdp__slot_raw(ctx, s, v),
                                  fsdp__align((size_t)c->count * esize, FSDP__IO_ALIGN));
     }
@@ -8553,12 +8586,12 @@ static void fsdp__chunk_update(fsdp_ctx *ctx, const fsdp__chunk *c, int s) {
     }
     if (fsdp__vec_on_disk(ctx, FSDP__VEC_GRAD)) {
         size_t i;
-        if (u->grad_zero) memset(span.vec[FSDP__VEC_GRAD], 0, sizeof(float) * n);
-        else if (u->grad_scale != 1.0f)
-            for (i = 0; i < n; i++) span.vec[FSDP__VEC_GRAD][i] *= u->grad_scale;
+        if (u->upd_grad_zero) memset(span.vec[FSDP__VEC_GRAD], 0, sizeof(float) * n);
+        else if (u->upd_grad_scale != 1.0f)
+            for (i = 0; i < n; i++) span.vec[FSDP__VEC_GRAD][i] *= u->upd_grad_scale;
     }
     fsdp__optimizer_update(ctx, u, c->first, c->first + c->count, &span);
-    if (fsdp__vec_on_disk(ctx, FSDP__VEC_MASTER)) fsdp__zero_padding(ctx, u, c->first, c->first + c->count, span.vec[FSDP__VEC_MASTER]);
+    fsdp__zero_padding(ctx, u, c->first, c->first + c->count, span.vec[FSDP__VEC_MASTER]);
     for (v = FSDP__VEC_STATE; v < FSDP__VEC_STATE + ctx->num_state && ctx->state_dtype != FSDP_F32; v++)
         fsdp__from_f32(fsdp__vec_on_disk(ctx, v) ? (void *)fsdp__slot_raw(ctx, s, v)
                                                  : (void *)((char *)u->opt[v - FSDP__VEC_STATE].ram +
@@ -8582,6 +8615,8 @@ FSDP__PRIVATE int fsdp__step_streamed(fsdp_ctx *ctx) {
         if (disk && read_done[s] && (rc = fsdp__io_wait(ctx->offload, read_done[s])) != 0) break;
         fsdp__chunk_update(ctx, &chunk[s], s);
         if (disk) write_done[s] = fsdp__chunk_io(ctx, &chunk[s], s, 1);
+        if (chunk[s].first + chunk[s].count == ctx->units[chunk[s].unit].shard) /* its last chunk: written (or queued) */
+            fsdp__unit_updated(ctx, &ctx->units[chunk[s].unit]);
         /* the slot the next read-ahead fills held chunk i - 1: its write must be done */
         if (disk && write_done[ahead] && (rc = fsdp__io_wait(ctx->offload, write_done[ahead])) != 0) break;
         write_done[ahead] = 0;
@@ -8591,11 +8626,117 @@ FSDP__PRIVATE int fsdp__step_streamed(fsdp_ctx *ctx) {
         }
     }
     if (disk && !rc) rc = fsdp__io_wait(ctx->offload, 0);
-    if (disk && rc) {
-        fsdp__io_wait(ctx->offload, 0); /* never leave the thread on the slots */
-        return fsdp__offload_failed(ctx, rc);
-    }
+    if (disk && rc) fsdp__io_wait(ctx->offload, 0); /* never leave the I/O thread on the slots */
     return rc;
+}
+
+/* --- the step in the background -----------------------------------------------------------
+   With offload, fsdp_step hands the update to the step thread and returns: the next forward
+   overlaps it. Unit by unit, in the order the step streams them (the order of the units, which
+   is the forward's), step_done says the unit's shards hold the new values (its writes queued
+   on the I/O thread, which runs requests in order: a later read sees them). A gather, a unit's
+   hooks and fsdp_zero_grad wait for their unit only; whatever reads the shards otherwise
+   (fsdp_step, clipping, checkpoints, fsdp_gather_param, fsdp_set_param_*, fsdp_synchronize)
+   waits for the whole step. A failure fails the comm at once (its peers learn it in their next
+   collective) and every later wait. */
+
+/* A unit's update is complete: a deferred fsdp_zero_grad applies now. Either thread. */
+FSDP__PRIVATE void fsdp__zero_unit_grad(fsdp__unit *u) {
+    if (u->grad) memset(u->grad, 0, sizeof(float) * (size_t)u->shard);
+    u->grad_zero = 1; /* on disk: nothing to write */
+    u->grad_sumsq = 0;
+    u->grad_scale = 1.0f;
+}
+FSDP__PRIVATE void fsdp__unit_updated(fsdp_ctx *ctx, fsdp__unit *u) {
+    if (!ctx->step_thread_started) return;
+    pthread_mutex_lock(&ctx->step_lock);
+    if (u->zero_pending) fsdp__zero_unit_grad(u);
+    u->zero_pending = 0;
+    __atomic_store_n(&u->step_done, 1, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&ctx->step_cond);
+    pthread_mutex_unlock(&ctx->step_lock);
+}
+
+static void *fsdp__step_main(void *arg) {
+    fsdp_ctx *ctx = (fsdp_ctx *)arg;
+    pthread_mutex_lock(&ctx->step_lock);
+    for (;;) {
+        int rc, ui;
+        while (!ctx->step_pending && !ctx->step_stop) pthread_cond_wait(&ctx->step_cond, &ctx->step_lock);
+        if (!ctx->step_pending) break;
+        pthread_mutex_unlock(&ctx->step_lock);
+        rc = fsdp__step_streamed(ctx);
+        pthread_mutex_lock(&ctx->step_lock);
+        if (rc && !ctx->step_rc) {
+            ctx->step_rc = rc; /* first: a collective that fails for it then reports this cause */
+            fsdp__copy_string(ctx->step_error, sizeof ctx->step_error, ctx->offload->message);
+            pthread_mutex_unlock(&ctx->step_lock);
+            fsdp_comm_fail(ctx->comm, rc, "rank %d: %s", ctx->rank, ctx->step_error); /* peers must not wait on it */
+            pthread_mutex_lock(&ctx->step_lock);
+        }
+        for (ui = 0; ui < ctx->num_units; ui++) { /* (after a failure: released, to fail) */
+            if (ctx->units[ui].zero_pending) fsdp__zero_unit_grad(&ctx->units[ui]);
+            ctx->units[ui].zero_pending = 0;
+            __atomic_store_n(&ctx->units[ui].step_done, 1, __ATOMIC_RELEASE);
+        }
+        ctx->step_pending = 0;
+        pthread_cond_broadcast(&ctx->step_cond);
+    }
+    pthread_mutex_unlock(&ctx->step_lock);
+    return NULL;
+}
+
+/* The step's failure, reported on the calling (compute) thread. */
+FSDP__PRIVATE int fsdp__step_failed(fsdp_ctx *ctx, int rc) {
+    return fsdp__fail(ctx, rc, "the optimizer step in the background failed: %s", ctx->step_error);
+}
+
+/* Waits until unit u holds the step's new values (comm thread: rc only; compute thread: fails the
+   context). */
+FSDP__PRIVATE int fsdp__step_wait_unit(fsdp_ctx *ctx, fsdp__unit *u, int compute_thread) {
+    int rc;
+    if (!ctx->step_thread_started || __atomic_load_n(&u->step_done, __ATOMIC_ACQUIRE)) return 0;
+    pthread_mutex_lock(&ctx->step_lock);
+    while (!u->step_done) pthread_cond_wait(&ctx->step_cond, &ctx->step_lock);
+    rc = ctx->step_rc;
+    pthread_mutex_unlock(&ctx->step_lock);
+    return rc && compute_thread ? fsdp__step_failed(ctx, rc) : rc;
+}
+
+/* Waits for the whole step (compute thread). */
+FSDP__PRIVATE int fsdp__step_drain(fsdp_ctx *ctx) {
+    int rc;
+    if (!ctx->step_thread_started) return 0;
+    pthread_mutex_lock(&ctx->step_lock);
+    while (ctx->step_pending) pthread_cond_wait(&ctx->step_cond, &ctx->step_lock);
+    rc = ctx->step_rc;
+    pthread_mutex_unlock(&ctx->step_lock);
+    return rc ? fsdp__step_failed(ctx, rc) : 0;
+}
+
+/* Applies the update: on the step thread where there is one (the units it streams marked not yet
+   updated), else here. The gradients' flags and the optimizer's settings as they are now. */
+FSDP__PRIVATE int fsdp__step_launch(fsdp_ctx *ctx) {
+    int ui, rc;
+    ctx->upd_opt = ctx->opt;
+    ctx->upd_step = ctx->step;
+    for (ui = 0; ui < ctx->num_units; ui++) {
+        fsdp__unit *u = &ctx->units[ui];
+        u->upd_grad_zero = u->grad_zero;
+        u->upd_grad_scale = u->grad_scale;
+    }
+    if (!ctx->step_thread_started) {
+        if (!ctx->stream_chunk) return 0; /* in place, by fsdp_step */
+        rc = fsdp__step_streamed(ctx);
+        return rc ? fsdp__offload_failed(ctx, rc) : 0;
+    }
+    pthread_mutex_lock(&ctx->step_lock);
+    for (ui = 0; ui < ctx->num_units; ui++)
+        if (!ctx->units[ui].frozen && ctx->units[ui].shard > 0) ctx->units[ui].step_done = 0;
+    ctx->step_pending = 1;
+    pthread_cond_broadcast(&ctx->step_cond);
+    pthread_mutex_unlock(&ctx->step_lock);
+    return 0;
 }
 
 
@@ -8606,7 +8747,7 @@ FSDP__PRIVATE int fsdp__finish(fsdp_ctx *ctx) {
             if (ctx->units[rc].grad_full_pending)
                 return fsdp__fail(ctx, FSDP_ERR_STATE, "unit '%s' holds no_sync gradients that were never reduced: turn "
                                   "no_sync off before the last micro-step's backward", fsdp__unit_name(ctx, rc));
-    if ((rc = fsdp__wait_task(ctx, 0)) != 0) return rc;
+    if ((rc = fsdp__wait_task(ctx, 0)) != 0 || (rc = fsdp__step_drain(ctx)) != 0) return rc;
     return fsdp__end_iteration(ctx);
 }
 
@@ -8619,7 +8760,7 @@ FSDP_API int fsdp_clip_grad_norm(fsdp_ctx *ctx, float max_norm, double *norm) {
     int rc, ui;
     double total = 0;
     if (!ctx) return FSDP_ERR_INVALID_ARG;
-    if ((rc = fsdp__wait_task(ctx, 0)) != 0) return rc;
+    if ((rc = fsdp__wait_task(ctx, 0)) != 0 || (rc = fsdp__step_drain(ctx)) != 0) return rc;
     if ((rc = fsdp__global_norm(ctx, &total)) != 0) return rc;
     if (norm) *norm = total;
     if (max_norm > 0 && isfinite(total)) { /* torch.nn.utils.clip_grad_norm_ */
@@ -8649,8 +8790,8 @@ FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) 
         if (report) { report->skipped = 1; report->step = ctx->step; }
         return 0;
     }
-    if (ctx->stream_chunk && (rc = fsdp__step_streamed(ctx)) != 0) return rc;
-    for (ui = 0; ui < ctx->num_units; ui++) {
+    if ((rc = fsdp__step_launch(ctx)) != 0) return rc;
+    for (ui = 0; ui < ctx->num_units && !ctx->stream_chunk; ui++) { /* in place (streamed: done above or behind) */
         fsdp__unit *u = &ctx->units[ui];
         fsdp__span span;
         int k;
@@ -8658,8 +8799,8 @@ FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) 
         span.vec[FSDP__VEC_MASTER] = u->master;
         span.vec[FSDP__VEC_GRAD] = u->grad;
         for (k = 0; k < ctx->num_state; k++) span.vec[FSDP__VEC_STATE + k] = fsdp__home_f32(ctx, &u->opt[k]);
-        if (!ctx->stream_chunk) fsdp__optimizer_update(ctx, u, 0, u->shard, &span);
-        if (u->master) fsdp__zero_padding(ctx, u, 0, u->shard, u->master);
+        fsdp__optimizer_update(ctx, u, 0, u->shard, &span);
+        fsdp__zero_padding(ctx, u, 0, u->shard, u->master);
     }
     ctx->step++;
     if (report) report->step = ctx->step;
@@ -8670,15 +8811,22 @@ FSDP_API int fsdp_zero_grad(fsdp_ctx *ctx) {
     int ui, rc;
     if (!ctx) return FSDP_ERR_INVALID_ARG;
     if ((rc = fsdp__wait_task(ctx, 0)) != 0) return rc;
+    if (ctx->step_thread_started) pthread_mutex_lock(&ctx->step_lock);
     for (ui = 0; ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
-        if (u->grad) memset(u->grad, 0, sizeof(float) * (size_t)u->shard);
-        u->grad_zero = 1; /* on disk: nothing to write */
-        u->grad_sumsq = 0;
-        u->grad_scale = 1.0f;
+        if (ctx->step_thread_started && !u->step_done) u->zero_pending = 1; /* the step still reads it: zeroed after */
+        else fsdp__zero_unit_grad(u);
         if (u->grad_full_pending && u->grad_full) memset(u->grad_full, 0, sizeof(float) * (size_t)u->padded);
     }
+    if (ctx->step_thread_started) pthread_mutex_unlock(&ctx->step_lock);
     return 0;
+}
+
+FSDP_API int fsdp_synchronize(fsdp_ctx *ctx) {
+    int rc;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if ((rc = fsdp__wait_task(ctx, 0)) != 0) return rc;
+    return fsdp__step_drain(ctx);
 }
 
 FSDP_API int fsdp_set_lr(fsdp_ctx *ctx, float lr) {
@@ -8938,6 +9086,7 @@ FSDP__PRIVATE int fsdp__init_units(fsdp_ctx *ctx, int hybrid_group) {
         u->master_off = u->grad_off = -1;
         u->grad_zero = 1;
         u->grad_scale = 1.0f;
+        u->step_done = 1;
         if (!u->frozen && !ctx->desc.offload.grads) u->grad = (float *)fsdp__calloc(sizeof(float) * (size_t)u->shard);
         for (j = 0; j < nbuf; j++) u->opt[j].offset = -1;
         if (!u->frozen && !ctx->desc.offload.grads && !u->grad)
@@ -9152,11 +9301,18 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
     }
     if (!rc && pthread_create(&ctx->thread, NULL, fsdp__worker, ctx) != 0)
         rc = fsdp__init_fail_ctx(ctx, FSDP_ERR_SYSTEM, "fsdp_init: cannot start the comm thread");
+    if (!rc) ctx->thread_started = 1;
+    if (!rc && ctx->offload && ctx->stream_chunk) { /* the step runs behind the next forward */
+        pthread_mutex_init(&ctx->step_lock, NULL);
+        pthread_cond_init(&ctx->step_cond, NULL);
+        if (pthread_create(&ctx->step_thread, NULL, fsdp__step_main, ctx) != 0)
+            rc = fsdp__init_fail_ctx(ctx, FSDP_ERR_SYSTEM, "fsdp_init: cannot start the step thread");
+        else ctx->step_thread_started = 1;
+    }
     if (rc) {
         fsdp_destroy(ctx);
         return rc;
     }
-    ctx->thread_started = 1;
     *out = ctx;
     return FSDP_SUCCESS;
 }
@@ -9164,6 +9320,16 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
 FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     int ui, k;
     if (!ctx) return;
+    if (ctx->step_thread_started) { /* the step behind finishes first */
+        pthread_mutex_lock(&ctx->step_lock);
+        ctx->step_stop = 1;
+        pthread_cond_broadcast(&ctx->step_cond);
+        pthread_mutex_unlock(&ctx->step_lock);
+        pthread_join(ctx->step_thread, NULL);
+        pthread_mutex_destroy(&ctx->step_lock);
+        pthread_cond_destroy(&ctx->step_cond);
+        ctx->step_thread_started = 0;
+    }
     if (ctx->thread_started) {
         pthread_mutex_lock(&ctx->lock);
         ctx->stop = 1; /* the comm thread finishes what is queued: every rank queued the same */
@@ -9258,6 +9424,7 @@ FSDP_API int fsdp_gather_param(fsdp_ctx *ctx, int param, float *out) {
     int rc;
     if (!u || !out) return ctx ? fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_gather_param: bad parameter %d", param)
                                : FSDP_ERR_INVALID_ARG;
+    if ((rc = fsdp__step_drain(ctx)) != 0) return rc;
     if (!u->shard_comm || u->group_size == 1) { /* replicated, or a group of one: the shard is the whole unit */
         if (u->master)
             memcpy(out, u->master + ctx->plan.param_offset[param], sizeof(float) * (size_t)ctx->model->params[param].numel);
@@ -9284,6 +9451,8 @@ FSDP_API int fsdp_gather_param(fsdp_ctx *ctx, int param, float *out) {
 }
 
 static int fsdp__check_settable(fsdp_ctx *ctx, fsdp__unit *u, int param) {
+    int rc;
+    if ((rc = fsdp__step_drain(ctx)) != 0) return rc;
     if (ctx->phase != 0 || u->state != FSDP__SHARDED)
         return fsdp__fail(ctx, FSDP_ERR_STATE, "parameter '%s' can only be set between iterations (its unit is %s)",
                           ctx->model->params[param].name, fsdp__state_name(u->state));
@@ -10737,7 +10906,7 @@ FSDP__PRIVATE int fsdp__quiesce(fsdp_ctx *ctx, const char *what) {
     int ui, rc;
     if (ctx->phase != 0)
         return fsdp__fail(ctx, FSDP_ERR_STATE, "%s: call it between iterations (after fsdp_step or fsdp_finish_backward)", what);
-    if ((rc = fsdp__wait_task(ctx, 0)) != 0) return rc;
+    if ((rc = fsdp__wait_task(ctx, 0)) != 0 || (rc = fsdp__step_drain(ctx)) != 0) return rc;
     for (ui = 0; ui < ctx->num_units; ui++)
         if (ctx->units[ui].grad_full_pending)
             return fsdp__fail(ctx, FSDP_ERR_STATE, "%s: unit '%s' holds unreduced no_sync gradients", what, fsdp__unit_name(ctx, ui));

@@ -77,10 +77,13 @@ static float made_up_grad(int p, int i, int rank, int step) {
     return sinf(0.013f * (float)i + 0.7f * (float)p + 0.31f * (float)step) * (1.0f + 0.25f * (float)rank);
 }
 
+/* The made-up gradient plus a weight-decay-like term of the gathered weight, so that a gather
+   that read stale weights changes the training. */
 static void add_grad(fsdp_ctx *ctx, int param, int numel, int rank, int step) {
     float *g = fsdp_grad(ctx, param);
+    const float *w = fsdp_param(ctx, param);
     int i;
-    for (i = 0; g && i < numel; i++) g[i] += made_up_grad(param, i, rank, step);
+    for (i = 0; g && w && i < numel; i++) g[i] += made_up_grad(param, i, rank, step) + 0.5f * w[i];
 }
 
 static int poison_rank = -1; /* this rank's pass makes a gradient NaN (a step every rank skips) */
@@ -631,6 +634,77 @@ static void test_offload_dir_too_small_fails_init_naming_the_bytes_needed_and_fr
 }
 
 /* ---------------------------------------------------------------------------------------------
+   the step behind the next forward: iterations back to back, the learning rate changed at once
+   --------------------------------------------------------------------------------------------- */
+enum { BEHIND_CONFIGS = 12 };
+typedef struct behind_report {
+    int done;
+    char error[300];
+    float after[NELEM];
+} behind_report;
+static behind_report *behind; /* [MAX_WORLD + 1][BEHIND_CONFIGS][MAX_WORLD] */
+
+/* Configuration k: every strategy with nothing, the optimizer state, and everything on disk. */
+static run_config behind_config(int k) {
+    static const fsdp_strategy strategies[4] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP, FSDP_NO_SHARD, FSDP_HYBRID_SHARD};
+    static const int offloads[3] = {0, OFF_OPT, OFF_ALL};
+    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 0};
+    c.strategy = strategies[k / 3];
+    c.offload = offloads[k % 3];
+    return c;
+}
+
+/* STEPS iterations with nothing in between that waits for the update (fsdp_set_lr right after
+   fsdp_step, then fsdp_zero_grad, then the next forward), gathered at the end only. */
+static int behind_rank(fsdp_comm *comm, void *arg) {
+    int world = fsdp_comm_size(comm), rank = fsdp_comm_rank(comm), k, step, rc = 0;
+    (void)arg;
+    for (k = 0; k < BEHIND_CONFIGS; k++) {
+        behind_report *r = &behind[(world * BEHIND_CONFIGS + k) * MAX_WORLD + rank];
+        run_config c = behind_config(k);
+        fsdp_ctx *ctx = NULL;
+        fsdp_desc d;
+        net n;
+        if (net_build(&n) != 0) return 1;
+        desc_for(&d, &c, comm);
+        rc = fsdp_init(&ctx, n.model, &d);
+        for (step = 0; step < STEPS && !rc; step++) {
+            rc = pass(ctx, &n, rank, step);
+            if (!rc) rc = fsdp_step(ctx, 1.0f, NULL);
+            if (!rc) rc = fsdp_set_lr(ctx, 0.01f / (float)(step + 2)); /* the running update keeps its own */
+            if (!rc) rc = fsdp_zero_grad(ctx);
+        }
+        if (!rc) rc = gather_net(ctx, &n, r->after);
+        if (rc) snprintf(r->error, sizeof r->error, "%.280s", fsdp_last_error(ctx));
+        r->done = !rc;
+        fsdp_destroy(ctx);
+        fsdp_model_destroy(n.model);
+    }
+    return 0;
+}
+
+static void test_the_update_behind_the_next_forward_gives_the_bits_of_one_in_ram(void) {
+    int world, k, rank;
+    fsdp_launch_status status;
+    for (world = 2; world <= MAX_WORLD; world += 2) {
+        int rc = launch_ranks(world, FSDP_BACKEND_SHM, TIMEOUT_MS, behind_rank, NULL, &status);
+        snprintf(message, sizeof message, "P=%d: %s", world, status.message);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
+        for (k = 0; k < BEHIND_CONFIGS; k++)
+            for (rank = 0; rank < world; rank++) {
+                const behind_report *r = &behind[(world * BEHIND_CONFIGS + k) * MAX_WORLD + rank];
+                const behind_report *ram = &behind[(world * BEHIND_CONFIGS + k - k % 3) * MAX_WORLD + rank];
+                run_config c = behind_config(k);
+                char what[200];
+                describe(what, sizeof what, &c, world);
+                snprintf(message, sizeof message, "%s, rank %d: %s", what, rank, r->done ? "differs from in RAM" : r->error);
+                TEST_ASSERT_TRUE_MESSAGE(r->done && ram->done, message);
+                TEST_ASSERT_EQUAL_MEMORY_MESSAGE(ram->after, r->after, sizeof r->after, message);
+            }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
    gradients and parameters on disk: accumulation, clipping twice, a skipped step, set by hand
    --------------------------------------------------------------------------------------------- */
 enum { ACCUM_CASES = 3, ACCUM_WORLDS = 3 };
@@ -1071,6 +1145,7 @@ int main(void) {
     special = (special_results *)map_shared(sizeof *special);
     ckpt = (ckpt_report *)map_shared(sizeof *ckpt * CKPT_RUNS * MAX_WORLD);
     auto_runs = (auto_report *)map_shared(sizeof *auto_runs * 2);
+    behind = (behind_report *)map_shared(sizeof *behind * (MAX_WORLD + 1) * BEHIND_CONFIGS * MAX_WORLD);
     accum = (accum_report *)map_shared(sizeof *accum * ACCUM_CASES * ACCUM_WORLDS * MAX_WORLD);
     UNITY_BEGIN();
     RUN_TEST(test_offloaded_f32_state_trains_bitwise_as_in_ram_for_every_strategy_at_P_1_2_4);
@@ -1083,6 +1158,7 @@ int main(void) {
     RUN_TEST(test_offload_dir_in_ram_is_refused_unless_allowed);
     RUN_TEST(test_offload_without_a_directory_fails_init_naming_FSDP_OFFLOAD_DIR);
     RUN_TEST(test_offload_dir_too_small_fails_init_naming_the_bytes_needed_and_free);
+    RUN_TEST(test_the_update_behind_the_next_forward_gives_the_bits_of_one_in_ram);
     RUN_TEST(test_gradients_on_disk_accumulate_clip_twice_and_skip_a_step_bitwise_as_in_ram);
     RUN_TEST(test_param_info_slices_are_null_for_what_is_on_disk);
     RUN_TEST(test_full_checkpoint_of_offloaded_state_is_the_bytes_of_one_from_ram);
