@@ -427,6 +427,9 @@ typedef struct file_report {
     /* the short read */
     int step_rc;
     char step_error[600];
+    /* the sharded checkpoint saved before the fault: its files' hash then and after the failure */
+    int ckpt_rc;
+    uint64_t ckpt_before, ckpt_after;
 } file_report;
 
 /* Three cases: rank 1's file cut short with the optimizer state on disk (the short read hits the
@@ -456,6 +459,30 @@ static int init_offloaded(fsdp_comm *comm, net *n, fsdp_ctx **ctx, char *error, 
 
 /* After two steps: the file in /proc/self/fd, unlinked, of the size reserved, none of its pages
    in the page cache (mincore over a mapping of it). */
+/* A hash of every file in dir (names and bytes, in any order); 0 if dir cannot be read. */
+static uint64_t tree_hash(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    uint64_t total = 0;
+    while (d && (e = readdir(d)) != NULL) {
+        char path[1200];
+        unsigned char *bytes;
+        size_t n = 0, i;
+        uint64_t h = 1469598103934665603ull;
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        for (i = 0; e->d_name[i]; i++) h = (h ^ (unsigned char)e->d_name[i]) * 1099511628211ull;
+        if ((bytes = read_whole_file(path, &n)) != NULL)
+            for (i = 0; i < n; i++) h = (h ^ bytes[i]) * 1099511628211ull;
+        free(bytes);
+        total += h;
+    }
+    if (d) closedir(d);
+    return total;
+}
+
+static void file_ckpt_dir(char *out, size_t size) { snprintf(out, size, "%s-ckpt-%d", offload_dir, file_case); }
+
 static int file_rank(fsdp_comm *comm, void *arg) {
     file_report *r = &special->file[file_case][fsdp_comm_rank(comm)];
     fsdp_ctx *ctx = NULL;
@@ -486,6 +513,15 @@ static int file_rank(fsdp_comm *comm, void *arg) {
         if (map != MAP_FAILED) munmap(map, bytes);
         free(vec);
     }
+    { /* a checkpoint before the fault, which the failure must leave as it is */
+        char dir[600];
+        fsdp_save_options so;
+        memset(&so, 0, sizeof so);
+        so.with_optimizer = 1;
+        file_ckpt_dir(dir, sizeof dir);
+        r->ckpt_rc = fsdp_save_sharded(ctx, dir, &so);
+        if (!r->ckpt_rc && fsdp_comm_rank(comm) == 0) r->ckpt_before = tree_hash(dir);
+    }
     /* then a fault: rank 1's file is cut short (or made read-only), and the next step reads (writes) it */
     if (fsdp_comm_rank(comm) == 1 && r->fd_found >= 0 && !file_read_only[file_case] && ftruncate(r->fd_found, 0) != 0)
         r->links = -100;
@@ -499,6 +535,13 @@ static int file_rank(fsdp_comm *comm, void *arg) {
     r->step_rc = iterate(ctx, &n, fsdp_comm_rank(comm), 2, NULL);
     if (!r->step_rc) r->step_rc = iterate(ctx, &n, fsdp_comm_rank(comm), 3, NULL); /* rank 0: its next collective */
     snprintf(r->step_error, sizeof r->step_error, "%.590s", fsdp_last_error(ctx));
+    if (fsdp_comm_rank(comm) == 0) {
+        char dir[600];
+        fsdp_destroy(ctx); /* (everything in the background ended) */
+        ctx = NULL;
+        file_ckpt_dir(dir, sizeof dir);
+        r->ckpt_after = tree_hash(dir);
+    }
     r->done = 1;
     fsdp_destroy(ctx);
     fsdp_model_destroy(n.model);
@@ -567,6 +610,10 @@ static void test_offload_short_read_fails_the_step_naming_file_offset_and_bytes_
                  fsdp_result_name(r0->step_rc), r0->step_error);
         TEST_ASSERT_NOT_EQUAL_MESSAGE(0, r0->step_rc, message);
         TEST_ASSERT_TRUE_MESSAGE(contains(r0->step_error, "rank 1"), message);
+        snprintf(message, sizeof message, "%s on disk: the checkpoint saved before the fault: %s, %s", offload_name(file_offload[fc]),
+                 r0->ckpt_rc ? fsdp_result_name(r0->ckpt_rc) : "saved",
+                 r0->ckpt_before == r0->ckpt_after ? "untouched" : "changed by the failure");
+        TEST_ASSERT_TRUE_MESSAGE(!r0->ckpt_rc && r0->ckpt_before != 0 && r0->ckpt_before == r0->ckpt_after, message);
     }
 }
 
@@ -1169,5 +1216,10 @@ int main(void) {
     RUN_TEST(test_auto_offloads_gradients_then_parameters_when_the_optimizer_state_on_disk_is_not_enough);
     rc = UNITY_END();
     remove_tree(offload_dir);
+    for (file_case = 0; file_case < FILE_CASES; file_case++) { /* the checkpoints of the fault runs, beside it */
+        char dir[600];
+        file_ckpt_dir(dir, sizeof dir);
+        remove_tree(dir);
+    }
     return rc;
 }
