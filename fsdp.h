@@ -1323,6 +1323,15 @@ FSDP__PRIVATE void *fsdp__calloc(size_t size) {
     return p;
 }
 
+/* Tells a worker thread to stop (*stop set under its lock, its condition broadcast) and joins it. */
+FSDP__PRIVATE void fsdp__thread_stop(pthread_t thread, pthread_mutex_t *lock, pthread_cond_t *cond, int *stop) {
+    pthread_mutex_lock(lock);
+    *stop = 1;
+    pthread_cond_broadcast(cond);
+    pthread_mutex_unlock(lock);
+    pthread_join(thread, NULL);
+}
+
 FSDP__PRIVATE void fsdp__copy_string(char *dst, size_t dst_size, const char *src) {
     size_t n = 0;
     if (!dst_size) return;
@@ -5882,13 +5891,7 @@ FSDP__PRIVATE void fsdp__hier_abort(fsdp_comm *comm, void *impl) {
 
 FSDP__PRIVATE void fsdp__hier_free(fsdp__hier *x, int world) {
     if (!x) return;
-    if (x->thread_started) {
-        pthread_mutex_lock(&x->lock);
-        x->stop = 1;
-        pthread_cond_broadcast(&x->cond);
-        pthread_mutex_unlock(&x->lock);
-        pthread_join(x->thread, NULL);
-    }
+    if (x->thread_started) fsdp__thread_stop(x->thread, &x->lock, &x->cond, &x->stop);
     pthread_mutex_destroy(&x->lock);
     pthread_cond_destroy(&x->cond);
     if (x->net) x->net->wait_note = NULL; /* it was in x->local's segment */
@@ -7320,11 +7323,7 @@ FSDP__PRIVATE int fsdp__offload_open(fsdp__offload *o, const char *dir, int allo
 FSDP__PRIVATE void fsdp__offload_close(fsdp__offload *o) {
     if (!o) return;
     if (o->thread_started) {
-        pthread_mutex_lock(&o->lock);
-        o->stop = 1;
-        pthread_cond_broadcast(&o->work);
-        pthread_mutex_unlock(&o->lock);
-        pthread_join(o->thread, NULL);
+        fsdp__thread_stop(o->thread, &o->lock, &o->work, &o->stop);
         pthread_mutex_destroy(&o->lock);
         pthread_cond_destroy(&o->work);
         pthread_cond_destroy(&o->done);
@@ -9321,22 +9320,13 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     int ui, k;
     if (!ctx) return;
     if (ctx->step_thread_started) { /* the step behind finishes first */
-        pthread_mutex_lock(&ctx->step_lock);
-        ctx->step_stop = 1;
-        pthread_cond_broadcast(&ctx->step_cond);
-        pthread_mutex_unlock(&ctx->step_lock);
-        pthread_join(ctx->step_thread, NULL);
+        fsdp__thread_stop(ctx->step_thread, &ctx->step_lock, &ctx->step_cond, &ctx->step_stop);
         pthread_mutex_destroy(&ctx->step_lock);
         pthread_cond_destroy(&ctx->step_cond);
         ctx->step_thread_started = 0;
     }
-    if (ctx->thread_started) {
-        pthread_mutex_lock(&ctx->lock);
-        ctx->stop = 1; /* the comm thread finishes what is queued: every rank queued the same */
-        pthread_cond_broadcast(&ctx->wake);
-        pthread_mutex_unlock(&ctx->lock);
-        pthread_join(ctx->thread, NULL);
-    }
+    if (ctx->thread_started) /* the comm thread finishes what is queued: every rank queued the same */
+        fsdp__thread_stop(ctx->thread, &ctx->lock, &ctx->wake, &ctx->stop);
     for (ui = 0; ctx->units && ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
         fsdp__reshard(ctx, u);

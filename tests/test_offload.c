@@ -196,6 +196,25 @@ static void desc_for(fsdp_desc *d, const run_config *c, fsdp_comm *comm) {
     d->offload.ram_bytes = SMALL_RAM;
 }
 
+/* The model built and a context on it for configuration c: 0, or the failure with why in error
+   (nothing left to free). */
+static int open_config(fsdp_comm *comm, const run_config *c, net *n, fsdp_ctx **ctx, char *error, size_t size) {
+    fsdp_desc d;
+    int rc;
+    *ctx = NULL;
+    if (net_build(n) != 0) {
+        fsdp_model_destroy(n->model);
+        snprintf(error, size, "building the model failed");
+        return FSDP_ERR_OUT_OF_MEMORY;
+    }
+    desc_for(&d, c, comm);
+    if ((rc = fsdp_init(ctx, n->model, &d)) != 0) {
+        snprintf(error, size, "fsdp_init: %.280s", fsdp_last_error(NULL));
+        fsdp_model_destroy(n->model);
+    }
+    return rc;
+}
+
 typedef struct rank_result {
     int done;
     char error[300];
@@ -214,20 +233,9 @@ static shared_results *shared;
 static void train_config(fsdp_comm *comm, const run_config *c, rank_result *r) {
     int rank = fsdp_comm_rank(comm), step, rc;
     fsdp_ctx *ctx = NULL;
-    fsdp_desc d;
     net n;
     memset(r, 0, sizeof *r);
-    if (net_build(&n) != 0) {
-        snprintf(r->error, sizeof r->error, "building the model failed");
-        fsdp_model_destroy(n.model);
-        return;
-    }
-    desc_for(&d, c, comm);
-    if ((rc = fsdp_init(&ctx, n.model, &d)) != 0) {
-        snprintf(r->error, sizeof r->error, "fsdp_init: %.280s", fsdp_last_error(NULL));
-        fsdp_model_destroy(n.model);
-        return;
-    }
+    if (open_config(comm, c, &n, &ctx, r->error, sizeof r->error) != 0) return;
     for (step = 0; step < STEPS; step++) {
         if ((rc = iterate(ctx, &n, rank, step, NULL)) != 0 || (rc = gather_net(ctx, &n, r->after[step])) != 0) {
             snprintf(r->error, sizeof r->error, "step %d: %.280s", step, fsdp_last_error(ctx));
@@ -448,13 +456,8 @@ static special_results *special;
 
 static int init_offloaded(fsdp_comm *comm, net *n, fsdp_ctx **ctx, char *error, size_t size) {
     run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 0};
-    fsdp_desc d;
-    int rc;
     c.offload = file_offload[file_case];
-    if (net_build(n) != 0) return snprintf(error, size, "building the model failed"), FSDP_ERR_STATE;
-    desc_for(&d, &c, comm);
-    if ((rc = fsdp_init(ctx, n->model, &d)) != 0) snprintf(error, size, "fsdp_init: %.280s", fsdp_last_error(NULL));
-    return rc;
+    return open_config(comm, &c, n, ctx, error, size);
 }
 
 /* After two steps: the file in /proc/self/fd, unlinked, of the size reserved, none of its pages
@@ -710,11 +713,8 @@ static int behind_rank(fsdp_comm *comm, void *arg) {
         behind_report *r = &behind[(world * BEHIND_CONFIGS + k) * MAX_WORLD + rank];
         run_config c = behind_config(k);
         fsdp_ctx *ctx = NULL;
-        fsdp_desc d;
         net n;
-        if (net_build(&n) != 0) return 1;
-        desc_for(&d, &c, comm);
-        rc = fsdp_init(&ctx, n.model, &d);
+        if ((rc = open_config(comm, &c, &n, &ctx, r->error, sizeof r->error)) != 0) continue;
         for (step = 0; step < STEPS && !rc; step++) {
             rc = pass(ctx, &n, rank, step);
             if (!rc) rc = fsdp_step(ctx, 1.0f, NULL);
@@ -780,18 +780,11 @@ static int accum_rank(fsdp_comm *comm, void *arg) {
     fsdp_param_info info;
     fsdp_step_report report;
     fsdp_ctx *ctx = NULL;
-    fsdp_desc d;
     net n;
     (void)arg;
     c.strategy = accum_strategy[accum_wi];
     c.offload = accum_offload[accum_case];
-    if (net_build(&n) != 0) return 1;
-    desc_for(&d, &c, comm);
-    if ((rc = fsdp_init(&ctx, n.model, &d)) != 0) {
-        snprintf(r->error, sizeof r->error, "fsdp_init: %.280s", fsdp_last_error(NULL));
-        fsdp_model_destroy(n.model);
-        return 1;
-    }
+    if (open_config(comm, &c, &n, &ctx, r->error, sizeof r->error) != 0) return 1;
     for (i = 0; i < WEIGHT; i++) full[i] = 0.001f * (float)(i % 97) - 0.04f;
     rc = fsdp_set_param_full(ctx, n.scale, rank == 0 ? full : NULL);
     if (!rc) rc = fsdp_param_info_get(ctx, n.weight[1], &info);
@@ -907,19 +900,12 @@ static int ckpt_rank(fsdp_comm *comm, void *arg) {
     fsdp_save_options so;
     fsdp_load_options lo;
     fsdp_ctx *ctx = NULL;
-    fsdp_desc d;
     net n;
     (void)arg;
     memset(&so, 0, sizeof so);
     memset(&lo, 0, sizeof lo);
     so.with_optimizer = lo.with_optimizer = lo.strict = 1;
-    if (net_build(&n) != 0) return 1;
-    desc_for(&d, &c, comm);
-    if ((rc = fsdp_init(&ctx, n.model, &d)) != 0) {
-        snprintf(r->error, sizeof r->error, "fsdp_init: %.280s", fsdp_last_error(NULL));
-        fsdp_model_destroy(n.model);
-        return 1;
-    }
+    if (open_config(comm, &c, &n, &ctx, r->error, sizeof r->error) != 0) return 1;
     if (run == SAVE_RAM || run == SAVE_DISK || run >= ROUND_F32) {
         for (step = 0; step < (run >= ROUND_F32 ? 1 : 2) && !rc; step++) rc = iterate(ctx, &n, rank, step, NULL);
         ckpt_paths(run == SAVE_DISK, full, sharded, sizeof full);
