@@ -64,9 +64,9 @@ test-asan:
 	    SANFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 
 test-tsan:
-	@$(MAKE) --no-print-directory $(BUILD)/tsan/test_threads BUILD=$(BUILD)/tsan OPT="-O1 -g" \
+	@$(MAKE) --no-print-directory $(BUILD)/tsan/test_threads $(BUILD)/tsan/test_offload BUILD=$(BUILD)/tsan OPT="-O1 -g" \
 	    SANFLAGS="-fsanitize=thread"
-	@BUILD=$(BUILD)/tsan NO_EXTRA_CHECKS=1 sh tests/run.sh test_threads
+	@BUILD=$(BUILD)/tsan NO_EXTRA_CHECKS=1 sh tests/run.sh test_threads test_offload
 
 # Ranks on several "hosts" built from network, mount and UTS namespaces on this machine (root;
 # without them it says why and passes nothing): tests/multihost/test_multihost.sh.

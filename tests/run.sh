@@ -165,6 +165,17 @@ if [ -z "$NO_EXTRA_CHECKS" ]; then
                 [ "$(wc -l <"$tmp/kept.losses")" -eq 9 ] && cmp "$tmp/kept.losses" "$tmp/recomputed.losses"
         }
         check examples.gpt_recompute_trains_bitwise_as_without gpt_recompute
+        gpt_offload() { # (the build directory: on disk, where tmpfs would be refused)
+            mkdir -p "$BUILD/offload-check" &&
+                "$BIN/gpt" --nproc 2 $tiny --steps 8 --print-every 1 --offload all --offload-dir "$BUILD/offload-check" \
+                    >"$tmp/offload.log" 2>&1 || { cat "$tmp/offload.log"; return 1; }
+            [ -f "$tmp/kept.losses" ] || { "$BIN/gpt" --nproc 2 $tiny --steps 8 --print-every 1 >"$tmp/kept.log" 2>&1 &&
+                losses "$tmp/kept.log" >"$tmp/kept.losses"; }
+            losses "$tmp/offload.log" >"$tmp/offload.losses"
+            grep '^offload: the parameters, gradients and optimizer state on disk' "$tmp/offload.log" &&
+                [ -z "$(ls -A "$BUILD/offload-check")" ] && cmp "$tmp/kept.losses" "$tmp/offload.losses"
+        }
+        check examples.gpt_offload_all_trains_bitwise_as_in_ram_and_leaves_its_directory_empty gpt_offload
         big="--data $tmp/text --layers 8 --channels 256 --heads 4 --seq-len 16 --batch 4 --steps 1 --sample 0 --ckpt none"
         check examples.gpt_mem_budget_refuses_1_rank_naming_the_bytes_and_the_fewest_ranks sh -c "! '$BIN/gpt' $big --mem-budget 100 \
             >'$tmp/out' 2>'$tmp/err'; cat '$tmp/err'; grep -q '^gpt: --mem-budget 100 MiB: refusing to start 1 rank: each needs .*, [0-9]* bytes\$' '$tmp/err' &&

@@ -55,7 +55,7 @@ typedef struct net {
 static int net_build_sized(net *n, int weight_numel, int blocks) {
     fsdp_init_rule normal = {FSDP_INIT_NORMAL, 0.0f, 0.2f, NULL, NULL}, ones = {FSDP_INIT_ONES, 0, 0, NULL, NULL};
     int64_t ws[1] = {weight_numel}, bs[1] = {BIAS}, rs[1] = {ROOT};
-    char name[8];
+    char name[16];
     int b;
     memset(n, 0, sizeof *n);
     n->weight_numel = weight_numel;
@@ -494,6 +494,7 @@ static int file_rank(fsdp_comm *comm, void *arg) {
     net n;
     int step;
     (void)arg;
+    memset(&st, 0, sizeof st);
     if ((r->rc = init_offloaded(comm, &n, &ctx, r->error, sizeof r->error)) != 0) return 0;
     for (step = 0; step < 2 && !r->rc; step++)
         if ((r->rc = iterate(ctx, &n, fsdp_comm_rank(comm), step, NULL)) != 0)
@@ -782,6 +783,7 @@ static int accum_rank(fsdp_comm *comm, void *arg) {
     fsdp_ctx *ctx = NULL;
     net n;
     (void)arg;
+    memset(&info, 0, sizeof info);
     c.strategy = accum_strategy[accum_wi];
     c.offload = accum_offload[accum_case];
     if (open_config(comm, &c, &n, &ctx, r->error, sizeof r->error) != 0) return 1;
@@ -1015,6 +1017,7 @@ static void test_bf16_state_is_the_f32_update_rounded_to_nearest_even(void) {
 static void test_estimate_of_offloaded_state_counts_disk_and_stream_apart_and_matches_init(void) {
     run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 1};
     fsdp_memory_stats est, st, ram;
+    memset(&st, 0, sizeof st);
     fsdp_comm *comm = NULL;
     fsdp_ctx *ctx = NULL;
     fsdp_desc d;
@@ -1045,6 +1048,7 @@ static void test_estimate_of_offloaded_state_counts_disk_and_stream_apart_and_ma
 static void test_auto_offloads_the_optimizer_state_when_no_strategy_fits_in_ram(void) {
     run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 0};
     fsdp_memory_stats in_ram, on_disk, st;
+    memset(&st, 0, sizeof st);
     fsdp_strategy strategy;
     fsdp_comm *comm = NULL;
     fsdp_ctx *ctx = NULL;
