@@ -97,9 +97,13 @@
        FSDP_TIMEOUT_MS       bound on every wait for another rank (default 600000 = 10 minutes)
        FSDP_JOB              job token: ranks with different tokens refuse to talk to each other
                              (default: the launcher's job id, else port-<MASTER_PORT>)
-       FSDP_SECRET           shared secret of the job (the same on every rank): every connection
-                             proves knowledge of it (HMAC-SHA256 challenge-response); never sent
-       FSDP_SECRET_FILE      a file holding it (mode 0600 or stricter), instead of FSDP_SECRET
+       FSDP_SECRET_FILE      a file holding the job's shared secret (mode 0600 or stricter; the
+                             same secret on every rank): every connection proves knowledge of it
+                             (HMAC-SHA256 challenge-response under a PBKDF2-stretched key); never
+                             sent. Without one, only this user's processes on this host may join
+                             (other hosts: a warning)
+       FSDP_SECRET           the secret itself, instead of FSDP_SECRET_FILE (read once, then
+                             wiped and removed from the environment: later children do not get it)
        FSDP_DEBUG            unset: warnings to stderr; 0: silent; 1: also errors; 2: also info;
                              3: also debug (for objects made from the environment or by fsdp_launch)
        FSDP_SPIN             0: waits never spin; 1: they spin 50 us before yielding; unset: they
@@ -359,11 +363,12 @@ typedef struct fsdp_comm_desc {
     int local_rank;             /* user backends: rank among the processes on this host; the */
     int local_world_size;       /*   shipped backends learn both from facts (fsdp_comm_local_size) */
     const char *job;            /* job token; ranks of different jobs refuse each other; default "fsdp" */
-    const char *secret;         /* shared secret, the same on every rank (FSDP_SECRET). Every socket
-                                   connection proves knowledge of it by HMAC-SHA256 challenge-
-                                   response (it never crosses the wire), and shm segment names
-                                   derive from it. NULL: none; then anyone who can reach the ports
-                                   can join (fine on loopback; warned about otherwise) */
+    const char *secret;         /* shared secret, the same on every rank (FSDP_SECRET_FILE). Every
+                                   socket connection proves knowledge of it by HMAC-SHA256
+                                   challenge-response under a PBKDF2-stretched key (it never
+                                   crosses the wire). NULL: none; then a peer on this host must be
+                                   a process of this user, and anyone on another host who reaches
+                                   the ports can join (rank 0 warns when it listens off loopback) */
     int timeout_ms;             /* bound on every wait; 0: FSDP_TIMEOUT_MS or 600000 */
     fsdp_logger logger;         /* default silent */
     /* socket backend */
@@ -930,7 +935,8 @@ typedef struct fsdp_save_options {
 typedef struct fsdp_load_options {
     int strict;              /* any missing, unexpected or mis-shaped tensor fails the load */
     int with_optimizer;      /* also restore optimizer state and step when the file has them */
-    /* called once per problem: kind "missing" | "unexpected" | "shape"; detail says more */
+    /* called once per problem: kind "missing" | "unexpected" | "shape"; detail says more.
+       name is the file's text as it is (any bytes): pass it through fsdp_printable to show it */
     void (*on_problem)(void *user, const char *kind, const char *name, const char *detail);
     void *user;
 } fsdp_load_options;
@@ -1142,6 +1148,9 @@ FSDP_API int fsdp_launch_ex(const fsdp_launch_desc *desc, fsdp_rank_fn fn, void 
 #include <unistd.h>
 #if defined(__linux__)
 #  include <linux/futex.h>
+#  include <linux/inet_diag.h>
+#  include <linux/netlink.h>
+#  include <linux/sock_diag.h>
 #  include <sys/vfs.h>
 #endif
 #if defined(__linux__) && !defined(O_TMPFILE)
@@ -1340,8 +1349,11 @@ FSDP__PRIVATE void fsdp__copy_string(char *dst, size_t dst_size, const char *src
     dst[n] = 0;
 }
 
-/* UTF-8 sequence length at p (at most n bytes available) if it is well formed and not a C1
-   control character (U+0080..U+009F, which terminals may obey); 0 otherwise. */
+/* UTF-8 sequence length at p (at most n bytes available) if it is well formed and not a
+   character that changes how the text around it shows: a C1 control (U+0080..U+009F, which
+   terminals may obey), a bidirectional mark, embedding, override or isolate (U+061C, U+200E,
+   U+200F, U+202A..U+202E, U+2066..U+2069: they reorder what follows), a line or paragraph
+   separator (U+2028, U+2029: a fake new line in some viewers) or U+FEFF; 0 otherwise. */
 static size_t fsdp__utf8_length(const unsigned char *p, size_t n) {
     size_t len = p[0] >= 0xc2 && p[0] <= 0xdf ? 2 : p[0] >= 0xe0 && p[0] <= 0xef ? 3 : p[0] >= 0xf0 && p[0] <= 0xf4 ? 4 : 0;
     size_t k;
@@ -1350,6 +1362,11 @@ static size_t fsdp__utf8_length(const unsigned char *p, size_t n) {
         if ((p[k] & 0xc0) != 0x80) return 0;
     if ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] > 0x9f) || (p[0] == 0xf0 && p[1] < 0x90) ||
         (p[0] == 0xf4 && p[1] > 0x8f) || (p[0] == 0xc2 && p[1] < 0xa0))
+        return 0;
+    if ((p[0] == 0xd8 && p[1] == 0x9c) ||                                           /* U+061C */
+        (p[0] == 0xe2 && p[1] == 0x80 && (p[2] == 0x8e || p[2] == 0x8f || (p[2] >= 0xa8 && p[2] <= 0xae))) ||
+        (p[0] == 0xe2 && p[1] == 0x81 && p[2] >= 0xa6 && p[2] <= 0xa9) ||               /* U+2066..U+2069 */
+        (p[0] == 0xef && p[1] == 0xbb && p[2] == 0xbf))                                  /* U+FEFF */
         return 0;
     return len;
 }
@@ -1794,13 +1811,16 @@ FSDP__PRIVATE void fsdp__sha256_update(fsdp__sha256 *h, const void *data, size_t
 
 FSDP__PRIVATE void fsdp__sha256_final(fsdp__sha256 *h, unsigned char out[32]) {
     uint64_t bits = h->bytes * 8;
-    unsigned char pad = 0x80, len[8];
     int i;
-    fsdp__sha256_update(h, &pad, 1);
-    pad = 0;
-    while (h->used != 56) fsdp__sha256_update(h, &pad, 1);
-    for (i = 0; i < 8; i++) len[i] = (unsigned char)(bits >> (56 - 8 * i));
-    fsdp__sha256_update(h, len, 8);
+    h->block[h->used++] = 0x80; /* used < 64 between updates */
+    if (h->used > 56) {
+        memset(h->block + h->used, 0, 64 - h->used);
+        fsdp__sha256_block(h, h->block);
+        h->used = 0;
+    }
+    memset(h->block + h->used, 0, 56 - h->used);
+    for (i = 0; i < 8; i++) h->block[56 + i] = (unsigned char)(bits >> (56 - 8 * i));
+    fsdp__sha256_block(h, h->block);
     for (i = 0; i < 8; i++) {
         out[4 * i] = (unsigned char)(h->state[i] >> 24);
         out[4 * i + 1] = (unsigned char)(h->state[i] >> 16);
@@ -1809,44 +1829,107 @@ FSDP__PRIVATE void fsdp__sha256_final(fsdp__sha256 *h, unsigned char out[32]) {
     }
 }
 
-/* HMAC-SHA256 over the concatenation of n parts (data[i], size[i]). */
-FSDP__PRIVATE void fsdp__hmac_sha256(unsigned char out[32], const void *key, size_t key_size, int n,
-                                     const void *const *data, const size_t *size) {
-    unsigned char block[64], inner[32];
-    fsdp__sha256 h;
+/* Overwrites a secret's bytes in a way the compiler may not drop. */
+FSDP__PRIVATE void fsdp__wipe(void *p, size_t n) {
+    volatile unsigned char *v = (volatile unsigned char *)p;
+    while (n--) *v++ = 0;
+}
+
+/* HMAC-SHA256 (RFC 2104) in two halves: the hash states keyed with key ^ ipad (inner) and
+   key ^ opad (outer), made once per key; then a message's mac from the inner state fed with it. */
+FSDP__PRIVATE void fsdp__hmac_keyed(fsdp__sha256 *inner, fsdp__sha256 *outer, const void *key, size_t key_size) {
+    unsigned char block[64];
     int i;
     memset(block, 0, sizeof block);
     if (key_size > 64) { /* long keys are hashed first */
-        fsdp__sha256_init(&h);
-        fsdp__sha256_update(&h, key, key_size);
-        fsdp__sha256_final(&h, block);
+        fsdp__sha256_init(inner);
+        fsdp__sha256_update(inner, key, key_size);
+        fsdp__sha256_final(inner, block);
     } else if (key_size) {
         memcpy(block, key, key_size);
     }
     for (i = 0; i < 64; i++) block[i] ^= 0x36;
-    fsdp__sha256_init(&h);
-    fsdp__sha256_update(&h, block, 64);
-    for (i = 0; i < n; i++) fsdp__sha256_update(&h, data[i], size[i]);
-    fsdp__sha256_final(&h, inner);
+    fsdp__sha256_init(inner);
+    fsdp__sha256_update(inner, block, 64);
     for (i = 0; i < 64; i++) block[i] ^= 0x36 ^ 0x5c;
-    fsdp__sha256_init(&h);
-    fsdp__sha256_update(&h, block, 64);
-    fsdp__sha256_update(&h, inner, 32);
-    fsdp__sha256_final(&h, out);
-    memset(block, 0, sizeof block);
-    memset(inner, 0, sizeof inner);
+    fsdp__sha256_init(outer);
+    fsdp__sha256_update(outer, block, 64);
+    fsdp__wipe(block, sizeof block);
 }
 
-/* The job's key: HMAC-SHA256(secret, label | job), so jobs that share a secret still have
-   different keys, and nothing about the secret can be learned from the key. */
+FSDP__PRIVATE void fsdp__hmac_finish(fsdp__sha256 *fed, const fsdp__sha256 *outer, unsigned char out[32]) {
+    unsigned char inner[32];
+    fsdp__sha256 h = *outer;
+    fsdp__sha256_final(fed, inner);
+    fsdp__sha256_update(&h, inner, 32);
+    fsdp__sha256_final(&h, out); /* (no wiping here: PBKDF2 calls this per round; callers wipe keys) */
+}
+
+/* HMAC-SHA256 over the concatenation of n parts (data[i], size[i]). */
+FSDP__PRIVATE void fsdp__hmac_sha256(unsigned char out[32], const void *key, size_t key_size, int n,
+                                     const void *const *data, const size_t *size) {
+    fsdp__sha256 inner, outer;
+    int i;
+    fsdp__hmac_keyed(&inner, &outer, key, key_size);
+    for (i = 0; i < n; i++) fsdp__sha256_update(&inner, data[i], size[i]);
+    fsdp__hmac_finish(&inner, &outer, out);
+    fsdp__wipe(&inner, sizeof inner);
+    fsdp__wipe(&outer, sizeof outer);
+}
+
+/* PBKDF2-HMAC-SHA256 (RFC 8018), one 32-byte block: rounds HMACs of 32 bytes under one keying. */
+FSDP__PRIVATE void fsdp__pbkdf2_sha256(unsigned char out[32], const void *secret, size_t secret_size, const void *salt,
+                                      size_t salt_size, unsigned rounds) {
+    static const unsigned char block_index[4] = {0, 0, 0, 1};
+    unsigned char u[32];
+    fsdp__sha256 inner, outer, h;
+    unsigned r;
+    int i;
+    fsdp__hmac_keyed(&inner, &outer, secret, secret_size);
+    h = inner; /* U1 = HMAC(secret, salt | INT(1)) */
+    fsdp__sha256_update(&h, salt, salt_size);
+    fsdp__sha256_update(&h, block_index, 4);
+    fsdp__hmac_finish(&h, &outer, u);
+    memcpy(out, u, 32);
+    for (r = 1; r < rounds; r++) { /* U(r+1) = HMAC(secret, U(r)); out ^= it */
+        h = inner;
+        fsdp__sha256_update(&h, u, 32);
+        fsdp__hmac_finish(&h, &outer, u);
+        for (i = 0; i < 32; i++) out[i] ^= u[i];
+    }
+    fsdp__wipe(u, sizeof u);
+    fsdp__wipe(&inner, sizeof inner);
+    fsdp__wipe(&outer, sizeof outer);
+    fsdp__wipe(&h, sizeof h);
+}
+
+/* Rounds of PBKDF2 that stretch a job's secret (about 35 ms once per process on a 2020s
+   x86 core): a guess at the secret, checked against anything it derives (a captured
+   handshake), costs as much. */
+#define FSDP__KDF_ROUNDS 60000u
+
+/* A key for job from secret, so that jobs that share a secret still have different keys and
+   nothing about the secret can be learned from the key: PBKDF2-HMAC-SHA256(secret, salt =
+   label | NUL | job, rounds) where rounds > 0 and a secret is given (a job's secret:
+   FSDP__KDF_ROUNDS), else HMAC-SHA256(secret, label | NUL | job) (a sub-communicator's key
+   from its parent's, already stretched; or no secret, a key anyone can compute, the job token
+   only keeping jobs apart). */
 FSDP__PRIVATE void fsdp__comm_key(unsigned char key[32], const void *secret, size_t secret_size, const char *label,
-                                  const char *job) {
+                                  const char *job, unsigned rounds) {
+    unsigned char salt[300];
+    size_t label_size = strlen(label) + 1, job_size = strlen(job);
     const void *parts[2];
     size_t sizes[2];
+    if (rounds && secret_size && label_size + job_size <= sizeof salt) {
+        memcpy(salt, label, label_size);
+        memcpy(salt + label_size, job, job_size);
+        fsdp__pbkdf2_sha256(key, secret, secret_size, salt, label_size + job_size, rounds);
+        return;
+    }
     parts[0] = label;
-    sizes[0] = strlen(label) + 1;
+    sizes[0] = label_size;
     parts[1] = job;
-    sizes[1] = strlen(job);
+    sizes[1] = job_size;
     fsdp__hmac_sha256(key, secret, secret_size, 2, parts, sizes);
 }
 
@@ -1857,12 +1940,6 @@ FSDP__PRIVATE int fsdp__equal_ct(const void *a, const void *b, size_t n) {
     size_t i;
     for (i = 0; i < n; i++) diff |= (unsigned char)(x[i] ^ y[i]);
     return diff == 0;
-}
-
-/* Overwrites a secret's bytes in a way the compiler may not drop. */
-FSDP__PRIVATE void fsdp__wipe(void *p, size_t n) {
-    volatile unsigned char *v = (volatile unsigned char *)p;
-    while (n--) *v++ = 0;
 }
 
 /* Fills out with bytes from the kernel's random generator; 0 on success. */
@@ -2354,12 +2431,12 @@ FSDP__PRIVATE fsdp_comm *fsdp__comm_new(const fsdp_comm_desc *desc, const fsdp_c
     fsdp__copy_string(comm->job, sizeof comm->job, desc->job && *desc->job ? desc->job : "fsdp");
     if (parent) {
         comm->crowd = parent->crowd;
-        fsdp__comm_key(comm->key, parent->key, sizeof parent->key, "fsdp.h sub-communicator key", comm->job);
+        fsdp__comm_key(comm->key, parent->key, sizeof parent->key, "fsdp.h sub-communicator key", comm->job, 0);
         comm->has_secret = parent->has_secret;
     } else {
         comm->has_secret = desc->secret && *desc->secret;
         fsdp__comm_key(comm->key, comm->has_secret ? desc->secret : "", comm->has_secret ? strlen(desc->secret) : 0,
-                       "fsdp.h job key", comm->job);
+                       "fsdp.h job key", comm->job, FSDP__KDF_ROUNDS);
     }
     return comm;
 }
@@ -2389,6 +2466,7 @@ FSDP_API void fsdp_comm_destroy(fsdp_comm *comm) {
     }
     if (comm->backend && comm->backend->destroy) comm->backend->destroy(comm, comm->impl);
     pthread_mutex_destroy(&comm->error_lock);
+    fsdp__wipe(comm->key, sizeof comm->key);
     FSDP_FREE(comm);
 }
 
@@ -3501,15 +3579,23 @@ FSDP__PRIVATE int32_t fsdp__shm_free_mib(void) {
     return mib > 2147483647.0 ? INT32_MAX : (int32_t)mib;
 }
 
-/* Segment name for a comm: "/fsdp-<job>-<24 hex digits of a mac of the comm's key>", the job
-   shortened to 20 characters of [A-Za-z0-9._-] (others replaced). Every rank computes the same
-   name, and with a secret nobody without it can: no other user can claim the name first. */
+/* Segment name for a comm: "/fsdp-<job>-<24 hex digits of SHA-256(the user's uid, the whole
+   job token)>", the job shortened to 20 characters of [A-Za-z0-9._-] (others replaced). Every
+   rank computes the same name; it says nothing about the secret (a name in /dev/shm that
+   derived from it would let any local user test guesses offline). Another user can predict it
+   and create it first: rank 0 then fails naming that user (a denial of service, nothing more:
+   the segment is mode 0600 and the joining ranks refuse one they did not make). */
 FSDP__PRIVATE void fsdp__shm_name(char *out, size_t size, const fsdp_comm *comm) {
-    unsigned char mac[32];
-    char hex[65];
+    unsigned char digest[32];
+    char hex[65], facts[80];
     size_t i, n;
-    fsdp__hmac_sha256(mac, comm->key, sizeof comm->key, 0, NULL, NULL);
-    fsdp__hex(hex, mac, 12);
+    fsdp__sha256 h;
+    fsdp__fmt(facts, sizeof facts, "fsdp.h segment|uid %lu|job ", (unsigned long)geteuid());
+    fsdp__sha256_init(&h);
+    fsdp__sha256_update(&h, facts, strlen(facts));
+    fsdp__sha256_update(&h, comm->job, strlen(comm->job));
+    fsdp__sha256_final(&h, digest);
+    fsdp__hex(hex, digest, 12);
     fsdp__fmt(out, size, "/fsdp-%.20s", comm->job);
     n = strlen(out);
     for (i = 1; i < n; i++) {
@@ -3660,12 +3746,17 @@ FSDP__PRIVATE int fsdp__shm_init_mapped(fsdp_comm *comm, void *mapping, size_t m
 FSDP__PRIVATE int fsdp__shm_make_segment(fsdp_comm *comm, const fsdp__shm *s, int *rc) {
     int fd = shm_open(s->name, O_RDWR | O_CREAT | O_EXCL, 0600);
     if (fd < 0) {
-        *rc = fsdp__init_fail(&comm->logger, errno == EEXIST ? FSDP_ERR_STATE : FSDP_ERR_SYSTEM,
-                              "shm: cannot create /dev/shm%s: %s%s", s->name, strerror(errno),
-                              errno == EEXIST ? " (another job with this job token and secret is running, one "
-                                                "crashed during init, or someone else created the name first: "
-                                                "use another FSDP_JOB or FSDP_SECRET, or remove the file)"
-                                              : "");
+        int err = errno;
+        char path[96], why[160] = "";
+        struct stat st;
+        fsdp__fmt(path, sizeof path, "/dev/shm%s", s->name);
+        if (err == EEXIST && lstat(path, &st) == 0 && st.st_uid != geteuid())
+            fsdp__fmt(why, sizeof why, " (uid %u created it first: use another FSDP_JOB)", (unsigned)st.st_uid);
+        else if (err == EEXIST)
+            fsdp__fmt(why, sizeof why, " (another job of this user with this job token is running, or one crashed "
+                      "during init: use another FSDP_JOB, or remove the file)");
+        *rc = fsdp__init_fail(&comm->logger, err == EEXIST ? FSDP_ERR_STATE : FSDP_ERR_SYSTEM,
+                              "shm: cannot create %s: %s%s", path, strerror(err), why);
         return -1;
     }
     fchmod(fd, 0600); /* whatever the umask: peers accept nothing else */
@@ -3778,8 +3869,21 @@ FSDP__PRIVATE int fsdp__shm_fits(int world, size_t slot_request, int32_t free_mi
 }
 
 /* --- the shm row ---------------------------------------------------------------------------- */
+/* Reductions divide a slot among the ranks in pieces of whole cache lines: a slot too small to
+   give every rank one line could never make progress. Returns 0, or -1 with why in err. */
+FSDP__PRIVATE int fsdp__shm_slot_fits(size_t slot, int world, char *err, size_t err_size) {
+    size_t least = fsdp__align((size_t)64 * (size_t)world, 4096);
+    if (slot / (size_t)world / 64 * 64 >= 64) return 0;
+    fsdp__fmt(err, err_size, "shm: a staging slot of %zu bytes cannot be divided among %d ranks (a reduction gives "
+              "each 64 bytes of it at least): set shm_slot_bytes to %zu or more, or leave it 0 (1 MiB)", slot, world, least);
+    return -1;
+}
+
 FSDP__PRIVATE int fsdp__shm_create(fsdp_comm *comm, const fsdp_comm_desc *desc, fsdp__inherit *inherit) {
+    char err[FSDP__ERRMSG];
     int rc = 0;
+    if (comm->world > 1 && fsdp__shm_slot_fits(fsdp__shm_slot_bytes(desc->shm_slot_bytes), comm->world, err, sizeof err))
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_INVALID_ARG, "%s", err);
     if (comm->world > 1)
         rc = inherit && inherit->mapping
                  ? fsdp__shm_init_mapped(comm, inherit->mapping, inherit->map_bytes,
@@ -3815,6 +3919,7 @@ FSDP__PRIVATE int fsdp__shm_launch_prepare(fsdp__inherit *inherit, const fsdp_la
     size_t slot = fsdp__shm_slot_bytes(desc->shm_slot_bytes);
     void *mapping;
     if (desc->nprocs <= 1) return 0;
+    if (fsdp__shm_slot_fits(slot, desc->nprocs, err, err_size)) return FSDP_ERR_INVALID_ARG;
     inherit->map_bytes = fsdp__shm_layout(desc->nprocs, slot, NULL, NULL);
     mapping = mmap(NULL, inherit->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (mapping == MAP_FAILED) {
@@ -3850,12 +3955,19 @@ static const fsdp__transport fsdp__shm_transport = {
    handshake that proves both ends know the job's key (derived from the shared secret and the
    job token; see fsdp__comm_key):
        acceptor  -> challenge {magic, version, nonce_a}
-       connector -> hello {magic, version, rank, world, data address, session, nonce_c,
-                           HMAC(key, "hello" | nonce_a | the fields before the mac)}
+       connector -> hello {magic, version, rank, world, data address, the address it dialled,
+                           session, nonce_c, HMAC(key, "hello" | nonce_a | the fields before the mac)}
        acceptor  -> reply {status, reason, session, HMAC(key, "reply" | nonce_c | nonce_a | ...)}
    The secret never crosses the wire, fresh nonces from both sides make every exchange
    unrepeatable, and a connection that fails the check learns nothing but "authentication
-   failed" (no token, no secret, no detail). Acceptors run every pending handshake at once, each
+   failed" (no token, no secret, no detail). The acceptor admits a hello only if the address
+   it dialled is where the connection arrived (or the listener's own), so a stranger that got
+   a rank to dial it (an address planted in torchrun's store, say) cannot relay the exchange to
+   the real rank: no NAT or proxy may stand between ranks. The address rank 0 publishes in
+   torchrun's store carries a mac under the key too. Without a secret the key is anyone's:
+   then a connection from this host is admitted only from a process of this user (the kernel's
+   socket table says whose it is, fsdp__sock_peer_uid), both ways, and rank 0 warns when it
+   listens where other hosts can reach it. Acceptors run every pending handshake at once, each
    with a short budget, so silent or garbage-sending strangers cannot hold the door. Rank 0
    welcomes everyone once all ranks are in, with a random session id (later hellos between
    ranks must carry it) and the table of data addresses (its own mac follows it).
@@ -3872,7 +3984,7 @@ static const fsdp__transport fsdp__shm_transport = {
    ============================================================================================ */
 #define FSDP__SOCK_MAGIC 0x4b434f53u       /* "SOCK" */
 #define FSDP__SOCK_ABORT_MAGIC 0x54524241u /* "ABRT" */
-#define FSDP__SOCK_VERSION 2u
+#define FSDP__SOCK_VERSION 3u
 #define FSDP__SOCK_SEGMENT ((size_t)256 * 1024)
 #define FSDP__SOCK_RING_SEGMENTS 4
 #define FSDP__SOCK_RING_BYTES ((size_t)FSDP__SOCK_RING_SEGMENTS * FSDP__SOCK_SEGMENT) /* per peer, for reductions */
@@ -3889,6 +4001,8 @@ typedef struct fsdp__sock_hello {
     uint32_t magic, version, rank, world;
     uint32_t data_ip;          /* network byte order */
     uint32_t data_port;
+    uint32_t dial_ip;          /* the address the connector dialled (network byte order) */
+    uint32_t dial_port;
     unsigned char session[16]; /* zero to rank 0; rank 0's session id between ranks */
     unsigned char nonce[32];
     unsigned char mac[32];
@@ -3983,6 +4097,64 @@ FSDP__PRIVATE void fsdp__sock_addr_string(char *out, size_t size, const struct s
     char ip[INET_ADDRSTRLEN] = "?";
     inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof ip);
     fsdp__fmt(out, size, "%s:%d", ip, (int)ntohs(sa->sin_port));
+}
+
+/* The uid of the process on this host that holds the other end of connected TCP socket fd, as
+   the kernel's socket table tells it (sock_diag, as `ss` asks it): >= 0; -1 when the other end
+   is not in this host's table (another host, or another network namespace); -2 when the table
+   cannot be asked (not Linux, or sock_diag refused). */
+FSDP__PRIVATE long fsdp__sock_peer_uid(int fd) {
+#if defined(__linux__)
+    struct {
+        struct nlmsghdr nh;
+        struct inet_diag_req_v2 req;
+    } q;
+    union {
+        struct nlmsghdr nh;
+        char bytes[1024];
+    } a;
+    struct sockaddr_in mine, theirs;
+    struct sockaddr_nl kernel;
+    struct timeval limit;
+    socklen_t len = sizeof mine;
+    long uid = -2;
+    ssize_t got;
+    int nl;
+    if (getsockname(fd, (struct sockaddr *)&mine, &len) != 0 || mine.sin_family != AF_INET) return -2;
+    len = sizeof theirs;
+    if (getpeername(fd, (struct sockaddr *)&theirs, &len) != 0) return -2;
+    if ((nl = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG)) < 0) return -2;
+    limit.tv_sec = 2; /* the kernel answers at once; bounded all the same */
+    limit.tv_usec = 0;
+    setsockopt(nl, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+    memset(&q, 0, sizeof q);
+    q.nh.nlmsg_len = sizeof q;
+    q.nh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    q.nh.nlmsg_flags = NLM_F_REQUEST;
+    q.nh.nlmsg_seq = 1;
+    q.req.sdiag_family = AF_INET;
+    q.req.sdiag_protocol = IPPROTO_TCP;
+    q.req.idiag_states = ~0u;
+    q.req.id.idiag_sport = theirs.sin_port; /* the other end's socket: its source is their side */
+    q.req.id.idiag_dport = mine.sin_port;
+    q.req.id.idiag_src[0] = theirs.sin_addr.s_addr;
+    q.req.id.idiag_dst[0] = mine.sin_addr.s_addr;
+    q.req.id.idiag_cookie[0] = q.req.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+    memset(&kernel, 0, sizeof kernel);
+    kernel.nl_family = AF_NETLINK;
+    if (sendto(nl, &q, sizeof q, 0, (struct sockaddr *)&kernel, sizeof kernel) == (ssize_t)sizeof q &&
+        (got = recv(nl, &a, sizeof a, 0)) >= (ssize_t)sizeof a.nh && a.nh.nlmsg_len <= (size_t)got) {
+        if (a.nh.nlmsg_type == NLMSG_ERROR && a.nh.nlmsg_len >= NLMSG_LENGTH(sizeof(struct nlmsgerr)))
+            uid = ((const struct nlmsgerr *)NLMSG_DATA(&a.nh))->error == -ENOENT ? -1 : -2;
+        else if (a.nh.nlmsg_type == SOCK_DIAG_BY_FAMILY && a.nh.nlmsg_len >= NLMSG_LENGTH(sizeof(struct inet_diag_msg)))
+            uid = (long)((const struct inet_diag_msg *)NLMSG_DATA(&a.nh))->idiag_uid;
+    }
+    close(nl);
+    return uid;
+#else
+    (void)fd;
+    return -2;
+#endif
 }
 
 /* Name resolution in a helper thread, so a stalled resolver cannot outlast the deadline. The
@@ -4128,9 +4300,11 @@ FSDP__PRIVATE void fsdp__sock_mac(unsigned char out[32], const unsigned char key
    sender claims: world size, a rank in [first, world), the session. */
 FSDP__PRIVATE const char *fsdp__sock_judge_hello(const fsdp__sock_hello *h, const fsdp__sock_challenge *challenge,
                                                  const unsigned char key[32], int world, int first,
-                                                 const unsigned char session[16], int *authentic, char *why,
+                                                 const unsigned char session[16], const struct sockaddr_in *arrived,
+                                                 const struct sockaddr_in *listener, int *authentic, char *why,
                                                  size_t size) {
     unsigned char mac[32];
+    struct sockaddr_in dialled;
     *authentic = 0;
     if (h->magic != FSDP__SOCK_MAGIC || h->version != FSDP__SOCK_VERSION)
         return fsdp__fmt(why, size, "not an fsdp.h protocol %u hello", FSDP__SOCK_VERSION), why;
@@ -4146,6 +4320,35 @@ FSDP__PRIVATE const char *fsdp__sock_judge_hello(const fsdp__sock_hello *h, cons
     if (memcmp(h->session, session, 16) != 0)
         return fsdp__fmt(why, size, "rank %u belongs to another session of this job (a stale process of an earlier "
                          "run?)", h->rank), why;
+    memset(&dialled, 0, sizeof dialled);
+    dialled.sin_addr.s_addr = h->dial_ip;
+    dialled.sin_port = htons((uint16_t)h->dial_port);
+    if (h->dial_port > 65535 ||
+        ((h->dial_ip != arrived->sin_addr.s_addr || dialled.sin_port != arrived->sin_port) &&
+         (h->dial_ip != listener->sin_addr.s_addr || dialled.sin_port != listener->sin_port))) {
+        char at[32], here[32];
+        fsdp__sock_addr_string(at, sizeof at, &dialled);
+        fsdp__sock_addr_string(here, sizeof here, arrived);
+        return fsdp__fmt(why, size, "rank %u dialled %s but its connection arrived at %s: something relays between "
+                         "the ranks (no NAT or proxy may stand between them)", h->rank, at, here), why;
+    }
+    return NULL;
+}
+
+/* Without a secret the job's key is anyone's, so a peer on this host must be a process of this
+   user: why not (the peer is another user's), or NULL (this user's, another host's, or the
+   kernel's table cannot say: then a warning, once). */
+FSDP__PRIVATE const char *fsdp__sock_foreign_user(fsdp_comm *comm, int fd, char *why, size_t size) {
+    static int warned;
+    long uid = fsdp__sock_peer_uid(fd);
+    if (uid >= 0 && (unsigned long)uid != (unsigned long)geteuid())
+        return fsdp__fmt(why, size, "is a process of uid %ld, not of this user (uid %lu): without a secret only this "
+                         "user's processes may join (give every rank the same FSDP_SECRET_FILE)", uid,
+                         (unsigned long)geteuid()), why;
+    if (uid == -2 && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+        fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: no secret is set and this system does not say which user "
+                  "holds a connection (sock_diag): other users of this host could join the job; give every rank the "
+                  "same FSDP_SECRET_FILE");
     return NULL;
 }
 
@@ -4238,9 +4441,17 @@ FSDP__PRIVATE int fsdp__sock_door_judge(fsdp__sock_door *d, fsdp__sock_pending *
                                         char *why, size_t why_size) {
     fsdp_comm *comm = d->comm;
     fsdp__sock_reply reply;
+    struct sockaddr_in arrived, listener;
+    socklen_t len = sizeof arrived;
     int authentic = 0, r;
+    memset(&arrived, 0, sizeof arrived);
+    memset(&listener, 0, sizeof listener);
+    getsockname(pd->fd, (struct sockaddr *)&arrived, &len);
+    len = sizeof listener;
+    getsockname(d->listen_fd, (struct sockaddr *)&listener, &len);
     *problem = fsdp__sock_judge_hello(&pd->hello, &pd->challenge, comm->key, comm->world, d->first, d->session,
-                                      &authentic, why, why_size);
+                                      &arrived, &listener, &authentic, why, why_size);
+    if (!*problem && !comm->has_secret) *problem = fsdp__sock_foreign_user(comm, pd->fd, why, why_size);
     r = (int)pd->hello.rank;
     if (!*problem && d->s->peers[r].fd >= 0) *problem = (fsdp__fmt(why, why_size, "rank %d has already joined", r), why);
     if (!*problem && !d->rendezvous) { /* welcome now, proving this side knows the key too */
@@ -4429,6 +4640,8 @@ FSDP__PRIVATE int fsdp__sock_greet(int fd, const unsigned char key[32], fsdp__so
                                    fsdp__sock_reply *reply, unsigned char nonces[64], const char *who, char *err,
                                    size_t err_size) {
     fsdp__sock_challenge challenge;
+    struct sockaddr_in dialled;
+    socklen_t len = sizeof dialled;
     unsigned char mac[32];
     int64_t greet_by = fsdp__now_ms() + FSDP__SOCK_GREETING_MS;
     int io;
@@ -4458,6 +4671,12 @@ FSDP__PRIVATE int fsdp__sock_greet(int fd, const unsigned char key[32], fsdp__so
     }
     hello->magic = FSDP__SOCK_MAGIC;
     hello->version = FSDP__SOCK_VERSION;
+    if (getpeername(fd, (struct sockaddr *)&dialled, &len) != 0) {
+        fsdp__fmt(err, err_size, "%s: the connection broke: %s", who, strerror(errno));
+        return FSDP_ERR_PEER_LOST;
+    }
+    hello->dial_ip = dialled.sin_addr.s_addr; /* binds the hello to this connection's far end */
+    hello->dial_port = ntohs(dialled.sin_port);
     fsdp__sock_mac(hello->mac, key, "fsdp.h hello", challenge.nonce, 32, hello, offsetof(fsdp__sock_hello, mac), NULL, 0);
     memset(reply, 0, sizeof *reply);
     io = fsdp__sock_io_full(fd, hello, sizeof *hello, deadline, 1);
@@ -4597,6 +4816,18 @@ typedef struct fsdp__sock_rdv {
     unsigned char *nonces;
 } fsdp__sock_rdv;
 
+/* What rank 0 publishes in torchrun's store, which anyone who reaches it may write: "ip:port
+   mac=<hex of HMAC(key, "fsdp.h store" | store key | NUL | "ip:port")>". */
+FSDP__PRIVATE void fsdp__sock_store_value(char *out, size_t size, const unsigned char key[32], const char *store_key,
+                                          const struct sockaddr_in *at) {
+    unsigned char mac[32];
+    char address[32], hex[65];
+    fsdp__sock_addr_string(address, sizeof address, at);
+    fsdp__sock_mac(mac, key, "fsdp.h store", store_key, strlen(store_key) + 1, address, strlen(address), NULL, 0);
+    fsdp__hex(hex, mac, 32);
+    fsdp__fmt(out, size, "%s mac=%s", address, hex);
+}
+
 /* Rank 0 listens (at the master address, or beside the store, publishing where), then admits
    every other rank. */
 FSDP__PRIVATE int fsdp__sock_rank0_admit(fsdp_comm *comm, fsdp__sock *s, fsdp__sock_rdv *rdv, int64_t deadline) {
@@ -4617,8 +4848,8 @@ FSDP__PRIVATE int fsdp__sock_rank0_admit(fsdp_comm *comm, fsdp__sock *s, fsdp__s
                                "socket: rank 0 cannot listen on %s: %s (MASTER_ADDR must be an address of "
                                "rank 0's host and MASTER_PORT free)", rdv->store_at, strerror(errno));
     if (rdv->store_key) {
-        char value[64];
-        fsdp__sock_addr_string(value, sizeof value, &at);
+        char value[128];
+        fsdp__sock_store_value(value, sizeof value, comm->key, rdv->store_key, &at);
         if (fsdp__store_set(rdv->store_fd, rdv->store_key, value, deadline) != 0)
             return fsdp__init_fail(&comm->logger, FSDP_ERR_PROTOCOL,
                                    "socket: rank 0 could not publish its address in torchrun's store at %s", rdv->store_at);
@@ -4671,13 +4902,14 @@ FSDP__PRIVATE int fsdp__sock_rank0_welcome(fsdp_comm *comm, fsdp__sock *s, fsdp_
 
 /* Under torchrun's agent store, the other ranks read rank 0's address from the store. */
 FSDP__PRIVATE int fsdp__sock_store_lookup(fsdp_comm *comm, fsdp__sock_rdv *rdv, int64_t deadline) {
-    char value[64], err[FSDP__ERRMSG], *colon;
+    char value[128], expected[128], err[FSDP__ERRMSG], *colon = NULL, *space = NULL;
     long port;
     int got;
     if ((rdv->store_fd = fsdp__store_connect(&rdv->master, deadline, rdv->store_at, err, sizeof err)) < 0)
         return fsdp__init_fail(&comm->logger, FSDP_ERR_PROTOCOL, "socket: rank %d: %s", comm->rank, err);
     got = fsdp__store_get(rdv->store_fd, rdv->store_key, value, sizeof value, deadline);
-    if (got != 0 || !(colon = strrchr(value, ':')) || (*colon = 0, fsdp__parse_int(colon + 1, 1, 65535, &port)) != 0 ||
+    if (got == 0 && (space = strchr(value, ' ')) != NULL) *space = 0; /* "ip:port mac=..." */
+    if (got != 0 || !space || !(colon = strrchr(value, ':')) || (*colon = 0, fsdp__parse_int(colon + 1, 1, 65535, &port)) != 0 ||
         inet_pton(AF_INET, value, &rdv->master.sin_addr) != 1)
         return fsdp__init_fail(&comm->logger, got == -2 ? FSDP_ERR_TIMEOUT : FSDP_ERR_PROTOCOL,
                                "socket: rank %d %s key '%.200s' in torchrun's store at %s%s", comm->rank,
@@ -4685,6 +4917,14 @@ FSDP__PRIVATE int fsdp__sock_store_lookup(fsdp_comm *comm, fsdp__sock_rdv *rdv, 
                                rdv->store_at, got == -2 ? " (is rank 0 running? torchrun restarts a node only when "
                                "its own workers fail)" : "");
     rdv->master.sin_port = htons((uint16_t)port);
+    fsdp__sock_store_value(expected, sizeof expected, comm->key, rdv->store_key, &rdv->master);
+    *colon = ':';
+    *space = ' ';
+    if (strlen(value) != strlen(expected) || !fsdp__equal_ct(value, expected, strlen(expected)))
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_REJECTED,
+                               "socket: rank %d: the address under key '%.200s' in torchrun's store at %s is not rank "
+                               "0's: it fails the check under this job's key (someone without the secret wrote it, or "
+                               "the ranks were given different secrets)", comm->rank, rdv->store_key, rdv->store_at);
     close(rdv->store_fd);
     rdv->store_fd = -1;
     return 0;
@@ -4719,6 +4959,8 @@ FSDP__PRIVATE int fsdp__sock_greet_rank0(fsdp_comm *comm, fsdp__sock *s, fsdp__s
     hello->data_ip = local.sin_addr.s_addr;
     hello->data_port = ntohs(local.sin_port);
     fsdp__fmt(who, sizeof who, "rank 0 at %s", s->peers[0].addr);
+    if (!comm->has_secret && fsdp__sock_foreign_user(comm, fd, err, sizeof err))
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_REJECTED, "socket: rank %d: %s %s", comm->rank, who, err);
     if ((rc = fsdp__sock_greet(fd, comm->key, hello, deadline, &reply, nonces, who, err, sizeof err)) != 0)
         return fsdp__init_fail(&comm->logger, rc, "socket: rank %d: %s", comm->rank, err);
     if (fsdp__sock_io_full(fd, rdv->ips, table, deadline, 0) != 0 || fsdp__sock_io_full(fd, rdv->ports, table, deadline, 0) != 0 ||
@@ -4755,6 +4997,8 @@ FSDP__PRIVATE int fsdp__sock_mesh(fsdp_comm *comm, fsdp__sock *s, fsdp__sock_rdv
             return fsdp__init_fail(&comm->logger, FSDP_ERR_TIMEOUT, "socket: rank %d could not connect to rank %d at %s: %s",
                                    comm->rank, p, s->peers[p].addr, strerror(errno));
         fsdp__fmt(who, sizeof who, "rank %d at %s", p, s->peers[p].addr);
+        if (!comm->has_secret && fsdp__sock_foreign_user(comm, s->peers[p].fd, err, sizeof err))
+            return fsdp__init_fail(&comm->logger, FSDP_ERR_REJECTED, "socket: rank %d: %s %s", comm->rank, who, err);
         if ((rc = fsdp__sock_greet(s->peers[p].fd, comm->key, hello, deadline, &reply, nonces, who, err, sizeof err)) != 0)
             return fsdp__init_fail(&comm->logger, rc, "socket: rank %d: %s", comm->rank, err);
     }
@@ -6419,8 +6663,10 @@ FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **
     sp.desc.world_size = sp.info.world_size;
     sp.desc.timeout_ms = parent->timeout_ms;
     sp.desc.logger = parent->logger;
-    /* unique per split and short whatever the parent's token (at most 16 + 1 + 16 + 1 + 8 characters) */
-    fsdp__fmt(job, sizeof job, "%.16s.%llx.%x", parent->job, (unsigned long long)parent->seq, (unsigned)color);
+    /* unique per split and short whatever the parent's token (at most 12 + 1 + 8 + 1 + 16 + 1 + 8 = 47
+       characters): its start, a checksum of all of it (shm segments are named after the token) */
+    fsdp__fmt(job, sizeof job, "%.12s-%08x.%llx.%x", parent->job, (unsigned)fsdp_crc32c(0, parent->job, strlen(parent->job)),
+              (unsigned long long)parent->seq, (unsigned)color);
     sp.desc.job = job;
     rc = parent->transport->split(parent, &sp, out);
     if (rc && fsdp__init_error[0]) fsdp__log(&parent->logger, FSDP_LOG_ERROR, "fsdp_comm_split: %s", fsdp__init_error);
@@ -6551,8 +6797,18 @@ FSDP_API int fsdp_comm_init_from_env(fsdp_comm **out, const fsdp_comm_desc *defa
     desc.job = *job ? job : NULL;
     if (t && t->env_read && (rc = t->env_read(&desc, scratch, sizeof scratch, err, sizeof err)) != 0) goto fail;
     if (!desc.job) desc.job = "fsdp";
-    if ((text = getenv("FSDP_SECRET")) && *text) {
-        desc.secret = text;
+    if ((text = getenv("FSDP_SECRET")) && *text) { /* taken out of the environment: children do not inherit it */
+        size_t n = strlen(text);
+        if (n >= sizeof secret) {
+            fsdp__fmt(err, sizeof err, "environment variable FSDP_SECRET is %zu bytes long; at most %zu",
+                      n, sizeof secret - 1);
+            rc = FSDP_ERR_ENV;
+            goto fail;
+        }
+        memcpy(secret, text, n + 1);
+        fsdp__wipe((char *)(uintptr_t)text, n); /* the bytes too (they are what /proc/<pid>/environ shows) */
+        unsetenv("FSDP_SECRET");
+        desc.secret = secret;
     } else if ((text = getenv("FSDP_SECRET_FILE")) && *text) {
         if (fsdp__read_secret_file(text, secret, sizeof secret, err, sizeof err) != 0) {
             rc = FSDP_ERR_ENV;
@@ -10219,7 +10475,10 @@ FSDP__PRIVATE int fsdp__st_tensor_entry(fsdp_st_file *f, fsdp__json *j, fsdp_st_
         return fsdp__fmt(err, err_size, "tensor '%s': data_offsets [%llu, %llu] run past the data (%llu bytes)", shown,
                          (unsigned long long)t->begin, (unsigned long long)t->end, (unsigned long long)f->data_size),
                FSDP_ERR_CORRUPT;
-    if (numel > f->data_size || numel * fsdp_dtype_size(t->dtype) != t->end - t->begin)
+    if (numel > f->data_size) /* the count was capped: no product below can wrap */
+        return fsdp__fmt(err, err_size, "tensor '%s': shape holds more elements than the file has bytes", shown),
+               FSDP_ERR_CORRUPT;
+    if (numel > (t->end - t->begin) / fsdp_dtype_size(t->dtype) || numel * fsdp_dtype_size(t->dtype) != t->end - t->begin)
         return fsdp__fmt(err, err_size, "tensor '%s': shape holds %llu elements of %s but data_offsets span %llu bytes",
                          shown, (unsigned long long)numel, dtype, (unsigned long long)(t->end - t->begin)),
                FSDP_ERR_CORRUPT;
@@ -10654,17 +10913,29 @@ FSDP__PRIVATE int fsdp__tmp_create(const char *path, char *tmp, size_t tmp_size)
 }
 
 /* Makes a complete temporary file final and closes fd: the mode a plain create would have
-   given (0666 less the umask), fsync, rename over path, fsync of the directory. On failure the
-   temporary file is removed. 0, or -1 with errno. */
+   given (0666 less the umask), fsync, rename over path, fsync of the directory. On failure
+   before the rename the temporary file is removed and path is untouched: -1 with errno. Once
+   the rename has happened the new file is in place, so the result is 0 even when the
+   directory cannot be synced (then a warning, through the environment's logger as the
+   callers have none: FSDP_DEBUG, says that the rename may not survive a crash). */
 FSDP__PRIVATE int fsdp__tmp_commit(int fd, const char *tmp, const char *path) {
     int err = 0;
     if (fchmod(fd, 0666 & ~fsdp__umask()) != 0 || fsync(fd) != 0) err = errno;
     if (close(fd) != 0 && !err) err = errno;
-    if (!err && (rename(tmp, path) != 0 || fsdp__fsync_dir(path) != 0)) err = errno;
+    if (!err && rename(tmp, path) != 0) err = errno;
     if (err) {
         unlink(tmp);
         errno = err;
         return -1;
+    }
+    if (fsdp__fsync_dir(path) != 0) {
+        fsdp_logger none, logger;
+        char shown[300];
+        err = errno;
+        memset(&none, 0, sizeof none);
+        logger = fsdp__env_logger(none);
+        fsdp__log(&logger, FSDP_LOG_WARN, "%s is written, but its directory could not be synced (%s): the new file may "
+                  "not survive a crash of the machine", fsdp_printable(shown, sizeof shown, path), strerror(err));
     }
     return 0;
 }
@@ -10720,7 +10991,9 @@ FSDP_API int fsdp_st_writer_open(fsdp_st_writer **out, const char *path, const f
     if (!w->bytes || !w->crcs || !w->crc_at || !w->dtypes) { fsdp_st_writer_abort(w); return FSDP_ERR_OUT_OF_MEMORY; }
     for (i = 0; i < num_meta; i++)
         if (!meta[i].key || !meta[i].value || strncmp(meta[i].key, "crc32c.", 7) == 0 || strcmp(meta[i].key, "format") == 0) {
-            fsdp__fmt(err, err_size, "metadata key '%s' is missing or reserved", meta[i].key ? meta[i].key : "(null)");
+            char shown[80];
+            fsdp__fmt(err, err_size, "metadata key '%s' is missing or reserved",
+                      meta[i].key ? fsdp_printable(shown, sizeof shown, meta[i].key) : "(null)");
             fsdp_st_writer_abort(w);
             return FSDP_ERR_INVALID_ARG;
         }
@@ -10748,7 +11021,20 @@ FSDP_API int fsdp_st_writer_open(fsdp_st_writer **out, const char *path, const f
             fsdp_st_writer_abort(w);
             return FSDP_ERR_INVALID_ARG;
         }
-        for (k = 0; k < s->ndim; k++) numel *= (uint64_t)(s->shape[k] > 0 ? s->shape[k] : 0);
+        for (k = 0; k < s->ndim; k++) { /* sizes a reader can take: every count and offset below 2^63 */
+            uint64_t d = (uint64_t)s->shape[k];
+            if (s->shape[k] < 0 || (d && numel > (uint64_t)INT64_MAX / d)) break;
+            numel *= d;
+        }
+        if (k < s->ndim || numel > (uint64_t)INT64_MAX / fsdp_dtype_size(s->dtype) ||
+            numel * fsdp_dtype_size(s->dtype) > (uint64_t)INT64_MAX - offset) {
+            char shown[80];
+            fsdp__fmt(err, err_size, "tensor '%s': its shape is negative or too large for a file",
+                      fsdp_printable(shown, sizeof shown, s->name));
+            FSDP_FREE(h.data);
+            fsdp_st_writer_abort(w);
+            return FSDP_ERR_INVALID_ARG;
+        }
         w->dtypes[i] = s->dtype;
         w->bytes[i] = numel * fsdp_dtype_size(s->dtype);
         fsdp__sbuf_str(&h, ",");
@@ -10882,9 +11168,11 @@ FSDP__PRIVATE int fsdp__agree(fsdp_ctx *ctx, int rc) {
     }
     for (r = 0; r < ctx->world; r++)
         if (all[r].rc) {
-            all[r].message[sizeof all[r].message - 1] = 0;
+            char shown[sizeof all[r].message];
             first = all[r].rc;
-            if (r != ctx->rank) fsdp__fail(ctx, first, "rank %d: %s", r, all[r].message);
+            if (r != ctx->rank) /* a peer's text: read bounded and escaped */
+                fsdp__fail(ctx, first, "rank %d: %s", r, fsdp__printable_n(shown, sizeof shown, all[r].message,
+                                                                        sizeof all[r].message));
             break;
         }
     FSDP_FREE(all);
@@ -10941,14 +11229,16 @@ FSDP__PRIVATE char *fsdp__tensor_name(const char *param, const char *state) {
    different one is an error; otherwise the state is skipped with a warning). */
 FSDP__PRIVATE int fsdp__opt_compatible(fsdp_ctx *ctx, const fsdp_load_options *opt, const char *saved, const char *what,
                                        int *load_opt) {
+    char shown[80];
     *load_opt = opt && opt->with_optimizer;
     if (!*load_opt || !saved || strcmp(saved, fsdp__opt_name(ctx)) == 0) return 0;
     *load_opt = 0;
+    fsdp_printable(shown, sizeof shown, saved); /* the checkpoint's word: escaped */
     if (opt->strict)
-        return fsdp__fail(ctx, FSDP_ERR_INCOMPATIBLE, "%s: the checkpoint holds %s state but the context uses %s", what, saved,
+        return fsdp__fail(ctx, FSDP_ERR_INCOMPATIBLE, "%s: the checkpoint holds %s state but the context uses %s", what, shown,
                           fsdp__opt_name(ctx));
     fsdp__log(&ctx->logger, FSDP_LOG_WARN, "%s: the checkpoint holds %s state, the context uses %s: optimizer state not loaded",
-              what, saved, fsdp__opt_name(ctx));
+              what, shown, fsdp__opt_name(ctx));
     return 0;
 }
 
@@ -11366,6 +11656,27 @@ FSDP__PRIVATE void fsdp__remove_old_shards(const char *dir, uint32_t nonce) {
     if (d) closedir(d);
 }
 
+/* Why a checkpoint directory is not this user's to write in (NULL if it is): it must be a
+   directory owned by this user, reached through no symbolic link of another user (its last
+   component: the path above is the caller's), that not every user can write in (they could
+   plant files or links where shards go and where old shards are removed; a group-writable
+   directory is the group's choice). */
+FSDP__PRIVATE const char *fsdp__dir_not_ours(const char *dir, char *why, size_t size) {
+    struct stat link, st;
+    if (lstat(dir, &link) != 0 || stat(dir, &st) != 0) return fsdp__fmt(why, size, "%s", strerror(errno)), why;
+    if (S_ISLNK(link.st_mode) && link.st_uid != geteuid())
+        return fsdp__fmt(why, size, "a symbolic link of uid %u, not of this user (uid %u)", (unsigned)link.st_uid,
+                         (unsigned)geteuid()), why;
+    if (!S_ISDIR(st.st_mode)) return fsdp__fmt(why, size, "not a directory"), why;
+    if (st.st_uid != geteuid())
+        return fsdp__fmt(why, size, "a directory of uid %u, not of this user (uid %u)", (unsigned)st.st_uid,
+                         (unsigned)geteuid()), why;
+    if (st.st_mode & S_IWOTH)
+        return fsdp__fmt(why, size, "a directory every user can write in (mode %04o): other users could plant files "
+                         "there", (unsigned)(st.st_mode & 07777)), why;
+    return NULL;
+}
+
 FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_options *opt) {
     fsdp__sharded_save sv;
     uint32_t nonce[2] = {0, 0};
@@ -11382,6 +11693,9 @@ FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_o
         if (mkdir(dir, 0755) != 0 && errno != EEXIST) local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_save_sharded: %s: %s", dir, strerror(errno));
         nonce[0] = (uint32_t)fsdp__mix64((uint64_t)getpid() ^ (uint64_t)(fsdp_now() * 1e9) ^ (uint64_t)ctx->step);
     }
+    if ((rc = fsdp__agree(ctx, local)) != 0) return rc;
+    if (fsdp__dir_not_ours(dir, err, sizeof err)) /* every rank: on its host the directory may be another */
+        local = fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_save_sharded: %s: %s", dir, err);
     if ((rc = fsdp__agree(ctx, local)) != 0) return rc;
     if ((rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_BROADCAST, NULL, nonce, 2, 0)) != 0) return rc;
     sv.nonce = nonce[0];
@@ -11645,8 +11959,10 @@ FSDP__PRIVATE int fsdp__index_build(fsdp_index *ix, size_t size, const char *pat
         return fsdp__fmt(err, err_size, "%s is not an fsdp.h sharded index", path), FSDP_ERR_CORRUPT;
     for (i = 0; i < ix->num_files; i++) {
         const char *file = ix->files[i];
-        if (!*file || strchr(file, '/') || strcmp(file, "..") == 0 || strcmp(file, ".") == 0)
-            return fsdp__fmt(err, err_size, "%s: file entry %d is not a plain file name", path, i), FSDP_ERR_CORRUPT;
+        size_t n = strspn(file, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-");
+        if (!*file || file[n] || n > 255 || strcmp(file, "..") == 0 || strcmp(file, ".") == 0)
+            return fsdp__fmt(err, err_size, "%s: file entry %d is not a plain file name (1..255 of A-Z a-z 0-9 . _ -)",
+                             path, i), FSDP_ERR_CORRUPT;
     }
     for (i = 0; i < ix->num_tensors; i++) {
         fsdp_index_tensor *t = &ix->tensors[i];
@@ -11789,8 +12105,9 @@ FSDP__PRIVATE int fsdp__read_sharded(void *src, int64_t first, int64_t count, fl
             return rc;
         t = fsdp_st_find(s->open_files[pc->file], s->tensor->name);
         if (t < 0 || fsdp_st_tensor_at(s->open_files[pc->file], t)->numel != pc->end - pc->begin) {
-            char shown[80];
-            return fsdp__fmt(err, err_size, "%s/%s does not hold '%s' [%lld, %lld) as index.json says", s->dir, file,
+            char shown[80], dir[200], name[80];
+            return fsdp__fmt(err, err_size, "%s/%s does not hold '%s' [%lld, %lld) as index.json says",
+                             fsdp_printable(dir, sizeof dir, s->dir), fsdp_printable(name, sizeof name, file),
                              fsdp_printable(shown, sizeof shown, s->tensor->name), (long long)pc->begin, (long long)pc->end),
                    FSDP_ERR_CORRUPT;
         }
@@ -12101,7 +12418,7 @@ FSDP__PRIVATE void fsdp__launch_blame(const fsdp__launch *l, fsdp_launch_status 
     }
     if (best < 0 || status->message[0]) return; /* (a failed fork has said what happened) */
     o = &l->outcome[best];
-    memcpy(error, l->board[best].error, sizeof l->board->error);
+    fsdp__printable_n(error, sizeof error, l->board[best].error, sizeof l->board->error); /* another process's text */
     error[sizeof l->board->error] = 0;
     status->failed_rank = best;
     status->exit_code = WIFEXITED(o->status) ? WEXITSTATUS(o->status) : -1;

@@ -23,6 +23,7 @@
 
 #include <cblas.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,6 +115,13 @@ static int read_teacher_config(const options *o, gpt_config *c, char *err, size_
     wte = fsdp_st_find(f, "wte.weight"), wpe = fsdp_st_find(f, "wpe.weight");
     if (wte < 0 || wpe < 0 || fsdp_st_tensor_at(f, wte)->ndim != 2 || fsdp_st_tensor_at(f, wpe)->ndim != 2) {
         snprintf(err, err_size, "%s has no wte.weight and wpe.weight matrices: not a GPT saved by build/gpt", o->teacher_path);
+        fsdp_st_close(f);
+        return -1;
+    }
+    if (fsdp_st_tensor_at(f, wte)->shape[0] < 1 || fsdp_st_tensor_at(f, wte)->shape[0] > INT_MAX ||
+        fsdp_st_tensor_at(f, wte)->shape[1] < 1 || fsdp_st_tensor_at(f, wte)->shape[1] > INT_MAX ||
+        fsdp_st_tensor_at(f, wpe)->shape[0] < 1 || fsdp_st_tensor_at(f, wpe)->shape[0] > INT_MAX) {
+        snprintf(err, err_size, "%s: wte.weight or wpe.weight has a dimension of 0 or above %d", o->teacher_path, INT_MAX);
         fsdp_st_close(f);
         return -1;
     }

@@ -120,7 +120,10 @@ static void describe_widths(char *out, size_t size, const fsdp_st_file *f, const
 typedef struct { char first[256]; } load_problems;
 static void on_load_problem(void *user, const char *kind, const char *name, const char *detail) {
     load_problems *lp = (load_problems *)user;
-    if (!lp->first[0]) snprintf(lp->first, sizeof lp->first, "%s %s%s%s%s", kind, name, *detail ? " (" : "", detail, *detail ? ")" : "");
+    char shown[128]; // the name is the file's text, raw: escaped before it is printed
+    if (!lp->first[0])
+        snprintf(lp->first, sizeof lp->first, "%s %s%s%s%s", kind, fsdp_printable(shown, sizeof shown, name),
+                 *detail ? " (" : "", detail, *detail ? ")" : "");
 }
 
 /* Rank 0, after fsdp_load_full found the file does not fit the model: says how they differ. */

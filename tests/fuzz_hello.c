@@ -4,7 +4,8 @@
    and makes the peer's mac valid, so the fuzzer also reaches what follows authentication):
      0  fsdp__sock_judge_hello: the rest is a hello (zero-padded), judged against a fixed
         challenge and key by a listener admitting ranks 1..3 of 4. Unsigned, it must be refused;
-        admitted, it must be authentic and claim a rank, world and session that fit.
+        admitted, it must be authentic and claim a rank, world and session that fit, having
+        dialled where the connection arrived (127.0.0.1:29500) or the listener (0.0.0.0:29500).
      1  fsdp__sock_greet, the connector's side, over a socketpair: the rest is the acceptor's
         stream (its 40-byte challenge, then its reply to our hello) sent by a thread that reads
         our hello in between and, signing, macs the reply over both nonces. Unsigned, the
@@ -56,6 +57,12 @@ static void judge(const uint8_t *bytes, size_t size, int sign) {
     const char *verdict;
     char why[160];
     int authentic = -1;
+    struct sockaddr_in arrived, listener; /* where the connection came in, and the listener's address */
+    memset(&arrived, 0, sizeof arrived);
+    arrived.sin_addr.s_addr = htonl(0x7f000001);
+    arrived.sin_port = htons(29500);
+    listener = arrived;
+    listener.sin_addr.s_addr = 0; /* 0.0.0.0:29500 */
     memset(&challenge, 0, sizeof challenge);
     challenge.magic = FSDP__SOCK_MAGIC;
     challenge.version = FSDP__SOCK_VERSION;
@@ -66,13 +73,15 @@ static void judge(const uint8_t *bytes, size_t size, int sign) {
         fsdp__sock_mac(hello.mac, fuzz_key, "fsdp.h hello", challenge.nonce, 32, &hello, offsetof(fsdp__sock_hello, mac),
                        NULL, 0);
     why[0] = 0;
-    verdict = fsdp__sock_judge_hello(&hello, &challenge, fuzz_key, WORLD, FIRST_RANK, fuzz_session, &authentic, why,
-                                     sizeof why);
+    verdict = fsdp__sock_judge_hello(&hello, &challenge, fuzz_key, WORLD, FIRST_RANK, fuzz_session, &arrived, &listener,
+                                     &authentic, why, sizeof why);
     if (authentic != 0 && authentic != 1) abort();
     if (!sign && authentic) abort(); /* a forged mac */
     if (verdict == NULL) {
         if (!authentic || hello.world != WORLD || hello.rank < FIRST_RANK || hello.rank >= WORLD ||
-            memcmp(hello.session, fuzz_session, 16) != 0)
+            memcmp(hello.session, fuzz_session, 16) != 0 || hello.dial_port > 65535 ||
+            !((hello.dial_ip == arrived.sin_addr.s_addr && htons((uint16_t)hello.dial_port) == arrived.sin_port) ||
+              (hello.dial_ip == listener.sin_addr.s_addr && htons((uint16_t)hello.dial_port) == listener.sin_port)))
             abort();
     } else {
         if (verdict != why || !why[0]) abort();

@@ -13,7 +13,13 @@
      4x the input in allocations (measured with a counting allocator: this file defines
      FSDP_MALLOC / FSDP_REALLOC / FSDP_FREE).
    - names and metadata from files are shown through fsdp_printable (control bytes and escape
-     sequences as \xNN) in every message, while callbacks get them raw.
+     sequences as \xNN) in every message, while callbacks get them raw; index.json's file
+     entries must be plain names (1..255 of A-Z a-z 0-9 . _ -), any other is refused.
+   - sizes: a shape whose element count or byte size does not fit 63 bits is refused by the
+     reader (never wrapped to match data_offsets) and by the writer (no file is made).
+   - a write whose rename is done but whose directory cannot be synced succeeds, warning.
+   - fsdp_save_sharded writes only into a directory of this user that others cannot write in,
+     reached through no symbolic link of another user.
    - fsdp_load_full fails on every rank, naming it, when a rank opened another file.
    - the index.json fuzz target's corpus (tests/corpus/index and its crashers/ folder) is
      replayed through fsdp_index_parse; run from the repository root or set INDEX_CORPUS_DIR.
@@ -21,7 +27,10 @@
    Tests that need another process (a FIFO open that may block, a file size limit, two ranks)
    fork; children report through a MAP_SHARED board and their exit status, every wait is
    bounded, and only the parent asserts. Every test works in its own directory under /tmp
-   (mkdtemp in setUp, removed in tearDown).
+   (mkdtemp in setUp, removed in tearDown); the one that needs a sparse file of 2^62 bytes
+   falls back to one under /dev/shm (tmpfs), also removed. Run as root (as CI does), tests of
+   other users' files chown them to uid 65534 and fork a child that becomes it; as another
+   user those that need root are ignored.
 
    Build: gcc -std=c99 -O2 -g -Wall -Wextra -Wpedantic -Werror -I. -Itests/unity \
               tests/test_files.c tests/unity/unity.c -o /tmp/tfiles -lpthread -lm */
@@ -89,6 +98,7 @@ static void counting_free(void *ptr) {
 #include "test_common.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/resource.h>
 
 #define CHILD_TIMEOUT_MS 20000   /* bound on a forked child; only reached on a hang */
@@ -101,6 +111,7 @@ static void counting_free(void *ptr) {
 #endif
 
 static char tmpdir[128];        /* this test's directory */
+static char big_dir[128];       /* one under /dev/shm, for a sparse file ext4 cannot hold (removed in tearDown) */
 static char message[4096];      /* assertion messages */
 static mode_t saved_umask;
 
@@ -128,6 +139,8 @@ void tearDown(void) {
     unmap_board(); /* the MAP_SHARED region of a forked test (map_board) */
     if (tmpdir[0]) remove_tree(tmpdir);
     tmpdir[0] = 0;
+    if (big_dir[0]) remove_tree(big_dir);
+    big_dir[0] = 0;
 }
 
 /* Runs fn(arg) in a forked child (which must not assert) and waits for it at most timeout_ms,
@@ -253,9 +266,10 @@ static void start_one_rank(void) {
 }
 
 /* The model's tensors (values base + index), plus extra F32 [1] tensors named extra[], as a
-   safetensors file written by fsdp_st_writer. No test assertions. */
-static int write_model_file(const char *path, float base, const char *const *extra, int num_extra, char *err,
-                            size_t err_size) {
+   safetensors file written by fsdp_st_writer with the metadata meta[num_meta]. No test
+   assertions. */
+static int write_model_file_with_metadata(const char *path, float base, const char *const *extra, int num_extra,
+                                          const fsdp_kv *meta, int num_meta, char *err, size_t err_size) {
     fsdp_st_spec specs[8];
     fsdp_st_writer *w = NULL;
     int i, rc;
@@ -268,7 +282,7 @@ static int write_model_file(const char *path, float base, const char *const *ext
         specs[i].shape[0] = i == 0 ? OUT : i == 1 ? OUT : 1;
         specs[i].shape[1] = i == 0 ? IN : 0;
     }
-    if ((rc = fsdp_st_writer_open(&w, path, specs, 2 + num_extra, NULL, 0, err, err_size)) != 0) return rc;
+    if ((rc = fsdp_st_writer_open(&w, path, specs, 2 + num_extra, meta, num_meta, err, err_size)) != 0) return rc;
     for (i = 0; i < 2 + num_extra; i++)
         for (k = 0; k < (i < 2 ? model_numel[i] : 1); k++) {
             float v = base + (float)k;
@@ -278,6 +292,12 @@ static int write_model_file(const char *path, float base, const char *const *ext
             }
         }
     return fsdp_st_writer_close(w, err, err_size);
+}
+
+/* The same without metadata. No test assertions. */
+static int write_model_file(const char *path, float base, const char *const *extra, int num_extra, char *err,
+                            size_t err_size) {
+    return write_model_file_with_metadata(path, base, extra, num_extra, NULL, 0, err, err_size);
 }
 
 static void write_model_file_ok(const char *path, float base) {
@@ -627,6 +647,160 @@ static void test_two_st_writers_of_one_path_in_one_process_both_succeed_and_the_
     fsdp_st_close(f);
     TEST_ASSERT_EQUAL_FLOAT(2.0f, got[0]);
     TEST_ASSERT_EQUAL_FLOAT(2.0f, got[1]);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   writes: a directory that cannot be synced after the rename
+   --------------------------------------------------------------------------------------------- */
+#define NOBODY 65534 /* the user a root test becomes (whom mode bits bind) */
+
+static int running_as_root(void) { return geteuid() == 0; }
+
+typedef struct unsynced_board {
+    char dir[256], path[512], log[512];
+    int writer;       /* WRITER_ST or WRITER_ATOMIC */
+    int become;       /* uid and gid to switch to first (as root); 0: stay */
+    int stage;        /* what the child reached */
+    int dir_readable; /* the directory could be opened for reading after all: nothing tested */
+    int rc;
+    char error[1024];
+} unsynced_board;
+
+/* The child: stderr to b->log, FSDP_DEBUG unset (the library's default logger: warnings to
+   stderr), becomes b->become, then writes b->path ("new", or a model file of base 2.0). */
+static int write_where_the_directory_cannot_be_synced(void *arg) {
+    unsynced_board *b = (unsynced_board *)arg;
+    int fd = open(b->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0 || dup2(fd, 2) < 0) return 2;
+    if (fd != 2) close(fd);
+    unsetenv("FSDP_DEBUG");
+    b->stage = 1;
+    if (b->become && (setgroups(0, NULL) != 0 || setgid((gid_t)b->become) != 0 || setuid((uid_t)b->become) != 0)) return 3;
+    b->stage = 2;
+    fd = open(b->dir, O_RDONLY | O_CLOEXEC); /* what the sync of the directory does */
+    b->dir_readable = fd >= 0;
+    if (fd >= 0) close(fd);
+    if (b->writer == WRITER_ATOMIC) b->rc = fsdp_write_file_atomic(b->path, "new", 3, b->error, sizeof b->error);
+    else b->rc = write_model_file(b->path, 2.0f, NULL, 0, b->error, sizeof b->error);
+    b->stage = 3;
+    return 0;
+}
+
+/* In a directory of mode 0300 (write and search, no read: its open for the fsync fails with
+   EACCES) where the file already exists, the writer replaces it: the result is success, the
+   file is the new one, and stderr has a warning that the directory could not be synced. As
+   root (whom modes do not bind) the directory is NOBODY's and the child becomes NOBODY. */
+static void assert_write_succeeds_where_the_directory_cannot_be_synced(int writer) {
+    unsynced_board *b = (unsynced_board *)map_board(sizeof(unsynced_board));
+    char content[64], log[2048], where[1400];
+    int status, finished, root = running_as_root();
+    b->writer = writer;
+    path_in(b->dir, sizeof b->dir, "unsyncable");
+    snprintf(b->path, sizeof b->path, "%s/%s", b->dir, writer == WRITER_ATOMIC ? "state.json" : "model.safetensors");
+    path_in(b->log, sizeof b->log, "stderr.txt");
+    TEST_ASSERT_EQUAL_INT(0, mkdir(b->dir, 0700));
+    if (writer == WRITER_ATOMIC) write_file(b->path, "old", 3);
+    else write_model_file_ok(b->path, 1.0f);
+    if (root) {
+        b->become = NOBODY;
+        TEST_ASSERT_EQUAL_INT(0, chown(b->dir, NOBODY, NOBODY));
+        TEST_ASSERT_EQUAL_INT(0, chmod(tmpdir, 0711)); /* NOBODY may pass through */
+    }
+    TEST_ASSERT_EQUAL_INT(0, chmod(b->dir, 0300));
+    finished = run_child(write_where_the_directory_cannot_be_synced, b, CHILD_TIMEOUT_MS, &status);
+    chmod(b->dir, 0700); /* before any assertion: tearDown must be able to remove it */
+    chmod(tmpdir, 0700);
+    snprintf(where, sizeof where, "%s in a directory of mode 0300%s (stage %d, %s \"%.1000s\")", writer_names[writer],
+             root ? " of uid 65534, as uid 65534" : "", b->stage, fsdp_result_name(b->rc), b->error);
+    assert_child_ok(finished, status, where);
+    if (b->dir_readable) TEST_IGNORE_MESSAGE("this process can read a directory of mode 0300 (a capability?): nothing to test");
+    read_bytes(b->log, log, sizeof log);
+    snprintf(message, sizeof message, "%s; stderr: \"%.2000s\"", where, log);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, b->rc, message);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(log, "could not be synced"), message);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(log, strrchr(b->path, '/') + 1), message);
+    if (writer == WRITER_ATOMIC) {
+        read_bytes(b->path, content, sizeof content);
+        TEST_ASSERT_EQUAL_STRING_MESSAGE("new", content, message);
+    } else {
+        assert_model_file(b->path, 2.0f);
+    }
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, count_entries(b->dir, ".tmp."), message);
+}
+
+static void test_write_file_atomic_succeeds_warning_where_the_directory_cannot_be_synced(void) {
+    assert_write_succeeds_where_the_directory_cannot_be_synced(WRITER_ATOMIC);
+}
+
+static void test_st_writer_close_succeeds_warning_where_the_directory_cannot_be_synced(void) {
+    assert_write_succeeds_where_the_directory_cannot_be_synced(WRITER_ST);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   writes: fsdp_save_sharded only into a directory of this user
+   --------------------------------------------------------------------------------------------- */
+/* fsdp_save_sharded(ctx1, dir) must fail with FSDP_ERR_INVALID_ARG, its error saying why
+   (because), and write nothing into target (the directory dir is or leads to). */
+static void assert_save_sharded_refuses(const char *dir, const char *target, const char *because) {
+    int rc = fsdp_save_sharded(ctx1, dir, NULL), left = count_entries(target, NULL);
+    snprintf(message, sizeof message, "fsdp_save_sharded(%s): %s \"%s\"; %d entries in %s", dir, fsdp_result_name(rc),
+             fsdp_last_error(ctx1), left, target);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_INVALID_ARG, rc, message);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(fsdp_last_error(ctx1), because), message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, left, message);
+}
+
+/* Mode 0777: other users could plant files or links where shards go. */
+static void test_save_sharded_refuses_a_directory_every_user_can_write_in(void) {
+    char dir[256];
+    start_one_rank();
+    path_in(dir, sizeof dir, "shared");
+    TEST_ASSERT_EQUAL_INT(0, mkdir(dir, 0700));
+    TEST_ASSERT_EQUAL_INT(0, chmod(dir, 0777));
+    assert_save_sharded_refuses(dir, dir, "every user can write in");
+}
+
+/* A symbolic link of another user (uid 65534) to a directory of ours: refused, the directory
+   left empty. Root only (only root can give a link away). */
+static void test_save_sharded_refuses_a_symbolic_link_of_another_user(void) {
+    char target[256], link[256];
+    if (!running_as_root()) TEST_IGNORE_MESSAGE("needs root (lchown of a link to another user)");
+    start_one_rank();
+    path_in(target, sizeof target, "ours");
+    path_in(link, sizeof link, "theirs");
+    TEST_ASSERT_EQUAL_INT(0, mkdir(target, 0755));
+    TEST_ASSERT_EQUAL_INT(0, symlink(target, link));
+    TEST_ASSERT_EQUAL_INT(0, lchown(link, NOBODY, NOBODY));
+    assert_save_sharded_refuses(link, target, "symbolic link of uid 65534");
+}
+
+/* A directory of another user (uid 65534, mode 0755) that root could write in all the same:
+   refused. Root only. */
+static void test_save_sharded_refuses_a_directory_of_another_user(void) {
+    char dir[256];
+    if (!running_as_root()) TEST_IGNORE_MESSAGE("needs root (chown of a directory to another user)");
+    start_one_rank();
+    path_in(dir, sizeof dir, "theirs");
+    TEST_ASSERT_EQUAL_INT(0, mkdir(dir, 0755));
+    TEST_ASSERT_EQUAL_INT(0, chmod(dir, 0755));
+    TEST_ASSERT_EQUAL_INT(0, chown(dir, NOBODY, NOBODY));
+    assert_save_sharded_refuses(dir, dir, "directory of uid 65534");
+}
+
+/* Our own symbolic link to our own directory of mode 0755 is fine: the save goes through it. */
+static void test_save_sharded_through_our_own_symlink_to_our_own_directory_works(void) {
+    char target[256], link[256], index[512];
+    fsdp_save_options so;
+    start_one_rank();
+    path_in(target, sizeof target, "step-100");
+    path_in(link, sizeof link, "latest");
+    TEST_ASSERT_EQUAL_INT(0, mkdir(target, 0755));
+    TEST_ASSERT_EQUAL_INT(0, chmod(target, 0755));
+    TEST_ASSERT_EQUAL_INT(0, symlink(target, link));
+    memset(&so, 0, sizeof so);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_save_sharded(ctx1, link, &so), fsdp_last_error(ctx1));
+    snprintf(index, sizeof index, "%s/index.json", target);
+    TEST_ASSERT_TRUE_MESSAGE(is_regular_file(index), "no index.json in the directory the link points to");
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1191,6 +1365,23 @@ static void test_printable_broken_utf8_becomes_hex(void) {
     TEST_ASSERT_EQUAL_STRING("\\xed\\xa0\\x80", printable(128, "\xed\xa0\x80")); /* a surrogate */
 }
 
+/* Issue 26 (review): characters that change how the text around them shows are escaped like
+   controls: bidirectional marks, embeddings, overrides and isolates reorder what follows (a
+   name "a<RLO>gpj.exe" reads "aexe.jpg"), line and paragraph separators start a fake line in
+   some viewers, and a byte order mark hides. Neighbours that are ordinary letters pass. */
+static void test_printable_bidi_controls_and_line_separators_become_hex(void) {
+    TEST_ASSERT_EQUAL_STRING("a\\xe2\\x80\\xaegpj.exe", printable(64, "a\xe2\x80\xaegpj.exe"));      /* U+202E */
+    TEST_ASSERT_EQUAL_STRING("x\\xe2\\x80\\xa8y", printable(64, "x\xe2\x80\xa8y"));                   /* U+2028 */
+    TEST_ASSERT_EQUAL_STRING("\\xe2\\x80\\xa9", printable(64, "\xe2\x80\xa9"));                        /* U+2029 */
+    TEST_ASSERT_EQUAL_STRING("\\xe2\\x80\\x8e\\xe2\\x80\\x8f", printable(64, "\xe2\x80\x8e\xe2\x80\x8f")); /* LRM, RLM */
+    TEST_ASSERT_EQUAL_STRING("\\xe2\\x81\\xa6\\xe2\\x81\\xa9", printable(64, "\xe2\x81\xa6\xe2\x81\xa9")); /* LRI, PDI */
+    TEST_ASSERT_EQUAL_STRING("\\xd8\\x9c", printable(64, "\xd8\x9c"));                                   /* U+061C */
+    TEST_ASSERT_EQUAL_STRING("\\xef\\xbb\\xbf", printable(64, "\xef\xbb\xbf"));                        /* U+FEFF */
+    /* neighbours pass: U+2027, U+202F, U+2065 (unassigned but not a control), U+FEFE, U+061B */
+    TEST_ASSERT_EQUAL_STRING("\xe2\x80\xa7\xe2\x80\xaf\xe2\x81\xa5\xef\xbb\xbe\xd8\x9b",
+                             printable(64, "\xe2\x80\xa7\xe2\x80\xaf\xe2\x81\xa5\xef\xbb\xbe\xd8\x9b"));
+}
+
 static void test_printable_overlong_encodings_become_hex(void) {
     TEST_ASSERT_EQUAL_STRING("\\xc0\\xaf", printable(128, "\xc0\xaf"));             /* '/' in 2 bytes */
     TEST_ASSERT_EQUAL_STRING("\\xc1\\x9b", printable(128, "\xc1\x9b"));             /* ESC [ in 2 bytes */
@@ -1345,24 +1536,322 @@ static void test_verify_error_about_a_tensor_named_with_an_escape_sequence_shows
     assert_no_control_bytes(err, "the checksum error");
 }
 
-/* index.json names its shard files; one with an escape sequence in its name that cannot be
-   opened: the error shows the name escaped. */
-static void test_index_open_file_error_about_a_file_named_with_an_escape_sequence_shows_it_escaped(void) {
+/* index.json names its shard files; one with an escape sequence in its name is not a plain
+   file name: fsdp_index_open refuses the index, and its error shows no control byte. */
+static void test_index_open_refuses_a_file_named_with_an_escape_sequence_printably(void) {
     static const char index[] = INDEX_HEAD "\"files\":[\"shard\\u001b]0;owned\\u0007.safetensors\"],"
                                            "\"tensors\":{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"pieces\":[[0,0,1]]}}}";
     char path[256], err[1024] = "";
     fsdp_index *ix = NULL;
-    fsdp_st_file *f = NULL;
     int rc;
     path_in(path, sizeof path, "index.json");
     write_file(path, index, sizeof index - 1);
-    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_index_open(&ix, tmpdir, err, sizeof err), err);
-    rc = fsdp_index_open_file(ix, tmpdir, 0, &f, err, sizeof err);
+    rc = fsdp_index_open(&ix, tmpdir, err, sizeof err);
+    snprintf(message, sizeof message, "fsdp_index_open: %s \"%s\"", fsdp_result_name(rc), err);
+    if (rc == FSDP_SUCCESS) fsdp_index_close(ix);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_CORRUPT, rc, message);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(err, "file entry 0 is not a plain file name"), message);
+    assert_no_control_bytes(err, "the index's error");
+}
+
+/* fsdp_index_open of an index in tmpdir whose only file entry is json_name (as JSON text, so
+   "\\u001b" is ESC); the index is closed again. Its result, the error in err. */
+static int open_index_naming(const char *json_name, char *err, size_t err_size) {
+    char path[256], document[1024];
+    fsdp_index *ix = NULL;
+    int rc;
+    snprintf(document, sizeof document,
+             INDEX_HEAD "\"files\":[\"%s\"],\"tensors\":{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"pieces\":[[0,0,1]]}}}",
+             json_name);
+    path_in(path, sizeof path, "index.json");
+    write_file(path, document, strlen(document));
+    err[0] = 0;
+    rc = fsdp_index_open(&ix, tmpdir, err, err_size);
     fsdp_index_close(ix);
-    if (rc == FSDP_SUCCESS) fsdp_st_close(f);
-    TEST_ASSERT_TRUE_MESSAGE(rc != FSDP_SUCCESS, err);
-    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(err, "shard\\x1b]0;owned\\x07.safetensors"), err);
-    assert_no_control_bytes(err, "the open error");
+    return rc;
+}
+
+/* A file entry is 1..255 characters of A-Z a-z 0-9 . _ - (but "." and ".."): a space, a slash,
+   a parent directory, a backslash, non-ASCII UTF-8 (raw or as a JSON escape) and 256
+   characters are refused; 255 characters, every allowed character, and the names
+   fsdp_save_sharded writes are accepted. */
+static void test_index_open_accepts_only_plain_file_names_of_1_to_255_safe_characters(void) {
+    static const char *const refused[] = {"", ".", "..", "shard 0.safetensors", "sub/shard.safetensors",
+                                          "../shard.safetensors", "/etc/passwd", "shard\\\\0.safetensors",
+                                          "caf\xc3\xa9.safetensors", "caf\\u00e9.safetensors", "shard~.safetensors"};
+    char long_name[300], dir[256], shard[512], err[1024];
+    fsdp_index *ix = NULL;
+    size_t i;
+    int rc;
+    for (i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        rc = open_index_naming(refused[i], err, sizeof err);
+        snprintf(message, sizeof message, "file entry \"%s\": %s \"%s\"", refused[i], fsdp_result_name(rc), err);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_CORRUPT, rc, message);
+        TEST_ASSERT_NOT_NULL_MESSAGE(strstr(err, "not a plain file name"), message);
+    }
+    memset(long_name, 'a', 256);
+    long_name[256] = 0;
+    rc = open_index_naming(long_name, err, sizeof err);
+    snprintf(message, sizeof message, "a file entry of 256 characters: %s \"%s\"", fsdp_result_name(rc), err);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_CORRUPT, rc, message);
+    long_name[255] = 0;
+    rc = open_index_naming(long_name, err, sizeof err);
+    snprintf(message, sizeof message, "a file entry of 255 characters: %s \"%s\"", fsdp_result_name(rc), err);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
+    rc = open_index_naming("ABCXYZabcxyz0189._-.safetensors", err, sizeof err);
+    snprintf(message, sizeof message, "a file entry of every allowed kind of character: %s \"%s\"", fsdp_result_name(rc), err);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
+    start_one_rank();
+    save_sharded_checkpoint("ckpt", dir, sizeof dir, shard, sizeof shard);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_index_open(&ix, dir, err, sizeof err), err);
+    fsdp_index_close(ix);
+}
+
+/* A real sharded checkpoint whose index.json names a byte-identical copy of its shard under a
+   name with an escape sequence ("shard\x1b]0;owned\x07.safetensors", a real file): the load
+   fails on the name alone, and its error shows no control byte. */
+static void test_load_sharded_of_an_index_naming_a_shard_file_with_an_escape_sequence_fails_printably(void) {
+    char dir[256], shard[512], evil[600], index[512], rewritten[1 << 14];
+    static char bytes[1 << 14];
+    const char *name, *at;
+    size_t n;
+    int rc;
+    start_one_rank();
+    save_sharded_checkpoint("ckpt", dir, sizeof dir, shard, sizeof shard);
+    snprintf(evil, sizeof evil, "%s/shard\x1b]0;owned\x07.safetensors", dir);
+    copy_file(shard, evil);
+    snprintf(index, sizeof index, "%s/index.json", dir);
+    n = read_bytes(index, bytes, sizeof bytes);
+    TEST_ASSERT_TRUE(n > 0 && n < sizeof bytes - 1);
+    name = strrchr(shard, '/') + 1;
+    at = strstr(bytes, name);
+    TEST_ASSERT_NOT_NULL_MESSAGE(at, "index.json does not name the shard file");
+    snprintf(rewritten, sizeof rewritten, "%.*sshard\\u001b]0;owned\\u0007.safetensors%s", (int)(at - bytes), bytes,
+             at + strlen(name));
+    write_file(index, rewritten, strlen(rewritten));
+    rc = fsdp_load_sharded(ctx1, dir, NULL, NULL);
+    snprintf(message, sizeof message, "fsdp_load_sharded: %s \"%s\"", fsdp_result_name(rc), fsdp_last_error(ctx1));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_CORRUPT, rc, message);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(fsdp_last_error(ctx1), "not a plain file name"), message);
+    assert_no_control_bytes(fsdp_last_error(ctx1), "the load's error");
+}
+
+/* A checkpoint whose "optimizer" metadata holds an escape sequence, loaded strictly with the
+   optimizer state into a context of another optimizer (SGD): the incompatibility error shows
+   the value escaped. */
+static const fsdp_kv evil_optimizer = {"optimizer", evil_name};
+
+static void test_load_full_with_optimizer_of_a_file_whose_optimizer_has_an_escape_sequence_fails_showing_it_escaped(void) {
+    char path[256], err[1024] = "";
+    fsdp_load_options lo;
+    int rc;
+    start_one_rank();
+    path_in(path, sizeof path, "evil.safetensors");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS,
+                                  write_model_file_with_metadata(path, 1.0f, NULL, 0, &evil_optimizer, 1, err, sizeof err), err);
+    memset(&lo, 0, sizeof lo);
+    lo.with_optimizer = 1;
+    lo.strict = 1;
+    rc = fsdp_load_full(ctx1, path, &lo, NULL);
+    snprintf(message, sizeof message, "%s: \"%s\"", fsdp_result_name(rc), fsdp_last_error(ctx1));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_INCOMPATIBLE, rc, message);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(fsdp_last_error(ctx1), evil_shown), message);
+    assert_no_control_bytes(fsdp_last_error(ctx1), "the load's error");
+}
+
+/* Non-strict, the load succeeds without the optimizer state and warns: the value escaped. */
+static void test_load_full_warning_about_an_optimizer_named_with_an_escape_sequence_shows_it_escaped(void) {
+    char path[256], err[1024] = "";
+    fsdp_load_options lo;
+    int rc;
+    captured_log[0] = 0;
+    ctx_logger.fn = capture_log;
+    ctx_logger.max_level = FSDP_LOG_WARN;
+    start_one_rank();
+    path_in(path, sizeof path, "evil.safetensors");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS,
+                                  write_model_file_with_metadata(path, 1.0f, NULL, 0, &evil_optimizer, 1, err, sizeof err), err);
+    memset(&lo, 0, sizeof lo);
+    lo.with_optimizer = 1;
+    rc = fsdp_load_full(ctx1, path, &lo, NULL);
+    snprintf(message, sizeof message, "%s: \"%.1000s\"; log: \"%.2000s\"", fsdp_result_name(rc), fsdp_last_error(ctx1), captured_log);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(captured_log, evil_shown), message);
+    TEST_ASSERT_NULL_MESSAGE(strchr(captured_log, '\x1b'), message);
+    TEST_ASSERT_NULL_MESSAGE(strchr(captured_log, '\x07'), message);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   sizes: shapes whose element count or byte size does not fit 63 bits
+   --------------------------------------------------------------------------------------------- */
+/* A header of tensor "w" (dtype, shape, data_offsets [0,0]) and "x" (F32 [2] at [0,8]). */
+static void huge_tensor_header(char *out, size_t size, const char *dtype, const char *shape) {
+    snprintf(out, size, "{\"w\":{\"dtype\":\"%s\",\"shape\":[%s],\"data_offsets\":[0,0]},"
+                        "\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", dtype, shape);
+}
+
+/* fsdp_st_parse of the 8-byte length, header and 8 data bytes; the file is closed again. */
+static int parse_with_8_data_bytes(const char *header, char *err, size_t err_size) {
+    unsigned char image[512];
+    fsdp_st_file *f = NULL;
+    size_t i, n = strlen(header);
+    int rc;
+    TEST_ASSERT_TRUE(8 + n + 8 <= sizeof image);
+    for (i = 0; i < 8; i++) image[i] = (unsigned char)((uint64_t)n >> (8 * i));
+    memcpy(image + 8, header, n);
+    memset(image + 8 + n, 0, 8);
+    err[0] = 0;
+    rc = fsdp_st_parse(&f, image, 8 + n + 8, err, err_size);
+    fsdp_st_close(f);
+    return rc;
+}
+
+/* Element counts of 2^62 and more: as bytes they are 2^64 or more, which a 64-bit product
+   wraps (2^62 F32 elements make 0 bytes, as data_offsets [0,0] say). */
+static const char *const huge_f32_shapes[] = {"4611686018427387904", "4611686018427387904,4", "2147483648,2147483648,4",
+                                              "1152921504606846976,4"};
+
+/* A tensor whose shape holds 2^62 or more elements (F32) or 2^63 - 1 (F16) where data_offsets
+   span 0 bytes: the parse fails (FSDP_ERR_CORRUPT) naming it; with shape [0] the same header
+   parses (the control). (With 8 data bytes the bound of the element count by the data's size
+   refuses these before any product: the wrap itself needs a file of 2^62 bytes, below.) */
+static void test_st_parse_refuses_a_shape_whose_byte_size_overflows_64_bits(void) {
+    char header[400], err[1024];
+    size_t i;
+    int rc;
+    huge_tensor_header(header, sizeof header, "F32", "0");
+    rc = parse_with_8_data_bytes(header, err, sizeof err);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, err);
+    for (i = 0; i <= sizeof huge_f32_shapes / sizeof huge_f32_shapes[0]; i++) { /* the last: F16 [2^63 - 1] */
+        int f16 = i == sizeof huge_f32_shapes / sizeof huge_f32_shapes[0];
+        const char *dtype = f16 ? "F16" : "F32", *shape = f16 ? "9223372036854775807" : huge_f32_shapes[i];
+        huge_tensor_header(header, sizeof header, dtype, shape);
+        rc = parse_with_8_data_bytes(header, err, sizeof err);
+        snprintf(message, sizeof message, "%s [%s] at data_offsets [0,0]: %s \"%s\"", dtype, shape, fsdp_result_name(rc), err);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_CORRUPT, rc, message);
+        TEST_ASSERT_NOT_NULL_MESSAGE(strstr(err, "'w'"), message);
+    }
+}
+
+/* Writes the 8-byte length and header to path, then makes the file 8 + header + data_bytes
+   long (sparse). 0, or the errno of the failure. */
+static int write_sparse_file(const char *path, const char *header, uint64_t data_bytes) {
+    unsigned char len8[8];
+    size_t i, n = strlen(header);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), err = 0;
+    if (fd < 0) return errno;
+    for (i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)n >> (8 * i));
+    if (write(fd, len8, 8) != 8 || write(fd, header, n) != (ssize_t)n || ftruncate(fd, (off_t)(8 + n + data_bytes)) != 0)
+        err = errno ? errno : EIO;
+    close(fd);
+    return err;
+}
+
+#define FOUR_EIB ((uint64_t)1 << 62)
+
+/* In a file of 2^62 + 8 data bytes (sparse: on tmpfs, say), 2^62 F32 elements fit the data
+   size, and their 2^64 bytes wrap to the 0 that data_offsets [0,0] span: fsdp_st_open refuses
+   the tensor (FSDP_ERR_CORRUPT, naming it) instead of taking 2^62 elements from 0 bytes; with
+   shape [0] the same file opens (the control). Ignored where no file system here takes such a
+   file (tmpdir first, then /dev/shm). */
+static void test_st_open_of_a_sparse_4_eib_file_refuses_a_shape_whose_byte_size_wraps_to_its_data_offsets(void) {
+    char header[400], path[256], err[1024];
+    fsdp_st_file *f = NULL;
+    size_t i;
+    int rc, e;
+    if (sizeof(off_t) < 8) TEST_IGNORE_MESSAGE("off_t of 32 bits: no file of 2^62 bytes");
+    huge_tensor_header(header, sizeof header, "F32", "0");
+    path_in(path, sizeof path, "big.safetensors");
+    if (write_sparse_file(path, header, FOUR_EIB + 8) != 0) {
+        unlink(path);
+        snprintf(big_dir, sizeof big_dir, "/dev/shm/fsdp-test-files-XXXXXX");
+        if (!mkdtemp(big_dir)) {
+            big_dir[0] = 0;
+            TEST_IGNORE_MESSAGE("no file system here takes a sparse file of 2^62 bytes (tried the test directory and /dev/shm)");
+        }
+        snprintf(path, sizeof path, "%s/big.safetensors", big_dir);
+        if ((e = write_sparse_file(path, header, FOUR_EIB + 8)) != 0) {
+            snprintf(message, sizeof message, "no file system here takes a sparse file of 2^62 bytes (/dev/shm: %s)", strerror(e));
+            TEST_IGNORE_MESSAGE(message);
+        }
+    }
+    rc = fsdp_st_open(&f, path, err, sizeof err);
+    fsdp_st_close(f);
+    f = NULL;
+    snprintf(message, sizeof message, "the control, F32 [0] in %s: %s \"%s\"", path, fsdp_result_name(rc), err);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
+    for (i = 0; i < sizeof huge_f32_shapes / sizeof huge_f32_shapes[0]; i++) {
+        huge_tensor_header(header, sizeof header, "F32", huge_f32_shapes[i]);
+        TEST_ASSERT_EQUAL_INT(0, write_sparse_file(path, header, FOUR_EIB + 8));
+        err[0] = 0;
+        rc = fsdp_st_open(&f, path, err, sizeof err);
+        fsdp_st_close(f);
+        f = NULL;
+        snprintf(message, sizeof message, "F32 [%s] at data_offsets [0,0] in 2^62 + 8 data bytes: %s \"%s\"",
+                 huge_f32_shapes[i], fsdp_result_name(rc), err);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_CORRUPT, rc, message);
+        TEST_ASSERT_NOT_NULL_MESSAGE(strstr(err, "'w'"), message);
+    }
+}
+
+/* fsdp_st_writer_open of specs[num] into tmpdir: it must fail with FSDP_ERR_INVALID_ARG,
+   naming the tensor `named`, and leave no file in the directory (not even a temporary). */
+static void assert_writer_refuses(const fsdp_st_spec *specs, int num, const char *named, const char *what) {
+    fsdp_st_writer *w = NULL;
+    char path[256], err[1024] = "", quoted[64];
+    int rc, left;
+    path_in(path, sizeof path, "huge.safetensors");
+    rc = fsdp_st_writer_open(&w, path, specs, num, NULL, 0, err, sizeof err);
+    left = count_entries(tmpdir, NULL); /* before an abort could remove what the open made */
+    if (rc == FSDP_SUCCESS) fsdp_st_writer_abort(w);
+    snprintf(message, sizeof message, "%s: %s \"%s\"", what, fsdp_result_name(rc), err);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_INVALID_ARG, rc, message);
+    snprintf(quoted, sizeof quoted, "'%s'", named);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(err, quoted), message);
+    snprintf(message, sizeof message, "%s: %d files left in the test directory", what, left);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, left, message);
+}
+
+static void set_spec(fsdp_st_spec *spec, const char *name, fsdp_dtype dtype, int ndim, int64_t d0, int64_t d1) {
+    memset(spec, 0, sizeof *spec);
+    spec->name = name;
+    spec->dtype = dtype;
+    spec->ndim = ndim;
+    spec->shape[0] = d0;
+    spec->shape[1] = d1;
+}
+
+/* F32 [2^62, 4]: 2^64 elements, 0 in a 64-bit product. */
+static void test_st_writer_open_refuses_a_shape_whose_size_overflows_leaving_no_file(void) {
+    fsdp_st_spec spec;
+    set_spec(&spec, "huge", FSDP_F32, 2, INT64_C(4611686018427387904), 4);
+    assert_writer_refuses(&spec, 1, "huge", "F32 [2^62, 4]");
+    set_spec(&spec, "huge", FSDP_BF16, 1, INT64_MAX, 0);
+    assert_writer_refuses(&spec, 1, "huge", "BF16 [2^63 - 1]");
+}
+
+/* A negative dimension is no shape (it used to count as 0). */
+static void test_st_writer_open_refuses_a_negative_dimension_leaving_no_file(void) {
+    fsdp_st_spec spec;
+    set_spec(&spec, "negative", FSDP_F32, 1, -1, 0);
+    assert_writer_refuses(&spec, 1, "negative", "F32 [-1]");
+    set_spec(&spec, "negative", FSDP_F32, 2, 2, -1);
+    assert_writer_refuses(&spec, 1, "negative", "F32 [2, -1]");
+}
+
+/* Two tensors of 2^63 - 4 bytes each (F32 [2^61 - 1]): each fits alone (the control opens and
+   is aborted), their offsets do not: the second is refused. */
+static void test_st_writer_open_refuses_tensors_whose_sizes_sum_past_int64_max_leaving_no_file(void) {
+    fsdp_st_spec specs[2];
+    fsdp_st_writer *w = NULL;
+    char path[256], err[1024] = "";
+    set_spec(&specs[0], "first", FSDP_F32, 1, INT64_C(2305843009213693951), 0);
+    set_spec(&specs[1], "second", FSDP_F32, 1, INT64_C(2305843009213693951), 0);
+    path_in(path, sizeof path, "alone.safetensors");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_st_writer_open(&w, path, specs, 1, NULL, 0, err, sizeof err), err);
+    fsdp_st_writer_abort(w);
+    TEST_ASSERT_EQUAL_INT(0, count_entries(tmpdir, NULL));
+    assert_writer_refuses(specs, 2, "second", "two F32 [2^61 - 1]");
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1464,6 +1953,12 @@ int main(void) {
     RUN_TEST(test_save_sharded_index_does_not_follow_a_symlink_planted_at_the_old_temporary_name);
     RUN_TEST(test_write_file_atomic_does_not_follow_a_symlink_planted_at_the_old_temporary_name);
     RUN_TEST(test_two_st_writers_of_one_path_in_one_process_both_succeed_and_the_last_close_wins);
+    RUN_TEST(test_write_file_atomic_succeeds_warning_where_the_directory_cannot_be_synced);
+    RUN_TEST(test_st_writer_close_succeeds_warning_where_the_directory_cannot_be_synced);
+    RUN_TEST(test_save_sharded_refuses_a_directory_every_user_can_write_in);
+    RUN_TEST(test_save_sharded_refuses_a_symbolic_link_of_another_user);
+    RUN_TEST(test_save_sharded_refuses_a_directory_of_another_user);
+    RUN_TEST(test_save_sharded_through_our_own_symlink_to_our_own_directory_works);
     /* stale temporary files */
     RUN_TEST(test_save_removes_a_stale_temporary_file_of_this_host_whose_writer_is_dead);
     RUN_TEST(test_save_keeps_a_temporary_file_of_another_host);
@@ -1502,13 +1997,24 @@ int main(void) {
     RUN_TEST(test_printable_c1_controls_encoded_as_c2_80_to_9f_become_hex);
     RUN_TEST(test_printable_broken_utf8_becomes_hex);
     RUN_TEST(test_printable_overlong_encodings_become_hex);
+    RUN_TEST(test_printable_bidi_controls_and_line_separators_become_hex);
     RUN_TEST(test_printable_truncation_ends_with_dots_at_a_character_boundary);
     RUN_TEST(test_printable_sizes_0_to_3_never_overflow);
     RUN_TEST(test_load_full_of_an_unexpected_tensor_named_with_an_escape_sequence_shows_it_escaped);
     RUN_TEST(test_load_full_warning_about_an_unexpected_tensor_named_with_an_escape_sequence_shows_it_escaped);
     RUN_TEST(test_parse_error_about_a_tensor_named_with_an_escape_sequence_shows_it_escaped);
     RUN_TEST(test_verify_error_about_a_tensor_named_with_an_escape_sequence_shows_it_escaped);
-    RUN_TEST(test_index_open_file_error_about_a_file_named_with_an_escape_sequence_shows_it_escaped);
+    RUN_TEST(test_index_open_refuses_a_file_named_with_an_escape_sequence_printably);
+    RUN_TEST(test_index_open_accepts_only_plain_file_names_of_1_to_255_safe_characters);
+    RUN_TEST(test_load_sharded_of_an_index_naming_a_shard_file_with_an_escape_sequence_fails_printably);
+    RUN_TEST(test_load_full_with_optimizer_of_a_file_whose_optimizer_has_an_escape_sequence_fails_showing_it_escaped);
+    RUN_TEST(test_load_full_warning_about_an_optimizer_named_with_an_escape_sequence_shows_it_escaped);
+    /* sizes */
+    RUN_TEST(test_st_parse_refuses_a_shape_whose_byte_size_overflows_64_bits);
+    RUN_TEST(test_st_open_of_a_sparse_4_eib_file_refuses_a_shape_whose_byte_size_wraps_to_its_data_offsets);
+    RUN_TEST(test_st_writer_open_refuses_a_shape_whose_size_overflows_leaving_no_file);
+    RUN_TEST(test_st_writer_open_refuses_a_negative_dimension_leaving_no_file);
+    RUN_TEST(test_st_writer_open_refuses_tensors_whose_sizes_sum_past_int64_max_leaving_no_file);
     /* ranks that opened different files */
     RUN_TEST(test_load_full_where_rank_1_opens_another_file_fails_on_every_rank_naming_rank_1);
     /* the fuzz corpus */

@@ -118,6 +118,8 @@ typedef struct rank_plan {
     const char *secret, *job, *master_addr;
     size_t count;          /* all_reduce of count floats after init (0: none) */
     int gather_count;      /* instead: one all_gather of this many floats per rank */
+    const char *store_key; /* set: master_port is a TCPStore where rank 0 publishes its address */
+    int as_uid;            /* > 0: the rank runs as this user (the parent must be root) */
 } rank_plan;
 
 static fsdp_comm_desc socket_desc(const rank_plan *plan) {
@@ -131,6 +133,7 @@ static fsdp_comm_desc socket_desc(const rank_plan *plan) {
     d.timeout_ms = plan->timeout_ms;
     d.secret = plan->secret;
     d.job = plan->job;
+    d.store_key = plan->store_key;
     d.logger.fn = capture_log;
     d.logger.max_level = FSDP_LOG_WARN;
     return d;
@@ -144,6 +147,7 @@ static int run_socket_rank(void *arg) {
     fsdp_comm *comm = NULL;
     double start = now_ms();
     captured[0] = 0;
+    if (plan->as_uid > 0 && (setgid((gid_t)plan->as_uid) != 0 || setuid((uid_t)plan->as_uid) != 0)) return 3;
     r->rc = fsdp_comm_init(&comm, &d);
     r->elapsed_ms = (int)(now_ms() - start);
     copy_text(r->message, sizeof r->message, fsdp_comm_last_error(comm));
@@ -172,7 +176,7 @@ static void reset_reports(void) { memset(shared, 0, sizeof *shared * MAX_RANKS);
 
 /* What the parent needs to speak to rank 0 as rank `rank` of `world` (it knows the secret). */
 static void job_key(unsigned char key[32], const char *secret, const char *job) {
-    fsdp__comm_key(key, secret ? secret : "", secret ? strlen(secret) : 0, "fsdp.h job key", job);
+    fsdp__comm_key(key, secret ? secret : "", secret ? strlen(secret) : 0, "fsdp.h job key", job, FSDP__KDF_ROUNDS);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -208,7 +212,7 @@ static void impostor_attempt(int port, const unsigned char key[32], unsigned cha
 }
 
 static void test_impostor_without_the_secret_is_refused_and_learns_neither_token_nor_secret(void) {
-    rank_plan r0 = {0, 2, 0, 8000, SECRET, JOB, NULL, 4, 0}, r1;
+    rank_plan r0 = {0, 2, 0, 8000, SECRET, JOB, NULL, 4, 0, NULL, 0}, r1;
     unsigned char guessed_key[32], seen[8192];
     size_t seen_len = 0;
     fsdp__sock_reply reply;
@@ -243,7 +247,7 @@ static void test_impostor_without_the_secret_is_refused_and_learns_neither_token
 }
 
 static void test_rank_with_another_secret_is_refused_saying_the_secrets_differ(void) {
-    rank_plan r0 = {0, 2, 0, 1500, SECRET, JOB, NULL, 0, 0}, r1;
+    rank_plan r0 = {0, 2, 0, 1500, SECRET, JOB, NULL, 0, 0, NULL, 0}, r1;
     pid_t p0, p1;
     r0.port = pick_free_port();
     r1 = r0;
@@ -313,7 +317,7 @@ static int run_rank0_with_few_descriptors(void *arg) {
 }
 
 static void test_accept_failing_for_lack_of_descriptors_does_not_end_the_rendezvous(void) {
-    rank_plan r0 = {0, 2, 0, 15000, SECRET, JOB, NULL, 4, 0}, r1;
+    rank_plan r0 = {0, 2, 0, 15000, SECRET, JOB, NULL, 4, 0, NULL, 0}, r1;
     int strangers[16], i;
     pid_t p0, p1;
     r0.port = pick_free_port();
@@ -336,7 +340,7 @@ static void test_accept_failing_for_lack_of_descriptors_does_not_end_the_rendezv
 
 /* Without a secret, a rank 0 reachable from other hosts says so once, naming the port. */
 static void test_rank0_without_a_secret_off_loopback_warns_naming_the_open_port(void) {
-    rank_plan r0 = {0, 2, 0, 5000, NULL, JOB, "0.0.0.0", 4, 0}, r1;
+    rank_plan r0 = {0, 2, 0, 5000, NULL, JOB, "0.0.0.0", 4, 0, NULL, 0}, r1;
     char port_text[16];
     pid_t p0, p1;
     r0.port = pick_free_port();
@@ -364,13 +368,373 @@ static void test_rank0_without_a_secret_off_loopback_warns_naming_the_open_port(
 }
 
 /* ---------------------------------------------------------------------------------------------
+   issue 26: relays, the store, other local users
+   --------------------------------------------------------------------------------------------- */
+/* A relay between two ranks: accepts on listen_fd, connects each connection on to `to` and
+   copies bytes both ways, unchanged, until either side closes (at most limit_ms). A child. */
+typedef struct relay_plan {
+    int listen_fd, to_port, limit_ms;
+} relay_plan;
+
+static int run_relay(void *arg) {
+    const relay_plan *plan = (const relay_plan *)arg;
+    struct pollfd p[3];
+    int pairs[8][2], n = 0, i, k;
+    double until = now_ms() + plan->limit_ms;
+    while (now_ms() < until) {
+        p[0].fd = plan->listen_fd;
+        p[0].events = POLLIN;
+        p[0].revents = 0;
+        if (poll(p, 1, 0) > 0 && n < 8) {
+            pairs[n][0] = accept(plan->listen_fd, NULL, NULL);
+            pairs[n][1] = connect_retry(plan->to_port, 2000);
+            if (pairs[n][0] >= 0 && pairs[n][1] >= 0) n++;
+        }
+        for (i = 0; i < n; i++) {
+            for (k = 0; k < 2; k++) {
+                p[k].fd = pairs[i][k];
+                p[k].events = POLLIN;
+                p[k].revents = 0;
+            }
+            if (pairs[i][0] < 0 || poll(p, 2, 5) <= 0) continue;
+            for (k = 0; k < 2; k++)
+                if (p[k].revents) {
+                    char buf[65536];
+                    ssize_t got = recv(pairs[i][k], buf, sizeof buf, 0);
+                    if (got <= 0 || send(pairs[i][1 - k], buf, (size_t)got, MSG_NOSIGNAL) != got) {
+                        close(pairs[i][0]);
+                        close(pairs[i][1]);
+                        pairs[i][0] = pairs[i][1] = -1;
+                        break;
+                    }
+                }
+        }
+        sleep_ms(1);
+    }
+    return 0;
+}
+
+static int listen_on_loopback(int *port) {
+    struct sockaddr_in a = loopback(0);
+    socklen_t len = sizeof a;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 16) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0)
+        return -1;
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+/* Issue 26, defect 1 (the handshake part): a stranger without the secret gets rank 1 to dial
+   it (under torchrun's agent store it wrote its own address there) and relays both ends of
+   the handshake unchanged to the real rank 0. Before the fix both sides authenticated and the
+   stranger sat in the middle of the job's stream. Now a hello says which address its sender
+   dialled, under the mac, and rank 0 refuses one that arrived elsewhere. */
+static void test_handshake_relayed_by_a_stranger_is_refused_by_rank_0(void) {
+    rank_plan r0 = {0, 2, 0, 3000, SECRET, JOB, NULL, 4, 0, NULL, 0}, r1;
+    relay_plan relay;
+    pid_t p0, p1, pr;
+    r0.port = pick_free_port();
+    relay.listen_fd = listen_on_loopback(&relay.to_port);
+    TEST_ASSERT_TRUE(relay.listen_fd >= 0);
+    r1 = r0;
+    r1.rank = 1;
+    r1.port = relay.to_port; /* rank 1 dials the relay ... */
+    relay.to_port = r0.port; /* ... which dials rank 0 */
+    relay.limit_ms = 6000;
+    reset_reports();
+    pr = spawn(run_relay, &relay, 10);
+    close(relay.listen_fd);
+    p0 = spawn(run_socket_rank, &r0, 0);
+    p1 = spawn(run_socket_rank, &r1, 0);
+    TEST_ASSERT_EQUAL_INT(0, reap(p1, 10000));
+    TEST_ASSERT_EQUAL_INT(0, reap(p0, 10000));
+    kill(pr, SIGKILL);
+    reap(pr, 2000);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_REJECTED, shared[1].rc, shared[1].message);
+    TEST_ASSERT_TRUE_MESSAGE(contains(shared[1].message, "relays"), shared[1].message);
+    TEST_ASSERT_NOT_EQUAL(FSDP_SUCCESS, shared[0].rc);
+    TEST_ASSERT_TRUE_MESSAGE(contains(shared[0].message, "relays"), shared[0].message);
+}
+
+/* A TCPStore of torch 1.13's wire format (see >>socket in fsdp.h), as a child: SET, GET,
+   CHECK, WAIT and DELETE of a few keys, one thread per client. With plant set it is the
+   attacker's: every value SET is replaced, before anyone reads it, by plant followed by what
+   came after the first space of the original (so a mac rank 0 attached stays, now attached to
+   another address). */
+typedef struct store_plan {
+    int listen_fd, limit_ms;
+    const char *plant;
+} store_plan;
+
+static struct {
+    pthread_mutex_t lock;
+    char keys[8][256], values[8][256];
+    int n;
+    const char *plant;
+} store;
+
+static int store_read(int fd, void *buf, size_t n) { return read_some(fd, (unsigned char *)buf, n, 15000) == n ? 0 : -1; }
+
+static int store_string(int fd, char *out, size_t cap) {
+    unsigned char len8[8];
+    uint64_t len = 0;
+    int i;
+    if (store_read(fd, len8, 8) != 0) return -1;
+    for (i = 7; i >= 0; i--) len = len << 8 | len8[i];
+    if (len >= cap || store_read(fd, out, (size_t)len) != 0) return -1;
+    out[len] = 0;
+    return 0;
+}
+
+static int store_find(const char *key) {
+    int i;
+    for (i = 0; i < store.n; i++)
+        if (strcmp(store.keys[i], key) == 0) return i;
+    return -1;
+}
+
+static void *store_client(void *arg) {
+    int fd = (int)(intptr_t)arg;
+    for (;;) {
+        unsigned char type, count8[8], reply[8];
+        char key[256], value[256];
+        int i, at;
+        if (store_read(fd, &type, 1) != 0) break;
+        if (type == 0x00) { /* SET key value */
+            if (store_string(fd, key, sizeof key) != 0 || store_string(fd, value, sizeof value) != 0) break;
+            pthread_mutex_lock(&store.lock);
+            if ((at = store_find(key)) < 0 && store.n < 8) at = store.n++;
+            if (at >= 0) {
+                const char *rest = strchr(value, ' ');
+                copy_text(store.keys[at], sizeof store.keys[at], key);
+                if (store.plant) snprintf(store.values[at], sizeof store.values[at], "%s%s", store.plant, rest ? rest : "");
+                else copy_text(store.values[at], sizeof store.values[at], value);
+            }
+            pthread_mutex_unlock(&store.lock);
+        } else if (type == 0x04 || type == 0x05) { /* CHECK / WAIT count keys */
+            uint64_t count = 0;
+            int all = 1;
+            if (store_read(fd, count8, 8) != 0) break;
+            for (i = 7; i >= 0; i--) count = count << 8 | count8[i];
+            if (count > 4) break;
+            for (i = 0; i < (int)count; i++) {
+                if (store_string(fd, key, sizeof key) != 0) goto out;
+                for (;;) {
+                    pthread_mutex_lock(&store.lock);
+                    at = store_find(key);
+                    pthread_mutex_unlock(&store.lock);
+                    if (at >= 0 || type == 0x04) break;
+                    sleep_ms(5);
+                }
+                if (at < 0) all = 0;
+            }
+            reply[0] = all ? 0 : 1;
+            if (send(fd, reply, 1, MSG_NOSIGNAL) != 1) break;
+        } else if (type == 0x02) { /* GET key */
+            uint64_t len;
+            if (store_string(fd, key, sizeof key) != 0) break;
+            pthread_mutex_lock(&store.lock);
+            at = store_find(key);
+            copy_text(value, sizeof value, at >= 0 ? store.values[at] : "");
+            pthread_mutex_unlock(&store.lock);
+            len = strlen(value);
+            for (i = 0; i < 8; i++) reply[i] = (unsigned char)(len >> (8 * i));
+            if (send(fd, reply, 8, MSG_NOSIGNAL) != 8 || send(fd, value, (size_t)len, MSG_NOSIGNAL) != (ssize_t)len) break;
+        } else if (type == 0x08) { /* DELETE key */
+            if (store_string(fd, key, sizeof key) != 0) break;
+            memset(reply, 0, sizeof reply);
+            if (send(fd, reply, 8, MSG_NOSIGNAL) != 8) break;
+        } else {
+            break;
+        }
+    }
+out:
+    close(fd);
+    return NULL;
+}
+
+static int run_store(void *arg) {
+    const store_plan *plan = (const store_plan *)arg;
+    double until = now_ms() + plan->limit_ms;
+    pthread_mutex_init(&store.lock, NULL);
+    store.plant = plan->plant;
+    while (now_ms() < until) {
+        struct pollfd p;
+        p.fd = plan->listen_fd;
+        p.events = POLLIN;
+        p.revents = 0;
+        if (poll(&p, 1, 50) > 0) {
+            pthread_t t;
+            int fd = accept(plan->listen_fd, NULL, NULL);
+            if (fd >= 0 && pthread_create(&t, NULL, store_client, (void *)(intptr_t)fd) == 0) pthread_detach(t);
+        }
+    }
+    return 0;
+}
+
+/* Issue 26, defect 1 (the store part): under torchrun's agent store rank 0 publishes where it
+   listens, and the store has no authentication. A stranger who replaces the entry with its own
+   address made rank 1 dial it. The entry now carries a mac under the job's key: rank 1 refuses
+   the planted address (it keeps rank 0's mac, which does not fit), naming the key. The same
+   store without the attacker works. */
+static void test_address_planted_in_torchruns_store_is_refused(void) {
+    rank_plan r0 = {0, 2, 0, 4000, SECRET, JOB, NULL, 4, 0, "/fsdp.h/rank0/hostile/0", 0}, r1;
+    store_plan sp;
+    char plant[64];
+    int attempt;
+    for (attempt = 0; attempt < 2; attempt++) {
+        pid_t ps, p0, p1;
+        sp.listen_fd = listen_on_loopback(&r0.port);
+        TEST_ASSERT_TRUE(sp.listen_fd >= 0);
+        sp.limit_ms = 8000;
+        snprintf(plant, sizeof plant, "127.0.0.1:%d", pick_free_port()); /* where nothing listens */
+        sp.plant = attempt == 0 ? plant : NULL;
+        r1 = r0;
+        r1.rank = 1;
+        reset_reports();
+        ps = spawn(run_store, &sp, 12);
+        close(sp.listen_fd);
+        p0 = spawn(run_socket_rank, &r0, 0);
+        p1 = spawn(run_socket_rank, &r1, 0);
+        TEST_ASSERT_EQUAL_INT(0, reap(p1, 12000));
+        TEST_ASSERT_EQUAL_INT(0, reap(p0, 12000));
+        kill(ps, SIGKILL);
+        reap(ps, 2000);
+        if (attempt == 0) {
+            TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_REJECTED, shared[1].rc, shared[1].message);
+            TEST_ASSERT_TRUE_MESSAGE(contains(shared[1].message, "is not rank 0's") &&
+                                     contains(shared[1].message, r0.store_key), shared[1].message);
+            TEST_ASSERT_NOT_EQUAL(FSDP_SUCCESS, shared[0].rc);
+        } else {
+            TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[0].rc, shared[0].message);
+            TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[1].rc, shared[1].message);
+            TEST_ASSERT_EQUAL_FLOAT(2.0f, shared[1].result);
+        }
+    }
+}
+
+/* The attacker of the next test: a process of uid 65534 that speaks the protocol as rank 1
+   of a job without a secret (whose key anyone can compute) and reports rank 0's reply. */
+static int run_other_user_as_rank_1(void *arg) {
+    const rank_plan *plan = (const rank_plan *)arg;
+    rank_report *r = &shared[1];
+    unsigned char key[32];
+    fsdp__sock_challenge ch;
+    fsdp__sock_hello h;
+    fsdp__sock_reply reply;
+    int fd;
+    if (setgid(65534) != 0 || setuid(65534) != 0) return 3;
+    job_key(key, NULL, plan->job);
+    if ((fd = connect_retry(plan->port, 3000)) < 0) return 4;
+    if (read_some(fd, (unsigned char *)&ch, sizeof ch, 3000) != sizeof ch) return 5;
+    memset(&h, 0, sizeof h);
+    h.magic = FSDP__SOCK_MAGIC;
+    h.version = FSDP__SOCK_VERSION;
+    h.rank = 1;
+    h.world = 2;
+    h.dial_ip = htonl(INADDR_LOOPBACK);
+    h.dial_port = (uint32_t)plan->port;
+    fsdp__random_bytes(h.nonce, sizeof h.nonce);
+    fsdp__sock_mac(h.mac, key, "fsdp.h hello", ch.nonce, 32, &h, offsetof(fsdp__sock_hello, mac), NULL, 0);
+    if (send(fd, &h, sizeof h, MSG_NOSIGNAL) != (ssize_t)sizeof h) return 6;
+    memset(&reply, 0, sizeof reply);
+    read_some(fd, (unsigned char *)&reply, sizeof reply, 3000);
+    r->rc = (int)reply.status;
+    fsdp__printable_n(r->message, sizeof r->message, reply.reason, sizeof reply.reason);
+    r->done = 1;
+    close(fd);
+    return 0;
+}
+
+/* Issue 26, defect 2: with no secret the key derives from the job token only, and a job on
+   loopback printed nothing: another user of the host joined a root job as rank 1 and read its
+   gradients. Now, without a secret, a peer on this host must be a process of the same user
+   (the kernel's socket table says whose a connection is), both ways: rank 0 refuses another
+   user's hello (naming the uid), and a rank refuses a rank 0 that another user runs. */
+static void test_process_of_another_user_cannot_join_a_job_without_a_secret(void) {
+    rank_plan r0 = {0, 2, 0, 3000, NULL, JOB, NULL, 4, 0, NULL, 0}, r1;
+    pid_t p0, p1;
+    if (geteuid() != 0) TEST_IGNORE_MESSAGE("needs root (to run a process as another user)");
+    r0.port = pick_free_port();
+    reset_reports();
+    p0 = spawn(run_socket_rank, &r0, 0);
+    p1 = spawn(run_other_user_as_rank_1, &r0, 10);
+    TEST_ASSERT_EQUAL_INT(0, reap(p1, 10000));
+    TEST_ASSERT_EQUAL_INT(0, reap(p0, 10000));
+    TEST_ASSERT_TRUE(shared[1].done);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_REJECTED, shared[1].rc, shared[1].message);
+    TEST_ASSERT_TRUE_MESSAGE(contains(shared[1].message, "uid 65534"), shared[1].message);
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_TIMEOUT, shared[0].rc);
+    TEST_ASSERT_TRUE_MESSAGE(contains(shared[0].message, "uid 65534"), shared[0].message);
+    /* the other way round: another user's process holds the port as "rank 0" */
+    r0.port = pick_free_port();
+    r0.as_uid = 65534;
+    r1 = r0;
+    r1.rank = 1;
+    r1.as_uid = 0;
+    reset_reports();
+    p0 = spawn(run_socket_rank, &r0, 10);
+    p1 = spawn(run_socket_rank, &r1, 10);
+    TEST_ASSERT_EQUAL_INT(0, reap(p1, 10000));
+    TEST_ASSERT_EQUAL_INT(0, reap(p0, 10000));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_REJECTED, shared[1].rc, shared[1].message);
+    TEST_ASSERT_TRUE_MESSAGE(contains(shared[1].message, "rank 0 at") && contains(shared[1].message, "uid 65534"),
+                             shared[1].message);
+    /* a job of one user without a secret still works */
+    r0.as_uid = r1.as_uid = 0;
+    r0.port = r1.port = pick_free_port();
+    reset_reports();
+    p0 = spawn(run_socket_rank, &r0, 10);
+    p1 = spawn(run_socket_rank, &r1, 10);
+    TEST_ASSERT_EQUAL_INT(0, reap(p1, 10000));
+    TEST_ASSERT_EQUAL_INT(0, reap(p0, 10000));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[1].rc, shared[1].message);
+    TEST_ASSERT_EQUAL_FLOAT(2.0f, shared[1].result);
+}
+
+/* Issue 26, defect 9: FSDP_SECRET stayed in the environment after init, so every process the
+   program started later inherited it. fsdp_comm_init_from_env now takes it out (bytes wiped,
+   variable removed); the job still gets the secret (a second rank that is given it joins). */
+static int init_from_env_and_report(void *arg) {
+    rank_report *r = &shared[0];
+    fsdp_comm *comm = NULL;
+    char err[512] = "";
+    (void)arg;
+    setenv("FSDP_SECRET", "env-secret-3141", 1);
+    setenv("FSDP_BACKEND", "shm", 1);
+    setenv("FSDP_JOB", "env-secret-job", 1);
+    setenv("WORLD_SIZE", "1", 1);
+    setenv("RANK", "0", 1);
+    unsetenv("FSDP_SECRET_FILE");
+    r->rc = fsdp_comm_init_from_env(&comm, NULL, err, sizeof err);
+    copy_text(r->message, sizeof r->message, err);
+    r->result = getenv("FSDP_SECRET") ? 1.0f : 0.0f;
+    r->op_rc = system("test -z \"$FSDP_SECRET\"") == 0 ? 0 : 1; /* what a child sees */
+    fsdp_comm_destroy(comm);
+    r->done = 1;
+    return 0;
+}
+
+static void test_secret_from_the_environment_is_not_passed_on_to_child_processes(void) {
+    pid_t p;
+    reset_reports();
+    p = spawn(init_from_env_and_report, NULL, 10);
+    TEST_ASSERT_EQUAL_INT(0, reap(p, 10000));
+    TEST_ASSERT_TRUE(shared[0].done);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[0].rc, shared[0].message);
+    TEST_ASSERT_EQUAL_FLOAT_MESSAGE(0.0f, shared[0].result, "FSDP_SECRET is still in the environment");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, shared[0].op_rc, "a child process saw FSDP_SECRET");
+}
+
+/* ---------------------------------------------------------------------------------------------
    deadlines
    --------------------------------------------------------------------------------------------- */
 /* The parent joins as rank 1 (it knows the secret), then sends its all_gather data one byte
    per 50 ms: the op on rank 0 must fail at its 1.5 s deadline (the old per-byte timer never
    fired), and fsdp_comm_destroy must return at once. */
 static void test_peer_trickling_bytes_fails_the_op_within_its_total_deadline(void) {
-    rank_plan r0 = {0, 2, 0, 1500, SECRET, JOB, NULL, 0, 1 << 16};
+    rank_plan r0 = {0, 2, 0, 1500, SECRET, JOB, NULL, 0, 1 << 16, NULL, 0};
     unsigned char key[32], mine[64], table_mac[32];
     fsdp__sock_hello hello;
     fsdp__sock_reply reply;
@@ -443,7 +807,7 @@ static void test_peer_trickling_bytes_fails_the_op_within_its_total_deadline(voi
 static void test_connect_to_a_full_accept_queue_fails_within_the_deadline(void) {
     struct sockaddr_in a = loopback(0);
     socklen_t len = sizeof a;
-    rank_plan r1 = {1, 2, 0, 1500, SECRET, JOB, NULL, 0, 0};
+    rank_plan r1 = {1, 2, 0, 1500, SECRET, JOB, NULL, 0, 0, NULL, 0};
     int listener = socket(AF_INET, SOCK_STREAM, 0), queued[16], n = 0, i;
     pid_t p1;
     TEST_ASSERT_EQUAL_INT(0, bind(listener, (struct sockaddr *)&a, sizeof a));
@@ -476,7 +840,7 @@ static void test_connect_to_a_full_accept_queue_fails_within_the_deadline(void) 
 static void test_service_that_accepts_but_never_greets_fails_within_seconds_naming_it(void) {
     struct sockaddr_in a = loopback(0);
     socklen_t len = sizeof a;
-    rank_plan r1 = {1, 2, 0, 60000, SECRET, JOB, NULL, 0, 0};
+    rank_plan r1 = {1, 2, 0, 60000, SECRET, JOB, NULL, 0, 0, NULL, 0};
     int listener = socket(AF_INET, SOCK_STREAM, 0);
     char where[32];
     pid_t p1;
@@ -510,7 +874,7 @@ static int serve_http_once(void *arg) {
 static void test_service_that_speaks_another_protocol_fails_at_once_naming_it(void) {
     struct sockaddr_in a = loopback(0);
     socklen_t len = sizeof a;
-    rank_plan r1 = {1, 2, 0, 60000, SECRET, JOB, NULL, 0, 0};
+    rank_plan r1 = {1, 2, 0, 60000, SECRET, JOB, NULL, 0, 0, NULL, 0};
     int listener = socket(AF_INET, SOCK_STREAM, 0);
     pid_t server, p1;
     TEST_ASSERT_EQUAL_INT(0, bind(listener, (struct sockaddr *)&a, sizeof a));
@@ -667,7 +1031,7 @@ static void test_segment_someone_else_made_is_refused_by_the_joining_rank(void) 
     snprintf(job, sizeof job, "squat-%d", (int)getpid());
     segment_name(name, sizeof name, job, SECRET);
     TEST_ASSERT_TRUE(contains(name, "/fsdp-squat-"));
-    TEST_ASSERT_TRUE(strlen(name) > strlen("/fsdp-") + strlen(job) + 20); /* a mac of the secret in the name */
+    TEST_ASSERT_TRUE(strlen(name) > strlen("/fsdp-") + strlen(job) + 20); /* a digest of the uid and job in the name */
     snprintf(path, sizeof path, "/dev/shm%s", name);
     /* a world-writable segment, as a squatter would leave it */
     fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0666);
@@ -682,7 +1046,7 @@ static void test_segment_someone_else_made_is_refused_by_the_joining_rank(void) 
     /* rank 0 will not take it over either */
     rc = shm_rank(0, job, &comm, message, sizeof message);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_STATE, rc, message);
-    TEST_ASSERT_TRUE_MESSAGE(contains(message, "someone else"), message);
+    TEST_ASSERT_TRUE_MESSAGE(contains(message, "FSDP_JOB"), message);
     if (geteuid() == 0) { /* the right mode but another user's */
         TEST_ASSERT_EQUAL_INT(0, chmod(path, 0600));
         TEST_ASSERT_EQUAL_INT(0, chown(path, 65534, 65534));
@@ -693,13 +1057,54 @@ static void test_segment_someone_else_made_is_refused_by_the_joining_rank(void) 
     unlink(path);
 }
 
-static void test_segment_names_differ_with_the_secret(void) {
-    char a[64], b[64], c[64];
-    segment_name(a, sizeof a, "same-job", "secret-one");
+/* Issue 26, defect 3: a segment's name (listed in /dev/shm for every local user while ranks
+   join) held 96 bits of HMAC(key, ""), so a weak secret could be recovered offline by testing
+   guesses against it. Now the name is the same whatever the secret (the job token and the
+   user's uid tell jobs apart), and holds no digest of the key. */
+static void test_segment_names_say_nothing_about_the_secret(void) {
+    char a[64], b[64], c[64], none[64], hex[65];
+    unsigned char key[32], mac[32];
+    segment_name(a, sizeof a, "same-job", "dragon");
     segment_name(b, sizeof b, "same-job", "secret-two");
-    segment_name(c, sizeof c, "same-job", "secret-one");
-    TEST_ASSERT_TRUE(strcmp(a, b) != 0);
-    TEST_ASSERT_EQUAL_STRING(a, c);
+    segment_name(none, sizeof none, "same-job", NULL);
+    segment_name(c, sizeof c, "other-job", "dragon");
+    TEST_ASSERT_EQUAL_STRING(a, b);
+    TEST_ASSERT_EQUAL_STRING(a, none);
+    TEST_ASSERT_TRUE(strcmp(a, c) != 0);
+    job_key(key, "dragon", "same-job");
+    fsdp__hmac_sha256(mac, key, sizeof key, 0, NULL, NULL);
+    fsdp__hex(hex, mac, 12);
+    TEST_ASSERT_FALSE_MESSAGE(contains(a, hex), a);
+}
+
+/* Issue 26, item 3: the job's key stretches the secret with PBKDF2-HMAC-SHA256 (RFC 8018),
+   so that a guess checked against a captured handshake costs tens of milliseconds. The
+   function matches the published vectors for "password"/"salt" (the same as Python's
+   hashlib.pbkdf2_hmac gives), and deriving a job's key
+   takes FSDP__KDF_ROUNDS rounds, at least 5 ms on any machine this runs on. */
+static void test_job_key_is_pbkdf2_of_the_secret_and_costs_milliseconds(void) {
+    static const struct { unsigned rounds; const char *hex; } vectors[] = {
+        {1, "120fb6cffcf8b32c43e7225256c4f837a86548c92ccc35480805987cb70be17b"},
+        {2, "ae4d0c95af6b46d32d0adff928f06dd02a303f8ef3c251dfd6e2d85a95474c43"},
+        {4096, "c5e478d59288c841aa530db6845c4c8d962893a001ce4e11a4963873aa98134a"},
+    };
+    unsigned char out[32], key[32], direct[32], salt[64];
+    char hex[65];
+    size_t i, label = strlen("fsdp.h job key") + 1;
+    double start;
+    for (i = 0; i < sizeof vectors / sizeof vectors[0]; i++) {
+        fsdp__pbkdf2_sha256(out, "password", 8, "salt", 4, vectors[i].rounds);
+        fsdp__hex(hex, out, 32);
+        TEST_ASSERT_EQUAL_STRING(vectors[i].hex, hex);
+    }
+    TEST_ASSERT_TRUE(FSDP__KDF_ROUNDS >= 10000u);
+    start = now_ms();
+    job_key(key, "dragon", "some-job");
+    TEST_ASSERT_TRUE_MESSAGE(now_ms() - start >= 5.0, "deriving a job's key took under 5 ms: not stretched");
+    memcpy(salt, "fsdp.h job key", label);
+    memcpy(salt + label, "some-job", 8);
+    fsdp__pbkdf2_sha256(direct, "dragon", 6, salt, label + 8, FSDP__KDF_ROUNDS);
+    TEST_ASSERT_EQUAL_MEMORY(direct, key, 32);
 }
 
 /* A peer's abort message without a terminator, full of escape sequences: read bounded, shown
@@ -760,6 +1165,64 @@ static void test_huge_shm_slot_bytes_are_refused_at_init(void) {
     TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_launch_ex(&ld, NULL, NULL, NULL));
 }
 
+/* Issue 26, defect 7: reductions divide a staging slot among the ranks in 64-byte pieces; with
+   4 KiB slots and 65 or more ranks a piece was 0 bytes, and reduce_scatter spun until its
+   timeout, then blamed an innocent rank. Such a setting is now refused at once, naming
+   shm_slot_bytes and the least that works, by fsdp_comm_init and by fsdp_launch before it
+   forks; the least that works is accepted. */
+/* Each rank reduce-scatters 4 floats per rank of ones; 0 if every element is P. */
+static int reduce_scatter_ones(fsdp_comm *comm, void *arg) {
+    int P = fsdp_comm_size(comm), i, bad = 0;
+    float *in = (float *)malloc(sizeof(float) * 4 * (size_t)P), out[4];
+    (void)arg;
+    if (!in) return 2;
+    for (i = 0; i < 4 * P; i++) in[i] = 1.0f;
+    if (fsdp_reduce_scatter(comm, in, out, 4, FSDP_F32, FSDP_SUM) != 0) bad = 1;
+    for (i = 0; i < 4; i++)
+        if (out[i] != (float)P) bad = 1;
+    free(in);
+    return bad;
+}
+
+static int never_run(fsdp_comm *comm, void *arg) {
+    (void)comm;
+    (void)arg;
+    return 1;
+}
+
+static void test_shm_slot_too_small_for_the_ranks_is_refused_at_init(void) {
+    fsdp_launch_desc ld;
+    fsdp_launch_status status;
+    fsdp_comm_desc d;
+    fsdp_comm *comm = NULL;
+    double start = now_ms();
+    memset(&d, 0, sizeof d);
+    d.backend = FSDP_BACKEND_SHM;
+    d.world_size = 65;
+    d.job = "tiny-slots";
+    d.shm_slot_bytes = 4096;
+    d.timeout_ms = 3000;
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_INVALID_ARG, fsdp_comm_init(&comm, &d), fsdp_comm_last_error(NULL));
+    TEST_ASSERT_TRUE(now_ms() - start < 500);
+    TEST_ASSERT_TRUE_MESSAGE(contains(fsdp_comm_last_error(NULL), "shm_slot_bytes to 8192"), fsdp_comm_last_error(NULL));
+    d.world_size = 129; /* 8 KiB slots: up to 128 ranks */
+    d.shm_slot_bytes = 8192;
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_comm_init(&comm, &d));
+    memset(&ld, 0, sizeof ld);
+    memset(&status, 0, sizeof status);
+    ld.nprocs = 65;
+    ld.shm_slot_bytes = 4096;
+    ld.timeout_ms = 3000;
+    start = now_ms();
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_launch_ex(&ld, never_run, NULL, &status));
+    TEST_ASSERT_TRUE(now_ms() - start < 500);
+    TEST_ASSERT_TRUE_MESSAGE(contains(status.message, "shm_slot_bytes"), status.message);
+    /* the least that works: 65 ranks in 8 KiB slots reduce (tiny messages; the run is short) */
+    ld.shm_slot_bytes = 8192;
+    ld.nprocs = 65;
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_launch_ex(&ld, reduce_scatter_ones, NULL, &status), status.message);
+}
+
 static void test_last_error_of_null_tells_why_init_failed(void) {
     fsdp_comm_desc d;
     fsdp_comm *comm = NULL;
@@ -802,7 +1265,7 @@ static int run_split_rank(void *arg) {
 
 static void test_split_of_a_job_with_the_longest_token_works_without_leaking_descriptors(void) {
     static const char long_job[] = "a-job-token-of-exactly-forty-seven-characters-x";
-    rank_plan r0 = {0, 2, 0, 5000, SECRET, long_job, NULL, 0, 0}, r1;
+    rank_plan r0 = {0, 2, 0, 5000, SECRET, long_job, NULL, 0, 0, NULL, 0}, r1;
     pid_t p0, p1;
     TEST_ASSERT_EQUAL_size_t(47, strlen(long_job));
     r0.port = pick_free_port();
@@ -903,15 +1366,21 @@ int main(void) {
     RUN_TEST(test_idle_and_garbage_connections_do_not_delay_the_rendezvous);
     RUN_TEST(test_accept_failing_for_lack_of_descriptors_does_not_end_the_rendezvous);
     RUN_TEST(test_rank0_without_a_secret_off_loopback_warns_naming_the_open_port);
+    RUN_TEST(test_handshake_relayed_by_a_stranger_is_refused_by_rank_0);
+    RUN_TEST(test_address_planted_in_torchruns_store_is_refused);
+    RUN_TEST(test_process_of_another_user_cannot_join_a_job_without_a_secret);
+    RUN_TEST(test_secret_from_the_environment_is_not_passed_on_to_child_processes);
     RUN_TEST(test_peer_trickling_bytes_fails_the_op_within_its_total_deadline);
     RUN_TEST(test_connect_to_a_full_accept_queue_fails_within_the_deadline);
     RUN_TEST(test_service_that_accepts_but_never_greets_fails_within_seconds_naming_it);
     RUN_TEST(test_service_that_speaks_another_protocol_fails_at_once_naming_it);
     RUN_TEST(test_wait_that_gives_up_aborts_and_returns_only_after_the_comm_thread_lets_go);
     RUN_TEST(test_segment_someone_else_made_is_refused_by_the_joining_rank);
-    RUN_TEST(test_segment_names_differ_with_the_secret);
+    RUN_TEST(test_segment_names_say_nothing_about_the_secret);
+    RUN_TEST(test_job_key_is_pbkdf2_of_the_secret_and_costs_milliseconds);
     RUN_TEST(test_unterminated_abort_message_from_a_peer_is_read_bounded_and_printable);
     RUN_TEST(test_huge_shm_slot_bytes_are_refused_at_init);
+    RUN_TEST(test_shm_slot_too_small_for_the_ranks_is_refused_at_init);
     RUN_TEST(test_last_error_of_null_tells_why_init_failed);
     RUN_TEST(test_split_of_a_job_with_the_longest_token_works_without_leaking_descriptors);
     RUN_TEST(test_launcher_reports_a_crash_while_sigchld_is_ignored);

@@ -39,6 +39,8 @@ static fsdp__sock_hello good_hello(void) {
     h.world = 4;
     h.data_ip = 0x0100007fu;
     h.data_port = 29500;
+    h.dial_ip = 0x0100007fu; /* it dialled 127.0.0.1:29500, where the connection arrived */
+    h.dial_port = 29500;
     memcpy(h.session, "session-of-job!", 16);
     memset(h.nonce, 0x11, sizeof h.nonce);
     return h;
@@ -108,6 +110,9 @@ int main(int argc, char **argv) {
     h = good_hello();
     h.session[3] ^= 1;
     write_seed("judge-signed-other-session", TARGET_JUDGE | SIGN, &h, sizeof h, NULL, 0);
+    h = good_hello();
+    h.dial_port = 29501; /* dialled elsewhere: a relay */
+    write_seed("judge-signed-relayed", TARGET_JUDGE | SIGN, &h, sizeof h, NULL, 0);
     h = good_hello();
     h.magic = 0x20544547u; /* "GET " */
     write_seed("judge-http", TARGET_JUDGE | SIGN, &h, sizeof h, NULL, 0);
