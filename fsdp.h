@@ -61,7 +61,7 @@
        >>config        version, linkage, allocator, result codes, logging
        >>utilities     time, sleeping, strings for display, small parsers
        >>dtypes        f32 / bf16 / f16 conversions, rank-order reductions
-       >>auth          SHA-256, HMAC, the job's key, random bytes, the secret file
+       >>auth          SHA-256, HMAC, PBKDF2 (the job's key), wiping, random bytes, the secret file
        >>collectives   fsdp_comm, its ops and the backend contract; spins, shared memory, topology
        >>shm           shared-memory backend (processes on one host)
        >>socket        TCP backend (processes on one or many hosts): rendezvous, handshake, phases
