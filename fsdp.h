@@ -107,10 +107,14 @@
        FSDP_DEBUG            unset: warnings to stderr; 0: silent; 1: also errors; 2: also info;
                              3: also debug (for objects made from the environment or by fsdp_launch)
        FSDP_SPIN             0: waits never spin; 1: they spin 50 us before yielding; unset: they
-                             spin while every rank of the job on this host can have a core
+                             spin while every rank of the job on this host can have a core of
+                             those its affinity mask allows (shm: never on a peer last seen on
+                             the waiter's own CPU)
        FSDP_SHM_SINGLE_COPY  1: peers read large buffers straight from each other's memory
                              (process_vm_readv), init fails if they cannot; auto: where they can;
-                             unset: staged through the segment (fsdp_comm_desc.shm_single_copy)
+                             0: staged through the segment; unset: where they can, for all_gather
+                             blocks of 64 KiB and broadcasts of 256 KiB, up to 512 KiB
+                             (fsdp_comm_desc.shm_single_copy)
        FSDP_HIERARCHICAL     0: a socket world over hosts stays flat (every byte over sockets)
        FSDP_HIER_STEP_MIB    pipeline step of large ops over hosts in MiB, 0..1024 (default 2;
                              0: one step per op); the ranks take the smallest any asks for
@@ -383,10 +387,12 @@ typedef struct fsdp_comm_desc {
     int shm_single_copy;        /* peers read large ordinary buffers straight from each other's
                                    memory (process_vm_readv: one copy by the reader instead of the
                                    owner's and the reader's, pipelined): 0 as FSDP_SHM_SINGLE_COPY
-                                   says (unset: off; "auto": where the ranks can; "1": required),
-                                   1 required (init fails if the ranks cannot), 2 where they can,
-                                   -1 never. Off by default: the staged pipeline spreads the
-                                   copies over two cores (BENCHMARKS.md compares the two) */
+                                   says ("0": never; "auto": where the ranks can; "1": required;
+                                   unset: where the ranks can, for all_gather and broadcast
+                                   (a rank's block from 64 KiB, the root's buffer from 256 KiB,
+                                   up to 512 KiB), where staging is at the mercy of slow
+                                   cache-line hand-over), 1 required (init fails if the ranks
+                                   cannot), 2 where they can, -1 never (BENCHMARKS.md, section 2) */
     /* FSDP_BACKEND_USER */
     const fsdp_backend *user_backend;
     void *user_impl;
@@ -430,8 +436,10 @@ FSDP_API fsdp_backend_kind fsdp_comm_backend(const fsdp_comm *comm);
    shared memory inside each host, sockets between them), "mpi", or a user backend's name. */
 FSDP_API const char *fsdp_comm_transport(const fsdp_comm *comm);
 /* 1 if the comm's waits spin briefly before they yield and sleep: when every rank of the job on
-   this host (of the comm it was split from too) can have a core, or FSDP_SPIN=1; never with
-   FSDP_SPIN=0. 0 for comms with nothing to wait for (one rank), MPI and user backends. */
+   this host (of the comm it was split from too) can have a core of those the process may run
+   on (sched_getaffinity), or FSDP_SPIN=1; never with FSDP_SPIN=0. 0 for comms with nothing to
+   wait for (one rank), MPI and user backends. Even so a shm wait does not spin on a peer that
+   last published from the CPU the waiter runs on. */
 FSDP_API int fsdp_comm_spins(const fsdp_comm *comm);
 FSDP_API void fsdp_comm_set_timeout(fsdp_comm *comm, int timeout_ms); /* <= 0: default */
 FSDP_API int fsdp_comm_timeout(const fsdp_comm *comm);
@@ -2481,19 +2489,37 @@ FSDP__PRIVATE int fsdp__init_fail(const fsdp_logger *logger, int code, const cha
     return code;
 }
 
-FSDP__PRIVATE int fsdp__online_cpus(void) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
+/* The CPUs this process may run on (its affinity mask: taskset, cgroup cpusets), else the
+   online ones. */
+FSDP__PRIVATE int fsdp__usable_cpus(void) {
+    long n;
+#if defined(__linux__) && defined(CPU_COUNT)
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
+    n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
 }
 
+/* The CPU this thread runs on now, or -1 where that cannot be told. */
+FSDP__PRIVATE int fsdp__current_cpu(void) {
+#if defined(__linux__) && defined(CPU_COUNT)
+    return sched_getcpu();
+#else
+    return -1;
+#endif
+}
+
 /* How long waits spin before they yield and sleep, with this many ranks of the job on the host:
-   50 us while each can have a core, else not at all. FSDP_SPIN=0 never spins, =1 always does,
-   for what the process cannot see (CPU quotas, other jobs on the same cores). */
+   50 us while each can have a core of those the process may run on, else not at all. FSDP_SPIN=0
+   never spins, =1 always does, for what the process cannot see (CPU quotas, other jobs on the
+   same cores). (The shm backend also skips the spin on a peer that last ran on this CPU.) */
 FSDP__PRIVATE double fsdp__spin_seconds(int ranks) {
     const char *env = getenv("FSDP_SPIN");
     if (env && strcmp(env, "0") == 0) return 0;
     if (env && strcmp(env, "1") == 0) return 50e-6;
-    return ranks <= fsdp__online_cpus() ? 50e-6 : 0;
+    return ranks <= fsdp__usable_cpus() ? 50e-6 : 0;
 }
 
 /* Where the comm's waits keep how long they spin, or NULL (one rank, or a transport that
@@ -2779,13 +2805,15 @@ FSDP_API int fsdp_comm_is_shared(const fsdp_comm *comm, const void *ptr, size_t 
    on a futex with a timeout, checking the abort flag and the peer's liveness between sleeps.
    ============================================================================================ */
 #define FSDP__SHM_MAGIC 0x314d485350445346ull /* "FSDPSHM1" */
-#define FSDP__SHM_VERSION 4u
+#define FSDP__SHM_VERSION 5u
 #define FSDP__SHM_SLOTS 4
 #define FSDP__SHM_SMALL_ALL_REDUCE (32u * 1024u)
 /* ... and up to this much with two ranks, where reducing everything on both costs less than a
    second round */
 #define FSDP__SHM_SMALL_ALL_REDUCE_2 (256u * 1024u)
 #define FSDP__SHM_DIRECT_MIN ((size_t)64 * 1024) /* smaller ops stage even from shared memory */
+#define FSDP__SHM_SINGLE_MIN ((size_t)64 * 1024)  /* by default single copy serves all_gather and */
+#define FSDP__SHM_SINGLE_MAX ((size_t)512 * 1024) /* broadcast whose blocks are in [MIN, MAX) (fsdp__shm_offer_of) */
 #define FSDP__SHM_IN_SLOT 0xffffffffu
 /* Rounds of all_gather and broadcast in which a rank stages move at most this much per rank:
    a staged piece is read by the peers while it is still in its writer's cache (a 1 MiB L2 is
@@ -2825,10 +2853,13 @@ typedef struct fsdp__shm_rank {
     uint32_t single_copy;       /* 1: it can read every peer's memory (process_vm_readv), 2: cannot */
     uint64_t probe_addr;        /* where in its memory peers find probe_cookie, to test that */
     uint64_t probe_cookie;
+    int32_t cpu;                /* the CPU it ran on when it last published (-1: unknown); a peer
+                                   about to wait on it does not spin if it runs there itself */
+    uint32_t pad2;
     fsdp__shm_note waiting_for; /* hierarchical comms: the remote rank its network wait is on */
     fsdp__fingerprint slot_fp[FSDP__SHM_SLOTS];
     fsdp__shm_src slot_src[FSDP__SHM_SLOTS];
-    char pad3[64 - (32 + sizeof(fsdp__shm_note) + FSDP__SHM_SLOTS * (sizeof(fsdp__fingerprint) + sizeof(fsdp__shm_src))) % 64];
+    char pad3[64 - (40 + sizeof(fsdp__shm_note) + FSDP__SHM_SLOTS * (sizeof(fsdp__fingerprint) + sizeof(fsdp__shm_src))) % 64];
 } fsdp__shm_rank;
 
 typedef struct fsdp__shm_header {
@@ -2864,6 +2895,8 @@ typedef struct fsdp__shm {
                                    or a reduce_scatter's send starts p * stride bytes in (0: the
                                    block size, the documented layout) */
     int single_copy;            /* peers read ordinary buffers with process_vm_readv (the probe passed) */
+    int single_copy_asked;      /* 1: asked for (1 or auto): every op that copies, every size; 0: the
+                                   default, all_gather and broadcast blocks of FSDP__SHM_SINGLE_MIN..MAX */
     int single_copy_wanted;     /* fsdp_comm_desc.shm_single_copy: 0 as the environment says, 1 required,
                                    2 where the ranks can, -1 never */
     uint64_t cookie;            /* what peers must read at &cookie in the probe */
@@ -2984,17 +3017,20 @@ FSDP__PRIVATE int fsdp__shm_wait(fsdp_comm *comm, fsdp__shm *s, int peer, int de
     uint32_t *word = depart ? &r->depart : &r->arrive;
     uint32_t *waiters = depart ? &r->depart_waiters : &r->arrive_waiters;
     int64_t start, deadline = s->op_deadline;
-    double until;
-    int i;
-    /* Spin briefly (the peer is usually microseconds away), then yield the core for a while
-       (with more ranks than cores the peer may need ours), then sleep on the futex. */
-    until = fsdp_now() + s->spin_seconds;
+    double until, spin;
+    int i, here;
+    /* Spin briefly (the peer is usually microseconds away) unless it last ran on this CPU
+       (spinning would keep it off), then yield the core for a while (with more ranks than cores
+       the peer may need ours), then sleep on the futex. */
+    spin = s->spin_seconds;
+    if (spin > 0 && (here = fsdp__current_cpu()) >= 0 && __atomic_load_n(&r->cpu, __ATOMIC_RELAXED) == here) spin = 0;
+    until = fsdp_now() + spin;
     do {
         for (i = 0; i < 64; i++) {
             if ((int32_t)(fsdp__load(word) - target) >= 0) return 0;
             fsdp__cpu_relax();
         }
-    } while (s->spin_seconds > 0 && fsdp_now() < until);
+    } while (spin > 0 && fsdp_now() < until);
     until = fsdp_now() + 200e-6;
     do {
         if ((int32_t)(fsdp__load(word) - target) >= 0) return 0;
@@ -3067,18 +3103,39 @@ typedef struct fsdp__shm_offer {
     size_t length;
 } fsdp__shm_offer;
 
+/* How readers use what a rank offers (fsdp__shm_offer_of). */
+enum {
+    FSDP__READ_REDUCE,       /* reduce_scatter, all_reduce's first half: peers fold it */
+    FSDP__READ_COPY,         /* all_gather: every peer copies every rank's block */
+    FSDP__READ_COPY_ROOT,    /* broadcast: every peer copies the root's buffer */
+    FSDP__READ_COPY_REDUCED  /* all_reduce's gather half: the reduced piece a peer just wrote */
+};
+
 /* The best offer of [buf, buf + bytes) for an op moving op_bytes: mapped memory, else (where
-   copy_only says the readers only copy the data) a single copy where the ranks can, else
-   staging (always for small ops: the end-of-op wait for readers and the system calls cost more
-   than staging saves). Data that readers reduce is not offered for a single copy: the kernel
-   would have to copy it into the reader's memory first, the staging copy moved to the reader. */
+   the readers only copy the data) a single copy where the ranks can, else staging (always for
+   small ops: the end-of-op wait for readers and the system calls cost more than staging
+   saves). Data that readers reduce is not offered for a single copy: the kernel would have to
+   copy it into the reader's memory first, the staging copy moved to the reader. By default
+   (single copy not asked for) only all_gather and broadcast read in place, where the offered
+   block (a rank's part in an op of 128 KiB or more; the root's buffer from 256 KiB, below
+   which staging is cheaper) is less than 512 KiB: staged,
+   such pieces go from the writer's cache to the reader's, which costs 2-8x more than
+   process_vm_readv in the windows where moving cache lines between cores is slow
+   (BENCHMARKS.md section 2). Smaller blocks stage (cheaper), and so do blocks of 512 KiB and
+   more (glibc's memcpy stores those past the writer's cache, so staging is fast again, and the
+   kernel's page pinning costs more than the second copy), and an all_reduce's gather half
+   (FSDP__READ_COPY_REDUCED: the reduced piece a peer just wrote). */
 static fsdp__shm_offer fsdp__shm_offer_of(const fsdp_comm *comm, const fsdp__shm *s, const void *buf, size_t bytes,
-                                          size_t op_bytes, int copy_only) {
+                                          size_t op_bytes, int readers) {
     fsdp__shm_offer o;
     memset(&o, 0, sizeof o);
     if (op_bytes < FSDP__SHM_DIRECT_MIN || !buf) return o;
     if ((o.region = fsdp__shared_region(comm, buf, bytes)) != NULL) return o;
-    if (s->single_copy && copy_only) {
+    if (s->single_copy && readers != FSDP__READ_REDUCE &&
+        (s->single_copy_asked ||
+         (readers == FSDP__READ_COPY && bytes >= FSDP__SHM_SINGLE_MIN && bytes < FSDP__SHM_SINGLE_MAX &&
+          op_bytes >= 2 * FSDP__SHM_SINGLE_MIN) ||
+         (readers == FSDP__READ_COPY_ROOT && bytes >= 4 * FSDP__SHM_SINGLE_MIN && bytes < FSDP__SHM_SINGLE_MAX))) {
         o.base = (const char *)buf;
         o.length = bytes;
     }
@@ -3108,6 +3165,7 @@ FSDP__PRIVATE int fsdp__shm_round_exchange(fsdp_comm *comm, fsdp__shm *s, const 
         src->offset = (uint64_t)(uintptr_t)at;
         src->length = (uint64_t)(offer->base + offer->length - (const char *)at);
     }
+    __atomic_store_n(&me->cpu, (int32_t)fsdp__current_cpu(), __ATOMIC_RELAXED);
     fsdp__publish(&me->arrive, &me->arrive_waiters, g + 1);
     for (p = 0; p < comm->world; p++) {
         fsdp__fingerprint theirs;
@@ -3258,7 +3316,7 @@ FSDP__PRIVATE int fsdp__shm_all_gather(fsdp_comm *comm, void *impl, const fsdp_c
     int P = comm->world, me = comm->rank, p, stream = bytes * (size_t)P >= FSDP__STREAM_MIN_BYTES;
     char *recv = (char *)c->recv;
     const char *send = (const char *)c->send;
-    fsdp__shm_offer offer = fsdp__shm_offer_of(comm, s, send, bytes, bytes * (size_t)P, 1);
+    fsdp__shm_offer offer = fsdp__shm_offer_of(comm, s, send, bytes, bytes * (size_t)P, FSDP__READ_COPY);
     size_t round_bytes = fsdp__shm_stage_piece(s);
     do {
         size_t len = bytes - off < round_bytes ? bytes - off : round_bytes;
@@ -3296,7 +3354,8 @@ FSDP__PRIVATE int fsdp__shm_reduce_scatter(fsdp_comm *comm, void *impl, const fs
     int P = comm->world, me = comm->rank, p;
     const char *send = (const char *)c->send;
     const void *srcs[FSDP__MAX_WORLD];
-    fsdp__shm_offer offer = fsdp__shm_offer_of(comm, s, send, (size_t)(P - 1) * stride + bytes, bytes * (size_t)P, 0);
+    fsdp__shm_offer offer = fsdp__shm_offer_of(comm, s, send, (size_t)(P - 1) * stride + bytes, bytes * (size_t)P,
+                                               FSDP__READ_REDUCE);
     do {
         size_t len = bytes - off < piece ? bytes - off : piece;
         char *slot;
@@ -3330,8 +3389,8 @@ FSDP__PRIVATE int fsdp__shm_all_reduce(fsdp_comm *comm, void *impl, const fsdp_c
     char *recv = (char *)c->recv;
     const void *srcs[FSDP__MAX_WORLD];
     /* peers may read my send in the reducing rounds and my recv in the gathering rounds */
-    fsdp__shm_offer offer_send = fsdp__shm_offer_of(comm, s, send, count * esize, count * esize, 0);
-    fsdp__shm_offer offer_recv = fsdp__shm_offer_of(comm, s, recv, count * esize, count * esize, 1);
+    fsdp__shm_offer offer_send = fsdp__shm_offer_of(comm, s, send, count * esize, count * esize, FSDP__READ_REDUCE);
+    fsdp__shm_offer offer_recv = fsdp__shm_offer_of(comm, s, recv, count * esize, count * esize, FSDP__READ_COPY_REDUCED);
     if (count * esize <= (P == 2 ? FSDP__SHM_SMALL_ALL_REDUCE_2 : FSDP__SHM_SMALL_ALL_REDUCE) &&
         count * esize <= s->slot_bytes) {
         /* one round: everyone reduces the whole (small) buffer, in the same order */
@@ -3396,7 +3455,7 @@ FSDP__PRIVATE int fsdp__shm_broadcast(fsdp_comm *comm, void *impl, const fsdp_co
     char *buf = (char *)c->recv;
     int root = comm->rank == c->root;
     fsdp__shm_offer offer;
-    if (root) offer = fsdp__shm_offer_of(comm, s, buf, bytes, bytes, 1);
+    if (root) offer = fsdp__shm_offer_of(comm, s, buf, bytes, bytes, FSDP__READ_COPY_ROOT);
     else memset(&offer, 0, sizeof offer);
     do {
         size_t len = bytes - off < round_bytes ? bytes - off : round_bytes;
@@ -3607,18 +3666,23 @@ FSDP__PRIVATE void fsdp__shm_name(char *out, size_t size, const fsdp_comm *comm)
     fsdp__fmt(out + n, size - n, "-%s", hex);
 }
 
-/* Single copy (ordinary buffers read by peers with process_vm_readv), when asked for
-   (shm_single_copy 1 or 2, FSDP_SHM_SINGLE_COPY=1 or auto), is used when every rank can read
-   every peer's memory: each reads the cookie each peer put in its own memory and compares it
-   with the copy the peer published, says whether all matched, and waits for the others'
-   verdicts. It is not weakened to make it work (no PR_SET_PTRACER, no change of the dumpable
-   flag): where Yama, seccomp, a container or another pid namespace forbids it, ranks stage
-   through the segment, and say so once ("auto"), or init fails (1: required). */
+/* Single copy (ordinary buffers read by peers with process_vm_readv) is used when every rank
+   can read every peer's memory: each reads the cookie each peer put in its own memory and
+   compares it with the copy the peer published, says whether all matched, and waits for the
+   others' verdicts. Asked for (shm_single_copy 1 or 2, FSDP_SHM_SINGLE_COPY=1 or auto) it
+   serves every op that copies; by default (nothing asked, 3 here) the ops fsdp__shm_offer_of
+   says; never with -1 or FSDP_SHM_SINGLE_COPY=0. It is not weakened to make it work (no
+   PR_SET_PTRACER, no change of the dumpable flag): where Yama, seccomp, a container or another
+   pid namespace forbids it, ranks stage through the segment, and say so once at info level
+   (auto, default), or init fails (1: required). */
 FSDP__PRIVATE int fsdp__shm_probe_single_copy(fsdp_comm *comm, fsdp__shm *s, int64_t deadline) {
     fsdp__shm_rank *me = fsdp__shm_peer(s, comm->rank);
     const char *env = getenv("FSDP_SHM_SINGLE_COPY");
-    int wanted = s->single_copy_wanted ? s->single_copy_wanted : env && strcmp(env, "1") == 0 ? 1
-                                                              : env && strcmp(env, "auto") == 0 ? 2 : -1;
+    int wanted = s->single_copy_wanted             ? s->single_copy_wanted
+                 : env && strcmp(env, "1") == 0    ? 1
+                 : env && strcmp(env, "auto") == 0 ? 2
+                 : env && strcmp(env, "0") == 0    ? -1
+                                                   : 3;
     int p, ok = wanted > 0, all = 1;
     char why[160] = "";
 #if defined(__linux__)
@@ -3656,10 +3720,11 @@ FSDP__PRIVATE int fsdp__shm_probe_single_copy(fsdp_comm *comm, fsdp__shm *s, int
         all &= v == 1;
     }
     s->single_copy = all;
+    s->single_copy_asked = wanted == 1 || wanted == 2;
     if (!all && wanted == 1)
         return fsdp__init_fail(&comm->logger, FSDP_ERR_UNSUPPORTED, "shm %s: single copy was required but %s", s->name,
                                *why ? why : "a peer cannot read the others' memory");
-    if (!all && wanted == 2 && comm->rank == 0)
+    if (!all && wanted >= 2 && comm->rank == 0)
         fsdp__log(&comm->logger, FSDP_LOG_INFO, "shm: ordinary buffers are staged (two copies), as %s",
                   *why ? why : "a peer cannot read the others' memory");
     return 0;
@@ -3684,6 +3749,7 @@ FSDP__PRIVATE int fsdp__shm_join(fsdp_comm *comm, fsdp__shm *s, int unlink_when_
     if (fsdp__random_bytes(&s->cookie, sizeof s->cookie) != 0) s->cookie = (uint64_t)fsdp__now_ms() ^ (uint64_t)getpid();
     me->probe_addr = (uint64_t)(uintptr_t)&s->cookie;
     me->probe_cookie = s->cookie;
+    me->cpu = -1;
     me->single_copy = 0;
     fsdp__store(&me->attached, 1u);
     if (fsdp__fetch_add(&h->attached, 1u) + 1u == (uint32_t)comm->world && unlink_when_full)

@@ -30,6 +30,7 @@
 #endif
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
+#include "example_common.h"
 
 #define MAX_SIZES 64
 
@@ -79,7 +80,9 @@ static void usage(FILE *out)
         "                            directly (process_vm_readv, one copy; the run fails if the\n"
         "                            system forbids it), 0 = staged through the shared segment\n"
         "                            (two copies), auto = single copy where the ranks can.\n"
-        "                            Default: as FSDP_SHM_SINGLE_COPY says (unset: staged).\n"
+        "                            Default: as FSDP_SHM_SINGLE_COPY says (unset: single\n"
+        "                            copy for all_gather blocks of 64..512 KiB and broadcasts of\n"
+        "                            256..512 KiB where the ranks can, else staged).\n"
         "                            Ops under 64 KiB always stage. The backend column: shm\n"
         "                            (malloc, default), shm-1copy, shm-staged, shm-auto,\n"
         "                            shm-registered (fsdp_comm_alloc)\n"
@@ -441,6 +444,12 @@ static int settle(const bench *b)
 static int run(const bench *b)
 {
     const options *opt = b->opt;
+    char machine[320] = "";
+    if (b->rank == 0 && !opt->csv) { // before the ops: the others wait at the barrier
+        char cpu[256];
+        example_cpu_line(cpu, sizeof cpu);
+        snprintf(machine, sizeof machine, "%s; memcpy %.1f GB/s on one core", cpu, example_memcpy_gbps());
+    }
     if (settle(b) != 0) return comm_error(b, "warm-up barrier", 0, 1);
     if (b->rank == 0) {
         if (opt->csv) printf("backend,P,op,bytes,median_us,algbw_GBps,busbw_GBps\n");
@@ -454,6 +463,7 @@ static int run(const bench *b)
                    opt->single_copy == 1 ? ", single copy (peers read them directly)"
                    : opt->single_copy == 0 ? ", staged through the shared segment"
                    : opt->single_copy == 2 ? ", single copy where the ranks can" : "");
+            printf("# machine: %s\n", machine);
             printf("# median over iterations of the slowest rank's time; %d warmup iterations\n",
                    opt->warmup);
             printf("#%11s  %-14s  %10s  %10s  %10s\n", "bytes", "op", "median_us", "algbw GB/s",
@@ -546,6 +556,7 @@ static int run_mpi(const options *opt)
 
 int main(int argc, char **argv)
 {
+    example_program = "bench_comm";
     options opt;
     int run_it, rc = parse_options(argc, argv, &opt, &run_it);
     if (!run_it) return rc;

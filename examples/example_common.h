@@ -139,6 +139,55 @@ EXAMPLE_HELPER double example_peak_rss(const char **source) {
 /* n floats (zeroed if asked) starting on a 64-byte boundary, a cache line and an AVX-512 vector:
    the plain loops' parameters and gradients, which fsdp.h's runtime also keeps aligned (malloc's
    16-byte alignment put every matrix of the plain GPT across cache lines). Free with free(). */
+/* "AMD EPYC 9R14 (family 25 model 17; AVX-512), 2 CPUs": the CPU, for a benchmark's banner
+   (machines change between runs, so every figure is printed beside the machine). */
+EXAMPLE_HELPER void example_cpu_line(char *out, size_t size) {
+    char line[8192], name[128] = "unknown CPU"; // (the flags line is long)
+    int family = -1, model = -1, avx512 = 0, avx2 = 0;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    while (f && fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (!colon) continue;
+        if (!strncmp(line, "model name", 10) && !strcmp(name, "unknown CPU")) {
+            snprintf(name, sizeof name, "%s", colon + 2);
+            name[strcspn(name, "\n")] = 0;
+        } else if (!strncmp(line, "cpu family", 10) && family < 0) {
+            family = atoi(colon + 1);
+        } else if (!strncmp(line, "model\t", 6) && model < 0) {
+            model = atoi(colon + 1);
+        } else if (!strncmp(line, "flags", 5)) {
+            avx512 |= strstr(colon, " avx512f") != NULL;
+            avx2 |= strstr(colon, " avx2") != NULL;
+        }
+    }
+    if (f) fclose(f);
+    snprintf(out, size, "%s (family %d model %d; %s), %ld CPUs", name, family, model,
+             avx512 ? "AVX-512" : avx2 ? "AVX2, no AVX-512" : "no AVX2", sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+/* One core's memcpy bandwidth in GB/s, the best of 5 copies of 64 MiB (about 0.1 s): the peak
+   that bounds what shared-memory collectives move. */
+EXAMPLE_HELPER double example_memcpy_gbps(void) {
+    size_t n = (size_t)64 << 20;
+    char *a = (char *)malloc(n), *b = (char *)malloc(n);
+    double best = 0;
+    if (!a || !b) {
+        free(a), free(b);
+        return 0;
+    }
+    memset(a, 1, n);
+    memset(b, 2, n);
+    for (int rep = 0; rep < 5; rep++) {
+        double t = fsdp_now();
+        memcpy(b, a, n);
+        t = fsdp_now() - t;
+        if (t > 0 && (double)n / t > best) best = (double)n / t;
+        a[rep] = b[n - 1 - (size_t)rep]; // (keeps the copies)
+    }
+    free(a), free(b);
+    return best / 1e9;
+}
+
 EXAMPLE_HELPER float *example_floats(size_t n, int zero) {
     size_t bytes = n ? sizeof(float) * n : 64;
     void *p = NULL;

@@ -344,25 +344,9 @@ EXAMPLE_GEMM_UNUSED static void example_sgemm_bias(int trans_a, int trans_b, int
    figure is printed beside them). The peak is the best of a few 512^3 products on this thread,
    through the kernel the examples use (about 0.1 s). */
 EXAMPLE_GEMM_UNUSED static void example_machine_line(char *out, size_t size) {
-    char line[8192], name[128] = "unknown CPU"; // (the flags line is long)
-    int family = -1, model = -1, avx512 = 0, avx2 = 0, n = 512;
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    while (f && fgets(line, sizeof line, f)) {
-        char *colon = strchr(line, ':');
-        if (!colon) continue;
-        if (!strncmp(line, "model name", 10) && !strcmp(name, "unknown CPU")) {
-            snprintf(name, sizeof name, "%s", colon + 2);
-            name[strcspn(name, "\n")] = 0;
-        } else if (!strncmp(line, "cpu family", 10) && family < 0) {
-            family = atoi(colon + 1);
-        } else if (!strncmp(line, "model\t", 6) && model < 0) {
-            model = atoi(colon + 1);
-        } else if (!strncmp(line, "flags", 5)) {
-            avx512 |= strstr(colon, " avx512f") != NULL;
-            avx2 |= strstr(colon, " avx2") != NULL;
-        }
-    }
-    if (f) fclose(f);
+    char cpu[256];
+    int n = 512;
+    example_cpu_line(cpu, sizeof cpu);
     float *a = example_floats((size_t)n * n, 1), *b = example_floats((size_t)n * n, 1), *c = example_floats((size_t)n * n, 1);
     double best = 0;
     for (int rep = 0; a && b && c && rep < 5; rep++) {
@@ -372,9 +356,7 @@ EXAMPLE_GEMM_UNUSED static void example_machine_line(char *out, size_t size) {
         if (t > 0 && 2.0 * n * n * n / t > best) best = 2.0 * n * n * n / t;
     }
     free(a), free(b), free(c);
-    snprintf(out, size, "%s (family %d model %d; %s), %ld CPUs; example_sgemm %.0f GFLOP/s on one core (%s)", name, family,
-             model, avx512 ? "AVX-512" : avx2 ? "AVX2, no AVX-512" : "no AVX2", sysconf(_SC_NPROCESSORS_ONLN), best / 1e9,
-             example_sgemm_name());
+    snprintf(out, size, "%s; example_sgemm %.0f GFLOP/s on one core (%s)", cpu, best / 1e9, example_sgemm_name());
 }
 
 #endif /* EXAMPLE_GEMM_H */

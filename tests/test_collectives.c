@@ -819,9 +819,10 @@ static int spin_rank_main(fsdp_comm *comm, void *arg) {
     return rep->rc;
 }
 
-/* 3 shm ranks split into 2 + 1 under FSDP_SPIN=value (NULL: unset); expect for the world and
-   the split of 2 (the split of 1 has nothing to wait for: never). */
-static void assert_spins(const char *value, int expected) {
+/* nprocs (2 or 3) shm ranks split into ranks 0-1 and rank 2 alone under FSDP_SPIN=value (NULL:
+   unset); expect for the world and the split of 2 (the split of 1 has nothing to wait for:
+   never). */
+static void assert_spins_of(int nprocs, const char *value, int expected) {
     spin_report *reps = (spin_report *)mmap(NULL, sizeof(spin_report) * 3, PROT_READ | PROT_WRITE,
                                             MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     fsdp_launch_status status;
@@ -831,9 +832,9 @@ static void assert_spins(const char *value, int expected) {
     memset(reps, 0, sizeof(spin_report) * 3);
     if (value) setenv("FSDP_SPIN", value, 1);
     else unsetenv("FSDP_SPIN");
-    rc = launch_ranks(3, FSDP_BACKEND_SHM, SHORT_TIMEOUT_MS, spin_rank_main, reps, &status);
+    rc = launch_ranks(nprocs, FSDP_BACKEND_SHM, SHORT_TIMEOUT_MS, spin_rank_main, reps, &status);
     unsetenv("FSDP_SPIN");
-    for (r = 0; r < 3; r++) {
+    for (r = 0; r < nprocs; r++) {
         snprintf(message, sizeof message, "FSDP_SPIN=%s, rank %d: launch %s (%s), split %s", value ? value : "(unset)", r,
                  fsdp_result_name(rc), status.message, fsdp_result_name(reps[r].rc));
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
@@ -845,12 +846,39 @@ static void assert_spins(const char *value, int expected) {
     munmap(reps, sizeof(spin_report) * 3);
 }
 
+static void assert_spins(const char *value, int expected) { assert_spins_of(3, value, expected); }
+
+/* The CPUs this process may run on (its affinity mask). */
+static int usable_cpus(void) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+}
+
 /* A split's ranks share the cores with the rest of the job: its waits spin only if the whole
    job's ranks on the host have a core each (3 here), not its own 2; FSDP_SPIN forces either. */
 static void test_waits_spin_only_when_the_whole_job_has_a_core_per_rank_or_as_fsdp_spin_says(void) {
-    assert_spins(NULL, sysconf(_SC_NPROCESSORS_ONLN) >= 3);
+    assert_spins(NULL, usable_cpus() >= 3);
     assert_spins("0", 0);
     assert_spins("1", 1);
+}
+
+/* Issue 29: the decision counts the CPUs the ranks may run on, not those online: two ranks
+   pinned to one CPU (taskset -c 0: each spin would keep the other off it) do not spin, though
+   the machine has more; FSDP_SPIN=1 still forces it; with the whole mask back they spin when it
+   has a CPU per rank. */
+static void test_waits_do_not_spin_when_the_ranks_may_run_on_one_cpu_only(void) {
+    cpu_set_t saved, one;
+    int cpu;
+    TEST_ASSERT_EQUAL_INT(0, sched_getaffinity(0, sizeof saved, &saved));
+    for (cpu = 0; cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &saved); cpu++) {}
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    TEST_ASSERT_EQUAL_INT(0, sched_setaffinity(0, sizeof one, &one)); /* the ranks inherit it */
+    assert_spins_of(2, NULL, 0);
+    assert_spins_of(2, "1", 1);
+    TEST_ASSERT_EQUAL_INT(0, sched_setaffinity(0, sizeof saved, &saved));
+    assert_spins_of(2, NULL, usable_cpus() >= 2);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1161,5 +1189,6 @@ int main(void) {
     RUN_TEST(test_repeated_runs_over_shm_give_identical_bits);
     RUN_TEST(test_repeated_runs_over_socket_give_identical_bits);
     RUN_TEST(test_waits_spin_only_when_the_whole_job_has_a_core_per_rank_or_as_fsdp_spin_says);
+    RUN_TEST(test_waits_do_not_spin_when_the_ranks_may_run_on_one_cpu_only);
     return UNITY_END();
 }

@@ -21,9 +21,9 @@
    and the digests agree between single copy and staged, and between single copy and socket.
    Children never assert.
 
-   The setting: 0 (the default) follows FSDP_SHM_SINGLE_COPY (unset or "0": staged; "1":
-   required; "auto": where the ranks can), 1 requires single copy, 2 uses it where the ranks can,
-   -1 never. The fallback: ranks forked here create their communicators themselves
+   The setting: 0 (the default) follows FSDP_SHM_SINGLE_COPY ("0": staged; "1": required;
+   "auto": where the ranks can; unset: where the ranks can, for all_gather and broadcast
+   blocks of 64 KiB and broadcasts of 256 KiB, up to 512 KiB), 1 requires single copy, 2 uses it where the ranks can, -1 never. The fallback: ranks forked here create their communicators themselves
    (fsdp_comm_init with a shared job token and secret) after the last rank installed a seccomp
    filter that makes process_vm_readv fail with EPERM. With shm_single_copy = 2 the job must
    still work, staged, with the same bits, and say so once; with 1, init must fail on every rank
@@ -847,9 +847,41 @@ static int ranks_using_single_copy(int setting, const char *env, char *message, 
     return rc == FSDP_SUCCESS ? n : -1;
 }
 
-static void test_default_without_the_env_stages_ordinary_buffers(void) {
-    char message[400];
-    TEST_ASSERT_EQUAL_INT_MESSAGE(0, ranks_using_single_copy(0, NULL, message, sizeof message), message);
+/* Issue 29: by default (setting 0, FSDP_SHM_SINGLE_COPY unset) the ranks probe and, where they
+   can read each other, all_gather and broadcast whose offered block (a rank's part, 64 KiB or
+   more in an op of 128 KiB or more; the root's buffer, from 256 KiB) is under 512 KiB read in
+   place (steady, where staging costs 2-8x more when
+   handing cache lines between cores is slow), while reductions, an all_reduce's gather half,
+   smaller and larger blocks stage; asked for (1, auto), single copy serves every op that only
+   copies, at every size from 64 KiB. */
+static void test_default_reads_in_place_only_all_gather_and_broadcast_blocks_of_64_up_to_512_kib(void) {
+    char message[400], buf[16] = "";
+    fsdp_comm comm;
+    fsdp__shm s;
+    memset(&comm, 0, sizeof comm);
+    memset(&s, 0, sizeof s);
+    s.single_copy = 1; /* the probe passed */
+    s.single_copy_asked = 0;
+    TEST_ASSERT_NOT_NULL(fsdp__shm_offer_of(&comm, &s, buf, (size_t)64 << 10, (size_t)128 << 10, FSDP__READ_COPY).base);
+    TEST_ASSERT_NOT_NULL(fsdp__shm_offer_of(&comm, &s, buf, ((size_t)512 << 10) - 1, (size_t)2 << 20, FSDP__READ_COPY).base);
+    TEST_ASSERT_NULL(fsdp__shm_offer_of(&comm, &s, buf, (size_t)512 << 10, (size_t)1 << 20, FSDP__READ_COPY).base);
+    TEST_ASSERT_NULL(fsdp__shm_offer_of(&comm, &s, buf, ((size_t)64 << 10) - 1, (size_t)128 << 10, FSDP__READ_COPY).base);
+    TEST_ASSERT_NULL(fsdp__shm_offer_of(&comm, &s, buf, (size_t)32 << 10, (size_t)64 << 10, FSDP__READ_COPY).base);
+    TEST_ASSERT_NULL(fsdp__shm_offer_of(&comm, &s, buf, (size_t)64 << 10, (size_t)64 << 10, FSDP__READ_COPY).base); /* op */
+    TEST_ASSERT_NOT_NULL(fsdp__shm_offer_of(&comm, &s, buf, (size_t)256 << 10, (size_t)256 << 10, FSDP__READ_COPY_ROOT).base);
+    TEST_ASSERT_NULL(fsdp__shm_offer_of(&comm, &s, buf, (size_t)128 << 10, (size_t)128 << 10, FSDP__READ_COPY_ROOT).base);
+    TEST_ASSERT_NULL(fsdp__shm_offer_of(&comm, &s, buf, (size_t)512 << 10, (size_t)512 << 10, FSDP__READ_COPY_ROOT).base);
+    TEST_ASSERT_NULL(fsdp__shm_offer_of(&comm, &s, buf, (size_t)256 << 10, (size_t)1 << 20, FSDP__READ_COPY_REDUCED).base);
+    TEST_ASSERT_NULL(fsdp__shm_offer_of(&comm, &s, buf, (size_t)256 << 10, (size_t)1 << 20, FSDP__READ_REDUCE).base);
+    s.single_copy_asked = 1;
+    TEST_ASSERT_NOT_NULL(fsdp__shm_offer_of(&comm, &s, buf, (size_t)32 << 10, (size_t)64 << 10, FSDP__READ_COPY).base);
+    TEST_ASSERT_NOT_NULL(fsdp__shm_offer_of(&comm, &s, buf, (size_t)32 << 20, (size_t)64 << 20, FSDP__READ_COPY).base);
+    TEST_ASSERT_NOT_NULL(fsdp__shm_offer_of(&comm, &s, buf, (size_t)32 << 20, (size_t)64 << 20, FSDP__READ_COPY_REDUCED).base);
+    TEST_ASSERT_NULL(fsdp__shm_offer_of(&comm, &s, buf, (size_t)256 << 10, (size_t)1 << 20, FSDP__READ_REDUCE).base);
+    s.single_copy = 0; /* the probe failed */
+    TEST_ASSERT_NULL(fsdp__shm_offer_of(&comm, &s, buf, (size_t)256 << 10, (size_t)1 << 20, FSDP__READ_COPY).base);
+    SKIP_WITHOUT_CROSS_MEMORY_ATTACH();
+    TEST_ASSERT_EQUAL_INT_MESSAGE(3, ranks_using_single_copy(0, NULL, message, sizeof message), message);
 }
 
 static void test_setting_2_uses_single_copy_where_the_ranks_can_read_each_other(void) {
@@ -1124,7 +1156,7 @@ int main(void) {
     RUN_TEST(test_socket_with_alloc_and_malloc_buffers_mixed_equals_rank_order_reference_bitwise);
     RUN_TEST(test_single_copy_and_staged_give_identical_bits_for_every_case);
     RUN_TEST(test_single_copy_and_socket_give_identical_bits_for_every_case);
-    RUN_TEST(test_default_without_the_env_stages_ordinary_buffers);
+    RUN_TEST(test_default_reads_in_place_only_all_gather_and_broadcast_blocks_of_64_up_to_512_kib);
     RUN_TEST(test_setting_2_uses_single_copy_where_the_ranks_can_read_each_other);
     RUN_TEST(test_env_single_copy_0_turns_it_off_and_1_and_auto_on);
     RUN_TEST(test_setting_minus_1_keeps_it_off_whatever_the_env_says);
