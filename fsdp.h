@@ -750,6 +750,22 @@ typedef enum fsdp_backward_prefetch {
     FSDP_BACKWARD_PREFETCH_NONE = 3
 } fsdp_backward_prefetch;
 
+/* Dynamic loss scaling for f16 (PyTorch's GradScaler and ShardedGradScaler, same names and
+   defaults): the training loop multiplies the gradient of its loss by fsdp_loss_scale(ctx)
+   before backward, so that small gradients survive f16; fsdp_step divides the scale out of the
+   gradients before clipping (fsdp_clip_grad_norm, if called first, does it), and then, as
+   GradScaler.update: a non-finite gradient skips the step and multiplies the scale by
+   backoff_factor; growth_interval steps in a row without one multiply it by growth_factor.
+   Checkpoints with optimizer state carry the scale and the count (metadata "loss_scale",
+   "loss_scale_growth_tracker"). */
+typedef struct fsdp_loss_scale_desc {
+    int enabled;                        /* 1: on; 0: off (fsdp_loss_scale is 1) */
+    float init_scale;                   /* 0: 65536 (2^16) */
+    float growth_factor;                /* 0: 2 */
+    float backoff_factor;               /* 0: 0.5 */
+    int growth_interval;                /* 0: 2000 */
+} fsdp_loss_scale_desc;
+
 typedef struct fsdp_desc {
     fsdp_comm *comm;                    /* required; the context does not own it */
     fsdp_strategy strategy;             /* for every unit without its own (fsdp_model_set_strategy) */
@@ -771,6 +787,7 @@ typedef struct fsdp_desc {
                                            mapped, they count in each reader's RSS though stored once) */
     fsdp_offload_desc offload;          /* state kept on local disk (default: everything in RAM) */
     fsdp_logger logger;                 /* default: the comm's */
+    fsdp_loss_scale_desc loss_scale;    /* dynamic loss scaling (for f16; default off) */
 } fsdp_desc;
 
 /* Builds units from the wrap policy, allocates this rank's shards and initialises them.
@@ -809,9 +826,10 @@ FSDP_API float *fsdp_grad(fsdp_ctx *ctx, int param);
 FSDP_API int fsdp_set_no_sync(fsdp_ctx *ctx, int on);
 
 typedef struct fsdp_step_report {
-    double grad_norm;   /* global L2 norm before clipping (same value on every rank) */
+    double grad_norm;   /* global L2 norm before clipping (same value on every rank), unscaled */
     int skipped;        /* 1: a gradient was not finite; nothing was updated */
     int64_t step;       /* optimizer steps taken so far */
+    double loss_scale;  /* the scale this step's gradients carried (1 without loss scaling) */
 } fsdp_step_report;
 
 /* Waits for outstanding reduce-scatters, clips to max_norm (<= 0: no clipping), applies the
@@ -828,8 +846,13 @@ FSDP_API int fsdp_synchronize(fsdp_ctx *ctx);
 FSDP_API int fsdp_finish_backward(fsdp_ctx *ctx);
 FSDP_API int fsdp_zero_grad(fsdp_ctx *ctx);
 FSDP_API int fsdp_set_lr(fsdp_ctx *ctx, float lr);
-/* The global gradient norm (waits for reductions; collective), as fsdp_step would clip it. */
+/* The global gradient norm (waits for reductions; collective), as fsdp_step would clip it.
+   With loss scaling it first divides the scale out of the gradients (as GradScaler.unscale_):
+   call it between the last backward and fsdp_step. */
 FSDP_API int fsdp_clip_grad_norm(fsdp_ctx *ctx, float max_norm, double *norm);
+/* The scale the training loop multiplies its loss's gradient by (fsdp_desc.loss_scale); 1 when
+   loss scaling is off. */
+FSDP_API float fsdp_loss_scale(const fsdp_ctx *ctx);
 
 /* Units, for inspection and for checkpoints. */
 typedef struct fsdp_unit_info {
@@ -7799,6 +7822,9 @@ struct fsdp_ctx {
     int num_state;                     /* state buffers per trainable unit */
     int64_t step;
     int no_sync;
+    float loss_scale;                  /* fsdp_desc.loss_scale: the current scale (1: off) */
+    int64_t scale_growth_tracker;      /* steps in a row with finite gradients */
+    int grads_unscaled;                /* the scale was divided out of this iteration's gradients */
     /* iteration */
     int phase;              /* 0 idle, 1 forward, 2 backward */
     int64_t iteration;
@@ -9078,15 +9104,26 @@ FSDP_API int fsdp_finish_backward(fsdp_ctx *ctx) {
 }
 
 FSDP_API int fsdp_clip_grad_norm(fsdp_ctx *ctx, float max_norm, double *norm) {
-    int rc, ui;
+    int rc, ui, unscale;
     double total = 0;
+    float coef = 1.0f;
     if (!ctx) return FSDP_ERR_INVALID_ARG;
     if ((rc = fsdp__wait_task(ctx, 0)) != 0 || (rc = fsdp__step_drain(ctx)) != 0) return rc;
     if ((rc = fsdp__global_norm(ctx, &total)) != 0) return rc;
+    unscale = ctx->desc.loss_scale.enabled && !ctx->grads_unscaled;
+    if (unscale) total /= ctx->loss_scale; /* the norm of the unscaled gradients */
     if (norm) *norm = total;
-    if (max_norm > 0 && isfinite(total)) { /* torch.nn.utils.clip_grad_norm_ */
-        float coef = (float)(max_norm / (total + 1e-6));
+    if (!isfinite(total)) return 0; /* fsdp_step skips: the gradients are not used */
+    if (max_norm > 0) { /* torch.nn.utils.clip_grad_norm_ */
+        coef = (float)(max_norm / (total + 1e-6));
         if (coef > 1.0f) coef = 1.0f;
+    }
+    if (unscale) { /* GradScaler.unscale_ then the clip, in one pass: a power-of-two scale makes the
+                      product exact, so the bits are those of the two multiplications */
+        coef *= 1.0f / ctx->loss_scale;
+        ctx->grads_unscaled = 1;
+    }
+    if (max_norm > 0 || unscale) {
         for (ui = 0; ui < ctx->num_units; ui++) {
             fsdp__unit *u = &ctx->units[ui];
             int64_t i;
@@ -9097,17 +9134,40 @@ FSDP_API int fsdp_clip_grad_norm(fsdp_ctx *ctx, float max_norm, double *norm) {
     return 0;
 }
 
+/* GradScaler.update after a step: a non-finite gradient backs the scale off and restarts the
+   count; growth_interval finite steps in a row grow it. The same on every rank (the norm is). */
+FSDP__PRIVATE void fsdp__loss_scale_update(fsdp_ctx *ctx, int finite) {
+    const fsdp_loss_scale_desc *ls = &ctx->desc.loss_scale;
+    ctx->grads_unscaled = 0;
+    if (!ls->enabled) return;
+    if (!finite) {
+        ctx->loss_scale *= ls->backoff_factor;
+        ctx->scale_growth_tracker = 0;
+    } else if (++ctx->scale_growth_tracker >= ls->growth_interval) {
+        float grown = ctx->loss_scale * ls->growth_factor;
+        if (isfinite(grown)) ctx->loss_scale = grown; /* as torch: never to infinity */
+        ctx->scale_growth_tracker = 0;
+    }
+}
+
 FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) {
     int rc, ui;
     double norm = 0;
     if (report) memset(report, 0, sizeof *report);
     if (!ctx) return FSDP_ERR_INVALID_ARG;
     if ((rc = fsdp__finish(ctx)) != 0) return rc;
+    if (report) report->loss_scale = ctx->loss_scale;
     if ((rc = fsdp_clip_grad_norm(ctx, max_norm, &norm)) != 0) return rc;
     if (report) report->grad_norm = norm;
     if (!isfinite(norm)) { /* every rank sees the same norm, so every rank skips */
-        fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: gradient norm is %f: step %lld skipped", ctx->rank, norm,
-                  (long long)ctx->step);
+        if (ctx->desc.loss_scale.enabled) /* expected now and then: the scale finds its level */
+            fsdp__log(&ctx->logger, FSDP_LOG_INFO, "rank %d: gradient norm is %f at loss scale %g: step %lld skipped, "
+                      "scale %g from now", ctx->rank, norm, (double)ctx->loss_scale, (long long)ctx->step,
+                      (double)(ctx->loss_scale * ctx->desc.loss_scale.backoff_factor));
+        else
+            fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: gradient norm is %f: step %lld skipped", ctx->rank, norm,
+                      (long long)ctx->step);
+        fsdp__loss_scale_update(ctx, 0);
         if (report) { report->skipped = 1; report->step = ctx->step; }
         return 0;
     }
@@ -9124,14 +9184,18 @@ FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) 
         fsdp__zero_padding(ctx, u, 0, u->shard, u->master);
     }
     ctx->step++;
+    fsdp__loss_scale_update(ctx, 1);
     if (report) report->step = ctx->step;
     return 0;
 }
+
+FSDP_API float fsdp_loss_scale(const fsdp_ctx *ctx) { return ctx ? ctx->loss_scale : 1.0f; }
 
 FSDP_API int fsdp_zero_grad(fsdp_ctx *ctx) {
     int ui, rc;
     if (!ctx) return FSDP_ERR_INVALID_ARG;
     if ((rc = fsdp__wait_task(ctx, 0)) != 0) return rc;
+    ctx->grads_unscaled = 0;
     if (ctx->step_thread_started) pthread_mutex_lock(&ctx->step_lock);
     for (ui = 0; ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
@@ -9225,12 +9289,25 @@ FSDP__PRIVATE void fsdp__desc_defaults(fsdp_desc *d, int world, int local_world)
     if (d->shard_group_size <= 0) d->shard_group_size = local_world > 0 ? local_world : world;
     if (fsdp__offloads(&d->offload) && (!d->offload.dir || !*d->offload.dir)) d->offload.dir = getenv("FSDP_OFFLOAD_DIR");
     if (!d->offload.ram_bytes) d->offload.ram_bytes = FSDP__OFFLOAD_RAM_DEFAULT;
+    if (d->loss_scale.init_scale == 0) d->loss_scale.init_scale = 65536.0f;
+    if (d->loss_scale.growth_factor == 0) d->loss_scale.growth_factor = 2.0f;
+    if (d->loss_scale.backoff_factor == 0) d->loss_scale.backoff_factor = 0.5f;
+    if (d->loss_scale.growth_interval == 0) d->loss_scale.growth_interval = 2000;
     fsdp__optimizer_defaults(&d->optimizer);
 }
 
 /* Checks a description with its defaults filled: 0, or FSDP_ERR_INVALID_ARG with why in err. */
 FSDP__PRIVATE int fsdp__desc_validate(const fsdp_desc *d, int world, char *err, size_t err_size) {
+    const fsdp_loss_scale_desc *ls = &d->loss_scale;
     int i;
+    if (ls->enabled && !(ls->init_scale > 0 && isfinite(ls->init_scale) && ls->growth_factor > 1 &&
+                         isfinite(ls->growth_factor) && ls->backoff_factor > 0 && ls->backoff_factor < 1 &&
+                         ls->growth_interval > 0)) {
+        fsdp__fmt(err, err_size, "loss_scale: init_scale %g must be > 0, growth_factor %g > 1, backoff_factor %g in "
+                  "(0, 1) and growth_interval %d > 0", (double)ls->init_scale, (double)ls->growth_factor,
+                  (double)ls->backoff_factor, ls->growth_interval);
+        return FSDP_ERR_INVALID_ARG;
+    }
     if (!fsdp_dtype_size(d->param_dtype) || !fsdp_dtype_size(d->reduce_dtype)) {
         fsdp__fmt(err, err_size, "param_dtype %d / reduce_dtype %d: use FSDP_F32, FSDP_BF16 or FSDP_F16",
                   (int)d->param_dtype, (int)d->reduce_dtype);
@@ -9343,6 +9420,7 @@ FSDP__PRIVATE int fsdp__init_resolve(fsdp_ctx *ctx, int *hybrid_group) {
     if (rc) return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: %s", err);
     ctx->param_dtype = ctx->desc.param_dtype;
     ctx->reduce_dtype = ctx->desc.reduce_dtype;
+    ctx->loss_scale = ctx->desc.loss_scale.enabled ? ctx->desc.loss_scale.init_scale : 1.0f;
     ctx->opt = ctx->desc.optimizer;
     ctx->optimizer = fsdp__optimizer_row(&ctx->opt);
     ctx->num_state = fsdp__optimizer_num_state(&ctx->opt);
@@ -11309,9 +11387,9 @@ FSDP__PRIVATE int fsdp__opt_compatible(fsdp_ctx *ctx, const fsdp_load_options *o
 }
 
 /* Metadata every checkpoint carries, plus the user's. */
-FSDP__PRIVATE fsdp_kv *fsdp__ckpt_metadata(fsdp_ctx *ctx, const fsdp_save_options *opt, const char *kind, char store[6][64],
+FSDP__PRIVATE fsdp_kv *fsdp__ckpt_metadata(fsdp_ctx *ctx, const fsdp_save_options *opt, const char *kind, char store[8][64],
                                            int *count) {
-    fsdp_kv *kv = (fsdp_kv *)fsdp__calloc(sizeof *kv * (size_t)(8 + (opt ? opt->num_metadata : 0)));
+    fsdp_kv *kv = (fsdp_kv *)fsdp__calloc(sizeof *kv * (size_t)(10 + (opt ? opt->num_metadata : 0)));
     int n = 0, i;
     if (!kv) return NULL;
     fsdp__fmt(store[0], 64, "%lld", (long long)ctx->step);
@@ -11327,6 +11405,12 @@ FSDP__PRIVATE fsdp_kv *fsdp__ckpt_metadata(fsdp_ctx *ctx, const fsdp_save_option
     kv[n].key = "optimizer"; kv[n++].value = store[4];
     kv[n].key = "fsdp.kind"; kv[n++].value = store[5];
     kv[n].key = "fsdp.version"; kv[n++].value = FSDP_VERSION_STRING;
+    if (ctx->desc.loss_scale.enabled && opt && opt->with_optimizer) { /* GradScaler's state_dict */
+        fsdp__fmt(store[6], 64, "%.9g", (double)ctx->loss_scale);
+        fsdp__fmt(store[7], 64, "%lld", (long long)ctx->scale_growth_tracker);
+        kv[n].key = "loss_scale"; kv[n++].value = store[6];
+        kv[n].key = "loss_scale_growth_tracker"; kv[n++].value = store[7];
+    }
     for (i = 0; opt && i < opt->num_metadata; i++) kv[n++] = opt->metadata[i];
     *count = n;
     return kv;
@@ -11344,7 +11428,7 @@ FSDP_API int fsdp_save_full(fsdp_ctx *ctx, const char *path, const fsdp_save_opt
     fsdp_st_spec *specs = NULL;
     fsdp_st_writer *w = NULL;
     fsdp_kv *meta = NULL;
-    char store[6][64], err[FSDP__ERRMSG] = "";
+    char store[8][64], err[FSDP__ERRMSG] = "";
     float *flat[1 + FSDP_OPTIMIZER_MAX_STATE] = {NULL};
     size_t flat_bytes = 0;
     fsdp_dtype dtype;
@@ -11487,6 +11571,25 @@ static int fsdp__read_st(void *src, int64_t first, int64_t count, float *out, ch
     return fsdp_st_read(s->file, s->tensor, first, count, out, err, err_size);
 }
 
+static int64_t fsdp__meta_int(const char *text);
+
+/* A checkpoint's GradScaler state, where loss scaling is on and the checkpoint has it (a finite
+   scale > 0; else the context keeps its own, with a warning). */
+FSDP__PRIVATE void fsdp__loss_scale_restore(fsdp_ctx *ctx, const char *scale, const char *tracker) {
+    char *end = NULL, shown[80];
+    double value;
+    if (!ctx->desc.loss_scale.enabled || !scale) return;
+    errno = 0;
+    value = strtod(scale, &end);
+    if (errno || !end || *end || !(value > 0) || !isfinite((float)value)) {
+        fsdp__log(&ctx->logger, FSDP_LOG_WARN, "the checkpoint's loss_scale '%s' is not a finite scale > 0: the scale "
+                  "stays %g", fsdp_printable(shown, sizeof shown, scale), (double)ctx->loss_scale);
+        return;
+    }
+    ctx->loss_scale = (float)value;
+    ctx->scale_growth_tracker = fsdp__meta_int(tracker) > 0 ? fsdp__meta_int(tracker) : 0;
+}
+
 static int64_t fsdp__meta_int(const char *text) {
     char *end = NULL;
     long long value;
@@ -11572,6 +11675,8 @@ FSDP_API int fsdp_load_full(fsdp_ctx *ctx, const char *path, const fsdp_load_opt
     report->step = fsdp__meta_int(fsdp_st_metadata(f, "step"));
     report->epoch = fsdp__meta_int(fsdp_st_metadata(f, "epoch"));
     if (!local && load_opt && report->step >= 0) ctx->step = report->step;
+    if (!local && load_opt)
+        fsdp__loss_scale_restore(ctx, fsdp_st_metadata(f, "loss_scale"), fsdp_st_metadata(f, "loss_scale_growth_tracker"));
     if ((rc = fsdp__agree(ctx, local)) != 0) goto done;
     if (report->missing || report->unexpected || report->mismatched)
         fsdp__log(&ctx->logger, FSDP_LOG_WARN, "fsdp_load_full: loaded %d tensors; not loaded: %s", report->loaded, pr.summary);
@@ -11746,7 +11851,7 @@ FSDP__PRIVATE const char *fsdp__dir_not_ours(const char *dir, char *why, size_t 
 FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_options *opt) {
     fsdp__sharded_save sv;
     uint32_t nonce[2] = {0, 0};
-    char store[6][64], err[FSDP__ERRMSG] = "", path[1024];
+    char store[8][64], err[FSDP__ERRMSG] = "", path[1024];
     int rc, local = 0;
     if (!ctx || !dir || strlen(dir) > 900) return FSDP_ERR_INVALID_ARG;
     if ((rc = fsdp__quiesce(ctx, "fsdp_save_sharded")) != 0) return rc;
@@ -12234,6 +12339,8 @@ FSDP_API int fsdp_load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_load_o
     report->step = fsdp_index_step(ix);
     report->epoch = fsdp_index_epoch(ix);
     if (!local && load_opt && report->step >= 0) ctx->step = report->step;
+    if (!local && load_opt)
+        fsdp__loss_scale_restore(ctx, fsdp_index_metadata(ix, "loss_scale"), fsdp_index_metadata(ix, "loss_scale_growth_tracker"));
     rc = fsdp__agree(ctx, local);
     if (!rc && (report->missing || report->unexpected || report->mismatched))
         fsdp__log(&ctx->logger, FSDP_LOG_WARN, "fsdp_load_sharded: loaded %d tensors; not loaded: %s", report->loaded, pr.summary);

@@ -262,6 +262,7 @@ static void make_desc(const options *o, fsdp_comm *comm, int P, int local_size, 
     desc->wrap.types = wrap_types;
     desc->param_dtype = o->param_dtype;
     desc->fp32_compute_view = o->param_dtype != FSDP_F32; // the f32 kernels read fsdp_param
+    desc->loss_scale.enabled = o->param_dtype == FSDP_F16;   // f16 gradients need it (GradScaler's defaults)
     desc->forward_prefetch = 1;
     desc->backward_prefetch = FSDP_BACKWARD_PRE;
     desc->shard_group_size = local_size;
@@ -494,9 +495,11 @@ static int train(fsdp_comm *comm, void *arg) {
         }
         if (rank == 0 && ((step + 1) % o->print_every == 0 || step == first_step || step == o->steps - 1)) {
             double ms = interval_ms / interval_steps;
-            printf("step %5lld/%d  loss %.4f  lr %.2e  norm %6.3f%s  %6.1f ms/step  %6.0f tok/s  in fsdp %5.1f ms\n",
+            char scaled[48] = "";
+            if (o->param_dtype == FSDP_F16) snprintf(scaled, sizeof scaled, "  scale %g", report.loss_scale);
+            printf("step %5lld/%d  loss %.4f  lr %.2e  norm %6.3f%s%s  %6.1f ms/step  %6.0f tok/s  in fsdp %5.1f ms\n",
                    step + 1, o->steps, (double)loss, (double)lr, report.grad_norm,
-                   report.skipped ? " (skipped: not finite)" : "", ms, o->batch * T / (ms * 1e-3),
+                   report.skipped ? " (skipped: not finite)" : "", scaled, ms, o->batch * T / (ms * 1e-3),
                    interval_fsdp_ms / interval_steps);
             interval_ms = interval_fsdp_ms = 0, interval_steps = 0;
         }
@@ -758,7 +761,8 @@ static void usage(FILE *out) {
         "                       HYBRID_SHARD: sharded within each host, replicated across hosts; all ranks\n"
         "                       on one host and an even count: two replicas of half the ranks\n"
         "  --param-dtype D      f32 (default), bf16 or f16: what is gathered and reduced; master weights\n"
-        "                       stay f32 (AdamW state too, unless --state-dtype), the kernels read an f32 view\n"
+        "                       stay f32 (AdamW state too, unless --state-dtype), the kernels read an f32 view;\n"
+        "                       f16 turns on dynamic loss scaling (GradScaler's rules; the scale is printed)\n"
         "  --print-units        print the FSDP units (rank 0)\n"
         EXAMPLE_OFFLOAD_HELP
         "checkpoints (sharded: one safetensors file per rank + index.json, with AdamW state)\n"
