@@ -45,6 +45,7 @@ typedef struct {
     fsdp_offload_desc offload;       // --offload, --offload-dir, --offload-ram
     fsdp_dtype state_dtype;          // --state-dtype
     const char *ckpt, *resume, *prompt; // resume "auto": the ckpt directory's checkpoint, if any
+    const char *log_path;            // --log: one JSON line per step (rank 0)
     unsigned long long seed;
     char ckpt_default[1100];
     unsigned char *text;             // the whole text: train is [0, train_size), validation the rest
@@ -387,6 +388,7 @@ static int train(fsdp_comm *comm, void *arg) {
     fsdp_offload_stats io_start; // after the first step (which warms up), for the per-step I/O
     memset(&io_start, 0, sizeof io_start);
     float loss = 0;
+    FILE *log = NULL;
     fsdp_ctx *ctx = NULL;
     fsdp_desc desc;
     gpt m;
@@ -465,6 +467,14 @@ static int train(fsdp_comm *comm, void *arg) {
         if (o->print_units) fsdp_print_units(ctx, NULL, NULL);
     }
 
+    if (o->log_path) { // rank 0 writes it; every rank learns whether it could open it
+        float failed = 0;
+        if (rank == 0 && !(log = fopen(o->log_path, first_step > 0 ? "a" : "w"))) { // resumed: appended
+            fprintf(stderr, "gpt: --log %s: %s\n", o->log_path, strerror(errno));
+            failed = 1;
+        }
+        if (fsdp_all_reduce(comm, &failed, &failed, 1, FSDP_F32, FSDP_MAX) || failed) goto done;
+    }
     for (step = first_step; step < o->steps; step++) {
         fsdp_step_report report;
         float lr = lr_schedule(step, o->steps, o->warmup, o->lr, o->min_lr);
@@ -492,6 +502,17 @@ static int train(fsdp_comm *comm, void *arg) {
         if (fsdp_all_reduce(comm, &loss, &loss, 1, FSDP_F32, FSDP_AVG)) {
             fprintf(stderr, "rank %d: all_reduce of the loss: %s\n", rank, fsdp_comm_last_error(comm));
             goto done;
+        }
+        if (log) { // a line per step, flushed: a plotting tool can read the file while the run goes on
+            fprintf(log, "{\"step\":%lld,\"loss\":%.6g,\"lr\":%.6g,\"grad_norm\":%.6g,\"skipped\":%d,\"loss_scale\":%.6g,"
+                         "\"ms\":%.3f,\"in_fsdp_ms\":%.3f,\"tokens_per_s\":%.1f,\"peak_rss_mib\":%.1f}\n",
+                    step + 1, (double)loss, (double)lr, isfinite(report.grad_norm) ? report.grad_norm : -1.0, report.skipped,
+                    report.loss_scale, step_ms[timed - 1], fsdp_ms[timed - 1],
+                    o->batch * T / (step_ms[timed - 1] * 1e-3), example_peak_rss(NULL) / 1048576.0);
+            if (fflush(log) != 0) {
+                fprintf(stderr, "gpt: --log %s: %s\n", o->log_path, strerror(errno));
+                goto done;
+            }
         }
         if (rank == 0 && ((step + 1) % o->print_every == 0 || step == first_step || step == o->steps - 1)) {
             double ms = interval_ms / interval_steps;
@@ -589,6 +610,10 @@ static int train(fsdp_comm *comm, void *arg) {
     }
     rc = 0;
 done:
+    if (log && fclose(log) != 0 && rc == 0) {
+        fprintf(stderr, "gpt: --log %s: %s\n", o->log_path, strerror(errno));
+        rc = 1;
+    }
     fsdp_destroy(ctx);
     gpt_acts_free(&acts);
     gpt_free(&m);
@@ -786,6 +811,9 @@ static void usage(FILE *out) {
         "                       learning rate, the gradient norm, and averaged since the last line: ms/step,\n"
         "                       tokens/s and the time spent in fsdp calls (hooks, fsdp_step, zero_grad:\n"
         "                       communication not hidden behind compute, plus the update) (default 25)\n"
+        "  --log FILE           rank 0 writes a JSON line per step, flushed: step, loss, lr, grad_norm (-1\n"
+        "                       when not finite), skipped, loss_scale, ms, in_fsdp_ms, tokens_per_s,\n"
+        "                       peak_rss_mib (appended when resuming)\n"
         "  --sample N           bytes to generate at the end (rank 0, on gathered weights) (default 300)\n"
         "  --prompt TEXT        what the sample continues (default a newline)\n"
         "  --temperature X      sampling temperature; 0: greedy (default 0.8)\n"
@@ -844,6 +872,7 @@ static void parse(options *o, int argc, char **argv, const char *exe_dir) {
         else if (!strcmp(f, "--print-every")) o->print_every = (int)arg_int(f, v, 1, 100000000);
         else if (!strcmp(f, "--sample")) o->sample = (int)arg_int(f, v, 0, 1 << 20);
         else if (!strcmp(f, "--prompt")) o->prompt = v;
+        else if (!strcmp(f, "--log")) o->log_path = v;
         else if (!strcmp(f, "--temperature")) o->temperature = arg_float(f, v);
         else die_usage("unknown option '%s'", f);
     }

@@ -176,6 +176,26 @@ if [ -z "$NO_EXTRA_CHECKS" ]; then
                 [ -z "$(ls -A "$BUILD/offload-check")" ] && cmp "$tmp/kept.losses" "$tmp/offload.losses"
         }
         check examples.gpt_offload_all_trains_bitwise_as_in_ram_and_leaves_its_directory_empty gpt_offload
+        # issue 28: gpt --log writes one JSON line per step (the printed loss, in order); f16 runs
+        # carry the loss scale (65536 at first); an unwritable --log fails the run naming it
+        gpt_log() {
+            "$BIN/gpt" --nproc 2 $tiny --steps 5 --print-every 1 --param-dtype f16 --log "$tmp/steps.jsonl" \
+                >"$tmp/logged.log" 2>&1 || { cat "$tmp/logged.log"; return 1; }
+            cat "$tmp/steps.jsonl"
+            [ "$(wc -l <"$tmp/steps.jsonl")" -eq 5 ] || return 1
+            for k in 1 2 3 4 5; do
+                line=$(sed -n "${k}p" "$tmp/steps.jsonl")
+                case $line in "{\"step\":$k,\"loss\":"*'"grad_norm":'*'"loss_scale":'*'"in_fsdp_ms":'*'"peak_rss_mib":'*"}") ;;
+                    *) echo "line $k: $line"; return 1 ;; esac
+            done
+            printed=$(grep -o 'step *5/5  loss [0-9.]*' "$tmp/logged.log" | awk '{print $NF}')
+            logged=$(sed -n 5p "$tmp/steps.jsonl" | sed 's/.*"loss":\([0-9.e+-]*\),.*/\1/')
+            awk -v a="$printed" -v b="$logged" 'BEGIN { exit !(a - b < 1e-4 && b - a < 1e-4) }' || { echo "printed $printed, logged $logged"; return 1; }
+            grep -q '"step":1,.*"loss_scale":65536,' "$tmp/steps.jsonl" || return 1
+            if "$BIN/gpt" --nproc 2 $tiny --steps 2 --log "$tmp/no/such/dir/x.jsonl" >"$tmp/nolog.log" 2>&1; then return 1; fi
+            grep -q "^gpt: --log $tmp/no/such/dir/x.jsonl: No such file or directory" "$tmp/nolog.log"
+        }
+        check examples.gpt_log_writes_a_json_line_per_step_and_refuses_an_unwritable_file gpt_log
         big="--data $tmp/text --layers 8 --channels 256 --heads 4 --seq-len 16 --batch 4 --steps 1 --sample 0 --ckpt none"
         check examples.gpt_mem_budget_refuses_1_rank_naming_the_bytes_and_the_fewest_ranks sh -c "! '$BIN/gpt' $big --mem-budget 100 \
             >'$tmp/out' 2>'$tmp/err'; cat '$tmp/err'; grep -q '^gpt: --mem-budget 100 MiB: refusing to start 1 rank: each needs .*, [0-9]* bytes\$' '$tmp/err' &&
