@@ -950,7 +950,7 @@ typedef struct alloc_job {
 enum { ALLOC_LIFECYCLE, ALLOC_EARLY_FREE, ALLOC_NO_SHM_SPACE };
 
 /* Files this process or its parent's other children left in /dev/shm ("fsdp-<pid>-m<n>"). */
-static int count_region_files(void) {
+static int count_region_files_once(void) {
     DIR *dir = opendir("/dev/shm");
     struct dirent *e;
     int n = 0;
@@ -958,6 +958,15 @@ static int count_region_files(void) {
     while ((e = readdir(dir)) != NULL)
         if (strncmp(e->d_name, "fsdp-", 5) == 0 && strstr(e->d_name, "-m") != NULL) n++;
     closedir(dir);
+    return n;
+}
+
+/* Region files left in /dev/shm. Another process of this machine sharing memory at this moment
+   has its own for a few milliseconds (they are unlinked once mapped), so the count must stay
+   above 0 for 300 ms to count: leftovers of this job would. */
+static int count_region_files(void) {
+    int n = 0, tries;
+    for (tries = 0; tries < 30 && (n = count_region_files_once()) > 0; tries++) sleep_ms(10);
     return n;
 }
 

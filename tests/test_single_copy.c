@@ -616,7 +616,7 @@ static void assert_family_matches_reference(int path, int family) {
 static void assert_paths_give_identical_bits(int path, int other) {
     int w, r, compared = 0;
     size_t c;
-    char name[200], message[600];
+    char name[200], message[1200]; /* the name and two error texts of up to 240 bytes */
     run_path(path);
     run_path(other);
     for (w = 0; w < WORLDS; w++) {
@@ -813,8 +813,10 @@ static void test_single_copy_and_socket_give_identical_bits_for_every_case(void)
    --------------------------------------------------------------------------------------------- */
 static int report_path_rank(fsdp_comm *comm, void *arg) {
     launch_result *shared = (launch_result *)arg;
-    shared->ranks[fsdp_comm_rank(comm)].single_copy = single_copy_in_use(comm);
-    shared->ranks[fsdp_comm_rank(comm)].started = 1;
+    int r = fsdp_comm_rank(comm);
+    if (r < 0 || r >= (int)(sizeof shared->ranks / sizeof shared->ranks[0])) return 1;
+    shared->ranks[r].single_copy = single_copy_in_use(comm);
+    shared->ranks[r].started = 1;
     return 0;
 }
 
