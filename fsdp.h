@@ -1166,6 +1166,7 @@ FSDP_API int fsdp_launch_ex(const fsdp_launch_desc *desc, fsdp_rank_fn fn, void 
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -4061,7 +4062,8 @@ static const fsdp__transport fsdp__shm_transport = {
    welcomes everyone once all ranks are in, with a random session id (later hellos between
    ranks must carry it) and the table of data addresses (its own mac follows it).
    Rank i connects to ranks 1..i-1 and accepts ranks i+1..P-1, so every pair has one
-   connection (the rendezvous connection is the link to rank 0).
+   connection (the rendezvous connection is the link to rank 0): P + 1 descriptors a rank, the
+   soft RLIMIT_NOFILE raised to that where the hard limit allows (fsdp__sock_fd_room).
    An op is one or two phases; in a phase every rank sends every peer one header (magic,
    phase, fingerprint, payload length) and its payload, and receives the same from each, all
    at once through non-blocking sockets and poll, within the op's deadline. Every header is
@@ -5097,6 +5099,40 @@ FSDP__PRIVATE int fsdp__sock_mesh(fsdp_comm *comm, fsdp__sock *s, fsdp__sock_rdv
     return fsdp__sock_admit(comm, s, rdv->listen_fd, comm->rank + 1, deadline, 0, NULL, NULL, NULL, where);
 }
 
+/* A socket world holds a connection to every other rank and a listener, beside what the
+   process has open: the soft RLIMIT_NOFILE is raised to that where the hard limit allows (a
+   shell's default of 1024 ends a world of a thousand ranks), else why not in err: -1. */
+FSDP__PRIVATE int fsdp__sock_fd_room(int rank, int world, char *err, size_t err_size) {
+    struct rlimit lim;
+    DIR *dir = opendir("/proc/self/fd");
+    struct dirent *e;
+    long open_now = -1; /* the directory's own descriptor is listed too */
+    rlim_t needed;
+    if (!dir || getrlimit(RLIMIT_NOFILE, &lim) != 0) { /* cannot tell: connections will say */
+        if (dir) closedir(dir);
+        return 0;
+    }
+    while ((e = readdir(dir)) != NULL) open_now += e->d_name[0] != '.';
+    closedir(dir);
+    needed = (rlim_t)open_now + (rlim_t)world + 2;
+    if (lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur >= needed) return 0;
+    if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < needed) {
+        fsdp__fmt(err, err_size, "socket: rank %d: a world of %d ranks needs %llu file descriptors here (%ld open, a "
+                  "connection to each other rank, a listener), but RLIMIT_NOFILE's hard limit is %llu: raise it (ulimit "
+                  "-Hn, limits.conf, systemd's LimitNOFILE)", rank, world, (unsigned long long)needed, open_now,
+                  (unsigned long long)lim.rlim_max);
+        return -1;
+    }
+    lim.rlim_cur = needed;
+    if (setrlimit(RLIMIT_NOFILE, &lim) != 0) {
+        fsdp__fmt(err, err_size, "socket: rank %d: a world of %d ranks needs %llu file descriptors here and "
+                  "RLIMIT_NOFILE could not be raised to that: %s", rank, world, (unsigned long long)needed,
+                  strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
 /* Connects a socket world (see the top of this section). Takes ownership of listen_fd (a
    listener rank 0 inherited from fsdp_launch, or -1). */
 FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, int listen_fd) {
@@ -5126,6 +5162,13 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
         goto done;
     }
     for (p = 0; p < P; p++) s->peers[p].fd = -1;
+    {
+        char err[FSDP__ERRMSG];
+        if (fsdp__sock_fd_room(comm->rank, P, err, sizeof err) != 0) {
+            rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "%s", err);
+            goto done;
+        }
+    }
     if (listen_fd < 0 && (desc->master_port <= 0 || desc->master_port > 65535)) {
         rc = fsdp__init_fail(&comm->logger, FSDP_ERR_INVALID_ARG, "socket: master_port %d is not a TCP port",
                              desc->master_port);

@@ -338,6 +338,57 @@ static void test_accept_failing_for_lack_of_descriptors_does_not_end_the_rendezv
     TEST_ASSERT_TRUE_MESSAGE(shared[1].elapsed_ms < 3000, "rank 1 waited for the strangers' budgets");
 }
 
+/* Issue 27, item 1: a socket world holds a descriptor per other rank; a soft RLIMIT_NOFILE below
+   that is raised where the hard limit allows, and a hard limit below it fails init at once,
+   naming the limit and the number needed (rank 0 alone here: it waits 300 ms for the others). */
+typedef struct fd_limit_plan {
+    int extra_soft, extra_hard; /* limits: the descriptors open now plus these */
+} fd_limit_plan;
+
+static int init_with_fd_limits(void *arg) {
+    const fd_limit_plan *plan = (const fd_limit_plan *)arg;
+    rank_report *r = &shared[0];
+    rank_plan rp = {0, 200, 0, 300, SECRET, JOB, NULL, 0, 0, NULL, 0};
+    fsdp_comm_desc d;
+    fsdp_comm *comm = NULL;
+    struct rlimit lim;
+    int open = open_fd_count();
+    double start;
+    rp.port = pick_free_port();
+    d = socket_desc(&rp);
+    lim.rlim_cur = (rlim_t)(open + plan->extra_soft);
+    lim.rlim_max = (rlim_t)(open + plan->extra_hard);
+    if (setrlimit(RLIMIT_NOFILE, &lim) != 0) return 3;
+    start = now_ms();
+    r->rc = fsdp_comm_init(&comm, &d);
+    r->elapsed_ms = (int)(now_ms() - start);
+    copy_text(r->message, sizeof r->message, fsdp_comm_last_error(NULL));
+    fsdp_comm_destroy(comm);
+    getrlimit(RLIMIT_NOFILE, &lim);
+    r->fds_before = open;
+    r->fds_after = (int)lim.rlim_cur;
+    r->done = 1;
+    return 0;
+}
+
+static void test_descriptor_limit_is_raised_for_a_large_world_or_init_fails_naming_it(void) {
+    fd_limit_plan raise = {10, 1000}, hard = {10, 10};
+    pid_t p;
+    reset_reports();
+    p = spawn(init_with_fd_limits, &raise, 10);
+    TEST_ASSERT_EQUAL_INT(0, reap(p, 10000));
+    TEST_ASSERT_TRUE(shared[0].done);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_TIMEOUT, shared[0].rc, shared[0].message); /* nobody else came */
+    TEST_ASSERT_TRUE_MESSAGE(shared[0].fds_after >= shared[0].fds_before + 200, "the soft limit was not raised");
+    reset_reports();
+    p = spawn(init_with_fd_limits, &hard, 10);
+    TEST_ASSERT_EQUAL_INT(0, reap(p, 10000));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_SYSTEM, shared[0].rc, shared[0].message);
+    TEST_ASSERT_TRUE_MESSAGE(shared[0].elapsed_ms < 200, "it waited instead of failing at once");
+    TEST_ASSERT_TRUE_MESSAGE(contains(shared[0].message, "RLIMIT_NOFILE") && contains(shared[0].message, "200 ranks needs"),
+                             shared[0].message);
+}
+
 /* Without a secret, a rank 0 reachable from other hosts says so once, naming the port. */
 static void test_rank0_without_a_secret_off_loopback_warns_naming_the_open_port(void) {
     rank_plan r0 = {0, 2, 0, 5000, NULL, JOB, "0.0.0.0", 4, 0, NULL, 0}, r1;
@@ -1366,6 +1417,7 @@ int main(void) {
     RUN_TEST(test_idle_and_garbage_connections_do_not_delay_the_rendezvous);
     RUN_TEST(test_accept_failing_for_lack_of_descriptors_does_not_end_the_rendezvous);
     RUN_TEST(test_rank0_without_a_secret_off_loopback_warns_naming_the_open_port);
+    RUN_TEST(test_descriptor_limit_is_raised_for_a_large_world_or_init_fails_naming_it);
     RUN_TEST(test_handshake_relayed_by_a_stranger_is_refused_by_rank_0);
     RUN_TEST(test_address_planted_in_torchruns_store_is_refused);
     RUN_TEST(test_process_of_another_user_cannot_join_a_job_without_a_secret);
