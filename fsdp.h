@@ -3972,13 +3972,14 @@ FSDP__PRIVATE int fsdp__shm_slot_fits(size_t slot, int world, char *err, size_t 
 FSDP__PRIVATE int fsdp__shm_create(fsdp_comm *comm, const fsdp_comm_desc *desc, fsdp__inherit *inherit) {
     char err[FSDP__ERRMSG];
     int rc = 0;
-    if (comm->world > 1 && fsdp__shm_slot_fits(fsdp__shm_slot_bytes(desc->shm_slot_bytes), comm->world, err, sizeof err))
-        return fsdp__init_fail(&comm->logger, FSDP_ERR_INVALID_ARG, "%s", err);
-    if (comm->world > 1)
+    if (comm->world > 1) {
+        if (fsdp__shm_slot_fits(fsdp__shm_slot_bytes(desc->shm_slot_bytes), comm->world, err, sizeof err))
+            return fsdp__init_fail(&comm->logger, FSDP_ERR_INVALID_ARG, "%s", err);
         rc = inherit && inherit->mapping
                  ? fsdp__shm_init_mapped(comm, inherit->mapping, inherit->map_bytes,
                                          fsdp__shm_slot_bytes(desc->shm_slot_bytes), desc->shm_single_copy)
                  : fsdp__shm_init(comm, desc);
+    }
     return rc ? rc : fsdp__comm_learn_topology(comm, 1); /* one segment: one host */
 }
 
@@ -4427,11 +4428,13 @@ FSDP__PRIVATE const char *fsdp__sock_judge_hello(const fsdp__sock_hello *h, cons
 }
 
 /* Without a secret the job's key is anyone's, so a peer on this host must be a process of this
-   user: why not (the peer is another user's), or NULL (this user's, another host's, or the
-   kernel's table cannot say: then a warning, once). */
+   user: why not (the peer is another user's), or NULL (a secret is set; the peer is this
+   user's or another host's; or the kernel's table cannot say: then a warning, once). */
 FSDP__PRIVATE const char *fsdp__sock_foreign_user(fsdp_comm *comm, int fd, char *why, size_t size) {
     static int warned;
-    long uid = fsdp__sock_peer_uid(fd);
+    long uid;
+    if (comm->has_secret) return NULL;
+    uid = fsdp__sock_peer_uid(fd);
     if (uid >= 0 && (unsigned long)uid != (unsigned long)geteuid())
         return fsdp__fmt(why, size, "is a process of uid %ld, not of this user (uid %lu): without a secret only this "
                          "user's processes may join (give every rank the same FSDP_SECRET_FILE)", uid,
@@ -4542,7 +4545,7 @@ FSDP__PRIVATE int fsdp__sock_door_judge(fsdp__sock_door *d, fsdp__sock_pending *
     getsockname(d->listen_fd, (struct sockaddr *)&listener, &len);
     *problem = fsdp__sock_judge_hello(&pd->hello, &pd->challenge, comm->key, comm->world, d->first, d->session,
                                       &arrived, &listener, &authentic, why, why_size);
-    if (!*problem && !comm->has_secret) *problem = fsdp__sock_foreign_user(comm, pd->fd, why, why_size);
+    if (!*problem) *problem = fsdp__sock_foreign_user(comm, pd->fd, why, why_size);
     r = (int)pd->hello.rank;
     if (!*problem && d->s->peers[r].fd >= 0) *problem = (fsdp__fmt(why, why_size, "rank %d has already joined", r), why);
     if (!*problem && !d->rendezvous) { /* welcome now, proving this side knows the key too */
@@ -4798,6 +4801,20 @@ FSDP__PRIVATE int fsdp__sock_greet(int fd, const unsigned char key[32], fsdp__so
     return 0;
 }
 
+/* A rank greets the peer `who` it dialled on fd: without a secret the peer must be this user's
+   (fsdp__sock_foreign_user), then the handshake (fsdp__sock_greet). 0, or the code with the
+   message given to fsdp__init_fail. */
+FSDP__PRIVATE int fsdp__sock_greet_peer(fsdp_comm *comm, int fd, const char *who, fsdp__sock_hello *hello,
+                                        int64_t deadline, fsdp__sock_reply *reply, unsigned char nonces[64]) {
+    char err[FSDP__ERRMSG];
+    int rc;
+    if (fsdp__sock_foreign_user(comm, fd, err, sizeof err))
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_REJECTED, "socket: rank %d: %s %s", comm->rank, who, err);
+    if ((rc = fsdp__sock_greet(fd, comm->key, hello, deadline, reply, nonces, who, err, sizeof err)) != 0)
+        return fsdp__init_fail(&comm->logger, rc, "socket: rank %d: %s", comm->rank, err);
+    return 0;
+}
+
 /* --- torch's TCPStore (torchrun's agent store), client side -------------------------------
    Under torchrun's static rendezvous the agent's store holds MASTER_PORT, so rank 0 cannot
    listen there: it listens on a port of its own and publishes "ip:port" in the store, where the
@@ -5029,7 +5046,7 @@ FSDP__PRIVATE int fsdp__sock_greet_rank0(fsdp_comm *comm, fsdp__sock *s, fsdp__s
     struct sockaddr_in local;
     socklen_t len = sizeof local;
     unsigned char mac[32], their_mac[32];
-    char who[96], err[FSDP__ERRMSG];
+    char who[96];
     fsdp__sock_reply reply;
     int fd = fsdp__sock_connect(&rdv->master, deadline), rc;
     fsdp__sock_addr_string(s->peers[0].addr, sizeof s->peers[0].addr, &rdv->master);
@@ -5050,10 +5067,7 @@ FSDP__PRIVATE int fsdp__sock_greet_rank0(fsdp_comm *comm, fsdp__sock *s, fsdp__s
     hello->data_ip = local.sin_addr.s_addr;
     hello->data_port = ntohs(local.sin_port);
     fsdp__fmt(who, sizeof who, "rank 0 at %s", s->peers[0].addr);
-    if (!comm->has_secret && fsdp__sock_foreign_user(comm, fd, err, sizeof err))
-        return fsdp__init_fail(&comm->logger, FSDP_ERR_REJECTED, "socket: rank %d: %s %s", comm->rank, who, err);
-    if ((rc = fsdp__sock_greet(fd, comm->key, hello, deadline, &reply, nonces, who, err, sizeof err)) != 0)
-        return fsdp__init_fail(&comm->logger, rc, "socket: rank %d: %s", comm->rank, err);
+    if ((rc = fsdp__sock_greet_peer(comm, fd, who, hello, deadline, &reply, nonces)) != 0) return rc;
     if (fsdp__sock_io_full(fd, rdv->ips, table, deadline, 0) != 0 || fsdp__sock_io_full(fd, rdv->ports, table, deadline, 0) != 0 ||
         fsdp__sock_io_full(fd, their_mac, sizeof their_mac, deadline, 0) != 0)
         return fsdp__init_fail(&comm->logger, FSDP_ERR_PEER_LOST, "socket: rank 0 went away during the rendezvous");
@@ -5071,7 +5085,7 @@ FSDP__PRIVATE int fsdp__sock_greet_rank0(fsdp_comm *comm, fsdp__sock *s, fsdp__s
 FSDP__PRIVATE int fsdp__sock_mesh(fsdp_comm *comm, fsdp__sock *s, fsdp__sock_rdv *rdv, fsdp__sock_hello *hello,
                                   int64_t deadline) {
     unsigned char nonces[64];
-    char who[96], err[FSDP__ERRMSG], where[96], here[64];
+    char who[96], where[96], here[64];
     struct sockaddr_in local;
     socklen_t len = sizeof local;
     fsdp__sock_reply reply;
@@ -5088,10 +5102,7 @@ FSDP__PRIVATE int fsdp__sock_mesh(fsdp_comm *comm, fsdp__sock *s, fsdp__sock_rdv
             return fsdp__init_fail(&comm->logger, FSDP_ERR_TIMEOUT, "socket: rank %d could not connect to rank %d at %s: %s",
                                    comm->rank, p, s->peers[p].addr, strerror(errno));
         fsdp__fmt(who, sizeof who, "rank %d at %s", p, s->peers[p].addr);
-        if (!comm->has_secret && fsdp__sock_foreign_user(comm, s->peers[p].fd, err, sizeof err))
-            return fsdp__init_fail(&comm->logger, FSDP_ERR_REJECTED, "socket: rank %d: %s %s", comm->rank, who, err);
-        if ((rc = fsdp__sock_greet(s->peers[p].fd, comm->key, hello, deadline, &reply, nonces, who, err, sizeof err)) != 0)
-            return fsdp__init_fail(&comm->logger, rc, "socket: rank %d: %s", comm->rank, err);
+        if ((rc = fsdp__sock_greet_peer(comm, s->peers[p].fd, who, hello, deadline, &reply, nonces)) != 0) return rc;
     }
     getsockname(rdv->listen_fd, (struct sockaddr *)&local, &len);
     fsdp__sock_addr_string(here, sizeof here, &local);
