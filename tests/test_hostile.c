@@ -174,6 +174,20 @@ static int run_socket_rank(void *arg) {
 
 static void reset_reports(void) { memset(shared, 0, sizeof *shared * MAX_RANKS); }
 
+/* Forks fn0(arg0) and fn1(arg1) (each killed by SIGALRM after alarm_s if not 0), waits for the
+   second then the first, at most limit_ms each, and asserts that both exited with status 0. */
+static void run_pair(int (*fn0)(void *), void *arg0, int (*fn1)(void *), void *arg1, unsigned alarm_s, int limit_ms) {
+    pid_t p0 = spawn(fn0, arg0, alarm_s), p1 = spawn(fn1, arg1, alarm_s);
+    TEST_ASSERT_EQUAL_INT(0, reap(p1, limit_ms));
+    TEST_ASSERT_EQUAL_INT(0, reap(p0, limit_ms));
+}
+
+/* Ends a helper child (a relay, a store) that serves until it is told to stop. */
+static void stop_child(pid_t pid) {
+    kill(pid, SIGKILL);
+    reap(pid, 2000);
+}
+
 /* What the parent needs to speak to rank 0 as rank `rank` of `world` (it knows the secret). */
 static void job_key(unsigned char key[32], const char *secret, const char *job) {
     fsdp__comm_key(key, secret ? secret : "", secret ? strlen(secret) : 0, "fsdp.h job key", job, FSDP__KDF_ROUNDS);
@@ -248,16 +262,12 @@ static void test_impostor_without_the_secret_is_refused_and_learns_neither_token
 
 static void test_rank_with_another_secret_is_refused_saying_the_secrets_differ(void) {
     rank_plan r0 = {0, 2, 0, 1500, SECRET, JOB, NULL, 0, 0, NULL, 0}, r1;
-    pid_t p0, p1;
     r0.port = pick_free_port();
     r1 = r0;
     r1.rank = 1;
     r1.secret = "another-secret";
     reset_reports();
-    p0 = spawn(run_socket_rank, &r0, 0);
-    p1 = spawn(run_socket_rank, &r1, 0);
-    TEST_ASSERT_EQUAL_INT(0, reap(p1, 8000));
-    TEST_ASSERT_EQUAL_INT(0, reap(p0, 8000));
+    run_pair(run_socket_rank, &r0, run_socket_rank, &r1, 0, 8000);
     TEST_ASSERT_EQUAL_INT(FSDP_ERR_REJECTED, shared[1].rc);
     TEST_ASSERT_TRUE_MESSAGE(contains(shared[1].message, "authentication failed"), shared[1].message);
     TEST_ASSERT_TRUE_MESSAGE(contains(shared[1].message, "FSDP_SECRET"), shared[1].message);
@@ -393,16 +403,12 @@ static void test_descriptor_limit_is_raised_for_a_large_world_or_init_fails_nami
 static void test_rank0_without_a_secret_off_loopback_warns_naming_the_open_port(void) {
     rank_plan r0 = {0, 2, 0, 5000, NULL, JOB, "0.0.0.0", 4, 0, NULL, 0}, r1;
     char port_text[16];
-    pid_t p0, p1;
     r0.port = pick_free_port();
     r1 = r0;
     r1.rank = 1;
     r1.master_addr = "127.0.0.1";
     reset_reports();
-    p0 = spawn(run_socket_rank, &r0, 0);
-    p1 = spawn(run_socket_rank, &r1, 0);
-    TEST_ASSERT_EQUAL_INT(0, reap(p1, 10000));
-    TEST_ASSERT_EQUAL_INT(0, reap(p0, 10000));
+    run_pair(run_socket_rank, &r0, run_socket_rank, &r1, 0, 10000);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[0].rc, shared[0].message);
     snprintf(port_text, sizeof port_text, ":%d", r0.port);
     TEST_ASSERT_TRUE_MESSAGE(contains(shared[0].log, "no secret") && contains(shared[0].log, port_text), shared[0].log);
@@ -410,10 +416,7 @@ static void test_rank0_without_a_secret_off_loopback_warns_naming_the_open_port(
     r0.port = r1.port = pick_free_port();
     r0.secret = r1.secret = SECRET;
     reset_reports();
-    p0 = spawn(run_socket_rank, &r0, 0);
-    p1 = spawn(run_socket_rank, &r1, 0);
-    TEST_ASSERT_EQUAL_INT(0, reap(p1, 10000));
-    TEST_ASSERT_EQUAL_INT(0, reap(p0, 10000));
+    run_pair(run_socket_rank, &r0, run_socket_rank, &r1, 0, 10000);
     TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, shared[0].rc);
     TEST_ASSERT_FALSE_MESSAGE(contains(shared[0].log, "no secret"), shared[0].log);
 }
@@ -484,7 +487,7 @@ static int listen_on_loopback(int *port) {
 static void test_handshake_relayed_by_a_stranger_is_refused_by_rank_0(void) {
     rank_plan r0 = {0, 2, 0, 3000, SECRET, JOB, NULL, 4, 0, NULL, 0}, r1;
     relay_plan relay;
-    pid_t p0, p1, pr;
+    pid_t pr;
     r0.port = pick_free_port();
     relay.listen_fd = listen_on_loopback(&relay.to_port);
     TEST_ASSERT_TRUE(relay.listen_fd >= 0);
@@ -496,12 +499,8 @@ static void test_handshake_relayed_by_a_stranger_is_refused_by_rank_0(void) {
     reset_reports();
     pr = spawn(run_relay, &relay, 10);
     close(relay.listen_fd);
-    p0 = spawn(run_socket_rank, &r0, 0);
-    p1 = spawn(run_socket_rank, &r1, 0);
-    TEST_ASSERT_EQUAL_INT(0, reap(p1, 10000));
-    TEST_ASSERT_EQUAL_INT(0, reap(p0, 10000));
-    kill(pr, SIGKILL);
-    reap(pr, 2000);
+    run_pair(run_socket_rank, &r0, run_socket_rank, &r1, 0, 10000);
+    stop_child(pr);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_REJECTED, shared[1].rc, shared[1].message);
     TEST_ASSERT_TRUE_MESSAGE(contains(shared[1].message, "relays"), shared[1].message);
     TEST_ASSERT_NOT_EQUAL(FSDP_SUCCESS, shared[0].rc);
@@ -635,7 +634,7 @@ static void test_address_planted_in_torchruns_store_is_refused(void) {
     char plant[64];
     int attempt;
     for (attempt = 0; attempt < 2; attempt++) {
-        pid_t ps, p0, p1;
+        pid_t ps;
         sp.listen_fd = listen_on_loopback(&r0.port);
         TEST_ASSERT_TRUE(sp.listen_fd >= 0);
         sp.limit_ms = 8000;
@@ -646,12 +645,8 @@ static void test_address_planted_in_torchruns_store_is_refused(void) {
         reset_reports();
         ps = spawn(run_store, &sp, 12);
         close(sp.listen_fd);
-        p0 = spawn(run_socket_rank, &r0, 0);
-        p1 = spawn(run_socket_rank, &r1, 0);
-        TEST_ASSERT_EQUAL_INT(0, reap(p1, 12000));
-        TEST_ASSERT_EQUAL_INT(0, reap(p0, 12000));
-        kill(ps, SIGKILL);
-        reap(ps, 2000);
+        run_pair(run_socket_rank, &r0, run_socket_rank, &r1, 0, 12000);
+        stop_child(ps);
         if (attempt == 0) {
             TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_REJECTED, shared[1].rc, shared[1].message);
             TEST_ASSERT_TRUE_MESSAGE(contains(shared[1].message, "is not rank 0's") &&
@@ -725,10 +720,7 @@ static void test_process_of_another_user_cannot_join_a_job_without_a_secret(void
     r1.rank = 1;
     r1.as_uid = 0;
     reset_reports();
-    p0 = spawn(run_socket_rank, &r0, 10);
-    p1 = spawn(run_socket_rank, &r1, 10);
-    TEST_ASSERT_EQUAL_INT(0, reap(p1, 10000));
-    TEST_ASSERT_EQUAL_INT(0, reap(p0, 10000));
+    run_pair(run_socket_rank, &r0, run_socket_rank, &r1, 10, 10000);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_REJECTED, shared[1].rc, shared[1].message);
     TEST_ASSERT_TRUE_MESSAGE(contains(shared[1].message, "rank 0 at") && contains(shared[1].message, "uid 65534"),
                              shared[1].message);
@@ -736,10 +728,7 @@ static void test_process_of_another_user_cannot_join_a_job_without_a_secret(void
     r0.as_uid = r1.as_uid = 0;
     r0.port = r1.port = pick_free_port();
     reset_reports();
-    p0 = spawn(run_socket_rank, &r0, 10);
-    p1 = spawn(run_socket_rank, &r1, 10);
-    TEST_ASSERT_EQUAL_INT(0, reap(p1, 10000));
-    TEST_ASSERT_EQUAL_INT(0, reap(p0, 10000));
+    run_pair(run_socket_rank, &r0, run_socket_rank, &r1, 10, 10000);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[1].rc, shared[1].message);
     TEST_ASSERT_EQUAL_FLOAT(2.0f, shared[1].result);
 }
