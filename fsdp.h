@@ -76,6 +76,7 @@
        >>runtime       fsdp_ctx: flat parameters, hooks, comm thread, strategies, the step
        >>memory        memory statistics and the estimator
        >>json          JSON parsing and writing
+       >>trace         per-rank Chrome trace files: events, their buffer, clock alignment
        >>safetensors   safetensors files: checksums, reading, writing, atomic replacement
        >>checkpoint    full and sharded checkpoints, index.json
        >>launcher      fsdp_launch: fork N local ranks joined by shared memory
@@ -121,6 +122,8 @@
        FSDP_RESTART_COUNT    set by fsdp_launch for its ranks: the attempt, 0 first (max_restarts)
        FSDP_OFFLOAD_DIR      where offloaded state goes when fsdp_desc.offload.dir is NULL (a
                              directory on a local disk; every rank keeps one unlinked file there)
+       FSDP_TRACE            a directory: every rank writes its Chrome trace there when
+                             fsdp_desc.trace_dir is NULL (>>trace); set it on every rank or none
        RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT      (torchrun)
        TORCHELASTIC_RUN_ID TORCHELASTIC_RESTART_COUNT TORCHELASTIC_USE_AGENT_STORE (torchrun: the
                              job token, and rank 0's address in the agent's store)
@@ -788,6 +791,7 @@ typedef struct fsdp_desc {
     fsdp_offload_desc offload;          /* state kept on local disk (default: everything in RAM) */
     fsdp_logger logger;                 /* default: the comm's */
     fsdp_loss_scale_desc loss_scale;    /* dynamic loss scaling (for f16; default off) */
+    const char *trace_dir;              /* write a trace per rank here (>>trace); NULL: FSDP_TRACE, else off */
 } fsdp_desc;
 
 /* Builds units from the wrap policy, allocates this rank's shards and initialises them.
@@ -893,6 +897,30 @@ FSDP_API int fsdp_set_param_full(fsdp_ctx *ctx, int param, const float *full_on_
 FSDP_API int fsdp_set_param_shard(fsdp_ctx *ctx, int param, const float *slice);
 
 /* ============================================================================================
+   >>trace
+   Where a step's time goes. With fsdp_desc.trace_dir (or FSDP_TRACE=DIR) every rank writes
+   DIR/trace-rankNNNNN.json, Chrome's trace-event format (open it in Perfetto or
+   chrome://tracing; examples/trace_tool.c merges, summarises and draws them): pid is the rank,
+   tid the thread (0 compute, 1 comm, 2 step, 3 io, 4 checkpoint). Events: every hook of every
+   unit ("pre_forward h.3"), every collective fsdp.h runs (op, bytes, unit, group, a sequence
+   number that matches it across the group's ranks, when it was queued), every wait of the
+   compute thread and what for, the optimizer step, offload reads and writes, checkpoint phases,
+   and each iteration ("step N", from the end of one fsdp_step to the end of the next). Times
+   are microseconds on rank 0's clock: at init the ranks measure each one's offset to rank 0
+   (a few all-gathers) and write it with its error bound in the file's otherData. Events wait in
+   memory and are written at fsdp_step once there are 2048, and at fsdp_destroy (a rank that
+   dies leaves its file without its last lines); a failed write logs a warning and stops the
+   trace, never the training. Off, tracing costs a test per hook. Every rank traces or none
+   (the clock alignment is collective; init fails otherwise).
+   ============================================================================================ */
+/* Adds an event of the caller's own (data loading, a layer's forward...) on the calling
+   thread's row (the compute row for threads not fsdp.h's): begin and end are fsdp_now()
+   readings; the name is copied (63 bytes at most). Nothing when not tracing. Thread-safe. */
+FSDP_API void fsdp_trace_span(fsdp_ctx *ctx, const char *name, double begin, double end);
+/* 1 if ctx writes a trace. */
+FSDP_API int fsdp_tracing(const fsdp_ctx *ctx);
+
+/* ============================================================================================
    >>memory
    ============================================================================================ */
 /* Bytes per rank. RAM: everything but disk_bytes. */
@@ -986,6 +1014,19 @@ FSDP_API int fsdp_save_full(fsdp_ctx *ctx, const char *path, const fsdp_save_opt
 FSDP_API int fsdp_load_full(fsdp_ctx *ctx, const char *path, const fsdp_load_options *opt, fsdp_load_report *report);
 /* Every rank writes its own slices; rank 0 then commits index.json. Collective. */
 FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_options *opt);
+/* fsdp_save_sharded that returns once this rank's shards are copied to a snapshot in RAM (the
+   bytes its shard file holds, kept for the next save): a thread writes the file behind the
+   training, and the checkpoint is committed (index.json written last, by rank 0) at the first
+   fsdp_step, fsdp_save_wait, save or fsdp_destroy after every rank's file is complete, in
+   order with the training's collectives (a small all-reduce per fsdp_step while a save is in
+   flight). At most one save is in flight: the next call waits for it. A process killed at any
+   moment leaves dir's previous checkpoint whole and loadable; a save that fails (a full disk)
+   is logged, the directory keeps its previous checkpoint, training goes on, and fsdp_save_wait
+   returns the failure. The files are byte for byte those fsdp_save_sharded writes. Collective. */
+FSDP_API int fsdp_save_sharded_async(fsdp_ctx *ctx, const char *dir, const fsdp_save_options *opt);
+/* Waits until the asynchronous save in flight, if any, is written and committed; its result
+   (0 also when there was none). Collective. */
+FSDP_API int fsdp_save_wait(fsdp_ctx *ctx);
 /* Loads a sharded checkpoint at any world size, strategy and wrap policy. Collective. */
 FSDP_API int fsdp_load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_load_options *opt, fsdp_load_report *report);
 
@@ -7479,6 +7520,23 @@ FSDP__PRIVATE int fsdp__optimizer_state_index(const fsdp_optimizer *row, int kep
    requests in the order they were made; callers wait for a ticket. Every failure names the file,
    the offset and the bytes, and stays: later requests fail with it.
    ============================================================================================ */
+/* The recorder of >>trace (whose section follows >>json), for the sections between. */
+enum { FSDP__TID_COMPUTE, FSDP__TID_COMM, FSDP__TID_STEP, FSDP__TID_IO, FSDP__TID_CKPT, FSDP__TRACE_TIDS };
+typedef struct fsdp__trace_event {
+    double t0, t1, issued;       /* fsdp_now(); issued: when a collective's task was queued */
+    const char *cat, *name;      /* static strings (name NULL: text is the name, a user's span) */
+    const char *wait_for;        /* a wait's cause, or NULL */
+    int tid, unit, group, group_index; /* unit, group: -1 none (group: 0 world, 1 shard, 2 replica) */
+    int64_t bytes, seq, step;    /* -1: none */
+    int skipped;
+    char text[64];               /* a user's span name, a checkpoint's path */
+} fsdp__trace_event;
+typedef struct fsdp__trace fsdp__trace;
+/* The trace row of the calling thread: each of fsdp.h's threads sets it when it starts; other
+   threads are the compute thread's (thread-local: the one piece of state outside the objects). */
+static __thread int fsdp__trace_thread;
+FSDP__PRIVATE void fsdp__trace_io(fsdp__trace *tr, int write, size_t bytes, double t0, double t1);
+
 #define FSDP__IO_ALIGN ((size_t)4096)             /* O_DIRECT's unit for offsets, lengths, buffers */
 #define FSDP__OFFLOAD_RAM_DEFAULT ((size_t)64 << 20)
 #define FSDP__IO_QUEUE 64
@@ -7507,6 +7565,7 @@ typedef struct fsdp__offload {
     char message[FSDP__ERRMSG];
     uint64_t bytes_read, bytes_written;
     double io_seconds, wait_seconds;
+    fsdp__trace *trace;     /* the context's, or NULL */
 } fsdp__offload;
 
 static void *fsdp__aligned_alloc(size_t bytes) {
@@ -7546,6 +7605,7 @@ FSDP__PRIVATE int fsdp__io_run(fsdp__offload *o, const fsdp__io_req *r, char *me
 
 static void *fsdp__io_thread(void *arg) {
     fsdp__offload *o = (fsdp__offload *)arg;
+    fsdp__trace_thread = FSDP__TID_IO;
     pthread_mutex_lock(&o->lock);
     for (;;) {
         fsdp__io_req r;
@@ -7555,9 +7615,10 @@ static void *fsdp__io_thread(void *arg) {
         if (!o->len) break;
         r = o->queue[o->head];
         pthread_mutex_unlock(&o->lock);
-        double t = fsdp_now();
+        double t = fsdp_now(), began = t;
         if (!__atomic_load_n(&o->error, __ATOMIC_ACQUIRE)) rc = fsdp__io_run(o, &r, message, sizeof message);
         t = fsdp_now() - t;
+        if (o->trace) fsdp__trace_io(o->trace, r.write, r.bytes, began, began + t);
         pthread_mutex_lock(&o->lock);
         o->io_seconds += t;
         if (rc && !o->error) {
@@ -7851,6 +7912,7 @@ typedef struct fsdp__task {
     void *recv;
     size_t count;
     int root;
+    double issued;          /* when it was queued (tracing only) */
 } fsdp__task;
 
 typedef struct fsdp__pool_entry { void *ptr; size_t bytes; } fsdp__pool_entry;
@@ -7924,8 +7986,27 @@ struct fsdp_ctx {
     int64_t stream_chunk;            /* 0: the step updates every shard in place (all f32 in RAM) */
     size_t stream_bytes;
     fsdp_logger logger;
+    fsdp__trace *trace;              /* NULL: not tracing */
+    struct fsdp__async_save *async_save; /* >>checkpoint: fsdp_save_sharded_async's state */
     char error[FSDP__ERRMSG];
 };
+
+/* >>trace, used by the runtime (defined with its section) */
+FSDP__PRIVATE double fsdp__trace_begin(fsdp_ctx *ctx);
+FSDP__PRIVATE void fsdp__trace_hook(fsdp_ctx *ctx, const char *hook, int module, double t0);
+FSDP__PRIVATE void fsdp__trace_end(fsdp_ctx *ctx, const char *cat, const char *name, int unit, double t0);
+FSDP__PRIVATE void fsdp__trace_wait(fsdp_ctx *ctx, const char *name, const char *wait_for, int unit, double t0);
+FSDP__PRIVATE void fsdp__trace_update(fsdp_ctx *ctx, int64_t step, double t0);
+FSDP__PRIVATE void fsdp__trace_ckpt(fsdp_ctx *ctx, const char *phase, const char *path, double t0);
+FSDP__PRIVATE void fsdp__trace_iteration(fsdp_ctx *ctx, int skipped);
+FSDP__PRIVATE int fsdp__trace_open(fsdp_ctx *ctx);
+FSDP__PRIVATE void fsdp__trace_close(fsdp_ctx *ctx);
+FSDP__PRIVATE int fsdp__task_coll(fsdp_ctx *ctx, const fsdp__task *t, fsdp_comm *comm, fsdp_coll_kind kind,
+                                  const void *send, void *recv, size_t count, fsdp_dtype dtype, fsdp_reduce_op op,
+                                  uint32_t tag);
+/* >>checkpoint, used by the runtime */
+FSDP__PRIVATE int fsdp__async_poll(fsdp_ctx *ctx, int wait);
+FSDP__PRIVATE void fsdp__async_end(fsdp_ctx *ctx);
 
 FSDP__PRIVATE int fsdp__fail(fsdp_ctx *ctx, int code, const char *fmt, ...) FSDP__PRINTF(3, 4);
 FSDP__PRIVATE int fsdp__fail(fsdp_ctx *ctx, int code, const char *fmt, ...) {
@@ -8173,10 +8254,12 @@ FSDP__PRIVATE int fsdp__run_gather(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, 
     int rc = fsdp__step_wait_unit(ctx, u, 0); /* (peers read a shared master once this rank has joined) */
     if (rc) return rc;
     if (u->master_shared) /* f32: straight from the shard, which peers may read directly */
-        return fsdp__collective_tagged(u->shard_comm, FSDP_COLL_ALL_GATHER, u->master, u->unsharded, (size_t)u->shard,
-                                       FSDP_F32, FSDP_SUM, tag);
+        return fsdp__task_coll(ctx, t, u->shard_comm, FSDP_COLL_ALL_GATHER, u->master, u->unsharded, (size_t)u->shard,
+                               FSDP_F32, FSDP_SUM, tag);
     if (!master) { /* on disk: read ahead by fsdp__issue_gather, or now */
+        double t0 = ctx->trace ? fsdp_now() : 0;
         if (t->read_buf >= 0 && (rc = fsdp__io_wait(ctx->offload, t->read_ticket)) != 0) return fsdp__offload_failed(ctx, rc);
+        fsdp__trace_wait(ctx, "wait io", "io", (int)(u - ctx->units), t0);
         if (t->read_buf < 0 && (t->read_buf = fsdp__shard_read(ctx, u, FSDP__VEC_MASTER, &rc)) < 0) return rc;
         master = ctx->io_buf[t->read_buf];
     }
@@ -8186,8 +8269,8 @@ FSDP__PRIVATE int fsdp__run_gather(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, 
         t->read_buf = -1;
     }
     if (u->shard_comm)
-        rc = fsdp__collective_tagged(u->shard_comm, FSDP_COLL_ALL_GATHER, slot, u->unsharded, (size_t)u->shard,
-                                     ctx->param_dtype, FSDP_SUM, tag);
+        rc = fsdp__task_coll(ctx, t, u->shard_comm, FSDP_COLL_ALL_GATHER, slot, u->unsharded, (size_t)u->shard,
+                             ctx->param_dtype, FSDP_SUM, tag);
     if (!rc && u->view32) fsdp__to_f32(u->view32, u->unsharded, ctx->param_dtype, (size_t)u->padded);
     return rc;
 }
@@ -8201,9 +8284,9 @@ FSDP__PRIVATE int fsdp__run_reduce(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, 
     int rc = 0, b = -1;
     if (rd != FSDP_F32) fsdp__from_f32(data, rd, t->grad_full, (size_t)u->padded);
     if (u->shard_comm) /* in place: this rank's slice of the buffer receives the average */
-        rc = fsdp__collective_tagged(u->shard_comm, FSDP_COLL_REDUCE_SCATTER, data, mine, S, rd, FSDP_AVG, tag);
+        rc = fsdp__task_coll(ctx, t, u->shard_comm, FSDP_COLL_REDUCE_SCATTER, data, mine, S, rd, FSDP_AVG, tag);
     if (!rc && u->replica_comm)
-        rc = fsdp__collective_tagged(u->replica_comm, FSDP_COLL_ALL_REDUCE, mine, mine, S, rd, FSDP_AVG, tag);
+        rc = fsdp__task_coll(ctx, t, u->replica_comm, FSDP_COLL_ALL_REDUCE, mine, mine, S, rd, FSDP_AVG, tag);
     if (rc) return rc;
     if (!(grad = u->grad)) { /* on disk: added to in a shard buffer, written back behind (with its sum of squares) */
         if ((b = fsdp__shard_read(ctx, u, FSDP__VEC_GRAD, &rc)) < 0) return rc;
@@ -8262,8 +8345,7 @@ FSDP__PRIVATE void fsdp__run_task(fsdp_ctx *ctx, fsdp__task *t) {
         fsdp__unit *u = t->unit >= 0 ? &ctx->units[t->unit] : NULL;
         if (t->kind == FSDP__TASK_GATHER) rc = fsdp__run_gather(ctx, u, t, (uint32_t)(t->unit * 4 + 1));
         else if (t->kind == FSDP__TASK_REDUCE) rc = fsdp__run_reduce(ctx, u, t, (uint32_t)(t->unit * 4 + 2));
-        else if (t->coll == FSDP_COLL_BROADCAST) rc = fsdp_broadcast(t->comm, t->recv, t->count, FSDP_F32, t->root);
-        else rc = fsdp__collective_tagged(t->comm, t->coll, t->send, t->recv, t->count, FSDP_F32, FSDP_SUM, 3);
+        else rc = fsdp__task_coll(ctx, t, t->comm, t->coll, t->send, t->recv, t->count, FSDP_F32, FSDP_SUM, 3);
     }
     if (t->kind == FSDP__TASK_REDUCE) {
         fsdp__buf_put(ctx, t->grad_full, t->grad_bytes);
@@ -8292,6 +8374,7 @@ FSDP__PRIVATE void fsdp__run_task(fsdp_ctx *ctx, fsdp__task *t) {
 
 static void *fsdp__worker(void *arg) {
     fsdp_ctx *ctx = (fsdp_ctx *)arg;
+    fsdp__trace_thread = FSDP__TID_COMM;
     for (;;) {
         fsdp__task t;
         pthread_mutex_lock(&ctx->lock);
@@ -8317,6 +8400,7 @@ FSDP__PRIVATE uint64_t fsdp__enqueue(fsdp_ctx *ctx, const fsdp__task *task, int 
     id = ++ctx->issued;
     ctx->queue[(ctx->queue_head + ctx->queue_len) % ctx->queue_cap] = *task;
     ctx->queue[(ctx->queue_head + ctx->queue_len) % ctx->queue_cap].id = id;
+    if (ctx->trace) ctx->queue[(ctx->queue_head + ctx->queue_len) % ctx->queue_cap].issued = fsdp_now();
     ctx->queue_len++;
     if (wake) pthread_cond_signal(&ctx->wake);
     pthread_mutex_unlock(&ctx->lock);
@@ -8343,11 +8427,12 @@ static int fsdp__can_help(const fsdp_ctx *ctx) {
    collectives and their fingerprint exchanges, plus 2 s) by aborting every communicator of
    the context, which makes the running op fail, and still returns only once the comm thread
    has finished that op: it never leaves the thread writing into buffers the caller may free. */
-FSDP__PRIVATE int fsdp__wait_task(fsdp_ctx *ctx, uint64_t id) {
+FSDP__PRIVATE int fsdp__wait_task_for(fsdp_ctx *ctx, uint64_t id, const char *what, int unit) {
     int rc, gave_up = 0;
-    double limit;
+    double limit, t0 = 0;
     pthread_mutex_lock(&ctx->lock);
     if (id == 0) id = ctx->issued;
+    if (ctx->trace && ctx->completed < id && !ctx->worker_error) t0 = fsdp_now();
     limit = fsdp_now() + (double)(id > ctx->completed ? id - ctx->completed : 1) * 4.0 *
                              fsdp_comm_timeout(ctx->comm) / 1000.0 + 2.0;
     while (ctx->completed < id && !ctx->worker_error) {
@@ -8382,6 +8467,7 @@ FSDP__PRIVATE int fsdp__wait_task(fsdp_ctx *ctx, uint64_t id) {
     }
     rc = ctx->worker_error;
     pthread_mutex_unlock(&ctx->lock);
+    fsdp__trace_wait(ctx, what, "comm", unit, t0);
     if (rc && ctx->step_thread_started) { /* a collective failed because the step behind did: its cause */
         pthread_mutex_lock(&ctx->step_lock);
         if (ctx->step_rc) rc = ctx->step_rc;
@@ -8389,6 +8475,7 @@ FSDP__PRIVATE int fsdp__wait_task(fsdp_ctx *ctx, uint64_t id) {
     }
     return rc;
 }
+FSDP__PRIVATE int fsdp__wait_task(fsdp_ctx *ctx, uint64_t id) { return fsdp__wait_task_for(ctx, id, "wait collective", -1); }
 
 /* Runs one f32 collective on the comm thread, in order with the gathers and reductions. */
 FSDP__PRIVATE int fsdp__worker_coll(fsdp_ctx *ctx, fsdp_comm *comm, fsdp_coll_kind kind, const void *send, void *recv,
@@ -8482,7 +8569,7 @@ FSDP__PRIVATE int fsdp__wait_gathered(fsdp_ctx *ctx, int ui) {
     fsdp__unit *u = &ctx->units[ui];
     int rc;
     if (u->state == FSDP__GATHERING) {
-        if ((rc = fsdp__wait_task(ctx, u->gather_task)) != 0) return rc;
+        if ((rc = fsdp__wait_task_for(ctx, u->gather_task, "wait all_gather", ui)) != 0) return rc;
         u->state = FSDP__UNSHARDED;
     }
     return 0;
@@ -8603,7 +8690,8 @@ FSDP__PRIVATE int fsdp__unit_pre_backward(fsdp_ctx *ctx, int ui) {
             u->grad_full = u->grad; /* nothing to reduce: the backward accumulates straight into the gradient */
         } else {
             /* at most one earlier unit's gradient still being reduced: bounds gradient memory to two */
-            if (ctx->older_reduce && (rc = fsdp__wait_task(ctx, ctx->older_reduce)) != 0) return rc;
+            if (ctx->older_reduce && (rc = fsdp__wait_task_for(ctx, ctx->older_reduce, "wait reduce_scatter", -1)) != 0)
+                return rc;
             u->grad_full = (float *)fsdp__buf_get(ctx, (size_t)u->padded * sizeof(float), 1);
             if (!u->grad_full) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "unit '%s': no memory for gradients",
                                                  fsdp__unit_name(ctx, ui));
@@ -8690,7 +8778,7 @@ static int fsdp__recomputes(const fsdp_ctx *ctx, const fsdp__unit *u) {
     return open;
 }
 
-FSDP_API int fsdp_pre_forward(fsdp_ctx *ctx, int module) {
+FSDP__PRIVATE int fsdp__hook_pre_forward(fsdp_ctx *ctx, int module) {
     int ui = -1, rc = fsdp__hook_unit(ctx, module, &ui);
     if (rc) return rc;
     if (fsdp__recomputes(ctx, &ctx->units[ui])) return fsdp__recompute_pre_forward(ctx, ui);
@@ -8702,7 +8790,7 @@ FSDP_API int fsdp_pre_forward(fsdp_ctx *ctx, int module) {
     return 0;
 }
 
-FSDP_API int fsdp_post_forward(fsdp_ctx *ctx, int module) {
+FSDP__PRIVATE int fsdp__hook_post_forward(fsdp_ctx *ctx, int module) {
     int ui = -1, rc = fsdp__hook_unit(ctx, module, &ui);
     fsdp__unit *u;
     if (rc) return rc;
@@ -8726,7 +8814,7 @@ FSDP_API int fsdp_post_forward(fsdp_ctx *ctx, int module) {
     return 0;
 }
 
-FSDP_API int fsdp_pre_backward(fsdp_ctx *ctx, int module) {
+FSDP__PRIVATE int fsdp__hook_pre_backward(fsdp_ctx *ctx, int module) {
     int ui = -1, rc = fsdp__hook_unit(ctx, module, &ui);
     if (rc) return rc;
     if (ctx->units[ui].refcount == 0 && (rc = fsdp__unit_pre_backward(ctx, ui)) != 0) return rc;
@@ -8737,7 +8825,7 @@ FSDP_API int fsdp_pre_backward(fsdp_ctx *ctx, int module) {
     return 0;
 }
 
-FSDP_API int fsdp_post_backward(fsdp_ctx *ctx, int module) {
+FSDP__PRIVATE int fsdp__hook_post_backward(fsdp_ctx *ctx, int module) {
     int ui = -1, rc = fsdp__hook_unit(ctx, module, &ui);
     if (rc) return rc;
     if (ctx->units[ui].state != FSDP__IN_BACKWARD || ctx->units[ui].refcount <= 0)
@@ -8748,6 +8836,32 @@ FSDP_API int fsdp_post_backward(fsdp_ctx *ctx, int module) {
         return fsdp__unit_post_backward(ctx, ui);
     if (--ctx->units[ui].refcount == 0) return fsdp__unit_post_backward(ctx, ui);
     return 0;
+}
+
+/* The hooks as called: traced around. */
+FSDP_API int fsdp_pre_forward(fsdp_ctx *ctx, int module) {
+    double t0 = fsdp__trace_begin(ctx);
+    int rc = fsdp__hook_pre_forward(ctx, module);
+    fsdp__trace_hook(ctx, "pre_forward", module, t0);
+    return rc;
+}
+FSDP_API int fsdp_post_forward(fsdp_ctx *ctx, int module) {
+    double t0 = fsdp__trace_begin(ctx);
+    int rc = fsdp__hook_post_forward(ctx, module);
+    fsdp__trace_hook(ctx, "post_forward", module, t0);
+    return rc;
+}
+FSDP_API int fsdp_pre_backward(fsdp_ctx *ctx, int module) {
+    double t0 = fsdp__trace_begin(ctx);
+    int rc = fsdp__hook_pre_backward(ctx, module);
+    fsdp__trace_hook(ctx, "pre_backward", module, t0);
+    return rc;
+}
+FSDP_API int fsdp_post_backward(fsdp_ctx *ctx, int module) {
+    double t0 = fsdp__trace_begin(ctx);
+    int rc = fsdp__hook_post_backward(ctx, module);
+    fsdp__trace_hook(ctx, "post_backward", module, t0);
+    return rc;
 }
 
 /* --- parameter access ---------------------------------------------------------------------- */
@@ -9060,13 +9174,17 @@ FSDP__PRIVATE void fsdp__unit_updated(fsdp_ctx *ctx, fsdp__unit *u) {
 
 static void *fsdp__step_main(void *arg) {
     fsdp_ctx *ctx = (fsdp_ctx *)arg;
+    fsdp__trace_thread = FSDP__TID_STEP;
     pthread_mutex_lock(&ctx->step_lock);
     for (;;) {
         int rc, ui;
+        double t0;
         while (!ctx->step_pending && !ctx->step_stop) pthread_cond_wait(&ctx->step_cond, &ctx->step_lock);
         if (!ctx->step_pending) break;
         pthread_mutex_unlock(&ctx->step_lock);
+        t0 = ctx->trace ? fsdp_now() : 0;
         rc = fsdp__step_streamed(ctx);
+        fsdp__trace_update(ctx, ctx->upd_step + 1, t0);
         pthread_mutex_lock(&ctx->step_lock);
         if (rc && !ctx->step_rc) {
             ctx->step_rc = rc; /* first: a collective that fails for it then reports this cause */
@@ -9096,22 +9214,28 @@ FSDP__PRIVATE int fsdp__step_failed(fsdp_ctx *ctx, int rc) {
    context). */
 FSDP__PRIVATE int fsdp__step_wait_unit(fsdp_ctx *ctx, fsdp__unit *u, int compute_thread) {
     int rc;
+    double t0;
     if (!ctx->step_thread_started || __atomic_load_n(&u->step_done, __ATOMIC_ACQUIRE)) return 0;
+    t0 = ctx->trace ? fsdp_now() : 0;
     pthread_mutex_lock(&ctx->step_lock);
     while (!u->step_done) pthread_cond_wait(&ctx->step_cond, &ctx->step_lock);
     rc = ctx->step_rc;
     pthread_mutex_unlock(&ctx->step_lock);
+    fsdp__trace_wait(ctx, "wait step", "step", (int)(u - ctx->units), t0);
     return rc && compute_thread ? fsdp__step_failed(ctx, rc) : rc;
 }
 
 /* Waits for the whole step (compute thread). */
 FSDP__PRIVATE int fsdp__step_drain(fsdp_ctx *ctx) {
     int rc;
+    double t0 = 0;
     if (!ctx->step_thread_started) return 0;
     pthread_mutex_lock(&ctx->step_lock);
+    if (ctx->step_pending && ctx->trace) t0 = fsdp_now();
     while (ctx->step_pending) pthread_cond_wait(&ctx->step_cond, &ctx->step_lock);
     rc = ctx->step_rc;
     pthread_mutex_unlock(&ctx->step_lock);
+    fsdp__trace_wait(ctx, "wait step", "step", -1, t0);
     return rc ? fsdp__step_failed(ctx, rc) : 0;
 }
 
@@ -9127,8 +9251,11 @@ FSDP__PRIVATE int fsdp__step_launch(fsdp_ctx *ctx) {
         u->upd_grad_scale = u->grad_scale;
     }
     if (!ctx->step_thread_started) {
+        double t0;
         if (!ctx->stream_chunk) return 0; /* in place, by fsdp_step */
+        t0 = fsdp__trace_begin(ctx);
         rc = fsdp__step_streamed(ctx);
+        fsdp__trace_update(ctx, ctx->step + 1, t0);
         return rc ? fsdp__offload_failed(ctx, rc) : 0;
     }
     pthread_mutex_lock(&ctx->step_lock);
@@ -9159,11 +9286,14 @@ FSDP_API int fsdp_finish_backward(fsdp_ctx *ctx) {
 
 FSDP_API int fsdp_clip_grad_norm(fsdp_ctx *ctx, float max_norm, double *norm) {
     int rc, ui, unscale;
-    double total = 0;
+    double total = 0, t0;
     float coef = 1.0f;
     if (!ctx) return FSDP_ERR_INVALID_ARG;
     if ((rc = fsdp__wait_task(ctx, 0)) != 0 || (rc = fsdp__step_drain(ctx)) != 0) return rc;
-    if ((rc = fsdp__global_norm(ctx, &total)) != 0) return rc;
+    t0 = fsdp__trace_begin(ctx);
+    rc = fsdp__global_norm(ctx, &total);
+    fsdp__trace_end(ctx, "step", "clip_grad_norm", -1, t0);
+    if (rc) return rc;
     unscale = ctx->desc.loss_scale.enabled && !ctx->grads_unscaled;
     if (unscale) total /= ctx->loss_scale; /* the norm of the unscaled gradients */
     if (norm) *norm = total;
@@ -9204,11 +9334,9 @@ FSDP__PRIVATE void fsdp__loss_scale_update(fsdp_ctx *ctx, int finite) {
     }
 }
 
-FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) {
+FSDP__PRIVATE int fsdp__step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) {
     int rc, ui;
-    double norm = 0;
-    if (report) memset(report, 0, sizeof *report);
-    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    double norm = 0, t0;
     if ((rc = fsdp__finish(ctx)) != 0) return rc;
     if (report) report->loss_scale = ctx->loss_scale;
     if ((rc = fsdp_clip_grad_norm(ctx, max_norm, &norm)) != 0) return rc;
@@ -9226,6 +9354,7 @@ FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) 
         return 0;
     }
     if ((rc = fsdp__step_launch(ctx)) != 0) return rc;
+    t0 = ctx->stream_chunk ? 0 : fsdp__trace_begin(ctx);
     for (ui = 0; ui < ctx->num_units && !ctx->stream_chunk; ui++) { /* in place (streamed: done above or behind) */
         fsdp__unit *u = &ctx->units[ui];
         fsdp__span span;
@@ -9237,10 +9366,23 @@ FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) 
         fsdp__optimizer_update(ctx, u, 0, u->shard, &span);
         fsdp__zero_padding(ctx, u, 0, u->shard, u->master);
     }
+    fsdp__trace_update(ctx, ctx->step + 1, t0);
     ctx->step++;
     fsdp__loss_scale_update(ctx, 1);
     if (report) report->step = ctx->step;
     return 0;
+}
+
+FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) {
+    fsdp_step_report mine;
+    int rc;
+    if (report) memset(report, 0, sizeof *report);
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if (!report && ctx->trace) report = &mine;
+    rc = fsdp__step(ctx, max_norm, report);
+    if (!rc && ctx->async_save) rc = fsdp__async_poll(ctx, 0); /* commits a save whose files are all written */
+    if (!rc && ctx->trace) fsdp__trace_iteration(ctx, report->skipped);
+    return rc;
 }
 
 FSDP_API float fsdp_loss_scale(const fsdp_ctx *ctx) { return ctx ? ctx->loss_scale : 1.0f; }
@@ -9343,6 +9485,7 @@ FSDP__PRIVATE void fsdp__desc_defaults(fsdp_desc *d, int world, int local_world)
     if (d->shard_group_size <= 0) d->shard_group_size = local_world > 0 ? local_world : world;
     if (fsdp__offloads(&d->offload) && (!d->offload.dir || !*d->offload.dir)) d->offload.dir = getenv("FSDP_OFFLOAD_DIR");
     if (!d->offload.ram_bytes) d->offload.ram_bytes = FSDP__OFFLOAD_RAM_DEFAULT;
+    if (!d->trace_dir || !*d->trace_dir) d->trace_dir = getenv("FSDP_TRACE");
     if (d->loss_scale.init_scale == 0) d->loss_scale.init_scale = 65536.0f;
     if (d->loss_scale.growth_factor == 0) d->loss_scale.growth_factor = 2.0f;
     if (d->loss_scale.backoff_factor == 0) d->loss_scale.backoff_factor = 0.5f;
@@ -9755,6 +9898,7 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
     if (!rc && pthread_create(&ctx->thread, NULL, fsdp__worker, ctx) != 0)
         rc = fsdp__init_fail_ctx(ctx, FSDP_ERR_SYSTEM, "fsdp_init: cannot start the comm thread");
     if (!rc) ctx->thread_started = 1;
+    if (!rc && (rc = fsdp__trace_open(ctx)) == 0 && ctx->offload) ctx->offload->trace = ctx->trace;
     if (!rc && ctx->offload && ctx->stream_chunk) { /* the step runs behind the next forward */
         pthread_mutex_init(&ctx->step_lock, NULL);
         pthread_cond_init(&ctx->step_cond, NULL);
@@ -9773,6 +9917,7 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
 FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     int ui, k;
     if (!ctx) return;
+    fsdp__async_end(ctx);
     if (ctx->step_thread_started) { /* the step behind finishes first */
         fsdp__thread_stop(ctx->step_thread, &ctx->step_lock, &ctx->step_cond, &ctx->step_stop);
         pthread_mutex_destroy(&ctx->step_lock);
@@ -9781,6 +9926,8 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     }
     if (ctx->thread_started) /* the comm thread finishes what is queued: every rank queued the same */
         fsdp__thread_stop(ctx->thread, &ctx->lock, &ctx->wake, &ctx->stop);
+    fsdp__offload_close(ctx->offload); /* (its I/O thread records into the trace) */
+    fsdp__trace_close(ctx);
     for (ui = 0; ctx->units && ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
         fsdp__reshard(ctx, u);
@@ -9790,7 +9937,6 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
         for (k = 0; k < FSDP_OPTIMIZER_MAX_STATE; k++) FSDP_FREE(u->opt[k].ram);
     }
     for (ui = 0; ui < ctx->pool_len; ui++) FSDP_FREE(ctx->pool[ui].ptr);
-    fsdp__offload_close(ctx->offload);
     FSDP_FREE(ctx->offload);
     FSDP_FREE(ctx->stream_raw);
     for (ui = 0; ui < ctx->num_io_bufs; ui++) FSDP_FREE(ctx->io_buf[ui]);
@@ -10426,6 +10572,396 @@ FSDP__PRIVATE void fsdp__sbuf_jstring(fsdp__sbuf *b, const char *s) {
     fsdp__sbuf_jescape(b, s);
     fsdp__sbuf_add(b, "\"", 1);
 }
+
+/* ============================================================================================
+   >>trace
+   Per-rank Chrome trace-event files (see the declarations). Threads record events into one
+   buffer under a lock (a struct copy; a few per unit and step); the compute thread formats and
+   writes them at fsdp_step once there are many, and at fsdp_destroy. Clock alignment: in each of
+   FSDP__TRACE_ROUNDS all-gathers every rank notes its clock on entry (e) and exit (x). No rank
+   leaves one before every rank entered it, so with d = this rank's clock minus rank 0's,
+   e_0 + d < x_r and e_r - d < x_0: d lies in (e_r - x_0, x_r - e_0) in every round. The
+   tightest window gives the offset (its middle) and the error bound (half its width); time 0
+   is rank 0's entry into the first round.
+   ============================================================================================ */
+#define FSDP__TRACE_ROUNDS 8
+#define FSDP__TRACE_FLUSH 2048   /* events buffered before fsdp_step writes them out */
+FSDP__PRIVATE int fsdp__agree(fsdp_ctx *ctx, int rc);                            /* >>checkpoint */
+FSDP__PRIVATE const char *fsdp__dir_not_ours(const char *dir, char *why, size_t size); /* >>checkpoint */
+
+struct fsdp__trace {
+    pthread_mutex_t lock;
+    fsdp__trace_event *events;
+    size_t len, cap;
+    unsigned long long dropped;   /* events lost to a failed allocation */
+    FILE *file;
+    char path[1100];
+    double zero;                  /* this rank's clock at the trace's time 0 */
+    double offset, error;         /* seconds: this rank's clock minus rank 0's, and its bound */
+    uint64_t seq[3];              /* collectives run per kind of group (world, shard, replica) */
+    double iteration_start;       /* 0: the next hook starts the iteration */
+    int64_t iterations;
+    int failed;                   /* a write failed: recording stopped */
+};
+
+static const char *const fsdp__trace_threads[FSDP__TRACE_TIDS] = {"compute", "comm", "step", "io", "checkpoint"};
+static const char *const fsdp__trace_groups[3] = {"world", "shard", "replica"};
+static const char *const fsdp__trace_ops[6] = {"collective", "all_gather", "reduce_scatter", "all_reduce", "broadcast",
+                                               "barrier"};
+
+FSDP__PRIVATE fsdp__trace_event fsdp__trace_ev(const char *cat, const char *name, int tid, double t0, double t1) {
+    fsdp__trace_event e;
+    memset(&e, 0, sizeof e);
+    e.cat = cat;
+    e.name = name;
+    e.tid = tid;
+    e.t0 = t0;
+    e.t1 = t1;
+    e.unit = e.group = -1;
+    e.bytes = e.seq = e.step = -1;
+    return e;
+}
+
+/* Any thread. */
+FSDP__PRIVATE void fsdp__trace_add(fsdp__trace *tr, const fsdp__trace_event *e) {
+    if (!tr) return;
+    pthread_mutex_lock(&tr->lock);
+    if (tr->len == tr->cap && !tr->failed) {
+        size_t cap = tr->cap ? tr->cap * 2 : FSDP__TRACE_FLUSH * 2;
+        fsdp__trace_event *grown = (fsdp__trace_event *)FSDP_REALLOC(tr->events, cap * sizeof *grown);
+        if (grown) {
+            tr->events = grown;
+            tr->cap = cap;
+        }
+    }
+    if (tr->len < tr->cap && !tr->failed) tr->events[tr->len++] = *e;
+    else if (!tr->failed) tr->dropped++;
+    pthread_mutex_unlock(&tr->lock);
+}
+
+FSDP__PRIVATE void fsdp__trace_io(fsdp__trace *tr, int write, size_t bytes, double t0, double t1) {
+    fsdp__trace_event e = fsdp__trace_ev("io", write ? "write" : "read", fsdp__trace_thread, t0, t1);
+    e.bytes = (int64_t)bytes;
+    fsdp__trace_add(tr, &e);
+}
+
+
+/* The start of a hook or an API call: its time when tracing, else 0. The first hook after a
+   step starts the next iteration. Compute thread. */
+FSDP__PRIVATE double fsdp__trace_begin(fsdp_ctx *ctx) {
+    double now;
+    if (!ctx || !ctx->trace) return 0;
+    now = fsdp_now();
+    if (ctx->trace->iteration_start == 0) ctx->trace->iteration_start = now;
+    return now;
+}
+
+/* An event from t0 (fsdp__trace_begin) to now on the calling thread; unit -1: none. */
+FSDP__PRIVATE void fsdp__trace_end(fsdp_ctx *ctx, const char *cat, const char *name, int unit, double t0) {
+    fsdp__trace_event e;
+    if (!ctx || !ctx->trace || t0 == 0) return;
+    e = fsdp__trace_ev(cat, name, fsdp__trace_thread, t0, fsdp_now());
+    e.unit = unit;
+    fsdp__trace_add(ctx->trace, &e);
+}
+
+FSDP__PRIVATE void fsdp__trace_hook(fsdp_ctx *ctx, const char *hook, int module, double t0) {
+    if (ctx && ctx->trace && module >= 0 && module < ctx->model->num_modules)
+        fsdp__trace_end(ctx, "hook", hook, ctx->plan.unit_of_module[module], t0);
+}
+
+/* A wait of the calling thread that began at t0, if it really waited (t0 != 0). */
+FSDP__PRIVATE void fsdp__trace_wait(fsdp_ctx *ctx, const char *name, const char *wait_for, int unit, double t0) {
+    fsdp__trace_event e;
+    if (!ctx || !ctx->trace || t0 == 0) return;
+    e = fsdp__trace_ev("wait", name, fsdp__trace_thread, t0, fsdp_now());
+    e.unit = unit;
+    e.wait_for = wait_for;
+    fsdp__trace_add(ctx->trace, &e);
+}
+
+/* A checkpoint phase, with its path (cut to fit). */
+FSDP__PRIVATE void fsdp__trace_ckpt(fsdp_ctx *ctx, const char *phase, const char *path, double t0) {
+    fsdp__trace_event e;
+    if (!ctx || !ctx->trace || t0 == 0) return;
+    e = fsdp__trace_ev("checkpoint", phase, fsdp__trace_thread, t0, fsdp_now());
+    if (path) fsdp__copy_string(e.text, sizeof e.text, path);
+    fsdp__trace_add(ctx->trace, &e);
+}
+
+/* The optimizer's update of step `step` (the step count it produces), from t0 to now. */
+FSDP__PRIVATE void fsdp__trace_update(fsdp_ctx *ctx, int64_t step, double t0) {
+    fsdp__trace_event e;
+    if (!ctx || !ctx->trace || t0 == 0) return;
+    e = fsdp__trace_ev("step", "optimizer step", fsdp__trace_thread, t0, fsdp_now());
+    e.step = step;
+    fsdp__trace_add(ctx->trace, &e);
+}
+
+/* Which kind of group comm is (0 the world, 1 a HYBRID shard group, 2 a replica group), and
+   its index among the groups of that kind. */
+FSDP__PRIVATE int fsdp__trace_group(const fsdp_ctx *ctx, const fsdp_comm *comm, int *index) {
+    int shard_size = ctx->hybrid_shard_comm ? fsdp_comm_size(ctx->hybrid_shard_comm) : 1;
+    *index = 0;
+    if (comm && comm == ctx->hybrid_shard_comm) return *index = ctx->rank / shard_size, 1;
+    if (comm && comm == ctx->hybrid_replica_comm) return *index = ctx->rank % shard_size, 2;
+    return 0;
+}
+
+/* Runs one collective of task t (the comm thread, or a waiter helping) and records it. */
+FSDP__PRIVATE int fsdp__task_coll(fsdp_ctx *ctx, const fsdp__task *t, fsdp_comm *comm, fsdp_coll_kind kind,
+                                  const void *send, void *recv, size_t count, fsdp_dtype dtype, fsdp_reduce_op op,
+                                  uint32_t tag) {
+    fsdp__trace_event e;
+    int rc, g, index;
+    double t0 = ctx->trace ? fsdp_now() : 0;
+    if (kind == FSDP_COLL_BROADCAST) rc = fsdp_broadcast(comm, recv, count, dtype, t->root);
+    else rc = fsdp__collective_tagged(comm, kind, send, recv, count, dtype, op, tag);
+    if (!ctx->trace) return rc;
+    e = fsdp__trace_ev("comm", fsdp__trace_ops[(unsigned)kind < 6 ? kind : 0], fsdp__trace_thread, t0, fsdp_now());
+    g = fsdp__trace_group(ctx, comm, &index);
+    e.unit = t->unit;
+    e.group = g;
+    e.group_index = index;
+    e.seq = (int64_t)++ctx->trace->seq[g]; /* tasks run one at a time, in queue order (fsdp__run_task) */
+    e.issued = t->issued;
+    e.bytes = (int64_t)(count * fsdp_dtype_size(dtype) *
+                        (kind == FSDP_COLL_ALL_GATHER || kind == FSDP_COLL_REDUCE_SCATTER ? (size_t)fsdp_comm_size(comm) : 1));
+    fsdp__trace_add(ctx->trace, &e);
+    return rc;
+}
+
+/* One event as JSON: ",\n{...}" (the file's first event has no comma before it). */
+FSDP__PRIVATE void fsdp__trace_format(const fsdp_ctx *ctx, const fsdp__trace_event *e, fsdp__sbuf *b) {
+    const fsdp__trace *tr = ctx->trace;
+    const char *unit = e->unit >= 0 && e->unit < ctx->num_units ? fsdp__unit_name(ctx, e->unit) : NULL;
+    int n = 0;
+    fsdp__sbuf_printf(b, ",\n{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"cat\":\"%s\",\"name\":\"", ctx->rank, e->tid, e->cat);
+    if (strcmp(e->cat, "iteration") == 0) fsdp__sbuf_printf(b, "step %lld", (long long)e->step);
+    else fsdp__sbuf_jescape(b, e->name ? e->name : e->text);
+    if (unit) {
+        fsdp__sbuf_str(b, " ");
+        fsdp__sbuf_jescape(b, unit);
+    }
+    fsdp__sbuf_printf(b, "\",\"ts\":%.3f,\"dur\":%.3f,\"args\":{", (e->t0 - tr->zero) * 1e6, (e->t1 - e->t0) * 1e6);
+#define FSDP__TRACE_ARG (n++ ? "," : "")
+    if (unit) {
+        fsdp__sbuf_printf(b, "%s\"unit\":", FSDP__TRACE_ARG);
+        fsdp__sbuf_jstring(b, unit);
+    }
+    if (e->group >= 0) {
+        fsdp__sbuf_printf(b, "%s\"op\":\"%s\",\"group\":\"%s", FSDP__TRACE_ARG, e->name, fsdp__trace_groups[e->group]);
+        if (e->group) fsdp__sbuf_printf(b, "%d", e->group_index);
+        fsdp__sbuf_printf(b, "\",\"seq\":%lld,\"issued_us\":%.3f", (long long)e->seq,
+                          ((e->issued > 0 ? e->issued : e->t0) - tr->zero) * 1e6);
+    }
+    if (e->bytes >= 0) fsdp__sbuf_printf(b, "%s\"bytes\":%lld", FSDP__TRACE_ARG, (long long)e->bytes);
+    if (e->step >= 0) fsdp__sbuf_printf(b, "%s\"step\":%lld", FSDP__TRACE_ARG, (long long)e->step);
+    if (e->skipped) fsdp__sbuf_printf(b, "%s\"skipped\":1", FSDP__TRACE_ARG);
+    if (e->wait_for) fsdp__sbuf_printf(b, "%s\"for\":\"%s\"", FSDP__TRACE_ARG, e->wait_for);
+    if (e->text[0] && e->name) {
+        fsdp__sbuf_printf(b, "%s\"path\":", FSDP__TRACE_ARG);
+        fsdp__sbuf_jstring(b, e->text);
+    }
+#undef FSDP__TRACE_ARG
+    fsdp__sbuf_str(b, "}}");
+}
+
+/* Writes b to the trace file; a failure stops the trace with a warning (never the training). */
+FSDP__PRIVATE void fsdp__trace_write(fsdp_ctx *ctx, fsdp__sbuf *b) {
+    fsdp__trace *tr = ctx->trace;
+    int failed = b->failed || (b->len && fwrite(b->data, 1, b->len, tr->file) != b->len) || fflush(tr->file) != 0;
+    b->len = 0;
+    b->failed = 0;
+    if (!failed) return;
+    fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: writing the trace %s failed (%s): tracing stops, training goes on",
+              ctx->rank, tr->path, strerror(errno ? errno : EIO));
+    pthread_mutex_lock(&tr->lock);
+    tr->failed = 1;
+    tr->len = 0;
+    pthread_mutex_unlock(&tr->lock);
+}
+
+/* Writes the buffered events out (compute thread). The buffer is taken whole under the lock and
+   formatted outside it, so recording threads never wait on the file. */
+FSDP__PRIVATE void fsdp__trace_flush(fsdp_ctx *ctx) {
+    fsdp__trace *tr = ctx->trace;
+    fsdp__trace_event *events;
+    size_t len, cap, i;
+    fsdp__sbuf b;
+    if (!tr || tr->failed) return;
+    pthread_mutex_lock(&tr->lock);
+    events = tr->events;
+    len = tr->len;
+    cap = tr->cap;
+    tr->events = NULL;
+    tr->len = tr->cap = 0;
+    pthread_mutex_unlock(&tr->lock);
+    memset(&b, 0, sizeof b);
+    for (i = 0; i < len; i++) {
+        fsdp__trace_format(ctx, &events[i], &b);
+        if (b.len > ((size_t)1 << 20) || i + 1 == len) fsdp__trace_write(ctx, &b);
+    }
+    FSDP_FREE(b.data);
+    pthread_mutex_lock(&tr->lock); /* the array back for reuse, unless a thread made a new one meanwhile */
+    if (!tr->events) {
+        tr->events = events;
+        tr->cap = cap;
+        tr->len = 0;
+        events = NULL;
+    }
+    pthread_mutex_unlock(&tr->lock);
+    FSDP_FREE(events);
+}
+
+/* The end of an iteration (fsdp_step): its span, and the buffered events written out when many
+   (that write outside any iteration, as its own event). Compute thread. */
+FSDP__PRIVATE void fsdp__trace_iteration(fsdp_ctx *ctx, int skipped) {
+    fsdp__trace *tr = ctx->trace;
+    fsdp__trace_event e;
+    size_t len;
+    double now;
+    if (!tr) return;
+    now = fsdp_now();
+    e = fsdp__trace_ev("iteration", "step", FSDP__TID_COMPUTE, tr->iteration_start ? tr->iteration_start : now, now);
+    e.step = ++tr->iterations;
+    e.skipped = skipped;
+    fsdp__trace_add(tr, &e);
+    pthread_mutex_lock(&tr->lock);
+    len = tr->len;
+    pthread_mutex_unlock(&tr->lock);
+    if (len >= FSDP__TRACE_FLUSH) {
+        fsdp__trace_flush(ctx);
+        e = fsdp__trace_ev("trace", "trace write", FSDP__TID_COMPUTE, now, fsdp_now());
+        fsdp__trace_add(tr, &e);
+        now = e.t1;
+    }
+    tr->iteration_start = now;
+}
+
+/* The file's head: otherData (the clock alignment, the units), then the names of the rank and
+   its threads. */
+FSDP__PRIVATE void fsdp__trace_head(fsdp_ctx *ctx, fsdp__sbuf *b) {
+    fsdp__trace *tr = ctx->trace;
+    char host[256] = "";
+    int i;
+    gethostname(host, sizeof host - 1);
+    fsdp__sbuf_printf(b, "{\"otherData\":{\"format\":\"fsdp.h-trace\",\"version\":1,\"rank\":%d,\"world\":%d,\"host\":",
+                      ctx->rank, ctx->world);
+    fsdp__sbuf_jstring(b, host);
+    fsdp__sbuf_printf(b, ",\"clock\":\"CLOCK_MONOTONIC, microseconds since rank 0's fsdp_init, aligned to rank 0\","
+                      "\"clock_offset_us\":%.3f,\"clock_error_us\":%.3f,\"units\":[", tr->offset * 1e6, tr->error * 1e6);
+    for (i = 0; i < ctx->num_units; i++) {
+        fsdp__sbuf_str(b, i ? "," : "");
+        fsdp__sbuf_jstring(b, fsdp__unit_name(ctx, i));
+    }
+    fsdp__sbuf_printf(b, "]},\n\"traceEvents\":[\n{\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"name\":\"process_name\","
+                      "\"args\":{\"name\":\"rank %d\"}},\n{\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"name\":\"process_sort_index\","
+                      "\"args\":{\"sort_index\":%d}}", ctx->rank, ctx->rank, ctx->rank, ctx->rank);
+    for (i = 0; i < FSDP__TRACE_TIDS; i++)
+        fsdp__sbuf_printf(b, ",\n{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"thread_name\",\"args\":{\"name\":\"%s\"}}",
+                          ctx->rank, i, fsdp__trace_threads[i]);
+}
+
+/* This rank's clock against rank 0's (the section's comment). Collective. */
+FSDP__PRIVATE int fsdp__trace_align(fsdp_ctx *ctx, fsdp__trace *tr) {
+    double mine[2 * FSDP__TRACE_ROUNDS], *all, lo = -1e300, hi = 1e300;
+    float probe[2] = {0, 0}, *probes;
+    int k, rc = 0;
+    all = (double *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world);
+    probes = (float *)FSDP_MALLOC(sizeof probe * (size_t)ctx->world);
+    if (!all || !probes) rc = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: out of memory");
+    for (k = 0; !rc && k < FSDP__TRACE_ROUNDS; k++) {
+        mine[k] = fsdp_now();
+        rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_GATHER, probe, probes, 2, 0);
+        mine[FSDP__TRACE_ROUNDS + k] = fsdp_now();
+    }
+    if (!rc) rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_GATHER, mine, all, 2 * FSDP__TRACE_ROUNDS * 2, 0); /* doubles as pairs of f32 */
+    for (k = 0; !rc && k < FSDP__TRACE_ROUNDS; k++) { /* rank 0's entries and exits are all[0..2R) */
+        if (mine[k] - all[FSDP__TRACE_ROUNDS + k] > lo) lo = mine[k] - all[FSDP__TRACE_ROUNDS + k];
+        if (mine[FSDP__TRACE_ROUNDS + k] - all[k] < hi) hi = mine[FSDP__TRACE_ROUNDS + k] - all[k];
+    }
+    if (!rc && ctx->rank != 0) {
+        tr->offset = (lo + hi) / 2;
+        tr->error = (hi - lo) / 2;
+    }
+    if (!rc) tr->zero = all[0] + tr->offset;
+    FSDP_FREE(all);
+    FSDP_FREE(probes);
+    return rc;
+}
+
+/* Opens this rank's trace file when desc.trace_dir names a directory (made if missing; it must
+   be this user's, as for checkpoints), then aligns the clocks; events are recorded from then on.
+   Collective when tracing. */
+FSDP__PRIVATE int fsdp__trace_open(fsdp_ctx *ctx) {
+    const char *dir = ctx->desc.trace_dir;
+    char why[256];
+    fsdp__sbuf b;
+    fsdp__trace *tr;
+    int fd = -1, local = 0, rc;
+    if (!dir || !*dir) return 0;
+    if (!(tr = (fsdp__trace *)fsdp__calloc(sizeof *tr))) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: out of memory");
+    pthread_mutex_init(&tr->lock, NULL);
+    ctx->trace = tr; /* (closed by fsdp_destroy on failure) */
+    fsdp__fmt(tr->path, sizeof tr->path, "%s/trace-rank%05d.json", dir, ctx->rank);
+    if (strlen(dir) > 1000) local = fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_init: the trace directory's name is too long");
+    else if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_init: cannot make the trace directory %s: %s", dir, strerror(errno));
+    else if (fsdp__dir_not_ours(dir, why, sizeof why))
+        local = fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_init: trace directory %s: %s", dir, why);
+    else if ((fd = open(tr->path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644)) < 0 ||
+             !(tr->file = fdopen(fd, "w")))
+        local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_init: cannot write the trace %s: %s", tr->path, strerror(errno));
+    if (fd >= 0 && !tr->file) close(fd);
+    ctx->trace = NULL; /* the set-up's own collectives are not events */
+    /* every rank traces or none: a rank without a trace directory fails its next collective on
+       the fingerprint of this one (the message below says why on the ranks that trace) */
+    rc = fsdp__agree(ctx, local);
+    if (!rc) rc = fsdp__trace_align(ctx, tr);
+    ctx->trace = tr;
+    if (rc) {
+        tr->failed = 1; /* nothing more written */
+        return fsdp__fail(ctx, rc, "fsdp_init: starting the trace (FSDP_TRACE or fsdp_desc.trace_dir, which must be set "
+                          "on every rank or on none) failed: %s", ctx->error);
+    }
+    memset(&b, 0, sizeof b);
+    fsdp__trace_head(ctx, &b);
+    fsdp__trace_write(ctx, &b);
+    FSDP_FREE(b.data);
+    return 0;
+}
+
+/* Writes what is left and the file's end (fsdp_destroy, after the threads stopped). */
+FSDP__PRIVATE void fsdp__trace_close(fsdp_ctx *ctx) {
+    fsdp__trace *tr = ctx->trace;
+    if (!tr) return;
+    if (tr->file) {
+        fsdp__trace_flush(ctx);
+        if (!tr->failed && (fputs("\n],\"displayTimeUnit\":\"ms\"}\n", tr->file) < 0 || fflush(tr->file) != 0))
+            fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: writing the end of the trace %s failed: %s", ctx->rank, tr->path,
+                      strerror(errno));
+        if (tr->dropped)
+            fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: the trace %s lacks %llu events (no memory to keep them)",
+                      ctx->rank, tr->path, tr->dropped);
+        fclose(tr->file);
+    }
+    FSDP_FREE(tr->events);
+    pthread_mutex_destroy(&tr->lock);
+    FSDP_FREE(tr);
+    ctx->trace = NULL;
+}
+
+FSDP_API void fsdp_trace_span(fsdp_ctx *ctx, const char *name, double begin, double end) {
+    fsdp__trace_event e;
+    if (!ctx || !ctx->trace || !name || !(end >= begin) || begin <= 0) return;
+    e = fsdp__trace_ev("user", NULL, fsdp__trace_thread, begin, end);
+    if (e.tid == FSDP__TID_COMPUTE && ctx->trace->iteration_start == 0) ctx->trace->iteration_start = begin;
+    fsdp__copy_string(e.text, sizeof e.text, name);
+    fsdp__trace_add(ctx->trace, &e);
+}
+
+FSDP_API int fsdp_tracing(const fsdp_ctx *ctx) { return ctx && ctx->trace; }
 
 /* ============================================================================================
    >>safetensors
@@ -11476,7 +12012,7 @@ FSDP__PRIVATE int fsdp__gather_flat(fsdp_ctx *ctx, fsdp__unit *u, const float *s
     return fsdp__worker_coll(ctx, u->shard_comm, FSDP_COLL_ALL_GATHER, shard, flat, (size_t)u->shard, 0);
 }
 
-FSDP_API int fsdp_save_full(fsdp_ctx *ctx, const char *path, const fsdp_save_options *opt) {
+FSDP__PRIVATE int fsdp__save_full(fsdp_ctx *ctx, const char *path, const fsdp_save_options *opt) {
     const char *const *suffix = NULL;
     int nopt = 0, ntensors = 0, ui, k, j, rc, nmeta = 0, local = 0;
     fsdp_st_spec *specs = NULL;
@@ -11542,6 +12078,13 @@ done:
     for (k = 0; specs && k < ntensors; k++) FSDP_FREE((char *)specs[k].name);
     FSDP_FREE(specs);
     FSDP_FREE(meta);
+    return rc;
+}
+
+FSDP_API int fsdp_save_full(fsdp_ctx *ctx, const char *path, const fsdp_save_options *opt) {
+    double t0 = fsdp__trace_begin(ctx);
+    int rc = fsdp__save_full(ctx, path, opt);
+    fsdp__trace_ckpt(ctx, "save_full", path, t0);
     return rc;
 }
 
@@ -11677,7 +12220,7 @@ FSDP__PRIVATE int fsdp__same_file(fsdp_ctx *ctx, const fsdp_st_file *f, const ch
     return rc;
 }
 
-FSDP_API int fsdp_load_full(fsdp_ctx *ctx, const char *path, const fsdp_load_options *opt, fsdp_load_report *report) {
+FSDP__PRIVATE int fsdp__load_full(fsdp_ctx *ctx, const char *path, const fsdp_load_options *opt, fsdp_load_report *report) {
     fsdp_load_report local_report;
     fsdp__problems pr;
     fsdp_st_file *f = NULL;
@@ -11740,6 +12283,13 @@ done:
     return rc;
 }
 
+FSDP_API int fsdp_load_full(fsdp_ctx *ctx, const char *path, const fsdp_load_options *opt, fsdp_load_report *report) {
+    double t0 = fsdp__trace_begin(ctx);
+    int rc = fsdp__load_full(ctx, path, opt, report);
+    fsdp__trace_ckpt(ctx, "load_full", path, t0);
+    return rc;
+}
+
 /* --- sharded checkpoints -------------------------------------------------------------------- */
 /* The ranks whose shards are written: one copy of each slice (replicas write nothing). */
 static int fsdp__writes_shard(const fsdp_ctx *ctx, const fsdp__unit *u) {
@@ -11764,56 +12314,96 @@ typedef struct fsdp__sharded_save {
     const char *dir;
 } fsdp__sharded_save;
 
-/* This rank's shard file: its slices of every parameter it holds a copy of (replicas write
-   nothing), each a 1-D tensor, then the optimizer state of the same elements. Local. */
-FSDP__PRIVATE int fsdp__write_shard_file(fsdp_ctx *ctx, const fsdp__sharded_save *sv) {
-    fsdp_st_spec *specs = (fsdp_st_spec *)fsdp__calloc(sizeof *specs * (size_t)(ctx->model->num_params * (1 + sv->nopt) + 1));
-    fsdp_st_writer *w = NULL;
-    char err[FSDP__ERRMSG] = "", path[1024], file[64];
-    int n = 0, ui, k, j, local = specs ? 0 : fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
-    for (ui = 0; !local && ui < ctx->num_units; ui++) {
-        fsdp__unit *u = &ctx->units[ui];
+/* Calls fn for each tensor of this rank's shard file, in the file's order: the slice of every
+   parameter it holds a copy of (j = 0; replicas hold none), then that slice's optimizer state
+   j = 1..nopt (none for frozen parameters). Stops at the first nonzero result, its return. */
+typedef int (*fsdp__piece_fn)(fsdp_ctx *ctx, const fsdp__unit *u, int p, int j, void *user);
+FSDP__PRIVATE int fsdp__each_piece(fsdp_ctx *ctx, int nopt, fsdp__piece_fn fn, void *user) {
+    int ui, k, j, rc;
+    for (ui = 0; ui < ctx->num_units; ui++) {
+        const fsdp__unit *u = &ctx->units[ui];
         if (!fsdp__writes_shard(ctx, u)) continue;
-        for (k = 0; !local && k < u->num_params; k++) {
+        for (k = 0; k < u->num_params; k++) {
             int p = ctx->unit_params[u->first_param + k];
-            const fsdp_param_info *info = &ctx->params[p];
-            if (info->shard_end == info->shard_begin) continue;
-            for (j = 0; j <= (ctx->model->params[p].frozen ? 0 : sv->nopt); j++) {
-                fsdp_st_spec *spec = &specs[n++];
-                if (!(spec->name = fsdp__tensor_name(ctx->model->params[p].name, j ? sv->suffix[j - 1] : NULL))) {
-                    local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
-                    break;
-                }
-                spec->dtype = j ? FSDP_F32 : sv->dtype;
-                spec->ndim = 1;
-                spec->shape[0] = info->shard_end - info->shard_begin;
-            }
+            if (ctx->params[p].shard_end == ctx->params[p].shard_begin) continue;
+            for (j = 0; j <= (ctx->model->params[p].frozen ? 0 : nopt); j++)
+                if ((rc = fn(ctx, u, p, j, user)) != 0) return rc;
         }
     }
+    return 0;
+}
+
+static int64_t fsdp__piece_len(const fsdp_ctx *ctx, int p) { return ctx->params[p].shard_end - ctx->params[p].shard_begin; }
+
+typedef struct fsdp__shard_writing {
+    const fsdp__sharded_save *sv;
+    fsdp_st_spec *specs;
+    int n;
+    fsdp_st_writer *w;
+    const float *staged;   /* the values in file order (an asynchronous save's snapshot), or NULL */
+    int64_t at;            /* elements of staged written */
+    char *err;
+    size_t err_size;
+} fsdp__shard_writing;
+
+FSDP__PRIVATE int fsdp__piece_spec(fsdp_ctx *ctx, const fsdp__unit *u, int p, int j, void *user) {
+    fsdp__shard_writing *sw = (fsdp__shard_writing *)user;
+    fsdp_st_spec *spec = &sw->specs[sw->n];
+    (void)u;
+    if (!(spec->name = fsdp__tensor_name(ctx->model->params[p].name, j ? sw->sv->suffix[j - 1] : NULL)))
+        return fsdp__fmt(sw->err, sw->err_size, "out of memory"), FSDP_ERR_OUT_OF_MEMORY;
+    sw->n++;
+    spec->dtype = j ? FSDP_F32 : sw->sv->dtype;
+    spec->ndim = 1;
+    spec->shape[0] = fsdp__piece_len(ctx, p);
+    return 0;
+}
+
+FSDP__PRIVATE int fsdp__piece_write(fsdp_ctx *ctx, const fsdp__unit *u, int p, int j, void *user) {
+    fsdp__shard_writing *sw = (fsdp__shard_writing *)user;
+    int64_t len = fsdp__piece_len(ctx, p);
+    float *tmp = NULL;
+    int rc = 0;
+    const float *values = sw->staged ? sw->staged + sw->at
+                                     : fsdp__unit_values(ctx, u, j, fsdp__param_at(ctx, p), len, &tmp, &rc);
+    sw->at += len;
+    if (values && fsdp_st_writer_write_f32(sw->w, values, (size_t)len)) rc = FSDP_ERR_IO; /* (close says why) */
+    if (rc && !values) fsdp__copy_string(sw->err, sw->err_size, ctx->offload ? ctx->offload->message : "out of memory");
+    FSDP_FREE(tmp);
+    return rc;
+}
+
+/* This rank's shard file: its pieces (fsdp__each_piece), each a 1-D tensor, from staged when
+   not NULL (in file order), else from the context's state. Local: the compute thread, or an
+   asynchronous save's writer. 0, or the failure with why in err. */
+FSDP__PRIVATE int fsdp__write_shard_file(fsdp_ctx *ctx, const fsdp__sharded_save *sv, const float *staged, char *err,
+                                         size_t err_size) {
+    fsdp__shard_writing sw;
+    char path[1024], file[64];
+    int rc, k;
+    memset(&sw, 0, sizeof sw);
+    sw.sv = sv;
+    sw.staged = staged;
+    sw.err = err;
+    sw.err_size = err_size;
+    *err = 0;
+    sw.specs = (fsdp_st_spec *)fsdp__calloc(sizeof *sw.specs * (size_t)(ctx->model->num_params * (1 + sv->nopt) + 1));
+    if (!sw.specs) return fsdp__fmt(err, err_size, "out of memory"), FSDP_ERR_OUT_OF_MEMORY;
+    rc = fsdp__each_piece(ctx, sv->nopt, fsdp__piece_spec, &sw);
     fsdp__shard_file_name(file, sizeof file, sv->nonce, ctx->rank);
     fsdp__fmt(path, sizeof path, "%s/%s", sv->dir, file);
-    if (!local && n > 0 && fsdp_st_writer_open(&w, path, specs, n, sv->meta, sv->nmeta, err, sizeof err) != 0)
-        local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_save_sharded: %s", err);
-    for (ui = 0; w && !local && ui < ctx->num_units; ui++) {
-        fsdp__unit *u = &ctx->units[ui];
-        if (!fsdp__writes_shard(ctx, u)) continue;
-        for (k = 0; !local && k < u->num_params; k++) {
-            int p = ctx->unit_params[u->first_param + k];
-            const fsdp_param_info *info = &ctx->params[p];
-            size_t len = (size_t)(info->shard_end - info->shard_begin), at = (size_t)fsdp__param_at(ctx, p);
-            for (j = 0; len && j <= (ctx->model->params[p].frozen ? 0 : sv->nopt) && !local; j++) {
-                float *tmp;
-                const float *values = fsdp__unit_values(ctx, u, j, (int64_t)at, (int64_t)len, &tmp, &local);
-                if (values && fsdp_st_writer_write_f32(w, values, len)) local = FSDP_ERR_IO;
-                FSDP_FREE(tmp);
-            }
-        }
+    if (!rc && sw.n > 0 && (rc = fsdp_st_writer_open(&sw.w, path, sw.specs, sw.n, sv->meta, sv->nmeta, err, err_size)) != 0)
+        rc = FSDP_ERR_IO;
+    if (sw.w && !rc) rc = fsdp__each_piece(ctx, sv->nopt, fsdp__piece_write, &sw);
+    if (sw.w && (!rc || !*err)) { /* closed (renamed into place) when whole; a failed write's reason from it */
+        int closed = fsdp_st_writer_close(sw.w, err, err_size);
+        if (!rc) rc = closed;
+    } else if (sw.w) {
+        fsdp_st_writer_abort(sw.w);
     }
-    if (w && !local && fsdp_st_writer_close(w, err, sizeof err) != 0) local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_save_sharded: %s", err);
-    else if (w && local) fsdp_st_writer_abort(w);
-    for (k = 0; specs && k < n; k++) FSDP_FREE((char *)specs[k].name);
-    FSDP_FREE(specs);
-    return local;
+    for (k = 0; k < sw.n; k++) FSDP_FREE((char *)sw.specs[k].name);
+    FSDP_FREE(sw.specs);
+    return rc;
 }
 
 /* index.json's text: the metadata, the files, and per tensor its dtype, shape and which element
@@ -11902,43 +12492,301 @@ FSDP__PRIVATE const char *fsdp__dir_not_ours(const char *dir, char *why, size_t 
     return NULL;
 }
 
-FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_options *opt) {
-    fsdp__sharded_save sv;
+/* The start of a sharded save: the directory made (rank 0) and checked (every rank: on its host
+   it may be another), a fresh name for this save's files, the same on every rank. Collective. */
+FSDP__PRIVATE int fsdp__sharded_begin(fsdp_ctx *ctx, const char *dir, const fsdp_save_options *opt, const char *what,
+                                      fsdp__sharded_save *sv) {
     uint32_t nonce[2] = {0, 0};
-    char store[8][64], err[FSDP__ERRMSG] = "", path[1024];
+    char err[FSDP__ERRMSG];
     int rc, local = 0;
-    if (!ctx || !dir || strlen(dir) > 900) return FSDP_ERR_INVALID_ARG;
-    if ((rc = fsdp__quiesce(ctx, "fsdp_save_sharded")) != 0) return rc;
-    memset(&sv, 0, sizeof sv);
-    sv.opt = opt;
-    sv.dir = dir;
-    sv.dtype = opt && opt->dtype ? opt->dtype : FSDP_F32;
-    if (opt && opt->with_optimizer) sv.suffix = fsdp__opt_suffixes(ctx, &sv.nopt);
-    if (ctx->rank == 0) { /* a fresh name for this save's files, the same on every rank */
-        if (mkdir(dir, 0755) != 0 && errno != EEXIST) local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_save_sharded: %s: %s", dir, strerror(errno));
+    memset(sv, 0, sizeof *sv);
+    sv->opt = opt;
+    sv->dir = dir;
+    sv->dtype = opt && opt->dtype ? opt->dtype : FSDP_F32;
+    if (opt && opt->with_optimizer) sv->suffix = fsdp__opt_suffixes(ctx, &sv->nopt);
+    if (ctx->rank == 0) {
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST) local = fsdp__fail(ctx, FSDP_ERR_IO, "%s: %s: %s", what, dir, strerror(errno));
         nonce[0] = (uint32_t)fsdp__mix64((uint64_t)getpid() ^ (uint64_t)(fsdp_now() * 1e9) ^ (uint64_t)ctx->step);
     }
     if ((rc = fsdp__agree(ctx, local)) != 0) return rc;
-    if (fsdp__dir_not_ours(dir, err, sizeof err)) /* every rank: on its host the directory may be another */
-        local = fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_save_sharded: %s: %s", dir, err);
+    if (fsdp__dir_not_ours(dir, err, sizeof err)) local = fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "%s: %s: %s", what, dir, err);
     if ((rc = fsdp__agree(ctx, local)) != 0) return rc;
     if ((rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_BROADCAST, NULL, nonce, 2, 0)) != 0) return rc;
-    sv.nonce = nonce[0];
-    sv.meta = fsdp__ckpt_metadata(ctx, opt, "shard", store, &sv.nmeta);
-    local = sv.meta ? fsdp__write_shard_file(ctx, &sv) : fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
-    if ((rc = fsdp__agree(ctx, local)) == 0 && ctx->rank == 0) { /* the index is the commit point: it names this save's files */
-        fsdp__sbuf b;
-        memset(&b, 0, sizeof b);
-        fsdp__index_text(ctx, &sv, &b);
-        fsdp__fmt(path, sizeof path, "%s/index.json", dir);
-        if (b.failed) local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_save_sharded: out of memory");
-        else if ((local = fsdp_write_file_atomic(path, b.data, b.len, err, sizeof err)) != 0)
-            fsdp__fail(ctx, local, "fsdp_save_sharded: cannot write the index: %s", err);
-        FSDP_FREE(b.data);
+    sv->nonce = nonce[0];
+    return 0;
+}
+
+/* The end of a sharded save, once every rank's file is written or failed (local: this rank's
+   result, its message in ctx->error): rank 0 writes index (its text) as index.json, the commit
+   point, then removes the files of earlier saves. Collective. */
+FSDP__PRIVATE int fsdp__sharded_commit(fsdp_ctx *ctx, const fsdp__sharded_save *sv, const fsdp__sbuf *index, int local,
+                                       const char *what) {
+    char path[1024], err[FSDP__ERRMSG];
+    int rc;
+    if ((rc = fsdp__agree(ctx, local)) == 0 && ctx->rank == 0) {
+        fsdp__fmt(path, sizeof path, "%s/index.json", sv->dir);
+        if (index->failed || !index->data) local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+        else if ((local = fsdp_write_file_atomic(path, index->data, index->len, err, sizeof err)) != 0)
+            fsdp__fail(ctx, local, "%s: cannot write the index: %s", what, err);
     }
-    if (!rc && (rc = fsdp__agree(ctx, local)) == 0 && ctx->rank == 0) fsdp__remove_old_shards(dir, sv.nonce);
-    FSDP_FREE(sv.meta);
+    if (!rc && (rc = fsdp__agree(ctx, local)) == 0 && ctx->rank == 0) fsdp__remove_old_shards(sv->dir, sv->nonce);
     return rc;
+}
+
+FSDP__PRIVATE int fsdp__async_poll(fsdp_ctx *ctx, int wait);
+
+FSDP__PRIVATE int fsdp__save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_options *opt) {
+    fsdp__sharded_save sv;
+    fsdp__sbuf index;
+    char store[8][64], err[FSDP__ERRMSG];
+    int rc, local = 0;
+    double t0;
+    if (!ctx || !dir || strlen(dir) > 900) return FSDP_ERR_INVALID_ARG;
+    if ((rc = fsdp__async_poll(ctx, 1)) != 0) return rc; /* an asynchronous save in flight ends first */
+    if ((rc = fsdp__quiesce(ctx, "fsdp_save_sharded")) != 0) return rc;
+    if ((rc = fsdp__sharded_begin(ctx, dir, opt, "fsdp_save_sharded", &sv)) != 0) return rc;
+    memset(&index, 0, sizeof index);
+    if (!(sv.meta = fsdp__ckpt_metadata(ctx, opt, "shard", store, &sv.nmeta)))
+        local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_save_sharded: out of memory");
+    if (!local && ctx->rank == 0) fsdp__index_text(ctx, &sv, &index);
+    t0 = fsdp__trace_begin(ctx);
+    if (!local && (local = fsdp__write_shard_file(ctx, &sv, NULL, err, sizeof err)) != 0)
+        fsdp__fail(ctx, local, "fsdp_save_sharded: %s", err);
+    fsdp__trace_ckpt(ctx, "save_sharded: write", NULL, t0);
+    t0 = fsdp__trace_begin(ctx);
+    rc = fsdp__sharded_commit(ctx, &sv, &index, local, "fsdp_save_sharded");
+    fsdp__trace_ckpt(ctx, "save_sharded: commit", NULL, t0);
+    FSDP_FREE(sv.meta);
+    FSDP_FREE(index.data);
+    return rc;
+}
+
+FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_options *opt) {
+    double t0 = fsdp__trace_begin(ctx);
+    int rc = fsdp__save_sharded(ctx, dir, opt);
+    fsdp__trace_ckpt(ctx, "save_sharded", dir, t0);
+    return rc;
+}
+
+/* --- asynchronous sharded saves -------------------------------------------------------------- */
+/* A save in flight: the snapshot of this rank's pieces (in file order) that its writer thread
+   writes, and what the commit needs. At most one per context; the snapshot buffer is kept for
+   the next. */
+struct fsdp__async_save {
+    fsdp__sharded_save sv;       /* sv.dir and sv.meta point into dir and meta below */
+    char dir[1024];
+    char store[8][64];           /* the metadata's values of fsdp__ckpt_metadata */
+    fsdp_kv *meta;               /* the user's keys and values copied into meta_text */
+    char *meta_text;
+    fsdp__sbuf index;            /* rank 0: index.json as of the snapshot */
+    float *staged;
+    size_t staged_cap;           /* elements */
+    pthread_t thread;
+    int in_flight, thread_started;
+    int done, rc;                /* the writer's end, under ctx->lock */
+    char error[FSDP__ERRMSG];
+    int result;                  /* the last finished save's result (fsdp_save_wait) */
+};
+
+typedef struct fsdp__staging { float *dst; int64_t at; } fsdp__staging;
+
+/* Copies a piece into the snapshot (dst NULL: only counts its elements). */
+FSDP__PRIVATE int fsdp__piece_stage(fsdp_ctx *ctx, const fsdp__unit *u, int p, int j, void *user) {
+    fsdp__staging *st = (fsdp__staging *)user;
+    int64_t len = fsdp__piece_len(ctx, p);
+    float *tmp;
+    int rc = 0;
+    const float *values;
+    if (st->dst) {
+        if (!(values = fsdp__unit_values(ctx, u, j, fsdp__param_at(ctx, p), len, &tmp, &rc))) return rc;
+        memcpy(st->dst + st->at, values, sizeof(float) * (size_t)len);
+        FSDP_FREE(tmp);
+    }
+    st->at += len;
+    return 0;
+}
+
+/* The metadata with every string copied into one block (the caller's may be freed once the save
+   returns); NULL when out of memory. */
+FSDP__PRIVATE fsdp_kv *fsdp__kv_copy(const fsdp_kv *kv, int n, char **text) {
+    size_t bytes = 0, at = 0, len;
+    fsdp_kv *copy;
+    int i, k;
+    for (i = 0; i < n; i++) bytes += strlen(kv[i].key) + strlen(kv[i].value) + 2;
+    copy = (fsdp_kv *)FSDP_MALLOC(sizeof *copy * (size_t)(n + 1));
+    *text = (char *)FSDP_MALLOC(bytes + 1);
+    if (!copy || !*text) {
+        FSDP_FREE(copy);
+        FSDP_FREE(*text);
+        *text = NULL;
+        return NULL;
+    }
+    for (i = 0; i < n; i++)
+        for (k = 0; k < 2; k++) {
+            const char *src = k ? kv[i].value : kv[i].key;
+            len = strlen(src) + 1;
+            memcpy(*text + at, src, len);
+            if (k) copy[i].value = *text + at;
+            else copy[i].key = *text + at;
+            at += len;
+        }
+    return copy;
+}
+
+static void *fsdp__async_writer(void *arg) {
+    fsdp_ctx *ctx = (fsdp_ctx *)arg;
+    struct fsdp__async_save *as = ctx->async_save;
+    char err[FSDP__ERRMSG];
+    double t0 = fsdp_now();
+    int rc;
+    fsdp__trace_thread = FSDP__TID_CKPT;
+    rc = fsdp__write_shard_file(ctx, &as->sv, as->staged, err, sizeof err);
+    fsdp__trace_ckpt(ctx, "async save: write", as->dir, t0);
+    pthread_mutex_lock(&ctx->lock);
+    as->rc = rc;
+    fsdp__copy_string(as->error, sizeof as->error, err);
+    as->done = 1;
+    pthread_mutex_unlock(&ctx->lock);
+    return NULL;
+}
+
+/* The snapshot, the index and the metadata of an asynchronous save (after fsdp__sharded_begin):
+   0, or the failure (ctx->error says why). Local. */
+FSDP__PRIVATE int fsdp__async_snapshot(fsdp_ctx *ctx, struct fsdp__async_save *as, const fsdp_save_options *opt) {
+    fsdp__staging st;
+    fsdp_kv *meta;
+    int rc;
+    FSDP_FREE(as->meta);
+    FSDP_FREE(as->meta_text);
+    as->meta = NULL;
+    as->meta_text = NULL;
+    if ((meta = fsdp__ckpt_metadata(ctx, opt, "shard", as->store, &as->sv.nmeta)) != NULL)
+        as->meta = fsdp__kv_copy(meta, as->sv.nmeta, &as->meta_text);
+    FSDP_FREE(meta);
+    as->sv.meta = as->meta;
+    as->sv.opt = NULL; /* (not kept: what the files need of it is in the metadata and the index) */
+    as->index.len = 0;
+    as->index.failed = 0;
+    if (as->meta && ctx->rank == 0) fsdp__index_text(ctx, &as->sv, &as->index);
+    if (!as->meta || as->index.failed) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_save_sharded_async: out of memory");
+    memset(&st, 0, sizeof st);
+    fsdp__each_piece(ctx, as->sv.nopt, fsdp__piece_stage, &st);
+    if ((size_t)st.at > as->staged_cap) {
+        FSDP_FREE(as->staged);
+        as->staged_cap = 0;
+        if (!(as->staged = (float *)FSDP_MALLOC(sizeof(float) * (size_t)st.at)))
+            return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_save_sharded_async: no memory for the snapshot of this rank's "
+                              "shards (%lld bytes); fsdp_save_sharded needs none", (long long)st.at * 4);
+        as->staged_cap = (size_t)st.at;
+    }
+    st.dst = as->staged;
+    st.at = 0;
+    if ((rc = fsdp__each_piece(ctx, as->sv.nopt, fsdp__piece_stage, &st)) != 0) return rc; /* (unit_values failed it) */
+    return 0;
+}
+
+FSDP__PRIVATE int fsdp__save_sharded_async(fsdp_ctx *ctx, const char *dir, const fsdp_save_options *opt) {
+    struct fsdp__async_save *as;
+    fsdp__sharded_save sv;
+    int rc, local;
+    if (!ctx || !dir || strlen(dir) > 900) return FSDP_ERR_INVALID_ARG;
+    if ((rc = fsdp__async_poll(ctx, 1)) != 0) return rc; /* at most one in flight */
+    if ((rc = fsdp__quiesce(ctx, "fsdp_save_sharded_async")) != 0) return rc;
+    if (!ctx->async_save && !(ctx->async_save = (struct fsdp__async_save *)fsdp__calloc(sizeof *ctx->async_save)))
+        return fsdp__agree(ctx, fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_save_sharded_async: out of memory"));
+    as = ctx->async_save;
+    if ((rc = fsdp__sharded_begin(ctx, dir, opt, "fsdp_save_sharded_async", &sv)) != 0) return rc;
+    as->sv = sv;
+    fsdp__copy_string(as->dir, sizeof as->dir, dir);
+    as->sv.dir = as->dir;
+    local = fsdp__async_snapshot(ctx, as, opt);
+    if ((rc = fsdp__agree(ctx, local)) != 0) return rc; /* every rank has its snapshot, or none goes on */
+    as->done = as->rc = 0;
+    as->error[0] = 0;
+    as->in_flight = 1;
+    if (pthread_create(&as->thread, NULL, fsdp__async_writer, ctx) == 0) {
+        as->thread_started = 1;
+    } else { /* no thread: written here (the save is then synchronous, and still committed later) */
+        fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: no thread for the asynchronous save: written now", ctx->rank);
+        fsdp__async_writer(ctx);
+        fsdp__trace_thread = FSDP__TID_COMPUTE;
+    }
+    return 0;
+}
+
+FSDP_API int fsdp_save_sharded_async(fsdp_ctx *ctx, const char *dir, const fsdp_save_options *opt) {
+    double t0 = fsdp__trace_begin(ctx);
+    int rc = fsdp__save_sharded_async(ctx, dir, opt);
+    fsdp__trace_ckpt(ctx, "async save: snapshot", dir, t0);
+    return rc;
+}
+
+/* Commits the save in flight once every rank's writer has finished (wait: after waiting for
+   this rank's). Collective, compute thread. A failed save is logged and kept for fsdp_save_wait
+   (the directory keeps the previous checkpoint); only a failure of the collectives themselves
+   is returned. */
+FSDP__PRIVATE int fsdp__async_poll(fsdp_ctx *ctx, int wait) {
+    struct fsdp__async_save *as = ctx->async_save;
+    float flags[2], sums[2];
+    double t0;
+    int rc, local;
+    if (!as || !as->in_flight) return 0;
+    pthread_mutex_lock(&ctx->lock);
+    t0 = wait && !as->done ? fsdp__trace_begin(ctx) : 0;
+    pthread_mutex_unlock(&ctx->lock);
+    if (wait && as->thread_started) {
+        pthread_join(as->thread, NULL);
+        as->thread_started = 0;
+    }
+    fsdp__trace_wait(ctx, "wait checkpoint", "checkpoint", -1, t0);
+    pthread_mutex_lock(&ctx->lock);
+    flags[0] = as->done ? 0.0f : 1.0f;
+    flags[1] = as->rc ? 1.0f : 0.0f;
+    pthread_mutex_unlock(&ctx->lock);
+    if ((rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_REDUCE, flags, sums, 2, 0)) != 0) return rc;
+    if (sums[0] > 0) return 0; /* a rank's file is still being written */
+    if (as->thread_started) {
+        pthread_join(as->thread, NULL);
+        as->thread_started = 0;
+    }
+    t0 = fsdp__trace_begin(ctx);
+    local = as->rc ? fsdp__fail(ctx, as->rc, "fsdp_save_sharded_async: %s", as->error) : 0;
+    rc = fsdp__sharded_commit(ctx, &as->sv, &as->index, local, "fsdp_save_sharded_async");
+    fsdp__trace_ckpt(ctx, "async save: commit", as->dir, t0);
+    as->in_flight = 0;
+    as->result = rc;
+    if (!rc) return 0;
+    if (fsdp__check_worker(ctx) != 0 || fsdp_comm_status(ctx->comm) != FSDP_SUCCESS) return rc;
+    fsdp__log(&ctx->logger, FSDP_LOG_ERROR, "rank %d: the asynchronous save to %s failed (%s): the directory keeps its "
+              "previous checkpoint", ctx->rank, as->dir, ctx->error);
+    return 0;
+}
+
+FSDP_API int fsdp_save_wait(fsdp_ctx *ctx) {
+    int rc;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if (!ctx->async_save) return 0;
+    if ((rc = fsdp__async_poll(ctx, 1)) != 0) return rc;
+    return ctx->async_save->result;
+}
+
+/* fsdp_destroy: the save in flight committed while the job is whole; otherwise only its
+   writer waited for (the directory keeps the previous checkpoint). */
+FSDP__PRIVATE void fsdp__async_end(fsdp_ctx *ctx) {
+    struct fsdp__async_save *as = ctx->async_save;
+    if (!as) return;
+    if (as->in_flight && ctx->thread_started && fsdp__check_worker(ctx) == 0 && fsdp_comm_status(ctx->comm) == FSDP_SUCCESS)
+        fsdp__async_poll(ctx, 1);
+    if (as->thread_started) pthread_join(as->thread, NULL);
+    if (as->in_flight)
+        fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: the asynchronous save to %s was not committed (the job failed): "
+                  "the directory keeps its previous checkpoint", ctx->rank, as->dir);
+    FSDP_FREE(as->staged);
+    FSDP_FREE(as->meta);
+    FSDP_FREE(as->meta_text);
+    FSDP_FREE(as->index.data);
+    FSDP_FREE(as);
+    ctx->async_save = NULL;
 }
 
 /* --- index.json ------------------------------------------------------------------------------ */
@@ -12343,7 +13191,7 @@ FSDP__PRIVATE int fsdp__read_sharded(void *src, int64_t first, int64_t count, fl
     return 0;
 }
 
-FSDP_API int fsdp_load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_load_options *opt, fsdp_load_report *report) {
+FSDP__PRIVATE int fsdp__load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_load_options *opt, fsdp_load_report *report) {
     fsdp_load_report local_report;
     fsdp__problems pr;
     fsdp__sharded_src src;
@@ -12403,6 +13251,13 @@ done:
     FSDP_FREE(src.open_files);
     FSDP_FREE(seen);
     fsdp_index_close(ix);
+    return rc;
+}
+
+FSDP_API int fsdp_load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_load_options *opt, fsdp_load_report *report) {
+    double t0 = fsdp__trace_begin(ctx);
+    int rc = fsdp__load_sharded(ctx, dir, opt, report);
+    fsdp__trace_ckpt(ctx, "load_sharded", dir, t0);
     return rc;
 }
 

@@ -34,6 +34,7 @@ typedef struct {
     int layers, heads, channels, seq_len, batch, steps, warmup, print_every, save_every, sample, print_units;
     int max_restarts;                // with nproc: fsdp_launch_ex's restarts after a failed rank
     long long fault_at_step;         // GPT_FAULT_AT_STEP (testing): rank 1 kills itself there, first attempt only
+    long long fault_in_save;         // GPT_FAULT_IN_SAVE (testing): ... right after that step's save started
     float lr, min_lr, weight_decay, clip, temperature;
     int min_lr_set;
     int decay_all;                   // --decay-all: weight decay on every parameter, not only the matrices
@@ -46,6 +47,7 @@ typedef struct {
     fsdp_dtype state_dtype;          // --state-dtype
     const char *ckpt, *resume, *prompt; // resume "auto": the ckpt directory's checkpoint, if any
     const char *log_path;            // --log: one JSON line per step (rank 0)
+    int async_ckpt;                  // --async-ckpt: fsdp_save_sharded_async
     unsigned long long seed;
     char ckpt_default[1100];
     unsigned char *text;             // the whole text: train is [0, train_size), validation the rest
@@ -155,7 +157,7 @@ static void print_vs_estimate(const double *all, int P, int stride, double est_p
    "step" (optimizer updates, which leave out steps skipped for a non-finite gradient) the
    metadata holds gpt.step, the training steps done: the data (step s reads fixed places of the
    text) and the learning-rate schedule continue from there. */
-static int save_checkpoint(fsdp_ctx *ctx, const options *o, int rank, long long step) {
+static int save_checkpoint(fsdp_ctx *ctx, const options *o, int rank, int P, long long step) {
     char step_text[32], heads_text[16];
     fsdp_kv kv[2];
     fsdp_save_options so;
@@ -168,12 +170,20 @@ static int save_checkpoint(fsdp_ctx *ctx, const options *o, int rank, long long 
     so.with_optimizer = 1;
     so.metadata = kv;
     so.num_metadata = 2;
-    if (fsdp_save_sharded(ctx, o->ckpt, &so)) {
+    if ((o->async_ckpt ? fsdp_save_sharded_async : fsdp_save_sharded)(ctx, o->ckpt, &so)) {
         fprintf(stderr, "rank %d: saving the checkpoint to %s failed: %s\n(choose another directory with --ckpt DIR, or "
                 "--ckpt none)\n", rank, o->ckpt, fsdp_last_error(ctx));
         return -1;
     }
-    if (rank == 0) printf("saved %s (step %lld, with AdamW state) in %.0f ms\n", o->ckpt, step, 1e3 * (fsdp_now() - t));
+    if (step == o->fault_in_save && rank == (P > 1) && example_restart_count() == 0) {
+        fprintf(stderr, "rank %d: GPT_FAULT_IN_SAVE=%lld: killing this rank (SIGKILL) while its save is written\n", rank, step);
+        raise(SIGKILL);
+    }
+    if (rank == 0 && o->async_ckpt)
+        printf("saving %s (step %lld, with AdamW state) behind the training: blocked %.1f ms\n", o->ckpt, step,
+               1e3 * (fsdp_now() - t));
+    else if (rank == 0)
+        printf("saved %s (step %lld, with AdamW state) in %.0f ms\n", o->ckpt, step, 1e3 * (fsdp_now() - t));
     return 0;
 }
 
@@ -525,8 +535,17 @@ static int train(fsdp_comm *comm, void *arg) {
             interval_ms = interval_fsdp_ms = 0, interval_steps = 0;
         }
         if (strcmp(o->ckpt, "none") != 0 && (step == o->steps - 1 || (o->save_every && (step + 1) % o->save_every == 0)) &&
-            save_checkpoint(ctx, o, rank, step + 1))
+            save_checkpoint(ctx, o, rank, P, step + 1))
             goto done;
+    }
+    if (o->async_ckpt && strcmp(o->ckpt, "none") != 0) { // the last save, committed before the run ends
+        double t = fsdp_now();
+        if (fsdp_save_wait(ctx)) {
+            fprintf(stderr, "rank %d: the checkpoint in %s was not saved: %s (it holds the one before)\n", rank, o->ckpt,
+                    fsdp_last_error(ctx));
+            goto done;
+        }
+        if (rank == 0) printf("saved %s (waited %.0f ms for the last save)\n", o->ckpt, 1e3 * (fsdp_now() - t));
     }
 
     { // every rank's memory and time, printed by rank 0, and what fsdp_memory_estimate predicted
@@ -789,11 +808,15 @@ static void usage(FILE *out) {
         "                       stay f32 (AdamW state too, unless --state-dtype), the kernels read an f32 view;\n"
         "                       f16 turns on dynamic loss scaling (GradScaler's rules; the scale is printed)\n"
         "  --print-units        print the FSDP units (rank 0)\n"
-        EXAMPLE_OFFLOAD_HELP
+        EXAMPLE_OFFLOAD_HELP);
+    fprintf(out, // (two strings: C99 promises 4095 bytes per literal)
         "checkpoints (sharded: one safetensors file per rank + index.json, with AdamW state)\n"
         "  --ckpt DIR           where to save (default: gpt_ckpt next to the executable, e.g. build/gpt_ckpt);\n"
         "                       'none': never save. Saved after the last step\n"
         "  --save-every N       also every N steps (default 0: only after the last step)\n"
+        "  --async-ckpt         save behind the training (fsdp_save_sharded_async): each save blocks only\n"
+        "                       while this rank's shards are copied; the checkpoint is committed once\n"
+        "                       every rank's file is written (--resume auto finds the newest committed)\n"
         "  --resume DIR|auto    load DIR (strict, with AdamW state) and continue from its step up to --steps;\n"
         "                       any --nproc and --strategy; the model flags must match. auto: the --ckpt\n"
         "                       directory's checkpoint (saves are atomic: it is the newest complete one),\n"
@@ -805,7 +828,9 @@ static void usage(FILE *out) {
         "                       up to N times (default 0); with --resume auto and --save-every each attempt\n"
         "                       continues from the last save. Under torchrun use its --max_restarts.\n"
         "                       Testing aid: GPT_FAULT_AT_STEP=S in the environment makes rank 1 (rank 0\n"
-        "                       if it is alone) kill itself with SIGKILL at step S of the first attempt\n"
+        "                       if it is alone) kill itself with SIGKILL at step S of the first attempt;\n"
+        "                       GPT_FAULT_IN_SAVE=S: right after the save at step S has started (with\n"
+        "                       --async-ckpt, while it is written behind)\n"
         "output\n"
         "  --print-every N      rank 0 prints every N steps: the step's loss (mean over all ranks), the\n"
         "                       learning rate, the gradient norm, and averaged since the last line: ms/step,\n"
@@ -836,6 +861,7 @@ static void parse(options *o, int argc, char **argv, const char *exe_dir) {
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) { usage(stdout); exit(0); }
         if (!strcmp(f, "--print-units")) { o->print_units = 1; continue; }
         if (!strcmp(f, "--decay-all")) { o->decay_all = 1; continue; }
+        if (!strcmp(f, "--async-ckpt")) { o->async_ckpt = 1; continue; }
         if (!strcmp(f, "--recompute")) { // an optional K: every K-th block
             o->recompute = v && *v >= '0' && *v <= '9' ? (int)arg_int(f, argv[++i], 1, GPT_MAX_LAYERS) : 1;
             continue;
@@ -890,6 +916,8 @@ static void parse(options *o, int argc, char **argv, const char *exe_dir) {
         die_usage("--max-restarts restarts the ranks --nproc forks; under torchrun pass --max_restarts to torchrun");
     if ((fault = getenv("GPT_FAULT_AT_STEP")) != NULL && *fault)
         o->fault_at_step = arg_int("GPT_FAULT_AT_STEP", fault, 1, 100000000);
+    if ((fault = getenv("GPT_FAULT_IN_SAVE")) != NULL && *fault)
+        o->fault_in_save = arg_int("GPT_FAULT_IN_SAVE", fault, 1, 100000000);
 }
 
 static int check_batch(const void *arg, int P) {
