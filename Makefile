@@ -17,7 +17,7 @@ SANFLAGS ?=
 
 .PHONY: all help test test-asan test-tsan test-multihost bench bench-mpi bench-multihost bench-torch demo demo-big demo-huge demo-mlp demo-collectives tools fuzz clean check-deps
 
-all: $(BUILD)/gpt $(BUILD)/distill $(BUILD)/mlp $(BUILD)/ckpt_tool $(BUILD)/bench_comm $(BUILD)/bench_train $(BUILD)/demo_collectives
+all: $(BUILD)/gpt $(BUILD)/distill $(BUILD)/mlp $(BUILD)/ckpt_tool $(BUILD)/trace_tool $(BUILD)/bench_comm $(BUILD)/bench_train $(BUILD)/demo_collectives
 
 help:
 	@echo "make demo        train a GPT on 4 local ranks (shared memory, FULL_SHARD), checkpoint, sample"
@@ -32,7 +32,7 @@ help:
 	@echo "make bench-mpi   build/bench_comm_mpi (collectives through Open MPI; needs libopenmpi-dev)"
 	@echo "make bench-multihost  collectives across 2 simulated hosts: hierarchical vs flat vs Open MPI, GPT (root)"
 	@echo "make bench-torch the GPT against PyTorch (python3-torch) at P = 1 and 2, two model sizes"
-	@echo "make tools       build/ckpt_tool (inspect, consolidate, shard checkpoints)"
+	@echo "make tools       build/ckpt_tool (inspect, consolidate, shard checkpoints), build/trace_tool (traces)"
 	@echo "make fuzz        fuzz the safetensors, index.json and handshake parsers, FUZZ_TIME seconds each (clang + libFuzzer)"
 	@echo "make fuzz-index  fuzz index.json parsing (fsdp_index_parse); make fuzz-hello: the socket handshake"
 
@@ -47,6 +47,8 @@ $(BUILD)/unity.o: $(UNITY_DIR)/unity.c | $(BUILD)
 
 $(BUILD)/test_%: tests/test_%.c fsdp.h $(TEST_HEADERS) $(BUILD)/unity.o | $(BUILD)
 	$(CC) -std=c99 $(OPT) $(WARN) $(SANFLAGS) $(CFLAGS) -I. -I$(UNITY_DIR) $< $(BUILD)/unity.o -o $@ $(LDLIBS)
+# tests that read traces include examples/trace_tool.c itself
+$(BUILD)/test_trace_tool $(BUILD)/test_trace: examples/trace_tool.c
 
 $(BUILD)/test_gpt: tests/test_gpt.c examples/gpt_model.h examples/example_gemm.h examples/example_common.h fsdp.h $(TEST_HEADERS) $(BUILD)/unity.o | $(BUILD)
 	$(BLAS_CHECK)
@@ -64,9 +66,9 @@ test-asan:
 	    SANFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 
 test-tsan:
-	@$(MAKE) --no-print-directory $(BUILD)/tsan/test_threads $(BUILD)/tsan/test_offload BUILD=$(BUILD)/tsan OPT="-O1 -g" \
-	    SANFLAGS="-fsanitize=thread"
-	@BUILD=$(BUILD)/tsan NO_EXTRA_CHECKS=1 sh tests/run.sh test_threads test_offload
+	@$(MAKE) --no-print-directory $(BUILD)/tsan/test_threads $(BUILD)/tsan/test_offload $(BUILD)/tsan/test_trace \
+	    BUILD=$(BUILD)/tsan OPT="-O1 -g" SANFLAGS="-fsanitize=thread"
+	@BUILD=$(BUILD)/tsan NO_EXTRA_CHECKS=1 sh tests/run.sh test_threads test_offload test_trace
 
 # Ranks on several "hosts" built from network, mount and UTS namespaces on this machine (root;
 # without them it says why and passes nothing): tests/multihost/test_multihost.sh.
@@ -117,6 +119,9 @@ $(BUILD)/bench_train: examples/bench_train.c examples/mlp_model.h examples/gpt_m
 $(BUILD)/ckpt_tool: examples/ckpt_tool.c fsdp.h | $(BUILD)
 	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) -I. $< -o $@ $(LDLIBS)
 
+$(BUILD)/trace_tool: examples/trace_tool.c | $(BUILD)
+	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) $< -o $@ -lm
+
 bench: $(BUILD)/bench_comm $(BUILD)/bench_train
 # The GPT with fsdp.h against the same GPT in PyTorch (tests/torch_gpt.py; eager, and DDP over gloo),
 # every strategy and param_dtype, and PyTorch again with OpenBLAS's AVX-512 kernels forced where the
@@ -135,7 +140,7 @@ bench-mpi: $(BUILD)/bench_comm_mpi
 BENCH_MULTIHOST_ARGS ?= --gpt
 bench-multihost: $(BUILD)/bench_comm $(BUILD)/bench_comm_mpi $(BUILD)/gpt
 	BUILD=$(BUILD) bash examples/bench_multihost.sh $(BENCH_MULTIHOST_ARGS)
-tools: $(BUILD)/ckpt_tool
+tools: $(BUILD)/ckpt_tool $(BUILD)/trace_tool
 
 demo: check-deps $(BUILD)/gpt
 	$(BUILD)/gpt --nproc 4

@@ -10901,18 +10901,18 @@ FSDP__PRIVATE int fsdp__trace_open(fsdp_ctx *ctx) {
     fsdp__trace *tr;
     int fd = -1, local = 0, rc;
     if (!dir || !*dir) return 0;
-    if (!(tr = (fsdp__trace *)fsdp__calloc(sizeof *tr))) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: out of memory");
+    if (!(tr = (fsdp__trace *)fsdp__calloc(sizeof *tr))) return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: out of memory");
     pthread_mutex_init(&tr->lock, NULL);
     ctx->trace = tr; /* (closed by fsdp_destroy on failure) */
     fsdp__fmt(tr->path, sizeof tr->path, "%s/trace-rank%05d.json", dir, ctx->rank);
-    if (strlen(dir) > 1000) local = fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_init: the trace directory's name is too long");
+    if (strlen(dir) > 1000) local = fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "the trace directory's name is too long");
     else if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_init: cannot make the trace directory %s: %s", dir, strerror(errno));
+        local = fsdp__fail(ctx, FSDP_ERR_IO, "cannot make the trace directory %s: %s", dir, strerror(errno));
     else if (fsdp__dir_not_ours(dir, why, sizeof why))
-        local = fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_init: trace directory %s: %s", dir, why);
+        local = fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "trace directory %s: %s", dir, why);
     else if ((fd = open(tr->path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644)) < 0 ||
              !(tr->file = fdopen(fd, "w")))
-        local = fsdp__fail(ctx, FSDP_ERR_IO, "fsdp_init: cannot write the trace %s: %s", tr->path, strerror(errno));
+        local = fsdp__fail(ctx, FSDP_ERR_IO, "cannot write the trace %s: %s", tr->path, strerror(errno));
     if (fd >= 0 && !tr->file) close(fd);
     ctx->trace = NULL; /* the set-up's own collectives are not events */
     /* every rank traces or none: a rank without a trace directory fails its next collective on
@@ -10922,8 +10922,8 @@ FSDP__PRIVATE int fsdp__trace_open(fsdp_ctx *ctx) {
     ctx->trace = tr;
     if (rc) {
         tr->failed = 1; /* nothing more written */
-        return fsdp__fail(ctx, rc, "fsdp_init: starting the trace (FSDP_TRACE or fsdp_desc.trace_dir, which must be set "
-                          "on every rank or on none) failed: %s", ctx->error);
+        return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: starting the trace (FSDP_TRACE or fsdp_desc.trace_dir, which must "
+                                   "be set on every rank or on none) failed: %s", ctx->error);
     }
     memset(&b, 0, sizeof b);
     fsdp__trace_head(ctx, &b);
@@ -13198,6 +13198,7 @@ FSDP__PRIVATE int fsdp__load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_
     fsdp_index *ix = NULL;
     char err[FSDP__ERRMSG] = "", detail[200];
     int rc, local = 0, i, p, buffer, *seen = NULL, load_opt = 0;
+    double t0 = fsdp__trace_begin(ctx);
     if (!report) report = &local_report;
     memset(report, 0, sizeof *report);
     report->step = report->epoch = -1;
@@ -13228,6 +13229,8 @@ FSDP__PRIVATE int fsdp__load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_
                            "unexpected, %d mis-shaped): %s", dir, report->missing, report->unexpected, report->mismatched, pr.summary);
     if (!local) local = fsdp__opt_compatible(ctx, opt, fsdp_index_metadata(ix, "optimizer"), "fsdp_load_sharded", &load_opt);
     if ((rc = fsdp__agree(ctx, local)) != 0) goto done;
+    fsdp__trace_ckpt(ctx, "load_sharded: check", NULL, t0);
+    t0 = fsdp__trace_begin(ctx);
     for (i = 0; !local && i < fsdp_index_num_tensors(ix); i++) { /* each rank reads the pieces its slices overlap */
         const fsdp_index_tensor *t = fsdp_index_tensor_at(ix, i);
         int kind = fsdp__match_name(ctx, t->name, &p, &buffer);
@@ -13243,6 +13246,7 @@ FSDP__PRIVATE int fsdp__load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_
     if (!local && load_opt && report->step >= 0) ctx->step = report->step;
     if (!local && load_opt)
         fsdp__loss_scale_restore(ctx, fsdp_index_metadata(ix, "loss_scale"), fsdp_index_metadata(ix, "loss_scale_growth_tracker"));
+    fsdp__trace_ckpt(ctx, "load_sharded: read", NULL, t0);
     rc = fsdp__agree(ctx, local);
     if (!rc && (report->missing || report->unexpected || report->mismatched))
         fsdp__log(&ctx->logger, FSDP_LOG_WARN, "fsdp_load_sharded: loaded %d tensors; not loaded: %s", report->loaded, pr.summary);

@@ -27,7 +27,15 @@
    the compute-only step (the same training with nothing offloaded) and the roofline ratio
    step / max(compute-only, bytes / bandwidth); peak RSS and disk bytes per rank.
 
-   Build and run: make bench && build/bench_train [--model gpt] [--memory | --offload DIR] */
+   Tracing (--trace DIR): FULL_SHARD on --nproc ranks with tracing off and on (FSDP_TRACE's files
+   under DIR), interleaved over --rounds: ms/step of each, their ratio, and the trace's bytes per step.
+
+   Checkpoints (--ckpt DIR): FULL_SHARD on --nproc ranks without saves, with a sharded save (with
+   the optimizer state) every --save-every steps, and with an asynchronous one
+   (fsdp_save_sharded_async) as often, interleaved over --rounds: the mean step time (the saves
+   included) against none, and the time a rank is blocked per save.
+
+   Build and run: make bench && build/bench_train [--model gpt] [--memory | --offload DIR | --trace DIR | --ckpt DIR] */
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 
@@ -36,7 +44,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stddef.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include "mlp_model.h"
 
@@ -66,6 +78,9 @@ typedef struct {
     model_kind model;
     int memory;                       // --memory: the memory table instead of the speed table
     const char *offload_dir;          // --offload DIR: the offload table
+    const char *trace_dir;            // --trace DIR: the tracing table
+    const char *ckpt_dir;             // --ckpt DIR: the checkpoint table
+    int save_every;                   // --save-every N (the checkpoint table)
     int layers, batch, steps, warmup, nproc;
     int hidden, features, classes;    // MLP
     const char *csv;
@@ -93,14 +108,17 @@ typedef struct {
     int frozen;                       // every parameter frozen, forward only (a distillation teacher)
     fsdp_offload_desc offload;        // the offload table: what is on disk (dir: options.offload_dir)
     fsdp_dtype state_dtype;           // the optimizer state's dtype (0: f32)
+    int trace;                        // the tracing table: FSDP traces written under options.trace_dir
+    int save;                         // the checkpoint table: 1 fsdp_save_sharded, 2 fsdp_save_sharded_async
 } config;
-#define IN_RAM {0, 0, 0, NULL, 0, 0}, FSDP_F32 // a config's last two fields: nothing offloaded, f32 state
+#define IN_RAM {0, 0, 0, NULL, 0, 0}, FSDP_F32, 0, 0 // a config's last fields: nothing offloaded, f32 state, no trace or saves
 
 typedef struct {       // what a rank reports, through shared memory
     int done;
     double ms, wait_ms, update_ms, rss, state, loss;
     double persistent, peak_unsharded, est_persistent, est_peak_unsharded, activations; // bytes
     double read_bytes, written_bytes, disk_bytes;  // the offload: per timed step, and the file's size
+    double mean_ms, save_ms;                       // mean step (saves included); median blocked time per save
     char torch_version[32];  // PyTorch rows
 } rank_result;
 
@@ -279,7 +297,11 @@ static int run_rank(fsdp_comm *comm, void *arg) {
     const config *cfg = j->cfg;
     int rank = fsdp_comm_rank(comm), P = cfg->nprocs, B = o->batch / P, total = o->warmup + o->steps, rc = 1;
     const char *wrap_types[] = {model_unit_type(o), NULL};
-    double *ms = (double *)calloc(3 * (size_t)total, sizeof(double)), *wait_ms = ms + total, *update_ms = ms + 2 * total;
+    double *ms = (double *)calloc(4 * (size_t)total, sizeof(double)), *wait_ms = ms + total, *update_ms = ms + 2 * total;
+    double *save_ms = ms + 3 * total;
+    int saves = 0;
+    char save_dir[1200];
+    snprintf(save_dir, sizeof save_dir, "%s/%s", o->ckpt_dir ? o->ckpt_dir : ".", cfg->save == 2 ? "async" : "sync");
     float loss = 0, *params = NULL, *grads = NULL;
     size_t num_params;
     plain_optimizer opt;
@@ -319,6 +341,7 @@ static int run_rank(fsdp_comm *comm, void *arg) {
         desc.optimizer.state_dtype = cfg->state_dtype;
         desc.offload = cfg->offload;
         desc.offload.dir = o->offload_dir;
+        desc.trace_dir = cfg->trace ? o->trace_dir : NULL;
         if (cfg->frozen) fsdp_model_set_trainable(model_desc(&bm), 0, 0); // no gradients, no optimizer state
         if (fsdp_memory_estimate(model_desc(&bm), &desc, P, &est) || fsdp_init(&ctx, model_desc(&bm), &desc)) {
             fprintf(stderr, "%s rank %d: %s\n", cfg->name, rank, fsdp_last_error(NULL));
@@ -348,6 +371,19 @@ static int run_rank(fsdp_comm *comm, void *arg) {
             fprintf(stderr, "%s rank %d: %s\n", cfg->name, rank, fsdp_last_error(ctx));
             goto done;
         }
+        // the checkpoint table: a save at the first timed step and every save_every steps from there, so that
+        // each save's writing behind the training lies inside the timed steps
+        if (cfg->save && s >= o->warmup && (s - o->warmup) % o->save_every == 0) {
+            fsdp_save_options so;
+            double ts = fsdp_now();
+            memset(&so, 0, sizeof so);
+            so.with_optimizer = 1;
+            if ((cfg->save == 2 ? fsdp_save_sharded_async : fsdp_save_sharded)(ctx, save_dir, &so)) {
+                fprintf(stderr, "%s rank %d: saving to %s: %s\n", cfg->name, rank, save_dir, fsdp_last_error(ctx));
+                goto done;
+            }
+            save_ms[saves++] = 1e3 * (fsdp_now() - ts);
+        }
         t2 = fsdp_now();
         ms[s] = 1e3 * (t2 - t0);
         wait_ms[s] = 1e3 * (*model_hook_seconds(&bm) + t2 - t1);
@@ -356,8 +392,15 @@ static int run_rank(fsdp_comm *comm, void *arg) {
     // the global mean loss of the last step; the comm thread is idle after fsdp_step (N plain loops
     // trained N separate models: the table shows no loss for them)
     if (ctx && fsdp_all_reduce(comm, &loss, &loss, 1, FSDP_F32, FSDP_AVG)) goto done;
+    if (ctx && cfg->save && fsdp_save_wait(ctx)) { // (untimed: the last save started save_every steps ago)
+        fprintf(stderr, "%s rank %d: the last save: %s\n", cfg->name, rank, fsdp_last_error(ctx));
+        goto done;
+    }
     {
         rank_result *r = &j->out[rank];
+        r->mean_ms = 0;
+        for (int s = o->warmup; s < total; s++) r->mean_ms += ms[s] / o->steps;
+        r->save_ms = median(save_ms, saves);
         r->ms = median(ms + o->warmup, o->steps);
         r->wait_ms = median(wait_ms + o->warmup, o->steps);
         r->update_ms = median(update_ms + o->warmup, o->steps);
@@ -763,6 +806,110 @@ static int offload_table(const options *o) {
     return 0;
 }
 
+/* Runs configs --rounds times, interleaved (round r runs every config once); results[(r * num + c) *
+   MAX_RANKS + rank]. The caller unmaps them. */
+static rank_result *run_rounds(const options *o, const config *configs, int num) {
+    size_t bytes = sizeof(rank_result) * MAX_RANKS * (size_t)num * (size_t)o->rounds;
+    rank_result *results = (rank_result *)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (results == MAP_FAILED) { perror("bench_train: mmap"); return NULL; }
+    memset(results, 0, bytes);
+    for (int round = 0; round < o->rounds; round++)
+        if (run_configs(o, configs, num, results + (size_t)round * num * MAX_RANKS)) {
+            munmap(results, bytes);
+            return NULL;
+        }
+    return results;
+}
+
+/* A value of config c's slowest rank, per round (field: offsetof into rank_result), its median over rounds. */
+static double slowest_median(const options *o, const rank_result *results, int num, int c, size_t field) {
+    double v[64];
+    for (int round = 0; round < o->rounds; round++) {
+        const rank_result *r = results + ((size_t)round * num + c) * MAX_RANKS;
+        v[round] = 0;
+        for (int k = 0; k < o->nproc; k++) {
+            double x = *(const double *)((const char *)&r[k] + field);
+            if (x > v[round]) v[round] = x;
+        }
+    }
+    return median(v, o->rounds);
+}
+
+static double dir_bytes(const char *dir) {
+    char path[1400];
+    double total = 0;
+    struct stat st;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (e->d_name[0] != '.' && stat(path, &st) == 0 && S_ISREG(st.st_mode)) total += (double)st.st_size;
+    }
+    if (d) closedir(d);
+    return total;
+}
+
+/* --trace DIR: the same training with tracing off and on. */
+static int trace_table(const options *o) {
+    config configs[2] = {{"tracing off", 0, o->nproc, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM},
+                         {"tracing on", 0, o->nproc, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM}};
+    char machine[400];
+    configs[1].trace = 1;
+    rank_result *results = run_rounds(o, configs, 2);
+    if (!results) return 1;
+    double off = slowest_median(o, results, 2, 0, offsetof(rank_result, ms));
+    double on = slowest_median(o, results, 2, 1, offsetof(rank_result, ms));
+    double bytes = dir_bytes(o->trace_dir);
+    example_machine_line(machine, sizeof machine);
+    printf("%-12s %2s %9s %9s %12s\n", "", "P", "ms/step", "vs off", "trace/step");
+    printf("%-12s %2d %9.2f %8.3fx %12s\n", configs[0].name, o->nproc, off, 1.0, "");
+    printf("%-12s %2d %9.2f %8.3fx %8.1f KiB\n", configs[1].name, o->nproc, on, on / off,
+           bytes / (o->warmup + o->steps) / 1024.0);
+    printf("\nFULL_SHARD, %d ranks, %d timed steps after %d, %d round(s) interleaved: ms/step is the slowest rank's\n"
+           "median step, the median over rounds. trace/step: the files under %s (every rank) per step.\nmachine: %s\n",
+           o->nproc, o->steps, o->warmup, o->rounds, o->trace_dir, machine);
+    munmap(results, sizeof(rank_result) * MAX_RANKS * 2 * (size_t)o->rounds);
+    return 0;
+}
+
+/* --ckpt DIR: the same training without saves, with sharded saves and with asynchronous ones. */
+static int ckpt_table(const options *o) {
+    config configs[3] = {{"no saves", 0, o->nproc, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM},
+                         {"fsdp_save_sharded", 0, o->nproc, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM},
+                         {"..._async", 0, o->nproc, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM}};
+    char machine[400], path[1300];
+    configs[1].save = 1, configs[2].save = 2;
+    for (int k = 0; k < 2; k++) { // the saves' directories
+        snprintf(path, sizeof path, "%s/%s", o->ckpt_dir, k ? "async" : "sync");
+        if ((mkdir(o->ckpt_dir, 0755) != 0 && errno != EEXIST) || (mkdir(path, 0755) != 0 && errno != EEXIST)) {
+            fprintf(stderr, "bench_train: --ckpt: cannot make %s: %s\n", path, strerror(errno));
+            return 1;
+        }
+    }
+    rank_result *results = run_rounds(o, configs, 3);
+    if (!results) return 1;
+    double none = slowest_median(o, results, 3, 0, offsetof(rank_result, mean_ms));
+    double blocked_sync = slowest_median(o, results, 3, 1, offsetof(rank_result, save_ms));
+    snprintf(path, sizeof path, "%s/sync", o->ckpt_dir);
+    double bytes = dir_bytes(path);
+    example_machine_line(machine, sizeof machine);
+    printf("%-18s %2s %13s %9s %15s %9s\n", "saves", "P", "mean ms/step", "vs none", "blocked/save", "vs sync");
+    for (int c = 0; c < 3; c++) {
+        double mean = slowest_median(o, results, 3, c, offsetof(rank_result, mean_ms));
+        double blocked = slowest_median(o, results, 3, c, offsetof(rank_result, save_ms));
+        printf("%-18s %2d %13.1f %8.3fx", configs[c].name, o->nproc, mean, mean / none);
+        if (c) printf(" %12.1f ms %8.3fx", blocked, blocked / blocked_sync);
+        printf("\n");
+    }
+    printf("\nFULL_SHARD, %d ranks, %d timed steps after %d, a save (with the AdamW state: %.0f MiB in all, every rank's\n"
+           "files) at the first timed step and every %d steps from there, into %s; %d round(s) interleaved. mean\n"
+           "ms/step: the slowest rank's mean over the timed steps, saves included; blocked/save: the median time a\n"
+           "save call took (the slowest rank); each a median over the rounds.\nmachine: %s\n",
+           o->nproc, o->steps, o->warmup, mib(bytes), o->save_every, o->ckpt_dir, o->rounds, machine);
+    munmap(results, sizeof(rank_result) * MAX_RANKS * 3 * (size_t)o->rounds);
+    return 0;
+}
+
 /* ----------------------------------------------------------------------------------------- */
 /* the GPT's text: fsdp.h itself unless --data */
 
@@ -853,6 +1000,11 @@ static void usage(FILE *out) {
         "                   state (f32, bf16) and everything on disk under DIR (a local disk, not tmpfs):\n"
         "                   ms/step, bytes read and written per step, the disk's bandwidth through fsdp.h's\n"
         "                   I/O path, and the roofline ratio step / max(compute-only step, bytes / bandwidth)\n"
+        "  --trace DIR      the tracing table instead: FULL_SHARD on --nproc ranks with tracing off and on\n"
+        "                   (the traces go to DIR), interleaved over --rounds: ms/step and their ratio\n"
+        "  --ckpt DIR       the checkpoint table instead: FULL_SHARD on --nproc ranks without saves, with a\n"
+        "                   sharded save every --save-every N steps (default 5) and with an asynchronous one:\n"
+        "                   mean ms/step (saves included) and the time blocked per save\n"
         "  --layers N       Linear layers (MLP, default 6) or transformer blocks (GPT, default 4)\n"
         "  --batch N        global batch in samples (MLP, default 2048) or sequences (GPT, default 16);\n"
         "                   divisible by --nproc, and by 4 with --memory\n"
@@ -921,6 +1073,9 @@ static void parse(options *o, int argc, char **argv) {
         else if (!strcmp(f, "--torch-coretype")) o->torch_coretype = v, gpt_flag = f;
         else if (!strcmp(f, "--rounds")) o->rounds = arg_int(f, v, 1, 64);
         else if (!strcmp(f, "--offload")) o->offload_dir = v;
+        else if (!strcmp(f, "--trace")) o->trace_dir = v;
+        else if (!strcmp(f, "--ckpt")) o->ckpt_dir = v;
+        else if (!strcmp(f, "--save-every")) o->save_every = arg_int(f, v, 1, 1000000);
         else if (!strcmp(f, "--optimizer")) {
             if (!strcmp(v, "sgd")) o->optimizer.kind = FSDP_SGD;
             else if (!strcmp(v, "adam")) o->optimizer.kind = FSDP_ADAM;
@@ -932,7 +1087,10 @@ static void parse(options *o, int argc, char **argv) {
     if (o->model == MODEL_MLP && gpt_flag) die_usage("%s is a GPT option: add --model gpt", gpt_flag);
     if (o->memory && nproc_flag) die_usage("--memory runs P = 1, 2 and 4; --nproc does not apply");
     if (o->memory && o->torch) die_usage("--torch adds rows to the speed table, not to --memory's");
-    if (o->offload_dir && (o->memory || o->torch)) die_usage("--offload is a table of its own: without --memory or --torch");
+    if ((o->offload_dir != NULL) + (o->trace_dir != NULL) + (o->ckpt_dir != NULL) + o->memory + o->torch > 1)
+        die_usage("--memory, --offload, --trace, --ckpt and --torch each make a table of their own: choose one");
+    if (o->save_every && !o->ckpt_dir) die_usage("--save-every belongs to the checkpoint table: add --ckpt DIR");
+    if (!o->save_every) o->save_every = 5;
     if (o->torch_coretype && !o->torch) die_usage("--torch-coretype adds PyTorch rows: add --torch");
     if (o->torch_coretype && !strcmp(o->torch_coretype, "auto")) {
         int avx512 = 0;
@@ -972,7 +1130,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     print_header(&o, argc, argv);
-    rc = o.memory ? memory_table(&o) : o.offload_dir ? offload_table(&o) : speed_table(&o);
+    rc = o.memory ? memory_table(&o) : o.offload_dir ? offload_table(&o) : o.trace_dir ? trace_table(&o)
+         : o.ckpt_dir ? ckpt_table(&o) : speed_table(&o);
     data_free(&o.data);
     free(o.text);
     return rc;
