@@ -7991,7 +7991,7 @@ struct fsdp_ctx {
     char error[FSDP__ERRMSG];
 };
 
-/* >>trace, used by the runtime (defined with its section) */
+/* The trace section's functions the runtime calls (defined there, after >>json) */
 FSDP__PRIVATE double fsdp__trace_begin(fsdp_ctx *ctx);
 FSDP__PRIVATE void fsdp__trace_hook(fsdp_ctx *ctx, const char *hook, int module, double t0);
 FSDP__PRIVATE void fsdp__trace_end(fsdp_ctx *ctx, const char *cat, const char *name, int unit, double t0);
@@ -8004,7 +8004,7 @@ FSDP__PRIVATE void fsdp__trace_close(fsdp_ctx *ctx);
 FSDP__PRIVATE int fsdp__task_coll(fsdp_ctx *ctx, const fsdp__task *t, fsdp_comm *comm, fsdp_coll_kind kind,
                                   const void *send, void *recv, size_t count, fsdp_dtype dtype, fsdp_reduce_op op,
                                   uint32_t tag);
-/* >>checkpoint, used by the runtime */
+/* ... and the checkpoint section's */
 FSDP__PRIVATE int fsdp__async_poll(fsdp_ctx *ctx, int wait);
 FSDP__PRIVATE void fsdp__async_end(fsdp_ctx *ctx);
 
