@@ -15,7 +15,7 @@ MPI_TESTS := test_mpi
 UNIT_TESTS := $(filter-out $(MPI_TESTS),$(TESTS))
 SANFLAGS ?=
 
-.PHONY: all help test test-asan test-tsan test-multihost bench bench-mpi bench-multihost bench-torch demo demo-big demo-huge demo-mlp demo-collectives tools fuzz clean check-deps
+.PHONY: all help test test-asan test-tsan test-multihost trace-picture bench bench-mpi bench-multihost bench-torch demo demo-big demo-huge demo-mlp demo-collectives tools fuzz clean check-deps
 
 all: $(BUILD)/gpt $(BUILD)/distill $(BUILD)/mlp $(BUILD)/ckpt_tool $(BUILD)/trace_tool $(BUILD)/bench_comm $(BUILD)/bench_train $(BUILD)/demo_collectives
 
@@ -32,6 +32,7 @@ help:
 	@echo "make bench-mpi   build/bench_comm_mpi (collectives through Open MPI; needs libopenmpi-dev)"
 	@echo "make bench-multihost  collectives across 2 simulated hosts: hierarchical vs flat vs Open MPI, GPT (root)"
 	@echo "make bench-torch the GPT against PyTorch (python3-torch) at P = 1 and 2, two model sizes"
+	@echo "make trace-picture  trace 10 steps of the GPT on 2 ranks; summary; examples/trace_gpt_p2.svg"
 	@echo "make tools       build/ckpt_tool (inspect, consolidate, shard checkpoints), build/trace_tool (traces)"
 	@echo "make fuzz        fuzz the safetensors, index.json and handshake parsers, FUZZ_TIME seconds each (clang + libFuzzer)"
 	@echo "make fuzz-index  fuzz index.json parsing (fsdp_index_parse); make fuzz-hello: the socket handshake"
@@ -121,6 +122,14 @@ $(BUILD)/ckpt_tool: examples/ckpt_tool.c fsdp.h | $(BUILD)
 
 $(BUILD)/trace_tool: examples/trace_tool.c | $(BUILD)
 	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) $< -o $@ -lm
+
+# The picture README shows: two steps of the GPT on 2 ranks, traced (FSDP_TRACE), drawn by trace_tool.
+trace-picture: $(BUILD)/gpt $(BUILD)/trace_tool
+	rm -rf $(BUILD)/trace_gpt
+	FSDP_TRACE=$(BUILD)/trace_gpt $(BUILD)/gpt --nproc 2 --steps 10 --ckpt none --sample 0 >/dev/null
+	$(BUILD)/trace_tool summary $(BUILD)/trace_gpt --top 3
+	$(BUILD)/trace_tool svg $(BUILD)/trace_gpt examples/trace_gpt_p2.svg --steps 9-10 --width 1000 \
+	    --title "build/gpt --nproc 2 (FULL_SHARD, 4 blocks)"
 
 bench: $(BUILD)/bench_comm $(BUILD)/bench_train
 # The GPT with fsdp.h against the same GPT in PyTorch (tests/torch_gpt.py; eager, and DDP over gloo),

@@ -12639,6 +12639,12 @@ static void *fsdp__async_writer(void *arg) {
     char err[FSDP__ERRMSG];
     double t0 = fsdp_now();
     int rc;
+#if defined(__linux__) && defined(SCHED_IDLE)
+    struct sched_param idle;
+    memset(&idle, 0, sizeof idle); /* the writer takes only CPU time the training leaves (on a busy host,
+                                      while ranks wait in collectives); a waiter for it blocks, which frees it */
+    pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
+#endif
     fsdp__trace_thread = FSDP__TID_CKPT;
     rc = fsdp__write_shard_file(ctx, &as->sv, as->staged, err, sizeof err);
     fsdp__trace_ckpt(ctx, "async save: write", as->dir, t0);

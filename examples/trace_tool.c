@@ -1,7 +1,7 @@
 /* trace_tool: where the time of an fsdp.h training run went, read from the traces it writes.
 
        trace_tool summary DIR|FILE [--top N]
-       trace_tool svg DIR|FILE OUT.svg [--steps A-B] [--width PX]
+       trace_tool svg DIR|FILE OUT.svg [--steps A-B] [--width PX] [--title TEXT]
        trace_tool merge DIR OUT.json
        trace_tool check DIR|FILE
 
@@ -1653,6 +1653,7 @@ static const tt_style *tt_style_of(const tt_event *e) {
 typedef struct tt_svg_options {
     long long first_step, last_step; /* 0, 0: the last two steps every rank completed */
     int width;                       /* pixels; 0: 1200 */
+    const char *title;               /* the heading's text; NULL: the trace's path */
 } tt_svg_options;
 
 typedef struct tt_svg_result {
@@ -2015,7 +2016,7 @@ TT_API int tt_write_svg(FILE *f, const tt_trace *t, const tt_svg_options *opt, t
     fprintf(f, "<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n", o.width, height);
     g.rects++;
     fprintf(f, "<text x=\"6\" y=\"14\" font-weight=\"bold\">");
-    tt_xml_text(f, tt_shown(t->source));
+    tt_xml_text(f, o.title ? o.title : tt_shown(t->source));
     if (res->first_step) fprintf(f, ": steps %lld-%lld, %d ranks</text>\n", res->first_step, res->last_step, t->nranks);
     else fprintf(f, ": %d ranks</text>\n", t->nranks);
     tt_svg_axis(&g, bottom, o.width - TT_SVG_RIGHT);
@@ -2136,7 +2137,7 @@ static int tt_output_commit(tt_output *o, char *err, size_t err_size) {
 static const char tt_main_help[] =
     "usage: trace_tool COMMAND ...   (trace_tool COMMAND --help for each)\n"
     "  summary DIR|FILE [--top N]                        where each step's time went; stragglers\n"
-    "  svg DIR|FILE OUT.svg [--steps A-B] [--width PX]   a timeline picture of a few steps\n"
+    "  svg DIR|FILE OUT.svg [--steps A-B] [--width PX] [--title TEXT]   a timeline picture of a few steps\n"
     "  merge DIR OUT.json                                every rank in one file for Perfetto\n"
     "  check DIR|FILE                                    the files against the trace format\n"
     "DIR is the directory FSDP_TRACE named (trace-rank*.json); FILE one of its files or a merged one.\n";
@@ -2150,14 +2151,15 @@ static const char tt_summary_help[] =
     "  --top N   how many collectives the spread table lists (0..1000000)\n";
 
 static const char tt_svg_help[] =
-    "usage: trace_tool svg DIR|FILE OUT.svg [--steps A-B] [--width PX]\n"
+    "usage: trace_tool svg DIR|FILE OUT.svg [--steps A-B] [--width PX] [--title TEXT]\n"
     "  A timeline picture (SVG 1.1: GitHub shows it in a README or an issue): time across, one band\n"
     "  per rank with the compute thread on top and collectives below (a thin strip under them: the\n"
     "  optimizer's step thread, offload I/O, async checkpoint writes). Green: compute outside fsdp.h;\n"
     "  grey hooks; red waits for comm, orange other waits; purple the optimizer step; blue all_gather;\n"
     "  teal reduce_scatter and all_reduce; brown checkpoints. Hover a rect for its name and duration.\n"
     "  --steps A-B   the steps to draw (or one: --steps A); default the last two every rank completed\n"
-    "  --width PX    the picture's width (200..20000, default 1200)\n";
+    "  --width PX    the picture's width (200..20000, default 1200)\n"
+    "  --title TEXT  the heading (default the trace's path), followed by the steps and ranks drawn\n";
 
 static const char tt_merge_help[] =
     "usage: trace_tool merge DIR OUT.json\n"
@@ -2266,8 +2268,8 @@ static int tt_parse_steps(const char *text, long long *first, long long *last) {
 }
 
 static int tt_cmd_svg(int argc, char **argv, FILE *out, FILE *errs) {
-    static const char *const names[] = {"--steps", "--width", NULL};
-    const char *args[2], *values[2] = {NULL, NULL};
+    static const char *const names[] = {"--steps", "--width", "--title", NULL};
+    const char *args[2], *values[3] = {NULL, NULL, NULL};
     tt_svg_options opt;
     tt_svg_result res;
     tt_output o;
@@ -2283,6 +2285,7 @@ static int tt_cmd_svg(int argc, char **argv, FILE *out, FILE *errs) {
     if (values[1] && !tt_parse_count(values[1], 200, 20000, &width))
         return tt_usage(errs, "svg", "--width takes pixels from 200 to 20000 (got '%s')", tt_shown(values[1]));
     opt.width = (int)width;
+    opt.title = values[2];
     if (tt_load_reporting(args[0], &t, errs) != 0) return 1;
     rc = tt_output_open(&o, args[1], err, sizeof err);
     if (rc == 0 && tt_write_svg(o.f, &t, &opt, &res, err, sizeof err) != 0) {
