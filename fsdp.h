@@ -4123,7 +4123,9 @@ static const fsdp__transport fsdp__shm_transport = {
 #define FSDP__SOCK_RING_BYTES ((size_t)FSDP__SOCK_RING_SEGMENTS * FSDP__SOCK_SEGMENT) /* per peer, for reductions */
 #define FSDP__SOCK_GREETING_MS 5000  /* an acceptor greets at once; silence this long means "not fsdp.h" */
 #define FSDP__SOCK_HANDSHAKE_MS 5000 /* a connection's budget to present a complete hello */
+#ifndef FSDP__SOCK_PENDING_MAX /* (a test lowers it) */
 #define FSDP__SOCK_PENDING_MAX 64    /* handshakes an acceptor runs at once */
+#endif
 
 typedef struct fsdp__sock_challenge {
     uint32_t magic, version;
@@ -4842,18 +4844,38 @@ FSDP__PRIVATE int fsdp__sock_greet(int fd, const unsigned char key[32], fsdp__so
     return 0;
 }
 
-/* A rank greets the peer `who` it dialled on fd: without a secret the peer must be this user's
-   (fsdp__sock_foreign_user), then the handshake (fsdp__sock_greet). 0, or the code with the
-   message given to fsdp__init_fail. */
-FSDP__PRIVATE int fsdp__sock_greet_peer(fsdp_comm *comm, int fd, const char *who, fsdp__sock_hello *hello,
-                                        int64_t deadline, fsdp__sock_reply *reply, unsigned char nonces[64]) {
+/* A rank greets the peer `who` it dialled at addr on *fd: without a secret the peer must be this
+   user's (fsdp__sock_foreign_user), then the handshake (fsdp__sock_greet). An acceptor busy with
+   more handshakes than it runs at once drops the oldest (FSDP__SOCK_PENDING_MAX): a connection
+   closed before the verdict is dialled again (*fd replaced) after a random pause that grows, until
+   the deadline, so honest ranks are never lost for being many. 0, or the code with the message
+   given to fsdp__init_fail. */
+FSDP__PRIVATE int fsdp__sock_greet_peer(fsdp_comm *comm, int *fd, const struct sockaddr_in *addr, const char *who,
+                                        fsdp__sock_hello *hello, int64_t deadline, fsdp__sock_reply *reply,
+                                        unsigned char nonces[64]) {
     char err[FSDP__ERRMSG];
-    int rc;
-    if (fsdp__sock_foreign_user(comm, fd, err, sizeof err))
-        return fsdp__init_fail(&comm->logger, FSDP_ERR_REJECTED, "socket: rank %d: %s %s", comm->rank, who, err);
-    if ((rc = fsdp__sock_greet(fd, comm->key, hello, deadline, reply, nonces, who, err, sizeof err)) != 0)
-        return fsdp__init_fail(&comm->logger, rc, "socket: rank %d: %s", comm->rank, err);
-    return 0;
+    int rc, attempt;
+    for (attempt = 1;; attempt++) {
+        uint32_t jitter = 0;
+        int pause_ms;
+        if (fsdp__sock_foreign_user(comm, *fd, err, sizeof err))
+            return fsdp__init_fail(&comm->logger, FSDP_ERR_REJECTED, "socket: rank %d: %s %s", comm->rank, who, err);
+        if ((rc = fsdp__sock_greet(*fd, comm->key, hello, deadline, reply, nonces, who, err, sizeof err)) == 0) return 0;
+        fsdp__random_bytes(&jitter, sizeof jitter);
+        pause_ms = (attempt < 6 ? 25 << attempt : 1000) / 2;
+        pause_ms += (int)(jitter % (uint32_t)pause_ms);
+        if (rc != FSDP_ERR_PEER_LOST || fsdp__now_ms() + pause_ms >= deadline) break;
+        fsdp__log(&comm->logger, FSDP_LOG_INFO, "socket: rank %d: %s dropped the handshake (attempt %d; busy with "
+                  "others?): dialling again in %d ms", comm->rank, who, attempt, pause_ms);
+        close(*fd);
+        fsdp__sleep_us((int64_t)pause_ms * 1000);
+        if ((*fd = fsdp__sock_connect(addr, deadline)) < 0) {
+            fsdp__fmt(err, sizeof err, "%s dropped the handshake %d time(s), then could not be reached: %s", who, attempt,
+                      strerror(errno));
+            break;
+        }
+    }
+    return fsdp__init_fail(&comm->logger, rc, "socket: rank %d: %s", comm->rank, err);
 }
 
 /* --- torch's TCPStore (torchrun's agent store), client side -------------------------------
@@ -5108,7 +5130,9 @@ FSDP__PRIVATE int fsdp__sock_greet_rank0(fsdp_comm *comm, fsdp__sock *s, fsdp__s
     hello->data_ip = local.sin_addr.s_addr;
     hello->data_port = ntohs(local.sin_port);
     fsdp__fmt(who, sizeof who, "rank 0 at %s", s->peers[0].addr);
-    if ((rc = fsdp__sock_greet_peer(comm, fd, who, hello, deadline, &reply, nonces)) != 0) return rc;
+    rc = fsdp__sock_greet_peer(comm, &s->peers[0].fd, &rdv->master, who, hello, deadline, &reply, nonces);
+    fd = s->peers[0].fd;
+    if (rc) return rc;
     if (fsdp__sock_io_full(fd, rdv->ips, table, deadline, 0) != 0 || fsdp__sock_io_full(fd, rdv->ports, table, deadline, 0) != 0 ||
         fsdp__sock_io_full(fd, their_mac, sizeof their_mac, deadline, 0) != 0)
         return fsdp__init_fail(&comm->logger, FSDP_ERR_PEER_LOST, "socket: rank 0 went away during the rendezvous");
@@ -5143,7 +5167,7 @@ FSDP__PRIVATE int fsdp__sock_mesh(fsdp_comm *comm, fsdp__sock *s, fsdp__sock_rdv
             return fsdp__init_fail(&comm->logger, FSDP_ERR_TIMEOUT, "socket: rank %d could not connect to rank %d at %s: %s",
                                    comm->rank, p, s->peers[p].addr, strerror(errno));
         fsdp__fmt(who, sizeof who, "rank %d at %s", p, s->peers[p].addr);
-        if ((rc = fsdp__sock_greet_peer(comm, s->peers[p].fd, who, hello, deadline, &reply, nonces)) != 0) return rc;
+        if ((rc = fsdp__sock_greet_peer(comm, &s->peers[p].fd, &peer, who, hello, deadline, &reply, nonces)) != 0) return rc;
     }
     getsockname(rdv->listen_fd, (struct sockaddr *)&local, &len);
     fsdp__sock_addr_string(here, sizeof here, &local);
