@@ -1024,8 +1024,9 @@ FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_o
    is logged, the directory keeps its previous checkpoint, training goes on, and fsdp_save_wait
    returns the failure. The files are byte for byte those fsdp_save_sharded writes. Collective. */
 FSDP_API int fsdp_save_sharded_async(fsdp_ctx *ctx, const char *dir, const fsdp_save_options *opt);
-/* Waits until the asynchronous save in flight, if any, is written and committed; its result
-   (0 also when there was none). Collective. */
+/* Waits until the asynchronous save in flight, if any, is written and committed. Returns the
+   result of the last asynchronous save that finished, once (a later call returns 0 until another
+   finishes); 0 when there was none. Collective. */
 FSDP_API int fsdp_save_wait(fsdp_ctx *ctx);
 /* Loads a sharded checkpoint at any world size, strategy and wrap policy. Collective. */
 FSDP_API int fsdp_load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_load_options *opt, fsdp_load_report *report);
@@ -12694,10 +12695,11 @@ FSDP__PRIVATE int fsdp__async_snapshot(fsdp_ctx *ctx, struct fsdp__async_save *a
         as->meta = fsdp__kv_copy(meta, as->sv.nmeta, &as->meta_text);
     FSDP_FREE(meta);
     as->sv.meta = as->meta;
-    as->sv.opt = NULL; /* (not kept: what the files need of it is in the metadata and the index) */
+    as->sv.opt = opt; /* (the index reads its epoch now; the caller's options are not kept) */
     as->index.len = 0;
     as->index.failed = 0;
     if (as->meta && ctx->rank == 0) fsdp__index_text(ctx, &as->sv, &as->index);
+    as->sv.opt = NULL;
     if (!as->meta || as->index.failed) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_save_sharded_async: out of memory");
     memset(&st, 0, sizeof st);
     fsdp__each_piece(ctx, as->sv.nopt, fsdp__piece_stage, &st);
@@ -12797,7 +12799,9 @@ FSDP_API int fsdp_save_wait(fsdp_ctx *ctx) {
     if (!ctx) return FSDP_ERR_INVALID_ARG;
     if (!ctx->async_save) return 0;
     if ((rc = fsdp__async_poll(ctx, 1)) != 0) return rc;
-    return ctx->async_save->result;
+    rc = ctx->async_save->result; /* said once */
+    ctx->async_save->result = 0;
+    return rc;
 }
 
 /* fsdp_destroy: the save in flight committed while the job is whole; otherwise only its
