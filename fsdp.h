@@ -7593,10 +7593,23 @@ typedef struct fsdp__offload {
     fsdp__trace *trace;     /* the context's, or NULL */
 } fsdp__offload;
 
+/* Memory aligned for O_DIRECT, from FSDP_MALLOC (a user's allocator sees every byte): the block
+   from malloc is kept just before the aligned start. Freed with fsdp__aligned_free only. */
 static void *fsdp__aligned_alloc(size_t bytes) {
-    void *p = NULL;
-    if (posix_memalign(&p, FSDP__IO_ALIGN, fsdp__align(bytes ? bytes : 1, FSDP__IO_ALIGN)) != 0) return NULL;
-    return p;
+    size_t size = fsdp__align(bytes ? bytes : 1, FSDP__IO_ALIGN);
+    char *raw, *aligned;
+    if (size > SIZE_MAX - FSDP__IO_ALIGN - sizeof(void *) || !(raw = (char *)FSDP_MALLOC(size + FSDP__IO_ALIGN + sizeof(void *))))
+        return NULL;
+    aligned = raw + sizeof(void *) + (FSDP__IO_ALIGN - (uintptr_t)(raw + sizeof(void *)) % FSDP__IO_ALIGN) % FSDP__IO_ALIGN;
+    memcpy(aligned - sizeof(void *), &raw, sizeof raw);
+    return aligned;
+}
+
+static void fsdp__aligned_free(void *aligned) {
+    void *raw;
+    if (!aligned) return;
+    memcpy(&raw, (char *)aligned - sizeof(void *), sizeof raw);
+    FSDP_FREE(raw);
 }
 
 /* Runs one request; 0, or the failure with its message set. */
@@ -7711,7 +7724,7 @@ FSDP__PRIVATE int fsdp__io_bytes(fsdp__offload *o, int write, int64_t at, void *
     } else if (!rc) {
         memcpy(mem, bounce + (at - first), n);
     }
-    FSDP_FREE(bounce);
+    fsdp__aligned_free(bounce);
     return rc;
 }
 
@@ -7859,7 +7872,7 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
     }
     for (s = 0; s < opened; s++) fsdp__offload_close(&o[s]);
     FSDP_FREE(o);
-    FSDP_FREE(buf);
+    fsdp__aligned_free(buf);
     return rc;
 }
 
@@ -9963,8 +9976,8 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     }
     for (ui = 0; ui < ctx->pool_len; ui++) FSDP_FREE(ctx->pool[ui].ptr);
     FSDP_FREE(ctx->offload);
-    FSDP_FREE(ctx->stream_raw);
-    for (ui = 0; ui < ctx->num_io_bufs; ui++) FSDP_FREE(ctx->io_buf[ui]);
+    fsdp__aligned_free(ctx->stream_raw);
+    for (ui = 0; ui < ctx->num_io_bufs; ui++) fsdp__aligned_free(ctx->io_buf[ui]);
     FSDP_FREE(ctx->stream_f32);
     fsdp_comm_free(ctx->comm, ctx->master_mem[0]);
     fsdp_comm_free(ctx->hybrid_shard_comm, ctx->master_mem[1]);
@@ -11538,9 +11551,18 @@ FSDP_API int fsdp_st_verify(fsdp_st_file *f, int tensor, char *err, size_t err_s
 }
 
 /* --- writing ------------------------------------------------------------------------------------ */
+/* A writer streams the file through an aligned block with O_DIRECT where the filesystem allows:
+   on a VM's disk the page cache's copy and writeback cost a core several times what the device
+   takes (BENCHMARKS.md, section 7), and the bytes of a checkpoint are not read back soon. The
+   last partial block and the checksums patched into the header go through the page cache. */
+#define FSDP__ST_BLOCK ((size_t)4 << 20)
+
 struct fsdp_st_writer {
     int fd;
     char path[512], tmp[600];
+    unsigned char *block;     /* O_DIRECT: bytes not yet written (block_len of FSDP__ST_BLOCK); NULL: plain writes */
+    size_t block_len;
+    uint64_t flushed;         /* bytes of the file written from blocks */
     int num_tensors, current, failed;
     uint64_t *bytes;          /* per tensor */
     uint64_t written;         /* of the current tensor */
@@ -11716,9 +11738,69 @@ FSDP_API int fsdp_write_file_atomic(const char *path, const void *data, size_t s
     return 0;
 }
 
+/* O_DIRECT on the writer's file and its block, where both can be had (else plain writes). */
+FSDP__PRIVATE void fsdp__st_writer_direct(fsdp_st_writer *w) {
+#if defined(__linux__) && defined(O_DIRECT)
+    int flags = w->fd >= 0 ? fcntl(w->fd, F_GETFL) : -1;
+    if (flags < 0 || !(w->block = (unsigned char *)fsdp__aligned_alloc(FSDP__ST_BLOCK))) return;
+    if (fcntl(w->fd, F_SETFL, flags | O_DIRECT) != 0) {
+        fsdp__aligned_free(w->block);
+        w->block = NULL;
+    }
+#else
+    (void)w;
+#endif
+}
+
+/* Writes the block at its place in the file (O_DIRECT: whole aligned blocks only). */
+FSDP__PRIVATE int fsdp__st_flush_block(fsdp_st_writer *w) {
+    size_t done = 0;
+    while (done < w->block_len) {
+        ssize_t n = pwrite(w->fd, w->block + done, w->block_len - done, (off_t)(w->flushed + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        done += (size_t)n;
+    }
+    w->flushed += w->block_len;
+    w->block_len = 0;
+    return 0;
+}
+
+/* Appends n bytes to the file: through the block with O_DIRECT, else written at once. */
+FSDP__PRIVATE int fsdp__st_put(fsdp_st_writer *w, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    if (!w->block) return fsdp__write_all(w->fd, data, n);
+    while (n > 0) {
+        size_t take = FSDP__ST_BLOCK - w->block_len < n ? FSDP__ST_BLOCK - w->block_len : n;
+        memcpy(w->block + w->block_len, p, take);
+        w->block_len += take;
+        p += take;
+        n -= take;
+        if (w->block_len == FSDP__ST_BLOCK && fsdp__st_flush_block(w) != 0) return -1;
+    }
+    return 0;
+}
+
+/* The last, partial block through the page cache (O_DIRECT off), so that the file ends where
+   its bytes do. */
+FSDP__PRIVATE int fsdp__st_finish_direct(fsdp_st_writer *w) {
+#if defined(__linux__) && defined(O_DIRECT)
+    int flags;
+    if (!w->block) return 0;
+    if ((flags = fcntl(w->fd, F_GETFL)) < 0 || fcntl(w->fd, F_SETFL, flags & ~O_DIRECT) != 0) return -1;
+    if (fsdp__st_flush_block(w) != 0) return -1;
+    fsdp__aligned_free(w->block);
+    w->block = NULL;
+#else
+    (void)w;
+#endif
+    return 0;
+}
+
 FSDP_API void fsdp_st_writer_abort(fsdp_st_writer *w) {
     if (!w) return;
     if (w->fd >= 0) { close(w->fd); unlink(w->tmp); }
+    fsdp__aligned_free(w->block);
     FSDP_FREE(w->bytes);
     FSDP_FREE(w->crcs);
     FSDP_FREE(w->crc_at);
@@ -11809,8 +11891,9 @@ FSDP_API int fsdp_st_writer_open(fsdp_st_writer **out, const char *path, const f
     if (h.failed) { FSDP_FREE(h.data); fsdp_st_writer_abort(w); return FSDP_ERR_OUT_OF_MEMORY; }
     fsdp__copy_string(w->path, sizeof w->path, path);
     w->fd = fsdp__tmp_create(path, w->tmp, sizeof w->tmp);
+    fsdp__st_writer_direct(w);
     for (i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
-    if (w->fd < 0 || fsdp__write_all(w->fd, len8, 8) != 0 || fsdp__write_all(w->fd, h.data, h.len) != 0) {
+    if (w->fd < 0 || fsdp__st_put(w, len8, 8) != 0 || fsdp__st_put(w, h.data, h.len) != 0) {
         fsdp__fmt(err, err_size, "%s: %s", w->fd < 0 ? w->tmp : path, strerror(errno));
         FSDP_FREE(h.data);
         fsdp_st_writer_abort(w);
@@ -11834,7 +11917,7 @@ FSDP_API int fsdp_st_writer_write(fsdp_st_writer *w, const void *data, size_t n)
             return FSDP_ERR_INVALID_ARG;
         }
         take = w->bytes[w->current] - w->written < n ? (size_t)(w->bytes[w->current] - w->written) : n;
-        if (fsdp__write_all(w->fd, p, take) != 0) {
+        if (fsdp__st_put(w, p, take) != 0) {
             fsdp__fmt(w->error, sizeof w->error, "%s: %s", w->tmp, strerror(errno));
             w->failed = 1;
             return FSDP_ERR_IO;
@@ -11881,6 +11964,10 @@ FSDP_API int fsdp_st_writer_close(fsdp_st_writer *w, char *err, size_t err_size)
     else if (w->current < w->num_tensors) {
         fsdp__fmt(err, err_size, "%s: tensor %d of %d was not written completely", w->path, w->current, w->num_tensors);
         rc = FSDP_ERR_INVALID_ARG;
+    }
+    if (!rc && fsdp__st_finish_direct(w) != 0) {
+        fsdp__fmt(err, err_size, "%s: %s", w->tmp, strerror(errno));
+        rc = FSDP_ERR_IO;
     }
     for (i = 0; !rc && i < w->num_tensors; i++) {
         char hex[9];
@@ -12664,11 +12751,11 @@ static void *fsdp__async_writer(void *arg) {
     char err[FSDP__ERRMSG];
     double t0 = fsdp_now();
     int rc;
-#if defined(__linux__) && defined(SCHED_IDLE)
-    struct sched_param idle;
-    memset(&idle, 0, sizeof idle); /* the writer takes only CPU time the training leaves (on a busy host,
-                                      while ranks wait in collectives); a waiter for it blocks, which frees it */
-    pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
+#if defined(__linux__) && defined(SYS_gettid)
+    /* behind the training: on a host whose cores the ranks keep busy the writer takes a small
+       share (nice 10: a tenth of a rank's) instead of an equal one, which would slow one rank
+       and so every rank waiting for it in the next collective */
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
 #endif
     fsdp__trace_thread = FSDP__TID_CKPT;
     rc = fsdp__write_shard_file(ctx, &as->sv, as->staged, err, sizeof err);
@@ -12721,6 +12808,7 @@ FSDP__PRIVATE int fsdp__save_sharded_async(fsdp_ctx *ctx, const char *dir, const
     struct fsdp__async_save *as;
     fsdp__sharded_save sv;
     int rc, local;
+    double t0;
     if (!ctx || !dir || strlen(dir) > 900) return FSDP_ERR_INVALID_ARG;
     if ((rc = fsdp__async_poll(ctx, 1)) != 0) return rc; /* at most one in flight */
     if ((rc = fsdp__quiesce(ctx, "fsdp_save_sharded_async")) != 0) return rc;
@@ -12731,7 +12819,9 @@ FSDP__PRIVATE int fsdp__save_sharded_async(fsdp_ctx *ctx, const char *dir, const
     as->sv = sv;
     fsdp__copy_string(as->dir, sizeof as->dir, dir);
     as->sv.dir = as->dir;
+    t0 = fsdp__trace_begin(ctx);
     local = fsdp__async_snapshot(ctx, as, opt);
+    fsdp__trace_ckpt(ctx, "async save: copy", NULL, t0);
     if ((rc = fsdp__agree(ctx, local)) != 0) return rc; /* every rank has its snapshot, or none goes on */
     as->done = as->rc = 0;
     as->error[0] = 0;

@@ -33,7 +33,8 @@
    Checkpoints (--ckpt DIR): FULL_SHARD on --nproc ranks without saves, with a sharded save (with
    the optimizer state) every --save-every steps, and with an asynchronous one
    (fsdp_save_sharded_async) as often, interleaved over --rounds: the mean step time (the saves
-   included) against none, and the time a rank is blocked per save.
+   included) against none, and the time a rank is blocked per save. One more save at the last
+   warmup step, untimed: a first save allocates what later ones reuse (the snapshot buffer).
 
    Build and run: make bench && build/bench_train [--model gpt] [--memory | --offload DIR | --trace DIR | --ckpt DIR] */
 #define FSDP_IMPLEMENTATION
@@ -373,7 +374,9 @@ static int run_rank(fsdp_comm *comm, void *arg) {
         }
         // the checkpoint table: a save at the first timed step and every save_every steps from there, so that
         // each save's writing behind the training lies inside the timed steps
-        if (cfg->save && s >= o->warmup && (s - o->warmup) % o->save_every == 0) {
+        // (and one at the last warmup step: the first save allocates what later ones reuse, e.g. the snapshot
+        // buffer of asynchronous saves, a cost a long run pays once)
+        if (cfg->save && (s == o->warmup - 1 || (s >= o->warmup && (s - o->warmup) % o->save_every == 0))) {
             fsdp_save_options so;
             double ts = fsdp_now();
             memset(&so, 0, sizeof so);
@@ -382,7 +385,7 @@ static int run_rank(fsdp_comm *comm, void *arg) {
                 fprintf(stderr, "%s rank %d: saving to %s: %s\n", cfg->name, rank, save_dir, fsdp_last_error(ctx));
                 goto done;
             }
-            save_ms[saves++] = 1e3 * (fsdp_now() - ts);
+            if (s >= o->warmup) save_ms[saves++] = 1e3 * (fsdp_now() - ts);
         }
         t2 = fsdp_now();
         ms[s] = 1e3 * (t2 - t0);
@@ -902,7 +905,8 @@ static int ckpt_table(const options *o) {
         printf("\n");
     }
     printf("\nFULL_SHARD, %d ranks, %d timed steps after %d, a save (with the AdamW state: %.0f MiB in all, every rank's\n"
-           "files) at the first timed step and every %d steps from there, into %s; %d round(s) interleaved. mean\n"
+           "files) at the first timed step and every %d steps from there (and one untimed at the last warmup step:\n"
+           "a first save allocates what later ones reuse), into %s; %d round(s) interleaved. mean\n"
            "ms/step: the slowest rank's mean over the timed steps, saves included; blocked/save: the median time a\n"
            "save call took (the slowest rank); each a median over the rounds.\nmachine: %s\n",
            o->nproc, o->steps, o->warmup, mib(bytes), o->save_every, o->ckpt_dir, o->rounds, machine);

@@ -15,7 +15,8 @@
 #     a rank whose wait was for a local peer that waits on the link),
 #     5% loss and 20 ms delay (still right), a host killed (the others fail, nothing left in
 #     /dev/shm), a rank killed under torchrun --max_restarts 1 (the GPT with --resume auto
-#     continues from its last checkpoint on the loss curve of a run never stopped).
+#     continues from its last checkpoint on the loss curve of a run never stopped);
+#   - 128 ranks on 16 hosts (8 each): the job forms and tiny collectives are bitwise.
 # Prints one line per check, "tests/multihost/test_multihost.sh:0:<name>:PASS" or ":FAIL" (with
 # the logs), and ends with "N passed, N failed". Where no bed can be built (not root, no
 # namespaces) it says why and prints "0 passed, 0 failed". BUILD (default build) holds the
@@ -268,6 +269,18 @@ if hostbed_shape all --loss 5% --delay 20ms >"$LOG/shape.log" 2>&1; then
     hostbed_shape all off >/dev/null 2>&1
 else
     echo "$ME: loss/delay test skipped: $(tail -1 "$LOG/shape.log")"
+fi
+
+# 128 ranks on 16 hosts (issue 27): the rendezvous forms however many ranks dial at once (an
+# acceptor drops handshakes beyond the 64 it runs at once; those ranks dial again), and tiny
+# collectives are bitwise in the documented order.
+hostbed_down
+if hostbed_up 16 >"$LOG/bed16.log" 2>&1; then
+    layout=8,8,8,8,8,8,8,8,8,8,8,8,8,8,8,8
+    MH_MAX_COUNT=64 MH_OPS_ONLY=1 collectives $layout
+    report collectives_128_ranks_on_16_hosts_form_a_job_and_are_bitwise $? "$LOG/coll.log"
+else
+    report collectives_128_ranks_on_16_hosts_form_a_job_and_are_bitwise 1 "$LOG/bed16.log"
 fi
 
 hostbed_down
