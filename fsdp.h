@@ -8877,29 +8877,23 @@ FSDP__PRIVATE int fsdp__hook_post_backward(fsdp_ctx *ctx, int module) {
 }
 
 /* The hooks as called: traced around. */
-FSDP_API int fsdp_pre_forward(fsdp_ctx *ctx, int module) {
+FSDP__PRIVATE int fsdp__traced_hook(fsdp_ctx *ctx, int module, int (*hook)(fsdp_ctx *, int), const char *name) {
     double t0 = fsdp__trace_begin(ctx);
-    int rc = fsdp__hook_pre_forward(ctx, module);
-    fsdp__trace_hook(ctx, "pre_forward", module, t0);
+    int rc = hook(ctx, module);
+    fsdp__trace_hook(ctx, name, module, t0);
     return rc;
+}
+FSDP_API int fsdp_pre_forward(fsdp_ctx *ctx, int module) {
+    return fsdp__traced_hook(ctx, module, fsdp__hook_pre_forward, "pre_forward");
 }
 FSDP_API int fsdp_post_forward(fsdp_ctx *ctx, int module) {
-    double t0 = fsdp__trace_begin(ctx);
-    int rc = fsdp__hook_post_forward(ctx, module);
-    fsdp__trace_hook(ctx, "post_forward", module, t0);
-    return rc;
+    return fsdp__traced_hook(ctx, module, fsdp__hook_post_forward, "post_forward");
 }
 FSDP_API int fsdp_pre_backward(fsdp_ctx *ctx, int module) {
-    double t0 = fsdp__trace_begin(ctx);
-    int rc = fsdp__hook_pre_backward(ctx, module);
-    fsdp__trace_hook(ctx, "pre_backward", module, t0);
-    return rc;
+    return fsdp__traced_hook(ctx, module, fsdp__hook_pre_backward, "pre_backward");
 }
 FSDP_API int fsdp_post_backward(fsdp_ctx *ctx, int module) {
-    double t0 = fsdp__trace_begin(ctx);
-    int rc = fsdp__hook_post_backward(ctx, module);
-    fsdp__trace_hook(ctx, "post_backward", module, t0);
-    return rc;
+    return fsdp__traced_hook(ctx, module, fsdp__hook_post_backward, "post_backward");
 }
 
 /* --- parameter access ---------------------------------------------------------------------- */

@@ -738,6 +738,17 @@ static void test_async_save_with_an_epoch_loads_reporting_that_epoch_as_a_sync_s
 /* ---------------------------------------------------------------------------------------------
    2. the values of the call
    --------------------------------------------------------------------------------------------- */
+/* An asynchronous save to dir with every rank's writer held (the gate) while the rank trains
+   `steps` more steps, gathering the values reached into later; then the writer is let go. */
+static int save_async_held(rank_run *r, board *b, fsdp_comm *comm, const char *dir, int steps, float *later) {
+    int status = gate_arm() != 0 ? rank_fail(b, comm, "gate_arm", FSDP_ERR_SYSTEM, strerror(errno)) : 0;
+    if (!status) status = save_async(r, dir);
+    if (!status) status = train(r, steps);
+    if (!status) status = gather_values(r, later);
+    gate_release();
+    return status;
+}
+
 /* Trains 2 steps, saves asynchronously with every rank's writer held while it trains 3 more
    steps, then waits; a fresh context loads the checkpoint. */
 static int snapshot_rank(fsdp_comm *comm, void *arg) {
@@ -746,11 +757,7 @@ static int snapshot_rank(fsdp_comm *comm, void *arg) {
     int status;
     if ((status = run_start(&r, comm, b, FSDP_FULL_SHARD, TRAIN_SEED)) == 0 && (status = train(&r, 2)) == 0 &&
         (status = gather_values(&r, b->at_call[0])) == 0) {
-        if (gate_arm() != 0) status = rank_fail(b, comm, "gate_arm", FSDP_ERR_SYSTEM, strerror(errno));
-        if (!status) status = save_async(&r, b->dir[0]);
-        if (!status) status = train(&r, 3);
-        if (!status) status = gather_values(&r, b->later);
-        gate_release();
+        status = save_async_held(&r, b, comm, b->dir[0], 3, b->later);
         if (!status) status = save_wait(&r);
         b->writer_gated[r.rank] = gate_was_passed();
     }
@@ -882,11 +889,7 @@ static int two_saves_rank(fsdp_comm *comm, void *arg) {
     int status;
     if ((status = run_start(&r, comm, b, FSDP_FULL_SHARD, TRAIN_SEED)) == 0 && (status = train(&r, 2)) == 0 &&
         (status = gather_values(&r, b->at_call[0])) == 0) {
-        if (gate_arm() != 0) status = rank_fail(b, comm, "gate_arm", FSDP_ERR_SYSTEM, strerror(errno));
-        if (!status) status = save_async(&r, b->dir[0]);
-        if (!status) status = train(&r, 2);
-        if (!status) status = gather_values(&r, b->at_call[1]);
-        gate_release();
+        status = save_async_held(&r, b, comm, b->dir[0], 2, b->at_call[1]);
         if (!status) status = save_async(&r, b->dir[1]); /* (waits for the first save's writer) */
         b->writer_gated[r.rank] = gate_was_passed();
         if (!status) status = train(&r, 1);
@@ -1091,11 +1094,7 @@ static int sync_after_async_rank(fsdp_comm *comm, void *arg) {
     int status;
     if ((status = run_start(&r, comm, b, FSDP_FULL_SHARD, TRAIN_SEED)) == 0 && (status = train(&r, 1)) == 0 &&
         (status = gather_values(&r, b->at_call[0])) == 0) {
-        if (gate_arm() != 0) status = rank_fail(b, comm, "gate_arm", FSDP_ERR_SYSTEM, strerror(errno));
-        if (!status) status = save_async(&r, b->dir[0]);
-        if (!status) status = train(&r, 2);
-        if (!status) status = gather_values(&r, b->at_call[1]);
-        gate_release();
+        status = save_async_held(&r, b, comm, b->dir[0], 2, b->at_call[1]);
         if (!status) status = save_sync(&r, b->dir[0]); /* (waits for the asynchronous save's writer) */
         b->writer_gated[r.rank] = gate_was_passed();
         if (!status) b->wait_rc[r.rank] = fsdp_save_wait(r.ctx);
