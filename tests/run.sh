@@ -139,6 +139,26 @@ if [ -z "$NO_EXTRA_CHECKS" ]; then
                 cmp "$tmp/ref.safetensors" "$tmp/el.safetensors" # parameters and AdamW state
         }
         check examples.gpt_resume_auto_after_a_killed_rank_ends_bitwise_as_a_run_never_stopped gpt_elastic
+        # issue 28: a rank killed while its asynchronous save is written (not committed): the restart
+        # resumes from the save before, and the run ends as one never stopped (the sync run's files)
+        gpt_async_killed() {
+            if [ ! -f "$tmp/ref.safetensors" ]; then # (gpt_elastic made it, unless it failed early)
+                "$BIN/gpt" $elastic --ckpt "$tmp/ref" >"$tmp/ref.log" 2>&1 && losses "$tmp/ref.log" >"$tmp/ref.losses" &&
+                    "$BIN/ckpt_tool" consolidate "$tmp/ref" "$tmp/ref.safetensors" >/dev/null || return 1
+            fi
+            GPT_FAULT_IN_SAVE=8 "$BIN/gpt" $elastic --ckpt "$tmp/as" --async-ckpt --resume auto --max-restarts 1 \
+                >"$tmp/as.log" 2>&1
+            status=$?
+            tail -n 18 "$tmp/as.log"
+            [ $status = 0 ] && grep -q '^rank 1: GPT_FAULT_IN_SAVE=8: killing this rank' "$tmp/as.log" &&
+                grep -q "^resuming from $tmp/as at step 4 (restart 1)" "$tmp/as.log" &&
+                grep -q "behind the training: blocked" "$tmp/as.log" || return 1
+            losses "$tmp/as.log" >"$tmp/as.losses"
+            [ "$(wc -l <"$tmp/as.losses")" -eq 12 ] && cmp "$tmp/ref.losses" "$tmp/as.losses" || return 1
+            "$BIN/ckpt_tool" consolidate "$tmp/as" "$tmp/as.safetensors" >/dev/null &&
+                cmp "$tmp/ref.safetensors" "$tmp/as.safetensors"
+        }
+        check examples.gpt_async_ckpt_rank_killed_mid_save_resume_auto_ends_bitwise_as_a_run_never_stopped gpt_async_killed
         check examples.gpt_killed_rank_without_restarts_fails_naming_it sh -c "GPT_FAULT_AT_STEP=2 '$BIN/gpt' $elastic --ckpt none \
             >'$tmp/kill.log' 2>&1; status=\$?; cat '$tmp/kill.log'; [ \$status -ne 0 ] && grep -q '^gpt: rank 1 was killed by signal 9' '$tmp/kill.log'"
         rm -rf "$tmp"
