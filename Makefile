@@ -15,7 +15,7 @@ MPI_TESTS := test_mpi
 UNIT_TESTS := $(filter-out $(MPI_TESTS),$(TESTS))
 SANFLAGS ?=
 
-.PHONY: all help test test-asan test-tsan test-multihost trace-picture bench bench-mpi bench-multihost bench-torch demo demo-big demo-huge demo-mlp demo-collectives tools fuzz clean check-deps
+.PHONY: all help test test-asan test-tsan test-multihost trace-picture bench-scale bench bench-mpi bench-multihost bench-torch demo demo-big demo-huge demo-mlp demo-collectives tools fuzz clean check-deps
 
 all: $(BUILD)/gpt $(BUILD)/distill $(BUILD)/mlp $(BUILD)/ckpt_tool $(BUILD)/trace_tool $(BUILD)/bench_comm $(BUILD)/bench_train $(BUILD)/demo_collectives
 
@@ -32,6 +32,7 @@ help:
 	@echo "make bench-mpi   build/bench_comm_mpi (collectives through Open MPI; needs libopenmpi-dev)"
 	@echo "make bench-multihost  collectives across 2 simulated hosts: hierarchical vs flat vs Open MPI, GPT (root)"
 	@echo "make bench-torch the GPT against PyTorch (python3-torch) at P = 1 and 2, two model sizes"
+	@echo "make bench-scale  16..256 ranks on simulated hosts: time to form a job, the GPT at 256, a kill (root)"
 	@echo "make trace-picture  trace 10 steps of the GPT on 2 ranks; summary; examples/trace_gpt_p2.svg"
 	@echo "make tools       build/ckpt_tool (inspect, consolidate, shard checkpoints), build/trace_tool (traces)"
 	@echo "make fuzz        fuzz the safetensors, index.json and handshake parsers, FUZZ_TIME seconds each (clang + libFuzzer)"
@@ -122,6 +123,11 @@ $(BUILD)/ckpt_tool: examples/ckpt_tool.c fsdp.h | $(BUILD)
 
 $(BUILD)/trace_tool: examples/trace_tool.c | $(BUILD)
 	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) $< -o $@ -lm
+
+# Hundreds of ranks on the multi-host bed (root): forming a job at 16..256 ranks, the GPT at 256
+# across 32 hosts against one host, a rank killed. About 10 minutes on 2 cores.
+bench-scale: check-deps
+	@BUILD=$(BUILD) bash examples/bench_scale.sh
 
 # The picture README shows: two steps of the GPT on 2 ranks, traced (FSDP_TRACE), drawn by trace_tool.
 trace-picture: $(BUILD)/gpt $(BUILD)/trace_tool

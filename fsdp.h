@@ -8037,6 +8037,7 @@ FSDP__PRIVATE void fsdp__trace_wait(fsdp_ctx *ctx, const char *name, const char 
 FSDP__PRIVATE void fsdp__trace_update(fsdp_ctx *ctx, int64_t step, double t0);
 FSDP__PRIVATE void fsdp__trace_ckpt(fsdp_ctx *ctx, const char *phase, const char *path, double t0);
 FSDP__PRIVATE void fsdp__trace_iteration(fsdp_ctx *ctx, int skipped);
+FSDP__PRIVATE void fsdp__trace_spill(fsdp_ctx *ctx);
 FSDP__PRIVATE int fsdp__trace_open(fsdp_ctx *ctx);
 FSDP__PRIVATE void fsdp__trace_close(fsdp_ctx *ctx);
 FSDP__PRIVATE int fsdp__task_coll(fsdp_ctx *ctx, const fsdp__task *t, fsdp_comm *comm, fsdp_coll_kind kind,
@@ -8881,6 +8882,7 @@ FSDP__PRIVATE int fsdp__traced_hook(fsdp_ctx *ctx, int module, int (*hook)(fsdp_
     double t0 = fsdp__trace_begin(ctx);
     int rc = hook(ctx, module);
     fsdp__trace_hook(ctx, name, module, t0);
+    if (ctx && ctx->trace) fsdp__trace_spill(ctx);
     return rc;
 }
 FSDP_API int fsdp_pre_forward(fsdp_ctx *ctx, int module) {
@@ -10869,6 +10871,23 @@ FSDP__PRIVATE void fsdp__trace_iteration(fsdp_ctx *ctx, int skipped) {
         now = e.t1;
     }
     tr->iteration_start = now;
+}
+
+/* Writes the events out from a hook when far more than fsdp_step would have left have gathered:
+   a loop without fsdp_step (evaluation, fsdp_finish_backward) must not grow the buffer forever. */
+FSDP__PRIVATE void fsdp__trace_spill(fsdp_ctx *ctx) {
+    fsdp__trace *tr = ctx->trace;
+    fsdp__trace_event e;
+    size_t len;
+    double t0;
+    pthread_mutex_lock(&tr->lock);
+    len = tr->len;
+    pthread_mutex_unlock(&tr->lock);
+    if (len < 8 * FSDP__TRACE_FLUSH) return;
+    t0 = fsdp_now();
+    fsdp__trace_flush(ctx);
+    e = fsdp__trace_ev("trace", "trace write", FSDP__TID_COMPUTE, t0, fsdp_now());
+    fsdp__trace_add(tr, &e);
 }
 
 /* The file's head: otherData (the clock alignment, the units), then the names of the rank and

@@ -407,6 +407,52 @@ void test_trace_that_cannot_be_written_warns_and_training_goes_on(void) {
     TEST_ASSERT_TRUE(st.st_size <= 3000);
 }
 
+/* Forward passes only (evaluation: fsdp_finish_backward, never fsdp_step), until the trace must
+   have spilled; the file's size is looked at before fsdp_destroy writes what is left. */
+static int evaluate_rank(fsdp_comm *comm, void *arg) {
+    rank_result *r = &board[0];
+    fsdp_model *model = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_desc d;
+    const char *types[] = {"Block", NULL};
+    char path[300];
+    struct stat st;
+    int it, k, rc = 0;
+    (void)arg;
+    if (build_model(&model) != 0) return 1;
+    memset(&d, 0, sizeof d);
+    d.comm = comm;
+    d.wrap.kind = FSDP_WRAP_TYPES;
+    d.wrap.types = types;
+    d.trace_dir = trace_dir;
+    if ((r->init_rc = fsdp_init(&ctx, model, &d)) != 0) return 1;
+    for (it = 0; !rc && it < 4000; it++) { /* 6 hooks an iteration: 24000 events */
+        rc = fsdp_pre_forward(ctx, M_ROOT);
+        for (k = M_L0; !rc && k <= M_L1; k++) rc = fsdp_pre_forward(ctx, k) || fsdp_post_forward(ctx, k);
+        if (!rc) rc = fsdp_post_forward(ctx, M_ROOT) || fsdp_finish_backward(ctx);
+    }
+    snprintf(path, sizeof path, "%s/trace-rank00000.json", trace_dir);
+    r->rc = rc;
+    r->tracing = stat(path, &st) == 0 && st.st_size > 1000000; /* (the events so far, written out: over 1 MB) */
+    r->done = 1;
+    fsdp_destroy(ctx);
+    fsdp_model_destroy(model);
+    return 0;
+}
+
+void test_trace_of_a_loop_without_fsdp_step_is_written_as_it_goes(void) {
+    fsdp_launch_status status;
+    tt_trace t;
+    memset(board, 0, sizeof(rank_result) * MAX_RANKS);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, launch_ranks(1, FSDP_BACKEND_SHM, 20000, evaluate_rank, NULL, &status), status.message);
+    TEST_ASSERT_TRUE(board[0].done && board[0].rc == 0);
+    TEST_ASSERT_TRUE_MESSAGE(board[0].tracing, "the trace file did not grow before fsdp_destroy");
+    load_traces(&t);
+    TEST_ASSERT_EQUAL_INT(4000, count_events(&t, 0, "hook", "pre_forward l1", 0));
+    TEST_ASSERT_TRUE(count_events(&t, 0, "trace", "trace write", 0) >= 1);
+    tt_free(&t);
+}
+
 void test_trace_into_a_directory_every_user_can_write_is_refused(void) {
     run_plan p;
     memset(&p, 0, sizeof p);
@@ -434,6 +480,7 @@ int main(void) {
     RUN_TEST(test_trace_off_writes_nothing_and_trains_alike);
     RUN_TEST(test_trace_on_some_ranks_only_fails_init_instead_of_hanging);
     RUN_TEST(test_trace_that_cannot_be_written_warns_and_training_goes_on);
+    RUN_TEST(test_trace_of_a_loop_without_fsdp_step_is_written_as_it_goes);
     RUN_TEST(test_trace_into_a_directory_every_user_can_write_is_refused);
     return UNITY_END();
 }

@@ -24,10 +24,12 @@
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static int checks, failures, rank_id;
 
@@ -222,18 +224,47 @@ static void check_splits(fsdp_comm *comm) {
     fsdp_comm_destroy(replicas);
 }
 
+/* The wall clock (the same in every host of the bed: one machine), for when the job formed. */
+static double wall_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The sockets this process holds. */
+static int count_sockets(void) {
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    char path[300], target[64];
+    int n = 0;
+    while (d && (e = readdir(d)) != NULL) {
+        ssize_t len;
+        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+        if ((len = readlink(path, target, sizeof target - 1)) > 0) {
+            target[len] = 0;
+            n += strncmp(target, "socket:", 7) == 0;
+        }
+    }
+    if (d) closedir(d);
+    return n;
+}
+
 int main(void) {
     fsdp_comm *comm = NULL;
     layout lay;
     char err[512];
     const char *spec = getenv("MH_LAYOUT"), *loop = getenv("MH_LOOP_MS");
     int r, h, n, expected_hosts = 0, contiguous = 1;
-    double started = fsdp_now();
+    double started = fsdp_now(), wall_started = wall_now(), wall_joined;
     if (fsdp_comm_init_from_env(&comm, NULL, err, sizeof err) != 0) {
         fprintf(stderr, "mh_check: init failed: %s\n", err);
         return 2;
     }
+    wall_joined = wall_now();
     rank_id = fsdp_comm_rank(comm);
+    /* (examples/bench_scale.sh reads this line: when the job formed, and what it holds) */
+    printf("mh_check: rank %d: init from %.6f to %.6f (wall clock), %d sockets\n", fsdp_comm_rank(comm), wall_started,
+           wall_joined, count_sockets());
     memset(&lay, 0, sizeof lay);
     lay.world = fsdp_comm_size(comm);
     lay.hosts = fsdp_comm_num_hosts(comm);

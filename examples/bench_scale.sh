@@ -1,0 +1,141 @@
+#!/bin/bash
+# examples/bench_scale.sh - fsdp.h at hundreds of ranks on the multi-host bed (issue 27).
+#
+# Every "host" is a namespace of tests/multihost/hostbed.sh (own address, /dev/shm, /tmp); ranks are
+# started in them with torchrun's variables (hostbed_ranks), R per host, a shared secret. On one
+# machine all ranks share its cores: this measures counts and correctness, and times that are
+# start-up bound, not bandwidth.
+#   1. Forming a job, at each scale (default 16, 64, 128, 256 ranks: 2, 8, 16, 32 hosts of 8):
+#      tests/multihost/mh_check.c with tiny messages (every collective, dtype and op up to 64
+#      elements, bitwise against the documented order). Printed per scale: the time from the first
+#      rank's start to the last rank's return from fsdp_comm_init_from_env (wall clock, the same in
+#      every host), the whole run's time, the sockets each rank holds once joined (min-max), and
+#      whether every rank passed.
+#   2. The GPT at the largest scale (tiny model, a global batch of one sequence per rank): FULL_SHARD
+#      and HYBRID_SHARD across the hosts against FULL_SHARD on as many ranks of one host (shared
+#      memory): the losses of every step, compared at 1e-5 relative.
+#   3. A rank killed (SIGKILL) while the GPT trains across the hosts: every other rank must fail
+#      within its timeout (FSDP_TIMEOUT_MS, 20 s here) naming the lost rank or its host, and no host
+#      may keep anything in /dev/shm.
+#
+# Command (root, iproute2, OpenBLAS for the GPT), from anywhere:
+#   make bench-scale                       # the issue's measurement (about 10 minutes on 2 cores)
+#   bash examples/bench_scale.sh --scales 16,64 --no-gpt    # a quick look
+# Options: --scales N,... (ranks; multiples of --per-host) [16,64,128,256]; --per-host R [8];
+#          --no-gpt; --no-kill; --timeout S per run [600]. Exit status 0 if everything passed.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+BUILD=${BUILD:-build}
+scales=16,64,128,256 per_host=8 do_gpt=1 do_kill=1 timeout=600
+while [ $# -gt 0 ]; do
+    case $1 in
+    --scales) scales=$2; shift 2 ;;
+    --per-host) per_host=$2; shift 2 ;;
+    --no-gpt) do_gpt=0; shift ;;
+    --no-kill) do_kill=0; shift ;;
+    --timeout) timeout=$2; shift 2 ;;
+    -h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "bench_scale: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    esac
+done
+case $(pwd -P) in /tmp | /tmp/* | /dev/shm | /dev/shm/*)
+    echo "bench_scale: run it from a checkout outside /tmp and /dev/shm (every host mounts its own)" >&2; exit 2 ;;
+esac
+. tests/multihost/hostbed.sh
+hostbed_require || exit $?
+mkdir -p "$BUILD" || exit 1
+cc -std=c99 -O2 -Wall -Wextra -Werror -I. tests/multihost/mh_check.c -o "$BUILD/mh_check" -lpthread -lm || exit 1
+if [ $do_gpt = 1 ] || [ $do_kill = 1 ]; then make --no-print-directory "$BUILD/gpt" >/dev/null || exit 1; fi
+BIN=$(cd "$BUILD" && pwd -P)
+export FSDP_SECRET=bench-scale-secret-$$-$RANDOM
+failed=0
+layout_of() { local n=$(($1 / per_host)) l="" i; for ((i = 0; i < n; i++)); do l="$l${l:+,}$per_host"; done; echo "$l"; }
+
+echo "bench_scale: fsdp.h $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nproc) CPUs," \
+    "$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //') (family $(grep -m1 'cpu family' /proc/cpuinfo | sed 's/.*: //')" \
+    "model $(grep -m1 '^model[[:space:]]' /proc/cpuinfo | sed 's/.*: //')), $per_host ranks per host, links unshaped"
+echo
+printf '%6s %6s %14s %12s %16s %s\n' ranks hosts "formed in s" "run in s" "sockets/rank" result
+largest=0
+IFS=, read -ra list <<<"$scales"
+for n in "${list[@]}"; do
+    hosts=$((n / per_host))
+    if [ $((hosts * per_host)) != "$n" ] || [ $hosts -lt 1 ] || [ $hosts -gt 32 ]; then
+        echo "bench_scale: $n ranks is not 1..32 hosts of $per_host" >&2; failed=1; continue
+    fi
+    [ "$n" -gt $largest ] && largest=$n
+    hostbed_up $hosts >/dev/null 2>&1 || { echo "bench_scale: the bed of $hosts hosts did not come up"; failed=1; continue; }
+    layout=$(layout_of "$n")
+    t0=$(date +%s.%N)
+    MH_LAYOUT=$layout MH_OPS_ONLY=1 MH_MAX_COUNT=64 FSDP_TIMEOUT_MS=120000 \
+        hostbed_ranks --timeout "$timeout" "$layout" "$BIN/mh_check" >/dev/null 2>&1
+    rc=$?
+    t1=$(date +%s.%N)
+    stats=$(cat "$HOSTBED_SHARE"/rank*.log | awk '
+        /init from .* \(wall clock\)/ { s = $6; e = $8; k = $11
+            if (first == "" || s < first) first = s; if (last == "" || e > last) last = e
+            if (lo == "" || k < lo) lo = k; if (hi == "" || k > hi) hi = k; joined++ }
+        / checks, 0 failed/ { ok++ }
+        END { printf "%.2f %s-%s %d %d", last - first, lo, hi, joined, ok }')
+    read -r formed sockets joined ok <<<"$stats"
+    result="pass"
+    [ $rc = 0 ] && [ "$joined" = "$n" ] && [ "$ok" = "$n" ] || { result="FAIL (exit $rc, $joined joined, $ok passed)"; failed=1; }
+    printf '%6d %6d %14s %12.2f %16s %s\n' "$n" "$hosts" "$formed" "$(echo "$t1 - $t0" | bc)" "$sockets" "$result"
+    hostbed_down
+done
+
+gpt_args="--layers 2 --channels 32 --heads 2 --seq-len 16 --steps 6 --print-every 1 --ckpt none --sample 0 --lr 0.01"
+# the losses rank 0 logged (--log: full precision), one per line
+gpt_losses() { grep -o '"loss":[^,]*' "$1" | cut -d: -f2; }
+if [ $do_gpt = 1 ] && [ $largest -gt 0 ]; then
+    n=$largest hosts=$((largest / per_host)) layout=$(layout_of "$largest")
+    echo
+    echo "GPT ($gpt_args --batch $n): losses across $hosts hosts against $n ranks of one host"
+    share=$(mktemp -d /var/tmp/bench_scale.XXXXXX)
+    FSDP_TIMEOUT_MS=120000 "$BIN/gpt" --nproc "$n" $gpt_args --batch "$n" --strategy FULL_SHARD --log "$share/one.jsonl" \
+        >"$share/one.log" 2>&1 || { echo "  one host: FAILED"; tail -3 "$share/one.log"; failed=1; }
+    hostbed_up $hosts >/dev/null 2>&1 || { echo "bench_scale: the bed did not come up"; exit 1; }
+    for strategy in FULL_SHARD HYBRID_SHARD; do
+        t0=$(date +%s.%N)
+        FSDP_TIMEOUT_MS=120000 hostbed_ranks --timeout "$timeout" "$layout" "$BIN/gpt" $gpt_args --batch "$n" \
+            --strategy $strategy --log "$share/$strategy.jsonl" >/dev/null 2>&1
+        rc=$?
+        t1=$(date +%s.%N)
+        verdict=$(paste <(gpt_losses "$share/one.jsonl") <(gpt_losses "$share/$strategy.jsonl") | awk '
+            NF != 2 { bad = 1 } NF == 2 { n++; d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > worst) worst = d; if (d > 1e-5) bad = 1 }
+            END { printf "%s: %d steps, largest relative difference %.2g", (bad || n < 6) ? "DIFFERENT" : "same", n, worst }')
+        printf '  %-12s %d hosts x %d: %s (exit %d, %.1f s)\n' $strategy "$hosts" "$per_host" "$verdict" $rc \
+            "$(echo "$t1 - $t0" | bc)"
+        [ $rc = 0 ] && [ "${verdict%%:*}" = same ] || failed=1
+    done
+    hostbed_down
+    rm -rf "$share"
+fi
+
+if [ $do_kill = 1 ] && [ $largest -gt 0 ]; then
+    n=$largest hosts=$((largest / per_host)) layout=$(layout_of "$largest") victim=$((largest / 2 + 3))
+    echo
+    echo "rank $victim killed (SIGKILL) while the GPT trains on $hosts hosts x $per_host (FSDP_TIMEOUT_MS=20000)"
+    hostbed_up $hosts >/dev/null 2>&1 || { echo "bench_scale: the bed did not come up"; exit 1; }
+    FSDP_TIMEOUT_MS=20000 hostbed_ranks --timeout 300 --no-wait "$layout" "$BIN/gpt" \
+        ${gpt_args/--steps 6/--steps 100000} --batch "$n" >/dev/null 2>&1
+    for ((i = 0; i < 300; i++)); do grep -q '^step ' "$HOSTBED_SHARE/rank0.log" 2>/dev/null && break; sleep 1; done
+    host=$((victim / per_host))
+    pid=$(hostbed_exec "h$host" sh -c "for p in /proc/[0-9]*; do tr '\\0' '\\n' <\$p/environ 2>/dev/null | grep -qx 'RANK=$victim' &&
+        grep -q gpt \$p/comm && echo \${p#/proc/}; done | head -n 1")
+    t0=$(date +%s%N)
+    hostbed_exec "h$host" kill -9 "$pid"
+    hostbed_ranks_wait
+    t1=$(date +%s%N)
+    statuses=" ${HOSTBED_RANK_STATUS[*]} "
+    named=$(grep -l -E "rank $victim\b|10\.77\.0\.$((host + 1))\b" "$HOSTBED_SHARE"/rank*.log | wc -l)
+    zero=$(echo "$statuses" | grep -o ' 0 ' | wc -l)
+    left=0
+    for ((h = 0; h < hosts; h++)); do [ -z "$(hostbed_exec "h$h" ls -A /dev/shm)" ] || left=$((left + 1)); done
+    printf '  ranks ended %.1f s after the kill; %d of %d exited 0 (expected 0); %d logs name rank %d or its host;' \
+        "$(echo "($t1 - $t0) / 1000000000" | bc -l)" "$zero" "$n" "$named" "$victim"
+    printf ' hosts with something left in /dev/shm: %d\n' "$left"
+    [ "$zero" = 0 ] && [ $(((t1 - t0) / 1000000)) -lt 60000 ] && [ "$left" = 0 ] || failed=1
+    hostbed_down
+fi
+exit $failed
