@@ -121,11 +121,11 @@ if [ $do_kill = 1 ] && [ $largest -gt 0 ]; then
         ${gpt_args/--steps 6/--steps 100000} --batch "$n" >/dev/null 2>&1
     for ((i = 0; i < 300; i++)); do grep -q '^step ' "$HOSTBED_SHARE/rank0.log" 2>/dev/null && break; sleep 1; done
     host=$((victim / per_host))
-    pid=$(hostbed_exec "h$host" sh -c "for p in /proc/[0-9]*; do tr '\\0' '\\n' <\$p/environ 2>/dev/null | grep -qx 'RANK=$victim' &&
+    pid=$(hostbed_exec "h$host" sh -c "for p in /proc/[0-9]*; do tr '\\0' '\\n' 2>/dev/null <\$p/environ | grep -qx 'RANK=$victim' &&
         grep -q gpt \$p/comm && echo \${p#/proc/}; done | head -n 1")
     t0=$(date +%s%N)
     hostbed_exec "h$host" kill -9 "$pid"
-    hostbed_ranks_wait
+    hostbed_ranks_wait 2>/dev/null
     t1=$(date +%s%N)
     statuses=" ${HOSTBED_RANK_STATUS[*]} "
     named=$(grep -l -E "rank $victim\b|10\.77\.0\.$((host + 1))\b" "$HOSTBED_SHARE"/rank*.log | wc -l)
@@ -135,6 +135,8 @@ if [ $do_kill = 1 ] && [ $largest -gt 0 ]; then
     printf '  ranks ended %.1f s after the kill; %d of %d exited 0 (expected 0); %d logs name rank %d or its host;' \
         "$(echo "($t1 - $t0) / 1000000000" | bc -l)" "$zero" "$n" "$named" "$victim"
     printf ' hosts with something left in /dev/shm: %d\n' "$left"
+    other=$(grep -L -E "rank $victim\b|10\.77\.0\.$((host + 1))\b" "$HOSTBED_SHARE"/rank*.log | grep -v "/rank$victim.log" | head -n 1)
+    [ -n "$other" ] && echo "  e.g. $(basename "$other"), naming neither: $(grep -m1 -i 'fail\|error\|lost\|died' "$other" | cut -c1-300)"
     [ "$zero" = 0 ] && [ $(((t1 - t0) / 1000000)) -lt 60000 ] && [ "$left" = 0 ] || failed=1
     hostbed_down
 fi
