@@ -12758,12 +12758,21 @@ FSDP__PRIVATE fsdp_kv *fsdp__kv_copy(const fsdp_kv *kv, int n, char **text) {
     return copy;
 }
 
-static void *fsdp__async_writer(void *arg) {
-    fsdp_ctx *ctx = (fsdp_ctx *)arg;
+/* Writes the snapshot into this rank's shard file and says it is done (the writer thread's work). */
+FSDP__PRIVATE void fsdp__async_write(fsdp_ctx *ctx) {
     struct fsdp__async_save *as = ctx->async_save;
     char err[FSDP__ERRMSG];
     double t0 = fsdp_now();
-    int rc;
+    int rc = fsdp__write_shard_file(ctx, &as->sv, as->staged, err, sizeof err);
+    fsdp__trace_ckpt(ctx, "async save: write", as->dir, t0);
+    pthread_mutex_lock(&ctx->lock);
+    as->rc = rc;
+    fsdp__copy_string(as->error, sizeof as->error, err);
+    as->done = 1;
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+static void *fsdp__async_writer(void *arg) {
 #if defined(__linux__) && defined(SYS_gettid)
     /* behind the training: on a host whose cores the ranks keep busy the writer takes a small
        share (nice 10: a tenth of a rank's) instead of an equal one, which would slow one rank
@@ -12771,13 +12780,7 @@ static void *fsdp__async_writer(void *arg) {
     setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
 #endif
     fsdp__trace_thread = FSDP__TID_CKPT;
-    rc = fsdp__write_shard_file(ctx, &as->sv, as->staged, err, sizeof err);
-    fsdp__trace_ckpt(ctx, "async save: write", as->dir, t0);
-    pthread_mutex_lock(&ctx->lock);
-    as->rc = rc;
-    fsdp__copy_string(as->error, sizeof as->error, err);
-    as->done = 1;
-    pthread_mutex_unlock(&ctx->lock);
+    fsdp__async_write((fsdp_ctx *)arg);
     return NULL;
 }
 
@@ -12843,8 +12846,7 @@ FSDP__PRIVATE int fsdp__save_sharded_async(fsdp_ctx *ctx, const char *dir, const
         as->thread_started = 1;
     } else { /* no thread: written here (the save is then synchronous, and still committed later) */
         fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: no thread for the asynchronous save: written now", ctx->rank);
-        fsdp__async_writer(ctx);
-        fsdp__trace_thread = FSDP__TID_COMPUTE;
+        fsdp__async_write(ctx);
     }
     return 0;
 }
