@@ -9410,9 +9410,9 @@ FSDP__PRIVATE int fsdp__step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *re
 FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) {
     fsdp_step_report mine;
     int rc;
-    if (report) memset(report, 0, sizeof *report);
+    if (!report) report = &mine; /* (the iteration's trace event reads it) */
+    memset(report, 0, sizeof *report);
     if (!ctx) return FSDP_ERR_INVALID_ARG;
-    if (!report && ctx->trace) report = &mine;
     rc = fsdp__step(ctx, max_norm, report);
     if (!rc && ctx->async_save) rc = fsdp__async_poll(ctx, 0); /* commits a save whose files are all written */
     if (!rc && ctx->trace) fsdp__trace_iteration(ctx, report->skipped);

@@ -621,7 +621,7 @@ static void assert_only_the_committed_files(const char *dir, int world) {
    file whose checksums verify. */
 static void assert_no_partial_file_under_a_final_name(const char *dir) {
     listing l;
-    char path[512], err[512];
+    char path[512], err[512] = "";
     int i, k, rc;
     list_dir(dir, &l);
     for (i = 0; i < l.count; i++) {
