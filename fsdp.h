@@ -10640,8 +10640,6 @@ struct fsdp__trace {
 
 static const char *const fsdp__trace_threads[FSDP__TRACE_TIDS] = {"compute", "comm", "step", "io", "checkpoint"};
 static const char *const fsdp__trace_groups[3] = {"world", "shard", "replica"};
-static const char *const fsdp__trace_ops[6] = {"collective", "all_gather", "reduce_scatter", "all_reduce", "broadcast",
-                                               "barrier"};
 
 FSDP__PRIVATE fsdp__trace_event fsdp__trace_ev(const char *cat, const char *name, int tid, double t0, double t1) {
     fsdp__trace_event e;
@@ -10752,7 +10750,7 @@ FSDP__PRIVATE int fsdp__task_coll(fsdp_ctx *ctx, const fsdp__task *t, fsdp_comm 
     if (kind == FSDP_COLL_BROADCAST) rc = fsdp_broadcast(comm, recv, count, dtype, t->root);
     else rc = fsdp__collective_tagged(comm, kind, send, recv, count, dtype, op, tag);
     if (!ctx->trace) return rc;
-    e = fsdp__trace_ev("comm", fsdp__trace_ops[(unsigned)kind < 6 ? kind : 0], fsdp__trace_thread, t0, fsdp_now());
+    e = fsdp__trace_ev("comm", fsdp_coll_name(kind), fsdp__trace_thread, t0, fsdp_now());
     g = fsdp__trace_group(ctx, comm, &index);
     e.unit = t->unit;
     e.group = g;
@@ -10848,12 +10846,28 @@ FSDP__PRIVATE void fsdp__trace_flush(fsdp_ctx *ctx) {
     FSDP_FREE(events);
 }
 
-/* The end of an iteration (fsdp_step): its span, and the buffered events written out when many
-   (that write outside any iteration, as its own event). Compute thread. */
-FSDP__PRIVATE void fsdp__trace_iteration(fsdp_ctx *ctx, int skipped) {
+/* Writes the buffered events out (compute thread) once at least `at_least` have gathered, as an
+   event of its own; the time it ended (now if nothing was written). */
+FSDP__PRIVATE double fsdp__trace_write_out(fsdp_ctx *ctx, size_t at_least) {
     fsdp__trace *tr = ctx->trace;
     fsdp__trace_event e;
     size_t len;
+    double t0 = fsdp_now();
+    pthread_mutex_lock(&tr->lock);
+    len = tr->len;
+    pthread_mutex_unlock(&tr->lock);
+    if (len < at_least) return t0;
+    fsdp__trace_flush(ctx);
+    e = fsdp__trace_ev("trace", "trace write", FSDP__TID_COMPUTE, t0, fsdp_now());
+    fsdp__trace_add(tr, &e);
+    return e.t1;
+}
+
+/* The end of an iteration (fsdp_step): its span, and the buffered events written out when many
+   (that write outside any iteration). Compute thread. */
+FSDP__PRIVATE void fsdp__trace_iteration(fsdp_ctx *ctx, int skipped) {
+    fsdp__trace *tr = ctx->trace;
+    fsdp__trace_event e;
     double now;
     if (!tr) return;
     now = fsdp_now();
@@ -10861,34 +10875,12 @@ FSDP__PRIVATE void fsdp__trace_iteration(fsdp_ctx *ctx, int skipped) {
     e.step = ++tr->iterations;
     e.skipped = skipped;
     fsdp__trace_add(tr, &e);
-    pthread_mutex_lock(&tr->lock);
-    len = tr->len;
-    pthread_mutex_unlock(&tr->lock);
-    if (len >= FSDP__TRACE_FLUSH) {
-        fsdp__trace_flush(ctx);
-        e = fsdp__trace_ev("trace", "trace write", FSDP__TID_COMPUTE, now, fsdp_now());
-        fsdp__trace_add(tr, &e);
-        now = e.t1;
-    }
-    tr->iteration_start = now;
+    tr->iteration_start = fsdp__trace_write_out(ctx, FSDP__TRACE_FLUSH);
 }
 
-/* Writes the events out from a hook when far more than fsdp_step would have left have gathered:
-   a loop without fsdp_step (evaluation, fsdp_finish_backward) must not grow the buffer forever. */
-FSDP__PRIVATE void fsdp__trace_spill(fsdp_ctx *ctx) {
-    fsdp__trace *tr = ctx->trace;
-    fsdp__trace_event e;
-    size_t len;
-    double t0;
-    pthread_mutex_lock(&tr->lock);
-    len = tr->len;
-    pthread_mutex_unlock(&tr->lock);
-    if (len < 8 * FSDP__TRACE_FLUSH) return;
-    t0 = fsdp_now();
-    fsdp__trace_flush(ctx);
-    e = fsdp__trace_ev("trace", "trace write", FSDP__TID_COMPUTE, t0, fsdp_now());
-    fsdp__trace_add(tr, &e);
-}
+/* From a hook, when far more than fsdp_step would have left have gathered: a loop without
+   fsdp_step (evaluation, fsdp_finish_backward) must not grow the buffer forever. */
+FSDP__PRIVATE void fsdp__trace_spill(fsdp_ctx *ctx) { fsdp__trace_write_out(ctx, 8 * FSDP__TRACE_FLUSH); }
 
 /* The file's head: otherData (the clock alignment, the units), then the names of the rank and
    its threads. */
