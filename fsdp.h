@@ -2744,37 +2744,72 @@ FSDP__PRIVATE void fsdp__host_facts(unsigned char out[32]) {
     fsdp__sha256_final(&h, out);
 }
 
-/* Sets host_of, num_hosts, host, local_rank and local_world. With everyone = 1 (one shm
-   segment) the ranks are one host by construction; else they all-gather their host facts
-   (collective: the comm's first op). */
-FSDP__PRIVATE int fsdp__comm_topology(fsdp_comm *comm, int everyone) {
-    unsigned char *all = NULL, mine[32];
-    int r, q, rc = 0;
-    if (!(comm->host_of = (int *)fsdp__calloc(sizeof(int) * (size_t)comm->world))) return FSDP_ERR_OUT_OF_MEMORY;
-    if (!everyone && comm->world > 1) {
-        if (!(all = (unsigned char *)FSDP_MALLOC(16 * (size_t)comm->world))) return FSDP_ERR_OUT_OF_MEMORY;
-        fsdp__host_facts(mine);
-        rc = fsdp__collective_tagged(comm, FSDP_COLL_ALL_GATHER, mine, all, 4, FSDP_F32, FSDP_SUM, 0x70b0u);
-        for (r = 0; !rc && r < comm->world; r++) { /* host numbers in order of their lowest rank */
-            comm->host_of[r] = -1;
-            for (q = 0; q < r && comm->host_of[r] < 0; q++)
-                if (memcmp(all + 16 * (size_t)r, all + 16 * (size_t)q, 16) == 0) comm->host_of[r] = comm->host_of[q];
-            if (comm->host_of[r] < 0) comm->host_of[r] = comm->num_hosts++;
+/* Numbers the hosts of `world` ranks from their host digests (facts[16 * r], the first 16 bytes
+   of fsdp__host_facts) in order of their lowest rank: host_of[r]. The number of hosts, or -1
+   without memory. Linear in the ranks: the digests go through a hash table. */
+FSDP__PRIVATE int fsdp__host_numbers(const unsigned char *facts, int world, int *host_of) {
+    size_t cap = 16, i;
+    int *holder, r, hosts = 0; /* holder[i]: the lowest rank of the digest in slot i, or -1 */
+    while (cap < 2 * (size_t)world) cap <<= 1;
+    if (!(holder = (int *)FSDP_MALLOC(sizeof *holder * cap))) return -1;
+    for (i = 0; i < cap; i++) holder[i] = -1;
+    for (r = 0; r < world; r++) {
+        const unsigned char *digest = facts + 16 * (size_t)r;
+        uint64_t bits;
+        memcpy(&bits, digest, sizeof bits); /* a digest's bytes are already uniform */
+        for (i = (size_t)bits & (cap - 1); holder[i] >= 0 && memcmp(facts + 16 * (size_t)holder[i], digest, 16) != 0;
+             i = (i + 1) & (cap - 1)) {
         }
-        FSDP_FREE(all);
-        if (rc) return rc;
-    } else {
-        comm->num_hosts = 1;
+        if (holder[i] < 0) holder[i] = r, host_of[r] = hosts++;
+        else host_of[r] = host_of[holder[i]];
     }
+    FSDP_FREE(holder);
+    return hosts;
+}
+
+/* 1 if this process asks for a flat world (FSDP_HIERARCHICAL=0). */
+static int fsdp__flat_wish(void) {
+    const char *env = getenv("FSDP_HIERARCHICAL");
+    return env && strcmp(env, "0") == 0;
+}
+
+/* 1 if the ranks are numbered host by host (host_of never goes back to an earlier host). */
+static int fsdp__host_by_host(const fsdp_comm *comm) {
+    int r;
+    for (r = 1; r < comm->world; r++)
+        if (comm->host_of[r] != comm->host_of[r - 1] && comm->host_of[r] != comm->host_of[r - 1] + 1) return 0;
+    return 1;
+}
+
+/* Sets host, local_rank, local_world and two_level from host_of and num_hosts; flat: some rank
+   asked for a flat world. */
+FSDP__PRIVATE void fsdp__comm_place(fsdp_comm *comm, int flat) {
+    int r;
     comm->host = comm->host_of[comm->rank];
     comm->local_rank = comm->local_world = 0;
     for (r = 0; r < comm->world; r++)
         if (comm->host_of[r] == comm->host) comm->local_rank += r < comm->rank, comm->local_world++;
     /* the two-level order needs several hosts, several ranks on some, ranks numbered host by host */
-    comm->two_level = comm->num_hosts > 1 && comm->num_hosts < comm->world &&
-                      !(getenv("FSDP_HIERARCHICAL") && strcmp(getenv("FSDP_HIERARCHICAL"), "0") == 0);
-    for (r = 1; r < comm->world; r++)
-        if (comm->host_of[r] != comm->host_of[r - 1] && comm->host_of[r] != comm->host_of[r - 1] + 1) comm->two_level = 0;
+    comm->two_level = comm->num_hosts > 1 && comm->num_hosts < comm->world && !flat && fsdp__host_by_host(comm);
+}
+
+/* Sets host_of, num_hosts, host, local_rank and local_world. With everyone = 1 (one shm
+   segment) the ranks are one host by construction; else they all-gather their host facts
+   (collective: the comm's first op). */
+FSDP__PRIVATE int fsdp__comm_topology(fsdp_comm *comm, int everyone) {
+    unsigned char *all = NULL, mine[32];
+    int rc = 0;
+    if (!(comm->host_of = (int *)fsdp__calloc(sizeof(int) * (size_t)comm->world))) return FSDP_ERR_OUT_OF_MEMORY;
+    comm->num_hosts = 1;
+    if (!everyone && comm->world > 1) {
+        if (!(all = (unsigned char *)FSDP_MALLOC(16 * (size_t)comm->world))) return FSDP_ERR_OUT_OF_MEMORY;
+        fsdp__host_facts(mine);
+        rc = fsdp__collective_tagged(comm, FSDP_COLL_ALL_GATHER, mine, all, 4, FSDP_F32, FSDP_SUM, 0x70b0u);
+        if (!rc && (comm->num_hosts = fsdp__host_numbers(all, comm->world, comm->host_of)) < 0) rc = FSDP_ERR_OUT_OF_MEMORY;
+        FSDP_FREE(all);
+        if (rc) return rc;
+    }
+    fsdp__comm_place(comm, fsdp__flat_wish());
     return 0;
 }
 
@@ -4089,7 +4124,8 @@ static const fsdp__transport fsdp__shm_transport = {
    job token; see fsdp__comm_key):
        acceptor  -> challenge {magic, version, nonce_a}
        connector -> hello {magic, version, rank, world, data address, the address it dialled,
-                           session, nonce_c, HMAC(key, "hello" | nonce_a | the fields before the mac)}
+                           flags, host digest (both to rank 0 only), session, nonce_c,
+                           HMAC(key, "hello" | nonce_a | the fields before the mac)}
        acceptor  -> reply {status, reason, session, HMAC(key, "reply" | nonce_c | nonce_a | ...)}
    The secret never crosses the wire, fresh nonces from both sides make every exchange
    unrepeatable, and a connection that fails the check learns nothing but "authentication
@@ -4103,10 +4139,21 @@ static const fsdp__transport fsdp__shm_transport = {
    listens where other hosts can reach it. Acceptors run every pending handshake at once, each
    with a short budget, so silent or garbage-sending strangers cannot hold the door. Rank 0
    welcomes everyone once all ranks are in, with a random session id (later hellos between
-   ranks must carry it) and the table of data addresses (its own mac follows it).
-   Rank i connects to ranks 1..i-1 and accepts ranks i+1..P-1, so every pair has one
-   connection (the rendezvous connection is the link to rank 0): P + 1 descriptors a rank, the
-   soft RLIMIT_NOFILE raised to that where the hard limit allows (fsdp__sock_fd_room).
+   ranks must carry it) and a table (its own mac follows it): every rank's data address, its
+   host's number (ranks whose host digests, fsdp__host_facts, are equal share a host; hosts
+   numbered in order of their lowest rank, in time linear in P) and whether some rank asked for
+   a flat world. So every rank knows the hosts before any connection between ranks is made.
+   Where the world is hierarchical (>>hier: several hosts, several ranks on some, numbered
+   host by host), each host makes its shared-memory comm and the ranks agree through rank 0
+   that every host could (else the world is flat after all); then rank (g, l) links only to the
+   ranks of other hosts its algorithms exchange data with, (h, l mod size[h]) and those that
+   send to it (fsdp__hier_links): H - 1 connections a rank with as many ranks on every host.
+   In a flat world every rank links to every other. Rank i connects to the ranks of 1..i-1 it
+   links to and accepts those of i+1..P-1 (and refuses others), so a linked pair has one
+   connection; rendezvous connections to rank 0 that are not links close once the mesh
+   stands. Rank 0 holds P - 1 connections during the rendezvous, a rank its links and a
+   listener after: the soft RLIMIT_NOFILE raised to that where the hard limit allows
+   (fsdp__sock_fd_room). A staging ring for reductions exists per link only.
    An op is one or two phases; in a phase every rank sends every peer one header (magic,
    phase, fingerprint, payload length) and its payload, and receives the same from each, all
    at once through non-blocking sockets and poll, within the op's deadline. Every header is
@@ -4118,7 +4165,7 @@ static const fsdp__transport fsdp__shm_transport = {
    ============================================================================================ */
 #define FSDP__SOCK_MAGIC 0x4b434f53u       /* "SOCK" */
 #define FSDP__SOCK_ABORT_MAGIC 0x54524241u /* "ABRT" */
-#define FSDP__SOCK_VERSION 3u
+#define FSDP__SOCK_VERSION 4u
 #define FSDP__SOCK_SEGMENT ((size_t)256 * 1024)
 #define FSDP__SOCK_RING_SEGMENTS 4
 #define FSDP__SOCK_RING_BYTES ((size_t)FSDP__SOCK_RING_SEGMENTS * FSDP__SOCK_SEGMENT) /* per peer, for reductions */
@@ -4127,6 +4174,8 @@ static const fsdp__transport fsdp__shm_transport = {
 #ifndef FSDP__SOCK_PENDING_MAX /* (a test lowers it) */
 #define FSDP__SOCK_PENDING_MAX 64    /* handshakes an acceptor runs at once */
 #endif
+#define FSDP__SOCK_FLAT 1u             /* hello.flags, the table's flags: FSDP_HIERARCHICAL=0 */
+#define FSDP__SOCK_MAX_WORLD 65536     /* ranks of a socket world (the shm comm of a host: FSDP__MAX_WORLD) */
 
 typedef struct fsdp__sock_challenge {
     uint32_t magic, version;
@@ -4139,6 +4188,8 @@ typedef struct fsdp__sock_hello {
     uint32_t data_port;
     uint32_t dial_ip;          /* the address the connector dialled (network byte order) */
     uint32_t dial_port;
+    uint32_t flags;            /* to rank 0: FSDP__SOCK_FLAT if this rank asks for a flat world */
+    unsigned char host[16];    /* to rank 0: the digest of this rank's host (fsdp__host_facts) */
     unsigned char session[16]; /* zero to rank 0; rank 0's session id between ranks */
     unsigned char nonce[32];
     unsigned char mac[32];
@@ -4169,6 +4220,7 @@ typedef struct fsdp__sock_peer {
     const char *out_data;
     size_t out_len, out_done;
     char *in_direct;        /* payload lands here directly (NULL: into the ring) */
+    char *ring;             /* RING_BYTES of the comm's rings: staging for reductions (connected peers) */
     size_t in_len, in_done;
     int active;             /* takes part in the phase (fsdp__sock_plan) */
     int at_boundary;        /* our outgoing stream is between messages */
@@ -4176,7 +4228,8 @@ typedef struct fsdp__sock_peer {
 
 typedef struct fsdp__sock {
     fsdp__sock_peer *peers;
-    char *ring;             /* world * RING_SEGMENTS * SEGMENT bytes, for reductions */
+    char *ring;             /* a ring of RING_BYTES for each connected peer, for reductions */
+    const void **srcs;      /* world entries: a fold's sources */
     struct pollfd *pfds;
     int *pfd_peer;
     double spin_seconds;    /* busy-poll before sleeping in poll; fsdp__spin_seconds */
@@ -4512,10 +4565,27 @@ FSDP__PRIVATE void fsdp__sock_free(fsdp__sock *s, int world) {
             if (s->peers[p].fd >= 0) close(s->peers[p].fd);
     FSDP_FREE(s->peers);
     FSDP_FREE(s->ring);
+    FSDP_FREE((void *)s->srcs);
     FSDP_FREE(s->pfds);
     FSDP_FREE(s->pfd_peer);
     FSDP_FREE(s);
 }
+
+/* The rendezvous of a socket world: where rank 0 listens, the store it may be published in,
+   and what rank 0 collects for everyone in `table` (3 * P + 1 words, the welcome's table):
+   each rank's data listener (ips, ports: network byte order, host order), its host number
+   (hosts: numbered in order of their lowest rank) and the flags (FSDP__SOCK_FLAT if any rank
+   asked for a flat world). Rank 0 alone: each rank's host digest (facts[16 * rank]) and the
+   nonces of its handshake with rank 0 (nonces[64 * rank]: hello's, challenge's), which bind
+   the table to that handshake. */
+typedef struct fsdp__sock_rdv {
+    struct sockaddr_in master;
+    const char *store_key;      /* NULL: no store (MASTER_ADDR:MASTER_PORT is rank 0's listener) */
+    char store_at[240];         /* "host:port" of the master address, for messages */
+    int store_fd, listen_fd;
+    uint32_t *table, *ips, *ports, *hosts, *flags;
+    unsigned char *facts, *nonces;
+} fsdp__sock_rdv;
 
 /* A connection an acceptor has not admitted yet. */
 typedef struct fsdp__sock_pending {
@@ -4532,10 +4602,10 @@ typedef struct fsdp__sock_pending {
 typedef struct fsdp__sock_door {
     fsdp_comm *comm;
     fsdp__sock *s;
-    int listen_fd, first, rendezvous;
+    int listen_fd, first;
     int64_t deadline;
-    uint32_t *ips, *ports;
-    unsigned char *nonces;
+    fsdp__sock_rdv *rdv;        /* rank 0's rendezvous, or NULL */
+    const unsigned char *expect; /* expect[p]: rank p is to connect here (NULL: every rank from first on) */
     const char *where;
     const unsigned char *session;
     fsdp__sock_pending pending[FSDP__SOCK_PENDING_MAX];
@@ -4566,7 +4636,7 @@ FSDP__PRIVATE int fsdp__sock_door_timeout(fsdp__sock_door *d) {
     size_t used = 0;
     int p;
     for (p = d->first; p < d->comm->world && used + 12 < sizeof list; p++)
-        if (d->s->peers[p].fd < 0) used += (size_t)fsdp__fmt(list + used, sizeof list - used, "%s%d", used ? ", " : "", p);
+        if (d->s->peers[p].fd < 0 && (!d->expect || d->expect[p])) used += (size_t)fsdp__fmt(list + used, sizeof list - used, "%s%d", used ? ", " : "", p);
     if (d->refused)
         fsdp__fmt(refusals, sizeof refusals, "; refused %d connection(s), the last: %s", d->refused, d->last_refusal);
     return fsdp__init_fail(&d->comm->logger, FSDP_ERR_TIMEOUT, "socket: rank %d waited %d ms at %s; missing rank(s): %s%s",
@@ -4591,8 +4661,11 @@ FSDP__PRIVATE int fsdp__sock_door_judge(fsdp__sock_door *d, fsdp__sock_pending *
                                       &arrived, &listener, &authentic, why, why_size);
     if (!*problem) *problem = fsdp__sock_foreign_user(comm, pd->fd, why, why_size);
     r = (int)pd->hello.rank;
+    if (!*problem && d->expect && !d->expect[r])
+        *problem = (fsdp__fmt(why, why_size, "rank %d has no data to exchange with rank %d (the hierarchical "
+                              "layout connects other ranks)", r, comm->rank), why);
     if (!*problem && d->s->peers[r].fd >= 0) *problem = (fsdp__fmt(why, why_size, "rank %d has already joined", r), why);
-    if (!*problem && !d->rendezvous) { /* welcome now, proving this side knows the key too */
+    if (!*problem && !d->rdv) { /* welcome now, proving this side knows the key too */
         fsdp__sock_make_reply(&reply, comm->key, &pd->hello, &pd->challenge, 0, "welcome", NULL, 1);
         if (fsdp__sock_io_full(pd->fd, &reply, sizeof reply, now + FSDP__SOCK_HANDSHAKE_MS, 1) != 0)
             *problem = "went away before it was welcomed";
@@ -4603,11 +4676,13 @@ FSDP__PRIVATE int fsdp__sock_door_judge(fsdp__sock_door *d, fsdp__sock_pending *
     if (*problem) return 0;
     d->s->peers[r].fd = pd->fd;
     fsdp__copy_string(d->s->peers[r].addr, sizeof d->s->peers[r].addr, pd->addr);
-    if (d->rendezvous) {
-        d->ips[r] = pd->hello.data_ip;
-        d->ports[r] = pd->hello.data_port;
-        memcpy(d->nonces + 64 * (size_t)r, pd->hello.nonce, 32);
-        memcpy(d->nonces + 64 * (size_t)r + 32, pd->challenge.nonce, 32);
+    if (d->rdv) {
+        d->rdv->ips[r] = pd->hello.data_ip;
+        d->rdv->ports[r] = pd->hello.data_port;
+        *d->rdv->flags |= pd->hello.flags & FSDP__SOCK_FLAT;
+        memcpy(d->rdv->facts + 16 * (size_t)r, pd->hello.host, 16);
+        memcpy(d->rdv->nonces + 64 * (size_t)r, pd->hello.nonce, 32);
+        memcpy(d->rdv->nonces + 64 * (size_t)r + 32, pd->challenge.nonce, 32);
     }
     d->missing--;
     return 1;
@@ -4703,16 +4778,16 @@ FSDP__PRIVATE int fsdp__sock_door_accept(fsdp__sock_door *d) {
     }
 }
 
-/* Admits ranks first..P-1 (those without a connection yet) on listen_fd until each has one or
-   the deadline passes. rendezvous (rank 0 at the master address): hellos carry no session,
-   the data addresses go to ips/ports and each rank's nonces (hello, challenge) to
-   nonces[64 * rank], and the caller welcomes everyone at the end; otherwise hellos must carry
-   s->session and each rank is welcomed at once. where names the listener in messages.
+/* Admits ranks first..P-1 (those expect names, NULL: all; those without a connection yet) on
+   listen_fd until each has one or the deadline passes. With rdv (rank 0 at the master address):
+   hellos carry no session, what each rank says of itself goes to rdv (its data address, host
+   digest and flags; its nonces of the handshake), and the caller welcomes everyone at the end;
+   otherwise hellos must carry s->session and each rank is welcomed at once. where names the
+   listener in messages.
    Acceptors run every pending handshake at once, each with a short budget, so silent or
    garbage-sending strangers cannot hold the door. */
 FSDP__PRIVATE int fsdp__sock_admit(fsdp_comm *comm, fsdp__sock *s, int listen_fd, int first, int64_t deadline,
-                                   int rendezvous, uint32_t *ips, uint32_t *ports, unsigned char *nonces,
-                                   const char *where) {
+                                   fsdp__sock_rdv *rdv, const unsigned char *expect, const char *where) {
     static const unsigned char no_session[16] = {0};
     fsdp__sock_door *d = (fsdp__sock_door *)fsdp__calloc(sizeof *d);
     struct pollfd pfds[FSDP__SOCK_PENDING_MAX + 1];
@@ -4722,14 +4797,12 @@ FSDP__PRIVATE int fsdp__sock_admit(fsdp_comm *comm, fsdp__sock *s, int listen_fd
     d->s = s;
     d->listen_fd = listen_fd;
     d->first = first;
-    d->rendezvous = rendezvous;
     d->deadline = deadline;
-    d->ips = ips;
-    d->ports = ports;
-    d->nonces = nonces;
+    d->rdv = rdv;
+    d->expect = expect;
     d->where = where;
-    d->session = rendezvous ? no_session : s->session;
-    for (p = first; p < comm->world; p++) d->missing += s->peers[p].fd < 0;
+    d->session = rdv ? no_session : s->session;
+    for (p = first; p < comm->world; p++) d->missing += s->peers[p].fd < 0 && (!expect || expect[p]);
     fsdp__sock_nonblock(listen_fd, 1);
     while (d->missing > 0 && !rc) {
         int64_t now = fsdp__now_ms(), wake = deadline;
@@ -4975,19 +5048,6 @@ FSDP__PRIVATE void fsdp__store_delete(int fd, const char *key, int64_t deadline)
 /* 1 if the address is on this host's loopback network. */
 static int fsdp__is_loopback(const struct sockaddr_in *a) { return (ntohl(a->sin_addr.s_addr) >> 24) == 127; }
 
-/* The rendezvous of a socket world: where rank 0 listens, the store it may be published in,
-   and what rank 0 collects for everyone: each rank's data listener (ips, ports) and the nonces
-   of its handshake with rank 0 (nonces[64 * rank]: hello's, challenge's), which bind the table
-   of addresses to that handshake. */
-typedef struct fsdp__sock_rdv {
-    struct sockaddr_in master;
-    const char *store_key;      /* NULL: no store (MASTER_ADDR:MASTER_PORT is rank 0's listener) */
-    char store_at[240];         /* "host:port" of the master address, for messages */
-    int store_fd, listen_fd;
-    uint32_t *ips, *ports;
-    unsigned char *nonces;
-} fsdp__sock_rdv;
-
 /* What rank 0 publishes in torchrun's store, which anyone who reaches it may write: "ip:port
    mac=<hex of HMAC(key, "fsdp.h store" | store key | NUL | "ip:port")>". */
 FSDP__PRIVATE void fsdp__sock_store_value(char *out, size_t size, const unsigned char key[32], const char *store_key,
@@ -5040,19 +5100,24 @@ FSDP__PRIVATE int fsdp__sock_rank0_admit(fsdp_comm *comm, fsdp__sock *s, fsdp__s
     s->local.sin_port = 0;
     fsdp__sock_addr_string(rdv->store_at, sizeof rdv->store_at, &at);
     fsdp__fmt(where, sizeof where, "%s %s", rdv->store_key ? "its listener" : "the master address", rdv->store_at);
-    rc = fsdp__sock_admit(comm, s, rdv->listen_fd, 1, deadline, 1, rdv->ips, rdv->ports, rdv->nonces, where);
+    rc = fsdp__sock_admit(comm, s, rdv->listen_fd, 1, deadline, rdv, NULL, where);
     if (rc && rdv->store_key)
         fsdp__fmt(fsdp__init_error + strlen(fsdp__init_error), sizeof fsdp__init_error - strlen(fsdp__init_error),
                   " (published in torchrun's store as '%s')", rdv->store_key);
     return rc;
 }
 
-/* Rank 0, once everyone is in: welcomes each rank with the session and the table of data
-   addresses, the table mac'd under the nonces of that rank's handshake. */
+/* Rank 0, once everyone is in: numbers the hosts and welcomes each rank with the session and
+   the table (see fsdp__sock_rdv), mac'd under the nonces of that rank's handshake. */
 FSDP__PRIVATE int fsdp__sock_rank0_welcome(fsdp_comm *comm, fsdp__sock *s, fsdp__sock_rdv *rdv, int64_t deadline) {
-    size_t table = sizeof *rdv->ips * (size_t)comm->world;
-    unsigned char mac[32];
-    int p;
+    size_t table = sizeof *rdv->table * (3 * (size_t)comm->world + 1);
+    unsigned char mac[32], facts[32];
+    int p, hosts;
+    fsdp__host_facts(facts);
+    memcpy(rdv->facts, facts, 16);
+    *rdv->flags |= fsdp__flat_wish() ? FSDP__SOCK_FLAT : 0u;
+    if ((hosts = fsdp__host_numbers(rdv->facts, comm->world, (int *)rdv->hosts)) < 0)
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
     for (p = 1; p < comm->world; p++) {
         fsdp__sock_challenge challenge;
         fsdp__sock_hello theirs;
@@ -5060,10 +5125,9 @@ FSDP__PRIVATE int fsdp__sock_rank0_welcome(fsdp_comm *comm, fsdp__sock *s, fsdp_
         memcpy(theirs.nonce, rdv->nonces + 64 * (size_t)p, 32);
         memcpy(challenge.nonce, rdv->nonces + 64 * (size_t)p + 32, 32);
         fsdp__sock_make_reply(&reply, comm->key, &theirs, &challenge, 0, "welcome", s->session, 1);
-        fsdp__sock_mac(mac, comm->key, "fsdp.h table", rdv->nonces + 64 * (size_t)p, 64, rdv->ips, table, rdv->ports, table);
+        fsdp__sock_mac(mac, comm->key, "fsdp.h table", rdv->nonces + 64 * (size_t)p, 64, rdv->table, table, NULL, 0);
         if (fsdp__sock_io_full(s->peers[p].fd, &reply, sizeof reply, deadline, 1) != 0 ||
-            fsdp__sock_io_full(s->peers[p].fd, rdv->ips, table, deadline, 1) != 0 ||
-            fsdp__sock_io_full(s->peers[p].fd, rdv->ports, table, deadline, 1) != 0 ||
+            fsdp__sock_io_full(s->peers[p].fd, rdv->table, table, deadline, 1) != 0 ||
             fsdp__sock_io_full(s->peers[p].fd, mac, sizeof mac, deadline, 1) != 0)
             return fsdp__init_fail(&comm->logger, FSDP_ERR_PEER_LOST, "socket: rank %d (%s) went away during the rendezvous",
                                    p, s->peers[p].addr);
@@ -5106,7 +5170,7 @@ FSDP__PRIVATE int fsdp__sock_store_lookup(fsdp_comm *comm, fsdp__sock_rdv *rdv, 
    its address, and receives the session and the table of every rank's address (checked). */
 FSDP__PRIVATE int fsdp__sock_greet_rank0(fsdp_comm *comm, fsdp__sock *s, fsdp__sock_rdv *rdv, fsdp__sock_hello *hello,
                                          unsigned char nonces[64], int64_t deadline) {
-    size_t table = sizeof *rdv->ips * (size_t)comm->world;
+    size_t table = sizeof *rdv->table * (3 * (size_t)comm->world + 1);
     struct sockaddr_in local;
     socklen_t len = sizeof local;
     unsigned char mac[32], their_mac[32];
@@ -5134,10 +5198,9 @@ FSDP__PRIVATE int fsdp__sock_greet_rank0(fsdp_comm *comm, fsdp__sock *s, fsdp__s
     rc = fsdp__sock_greet_peer(comm, &s->peers[0].fd, &rdv->master, who, hello, deadline, &reply, nonces);
     fd = s->peers[0].fd;
     if (rc) return rc;
-    if (fsdp__sock_io_full(fd, rdv->ips, table, deadline, 0) != 0 || fsdp__sock_io_full(fd, rdv->ports, table, deadline, 0) != 0 ||
-        fsdp__sock_io_full(fd, their_mac, sizeof their_mac, deadline, 0) != 0)
+    if (fsdp__sock_io_full(fd, rdv->table, table, deadline, 0) != 0 || fsdp__sock_io_full(fd, their_mac, sizeof their_mac, deadline, 0) != 0)
         return fsdp__init_fail(&comm->logger, FSDP_ERR_PEER_LOST, "socket: rank 0 went away during the rendezvous");
-    fsdp__sock_mac(mac, comm->key, "fsdp.h table", nonces, 64, rdv->ips, table, rdv->ports, table);
+    fsdp__sock_mac(mac, comm->key, "fsdp.h table", nonces, 64, rdv->table, table, NULL, 0);
     if (!fsdp__equal_ct(mac, their_mac, 32))
         return fsdp__init_fail(&comm->logger, FSDP_ERR_PROTOCOL,
                                "socket: rank %d: the address table from rank 0 at %s failed its check", comm->rank,
@@ -5147,9 +5210,57 @@ FSDP__PRIVATE int fsdp__sock_greet_rank0(fsdp_comm *comm, fsdp__sock *s, fsdp__s
     return 0;
 }
 
-/* The mesh: rank i connects to ranks 1..i-1 (with the session) and admits ranks i+1..P-1. */
+/* Sets the places of the ranks (host_of, num_hosts, two_level: fsdp__comm_place) from the
+   table of the rendezvous, whose host numbers must be in order of lowest rank. */
+FSDP__PRIVATE int fsdp__sock_learn_places(fsdp_comm *comm, const fsdp__sock_rdv *rdv) {
+    int r;
+    if (!(comm->host_of = (int *)fsdp__calloc(sizeof(int) * (size_t)comm->world)))
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
+    comm->num_hosts = 0;
+    for (r = 0; r < comm->world; r++) {
+        if (rdv->hosts[r] > (uint32_t)comm->num_hosts)
+            return fsdp__init_fail(&comm->logger, FSDP_ERR_PROTOCOL, "socket: rank %d: rank 0's table numbers rank %d's "
+                                   "host %u, out of order", comm->rank, r, rdv->hosts[r]);
+        comm->host_of[r] = (int)rdv->hosts[r];
+        if (comm->host_of[r] == comm->num_hosts) comm->num_hosts++;
+    }
+    fsdp__comm_place(comm, (*rdv->flags & FSDP__SOCK_FLAT) != 0);
+    return 0;
+}
+
+/* Every rank tells rank 0 over its rendezvous connection whether it made its host's shm comm
+   (verdict[0]: 1 or 0) and the pipeline step it asks for (verdict[1], fsdp__hier_step_wish);
+   rank 0 answers every rank with the verdict: 1 if all made theirs, the smallest step. Before
+   the mesh, whose shape depends on it. */
+FSDP__PRIVATE int fsdp__sock_star_agree(fsdp_comm *comm, fsdp__sock *s, int32_t verdict[2], int64_t deadline) {
+    int32_t theirs[2];
+    int p;
+    if (comm->rank != 0) {
+        if (fsdp__sock_io_full(s->peers[0].fd, verdict, 2 * sizeof *verdict, deadline, 1) == 0 &&
+            fsdp__sock_io_full(s->peers[0].fd, verdict, 2 * sizeof *verdict, deadline, 0) == 0)
+            return 0;
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_PEER_LOST, "socket: rank %d: rank 0 (%s) went away while the "
+                               "ranks agreed on their hosts' shared memory", comm->rank, s->peers[0].addr);
+    }
+    for (p = 1; p < comm->world; p++) {
+        if (fsdp__sock_io_full(s->peers[p].fd, theirs, sizeof theirs, deadline, 0) != 0)
+            return fsdp__init_fail(&comm->logger, FSDP_ERR_PEER_LOST, "socket: rank %d (%s) went away while the ranks "
+                                   "agreed on their hosts' shared memory", p, s->peers[p].addr);
+        verdict[0] &= theirs[0] == 1;
+        if (theirs[1] > 0 && theirs[1] < verdict[1]) verdict[1] = theirs[1];
+    }
+    for (p = 1; p < comm->world; p++)
+        if (fsdp__sock_io_full(s->peers[p].fd, verdict, 2 * sizeof *verdict, deadline, 1) != 0)
+            return fsdp__init_fail(&comm->logger, FSDP_ERR_PEER_LOST, "socket: rank %d (%s) went away while the ranks "
+                                   "agreed on their hosts' shared memory", p, s->peers[p].addr);
+    return 0;
+}
+
+/* The mesh: rank i connects to the ranks 1..i-1 it is linked with (with the session) and admits
+   those of i+1..P-1 (linked[p]: every rank in a flat world, fsdp__hier_links in a hierarchical
+   one); the rendezvous connection is the link to rank 0. */
 FSDP__PRIVATE int fsdp__sock_mesh(fsdp_comm *comm, fsdp__sock *s, fsdp__sock_rdv *rdv, fsdp__sock_hello *hello,
-                                  int64_t deadline) {
+                                  const unsigned char *linked, int64_t deadline) {
     unsigned char nonces[64];
     char who[96], where[96], here[64];
     struct sockaddr_in local;
@@ -5158,6 +5269,7 @@ FSDP__PRIVATE int fsdp__sock_mesh(fsdp_comm *comm, fsdp__sock *s, fsdp__sock_rdv
     int p, rc;
     for (p = 1; p < comm->rank; p++) { /* connect down */
         struct sockaddr_in peer;
+        if (!linked[p]) continue;
         memset(&peer, 0, sizeof peer);
         peer.sin_family = AF_INET;
         peer.sin_addr.s_addr = rdv->ips[p];
@@ -5173,13 +5285,13 @@ FSDP__PRIVATE int fsdp__sock_mesh(fsdp_comm *comm, fsdp__sock *s, fsdp__sock_rdv
     getsockname(rdv->listen_fd, (struct sockaddr *)&local, &len);
     fsdp__sock_addr_string(here, sizeof here, &local);
     fsdp__fmt(where, sizeof where, "its data listener %s", here);
-    return fsdp__sock_admit(comm, s, rdv->listen_fd, comm->rank + 1, deadline, 0, NULL, NULL, NULL, where);
+    return fsdp__sock_admit(comm, s, rdv->listen_fd, comm->rank + 1, deadline, NULL, linked, where);
 }
 
-/* A socket world holds a connection to every other rank and a listener, beside what the
+/* A rank of a socket world holds `connections` connections and a listener beside what the
    process has open: the soft RLIMIT_NOFILE is raised to that where the hard limit allows (a
-   shell's default of 1024 ends a world of a thousand ranks), else why not in err: -1. */
-FSDP__PRIVATE int fsdp__sock_fd_room(int rank, int world, char *err, size_t err_size) {
+   shell's default of 1024 ends a flat world of a thousand ranks), else why not in err: -1. */
+FSDP__PRIVATE int fsdp__sock_fd_room(int rank, int world, int connections, char *err, size_t err_size) {
     struct rlimit lim;
     DIR *dir = opendir("/proc/self/fd");
     struct dirent *e;
@@ -5191,18 +5303,18 @@ FSDP__PRIVATE int fsdp__sock_fd_room(int rank, int world, char *err, size_t err_
     }
     while ((e = readdir(dir)) != NULL) open_now += e->d_name[0] != '.';
     closedir(dir);
-    needed = (rlim_t)open_now + (rlim_t)world + 2;
+    needed = (rlim_t)open_now + (rlim_t)connections + 3;
     if (lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur >= needed) return 0;
     if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < needed) {
-        fsdp__fmt(err, err_size, "socket: rank %d: a world of %d ranks needs %llu file descriptors here (%ld open, a "
-                  "connection to each other rank, a listener), but RLIMIT_NOFILE's hard limit is %llu: raise it (ulimit "
-                  "-Hn, limits.conf, systemd's LimitNOFILE)", rank, world, (unsigned long long)needed, open_now,
+        fsdp__fmt(err, err_size, "socket: rank %d of a world of %d ranks needs %llu file descriptors here (%ld open, %d "
+                  "connections, a listener), but RLIMIT_NOFILE's hard limit is %llu: raise it (ulimit -Hn, limits.conf, "
+                  "systemd's LimitNOFILE)", rank, world, (unsigned long long)needed, open_now, connections,
                   (unsigned long long)lim.rlim_max);
         return -1;
     }
     lim.rlim_cur = needed;
     if (setrlimit(RLIMIT_NOFILE, &lim) != 0) {
-        fsdp__fmt(err, err_size, "socket: rank %d: a world of %d ranks needs %llu file descriptors here and "
+        fsdp__fmt(err, err_size, "socket: rank %d of a world of %d ranks needs %llu file descriptors here and "
                   "RLIMIT_NOFILE could not be raised to that: %s", rank, world, (unsigned long long)needed,
                   strerror(errno));
         return -1;
@@ -5210,13 +5322,56 @@ FSDP__PRIVATE int fsdp__sock_fd_room(int rank, int world, char *err, size_t err_
     return 0;
 }
 
-/* Connects a socket world (see the top of this section). Takes ownership of listen_fd (a
-   listener rank 0 inherited from fsdp_launch, or -1). */
-FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, int listen_fd) {
+FSDP__PRIVATE void fsdp__hier_links(const fsdp_comm *comm, unsigned char *linked); /* >>hier */
+FSDP__PRIVATE fsdp_comm *fsdp__hier_host_comm(fsdp_comm *comm, const fsdp_comm_desc *desc);
+FSDP__PRIVATE int32_t fsdp__hier_step_wish(fsdp_comm *comm);
+
+/* The shape of a socket world once connected: its host's shm comm and the agreed pipeline step
+   where it is hierarchical (for fsdp__hier_setup). */
+typedef struct fsdp__sock_shape {
+    fsdp_comm *host;
+    int32_t step_wish;
+} fsdp__sock_shape;
+
+/* Which peers a rank connects to. Ranks learn the world's hosts at the rendezvous; where the
+   world is hierarchical, every host makes its shm comm and the ranks agree (through rank 0) that
+   all could: then a rank links only to the ranks the hierarchical algorithms use (its
+   counterparts on the other hosts), else to every rank. The rendezvous connections that are not
+   links are closed once the mesh stands. */
+FSDP__PRIVATE int fsdp__sock_shape_world(fsdp_comm *comm, const fsdp_comm_desc *desc, fsdp__sock *s,
+                                         unsigned char *linked, fsdp__sock_shape *shape, int64_t deadline) {
+    int32_t verdict[2];
+    int p, rc;
+    memset(linked, 1, (size_t)comm->world);
+    if (!comm->two_level) return 0;
+    shape->host = fsdp__hier_host_comm(comm, desc);
+    if (!shape->host)
+        fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d cannot share memory with the ranks of its host (%s): "
+                  "every byte goes over sockets", comm->rank, fsdp__init_error);
+    verdict[0] = shape->host != NULL;
+    verdict[1] = fsdp__hier_step_wish(comm);
+    if ((rc = fsdp__sock_star_agree(comm, s, verdict, deadline)) != 0) return rc;
+    shape->step_wish = verdict[1];
+    if (!verdict[0]) {
+        fsdp_comm_destroy(shape->host);
+        shape->host = NULL;
+        comm->two_level = 0; /* flat after all: rank order */
+        return 0;
+    }
+    fsdp__hier_links(comm, linked);
+    for (p = 0; p < comm->world; p++) linked[p] &= p != comm->rank;
+    return 0;
+}
+
+/* Connects a socket world (see the top of this section) and says its shape. Takes ownership of
+   listen_fd (a listener rank 0 inherited from fsdp_launch, or -1). */
+FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, int listen_fd, fsdp__sock_shape *shape) {
     fsdp__sock *s = (fsdp__sock *)fsdp__calloc(sizeof *s);
     int64_t deadline = fsdp__now_ms() + comm->timeout_ms;
-    int P = comm->world, p, rc = 0, resolved;
+    int P = comm->world, p, rc = 0, resolved, links = 0;
     const char *host = desc->master_addr && *desc->master_addr ? desc->master_addr : "127.0.0.1";
+    unsigned char *linked = NULL, facts[32];
+    char err[FSDP__ERRMSG];
     fsdp__sock_rdv rdv;
     fsdp__sock_hello hello;
     memset(&rdv, 0, sizeof rdv);
@@ -5228,23 +5383,27 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
         goto done;
     }
     s->peers = (fsdp__sock_peer *)fsdp__calloc(sizeof *s->peers * (size_t)P);
-    s->ring = (char *)FSDP_MALLOC((size_t)P * FSDP__SOCK_RING_BYTES);
     s->pfds = (struct pollfd *)fsdp__calloc(sizeof *s->pfds * (size_t)P);
+    s->srcs = (const void **)fsdp__calloc(sizeof *s->srcs * (size_t)P);
     s->pfd_peer = (int *)fsdp__calloc(sizeof *s->pfd_peer * (size_t)P);
-    rdv.ips = (uint32_t *)fsdp__calloc(sizeof *rdv.ips * (size_t)P);
-    rdv.ports = (uint32_t *)fsdp__calloc(sizeof *rdv.ports * (size_t)P);
-    rdv.nonces = (unsigned char *)fsdp__calloc(64 * (size_t)P);
-    if (!s->peers || !s->ring || !s->pfds || !s->pfd_peer || !rdv.ips || !rdv.ports || !rdv.nonces) {
+    rdv.table = (uint32_t *)fsdp__calloc(sizeof *rdv.table * (3 * (size_t)P + 1));
+    linked = (unsigned char *)fsdp__calloc((size_t)P);
+    if (comm->rank == 0) {
+        rdv.facts = (unsigned char *)fsdp__calloc(16 * (size_t)P);
+        rdv.nonces = (unsigned char *)fsdp__calloc(64 * (size_t)P);
+    }
+    if (!s->peers || !s->pfds || !s->srcs || !s->pfd_peer || !rdv.table || !linked || (comm->rank == 0 && (!rdv.facts || !rdv.nonces))) {
         rc = fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
         goto done;
     }
+    rdv.ips = rdv.table;
+    rdv.ports = rdv.table + P;
+    rdv.hosts = rdv.table + 2 * (size_t)P;
+    rdv.flags = rdv.table + 3 * (size_t)P;
     for (p = 0; p < P; p++) s->peers[p].fd = -1;
-    {
-        char err[FSDP__ERRMSG];
-        if (fsdp__sock_fd_room(comm->rank, P, err, sizeof err) != 0) {
-            rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "%s", err);
-            goto done;
-        }
+    if (comm->rank == 0 && fsdp__sock_fd_room(0, P, P, err, sizeof err) != 0) { /* every rank joins through rank 0 */
+        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "%s", err);
+        goto done;
     }
     if (listen_fd < 0 && (desc->master_port <= 0 || desc->master_port > 65535)) {
         rc = fsdp__init_fail(&comm->logger, FSDP_ERR_INVALID_ARG, "socket: master_port %d is not a TCP port",
@@ -5265,29 +5424,57 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
     memset(&hello, 0, sizeof hello);
     hello.rank = (uint32_t)comm->rank;
     hello.world = (uint32_t)P;
+    hello.flags = fsdp__flat_wish() ? FSDP__SOCK_FLAT : 0u;
+    fsdp__host_facts(facts);
+    memcpy(hello.host, facts, sizeof hello.host);
     if (comm->rank == 0) {
         if ((rc = fsdp__sock_rank0_admit(comm, s, &rdv, deadline)) == 0) rc = fsdp__sock_rank0_welcome(comm, s, &rdv, deadline);
     } else {
         unsigned char mine[64];
         if (rdv.store_key) rc = fsdp__sock_store_lookup(comm, &rdv, deadline);
         if (!rc) rc = fsdp__sock_greet_rank0(comm, s, &rdv, &hello, mine, deadline);
-        if (!rc) rc = fsdp__sock_mesh(comm, s, &rdv, &hello, deadline);
+        memset(hello.host, 0, sizeof hello.host); /* (said to rank 0 only) */
+        hello.flags = 0;
     }
+    if (!rc) rc = fsdp__sock_learn_places(comm, &rdv);
+    if (!rc) rc = fsdp__sock_shape_world(comm, desc, s, linked, shape, deadline);
+    for (p = 1; p < P; p++) links += linked[p];
+    if (!rc && comm->rank != 0 && fsdp__sock_fd_room(comm->rank, P, links + 1, err, sizeof err) != 0)
+        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "%s", err);
+    if (!rc && comm->rank != 0) rc = fsdp__sock_mesh(comm, s, &rdv, &hello, linked, deadline);
     if (rc) goto done;
-    for (p = 0; p < P; p++) {
-        if (p == comm->rank) continue;
+    links = 0;
+    for (p = 0; p < P; p++) { /* rendezvous connections that are no links close; every link gets a ring */
+        if (p == comm->rank || s->peers[p].fd < 0) continue;
+        if (!linked[p]) {
+            close(s->peers[p].fd);
+            s->peers[p].fd = -1;
+            continue;
+        }
         fsdp__sock_nonblock(s->peers[p].fd, 1);
         s->peers[p].at_boundary = 1;
+        links++;
     }
+    if (!(s->ring = (char *)FSDP_MALLOC((size_t)(links ? links : 1) * FSDP__SOCK_RING_BYTES))) {
+        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
+        goto done;
+    }
+    for (p = 0, links = 0; p < P; p++)
+        if (s->peers[p].fd >= 0) s->peers[p].ring = s->ring + (size_t)links++ * FSDP__SOCK_RING_BYTES;
     s->spin_seconds = fsdp__spin_seconds(comm->local_world);
     comm->impl = s;
 done:
     if (rdv.listen_fd >= 0) close(rdv.listen_fd);
     if (rdv.store_fd >= 0) close(rdv.store_fd);
-    FSDP_FREE(rdv.ips);
-    FSDP_FREE(rdv.ports);
+    FSDP_FREE(rdv.table);
+    FSDP_FREE(rdv.facts);
     FSDP_FREE(rdv.nonces);
-    if (rc) fsdp__sock_free(s, P);
+    FSDP_FREE(linked);
+    if (rc) {
+        fsdp_comm_destroy(shape->host);
+        shape->host = NULL;
+        fsdp__sock_free(s, P);
+    }
     return rc;
 }
 
@@ -5402,7 +5589,7 @@ FSDP__PRIVATE int fsdp__sock_phase(fsdp_comm *comm, fsdp__sock *s, const fsdp_co
    the bytes folded. 1 while some are still to come. */
 FSDP__PRIVATE int fsdp__sock_fold(fsdp_comm *comm, fsdp__sock *s, const fsdp_coll *c, const fsdp__sock_reduction *red,
                                   size_t *reduced) {
-    const void *srcs[FSDP__MAX_WORLD];
+    const void **srcs = s->srcs;
     size_t esize = fsdp_dtype_size(c->dtype);
     int n = red->order ? red->count : comm->world, k, p;
     for (;;) {
@@ -5416,7 +5603,7 @@ FSDP__PRIVATE int fsdp__sock_fold(fsdp_comm *comm, fsdp__sock *s, const fsdp_col
         for (k = 0; k < n; k++) {
             p = red->order ? red->order[k] : k;
             srcs[k] = p == comm->rank ? (const void *)(red->own + *reduced)
-                                      : (const void *)(s->ring + (size_t)p * FSDP__SOCK_RING_BYTES + *reduced % FSDP__SOCK_RING_BYTES);
+                                      : (const void *)(s->peers[p].ring + *reduced % FSDP__SOCK_RING_BYTES);
         }
         fsdp_reduce_ranks(red->dst + *reduced, srcs, n, len / esize, c->dtype, red->order ? red->op : c->op,
                           red->order ? red->divisor : comm->world);
@@ -5438,6 +5625,9 @@ FSDP__PRIVATE int fsdp__sock_poll_set(fsdp_comm *comm, fsdp__sock *s, const fsdp
         fsdp__sock_peer *peer = &s->peers[p];
         short events = 0;
         if (p == comm->rank || !peer->active) continue;
+        if (peer->fd < 0) /* the hierarchical layout links other ranks (fsdp__hier_links): a bug of fsdp.h */
+            return fsdp_comm_fail(comm, FSDP_ERR_STATE, "rank %d has no connection to rank %d for %s (op #%llu)",
+                                  comm->rank, p, fsdp_coll_name(c->kind), (unsigned long long)c->seq);
         if (peer->out_header_done < sizeof peer->out_header || peer->out_done < peer->out_len) events |= POLLOUT;
         if (peer->in_header_done < sizeof peer->in_header ||
             (peer->in_done < peer->in_len && (peer->in_direct || peer->in_done < reduced + FSDP__SOCK_RING_BYTES)))
@@ -5551,7 +5741,7 @@ FSDP__PRIVATE int fsdp__sock_recv_some(fsdp_comm *comm, fsdp__sock *s, int p, co
             } else {
                 size_t at = peer->in_done % FSDP__SOCK_RING_BYTES;
                 if (peer->in_done >= reduced + FSDP__SOCK_RING_BYTES) return 0; /* ring full: fold first */
-                dst = s->ring + (size_t)p * FSDP__SOCK_RING_BYTES + at;
+                dst = peer->ring + at;
                 room = FSDP__SOCK_RING_BYTES - at;
                 if (room > reduced + FSDP__SOCK_RING_BYTES - peer->in_done) room = reduced + FSDP__SOCK_RING_BYTES - peer->in_done;
                 if (room > peer->in_len - peer->in_done) room = peer->in_len - peer->in_done;
@@ -5718,21 +5908,24 @@ FSDP__PRIVATE int fsdp__sock_barrier(fsdp_comm *comm, void *impl, const fsdp_col
 }
 
 /* --- the socket row ------------------------------------------------------------------------ */
-FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc); /* >>hier */
+FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, fsdp_comm *host, int32_t step_wish); /* >>hier */
 
 /* A socket world, made hierarchical where its ranks share hosts (>>hier). */
 FSDP__PRIVATE int fsdp__sock_create(fsdp_comm *comm, const fsdp_comm_desc *desc, fsdp__inherit *inherit) {
+    fsdp__sock_shape shape;
     int rc = 0, listen_fd = -1;
     if (inherit) {
         listen_fd = inherit->listen_fd;
         inherit->listen_fd = -1;
     }
-    if (comm->world > 1) rc = fsdp__sock_init(comm, desc, listen_fd);
-    else if (listen_fd >= 0) close(listen_fd);
-    if (!rc) rc = fsdp__comm_learn_topology(comm, 0);
-    if (!rc && comm->world > 1 && (rc = fsdp__hier_setup(comm, desc)) != 0)
+    memset(&shape, 0, sizeof shape);
+    if (comm->world == 1) {
+        if (listen_fd >= 0) close(listen_fd);
+        return fsdp__comm_learn_topology(comm, 0);
+    }
+    if ((rc = fsdp__sock_init(comm, desc, listen_fd, &shape)) == 0 && (rc = fsdp__hier_setup(comm, shape.host, shape.step_wish)) != 0)
         fsdp__init_fail(&comm->logger, rc, "fsdp_comm_init: rank %d could not set up shared memory with its host: %s",
-                        comm->rank, comm->error);
+                        comm->rank, rc == FSDP_ERR_OUT_OF_MEMORY ? "out of memory" : comm->error);
     return rc;
 }
 
@@ -5833,7 +6026,7 @@ FSDP__PRIVATE int fsdp__sock_launch_prepare(fsdp__inherit *inherit, const fsdp_l
 static const fsdp__transport fsdp__sock_transport = {
     {"socket", fsdp__sock_all_gather, fsdp__sock_reduce_scatter, fsdp__sock_all_reduce, fsdp__sock_broadcast,
      fsdp__sock_barrier, fsdp__sock_abort, fsdp__sock_destroy, 0, NULL},
-    FSDP_BACKEND_SOCKET, "socket", FSDP__CAP_ENV | FSDP__CAP_DEADLINE, FSDP__MAX_WORLD,
+    FSDP_BACKEND_SOCKET, "socket", FSDP__CAP_ENV | FSDP__CAP_DEADLINE, FSDP__SOCK_MAX_WORLD,
     fsdp__sock_create, fsdp__sock_split, fsdp__sock_spin, NULL, NULL,
     fsdp__sock_env_claims, fsdp__sock_env_read, fsdp__sock_launch_prepare, NULL};
 
@@ -5854,7 +6047,8 @@ static const fsdp__transport fsdp__sock_transport = {
                      reduce-scatter then all-gather among the ranks of one local index across the
                      hosts, all-gather inside the host; (else) all_reduce inside each host, the
                      hosts' first ranks swap their partials and fold them, broadcast in the host.
-     broadcast:      the root sends to the first rank of every other host; broadcasts in hosts.
+     broadcast:      the root (g, l) sends to (h, l mod size[h]) of every other host h, which
+                     broadcasts in its host.
      barrier:        inside the hosts, among their first ranks, inside the hosts.
    Reduction order: inside a host in rank order, then the hosts' partials in host order,
    ((host 0) + (host 1)) + ..., 16-bit partials rounded to their dtype between the two levels.
@@ -6299,21 +6493,21 @@ FSDP__PRIVATE int fsdp__hier_all_reduce(fsdp_comm *comm, void *impl, const fsdp_
 FSDP__PRIVATE int fsdp__hier_broadcast(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
     fsdp__hier *x = (fsdp__hier *)impl;
     size_t bytes = c->count * fsdp_dtype_size(c->dtype);
-    int root = c->root, root_host = comm->host_of[root], h;
+    int root = c->root, root_host = comm->host_of[root], lr = root - x->first[root_host], h;
+    int here = x->host == root_host ? lr : lr % x->size[x->host]; /* the local rank that holds the data first */
     fsdp_coll b;
     fsdp__sock_begin(x->net, c);
-    if (comm->rank == root || (x->host != root_host && comm->local_rank == 0)) {
+    if (comm->local_rank == here) {
         fsdp__sock_plan_none(x->net, comm->world);
         if (comm->rank == root) {
             for (h = 0; h < x->hosts; h++)
-                if (h != root_host) fsdp__sock_plan(x->net, x->first[h], c->recv, bytes, NULL, 0);
+                if (h != root_host) fsdp__sock_plan(x->net, x->first[h] + lr % x->size[h], c->recv, bytes, NULL, 0);
         } else {
             fsdp__sock_plan(x->net, root, NULL, 0, c->recv, bytes);
         }
         FSDP__HIER_NET(0, NULL);
     }
-    b = fsdp__coll(FSDP_COLL_BROADCAST, NULL, c->recv, c->count, c->dtype, FSDP_SUM,
-                   x->host == root_host ? root - x->first[root_host] : 0);
+    b = fsdp__coll(FSDP_COLL_BROADCAST, NULL, c->recv, c->count, c->dtype, FSDP_SUM, here);
     b.tag = c->tag;
     if (fsdp__collective(x->local, &b) != 0) return fsdp__sock_end(x->net, fsdp__hier_local_failed(comm, x));
     return fsdp__sock_end(x->net, 0);
@@ -6373,7 +6567,7 @@ static fsdp_comm *fsdp__hier_host_part(const fsdp_comm *comm) {
 static const fsdp__transport fsdp__hier_transport = {
     {"socket+shm", fsdp__hier_all_gather, fsdp__hier_reduce_scatter, fsdp__hier_all_reduce, fsdp__hier_broadcast,
      fsdp__hier_barrier, fsdp__hier_abort, fsdp__hier_destroy, 0, NULL},
-    FSDP_BACKEND_SOCKET, "socket", FSDP__CAP_DEADLINE, FSDP__MAX_WORLD,
+    FSDP_BACKEND_SOCKET, "socket", FSDP__CAP_DEADLINE, FSDP__SOCK_MAX_WORLD,
     NULL, fsdp__hier_split, fsdp__hier_spin, fsdp__hier_host_part, NULL, NULL, NULL, NULL, NULL};
 
 /* This host's shm comm for a hierarchical world (NULL where it cannot be made: the caller says
@@ -6399,62 +6593,53 @@ FSDP__PRIVATE fsdp_comm *fsdp__hier_host_comm(fsdp_comm *comm, const fsdp_comm_d
     return fsdp__comm_create(&local, &ld, comm, NULL) == 0 ? local : NULL;
 }
 
-/* The ranks agree whether every host has its shm comm (*ok) and on the pipeline's step in MiB
-   (*step_mib: the smallest any rank asks for with FSDP_HIER_STEP_MIB; 0: one step per op).
-   Collective over the world. */
-FSDP__PRIVATE int fsdp__hier_agree(fsdp_comm *comm, int *ok, long *step_mib) {
+/* The pipeline step this rank asks for (FSDP_HIER_STEP_MIB, in MiB) as a wish the ranks agree
+   on by taking the smallest: 0 (one step per op) is the largest, INT32_MAX. */
+FSDP__PRIVATE int32_t fsdp__hier_step_wish(fsdp_comm *comm) {
     const long default_mib = (long)(FSDP__HIER_CHUNK >> 20);
     const char *const step_vars[] = {"FSDP_HIER_STEP_MIB", NULL};
-    int32_t mine[4], *all;
+    long step_mib = default_mib;
     char err[160];
-    int r, rc;
-    *step_mib = default_mib;
-    if (fsdp__env_int(step_vars, 0, FSDP__HIER_STEP_MAX_MIB, step_mib, err, sizeof err) < 0) {
+    if (fsdp__env_int(step_vars, 0, FSDP__HIER_STEP_MAX_MIB, &step_mib, err, sizeof err) < 0) {
         fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d: %s; pipeline steps of %ld MiB", comm->rank, err,
                   default_mib);
-        *step_mib = default_mib;
+        step_mib = default_mib;
     }
-    mine[0] = *ok;
-    mine[1] = *step_mib ? (int32_t)*step_mib : INT32_MAX;
-    mine[2] = mine[3] = 0;
-    if (!(all = (int32_t *)FSDP_MALLOC(sizeof *all * 4 * (size_t)comm->world))) return FSDP_ERR_OUT_OF_MEMORY;
-    rc = fsdp__collective_tagged(comm, FSDP_COLL_ALL_GATHER, mine, all, 4, FSDP_F32, FSDP_SUM, 0x71e0u);
-    for (r = 0; !rc && r < comm->world; r++) {
-        *ok &= all[4 * r] == 1;
-        if (all[4 * r + 1] >= 0 && all[4 * r + 1] <= FSDP__HIER_STEP_MAX_MIB && all[4 * r + 1] < mine[1])
-            mine[1] = all[4 * r + 1];
-    }
-    FSDP_FREE(all);
-    *step_mib = mine[1] == INT32_MAX ? 0 : mine[1];
-    return rc;
+    return step_mib ? (int32_t)step_mib : INT32_MAX;
 }
 
-/* Makes a socket world hierarchical when it spans hosts with several ranks on some, its ranks
-   numbered host by host (else it stays flat, as FSDP_HIERARCHICAL=0 asks too). Collective over
-   the (flat) world: every host creates its shm comm, and the ranks agree that all could, and on
-   the pipeline's step (FSDP_HIER_STEP_MIB, see fsdp__hier_step). */
-FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) {
-    const char *env = getenv("FSDP_HIERARCHICAL");
+/* The ranks of other hosts this rank exchanges data with in the hierarchical algorithms:
+   linked[p] = 1 for rank (h, k) of host h (of S ranks), this rank being (g, l) of a host of L,
+   where k = l mod S or l = k mod L (as many ranks on every host: k = l); 0 for every other
+   rank, this host's too. */
+FSDP__PRIVATE void fsdp__hier_links(const fsdp_comm *comm, unsigned char *linked) {
+    int p, first = 0, L = comm->local_world, l = comm->local_rank;
+    for (p = 0; p < comm->world; p++) {
+        int h = comm->host_of[p], S = 0, k, q;
+        if (p == 0 || h != comm->host_of[p - 1]) first = p; /* numbered host by host */
+        k = p - first;
+        for (q = first; q < comm->world && comm->host_of[q] == h; q++) S++;
+        linked[p] = h != comm->host && (k == l % S || l == k % L);
+    }
+}
+
+/* Makes a socket world hierarchical where fsdp__sock_init found it so (host: this host's shm
+   comm, step_wish: the agreed fsdp__hier_step_wish), else it stays flat (ranks not numbered
+   host by host, a host without shared memory, FSDP_HIERARCHICAL=0). Takes ownership of host. */
+FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, fsdp_comm *host, int32_t step_wish) {
     fsdp__hier *x;
-    fsdp_comm *local;
-    long step_mib;
-    int r, ok, rc;
-    if (!comm->two_level) {
-        if (comm->rank == 0 && comm->num_hosts > 1 && comm->num_hosts < comm->world && !(env && strcmp(env, "0") == 0))
+    fsdp_comm *local = host;
+    int r;
+    if (!comm->two_level || !local) {
+        fsdp_comm_destroy(local);
+        if (comm->rank == 0 && comm->num_hosts > 1 && comm->num_hosts < comm->world && !fsdp__host_by_host(comm))
             fsdp__log(&comm->logger, FSDP_LOG_INFO, "socket: the ranks are not numbered host by host: every byte "
                       "goes over sockets, also between ranks of one host");
         return 0;
     }
-    local = fsdp__hier_host_comm(comm, desc);
-    ok = local != NULL;
-    if (!ok)
-        fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: rank %d cannot share memory with the ranks of its host (%s): "
-                  "every byte goes over sockets", comm->rank, fsdp__init_error);
-    rc = fsdp__hier_agree(comm, &ok, &step_mib);
-    if (rc || !ok || !(x = (fsdp__hier *)fsdp__calloc(sizeof *x))) {
+    if (!(x = (fsdp__hier *)fsdp__calloc(sizeof *x))) {
         fsdp_comm_destroy(local);
-        if (!rc && !ok) comm->two_level = 0; /* flat after all: rank order */
-        return rc ? rc : ok ? FSDP_ERR_OUT_OF_MEMORY : 0;
+        return FSDP_ERR_OUT_OF_MEMORY;
     }
     pthread_mutex_init(&x->lock, NULL);
     pthread_cond_init(&x->cond, NULL);
@@ -6475,7 +6660,7 @@ FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, const fsdp_comm_desc *desc) 
         x->size[comm->host_of[r]]++;
     }
     x->uniform = 1;
-    x->step_bytes = (size_t)step_mib << 20;
+    x->step_bytes = step_wish == INT32_MAX ? 0 : (size_t)step_wish << 20;
     for (r = 1; r < x->hosts; r++) x->uniform &= x->size[r] == x->size[0];
     x->world = comm;
     if (local->world > 1) /* (a host of one rank has no segment) */

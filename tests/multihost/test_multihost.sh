@@ -16,7 +16,8 @@
 #     5% loss and 20 ms delay (still right), a host killed (the others fail, nothing left in
 #     /dev/shm), a rank killed under torchrun --max_restarts 1 (the GPT with --resume auto
 #     continues from its last checkpoint on the loss curve of a run never stopped);
-#   - 128 ranks on 16 hosts (8 each): the job forms and tiny collectives are bitwise.
+#   - 128 ranks on 16 hosts (8 each): the job forms, tiny collectives are bitwise, and every rank
+#     holds 15 sockets (one to its counterpart on each other host; also checked at 2+1+3).
 # Prints one line per check, "tests/multihost/test_multihost.sh:0:<name>:PASS" or ":FAIL" (with
 # the logs), and ends with "N passed, N failed". Where no bed can be built (not root, no
 # namespaces) it says why and prints "0 passed, 0 failed". BUILD (default build) holds the
@@ -94,6 +95,13 @@ ranks_ok() {
 collectives() {
     MH_LAYOUT=$1 FSDP_TIMEOUT_MS=60000 hostbed_ranks --timeout 240 "$1" "$BIN/mh_check"
     ranks_ok "$LOG/coll.log" && grep -q 'two-level order' "$LOG/coll.log"
+}
+
+# sockets_at_most N LOG: every rank of the last run held at most N sockets once joined (what
+# mh_check prints: its connections, no listener); the counts go to LOG.
+sockets_at_most() {
+    rank_logs | awk -v max="$1" '/ sockets$/ { n++; k = $(NF - 1); if (k > hi) hi = k; if (lo == "" || k < lo) lo = k }
+        END { printf "sockets per rank: %s-%s over %d ranks (at most %d allowed)\n", lo, hi, n, max; exit (n == 0 || hi > max) }' >>"$2"
 }
 
 # The losses rank 0 printed, one per line.
@@ -234,7 +242,10 @@ EOF_
 }
 mixed_steps; report collectives_2x2_ranks_asking_for_different_pipeline_steps_agree $? "$LOG/coll.log"
 collectives 2,2,2; report collectives_3x2_bitwise_in_the_documented_order $? "$LOG/coll.log"
-collectives 2,1,3; report collectives_2_1_3_bitwise_in_the_documented_order $? "$LOG/coll.log"
+# (2,1,3: a rank links to the ranks of other hosts it exchanges blocks with, fsdp__hier_links: the
+# lone rank of the middle host to all 5, the others to 2 or 3; a full mesh would be 5 everywhere)
+collectives 2,1,3 && sockets_at_most 5 "$LOG/coll.log" && [ "$(rank_logs | grep -c ' [23] sockets$')" = 5 ]
+report collectives_2_1_3_bitwise_in_the_documented_order_over_links_to_counterparts $? "$LOG/coll.log"
 if [ $have_mpi = 1 ]; then
     mpirun_2x2 "$BIN/mh_check_mpi"; report mpirun_mpi_bridge_2x2_same_bits_as_sockets $? "$LOG/mpi.log"
     mpirun_2x2 "$BIN/mh_check" -x FSDP_BACKEND=socket -x MASTER_ADDR=10.77.0.1 -x MASTER_PORT=29650 -x FSDP_SECRET
@@ -272,15 +283,16 @@ else
 fi
 
 # 128 ranks on 16 hosts (issue 27): the rendezvous forms however many ranks dial at once (an
-# acceptor drops handshakes beyond the 64 it runs at once; those ranks dial again), and tiny
-# collectives are bitwise in the documented order.
+# acceptor drops handshakes beyond the 64 it runs at once; those ranks dial again), tiny
+# collectives are bitwise in the documented order, and a rank holds a socket to its counterpart
+# on each other host only (15; a full mesh would be 127).
 hostbed_down
 if hostbed_up 16 >"$LOG/bed16.log" 2>&1; then
     layout=8,8,8,8,8,8,8,8,8,8,8,8,8,8,8,8
-    MH_MAX_COUNT=64 MH_OPS_ONLY=1 collectives $layout
-    report collectives_128_ranks_on_16_hosts_form_a_job_and_are_bitwise $? "$LOG/coll.log"
+    MH_MAX_COUNT=64 MH_OPS_ONLY=1 collectives $layout && sockets_at_most 15 "$LOG/coll.log"
+    report collectives_128_ranks_on_16_hosts_form_a_job_and_are_bitwise_with_15_sockets_a_rank $? "$LOG/coll.log"
 else
-    report collectives_128_ranks_on_16_hosts_form_a_job_and_are_bitwise 1 "$LOG/bed16.log"
+    report collectives_128_ranks_on_16_hosts_form_a_job_and_are_bitwise_with_15_sockets_a_rank 1 "$LOG/bed16.log"
 fi
 
 hostbed_down
