@@ -6046,10 +6046,13 @@ static const fsdp__transport fsdp__sock_transport = {
      all_reduce:     (as many ranks on every host, large buffers) reduce-scatter inside the host,
                      reduce-scatter then all-gather among the ranks of one local index across the
                      hosts, all-gather inside the host; (else) all_reduce inside each host, the
-                     hosts' first ranks swap their partials and fold them, broadcast in the host.
+                     hosts' first ranks all-gather the hosts' partials (up to 64 KiB in
+                     ceil(log2 H) rounds, Bruck's algorithm; larger ones in one round, to every
+                     host at once) and fold them, broadcast in the host.
      broadcast:      the root (g, l) sends to (h, l mod size[h]) of every other host h, which
                      broadcasts in its host.
-     barrier:        inside the hosts, among their first ranks, inside the hosts.
+     barrier:        inside the hosts, among their first ranks in ceil(log2 H) rounds (the
+                     dissemination barrier), inside the hosts.
    Reduction order: inside a host in rank order, then the hosts' partials in host order,
    ((host 0) + (host 1)) + ..., 16-bit partials rounded to their dtype between the two levels.
    A layout gives the same bits on every run; a single host keeps the flat rank order.
@@ -6396,19 +6399,48 @@ FSDP__PRIVATE int fsdp__hier_reduce_scatter(fsdp_comm *comm, void *impl, const f
     return fsdp__sock_end(x->net, 0);
 }
 
+/* Among the hosts' first ranks (this rank is one): every host's partial of `bytes` (this host's
+   at mine) to every first rank, into all (x->hosts slots; slot j: the partial of host
+   (host + j) mod H). In ceil(log2 H) rounds (Bruck's all-gather): in round k, at distance
+   d = 2^k, a first rank sends the min(d, H - d) partials it holds to the first rank d hosts
+   back and receives as many from the one d hosts on. */
+FSDP__PRIVATE int fsdp__hier_bruck(fsdp_comm *comm, fsdp__hier *x, const fsdp_coll *c, const char *mine, char *all,
+                                   size_t bytes) {
+    int H = x->hosts, g = x->host, d, round = 0, rc;
+    memcpy(all, mine, bytes);
+    for (d = 1; d < H; d *= 2, round++) {
+        size_t n = (size_t)(d < H - d ? d : H - d);
+        fsdp__sock_plan_none(x->net, comm->world);
+        fsdp__sock_plan(x->net, x->first[(g - d + H) % H], all, n * bytes, NULL, 0);
+        if (!x->net->peers[x->first[(g + d) % H]].active) fsdp__sock_plan(x->net, x->first[(g + d) % H], NULL, 0, NULL, 0);
+        x->net->peers[x->first[(g + d) % H]].in_direct = all + (size_t)d * bytes;
+        x->net->peers[x->first[(g + d) % H]].in_len = n * bytes;
+        if ((rc = fsdp__sock_phase(comm, x->net, c, 4 + (uint32_t)round, NULL)) != 0) return rc;
+    }
+    return 0;
+}
+
 /* all_reduce of count elements at recv (from send) by the short path: all_reduce inside the
-   host into scratch, the hosts' first ranks swap partials and fold them into recv in host
-   order, broadcast inside the host. */
+   host into scratch, the hosts' partials to every host's first rank, which folds them into
+   recv in host order, broadcast inside the host. The partials travel in log2(H) rounds
+   (fsdp__hier_bruck) up to FSDP__HIER_SMALL bytes, above it in one round to every host at once. */
 FSDP__PRIVATE int fsdp__hier_all_reduce_short(fsdp_comm *comm, fsdp__hier *x, const fsdp_coll *c, const char *send,
                                               char *recv, size_t count) {
     size_t bytes = count * fsdp_dtype_size(c->dtype);
+    int log_rounds = bytes <= FSDP__HIER_SMALL, h;
     fsdp__sock_reduction red;
     fsdp_coll b;
-    int h;
     if (!count) return 0;
-    if (fsdp__hier_scratch(comm, x, bytes) != 0) return fsdp__load(&comm->status);
+    if (fsdp__hier_scratch(comm, x, bytes * (log_rounds ? (size_t)x->hosts + 1 : 1)) != 0) return fsdp__load(&comm->status);
     FSDP__HIER_LOCAL(FSDP_COLL_ALL_REDUCE, send, x->scratch, count, fsdp__hier_local_op(c->op));
-    if (comm->local_rank == 0) {
+    if (comm->local_rank == 0 && log_rounds) {
+        const void **srcs = x->net->srcs;
+        char *all = x->scratch + bytes;
+        int rc = fsdp__hier_bruck(comm, x, c, x->scratch, all, bytes);
+        if (rc) return fsdp__sock_end(x->net, rc);
+        for (h = 0; h < x->hosts; h++) srcs[h] = all + (size_t)((h - x->host + x->hosts) % x->hosts) * bytes;
+        fsdp_reduce_ranks(recv, srcs, x->hosts, count, c->dtype, c->op, comm->world);
+    } else if (comm->local_rank == 0) {
         fsdp__sock_plan_none(x->net, comm->world);
         for (h = 0; h < x->hosts; h++) {
             x->order[h] = x->first[h];
@@ -6513,16 +6545,19 @@ FSDP__PRIVATE int fsdp__hier_broadcast(fsdp_comm *comm, void *impl, const fsdp_c
     return fsdp__sock_end(x->net, 0);
 }
 
+/* A barrier: inside the host, among the hosts' first ranks in ceil(log2 H) rounds (the
+   dissemination barrier: in round k each tells the first rank 2^k hosts on and hears from the
+   one 2^k hosts back), inside the host. */
 FSDP__PRIVATE int fsdp__hier_barrier(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
     fsdp__hier *x = (fsdp__hier *)impl;
-    int h;
+    int H = x->hosts, g = x->host, d, round = 0;
     fsdp__sock_begin(x->net, c);
     FSDP__HIER_LOCAL(FSDP_COLL_BARRIER, NULL, NULL, 0, FSDP_SUM);
-    if (comm->local_rank == 0) {
+    for (d = 1; comm->local_rank == 0 && d < H; d *= 2, round++) {
         fsdp__sock_plan_none(x->net, comm->world);
-        for (h = 0; h < x->hosts; h++)
-            if (h != x->host) fsdp__sock_plan(x->net, x->first[h], NULL, 0, NULL, 0);
-        FSDP__HIER_NET(0, NULL);
+        fsdp__sock_plan(x->net, x->first[(g + d) % H], NULL, 0, NULL, 0);
+        if (!x->net->peers[x->first[(g - d + H) % H]].active) fsdp__sock_plan(x->net, x->first[(g - d + H) % H], NULL, 0, NULL, 0);
+        FSDP__HIER_NET(4 + (uint32_t)round, NULL);
     }
     FSDP__HIER_LOCAL(FSDP_COLL_BARRIER, NULL, NULL, 0, FSDP_SUM);
     return fsdp__sock_end(x->net, 0);
