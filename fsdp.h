@@ -4230,6 +4230,7 @@ typedef struct fsdp__sock {
     fsdp__sock_peer *peers;
     char *ring;             /* a ring of RING_BYTES for each connected peer, for reductions */
     const void **srcs;      /* world entries: a fold's sources */
+    int *act, nact;         /* the peers planned active (a phase touches only these: not O(world)) */
     struct pollfd *pfds;
     int *pfd_peer;
     double spin_seconds;    /* busy-poll before sleeping in poll; fsdp__spin_seconds */
@@ -4566,6 +4567,7 @@ FSDP__PRIVATE void fsdp__sock_free(fsdp__sock *s, int world) {
     FSDP_FREE(s->peers);
     FSDP_FREE(s->ring);
     FSDP_FREE((void *)s->srcs);
+    FSDP_FREE(s->act);
     FSDP_FREE(s->pfds);
     FSDP_FREE(s->pfd_peer);
     FSDP_FREE(s);
@@ -5048,6 +5050,15 @@ FSDP__PRIVATE void fsdp__store_delete(int fd, const char *key, int64_t deadline)
 /* 1 if the address is on this host's loopback network. */
 static int fsdp__is_loopback(const struct sockaddr_in *a) { return (ntohl(a->sin_addr.s_addr) >> 24) == 127; }
 
+/* The digest of the rendezvous table (3 * P + 1 words): each rank's mac of the table covers it
+   (hashing the table once, not once per rank: rank 0's welcome stays linear in P). */
+FSDP__PRIVATE void fsdp__sock_table_digest(unsigned char out[32], const uint32_t *table, int world) {
+    fsdp__sha256 h;
+    fsdp__sha256_init(&h);
+    fsdp__sha256_update(&h, table, sizeof *table * (3 * (size_t)world + 1));
+    fsdp__sha256_final(&h, out);
+}
+
 /* What rank 0 publishes in torchrun's store, which anyone who reaches it may write: "ip:port
    mac=<hex of HMAC(key, "fsdp.h store" | store key | NUL | "ip:port")>". */
 FSDP__PRIVATE void fsdp__sock_store_value(char *out, size_t size, const unsigned char key[32], const char *store_key,
@@ -5111,13 +5122,14 @@ FSDP__PRIVATE int fsdp__sock_rank0_admit(fsdp_comm *comm, fsdp__sock *s, fsdp__s
    the table (see fsdp__sock_rdv), mac'd under the nonces of that rank's handshake. */
 FSDP__PRIVATE int fsdp__sock_rank0_welcome(fsdp_comm *comm, fsdp__sock *s, fsdp__sock_rdv *rdv, int64_t deadline) {
     size_t table = sizeof *rdv->table * (3 * (size_t)comm->world + 1);
-    unsigned char mac[32], facts[32];
+    unsigned char mac[32], facts[32], digest[32];
     int p, hosts;
     fsdp__host_facts(facts);
     memcpy(rdv->facts, facts, 16);
     *rdv->flags |= fsdp__flat_wish() ? FSDP__SOCK_FLAT : 0u;
     if ((hosts = fsdp__host_numbers(rdv->facts, comm->world, (int *)rdv->hosts)) < 0)
         return fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
+    fsdp__sock_table_digest(digest, rdv->table, comm->world);
     for (p = 1; p < comm->world; p++) {
         fsdp__sock_challenge challenge;
         fsdp__sock_hello theirs;
@@ -5125,7 +5137,7 @@ FSDP__PRIVATE int fsdp__sock_rank0_welcome(fsdp_comm *comm, fsdp__sock *s, fsdp_
         memcpy(theirs.nonce, rdv->nonces + 64 * (size_t)p, 32);
         memcpy(challenge.nonce, rdv->nonces + 64 * (size_t)p + 32, 32);
         fsdp__sock_make_reply(&reply, comm->key, &theirs, &challenge, 0, "welcome", s->session, 1);
-        fsdp__sock_mac(mac, comm->key, "fsdp.h table", rdv->nonces + 64 * (size_t)p, 64, rdv->table, table, NULL, 0);
+        fsdp__sock_mac(mac, comm->key, "fsdp.h table", rdv->nonces + 64 * (size_t)p, 64, digest, sizeof digest, NULL, 0);
         if (fsdp__sock_io_full(s->peers[p].fd, &reply, sizeof reply, deadline, 1) != 0 ||
             fsdp__sock_io_full(s->peers[p].fd, rdv->table, table, deadline, 1) != 0 ||
             fsdp__sock_io_full(s->peers[p].fd, mac, sizeof mac, deadline, 1) != 0)
@@ -5173,7 +5185,7 @@ FSDP__PRIVATE int fsdp__sock_greet_rank0(fsdp_comm *comm, fsdp__sock *s, fsdp__s
     size_t table = sizeof *rdv->table * (3 * (size_t)comm->world + 1);
     struct sockaddr_in local;
     socklen_t len = sizeof local;
-    unsigned char mac[32], their_mac[32];
+    unsigned char mac[32], their_mac[32], digest[32];
     char who[96];
     fsdp__sock_reply reply;
     int fd = fsdp__sock_connect(&rdv->master, deadline), rc;
@@ -5200,7 +5212,8 @@ FSDP__PRIVATE int fsdp__sock_greet_rank0(fsdp_comm *comm, fsdp__sock *s, fsdp__s
     if (rc) return rc;
     if (fsdp__sock_io_full(fd, rdv->table, table, deadline, 0) != 0 || fsdp__sock_io_full(fd, their_mac, sizeof their_mac, deadline, 0) != 0)
         return fsdp__init_fail(&comm->logger, FSDP_ERR_PEER_LOST, "socket: rank 0 went away during the rendezvous");
-    fsdp__sock_mac(mac, comm->key, "fsdp.h table", nonces, 64, rdv->table, table, NULL, 0);
+    fsdp__sock_table_digest(digest, rdv->table, comm->world);
+    fsdp__sock_mac(mac, comm->key, "fsdp.h table", nonces, 64, digest, sizeof digest, NULL, 0);
     if (!fsdp__equal_ct(mac, their_mac, 32))
         return fsdp__init_fail(&comm->logger, FSDP_ERR_PROTOCOL,
                                "socket: rank %d: the address table from rank 0 at %s failed its check", comm->rank,
@@ -5385,6 +5398,7 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
     s->peers = (fsdp__sock_peer *)fsdp__calloc(sizeof *s->peers * (size_t)P);
     s->pfds = (struct pollfd *)fsdp__calloc(sizeof *s->pfds * (size_t)P);
     s->srcs = (const void **)fsdp__calloc(sizeof *s->srcs * (size_t)P);
+    s->act = (int *)fsdp__calloc(sizeof *s->act * (size_t)P);
     s->pfd_peer = (int *)fsdp__calloc(sizeof *s->pfd_peer * (size_t)P);
     rdv.table = (uint32_t *)fsdp__calloc(sizeof *rdv.table * (3 * (size_t)P + 1));
     linked = (unsigned char *)fsdp__calloc((size_t)P);
@@ -5392,7 +5406,7 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
         rdv.facts = (unsigned char *)fsdp__calloc(16 * (size_t)P);
         rdv.nonces = (unsigned char *)fsdp__calloc(64 * (size_t)P);
     }
-    if (!s->peers || !s->pfds || !s->srcs || !s->pfd_peer || !rdv.table || !linked || (comm->rank == 0 && (!rdv.facts || !rdv.nonces))) {
+    if (!s->peers || !s->pfds || !s->srcs || !s->act || !s->pfd_peer || !rdv.table || !linked || (comm->rank == 0 && (!rdv.facts || !rdv.nonces))) {
         rc = fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
         goto done;
     }
@@ -5619,12 +5633,11 @@ FSDP__PRIVATE int fsdp__sock_fold(fsdp_comm *comm, fsdp__sock *s, const fsdp_col
 FSDP__PRIVATE int fsdp__sock_poll_set(fsdp_comm *comm, fsdp__sock *s, const fsdp_coll *c, size_t reduced, int *n,
                                       int *pending) {
     int64_t now = fsdp__now_ms();
-    int p;
+    int i, p;
     *n = 0;
-    for (p = 0; p < comm->world; p++) {
-        fsdp__sock_peer *peer = &s->peers[p];
+    for (i = 0; i < s->nact; i++) {
+        fsdp__sock_peer *peer = &s->peers[p = s->act[i]];
         short events = 0;
-        if (p == comm->rank || !peer->active) continue;
         if (peer->fd < 0) /* the hierarchical layout links other ranks (fsdp__hier_links): a bug of fsdp.h */
             return fsdp_comm_fail(comm, FSDP_ERR_STATE, "rank %d has no connection to rank %d for %s (op #%llu)",
                                   comm->rank, p, fsdp_coll_name(c->kind), (unsigned long long)c->seq);
@@ -5763,9 +5776,8 @@ FSDP__PRIVATE int fsdp__sock_phase_io(fsdp_comm *comm, fsdp__sock *s, const fsdp
     const fsdp__fingerprint fp = fsdp__fingerprint_of(c);
     size_t reduced = 0;
     int p, i, rc;
-    for (p = 0; p < comm->world; p++) {
-        fsdp__sock_peer *peer = &s->peers[p];
-        if (p == comm->rank || !peer->active) continue;
+    for (i = 0; i < s->nact; i++) {
+        fsdp__sock_peer *peer = &s->peers[s->act[i]];
         memset(&peer->out_header, 0, sizeof peer->out_header);
         peer->out_header.magic = FSDP__SOCK_MAGIC;
         peer->out_header.phase = phase;
@@ -5793,19 +5805,22 @@ FSDP__PRIVATE int fsdp__sock_phase_io(fsdp_comm *comm, fsdp__sock *s, const fsdp
     }
 }
 
-/* Sets peer p's send and receive for the next phase, and makes p take part in it. */
+/* Sets peer p's send and receive for the next phase, and makes p take part in it (p is not
+   this rank). Peers stay planned for the next phases until fsdp__sock_plan_none. */
 static void fsdp__sock_plan(fsdp__sock *s, int p, const void *out, size_t out_len, void *in_direct, size_t in_len) {
     s->peers[p].out_data = (const char *)out;
     s->peers[p].out_len = out_len;
     s->peers[p].in_direct = (char *)in_direct;
     s->peers[p].in_len = in_len;
+    if (!s->peers[p].active) s->act[s->nact++] = p;
     s->peers[p].active = 1;
 }
 
 /* Starts planning a phase between some of the ranks only: none takes part until planned. */
-static void fsdp__sock_plan_none(fsdp__sock *s, int world) {
-    int p;
-    for (p = 0; p < world; p++) s->peers[p].active = 0;
+static void fsdp__sock_plan_none(fsdp__sock *s) {
+    int i;
+    for (i = 0; i < s->nact; i++) s->peers[s->act[i]].active = 0;
+    s->nact = 0;
 }
 
 /* Starts an op: it must end by the communicator's timeout from now, however many phases. */
@@ -6165,7 +6180,7 @@ FSDP__PRIVATE int fsdp__hier_run_job(fsdp_comm *comm, fsdp__hier *x, const fsdp_
     int l = comm->local_rank, g = x->host, H = x->hosts, h, rc;
     fsdp__sock_reduction red;
     fsdp__sock_running = x->net; /* this thread writes to the sockets now */
-    fsdp__sock_plan_none(x->net, comm->world);
+    fsdp__sock_plan_none(x->net);
     memset(&red, 0, sizeof red);
     red.order = x->order;
     red.count = H;
@@ -6200,7 +6215,7 @@ FSDP__PRIVATE int fsdp__hier_run_job(fsdp_comm *comm, fsdp__hier *x, const fsdp_
         red.bytes = my_len;
         rc = fsdp__sock_phase(comm, x->net, c, 0, &red);
         if (!rc) {
-            fsdp__sock_plan_none(x->net, comm->world);
+            fsdp__sock_plan_none(x->net);
             for (h = 0; h < H; h++)
                 if (h != g) {
                     fsdp__share(n, H, h, esize, &at, &len);
@@ -6320,7 +6335,7 @@ FSDP__PRIVATE int fsdp__hier_all_gather(fsdp_comm *comm, void *impl, const fsdp_
     if (x->uniform && x->thread_started && bytes >= FSDP__HIER_CHUNK / 2) return fsdp__hier_pipeline(comm, x, c, bytes);
     fsdp__sock_begin(x->net, c);
     if (recv + (size_t)me * bytes != (const char *)c->send) memmove(recv + (size_t)me * bytes, c->send, bytes);
-    fsdp__sock_plan_none(x->net, comm->world);
+    fsdp__sock_plan_none(x->net);
     for (h = 0; h < x->hosts; h++) {
         int to = x->first[h] + l % x->size[h];
         if (h == g) continue;
@@ -6376,7 +6391,7 @@ FSDP__PRIVATE int fsdp__hier_reduce_scatter(fsdp_comm *comm, void *impl, const f
         }
     }
     /* between hosts: each partial to its block's rank; this rank's block folded in host order */
-    fsdp__sock_plan_none(x->net, comm->world);
+    fsdp__sock_plan_none(x->net);
     for (h = 0, slot = 0; h < x->hosts; h++) {
         int from = x->first[h] + l % x->size[h];
         for (k = l; k < x->size[h]; k += L, slot++)
@@ -6410,7 +6425,7 @@ FSDP__PRIVATE int fsdp__hier_bruck(fsdp_comm *comm, fsdp__hier *x, const fsdp_co
     memcpy(all, mine, bytes);
     for (d = 1; d < H; d *= 2, round++) {
         size_t n = (size_t)(d < H - d ? d : H - d);
-        fsdp__sock_plan_none(x->net, comm->world);
+        fsdp__sock_plan_none(x->net);
         fsdp__sock_plan(x->net, x->first[(g - d + H) % H], all, n * bytes, NULL, 0);
         if (!x->net->peers[x->first[(g + d) % H]].active) fsdp__sock_plan(x->net, x->first[(g + d) % H], NULL, 0, NULL, 0);
         x->net->peers[x->first[(g + d) % H]].in_direct = all + (size_t)d * bytes;
@@ -6441,7 +6456,7 @@ FSDP__PRIVATE int fsdp__hier_all_reduce_short(fsdp_comm *comm, fsdp__hier *x, co
         for (h = 0; h < x->hosts; h++) srcs[h] = all + (size_t)((h - x->host + x->hosts) % x->hosts) * bytes;
         fsdp_reduce_ranks(recv, srcs, x->hosts, count, c->dtype, c->op, comm->world);
     } else if (comm->local_rank == 0) {
-        fsdp__sock_plan_none(x->net, comm->world);
+        fsdp__sock_plan_none(x->net);
         for (h = 0; h < x->hosts; h++) {
             x->order[h] = x->first[h];
             if (h != x->host) fsdp__sock_plan(x->net, x->first[h], x->scratch, bytes, NULL, bytes);
@@ -6486,7 +6501,7 @@ FSDP__PRIVATE int fsdp__hier_all_reduce(fsdp_comm *comm, void *impl, const fsdp_
         /* across hosts, among the ranks (h, l): reduce-scatter of piece l into H shares, folded
            in host order, then all-gather of the shares */
         share = (q + (size_t)H - 1) / (size_t)H;
-        fsdp__sock_plan_none(x->net, comm->world);
+        fsdp__sock_plan_none(x->net);
         for (h = 0; h < H; h++) {
             at = (size_t)h * share < q ? (size_t)h * share : q;
             len = q - at < share ? q - at : share;
@@ -6506,7 +6521,7 @@ FSDP__PRIVATE int fsdp__hier_all_reduce(fsdp_comm *comm, void *impl, const fsdp_
         red.op = c->op;
         red.divisor = comm->world;
         FSDP__HIER_NET(0, &red);
-        fsdp__sock_plan_none(x->net, comm->world);
+        fsdp__sock_plan_none(x->net);
         for (h = 0; h < H; h++) {
             size_t their_at = (size_t)h * share < q ? (size_t)h * share : q, their_len = q - their_at < share ? q - their_at : share;
             if (h != g)
@@ -6530,7 +6545,7 @@ FSDP__PRIVATE int fsdp__hier_broadcast(fsdp_comm *comm, void *impl, const fsdp_c
     fsdp_coll b;
     fsdp__sock_begin(x->net, c);
     if (comm->local_rank == here) {
-        fsdp__sock_plan_none(x->net, comm->world);
+        fsdp__sock_plan_none(x->net);
         if (comm->rank == root) {
             for (h = 0; h < x->hosts; h++)
                 if (h != root_host) fsdp__sock_plan(x->net, x->first[h] + lr % x->size[h], c->recv, bytes, NULL, 0);
@@ -6554,7 +6569,7 @@ FSDP__PRIVATE int fsdp__hier_barrier(fsdp_comm *comm, void *impl, const fsdp_col
     fsdp__sock_begin(x->net, c);
     FSDP__HIER_LOCAL(FSDP_COLL_BARRIER, NULL, NULL, 0, FSDP_SUM);
     for (d = 1; comm->local_rank == 0 && d < H; d *= 2, round++) {
-        fsdp__sock_plan_none(x->net, comm->world);
+        fsdp__sock_plan_none(x->net);
         fsdp__sock_plan(x->net, x->first[(g + d) % H], NULL, 0, NULL, 0);
         if (!x->net->peers[x->first[(g - d + H) % H]].active) fsdp__sock_plan(x->net, x->first[(g - d + H) % H], NULL, 0, NULL, 0);
         FSDP__HIER_NET(4 + (uint32_t)round, NULL);

@@ -17,16 +17,34 @@
 #   3. A rank killed (SIGKILL) while the GPT trains across the hosts: every other rank must fail
 #      within its timeout (FSDP_TIMEOUT_MS, 20 s here) naming the lost rank or its host, and no host
 #      may keep anything in /dev/shm.
+# With --model, instead: the measurements behind the model of BENCHMARKS.md section 8. The
+# hierarchical collectives (build/bench_comm --from-env: median of the slowest rank) on H hosts of
+# --model-per-host ranks for each H of --model-hosts, every host's link shaped to --rate:
+# all_gather, reduce_scatter and all_reduce of a 64 MiB buffer and all_reduce of 4 KiB. The model
+# (per op: bytes over each host's link V, synchronising steps n, P = H * R ranks):
+#     t = max(V / link, H * V / cpu) + n * step * P
+#   all_gather, reduce_scatter: V = (H-1)/H * B, n = pipeline steps of 2 MiB of a block B/P (1
+#   below 1 MiB); all_reduce of B >= 64 KiB: V = 2 (H-1)/H * B, n = 2 per 2 MiB of a rank's
+#   piece B/R; all_reduce below (Bruck among the first ranks): V = (H-1) * B, n = ceil(log2 H).
+#   link: the rate a host's link gives TCP; cpu: what this machine's cores move through TCP in
+#   all (every host shares them: the bed's own bound, absent where hosts have their own cores);
+#   step: what a synchronising step costs per rank (all P processes must run on the 2 cores
+#   before it ends). link, cpu and step are fitted to the 64 MiB rows, a separate step to the 4
+#   KiB ones (grid search, smallest worst relative error); each row is printed with the model's
+#   time and the error, then the parameters.
 #
 # Command (root, iproute2, OpenBLAS for the GPT), from anywhere:
 #   make bench-scale                       # the issue's measurement (about 10 minutes on 2 cores)
 #   bash examples/bench_scale.sh --scales 16,64 --no-gpt    # a quick look
+#   bash examples/bench_scale.sh --model                    # section 8's model (about 5 minutes)
 # Options: --scales N,... (ranks; multiples of --per-host) [16,64,128,256]; --per-host R [8];
-#          --no-gpt; --no-kill; --timeout S per run [600]. Exit status 0 if everything passed.
+#          --no-gpt; --no-kill; --timeout S per run [600]; --model; --model-hosts H,...
+#          [2,4,8,16,32]; --model-per-host R [2]; --rate R (tc units) [2gbit].
+#          Exit status 0 if everything passed.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 BUILD=${BUILD:-build}
-scales=16,64,128,256 per_host=8 do_gpt=1 do_kill=1 timeout=600
+scales=16,64,128,256 per_host=8 do_gpt=1 do_kill=1 timeout=600 model=0 model_hosts=2,4,8,16,32 model_per_host=2 rate=2gbit
 while [ $# -gt 0 ]; do
     case $1 in
     --scales) scales=$2; shift 2 ;;
@@ -34,7 +52,11 @@ while [ $# -gt 0 ]; do
     --no-gpt) do_gpt=0; shift ;;
     --no-kill) do_kill=0; shift ;;
     --timeout) timeout=$2; shift 2 ;;
-    -h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --model) model=1; shift ;;
+    --model-hosts) model_hosts=$2; shift 2 ;;
+    --model-per-host) model_per_host=$2; shift 2 ;;
+    --rate) rate=$2; shift 2 ;;
+    -h | --help) sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench_scale: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -51,9 +73,74 @@ export FSDP_SECRET=bench-scale-secret-$$-$RANDOM
 failed=0
 layout_of() { local n=$(($1 / per_host)) l="" i; for ((i = 0; i < n; i++)); do l="$l${l:+,}$per_host"; done; echo "$l"; }
 
-echo "bench_scale: fsdp.h $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nproc) CPUs," \
-    "$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //') (family $(grep -m1 'cpu family' /proc/cpuinfo | sed 's/.*: //')" \
-    "model $(grep -m1 '^model[[:space:]]' /proc/cpuinfo | sed 's/.*: //')), $per_host ranks per host, links unshaped"
+cpu_line="$(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //') (family $(grep -m1 'cpu family' /proc/cpuinfo |
+    sed 's/.*: //') model $(grep -m1 '^model[[:space:]]' /proc/cpuinfo | sed 's/.*: //'))"
+
+if [ $model = 1 ]; then
+    make --no-print-directory "$BUILD/bench_comm" >/dev/null || exit 1
+    echo "bench_scale --model: fsdp.h $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $cpu_line, links $rate," \
+        "$model_per_host ranks per host"
+    IFS=, read -ra hs <<<"$model_hosts"
+    top=0
+    for h in "${hs[@]}"; do
+        case $h in '' | *[!0-9]*) echo "bench_scale: bad host count '$h'" >&2; exit 2 ;; esac
+        [ "$h" -ge 2 ] && [ "$h" -le 32 ] || { echo "bench_scale: --model-hosts: 2..32 hosts" >&2; exit 2; }
+        [ "$h" -gt $top ] && top=$h
+    done
+    hostbed_up "$top" --rate "$rate" >/dev/null 2>&1 || { echo "bench_scale: the bed of $top hosts did not come up"; exit 1; }
+    rows=$(mktemp)
+    for h in "${hs[@]}"; do
+        layout=$(per_host=$model_per_host layout_of $((h * model_per_host)))
+        for run in "all_gather 64M 5" "reduce_scatter 64M 5" "all_reduce 64M 5" "all_reduce 4K 200"; do
+            read -r op size iters <<<"$run"
+            FSDP_SPIN=0 FSDP_TIMEOUT_MS=600000 hostbed_ranks --timeout "$timeout" "$layout" "$BIN/bench_comm" --from-env \
+                --op "$op" --sizes "$size" --iters "$iters" --warmup 2 --csv >/dev/null 2>&1
+            line=$(grep -E "^socket\+shm,[0-9]+,$op," "$HOSTBED_SHARE/rank0.log" | head -n 1)
+            if [ -z "$line" ]; then
+                echo "bench_scale: $h hosts, $op $size failed:" >&2; tail -n 3 "$HOSTBED_SHARE/rank0.log" >&2; failed=1; continue
+            fi
+            echo "$h $model_per_host $line" >>"$rows"
+        done
+    done
+    hostbed_down
+    rate_bps=$(echo "$rate" | awk '{ v = $0 + 0; u = tolower($0); sub(/^[0-9.]+/, "", u)
+        m = u ~ /^gbit/ ? 1e9 : u ~ /^mbit/ ? 1e6 : u ~ /^kbit/ ? 1e3 : 1; print v * m }')
+    awk -v nominal="$rate_bps" '
+    function ceil_log2(h,  n, d) { n = 0; for (d = 1; d < h; d *= 2) n++; return n }
+    function ceil_div(a, b) { return int((a + b - 1) / b) }
+    # bytes over each host link gV, synchronising steps gN (pipeline steps of 2 MiB, rounds) of row i
+    function shape(i,  H, R, B) { H = hh[i]; R = rr[i]; B = bb[i]
+        if (op[i] == "all_reduce" && B < 65536) { gV = (H - 1) * B; gN = ceil_log2(H) }
+        else if (op[i] == "all_reduce") { gV = 2 * (H - 1) / H * B; gN = B / R >= 1048576 ? 2 * ceil_div(B / R, 2097152) : 2 }
+        else { gV = (H - 1) / H * B; gN = B / (H * R) >= 1048576 ? ceil_div(B / (H * R), 2097152) : 1 } }
+    function predict(i, link, cpu, step,  a, b) { shape(i); a = gV / link; b = hh[i] * gV / cpu
+        return (a > b ? a : b) + gN * step * hh[i] * rr[i] }
+    function worst(large, link, cpu, step,  i, e, w) { w = 0
+        for (i = 1; i <= n; i++) if ((bb[i] >= 65536) == large) { e = predict(i, link, cpu, step) / t[i] - 1
+            if (e < 0) e = -e; if (e > w) w = e }
+        return w }
+    { n++; hh[n] = $1; rr[n] = $2; split($3, f, ","); op[n] = f[3]; bb[n] = f[4]; t[n] = f[5] * 1e-6 }
+    END {
+        best = 1e9
+        for (a = 0.80; a <= 1.0001; a += 0.01) for (k = 0; k <= 40; k++) for (j = 0; j <= 50; j++) {
+            c = 5e8 * 10 ^ (k / 40); st = 1e-6 * 10 ^ (j / 20)
+            w = worst(1, nominal / 8 * a, c, st); if (w < best) { best = w; link = nominal / 8 * a; cpu = c; step = st } }
+        best2 = 1e9
+        for (j = 0; j <= 80; j++) { st = 1e-7 * 10 ^ (j / 40); w = worst(0, link, cpu, st); if (w < best2) { best2 = w; small = st } }
+        printf "%6s %6s %-15s %10s %6s %12s %12s %8s\n", "hosts", "ranks", "op", "bytes", "steps", "measured ms", "model ms", "error"
+        for (i = 1; i <= n; i++) { p = predict(i, link, cpu, bb[i] >= 65536 ? step : small); shape(i)
+            printf "%6d %6d %-15s %10d %6d %12.3f %12.3f %+7.1f%%\n", hh[i], hh[i] * rr[i], op[i], bb[i], gN, t[i] * 1e3, p * 1e3,
+                (p / t[i] - 1) * 100 }
+        printf "\nfitted: link %.2f Gbit/s (%.0f%% of %.2g), cpu %.2f GB/s in all, a step %.1f us per rank (64 MiB ops), a" \
+            " round %.1f us per rank (4 KiB); worst error %.1f%% (64 MiB), %.1f%% (4 KiB)\n", link * 8e-9, link * 8 / nominal * 100,
+            nominal, cpu * 1e-9, step * 1e6, small * 1e6, best * 100, best2 * 100
+    }' "$rows"
+    rm -f "$rows"
+    exit $failed
+fi
+
+echo "bench_scale: fsdp.h $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $cpu_line, $per_host ranks per host," \
+    "links unshaped"
 echo
 printf '%6s %6s %14s %12s %16s %s\n' ranks hosts "formed in s" "run in s" "sockets/rank" result
 largest=0

@@ -80,9 +80,11 @@ static float combine(float acc, float x, fsdp_reduce_op op) {
     return acc > x ? acc : x;
 }
 
+#define MH_MAX_WORLD 4096 /* the ranks this checker follows */
+
 typedef struct layout {
     int world, hosts, two_level;
-    int host_of[256];
+    int host_of[MH_MAX_WORLD];
 } layout;
 
 /* The documented result of reducing element i (inputs as stored in dtype) over all ranks. */
@@ -267,8 +269,12 @@ int main(void) {
            wall_joined, count_sockets());
     memset(&lay, 0, sizeof lay);
     lay.world = fsdp_comm_size(comm);
+    if (lay.world > MH_MAX_WORLD) {
+        fprintf(stderr, "mh_check: a world of %d ranks; this checker follows at most %d\n", lay.world, MH_MAX_WORLD);
+        return 2;
+    }
     lay.hosts = fsdp_comm_num_hosts(comm);
-    for (r = 0; r < lay.world && r < 256; r++) lay.host_of[r] = fsdp_comm_host_of(comm, r);
+    for (r = 0; r < lay.world && r < MH_MAX_WORLD; r++) lay.host_of[r] = fsdp_comm_host_of(comm, r);
     for (r = 1; r < lay.world; r++) contiguous &= lay.host_of[r] == lay.host_of[r - 1] || lay.host_of[r] == lay.host_of[r - 1] + 1;
     /* the documented order: two levels for several hosts, several ranks on some, numbered host by host */
     lay.two_level = lay.hosts > 1 && lay.hosts < lay.world && contiguous && !(getenv("FSDP_HIERARCHICAL") &&
