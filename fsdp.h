@@ -6052,18 +6052,20 @@ static const fsdp__transport fsdp__sock_transport = {
    through the world's connections, and only what another host needs crosses a link, once.
    Host h holds ranks first[h] .. first[h] + size[h] - 1; rank (h, l) is its l-th.
      all_gather:     each rank sends its block to one rank of every other host, (g, l mod
-                     size[g]); then every host shares what arrived: an in-place all_gather of a
-                     host's blocks where the two hosts have as many ranks, else a broadcast per
-                     block, and an all_gather of its own blocks.
+                     size[g]) (as many ranks on every host, H >= 4 and H blocks up to 64 KiB:
+                     among the ranks (h, l) in ceil(log2 H) rounds, Bruck's algorithm); then
+                     every host shares what arrived: an in-place all_gather of a host's blocks
+                     where the two hosts have as many ranks, else a broadcast per block, and an
+                     all_gather of its own blocks.
      reduce_scatter: each host reduces, in shared memory, the blocks of every host (the partial
                      of block (g, k) lands on local rank k mod size) and sends each partial to
                      its block's rank, which folds the hosts' partials in host order.
      all_reduce:     (as many ranks on every host, large buffers) reduce-scatter inside the host,
                      reduce-scatter then all-gather among the ranks of one local index across the
                      hosts, all-gather inside the host; (else) all_reduce inside each host, the
-                     hosts' first ranks all-gather the hosts' partials (up to 64 KiB in
-                     ceil(log2 H) rounds, Bruck's algorithm; larger ones in one round, to every
-                     host at once) and fold them, broadcast in the host.
+                     hosts' first ranks all-gather the hosts' partials (H >= 4 and H partials up
+                     to 64 KiB: in ceil(log2 H) rounds, Bruck's algorithm; else in one round, to
+                     every host at once) and fold them, broadcast in the host.
      broadcast:      the root (g, l) sends to (h, l mod size[h]) of every other host h, which
                      broadcasts in its host.
      barrier:        inside the hosts, among their first ranks in ceil(log2 H) rounds (the
@@ -6327,19 +6329,51 @@ FSDP__PRIVATE int fsdp__hier_pipeline(fsdp_comm *comm, fsdp__hier *x, const fsdp
     return rc ? fsdp__load(&comm->status) ? fsdp__load(&comm->status) : rc : 0;
 }
 
-FSDP__PRIVATE int fsdp__hier_all_gather(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
-    fsdp__hier *x = (fsdp__hier *)impl;
-    size_t bytes = c->count * fsdp_dtype_size(c->dtype);
-    char *recv = (char *)c->recv;
-    int me = comm->rank, l = comm->local_rank, g = x->host, L = x->size[g], h, k;
-    if (x->uniform && x->thread_started && bytes >= FSDP__HIER_CHUNK / 2) return fsdp__hier_pipeline(comm, x, c, bytes);
-    fsdp__sock_begin(x->net, c);
-    if (recv + (size_t)me * bytes != (const char *)c->send) memmove(recv + (size_t)me * bytes, c->send, bytes);
+/* Cross-host ops of a few bytes take ceil(log2 H) rounds instead of one round of H - 1
+   messages per rank where that is fewer (H >= 4) and the bytes a rank gathers are at most
+   FSDP__HIER_SMALL: deterministic for a layout and size, and the same bits either way. */
+static int fsdp__hier_log_rounds(const fsdp__hier *x, size_t gathered) {
+    return x->hosts >= 4 && gathered <= FSDP__HIER_SMALL;
+}
+
+/* Among the ranks of local index l of every host (this rank is one; every host has one): each
+   one's `bytes` (this rank's at mine) to every one, into all (x->hosts slots; slot j: the bytes
+   of host (host + j) mod H). In ceil(log2 H) rounds (Bruck's all-gather): in round k, at
+   distance d = 2^k, a rank sends the min(d, H - d) slots it holds to its counterpart d hosts
+   back and receives as many from the one d hosts on. */
+FSDP__PRIVATE int fsdp__hier_bruck(fsdp_comm *comm, fsdp__hier *x, const fsdp_coll *c, int l, const char *mine, char *all,
+                                   size_t bytes) {
+    int H = x->hosts, g = x->host, d, round = 0, rc;
+    memmove(all, mine, bytes);
+    for (d = 1; d < H; d *= 2, round++) {
+        size_t n = (size_t)(d < H - d ? d : H - d);
+        int to = x->first[(g - d + H) % H] + l, from = x->first[(g + d) % H] + l;
+        fsdp__sock_plan_none(x->net);
+        fsdp__sock_plan(x->net, to, all, n * bytes, NULL, 0);
+        if (!x->net->peers[from].active) fsdp__sock_plan(x->net, from, NULL, 0, NULL, 0);
+        x->net->peers[from].in_direct = all + (size_t)d * bytes;
+        x->net->peers[from].in_len = n * bytes;
+        if ((rc = fsdp__sock_phase(comm, x->net, c, 4 + (uint32_t)round, NULL)) != 0) return rc;
+    }
+    return 0;
+}
+
+/* The network part of a hierarchical all_gather (the own block is in place): the blocks of the
+   other hosts' ranks (h, k) with k mod L = l land in recv, in ceil(log2 H) rounds among the
+   ranks (h, l) where fsdp__hier_log_rounds says so (as many ranks on every host), else in one
+   round: this rank's block to (h, l mod size[h]) of every other host h. */
+FSDP__PRIVATE int fsdp__hier_gather_net(fsdp_comm *comm, fsdp__hier *x, const fsdp_coll *c, char *recv, size_t bytes) {
+    int me = comm->rank, l = comm->local_rank, g = x->host, L = x->size[g], H = x->hosts, h, k, rc;
+    if (x->uniform && fsdp__hier_log_rounds(x, bytes * (size_t)H)) {
+        if (fsdp__hier_scratch(comm, x, bytes * (size_t)H) != 0) return fsdp__load(&comm->status);
+        if ((rc = fsdp__hier_bruck(comm, x, c, l, recv + (size_t)me * bytes, x->scratch, bytes)) != 0) return rc;
+        for (k = 1; k < H; k++) memcpy(recv + (size_t)(x->first[(g + k) % H] + l) * bytes, x->scratch + (size_t)k * bytes, bytes);
+        return 0;
+    }
     fsdp__sock_plan_none(x->net);
-    for (h = 0; h < x->hosts; h++) {
-        int to = x->first[h] + l % x->size[h];
+    for (h = 0; h < H; h++) {
         if (h == g) continue;
-        fsdp__sock_plan(x->net, to, recv + (size_t)me * bytes, bytes, NULL, 0);
+        fsdp__sock_plan(x->net, x->first[h] + l % x->size[h], recv + (size_t)me * bytes, bytes, NULL, 0);
         for (k = l; k < x->size[h]; k += L) { /* the blocks of host h that land here */
             fsdp__sock_peer *peer = &x->net->peers[x->first[h] + k];
             if (!peer->active) fsdp__sock_plan(x->net, x->first[h] + k, NULL, 0, NULL, 0);
@@ -6347,7 +6381,18 @@ FSDP__PRIVATE int fsdp__hier_all_gather(fsdp_comm *comm, void *impl, const fsdp_
             peer->in_len = bytes;
         }
     }
-    FSDP__HIER_NET(0, NULL);
+    return fsdp__sock_phase(comm, x->net, c, 0, NULL);
+}
+
+FSDP__PRIVATE int fsdp__hier_all_gather(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
+    fsdp__hier *x = (fsdp__hier *)impl;
+    size_t bytes = c->count * fsdp_dtype_size(c->dtype);
+    char *recv = (char *)c->recv;
+    int me = comm->rank, l = comm->local_rank, g = x->host, L = x->size[g], h, k, rc;
+    if (x->uniform && x->thread_started && bytes >= FSDP__HIER_CHUNK / 2) return fsdp__hier_pipeline(comm, x, c, bytes);
+    fsdp__sock_begin(x->net, c);
+    if (recv + (size_t)me * bytes != (const char *)c->send) memmove(recv + (size_t)me * bytes, c->send, bytes);
+    if ((rc = fsdp__hier_gather_net(comm, x, c, recv, bytes)) != 0) return fsdp__sock_end(x->net, rc);
     for (h = 0; h < x->hosts && L > 1; h++) { /* every host shares what it holds */
         if (h == g || x->size[h] == L)
             FSDP__HIER_LOCAL(FSDP_COLL_ALL_GATHER, recv + (size_t)(x->first[h] + l) * bytes, recv + (size_t)x->first[h] * bytes,
@@ -6414,35 +6459,14 @@ FSDP__PRIVATE int fsdp__hier_reduce_scatter(fsdp_comm *comm, void *impl, const f
     return fsdp__sock_end(x->net, 0);
 }
 
-/* Among the hosts' first ranks (this rank is one): every host's partial of `bytes` (this host's
-   at mine) to every first rank, into all (x->hosts slots; slot j: the partial of host
-   (host + j) mod H). In ceil(log2 H) rounds (Bruck's all-gather): in round k, at distance
-   d = 2^k, a first rank sends the min(d, H - d) partials it holds to the first rank d hosts
-   back and receives as many from the one d hosts on. */
-FSDP__PRIVATE int fsdp__hier_bruck(fsdp_comm *comm, fsdp__hier *x, const fsdp_coll *c, const char *mine, char *all,
-                                   size_t bytes) {
-    int H = x->hosts, g = x->host, d, round = 0, rc;
-    memcpy(all, mine, bytes);
-    for (d = 1; d < H; d *= 2, round++) {
-        size_t n = (size_t)(d < H - d ? d : H - d);
-        fsdp__sock_plan_none(x->net);
-        fsdp__sock_plan(x->net, x->first[(g - d + H) % H], all, n * bytes, NULL, 0);
-        if (!x->net->peers[x->first[(g + d) % H]].active) fsdp__sock_plan(x->net, x->first[(g + d) % H], NULL, 0, NULL, 0);
-        x->net->peers[x->first[(g + d) % H]].in_direct = all + (size_t)d * bytes;
-        x->net->peers[x->first[(g + d) % H]].in_len = n * bytes;
-        if ((rc = fsdp__sock_phase(comm, x->net, c, 4 + (uint32_t)round, NULL)) != 0) return rc;
-    }
-    return 0;
-}
-
 /* all_reduce of count elements at recv (from send) by the short path: all_reduce inside the
    host into scratch, the hosts' partials to every host's first rank, which folds them into
    recv in host order, broadcast inside the host. The partials travel in log2(H) rounds
-   (fsdp__hier_bruck) up to FSDP__HIER_SMALL bytes, above it in one round to every host at once. */
+   (fsdp__hier_bruck) where fsdp__hier_log_rounds says so, else in one round to every host. */
 FSDP__PRIVATE int fsdp__hier_all_reduce_short(fsdp_comm *comm, fsdp__hier *x, const fsdp_coll *c, const char *send,
                                               char *recv, size_t count) {
     size_t bytes = count * fsdp_dtype_size(c->dtype);
-    int log_rounds = bytes <= FSDP__HIER_SMALL, h;
+    int log_rounds = fsdp__hier_log_rounds(x, bytes * (size_t)x->hosts), h;
     fsdp__sock_reduction red;
     fsdp_coll b;
     if (!count) return 0;
@@ -6451,7 +6475,7 @@ FSDP__PRIVATE int fsdp__hier_all_reduce_short(fsdp_comm *comm, fsdp__hier *x, co
     if (comm->local_rank == 0 && log_rounds) {
         const void **srcs = x->net->srcs;
         char *all = x->scratch + bytes;
-        int rc = fsdp__hier_bruck(comm, x, c, x->scratch, all, bytes);
+        int rc = fsdp__hier_bruck(comm, x, c, 0, x->scratch, all, bytes);
         if (rc) return fsdp__sock_end(x->net, rc);
         for (h = 0; h < x->hosts; h++) srcs[h] = all + (size_t)((h - x->host + x->hosts) % x->hosts) * bytes;
         fsdp_reduce_ranks(recv, srcs, x->hosts, count, c->dtype, c->op, comm->world);

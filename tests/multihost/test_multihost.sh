@@ -3,7 +3,7 @@
 #
 # Builds "hosts" on this machine with tests/multihost/hostbed.sh (network + mount + UTS
 # namespaces: own address, /dev/shm, /tmp and host name; root needed) and runs ranks in them:
-#   - collectives bitwise equal to the documented reduction order at 2x2, 3x2 and 2+1+3 ranks
+#   - collectives bitwise equal to the documented reduction order at 2x2, 3x2, 2+1+3 and 2+1+3+2 ranks
 #     per host (2x2 also with large ops in one pipeline step, FSDP_HIER_STEP_MIB=0, and with
 #     ranks asking for different steps), over sockets (hierarchical) and over the MPI bridge
 #     under mpirun, with splits of one host's ranks on shared memory (tests/multihost/mh_check.c);
@@ -222,7 +222,7 @@ fault() { # what (cut | cut-lagging | kill)
     return $ok
 }
 
-hostbed_up 3 || { s=$?; echo "$ME: the test bed did not come up (status $s)"; echo "0 passed, 1 failed"; exit 1; }
+hostbed_up 4 || { s=$?; echo "$ME: the test bed did not come up (status $s)"; echo "0 passed, 1 failed"; exit 1; }
 
 collectives 2,2;   report collectives_2x2_bitwise_in_the_documented_order $? "$LOG/coll.log"
 # FSDP_HIER_STEP_MIB=0: large ops in one pipeline step instead of 2 MiB ones
@@ -246,6 +246,9 @@ collectives 2,2,2; report collectives_3x2_bitwise_in_the_documented_order $? "$L
 # lone rank of the middle host to all 5, the others to 2 or 3; a full mesh would be 5 everywhere)
 collectives 2,1,3 && sockets_at_most 5 "$LOG/coll.log" && [ "$(rank_logs | grep -c ' [23] sockets$')" = 5 ]
 report collectives_2_1_3_bitwise_in_the_documented_order_over_links_to_counterparts $? "$LOG/coll.log"
+# 4 hosts of 2, 1, 3, 2 ranks: small all_reduces in log2(H) rounds (Bruck) among the first ranks
+MH_MAX_COUNT=16411 MH_OPS_ONLY=1 collectives 2,1,3,2
+report collectives_2_1_3_2_bitwise_with_small_all_reduces_in_log_rounds $? "$LOG/coll.log"
 if [ $have_mpi = 1 ]; then
     mpirun_2x2 "$BIN/mh_check_mpi"; report mpirun_mpi_bridge_2x2_same_bits_as_sockets $? "$LOG/mpi.log"
     mpirun_2x2 "$BIN/mh_check" -x FSDP_BACKEND=socket -x MASTER_ADDR=10.77.0.1 -x MASTER_PORT=29650 -x FSDP_SECRET
