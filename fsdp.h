@@ -4153,7 +4153,8 @@ static const fsdp__transport fsdp__shm_transport = {
    connection; rendezvous connections to rank 0 that are not links close once the mesh
    stands. Rank 0 holds P - 1 connections during the rendezvous, a rank its links and a
    listener after: the soft RLIMIT_NOFILE raised to that where the hard limit allows
-   (fsdp__sock_fd_room). A staging ring for reductions exists per link only.
+   (fsdp__sock_fd_room). A staging ring for reductions exists per link only: 1 MiB, less
+   where links are many (64 MiB in all, at least a 256 KiB segment each).
    An op is one or two phases; in a phase every rank sends every peer one header (magic,
    phase, fingerprint, payload length) and its payload, and receives the same from each, all
    at once through non-blocking sockets and poll, within the op's deadline. Every header is
@@ -4168,7 +4169,10 @@ static const fsdp__transport fsdp__shm_transport = {
 #define FSDP__SOCK_VERSION 4u
 #define FSDP__SOCK_SEGMENT ((size_t)256 * 1024)
 #define FSDP__SOCK_RING_SEGMENTS 4
-#define FSDP__SOCK_RING_BYTES ((size_t)FSDP__SOCK_RING_SEGMENTS * FSDP__SOCK_SEGMENT) /* per peer, for reductions */
+#define FSDP__SOCK_RING_BYTES ((size_t)FSDP__SOCK_RING_SEGMENTS * FSDP__SOCK_SEGMENT) /* per link, for reductions */
+#ifndef FSDP__SOCK_RINGS_MAX /* (a check lowers it) */
+#define FSDP__SOCK_RINGS_MAX ((size_t)64 << 20) /* all links' rings, beyond one segment a link */
+#endif
 #define FSDP__SOCK_GREETING_MS 5000  /* an acceptor greets at once; silence this long means "not fsdp.h" */
 #define FSDP__SOCK_HANDSHAKE_MS 5000 /* a connection's budget to present a complete hello */
 #ifndef FSDP__SOCK_PENDING_MAX /* (a test lowers it) */
@@ -4228,7 +4232,8 @@ typedef struct fsdp__sock_peer {
 
 typedef struct fsdp__sock {
     fsdp__sock_peer *peers;
-    char *ring;             /* a ring of RING_BYTES for each connected peer, for reductions */
+    char *ring;             /* a ring of ring_bytes for each connected peer, for reductions */
+    size_t ring_bytes;      /* RING_BYTES, or less (whole segments) where links are many */
     const void **srcs;      /* world entries: a fold's sources */
     int *act, nact;         /* the peers planned active (a phase touches only these: not O(world)) */
     struct pollfd *pfds;
@@ -5469,12 +5474,15 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
         s->peers[p].at_boundary = 1;
         links++;
     }
-    if (!(s->ring = (char *)FSDP_MALLOC((size_t)(links ? links : 1) * FSDP__SOCK_RING_BYTES))) {
+    s->ring_bytes = FSDP__SOCK_RINGS_MAX / (size_t)(links ? links : 1) / FSDP__SOCK_SEGMENT * FSDP__SOCK_SEGMENT;
+    if (s->ring_bytes > FSDP__SOCK_RING_BYTES) s->ring_bytes = FSDP__SOCK_RING_BYTES;
+    if (s->ring_bytes < FSDP__SOCK_SEGMENT) s->ring_bytes = FSDP__SOCK_SEGMENT;
+    if (!(s->ring = (char *)FSDP_MALLOC((size_t)(links ? links : 1) * s->ring_bytes))) {
         rc = fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
         goto done;
     }
     for (p = 0, links = 0; p < P; p++)
-        if (s->peers[p].fd >= 0) s->peers[p].ring = s->ring + (size_t)links++ * FSDP__SOCK_RING_BYTES;
+        if (s->peers[p].fd >= 0) s->peers[p].ring = s->ring + (size_t)links++ * s->ring_bytes;
     s->spin_seconds = fsdp__spin_seconds(comm->local_world);
     comm->impl = s;
 done:
@@ -5617,7 +5625,7 @@ FSDP__PRIVATE int fsdp__sock_fold(fsdp_comm *comm, fsdp__sock *s, const fsdp_col
         for (k = 0; k < n; k++) {
             p = red->order ? red->order[k] : k;
             srcs[k] = p == comm->rank ? (const void *)(red->own + *reduced)
-                                      : (const void *)(s->peers[p].ring + *reduced % FSDP__SOCK_RING_BYTES);
+                                      : (const void *)(s->peers[p].ring + *reduced % s->ring_bytes);
         }
         fsdp_reduce_ranks(red->dst + *reduced, srcs, n, len / esize, c->dtype, red->order ? red->op : c->op,
                           red->order ? red->divisor : comm->world);
@@ -5643,7 +5651,7 @@ FSDP__PRIVATE int fsdp__sock_poll_set(fsdp_comm *comm, fsdp__sock *s, const fsdp
                                   comm->rank, p, fsdp_coll_name(c->kind), (unsigned long long)c->seq);
         if (peer->out_header_done < sizeof peer->out_header || peer->out_done < peer->out_len) events |= POLLOUT;
         if (peer->in_header_done < sizeof peer->in_header ||
-            (peer->in_done < peer->in_len && (peer->in_direct || peer->in_done < reduced + FSDP__SOCK_RING_BYTES)))
+            (peer->in_done < peer->in_len && (peer->in_direct || peer->in_done < reduced + s->ring_bytes)))
             events |= POLLIN;
         if (peer->in_done < peer->in_len || peer->in_header_done < sizeof peer->in_header) *pending = 1;
         if (events & POLLOUT) *pending = 1;
@@ -5752,11 +5760,11 @@ FSDP__PRIVATE int fsdp__sock_recv_some(fsdp_comm *comm, fsdp__sock *s, int p, co
                 dst = peer->in_direct + peer->in_done;
                 room = peer->in_len - peer->in_done;
             } else {
-                size_t at = peer->in_done % FSDP__SOCK_RING_BYTES;
-                if (peer->in_done >= reduced + FSDP__SOCK_RING_BYTES) return 0; /* ring full: fold first */
+                size_t at = peer->in_done % s->ring_bytes;
+                if (peer->in_done >= reduced + s->ring_bytes) return 0; /* ring full: fold first */
                 dst = peer->ring + at;
-                room = FSDP__SOCK_RING_BYTES - at;
-                if (room > reduced + FSDP__SOCK_RING_BYTES - peer->in_done) room = reduced + FSDP__SOCK_RING_BYTES - peer->in_done;
+                room = s->ring_bytes - at;
+                if (room > reduced + s->ring_bytes - peer->in_done) room = reduced + s->ring_bytes - peer->in_done;
                 if (room > peer->in_len - peer->in_done) room = peer->in_len - peer->in_done;
             }
             got = recv(peer->fd, dst, room, MSG_DONTWAIT);

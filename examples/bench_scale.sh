@@ -20,23 +20,24 @@
 # With --model, instead: the measurements behind the model of BENCHMARKS.md section 8. The
 # hierarchical collectives (build/bench_comm --from-env: median of the slowest rank) on H hosts of
 # --model-per-host ranks for each H of --model-hosts, every host's link shaped to --rate:
-# all_gather, reduce_scatter and all_reduce of a 64 MiB buffer and all_reduce of 4 KiB. The model
+# all_gather, reduce_scatter and all_reduce of a 64 MiB buffer and all_reduce of 1 KiB. The model
 # (per op: bytes over each host's link V, synchronising steps n, P = H * R ranks):
 #     t = max(V / link, H * V / cpu) + n * step * P
 #   all_gather, reduce_scatter: V = (H-1)/H * B, n = pipeline steps of 2 MiB of a block B/P (1
 #   below 1 MiB); all_reduce of B >= 64 KiB: V = 2 (H-1)/H * B, n = 2 per 2 MiB of a rank's
-#   piece B/R; all_reduce below (Bruck among the first ranks): V = (H-1) * B, n = ceil(log2 H).
+#   piece B/R; all_reduce below: V = (H-1) * B among the first ranks, n = ceil(log2 H) where
+#   H >= 4 and H * B <= 64 KiB (Bruck), else 1.
 #   link: the rate a host's link gives TCP; cpu: what this machine's cores move through TCP in
 #   all (every host shares them: the bed's own bound, absent where hosts have their own cores);
 #   step: what a synchronising step costs per rank (all P processes must run on the 2 cores
-#   before it ends). link, cpu and step are fitted to the 64 MiB rows, a separate step to the 4
+#   before it ends). link, cpu and step are fitted to the 64 MiB rows, a separate step to the 1
 #   KiB ones (grid search, smallest worst relative error); each row is printed with the model's
 #   time and the error, then the parameters.
 #
 # Command (root, iproute2, OpenBLAS for the GPT), from anywhere:
-#   make bench-scale                       # the issue's measurement (about 10 minutes on 2 cores)
+#   make bench-scale                       # the issue's measurement (about 2 minutes on 2 cores)
 #   bash examples/bench_scale.sh --scales 16,64 --no-gpt    # a quick look
-#   bash examples/bench_scale.sh --model                    # section 8's model (about 5 minutes)
+#   bash examples/bench_scale.sh --model                    # section 8's model (about 3 minutes)
 # Options: --scales N,... (ranks; multiples of --per-host) [16,64,128,256]; --per-host R [8];
 #          --no-gpt; --no-kill; --timeout S per run [600]; --model; --model-hosts H,...
 #          [2,4,8,16,32]; --model-per-host R [2]; --rate R (tc units) [2gbit].
@@ -56,7 +57,7 @@ while [ $# -gt 0 ]; do
     --model-hosts) model_hosts=$2; shift 2 ;;
     --model-per-host) model_per_host=$2; shift 2 ;;
     --rate) rate=$2; shift 2 ;;
-    -h | --help) sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench_scale: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -91,7 +92,7 @@ if [ $model = 1 ]; then
     rows=$(mktemp)
     for h in "${hs[@]}"; do
         layout=$(per_host=$model_per_host layout_of $((h * model_per_host)))
-        for run in "all_gather 64M 5" "reduce_scatter 64M 5" "all_reduce 64M 5" "all_reduce 4K 200"; do
+        for run in "all_gather 64M 5" "reduce_scatter 64M 5" "all_reduce 64M 5" "all_reduce 1K 300"; do
             read -r op size iters <<<"$run"
             FSDP_SPIN=0 FSDP_TIMEOUT_MS=600000 hostbed_ranks --timeout "$timeout" "$layout" "$BIN/bench_comm" --from-env \
                 --op "$op" --sizes "$size" --iters "$iters" --warmup 2 --csv >/dev/null 2>&1
@@ -110,7 +111,7 @@ if [ $model = 1 ]; then
     function ceil_div(a, b) { return int((a + b - 1) / b) }
     # bytes over each host link gV, synchronising steps gN (pipeline steps of 2 MiB, rounds) of row i
     function shape(i,  H, R, B) { H = hh[i]; R = rr[i]; B = bb[i]
-        if (op[i] == "all_reduce" && B < 65536) { gV = (H - 1) * B; gN = ceil_log2(H) }
+        if (op[i] == "all_reduce" && B < 65536) { gV = (H - 1) * B; gN = H >= 4 && H * B <= 65536 ? ceil_log2(H) : 1 }
         else if (op[i] == "all_reduce") { gV = 2 * (H - 1) / H * B; gN = B / R >= 1048576 ? 2 * ceil_div(B / R, 2097152) : 2 }
         else { gV = (H - 1) / H * B; gN = B / (H * R) >= 1048576 ? ceil_div(B / (H * R), 2097152) : 1 } }
     function predict(i, link, cpu, step,  a, b) { shape(i); a = gV / link; b = hh[i] * gV / cpu
@@ -132,7 +133,7 @@ if [ $model = 1 ]; then
             printf "%6d %6d %-15s %10d %6d %12.3f %12.3f %+7.1f%%\n", hh[i], hh[i] * rr[i], op[i], bb[i], gN, t[i] * 1e3, p * 1e3,
                 (p / t[i] - 1) * 100 }
         printf "\nfitted: link %.2f Gbit/s (%.0f%% of %.2g), cpu %.2f GB/s in all, a step %.1f us per rank (64 MiB ops), a" \
-            " round %.1f us per rank (4 KiB); worst error %.1f%% (64 MiB), %.1f%% (4 KiB)\n", link * 8e-9, link * 8 / nominal * 100,
+            " round %.1f us per rank (1 KiB); worst error %.1f%% (64 MiB), %.1f%% (1 KiB)\n", link * 8e-9, link * 8 / nominal * 100,
             nominal, cpu * 1e-9, step * 1e6, small * 1e6, best * 100, best2 * 100
     }' "$rows"
     rm -f "$rows"
