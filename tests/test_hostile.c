@@ -767,6 +767,67 @@ static void test_secret_from_the_environment_is_not_passed_on_to_child_processes
     TEST_ASSERT_EQUAL_INT_MESSAGE(0, shared[0].op_rc, "a child process saw FSDP_SECRET");
 }
 
+/* The parent plays rank 0 (it knows the secret) for a real rank 1 of 2 and welcomes it with a
+   table whose mac is right but which numbers rank 1's host 5 (hosts are numbered in order of
+   their lowest rank: 0 or 1 only), then with a right table whose mac is wrong: rank 1 must refuse
+   both, saying why, instead of indexing by what rank 0 said. */
+static void welcome_rank1_with(uint32_t host_of_1, int break_mac, rank_plan *r1) {
+    struct sockaddr_in a = loopback(0);
+    socklen_t len = sizeof a;
+    unsigned char key[32], nonces[64], digest[32], mac[32], session[16];
+    uint32_t table[3 * 2 + 1];
+    fsdp__sock_challenge challenge;
+    fsdp__sock_hello hello;
+    fsdp__sock_reply reply;
+    int listener = socket(AF_INET, SOCK_STREAM, 0), fd;
+    pid_t p1;
+    TEST_ASSERT_EQUAL_INT(0, bind(listener, (struct sockaddr *)&a, sizeof a));
+    TEST_ASSERT_EQUAL_INT(0, listen(listener, 8));
+    getsockname(listener, (struct sockaddr *)&a, &len);
+    r1->port = ntohs(a.sin_port);
+    job_key(key, SECRET, JOB);
+    reset_reports();
+    p1 = spawn(run_socket_rank, r1, 20);
+    fd = accept(listener, NULL, NULL);
+    TEST_ASSERT_TRUE(fd >= 0);
+    memset(&challenge, 0, sizeof challenge);
+    challenge.magic = FSDP__SOCK_MAGIC;
+    challenge.version = FSDP__SOCK_VERSION;
+    memset(challenge.nonce, 7, sizeof challenge.nonce);
+    TEST_ASSERT_EQUAL_INT((int)sizeof challenge, (int)send(fd, &challenge, sizeof challenge, MSG_NOSIGNAL));
+    TEST_ASSERT_EQUAL_size_t(sizeof hello, read_some(fd, (unsigned char *)&hello, sizeof hello, 5000));
+    memset(session, 9, sizeof session);
+    fsdp__sock_make_reply(&reply, key, &hello, &challenge, 0, "welcome", session, 1);
+    table[0] = table[1] = htonl(INADDR_LOOPBACK); /* ips */
+    table[2] = table[3] = 1;                      /* ports */
+    table[4] = 0;                                 /* hosts */
+    table[5] = host_of_1;
+    table[6] = 0;                                 /* flags */
+    memcpy(nonces, hello.nonce, 32);
+    memcpy(nonces + 32, challenge.nonce, 32);
+    fsdp__sock_table_digest(digest, table, 2);
+    fsdp__sock_mac(mac, key, "fsdp.h table", nonces, 64, digest, sizeof digest, NULL, 0);
+    mac[0] ^= (unsigned char)break_mac;
+    TEST_ASSERT_EQUAL_INT((int)sizeof reply, (int)send(fd, &reply, sizeof reply, MSG_NOSIGNAL));
+    TEST_ASSERT_EQUAL_INT((int)sizeof table, (int)send(fd, table, sizeof table, MSG_NOSIGNAL));
+    TEST_ASSERT_EQUAL_INT((int)sizeof mac, (int)send(fd, mac, sizeof mac, MSG_NOSIGNAL));
+    TEST_ASSERT_EQUAL_INT(0, reap(p1, 15000));
+    close(fd);
+    close(listener);
+    TEST_ASSERT_TRUE(shared[1].done);
+}
+
+static void test_rendezvous_table_with_hosts_out_of_order_or_a_bad_mac_is_refused(void) {
+    rank_plan r1 = {1, 2, 0, 10000, SECRET, JOB, NULL, 0, 0, NULL, 0};
+    welcome_rank1_with(5, 0, &r1);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_PROTOCOL, shared[1].rc, shared[1].message);
+    TEST_ASSERT_TRUE_MESSAGE(contains(shared[1].message, "host 5, out of order"), shared[1].message);
+    welcome_rank1_with(1, 1, &r1);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_PROTOCOL, shared[1].rc, shared[1].message);
+    TEST_ASSERT_TRUE_MESSAGE(contains(shared[1].message, "address table from rank 0") &&
+                                 contains(shared[1].message, "failed its check"), shared[1].message);
+}
+
 /* ---------------------------------------------------------------------------------------------
    deadlines
    --------------------------------------------------------------------------------------------- */
@@ -1397,6 +1458,7 @@ int main(void) {
     RUN_TEST(test_connect_to_a_full_accept_queue_fails_within_the_deadline);
     RUN_TEST(test_service_that_accepts_but_never_greets_fails_within_seconds_naming_it);
     RUN_TEST(test_service_that_speaks_another_protocol_fails_at_once_naming_it);
+    RUN_TEST(test_rendezvous_table_with_hosts_out_of_order_or_a_bad_mac_is_refused);
     RUN_TEST(test_wait_that_gives_up_aborts_and_returns_only_after_the_comm_thread_lets_go);
     RUN_TEST(test_segment_someone_else_made_is_refused_by_the_joining_rank);
     RUN_TEST(test_segment_names_say_nothing_about_the_secret);
