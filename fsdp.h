@@ -4224,7 +4224,7 @@ typedef struct fsdp__sock_peer {
     const char *out_data;
     size_t out_len, out_done;
     char *in_direct;        /* payload lands here directly (NULL: into the ring) */
-    char *ring;             /* RING_BYTES of the comm's rings: staging for reductions (connected peers) */
+    char *ring;             /* its ring_bytes of the comm's rings: staging for reductions (links only) */
     size_t in_len, in_done;
     int active;             /* takes part in the phase (fsdp__sock_plan) */
     int at_boundary;        /* our outgoing stream is between messages */
@@ -4580,7 +4580,7 @@ FSDP__PRIVATE void fsdp__sock_free(fsdp__sock *s, int world) {
 
 /* The rendezvous of a socket world: where rank 0 listens, the store it may be published in,
    and what rank 0 collects for everyone in `table` (3 * P + 1 words, the welcome's table):
-   each rank's data listener (ips, ports: network byte order, host order), its host number
+   each rank's data listener (ips in network byte order, ports), its host number
    (hosts: numbered in order of their lowest rank) and the flags (FSDP__SOCK_FLAT if any rank
    asked for a flat world). Rank 0 alone: each rank's host digest (facts[16 * rank]) and the
    nonces of its handshake with rank 0 (nonces[64 * rank]: hello's, challenge's), which bind
@@ -4643,7 +4643,8 @@ FSDP__PRIVATE int fsdp__sock_door_timeout(fsdp__sock_door *d) {
     size_t used = 0;
     int p;
     for (p = d->first; p < d->comm->world && used + 12 < sizeof list; p++)
-        if (d->s->peers[p].fd < 0 && (!d->expect || d->expect[p])) used += (size_t)fsdp__fmt(list + used, sizeof list - used, "%s%d", used ? ", " : "", p);
+        if (d->s->peers[p].fd < 0 && (!d->expect || d->expect[p]))
+            used += (size_t)fsdp__fmt(list + used, sizeof list - used, "%s%d", used ? ", " : "", p);
     if (d->refused)
         fsdp__fmt(refusals, sizeof refusals, "; refused %d connection(s), the last: %s", d->refused, d->last_refusal);
     return fsdp__init_fail(&d->comm->logger, FSDP_ERR_TIMEOUT, "socket: rank %d waited %d ms at %s; missing rank(s): %s%s",
@@ -5215,7 +5216,8 @@ FSDP__PRIVATE int fsdp__sock_greet_rank0(fsdp_comm *comm, fsdp__sock *s, fsdp__s
     rc = fsdp__sock_greet_peer(comm, &s->peers[0].fd, &rdv->master, who, hello, deadline, &reply, nonces);
     fd = s->peers[0].fd;
     if (rc) return rc;
-    if (fsdp__sock_io_full(fd, rdv->table, table, deadline, 0) != 0 || fsdp__sock_io_full(fd, their_mac, sizeof their_mac, deadline, 0) != 0)
+    if (fsdp__sock_io_full(fd, rdv->table, table, deadline, 0) != 0 ||
+        fsdp__sock_io_full(fd, their_mac, sizeof their_mac, deadline, 0) != 0)
         return fsdp__init_fail(&comm->logger, FSDP_ERR_PEER_LOST, "socket: rank 0 went away during the rendezvous");
     fsdp__sock_table_digest(digest, rdv->table, comm->world);
     fsdp__sock_mac(mac, comm->key, "fsdp.h table", nonces, 64, digest, sizeof digest, NULL, 0);
@@ -5359,8 +5361,9 @@ typedef struct fsdp__sock_shape {
 FSDP__PRIVATE int fsdp__sock_shape_world(fsdp_comm *comm, const fsdp_comm_desc *desc, fsdp__sock *s,
                                          unsigned char *linked, fsdp__sock_shape *shape, int64_t deadline) {
     int32_t verdict[2];
-    int p, rc;
+    int rc;
     memset(linked, 1, (size_t)comm->world);
+    linked[comm->rank] = 0;
     if (!comm->two_level) return 0;
     shape->host = fsdp__hier_host_comm(comm, desc);
     if (!shape->host)
@@ -5376,8 +5379,7 @@ FSDP__PRIVATE int fsdp__sock_shape_world(fsdp_comm *comm, const fsdp_comm_desc *
         comm->two_level = 0; /* flat after all: rank order */
         return 0;
     }
-    fsdp__hier_links(comm, linked);
-    for (p = 0; p < comm->world; p++) linked[p] &= p != comm->rank;
+    fsdp__hier_links(comm, linked); /* (never this rank: another host's) */
     return 0;
 }
 
@@ -5411,7 +5413,8 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
         rdv.facts = (unsigned char *)fsdp__calloc(16 * (size_t)P);
         rdv.nonces = (unsigned char *)fsdp__calloc(64 * (size_t)P);
     }
-    if (!s->peers || !s->pfds || !s->srcs || !s->act || !s->pfd_peer || !rdv.table || !linked || (comm->rank == 0 && (!rdv.facts || !rdv.nonces))) {
+    if (!s->peers || !s->pfds || !s->srcs || !s->act || !s->pfd_peer || !rdv.table || !linked ||
+        (comm->rank == 0 && (!rdv.facts || !rdv.nonces))) {
         rc = fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
         goto done;
     }
@@ -6601,9 +6604,10 @@ FSDP__PRIVATE int fsdp__hier_barrier(fsdp_comm *comm, void *impl, const fsdp_col
     fsdp__sock_begin(x->net, c);
     FSDP__HIER_LOCAL(FSDP_COLL_BARRIER, NULL, NULL, 0, FSDP_SUM);
     for (d = 1; comm->local_rank == 0 && d < H; d *= 2, round++) {
+        int to = x->first[(g + d) % H], from = x->first[(g - d + H) % H];
         fsdp__sock_plan_none(x->net);
-        fsdp__sock_plan(x->net, x->first[(g + d) % H], NULL, 0, NULL, 0);
-        if (!x->net->peers[x->first[(g - d + H) % H]].active) fsdp__sock_plan(x->net, x->first[(g - d + H) % H], NULL, 0, NULL, 0);
+        fsdp__sock_plan(x->net, to, NULL, 0, NULL, 0);
+        if (!x->net->peers[from].active) fsdp__sock_plan(x->net, from, NULL, 0, NULL, 0);
         FSDP__HIER_NET(4 + (uint32_t)round, NULL);
     }
     FSDP__HIER_LOCAL(FSDP_COLL_BARRIER, NULL, NULL, 0, FSDP_SUM);
