@@ -31,8 +31,9 @@
 #   all (every host shares them: the bed's own bound, absent where hosts have their own cores);
 #   step: what a synchronising step costs per rank (all P processes must run on the 2 cores
 #   before it ends). link, cpu and step are fitted to the 64 MiB rows, a separate step to the 1
-#   KiB ones (grid search, smallest worst relative error); each row is printed with the model's
-#   time and the error, then the parameters.
+#   KiB ones where the ranks outnumber twice the cores (below, ranks hardly wait for a core: such
+#   rows are shown, not fitted); grid search, smallest worst relative error. Each row is printed
+#   with the model's time and the error, then the parameters.
 #
 # Command (root, iproute2, OpenBLAS for the GPT), from anywhere:
 #   make bench-scale                       # the issue's measurement (about 2 minutes on 2 cores)
@@ -106,7 +107,7 @@ if [ $model = 1 ]; then
     hostbed_down
     rate_bps=$(echo "$rate" | awk '{ v = $0 + 0; u = tolower($0); sub(/^[0-9.]+/, "", u)
         m = u ~ /^gbit/ ? 1e9 : u ~ /^mbit/ ? 1e6 : u ~ /^kbit/ ? 1e3 : 1; print v * m }')
-    awk -v nominal="$rate_bps" '
+    awk -v nominal="$rate_bps" -v cores="$(nproc)" '
     function ceil_log2(h,  n, d) { n = 0; for (d = 1; d < h; d *= 2) n++; return n }
     function ceil_div(a, b) { return int((a + b - 1) / b) }
     # bytes over each host link gV, synchronising steps gN (pipeline steps of 2 MiB, rounds) of row i
@@ -116,8 +117,11 @@ if [ $model = 1 ]; then
         else { gV = (H - 1) / H * B; gN = B / (H * R) >= 1048576 ? ceil_div(B / (H * R), 2097152) : 1 } }
     function predict(i, link, cpu, step,  a, b) { shape(i); a = gV / link; b = hh[i] * gV / cpu
         return (a > b ? a : b) + gN * step * hh[i] * rr[i] }
+    # row i is fitted: 64 MiB rows always, small ones where ranks outnumber twice the cores (the
+    # regime where a round costs the scheduling of every rank)
+    function fitted(i) { return bb[i] >= 65536 || hh[i] * rr[i] > 2 * cores }
     function worst(large, link, cpu, step,  i, e, w) { w = 0
-        for (i = 1; i <= n; i++) if ((bb[i] >= 65536) == large) { e = predict(i, link, cpu, step) / t[i] - 1
+        for (i = 1; i <= n; i++) if ((bb[i] >= 65536) == large && fitted(i)) { e = predict(i, link, cpu, step) / t[i] - 1
             if (e < 0) e = -e; if (e > w) w = e }
         return w }
     { n++; hh[n] = $1; rr[n] = $2; split($3, f, ","); op[n] = f[3]; bb[n] = f[4]; t[n] = f[5] * 1e-6 }
@@ -130,8 +134,8 @@ if [ $model = 1 ]; then
         for (j = 0; j <= 80; j++) { st = 1e-7 * 10 ^ (j / 40); w = worst(0, link, cpu, st); if (w < best2) { best2 = w; small = st } }
         printf "%6s %6s %-15s %10s %6s %12s %12s %8s\n", "hosts", "ranks", "op", "bytes", "steps", "measured ms", "model ms", "error"
         for (i = 1; i <= n; i++) { p = predict(i, link, cpu, bb[i] >= 65536 ? step : small); shape(i)
-            printf "%6d %6d %-15s %10d %6d %12.3f %12.3f %+7.1f%%\n", hh[i], hh[i] * rr[i], op[i], bb[i], gN, t[i] * 1e3, p * 1e3,
-                (p / t[i] - 1) * 100 }
+            printf "%6d %6d %-15s %10d %6d %12.3f %12.3f %+7.1f%%%s\n", hh[i], hh[i] * rr[i], op[i], bb[i], gN, t[i] * 1e3, p * 1e3,
+                (p / t[i] - 1) * 100, fitted(i) ? "" : "  (not fitted: ranks <= 2 x cores)" }
         printf "\nfitted: link %.2f Gbit/s (%.0f%% of %.2g), cpu %.2f GB/s in all, a step %.1f us per rank (64 MiB ops), a" \
             " round %.1f us per rank (1 KiB); worst error %.1f%% (64 MiB), %.1f%% (1 KiB)\n", link * 8e-9, link * 8 / nominal * 100,
             nominal, cpu * 1e-9, step * 1e6, small * 1e6, best * 100, best2 * 100
