@@ -58,7 +58,7 @@ while [ $# -gt 0 ]; do
     --model-hosts) model_hosts=$2; shift 2 ;;
     --model-per-host) model_per_host=$2; shift 2 ;;
     --rate) rate=$2; shift 2 ;;
-    -h | --help) sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "bench_scale: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
