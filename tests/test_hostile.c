@@ -1300,9 +1300,11 @@ static void test_shm_slot_too_small_for_the_ranks_is_refused_at_init(void) {
     TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_launch_ex(&ld, never_run, NULL, &status));
     TEST_ASSERT_TRUE(now_ms() - start < 500);
     TEST_ASSERT_TRUE_MESSAGE(contains(status.message, "shm_slot_bytes"), status.message);
-    /* the least that works: 65 ranks in 8 KiB slots reduce (tiny messages; the run is short) */
+    /* the least that works: 65 ranks in 8 KiB slots reduce (tiny messages; the run is short, but
+       65 processes must start and join on 2 cores, under ASan too: 3 s was not always enough) */
     ld.shm_slot_bytes = 8192;
     ld.nprocs = 65;
+    ld.timeout_ms = 60000;
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_launch_ex(&ld, reduce_scatter_ones, NULL, &status), status.message);
 }
 
