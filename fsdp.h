@@ -5124,15 +5124,13 @@ FSDP__PRIVATE int fsdp__sock_rank0_admit(fsdp_comm *comm, fsdp__sock *s, fsdp__s
     return rc;
 }
 
-/* Rank 0, once everyone is in: numbers the hosts and welcomes each rank with the session and
-   the table (see fsdp__sock_rdv), mac'd under the nonces of that rank's handshake. */
+/* Rank 0, once everyone is in (its own host digest and flags in rdv too): numbers the hosts and
+   welcomes each rank with the session and the table (see fsdp__sock_rdv), mac'd under the nonces
+   of that rank's handshake. */
 FSDP__PRIVATE int fsdp__sock_rank0_welcome(fsdp_comm *comm, fsdp__sock *s, fsdp__sock_rdv *rdv, int64_t deadline) {
     size_t table = sizeof *rdv->table * (3 * (size_t)comm->world + 1);
-    unsigned char mac[32], facts[32], digest[32];
+    unsigned char mac[32], digest[32];
     int p, hosts;
-    fsdp__host_facts(facts);
-    memcpy(rdv->facts, facts, 16);
-    *rdv->flags |= fsdp__flat_wish() ? FSDP__SOCK_FLAT : 0u;
     if ((hosts = fsdp__host_numbers(rdv->facts, comm->world, (int *)rdv->hosts)) < 0)
         return fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
     fsdp__sock_table_digest(digest, rdv->table, comm->world);
@@ -5449,7 +5447,9 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
     hello.flags = fsdp__flat_wish() ? FSDP__SOCK_FLAT : 0u;
     fsdp__host_facts(facts);
     memcpy(hello.host, facts, sizeof hello.host);
-    if (comm->rank == 0) {
+    if (comm->rank == 0) { /* what the others' hellos tell it, rank 0 knows of itself */
+        memcpy(rdv.facts, hello.host, sizeof hello.host);
+        *rdv.flags = hello.flags;
         if ((rc = fsdp__sock_rank0_admit(comm, s, &rdv, deadline)) == 0) rc = fsdp__sock_rank0_welcome(comm, s, &rdv, deadline);
     } else {
         unsigned char mine[64];
@@ -6699,12 +6699,13 @@ FSDP__PRIVATE int32_t fsdp__hier_step_wish(fsdp_comm *comm) {
    where k = l mod S or l = k mod L (as many ranks on every host: k = l); 0 for every other
    rank, this host's too. */
 FSDP__PRIVATE void fsdp__hier_links(const fsdp_comm *comm, unsigned char *linked) {
-    int p, first = 0, L = comm->local_world, l = comm->local_rank;
+    int p, first = 0, S = 0, L = comm->local_world, l = comm->local_rank;
     for (p = 0; p < comm->world; p++) {
-        int h = comm->host_of[p], S = 0, k, q;
-        if (p == 0 || h != comm->host_of[p - 1]) first = p; /* numbered host by host */
+        int h = comm->host_of[p], k;
+        if (p == 0 || h != comm->host_of[p - 1]) /* a host's first rank (numbered host by host): its size */
+            for (first = p, S = 0; first + S < comm->world && comm->host_of[first + S] == h; S++) {
+            }
         k = p - first;
-        for (q = first; q < comm->world && comm->host_of[q] == h; q++) S++;
         linked[p] = h != comm->host && (k == l % S || l == k % L);
     }
 }
@@ -6746,7 +6747,7 @@ FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, fsdp_comm *host, int32_t ste
         x->size[comm->host_of[r]]++;
     }
     x->uniform = 1;
-    x->step_bytes = step_wish == INT32_MAX ? 0 : (size_t)step_wish << 20;
+    x->step_bytes = step_wish >= 1 && step_wish <= FSDP__HIER_STEP_MAX_MIB ? (size_t)step_wish << 20 : 0;
     for (r = 1; r < x->hosts; r++) x->uniform &= x->size[r] == x->size[0];
     x->world = comm;
     if (local->world > 1) /* (a host of one rank has no segment) */
