@@ -4135,8 +4135,9 @@ static const fsdp__transport fsdp__shm_transport = {
    the real rank: no NAT or proxy may stand between ranks. The address rank 0 publishes in
    torchrun's store carries a mac under the key too. Without a secret the key is anyone's:
    then a connection from this host is admitted only from a process of this user (the kernel's
-   socket table says whose it is, fsdp__sock_peer_uid), both ways, and rank 0 warns when it
-   listens where other hosts can reach it. Acceptors run every pending handshake at once, each
+   socket table says whose it is, fsdp__sock_peer_uid; one it cannot name an owner for, reset
+   or closing, is refused), both ways, and rank 0 warns when it listens where other hosts can
+   reach it. Acceptors run every pending handshake at once, each
    with a short budget, so silent or garbage-sending strangers cannot hold the door. Rank 0
    welcomes everyone once all ranks are in, with a random session id (later hellos between
    ranks must carry it) and a table (its own mac follows it): every rank's data address, its
@@ -4294,10 +4295,18 @@ FSDP__PRIVATE void fsdp__sock_addr_string(char *out, size_t size, const struct s
     fsdp__fmt(out, size, "%s:%d", ip, (int)ntohs(sa->sin_port));
 }
 
+#define FSDP__UID_ELSEWHERE (-1) /* fsdp__sock_peer_uid: the other end is not on this host */
+#define FSDP__UID_UNASKED (-2)   /* ... this system has no socket table to ask */
+#define FSDP__UID_UNKNOWN (-3)   /* ... the table has no owner for it */
+
 /* The uid of the process on this host that holds the other end of connected TCP socket fd, as
-   the kernel's socket table tells it (sock_diag, as `ss` asks it): >= 0; -1 when the other end
-   is not in this host's table (another host, or another network namespace); -2 when the table
-   cannot be asked (not Linux, or sock_diag refused). */
+   the kernel's socket table tells it (sock_diag, as `ss` asks it): >= 0; FSDP__UID_ELSEWHERE
+   when the other end is not in this host's table (another host, or another network namespace);
+   FSDP__UID_UNASKED when the table cannot be asked (not Linux, or sock_diag refused);
+   FSDP__UID_UNKNOWN when no process can be named: the connection was reset (no far end),
+   the far end is not established (closing sockets and time-wait entries report uid 0, root's),
+   no process holds it (inode 0: orphaned, or still in a listener's accept queue), or it is
+   gone from a table that must hold it (a loopback or own address). */
 FSDP__PRIVATE long fsdp__sock_peer_uid(int fd) {
 #if defined(__linux__)
     struct {
@@ -4312,13 +4321,13 @@ FSDP__PRIVATE long fsdp__sock_peer_uid(int fd) {
     struct sockaddr_nl kernel;
     struct timeval limit;
     socklen_t len = sizeof mine;
-    long uid = -2;
+    long uid = FSDP__UID_UNASKED;
     ssize_t got;
     int nl;
-    if (getsockname(fd, (struct sockaddr *)&mine, &len) != 0 || mine.sin_family != AF_INET) return -2;
+    if (getsockname(fd, (struct sockaddr *)&mine, &len) != 0 || mine.sin_family != AF_INET) return FSDP__UID_UNASKED;
     len = sizeof theirs;
-    if (getpeername(fd, (struct sockaddr *)&theirs, &len) != 0) return -2;
-    if ((nl = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG)) < 0) return -2;
+    if (getpeername(fd, (struct sockaddr *)&theirs, &len) != 0) return FSDP__UID_UNKNOWN; /* reset */
+    if ((nl = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG)) < 0) return FSDP__UID_UNASKED;
     limit.tv_sec = 2; /* the kernel answers at once; bounded all the same */
     limit.tv_usec = 0;
     setsockopt(nl, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
@@ -4339,16 +4348,23 @@ FSDP__PRIVATE long fsdp__sock_peer_uid(int fd) {
     kernel.nl_family = AF_NETLINK;
     if (sendto(nl, &q, sizeof q, 0, (struct sockaddr *)&kernel, sizeof kernel) == (ssize_t)sizeof q &&
         (got = recv(nl, &a, sizeof a, 0)) >= (ssize_t)sizeof a.nh && a.nh.nlmsg_len <= (size_t)got) {
-        if (a.nh.nlmsg_type == NLMSG_ERROR && a.nh.nlmsg_len >= NLMSG_LENGTH(sizeof(struct nlmsgerr)))
-            uid = ((const struct nlmsgerr *)NLMSG_DATA(&a.nh))->error == -ENOENT ? -1 : -2;
-        else if (a.nh.nlmsg_type == SOCK_DIAG_BY_FAMILY && a.nh.nlmsg_len >= NLMSG_LENGTH(sizeof(struct inet_diag_msg)))
-            uid = (long)((const struct inet_diag_msg *)NLMSG_DATA(&a.nh))->idiag_uid;
+        if (a.nh.nlmsg_type == NLMSG_ERROR && a.nh.nlmsg_len >= NLMSG_LENGTH(sizeof(struct nlmsgerr))) {
+            int here = theirs.sin_addr.s_addr == mine.sin_addr.s_addr || (ntohl(theirs.sin_addr.s_addr) >> 24) == 127;
+            uid = ((const struct nlmsgerr *)NLMSG_DATA(&a.nh))->error != -ENOENT ? FSDP__UID_UNASKED
+                  : here                                                          ? FSDP__UID_UNKNOWN
+                                                                                  : FSDP__UID_ELSEWHERE;
+        } else if (a.nh.nlmsg_type == SOCK_DIAG_BY_FAMILY &&
+                   a.nh.nlmsg_len >= NLMSG_LENGTH(sizeof(struct inet_diag_msg))) {
+            const struct inet_diag_msg *m = (const struct inet_diag_msg *)NLMSG_DATA(&a.nh);
+            int owned = m->idiag_state == 1 /* TCP_ESTABLISHED */ && m->idiag_inode != 0;
+            uid = owned ? (long)m->idiag_uid : FSDP__UID_UNKNOWN;
+        }
     }
     close(nl);
     return uid;
 #else
     (void)fd;
-    return -2;
+    return FSDP__UID_UNASKED;
 #endif
 }
 
@@ -4531,22 +4547,28 @@ FSDP__PRIVATE const char *fsdp__sock_judge_hello(const fsdp__sock_hello *h, cons
 }
 
 /* Without a secret the job's key is anyone's, so a peer on this host must be a process of this
-   user: why not (the peer is another user's), or NULL (a secret is set; the peer is this
-   user's or another host's; or the kernel's table cannot say: then a warning, once). */
-FSDP__PRIVATE const char *fsdp__sock_foreign_user(fsdp_comm *comm, int fd, char *why, size_t size) {
+   user: 0 (a secret is set; the peer is this user's or another host's; or the system has no
+   table to ask: then a warning, once), or why not in why: FSDP_ERR_REJECTED (the peer is
+   another user's) or FSDP_ERR_PEER_LOST (no process can be named for it: reset, closing, not
+   yet accepted; such a connection is refused too, else a stranger that resets at once would
+   pass as anyone). */
+FSDP__PRIVATE int fsdp__sock_foreign_user(fsdp_comm *comm, int fd, char *why, size_t size) {
     static int warned;
     long uid;
-    if (comm->has_secret) return NULL;
+    if (comm->has_secret) return 0;
     uid = fsdp__sock_peer_uid(fd);
     if (uid >= 0 && (unsigned long)uid != (unsigned long)geteuid())
         return fsdp__fmt(why, size, "is a process of uid %ld, not of this user (uid %lu): without a secret only this "
                          "user's processes may join (give every rank the same FSDP_SECRET_FILE)", uid,
-                         (unsigned long)geteuid()), why;
-    if (uid == -2 && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+                         (unsigned long)geteuid()), FSDP_ERR_REJECTED;
+    if (uid == FSDP__UID_UNKNOWN)
+        return fsdp__fmt(why, size, "cannot be told to be a process of this user (the connection was reset or is "
+                         "closing, and without a secret only this user's processes may join)"), FSDP_ERR_PEER_LOST;
+    if (uid == FSDP__UID_UNASKED && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
         fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: no secret is set and this system does not say which user "
                   "holds a connection (sock_diag): other users of this host could join the job; give every rank the "
                   "same FSDP_SECRET_FILE");
-    return NULL;
+    return 0;
 }
 
 /* The acceptor's verdict on a hello; authenticated (mac'd) only when the hello was. */
@@ -4667,7 +4689,7 @@ FSDP__PRIVATE int fsdp__sock_door_judge(fsdp__sock_door *d, fsdp__sock_pending *
     getsockname(d->listen_fd, (struct sockaddr *)&listener, &len);
     *problem = fsdp__sock_judge_hello(&pd->hello, &pd->challenge, comm->key, comm->world, d->first, d->session,
                                       &arrived, &listener, &authentic, why, why_size);
-    if (!*problem) *problem = fsdp__sock_foreign_user(comm, pd->fd, why, why_size);
+    if (!*problem && fsdp__sock_foreign_user(comm, pd->fd, why, why_size)) *problem = why;
     r = (int)pd->hello.rank;
     if (!*problem && d->expect && !d->expect[r])
         *problem = (fsdp__fmt(why, why_size, "rank %d has no data to exchange with rank %d (the hierarchical "
@@ -4853,16 +4875,19 @@ FSDP__PRIVATE int fsdp__sock_admit(fsdp_comm *comm, fsdp__sock *s, int listen_fd
    10.0.0.1:29500"): reads the challenge (an acceptor sends it at once: silence or other bytes
    mean the port is not an fsdp.h rank's), sends hello (rank, world, data address, session
    filled in by the caller), then reads the verdict and checks that it comes from a holder of
-   the key. nonces receives the hello's and the challenge's nonces. Returns 0 or a result code
-   with the message in err. */
-FSDP__PRIVATE int fsdp__sock_greet(int fd, const unsigned char key[32], fsdp__sock_hello *hello, int64_t deadline,
-                                   fsdp__sock_reply *reply, unsigned char nonces[64], const char *who, char *err,
-                                   size_t err_size) {
+   the key. With comm, the acceptor must be this user's where comm has no secret
+   (fsdp__sock_foreign_user), asked once it has greeted: before, its end may still sit in its
+   accept queue, which no process holds yet. nonces receives the hello's and the challenge's
+   nonces. Returns 0 or a result code with the message in err. */
+FSDP__PRIVATE int fsdp__sock_greet(fsdp_comm *comm, int fd, const unsigned char key[32], fsdp__sock_hello *hello,
+                                   int64_t deadline, fsdp__sock_reply *reply, unsigned char nonces[64], const char *who,
+                                   char *err, size_t err_size) {
     fsdp__sock_challenge challenge;
     struct sockaddr_in dialled;
     socklen_t len = sizeof dialled;
     unsigned char mac[32];
     int64_t greet_by = fsdp__now_ms() + FSDP__SOCK_GREETING_MS;
+    char why[200];
     int io;
     memset(&challenge, 0, sizeof challenge);
     io = fsdp__sock_io_full(fd, &challenge, 8, greet_by < deadline ? greet_by : deadline, 0);
@@ -4883,6 +4908,8 @@ FSDP__PRIVATE int fsdp__sock_greet(int fd, const unsigned char key[32], fsdp__so
                   "every rank", who, challenge.version, FSDP__SOCK_VERSION);
         return FSDP_ERR_REJECTED;
     }
+    if (comm && (io = fsdp__sock_foreign_user(comm, fd, why, sizeof why)) != 0)
+        return fsdp__fmt(err, err_size, "%s %s", who, why), io;
     if (fsdp__sock_io_full(fd, challenge.nonce, sizeof challenge.nonce, deadline, 0) != 0 ||
         fsdp__random_bytes(hello->nonce, sizeof hello->nonce) != 0) {
         fsdp__fmt(err, err_size, "%s: the handshake broke off", who);
@@ -4926,12 +4953,11 @@ FSDP__PRIVATE int fsdp__sock_greet(int fd, const unsigned char key[32], fsdp__so
     return 0;
 }
 
-/* A rank greets the peer `who` it dialled at addr on *fd: without a secret the peer must be this
-   user's (fsdp__sock_foreign_user), then the handshake (fsdp__sock_greet). An acceptor busy with
-   more handshakes than it runs at once drops the oldest (FSDP__SOCK_PENDING_MAX): a connection
-   closed before the verdict is dialled again (*fd replaced) after a random pause that grows, until
-   the deadline, so honest ranks are never lost for being many. 0, or the code with the message
-   given to fsdp__init_fail. */
+/* A rank greets the peer `who` it dialled at addr on *fd (fsdp__sock_greet: without a secret the
+   peer must be this user's). An acceptor busy with more handshakes than it runs at once drops
+   the oldest (FSDP__SOCK_PENDING_MAX): a connection closed before the verdict is dialled again
+   (*fd replaced) after a random pause that grows, until the deadline, so honest ranks are never
+   lost for being many. 0, or the code with the message given to fsdp__init_fail. */
 FSDP__PRIVATE int fsdp__sock_greet_peer(fsdp_comm *comm, int *fd, const struct sockaddr_in *addr, const char *who,
                                         fsdp__sock_hello *hello, int64_t deadline, fsdp__sock_reply *reply,
                                         unsigned char nonces[64]) {
@@ -4940,9 +4966,8 @@ FSDP__PRIVATE int fsdp__sock_greet_peer(fsdp_comm *comm, int *fd, const struct s
     for (attempt = 1;; attempt++) {
         uint32_t jitter = 0;
         int pause_ms;
-        if (fsdp__sock_foreign_user(comm, *fd, err, sizeof err))
-            return fsdp__init_fail(&comm->logger, FSDP_ERR_REJECTED, "socket: rank %d: %s %s", comm->rank, who, err);
-        if ((rc = fsdp__sock_greet(*fd, comm->key, hello, deadline, reply, nonces, who, err, sizeof err)) == 0) return 0;
+        if ((rc = fsdp__sock_greet(comm, *fd, comm->key, hello, deadline, reply, nonces, who, err, sizeof err)) == 0)
+            return 0;
         fsdp__random_bytes(&jitter, sizeof jitter);
         pause_ms = (attempt < 6 ? 25 << attempt : 1000) / 2;
         pause_ms += (int)(jitter % (uint32_t)pause_ms);

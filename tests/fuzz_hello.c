@@ -156,7 +156,7 @@ static void greet(const uint8_t *bytes, size_t size, int sign) {
     hello.world = WORLD;
     memcpy(hello.session, fuzz_session, 16);
     err[0] = 0;
-    rc = fsdp__sock_greet(fds[0], fuzz_key, &hello, fsdp__now_ms() + 300, &reply, nonces, "rank 0 at fuzz:1", err, sizeof err);
+    rc = fsdp__sock_greet(NULL, fds[0], fuzz_key, &hello, fsdp__now_ms() + 300, &reply, nonces, "rank 0 at fuzz:1", err, sizeof err);
     close(fds[0]); /* an acceptor still waiting for our hello sees the end */
     pthread_join(thread, NULL);
     close(fds[1]);

@@ -660,29 +660,35 @@ static void test_address_planted_in_torchruns_store_is_refused(void) {
     }
 }
 
+/* A hello as rank 1 of 2 of a job without a secret (whose key anyone can compute) that answers
+   rank 0's challenge ch at 127.0.0.1:port: valid in every field. */
+static void valid_hello_as_rank_1(fsdp__sock_hello *h, const fsdp__sock_challenge *ch, const char *job, int port) {
+    unsigned char key[32];
+    job_key(key, NULL, job);
+    memset(h, 0, sizeof *h);
+    h->magic = FSDP__SOCK_MAGIC;
+    h->version = FSDP__SOCK_VERSION;
+    h->rank = 1;
+    h->world = 2;
+    h->dial_ip = htonl(INADDR_LOOPBACK);
+    h->dial_port = (uint32_t)port;
+    fsdp__random_bytes(h->nonce, sizeof h->nonce);
+    fsdp__sock_mac(h->mac, key, "fsdp.h hello", ch->nonce, 32, h, offsetof(fsdp__sock_hello, mac), NULL, 0);
+}
+
 /* The attacker of the next test: a process of uid 65534 that speaks the protocol as rank 1
-   of a job without a secret (whose key anyone can compute) and reports rank 0's reply. */
+   of a job without a secret and reports rank 0's reply. */
 static int run_other_user_as_rank_1(void *arg) {
     const rank_plan *plan = (const rank_plan *)arg;
     rank_report *r = &shared[1];
-    unsigned char key[32];
     fsdp__sock_challenge ch;
     fsdp__sock_hello h;
     fsdp__sock_reply reply;
     int fd;
     if (setgid(65534) != 0 || setuid(65534) != 0) return 3;
-    job_key(key, NULL, plan->job);
     if ((fd = connect_retry(plan->port, 3000)) < 0) return 4;
     if (read_some(fd, (unsigned char *)&ch, sizeof ch, 3000) != sizeof ch) return 5;
-    memset(&h, 0, sizeof h);
-    h.magic = FSDP__SOCK_MAGIC;
-    h.version = FSDP__SOCK_VERSION;
-    h.rank = 1;
-    h.world = 2;
-    h.dial_ip = htonl(INADDR_LOOPBACK);
-    h.dial_port = (uint32_t)plan->port;
-    fsdp__random_bytes(h.nonce, sizeof h.nonce);
-    fsdp__sock_mac(h.mac, key, "fsdp.h hello", ch.nonce, 32, &h, offsetof(fsdp__sock_hello, mac), NULL, 0);
+    valid_hello_as_rank_1(&h, &ch, plan->job, plan->port);
     if (send(fd, &h, sizeof h, MSG_NOSIGNAL) != (ssize_t)sizeof h) return 6;
     memset(&reply, 0, sizeof reply);
     read_some(fd, (unsigned char *)&reply, sizeof reply, 3000);
@@ -731,6 +737,60 @@ static void test_process_of_another_user_cannot_join_a_job_without_a_secret(void
     run_pair(run_socket_rank, &r0, run_socket_rank, &r1, 10, 10000);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[1].rc, shared[1].message);
     TEST_ASSERT_EQUAL_FLOAT(2.0f, shared[1].result);
+}
+
+/* The attacker of the next test: a process (of uid 65534 where the test runs as root) that
+   reads rank 0's challenge, says so in shared[2].done, waits for shared[3].done (the parent
+   has stopped rank 0 by then), then sends a valid hello as rank 1 and resets the connection
+   at once (SO_LINGER 0): rank 0, resumed, finds the hello and the reset together. */
+static int run_rank_1_that_resets_after_its_hello(void *arg) {
+    const rank_plan *plan = (const rank_plan *)arg;
+    struct linger reset = {1, 0};
+    fsdp__sock_challenge ch;
+    fsdp__sock_hello h;
+    double until;
+    int fd;
+    if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) return 3;
+    if ((fd = connect_retry(plan->port, 3000)) < 0) return 4;
+    if (read_some(fd, (unsigned char *)&ch, sizeof ch, 3000) != sizeof ch) return 5;
+    valid_hello_as_rank_1(&h, &ch, plan->job, plan->port);
+    shared[2].done = 1;
+    for (until = now_ms() + 5000; !shared[3].done && now_ms() < until;) sleep_ms(1);
+    if (send(fd, &h, sizeof h, MSG_NOSIGNAL) != (ssize_t)sizeof h) return 6;
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+    close(fd);
+    return 0;
+}
+
+/* Issue 35, finding 2: without a secret, a stranger's valid hello followed by an immediate reset
+   left the kernel nothing to say whose the connection was (getpeername fails), and rank 0
+   admitted it as rank 1 with a warning; the real rank 1 was then refused as already joined. A
+   connection whose owner cannot be named is refused now, and the honest ranks form the world. */
+static void test_hello_followed_by_a_reset_is_refused_and_the_honest_rank_joins(void) {
+    rank_plan r0 = {0, 2, 0, 10000, NULL, JOB, NULL, 4, 0, NULL, 0}, r1;
+    pid_t p0, attacker, p1;
+    double until;
+    r0.port = pick_free_port();
+    r1 = r0;
+    r1.rank = 1;
+    reset_reports();
+    p0 = spawn(run_socket_rank, &r0, 20);
+    attacker = spawn(run_rank_1_that_resets_after_its_hello, &r0, 10);
+    for (until = now_ms() + 5000; !shared[2].done && now_ms() < until;) sleep_ms(1);
+    TEST_ASSERT_TRUE_MESSAGE(shared[2].done, "the attacker got no challenge");
+    kill(p0, SIGSTOP);
+    shared[3].done = 1;
+    TEST_ASSERT_EQUAL_INT(0, reap(attacker, 5000));
+    sleep_ms(50); /* the reset is in */
+    kill(p0, SIGCONT);
+    p1 = spawn(run_socket_rank, &r1, 20);
+    TEST_ASSERT_EQUAL_INT(0, reap(p1, 15000));
+    TEST_ASSERT_EQUAL_INT(0, reap(p0, 15000));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[0].rc, shared[0].message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[1].rc, shared[1].message);
+    TEST_ASSERT_EQUAL_FLOAT(2.0f, shared[0].result);
+    TEST_ASSERT_EQUAL_FLOAT(2.0f, shared[1].result);
+    TEST_ASSERT_TRUE_MESSAGE(contains(shared[0].log, "cannot be told to be a process of this user"), shared[0].log);
 }
 
 /* Issue 26, defect 9: FSDP_SECRET stayed in the environment after init, so every process the
@@ -855,7 +915,7 @@ static void test_peer_trickling_bytes_fails_the_op_within_its_total_deadline(voi
     memset(&hello, 0, sizeof hello);
     hello.rank = 1;
     hello.world = 2;
-    TEST_ASSERT_EQUAL_INT_MESSAGE(0, fsdp__sock_greet(fd, key, &hello, fsdp__now_ms() + 5000, &reply, mine, "rank 0", err,
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, fsdp__sock_greet(NULL, fd, key, &hello, fsdp__now_ms() + 5000, &reply, mine, "rank 0", err,
                                                       sizeof err), err);
     TEST_ASSERT_EQUAL_size_t(sizeof table + sizeof table_mac,
                              read_some(fd, (unsigned char *)table, sizeof table, 2000) +
@@ -1455,6 +1515,7 @@ int main(void) {
     RUN_TEST(test_handshake_relayed_by_a_stranger_is_refused_by_rank_0);
     RUN_TEST(test_address_planted_in_torchruns_store_is_refused);
     RUN_TEST(test_process_of_another_user_cannot_join_a_job_without_a_secret);
+    RUN_TEST(test_hello_followed_by_a_reset_is_refused_and_the_honest_rank_joins);
     RUN_TEST(test_secret_from_the_environment_is_not_passed_on_to_child_processes);
     RUN_TEST(test_peer_trickling_bytes_fails_the_op_within_its_total_deadline);
     RUN_TEST(test_connect_to_a_full_accept_queue_fails_within_the_deadline);
