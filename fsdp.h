@@ -977,6 +977,11 @@ FSDP_API int fsdp_fit_budget(const fsdp_model *model, const fsdp_desc *desc, int
    index.json mapping each tensor's element ranges to files. Every tensor's CRC32C is stored
    in the metadata ("crc32c.<tensor>") and verified on load; every write goes to a temporary
    name, is fsynced and renamed, so a process killed mid-save leaves the previous checkpoint.
+   Metadata a load restores or reports that is malformed or out of range (a step or epoch not
+   in [0, 2^53), a loss_scale that is not a finite normal float > 0, a
+   loss_scale_growth_tracker not in [0, growth_interval)) is ignored with a warning, as if
+   absent, as another optimizer's state is without strict: the context keeps its own value and
+   the tensors load.
    ============================================================================================ */
 typedef struct fsdp_kv {
     const char *key;
@@ -1002,7 +1007,7 @@ typedef struct fsdp_load_options {
 
 typedef struct fsdp_load_report {
     int loaded, missing, unexpected, mismatched;
-    int64_t step, epoch;     /* from the metadata, -1 if absent */
+    int64_t step, epoch;     /* from the metadata, -1 if absent (or out of range: >>checkpoint) */
 } fsdp_load_report;
 
 /* Gathers unit by unit (memory bounded by one unit) and writes one file from rank 0.
@@ -9649,6 +9654,10 @@ FSDP_API int fsdp_clip_grad_norm(fsdp_ctx *ctx, float max_norm, double *norm) {
     return 0;
 }
 
+/* A loss scale fsdp.h works with: a finite normal float > 0, so that 1 / scale (the unscaling
+   factor, a float) is finite too; a subnormal scale made it infinite, and the weights -inf. */
+FSDP__PRIVATE int fsdp__loss_scale_ok(double scale) { return scale > 0 && isnormal((float)scale); }
+
 /* GradScaler.update after a step: a non-finite gradient backs the scale off and restarts the
    count; growth_interval finite steps in a row grow it. The same on every rank (the norm is). */
 FSDP__PRIVATE void fsdp__loss_scale_update(fsdp_ctx *ctx, int finite) {
@@ -9656,7 +9665,8 @@ FSDP__PRIVATE void fsdp__loss_scale_update(fsdp_ctx *ctx, int finite) {
     ctx->grads_unscaled = 0;
     if (!ls->enabled) return;
     if (!finite) {
-        ctx->loss_scale *= ls->backoff_factor;
+        float backed_off = ctx->loss_scale * ls->backoff_factor;
+        if (fsdp__loss_scale_ok(backed_off)) ctx->loss_scale = backed_off; /* never subnormal, nor 0 */
         ctx->scale_growth_tracker = 0;
     } else if (++ctx->scale_growth_tracker >= ls->growth_interval) {
         float grown = ctx->loss_scale * ls->growth_factor;
@@ -9828,12 +9838,12 @@ FSDP__PRIVATE void fsdp__desc_defaults(fsdp_desc *d, int world, int local_world)
 FSDP__PRIVATE int fsdp__desc_validate(const fsdp_desc *d, int world, char *err, size_t err_size) {
     const fsdp_loss_scale_desc *ls = &d->loss_scale;
     int i;
-    if (ls->enabled && !(ls->init_scale > 0 && isfinite(ls->init_scale) && ls->growth_factor > 1 &&
+    if (ls->enabled && !(fsdp__loss_scale_ok(ls->init_scale) && ls->growth_factor > 1 &&
                          isfinite(ls->growth_factor) && ls->backoff_factor > 0 && ls->backoff_factor < 1 &&
                          ls->growth_interval > 0)) {
-        fsdp__fmt(err, err_size, "loss_scale: init_scale %g must be > 0, growth_factor %g > 1, backoff_factor %g in "
-                  "(0, 1) and growth_interval %d > 0", (double)ls->init_scale, (double)ls->growth_factor,
-                  (double)ls->backoff_factor, ls->growth_interval);
+        fsdp__fmt(err, err_size, "loss_scale: init_scale %g must be a normal float > 0, growth_factor %g > 1, "
+                  "backoff_factor %g in (0, 1) and growth_interval %d > 0", (double)ls->init_scale,
+                  (double)ls->growth_factor, (double)ls->backoff_factor, ls->growth_interval);
         return FSDP_ERR_INVALID_ARG;
     }
     if (!fsdp_dtype_size(d->param_dtype) || !fsdp_dtype_size(d->reduce_dtype)) {
@@ -12582,32 +12592,52 @@ static int fsdp__read_st(void *src, int64_t first, int64_t count, float *out, ch
     return fsdp_st_read(s->file, s->tensor, first, count, out, err, err_size);
 }
 
-static int64_t fsdp__meta_int(const char *text);
+#define FSDP__COUNT_LIMIT ((int64_t)1 << 53) /* a step or epoch: exact in a double, far from overflow */
 
-/* A checkpoint's GradScaler state, where loss scaling is on and the checkpoint has it (a finite
-   scale > 0; else the context keeps its own, with a warning). */
-FSDP__PRIVATE void fsdp__loss_scale_restore(fsdp_ctx *ctx, const char *scale, const char *tracker) {
+/* A count a checkpoint holds (step, epoch, loss_scale_growth_tracker: key), as metadata text or
+   (text NULL) as index.json's number: the count if it lies in [0, limit), else -1; absent
+   (NULL, or the index's -1) quietly, out of range or not a number with a warning (what the
+   load does then: >>checkpoint). */
+FSDP__PRIVATE int64_t fsdp__meta_count(fsdp_ctx *ctx, const char *what, const char *key, const char *text,
+                                       int64_t number, int64_t limit) {
+    char shown[80];
+    if (text) {
+        char *end = NULL;
+        long long value;
+        errno = 0;
+        value = strtoll(text, &end, 10);
+        number = errno || !*text || !end || *end ? -1 : (int64_t)value;
+        if (number >= 0 && number < limit) return number;
+        fsdp_printable(shown, sizeof shown, text);
+    } else {
+        if (number == -1 || (number >= 0 && number < limit)) return number;
+        fsdp__fmt(shown, sizeof shown, "%lld", (long long)number);
+    }
+    fsdp__log(&ctx->logger, FSDP_LOG_WARN, "%s: the checkpoint's %s '%s' is not a count in [0, %lld): ignored, as if "
+              "absent", what, key, shown, (long long)limit);
+    return -1;
+}
+
+/* A checkpoint's GradScaler state, where loss scaling is on and the checkpoint has it: the scale
+   if fsdp_desc.loss_scale would take it (fsdp__loss_scale_ok), the count if in
+   [0, growth_interval) (0 if absent); either out of range is ignored with a warning. */
+FSDP__PRIVATE void fsdp__loss_scale_restore(fsdp_ctx *ctx, const char *what, const char *scale, const char *tracker) {
     char *end = NULL, shown[80];
     double value;
+    int64_t count;
     if (!ctx->desc.loss_scale.enabled || !scale) return;
     errno = 0;
     value = strtod(scale, &end);
-    if (errno || !end || *end || !(value > 0) || !isfinite((float)value)) {
-        fsdp__log(&ctx->logger, FSDP_LOG_WARN, "the checkpoint's loss_scale '%s' is not a finite scale > 0: the scale "
-                  "stays %g", fsdp_printable(shown, sizeof shown, scale), (double)ctx->loss_scale);
+    if (errno || !end || *end || !fsdp__loss_scale_ok(value)) {
+        fsdp__log(&ctx->logger, FSDP_LOG_WARN, "%s: the checkpoint's loss_scale '%s' is not a finite normal float > 0: "
+                  "ignored, the scale stays %g", what, fsdp_printable(shown, sizeof shown, scale),
+                  (double)ctx->loss_scale);
         return;
     }
     ctx->loss_scale = (float)value;
-    ctx->scale_growth_tracker = fsdp__meta_int(tracker) > 0 ? fsdp__meta_int(tracker) : 0;
-}
-
-static int64_t fsdp__meta_int(const char *text) {
-    char *end = NULL;
-    long long value;
-    if (!text || !*text) return -1;
-    errno = 0;
-    value = strtoll(text, &end, 10);
-    return errno || !end || *end || value < 0 ? -1 : (int64_t)value;
+    count = fsdp__meta_count(ctx, what, "loss_scale_growth_tracker", tracker ? tracker : "0", -1,
+                             ctx->desc.loss_scale.growth_interval);
+    if (count >= 0) ctx->scale_growth_tracker = count;
 }
 
 /* The ranks verify the checksums of a full file in turns, so each must have opened the very
@@ -12683,11 +12713,12 @@ FSDP__PRIVATE int fsdp__load_full(fsdp_ctx *ctx, const char *path, const fsdp_lo
             local = fsdp__fail(ctx, rc, "fsdp_load_full: %s", err);
         else if (kind == 1) report->loaded++;
     }
-    report->step = fsdp__meta_int(fsdp_st_metadata(f, "step"));
-    report->epoch = fsdp__meta_int(fsdp_st_metadata(f, "epoch"));
+    report->step = fsdp__meta_count(ctx, "fsdp_load_full", "step", fsdp_st_metadata(f, "step"), -1, FSDP__COUNT_LIMIT);
+    report->epoch = fsdp__meta_count(ctx, "fsdp_load_full", "epoch", fsdp_st_metadata(f, "epoch"), -1, FSDP__COUNT_LIMIT);
     if (!local && load_opt && report->step >= 0) ctx->step = report->step;
     if (!local && load_opt)
-        fsdp__loss_scale_restore(ctx, fsdp_st_metadata(f, "loss_scale"), fsdp_st_metadata(f, "loss_scale_growth_tracker"));
+        fsdp__loss_scale_restore(ctx, "fsdp_load_full", fsdp_st_metadata(f, "loss_scale"),
+                                 fsdp_st_metadata(f, "loss_scale_growth_tracker"));
     if ((rc = fsdp__agree(ctx, local)) != 0) goto done;
     if (report->missing || report->unexpected || report->mismatched)
         fsdp__log(&ctx->logger, FSDP_LOG_WARN, "fsdp_load_full: loaded %d tensors; not loaded: %s", report->loaded, pr.summary);
@@ -13669,11 +13700,12 @@ FSDP__PRIVATE int fsdp__load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_
             local = fsdp__fail(ctx, rc, "fsdp_load_sharded: %s", err);
         else if (kind == 1) report->loaded++;
     }
-    report->step = fsdp_index_step(ix);
-    report->epoch = fsdp_index_epoch(ix);
+    report->step = fsdp__meta_count(ctx, "fsdp_load_sharded", "step", NULL, fsdp_index_step(ix), FSDP__COUNT_LIMIT);
+    report->epoch = fsdp__meta_count(ctx, "fsdp_load_sharded", "epoch", NULL, fsdp_index_epoch(ix), FSDP__COUNT_LIMIT);
     if (!local && load_opt && report->step >= 0) ctx->step = report->step;
     if (!local && load_opt)
-        fsdp__loss_scale_restore(ctx, fsdp_index_metadata(ix, "loss_scale"), fsdp_index_metadata(ix, "loss_scale_growth_tracker"));
+        fsdp__loss_scale_restore(ctx, "fsdp_load_sharded", fsdp_index_metadata(ix, "loss_scale"),
+                                 fsdp_index_metadata(ix, "loss_scale_growth_tracker"));
     fsdp__trace_ckpt(ctx, "load_sharded: read", NULL, t0);
     rc = fsdp__agree(ctx, local);
     if (!rc && (report->missing || report->unexpected || report->mismatched))
