@@ -911,11 +911,14 @@ FSDP_API int fsdp_set_param_shard(fsdp_ctx *ctx, int param, const float *slice);
    memory and are written at fsdp_step once there are 2048, and at fsdp_destroy (a rank that
    dies leaves its file without its last lines); a failed write logs a warning and stops the
    trace, never the training. Off, tracing costs a test per hook. Every rank traces or none
-   (the clock alignment is collective; init fails otherwise).
+   (the clock alignment is collective; init fails otherwise). Files are JSON in UTF-8 whatever
+   the names and paths hold: a byte that is not part of a well-formed UTF-8 character is
+   written as U+FFFD (the replacement character), and names are cut between characters.
    ============================================================================================ */
 /* Adds an event of the caller's own (data loading, a layer's forward...) on the calling
    thread's row (the compute row for threads not fsdp.h's): begin and end are fsdp_now()
-   readings; the name is copied (63 bytes at most). Nothing when not tracing. Thread-safe. */
+   readings; the name is copied (63 bytes at most, cut between UTF-8 characters). Nothing when
+   not tracing. Thread-safe. */
 FSDP_API void fsdp_trace_span(fsdp_ctx *ctx, const char *name, double begin, double end);
 /* 1 if ctx writes a trace. */
 FSDP_API int fsdp_tracing(const fsdp_ctx *ctx);
@@ -1428,21 +1431,30 @@ FSDP__PRIVATE void fsdp__copy_string(char *dst, size_t dst_size, const char *src
     dst[n] = 0;
 }
 
-/* UTF-8 sequence length at p (at most n bytes available) if it is well formed and not a
-   character that changes how the text around it shows: a C1 control (U+0080..U+009F, which
-   terminals may obey), a bidirectional mark, embedding, override or isolate (U+061C, U+200E,
-   U+200F, U+202A..U+202E, U+2066..U+2069: they reorder what follows), a line or paragraph
-   separator (U+2028, U+2029: a fake new line in some viewers) or U+FEFF; 0 otherwise. */
-static size_t fsdp__utf8_length(const unsigned char *p, size_t n) {
+/* Length (2 to 4) of the well-formed UTF-8 sequence of a character beyond ASCII at p (at most
+   n bytes available): no stray or missing continuation byte, no overlong form, no surrogate,
+   nothing past U+10FFFF; 0 otherwise. */
+static size_t fsdp__utf8_sequence(const unsigned char *p, size_t n) {
     size_t len = p[0] >= 0xc2 && p[0] <= 0xdf ? 2 : p[0] >= 0xe0 && p[0] <= 0xef ? 3 : p[0] >= 0xf0 && p[0] <= 0xf4 ? 4 : 0;
     size_t k;
     if (!len || len > n) return 0;
     for (k = 1; k < len; k++)
         if ((p[k] & 0xc0) != 0x80) return 0;
     if ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] > 0x9f) || (p[0] == 0xf0 && p[1] < 0x90) ||
-        (p[0] == 0xf4 && p[1] > 0x8f) || (p[0] == 0xc2 && p[1] < 0xa0))
+        (p[0] == 0xf4 && p[1] > 0x8f))
         return 0;
-    if ((p[0] == 0xd8 && p[1] == 0x9c) ||                                           /* U+061C */
+    return len;
+}
+
+/* fsdp__utf8_sequence's length if the character is not one that changes how the text around it
+   shows: a C1 control (U+0080..U+009F, which terminals may obey), a bidirectional mark,
+   embedding, override or isolate (U+061C, U+200E, U+200F, U+202A..U+202E, U+2066..U+2069: they
+   reorder what follows), a line or paragraph separator (U+2028, U+2029: a fake new line in
+   some viewers) or U+FEFF; 0 otherwise. */
+static size_t fsdp__utf8_length(const unsigned char *p, size_t n) {
+    size_t len = fsdp__utf8_sequence(p, n);
+    if (!len || (p[0] == 0xc2 && p[1] < 0xa0) ||                                    /* C1 */
+        (p[0] == 0xd8 && p[1] == 0x9c) ||                                           /* U+061C */
         (p[0] == 0xe2 && p[1] == 0x80 && (p[2] == 0x8e || p[2] == 0x8f || (p[2] >= 0xa8 && p[2] <= 0xae))) ||
         (p[0] == 0xe2 && p[1] == 0x81 && p[2] >= 0xa6 && p[2] <= 0xa9) ||               /* U+2066..U+2069 */
         (p[0] == 0xef && p[1] == 0xbb && p[2] == 0xbf))                                  /* U+FEFF */
@@ -1478,6 +1490,21 @@ FSDP__PRIVATE const char *fsdp__printable_n(char *dst, size_t size, const char *
 
 FSDP_API const char *fsdp_printable(char *dst, size_t size, const char *src) {
     return fsdp__printable_n(dst, size, src, src ? strlen(src) : 0);
+}
+
+/* fsdp__copy_string that cuts src between characters: a well-formed UTF-8 character is copied
+   whole or not at all (any other byte counts as one character). */
+FSDP__PRIVATE void fsdp__copy_utf8(char *dst, size_t size, const char *src) {
+    const unsigned char *p = (const unsigned char *)src;
+    size_t n = strlen(src), used = 0;
+    if (!size) return;
+    while (used < n) {
+        size_t len = p[used] < 0x80 ? 1 : fsdp__utf8_sequence(p + used, n - used);
+        if (used + (len ? len : 1) + 1 > size) break;
+        used += len ? len : 1;
+    }
+    memcpy(dst, src, used);
+    dst[used] = 0;
 }
 
 FSDP__PRIVATE void fsdp__hex(char *out, const unsigned char *bytes, size_t n) {
@@ -10898,21 +10925,34 @@ FSDP__PRIVATE void fsdp__sbuf_printf(fsdp__sbuf *b, const char *fmt, ...) {
     if (n > 0) fsdp__sbuf_add(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
 }
 
-/* Appends s escaped for the inside of a JSON string. */
-FSDP__PRIVATE void fsdp__sbuf_jescape(fsdp__sbuf *b, const char *s) {
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
+/* Appends s escaped for the inside of a JSON string. A byte that is not part of a well-formed
+   UTF-8 character (fsdp__utf8_sequence) becomes U+FFFD, written \ufffd, where valid_utf8 is set
+   (traces: text every JSON reader takes); else it passes as it is (checkpoints' names and
+   metadata, which fsdp.h reads back byte for byte). */
+FSDP__PRIVATE void fsdp__sbuf_jescape_as(fsdp__sbuf *b, const char *s, int valid_utf8) {
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n = strlen(s), i = 0;
+    while (i < n) {
+        unsigned char c = p[i];
+        size_t len = c < 0x80 ? 1 : fsdp__utf8_sequence(p + i, n - i);
         if (c == '"' || c == '\\') { char e[2] = {'\\', (char)c}; fsdp__sbuf_add(b, e, 2); }
         else if (c < 0x20) fsdp__sbuf_printf(b, "\\u%04x", c);
-        else fsdp__sbuf_add(b, (const char *)&c, 1);
+        else if (len) fsdp__sbuf_add(b, s + i, len);
+        else if (valid_utf8) fsdp__sbuf_add(b, "\\ufffd", 6);
+        else fsdp__sbuf_add(b, s + i, 1);
+        i += len ? len : 1;
     }
 }
 
-FSDP__PRIVATE void fsdp__sbuf_jstring(fsdp__sbuf *b, const char *s) {
+FSDP__PRIVATE void fsdp__sbuf_jescape(fsdp__sbuf *b, const char *s) { fsdp__sbuf_jescape_as(b, s, 0); }
+
+FSDP__PRIVATE void fsdp__sbuf_jstring_as(fsdp__sbuf *b, const char *s, int valid_utf8) {
     fsdp__sbuf_add(b, "\"", 1);
-    fsdp__sbuf_jescape(b, s);
+    fsdp__sbuf_jescape_as(b, s, valid_utf8);
     fsdp__sbuf_add(b, "\"", 1);
 }
+
+FSDP__PRIVATE void fsdp__sbuf_jstring(fsdp__sbuf *b, const char *s) { fsdp__sbuf_jstring_as(b, s, 0); }
 
 /* ============================================================================================
    >>trace
@@ -11024,7 +11064,7 @@ FSDP__PRIVATE void fsdp__trace_ckpt(fsdp_ctx *ctx, const char *phase, const char
     fsdp__trace_event e;
     if (!ctx || !ctx->trace || t0 == 0) return;
     e = fsdp__trace_ev("checkpoint", phase, fsdp__trace_thread, t0, fsdp_now());
-    if (path) fsdp__copy_string(e.text, sizeof e.text, path);
+    if (path) fsdp__copy_utf8(e.text, sizeof e.text, path);
     fsdp__trace_add(ctx->trace, &e);
 }
 
@@ -11077,16 +11117,16 @@ FSDP__PRIVATE void fsdp__trace_format(const fsdp_ctx *ctx, const fsdp__trace_eve
     int n = 0;
     fsdp__sbuf_printf(b, ",\n{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"cat\":\"%s\",\"name\":\"", ctx->rank, e->tid, e->cat);
     if (strcmp(e->cat, "iteration") == 0) fsdp__sbuf_printf(b, "step %lld", (long long)e->step);
-    else fsdp__sbuf_jescape(b, e->name ? e->name : e->text);
+    else fsdp__sbuf_jescape_as(b, e->name ? e->name : e->text, 1);
     if (unit) {
         fsdp__sbuf_str(b, " ");
-        fsdp__sbuf_jescape(b, unit);
+        fsdp__sbuf_jescape_as(b, unit, 1);
     }
     fsdp__sbuf_printf(b, "\",\"ts\":%.3f,\"dur\":%.3f,\"args\":{", (e->t0 - tr->zero) * 1e6, (e->t1 - e->t0) * 1e6);
 #define FSDP__TRACE_ARG (n++ ? "," : "")
     if (unit) {
         fsdp__sbuf_printf(b, "%s\"unit\":", FSDP__TRACE_ARG);
-        fsdp__sbuf_jstring(b, unit);
+        fsdp__sbuf_jstring_as(b, unit, 1);
     }
     if (e->group >= 0) {
         fsdp__sbuf_printf(b, "%s\"op\":\"%s\",\"group\":\"%s", FSDP__TRACE_ARG, e->name, fsdp__trace_groups[e->group]);
@@ -11100,7 +11140,7 @@ FSDP__PRIVATE void fsdp__trace_format(const fsdp_ctx *ctx, const fsdp__trace_eve
     if (e->wait_for) fsdp__sbuf_printf(b, "%s\"for\":\"%s\"", FSDP__TRACE_ARG, e->wait_for);
     if (e->text[0] && e->name) {
         fsdp__sbuf_printf(b, "%s\"path\":", FSDP__TRACE_ARG);
-        fsdp__sbuf_jstring(b, e->text);
+        fsdp__sbuf_jstring_as(b, e->text, 1);
     }
 #undef FSDP__TRACE_ARG
     fsdp__sbuf_str(b, "}}");
@@ -11198,12 +11238,12 @@ FSDP__PRIVATE void fsdp__trace_head(fsdp_ctx *ctx, fsdp__sbuf *b) {
     gethostname(host, sizeof host - 1);
     fsdp__sbuf_printf(b, "{\"otherData\":{\"format\":\"fsdp.h-trace\",\"version\":1,\"rank\":%d,\"world\":%d,\"host\":",
                       ctx->rank, ctx->world);
-    fsdp__sbuf_jstring(b, host);
+    fsdp__sbuf_jstring_as(b, host, 1);
     fsdp__sbuf_printf(b, ",\"clock\":\"CLOCK_MONOTONIC, microseconds since rank 0's fsdp_init, aligned to rank 0\","
                       "\"clock_offset_us\":%.3f,\"clock_error_us\":%.3f,\"units\":[", tr->offset * 1e6, tr->error * 1e6);
     for (i = 0; i < ctx->num_units; i++) {
         fsdp__sbuf_str(b, i ? "," : "");
-        fsdp__sbuf_jstring(b, fsdp__unit_name(ctx, i));
+        fsdp__sbuf_jstring_as(b, fsdp__unit_name(ctx, i), 1);
     }
     fsdp__sbuf_printf(b, "]},\n\"traceEvents\":[\n{\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"name\":\"process_name\","
                       "\"args\":{\"name\":\"rank %d\"}},\n{\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"name\":\"process_sort_index\","
@@ -11307,7 +11347,7 @@ FSDP_API void fsdp_trace_span(fsdp_ctx *ctx, const char *name, double begin, dou
     if (!ctx || !ctx->trace || !name || !(end >= begin) || begin <= 0) return;
     e = fsdp__trace_ev("user", NULL, fsdp__trace_thread, begin, end);
     if (e.tid == FSDP__TID_COMPUTE && ctx->trace->iteration_start == 0) ctx->trace->iteration_start = begin;
-    fsdp__copy_string(e.text, sizeof e.text, name);
+    fsdp__copy_utf8(e.text, sizeof e.text, name);
     fsdp__trace_add(ctx->trace, &e);
 }
 

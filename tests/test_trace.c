@@ -470,6 +470,62 @@ void test_trace_into_a_directory_every_user_can_write_is_refused(void) {
     TEST_ASSERT_TRUE_MESSAGE(contains(board[0].error, "every user can write"), board[0].error);
 }
 
+/* Issue 35, finding 5: names and paths went into a trace as they were, so a span name cut at
+   byte 63 inside a character, or a checkpoint path or unit name with bytes that are not UTF-8
+   (a stray byte, an overlong form, a surrogate, a cut sequence) made the rank's whole trace
+   invalid JSON, and trace_tool check refused it. Names are now cut between characters and
+   such bytes written as U+FFFD: the trace passes the check, and shows what it can. */
+void test_trace_of_names_and_paths_that_are_not_utf8_is_valid_json(void) {
+    fsdp_init_rule init = {FSDP_INIT_CONSTANT, 1.0f, 0, NULL, NULL};
+    int64_t shape[1] = {N};
+    const char *types[] = {"Block", NULL};
+    char span[71], cut[63], path[300];
+    fsdp_comm *comm = NULL;
+    fsdp_model *model = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_desc d;
+    unsigned char *text;
+    size_t size;
+    double t0;
+    tt_trace t;
+    int block;
+    memset(span, 'a', 62); /* 62 bytes, a euro sign across byte 63 (3 bytes), 5 more: 70 */
+    memcpy(span + 62, "\xe2\x82\xac", 3);
+    memset(span + 65, 'b', 5);
+    span[70] = 0;
+    memcpy(cut, span, 62);
+    cut[62] = 0;
+    snprintf(path, sizeof path, "%s/ck\xff-\xc0\xaf-\xed\xa0\x80-\xe2\x82.safetensors", tmpdir);
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, open_one_rank_comm(&comm, "trace-utf8"));
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_model_create(&model, "Net"));
+    TEST_ASSERT_TRUE(fsdp_model_param(model, 0, "a", 1, shape, init) >= 0);
+    TEST_ASSERT_TRUE((block = fsdp_model_module(model, 0, "l\xfe", "Block")) >= 0);
+    TEST_ASSERT_TRUE(fsdp_model_param(model, block, "w", 1, shape, init) >= 0);
+    memset(&d, 0, sizeof d);
+    d.comm = comm;
+    d.wrap.kind = FSDP_WRAP_TYPES;
+    d.wrap.types = types;
+    d.trace_dir = trace_dir;
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_init(&ctx, model, &d), fsdp_last_error(NULL));
+    t0 = fsdp_now();
+    fsdp_trace_span(ctx, span, t0, fsdp_now());
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_pre_forward(ctx, block));
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_post_forward(ctx, block));
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_finish_backward(ctx));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_save_full(ctx, path, NULL), fsdp_last_error(ctx));
+    release_one_rank(&ctx, &model, &comm);
+    load_traces(&t);
+    TEST_ASSERT_EQUAL_INT(1, count_events(&t, 0, "user", cut, -1));
+    TEST_ASSERT_EQUAL_INT(1, count_events(&t, 0, "checkpoint", "save_full", -1));
+    TEST_ASSERT_EQUAL_INT(1, count_events(&t, 0, "hook", "pre_forward l\xef\xbf\xbd", -1)); /* U+FFFD */
+    tt_free(&t);
+    snprintf(path, sizeof path, "%s/trace-rank00000.json", trace_dir);
+    text = read_whole_file(path, &size);
+    TEST_ASSERT_TRUE_MESSAGE(strstr((const char *)text, "ck\\ufffd-\\ufffd\\ufffd-\\ufffd\\ufffd\\ufffd-\\ufffd\\ufffd.") != NULL,
+                             "the path's bytes are not each written as U+FFFD");
+    free(text);
+}
+
 int main(void) {
     UNITY_BEGIN();
     RUN_TEST(test_trace_on_one_rank_has_every_hook_step_and_checkpoint_phase);
@@ -482,5 +538,6 @@ int main(void) {
     RUN_TEST(test_trace_that_cannot_be_written_warns_and_training_goes_on);
     RUN_TEST(test_trace_of_a_loop_without_fsdp_step_is_written_as_it_goes);
     RUN_TEST(test_trace_into_a_directory_every_user_can_write_is_refused);
+    RUN_TEST(test_trace_of_names_and_paths_that_are_not_utf8_is_valid_json);
     return UNITY_END();
 }
