@@ -55,6 +55,24 @@ if [ -z "$NO_EXTRA_CHECKS" ]; then
         one_marker_style; do
         check docs.$property sh tests/check_docs.sh $property
     done
+    # README's complete program (the C block after its "<!-- complete program" line) compiles
+    # warning-free as printed, runs its 4 ranks and meets its own test of success (issue 36)
+    readme_program() {
+        rp_dir=$(mktemp -d) || return 1
+        awk '/^<!-- complete program/ { found = 1; next } found && /^```c$/ { inside = 1; next }
+             inside && /^```$/ { exit } inside { print }' README.md >"$rp_dir/train.c"
+        if [ ! -s "$rp_dir/train.c" ]; then
+            echo "README.md: no C block after a line '<!-- complete program ...'"
+            rm -rf "$rp_dir"
+            return 1
+        fi
+        ${CC:-cc} -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror -I"$PWD" "$rp_dir/train.c" -o "$rp_dir/train" -lpthread -lm &&
+            (cd "$rp_dir" && timeout 120 ./train) && [ -s "$rp_dir/net.safetensors" ]
+        rp_status=$?
+        rm -rf "$rp_dir"
+        return $rp_status
+    }
+    check readme.complete_program_compiles_and_runs readme_program
     CC=${CC:-cc}
     CXX=${CXX:-c++}
     tmp=$(mktemp -d)
