@@ -55,6 +55,9 @@ if [ -z "$NO_EXTRA_CHECKS" ]; then
         one_marker_style; do
         check docs.$property sh tests/check_docs.sh $property
     done
+    # README.md stays within 24,576 bytes: what does not fit goes to examples/PORTING.md,
+    # BENCHMARKS.md or fsdp.h's comments, and README links there (issue 36)
+    check docs.readme_at_most_24576_bytes sh -c 'size=$(wc -c <README.md); echo "README.md: $size bytes (at most 24576)"; [ "$size" -le 24576 ]'
     # README's complete program (the C block after its "<!-- complete program" line) compiles
     # warning-free as printed, runs its 4 ranks and meets its own test of success (issue 36)
     readme_program() {
