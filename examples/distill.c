@@ -31,7 +31,7 @@
 
 #include "gpt_model.h"
 
-#define VAL_BATCHES 16 // batches of the held-out text scored at the end
+#define VAL_BATCHES 16 // global batches of held-out sequences scored at the end (fewer if the text is short)
 
 typedef struct {
     int nproc;                        // 0: ranks from the environment
@@ -323,12 +323,13 @@ static int train(fsdp_comm *comm, void *arg) {
         double student_val, teacher_val = 0;
         const unsigned char *val = o->text + o->train_size;
         size_t val_size = o->size - o->train_size;
-        if (gpt_heldout_loss(&student, &student_acts, comm, val, val_size, VAL_BATCHES, &student_val) ||
-            (use_teacher && gpt_heldout_loss(&teacher, &teacher_acts, comm, val, val_size, VAL_BATCHES, &teacher_val)))
+        int sequences = gpt_heldout_sequences(val_size, T, VAL_BATCHES * o->batch); // the same at every P
+        if (gpt_heldout_loss(&student, &student_acts, comm, val, val_size, sequences, &student_val) ||
+            (use_teacher && gpt_heldout_loss(&teacher, &teacher_acts, comm, val, val_size, sequences, &teacher_val)))
             goto done;
         if (rank == 0) {
-            printf("first step loss %.4f; held-out loss (cross-entropy, %d x %d x %d bytes not trained on): student %.4f",
-                   first_loss, VAL_BATCHES, B, T, student_val);
+            printf("first step loss %.4f; held-out loss (cross-entropy, %d sequences x %d bytes not trained on): student "
+                   "%.4f", first_loss, sequences, T, student_val);
             if (use_teacher) printf(", teacher %.4f", teacher_val);
             printf("\n");
         }

@@ -25,7 +25,7 @@
 
 #include "gpt_model.h"
 
-#define VAL_BATCHES 16 // batches of the held-out text scored at the end
+#define VAL_BATCHES 16 // global batches of held-out sequences scored at the end (fewer if the text is short)
 
 typedef struct {
     int nproc;                       // 0: ranks from the environment
@@ -612,10 +612,11 @@ static int train(fsdp_comm *comm, void *arg) {
         free(all);
     }
     if (o->size - o->train_size >= (size_t)T + 2) { // every rank scores a share, through the hooks
+        size_t val_size = o->size - o->train_size;
+        int sequences = gpt_heldout_sequences(val_size, T, VAL_BATCHES * o->batch); // the same at every P
         double val;
-        if (gpt_heldout_loss(&m, &acts, comm, o->text + o->train_size, o->size - o->train_size, VAL_BATCHES, &val))
-            goto done;
-        if (rank == 0) printf("held-out loss %.4f (%d x %d x %d bytes not trained on)\n", val, VAL_BATCHES, B, T);
+        if (gpt_heldout_loss(&m, &acts, comm, o->text + o->train_size, val_size, sequences, &val)) goto done;
+        if (rank == 0) printf("held-out loss %.4f (%d sequences x %d bytes not trained on)\n", val, sequences, T);
     }
     if (o->sample > 0) { // rank 0 samples on a plain copy (every rank gets one: fsdp_gather_param is collective)
         if (gpt_plain_gather(&m)) {

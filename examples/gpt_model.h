@@ -913,36 +913,49 @@ static float lr_schedule(long long step, int steps, int warmup, float lr, float 
     return min_lr + (float)(0.5 * (1.0 + cos(3.14159265358979323846 * progress))) * (lr - min_lr);
 }
 
-/* Mean loss over `batches` batches of text (data_batch's batches 0 .. batches-1 of (acts->B,
-   acts->T) windows), forward only. Through FSDP (m->ctx set; collective over comm, the context's
-   communicator): rank r scores batches r, r+P, ... (all ranks run the same number of passes) on
-   gathered units, each pass ended by fsdp_finish_backward, so no rank needs the whole model;
-   plain weights (m->ctx NULL): this rank scores all of them. The losses are summed in batch order,
-   so the result does not depend on P. Returns 0, or -1 (a hook or collective failed; said on
-   stderr). */
+/* How many sequences of T + 1 bytes the held-out text of size bytes gives gpt_heldout_loss: its
+   distinct windows (data_batch's), at most `wanted`. */
+GPT_UNUSED static int gpt_heldout_sequences(size_t size, int T, int wanted) {
+    size_t windows = size > (size_t)T ? (size - 1) / (size_t)T : 0;
+    return windows < (size_t)wanted ? (int)windows : wanted;
+}
+
+/* Mean loss over the held-out text's first `sequences` windows (data_batch's sequences 0 ..
+   sequences-1 of step 0: distinct windows if sequences <= gpt_heldout_sequences), forward only.
+   Through FSDP (m->ctx set; collective over comm, the context's communicator) rank r scores
+   sequences r, r+P, ... (all ranks run the same number of passes) on gathered units, each pass
+   ended by fsdp_finish_backward, so no rank needs the whole model; plain weights (m->ctx NULL):
+   this rank scores them all. The same weights give the same figure, bit for bit, at any P: each
+   pass scores one sequence (a BLAS may round a row of a product differently in a product of
+   another size, as OpenBLAS's Haswell kernels do), each sequence's loss is the mean of its T
+   positions', and the sequences' are summed in sequence order. Returns 0, or -1 (a hook or
+   collective failed; said on stderr). */
 GPT_UNUSED static int gpt_heldout_loss(gpt *m, gpt_acts *acts, fsdp_comm *comm, const unsigned char *text, size_t size,
-                                       int batches, double *mean_loss) {
-    int rank = m->ctx ? fsdp_comm_rank(comm) : 0, P = m->ctx ? fsdp_comm_size(comm) : 1, rc = 0;
-    int rounds = (batches + P - 1) / P;
-    float *losses = (float *)calloc((size_t)batches + 1, sizeof(float)), loss = 0;
+                                       int sequences, double *mean_loss) {
+    int rank = m->ctx ? fsdp_comm_rank(comm) : 0, P = m->ctx ? fsdp_comm_size(comm) : 1, rc = 0, T = acts->T;
+    int rounds = (sequences + P - 1) / P;
+    float *losses = (float *)calloc((size_t)sequences + 1, sizeof(float)), loss = 0; // per sequence; others' stay 0
     double sum = 0;
     *mean_loss = 0;
     if (!losses) { fprintf(stderr, "rank %d: out of memory for the held-out losses\n", m->rank); return -1; }
-    for (int i = rank; i < rounds * P && !rc; i += P) { // i >= batches: a repeat, to keep in step, not counted
-        data_batch(text, size, i % batches, acts->B, acts->T, 0, acts->B, acts->inputs, acts->targets);
-        rc = gpt_forward(m, acts, acts->B, acts->T, 1, &loss);
+    for (int i = rank; i < rounds * P && !rc; i += P) { // i >= sequences: a repeat, to keep in step, not counted
+        double position_sum = 0;
+        data_batch(text, size, 0, sequences, T, i % sequences, i % sequences + 1, acts->inputs, acts->targets);
+        rc = gpt_forward(m, acts, 1, T, 1, &loss);
         if (!rc && m->ctx && fsdp_finish_backward(m->ctx)) {
             fprintf(stderr, "rank %d: ending a forward-only pass: %s\n", m->rank, fsdp_last_error(m->ctx));
             rc = -1;
         }
-        if (!rc && i < batches) losses[i] = loss;
+        for (int t = 0; t < T; t++) position_sum += acts->a.losses[t];
+        if (!rc && i < sequences) losses[i] = (float)(position_sum / T);
     }
-    if (!rc && m->ctx && fsdp_all_reduce(comm, losses, losses, (size_t)batches, FSDP_F32, FSDP_SUM)) { // others' are 0
+    // adding zeros is exact: each sequence's loss arrives as the rank that scored it computed it
+    if (!rc && m->ctx && fsdp_all_reduce(comm, losses, losses, (size_t)sequences, FSDP_F32, FSDP_SUM)) {
         fprintf(stderr, "rank %d: all_reduce of the held-out losses: %s\n", m->rank, fsdp_comm_last_error(comm));
         rc = -1;
     }
-    for (int i = 0; i < batches; i++) sum += losses[i];
-    *mean_loss = sum / batches;
+    for (int i = 0; i < sequences; i++) sum += losses[i];
+    *mean_loss = sum / sequences;
     free(losses);
     return rc;
 }

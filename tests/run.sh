@@ -55,6 +55,27 @@ if [ -z "$NO_EXTRA_CHECKS" ]; then
         one_marker_style; do
         check docs.$property sh tests/check_docs.sh $property
     done
+    # README.md stays within 24,576 bytes: what does not fit goes to examples/PORTING.md,
+    # BENCHMARKS.md or fsdp.h's comments, and README links there (issue 36)
+    check docs.readme_at_most_24576_bytes sh -c 'size=$(wc -c <README.md); echo "README.md: $size bytes (at most 24576)"; [ "$size" -le 24576 ]'
+    # README's complete program (the C block after its "<!-- complete program" line) compiles
+    # warning-free as printed, runs its 4 ranks and meets its own test of success (issue 36)
+    readme_program() {
+        rp_dir=$(mktemp -d) || return 1
+        awk '/^<!-- complete program/ { found = 1; next } found && /^```c$/ { inside = 1; next }
+             inside && /^```$/ { exit } inside { print }' README.md >"$rp_dir/train.c"
+        if [ ! -s "$rp_dir/train.c" ]; then
+            echo "README.md: no C block after a line '<!-- complete program ...'"
+            rm -rf "$rp_dir"
+            return 1
+        fi
+        ${CC:-cc} -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror -I"$PWD" "$rp_dir/train.c" -o "$rp_dir/train" -lpthread -lm &&
+            (cd "$rp_dir" && timeout 120 ./train) && [ -s "$rp_dir/net.safetensors" ]
+        rp_status=$?
+        rm -rf "$rp_dir"
+        return $rp_status
+    }
+    check readme.complete_program_compiles_and_runs readme_program
     CC=${CC:-cc}
     CXX=${CXX:-c++}
     tmp=$(mktemp -d)
@@ -216,6 +237,22 @@ if [ -z "$NO_EXTRA_CHECKS" ]; then
             grep -q "^gpt: --log $tmp/no/such/dir/x.jsonl: No such file or directory" "$tmp/nolog.log"
         }
         check examples.gpt_log_writes_a_json_line_per_step_and_refuses_an_unwritable_file gpt_log
+        # issue 36: the held-out loss scores the same sequences at every P and sums them in an order
+        # that does not depend on P: from the same weights (trained at P = 2, resumed with nothing
+        # left to train) P = 1, 2 and 4 print the same line
+        gpt_heldout() {
+            "$BIN/gpt" --nproc 2 $tiny --steps 4 --ckpt "$tmp/heldout" >"$tmp/heldout.log" 2>&1 ||
+                { cat "$tmp/heldout.log"; return 1; }
+            for P in 1 2 4; do
+                "$BIN/gpt" --nproc $P $tiny --steps 4 --resume "$tmp/heldout" >"$tmp/heldout$P.log" 2>&1 ||
+                    { cat "$tmp/heldout$P.log"; return 1; }
+                grep '^held-out loss' "$tmp/heldout$P.log" >"$tmp/heldout$P.line"
+                echo "P=$P: $(cat "$tmp/heldout$P.line")"
+            done
+            grep -q '^held-out loss [0-9.]* ([0-9]* sequences x 16 bytes not trained on)$' "$tmp/heldout1.line" &&
+                cmp "$tmp/heldout1.line" "$tmp/heldout2.line" && cmp "$tmp/heldout1.line" "$tmp/heldout4.line"
+        }
+        check examples.gpt_heldout_loss_line_is_identical_at_P_1_2_and_4 gpt_heldout
         big="--data $tmp/text --layers 8 --channels 256 --heads 4 --seq-len 16 --batch 4 --steps 1 --sample 0 --ckpt none"
         check examples.gpt_mem_budget_refuses_1_rank_naming_the_bytes_and_the_fewest_ranks sh -c "! '$BIN/gpt' $big --mem-budget 100 \
             >'$tmp/out' 2>'$tmp/err'; cat '$tmp/err'; grep -q '^gpt: --mem-budget 100 MiB: refusing to start 1 rank: each needs .*, [0-9]* bytes\$' '$tmp/err' &&
