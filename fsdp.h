@@ -4208,6 +4208,8 @@ static const fsdp__transport fsdp__shm_transport = {
 #endif
 #define FSDP__SOCK_GREETING_MS 5000  /* an acceptor greets at once; silence this long means "not fsdp.h" */
 #define FSDP__SOCK_HANDSHAKE_MS 5000 /* a connection's budget to present a complete hello */
+#define FSDP__SOCK_SYN_MS 250        /* a fresh connect attempt this often (fsdp__sock_connect) */
+#define FSDP__SOCK_TRIES 8           /* ... the latest this many kept waiting */
 #ifndef FSDP__SOCK_PENDING_MAX /* (a test lowers it) */
 #define FSDP__SOCK_PENDING_MAX 64    /* handshakes an acceptor runs at once */
 #endif
@@ -4496,32 +4498,58 @@ FSDP__PRIVATE int fsdp__sock_listen(const struct sockaddr_in *addr, int backlog)
     return fd;
 }
 
-/* Connects with backoff until the deadline. Each attempt is non-blocking and waited for with
-   poll, so a host that drops SYNs or has a full accept queue costs no more than the deadline.
+/* Connects before the deadline. Attempts are non-blocking and overlap: a fresh one every
+   FSDP__SOCK_SYN_MS while the earlier ones still wait (the FSDP__SOCK_TRIES latest), and the
+   first that connects wins. A listener whose accept queue is full drops SYNs, and the kernel's
+   retransmissions back off (1, 3, 7, 15, 31 s): with a single attempt, a rank kept out by a
+   flood of connections at rank 0 waited a minute where fresh SYNs get in within seconds, while
+   the attempts kept waiting still let a slow round trip (up to 2 s) connect. An attempt that
+   fails (nobody listens yet) is followed by the next after a pause that grows to 256 ms.
    -1 with errno (ETIMEDOUT at the deadline) on failure. */
 FSDP__PRIVATE int fsdp__sock_connect(const struct sockaddr_in *addr, int64_t deadline) {
-    long backoff_us = 2000;
-    for (;;) {
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), err = 0;
-        if (fd < 0) return -1;
-        if (connect(fd, (const struct sockaddr *)addr, sizeof *addr) != 0) err = errno;
-        while (err == EINPROGRESS || err == EINTR) {
-            struct pollfd pfd;
-            int64_t left = deadline - fsdp__now_ms();
-            socklen_t len = sizeof err;
-            if (left <= 0) { err = ETIMEDOUT; break; }
-            pfd.fd = fd;
-            pfd.events = POLLOUT;
-            pfd.revents = 0;
-            if (poll(&pfd, 1, left > 1000 ? 1000 : (int)left) <= 0) continue;
-            if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    struct pollfd tries[FSDP__SOCK_TRIES]; /* oldest first */
+    int64_t next = fsdp__now_ms(), pause_ms = 2;
+    int n = 0, i, err = 0, no_socket = 0, winner = -1;
+    while (winner < 0) {
+        int64_t now = fsdp__now_ms(), wake;
+        if (now >= deadline) break;
+        if (now >= next) { /* a fresh attempt; the oldest gives way */
+            int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+            if (fd < 0) { no_socket = errno; break; }
+            if (n == FSDP__SOCK_TRIES) { close(tries[0].fd); memmove(tries, tries + 1, sizeof *tries * (size_t)--n); }
+            next = now + FSDP__SOCK_SYN_MS;
+            if (connect(fd, (const struct sockaddr *)addr, sizeof *addr) == 0) { winner = fd; break; }
+            if (errno == EINPROGRESS || errno == EINTR) {
+                tries[n].fd = fd;
+                tries[n].events = POLLOUT;
+                tries[n++].revents = 0;
+            } else {
+                err = errno;
+                close(fd);
+                next = now + pause_ms;
+                if (pause_ms < 256) pause_ms *= 2;
+            }
         }
-        if (err == 0) { fsdp__sock_tune(fd); return fd; }
-        close(fd);
-        if (err == ETIMEDOUT || fsdp__now_ms() + backoff_us / 1000 >= deadline) { errno = err; return -1; }
-        fsdp__sleep_us(backoff_us);
-        if (backoff_us < 256000) backoff_us *= 2;
+        wake = (next < deadline ? next : deadline) - now;
+        if (n == 0) { fsdp__sleep_us((wake > 0 ? wake : 0) * 1000); continue; }
+        if (poll(tries, (nfds_t)n, wake > 1000 ? 1000 : (int)(wake > 0 ? wake : 0)) <= 0) continue;
+        for (i = n - 1; i >= 0 && winner < 0; i--) {
+            int e = 0;
+            socklen_t len = sizeof e;
+            if (!tries[i].revents) continue;
+            if (getsockopt(tries[i].fd, SOL_SOCKET, SO_ERROR, &e, &len) != 0) e = errno;
+            if (e == EINPROGRESS || e == EALREADY) { tries[i].revents = 0; continue; }
+            if (e == 0) { winner = tries[i].fd; tries[i] = tries[--n]; continue; }
+            err = e;
+            close(tries[i].fd);
+            memmove(tries + i, tries + i + 1, sizeof *tries * (size_t)(--n - i));
+        }
     }
+    err = no_socket ? no_socket : n > 0 || !err ? ETIMEDOUT : err; /* an attempt left unanswered: timed out */
+    for (i = 0; i < n; i++) close(tries[i].fd);
+    if (winner >= 0) fsdp__sock_tune(winner);
+    else errno = err;
+    return winner;
 }
 
 /* HMAC(key, label | a | b | c) with the label's NUL as separator; NULL parts are skipped. */
@@ -4780,10 +4808,15 @@ FSDP__PRIVATE void fsdp__sock_door_read(fsdp__sock_door *d, const struct pollfd 
     }
 }
 
-/* Accepts new connections: each gets a challenge at once. 0, or a system failure of the listener. */
+/* Accepts new connections, each challenged at once, at most half the door's places a call:
+   under a flood the accept queue never empties, and a loop that drained it never went back to
+   read the hellos that had arrived while newer connections pushed theirs out (the oldest make
+   room). Now a hello that arrives within a round is read before its connection can be pushed
+   out. 0, or a system failure of the listener. */
 FSDP__PRIVATE int fsdp__sock_door_accept(fsdp__sock_door *d) {
     fsdp_comm *comm = d->comm;
-    for (;;) {
+    int accepted;
+    for (accepted = 0; accepted < (FSDP__SOCK_PENDING_MAX + 1) / 2; accepted++) {
         struct sockaddr_in from;
         socklen_t len = sizeof from;
         fsdp__sock_pending *pd;
@@ -4838,6 +4871,7 @@ FSDP__PRIVATE int fsdp__sock_door_accept(fsdp__sock_door *d) {
         }
         d->npending++;
     }
+    return 0; /* more may wait: poll says so */
 }
 
 /* Admits ranks first..P-1 (those expect names, NULL: all; those without a connection yet) on

@@ -314,6 +314,70 @@ static void test_idle_and_garbage_connections_do_not_delay_the_rendezvous(void) 
     TEST_ASSERT_TRUE_MESSAGE(slowest < 3000, "the honest ranks waited for the strangers");
 }
 
+/* A local process flooding a port (the next test's): non-blocking connects as fast as it can,
+   each left silent, at most 64 open (the oldest closed for the next), until *stop, 30 s or
+   100000 attempts. */
+static volatile int *flood_stop;
+
+static int flood_port(void *arg) {
+    struct sockaddr_in a = loopback(*(const int *)arg);
+    int open_fds[64], at = 0, i;
+    long attempts;
+    double until = now_ms() + 30000;
+    for (i = 0; i < 64; i++) open_fds[i] = -1;
+    for (attempts = 0; !*flood_stop && attempts < 100000 && now_ms() < until; attempts++) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        if (fd < 0 || (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 && errno != EINPROGRESS)) {
+            if (fd >= 0) close(fd);
+            sleep_ms(1);
+            continue;
+        }
+        if (open_fds[at] >= 0) close(open_fds[at]);
+        open_fds[at] = fd;
+        at = (at + 1) % 64;
+    }
+    while (!*flood_stop && now_ms() < until) sleep_ms(5); /* hold the last ones open */
+    return 0;
+}
+
+/* Issue 35: one local process flooding rank 0's port with silent connections slowed a 4-rank
+   rendezvous from 0.11 s to 3.2 s; eight kept the ranks out for a minute and more: rank 0
+   drained its accept queue and never read the hellos that came meanwhile, pushing them out for
+   newer connections, and the SYNs of ranks that found the queue full waited for the kernel's
+   retransmissions (1, 3, 7, 15, 31 s). With eight flooders the ranks join within their timeout. */
+static void test_eight_processes_flooding_rank_0_with_connections_do_not_keep_the_ranks_out(void) {
+    rank_plan plan[4];
+    pid_t pids[4], flooders[8];
+    int r, i;
+    flood_stop = (volatile int *)map_shared(sizeof *flood_stop);
+    memset(plan, 0, sizeof plan);
+    plan[0].port = pick_free_port();
+    reset_reports();
+    for (r = 0; r < 4; r++) {
+        plan[r].rank = r;
+        plan[r].world = 4;
+        plan[r].port = plan[0].port;
+        plan[r].timeout_ms = 20000;
+        plan[r].secret = SECRET;
+        plan[r].job = JOB;
+        plan[r].count = 16;
+    }
+    pids[0] = spawn(run_socket_rank, &plan[0], 40);
+    close(connect_retry(plan[0].port, 3000)); /* rank 0 listens */
+    for (i = 0; i < 8; i++) flooders[i] = spawn(flood_port, &plan[0].port, 40);
+    sleep_ms(300); /* the flood is on */
+    for (r = 1; r < 4; r++) pids[r] = spawn(run_socket_rank, &plan[r], 40);
+    for (r = 0; r < 4; r++) reap(pids[r], 30000);
+    *flood_stop = 1;
+    for (i = 0; i < 8; i++) TEST_ASSERT_EQUAL_INT(0, reap(flooders[i], 5000));
+    munmap((void *)flood_stop, sizeof *flood_stop);
+    for (r = 0; r < 4; r++) {
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[r].rc, shared[r].message);
+        TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, shared[r].op_rc);
+        TEST_ASSERT_EQUAL_FLOAT(4.0f, shared[r].result);
+    }
+}
+
 /* The rendezvous survives running out of descriptors: strangers hold rank 0's last ones and
    more wait behind them, its accept fails with EMFILE, and rank 1 still gets in at once (the
    strangers waiting longest make room), not after their budgets end (5 s each, while rank 1
@@ -1509,6 +1573,7 @@ int main(void) {
     RUN_TEST(test_impostor_without_the_secret_is_refused_and_learns_neither_token_nor_secret);
     RUN_TEST(test_rank_with_another_secret_is_refused_saying_the_secrets_differ);
     RUN_TEST(test_idle_and_garbage_connections_do_not_delay_the_rendezvous);
+    RUN_TEST(test_eight_processes_flooding_rank_0_with_connections_do_not_keep_the_ranks_out);
     RUN_TEST(test_accept_failing_for_lack_of_descriptors_does_not_end_the_rendezvous);
     RUN_TEST(test_rank0_without_a_secret_off_loopback_warns_naming_the_open_port);
     RUN_TEST(test_descriptor_limit_is_raised_for_a_large_world_or_init_fails_naming_it);
