@@ -27,7 +27,8 @@
 #   --baseline     first build and run every program the chosen mutants name against the
 #                  unmutated fsdp.h: each must pass, else no kill means anything (exit 2)
 #   --timeout S    bound on each test program's run (default 600 s, as tests/run.sh)
-#   --keep         keep each mutant's directory (mutated header, binaries, logs) and say where
+#   --keep         keep every mutant's directory (mutated header, binaries, logs), not only those
+#                  of mutants that survived, are stale or could not be built or run; says where
 #   -h, --help     this text
 # Runs under nice -n 10. Safe to run several at once (each mutant builds in a directory of its
 # own under $TMPDIR). A program is stopped at its first failing test (its process group is
@@ -39,84 +40,42 @@ if [ -z "${FSDP_MUTANTS_NICED:-}" ]; then
     exec nice -n 10 bash "$0" "$@"
 fi
 cd "$(dirname "$0")/.." || exit 2
+# (Everything runs from main, called on the last line: bash has read the whole file before it
+# starts, so editing the script while it runs cannot change what the running one does.)
 
 usage() { sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 
-FILE=tests/mutants.txt
-JOBS=1
-BASELINE=0
-KEEP=0
-LIMIT=600
-LIST=0
-ONLY=()
-while [ $# -gt 0 ]; do
-    case $1 in
-        -h | --help) usage; exit 0 ;;
-        -l | --list) LIST=1 ;;
-        -j) JOBS=${2:?-j needs a number}; shift ;;
-        -j*) JOBS=${1#-j} ;;
-        -f) FILE=${2:?-f needs a file}; shift ;;
-        --baseline) BASELINE=1 ;;
-        --keep) KEEP=1 ;;
-        --timeout) LIMIT=${2:?--timeout needs seconds}; shift ;;
-        -*) echo "$0: unknown option $1 (see --help)" >&2; exit 2 ;;
-        *) ONLY+=("$1") ;;
-    esac
-    shift
-done
-case $JOBS in '' | *[!0-9]* | 0) echo "$0: -j needs a positive number, not '$JOBS'" >&2; exit 2 ;; esac
-case $LIMIT in '' | *[!0-9]* | 0) echo "$0: --timeout needs a positive number of seconds" >&2; exit 2 ;; esac
-[ -f "$FILE" ] || { echo "$0: no mutants file $FILE" >&2; exit 2; }
-
-# --- the mutants file: blocks of "key value" lines (mutant, area, find, replace, kill) --------------
+# --- the mutants file: blocks of "key value" lines (mutant, area, find, replace, kill) ----------
 NAMES=() AREAS=() FINDS=() REPLACES=() KILLS=()
 parse_error() { echo "$FILE:$1: $2" >&2; exit 2; }
-lineno=0
-while IFS= read -r line || [ -n "$line" ]; do
-    lineno=$((lineno + 1))
-    case $line in '' | '#'*) continue ;; esac
-    key=${line%%[[:space:]]*}
-    value=${line#"$key"}
-    value=${value#"${value%%[![:space:]]*}"}
-    case $key in
-        mutant)
-            for n in ${NAMES[@]+"${NAMES[@]}"}; do [ "$n" = "$value" ] && parse_error $lineno "mutant $value listed twice"; done
-            NAMES+=("$value"); AREAS+=(""); FINDS+=(""); REPLACES+=(""); KILLS+=("") ;;
-        area | find | replace | kill)
-            [ ${#NAMES[@]} -gt 0 ] || parse_error $lineno "'$key' before the first 'mutant'"
-            i=$((${#NAMES[@]} - 1))
-            case $key in
-                area) AREAS[$i]=$value ;;
-                find) FINDS[$i]=$value ;;
-                replace) REPLACES[$i]=$value ;;
-                kill) KILLS[$i]=$value ;;
-            esac ;;
-        *) parse_error $lineno "unknown key '$key' (mutant, area, find, replace, kill)" ;;
-    esac
-done <"$FILE"
-for i in "${!NAMES[@]}"; do
-    [ -n "${FINDS[$i]}" ] && [ -n "${KILLS[$i]}" ] || { echo "$FILE: mutant ${NAMES[$i]} needs find and kill" >&2; exit 2; }
-done
-
-CHOSEN=()
-if [ ${#ONLY[@]} -eq 0 ]; then
-    CHOSEN=("${!NAMES[@]}")
-else
-    for want in "${ONLY[@]}"; do
-        found=
-        for i in "${!NAMES[@]}"; do [ "${NAMES[$i]}" = "$want" ] && found=$i; done
-        [ -n "$found" ] || { echo "$0: no mutant named '$want' in $FILE (--list shows them)" >&2; exit 2; }
-        CHOSEN+=("$found")
+read_mutants() {
+    local line key value n i lineno=0
+    while IFS= read -r line || [ -n "$line" ]; do
+        lineno=$((lineno + 1))
+        case $line in '' | '#'*) continue ;; esac
+        key=${line%%[[:space:]]*}
+        value=${line#"$key"}
+        value=${value#"${value%%[![:space:]]*}"}
+        case $key in
+            mutant)
+                for n in ${NAMES[@]+"${NAMES[@]}"}; do [ "$n" = "$value" ] && parse_error $lineno "mutant $value listed twice"; done
+                NAMES+=("$value") AREAS+=("") FINDS+=("") REPLACES+=("") KILLS+=("") ;;
+            area | find | replace | kill)
+                [ ${#NAMES[@]} -gt 0 ] || parse_error $lineno "'$key' before the first 'mutant'"
+                i=$((${#NAMES[@]} - 1))
+                case $key in
+                    area) AREAS[$i]=$value ;;
+                    find) FINDS[$i]=$value ;;
+                    replace) REPLACES[$i]=$value ;;
+                    kill) KILLS[$i]=$value ;;
+                esac ;;
+            *) parse_error $lineno "unknown key '$key' (mutant, area, find, replace, kill)" ;;
+        esac
+    done <"$FILE"
+    for i in "${!NAMES[@]}"; do
+        [ -n "${FINDS[$i]}" ] && [ -n "${KILLS[$i]}" ] || { echo "$FILE: mutant ${NAMES[$i]} needs find and kill" >&2; exit 2; }
     done
-fi
-
-if [ "$LIST" = 1 ]; then
-    for i in "${CHOSEN[@]}"; do
-        printf '%s: %s\n' "${NAMES[$i]}" "${AREAS[$i]}"
-        for c in ${KILLS[$i]}; do printf '    killed by %s\n' "$c"; done
-    done
-    exit 0
-fi
+}
 
 # --- one mutant ---------------------------------------------------------------------------------
 # Writes fsdp.h with the mutation into dir; prints how often the text occurs when not once.
@@ -134,144 +93,204 @@ mutate() { # dir, find, replace
     ' "$1"
 }
 
-# Runs a test program from the repository's root in a process group of its own, stopped at its
-# first failing test, or, given a test, once that test reported. Prints "killed (why)",
-# "survived" or "error (why)"; the output is in log.
+# Builds program against the header in dir (the Makefile's rule; -I dir ahead of the repository).
+build_program() { # dir, program
+    make --no-print-directory -s BUILD="$1/build" CFLAGS="-I$1" OPT="${OPT:--O2}" "$1/build/$2" >"$1/build-$2.log" 2>&1
+}
+
+# The message of a Unity FAIL line, shortened.
+fail_message() { printf '%s\n' "${1#*:FAIL[.:] }" | cut -c1-140; }
+
+# Runs a test program from the repository's root in a process group of its own (its id in
+# log.pgid while it runs), stopped at its first failing test or, given a test, once that test
+# reported. Prints "killed (why)", "survived" or "error (why)"; the output is in log.
 run_program() { # binary, log[, test]
-    local pid status=0 waited=0 line stop=':FAIL'
+    local pid status waited=0 line stop=':FAIL'
     [ -n "${3:-}" ] && stop=":$3:(PASS|FAIL|IGNORE)"
     setsid "$1" >"$2" 2>&1 </dev/null &
     pid=$!
-    while kill -0 "$pid" 2>/dev/null; do
-        if grep -Eq "$stop" "$2" 2>/dev/null; then
-            kill -KILL -- "-$pid" 2>/dev/null
-            break
-        fi
-        if [ $waited -ge $((LIMIT * 5)) ]; then
-            kill -KILL -- "-$pid" 2>/dev/null
-            wait "$pid" 2>/dev/null
-            echo "killed (no end after ${LIMIT} s)"
-            return
-        fi
+    echo "$pid" >"$2.pgid"
+    while kill -0 "$pid" 2>/dev/null && ! grep -Eq "$stop" "$2" && [ $waited -lt $((LIMIT * 5)) ]; do
         sleep 0.2
         waited=$((waited + 1))
     done
+    kill -KILL -- "-$pid" 2>/dev/null # the program and its ranks
     wait "$pid" 2>/dev/null
     status=$?
-    kill -KILL -- "-$pid" 2>/dev/null # its ranks, should the program have left any
+    rm -f "$2.pgid"
+    line=$(grep -Em1 "$stop" "$2")
     if [ -n "${3:-}" ]; then
-        line=$(grep -Em1 "$stop" "$2")
         case $line in
-            *":$3:FAIL"*) echo "killed (${line#*:FAIL[.:] })" | cut -c1-160 ;;
+            *":$3:FAIL"*) echo "killed ($(fail_message "$line"))" ;;
             *":$3:PASS"*) echo "survived" ;;
             *":$3:IGNORE"*) echo "error (ignored: ${line#*IGNORE})" ;;
-            *) echo "error (the program ended before $3 reported: exit status $status)" ;;
+            *) [ $waited -ge $((LIMIT * 5)) ] && echo "error (still running after $LIMIT s, before $3 reported)" ||
+                echo "error (the program ended before $3 reported: exit status $status)" ;;
         esac
-        return
-    fi
-    line=$(grep -m1 ':FAIL' "$2")
-    if [ -n "$line" ]; then
-        echo "killed ($(echo "$line" | cut -d: -f3): ${line#*:FAIL[.:] })" | cut -c1-160
+    elif [ -n "$line" ]; then
+        echo "killed ($(echo "$line" | cut -d: -f3): $(fail_message "$line"))"
+    elif [ $waited -ge $((LIMIT * 5)) ]; then
+        echo "killed (no end after $LIMIT s)"
     elif [ $status -ne 0 ]; then
-        echo "killed (exit status $status, no failing test named: $(tail -n 1 "$2" | cut -c1-60))"
+        echo "killed (exit status $status, no failing test: $(tail -n 1 "$2" | cut -c1-80))"
     else
         echo "survived"
     fi
 }
 
-# Builds program against the header in dir (make's rule; -I dir ahead of the repository).
-build_program() { # dir, program
-    make --no-print-directory -s BUILD="$1/build" CFLAGS="-I$1" OPT="${OPT:--O2}" "$1/build/$2" >"$1/build-$2.log" 2>&1
-}
-
-# Runs mutant i; writes its rows ("check<TAB>verdict") and its time into result.
-run_mutant() { # index, result file
-    local i=$1 result=$2 dir count check program test verdict start=$SECONDS
-    dir=$(mktemp -d "${TMPDIR:-/tmp}/fsdp-mutant-${NAMES[$i]}.XXXXXX") || { printf 'mutate\terror (mktemp)\n' >"$result"; return; }
-    : >"$result"
+# Runs mutant i in dir; writes a row "check<TAB>verdict" per check, and its time, into result.
+run_mutant() { # index, dir, result file
+    local i=$1 dir=$2 result=$3 count check program test verdict start=$SECONDS
+    mkdir -p "$dir" && : >"$result"
     if ! count=$(mutate "$dir" "${FINDS[$i]}" "${REPLACES[$i]}"); then
         printf 'fsdp.h\tstale (no longer applies: its text occurs %s times in fsdp.h, not once)\n' "${count:-?}" >>"$result"
     else
         for check in ${KILLS[$i]}; do
+            program=${check%%:*} test=
+            [ "$program" != "$check" ] && test=${check#*:}
             case $check in
-                multihost:*) verdict="skipped (needs root and network namespaces of its own: tests/multihost/test_multihost.sh)" ;;
+                multihost:*) verdict="skipped (needs root and network namespaces of its own: make test-multihost)" ;;
                 test_*)
-                    program=${check%%:*} test=
-                    [ "$program" != "$check" ] && test=${check#*:}
                     if [ ! -f "tests/$program.c" ]; then verdict="error (no tests/$program.c)"
                     elif [ ! -x "$dir/build/$program" ] && ! build_program "$dir" "$program"; then
-                        verdict="error (does not build: $dir/build-$program.log)"
-                    else verdict=$(run_program "$dir/build/$program" "$dir/$check.log" "$test")
+                        verdict="error (does not build: build-$program.log)"
+                    else verdict=$(run_program "$dir/build/$program" "$dir/$check.log" "$test" 2>/dev/null)
                     fi ;;
-                *) verdict="error (unknown check kind)" ;;
+                *) verdict="error (not a check: a test program, program:test or multihost:check)" ;;
             esac
             printf '%s\t%s\n' "$check" "$verdict" >>"$result"
         done
     fi
     printf 'time\t%d\n' $((SECONDS - start)) >>"$result"
-    if [ "$KEEP" = 1 ] || grep -q $'\terror\|\tsurvived' "$result"; then printf 'kept\t%s\n' "$dir" >>"$result"
-    else rm -rf "$dir"; fi
 }
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/fsdp-mutants.XXXXXX") || exit 2
-trap 'rm -rf "$WORK"' EXIT
-START=$SECONDS
-
-if [ "$BASELINE" = 1 ]; then
-    programs=$(for i in "${CHOSEN[@]}"; do for c in ${KILLS[$i]}; do case $c in test_*) echo "${c%%:*}" ;; esac; done; done | sort -u)
-    mkdir -p "$WORK/baseline"
-    cp fsdp.h "$WORK/baseline/fsdp.h"
-    bad=0
-    for p in $programs; do
-        if ! build_program "$WORK/baseline" "$p"; then
-            echo "baseline: $p does not build against the unmutated fsdp.h:"; cat "$WORK/baseline/build-$p.log"; bad=1; continue
+# --- the whole run ------------------------------------------------------------------------------
+# Builds and runs every program the chosen mutants name against the unmutated header: 0 if all pass.
+baseline() {
+    local p verdict bad=0 dir="$WORK/baseline"
+    mkdir -p "$dir" && cp fsdp.h "$dir/fsdp.h"
+    for p in $(for i in "${CHOSEN[@]}"; do for c in ${KILLS[$i]}; do case $c in test_*) echo "${c%%:*}" ;; esac; done; done |
+               sort -u); do
+        if ! build_program "$dir" "$p"; then
+            echo "baseline: $p does not build against the unmutated fsdp.h:"
+            cat "$dir/build-$p.log"
+            bad=1
+            continue
         fi
-        verdict=$(run_program "$WORK/baseline/build/$p" "$WORK/baseline/$p.log")
-        printf 'baseline: %-28s %s\n' "$p" "$([ "$verdict" = survived ] && echo "passes on the unmutated fsdp.h" || echo "FAILS on the unmutated fsdp.h: $verdict")"
-        [ "$verdict" = survived ] || { grep ':FAIL' "$WORK/baseline/$p.log" | head -3; bad=1; }
+        verdict=$(run_program "$dir/build/$p" "$dir/$p.log" 2>/dev/null)
+        if [ "$verdict" = survived ]; then
+            printf 'baseline: %-24s passes on the unmutated fsdp.h\n' "$p"
+        else
+            printf 'baseline: %-24s FAILS on the unmutated fsdp.h: %s\n' "$p" "$verdict"
+            bad=1
+        fi
     done
-    [ $bad = 0 ] || { echo "baseline failed: fix the tests (or the machine's load) before reading any kill"; exit 2; }
-fi
+    [ $bad = 0 ] || echo "baseline failed: no kill means anything until these pass (a loaded machine can fail timing bounds)"
+    return $bad
+}
 
-running=0
-for i in "${CHOSEN[@]}"; do
-    if [ "$running" -ge "$JOBS" ]; then wait -n; running=$((running - 1)); fi
-    ( run_mutant "$i" "$WORK/$i.result"
-      printf '%s: %s\n' "${NAMES[$i]}" "$(grep -v '^time\|^kept' "$WORK/$i.result" | cut -f2 | cut -d' ' -f1 | tr '\n' ' ')" ) &
-    running=$((running + 1))
-done
-wait
-
-# --- the table: a row per check ------------------------------------------------------------------
-killed=0 survived=0 stale=0 errors=0 notrun=0
-echo
-printf '%-9s %5s  %-36s %s\n' result time mutant "check (and why it counts)"
-for i in "${CHOSEN[@]}"; do
-    r="$WORK/$i.result"
-    t=$(grep $'^time\t' "$r" | cut -f2)
-    first=1 outcome=killed
-    while IFS=$'\t' read -r check verdict; do
-        word=${verdict%% *} detail=
-        [ "$word" != "$verdict" ] && detail=" ${verdict#* }"
-        case $word in
-            survived) word=SURVIVED; outcome=survived ;;
-            stale) word=STALE; outcome=stale ;;
-            error) word=ERROR; [ $outcome = killed ] && outcome=error ;;
-            skipped) notrun=$((notrun + 1)) ;;
+# One row per check: result, the mutant's time, mutant, check and why. Sets the counts.
+print_table() {
+    local i r t first outcome check verdict word detail
+    killed=0 survived=0 stale=0 errors=0 skipped=0
+    printf '%-9s %5s  %-36s %s\n' result time mutant "check (and what failed)"
+    for i in "${CHOSEN[@]}"; do
+        r="$WORK/$i.result"
+        t=$(grep $'^time\t' "$r" | cut -f2)
+        first=1 outcome=killed
+        while IFS=$'\t' read -r check verdict; do
+            word=${verdict%% *} detail=
+            [ "$word" != "$verdict" ] && detail=" ${verdict#* }"
+            case $word in
+                survived) word=SURVIVED outcome=survived ;;
+                stale) word=STALE outcome=stale ;;
+                error) word=ERROR; [ $outcome = killed ] && outcome=error ;;
+                skipped) skipped=$((skipped + 1)) ;;
+            esac
+            printf '%-9s %5s  %-36s %s%s\n' "$word" "$([ $first = 1 ] && echo "${t}s")" \
+                "$([ $first = 1 ] && echo "${NAMES[$i]}")" "$check" "$detail"
+            first=0
+        done < <(grep -v $'^time\t' "$r")
+        [ -d "$KEPT/${NAMES[$i]}" ] && echo "          kept: $KEPT/${NAMES[$i]}"
+        case $outcome in
+            killed) killed=$((killed + 1)) ;;
+            survived) survived=$((survived + 1)) ;;
+            stale) stale=$((stale + 1)) ;;
+            error) errors=$((errors + 1)) ;;
         esac
-        printf '%-9s %5s  %-36s %s%s\n' "$word" "$([ $first = 1 ] && echo "${t}s")" "$([ $first = 1 ] && echo "${NAMES[$i]}")" \
-            "$check" "$detail"
-        first=0
-    done < <(grep -v $'^time\t\\|^kept\t' "$r")
-    grep $'^kept\t' "$r" | cut -f2 | sed 's/^/          kept: /'
-    case $outcome in
-        killed) killed=$((killed + 1)) ;;
-        survived) survived=$((survived + 1)) ;;
-        stale) stale=$((stale + 1)) ;;
-        error) errors=$((errors + 1)) ;;
-    esac
-done
-echo
-echo "${#CHOSEN[@]} mutants: $killed killed by every check named, $survived survived a check, $stale no longer apply," \
-    "$errors did not build or could not run; $notrun checks skipped; $((SECONDS - START)) s"
-[ $survived = 0 ] && [ $stale = 0 ] && [ $errors = 0 ]
+    done
+}
+
+# Stops what still runs (the mutants' jobs and their programs' process groups); removes the work.
+cleanup() {
+    local f
+    for f in "$WORK"/*/*.pgid; do [ -f "$f" ] && kill -KILL -- "-$(cat "$f")" 2>/dev/null; done
+    jobs -p | xargs -r kill 2>/dev/null
+    rm -rf "$WORK"
+}
+
+main() {
+    local i running=0 start=$SECONDS
+    FILE=tests/mutants.txt JOBS=1 BASELINE=0 KEEP=0 LIMIT=600 LIST=0
+    local only=()
+    while [ $# -gt 0 ]; do
+        case $1 in
+            -h | --help) usage; return 0 ;;
+            -l | --list) LIST=1 ;;
+            -j) JOBS=${2:-}; shift ;;
+            -j*) JOBS=${1#-j} ;;
+            -f) FILE=${2:-}; shift ;;
+            --baseline) BASELINE=1 ;;
+            --keep) KEEP=1 ;;
+            --timeout) LIMIT=${2:-}; shift ;;
+            -*) echo "$0: unknown option $1 (see --help)" >&2; return 2 ;;
+            *) only+=("$1") ;;
+        esac
+        [ $# -gt 0 ] && shift
+    done
+    case $JOBS in '' | *[!0-9]* | 0) echo "$0: -j needs a positive number, not '$JOBS'" >&2; return 2 ;; esac
+    case $LIMIT in '' | *[!0-9]* | 0) echo "$0: --timeout needs a positive number of seconds" >&2; return 2 ;; esac
+    [ -f "$FILE" ] || { echo "$0: no mutants file '$FILE'" >&2; return 2; }
+    read_mutants
+    CHOSEN=("${!NAMES[@]}")
+    if [ ${#only[@]} -gt 0 ]; then
+        CHOSEN=()
+        for want in "${only[@]}"; do
+            for i in "${!NAMES[@]}"; do [ "${NAMES[$i]}" = "$want" ] && CHOSEN+=("$i") && continue 2; done
+            echo "$0: no mutant named '$want' in $FILE (--list shows them)" >&2
+            return 2
+        done
+    fi
+    if [ "$LIST" = 1 ]; then
+        for i in "${CHOSEN[@]}"; do
+            printf '%s: %s\n' "${NAMES[$i]}" "${AREAS[$i]}"
+            for c in ${KILLS[$i]}; do printf '    killed by %s\n' "$c"; done
+        done
+        return 0
+    fi
+
+    WORK=$(mktemp -d "${TMPDIR:-/tmp}/fsdp-mutants.XXXXXX") || return 2
+    KEPT=$WORK.kept
+    trap cleanup EXIT
+    trap 'echo "$0: interrupted"; exit 130' INT TERM
+    if [ "$BASELINE" = 1 ]; then baseline || return 2; fi
+    for i in "${CHOSEN[@]}"; do
+        if [ $running -ge "$JOBS" ]; then wait -n; running=$((running - 1)); fi
+        ( run_mutant "$i" "$WORK/${NAMES[$i]}" "$WORK/$i.result"
+          if [ "$KEEP" = 1 ] || grep -q $'\t\\(error\\|survived\\)' "$WORK/$i.result"; then
+              mkdir -p "$KEPT" && mv "$WORK/${NAMES[$i]}" "$KEPT/"
+          fi
+          printf '%s: %s\n' "${NAMES[$i]}" "$(grep -v $'^time\t' "$WORK/$i.result" | cut -f2 | cut -d' ' -f1 | xargs)" ) &
+        running=$((running + 1))
+    done
+    wait
+    echo
+    print_table
+    echo
+    echo "${#CHOSEN[@]} mutants: $killed killed by every check named, $survived survived a check, $stale no longer apply," \
+        "$errors could not be built or run; $skipped checks skipped; $((SECONDS - start)) s"
+    [ $survived = 0 ] && [ $stale = 0 ] && [ $errors = 0 ]
+}
+
+main "$@"
+exit $?
