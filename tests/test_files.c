@@ -1616,6 +1616,33 @@ static void test_index_open_accepts_only_plain_file_names_of_1_to_255_safe_chara
     fsdp_index_close(ix);
 }
 
+/* The pieces of a tensor in index.json cover its elements in order, each exactly once: pieces
+   end to end are accepted; pieces that overlap (element 2 twice), leave a gap, stop short or run
+   past the tensor are refused, naming it. */
+static void test_index_parse_accepts_only_pieces_that_cover_each_element_exactly_once(void) {
+    static const struct {
+        const char *pieces;
+        int accepted;
+    } cases[] = {{"[0,0,3],[0,3,4]", 1}, {"[0,0,3],[0,2,4]", 0}, {"[0,0,2],[0,3,4]", 0}, {"[0,0,3]", 0},
+                 {"[0,0,3],[0,3,5]", 0}};
+    char document[512], err[512];
+    fsdp_index *ix;
+    size_t i;
+    int rc;
+    for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(document, sizeof document,
+                 INDEX_HEAD "\"files\":[\"a\"],\"tensors\":{\"t\":{\"dtype\":\"F32\",\"shape\":[4],\"pieces\":[%s]}}}",
+                 cases[i].pieces);
+        ix = NULL;
+        err[0] = 0;
+        rc = fsdp_index_parse(&ix, document, strlen(document), err, sizeof err);
+        fsdp_index_close(ix);
+        snprintf(message, sizeof message, "pieces %s of 4 elements: %s \"%s\"", cases[i].pieces, fsdp_result_name(rc), err);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(cases[i].accepted ? FSDP_SUCCESS : FSDP_ERR_CORRUPT, rc, message);
+        if (!cases[i].accepted) TEST_ASSERT_NOT_NULL_MESSAGE(strstr(err, "the pieces of 't'"), message);
+    }
+}
+
 /* A real sharded checkpoint whose index.json names a byte-identical copy of its shard under a
    name with an escape sequence ("shard\x1b]0;owned\x07.safetensors", a real file): the load
    fails on the name alone, and its error shows no control byte. */
@@ -2006,6 +2033,7 @@ int main(void) {
     RUN_TEST(test_verify_error_about_a_tensor_named_with_an_escape_sequence_shows_it_escaped);
     RUN_TEST(test_index_open_refuses_a_file_named_with_an_escape_sequence_printably);
     RUN_TEST(test_index_open_accepts_only_plain_file_names_of_1_to_255_safe_characters);
+    RUN_TEST(test_index_parse_accepts_only_pieces_that_cover_each_element_exactly_once);
     RUN_TEST(test_load_sharded_of_an_index_naming_a_shard_file_with_an_escape_sequence_fails_printably);
     RUN_TEST(test_load_full_with_optimizer_of_a_file_whose_optimizer_has_an_escape_sequence_fails_showing_it_escaped);
     RUN_TEST(test_load_full_warning_about_an_optimizer_named_with_an_escape_sequence_shows_it_escaped);

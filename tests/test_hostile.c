@@ -276,6 +276,56 @@ static void test_rank_with_another_secret_is_refused_saying_the_secrets_differ(v
     TEST_ASSERT_TRUE_MESSAGE(contains(shared[0].message, "refused 1 connection"), shared[0].message);
 }
 
+/* A hello that is right in every field, its mac made under the job's real key, but for the last
+   byte of the mac: the forger of a mac gets no credit for a right prefix, so rank 0 must compare
+   all 32 bytes. It is refused as unauthentic (no mac on the reply) and rank 1 stays free. */
+static void test_hello_whose_mac_is_wrong_only_in_its_last_byte_is_refused(void) {
+    rank_plan r0 = {0, 2, 0, 8000, SECRET, JOB, NULL, 4, 0, NULL, 0}, r1;
+    unsigned char key[32], zero[32];
+    fsdp__sock_challenge ch;
+    fsdp__sock_hello h;
+    fsdp__sock_reply reply;
+    size_t got_challenge = 0, got_reply = 0;
+    int fd;
+    pid_t p0, p1;
+    r0.port = pick_free_port();
+    r1 = r0;
+    r1.rank = 1;
+    reset_reports();
+    job_key(key, SECRET, JOB);
+    memset(&reply, 0, sizeof reply);
+    p0 = spawn(run_socket_rank, &r0, 20);
+    if ((fd = connect_retry(r0.port, 3000)) >= 0) {
+        got_challenge = read_some(fd, (unsigned char *)&ch, sizeof ch, 2000);
+        memset(&h, 0, sizeof h); /* as fsdp__sock_greet fills it for rank 1 of 2 */
+        h.magic = FSDP__SOCK_MAGIC;
+        h.version = FSDP__SOCK_VERSION;
+        h.rank = 1;
+        h.world = 2;
+        h.dial_ip = htonl(INADDR_LOOPBACK);
+        h.dial_port = (uint32_t)r0.port;
+        fsdp__random_bytes(h.nonce, sizeof h.nonce);
+        fsdp__sock_mac(h.mac, key, "fsdp.h hello", ch.nonce, 32, &h, offsetof(fsdp__sock_hello, mac), NULL, 0);
+        h.mac[31] ^= 1;
+        if (got_challenge == sizeof ch && send(fd, &h, sizeof h, MSG_NOSIGNAL) == (ssize_t)sizeof h)
+            got_reply = read_some(fd, (unsigned char *)&reply, sizeof reply, 3000);
+        close(fd);
+    }
+    p1 = spawn(run_socket_rank, &r1, 20); /* the real rank 1, whatever happened to the forgery */
+    TEST_ASSERT_EQUAL_INT(0, reap(p1, 15000));
+    TEST_ASSERT_EQUAL_INT(0, reap(p0, 15000));
+    TEST_ASSERT_TRUE_MESSAGE(fd >= 0, "could not reach rank 0");
+    TEST_ASSERT_EQUAL_size_t(sizeof ch, got_challenge);
+    TEST_ASSERT_EQUAL_size_t(sizeof reply, got_reply);
+    TEST_ASSERT_NOT_EQUAL(0, reply.status);
+    TEST_ASSERT_TRUE_MESSAGE(contains(reply.reason, "authentication failed"), reply.reason);
+    memset(zero, 0, sizeof zero);
+    TEST_ASSERT_EQUAL_MEMORY_MESSAGE(zero, reply.mac, 32, "the reply to an unauthentic hello carries a mac");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[1].rc, shared[1].message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[0].op_rc, shared[0].message);
+    TEST_ASSERT_EQUAL_FLOAT(2.0f, shared[0].result);
+}
+
 /* 16 silent and 16 garbage-sending connections are open at rank 0 before the honest ranks
    start: they must join in normal time, not after the strangers' budgets run out. */
 static void test_idle_and_garbage_connections_do_not_delay_the_rendezvous(void) {
@@ -1009,6 +1059,85 @@ static void test_peer_trickling_bytes_fails_the_op_within_its_total_deadline(voi
     TEST_ASSERT_TRUE(shared[0].destroy_ms < 500);
 }
 
+/* Sends one phase of rank 1's part of a 2-rank all_reduce: header and payload (ones). */
+static int send_phase(int fd, const fsdp_coll *c, uint32_t phase, size_t bytes) {
+    fsdp__sock_header header;
+    float *payload = (float *)malloc(bytes);
+    size_t i, sent = 0;
+    if (!payload) return -1;
+    for (i = 0; i < bytes / 4; i++) payload[i] = 1.0f;
+    memset(&header, 0, sizeof header);
+    header.magic = FSDP__SOCK_MAGIC;
+    header.phase = phase;
+    header.fp = fsdp__fingerprint_of(c);
+    header.payload = bytes;
+    if (send(fd, &header, sizeof header, MSG_NOSIGNAL) != (ssize_t)sizeof header) sent = bytes + 1;
+    while (sent < bytes) {
+        ssize_t n = send(fd, (char *)payload + sent, bytes - sent, MSG_NOSIGNAL);
+        if (n <= 0) break;
+        sent += (size_t)n;
+    }
+    free(payload);
+    return sent == bytes ? 0 : -1;
+}
+
+/* The parent joins as rank 1 of a 2-rank all_reduce of 512 KiB, which runs in two phases, and
+   answers each phase 1.4 s after the one before: every phase on time for a 2 s bound, the op as
+   a whole not. Rank 0's op must fail at its total deadline of 2 s, not count it from the last
+   byte that arrived or from the start of the phase (then it would succeed at 2.8 s). */
+static void test_peer_answering_each_phase_in_time_fails_the_op_at_its_total_deadline(void) {
+    rank_plan r0 = {0, 2, 0, 2000, SECRET, JOB, NULL, (size_t)1 << 17, 0, NULL, 0};
+    size_t half = ((size_t)1 << 17) / 2 * sizeof(float);
+    unsigned char key[32], mine[64], table_mac[32], sink[65536];
+    uint32_t table[3 * 2 + 1];
+    fsdp__sock_hello hello;
+    fsdp__sock_reply reply;
+    fsdp_coll c;
+    char err[512];
+    double start;
+    int fd, greeted = -1, sent = -1;
+    pid_t p0;
+    r0.port = pick_free_port();
+    reset_reports();
+    p0 = spawn(run_socket_rank, &r0, 30);
+    job_key(key, SECRET, JOB);
+    if ((fd = connect_retry(r0.port, 3000)) >= 0) {
+        memset(&hello, 0, sizeof hello);
+        hello.rank = 1;
+        hello.world = 2;
+        greeted = fsdp__sock_greet(fd, key, &hello, fsdp__now_ms() + 5000, &reply, mine, "rank 0", err, sizeof err);
+        if (greeted == 0 && read_some(fd, (unsigned char *)table, sizeof table, 2000) +
+                                    read_some(fd, table_mac, sizeof table_mac, 2000) != sizeof table + sizeof table_mac)
+            greeted = -1;
+    }
+    if (greeted == 0) { /* rank 0 starts its op now */
+        memset(&c, 0, sizeof c);
+        c.kind = FSDP_COLL_ALL_REDUCE;
+        c.dtype = FSDP_F32;
+        c.op = FSDP_SUM;
+        c.count = r0.count;
+        c.seq = 1;
+        start = now_ms();
+        sleep_ms(1400);
+        sent = send_phase(fd, &c, 0, half); /* rank 0's half to fold (its own half sits in our buffer) */
+        while (now_ms() - start < 2800)
+            if (read_some(fd, sink, sizeof sink, 50) == 0) sleep_ms(10);
+        (void)send_phase(fd, &c, 1, half); /* our folded half, too late (rank 0 may have hung up) */
+        while (now_ms() - start < 6000 && read_some(fd, sink, sizeof sink, 100) > 0) {} /* until rank 0 hangs up */
+    }
+    if (fd >= 0) close(fd);
+    TEST_ASSERT_EQUAL_INT(0, reap(p0, 15000));
+    TEST_ASSERT_TRUE_MESSAGE(fd >= 0, "could not reach rank 0");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, greeted, err);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, sent, "rank 0 did not take the first phase's data");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[0].rc, shared[0].message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_TIMEOUT, shared[0].op_rc, shared[0].message);
+    snprintf(err, sizeof err, "the op failed after %d ms: %.400s", shared[0].op_elapsed_ms, shared[0].message);
+    TEST_ASSERT_TRUE_MESSAGE(shared[0].op_elapsed_ms >= 1900 && shared[0].op_elapsed_ms < 2700, err);
+    TEST_ASSERT_TRUE_MESSAGE(contains(shared[0].message, "rank 1") && contains(shared[0].message, "all_reduce"),
+                             shared[0].message);
+}
+
 /* A master whose accept queue is full drops SYNs: connecting must fail at the deadline, not
    after the kernel's two minutes of retries. */
 static void test_connect_to_a_full_accept_queue_fails_within_the_deadline(void) {
@@ -1572,6 +1701,7 @@ int main(void) {
     UNITY_BEGIN();
     RUN_TEST(test_impostor_without_the_secret_is_refused_and_learns_neither_token_nor_secret);
     RUN_TEST(test_rank_with_another_secret_is_refused_saying_the_secrets_differ);
+    RUN_TEST(test_hello_whose_mac_is_wrong_only_in_its_last_byte_is_refused);
     RUN_TEST(test_idle_and_garbage_connections_do_not_delay_the_rendezvous);
     RUN_TEST(test_eight_processes_flooding_rank_0_with_connections_do_not_keep_the_ranks_out);
     RUN_TEST(test_accept_failing_for_lack_of_descriptors_does_not_end_the_rendezvous);
@@ -1583,6 +1713,7 @@ int main(void) {
     RUN_TEST(test_hello_followed_by_a_reset_is_refused_and_the_honest_rank_joins);
     RUN_TEST(test_secret_from_the_environment_is_not_passed_on_to_child_processes);
     RUN_TEST(test_peer_trickling_bytes_fails_the_op_within_its_total_deadline);
+    RUN_TEST(test_peer_answering_each_phase_in_time_fails_the_op_at_its_total_deadline);
     RUN_TEST(test_connect_to_a_full_accept_queue_fails_within_the_deadline);
     RUN_TEST(test_service_that_accepts_but_never_greets_fails_within_seconds_naming_it);
     RUN_TEST(test_service_that_speaks_another_protocol_fails_at_once_naming_it);

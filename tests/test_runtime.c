@@ -956,6 +956,95 @@ static void test_accumulation_reducing_every_micro_step_equals_one_4x_batch(void
 }
 
 /* ---------------------------------------------------------------------------------------------
+   tests: one rank in this process, a weight of ones in the root unit (what the matrix above
+   never does: an explicit weight decay of 0, zero_grad while no_sync holds gradients)
+   --------------------------------------------------------------------------------------------- */
+#define ONES 4
+
+static fsdp_comm *one_comm;
+static fsdp_model *one_model;
+static fsdp_ctx *one_ctx;
+static int one_weight;
+
+/* A context over a model of one parameter, `weight` (ONES ones), the root its only unit. */
+static void start_one_rank(const fsdp_optimizer_desc *optimizer) {
+    fsdp_init_rule ones = {FSDP_INIT_ONES, 0.0f, 0.0f, NULL, NULL};
+    int64_t shape[1] = {ONES};
+    fsdp_desc d;
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, open_one_rank_comm(&one_comm, "test-runtime"), "fsdp_comm_init (one rank)");
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_model_create(&one_model, "Net"));
+    TEST_ASSERT_TRUE((one_weight = fsdp_model_param(one_model, 0, "weight", 1, shape, ones)) >= 0);
+    memset(&d, 0, sizeof d);
+    d.comm = one_comm;
+    d.optimizer = *optimizer;
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_init(&one_ctx, one_model, &d), fsdp_last_error(NULL));
+}
+
+/* Forward and backward of the root unit, adding `gradient` to every element of the weight's. */
+static void one_rank_pass(float gradient) {
+    float *g;
+    int i;
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_pre_forward(one_ctx, 0));
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_post_forward(one_ctx, 0));
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_pre_backward(one_ctx, 0));
+    TEST_ASSERT_NOT_NULL(g = fsdp_grad(one_ctx, one_weight));
+    for (i = 0; i < ONES; i++) g[i] += gradient;
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_post_backward(one_ctx, 0));
+}
+
+/* The weight after one step with a zero gradient under AdamW at lr 0.1 with this decay. */
+static void adamw_step_with_zero_gradient(float weight_decay, int weight_decay_set, float *after) {
+    fsdp_optimizer_desc o;
+    memset(&o, 0, sizeof o);
+    o.kind = FSDP_ADAMW;
+    o.lr = 0.1f;
+    o.weight_decay = weight_decay;
+    o.weight_decay_set = weight_decay_set;
+    start_one_rank(&o);
+    one_rank_pass(0.0f);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_step(one_ctx, 0, NULL), fsdp_last_error(one_ctx));
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_gather_param(one_ctx, one_weight, after));
+}
+
+/* weight_decay_set = 1 asks for exactly the weight_decay given, 0 too (AdamW's default is 0.01):
+   with a zero gradient Adam moves nothing, so the weight keeps its bits. */
+static void test_adamw_with_weight_decay_set_to_0_does_not_decay(void) {
+    static const float ones[ONES] = {1.0f, 1.0f, 1.0f, 1.0f};
+    float after[ONES];
+    adamw_step_with_zero_gradient(0.0f, 1, after);
+    TEST_ASSERT_EQUAL_MEMORY_MESSAGE(ones, after, sizeof after, "a weight with zero gradient moved under weight decay 0");
+}
+
+/* The control: a zero weight_decay without weight_decay_set is AdamW's default, 0.01. */
+static void test_adamw_without_weight_decay_set_decays_by_the_default_0_01(void) {
+    float after[ONES];
+    int i;
+    adamw_step_with_zero_gradient(0.0f, 0, after);
+    for (i = 0; i < ONES; i++) TEST_ASSERT_EQUAL_FLOAT(1.0f - 0.1f * 0.01f, after[i]);
+}
+
+/* fsdp_zero_grad clears the gradients no_sync micro-steps hold back too, as PyTorch's zero_grad
+   clears every .grad: after 5 held-back micro-steps of gradient 1, zero_grad, and one synced
+   pass of gradient 1, SGD at lr 1 moves each weight by exactly -1 (not -6). */
+static void test_zero_grad_discards_the_gradients_no_sync_micro_steps_hold_back(void) {
+    float after[ONES];
+    fsdp_optimizer_desc o;
+    int k, i;
+    memset(&o, 0, sizeof o);
+    o.kind = FSDP_SGD;
+    o.lr = 1.0f;
+    start_one_rank(&o);
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_set_no_sync(one_ctx, 1));
+    for (k = 0; k < 5; k++) one_rank_pass(1.0f); /* (each forward starts the next micro-step) */
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_zero_grad(one_ctx), fsdp_last_error(one_ctx));
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_set_no_sync(one_ctx, 0));
+    one_rank_pass(1.0f);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_step(one_ctx, 0, NULL), fsdp_last_error(one_ctx));
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_gather_param(one_ctx, one_weight, after));
+    for (i = 0; i < ONES; i++) TEST_ASSERT_EQUAL_FLOAT_MESSAGE(0.0f, after[i], "1 - lr * (the synced gradient 1)");
+}
+
+/* ---------------------------------------------------------------------------------------------
    flat parameters: layout, shard ranges, padding
    --------------------------------------------------------------------------------------------- */
 #define MAX_UNITS 8
@@ -1469,11 +1558,145 @@ static void test_memory_hybrid_shard_peak_unsharded_bytes_stay_within_the_estima
     assert_peak_within_estimate(3);
 }
 
+/* limit_all_gathers bounds the gathers in flight, the unit's own included: at 1 nothing is
+   prefetched, at 2 the next unit is. Measured on P = 2, FULL_SHARD, forward_prefetch and
+   BACKWARD_PRE, over four units of one 64x64 weight (16 KiB gathered each), after a first
+   iteration that learns the order: a forward-only pass, then a training iteration (a unit's
+   gradient and at most one earlier one's still being reduced). */
+#define PREFETCH_UNITS 4
+#define PREFETCH_UNIT_BYTES ((size_t)BIG_DIM * BIG_DIM * sizeof(float))
+
+typedef struct prefetch_report {
+    int done, rc;
+    char error[200];
+    size_t forward_peak, iteration_peak; /* peak unsharded bytes */
+} prefetch_report;
+
+static prefetch_report *prefetch_reports; /* MAP_SHARED [limit - 1][rank], limits 1 and 2 */
+
+/* A forward pass over the units (then fsdp_finish_backward), or a training iteration. */
+static int prefetch_pass(fsdp_ctx *ctx, const int *layer, const int *weight, int train) {
+    int l, rc, i;
+    if ((rc = fsdp_pre_forward(ctx, 0)) != 0) return rc;
+    for (l = 0; l < PREFETCH_UNITS; l++) {
+        if ((rc = fsdp_pre_forward(ctx, layer[l])) != 0) return rc;
+        if (!fsdp_param(ctx, weight[l])) return FSDP_ERR_STATE;
+        if ((rc = fsdp_post_forward(ctx, layer[l])) != 0) return rc;
+    }
+    if ((rc = fsdp_post_forward(ctx, 0)) != 0) return rc;
+    if (!train) return fsdp_finish_backward(ctx);
+    if ((rc = fsdp_pre_backward(ctx, 0)) != 0) return rc;
+    for (l = PREFETCH_UNITS - 1; l >= 0; l--) {
+        float *g;
+        if ((rc = fsdp_pre_backward(ctx, layer[l])) != 0) return rc;
+        if (!(g = fsdp_grad(ctx, weight[l]))) return FSDP_ERR_STATE;
+        for (i = 0; i < BIG_DIM * BIG_DIM; i++) g[i] += 1e-3f;
+        if ((rc = fsdp_post_backward(ctx, layer[l])) != 0) return rc;
+    }
+    if ((rc = fsdp_post_backward(ctx, 0)) != 0) return rc;
+    return fsdp_step(ctx, 0, NULL);
+}
+
+static int prefetch_measure(fsdp_comm *comm, int limit, prefetch_report *r) {
+    static const char *const linear[] = {"Linear", NULL};
+    fsdp_init_rule rule = {FSDP_INIT_UNIFORM, -0.05f, 0.05f, NULL, NULL};
+    int64_t shape[2] = {BIG_DIM, BIG_DIM};
+    int layer[PREFETCH_UNITS], weight[PREFETCH_UNITS], layers, l, rc;
+    fsdp_model *model = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_memory_stats st;
+    fsdp_desc d;
+    char name[16];
+    if ((rc = fsdp_model_create(&model, "Stack")) != 0 || (rc = layers = fsdp_model_module(model, 0, "layers", "ModuleList")) < 0)
+        goto done;
+    for (l = 0; l < PREFETCH_UNITS; l++) {
+        snprintf(name, sizeof name, "%d", l);
+        if ((rc = layer[l] = fsdp_model_module(model, layers, name, "Linear")) < 0 ||
+            (rc = weight[l] = fsdp_model_param(model, layer[l], "weight", 2, shape, rule)) < 0)
+            goto done;
+    }
+    memset(&d, 0, sizeof d);
+    d.comm = comm;
+    d.strategy = FSDP_FULL_SHARD;
+    d.wrap.kind = FSDP_WRAP_TYPES;
+    d.wrap.types = linear;
+    d.forward_prefetch = 1;
+    d.backward_prefetch = FSDP_BACKWARD_PRE;
+    d.limit_all_gathers = limit;
+    if ((rc = fsdp_init(&ctx, model, &d)) != 0 || (rc = prefetch_pass(ctx, layer, weight, 1)) != 0) goto done;
+    fsdp_memory_reset_peak(ctx);
+    if ((rc = prefetch_pass(ctx, layer, weight, 0)) != 0) goto done;
+    fsdp_memory_stats_get(ctx, &st);
+    r->forward_peak = st.peak_unsharded_bytes;
+    fsdp_memory_reset_peak(ctx);
+    if ((rc = prefetch_pass(ctx, layer, weight, 1)) != 0) goto done;
+    fsdp_memory_stats_get(ctx, &st);
+    r->iteration_peak = st.peak_unsharded_bytes;
+done:
+    if (rc < 0 && !r->error[0])
+        snprintf(r->error, sizeof r->error, "limit %d: %.180s", limit, ctx ? fsdp_last_error(ctx) : fsdp_last_error(NULL));
+    fsdp_destroy(ctx);
+    fsdp_model_destroy(model);
+    return rc < 0 ? rc : 0;
+}
+
+static int prefetch_rank(fsdp_comm *comm, void *arg) {
+    int limit, rank = fsdp_comm_rank(comm);
+    (void)arg;
+    for (limit = 1; limit <= 2; limit++) {
+        prefetch_report *r = &prefetch_reports[(limit - 1) * MAX_WORLD + rank];
+        r->rc = prefetch_measure(comm, limit, r);
+        r->done = r->rc == 0;
+    }
+    return 0;
+}
+
+static void ensure_prefetch(void) {
+    static int launched;
+    static char launch_message[256];
+    static int launch_rc;
+    if (!launched) {
+        launched = 1;
+        launch_rc = launch(2, FSDP_BACKEND_SHM, LAUNCH_TIMEOUT_MS, prefetch_rank, NULL, launch_message, sizeof launch_message);
+    }
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, launch_rc, launch_message);
+}
+
+static const prefetch_report *prefetch_of(int limit, int rank) {
+    const prefetch_report *r = &prefetch_reports[(limit - 1) * MAX_WORLD + rank];
+    snprintf(message, sizeof message, "limit_all_gathers %d, rank %d: %s", limit, rank, r->error[0] ? r->error : "no report");
+    TEST_ASSERT_TRUE_MESSAGE(r->done, message);
+    snprintf(message, sizeof message, "limit_all_gathers %d, rank %d: peak unsharded bytes %zu in a forward pass, %zu in "
+             "a training iteration; a unit gathers %zu", limit, rank, r->forward_peak, r->iteration_peak,
+             PREFETCH_UNIT_BYTES);
+    return r;
+}
+
+static void test_prefetch_with_limit_all_gathers_1_keeps_one_unit_gathered_at_a_time(void) {
+    int rank;
+    ensure_prefetch();
+    for (rank = 0; rank < 2; rank++) {
+        const prefetch_report *r = prefetch_of(1, rank);
+        TEST_ASSERT_EQUAL_size_t_MESSAGE(PREFETCH_UNIT_BYTES, r->forward_peak, message);
+        TEST_ASSERT_EQUAL_size_t_MESSAGE(3 * PREFETCH_UNIT_BYTES, r->iteration_peak, message);
+    }
+}
+
+static void test_prefetch_with_limit_all_gathers_2_gathers_the_next_unit_meanwhile(void) {
+    int rank;
+    ensure_prefetch();
+    for (rank = 0; rank < 2; rank++) {
+        const prefetch_report *r = prefetch_of(2, rank);
+        TEST_ASSERT_EQUAL_size_t_MESSAGE(2 * PREFETCH_UNIT_BYTES, r->forward_peak, message);
+        TEST_ASSERT_EQUAL_size_t_MESSAGE(4 * PREFETCH_UNIT_BYTES, r->iteration_peak, message);
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
    runner
    --------------------------------------------------------------------------------------------- */
 void setUp(void) {}
-void tearDown(void) {}
+void tearDown(void) { release_one_rank(&one_ctx, &one_model, &one_comm); }
 
 int main(void) {
     int ci, rc;
@@ -1488,6 +1711,7 @@ int main(void) {
     layout = (layout_results *)map_shared(sizeof *layout);
     views = (view_report *)map_shared(sizeof(view_report) * MAX_WORLD);
     memory = (memory_results *)map_shared(sizeof *memory);
+    prefetch_reports = (prefetch_report *)map_shared(sizeof *prefetch_reports * 2 * MAX_WORLD);
 
     UNITY_BEGIN();
     RUN_TEST(test_training_every_strategy_optimizer_and_prefetch_on_shm_matches_reference_within_1e_5);
@@ -1509,6 +1733,9 @@ int main(void) {
     RUN_TEST(test_accumulation_with_no_sync_over_4_micro_steps_equals_one_4x_batch);
     RUN_TEST(test_accumulation_with_no_sync_reduces_nothing_before_the_last_micro_step);
     RUN_TEST(test_accumulation_reducing_every_micro_step_equals_one_4x_batch);
+    RUN_TEST(test_adamw_with_weight_decay_set_to_0_does_not_decay);
+    RUN_TEST(test_adamw_without_weight_decay_set_decays_by_the_default_0_01);
+    RUN_TEST(test_zero_grad_discards_the_gradients_no_sync_micro_steps_hold_back);
     RUN_TEST(test_flat_padded_numel_is_the_flat_numel_rounded_up_to_the_shard_group_size);
     RUN_TEST(test_flat_param_shard_ranges_tile_each_parameter_exactly_across_the_shard_group);
     RUN_TEST(test_f32_shards_live_in_memory_peers_read_directly_when_sharded_over_shm);
@@ -1521,6 +1748,8 @@ int main(void) {
     RUN_TEST(test_memory_shard_grad_op_peak_unsharded_bytes_stay_within_the_estimate);
     RUN_TEST(test_memory_no_shard_peak_unsharded_bytes_stay_within_the_estimate);
     RUN_TEST(test_memory_hybrid_shard_peak_unsharded_bytes_stay_within_the_estimate);
+    RUN_TEST(test_prefetch_with_limit_all_gathers_1_keeps_one_unit_gathered_at_a_time);
+    RUN_TEST(test_prefetch_with_limit_all_gathers_2_gathers_the_next_unit_meanwhile);
     snprintf(line, sizeof line, "training matrix: %d configurations x P=1..4 x %d runs in %.1f s", num_configs, RUNS,
              matrix->seconds);
     puts(line);
