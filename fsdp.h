@@ -283,7 +283,7 @@ typedef enum fsdp_wire {
 
 /* "default", "f32", "bf16", "f16", "int8", "int4"; "invalid" for any other value. */
 FSDP_API const char *fsdp_wire_name(fsdp_wire wire);
-/* The bytes count elements take on the wire with blocks of block elements (0: the default, 256;
+/* The bytes count elements take on the wire with blocks of block elements (0: the default, 128;
    else a multiple of 8 in [8, 4096]; the float wires ignore it): 4 * ceil(count / block) +
    ceil(count * bits / 8) for int8 and int4, a function of count and block alone. 0 for an invalid
    wire or block (FSDP_WIRE_DEFAULT names no format by itself). */
@@ -1893,7 +1893,7 @@ FSDP_API void fsdp_reduce_ranks(void *dst, const void *const *srcs, int nsrc, si
    cvtps2dq, nearest even as rint), so they equal the scalar kernel bit for bit; tests/test_wire.c
    checks every level the CPU has, and the documentation against a reference of its own.
    ============================================================================================ */
-#define FSDP__WIRE_BLOCK 256      /* K when the caller says 0 (BENCHMARKS.md: error, bytes, speed) */
+#define FSDP__WIRE_BLOCK 128      /* K when the caller says 0 (BENCHMARKS.md section 9: error, bytes, speed) */
 #define FSDP__WIRE_BLOCK_MAX 4096
 #define FSDP__WIRE_ISAS 3         /* kernel levels: 0 scalar, 1 AVX2, 2 AVX-512 */
 #define FSDP__WIRE_NAN 0x7fc00000u

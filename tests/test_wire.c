@@ -213,7 +213,7 @@ static void test_wire_bytes_are_scales_plus_codes_of_count_and_block(void) {
     TEST_ASSERT_EQUAL_size_t(0, fsdp_wire_bytes(FSDP_WIRE_INT8, 0, 32));
     TEST_ASSERT_EQUAL_size_t(4 + 1, fsdp_wire_bytes(FSDP_WIRE_INT8, 1, 32));
     TEST_ASSERT_EQUAL_size_t(4 * 2 + 33, fsdp_wire_bytes(FSDP_WIRE_INT8, 33, 32));
-    TEST_ASSERT_EQUAL_size_t(4 * 4 + 1000, fsdp_wire_bytes(FSDP_WIRE_INT8, 1000, 0)); /* default K = 256 */
+    TEST_ASSERT_EQUAL_size_t(4 * 8 + 1000, fsdp_wire_bytes(FSDP_WIRE_INT8, 1000, 0)); /* default K = 128 */
     TEST_ASSERT_EQUAL_size_t(4 + 1, fsdp_wire_bytes(FSDP_WIRE_INT4, 1, 8));
     TEST_ASSERT_EQUAL_size_t(4 * 2 + 5, fsdp_wire_bytes(FSDP_WIRE_INT4, 9, 8));
     TEST_ASSERT_EQUAL_size_t(4 * 3 + 9, fsdp_wire_bytes(FSDP_WIRE_INT4, 17, 8));
