@@ -286,7 +286,7 @@ FSDP_API const char *fsdp_wire_name(fsdp_wire wire);
 /* The bytes count elements take on the wire with blocks of block elements (0: the default, 128;
    else a multiple of 8 in [8, 4096]; the float wires ignore it): 4 * ceil(count / block) +
    ceil(count * bits / 8) for int8 and int4, a function of count and block alone. 0 for an invalid
-   wire or block (FSDP_WIRE_DEFAULT names no format by itself). */
+   wire or block (FSDP_WIRE_DEFAULT names no format by itself) or a count beyond SIZE_MAX / 8. */
 FSDP_API size_t fsdp_wire_bytes(fsdp_wire wire, size_t count, size_t block);
 /* Encodes count f32 values from src into dst (fsdp_wire_bytes(wire, count, block) bytes).
    first_nonfinite (may be NULL) receives the index of the first NaN or infinity for int8 and
@@ -2320,7 +2320,7 @@ FSDP_API const char *fsdp_wire_name(fsdp_wire wire) {
 FSDP_API size_t fsdp_wire_bytes(fsdp_wire wire, size_t count, size_t block) {
     const fsdp__wire_row *row = fsdp__wire_row_of(wire);
     block = fsdp__wire_block(block);
-    return row && (block || !row->levels) ? fsdp__wire_bytes(row, count, block) : 0;
+    return row && (block || !row->levels) && count <= (size_t)-1 / 8 ? fsdp__wire_bytes(row, count, block) : 0;
 }
 
 FSDP_API int fsdp_wire_encode(void *dst, fsdp_wire wire, size_t block, const float *src, size_t count,

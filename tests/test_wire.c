@@ -227,6 +227,7 @@ static void test_wire_invalid_wire_block_or_buffer_is_rejected(void) {
     TEST_ASSERT_EQUAL_size_t(0, fsdp_wire_bytes(FSDP_WIRE_DEFAULT, 10, 0));
     TEST_ASSERT_EQUAL_size_t(0, fsdp_wire_bytes(FSDP_WIRE_INT8, 10, 12));   /* not a multiple of 8 */
     TEST_ASSERT_EQUAL_size_t(0, fsdp_wire_bytes(FSDP_WIRE_INT4, 10, 8192)); /* above 4096 */
+    TEST_ASSERT_EQUAL_size_t(0, fsdp_wire_bytes(FSDP_WIRE_F32, (size_t)-1 / 4, 0)); /* would overflow */
     TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_wire_encode(out, FSDP_WIRE_DEFAULT, 0, x, 16, &first));
     TEST_ASSERT_EQUAL_size_t(16, first);
     TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_wire_encode(out, (fsdp_wire)9, 0, x, 16, NULL));
