@@ -29,6 +29,7 @@ help:
 	@echo "make test-tsan   the threaded tests under ThreadSanitizer"
 	@echo "make test-multihost  ranks on several simulated hosts (network namespaces; root)"
 	@echo "make bench       build/bench_comm (collectives) and build/bench_train (training)"
+	@echo "make build/bench_wire  the wire formats' kernels (int8, int4): GB/s per CPU level and block size, error"
 	@echo "make bench-mpi   build/bench_comm_mpi (collectives through Open MPI; needs libopenmpi-dev)"
 	@echo "make bench-multihost  collectives across 2 simulated hosts: hierarchical vs flat vs Open MPI, GPT (root)"
 	@echo "make bench-torch the GPT against PyTorch (python3-torch) at P = 1 and 2, two model sizes"
@@ -87,6 +88,10 @@ $(BUILD)/bench_comm: examples/bench_comm.c fsdp.h | $(BUILD)
 $(BUILD)/bench_comm_mpi: examples/bench_comm.c fsdp.h | $(BUILD)
 	@command -v $(MPICC) >/dev/null || { echo "error: $(MPICC) not found; sudo apt-get install libopenmpi-dev openmpi-bin"; exit 1; }
 	$(MPICC) -std=c99 -O2 $(WARN) -DFSDP_WITH_MPI -I. $< -o $@ $(LDLIBS)
+
+# The wire formats' kernels: speed per level and block size beside memcpy, bytes and error
+$(BUILD)/bench_wire: examples/bench_wire.c examples/example_common.h fsdp.h | $(BUILD)
+	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) -I. $< -o $@ $(LDLIBS)
 
 $(BUILD)/demo_collectives: examples/demo_collectives.c fsdp.h | $(BUILD)
 	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) -I. $< -o $@ $(LDLIBS)

@@ -61,6 +61,7 @@
        >>config        version, linkage, allocator, result codes, logging
        >>utilities     time, sleeping, strings for display, small parsers
        >>dtypes        f32 / bf16 / f16 conversions, rank-order reductions
+       >>wire          wire formats: f32, bf16, f16, int8 and int4 with block scales; kernels
        >>auth          SHA-256, HMAC, PBKDF2 (the job's key), wiping, random bytes, the secret file
        >>collectives   fsdp_comm, its ops and the backend contract; spins, shared memory, topology
        >>shm           shared-memory backend (processes on one host)
@@ -262,6 +263,44 @@ FSDP_API float fsdp_f16_to_f32(uint16_t value);
 /* Converts count elements; dst and src may be the same buffer only when the dtypes match. */
 FSDP_API void fsdp_convert(void *dst, fsdp_dtype dst_dtype, const void *src, fsdp_dtype src_dtype,
                            size_t count);
+
+/* ============================================================================================
+   >>wire
+   ============================================================================================ */
+/* What a copy of f32 values looks like on a link: its dtype, or codes of 8 or 4 bits with one
+   f32 scale per block of K elements (symmetric block quantization, as DeepSpeed ZeRO++'s
+   quantized weights and gradients). Only copies travel so: masters, optimizer state and
+   checkpoints stay f32. The layout and the arithmetic, exact to the bit, are documented where
+   the implementation's >>wire section begins. The float wires share their fsdp_dtype's value. */
+typedef enum fsdp_wire {
+    FSDP_WIRE_DEFAULT = 0, /* where a dtype is known (what a unit gathers or reduces): that dtype */
+    FSDP_WIRE_F32 = 1,
+    FSDP_WIRE_BF16 = 2,
+    FSDP_WIRE_F16 = 3,
+    FSDP_WIRE_INT8 = 4,    /* codes in [-127, 127]: 1 byte per element + 4 per block */
+    FSDP_WIRE_INT4 = 5     /* codes in [-7, 7]: half a byte per element + 4 per block */
+} fsdp_wire;
+
+/* "default", "f32", "bf16", "f16", "int8", "int4"; "invalid" for any other value. */
+FSDP_API const char *fsdp_wire_name(fsdp_wire wire);
+/* The bytes count elements take on the wire with blocks of block elements (0: the default, 128;
+   else a multiple of 8 in [8, 4096]; the float wires ignore it): 4 * ceil(count / block) +
+   ceil(count * bits / 8) for int8 and int4, a function of count and block alone. 0 for an invalid
+   wire or block (FSDP_WIRE_DEFAULT names no format by itself) or a count beyond SIZE_MAX / 8. */
+FSDP_API size_t fsdp_wire_bytes(fsdp_wire wire, size_t count, size_t block);
+/* Encodes count f32 values from src into dst (fsdp_wire_bytes(wire, count, block) bytes).
+   first_nonfinite (may be NULL) receives the index of the first NaN or infinity for int8 and
+   int4, whose block then decodes to NaN (a step can skip it as a non-finite gradient), and count
+   if there is none or the wire is a float one (f32, bf16 and f16 carry such values as they are).
+   Returns FSDP_SUCCESS, or FSDP_ERR_INVALID_ARG for an invalid wire or block or a NULL buffer
+   (with count > 0). Thread-safe; the buffers must not overlap. */
+FSDP_API int fsdp_wire_encode(void *dst, fsdp_wire wire, size_t block, const float *src, size_t count,
+                              size_t *first_nonfinite);
+/* Decodes count elements encoded as fsdp_wire_encode(.., wire, block, ..) into dst as dst_dtype
+   (f32, or rounded to nearest even to bf16 or f16). Returns FSDP_SUCCESS, or FSDP_ERR_INVALID_ARG
+   (invalid wire, block or dtype, a NULL buffer with count > 0). Thread-safe; no overlap. */
+FSDP_API int fsdp_wire_decode(void *dst, fsdp_dtype dst_dtype, const void *src, fsdp_wire wire, size_t block,
+                              size_t count);
 
 /* ============================================================================================
    >>collectives
@@ -1842,6 +1881,500 @@ FSDP__PRIVATE void fsdp__reduce_ranks(void *dst, const void *const *srcs, int ns
 FSDP_API void fsdp_reduce_ranks(void *dst, const void *const *srcs, int nsrc, size_t count,
                                 fsdp_dtype dtype, fsdp_reduce_op op, int avg_divisor) {
     fsdp__reduce_ranks(dst, srcs, nsrc, count, dtype, op, avg_divisor, 1);
+}
+
+/* ============================================================================================
+   >>wire
+   Wire formats: what a copy of f32 values looks like on a link. A format is a row
+   (fsdp__wire_row): its name, the bytes n elements take, encode (f32 -> bytes), decode (bytes ->
+   f32, bf16 or f16) and whether encode reports non-finite inputs. f32, bf16 and f16 travel as
+   their dtype (converted as fsdp_convert converts: NaN and infinity travel as they are). int8 and
+   int4 are symmetric block quantization: one f32 scale per block of K elements, K a multiple of 8
+   in [8, 4096] (default FSDP__WIRE_BLOCK).
+
+   Layout of a run of n elements: ceil(n / K) blocks, block b holding elements [b K, min(n, b K + K)),
+   each written as its scale (4 bytes: an f32 in the machine's byte order, as f32 payloads travel)
+   then its codes. int8: one byte per element, two's complement. int4: one nibble per element,
+   4-bit two's complement (code & 15), element 2j of the block in the low nibble of the block's
+   byte j and element 2j + 1 in its high nibble; a last block of odd length leaves its last high
+   nibble 0. So a run takes 4 ceil(n / K) + ceil(n bits / 8) bytes, a function of n and K alone,
+   and whole blocks decode alone (a pipeline may encode, send and decode some blocks at a time).
+
+   Arithmetic of a block x_0 .. x_{L-1}, with Q = 127 (int8) or 7 (int4). Every step is one f32
+   operation rounded to nearest, ties to even, in this order (the default floating-point
+   environment: no flush-to-zero; no two operations fused into an FMA):
+     a = max |x_i|                exact (the kernels compare bit patterns with the sign bit clear)
+     if some x_i is NaN or infinite:  scale = NaN (bits 0x7fc00000), every code 0, and encode
+                                  reports the run's first such index; the block decodes to NaN
+                                  (so a sum it enters is NaN: a step that ignored the report
+                                  still skips, as for any non-finite gradient)
+     else if a = 0:               scale = 0, every code 0
+     else:  scale = a / Q, and if Q * scale > a, scale = the next f32 toward 0 (no decoded value
+                                  exceeds a: 127 * (FLT_MAX / 127) would round to infinity)
+            t = 2^64 if a < 2^-64, else 1  (x_i t and a t are exact; they lift a tiny or subnormal
+                                  block so that Q / (a t) cannot overflow)
+            m = Q / (a t)
+            code_i = rint((x_i t) m), to the nearest integer, ties to even, clamped to [-Q, Q]
+                                  (the clamp never acts: |(x_i t) m| <= Q (1 + 2^-24)^2 < Q + 1/2)
+   Decode: x'_i = (f32)code_i * scale, then rounded to the destination dtype as fsdp_convert
+   rounds. The round trip keeps |x_i - x'_i| <= scale (1/2 + 2^-14) + 2^-142 (the last term for
+   subnormal scales).
+
+   Kernels: a scalar reference and, on x86-64 with gcc or clang, AVX2 and AVX-512 (F and BW) ones
+   chosen at run time. They do the operations above in the same order (the vector ones round with
+   cvtps2dq, nearest even as rint), so they equal the scalar kernel bit for bit; tests/test_wire.c
+   checks every level the CPU has, and the documentation against a reference of its own.
+   ============================================================================================ */
+#define FSDP__WIRE_BLOCK 128      /* K when the caller says 0 (BENCHMARKS.md section 9: error, bytes, speed) */
+#define FSDP__WIRE_BLOCK_MAX 4096
+#define FSDP__WIRE_ISAS 3         /* kernel levels: 0 scalar, 1 AVX2, 2 AVX-512 */
+#define FSDP__WIRE_NAN 0x7fc00000u
+#define FSDP__WIRE_INF 0x7f800000u
+#define FSDP__WIRE_TINY 0x1f800000u /* 2^-64: below it a block is lifted by t = 2^64 */
+
+/* A block's scale and the factors its codes are computed with (the arithmetic above). */
+typedef struct fsdp__wire_scale {
+    float scale, t, m;
+    int32_t levels;
+} fsdp__wire_scale;
+
+typedef uint32_t (*fsdp__wire_amax_fn)(const float *x, size_t n); /* max |x| as bits */
+typedef void (*fsdp__wire_quantize_fn)(unsigned char *codes, const float *x, size_t n, const fsdp__wire_scale *s);
+typedef void (*fsdp__wire_dequantize_fn)(float *dst, const unsigned char *codes, size_t n, float scale);
+
+typedef struct fsdp__wire_row fsdp__wire_row;
+struct fsdp__wire_row {
+    const char *name;
+    fsdp_dtype dtype;      /* the float rows: the dtype that travels; 0 for the quantized rows */
+    int bits;              /* per element, block scales aside */
+    int levels;            /* Q: codes in [-Q, Q] with one f32 scale per block; 0: no blocks */
+    int reports_nonfinite; /* encode finds NaN and infinity (the float rows carry them as they are) */
+    /* returns the index of the first non-finite element, or n (always n without reports_nonfinite) */
+    size_t (*encode)(const fsdp__wire_row *row, void *dst, const float *src, size_t n, size_t block);
+    void (*decode)(const fsdp__wire_row *row, void *dst, fsdp_dtype dtype, const void *src, size_t n, size_t block);
+    fsdp__wire_quantize_fn quantize[FSDP__WIRE_ISAS];     /* the quantized rows' kernels, by level */
+    fsdp__wire_dequantize_fn dequantize[FSDP__WIRE_ISAS];
+};
+
+/* Only for 0 < a finite (a as bits). */
+FSDP__PRIVATE fsdp__wire_scale fsdp__wire_block_scale(uint32_t amax_bits, int32_t levels) {
+    fsdp__wire_scale s;
+    float a = fsdp__bits_f32(amax_bits), q = (float)levels;
+    s.levels = levels;
+    s.scale = a / q;
+    if (q * s.scale > a) s.scale = fsdp__bits_f32(fsdp__f32_bits(s.scale) - 1u);
+    s.t = amax_bits < FSDP__WIRE_TINY ? 18446744073709551616.0f : 1.0f;
+    s.m = q / (a * s.t);
+    return s;
+}
+
+static inline int32_t fsdp__wire_code(float x, const fsdp__wire_scale *s) {
+    int32_t code = (int32_t)rintf((x * s->t) * s->m);
+    return code < -s->levels ? -s->levels : code > s->levels ? s->levels : code;
+}
+
+static inline int32_t fsdp__wire_nibble_value(unsigned nibble) { return (int32_t)(nibble ^ 8u) - 8; }
+
+FSDP__PRIVATE size_t fsdp__wire_first_nonfinite(const float *x, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++)
+        if ((fsdp__f32_bits(x[i]) & 0x7fffffffu) >= FSDP__WIRE_INF) return i;
+    return n;
+}
+
+/* --- the scalar reference kernels (also the vector kernels' tails) -------------------------- */
+static uint32_t fsdp__wire_amax_scalar(const float *x, size_t n) {
+    uint32_t amax = 0;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        uint32_t magnitude = fsdp__f32_bits(x[i]) & 0x7fffffffu;
+        if (magnitude > amax) amax = magnitude;
+    }
+    return amax;
+}
+
+static void fsdp__wire_quantize8_scalar(unsigned char *codes, const float *x, size_t n, const fsdp__wire_scale *s) {
+    size_t i;
+    for (i = 0; i < n; i++) codes[i] = (unsigned char)((uint32_t)fsdp__wire_code(x[i], s) & 0xffu);
+}
+
+static void fsdp__wire_quantize4_scalar(unsigned char *codes, const float *x, size_t n, const fsdp__wire_scale *s) {
+    size_t i;
+    for (i = 0; i + 1 < n; i += 2)
+        codes[i / 2] = (unsigned char)(((uint32_t)fsdp__wire_code(x[i], s) & 15u) |
+                                       ((uint32_t)fsdp__wire_code(x[i + 1], s) & 15u) << 4);
+    if (n & 1) codes[n / 2] = (unsigned char)((uint32_t)fsdp__wire_code(x[n - 1], s) & 15u);
+}
+
+static void fsdp__wire_dequantize8_scalar(float *dst, const unsigned char *codes, size_t n, float scale) {
+    size_t i;
+    for (i = 0; i < n; i++) dst[i] = (float)((int32_t)codes[i] - (int32_t)((codes[i] & 0x80u) << 1)) * scale;
+}
+
+static void fsdp__wire_dequantize4_scalar(float *dst, const unsigned char *codes, size_t n, float scale) {
+    size_t i;
+    for (i = 0; i < n; i++) dst[i] = (float)fsdp__wire_nibble_value((codes[i / 2] >> (4 * (i & 1))) & 15u) * scale;
+}
+
+#if FSDP__HAVE_STREAM_AVX2
+#  define FSDP__WIRE_X86 1
+/* --- AVX2 kernels ---------------------------------------------------------------------------- */
+__attribute__((target("avx2"))) static inline uint32_t fsdp__wire_max_lanes_avx2(__m256i a) {
+    __m128i m = _mm_max_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0x4e));
+    m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0xb1));
+    return (uint32_t)_mm_cvtsi128_si32(m);
+}
+
+/* magnitudes as bits are non-negative int32s, so a signed max is the max of |x| */
+__attribute__((target("avx2"))) static uint32_t fsdp__wire_amax_avx2(const float *x, size_t n) {
+    const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
+    __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+    uint32_t head, tail;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_max_epi32(a0, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i)), magnitude));
+        a1 = _mm256_max_epi32(a1, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i + 8)), magnitude));
+    }
+    head = fsdp__wire_max_lanes_avx2(_mm256_max_epi32(a0, a1));
+    tail = fsdp__wire_amax_scalar(x + i, n - i);
+    return head > tail ? head : tail;
+}
+
+/* a block's fsdp__wire_scale in every lane (loaded once: the code stores may alias it) */
+typedef struct fsdp__wire_lanes_avx2 {
+    __m256 t, m;
+    __m256i lo, hi;
+} fsdp__wire_lanes_avx2;
+
+__attribute__((target("avx2"))) static inline fsdp__wire_lanes_avx2 fsdp__wire_lanes_of_avx2(const fsdp__wire_scale *s) {
+    fsdp__wire_lanes_avx2 l;
+    l.t = _mm256_set1_ps(s->t);
+    l.m = _mm256_set1_ps(s->m);
+    l.lo = _mm256_set1_epi32(-s->levels);
+    l.hi = _mm256_set1_epi32(s->levels);
+    return l;
+}
+
+/* 8 codes: fsdp__wire_code on 8 lanes */
+__attribute__((target("avx2"))) static inline __m256i fsdp__wire_codes8_avx2(const float *x, const fsdp__wire_lanes_avx2 *l) {
+    __m256i code = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x), l->t), l->m));
+    return _mm256_min_epi32(_mm256_max_epi32(code, l->lo), l->hi);
+}
+
+/* 32 codes as bytes in element order (the packs interleave 128-bit lanes; the permute undoes it) */
+__attribute__((target("avx2"))) static inline __m256i fsdp__wire_codes32_avx2(const float *x, const fsdp__wire_lanes_avx2 *l) {
+    __m256i p01 = _mm256_packs_epi32(fsdp__wire_codes8_avx2(x, l), fsdp__wire_codes8_avx2(x + 8, l));
+    __m256i p23 = _mm256_packs_epi32(fsdp__wire_codes8_avx2(x + 16, l), fsdp__wire_codes8_avx2(x + 24, l));
+    return _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* 32 byte codes -> 16 bytes of nibbles, element 2j in the low nibble */
+__attribute__((target("avx2"))) static inline __m128i fsdp__wire_nibbles_avx2(__m256i codes) {
+    __m256i pairs = _mm256_and_si256(codes, _mm256_set1_epi16(0x0f0f));
+    __m256i joined = _mm256_and_si256(_mm256_or_si256(pairs, _mm256_srli_epi16(pairs, 4)), _mm256_set1_epi16(0x00ff));
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi16(joined, joined), 0x08));
+}
+
+/* 16 bytes of nibbles -> 32 byte codes: elements 0..15 in *lo, 16..31 in *hi */
+__attribute__((target("avx2"))) static inline void fsdp__wire_unnibble_avx2(__m128i nibbles, __m128i *lo, __m128i *hi) {
+    const __m128i mask = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    __m128i low = _mm_and_si128(nibbles, mask), high = _mm_and_si128(_mm_srli_epi16(nibbles, 4), mask);
+    *lo = _mm_sub_epi8(_mm_xor_si128(_mm_unpacklo_epi8(low, high), eight), eight);
+    *hi = _mm_sub_epi8(_mm_xor_si128(_mm_unpackhi_epi8(low, high), eight), eight);
+}
+
+/* 8 byte codes (the low half of codes) times scale, stored as f32 */
+__attribute__((target("avx2"))) static inline void fsdp__wire_scaled8_avx2(float *dst, __m128i codes, __m256 scale) {
+    _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)), scale));
+}
+
+__attribute__((target("avx2"))) static void fsdp__wire_quantize8_avx2(unsigned char *codes, const float *x, size_t n,
+                                                                     const fsdp__wire_scale *s) {
+    const fsdp__wire_lanes_avx2 lanes = fsdp__wire_lanes_of_avx2(s);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) _mm256_storeu_si256((__m256i *)(codes + i), fsdp__wire_codes32_avx2(x + i, &lanes));
+    fsdp__wire_quantize8_scalar(codes + i, x + i, n - i, s);
+}
+
+__attribute__((target("avx2"))) static void fsdp__wire_quantize4_avx2(unsigned char *codes, const float *x, size_t n,
+                                                                     const fsdp__wire_scale *s) {
+    const fsdp__wire_lanes_avx2 lanes = fsdp__wire_lanes_of_avx2(s);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        _mm_storeu_si128((__m128i *)(codes + i / 2), fsdp__wire_nibbles_avx2(fsdp__wire_codes32_avx2(x + i, &lanes)));
+    fsdp__wire_quantize4_scalar(codes + i / 2, x + i, n - i, s);
+}
+
+__attribute__((target("avx2"))) static void fsdp__wire_dequantize8_avx2(float *dst, const unsigned char *codes, size_t n, float scale) {
+    const __m256 s = _mm256_set1_ps(scale);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m128i c = _mm_loadu_si128((const __m128i *)(codes + i));
+        fsdp__wire_scaled8_avx2(dst + i, c, s);
+        fsdp__wire_scaled8_avx2(dst + i + 8, _mm_srli_si128(c, 8), s);
+    }
+    fsdp__wire_dequantize8_scalar(dst + i, codes + i, n - i, scale);
+}
+
+__attribute__((target("avx2"))) static void fsdp__wire_dequantize4_avx2(float *dst, const unsigned char *codes, size_t n, float scale) {
+    const __m256 s = _mm256_set1_ps(scale);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m128i lo, hi;
+        fsdp__wire_unnibble_avx2(_mm_loadu_si128((const __m128i *)(codes + i / 2)), &lo, &hi);
+        fsdp__wire_scaled8_avx2(dst + i, lo, s);
+        fsdp__wire_scaled8_avx2(dst + i + 8, _mm_srli_si128(lo, 8), s);
+        fsdp__wire_scaled8_avx2(dst + i + 16, hi, s);
+        fsdp__wire_scaled8_avx2(dst + i + 24, _mm_srli_si128(hi, 8), s);
+    }
+    fsdp__wire_dequantize4_scalar(dst + i, codes + i / 2, n - i, scale);
+}
+
+/* --- AVX-512 kernels (F and BW; 16 lanes, the same steps) ----------------------------------- */
+#  define FSDP__WIRE_AVX512 __attribute__((target("avx512f,avx512bw")))
+#  if defined(__cplusplus) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+/* g++ before 13 warns that its own AVX-512 intrinsics read an uninitialised variable (their
+   "undefined" source operand, __m512 __Y = __Y); they do not */
+#    pragma GCC diagnostic push
+#    pragma GCC diagnostic ignored "-Wuninitialized"
+#    pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#  endif
+FSDP__WIRE_AVX512 static uint32_t fsdp__wire_amax_avx512(const float *x, size_t n) {
+    const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+    __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+    uint32_t head, tail;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm512_max_epi32(a0, _mm512_and_si512(_mm512_loadu_si512((const void *)(x + i)), magnitude));
+        a1 = _mm512_max_epi32(a1, _mm512_and_si512(_mm512_loadu_si512((const void *)(x + i + 16)), magnitude));
+    }
+    a0 = _mm512_max_epi32(a0, a1);
+    head = fsdp__wire_max_lanes_avx2(_mm256_max_epi32(_mm512_castsi512_si256(a0), _mm512_extracti64x4_epi64(a0, 1)));
+    tail = fsdp__wire_amax_scalar(x + i, n - i);
+    return head > tail ? head : tail;
+}
+
+typedef struct fsdp__wire_lanes_avx512 {
+    __m512 t, m;
+    __m512i lo, hi;
+} fsdp__wire_lanes_avx512;
+
+FSDP__WIRE_AVX512 static inline fsdp__wire_lanes_avx512 fsdp__wire_lanes_of_avx512(const fsdp__wire_scale *s) {
+    fsdp__wire_lanes_avx512 l;
+    l.t = _mm512_set1_ps(s->t);
+    l.m = _mm512_set1_ps(s->m);
+    l.lo = _mm512_set1_epi32(-s->levels);
+    l.hi = _mm512_set1_epi32(s->levels);
+    return l;
+}
+
+/* 16 codes as bytes in element order */
+FSDP__WIRE_AVX512 static inline __m128i fsdp__wire_codes16_avx512(const float *x, const fsdp__wire_lanes_avx512 *l) {
+    __m512i code = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x), l->t), l->m));
+    return _mm512_cvtsepi32_epi8(_mm512_min_epi32(_mm512_max_epi32(code, l->lo), l->hi));
+}
+
+FSDP__WIRE_AVX512 static inline void fsdp__wire_scaled16_avx512(float *dst, __m128i codes, __m512 scale) {
+    _mm512_storeu_ps(dst, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)), scale));
+}
+
+FSDP__WIRE_AVX512 static void fsdp__wire_quantize8_avx512(unsigned char *codes, const float *x, size_t n,
+                                                          const fsdp__wire_scale *s) {
+    const fsdp__wire_lanes_avx512 lanes = fsdp__wire_lanes_of_avx512(s);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm_storeu_si128((__m128i *)(codes + i), fsdp__wire_codes16_avx512(x + i, &lanes));
+    fsdp__wire_quantize8_scalar(codes + i, x + i, n - i, s);
+}
+
+FSDP__WIRE_AVX512 static void fsdp__wire_quantize4_avx512(unsigned char *codes, const float *x, size_t n,
+                                                          const fsdp__wire_scale *s) {
+    const fsdp__wire_lanes_avx512 lanes = fsdp__wire_lanes_of_avx512(s);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(fsdp__wire_codes16_avx512(x + i, &lanes)),
+                                               fsdp__wire_codes16_avx512(x + i + 16, &lanes), 1);
+        _mm_storeu_si128((__m128i *)(codes + i / 2), fsdp__wire_nibbles_avx2(both));
+    }
+    fsdp__wire_quantize4_scalar(codes + i / 2, x + i, n - i, s);
+}
+
+FSDP__WIRE_AVX512 static void fsdp__wire_dequantize8_avx512(float *dst, const unsigned char *codes, size_t n, float scale) {
+    const __m512 s = _mm512_set1_ps(scale);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) fsdp__wire_scaled16_avx512(dst + i, _mm_loadu_si128((const __m128i *)(codes + i)), s);
+    fsdp__wire_dequantize8_scalar(dst + i, codes + i, n - i, scale);
+}
+
+FSDP__WIRE_AVX512 static void fsdp__wire_dequantize4_avx512(float *dst, const unsigned char *codes, size_t n, float scale) {
+    const __m512 s = _mm512_set1_ps(scale);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m128i lo, hi;
+        fsdp__wire_unnibble_avx2(_mm_loadu_si128((const __m128i *)(codes + i / 2)), &lo, &hi);
+        fsdp__wire_scaled16_avx512(dst + i, lo, s);
+        fsdp__wire_scaled16_avx512(dst + i + 16, hi, s);
+    }
+    fsdp__wire_dequantize4_scalar(dst + i, codes + i / 2, n - i, scale);
+}
+#  if defined(__cplusplus) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#    pragma GCC diagnostic pop
+#  endif
+#  define FSDP__WIRE_LEVELS(kernel) {kernel##_scalar, kernel##_avx2, kernel##_avx512}
+#else
+#  define FSDP__WIRE_X86 0
+#  define FSDP__WIRE_LEVELS(kernel) {kernel##_scalar, NULL, NULL}
+#endif
+
+/* The kernel level in use: -1 not asked yet (racing first callers store the same answer), 0
+   scalar, 1 AVX2, 2 AVX-512. The tests set each level the CPU has (fsdp__wire_isa_supported) to
+   cover every kernel. */
+static int fsdp__wire_isa = -1;
+
+FSDP__PRIVATE int fsdp__wire_isa_supported(void) {
+#if FSDP__WIRE_X86
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return 2;
+    if (__builtin_cpu_supports("avx2")) return 1;
+#endif
+    return 0;
+}
+
+static int fsdp__wire_isa_level(void) {
+    int level = __atomic_load_n(&fsdp__wire_isa, __ATOMIC_RELAXED);
+    if (level < 0) {
+        level = fsdp__wire_isa_supported();
+        __atomic_store_n(&fsdp__wire_isa, level, __ATOMIC_RELAXED);
+    }
+    return level;
+}
+
+static const fsdp__wire_amax_fn fsdp__wire_amax[FSDP__WIRE_ISAS] = FSDP__WIRE_LEVELS(fsdp__wire_amax);
+
+/* --- the rows --------------------------------------------------------------------------------- */
+FSDP__PRIVATE size_t fsdp__wire_bytes(const fsdp__wire_row *row, size_t n, size_t block) {
+    if (!row->levels) return n * (size_t)(row->bits / 8);
+    return 4 * ((n + block - 1) / block) + (n * (size_t)row->bits + 7) / 8;
+}
+
+static size_t fsdp__wire_float_encode(const fsdp__wire_row *row, void *dst, const float *src, size_t n, size_t block) {
+    (void)block;
+    fsdp__from_f32(dst, row->dtype, src, n);
+    return n;
+}
+
+static void fsdp__wire_float_decode(const fsdp__wire_row *row, void *dst, fsdp_dtype dtype, const void *src, size_t n,
+                                    size_t block) {
+    (void)block;
+    fsdp_convert(dst, dtype, src, row->dtype, n);
+}
+
+static size_t fsdp__wire_quant_encode(const fsdp__wire_row *row, void *dst, const float *src, size_t n, size_t block) {
+    const int level = fsdp__wire_isa_level();
+    const fsdp__wire_amax_fn amax_of = fsdp__wire_amax[level];
+    const fsdp__wire_quantize_fn quantize = row->quantize[level];
+    unsigned char *out = (unsigned char *)dst;
+    size_t start, first = n;
+    for (start = 0; start < n; start += block) {
+        size_t len = n - start < block ? n - start : block, code_bytes = (len * (size_t)row->bits + 7) / 8;
+        uint32_t amax = amax_of(src + start, len);
+        float scale = 0.0f;
+        if (amax >= FSDP__WIRE_INF) {
+            scale = fsdp__bits_f32(FSDP__WIRE_NAN);
+            if (first == n) first = start + fsdp__wire_first_nonfinite(src + start, len);
+            memset(out + 4, 0, code_bytes);
+        } else if (amax == 0) {
+            memset(out + 4, 0, code_bytes);
+        } else {
+            fsdp__wire_scale s = fsdp__wire_block_scale(amax, row->levels);
+            scale = s.scale;
+            quantize(out + 4, src + start, len, &s);
+        }
+        memcpy(out, &scale, 4);
+        out += 4 + code_bytes;
+    }
+    return first;
+}
+
+/* n elements of whole blocks to f32 */
+static void fsdp__wire_dequantize_run(const fsdp__wire_row *row, float *dst, const unsigned char *src, size_t n,
+                                      size_t block) {
+    const fsdp__wire_dequantize_fn dequantize = row->dequantize[fsdp__wire_isa_level()];
+    size_t start;
+    for (start = 0; start < n; start += block) {
+        size_t len = n - start < block ? n - start : block;
+        float scale;
+        memcpy(&scale, src, 4);
+        dequantize(dst + start, src + 4, len, scale);
+        src += 4 + (len * (size_t)row->bits + 7) / 8;
+    }
+}
+
+/* to f32 directly; to bf16 and f16 through f32 some whole blocks at a time */
+static void fsdp__wire_quant_decode(const fsdp__wire_row *row, void *dst, fsdp_dtype dtype, const void *src, size_t n,
+                                    size_t block) {
+    float chunk[FSDP__WIRE_BLOCK_MAX];
+    const size_t per = FSDP__WIRE_BLOCK_MAX / block * block;
+    const unsigned char *in = (const unsigned char *)src;
+    size_t done;
+    if (dtype == FSDP_F32) { fsdp__wire_dequantize_run(row, (float *)dst, in, n, block); return; }
+    for (done = 0; done < n; done += per) {
+        size_t take = n - done < per ? n - done : per;
+        fsdp__wire_dequantize_run(row, chunk, in + fsdp__wire_bytes(row, done, block), take, block);
+        fsdp__from_f32((char *)dst + done * fsdp_dtype_size(dtype), dtype, chunk, take);
+    }
+}
+
+static const fsdp__wire_row fsdp__wire_rows[] = {
+    {"f32", FSDP_F32, 32, 0, 0, fsdp__wire_float_encode, fsdp__wire_float_decode, {NULL, NULL, NULL}, {NULL, NULL, NULL}},
+    {"bf16", FSDP_BF16, 16, 0, 0, fsdp__wire_float_encode, fsdp__wire_float_decode, {NULL, NULL, NULL}, {NULL, NULL, NULL}},
+    {"f16", FSDP_F16, 16, 0, 0, fsdp__wire_float_encode, fsdp__wire_float_decode, {NULL, NULL, NULL}, {NULL, NULL, NULL}},
+    {"int8", FSDP_DTYPE_DEFAULT, 8, 127, 1, fsdp__wire_quant_encode, fsdp__wire_quant_decode,
+     FSDP__WIRE_LEVELS(fsdp__wire_quantize8), FSDP__WIRE_LEVELS(fsdp__wire_dequantize8)},
+    {"int4", FSDP_DTYPE_DEFAULT, 4, 7, 1, fsdp__wire_quant_encode, fsdp__wire_quant_decode,
+     FSDP__WIRE_LEVELS(fsdp__wire_quantize4), FSDP__WIRE_LEVELS(fsdp__wire_dequantize4)}};
+
+/* The row of a wire; NULL for FSDP_WIRE_DEFAULT (resolve it to the dtype's wire first) and invalid values. */
+FSDP__PRIVATE const fsdp__wire_row *fsdp__wire_row_of(fsdp_wire wire) {
+    return wire >= FSDP_WIRE_F32 && wire <= FSDP_WIRE_INT4 ? &fsdp__wire_rows[wire - FSDP_WIRE_F32] : NULL;
+}
+
+/* The block size a caller's block means (0: the default); 0 if it is invalid. */
+FSDP__PRIVATE size_t fsdp__wire_block(size_t block) {
+    if (block == 0) return FSDP__WIRE_BLOCK;
+    return block % 8 == 0 && block <= FSDP__WIRE_BLOCK_MAX ? block : 0;
+}
+
+FSDP_API const char *fsdp_wire_name(fsdp_wire wire) {
+    const fsdp__wire_row *row = fsdp__wire_row_of(wire);
+    return row ? row->name : wire == FSDP_WIRE_DEFAULT ? "default" : "invalid";
+}
+
+FSDP_API size_t fsdp_wire_bytes(fsdp_wire wire, size_t count, size_t block) {
+    const fsdp__wire_row *row = fsdp__wire_row_of(wire);
+    block = fsdp__wire_block(block);
+    return row && (block || !row->levels) && count <= (size_t)-1 / 8 ? fsdp__wire_bytes(row, count, block) : 0;
+}
+
+FSDP_API int fsdp_wire_encode(void *dst, fsdp_wire wire, size_t block, const float *src, size_t count,
+                              size_t *first_nonfinite) {
+    const fsdp__wire_row *row = fsdp__wire_row_of(wire);
+    size_t first;
+    if (first_nonfinite) *first_nonfinite = count;
+    block = fsdp__wire_block(block);
+    if (!row || (!block && row->levels) || (count && (!dst || !src))) return FSDP_ERR_INVALID_ARG;
+    first = row->encode(row, dst, src, count, block);
+    if (first_nonfinite) *first_nonfinite = first;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API int fsdp_wire_decode(void *dst, fsdp_dtype dst_dtype, const void *src, fsdp_wire wire, size_t block,
+                              size_t count) {
+    const fsdp__wire_row *row = fsdp__wire_row_of(wire);
+    block = fsdp__wire_block(block);
+    if (!row || (!block && row->levels) || !fsdp_dtype_size(dst_dtype) || (count && (!dst || !src)))
+        return FSDP_ERR_INVALID_ARG;
+    row->decode(row, dst, dst_dtype, src, count, block);
+    return FSDP_SUCCESS;
 }
 
 /* ============================================================================================
