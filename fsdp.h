@@ -809,8 +809,20 @@ FSDP_API int fsdp_model_set_strategy(fsdp_model *model, int module, fsdp_strateg
 
 /* Hooks, called by the training code at module boundaries. A module that is not a unit acts on
    the unit that owns it (reference counted, so calling hooks on every module is fine).
-   Out-of-order calls return FSDP_ERR_STATE naming the unit and both states. */
+   Out-of-order calls return FSDP_ERR_STATE naming the unit and both states.
+   fsdp_pre_forward gathers the unit's parameters; fsdp_post_forward reshards them (frees the
+   gathered copy) where the unit's strategy says so: FULL_SHARD and HYBRID_SHARD units but the
+   root; fsdp_pre_backward gathers them again if they were; fsdp_post_backward reduces the
+   gradients and reshards. The root unit (unit 0, rooted at module 0: every parameter no other
+   unit took, e.g. the embeddings, the last norm, a tied head) is never resharded after its
+   forward, under any strategy, as in PyTorch FSDP: its backward follows at once. So call
+   fsdp_pre_forward(ctx, 0) before the whole forward and fsdp_post_forward(ctx, 0) after it,
+   fsdp_pre_backward(ctx, 0) before the whole backward and fsdp_post_backward(ctx, 0) after it;
+   its parameters stay readable from the first to the last. fsdp_unit_info says which units
+   reshard after forward (reshard_after_forward) and which is the root (is_root). */
 FSDP_API int fsdp_pre_forward(fsdp_ctx *ctx, int module);
+/* Ends the module's forward: reshards its unit when fsdp_unit_info.reshard_after_forward is 1
+   (FULL_SHARD, HYBRID_SHARD; never the root, which keeps its parameters for the backward). */
 FSDP_API int fsdp_post_forward(fsdp_ctx *ctx, int module);
 FSDP_API int fsdp_pre_backward(fsdp_ctx *ctx, int module);
 FSDP_API int fsdp_post_backward(fsdp_ctx *ctx, int module);
@@ -869,6 +881,12 @@ typedef struct fsdp_unit_info {
     int64_t padded_numel;    /* flat_numel rounded up to a multiple of the shard group size */
     int64_t shard_numel;     /* elements this rank holds */
     int64_t shard_offset;    /* where this rank's shard starts in the flat parameter */
+    int is_root;             /* 1 for the root unit (unit 0, module 0), which owns every parameter
+                                no other unit took */
+    int reshard_after_forward; /* 1: fsdp_post_forward reshards the unit (frees its gathered
+                                parameters) and fsdp_pre_backward gathers them again (FULL_SHARD,
+                                HYBRID_SHARD); 0: they stay gathered until its post_backward (the
+                                root, SHARD_GRAD_OP, NO_SHARD) */
 } fsdp_unit_info;
 
 typedef struct fsdp_param_info {
@@ -885,7 +903,8 @@ typedef struct fsdp_param_info {
 FSDP_API int fsdp_num_units(const fsdp_ctx *ctx);
 FSDP_API int fsdp_unit_info_get(const fsdp_ctx *ctx, int unit, fsdp_unit_info *info);
 FSDP_API int fsdp_param_info_get(const fsdp_ctx *ctx, int param, fsdp_param_info *info);
-/* Prints the units (name, parameters, padding, bytes per rank) through fn, or stdout if NULL. */
+/* Prints the units (name, strategy, whether post_forward reshards them, parameters, padding,
+   bytes per rank) through fn, or stdout if NULL. */
 FSDP_API void fsdp_print_units(const fsdp_ctx *ctx, void (*fn)(void *user, const char *line), void *user);
 
 /* Copies a parameter's full value (gathered) into out (numel floats) on every rank. Collective. */
@@ -8153,7 +8172,8 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
    The compute thread calls the hooks; one comm thread runs every collective of the context in
    the order they were issued (every rank issues the same sequence), so gathers of the next unit
    overlap this unit's compute and reductions overlap the rest of backward. Tasks finish in
-   order: "task n done" is "completed >= n".
+   order: "task n done" is "completed >= n". The root unit (unit 0) is never resharded after its
+   forward (reshard_after_forward 0): its backward follows at once.
    ============================================================================================ */
 enum { FSDP__SHARDED = 0, FSDP__GATHERING, FSDP__UNSHARDED, FSDP__IN_FORWARD, FSDP__IN_BACKWARD };
 enum { FSDP__TASK_GATHER = 1, FSDP__TASK_REDUCE, FSDP__TASK_COLL };
@@ -9983,6 +10003,8 @@ FSDP__PRIVATE int fsdp__init_units(fsdp_ctx *ctx, int hybrid_group) {
             u->group_rank = ctx->rank;
             u->shard_comm = ctx->comm;
         }
+        /* the root (unit 0) keeps its parameters from forward to backward, as PyTorch's root
+           FSDP module does: its backward starts right after its forward ends */
         u->reshard_after_forward = ui != 0 && (u->strategy == FSDP_FULL_SHARD || u->strategy == FSDP_HYBRID_SHARD);
         u->frozen = pu->frozen;
         u->master_off = u->grad_off = -1;
@@ -10284,6 +10306,8 @@ FSDP_API int fsdp_unit_info_get(const fsdp_ctx *ctx, int unit, fsdp_unit_info *i
     info->padded_numel = u->padded;
     info->shard_numel = u->shard;
     info->shard_offset = (int64_t)u->group_rank * u->shard;
+    info->is_root = unit == 0;
+    info->reshard_after_forward = u->reshard_after_forward;
     return 0;
 }
 
@@ -10301,13 +10325,14 @@ FSDP_API void fsdp_print_units(const fsdp_ctx *ctx, void (*fn)(void *user, const
     master = ctx->desc.offload.params ? 0 : 4; /* bytes per element in RAM (frozen units: the master only) */
     per_param = master + (ctx->desc.offload.grads ? 0 : 4) +
                 (ctx->desc.offload.optimizer ? 0 : fsdp_dtype_size(ctx->state_dtype) * (size_t)ctx->num_state);
-    fsdp__fmt(line, sizeof line, "%-4s %-24s %-14s %7s %12s %9s %12s %14s", "unit", "module", "strategy", "params",
-              "elements", "padding", "shard", "bytes/rank");
+    fsdp__fmt(line, sizeof line, "%-4s %-24s %-14s %-13s %7s %12s %9s %12s %14s", "unit", "module", "strategy",
+              "after forward", "params", "elements", "padding", "shard", "bytes/rank");
     if (fn) fn(user, line); else printf("%s\n", line);
     for (ui = 0; ui < ctx->num_units; ui++) {
         const fsdp__unit *u = &ctx->units[ui];
-        fsdp__fmt(line, sizeof line, "%-4d %-24.24s %-14s %7d %12lld %9lld %12lld %14zu", ui, fsdp__unit_name(ctx, ui),
-                  fsdp_strategy_name(u->strategy), u->num_params, (long long)u->numel,
+        fsdp__fmt(line, sizeof line, "%-4d %-24.24s %-14s %-13s %7d %12lld %9lld %12lld %14zu", ui, fsdp__unit_name(ctx, ui),
+                  fsdp_strategy_name(u->strategy), u->reshard_after_forward ? "resharded" : ui == 0 ? "kept (root)" : "kept",
+                  u->num_params, (long long)u->numel,
                   (long long)(u->padded - u->numel), (long long)u->shard, (size_t)u->shard * (u->frozen ? master : per_param));
         if (fn) fn(user, line); else printf("%s\n", line);
     }
