@@ -90,6 +90,10 @@
        FSDP_MALLOC(size) FSDP_REALLOC(ptr, size) FSDP_FREE(ptr)
                             the allocator: define all three or none (default malloc, realloc, free)
        FSDP_ASSERT(cond)    checks of internal invariants (default assert)
+       FSDP_ABORT_ON_MISUSE abort, printing the message on stderr, at every misuse of a context
+                            (fsdp_param or fsdp_grad outside their unit's hooks, hooks out of
+                            order), as FSDP_DEBUG >= 1 does at run time; without it misuse
+                            returns NULL or FSDP_ERR_STATE and logs one warning per context
        FSDP_WITH_MPI        build the MPI bridge (needs <mpi.h>: compile with mpicc)
 
    ENVIRONMENT (read by fsdp_comm_init_from_env, fsdp_launch and the backends)
@@ -106,7 +110,11 @@
        FSDP_SECRET           the secret itself, instead of FSDP_SECRET_FILE (read once, then
                              wiped and removed from the environment: later children do not get it)
        FSDP_DEBUG            unset: warnings to stderr; 0: silent; 1: also errors; 2: also info;
-                             3: also debug (for objects made from the environment or by fsdp_launch)
+                             3: also debug (for objects made from the environment or by fsdp_launch).
+                             From 1, also: every context (read at fsdp_init) aborts the process at
+                             a misuse, printing its message on stderr: fsdp_param, fsdp_param_raw
+                             or fsdp_grad outside their unit's hooks, a hook out of order
+                             (FSDP_ABORT_ON_MISUSE does it at compile time)
        FSDP_SPIN             0: waits never spin; 1: they spin 50 us before yielding; unset: they
                              spin while every rank of the job on this host can have a core of
                              those its affinity mask allows (shm: never on a peer last seen on
@@ -809,7 +817,8 @@ FSDP_API int fsdp_model_set_strategy(fsdp_model *model, int module, fsdp_strateg
 
 /* Hooks, called by the training code at module boundaries. A module that is not a unit acts on
    the unit that owns it (reference counted, so calling hooks on every module is fine).
-   Out-of-order calls return FSDP_ERR_STATE naming the unit and both states.
+   Out-of-order calls return FSDP_ERR_STATE naming the unit and both states, a misuse as
+   fsdp_param's NULL is (one warning per context; FSDP_DEBUG >= 1 aborts there).
    fsdp_pre_forward gathers the unit's parameters; fsdp_post_forward reshards them (frees the
    gathered copy) where the unit's strategy says so: FULL_SHARD and HYBRID_SHARD units but the
    root; fsdp_pre_backward gathers them again if they were; fsdp_post_backward reduces the
@@ -827,13 +836,27 @@ FSDP_API int fsdp_post_forward(fsdp_ctx *ctx, int module);
 FSDP_API int fsdp_pre_backward(fsdp_ctx *ctx, int module);
 FSDP_API int fsdp_post_backward(fsdp_ctx *ctx, int module);
 
-/* Weights of a parameter, valid from its unit's pre_forward (or pre_backward) until it is
-   resharded. fsdp_param returns f32 (param_dtype f32, or fp32_compute_view); fsdp_param_raw
-   returns the gathered param_dtype buffer. fsdp_grad: the f32 gradient to accumulate into
-   (+=), valid from the unit's pre_backward to its post_backward; zeroed at the first
-   pre_backward of an iteration (no_sync micro-steps keep accumulating). */
+/* Weights of a parameter while its unit is gathered: from its unit's fsdp_pre_forward to its
+   fsdp_post_forward, and from its fsdp_pre_backward to its fsdp_post_backward; in between only
+   where the unit is not resharded after forward (fsdp_unit_info.reshard_after_forward 0: the
+   root, SHARD_GRAD_OP, NO_SHARD). The pointer is valid until the unit is resharded.
+   fsdp_param returns f32 values (param_dtype f32, or fp32_compute_view); fsdp_param_raw the
+   gathered param_dtype buffer.
+   Return Value: the parameter's first element, or NULL when the unit has no weights to give:
+   outside those hooks, a param that does not exist, fsdp_param with bf16/f16 params and no
+   fp32_compute_view. NULL is a misuse: fsdp_last_error(ctx) names the parameter, its unit, the
+   unit's state and the hook to call ("fsdp_param(ctx, 3 'fc.weight'): unit 0 (root) is sharded
+   (not gathered): call fsdp_pre_forward(ctx, 0) first ..."), the first misuse of a context is
+   logged as a warning, and with FSDP_DEBUG >= 1 (or FSDP_ABORT_ON_MISUSE) the process aborts
+   there with that message instead of returning NULL. */
 FSDP_API float *fsdp_param(fsdp_ctx *ctx, int param);
 FSDP_API void *fsdp_param_raw(fsdp_ctx *ctx, int param);
+/* The f32 gradient of a parameter to accumulate into (+=), from its unit's fsdp_pre_backward to
+   its fsdp_post_backward; zeroed at the first pre_backward of an iteration (no_sync micro-steps
+   keep accumulating).
+   Return Value: the gradient's first element; NULL for a frozen parameter (it has none: no
+   message), and NULL outside those hooks or for a param that does not exist, a misuse reported
+   as fsdp_param's is (message, one warning, abort with FSDP_DEBUG >= 1). */
 FSDP_API float *fsdp_grad(fsdp_ctx *ctx, int param);
 
 /* Gradient accumulation without communication: while on, post_backward keeps the unsharded
@@ -858,7 +881,8 @@ FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report);
    update behind): before reading fsdp_param_info's shards directly, or timing. */
 FSDP_API int fsdp_synchronize(fsdp_ctx *ctx);
 /* Waits for outstanding reductions and ends the iteration without an update: after a
-   micro-step, or after a forward-only (evaluation) pass. Collective. */
+   micro-step, or after a forward-only pass (validation, sampling), which must end with it: the
+   next forward's fsdp_pre_forward refuses (FSDP_ERR_STATE) otherwise. Collective. */
 FSDP_API int fsdp_finish_backward(fsdp_ctx *ctx);
 FSDP_API int fsdp_zero_grad(fsdp_ctx *ctx);
 FSDP_API int fsdp_set_lr(fsdp_ctx *ctx, float lr);
@@ -8316,6 +8340,9 @@ struct fsdp_ctx {
     int64_t stream_chunk;            /* 0: the step updates every shard in place (all f32 in RAM) */
     size_t stream_bytes;
     fsdp_logger logger;
+    int abort_on_misuse;             /* FSDP_ABORT_ON_MISUSE, or FSDP_DEBUG >= 1 at fsdp_init: see fsdp__misused */
+    int misuse_warned;               /* the one warning of a misuse was logged */
+    int hook_failed;                 /* the last hook call returned an error (its message in error) */
     fsdp__trace *trace;              /* NULL: not tracing */
     struct fsdp__async_save *async_save; /* >>checkpoint: fsdp_save_sharded_async's state */
     char error[FSDP__ERRMSG];
@@ -8339,6 +8366,12 @@ FSDP__PRIVATE int fsdp__task_coll(fsdp_ctx *ctx, const fsdp__task *t, fsdp_comm 
 FSDP__PRIVATE int fsdp__async_poll(fsdp_ctx *ctx, int wait);
 FSDP__PRIVATE void fsdp__async_end(fsdp_ctx *ctx);
 
+FSDP__PRIVATE void fsdp__set_error(fsdp_ctx *ctx, const char *message) {
+    pthread_mutex_lock(&ctx->lock); /* the comm thread writes its failures here too */
+    fsdp__copy_string(ctx->error, sizeof ctx->error, message);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
 FSDP__PRIVATE int fsdp__fail(fsdp_ctx *ctx, int code, const char *fmt, ...) FSDP__PRINTF(3, 4);
 FSDP__PRIVATE int fsdp__fail(fsdp_ctx *ctx, int code, const char *fmt, ...) {
     va_list ap;
@@ -8346,11 +8379,42 @@ FSDP__PRIVATE int fsdp__fail(fsdp_ctx *ctx, int code, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(message, sizeof message, fmt, ap);
     va_end(ap);
-    pthread_mutex_lock(&ctx->lock); /* the comm thread writes its failures here too */
-    fsdp__copy_string(ctx->error, sizeof ctx->error, message);
-    pthread_mutex_unlock(&ctx->lock);
+    fsdp__set_error(ctx, message);
     fsdp__log(&ctx->logger, FSDP_LOG_ERROR, "rank %d: %s", ctx->rank, message);
     return code;
+}
+
+/* Whether misuse aborts (fsdp__misused): decided once, at fsdp_init. */
+static int fsdp__misuse_aborts(void) {
+#ifdef FSDP_ABORT_ON_MISUSE
+    return 1;
+#else
+    const char *debug = getenv("FSDP_DEBUG");
+    return debug && atoi(debug) >= 1;
+#endif
+}
+
+/* A call made in the wrong state, whose failure code that does not check results never sees:
+   fsdp_param and fsdp_grad return NULL (the next access crashes, far from the cause), a hook
+   returns FSDP_ERR_STATE. Its message, already in ctx->error, is logged as a warning once per
+   context (every later one only replaces ctx->error: a loop would repeat it thousands of times),
+   or, with FSDP_ABORT_ON_MISUSE or FSDP_DEBUG >= 1, printed on stderr before the process aborts
+   at the faulty call, where a debugger or core file shows it. */
+FSDP__PRIVATE void fsdp__misused(fsdp_ctx *ctx) {
+    char message[FSDP__ERRMSG];
+    pthread_mutex_lock(&ctx->lock);
+    fsdp__copy_string(message, sizeof message, ctx->error);
+    pthread_mutex_unlock(&ctx->lock);
+    if (ctx->abort_on_misuse) {
+        fprintf(stderr, "fsdp: rank %d: aborting on misuse (FSDP_DEBUG >= 1 or FSDP_ABORT_ON_MISUSE): %s\n", ctx->rank,
+                message);
+        fflush(stderr);
+        abort();
+    }
+    if (ctx->misuse_warned) return;
+    ctx->misuse_warned = 1;
+    fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: %s (warned once per context: FSDP_DEBUG=1 aborts at the call)",
+              ctx->rank, message);
 }
 
 FSDP_API const char *fsdp_last_error(const fsdp_ctx *ctx) { return ctx ? ctx->error : fsdp__init_error; }
@@ -8977,8 +9041,9 @@ FSDP__PRIVATE int fsdp__unit_pre_forward(fsdp_ctx *ctx, int ui) {
     }
     if (u->state == FSDP__IN_FORWARD || u->state == FSDP__IN_BACKWARD || u->forward_done)
         return fsdp__fail(ctx, FSDP_ERR_STATE, "pre_forward of unit '%s' in state %s%s", fsdp__unit_name(ctx, ui),
-                          fsdp__state_name(u->state), u->forward_done ? " (its forward already ran this iteration; after a forward-only pass call "
-                                             "fsdp_finish_backward)" : "");
+                          fsdp__state_name(u->state), u->forward_done ? " (its forward already ran in this iteration: end a "
+                                             "forward-only pass (validation, sampling) with fsdp_finish_backward(ctx) before "
+                                             "the next forward)" : "");
     ctx->phase = 1;
     if (!ctx->order_known) {
         for (i = 0; i < ctx->fwd_len && ctx->fwd_order[i] != ui; i++) {}
@@ -8994,7 +9059,9 @@ FSDP__PRIVATE int fsdp__unit_pre_forward(fsdp_ctx *ctx, int ui) {
 FSDP__PRIVATE int fsdp__unit_post_forward(fsdp_ctx *ctx, int ui) {
     fsdp__unit *u = &ctx->units[ui];
     u->forward_done = 1;
-    if (u->reshard_after_forward && !fsdp__aliases_master(ctx, u)) fsdp__reshard(ctx, u);
+    /* (a unit that computes on its master frees nothing, but is resharded all the same: its
+       weights are then unreadable outside its hooks on one rank as on many) */
+    if (u->reshard_after_forward) fsdp__reshard(ctx, u);
     else u->state = FSDP__UNSHARDED;
     return 0;
 }
@@ -9133,7 +9200,7 @@ FSDP__PRIVATE int fsdp__hook_post_forward(fsdp_ctx *ctx, int module) {
     if (u->recomputing && u->state == FSDP__IN_FORWARD && u->refcount > 0) {
         if (--u->refcount > 0) return 0;
         u->recomputing = 0;
-        if (u->reshard_after_forward && !fsdp__aliases_master(ctx, u)) fsdp__reshard(ctx, u);
+        if (u->reshard_after_forward) fsdp__reshard(ctx, u);
         else u->state = FSDP__UNSHARDED;
         return 0;
     }
@@ -9175,6 +9242,8 @@ FSDP__PRIVATE int fsdp__traced_hook(fsdp_ctx *ctx, int module, int (*hook)(fsdp_
     int rc = hook(ctx, module);
     fsdp__trace_hook(ctx, name, module, t0);
     if (ctx && ctx->trace) fsdp__trace_spill(ctx);
+    if (ctx) ctx->hook_failed = rc != 0;
+    if (ctx && rc == FSDP_ERR_STATE) fsdp__misused(ctx); /* out of order */
     return rc;
 }
 FSDP_API int fsdp_pre_forward(fsdp_ctx *ctx, int module) {
@@ -9199,22 +9268,80 @@ static fsdp__unit *fsdp__param_unit(fsdp_ctx *ctx, int param) {
 /* Where parameter p's slice starts in its unit's shard (an empty slice: still inside it). */
 static int64_t fsdp__param_at(const fsdp_ctx *ctx, int p) { return ctx->param_at[p]; }
 
+/* What a parameter accessor (fsdp_param, fsdp_param_raw: weights; fsdp_grad: gradients) called
+   where its unit has none to give tells the caller: the parameter, its unit and the unit's
+   state, and the hook to call (fsdp__misused). NULL, for the accessor to return. */
+FSDP__PRIVATE void *fsdp__access_misused(fsdp_ctx *ctx, const char *fn, int param, int grad) {
+    char message[FSDP__ERRMSG], unit[160], fix[FSDP__ERRMSG];
+    const fsdp__unit *u;
+    int ui, module;
+    if (param < 0 || param >= ctx->model->num_params) {
+        fsdp__fmt(message, sizeof message, "%s(ctx, %d): no such parameter (the model has %d)", fn, param,
+                  ctx->model->num_params);
+        fsdp__set_error(ctx, message);
+        fsdp__misused(ctx);
+        return NULL;
+    }
+    ui = ctx->plan.unit_of_param[param];
+    u = &ctx->units[ui];
+    module = u->module;
+    if (ui == 0) fsdp__fmt(unit, sizeof unit, "unit 0 (root)");
+    else fsdp__fmt(unit, sizeof unit, "unit %d '%s'", ui, fsdp__unit_name(ctx, ui));
+    if (ctx->hook_failed) { /* code that does not check the hooks' results: the cause is that failure */
+        pthread_mutex_lock(&ctx->lock);
+        fsdp__fmt(fix, sizeof fix, "the last hook call failed: %s", ctx->error);
+        pthread_mutex_unlock(&ctx->lock);
+    } else if (grad)
+        fsdp__fmt(fix, sizeof fix, "gradients exist from fsdp_pre_backward(ctx, %d) to fsdp_post_backward(ctx, %d)", module,
+                  module);
+    else if (u->state == FSDP__IN_FORWARD || u->state == FSDP__IN_BACKWARD || u->state == FSDP__UNSHARDED)
+        fsdp__fmt(fix, sizeof fix, "param_dtype is %s: f32 weights need fsdp_desc.fp32_compute_view = 1 (or read "
+                  "them with fsdp_param_raw)", fsdp_dtype_name(ctx->param_dtype));
+    else if (u->forward_done && !u->backward_started)
+        fsdp__fmt(fix, sizeof fix, "its fsdp_post_forward resharded it (%s): in backward, call fsdp_pre_backward(ctx, "
+                  "%d) first", fsdp_strategy_name(u->strategy), module);
+    else if (u->backward_done)
+        fsdp__fmt(fix, sizeof fix, "its fsdp_post_backward resharded it: read weights between its hooks");
+    else
+        fsdp__fmt(fix, sizeof fix, "call fsdp_pre_forward(ctx, %d) first (fsdp_pre_backward(ctx, %d) in backward)%s",
+                  module, module, ui == 0 ? "; the root unit's hooks wrap the whole forward and the whole backward" : "");
+    fsdp__fmt(message, sizeof message, "%s(ctx, %d '%s'): %s is %s: %s", fn, param, ctx->model->params[param].name, unit,
+              u->state == FSDP__SHARDED     ? "sharded (not gathered)"
+              : u->state == FSDP__GATHERING ? "being gathered (its hook has not run)"
+              : u->state == FSDP__IN_FORWARD ? "in its forward"
+              : u->state == FSDP__IN_BACKWARD ? "in its backward"
+                                               : "gathered, between its forward and its backward",
+              fix);
+    fsdp__set_error(ctx, message);
+    fsdp__misused(ctx);
+    return NULL;
+}
+
+static int fsdp__weights_readable(const fsdp__unit *u) {
+    return u->state == FSDP__IN_FORWARD || u->state == FSDP__IN_BACKWARD || u->state == FSDP__UNSHARDED;
+}
+
 FSDP_API float *fsdp_param(fsdp_ctx *ctx, int param) {
     fsdp__unit *u = fsdp__param_unit(ctx, param);
-    if (!u || (u->state != FSDP__IN_FORWARD && u->state != FSDP__IN_BACKWARD && u->state != FSDP__UNSHARDED)) return NULL;
+    if (!ctx) return NULL;
+    if (!u || !fsdp__weights_readable(u) || (ctx->param_dtype != FSDP_F32 && !u->view32))
+        return (float *)fsdp__access_misused(ctx, "fsdp_param", param, 0);
     if (ctx->param_dtype == FSDP_F32) return (float *)u->unsharded + ctx->plan.param_offset[param];
-    return u->view32 ? u->view32 + ctx->plan.param_offset[param] : NULL;
+    return u->view32 + ctx->plan.param_offset[param];
 }
 
 FSDP_API void *fsdp_param_raw(fsdp_ctx *ctx, int param) {
     fsdp__unit *u = fsdp__param_unit(ctx, param);
-    if (!u || (u->state != FSDP__IN_FORWARD && u->state != FSDP__IN_BACKWARD && u->state != FSDP__UNSHARDED)) return NULL;
+    if (!ctx) return NULL;
+    if (!u || !fsdp__weights_readable(u)) return fsdp__access_misused(ctx, "fsdp_param_raw", param, 0);
     return (char *)u->unsharded + (size_t)ctx->plan.param_offset[param] * fsdp_dtype_size(ctx->param_dtype);
 }
 
 FSDP_API float *fsdp_grad(fsdp_ctx *ctx, int param) {
     fsdp__unit *u = fsdp__param_unit(ctx, param);
-    if (!u || u->state != FSDP__IN_BACKWARD || !u->grad_full || ctx->model->params[param].frozen) return NULL;
+    if (!ctx) return NULL;
+    if (u && ctx->model->params[param].frozen) return NULL; /* no gradient, ever (documented) */
+    if (!u || u->state != FSDP__IN_BACKWARD || !u->grad_full) return (float *)fsdp__access_misused(ctx, "fsdp_grad", param, 1);
     return u->grad_full + ctx->plan.param_offset[param];
 }
 
@@ -10212,6 +10339,7 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
     ctx->rank = fsdp_comm_rank(desc->comm);
     ctx->world = fsdp_comm_size(desc->comm);
     ctx->logger = desc->logger.fn ? desc->logger : desc->comm->logger;
+    ctx->abort_on_misuse = fsdp__misuse_aborts();
     pthread_mutex_init(&ctx->lock, NULL);
     pthread_cond_init(&ctx->wake, NULL);
     pthread_cond_init(&ctx->done, NULL);
