@@ -9864,7 +9864,8 @@ FSDP_API int fsdp_synchronize(fsdp_ctx *ctx) {
 }
 
 FSDP_API int fsdp_set_lr(fsdp_ctx *ctx, float lr) {
-    if (!ctx || !(lr >= 0) || !isfinite(lr)) return FSDP_ERR_INVALID_ARG;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if (!(lr >= 0) || !isfinite(lr)) return fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_set_lr: lr %g must be >= 0 and finite", (double)lr);
     ctx->opt.lr = lr;
     return 0;
 }
@@ -10524,7 +10525,10 @@ FSDP__PRIVATE int fsdp__write_slice(fsdp_ctx *ctx, fsdp__unit *u, int param, con
 FSDP_API int fsdp_set_param_shard(fsdp_ctx *ctx, int param, const float *slice) {
     fsdp__unit *u = fsdp__param_unit(ctx, param);
     int rc;
-    if (!u || !slice) return FSDP_ERR_INVALID_ARG;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if (!u || !slice)
+        return fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_set_param_shard(ctx, %d, %s): %s", param, slice ? "slice" : "NULL",
+                          u ? "the slice is NULL" : "no such parameter");
     if ((rc = fsdp__check_settable(ctx, u, param)) != 0) return rc;
     return fsdp__write_slice(ctx, u, param, slice);
 }
@@ -10535,7 +10539,10 @@ FSDP_API int fsdp_set_param_full(fsdp_ctx *ctx, int param, const float *full) {
     float *buf;
     size_t n;
     int rc;
-    if (!u || (ctx->rank == 0 && !full)) return FSDP_ERR_INVALID_ARG;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if (!u || (ctx->rank == 0 && !full))
+        return fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_set_param_full(ctx, %d, ...): %s", param,
+                          u ? "rank 0 must pass the full value (NULL)" : "no such parameter");
     if ((rc = fsdp__check_settable(ctx, u, param)) != 0) return rc;
     n = (size_t)ctx->model->params[param].numel;
     buf = (float *)fsdp__buf_get(ctx, sizeof(float) * n, 0);

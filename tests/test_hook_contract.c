@@ -337,6 +337,22 @@ static void test_param_of_a_parameter_that_does_not_exist_names_its_index_and_th
     assert_says(fsdp_last_error(ctx), "fsdp_grad(ctx, -1): no such parameter");
 }
 
+/* The other calls that took a bad argument in silence now say what was wrong. */
+static void test_set_lr_of_a_negative_value_returns_invalid_arg_naming_it(void) {
+    start_one_rank(FSDP_FULL_SHARD);
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_set_lr(ctx, -0.5f));
+    assert_says(fsdp_last_error(ctx), "fsdp_set_lr: lr -0.5 must be >= 0 and finite");
+}
+
+static void test_set_param_of_a_parameter_that_does_not_exist_returns_invalid_arg_naming_it(void) {
+    float values[8] = {0};
+    start_one_rank(FSDP_FULL_SHARD);
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_set_param_shard(ctx, 42, values));
+    assert_says(fsdp_last_error(ctx), "fsdp_set_param_shard(ctx, 42, slice): no such parameter");
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_set_param_full(ctx, net.param[P_SCALE], NULL));
+    assert_says(fsdp_last_error(ctx), "rank 0 must pass the full value");
+}
+
 /* Every misuse replaces the context's error; only the first is logged, as a warning. */
 static void test_misuse_is_logged_as_a_warning_once_per_context(void) {
     start_one_rank(FSDP_FULL_SHARD);
@@ -481,6 +497,8 @@ int main(void) {
     RUN_TEST(test_grad_in_forward_returns_null_naming_fsdp_pre_backward);
     RUN_TEST(test_grad_of_a_frozen_parameter_returns_null_without_message_or_warning);
     RUN_TEST(test_param_of_a_parameter_that_does_not_exist_names_its_index_and_the_count);
+    RUN_TEST(test_set_lr_of_a_negative_value_returns_invalid_arg_naming_it);
+    RUN_TEST(test_set_param_of_a_parameter_that_does_not_exist_returns_invalid_arg_naming_it);
     RUN_TEST(test_misuse_is_logged_as_a_warning_once_per_context);
     RUN_TEST(test_hook_out_of_order_is_logged_as_a_warning);
     RUN_TEST(test_forward_only_pass_without_finish_backward_then_forward_names_fsdp_finish_backward);
