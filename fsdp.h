@@ -620,7 +620,10 @@ typedef struct fsdp_wrap_policy {
             p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
             Defaults: betas 0.9, 0.999, eps 1e-8, weight_decay 0. State: exp_avg, exp_avg_sq.
      AdamW: p *= 1 - lr * weight_decay, then Adam without the weight-decay term.
-            Defaults as Adam but weight_decay 0.01.
+            Defaults as Adam but weight_decay 0.01 (PyTorch's): a weight_decay left at 0 is
+            0.01. For none (llm.c's AdamW, for one), say so: .weight_decay =
+            FSDP_NO_WEIGHT_DECAY. fsdp_init logs the settings it resolved at info level, saying
+            where the weight decay came from, and fsdp_print_units prints them.
    An optimizer of your own is a row you fill (fsdp_optimizer_desc.custom), as a backend is.
    ============================================================================================ */
 typedef enum fsdp_optimizer_kind {
@@ -635,17 +638,23 @@ typedef enum fsdp_optimizer_kind {
 
 typedef struct fsdp_optimizer fsdp_optimizer;
 
+/* Exactly no weight decay, for fsdp_optimizer_desc.weight_decay, where a field left at 0 takes
+   the optimizer's default (AdamW's: 0.01). It is a negative zero: recognised by its bits (also
+   under -ffast-math), and in any arithmetic (a row that does not know it) the same as 0.
+   fsdp_init resolves it to weight_decay 0 with weight_decay_set 1. */
+#define FSDP_NO_WEIGHT_DECAY (-0.0f)
+
 /* Hyper-parameters. A zero field takes the optimizer's default; to ask for exactly zero where the
-   default is not zero (AdamW's weight decay), set weight_decay_set = 1. Fields an optimizer does
-   not use are ignored. */
+   default is not zero (AdamW's weight decay), set .weight_decay = FSDP_NO_WEIGHT_DECAY (or, as
+   before it existed, weight_decay_set = 1). Fields an optimizer does not use are ignored. */
 typedef struct fsdp_optimizer_desc {
     fsdp_optimizer_kind kind;
     float lr;              /* default 1e-3 (every optimizer; a row's defaults may change it) */
     float momentum, dampening;
     int nesterov;
     float beta1, beta2, eps;
-    float weight_decay;
-    int weight_decay_set;
+    float weight_decay;    /* 0: the optimizer's default (AdamW 0.01, others 0); FSDP_NO_WEIGHT_DECAY: none */
+    int weight_decay_set;  /* 1: weight_decay as given, even 0 (FSDP_NO_WEIGHT_DECAY says it in the field) */
     const fsdp_optimizer *custom; /* an optimizer of your own (kind FSDP_OPTIMIZER_CUSTOM or 0) */
     fsdp_dtype state_dtype;       /* the state's storage: FSDP_F32 (default: PyTorch's bits) or
                                      FSDP_BF16 (half the bytes, in RAM and on disk: each step widens
@@ -928,7 +937,8 @@ FSDP_API int fsdp_num_units(const fsdp_ctx *ctx);
 FSDP_API int fsdp_unit_info_get(const fsdp_ctx *ctx, int unit, fsdp_unit_info *info);
 FSDP_API int fsdp_param_info_get(const fsdp_ctx *ctx, int param, fsdp_param_info *info);
 /* Prints the units (name, strategy, whether post_forward reshards them, parameters, padding,
-   bytes per rank) through fn, or stdout if NULL. */
+   bytes per rank), then the optimizer's settings as resolved (defaults filled, and where the
+   weight decay came from), through fn, or stdout if NULL. */
 FSDP_API void fsdp_print_units(const fsdp_ctx *ctx, void (*fn)(void *user, const char *line), void *user);
 
 /* Copies a parameter's full value (gathered) into out (numel floats) on every rank. Collective. */
@@ -7803,9 +7813,21 @@ FSDP__PRIVATE int fsdp__optimizer_num_state(const fsdp_optimizer_desc *o) {
     return n;
 }
 
+/* FSDP_NO_WEIGHT_DECAY: a zero with the sign bit, by its bits (-ffast-math lets signbit() and
+   comparisons ignore the sign of a zero). */
+static int fsdp__is_no_weight_decay(float weight_decay) {
+    uint32_t bits;
+    memcpy(&bits, &weight_decay, sizeof bits);
+    return bits == 0x80000000u;
+}
+
 /* Picks the row (kind 0: SGD, or custom when set) and fills the defaults. */
 FSDP__PRIVATE void fsdp__optimizer_defaults(fsdp_optimizer_desc *o) {
     const fsdp_optimizer *row;
+    if (fsdp__is_no_weight_decay(o->weight_decay)) { /* before the row's defaults, which then keep it */
+        o->weight_decay = 0.0f;
+        o->weight_decay_set = 1;
+    }
     if (o->kind == FSDP_OPTIMIZER_DEFAULT) o->kind = o->custom ? FSDP_OPTIMIZER_CUSTOM : FSDP_SGD;
     if (o->lr == 0.0f) o->lr = 1e-3f;
     if (o->state_dtype == FSDP_DTYPE_DEFAULT) o->state_dtype = FSDP_F32;
@@ -7838,6 +7860,39 @@ FSDP__PRIVATE int fsdp__optimizer_check(const fsdp_optimizer_desc *o, char *err,
     if (!why) return 0;
     fsdp__fmt(err, err_size, "optimizer %s: %s", fsdp_printable(name, sizeof name, fsdp__optimizer_name(row)), why);
     return FSDP_ERR_INVALID_ARG;
+}
+
+/* The settings o resolved from given (fsdp__optimizer_defaults), in words for the log and
+   fsdp_print_units, saying where the weight decay came from: "AdamW: lr 0.001, betas (0.9,
+   0.999), eps 1e-08, weight_decay 0.01 (AdamW's default: set .weight_decay =
+   FSDP_NO_WEIGHT_DECAY for none), state f32". */
+FSDP__PRIVATE void fsdp__optimizer_describe(const fsdp_optimizer_desc *given, const fsdp_optimizer_desc *o, char *out,
+                                            size_t size) {
+    static const char *const titles[3] = {"SGD", "Adam", "AdamW"};
+    const fsdp_optimizer *row = fsdp__optimizer_row(o);
+    char title[40], hyper[160], decay[160];
+    if (o->kind >= FSDP_SGD && o->kind <= FSDP_ADAMW) fsdp__copy_string(title, sizeof title, titles[o->kind - FSDP_SGD]);
+    else fsdp_printable(title, sizeof title, row ? fsdp__optimizer_name(row) : "custom");
+    if (o->kind == FSDP_SGD && o->momentum != 0.0f)
+        fsdp__fmt(hyper, sizeof hyper, ", momentum %g, dampening %g%s", (double)o->momentum, (double)o->dampening,
+                  o->nesterov ? ", nesterov" : "");
+    else if (o->kind == FSDP_SGD)
+        fsdp__fmt(hyper, sizeof hyper, ", no momentum");
+    else if (o->kind == FSDP_ADAM || o->kind == FSDP_ADAMW)
+        fsdp__fmt(hyper, sizeof hyper, ", betas (%g, %g), eps %g", (double)o->beta1, (double)o->beta2, (double)o->eps);
+    else /* a row of the user's: the fields it may read */
+        fsdp__fmt(hyper, sizeof hyper, ", momentum %g, dampening %g, nesterov %d, betas (%g, %g), eps %g", (double)o->momentum,
+                  (double)o->dampening, o->nesterov, (double)o->beta1, (double)o->beta2, (double)o->eps);
+    if (fsdp__is_no_weight_decay(given->weight_decay))
+        fsdp__fmt(decay, sizeof decay, "weight_decay 0 (FSDP_NO_WEIGHT_DECAY)");
+    else if (given->weight_decay == 0.0f && o->weight_decay != 0.0f)
+        fsdp__fmt(decay, sizeof decay, "weight_decay %g (%s's default: set .weight_decay = FSDP_NO_WEIGHT_DECAY for none)",
+                  (double)o->weight_decay, title);
+    else if (given->weight_decay == 0.0f && given->weight_decay_set)
+        fsdp__fmt(decay, sizeof decay, "weight_decay 0 (weight_decay_set)");
+    else
+        fsdp__fmt(decay, sizeof decay, "weight_decay %g", (double)o->weight_decay);
+    fsdp__fmt(out, size, "%s: lr %g%s, %s, state %s", title, (double)o->lr, hyper, decay, fsdp_dtype_name(o->state_dtype));
 }
 
 /* Which state buffer a checkpoint tensor's suffix ("exp_avg") names: its index among the k the
@@ -8288,6 +8343,7 @@ struct fsdp_ctx {
     int rank, world;
     fsdp_dtype param_dtype, reduce_dtype;
     fsdp_optimizer_desc opt;           /* resolved: defaults filled */
+    fsdp_optimizer_desc opt_given;     /* as the caller gave it (where each setting came from) */
     const fsdp_optimizer *optimizer;   /* its row */
     int num_state;                     /* state buffers per trainable unit */
     int64_t step;
@@ -10052,7 +10108,7 @@ FSDP__PRIVATE int fsdp__init_fail_ctx(fsdp_ctx *ctx, int code, const char *fmt, 
    allows), and the plan: which parameters form which unit, where each lies in its flat
    parameter. */
 FSDP__PRIVATE int fsdp__init_resolve(fsdp_ctx *ctx, int *hybrid_group) {
-    char err[FSDP__ERRMSG] = "";
+    char err[FSDP__ERRMSG] = "", settings[FSDP__ERRMSG];
     int rc;
     if (ctx->desc.strategy == FSDP_STRATEGY_AUTO) {
         fsdp_desc chosen;
@@ -10077,6 +10133,8 @@ FSDP__PRIVATE int fsdp__init_resolve(fsdp_ctx *ctx, int *hybrid_group) {
     ctx->num_state = fsdp__optimizer_num_state(&ctx->opt);
     ctx->state_dtype = ctx->opt.state_dtype;
     ctx->num_units = ctx->plan.num_units;
+    fsdp__optimizer_describe(&ctx->opt_given, &ctx->opt, settings, sizeof settings);
+    fsdp__log(&ctx->logger, FSDP_LOG_INFO, "fsdp_init: optimizer %s", settings);
     return 0;
 }
 
@@ -10336,6 +10394,7 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
     if (!ctx) return FSDP_ERR_OUT_OF_MEMORY;
     ctx->model = model;
     ctx->desc = *desc;
+    ctx->opt_given = desc->optimizer;
     ctx->comm = desc->comm;
     ctx->rank = fsdp_comm_rank(desc->comm);
     ctx->world = fsdp_comm_size(desc->comm);
@@ -10447,7 +10506,7 @@ FSDP_API int fsdp_param_info_get(const fsdp_ctx *ctx, int param, fsdp_param_info
 }
 
 FSDP_API void fsdp_print_units(const fsdp_ctx *ctx, void (*fn)(void *user, const char *line), void *user) {
-    char line[320];
+    char line[320], settings[300];
     int ui;
     size_t master, per_param;
     if (!ctx) return;
@@ -10465,6 +10524,9 @@ FSDP_API void fsdp_print_units(const fsdp_ctx *ctx, void (*fn)(void *user, const
                   (long long)(u->padded - u->numel), (long long)u->shard, (size_t)u->shard * (u->frozen ? master : per_param));
         if (fn) fn(user, line); else printf("%s\n", line);
     }
+    fsdp__optimizer_describe(&ctx->opt_given, &ctx->opt, settings, sizeof settings);
+    fsdp__fmt(line, sizeof line, "optimizer %s", settings);
+    if (fn) fn(user, line); else printf("%s\n", line);
 }
 
 /* --- full values ----------------------------------------------------------------------------- */
