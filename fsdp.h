@@ -698,7 +698,12 @@ FSDP_API const fsdp_optimizer *fsdp_optimizer_of(fsdp_optimizer_kind kind);
    belongs to the first group that matches it, or to none (the optimizer's settings). A group
    matches a parameter whose full name fits pattern (a shell glob as fnmatch: "*.bias", "ln_*";
    NULL: any name) and whose number of dimensions is in [min_ndim, max_ndim] (max_ndim 0: no
-   upper bound). GPT-2's recipe, decay only matrices: {NULL, 0, 1, 0.0f, 0}. */
+   upper bound). GPT-2's recipe, decay only matrices: {NULL, 0, 1, 0.0f, 0}.
+   A group sets the two settings recipes vary per parameter (GPT-2's decay of matrices only,
+   layer-wise lr decay); betas, eps and momentum are the optimizer's for every parameter, unlike
+   torch's groups, which may set any: no recipe here needs them, and a field added later (0: the
+   optimizer's) could, without changing this struct's meaning. fsdp_set_param_group changes a
+   group's settings between steps. */
 typedef struct fsdp_param_group {
     const char *pattern;
     int min_ndim, max_ndim;
@@ -894,7 +899,32 @@ FSDP_API int fsdp_synchronize(fsdp_ctx *ctx);
    next forward's fsdp_pre_forward refuses (FSDP_ERR_STATE) otherwise. Collective. */
 FSDP_API int fsdp_finish_backward(fsdp_ctx *ctx);
 FSDP_API int fsdp_zero_grad(fsdp_ctx *ctx);
+/* The learning rate of the next steps (every parameter group's base lr), >= 0. Local: every
+   rank must set the same. */
 FSDP_API int fsdp_set_lr(fsdp_ctx *ctx, float lr);
+/* Changes the optimizer's hyper-parameters between steps, as assigning to torch.optim's
+   param_groups does. opt is read as fsdp_desc.optimizer is by fsdp_init: a zero field takes its
+   default (AdamW's weight decay 0.01: FSDP_NO_WEIGHT_DECAY for none), and the same checks apply.
+   kind, custom and state_dtype must be fsdp_init's, and the settings must keep as many state
+   buffers (SGD keeps one with momentum, none without): the optimizer state cannot change shape
+   mid-run. Every setting is replaced, the lr set by fsdp_set_lr too; parameters of a parameter
+   group keep the group's weight decay and lr_scale (fsdp_set_param_group changes those). The next
+   fsdp_step uses them.
+   When: between steps (after fsdp_init, fsdp_step or fsdp_finish_backward, before the next
+   forward); an update still running in the background (offload) is waited for first.
+   Local: no communication, but every rank must pass the same values (as for fsdp_set_lr: ranks
+   holding replicas, or other shards of the same parameters, would otherwise update them
+   differently).
+   Return Value: 0; FSDP_ERR_INVALID_ARG naming the setting at fault, FSDP_ERR_STATE during an
+   iteration (nothing changed in either case). */
+FSDP_API int fsdp_set_optimizer(fsdp_ctx *ctx, const fsdp_optimizer_desc *opt);
+/* Changes parameter group `group` (its index in fsdp_desc.param_groups) between steps: its
+   weight_decay and lr_scale, checked as fsdp_init checks them. g's pattern, min_ndim and max_ndim
+   must be the group's at fsdp_init (which parameters a group holds cannot change). When, and
+   local: as fsdp_set_optimizer.
+   Return Value: 0; FSDP_ERR_INVALID_ARG naming the group and what is wrong, FSDP_ERR_STATE during
+   an iteration (nothing changed in either case). */
+FSDP_API int fsdp_set_param_group(fsdp_ctx *ctx, int group, const fsdp_param_group *g);
 /* The global gradient norm (waits for reductions; collective), as fsdp_step would clip it.
    With loss scaling it first divides the scale out of the gradients (as GradScaler.unscale_):
    call it between the last backward and fsdp_step. */
@@ -8339,7 +8369,10 @@ struct fsdp_ctx {
     int *param_by_name;     /* parameter ids sorted by name */
     int64_t *param_at;      /* where each parameter's slice starts in its unit's shard */
     fsdp_param_info *params;
-    float *param_decay, *param_lr_scale; /* per parameter, from desc.param_groups */
+    float *param_decay, *param_lr_scale; /* per parameter: its group's or the optimizer's (fsdp__param_rates) */
+    fsdp_param_group *groups;          /* desc.param_groups, copied (patterns too) */
+    int num_groups;
+    int *param_group;                  /* per parameter: the group it belongs to, or -1 */
     int rank, world;
     fsdp_dtype param_dtype, reduce_dtype;
     fsdp_optimizer_desc opt;           /* resolved: defaults filled */
@@ -8419,6 +8452,7 @@ FSDP__PRIVATE int fsdp__task_coll(fsdp_ctx *ctx, const fsdp__task *t, fsdp_comm 
                                   const void *send, void *recv, size_t count, fsdp_dtype dtype, fsdp_reduce_op op,
                                   uint32_t tag);
 /* ... and the checkpoint section's */
+FSDP__PRIVATE int fsdp__quiesce(fsdp_ctx *ctx, const char *what);
 FSDP__PRIVATE int fsdp__async_poll(fsdp_ctx *ctx, int wait);
 FSDP__PRIVATE void fsdp__async_end(fsdp_ctx *ctx);
 
@@ -9926,6 +9960,71 @@ FSDP_API int fsdp_set_lr(fsdp_ctx *ctx, float lr) {
     return 0;
 }
 
+/* (defined with fsdp_init's phases, below) */
+FSDP__PRIVATE int fsdp__param_group_check(const fsdp_param_group *g, int i, char *err, size_t err_size);
+FSDP__PRIVATE void fsdp__param_rates(fsdp_ctx *ctx);
+
+/* Why settings o (resolved) cannot replace the context's: they would keep the optimizer state in
+   another shape. NULL if they can. */
+static const char *fsdp__optimizer_reshapes(const fsdp_ctx *ctx, const fsdp_optimizer_desc *o) {
+    if (o->kind != ctx->opt.kind) return "its kind differs from fsdp_init's";
+    if (o->custom != ctx->opt.custom) return "its custom row differs from fsdp_init's";
+    if (o->state_dtype != ctx->opt.state_dtype) return "its state_dtype differs from fsdp_init's";
+    if (fsdp__optimizer_num_state(o) != ctx->num_state)
+        return "it keeps another number of state buffers than fsdp_init's (SGD: momentum 0 keeps none, any other one)";
+    return NULL;
+}
+
+FSDP_API int fsdp_set_optimizer(fsdp_ctx *ctx, const fsdp_optimizer_desc *opt) {
+    fsdp_optimizer_desc o;
+    char err[FSDP__ERRMSG], settings[FSDP__ERRMSG];
+    const char *why;
+    int rc;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if (!opt) return fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_set_optimizer: opt is NULL");
+    o = *opt;
+    fsdp__optimizer_defaults(&o);
+    if ((rc = fsdp__optimizer_check(&o, err, sizeof err)) != 0) return fsdp__fail(ctx, rc, "fsdp_set_optimizer: %s", err);
+    if ((why = fsdp__optimizer_reshapes(ctx, &o)) != NULL) {
+        fsdp__optimizer_describe(opt, &o, settings, sizeof settings);
+        return fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_set_optimizer(%s): %s: the optimizer state cannot change shape "
+                          "mid-run", settings, why);
+    }
+    if ((rc = fsdp__quiesce(ctx, "fsdp_set_optimizer")) != 0) return rc; /* (the step behind reads the rates) */
+    ctx->opt = o;
+    ctx->opt_given = *opt;
+    fsdp__param_rates(ctx);
+    fsdp__optimizer_describe(&ctx->opt_given, &ctx->opt, settings, sizeof settings);
+    fsdp__log(&ctx->logger, FSDP_LOG_INFO, "fsdp_set_optimizer: optimizer %s (from step %lld)", settings,
+              (long long)ctx->step + 1);
+    return 0;
+}
+
+FSDP_API int fsdp_set_param_group(fsdp_ctx *ctx, int group, const fsdp_param_group *g) {
+    fsdp_param_group *kept;
+    char err[FSDP__ERRMSG], given[64], had[64];
+    int rc;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if (!g || group < 0 || group >= ctx->num_groups)
+        return fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_set_param_group(ctx, %d, %s): %s (fsdp_init had %d)", group,
+                          g ? "g" : "NULL", g ? "no such group" : "g is NULL", ctx->num_groups);
+    kept = &ctx->groups[group];
+    if (!(g->pattern ? kept->pattern && strcmp(g->pattern, kept->pattern) == 0 : !kept->pattern) ||
+        g->min_ndim != kept->min_ndim || g->max_ndim != kept->max_ndim)
+        return fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_set_param_group(ctx, %d): pattern %s, ndim %d..%d differ from "
+                          "fsdp_init's %s, ndim %d..%d: a group's parameters cannot change (pass the same pattern and bounds)",
+                          group, g->pattern ? fsdp_printable(given, sizeof given, g->pattern) : "NULL", g->min_ndim,
+                          g->max_ndim, kept->pattern ? fsdp_printable(had, sizeof had, kept->pattern) : "NULL",
+                          kept->min_ndim, kept->max_ndim);
+    if ((rc = fsdp__param_group_check(g, group, err, sizeof err)) != 0)
+        return fsdp__fail(ctx, rc, "fsdp_set_param_group: %s", err);
+    if ((rc = fsdp__quiesce(ctx, "fsdp_set_param_group")) != 0) return rc;
+    kept->weight_decay = g->weight_decay;
+    kept->lr_scale = g->lr_scale;
+    fsdp__param_rates(ctx);
+    return 0;
+}
+
 /* --- creation ------------------------------------------------------------------------------ */
 /* The fp32 shards. With f32 parameters a unit is gathered straight from its shard, so the
    shards of each shard group live in one fsdp_comm_alloc block of that group's comm: on the
@@ -10003,10 +10102,22 @@ FSDP__PRIVATE void fsdp__desc_defaults(fsdp_desc *d, int world, int local_world)
     fsdp__optimizer_defaults(&d->optimizer);
 }
 
+/* Checks parameter group i (fsdp_init, fsdp_set_param_group): 0, or FSDP_ERR_INVALID_ARG with
+   why in err. */
+FSDP__PRIVATE int fsdp__param_group_check(const fsdp_param_group *g, int i, char *err, size_t err_size) {
+    if (!(g->weight_decay >= 0) || !isfinite(g->weight_decay) || !(g->lr_scale >= 0) || !isfinite(g->lr_scale) ||
+        g->min_ndim < 0 || g->max_ndim < 0 || (g->max_ndim && g->min_ndim > g->max_ndim)) {
+        fsdp__fmt(err, err_size, "param_groups[%d]: weight_decay and lr_scale must be finite and >= 0, and "
+                  "0 <= min_ndim <= max_ndim (max_ndim 0: no bound)", i);
+        return FSDP_ERR_INVALID_ARG;
+    }
+    return 0;
+}
+
 /* Checks a description with its defaults filled: 0, or FSDP_ERR_INVALID_ARG with why in err. */
 FSDP__PRIVATE int fsdp__desc_validate(const fsdp_desc *d, int world, char *err, size_t err_size) {
     const fsdp_loss_scale_desc *ls = &d->loss_scale;
-    int i;
+    int i, rc;
     if (ls->enabled && !(ls->init_scale > 0 && isfinite(ls->init_scale) && ls->growth_factor > 1 &&
                          isfinite(ls->growth_factor) && ls->backoff_factor > 0 && ls->backoff_factor < 1 &&
                          ls->growth_interval > 0)) {
@@ -10038,15 +10149,8 @@ FSDP__PRIVATE int fsdp__desc_validate(const fsdp_desc *d, int world, char *err, 
         fsdp__fmt(err, err_size, "num_param_groups %d without param_groups", d->num_param_groups);
         return FSDP_ERR_INVALID_ARG;
     }
-    for (i = 0; i < d->num_param_groups; i++) {
-        const fsdp_param_group *g = &d->param_groups[i];
-        if (!(g->weight_decay >= 0) || !isfinite(g->weight_decay) || !(g->lr_scale >= 0) || !isfinite(g->lr_scale) ||
-            g->min_ndim < 0 || g->max_ndim < 0 || (g->max_ndim && g->min_ndim > g->max_ndim)) {
-            fsdp__fmt(err, err_size, "param_groups[%d]: weight_decay and lr_scale must be finite and >= 0, and "
-                      "0 <= min_ndim <= max_ndim (max_ndim 0: no bound)", i);
-            return FSDP_ERR_INVALID_ARG;
-        }
-    }
+    for (i = 0; i < d->num_param_groups; i++)
+        if ((rc = fsdp__param_group_check(&d->param_groups[i], i, err, err_size)) != 0) return rc;
     return 0;
 }
 
@@ -10058,25 +10162,15 @@ FSDP__PRIVATE int fsdp__desc_resolve(fsdp_desc *d, int world, int local_world, i
     return fsdp__desc_validate(d, world, err, err_size);
 }
 
-/* Each parameter's weight decay and lr multiple from the first group that matches it, and
-   which units can be updated in one sweep. The groups are not kept (the caller's may go). */
-FSDP__PRIVATE int fsdp__apply_param_groups(fsdp_ctx *ctx) {
+/* Each parameter's weight decay and lr multiple, from its group or the optimizer's settings, and
+   which units can be updated in one sweep: after fsdp_init and every change of the settings. */
+FSDP__PRIVATE void fsdp__param_rates(fsdp_ctx *ctx) {
     const fsdp_model *m = ctx->model;
-    int p, g, ui;
-    ctx->param_decay = (float *)fsdp__calloc(sizeof(float) * (size_t)(m->num_params + 1));
-    ctx->param_lr_scale = (float *)fsdp__calloc(sizeof(float) * (size_t)(m->num_params + 1));
-    if (!ctx->param_decay || !ctx->param_lr_scale) return FSDP_ERR_OUT_OF_MEMORY;
+    int p, ui;
     for (p = 0; p < m->num_params; p++) {
-        ctx->param_decay[p] = ctx->opt.weight_decay;
-        ctx->param_lr_scale[p] = 1.0f;
-        for (g = 0; g < ctx->desc.num_param_groups; g++) {
-            const fsdp_param_group *pg = &ctx->desc.param_groups[g];
-            if (m->params[p].ndim < pg->min_ndim || (pg->max_ndim && m->params[p].ndim > pg->max_ndim)) continue;
-            if (pg->pattern && fnmatch(pg->pattern, m->params[p].name, 0) != 0) continue;
-            ctx->param_decay[p] = pg->weight_decay;
-            ctx->param_lr_scale[p] = pg->lr_scale > 0 ? pg->lr_scale : 1.0f;
-            break;
-        }
+        const fsdp_param_group *pg = ctx->param_group[p] >= 0 ? &ctx->groups[ctx->param_group[p]] : NULL;
+        ctx->param_decay[p] = pg ? pg->weight_decay : ctx->opt.weight_decay;
+        ctx->param_lr_scale[p] = pg && pg->lr_scale > 0 ? pg->lr_scale : 1.0f;
     }
     for (ui = 0; ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
@@ -10088,6 +10182,32 @@ FSDP__PRIVATE int fsdp__apply_param_groups(fsdp_ctx *ctx) {
                 u->uniform_update = 0;
         }
     }
+}
+
+/* The groups, copied (the caller's may go), and the first that matches each parameter. */
+FSDP__PRIVATE int fsdp__apply_param_groups(fsdp_ctx *ctx) {
+    const fsdp_model *m = ctx->model;
+    int p, g;
+    ctx->param_decay = (float *)fsdp__calloc(sizeof(float) * (size_t)(m->num_params + 1));
+    ctx->param_lr_scale = (float *)fsdp__calloc(sizeof(float) * (size_t)(m->num_params + 1));
+    ctx->param_group = (int *)fsdp__calloc(sizeof(int) * (size_t)(m->num_params + 1));
+    ctx->groups = (fsdp_param_group *)fsdp__calloc(sizeof *ctx->groups * (size_t)(ctx->desc.num_param_groups + 1));
+    if (!ctx->param_decay || !ctx->param_lr_scale || !ctx->param_group || !ctx->groups) return FSDP_ERR_OUT_OF_MEMORY;
+    for (g = 0; g < ctx->desc.num_param_groups; g++, ctx->num_groups++) {
+        ctx->groups[g] = ctx->desc.param_groups[g];
+        if (ctx->groups[g].pattern && !(ctx->groups[g].pattern = fsdp__strdup(ctx->groups[g].pattern)))
+            return FSDP_ERR_OUT_OF_MEMORY;
+    }
+    for (p = 0; p < m->num_params; p++) {
+        ctx->param_group[p] = -1;
+        for (g = 0; g < ctx->num_groups && ctx->param_group[p] < 0; g++) {
+            const fsdp_param_group *pg = &ctx->groups[g];
+            if (m->params[p].ndim < pg->min_ndim || (pg->max_ndim && m->params[p].ndim > pg->max_ndim)) continue;
+            if (pg->pattern && fnmatch(pg->pattern, m->params[p].name, 0) != 0) continue;
+            ctx->param_group[p] = g;
+        }
+    }
+    fsdp__param_rates(ctx);
     ctx->desc.param_groups = NULL;
     ctx->desc.num_param_groups = 0;
     return 0;
@@ -10469,6 +10589,9 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     FSDP_FREE(ctx->params);
     FSDP_FREE(ctx->param_decay);
     FSDP_FREE(ctx->param_lr_scale);
+    FSDP_FREE(ctx->param_group);
+    for (ui = 0; ui < ctx->num_groups; ui++) FSDP_FREE((void *)(uintptr_t)ctx->groups[ui].pattern); /* (copies of ours) */
+    FSDP_FREE(ctx->groups);
     FSDP_FREE(ctx->fwd_order);
     FSDP_FREE(ctx->bwd_order);
     FSDP_FREE(ctx->queue);
@@ -10527,6 +10650,18 @@ FSDP_API void fsdp_print_units(const fsdp_ctx *ctx, void (*fn)(void *user, const
     fsdp__optimizer_describe(&ctx->opt_given, &ctx->opt, settings, sizeof settings);
     fsdp__fmt(line, sizeof line, "optimizer %s", settings);
     if (fn) fn(user, line); else printf("%s\n", line);
+    for (ui = 0; ui < ctx->num_groups; ui++) {
+        const fsdp_param_group *g = &ctx->groups[ui];
+        int p, members = 0;
+        for (p = 0; p < ctx->model->num_params; p++) members += ctx->param_group[p] == ui;
+        char ndim[40];
+        fsdp_printable(settings, 80, g->pattern ? g->pattern : "*");
+        if (g->max_ndim) fsdp__fmt(ndim, sizeof ndim, "ndim %d..%d", g->min_ndim, g->max_ndim);
+        else fsdp__fmt(ndim, sizeof ndim, "ndim >= %d", g->min_ndim);
+        fsdp__fmt(line, sizeof line, "param_groups[%d] '%s', %s: weight_decay %g, lr x %g (%d parameters)", ui, settings,
+                  ndim, (double)g->weight_decay, (double)(g->lr_scale > 0 ? g->lr_scale : 1.0f), members);
+        if (fn) fn(user, line); else printf("%s\n", line);
+    }
 }
 
 /* --- full values ----------------------------------------------------------------------------- */
