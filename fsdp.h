@@ -1338,7 +1338,7 @@ FSDP_API int fsdp_launch_ex(const fsdp_launch_desc *desc, fsdp_rank_fn fn, void 
 
 #if defined(__GLIBC__) && (!defined(__USE_MISC) || !defined(__USE_XOPEN2K8))
 #  error "fsdp.h: a system header came before fsdp.h in strict ISO C mode; put #define _GNU_SOURCE at the very top of this file (or compile with -D_GNU_SOURCE)"
-#endif
+#else /* the implementation: skipped after that error, which then is the only diagnostic */
 
 /* ============================================================================================
    >>config
@@ -14341,6 +14341,7 @@ FSDP_API int fsdp_launch(int nprocs, fsdp_rank_fn fn, void *arg) {
     return rc;
 }
 
+#endif /* the feature macros' check */
 #endif /* FSDP__IMPLEMENTED */
 #endif /* FSDP_IMPLEMENTATION */
 

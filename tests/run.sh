@@ -75,8 +75,11 @@ if [ -z "$NO_EXTRA_CHECKS" ]; then
     check header.declarations_only $CC -std=c99 $W -c "$tmp/decl_only.c" -o "$tmp/a.o"
     check header.gnu_source_first_c99 $CC -std=c99 $W "$tmp/gnu_first.c" -o "$tmp/a" -lpthread -lm
     check header.after_stdio_gnu11 $CC -std=gnu11 $W "$tmp/after_stdio.c" -o "$tmp/a" -lpthread -lm
-    # strict mode with a system header first must stop with the message that says what to do
+    # strict mode with a system header first must stop with the message that says what to do,
+    # and with nothing else: one error line, not the cascade of the implementation after it
     check header.after_stdio_c99_explains sh -c "! $CC -std=c99 $W -c '$tmp/after_stdio.c' -o '$tmp/a.o' 2>'$tmp/err' && grep -q 'define _GNU_SOURCE at the very top' '$tmp/err'"
+    check header.after_stdio_c99_reports_exactly_one_error sh -c "! $CC -std=c99 $W -c '$tmp/after_stdio.c' -o '$tmp/a.o' 2>'$tmp/err';
+        cat '$tmp/err'; [ \$(grep -c 'error:' '$tmp/err') -eq 1 ] && [ \$(grep -c 'warning:' '$tmp/err') -eq 0 ]"
     # FSDP_ABORT_ON_MISUSE: fsdp_param outside its unit's hooks aborts there, printing its message
     cat >"$tmp/misuse.c" <<'EOF'
 #define FSDP_ABORT_ON_MISUSE
