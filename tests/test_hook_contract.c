@@ -482,6 +482,7 @@ static void test_param_outside_the_hooks_under_fsdp_debug_0_returns_null_and_goe
 }
 
 int main(void) {
+    unsetenv("FSDP_DEBUG"); /* misuse here is on purpose: only the children of the abort tests set it */
     UNITY_BEGIN();
     RUN_TEST(test_unit_info_under_full_shard_every_unit_but_the_root_reshards_after_forward);
     RUN_TEST(test_unit_info_under_hybrid_shard_every_unit_but_the_root_reshards_after_forward);
