@@ -5464,92 +5464,90 @@ FSDP__PRIVATE int fsdp__sock_shape_world(fsdp_comm *comm, const fsdp_comm_desc *
     return 0;
 }
 
-/* Connects a socket world (see the top of this section) and says its shape. Takes ownership of
-   listen_fd (a listener rank 0 inherited from fsdp_launch, or -1). */
-FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, int listen_fd, fsdp__sock_shape *shape) {
+/* fsdp__sock_init's phases. The buffers: the socket state of P peers, the rendezvous table
+   (rank 0 also the others' host facts and nonces) and which ranks this one links to. */
+FSDP__PRIVATE int fsdp__sock_alloc(fsdp_comm *comm, fsdp__sock **out, fsdp__sock_rdv *rdv, unsigned char **linked) {
     fsdp__sock *s = (fsdp__sock *)fsdp__calloc(sizeof *s);
-    int64_t deadline = fsdp__now_ms() + comm->timeout_ms;
-    int P = comm->world, p, rc = 0, resolved, links = 0;
-    const char *host = desc->master_addr && *desc->master_addr ? desc->master_addr : "127.0.0.1";
-    unsigned char *linked = NULL, facts[32];
-    char err[FSDP__ERRMSG];
-    fsdp__sock_rdv rdv;
-    fsdp__sock_hello hello;
-    memset(&rdv, 0, sizeof rdv);
-    rdv.store_fd = -1;
-    rdv.listen_fd = listen_fd;
-    rdv.store_key = desc->store_key && *desc->store_key ? desc->store_key : NULL;
-    if (!s) {
-        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
-        goto done;
-    }
+    int P = comm->world, p;
+    *out = s;
+    if (!s) return fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
     s->peers = (fsdp__sock_peer *)fsdp__calloc(sizeof *s->peers * (size_t)P);
     s->pfds = (struct pollfd *)fsdp__calloc(sizeof *s->pfds * (size_t)P);
     s->srcs = (const void **)fsdp__calloc(sizeof *s->srcs * (size_t)P);
     s->act = (int *)fsdp__calloc(sizeof *s->act * (size_t)P);
     s->pfd_peer = (int *)fsdp__calloc(sizeof *s->pfd_peer * (size_t)P);
-    rdv.table = (uint32_t *)fsdp__calloc(sizeof *rdv.table * (3 * (size_t)P + 1));
-    linked = (unsigned char *)fsdp__calloc((size_t)P);
+    for (p = 0; s->peers && p < P; p++) s->peers[p].fd = -1;
+    rdv->table = (uint32_t *)fsdp__calloc(sizeof *rdv->table * (3 * (size_t)P + 1));
+    *linked = (unsigned char *)fsdp__calloc((size_t)P);
     if (comm->rank == 0) {
-        rdv.facts = (unsigned char *)fsdp__calloc(16 * (size_t)P);
-        rdv.nonces = (unsigned char *)fsdp__calloc(64 * (size_t)P);
+        rdv->facts = (unsigned char *)fsdp__calloc(16 * (size_t)P);
+        rdv->nonces = (unsigned char *)fsdp__calloc(64 * (size_t)P);
     }
-    if (!s->peers || !s->pfds || !s->srcs || !s->act || !s->pfd_peer || !rdv.table || !linked ||
-        (comm->rank == 0 && (!rdv.facts || !rdv.nonces))) {
-        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
-        goto done;
-    }
-    rdv.ips = rdv.table;
-    rdv.ports = rdv.table + P;
-    rdv.hosts = rdv.table + 2 * (size_t)P;
-    rdv.flags = rdv.table + 3 * (size_t)P;
-    for (p = 0; p < P; p++) s->peers[p].fd = -1;
-    if (comm->rank == 0 && fsdp__sock_fd_room(0, P, P, err, sizeof err) != 0) { /* every rank joins through rank 0 */
-        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "%s", err);
-        goto done;
-    }
-    if (listen_fd < 0 && (desc->master_port <= 0 || desc->master_port > 65535)) {
-        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_INVALID_ARG, "socket: master_port %d is not a TCP port",
-                             desc->master_port);
-        goto done;
-    }
-    if (rdv.store_key && strlen(rdv.store_key) > 200) {
-        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_INVALID_ARG, "socket: store_key is longer than 200 characters");
-        goto done;
-    }
-    if ((resolved = fsdp__sock_resolve(host, desc->master_port, &rdv.master, deadline)) != 0) {
-        rc = fsdp__init_fail(&comm->logger, resolved == -2 ? FSDP_ERR_TIMEOUT : FSDP_ERR_INVALID_ARG,
-                             "socket: cannot resolve master address '%.200s'%s", host,
-                             resolved == -2 ? ": the resolver did not answer in time" : "");
-        goto done;
-    }
-    fsdp__fmt(rdv.store_at, sizeof rdv.store_at, "%.200s:%d", host, desc->master_port);
-    memset(&hello, 0, sizeof hello);
-    hello.rank = (uint32_t)comm->rank;
-    hello.world = (uint32_t)P;
-    hello.flags = fsdp__flat_wish() ? FSDP__SOCK_FLAT : 0u;
+    if (!s->peers || !s->pfds || !s->srcs || !s->act || !s->pfd_peer || !rdv->table || !*linked ||
+        (comm->rank == 0 && (!rdv->facts || !rdv->nonces)))
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
+    rdv->ips = rdv->table;
+    rdv->ports = rdv->table + P;
+    rdv->hosts = rdv->table + 2 * (size_t)P;
+    rdv->flags = rdv->table + 3 * (size_t)P;
+    return 0;
+}
+
+/* Where the others find rank 0 (desc's master address and port, resolved within the deadline),
+   after the checks that need no network: rank 0's room for a descriptor per rank, the port, the
+   store key. */
+FSDP__PRIVATE int fsdp__sock_find_master(fsdp_comm *comm, const fsdp_comm_desc *desc, fsdp__sock_rdv *rdv,
+                                         int64_t deadline) {
+    const char *host = desc->master_addr && *desc->master_addr ? desc->master_addr : "127.0.0.1";
+    char err[FSDP__ERRMSG];
+    int resolved;
+    if (comm->rank == 0 && fsdp__sock_fd_room(0, comm->world, comm->world, err, sizeof err) != 0) /* all join through it */
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "%s", err);
+    if (rdv->listen_fd < 0 && (desc->master_port <= 0 || desc->master_port > 65535))
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_INVALID_ARG, "socket: master_port %d is not a TCP port",
+                               desc->master_port);
+    if (rdv->store_key && strlen(rdv->store_key) > 200)
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_INVALID_ARG, "socket: store_key is longer than 200 characters");
+    if ((resolved = fsdp__sock_resolve(host, desc->master_port, &rdv->master, deadline)) != 0)
+        return fsdp__init_fail(&comm->logger, resolved == -2 ? FSDP_ERR_TIMEOUT : FSDP_ERR_INVALID_ARG,
+                               "socket: cannot resolve master address '%.200s'%s", host,
+                               resolved == -2 ? ": the resolver did not answer in time" : "");
+    fsdp__fmt(rdv->store_at, sizeof rdv->store_at, "%.200s:%d", host, desc->master_port);
+    return 0;
+}
+
+/* The rendezvous: rank 0 admits every other rank and welcomes them with the table; the others
+   find rank 0 (through the store, if any) and greet it. hello: this rank's, as the mesh repeats
+   it to its peers (without the host facts and wishes, which are for rank 0 only). */
+FSDP__PRIVATE int fsdp__sock_rendezvous(fsdp_comm *comm, fsdp__sock *s, fsdp__sock_rdv *rdv, fsdp__sock_hello *hello,
+                                        int64_t deadline) {
+    unsigned char facts[32], mine[64];
+    int rc = 0;
+    memset(hello, 0, sizeof *hello);
+    hello->rank = (uint32_t)comm->rank;
+    hello->world = (uint32_t)comm->world;
+    hello->flags = fsdp__flat_wish() ? FSDP__SOCK_FLAT : 0u;
     fsdp__host_facts(facts);
-    memcpy(hello.host, facts, sizeof hello.host);
+    memcpy(hello->host, facts, sizeof hello->host);
     if (comm->rank == 0) { /* what the others' hellos tell it, rank 0 knows of itself */
-        memcpy(rdv.facts, hello.host, sizeof hello.host);
-        *rdv.flags = hello.flags;
-        if ((rc = fsdp__sock_rank0_admit(comm, s, &rdv, deadline)) == 0) rc = fsdp__sock_rank0_welcome(comm, s, &rdv, deadline);
-    } else {
-        unsigned char mine[64];
-        if (rdv.store_key) rc = fsdp__sock_store_lookup(comm, &rdv, deadline);
-        if (!rc) rc = fsdp__sock_greet_rank0(comm, s, &rdv, &hello, mine, deadline);
-        memset(hello.host, 0, sizeof hello.host); /* (said to rank 0 only) */
-        hello.flags = 0;
+        memcpy(rdv->facts, hello->host, sizeof hello->host);
+        *rdv->flags = hello->flags;
+        if ((rc = fsdp__sock_rank0_admit(comm, s, rdv, deadline)) == 0) rc = fsdp__sock_rank0_welcome(comm, s, rdv, deadline);
+        return rc;
     }
-    if (!rc) rc = fsdp__sock_learn_places(comm, &rdv);
-    if (!rc) rc = fsdp__sock_shape_world(comm, desc, s, linked, shape, deadline);
-    for (p = 1; p < P; p++) links += linked[p];
-    if (!rc && comm->rank != 0 && fsdp__sock_fd_room(comm->rank, P, links + 1, err, sizeof err) != 0)
-        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "%s", err);
-    if (!rc && comm->rank != 0) rc = fsdp__sock_mesh(comm, s, &rdv, &hello, linked, deadline);
-    if (rc) goto done;
-    links = 0;
-    for (p = 0; p < P; p++) { /* rendezvous connections that are no links close; every link gets a ring */
+    if (rdv->store_key) rc = fsdp__sock_store_lookup(comm, rdv, deadline);
+    if (!rc) rc = fsdp__sock_greet_rank0(comm, s, rdv, hello, mine, deadline);
+    memset(hello->host, 0, sizeof hello->host); /* (said to rank 0 only) */
+    hello->flags = 0;
+    return rc;
+}
+
+/* Once the mesh stands: rendezvous connections that are no links close, every link turns
+   non-blocking and gets a ring of the receive buffer, sized so that all rings together stay
+   within FSDP__SOCK_RINGS_MAX. */
+FSDP__PRIVATE int fsdp__sock_rings(fsdp_comm *comm, fsdp__sock *s, const unsigned char *linked) {
+    int P = comm->world, p, links = 0;
+    for (p = 0; p < P; p++) {
         if (p == comm->rank || s->peers[p].fd < 0) continue;
         if (!linked[p]) {
             close(s->peers[p].fd);
@@ -5563,15 +5561,40 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
     s->ring_bytes = FSDP__SOCK_RINGS_MAX / (size_t)(links ? links : 1) / FSDP__SOCK_SEGMENT * FSDP__SOCK_SEGMENT;
     if (s->ring_bytes > FSDP__SOCK_RING_BYTES) s->ring_bytes = FSDP__SOCK_RING_BYTES;
     if (s->ring_bytes < FSDP__SOCK_SEGMENT) s->ring_bytes = FSDP__SOCK_SEGMENT;
-    if (!(s->ring = (char *)FSDP_MALLOC((size_t)(links ? links : 1) * s->ring_bytes))) {
-        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
-        goto done;
-    }
+    if (!(s->ring = (char *)FSDP_MALLOC((size_t)(links ? links : 1) * s->ring_bytes)))
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
     for (p = 0, links = 0; p < P; p++)
         if (s->peers[p].fd >= 0) s->peers[p].ring = s->ring + (size_t)links++ * s->ring_bytes;
-    s->spin_seconds = fsdp__spin_seconds(comm->local_world);
-    comm->impl = s;
-done:
+    return 0;
+}
+
+/* Connects a socket world (see the top of this section) and says its shape. Takes ownership of
+   listen_fd (a listener rank 0 inherited from fsdp_launch, or -1). */
+FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, int listen_fd, fsdp__sock_shape *shape) {
+    fsdp__sock *s = NULL;
+    int64_t deadline = fsdp__now_ms() + comm->timeout_ms;
+    int P = comm->world, p, rc, links = 0;
+    unsigned char *linked = NULL;
+    char err[FSDP__ERRMSG];
+    fsdp__sock_rdv rdv;
+    fsdp__sock_hello hello;
+    memset(&rdv, 0, sizeof rdv);
+    rdv.store_fd = -1;
+    rdv.listen_fd = listen_fd;
+    rdv.store_key = desc->store_key && *desc->store_key ? desc->store_key : NULL;
+    if ((rc = fsdp__sock_alloc(comm, &s, &rdv, &linked)) == 0) rc = fsdp__sock_find_master(comm, desc, &rdv, deadline);
+    if (!rc) rc = fsdp__sock_rendezvous(comm, s, &rdv, &hello, deadline);
+    if (!rc) rc = fsdp__sock_learn_places(comm, &rdv);
+    if (!rc) rc = fsdp__sock_shape_world(comm, desc, s, linked, shape, deadline);
+    for (p = 1; !rc && p < P; p++) links += linked[p];
+    if (!rc && comm->rank != 0 && fsdp__sock_fd_room(comm->rank, P, links + 1, err, sizeof err) != 0)
+        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "%s", err);
+    if (!rc && comm->rank != 0) rc = fsdp__sock_mesh(comm, s, &rdv, &hello, linked, deadline);
+    if (!rc) rc = fsdp__sock_rings(comm, s, linked);
+    if (!rc) {
+        s->spin_seconds = fsdp__spin_seconds(comm->local_world);
+        comm->impl = s;
+    }
     if (rdv.listen_fd >= 0) close(rdv.listen_fd);
     if (rdv.store_fd >= 0) close(rdv.store_fd);
     FSDP_FREE(rdv.table);
