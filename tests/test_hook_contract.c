@@ -81,16 +81,6 @@ static void start_one_rank(fsdp_strategy strategy) {
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_init(&ctx, net.model, &d), fsdp_last_error(NULL));
 }
 
-static void assert_says(const char *text, const char *part) {
-    copy_text(message, sizeof message, "expected '");
-    append_text(message, sizeof message, part);
-    append_text(message, sizeof message, "' in: \"");
-    append_text(message, sizeof message, text ? text : "(null)");
-    append_text(message, sizeof message, "\"");
-    TEST_ASSERT_NOT_NULL_MESSAGE(text, message);
-    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(text, part), message);
-}
-
 /* Forward of the root and of layers.0 .. layers.2 (each opened and closed). */
 static void forward_pass(fsdp_ctx *c, const mlp *m) {
     int l;
@@ -452,33 +442,34 @@ static int run_misuse_child(misuse_child *mc, char *printed_out, size_t size) {
     return status;
 }
 
+/* A child misusing under FSDP_DEBUG=debug (a hook, or fsdp_param): aborted (SIGABRT) printing
+   `says`, or (says NULL) went on and exited 0. */
+static void assert_misuse_child(const char *debug, int hook, const char *says) {
+    misuse_child mc;
+    char out[2048];
+    int status;
+    memset(&mc, 0, sizeof mc);
+    mc.debug = debug;
+    mc.hook = hook;
+    status = run_misuse_child(&mc, out, sizeof out);
+    snprintf(message, sizeof message, "FSDP_DEBUG=%s: wait status 0x%x, stderr: ", debug, (unsigned)status);
+    append_text(message, sizeof message, out);
+    if (!says) {
+        TEST_ASSERT_TRUE_MESSAGE(WIFEXITED(status) && WEXITSTATUS(status) == 0, message);
+        return;
+    }
+    TEST_ASSERT_TRUE_MESSAGE(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT, message);
+    assert_says(out, says);
+}
+
 static void test_param_outside_the_hooks_under_fsdp_debug_1_aborts_printing_the_message(void) {
-    misuse_child mc = {"1", 0, ""};
-    char out[2048];
-    int status = run_misuse_child(&mc, out, sizeof out);
-    snprintf(message, sizeof message, "wait status 0x%x, stderr: ", (unsigned)status);
-    append_text(message, sizeof message, out);
-    TEST_ASSERT_TRUE_MESSAGE(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT, message);
-    assert_says(out, "fsdp_param(ctx, 3 'layers.1.weight'): unit 2 'layers.1' is sharded (not gathered)");
+    assert_misuse_child("1", 0, "fsdp_param(ctx, 3 'layers.1.weight'): unit 2 'layers.1' is sharded (not gathered)");
 }
-
 static void test_hook_out_of_order_under_fsdp_debug_2_aborts_printing_the_message(void) {
-    misuse_child mc = {"2", 1, ""};
-    char out[2048];
-    int status = run_misuse_child(&mc, out, sizeof out);
-    snprintf(message, sizeof message, "wait status 0x%x, stderr: ", (unsigned)status);
-    append_text(message, sizeof message, out);
-    TEST_ASSERT_TRUE_MESSAGE(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT, message);
-    assert_says(out, "post_forward of module 'layers.1'");
+    assert_misuse_child("2", 1, "post_forward of module 'layers.1'");
 }
-
 static void test_param_outside_the_hooks_under_fsdp_debug_0_returns_null_and_goes_on(void) {
-    misuse_child mc = {"0", 0, ""};
-    char out[2048];
-    int status = run_misuse_child(&mc, out, sizeof out);
-    snprintf(message, sizeof message, "wait status 0x%x, stderr: ", (unsigned)status);
-    append_text(message, sizeof message, out);
-    TEST_ASSERT_TRUE_MESSAGE(WIFEXITED(status) && WEXITSTATUS(status) == 0, message);
+    assert_misuse_child("0", 0, NULL);
 }
 
 int main(void) {

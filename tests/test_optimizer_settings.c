@@ -78,16 +78,6 @@ static void start_one_rank(const fsdp_optimizer_desc *opt) {
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_init(&ctx, net.model, &d), fsdp_last_error(NULL));
 }
 
-static void assert_says(const char *text, const char *part) {
-    copy_text(message, sizeof message, "expected '");
-    append_text(message, sizeof message, part);
-    append_text(message, sizeof message, "' in: \"");
-    append_text(message, sizeof message, text ? text : "(null)");
-    append_text(message, sizeof message, "\"");
-    TEST_ASSERT_NOT_NULL_MESSAGE(text, message);
-    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(text, part), message);
-}
-
 /* One iteration whose backward adds nothing: every gradient stays zero. */
 static void step_with_zero_gradients(fsdp_ctx *c, const mlp *m) {
     int l;
