@@ -91,6 +91,10 @@
        FSDP_MALLOC(size) FSDP_REALLOC(ptr, size) FSDP_FREE(ptr)
                             the allocator: define all three or none (default malloc, realloc, free)
        FSDP_ASSERT(cond)    checks of internal invariants (default assert)
+       FSDP_ABORT_ON_MISUSE abort, printing the message on stderr, at every misuse of a context
+                            (fsdp_param or fsdp_grad outside their unit's hooks, hooks out of
+                            order), as FSDP_DEBUG >= 1 does at run time; without it misuse
+                            returns NULL or FSDP_ERR_STATE and logs one warning per context
        FSDP_WITH_MPI        build the MPI bridge (needs <mpi.h>: compile with mpicc)
 
    ENVIRONMENT (read by fsdp_comm_init_from_env, fsdp_launch and the backends)
@@ -107,7 +111,11 @@
        FSDP_SECRET           the secret itself, instead of FSDP_SECRET_FILE (read once, then
                              wiped and removed from the environment: later children do not get it)
        FSDP_DEBUG            unset: warnings to stderr; 0: silent; 1: also errors; 2: also info;
-                             3: also debug (for objects made from the environment or by fsdp_launch)
+                             3: also debug (for objects made from the environment or by fsdp_launch).
+                             From 1, also: every context (read at fsdp_init) aborts the process at
+                             a misuse, printing its message on stderr: fsdp_param, fsdp_param_raw
+                             or fsdp_grad outside their unit's hooks, a hook out of order
+                             (FSDP_ABORT_ON_MISUSE does it at compile time)
        FSDP_SPIN             0: waits never spin; 1: they spin 50 us before yielding; unset: they
                              spin while every rank of the job on this host can have a core of
                              those its affinity mask allows (shm: never on a peer last seen on
@@ -651,7 +659,10 @@ typedef struct fsdp_wrap_policy {
             p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
             Defaults: betas 0.9, 0.999, eps 1e-8, weight_decay 0. State: exp_avg, exp_avg_sq.
      AdamW: p *= 1 - lr * weight_decay, then Adam without the weight-decay term.
-            Defaults as Adam but weight_decay 0.01.
+            Defaults as Adam but weight_decay 0.01 (PyTorch's): a weight_decay left at 0 is
+            0.01. For none (llm.c's AdamW, for one), say so: .weight_decay =
+            FSDP_NO_WEIGHT_DECAY. fsdp_init logs the settings it resolved at info level, saying
+            where the weight decay came from, and fsdp_print_units prints them.
    An optimizer of your own is a row you fill (fsdp_optimizer_desc.custom), as a backend is.
    ============================================================================================ */
 typedef enum fsdp_optimizer_kind {
@@ -666,17 +677,23 @@ typedef enum fsdp_optimizer_kind {
 
 typedef struct fsdp_optimizer fsdp_optimizer;
 
+/* Exactly no weight decay, for fsdp_optimizer_desc.weight_decay, where a field left at 0 takes
+   the optimizer's default (AdamW's: 0.01). It is a negative zero: recognised by its bits (also
+   under -ffast-math), and in any arithmetic (a row that does not know it) the same as 0.
+   fsdp_init resolves it to weight_decay 0 with weight_decay_set 1. */
+#define FSDP_NO_WEIGHT_DECAY (-0.0f)
+
 /* Hyper-parameters. A zero field takes the optimizer's default; to ask for exactly zero where the
-   default is not zero (AdamW's weight decay), set weight_decay_set = 1. Fields an optimizer does
-   not use are ignored. */
+   default is not zero (AdamW's weight decay), set .weight_decay = FSDP_NO_WEIGHT_DECAY (or, as
+   before it existed, weight_decay_set = 1). Fields an optimizer does not use are ignored. */
 typedef struct fsdp_optimizer_desc {
     fsdp_optimizer_kind kind;
     float lr;              /* default 1e-3 (every optimizer; a row's defaults may change it) */
     float momentum, dampening;
     int nesterov;
     float beta1, beta2, eps;
-    float weight_decay;
-    int weight_decay_set;
+    float weight_decay;    /* 0: the optimizer's default (AdamW 0.01, others 0); FSDP_NO_WEIGHT_DECAY: none */
+    int weight_decay_set;  /* 1: weight_decay as given, even 0 (FSDP_NO_WEIGHT_DECAY says it in the field) */
     const fsdp_optimizer *custom; /* an optimizer of your own (kind FSDP_OPTIMIZER_CUSTOM or 0) */
     fsdp_dtype state_dtype;       /* the state's storage: FSDP_F32 (default: PyTorch's bits) or
                                      FSDP_BF16 (half the bytes, in RAM and on disk: each step widens
@@ -720,7 +737,12 @@ FSDP_API const fsdp_optimizer *fsdp_optimizer_of(fsdp_optimizer_kind kind);
    belongs to the first group that matches it, or to none (the optimizer's settings). A group
    matches a parameter whose full name fits pattern (a shell glob as fnmatch: "*.bias", "ln_*";
    NULL: any name) and whose number of dimensions is in [min_ndim, max_ndim] (max_ndim 0: no
-   upper bound). GPT-2's recipe, decay only matrices: {NULL, 0, 1, 0.0f, 0}. */
+   upper bound). GPT-2's recipe, decay only matrices: {NULL, 0, 1, 0.0f, 0}.
+   A group sets the two settings recipes vary per parameter (GPT-2's decay of matrices only,
+   layer-wise lr decay); betas, eps and momentum are the optimizer's for every parameter, unlike
+   torch's groups, which may set any: no recipe here needs them, and a field added later (0: the
+   optimizer's) could, without changing this struct's meaning. fsdp_set_param_group changes a
+   group's settings between steps. */
 typedef struct fsdp_param_group {
     const char *pattern;
     int min_ndim, max_ndim;
@@ -848,19 +870,46 @@ FSDP_API int fsdp_model_set_strategy(fsdp_model *model, int module, fsdp_strateg
 
 /* Hooks, called by the training code at module boundaries. A module that is not a unit acts on
    the unit that owns it (reference counted, so calling hooks on every module is fine).
-   Out-of-order calls return FSDP_ERR_STATE naming the unit and both states. */
+   Out-of-order calls return FSDP_ERR_STATE naming the unit and both states, a misuse as
+   fsdp_param's NULL is (one warning per context; FSDP_DEBUG >= 1 aborts there).
+   fsdp_pre_forward gathers the unit's parameters; fsdp_post_forward reshards them (frees the
+   gathered copy) where the unit's strategy says so: FULL_SHARD and HYBRID_SHARD units but the
+   root; fsdp_pre_backward gathers them again if they were; fsdp_post_backward reduces the
+   gradients and reshards. The root unit (unit 0, rooted at module 0: every parameter no other
+   unit took, e.g. the embeddings, the last norm, a tied head) is never resharded after its
+   forward, under any strategy, as in PyTorch FSDP: its backward follows at once. So call
+   fsdp_pre_forward(ctx, 0) before the whole forward and fsdp_post_forward(ctx, 0) after it,
+   fsdp_pre_backward(ctx, 0) before the whole backward and fsdp_post_backward(ctx, 0) after it;
+   its parameters stay readable from the first to the last. fsdp_unit_info says which units
+   reshard after forward (reshard_after_forward) and which is the root (is_root). */
 FSDP_API int fsdp_pre_forward(fsdp_ctx *ctx, int module);
+/* Ends the module's forward: reshards its unit when fsdp_unit_info.reshard_after_forward is 1
+   (FULL_SHARD, HYBRID_SHARD; never the root, which keeps its parameters for the backward). */
 FSDP_API int fsdp_post_forward(fsdp_ctx *ctx, int module);
 FSDP_API int fsdp_pre_backward(fsdp_ctx *ctx, int module);
 FSDP_API int fsdp_post_backward(fsdp_ctx *ctx, int module);
 
-/* Weights of a parameter, valid from its unit's pre_forward (or pre_backward) until it is
-   resharded. fsdp_param returns f32 (param_dtype f32, or fp32_compute_view); fsdp_param_raw
-   returns the gathered param_dtype buffer. fsdp_grad: the f32 gradient to accumulate into
-   (+=), valid from the unit's pre_backward to its post_backward; zeroed at the first
-   pre_backward of an iteration (no_sync micro-steps keep accumulating). */
+/* Weights of a parameter while its unit is gathered: from its unit's fsdp_pre_forward to its
+   fsdp_post_forward, and from its fsdp_pre_backward to its fsdp_post_backward; in between only
+   where the unit is not resharded after forward (fsdp_unit_info.reshard_after_forward 0: the
+   root, SHARD_GRAD_OP, NO_SHARD). The pointer is valid until the unit is resharded.
+   fsdp_param returns f32 values (param_dtype f32, or fp32_compute_view); fsdp_param_raw the
+   gathered param_dtype buffer.
+   Return Value: the parameter's first element, or NULL when the unit has no weights to give:
+   outside those hooks, a param that does not exist, fsdp_param with bf16/f16 params and no
+   fp32_compute_view. NULL is a misuse: fsdp_last_error(ctx) names the parameter, its unit, the
+   unit's state and the hook to call ("fsdp_param(ctx, 3 'fc.weight'): unit 0 (root) is sharded
+   (not gathered): call fsdp_pre_forward(ctx, 0) first ..."), the first misuse of a context is
+   logged as a warning, and with FSDP_DEBUG >= 1 (or FSDP_ABORT_ON_MISUSE) the process aborts
+   there with that message instead of returning NULL. */
 FSDP_API float *fsdp_param(fsdp_ctx *ctx, int param);
 FSDP_API void *fsdp_param_raw(fsdp_ctx *ctx, int param);
+/* The f32 gradient of a parameter to accumulate into (+=), from its unit's fsdp_pre_backward to
+   its fsdp_post_backward; zeroed at the first pre_backward of an iteration (no_sync micro-steps
+   keep accumulating).
+   Return Value: the gradient's first element; NULL for a frozen parameter (it has none: no
+   message), and NULL outside those hooks or for a param that does not exist, a misuse reported
+   as fsdp_param's is (message, one warning, abort with FSDP_DEBUG >= 1). */
 FSDP_API float *fsdp_grad(fsdp_ctx *ctx, int param);
 
 /* Gradient accumulation without communication: while on, post_backward keeps the unsharded
@@ -885,10 +934,36 @@ FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report);
    update behind): before reading fsdp_param_info's shards directly, or timing. */
 FSDP_API int fsdp_synchronize(fsdp_ctx *ctx);
 /* Waits for outstanding reductions and ends the iteration without an update: after a
-   micro-step, or after a forward-only (evaluation) pass. Collective. */
+   micro-step, or after a forward-only pass (validation, sampling), which must end with it: the
+   next forward's fsdp_pre_forward refuses (FSDP_ERR_STATE) otherwise. Collective. */
 FSDP_API int fsdp_finish_backward(fsdp_ctx *ctx);
 FSDP_API int fsdp_zero_grad(fsdp_ctx *ctx);
+/* The learning rate of the next steps (every parameter group's base lr), >= 0. Local: every
+   rank must set the same. */
 FSDP_API int fsdp_set_lr(fsdp_ctx *ctx, float lr);
+/* Changes the optimizer's hyper-parameters between steps, as assigning to torch.optim's
+   param_groups does. opt is read as fsdp_desc.optimizer is by fsdp_init: a zero field takes its
+   default (AdamW's weight decay 0.01: FSDP_NO_WEIGHT_DECAY for none), and the same checks apply.
+   kind, custom and state_dtype must be fsdp_init's, and the settings must keep as many state
+   buffers (SGD keeps one with momentum, none without): the optimizer state cannot change shape
+   mid-run. Every setting is replaced, the lr set by fsdp_set_lr too; parameters of a parameter
+   group keep the group's weight decay and lr_scale (fsdp_set_param_group changes those). The next
+   fsdp_step uses them.
+   When: between steps (after fsdp_init, fsdp_step or fsdp_finish_backward, before the next
+   forward); an update still running in the background (offload) is waited for first.
+   Local: no communication, but every rank must pass the same values (as for fsdp_set_lr: ranks
+   holding replicas, or other shards of the same parameters, would otherwise update them
+   differently).
+   Return Value: 0; FSDP_ERR_INVALID_ARG naming the setting at fault, FSDP_ERR_STATE during an
+   iteration (nothing changed in either case). */
+FSDP_API int fsdp_set_optimizer(fsdp_ctx *ctx, const fsdp_optimizer_desc *opt);
+/* Changes parameter group `group` (its index in fsdp_desc.param_groups) between steps: its
+   weight_decay and lr_scale, checked as fsdp_init checks them. g's pattern, min_ndim and max_ndim
+   must be the group's at fsdp_init (which parameters a group holds cannot change). When, and
+   local: as fsdp_set_optimizer.
+   Return Value: 0; FSDP_ERR_INVALID_ARG naming the group and what is wrong, FSDP_ERR_STATE during
+   an iteration (nothing changed in either case). */
+FSDP_API int fsdp_set_param_group(fsdp_ctx *ctx, int group, const fsdp_param_group *g);
 /* The global gradient norm (waits for reductions; collective), as fsdp_step would clip it.
    With loss scaling it first divides the scale out of the gradients (as GradScaler.unscale_):
    call it between the last backward and fsdp_step. */
@@ -908,6 +983,12 @@ typedef struct fsdp_unit_info {
     int64_t padded_numel;    /* flat_numel rounded up to a multiple of the shard group size */
     int64_t shard_numel;     /* elements this rank holds */
     int64_t shard_offset;    /* where this rank's shard starts in the flat parameter */
+    int is_root;             /* 1 for the root unit (unit 0, module 0), which owns every parameter
+                                no other unit took */
+    int reshard_after_forward; /* 1: fsdp_post_forward reshards the unit (frees its gathered
+                                parameters) and fsdp_pre_backward gathers them again (FULL_SHARD,
+                                HYBRID_SHARD); 0: they stay gathered until its post_backward (the
+                                root, SHARD_GRAD_OP, NO_SHARD) */
 } fsdp_unit_info;
 
 typedef struct fsdp_param_info {
@@ -924,7 +1005,9 @@ typedef struct fsdp_param_info {
 FSDP_API int fsdp_num_units(const fsdp_ctx *ctx);
 FSDP_API int fsdp_unit_info_get(const fsdp_ctx *ctx, int unit, fsdp_unit_info *info);
 FSDP_API int fsdp_param_info_get(const fsdp_ctx *ctx, int param, fsdp_param_info *info);
-/* Prints the units (name, parameters, padding, bytes per rank) through fn, or stdout if NULL. */
+/* Prints the units (name, strategy, whether post_forward reshards them, parameters, padding,
+   bytes per rank), then the optimizer's settings as resolved (defaults filled, and where the
+   weight decay came from), through fn, or stdout if NULL. */
 FSDP_API void fsdp_print_units(const fsdp_ctx *ctx, void (*fn)(void *user, const char *line), void *user);
 
 /* Copies a parameter's full value (gathered) into out (numel floats) on every rank. Collective. */
@@ -1302,7 +1385,7 @@ FSDP_API int fsdp_launch_ex(const fsdp_launch_desc *desc, fsdp_rank_fn fn, void 
 
 #if defined(__GLIBC__) && (!defined(__USE_MISC) || !defined(__USE_XOPEN2K8))
 #  error "fsdp.h: a system header came before fsdp.h in strict ISO C mode; put #define _GNU_SOURCE at the very top of this file (or compile with -D_GNU_SOURCE)"
-#endif
+#else /* the implementation: skipped after that error, which then is the only diagnostic */
 
 /* ============================================================================================
    >>config
@@ -6005,92 +6088,90 @@ FSDP__PRIVATE int fsdp__sock_shape_world(fsdp_comm *comm, const fsdp_comm_desc *
     return 0;
 }
 
-/* Connects a socket world (see the top of this section) and says its shape. Takes ownership of
-   listen_fd (a listener rank 0 inherited from fsdp_launch, or -1). */
-FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, int listen_fd, fsdp__sock_shape *shape) {
+/* fsdp__sock_init's phases. The buffers: the socket state of P peers, the rendezvous table
+   (rank 0 also the others' host facts and nonces) and which ranks this one links to. */
+FSDP__PRIVATE int fsdp__sock_alloc(fsdp_comm *comm, fsdp__sock **out, fsdp__sock_rdv *rdv, unsigned char **linked) {
     fsdp__sock *s = (fsdp__sock *)fsdp__calloc(sizeof *s);
-    int64_t deadline = fsdp__now_ms() + comm->timeout_ms;
-    int P = comm->world, p, rc = 0, resolved, links = 0;
-    const char *host = desc->master_addr && *desc->master_addr ? desc->master_addr : "127.0.0.1";
-    unsigned char *linked = NULL, facts[32];
-    char err[FSDP__ERRMSG];
-    fsdp__sock_rdv rdv;
-    fsdp__sock_hello hello;
-    memset(&rdv, 0, sizeof rdv);
-    rdv.store_fd = -1;
-    rdv.listen_fd = listen_fd;
-    rdv.store_key = desc->store_key && *desc->store_key ? desc->store_key : NULL;
-    if (!s) {
-        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
-        goto done;
-    }
+    int P = comm->world, p;
+    *out = s;
+    if (!s) return fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
     s->peers = (fsdp__sock_peer *)fsdp__calloc(sizeof *s->peers * (size_t)P);
     s->pfds = (struct pollfd *)fsdp__calloc(sizeof *s->pfds * (size_t)P);
     s->srcs = (const void **)fsdp__calloc(sizeof *s->srcs * (size_t)P);
     s->act = (int *)fsdp__calloc(sizeof *s->act * (size_t)P);
     s->pfd_peer = (int *)fsdp__calloc(sizeof *s->pfd_peer * (size_t)P);
-    rdv.table = (uint32_t *)fsdp__calloc(sizeof *rdv.table * (3 * (size_t)P + 1));
-    linked = (unsigned char *)fsdp__calloc((size_t)P);
+    for (p = 0; s->peers && p < P; p++) s->peers[p].fd = -1;
+    rdv->table = (uint32_t *)fsdp__calloc(sizeof *rdv->table * (3 * (size_t)P + 1));
+    *linked = (unsigned char *)fsdp__calloc((size_t)P);
     if (comm->rank == 0) {
-        rdv.facts = (unsigned char *)fsdp__calloc(16 * (size_t)P);
-        rdv.nonces = (unsigned char *)fsdp__calloc(64 * (size_t)P);
+        rdv->facts = (unsigned char *)fsdp__calloc(16 * (size_t)P);
+        rdv->nonces = (unsigned char *)fsdp__calloc(64 * (size_t)P);
     }
-    if (!s->peers || !s->pfds || !s->srcs || !s->act || !s->pfd_peer || !rdv.table || !linked ||
-        (comm->rank == 0 && (!rdv.facts || !rdv.nonces))) {
-        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
-        goto done;
-    }
-    rdv.ips = rdv.table;
-    rdv.ports = rdv.table + P;
-    rdv.hosts = rdv.table + 2 * (size_t)P;
-    rdv.flags = rdv.table + 3 * (size_t)P;
-    for (p = 0; p < P; p++) s->peers[p].fd = -1;
-    if (comm->rank == 0 && fsdp__sock_fd_room(0, P, P, err, sizeof err) != 0) { /* every rank joins through rank 0 */
-        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "%s", err);
-        goto done;
-    }
-    if (listen_fd < 0 && (desc->master_port <= 0 || desc->master_port > 65535)) {
-        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_INVALID_ARG, "socket: master_port %d is not a TCP port",
-                             desc->master_port);
-        goto done;
-    }
-    if (rdv.store_key && strlen(rdv.store_key) > 200) {
-        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_INVALID_ARG, "socket: store_key is longer than 200 characters");
-        goto done;
-    }
-    if ((resolved = fsdp__sock_resolve(host, desc->master_port, &rdv.master, deadline)) != 0) {
-        rc = fsdp__init_fail(&comm->logger, resolved == -2 ? FSDP_ERR_TIMEOUT : FSDP_ERR_INVALID_ARG,
-                             "socket: cannot resolve master address '%.200s'%s", host,
-                             resolved == -2 ? ": the resolver did not answer in time" : "");
-        goto done;
-    }
-    fsdp__fmt(rdv.store_at, sizeof rdv.store_at, "%.200s:%d", host, desc->master_port);
-    memset(&hello, 0, sizeof hello);
-    hello.rank = (uint32_t)comm->rank;
-    hello.world = (uint32_t)P;
-    hello.flags = fsdp__flat_wish() ? FSDP__SOCK_FLAT : 0u;
+    if (!s->peers || !s->pfds || !s->srcs || !s->act || !s->pfd_peer || !rdv->table || !*linked ||
+        (comm->rank == 0 && (!rdv->facts || !rdv->nonces)))
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
+    rdv->ips = rdv->table;
+    rdv->ports = rdv->table + P;
+    rdv->hosts = rdv->table + 2 * (size_t)P;
+    rdv->flags = rdv->table + 3 * (size_t)P;
+    return 0;
+}
+
+/* Where the others find rank 0 (desc's master address and port, resolved within the deadline),
+   after the checks that need no network: rank 0's room for a descriptor per rank, the port, the
+   store key. */
+FSDP__PRIVATE int fsdp__sock_find_master(fsdp_comm *comm, const fsdp_comm_desc *desc, fsdp__sock_rdv *rdv,
+                                         int64_t deadline) {
+    const char *host = desc->master_addr && *desc->master_addr ? desc->master_addr : "127.0.0.1";
+    char err[FSDP__ERRMSG];
+    int resolved;
+    if (comm->rank == 0 && fsdp__sock_fd_room(0, comm->world, comm->world, err, sizeof err) != 0) /* all join through it */
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "%s", err);
+    if (rdv->listen_fd < 0 && (desc->master_port <= 0 || desc->master_port > 65535))
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_INVALID_ARG, "socket: master_port %d is not a TCP port",
+                               desc->master_port);
+    if (rdv->store_key && strlen(rdv->store_key) > 200)
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_INVALID_ARG, "socket: store_key is longer than 200 characters");
+    if ((resolved = fsdp__sock_resolve(host, desc->master_port, &rdv->master, deadline)) != 0)
+        return fsdp__init_fail(&comm->logger, resolved == -2 ? FSDP_ERR_TIMEOUT : FSDP_ERR_INVALID_ARG,
+                               "socket: cannot resolve master address '%.200s'%s", host,
+                               resolved == -2 ? ": the resolver did not answer in time" : "");
+    fsdp__fmt(rdv->store_at, sizeof rdv->store_at, "%.200s:%d", host, desc->master_port);
+    return 0;
+}
+
+/* The rendezvous: rank 0 admits every other rank and welcomes them with the table; the others
+   find rank 0 (through the store, if any) and greet it. hello: this rank's, as the mesh repeats
+   it to its peers (without the host facts and wishes, which are for rank 0 only). */
+FSDP__PRIVATE int fsdp__sock_rendezvous(fsdp_comm *comm, fsdp__sock *s, fsdp__sock_rdv *rdv, fsdp__sock_hello *hello,
+                                        int64_t deadline) {
+    unsigned char facts[32], mine[64];
+    int rc = 0;
+    memset(hello, 0, sizeof *hello);
+    hello->rank = (uint32_t)comm->rank;
+    hello->world = (uint32_t)comm->world;
+    hello->flags = fsdp__flat_wish() ? FSDP__SOCK_FLAT : 0u;
     fsdp__host_facts(facts);
-    memcpy(hello.host, facts, sizeof hello.host);
+    memcpy(hello->host, facts, sizeof hello->host);
     if (comm->rank == 0) { /* what the others' hellos tell it, rank 0 knows of itself */
-        memcpy(rdv.facts, hello.host, sizeof hello.host);
-        *rdv.flags = hello.flags;
-        if ((rc = fsdp__sock_rank0_admit(comm, s, &rdv, deadline)) == 0) rc = fsdp__sock_rank0_welcome(comm, s, &rdv, deadline);
-    } else {
-        unsigned char mine[64];
-        if (rdv.store_key) rc = fsdp__sock_store_lookup(comm, &rdv, deadline);
-        if (!rc) rc = fsdp__sock_greet_rank0(comm, s, &rdv, &hello, mine, deadline);
-        memset(hello.host, 0, sizeof hello.host); /* (said to rank 0 only) */
-        hello.flags = 0;
+        memcpy(rdv->facts, hello->host, sizeof hello->host);
+        *rdv->flags = hello->flags;
+        if ((rc = fsdp__sock_rank0_admit(comm, s, rdv, deadline)) == 0) rc = fsdp__sock_rank0_welcome(comm, s, rdv, deadline);
+        return rc;
     }
-    if (!rc) rc = fsdp__sock_learn_places(comm, &rdv);
-    if (!rc) rc = fsdp__sock_shape_world(comm, desc, s, linked, shape, deadline);
-    for (p = 1; p < P; p++) links += linked[p];
-    if (!rc && comm->rank != 0 && fsdp__sock_fd_room(comm->rank, P, links + 1, err, sizeof err) != 0)
-        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "%s", err);
-    if (!rc && comm->rank != 0) rc = fsdp__sock_mesh(comm, s, &rdv, &hello, linked, deadline);
-    if (rc) goto done;
-    links = 0;
-    for (p = 0; p < P; p++) { /* rendezvous connections that are no links close; every link gets a ring */
+    if (rdv->store_key) rc = fsdp__sock_store_lookup(comm, rdv, deadline);
+    if (!rc) rc = fsdp__sock_greet_rank0(comm, s, rdv, hello, mine, deadline);
+    memset(hello->host, 0, sizeof hello->host); /* (said to rank 0 only) */
+    hello->flags = 0;
+    return rc;
+}
+
+/* Once the mesh stands: rendezvous connections that are no links close, every link turns
+   non-blocking and gets a ring of the receive buffer, sized so that all rings together stay
+   within FSDP__SOCK_RINGS_MAX. */
+FSDP__PRIVATE int fsdp__sock_rings(fsdp_comm *comm, fsdp__sock *s, const unsigned char *linked) {
+    int P = comm->world, p, links = 0;
+    for (p = 0; p < P; p++) {
         if (p == comm->rank || s->peers[p].fd < 0) continue;
         if (!linked[p]) {
             close(s->peers[p].fd);
@@ -6104,15 +6185,40 @@ FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, i
     s->ring_bytes = FSDP__SOCK_RINGS_MAX / (size_t)(links ? links : 1) / FSDP__SOCK_SEGMENT * FSDP__SOCK_SEGMENT;
     if (s->ring_bytes > FSDP__SOCK_RING_BYTES) s->ring_bytes = FSDP__SOCK_RING_BYTES;
     if (s->ring_bytes < FSDP__SOCK_SEGMENT) s->ring_bytes = FSDP__SOCK_SEGMENT;
-    if (!(s->ring = (char *)FSDP_MALLOC((size_t)(links ? links : 1) * s->ring_bytes))) {
-        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
-        goto done;
-    }
+    if (!(s->ring = (char *)FSDP_MALLOC((size_t)(links ? links : 1) * s->ring_bytes)))
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_OUT_OF_MEMORY, "socket: out of memory");
     for (p = 0, links = 0; p < P; p++)
         if (s->peers[p].fd >= 0) s->peers[p].ring = s->ring + (size_t)links++ * s->ring_bytes;
-    s->spin_seconds = fsdp__spin_seconds(comm->local_world);
-    comm->impl = s;
-done:
+    return 0;
+}
+
+/* Connects a socket world (see the top of this section) and says its shape. Takes ownership of
+   listen_fd (a listener rank 0 inherited from fsdp_launch, or -1). */
+FSDP__PRIVATE int fsdp__sock_init(fsdp_comm *comm, const fsdp_comm_desc *desc, int listen_fd, fsdp__sock_shape *shape) {
+    fsdp__sock *s = NULL;
+    int64_t deadline = fsdp__now_ms() + comm->timeout_ms;
+    int P = comm->world, p, rc, links = 0;
+    unsigned char *linked = NULL;
+    char err[FSDP__ERRMSG];
+    fsdp__sock_rdv rdv;
+    fsdp__sock_hello hello;
+    memset(&rdv, 0, sizeof rdv);
+    rdv.store_fd = -1;
+    rdv.listen_fd = listen_fd;
+    rdv.store_key = desc->store_key && *desc->store_key ? desc->store_key : NULL;
+    if ((rc = fsdp__sock_alloc(comm, &s, &rdv, &linked)) == 0) rc = fsdp__sock_find_master(comm, desc, &rdv, deadline);
+    if (!rc) rc = fsdp__sock_rendezvous(comm, s, &rdv, &hello, deadline);
+    if (!rc) rc = fsdp__sock_learn_places(comm, &rdv);
+    if (!rc) rc = fsdp__sock_shape_world(comm, desc, s, linked, shape, deadline);
+    for (p = 1; !rc && p < P; p++) links += linked[p];
+    if (!rc && comm->rank != 0 && fsdp__sock_fd_room(comm->rank, P, links + 1, err, sizeof err) != 0)
+        rc = fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "%s", err);
+    if (!rc && comm->rank != 0) rc = fsdp__sock_mesh(comm, s, &rdv, &hello, linked, deadline);
+    if (!rc) rc = fsdp__sock_rings(comm, s, linked);
+    if (!rc) {
+        s->spin_seconds = fsdp__spin_seconds(comm->local_world);
+        comm->impl = s;
+    }
     if (rdv.listen_fd >= 0) close(rdv.listen_fd);
     if (rdv.store_fd >= 0) close(rdv.store_fd);
     FSDP_FREE(rdv.table);
@@ -8384,9 +8490,21 @@ FSDP__PRIVATE int fsdp__optimizer_num_state(const fsdp_optimizer_desc *o) {
     return n;
 }
 
+/* FSDP_NO_WEIGHT_DECAY: a zero with the sign bit, by its bits (-ffast-math lets signbit() and
+   comparisons ignore the sign of a zero). */
+static int fsdp__is_no_weight_decay(float weight_decay) {
+    uint32_t bits;
+    memcpy(&bits, &weight_decay, sizeof bits);
+    return bits == 0x80000000u;
+}
+
 /* Picks the row (kind 0: SGD, or custom when set) and fills the defaults. */
 FSDP__PRIVATE void fsdp__optimizer_defaults(fsdp_optimizer_desc *o) {
     const fsdp_optimizer *row;
+    if (fsdp__is_no_weight_decay(o->weight_decay)) { /* before the row's defaults, which then keep it */
+        o->weight_decay = 0.0f;
+        o->weight_decay_set = 1;
+    }
     if (o->kind == FSDP_OPTIMIZER_DEFAULT) o->kind = o->custom ? FSDP_OPTIMIZER_CUSTOM : FSDP_SGD;
     if (o->lr == 0.0f) o->lr = 1e-3f;
     if (o->state_dtype == FSDP_DTYPE_DEFAULT) o->state_dtype = FSDP_F32;
@@ -8419,6 +8537,39 @@ FSDP__PRIVATE int fsdp__optimizer_check(const fsdp_optimizer_desc *o, char *err,
     if (!why) return 0;
     fsdp__fmt(err, err_size, "optimizer %s: %s", fsdp_printable(name, sizeof name, fsdp__optimizer_name(row)), why);
     return FSDP_ERR_INVALID_ARG;
+}
+
+/* The settings o resolved from given (fsdp__optimizer_defaults), in words for the log and
+   fsdp_print_units, saying where the weight decay came from: "AdamW: lr 0.001, betas (0.9,
+   0.999), eps 1e-08, weight_decay 0.01 (AdamW's default: set .weight_decay =
+   FSDP_NO_WEIGHT_DECAY for none), state f32". */
+FSDP__PRIVATE void fsdp__optimizer_describe(const fsdp_optimizer_desc *given, const fsdp_optimizer_desc *o, char *out,
+                                            size_t size) {
+    static const char *const titles[3] = {"SGD", "Adam", "AdamW"};
+    const fsdp_optimizer *row = fsdp__optimizer_row(o);
+    char title[40], hyper[160], decay[160];
+    if (o->kind >= FSDP_SGD && o->kind <= FSDP_ADAMW) fsdp__copy_string(title, sizeof title, titles[o->kind - FSDP_SGD]);
+    else fsdp_printable(title, sizeof title, row ? fsdp__optimizer_name(row) : "custom");
+    if (o->kind == FSDP_SGD && o->momentum != 0.0f)
+        fsdp__fmt(hyper, sizeof hyper, ", momentum %g, dampening %g%s", (double)o->momentum, (double)o->dampening,
+                  o->nesterov ? ", nesterov" : "");
+    else if (o->kind == FSDP_SGD)
+        fsdp__fmt(hyper, sizeof hyper, ", no momentum");
+    else if (o->kind == FSDP_ADAM || o->kind == FSDP_ADAMW)
+        fsdp__fmt(hyper, sizeof hyper, ", betas (%g, %g), eps %g", (double)o->beta1, (double)o->beta2, (double)o->eps);
+    else /* a row of the user's: the fields it may read */
+        fsdp__fmt(hyper, sizeof hyper, ", momentum %g, dampening %g, nesterov %d, betas (%g, %g), eps %g", (double)o->momentum,
+                  (double)o->dampening, o->nesterov, (double)o->beta1, (double)o->beta2, (double)o->eps);
+    if (fsdp__is_no_weight_decay(given->weight_decay))
+        fsdp__fmt(decay, sizeof decay, "weight_decay 0 (FSDP_NO_WEIGHT_DECAY)");
+    else if (given->weight_decay == 0.0f && o->weight_decay != 0.0f)
+        fsdp__fmt(decay, sizeof decay, "weight_decay %g (%s's default: set .weight_decay = FSDP_NO_WEIGHT_DECAY for none)",
+                  (double)o->weight_decay, title);
+    else if (given->weight_decay == 0.0f && given->weight_decay_set)
+        fsdp__fmt(decay, sizeof decay, "weight_decay 0 (weight_decay_set)");
+    else
+        fsdp__fmt(decay, sizeof decay, "weight_decay %g", (double)o->weight_decay);
+    fsdp__fmt(out, size, "%s: lr %g%s, %s, state %s", title, (double)o->lr, hyper, decay, fsdp_dtype_name(o->state_dtype));
 }
 
 /* Which state buffer a checkpoint tensor's suffix ("exp_avg") names: its index among the k the
@@ -8777,7 +8928,8 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
    The compute thread calls the hooks; one comm thread runs every collective of the context in
    the order they were issued (every rank issues the same sequence), so gathers of the next unit
    overlap this unit's compute and reductions overlap the rest of backward. Tasks finish in
-   order: "task n done" is "completed >= n".
+   order: "task n done" is "completed >= n". The root unit (unit 0) is never resharded after its
+   forward (reshard_after_forward 0): its backward follows at once.
    ============================================================================================ */
 enum { FSDP__SHARDED = 0, FSDP__GATHERING, FSDP__UNSHARDED, FSDP__IN_FORWARD, FSDP__IN_BACKWARD };
 enum { FSDP__TASK_GATHER = 1, FSDP__TASK_REDUCE, FSDP__TASK_COLL };
@@ -8864,10 +9016,14 @@ struct fsdp_ctx {
     int *param_by_name;     /* parameter ids sorted by name */
     int64_t *param_at;      /* where each parameter's slice starts in its unit's shard */
     fsdp_param_info *params;
-    float *param_decay, *param_lr_scale; /* per parameter, from desc.param_groups */
+    float *param_decay, *param_lr_scale; /* per parameter: its group's or the optimizer's (fsdp__param_rates) */
+    fsdp_param_group *groups;          /* desc.param_groups, copied (patterns too) */
+    int num_groups;
+    int *param_group;                  /* per parameter: the group it belongs to, or -1 */
     int rank, world;
     fsdp_dtype param_dtype, reduce_dtype;
     fsdp_optimizer_desc opt;           /* resolved: defaults filled */
+    fsdp_optimizer_desc opt_given;     /* as the caller gave it (where each setting came from) */
     const fsdp_optimizer *optimizer;   /* its row */
     int num_state;                     /* state buffers per trainable unit */
     int64_t step;
@@ -8920,6 +9076,9 @@ struct fsdp_ctx {
     int64_t stream_chunk;            /* 0: the step updates every shard in place (all f32 in RAM) */
     size_t stream_bytes;
     fsdp_logger logger;
+    int abort_on_misuse;             /* FSDP_ABORT_ON_MISUSE, or FSDP_DEBUG >= 1 at fsdp_init: see fsdp__misused */
+    int misuse_warned;               /* the one warning of a misuse was logged */
+    int hook_failed;                 /* the last hook call returned an error (its message in error) */
     fsdp__trace *trace;              /* NULL: not tracing */
     struct fsdp__async_save *async_save; /* >>checkpoint: fsdp_save_sharded_async's state */
     char error[FSDP__ERRMSG];
@@ -8940,8 +9099,15 @@ FSDP__PRIVATE int fsdp__task_coll(fsdp_ctx *ctx, const fsdp__task *t, fsdp_comm 
                                   const void *send, void *recv, size_t count, fsdp_dtype dtype, fsdp_reduce_op op,
                                   uint32_t tag);
 /* ... and the checkpoint section's */
+FSDP__PRIVATE int fsdp__quiesce(fsdp_ctx *ctx, const char *what);
 FSDP__PRIVATE int fsdp__async_poll(fsdp_ctx *ctx, int wait);
 FSDP__PRIVATE void fsdp__async_end(fsdp_ctx *ctx);
+
+FSDP__PRIVATE void fsdp__set_error(fsdp_ctx *ctx, const char *message) {
+    pthread_mutex_lock(&ctx->lock); /* the comm thread writes its failures here too */
+    fsdp__copy_string(ctx->error, sizeof ctx->error, message);
+    pthread_mutex_unlock(&ctx->lock);
+}
 
 FSDP__PRIVATE int fsdp__fail(fsdp_ctx *ctx, int code, const char *fmt, ...) FSDP__PRINTF(3, 4);
 FSDP__PRIVATE int fsdp__fail(fsdp_ctx *ctx, int code, const char *fmt, ...) {
@@ -8950,11 +9116,42 @@ FSDP__PRIVATE int fsdp__fail(fsdp_ctx *ctx, int code, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(message, sizeof message, fmt, ap);
     va_end(ap);
-    pthread_mutex_lock(&ctx->lock); /* the comm thread writes its failures here too */
-    fsdp__copy_string(ctx->error, sizeof ctx->error, message);
-    pthread_mutex_unlock(&ctx->lock);
+    fsdp__set_error(ctx, message);
     fsdp__log(&ctx->logger, FSDP_LOG_ERROR, "rank %d: %s", ctx->rank, message);
     return code;
+}
+
+/* Whether misuse aborts (fsdp__misused): decided once, at fsdp_init. */
+static int fsdp__misuse_aborts(void) {
+#ifdef FSDP_ABORT_ON_MISUSE
+    return 1;
+#else
+    const char *debug = getenv("FSDP_DEBUG");
+    return debug && atoi(debug) >= 1;
+#endif
+}
+
+/* A call made in the wrong state, whose failure code that does not check results never sees:
+   fsdp_param and fsdp_grad return NULL (the next access crashes, far from the cause), a hook
+   returns FSDP_ERR_STATE. Its message, already in ctx->error, is logged as a warning once per
+   context (every later one only replaces ctx->error: a loop would repeat it thousands of times),
+   or, with FSDP_ABORT_ON_MISUSE or FSDP_DEBUG >= 1, printed on stderr before the process aborts
+   at the faulty call, where a debugger or core file shows it. */
+FSDP__PRIVATE void fsdp__misused(fsdp_ctx *ctx) {
+    char message[FSDP__ERRMSG];
+    pthread_mutex_lock(&ctx->lock);
+    fsdp__copy_string(message, sizeof message, ctx->error);
+    pthread_mutex_unlock(&ctx->lock);
+    if (ctx->abort_on_misuse) {
+        fprintf(stderr, "fsdp: rank %d: aborting on misuse (FSDP_DEBUG >= 1 or FSDP_ABORT_ON_MISUSE): %s\n", ctx->rank,
+                message);
+        fflush(stderr);
+        abort();
+    }
+    if (ctx->misuse_warned) return;
+    ctx->misuse_warned = 1;
+    fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: %s (warned once per context: FSDP_DEBUG=1 aborts at the call)",
+              ctx->rank, message);
 }
 
 FSDP_API const char *fsdp_last_error(const fsdp_ctx *ctx) { return ctx ? ctx->error : fsdp__init_error; }
@@ -9581,8 +9778,9 @@ FSDP__PRIVATE int fsdp__unit_pre_forward(fsdp_ctx *ctx, int ui) {
     }
     if (u->state == FSDP__IN_FORWARD || u->state == FSDP__IN_BACKWARD || u->forward_done)
         return fsdp__fail(ctx, FSDP_ERR_STATE, "pre_forward of unit '%s' in state %s%s", fsdp__unit_name(ctx, ui),
-                          fsdp__state_name(u->state), u->forward_done ? " (its forward already ran this iteration; after a forward-only pass call "
-                                             "fsdp_finish_backward)" : "");
+                          fsdp__state_name(u->state), u->forward_done ? " (its forward already ran in this iteration: end a "
+                                             "forward-only pass (validation, sampling) with fsdp_finish_backward(ctx) before "
+                                             "the next forward)" : "");
     ctx->phase = 1;
     if (!ctx->order_known) {
         for (i = 0; i < ctx->fwd_len && ctx->fwd_order[i] != ui; i++) {}
@@ -9598,7 +9796,9 @@ FSDP__PRIVATE int fsdp__unit_pre_forward(fsdp_ctx *ctx, int ui) {
 FSDP__PRIVATE int fsdp__unit_post_forward(fsdp_ctx *ctx, int ui) {
     fsdp__unit *u = &ctx->units[ui];
     u->forward_done = 1;
-    if (u->reshard_after_forward && !fsdp__aliases_master(ctx, u)) fsdp__reshard(ctx, u);
+    /* (a unit that computes on its master frees nothing, but is resharded all the same: its
+       weights are then unreadable outside its hooks on one rank as on many) */
+    if (u->reshard_after_forward) fsdp__reshard(ctx, u);
     else u->state = FSDP__UNSHARDED;
     return 0;
 }
@@ -9737,7 +9937,7 @@ FSDP__PRIVATE int fsdp__hook_post_forward(fsdp_ctx *ctx, int module) {
     if (u->recomputing && u->state == FSDP__IN_FORWARD && u->refcount > 0) {
         if (--u->refcount > 0) return 0;
         u->recomputing = 0;
-        if (u->reshard_after_forward && !fsdp__aliases_master(ctx, u)) fsdp__reshard(ctx, u);
+        if (u->reshard_after_forward) fsdp__reshard(ctx, u);
         else u->state = FSDP__UNSHARDED;
         return 0;
     }
@@ -9779,6 +9979,8 @@ FSDP__PRIVATE int fsdp__traced_hook(fsdp_ctx *ctx, int module, int (*hook)(fsdp_
     int rc = hook(ctx, module);
     fsdp__trace_hook(ctx, name, module, t0);
     if (ctx && ctx->trace) fsdp__trace_spill(ctx);
+    if (ctx) ctx->hook_failed = rc != 0;
+    if (ctx && rc == FSDP_ERR_STATE) fsdp__misused(ctx); /* out of order */
     return rc;
 }
 FSDP_API int fsdp_pre_forward(fsdp_ctx *ctx, int module) {
@@ -9803,22 +10005,80 @@ static fsdp__unit *fsdp__param_unit(fsdp_ctx *ctx, int param) {
 /* Where parameter p's slice starts in its unit's shard (an empty slice: still inside it). */
 static int64_t fsdp__param_at(const fsdp_ctx *ctx, int p) { return ctx->param_at[p]; }
 
+/* What a parameter accessor (fsdp_param, fsdp_param_raw: weights; fsdp_grad: gradients) called
+   where its unit has none to give tells the caller: the parameter, its unit and the unit's
+   state, and the hook to call (fsdp__misused). NULL, for the accessor to return. */
+FSDP__PRIVATE void *fsdp__access_misused(fsdp_ctx *ctx, const char *fn, int param, int grad) {
+    char message[FSDP__ERRMSG], unit[160], fix[FSDP__ERRMSG];
+    const fsdp__unit *u;
+    int ui, module;
+    if (param < 0 || param >= ctx->model->num_params) {
+        fsdp__fmt(message, sizeof message, "%s(ctx, %d): no such parameter (the model has %d)", fn, param,
+                  ctx->model->num_params);
+        fsdp__set_error(ctx, message);
+        fsdp__misused(ctx);
+        return NULL;
+    }
+    ui = ctx->plan.unit_of_param[param];
+    u = &ctx->units[ui];
+    module = u->module;
+    if (ui == 0) fsdp__fmt(unit, sizeof unit, "unit 0 (root)");
+    else fsdp__fmt(unit, sizeof unit, "unit %d '%s'", ui, fsdp__unit_name(ctx, ui));
+    if (ctx->hook_failed) { /* code that does not check the hooks' results: the cause is that failure */
+        pthread_mutex_lock(&ctx->lock);
+        fsdp__fmt(fix, sizeof fix, "the last hook call failed: %s", ctx->error);
+        pthread_mutex_unlock(&ctx->lock);
+    } else if (grad)
+        fsdp__fmt(fix, sizeof fix, "gradients exist from fsdp_pre_backward(ctx, %d) to fsdp_post_backward(ctx, %d)", module,
+                  module);
+    else if (u->state == FSDP__IN_FORWARD || u->state == FSDP__IN_BACKWARD || u->state == FSDP__UNSHARDED)
+        fsdp__fmt(fix, sizeof fix, "param_dtype is %s: f32 weights need fsdp_desc.fp32_compute_view = 1 (or read "
+                  "them with fsdp_param_raw)", fsdp_dtype_name(ctx->param_dtype));
+    else if (u->forward_done && !u->backward_started)
+        fsdp__fmt(fix, sizeof fix, "its fsdp_post_forward resharded it (%s): in backward, call fsdp_pre_backward(ctx, "
+                  "%d) first", fsdp_strategy_name(u->strategy), module);
+    else if (u->backward_done)
+        fsdp__fmt(fix, sizeof fix, "its fsdp_post_backward resharded it: read weights between its hooks");
+    else
+        fsdp__fmt(fix, sizeof fix, "call fsdp_pre_forward(ctx, %d) first (fsdp_pre_backward(ctx, %d) in backward)%s",
+                  module, module, ui == 0 ? "; the root unit's hooks wrap the whole forward and the whole backward" : "");
+    fsdp__fmt(message, sizeof message, "%s(ctx, %d '%s'): %s is %s: %s", fn, param, ctx->model->params[param].name, unit,
+              u->state == FSDP__SHARDED     ? "sharded (not gathered)"
+              : u->state == FSDP__GATHERING ? "being gathered (its hook has not run)"
+              : u->state == FSDP__IN_FORWARD ? "in its forward"
+              : u->state == FSDP__IN_BACKWARD ? "in its backward"
+                                               : "gathered, between its forward and its backward",
+              fix);
+    fsdp__set_error(ctx, message);
+    fsdp__misused(ctx);
+    return NULL;
+}
+
+static int fsdp__weights_readable(const fsdp__unit *u) {
+    return u->state == FSDP__IN_FORWARD || u->state == FSDP__IN_BACKWARD || u->state == FSDP__UNSHARDED;
+}
+
 FSDP_API float *fsdp_param(fsdp_ctx *ctx, int param) {
     fsdp__unit *u = fsdp__param_unit(ctx, param);
-    if (!u || (u->state != FSDP__IN_FORWARD && u->state != FSDP__IN_BACKWARD && u->state != FSDP__UNSHARDED)) return NULL;
+    if (!ctx) return NULL;
+    if (!u || !fsdp__weights_readable(u) || (ctx->param_dtype != FSDP_F32 && !u->view32))
+        return (float *)fsdp__access_misused(ctx, "fsdp_param", param, 0);
     if (ctx->param_dtype == FSDP_F32) return (float *)u->unsharded + ctx->plan.param_offset[param];
-    return u->view32 ? u->view32 + ctx->plan.param_offset[param] : NULL;
+    return u->view32 + ctx->plan.param_offset[param];
 }
 
 FSDP_API void *fsdp_param_raw(fsdp_ctx *ctx, int param) {
     fsdp__unit *u = fsdp__param_unit(ctx, param);
-    if (!u || (u->state != FSDP__IN_FORWARD && u->state != FSDP__IN_BACKWARD && u->state != FSDP__UNSHARDED)) return NULL;
+    if (!ctx) return NULL;
+    if (!u || !fsdp__weights_readable(u)) return fsdp__access_misused(ctx, "fsdp_param_raw", param, 0);
     return (char *)u->unsharded + (size_t)ctx->plan.param_offset[param] * fsdp_dtype_size(ctx->param_dtype);
 }
 
 FSDP_API float *fsdp_grad(fsdp_ctx *ctx, int param) {
     fsdp__unit *u = fsdp__param_unit(ctx, param);
-    if (!u || u->state != FSDP__IN_BACKWARD || !u->grad_full || ctx->model->params[param].frozen) return NULL;
+    if (!ctx) return NULL;
+    if (u && ctx->model->params[param].frozen) return NULL; /* no gradient, ever (documented) */
+    if (!u || u->state != FSDP__IN_BACKWARD || !u->grad_full) return (float *)fsdp__access_misused(ctx, "fsdp_grad", param, 1);
     return u->grad_full + ctx->plan.param_offset[param];
 }
 
@@ -10346,8 +10606,74 @@ FSDP_API int fsdp_synchronize(fsdp_ctx *ctx) {
 }
 
 FSDP_API int fsdp_set_lr(fsdp_ctx *ctx, float lr) {
-    if (!ctx || !(lr >= 0) || !isfinite(lr)) return FSDP_ERR_INVALID_ARG;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if (!(lr >= 0) || !isfinite(lr)) return fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_set_lr: lr %g must be >= 0 and finite", (double)lr);
     ctx->opt.lr = lr;
+    return 0;
+}
+
+/* (defined with fsdp_init's phases, below) */
+FSDP__PRIVATE int fsdp__param_group_check(const fsdp_param_group *g, int i, char *err, size_t err_size);
+FSDP__PRIVATE void fsdp__param_rates(fsdp_ctx *ctx);
+
+/* Why settings o (resolved) cannot replace the context's: they would keep the optimizer state in
+   another shape. NULL if they can. */
+static const char *fsdp__optimizer_reshapes(const fsdp_ctx *ctx, const fsdp_optimizer_desc *o) {
+    if (o->kind != ctx->opt.kind) return "its kind differs from fsdp_init's";
+    if (o->custom != ctx->opt.custom) return "its custom row differs from fsdp_init's";
+    if (o->state_dtype != ctx->opt.state_dtype) return "its state_dtype differs from fsdp_init's";
+    if (fsdp__optimizer_num_state(o) != ctx->num_state)
+        return "it keeps another number of state buffers than fsdp_init's (SGD: momentum 0 keeps none, any other one)";
+    return NULL;
+}
+
+FSDP_API int fsdp_set_optimizer(fsdp_ctx *ctx, const fsdp_optimizer_desc *opt) {
+    fsdp_optimizer_desc o;
+    char err[FSDP__ERRMSG], settings[FSDP__ERRMSG];
+    const char *why;
+    int rc;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if (!opt) return fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_set_optimizer: opt is NULL");
+    o = *opt;
+    fsdp__optimizer_defaults(&o);
+    if ((rc = fsdp__optimizer_check(&o, err, sizeof err)) != 0) return fsdp__fail(ctx, rc, "fsdp_set_optimizer: %s", err);
+    if ((why = fsdp__optimizer_reshapes(ctx, &o)) != NULL) {
+        fsdp__optimizer_describe(opt, &o, settings, sizeof settings);
+        return fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_set_optimizer(%s): %s: the optimizer state cannot change shape "
+                          "mid-run", settings, why);
+    }
+    if ((rc = fsdp__quiesce(ctx, "fsdp_set_optimizer")) != 0) return rc; /* (the step behind reads the rates) */
+    ctx->opt = o;
+    ctx->opt_given = *opt;
+    fsdp__param_rates(ctx);
+    fsdp__optimizer_describe(&ctx->opt_given, &ctx->opt, settings, sizeof settings);
+    fsdp__log(&ctx->logger, FSDP_LOG_INFO, "fsdp_set_optimizer: optimizer %s (from step %lld)", settings,
+              (long long)ctx->step + 1);
+    return 0;
+}
+
+FSDP_API int fsdp_set_param_group(fsdp_ctx *ctx, int group, const fsdp_param_group *g) {
+    fsdp_param_group *kept;
+    char err[FSDP__ERRMSG], given[64], had[64];
+    int rc;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if (!g || group < 0 || group >= ctx->num_groups)
+        return fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_set_param_group(ctx, %d, %s): %s (fsdp_init had %d)", group,
+                          g ? "g" : "NULL", g ? "no such group" : "g is NULL", ctx->num_groups);
+    kept = &ctx->groups[group];
+    if (!(g->pattern ? kept->pattern && strcmp(g->pattern, kept->pattern) == 0 : !kept->pattern) ||
+        g->min_ndim != kept->min_ndim || g->max_ndim != kept->max_ndim)
+        return fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_set_param_group(ctx, %d): pattern %s, ndim %d..%d differ from "
+                          "fsdp_init's %s, ndim %d..%d: a group's parameters cannot change (pass the same pattern and bounds)",
+                          group, g->pattern ? fsdp_printable(given, sizeof given, g->pattern) : "NULL", g->min_ndim,
+                          g->max_ndim, kept->pattern ? fsdp_printable(had, sizeof had, kept->pattern) : "NULL",
+                          kept->min_ndim, kept->max_ndim);
+    if ((rc = fsdp__param_group_check(g, group, err, sizeof err)) != 0)
+        return fsdp__fail(ctx, rc, "fsdp_set_param_group: %s", err);
+    if ((rc = fsdp__quiesce(ctx, "fsdp_set_param_group")) != 0) return rc;
+    kept->weight_decay = g->weight_decay;
+    kept->lr_scale = g->lr_scale;
+    fsdp__param_rates(ctx);
     return 0;
 }
 
@@ -10428,10 +10754,22 @@ FSDP__PRIVATE void fsdp__desc_defaults(fsdp_desc *d, int world, int local_world)
     fsdp__optimizer_defaults(&d->optimizer);
 }
 
+/* Checks parameter group i (fsdp_init, fsdp_set_param_group): 0, or FSDP_ERR_INVALID_ARG with
+   why in err. */
+FSDP__PRIVATE int fsdp__param_group_check(const fsdp_param_group *g, int i, char *err, size_t err_size) {
+    if (!(g->weight_decay >= 0) || !isfinite(g->weight_decay) || !(g->lr_scale >= 0) || !isfinite(g->lr_scale) ||
+        g->min_ndim < 0 || g->max_ndim < 0 || (g->max_ndim && g->min_ndim > g->max_ndim)) {
+        fsdp__fmt(err, err_size, "param_groups[%d]: weight_decay and lr_scale must be finite and >= 0, and "
+                  "0 <= min_ndim <= max_ndim (max_ndim 0: no bound)", i);
+        return FSDP_ERR_INVALID_ARG;
+    }
+    return 0;
+}
+
 /* Checks a description with its defaults filled: 0, or FSDP_ERR_INVALID_ARG with why in err. */
 FSDP__PRIVATE int fsdp__desc_validate(const fsdp_desc *d, int world, char *err, size_t err_size) {
     const fsdp_loss_scale_desc *ls = &d->loss_scale;
-    int i;
+    int i, rc;
     if (ls->enabled && !(fsdp__loss_scale_ok(ls->init_scale) && ls->growth_factor > 1 &&
                          isfinite(ls->growth_factor) && ls->backoff_factor > 0 && ls->backoff_factor < 1 &&
                          ls->growth_interval > 0)) {
@@ -10463,15 +10801,8 @@ FSDP__PRIVATE int fsdp__desc_validate(const fsdp_desc *d, int world, char *err, 
         fsdp__fmt(err, err_size, "num_param_groups %d without param_groups", d->num_param_groups);
         return FSDP_ERR_INVALID_ARG;
     }
-    for (i = 0; i < d->num_param_groups; i++) {
-        const fsdp_param_group *g = &d->param_groups[i];
-        if (!(g->weight_decay >= 0) || !isfinite(g->weight_decay) || !(g->lr_scale >= 0) || !isfinite(g->lr_scale) ||
-            g->min_ndim < 0 || g->max_ndim < 0 || (g->max_ndim && g->min_ndim > g->max_ndim)) {
-            fsdp__fmt(err, err_size, "param_groups[%d]: weight_decay and lr_scale must be finite and >= 0, and "
-                      "0 <= min_ndim <= max_ndim (max_ndim 0: no bound)", i);
-            return FSDP_ERR_INVALID_ARG;
-        }
-    }
+    for (i = 0; i < d->num_param_groups; i++)
+        if ((rc = fsdp__param_group_check(&d->param_groups[i], i, err, err_size)) != 0) return rc;
     return 0;
 }
 
@@ -10483,25 +10814,15 @@ FSDP__PRIVATE int fsdp__desc_resolve(fsdp_desc *d, int world, int local_world, i
     return fsdp__desc_validate(d, world, err, err_size);
 }
 
-/* Each parameter's weight decay and lr multiple from the first group that matches it, and
-   which units can be updated in one sweep. The groups are not kept (the caller's may go). */
-FSDP__PRIVATE int fsdp__apply_param_groups(fsdp_ctx *ctx) {
+/* Each parameter's weight decay and lr multiple, from its group or the optimizer's settings, and
+   which units can be updated in one sweep: after fsdp_init and every change of the settings. */
+FSDP__PRIVATE void fsdp__param_rates(fsdp_ctx *ctx) {
     const fsdp_model *m = ctx->model;
-    int p, g, ui;
-    ctx->param_decay = (float *)fsdp__calloc(sizeof(float) * (size_t)(m->num_params + 1));
-    ctx->param_lr_scale = (float *)fsdp__calloc(sizeof(float) * (size_t)(m->num_params + 1));
-    if (!ctx->param_decay || !ctx->param_lr_scale) return FSDP_ERR_OUT_OF_MEMORY;
+    int p, ui;
     for (p = 0; p < m->num_params; p++) {
-        ctx->param_decay[p] = ctx->opt.weight_decay;
-        ctx->param_lr_scale[p] = 1.0f;
-        for (g = 0; g < ctx->desc.num_param_groups; g++) {
-            const fsdp_param_group *pg = &ctx->desc.param_groups[g];
-            if (m->params[p].ndim < pg->min_ndim || (pg->max_ndim && m->params[p].ndim > pg->max_ndim)) continue;
-            if (pg->pattern && fnmatch(pg->pattern, m->params[p].name, 0) != 0) continue;
-            ctx->param_decay[p] = pg->weight_decay;
-            ctx->param_lr_scale[p] = pg->lr_scale > 0 ? pg->lr_scale : 1.0f;
-            break;
-        }
+        const fsdp_param_group *pg = ctx->param_group[p] >= 0 ? &ctx->groups[ctx->param_group[p]] : NULL;
+        ctx->param_decay[p] = pg ? pg->weight_decay : ctx->opt.weight_decay;
+        ctx->param_lr_scale[p] = pg && pg->lr_scale > 0 ? pg->lr_scale : 1.0f;
     }
     for (ui = 0; ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
@@ -10513,6 +10834,32 @@ FSDP__PRIVATE int fsdp__apply_param_groups(fsdp_ctx *ctx) {
                 u->uniform_update = 0;
         }
     }
+}
+
+/* The groups, copied (the caller's may go), and the first that matches each parameter. */
+FSDP__PRIVATE int fsdp__apply_param_groups(fsdp_ctx *ctx) {
+    const fsdp_model *m = ctx->model;
+    int p, g;
+    ctx->param_decay = (float *)fsdp__calloc(sizeof(float) * (size_t)(m->num_params + 1));
+    ctx->param_lr_scale = (float *)fsdp__calloc(sizeof(float) * (size_t)(m->num_params + 1));
+    ctx->param_group = (int *)fsdp__calloc(sizeof(int) * (size_t)(m->num_params + 1));
+    ctx->groups = (fsdp_param_group *)fsdp__calloc(sizeof *ctx->groups * (size_t)(ctx->desc.num_param_groups + 1));
+    if (!ctx->param_decay || !ctx->param_lr_scale || !ctx->param_group || !ctx->groups) return FSDP_ERR_OUT_OF_MEMORY;
+    for (g = 0; g < ctx->desc.num_param_groups; g++, ctx->num_groups++) {
+        ctx->groups[g] = ctx->desc.param_groups[g];
+        if (ctx->groups[g].pattern && !(ctx->groups[g].pattern = fsdp__strdup(ctx->groups[g].pattern)))
+            return FSDP_ERR_OUT_OF_MEMORY;
+    }
+    for (p = 0; p < m->num_params; p++) {
+        ctx->param_group[p] = -1;
+        for (g = 0; g < ctx->num_groups && ctx->param_group[p] < 0; g++) {
+            const fsdp_param_group *pg = &ctx->groups[g];
+            if (m->params[p].ndim < pg->min_ndim || (pg->max_ndim && m->params[p].ndim > pg->max_ndim)) continue;
+            if (pg->pattern && fnmatch(pg->pattern, m->params[p].name, 0) != 0) continue;
+            ctx->param_group[p] = g;
+        }
+    }
+    fsdp__param_rates(ctx);
     ctx->desc.param_groups = NULL;
     ctx->desc.num_param_groups = 0;
     return 0;
@@ -10533,7 +10880,7 @@ FSDP__PRIVATE int fsdp__init_fail_ctx(fsdp_ctx *ctx, int code, const char *fmt, 
    allows), and the plan: which parameters form which unit, where each lies in its flat
    parameter. */
 FSDP__PRIVATE int fsdp__init_resolve(fsdp_ctx *ctx, int *hybrid_group) {
-    char err[FSDP__ERRMSG] = "";
+    char err[FSDP__ERRMSG] = "", settings[FSDP__ERRMSG];
     int rc;
     if (ctx->desc.strategy == FSDP_STRATEGY_AUTO) {
         fsdp_desc chosen;
@@ -10558,6 +10905,8 @@ FSDP__PRIVATE int fsdp__init_resolve(fsdp_ctx *ctx, int *hybrid_group) {
     ctx->num_state = fsdp__optimizer_num_state(&ctx->opt);
     ctx->state_dtype = ctx->opt.state_dtype;
     ctx->num_units = ctx->plan.num_units;
+    fsdp__optimizer_describe(&ctx->opt_given, &ctx->opt, settings, sizeof settings);
+    fsdp__log(&ctx->logger, FSDP_LOG_INFO, "fsdp_init: optimizer %s", settings);
     return 0;
 }
 
@@ -10612,6 +10961,8 @@ FSDP__PRIVATE int fsdp__init_units(fsdp_ctx *ctx, int hybrid_group) {
             u->group_rank = ctx->rank;
             u->shard_comm = ctx->comm;
         }
+        /* the root (unit 0) keeps its parameters from forward to backward, as PyTorch's root
+           FSDP module does: its backward starts right after its forward ends */
         u->reshard_after_forward = ui != 0 && (u->strategy == FSDP_FULL_SHARD || u->strategy == FSDP_HYBRID_SHARD);
         u->frozen = pu->frozen;
         u->master_off = u->grad_off = -1;
@@ -10815,10 +11166,12 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
     if (!ctx) return FSDP_ERR_OUT_OF_MEMORY;
     ctx->model = model;
     ctx->desc = *desc;
+    ctx->opt_given = desc->optimizer;
     ctx->comm = desc->comm;
     ctx->rank = fsdp_comm_rank(desc->comm);
     ctx->world = fsdp_comm_size(desc->comm);
     ctx->logger = desc->logger.fn ? desc->logger : desc->comm->logger;
+    ctx->abort_on_misuse = fsdp__misuse_aborts();
     pthread_mutex_init(&ctx->lock, NULL);
     pthread_cond_init(&ctx->wake, NULL);
     pthread_cond_init(&ctx->done, NULL);
@@ -10888,6 +11241,9 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     FSDP_FREE(ctx->params);
     FSDP_FREE(ctx->param_decay);
     FSDP_FREE(ctx->param_lr_scale);
+    FSDP_FREE(ctx->param_group);
+    for (ui = 0; ui < ctx->num_groups; ui++) FSDP_FREE((void *)(uintptr_t)ctx->groups[ui].pattern); /* (copies of ours) */
+    FSDP_FREE(ctx->groups);
     FSDP_FREE(ctx->fwd_order);
     FSDP_FREE(ctx->bwd_order);
     FSDP_FREE(ctx->queue);
@@ -10913,6 +11269,8 @@ FSDP_API int fsdp_unit_info_get(const fsdp_ctx *ctx, int unit, fsdp_unit_info *i
     info->padded_numel = u->padded;
     info->shard_numel = u->shard;
     info->shard_offset = (int64_t)u->group_rank * u->shard;
+    info->is_root = unit == 0;
+    info->reshard_after_forward = u->reshard_after_forward;
     return 0;
 }
 
@@ -10923,21 +11281,37 @@ FSDP_API int fsdp_param_info_get(const fsdp_ctx *ctx, int param, fsdp_param_info
 }
 
 FSDP_API void fsdp_print_units(const fsdp_ctx *ctx, void (*fn)(void *user, const char *line), void *user) {
-    char line[320];
+    char line[320], settings[300];
     int ui;
     size_t master, per_param;
     if (!ctx) return;
     master = ctx->desc.offload.params ? 0 : 4; /* bytes per element in RAM (frozen units: the master only) */
     per_param = master + (ctx->desc.offload.grads ? 0 : 4) +
                 (ctx->desc.offload.optimizer ? 0 : fsdp_dtype_size(ctx->state_dtype) * (size_t)ctx->num_state);
-    fsdp__fmt(line, sizeof line, "%-4s %-24s %-14s %7s %12s %9s %12s %14s", "unit", "module", "strategy", "params",
-              "elements", "padding", "shard", "bytes/rank");
+    fsdp__fmt(line, sizeof line, "%-4s %-24s %-14s %-13s %7s %12s %9s %12s %14s", "unit", "module", "strategy",
+              "after forward", "params", "elements", "padding", "shard", "bytes/rank");
     if (fn) fn(user, line); else printf("%s\n", line);
     for (ui = 0; ui < ctx->num_units; ui++) {
         const fsdp__unit *u = &ctx->units[ui];
-        fsdp__fmt(line, sizeof line, "%-4d %-24.24s %-14s %7d %12lld %9lld %12lld %14zu", ui, fsdp__unit_name(ctx, ui),
-                  fsdp_strategy_name(u->strategy), u->num_params, (long long)u->numel,
+        fsdp__fmt(line, sizeof line, "%-4d %-24.24s %-14s %-13s %7d %12lld %9lld %12lld %14zu", ui, fsdp__unit_name(ctx, ui),
+                  fsdp_strategy_name(u->strategy), u->reshard_after_forward ? "resharded" : ui == 0 ? "kept (root)" : "kept",
+                  u->num_params, (long long)u->numel,
                   (long long)(u->padded - u->numel), (long long)u->shard, (size_t)u->shard * (u->frozen ? master : per_param));
+        if (fn) fn(user, line); else printf("%s\n", line);
+    }
+    fsdp__optimizer_describe(&ctx->opt_given, &ctx->opt, settings, sizeof settings);
+    fsdp__fmt(line, sizeof line, "optimizer %s", settings);
+    if (fn) fn(user, line); else printf("%s\n", line);
+    for (ui = 0; ui < ctx->num_groups; ui++) {
+        const fsdp_param_group *g = &ctx->groups[ui];
+        int p, members = 0;
+        for (p = 0; p < ctx->model->num_params; p++) members += ctx->param_group[p] == ui;
+        char ndim[40];
+        fsdp_printable(settings, 80, g->pattern ? g->pattern : "*");
+        if (g->max_ndim) fsdp__fmt(ndim, sizeof ndim, "ndim %d..%d", g->min_ndim, g->max_ndim);
+        else fsdp__fmt(ndim, sizeof ndim, "ndim >= %d", g->min_ndim);
+        fsdp__fmt(line, sizeof line, "param_groups[%d] '%s', %s: weight_decay %g, lr x %g (%d parameters)", ui, settings,
+                  ndim, (double)g->weight_decay, (double)(g->lr_scale > 0 ? g->lr_scale : 1.0f), members);
         if (fn) fn(user, line); else printf("%s\n", line);
     }
 }
@@ -11000,7 +11374,10 @@ FSDP__PRIVATE int fsdp__write_slice(fsdp_ctx *ctx, fsdp__unit *u, int param, con
 FSDP_API int fsdp_set_param_shard(fsdp_ctx *ctx, int param, const float *slice) {
     fsdp__unit *u = fsdp__param_unit(ctx, param);
     int rc;
-    if (!u || !slice) return FSDP_ERR_INVALID_ARG;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if (!u || !slice)
+        return fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_set_param_shard(ctx, %d, %s): %s", param, slice ? "slice" : "NULL",
+                          u ? "the slice is NULL" : "no such parameter");
     if ((rc = fsdp__check_settable(ctx, u, param)) != 0) return rc;
     return fsdp__write_slice(ctx, u, param, slice);
 }
@@ -11011,7 +11388,10 @@ FSDP_API int fsdp_set_param_full(fsdp_ctx *ctx, int param, const float *full) {
     float *buf;
     size_t n;
     int rc;
-    if (!u || (ctx->rank == 0 && !full)) return FSDP_ERR_INVALID_ARG;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if (!u || (ctx->rank == 0 && !full))
+        return fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_set_param_full(ctx, %d, ...): %s", param,
+                          u ? "rank 0 must pass the full value (NULL)" : "no such parameter");
     if ((rc = fsdp__check_settable(ctx, u, param)) != 0) return rc;
     n = (size_t)ctx->model->params[param].numel;
     buf = (float *)fsdp__buf_get(ctx, sizeof(float) * n, 0);
@@ -14648,6 +15028,7 @@ FSDP_API int fsdp_launch(int nprocs, fsdp_rank_fn fn, void *arg) {
     return rc;
 }
 
+#endif /* the feature macros' check */
 #endif /* FSDP__IMPLEMENTED */
 #endif /* FSDP_IMPLEMENTATION */
 

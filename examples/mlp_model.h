@@ -356,13 +356,14 @@ static void mlp_acts_free(mlp_acts *a) {
 #define MLP_HOOK(m, hook, module) \
     ((m)->ctx ? example_hook((m)->ctx, (m)->model, (m)->rank, &(m)->hook_seconds, hook, #hook, (module), "MLP") : 0)
 
-/* Layer i's weights (and gradients, during its backward): gathered by FSDP or the plain arrays. */
+/* Layer i's weights (and gradients if grads: only during its backward, where fsdp_grad has them):
+   gathered by FSDP or the plain arrays. */
 typedef struct { float *w, *b, *dw, *db; } linear_params;
-static linear_params mlp_layer(mlp *m, int i) {
+static linear_params mlp_layer(mlp *m, int i, int grads) {
     linear_params p;
     if (m->ctx) {
         p.w = fsdp_param(m->ctx, m->weight[i]), p.b = fsdp_param(m->ctx, m->bias[i]);
-        p.dw = fsdp_grad(m->ctx, m->weight[i]), p.db = fsdp_grad(m->ctx, m->bias[i]); // NULL outside backward
+        p.dw = grads ? fsdp_grad(m->ctx, m->weight[i]) : NULL, p.db = grads ? fsdp_grad(m->ctx, m->bias[i]) : NULL;
     } else {
         p.w = m->plain + m->plain_offset[m->weight[i]], p.b = m->plain + m->plain_offset[m->bias[i]];
         p.dw = m->dplain + m->plain_offset[m->weight[i]], p.db = m->dplain + m->plain_offset[m->bias[i]];
@@ -376,7 +377,7 @@ static int mlp_forward(mlp *m, mlp_acts *a, float *loss) {
     if (MLP_HOOK(m, fsdp_pre_forward, 0)) return -1;
     for (int i = 0; i < L; i++) {
         if (MLP_HOOK(m, fsdp_pre_forward, m->module[i])) return -1;
-        linear_params p = mlp_layer(m, i);
+        linear_params p = mlp_layer(m, i, 0);
         if (!p.w || !p.b) { fprintf(stderr, "rank %d: layers.%d: weights not gathered\n", m->rank, i); return -1; }
         linear_forward(a->z[i], a->x[i], p.w, p.b, B, m->dims[i], m->dims[i + 1]);
         if (MLP_HOOK(m, fsdp_post_forward, m->module[i])) return -1;
@@ -394,7 +395,7 @@ static int mlp_backward(mlp *m, mlp_acts *a) {
     softmax_crossentropy_backward(a->dz[L - 1], a->probs, a->targets, B, m->dims[L]);
     for (int i = L - 1; i >= 0; i--) {
         if (MLP_HOOK(m, fsdp_pre_backward, m->module[i])) return -1;
-        linear_params p = mlp_layer(m, i);
+        linear_params p = mlp_layer(m, i, 1);
         if (!p.dw || !p.db) { fprintf(stderr, "rank %d: layers.%d: no gradient buffer\n", m->rank, i); return -1; }
         linear_backward(i > 0 ? a->dx[i] : NULL, p.dw, p.db, a->dz[i], a->x[i], p.w, B, m->dims[i], m->dims[i + 1]);
         if (MLP_HOOK(m, fsdp_post_backward, m->module[i])) return -1;

@@ -96,8 +96,39 @@ if [ -z "$NO_EXTRA_CHECKS" ]; then
     check header.declarations_only $CC -std=c99 $W -c "$tmp/decl_only.c" -o "$tmp/a.o"
     check header.gnu_source_first_c99 $CC -std=c99 $W "$tmp/gnu_first.c" -o "$tmp/a" -lpthread -lm
     check header.after_stdio_gnu11 $CC -std=gnu11 $W "$tmp/after_stdio.c" -o "$tmp/a" -lpthread -lm
-    # strict mode with a system header first must stop with the message that says what to do
+    # strict mode with a system header first must stop with the message that says what to do,
+    # and with nothing else: one error line, not the cascade of the implementation after it
     check header.after_stdio_c99_explains sh -c "! $CC -std=c99 $W -c '$tmp/after_stdio.c' -o '$tmp/a.o' 2>'$tmp/err' && grep -q 'define _GNU_SOURCE at the very top' '$tmp/err'"
+    check header.after_stdio_c99_reports_exactly_one_error sh -c "! $CC -std=c99 $W -c '$tmp/after_stdio.c' -o '$tmp/a.o' 2>'$tmp/err';
+        cat '$tmp/err'; [ \$(grep -c 'error:' '$tmp/err') -eq 1 ] && [ \$(grep -c 'warning:' '$tmp/err') -eq 0 ]"
+    # FSDP_ABORT_ON_MISUSE: fsdp_param outside its unit's hooks aborts there, printing its message
+    cat >"$tmp/misuse.c" <<'EOF'
+#define FSDP_ABORT_ON_MISUSE
+#define FSDP_IMPLEMENTATION
+#include "fsdp.h"
+int main(void) {
+    fsdp_comm *comm = NULL;
+    fsdp_model *model = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_comm_desc cd;
+    fsdp_desc d;
+    fsdp_init_rule zeros = {FSDP_INIT_ZEROS, 0, 0, NULL, NULL};
+    int64_t shape[1] = {4};
+    memset(&cd, 0, sizeof cd);
+    memset(&d, 0, sizeof d);
+    cd.world_size = 1;
+    cd.job = "abort-on-misuse";
+    if (fsdp_comm_init(&comm, &cd) || fsdp_model_create(&model, "Net") ||
+        fsdp_model_param(model, 0, "weight", 1, shape, zeros) != 0)
+        return 2;
+    d.comm = comm;
+    if (fsdp_init(&ctx, model, &d)) return 3;
+    return fsdp_param(ctx, 0) == NULL ? 0 : 4; /* no hook called: a misuse */
+}
+EOF
+    check header.abort_on_misuse_macro_aborts_at_the_call_with_its_message sh -c "$CC -std=c99 $W '$tmp/misuse.c' -o '$tmp/misuse' -lpthread -lm &&
+        { ulimit -c 0; '$tmp/misuse' 2>'$tmp/err'; status=\$?; cat '$tmp/err'; [ \$status -eq 134 ]; } &&
+        grep -q \"fsdp_param(ctx, 0 'weight'): unit 0 (root) is sharded (not gathered): call fsdp_pre_forward(ctx, 0) first\" '$tmp/err'"
     if command -v clang >/dev/null 2>&1; then
         check header.clang_c99 clang -std=c99 $W "$tmp/first.c" -o "$tmp/a" -lpthread -lm
         # the examples' models too (their target_clones and AVX-512 kernel are compiler-specific)

@@ -71,6 +71,18 @@ static TEST_UNUSED void copy_text(char *dst, size_t size, const char *src) {
 
 static TEST_UNUSED int contains(const char *haystack, const char *needle) { return strstr(haystack, needle) != NULL; }
 
+/* Asserts that text (a message, a log) contains part; the failure shows both. */
+static TEST_UNUSED void assert_says(const char *text, const char *part) {
+    static char failure[4096];
+    copy_text(failure, sizeof failure, "expected '");
+    append_text(failure, sizeof failure, part);
+    append_text(failure, sizeof failure, "' in: \"");
+    append_text(failure, sizeof failure, text ? text : "(null)");
+    append_text(failure, sizeof failure, "\"");
+    TEST_ASSERT_NOT_NULL_MESSAGE(text, failure);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(text, part), failure);
+}
+
 static TEST_UNUSED int bytes_all_equal(const unsigned char *bytes, size_t n, unsigned char value) {
     size_t i;
     for (i = 0; i < n; i++)
