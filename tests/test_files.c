@@ -19,7 +19,9 @@
      reader (never wrapped to match data_offsets) and by the writer (no file is made).
    - a write whose rename is done but whose directory cannot be synced succeeds, warning.
    - fsdp_save_sharded writes only into a directory of this user that others cannot write in,
-     reached through no symbolic link of another user.
+     reached through no symbolic link of another user (also when named "link/" or "link/."), and
+     only into the directory it checked: a link on the path repointed after the check (the hook
+     FSDP__DIR_OPENED does it) changes nothing, for saves, asynchronous saves and traces.
    - fsdp_load_full fails on every rank, naming it, when a rank opened another file.
    - the index.json fuzz target's corpus (tests/corpus/index and its crashers/ folder) is
      replayed through fsdp_index_parse; run from the repository root or set INDEX_CORPUS_DIR.
@@ -92,6 +94,11 @@ static void counting_free(void *ptr) {
 #define FSDP_MALLOC(size) counting_malloc(size)
 #define FSDP_REALLOC(ptr, size) counting_realloc(ptr, size)
 #define FSDP_FREE(ptr) counting_free(ptr)
+/* fsdp.h's private test hook: what happens once a save or a trace has checked its directory
+   (here, when armed, a symbolic link on the path is repointed, as whoever can write its parent
+   could do at that moment). */
+static void directory_checked(const char *path);
+#define FSDP__DIR_OPENED(path) directory_checked(path)
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 #include "unity.h"
@@ -118,8 +125,10 @@ static mode_t saved_umask;
 /* single-rank objects of in-process tests; tearDown releases whatever a test left */
 static fsdp_comm *comm1;
 static fsdp_ctx *ctx1;
+static char repoint_link[256], repoint_to[256]; /* armed (link set): directory_checked repoints it, once */
 static fsdp_model *model1;
 static fsdp_logger ctx_logger;  /* what ctx_open gives a context (default: silent) */
+static const char *ctx_trace_dir; /* and where it traces (default: nowhere) */
 static char *text;              /* a document being built (plain malloc: not counted) */
 static size_t text_len, text_cap;
 
@@ -132,6 +141,8 @@ void setUp(void) {
 void tearDown(void) {
     umask(saved_umask);
     memset(&ctx_logger, 0, sizeof ctx_logger);
+    ctx_trace_dir = NULL;
+    repoint_link[0] = 0;
     release_one_rank(&ctx1, &model1, &comm1);
     free(text);
     text = NULL;
@@ -254,6 +265,7 @@ static int ctx_open(fsdp_comm *comm, fsdp_model **model, fsdp_ctx **ctx) {
     memset(&d, 0, sizeof d);
     d.comm = comm;
     d.logger = ctx_logger;
+    d.trace_dir = ctx_trace_dir;
     d.seed = 5;
     d.optimizer.kind = FSDP_SGD;
     d.optimizer.lr = 0.1f;
@@ -801,6 +813,118 @@ static void test_save_sharded_through_our_own_symlink_to_our_own_directory_works
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_save_sharded(ctx1, link, &so), fsdp_last_error(ctx1));
     snprintf(index, sizeof index, "%s/index.json", target);
     TEST_ASSERT_TRUE_MESSAGE(is_regular_file(index), "no index.json in the directory the link points to");
+}
+
+/* Another user's link to our directory, named with a trailing "/" or "/." (which make lstat
+   follow it): refused all the same, nothing written into the directory it leads to. */
+static void assert_save_sharded_refuses_another_users_link_named(const char *suffix) {
+    char target[256], link[256], named[300];
+    if (!running_as_root()) TEST_IGNORE_MESSAGE("needs root (lchown of a link to another user)");
+    start_one_rank();
+    path_in(target, sizeof target, "ours");
+    path_in(link, sizeof link, "theirs");
+    TEST_ASSERT_EQUAL_INT(0, mkdir(target, 0755));
+    TEST_ASSERT_EQUAL_INT(0, symlink(target, link));
+    TEST_ASSERT_EQUAL_INT(0, lchown(link, NOBODY, NOBODY));
+    snprintf(named, sizeof named, "%s%s", link, suffix);
+    assert_save_sharded_refuses(named, target, "symbolic link of uid 65534");
+}
+
+static void test_save_sharded_refuses_another_users_link_named_with_a_trailing_slash(void) {
+    assert_save_sharded_refuses_another_users_link_named("/");
+}
+
+static void test_save_sharded_refuses_another_users_link_named_with_a_trailing_slash_dot(void) {
+    assert_save_sharded_refuses_another_users_link_named("/./");
+}
+
+/* The hook: repoints the armed link to repoint_to once the save or trace has checked it. */
+static void directory_checked(const char *path) {
+    char fresh[300];
+    if (!repoint_link[0] || strcmp(path, repoint_link) != 0) return;
+    snprintf(fresh, sizeof fresh, "%s.new", repoint_link);
+    if (symlink(repoint_to, fresh) == 0 && rename(fresh, repoint_link) == 0) repoint_link[0] = 0;
+}
+
+/* Our link "latest" to the directory "checked", repointed to "other" right after the save has
+   checked it (a racing process can do it there, the hook does it every time): every file of the
+   save lands in "checked", and "other" keeps what it had (a shard of an earlier save, which the
+   removal of old shards would take). */
+static void assert_save_writes_where_it_checked_though_the_link_is_repointed(int async) {
+    char checked[256], other[256], link[256], index[512], old_shard[512];
+    int rc;
+    start_one_rank();
+    path_in(checked, sizeof checked, "checked");
+    path_in(other, sizeof other, "other");
+    path_in(link, sizeof link, "latest");
+    TEST_ASSERT_EQUAL_INT(0, mkdir(checked, 0755));
+    TEST_ASSERT_EQUAL_INT(0, mkdir(other, 0755));
+    TEST_ASSERT_EQUAL_INT(0, symlink(checked, link));
+    snprintf(old_shard, sizeof old_shard, "%s/shard-00000000-00000.safetensors", other);
+    write_file(old_shard, "earlier", 7);
+    snprintf(repoint_link, sizeof repoint_link, "%s", link);
+    snprintf(repoint_to, sizeof repoint_to, "%s", other);
+    rc = async ? fsdp_save_sharded_async(ctx1, link, NULL) : fsdp_save_sharded(ctx1, link, NULL);
+    if (!rc && async) rc = fsdp_save_wait(ctx1);
+    snprintf(message, sizeof message, "%s(%s): %s \"%s\"; %d entries in %s", async ? "fsdp_save_sharded_async" :
+             "fsdp_save_sharded", link, fsdp_result_name(rc), fsdp_last_error(ctx1), count_entries(other, NULL), other);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
+    TEST_ASSERT_EQUAL_STRING_MESSAGE("", repoint_link, "the hook did not repoint the link");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(1, count_entries(other, NULL), message);
+    TEST_ASSERT_TRUE_MESSAGE(is_regular_file(old_shard), message);
+    snprintf(index, sizeof index, "%s/index.json", checked);
+    TEST_ASSERT_TRUE_MESSAGE(is_regular_file(index), "no index.json in the directory that was checked");
+}
+
+static void test_save_sharded_through_a_link_repointed_after_the_check_writes_where_it_checked(void) {
+    assert_save_writes_where_it_checked_though_the_link_is_repointed(0);
+}
+
+static void test_save_sharded_async_through_a_link_repointed_after_the_check_writes_where_it_checked(void) {
+    assert_save_writes_where_it_checked_though_the_link_is_repointed(1);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   traces: made afresh in a directory of this user
+   --------------------------------------------------------------------------------------------- */
+/* Another user's link to our directory, named with a trailing "/": no trace is opened. */
+static void test_trace_refuses_another_users_link_named_with_a_trailing_slash(void) {
+    char target[256], link[256], named[300];
+    int rc;
+    if (!running_as_root()) TEST_IGNORE_MESSAGE("needs root (lchown of a link to another user)");
+    path_in(target, sizeof target, "ours");
+    path_in(link, sizeof link, "theirs");
+    TEST_ASSERT_EQUAL_INT(0, mkdir(target, 0755));
+    TEST_ASSERT_EQUAL_INT(0, symlink(target, link));
+    TEST_ASSERT_EQUAL_INT(0, lchown(link, NOBODY, NOBODY));
+    snprintf(named, sizeof named, "%s/", link);
+    ctx_trace_dir = named;
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, open_one_rank_comm(&comm1, "test-files"), fsdp_comm_last_error(NULL));
+    rc = ctx_open(comm1, &model1, &ctx1);
+    snprintf(message, sizeof message, "fsdp_init tracing into %s: %s \"%s\"", named, fsdp_result_name(rc), fsdp_last_error(ctx1));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_INVALID_ARG, rc, message);
+    TEST_ASSERT_TRUE_MESSAGE(contains(fsdp_last_error(ctx1), "symbolic link of uid 65534"), message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, count_entries(target, NULL), message);
+}
+
+/* Our link to the trace directory, repointed right after the check: the trace is in the
+   directory that was checked. */
+static void test_trace_through_a_link_repointed_after_the_check_is_written_where_it_checked(void) {
+    char checked[256], other[256], link[256], trace[512];
+    path_in(checked, sizeof checked, "checked");
+    path_in(other, sizeof other, "other");
+    path_in(link, sizeof link, "latest");
+    TEST_ASSERT_EQUAL_INT(0, mkdir(checked, 0755));
+    TEST_ASSERT_EQUAL_INT(0, mkdir(other, 0755));
+    TEST_ASSERT_EQUAL_INT(0, symlink(checked, link));
+    snprintf(repoint_link, sizeof repoint_link, "%s", link);
+    snprintf(repoint_to, sizeof repoint_to, "%s", other);
+    ctx_trace_dir = link;
+    start_one_rank();
+    TEST_ASSERT_EQUAL_STRING_MESSAGE("", repoint_link, "the hook did not repoint the link");
+    snprintf(trace, sizeof trace, "%s/trace-rank00000.json", checked);
+    TEST_ASSERT_TRUE_MESSAGE(is_regular_file(trace), "no trace in the directory that was checked");
+    TEST_ASSERT_EQUAL_INT(0, count_entries(other, NULL));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1959,6 +2083,12 @@ int main(void) {
     RUN_TEST(test_save_sharded_refuses_a_symbolic_link_of_another_user);
     RUN_TEST(test_save_sharded_refuses_a_directory_of_another_user);
     RUN_TEST(test_save_sharded_through_our_own_symlink_to_our_own_directory_works);
+    RUN_TEST(test_save_sharded_refuses_another_users_link_named_with_a_trailing_slash);
+    RUN_TEST(test_save_sharded_refuses_another_users_link_named_with_a_trailing_slash_dot);
+    RUN_TEST(test_save_sharded_through_a_link_repointed_after_the_check_writes_where_it_checked);
+    RUN_TEST(test_save_sharded_async_through_a_link_repointed_after_the_check_writes_where_it_checked);
+    RUN_TEST(test_trace_refuses_another_users_link_named_with_a_trailing_slash);
+    RUN_TEST(test_trace_through_a_link_repointed_after_the_check_is_written_where_it_checked);
     /* stale temporary files */
     RUN_TEST(test_save_removes_a_stale_temporary_file_of_this_host_whose_writer_is_dead);
     RUN_TEST(test_save_keeps_a_temporary_file_of_another_host);
