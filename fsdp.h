@@ -10897,7 +10897,9 @@ FSDP__PRIVATE void fsdp__sbuf_jstring(fsdp__sbuf *b, const char *s) {
 #define FSDP__TRACE_FLUSH 2048   /* events buffered before fsdp_step writes them out */
 FSDP__PRIVATE int fsdp__agree(fsdp_ctx *ctx, int rc);                            /* >>checkpoint */
 FSDP__PRIVATE int fsdp__dir_open(const char *dir, char *why, size_t size);         /* >>checkpoint */
+FSDP__PRIVATE int fsdp__tmp_create(int dir, const char *path, char *tmp, size_t tmp_size); /* >>safetensors */
 FSDP__PRIVATE const char *fsdp__at_name(int dir, const char *path);              /* >>safetensors */
+FSDP__PRIVATE mode_t fsdp__umask(void);                                          /* >>safetensors */
 
 struct fsdp__trace {
     pthread_mutex_t lock;
@@ -11210,6 +11212,23 @@ FSDP__PRIVATE int fsdp__trace_align(fsdp_ctx *ctx, fsdp__trace *tr) {
     return rc;
 }
 
+/* This rank's trace file, made afresh (exclusively, as a temporary file renamed into place at
+   once, relative to the checked directory): whatever was planted under its name (a FIFO that
+   would block the open, another user's file that would receive the trace, a link) is replaced,
+   never opened. The descriptor, or -1 with errno. */
+FSDP__PRIVATE int fsdp__trace_create(int dir, const char *path) {
+    char tmp[1200];
+    int fd = fsdp__tmp_create(dir, path, tmp, sizeof tmp), err;
+    if (fd < 0) return -1;
+    if (fchmod(fd, 0644 & ~fsdp__umask()) == 0 && renameat(dir, fsdp__at_name(dir, tmp), dir, fsdp__at_name(dir, path)) == 0)
+        return fd;
+    err = errno;
+    close(fd);
+    unlinkat(dir, fsdp__at_name(dir, tmp), 0);
+    errno = err;
+    return -1;
+}
+
 /* Opens this rank's trace file when desc.trace_dir names a directory (made if missing; it must
    be this user's, as for checkpoints), then aligns the clocks; events are recorded from then on.
    Collective when tracing. */
@@ -11229,8 +11248,7 @@ FSDP__PRIVATE int fsdp__trace_open(fsdp_ctx *ctx) {
         local = fsdp__fail(ctx, FSDP_ERR_IO, "cannot make the trace directory %s: %s", dir, strerror(errno));
     else if ((dir_fd = fsdp__dir_open(dir, why, sizeof why)) < 0)
         local = fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "trace directory %s: %s", dir, why);
-    else if ((fd = openat(dir_fd, fsdp__at_name(dir_fd, tr->path), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
-                          0644)) < 0 || !(tr->file = fdopen(fd, "w")))
+    else if ((fd = fsdp__trace_create(dir_fd, tr->path)) < 0 || !(tr->file = fdopen(fd, "w")))
         local = fsdp__fail(ctx, FSDP_ERR_IO, "cannot write the trace %s: %s", tr->path, strerror(errno));
     if (fd >= 0 && !tr->file) close(fd);
     if (dir_fd >= 0) close(dir_fd);

@@ -22,6 +22,8 @@
      reached through no symbolic link of another user (also when named "link/" or "link/."), and
      only into the directory it checked: a link on the path repointed after the check (the hook
      FSDP__DIR_OPENED does it) changes nothing, for saves, asynchronous saves and traces.
+   - traces are made afresh, never opened where they lie: a FIFO planted under a trace's name
+     blocks nothing, another user's file there receives nothing.
    - fsdp_load_full fails on every rank, naming it, when a rank opened another file.
    - the index.json fuzz target's corpus (tests/corpus/index and its crashers/ folder) is
      replayed through fsdp_index_parse; run from the repository root or set INDEX_CORPUS_DIR.
@@ -887,6 +889,75 @@ static void test_save_sharded_async_through_a_link_repointed_after_the_check_wri
 /* ---------------------------------------------------------------------------------------------
    traces: made afresh in a directory of this user
    --------------------------------------------------------------------------------------------- */
+/* A child's fsdp_init with a trace in b->dir, and fsdp_destroy. */
+typedef struct trace_board {
+    char dir[256];
+    int stage, rc;
+    char error[1024];
+} trace_board;
+
+static int init_tracing(void *arg) {
+    trace_board *b = (trace_board *)arg;
+    fsdp_comm *comm = NULL;
+    fsdp_model *model = NULL;
+    fsdp_ctx *ctx = NULL;
+    ctx_trace_dir = b->dir;
+    b->stage = 1;
+    if (open_one_rank_comm(&comm, "test-files-trace") != 0) return 2;
+    b->rc = ctx_open(comm, &model, &ctx);
+    copy_text(b->error, sizeof b->error, fsdp_last_error(ctx));
+    b->stage = 2;
+    release_one_rank(&ctx, &model, &comm);
+    b->stage = 3;
+    return 0;
+}
+
+/* A FIFO planted under the trace's name in a directory the group may write in: fsdp_init
+   neither blocks on it (an open for writing would wait for a reader for ever) nor fails; the
+   trace is a fresh regular file in its place. */
+static void test_trace_where_a_fifo_is_planted_under_its_name_neither_blocks_nor_fails(void) {
+    trace_board *b = (trace_board *)map_board(sizeof(trace_board));
+    char fifo[512], where[1400];
+    int status, finished;
+    path_in(b->dir, sizeof b->dir, "trace");
+    TEST_ASSERT_EQUAL_INT(0, mkdir(b->dir, 0770));
+    TEST_ASSERT_EQUAL_INT(0, chmod(b->dir, 0770));
+    snprintf(fifo, sizeof fifo, "%s/trace-rank00000.json", b->dir);
+    TEST_ASSERT_EQUAL_INT(0, mkfifo(fifo, 0666));
+    finished = run_child(init_tracing, b, 10000, &status);
+    snprintf(where, sizeof where, "fsdp_init tracing into %s where a FIFO is planted (stage %d, %s \"%.1000s\")", b->dir,
+             b->stage, fsdp_result_name(b->rc), b->error);
+    assert_child_ok(finished, status, where);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, b->rc, where);
+    TEST_ASSERT_TRUE_MESSAGE(is_regular_file(fifo), where);
+}
+
+/* Another user's file planted under the trace's name (uid 65534, mode 0666, in our directory
+   that the group may write in): the trace does not go into it; it keeps its bytes, and the
+   trace is a file of ours in its place. Root only. */
+static void test_trace_where_another_users_file_is_planted_under_its_name_leaves_that_file_untouched(void) {
+    char dir[256], planted[512], kept[512], bytes[64];
+    struct stat st;
+    if (!running_as_root()) TEST_IGNORE_MESSAGE("needs root (chown of a file to another user)");
+    path_in(dir, sizeof dir, "trace");
+    path_in(kept, sizeof kept, "their-file");
+    TEST_ASSERT_EQUAL_INT(0, mkdir(dir, 0770));
+    TEST_ASSERT_EQUAL_INT(0, chmod(dir, 0770));
+    snprintf(planted, sizeof planted, "%s/trace-rank00000.json", dir);
+    write_file(planted, "theirs", 6);
+    TEST_ASSERT_EQUAL_INT(0, link(planted, kept)); /* their file, whatever becomes of the name */
+    TEST_ASSERT_EQUAL_INT(0, chmod(planted, 0666));
+    TEST_ASSERT_EQUAL_INT(0, chown(planted, NOBODY, NOBODY));
+    ctx_trace_dir = dir;
+    start_one_rank();
+    release_one_rank(&ctx1, &model1, &comm1); /* (the trace's end is written) */
+    read_bytes(kept, bytes, sizeof bytes);
+    TEST_ASSERT_EQUAL_STRING_MESSAGE("theirs", bytes, "the trace went into the other user's file");
+    TEST_ASSERT_EQUAL_INT(0, lstat(planted, &st));
+    TEST_ASSERT_TRUE(S_ISREG(st.st_mode));
+    TEST_ASSERT_EQUAL_INT(geteuid(), st.st_uid);
+}
+
 /* Another user's link to our directory, named with a trailing "/": no trace is opened. */
 static void test_trace_refuses_another_users_link_named_with_a_trailing_slash(void) {
     char target[256], link[256], named[300];
@@ -2087,6 +2158,8 @@ int main(void) {
     RUN_TEST(test_save_sharded_refuses_another_users_link_named_with_a_trailing_slash_dot);
     RUN_TEST(test_save_sharded_through_a_link_repointed_after_the_check_writes_where_it_checked);
     RUN_TEST(test_save_sharded_async_through_a_link_repointed_after_the_check_writes_where_it_checked);
+    RUN_TEST(test_trace_where_a_fifo_is_planted_under_its_name_neither_blocks_nor_fails);
+    RUN_TEST(test_trace_where_another_users_file_is_planted_under_its_name_leaves_that_file_untouched);
     RUN_TEST(test_trace_refuses_another_users_link_named_with_a_trailing_slash);
     RUN_TEST(test_trace_through_a_link_repointed_after_the_check_is_written_where_it_checked);
     /* stale temporary files */
