@@ -12853,11 +12853,50 @@ FSDP__PRIVATE int fsdp__write_shard_file(fsdp_ctx *ctx, const fsdp__sharded_save
     return rc;
 }
 
+/* Group rank g's piece of parameter p (of unit u) as elements [*lo, *hi) of the parameter: the
+   part of [g*S, (g+1)*S) of the flat parameter that is p's. 0 if it holds none of p. The
+   writers are group ranks 0..writers-1 (NO_SHARD: rank 0; the others: the first shard group),
+   which are the job's ranks of the same numbers. */
+FSDP__PRIVATE int fsdp__index_piece(const fsdp_ctx *ctx, const fsdp__unit *u, int p, int g, int64_t *lo, int64_t *hi) {
+    int64_t off = ctx->plan.param_offset[p], end = off + ctx->model->params[p].numel;
+    *lo = (int64_t)g * u->shard;
+    *hi = *lo + u->shard;
+    if (*lo < off) *lo = off;
+    if (*hi > end) *hi = end;
+    *lo -= off;
+    *hi -= off;
+    return *hi > *lo;
+}
+
+static int fsdp__index_writers(const fsdp__unit *u) { return u->strategy == FSDP_NO_SHARD ? 1 : u->group_size; }
+
+/* The ranks that write a shard file, as index.json lists them: those holding a piece of some
+   parameter (a NO_SHARD rank above 0, a HYBRID_SHARD replica or a rank of padding only writes
+   none, so it is not listed). file[r]: rank r's place in the list, or -1; returns the count. */
+FSDP__PRIVATE int fsdp__index_files(const fsdp_ctx *ctx, int *file) {
+    int p, g, n = 0;
+    int64_t lo, hi;
+    for (g = 0; g < ctx->world; g++) file[g] = -1;
+    for (p = 0; p < ctx->model->num_params; p++) {
+        const fsdp__unit *u = &ctx->units[ctx->plan.unit_of_param[p]];
+        for (g = 0; g < fsdp__index_writers(u); g++)
+            if (fsdp__index_piece(ctx, u, p, g, &lo, &hi)) file[g] = 0;
+    }
+    for (g = 0; g < ctx->world; g++)
+        if (file[g] == 0) file[g] = n++;
+    return n;
+}
+
 /* index.json's text: the metadata, the files, and per tensor its dtype, shape and which element
-   ranges lie in which file (group rank g's file holds [g*S, (g+1)*S) of each flat parameter). */
+   ranges lie in which file (fsdp__index_piece, in the file of fsdp__index_files). */
 FSDP__PRIVATE void fsdp__index_text(fsdp_ctx *ctx, const fsdp__sharded_save *sv, fsdp__sbuf *b) {
     char file[64];
-    int k, r, p, j;
+    int k, r, p, j, n = 0, *file_of = (int *)FSDP_MALLOC(sizeof(int) * (size_t)ctx->world);
+    if (!file_of) {
+        b->failed = 1;
+        return;
+    }
+    fsdp__index_files(ctx, file_of);
     fsdp__sbuf_printf(b, "{\"format\":\"fsdp.h-sharded\",\"version\":1,\"world_size\":%d,\"step\":%lld,\"epoch\":%lld,",
                       ctx->world, (long long)ctx->step, (long long)(sv->opt ? sv->opt->epoch : 0));
     fsdp__sbuf_str(b, "\"metadata\":{");
@@ -12869,20 +12908,21 @@ FSDP__PRIVATE void fsdp__index_text(fsdp_ctx *ctx, const fsdp__sharded_save *sv,
     }
     fsdp__sbuf_str(b, "},\"files\":[");
     for (r = 0; r < ctx->world; r++) {
+        if (file_of[r] < 0) continue;
         fsdp__shard_file_name(file, sizeof file, sv->nonce, r);
-        fsdp__sbuf_printf(b, "%s\"%s\"", r ? "," : "", file);
+        fsdp__sbuf_printf(b, "%s\"%s\"", n++ ? "," : "", file);
     }
     fsdp__sbuf_str(b, "],\"tensors\":{");
-    for (p = 0; p < ctx->model->num_params; p++) {
+    for (p = 0; p < ctx->model->num_params && !b->failed; p++) {
         const fsdp__param *mp = &ctx->model->params[p];
         const fsdp__unit *u = &ctx->units[ctx->plan.unit_of_param[p]];
-        int64_t off = ctx->plan.param_offset[p];
         for (j = 0; j <= (mp->frozen ? 0 : sv->nopt); j++) {
             char *name = fsdp__tensor_name(mp->name, j ? sv->suffix[j - 1] : NULL);
-            int g, first = 1, writers = u->strategy == FSDP_NO_SHARD ? 1 : u->group_size;
+            int g, first = 1;
+            int64_t lo, hi;
             if (!name) {
                 b->failed = 1;
-                return;
+                break;
             }
             fsdp__sbuf_str(b, p || j ? "," : "");
             fsdp__sbuf_jstring(b, name);
@@ -12890,18 +12930,16 @@ FSDP__PRIVATE void fsdp__index_text(fsdp_ctx *ctx, const fsdp__sharded_save *sv,
             fsdp__sbuf_printf(b, ":{\"dtype\":\"%s\",\"shape\":[", fsdp__st_dtype_name(j ? FSDP_F32 : sv->dtype));
             for (k = 0; k < mp->ndim; k++) fsdp__sbuf_printf(b, k ? ",%lld" : "%lld", (long long)mp->shape[k]);
             fsdp__sbuf_str(b, "],\"pieces\":[");
-            for (g = 0; g < writers; g++) {
-                int64_t lo = (int64_t)g * u->shard, hi = lo + u->shard;
-                if (lo < off) lo = off;
-                if (hi > off + mp->numel) hi = off + mp->numel;
-                if (hi <= lo) continue;
-                fsdp__sbuf_printf(b, "%s[%d,%lld,%lld]", first ? "" : ",", g, (long long)(lo - off), (long long)(hi - off));
+            for (g = 0; g < fsdp__index_writers(u); g++) {
+                if (!fsdp__index_piece(ctx, u, p, g, &lo, &hi)) continue;
+                fsdp__sbuf_printf(b, "%s[%d,%lld,%lld]", first ? "" : ",", file_of[g], (long long)lo, (long long)hi);
                 first = 0;
             }
             fsdp__sbuf_str(b, "]}");
         }
     }
     fsdp__sbuf_str(b, "}}\n");
+    FSDP_FREE(file_of);
 }
 
 /* Files of earlier saves in dir (a descriptor), no longer referenced once this save's index is
