@@ -1210,6 +1210,7 @@ FSDP_API int fsdp_launch_ex(const fsdp_launch_desc *desc, fsdp_rank_fn fn, void 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -13006,7 +13007,10 @@ FSDP__PRIVATE void fsdp__sharded_end(fsdp__sharded_save *sv) {
 
 /* The start of a sharded save: the directory made (rank 0), opened and checked (every rank: on
    its host it may be another), a fresh name for this save's files, the same on every rank. On
-   failure nothing is left open. Collective. */
+   failure nothing is left open. Rank 0 holds a lock on the directory until the save ends: two
+   jobs saving into one directory at once removed each other's files (a save failed, "No such
+   file", and its other ranks' files stayed), so the second fails at once saying why (where the
+   file system has no locks, none is taken). Collective. */
 FSDP__PRIVATE int fsdp__sharded_begin(fsdp_ctx *ctx, const char *dir, const fsdp_save_options *opt, const char *what,
                                       fsdp__sharded_save *sv) {
     uint32_t nonce[2] = {0, 0};
@@ -13025,15 +13029,29 @@ FSDP__PRIVATE int fsdp__sharded_begin(fsdp_ctx *ctx, const char *dir, const fsdp
     if ((rc = fsdp__agree(ctx, local)) != 0) return rc;
     if ((sv->dir_fd = fsdp__dir_open(dir, err, sizeof err)) < 0)
         local = fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "%s: %s: %s", what, dir, err);
+    else if (ctx->rank == 0 && flock(sv->dir_fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK)
+        local = fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "%s: %s: another job is saving a checkpoint into it right now (two "
+                           "jobs in one directory replace and remove each other's checkpoints): give each its own", what, dir);
     if ((rc = fsdp__agree(ctx, local)) == 0) rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_BROADCAST, NULL, nonce, 2, 0);
     if (rc) fsdp__sharded_end(sv);
     sv->nonce = nonce[0];
     return rc;
 }
 
+/* This rank's file of a save that is not committed and never will be (no index names its
+   fresh name), so that the directory holds what its index names: removed. */
+FSDP__PRIVATE void fsdp__remove_own_shard(fsdp_ctx *ctx, const fsdp__sharded_save *sv) {
+    char file[64];
+    fsdp__shard_file_name(file, sizeof file, sv->nonce, ctx->rank);
+    if (sv->dir_fd >= 0) unlinkat(sv->dir_fd, file, 0);
+}
+
 /* The end of a sharded save, once every rank's file is written or failed (local: this rank's
    result, its message in ctx->error): rank 0 writes index (its text) as index.json, the commit
-   point, then removes the files of earlier saves. Collective. */
+   point, then removes the files of earlier saves. A failure every rank agreed on (the
+   collectives whole: rank 0 saw it too, so wrote no index) removes the save's files; after a
+   failure of the collectives themselves rank 0 may have committed, so they stay (the next save
+   removes them if not). Collective. */
 FSDP__PRIVATE int fsdp__sharded_commit(fsdp_ctx *ctx, const fsdp__sharded_save *sv, const fsdp__sbuf *index, int local,
                                        const char *what) {
     char path[1024], err[FSDP__ERRMSG];
@@ -13044,7 +13062,9 @@ FSDP__PRIVATE int fsdp__sharded_commit(fsdp_ctx *ctx, const fsdp__sharded_save *
         else if ((local = fsdp__write_file_at(sv->dir_fd, path, index->data, index->len, err, sizeof err)) != 0)
             fsdp__fail(ctx, local, "%s: cannot write the index: %s", what, err);
     }
-    if (!rc && (rc = fsdp__agree(ctx, local)) == 0 && ctx->rank == 0) fsdp__remove_old_shards(sv->dir_fd, sv->nonce);
+    if (!rc) rc = fsdp__agree(ctx, local);
+    if (!rc && ctx->rank == 0) fsdp__remove_old_shards(sv->dir_fd, sv->nonce);
+    else if (rc && fsdp__check_worker(ctx) == 0 && fsdp_comm_status(ctx->comm) == FSDP_SUCCESS) fsdp__remove_own_shard(ctx, sv);
     return rc;
 }
 
@@ -13313,9 +13333,10 @@ FSDP__PRIVATE void fsdp__async_end(fsdp_ctx *ctx) {
     if (as->in_flight && ctx->thread_started && fsdp__check_worker(ctx) == 0 && fsdp_comm_status(ctx->comm) == FSDP_SUCCESS)
         fsdp__async_poll(ctx, 1);
     if (as->thread_started) pthread_join(as->thread, NULL);
-    if (as->in_flight) {
+    if (as->in_flight) { /* (this rank never reached the commit, so neither did rank 0: no index names the file) */
         fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: the asynchronous save to %s was not committed (the job failed): "
                   "the directory keeps its previous checkpoint", ctx->rank, as->dir);
+        fsdp__remove_own_shard(ctx, &as->sv);
         fsdp__sharded_end(&as->sv);
     }
     FSDP_FREE(as->staged);

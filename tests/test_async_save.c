@@ -980,10 +980,12 @@ static void test_async_save_failing_in_the_background_lets_training_go_on_and_sa
     }
 }
 
+/* ... loadable, and alone: rank 0's complete file of the failed save is gone too. */
 static void test_async_save_failing_in_the_background_leaves_the_previous_checkpoint(void) {
     board *b = run_failing();
     assert_values_differ(b->before, b->at_call[0], "the steps between the saves changed nothing (the control)");
     assert_values(b->before, b->loaded[0], "loaded after the failed save vs the previous checkpoint");
+    TEST_ASSERT_TRUE_MESSAGE(ckpt_dir_exact(b->dir[0], message, sizeof message), message);
 }
 
 /* ---------------------------------------------------------------------------------------------

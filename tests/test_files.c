@@ -22,6 +22,7 @@
      reached through no symbolic link of another user (also when named "link/" or "link/."), and
      only into the directory it checked: a link on the path repointed after the check (the hook
      FSDP__DIR_OPENED does it) changes nothing, for saves, asynchronous saves and traces.
+   - a second job saving into a directory while a save is in flight there fails at once.
    - traces are made afresh, never opened where they lie: a FIFO planted under a trace's name
      blocks nothing, another user's file there receives nothing.
    - fsdp_load_full fails on every rank, naming it, when a rank opened another file.
@@ -125,10 +126,10 @@ static char message[4096];      /* assertion messages */
 static mode_t saved_umask;
 
 /* single-rank objects of in-process tests; tearDown releases whatever a test left */
-static fsdp_comm *comm1;
-static fsdp_ctx *ctx1;
+static fsdp_comm *comm1, *comm2;
+static fsdp_ctx *ctx1, *ctx2;       /* ctx2: a second job in this process */
 static char repoint_link[256], repoint_to[256]; /* armed (link set): directory_checked repoints it, once */
-static fsdp_model *model1;
+static fsdp_model *model1, *model2;
 static fsdp_logger ctx_logger;  /* what ctx_open gives a context (default: silent) */
 static const char *ctx_trace_dir; /* and where it traces (default: nowhere) */
 static char *text;              /* a document being built (plain malloc: not counted) */
@@ -146,6 +147,7 @@ void tearDown(void) {
     ctx_trace_dir = NULL;
     repoint_link[0] = 0;
     release_one_rank(&ctx1, &model1, &comm1);
+    release_one_rank(&ctx2, &model2, &comm2);
     free(text);
     text = NULL;
     text_len = text_cap = 0;
@@ -884,6 +886,27 @@ static void test_save_sharded_through_a_link_repointed_after_the_check_writes_wh
 
 static void test_save_sharded_async_through_a_link_repointed_after_the_check_writes_where_it_checked(void) {
     assert_save_writes_where_it_checked_though_the_link_is_repointed(1);
+}
+
+/* Two jobs saving into one directory at once: the second fails at once, saying why, and the
+   first commits a whole checkpoint (before, the second's removal of old shards took the first's
+   file, whose index then named a missing file, or its temporary file, failing it). */
+static void test_save_sharded_while_another_job_saves_into_the_same_directory_fails_saying_so(void) {
+    char dir[256];
+    int rc;
+    start_one_rank();
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, open_one_rank_comm(&comm2, "test-files-2"), fsdp_comm_last_error(NULL));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, ctx_open(comm2, &model2, &ctx2), fsdp_last_error(NULL));
+    path_in(dir, sizeof dir, "shared-ckpt");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_save_sharded_async(ctx1, dir, NULL), fsdp_last_error(ctx1));
+    rc = fsdp_save_sharded(ctx2, dir, NULL); /* while the first job's save is in flight */
+    snprintf(message, sizeof message, "the second job's fsdp_save_sharded(%s): %s \"%s\"", dir, fsdp_result_name(rc),
+             fsdp_last_error(ctx2));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_INVALID_ARG, rc, message);
+    TEST_ASSERT_TRUE_MESSAGE(contains(fsdp_last_error(ctx2), "another job is saving"), message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_save_wait(ctx1), fsdp_last_error(ctx1));
+    TEST_ASSERT_TRUE_MESSAGE(ckpt_dir_exact(dir, message, sizeof message), message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_save_sharded(ctx2, dir, NULL), fsdp_last_error(ctx2)); /* once it ended */
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -2158,6 +2181,7 @@ int main(void) {
     RUN_TEST(test_save_sharded_refuses_another_users_link_named_with_a_trailing_slash_dot);
     RUN_TEST(test_save_sharded_through_a_link_repointed_after_the_check_writes_where_it_checked);
     RUN_TEST(test_save_sharded_async_through_a_link_repointed_after_the_check_writes_where_it_checked);
+    RUN_TEST(test_save_sharded_while_another_job_saves_into_the_same_directory_fails_saying_so);
     RUN_TEST(test_trace_where_a_fifo_is_planted_under_its_name_neither_blocks_nor_fails);
     RUN_TEST(test_trace_where_another_users_file_is_planted_under_its_name_leaves_that_file_untouched);
     RUN_TEST(test_trace_refuses_another_users_link_named_with_a_trailing_slash);
