@@ -776,18 +776,29 @@ static void test_save_sharded_refuses_a_directory_every_user_can_write_in(void) 
     assert_save_sharded_refuses(dir, dir, "every user can write in");
 }
 
-/* A symbolic link of another user (uid 65534) to a directory of ours: refused, the directory
-   left empty. Root only (only root can give a link away). */
-static void test_save_sharded_refuses_a_symbolic_link_of_another_user(void) {
-    char target[256], link[256];
+/* Our directory "ours" and another user's (uid 65534) symbolic link "theirs" to it, their paths
+   in target and link. Root only (only root can give a link away). */
+static void plant_their_link_to_our_directory(char *target, char *link, size_t size) {
     if (!running_as_root()) TEST_IGNORE_MESSAGE("needs root (lchown of a link to another user)");
-    start_one_rank();
-    path_in(target, sizeof target, "ours");
-    path_in(link, sizeof link, "theirs");
+    path_in(target, size, "ours");
+    path_in(link, size, "theirs");
     TEST_ASSERT_EQUAL_INT(0, mkdir(target, 0755));
     TEST_ASSERT_EQUAL_INT(0, symlink(target, link));
     TEST_ASSERT_EQUAL_INT(0, lchown(link, NOBODY, NOBODY));
-    assert_save_sharded_refuses(link, target, "symbolic link of uid 65534");
+}
+
+/* Another user's link to our directory, named link + suffix ("/" or "/." make lstat follow
+   it): refused, the directory left empty. */
+static void assert_save_sharded_refuses_another_users_link_named(const char *suffix) {
+    char target[256], link[256], named[300];
+    plant_their_link_to_our_directory(target, link, sizeof target);
+    start_one_rank();
+    snprintf(named, sizeof named, "%s%s", link, suffix);
+    assert_save_sharded_refuses(named, target, "symbolic link of uid 65534");
+}
+
+static void test_save_sharded_refuses_a_symbolic_link_of_another_user(void) {
+    assert_save_sharded_refuses_another_users_link_named("");
 }
 
 /* A directory of another user (uid 65534, mode 0755) that root could write in all the same:
@@ -819,21 +830,6 @@ static void test_save_sharded_through_our_own_symlink_to_our_own_directory_works
     TEST_ASSERT_TRUE_MESSAGE(is_regular_file(index), "no index.json in the directory the link points to");
 }
 
-/* Another user's link to our directory, named with a trailing "/" or "/." (which make lstat
-   follow it): refused all the same, nothing written into the directory it leads to. */
-static void assert_save_sharded_refuses_another_users_link_named(const char *suffix) {
-    char target[256], link[256], named[300];
-    if (!running_as_root()) TEST_IGNORE_MESSAGE("needs root (lchown of a link to another user)");
-    start_one_rank();
-    path_in(target, sizeof target, "ours");
-    path_in(link, sizeof link, "theirs");
-    TEST_ASSERT_EQUAL_INT(0, mkdir(target, 0755));
-    TEST_ASSERT_EQUAL_INT(0, symlink(target, link));
-    TEST_ASSERT_EQUAL_INT(0, lchown(link, NOBODY, NOBODY));
-    snprintf(named, sizeof named, "%s%s", link, suffix);
-    assert_save_sharded_refuses(named, target, "symbolic link of uid 65534");
-}
-
 static void test_save_sharded_refuses_another_users_link_named_with_a_trailing_slash(void) {
     assert_save_sharded_refuses_another_users_link_named("/");
 }
@@ -850,6 +846,19 @@ static void directory_checked(const char *path) {
     if (symlink(repoint_to, fresh) == 0 && rename(fresh, repoint_link) == 0) repoint_link[0] = 0;
 }
 
+/* Our link "latest" to our directory "checked" and our directory "other", their paths in link,
+   checked and other (256 bytes each); the hook armed to repoint the link to "other". */
+static void arm_a_link_to_repoint(char *link, char *checked, char *other) {
+    path_in(checked, 256, "checked");
+    path_in(other, 256, "other");
+    path_in(link, 256, "latest");
+    TEST_ASSERT_EQUAL_INT(0, mkdir(checked, 0755));
+    TEST_ASSERT_EQUAL_INT(0, mkdir(other, 0755));
+    TEST_ASSERT_EQUAL_INT(0, symlink(checked, link));
+    snprintf(repoint_link, sizeof repoint_link, "%s", link);
+    snprintf(repoint_to, sizeof repoint_to, "%s", other);
+}
+
 /* Our link "latest" to the directory "checked", repointed to "other" right after the save has
    checked it (a racing process can do it there, the hook does it every time): every file of the
    save lands in "checked", and "other" keeps what it had (a shard of an earlier save, which the
@@ -858,16 +867,9 @@ static void assert_save_writes_where_it_checked_though_the_link_is_repointed(int
     char checked[256], other[256], link[256], index[512], old_shard[512];
     int rc;
     start_one_rank();
-    path_in(checked, sizeof checked, "checked");
-    path_in(other, sizeof other, "other");
-    path_in(link, sizeof link, "latest");
-    TEST_ASSERT_EQUAL_INT(0, mkdir(checked, 0755));
-    TEST_ASSERT_EQUAL_INT(0, mkdir(other, 0755));
-    TEST_ASSERT_EQUAL_INT(0, symlink(checked, link));
+    arm_a_link_to_repoint(link, checked, other);
     snprintf(old_shard, sizeof old_shard, "%s/shard-00000000-00000.safetensors", other);
     write_file(old_shard, "earlier", 7);
-    snprintf(repoint_link, sizeof repoint_link, "%s", link);
-    snprintf(repoint_to, sizeof repoint_to, "%s", other);
     rc = async ? fsdp_save_sharded_async(ctx1, link, NULL) : fsdp_save_sharded(ctx1, link, NULL);
     if (!rc && async) rc = fsdp_save_wait(ctx1);
     snprintf(message, sizeof message, "%s(%s): %s \"%s\"; %d entries in %s", async ? "fsdp_save_sharded_async" :
@@ -985,12 +987,7 @@ static void test_trace_where_another_users_file_is_planted_under_its_name_leaves
 static void test_trace_refuses_another_users_link_named_with_a_trailing_slash(void) {
     char target[256], link[256], named[300];
     int rc;
-    if (!running_as_root()) TEST_IGNORE_MESSAGE("needs root (lchown of a link to another user)");
-    path_in(target, sizeof target, "ours");
-    path_in(link, sizeof link, "theirs");
-    TEST_ASSERT_EQUAL_INT(0, mkdir(target, 0755));
-    TEST_ASSERT_EQUAL_INT(0, symlink(target, link));
-    TEST_ASSERT_EQUAL_INT(0, lchown(link, NOBODY, NOBODY));
+    plant_their_link_to_our_directory(target, link, sizeof target);
     snprintf(named, sizeof named, "%s/", link);
     ctx_trace_dir = named;
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, open_one_rank_comm(&comm1, "test-files"), fsdp_comm_last_error(NULL));
@@ -1005,14 +1002,7 @@ static void test_trace_refuses_another_users_link_named_with_a_trailing_slash(vo
    directory that was checked. */
 static void test_trace_through_a_link_repointed_after_the_check_is_written_where_it_checked(void) {
     char checked[256], other[256], link[256], trace[512];
-    path_in(checked, sizeof checked, "checked");
-    path_in(other, sizeof other, "other");
-    path_in(link, sizeof link, "latest");
-    TEST_ASSERT_EQUAL_INT(0, mkdir(checked, 0755));
-    TEST_ASSERT_EQUAL_INT(0, mkdir(other, 0755));
-    TEST_ASSERT_EQUAL_INT(0, symlink(checked, link));
-    snprintf(repoint_link, sizeof repoint_link, "%s", link);
-    snprintf(repoint_to, sizeof repoint_to, "%s", other);
+    arm_a_link_to_repoint(link, checked, other);
     ctx_trace_dir = link;
     start_one_rank();
     TEST_ASSERT_EQUAL_STRING_MESSAGE("", repoint_link, "the hook did not repoint the link");
