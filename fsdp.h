@@ -1015,7 +1015,10 @@ FSDP_API int fsdp_load_full(fsdp_ctx *ctx, const char *path, const fsdp_load_opt
 /* Every rank writes its own slices; rank 0 then commits index.json. dir (made if missing)
    must be a directory of this user that not every user can write in, reached through no
    symbolic link of another user; each rank opens it once and makes every file relative to that
-   (a link on the path repointed during the save changes nothing). Collective. */
+   (a link on the path repointed during the save changes nothing). Afterwards it holds
+   index.json and exactly the files it names: those of earlier saves are removed, and so are
+   this one's if it fails. Another job saving into dir meanwhile fails (FSDP_ERR_INVALID_ARG).
+   Collective. */
 FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_options *opt);
 /* fsdp_save_sharded that returns once this rank's shards are copied to a snapshot in RAM (the
    bytes its shard file holds, kept for the next save): a thread writes the file behind the
