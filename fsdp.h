@@ -1142,7 +1142,13 @@ FSDP_API int fsdp_save_full(fsdp_ctx *ctx, const char *path, const fsdp_save_opt
    slices. Strict: reports every problem (on_problem and the error message) and loads nothing.
    Collective; between iterations. */
 FSDP_API int fsdp_load_full(fsdp_ctx *ctx, const char *path, const fsdp_load_options *opt, fsdp_load_report *report);
-/* Every rank writes its own slices; rank 0 then commits index.json. Collective. */
+/* Every rank writes its own slices; rank 0 then commits index.json. dir (made if missing)
+   must be a directory of this user that not every user can write in, reached through no
+   symbolic link of another user; each rank opens it once and makes every file relative to that
+   (a link on the path repointed during the save changes nothing). Afterwards it holds
+   index.json and exactly the files it names: those of earlier saves are removed, and so are
+   this one's if it fails. Another job saving into dir meanwhile fails (FSDP_ERR_INVALID_ARG).
+   Collective. */
 FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_options *opt);
 /* fsdp_save_sharded that returns once this rank's shards are copied to a snapshot in RAM (the
    bytes its shard file holds, kept for the next save): a thread writes the file behind the
@@ -1337,6 +1343,7 @@ FSDP_API int fsdp_launch_ex(const fsdp_launch_desc *desc, fsdp_rank_fn fn, void 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -11915,7 +11922,10 @@ FSDP__PRIVATE void fsdp__sbuf_jstring(fsdp__sbuf *b, const char *s) { fsdp__sbuf
 #define FSDP__TRACE_ROUNDS 8
 #define FSDP__TRACE_FLUSH 2048   /* events buffered before fsdp_step writes them out */
 FSDP__PRIVATE int fsdp__agree(fsdp_ctx *ctx, int rc);                            /* >>checkpoint */
-FSDP__PRIVATE const char *fsdp__dir_not_ours(const char *dir, char *why, size_t size); /* >>checkpoint */
+FSDP__PRIVATE int fsdp__dir_open(const char *dir, char *why, size_t size);         /* >>checkpoint */
+FSDP__PRIVATE int fsdp__tmp_create(int dir, const char *path, char *tmp, size_t tmp_size); /* >>safetensors */
+FSDP__PRIVATE const char *fsdp__at_name(int dir, const char *path);              /* >>safetensors */
+FSDP__PRIVATE mode_t fsdp__umask(void);                                          /* >>safetensors */
 
 struct fsdp__trace {
     pthread_mutex_t lock;
@@ -12228,6 +12238,23 @@ FSDP__PRIVATE int fsdp__trace_align(fsdp_ctx *ctx, fsdp__trace *tr) {
     return rc;
 }
 
+/* This rank's trace file, made afresh (exclusively, as a temporary file renamed into place at
+   once, relative to the checked directory): whatever was planted under its name (a FIFO that
+   would block the open, another user's file that would receive the trace, a link) is replaced,
+   never opened. The descriptor, or -1 with errno. */
+FSDP__PRIVATE int fsdp__trace_create(int dir, const char *path) {
+    char tmp[1200];
+    int fd = fsdp__tmp_create(dir, path, tmp, sizeof tmp), err;
+    if (fd < 0) return -1;
+    if (fchmod(fd, 0644 & ~fsdp__umask()) == 0 && renameat(dir, fsdp__at_name(dir, tmp), dir, fsdp__at_name(dir, path)) == 0)
+        return fd;
+    err = errno;
+    close(fd);
+    unlinkat(dir, fsdp__at_name(dir, tmp), 0);
+    errno = err;
+    return -1;
+}
+
 /* Opens this rank's trace file when desc.trace_dir names a directory (made if missing; it must
    be this user's, as for checkpoints), then aligns the clocks; events are recorded from then on.
    Collective when tracing. */
@@ -12236,7 +12263,7 @@ FSDP__PRIVATE int fsdp__trace_open(fsdp_ctx *ctx) {
     char why[256];
     fsdp__sbuf b;
     fsdp__trace *tr;
-    int fd = -1, local = 0, rc;
+    int fd = -1, dir_fd = -1, local = 0, rc;
     if (!dir || !*dir) return 0;
     if (!(tr = (fsdp__trace *)fsdp__calloc(sizeof *tr))) return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: out of memory");
     pthread_mutex_init(&tr->lock, NULL);
@@ -12245,12 +12272,12 @@ FSDP__PRIVATE int fsdp__trace_open(fsdp_ctx *ctx) {
     if (strlen(dir) > 1000) local = fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "the trace directory's name is too long");
     else if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         local = fsdp__fail(ctx, FSDP_ERR_IO, "cannot make the trace directory %s: %s", dir, strerror(errno));
-    else if (fsdp__dir_not_ours(dir, why, sizeof why))
+    else if ((dir_fd = fsdp__dir_open(dir, why, sizeof why)) < 0)
         local = fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "trace directory %s: %s", dir, why);
-    else if ((fd = open(tr->path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644)) < 0 ||
-             !(tr->file = fdopen(fd, "w")))
+    else if ((fd = fsdp__trace_create(dir_fd, tr->path)) < 0 || !(tr->file = fdopen(fd, "w")))
         local = fsdp__fail(ctx, FSDP_ERR_IO, "cannot write the trace %s: %s", tr->path, strerror(errno));
     if (fd >= 0 && !tr->file) close(fd);
+    if (dir_fd >= 0) close(dir_fd);
     ctx->trace = NULL; /* the set-up's own collectives are not events */
     /* every rank traces or none: a rank without a trace directory fails its next collective on
        the fingerprint of this one (the message below says why on the ranks that trace) */
@@ -12858,6 +12885,7 @@ FSDP_API int fsdp_st_verify(fsdp_st_file *f, int tensor, char *err, size_t err_s
 
 struct fsdp_st_writer {
     int fd;
+    int dir;                  /* the directory the file is made in (its descriptor, not owned), or AT_FDCWD */
     char path[512], tmp[600];
     unsigned char *block;     /* O_DIRECT: bytes not yet written (block_len of FSDP__ST_BLOCK); NULL: plain writes */
     size_t block_len;
@@ -12897,12 +12925,26 @@ FSDP__PRIVATE const char *fsdp__split_path(const char *path, char *dir, size_t s
     return slash ? slash + 1 : path;
 }
 
+/* Files are made in a directory given as a descriptor, dir, so that a path that another user
+   can repoint (a symbolic link on the way) is resolved once, when the directory is opened and
+   checked; dir AT_FDCWD takes path as it is. path is the whole path, for messages; the name the
+   *at calls get is its last component, or path itself under AT_FDCWD. */
+FSDP__PRIVATE const char *fsdp__at_name(int dir, const char *path) {
+    const char *slash = strrchr(path, '/');
+    return dir == AT_FDCWD || !slash ? path : slash + 1;
+}
+
+/* The directory holding path, opened for reading (to list or fsync it): -1 with errno. */
+FSDP__PRIVATE int fsdp__open_parent(int dir, const char *path) {
+    char parent[600];
+    if (dir != AT_FDCWD) return openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    fsdp__split_path(path, parent, sizeof parent);
+    return open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+}
+
 /* fsync the directory holding path, so a rename into it survives a crash. */
-FSDP__PRIVATE int fsdp__fsync_dir(const char *path) {
-    char dir[600];
-    int fd, rc;
-    fsdp__split_path(path, dir, sizeof dir);
-    fd = open(dir, O_RDONLY | O_CLOEXEC);
+FSDP__PRIVATE int fsdp__fsync_dir(int dir, const char *path) {
+    int fd = fsdp__open_parent(dir, path), rc;
     if (fd < 0) return -1;
     rc = fsync(fd);
     close(fd);
@@ -12948,15 +12990,20 @@ FSDP__PRIVATE mode_t fsdp__umask(void) {
 
 /* Removes "<path>.tmp.<host>-<pid>-<random>" files of killed writers: of this host, with a pid
    that is gone. Another host's file, or a live writer's, is left alone. */
-FSDP__PRIVATE void fsdp__remove_stale_tmp(const char *path) {
-    char dir[600], prefix[300], host[16], victim[1024];
+FSDP__PRIVATE void fsdp__remove_stale_tmp(int dir, const char *path) {
+    char parent[600], prefix[300], host[16];
     size_t plen;
+    int fd;
     DIR *d;
     struct dirent *e;
-    fsdp__fmt(prefix, sizeof prefix, "%s.tmp.", fsdp__split_path(path, dir, sizeof dir));
+    fsdp__fmt(prefix, sizeof prefix, "%s.tmp.", fsdp__split_path(path, parent, sizeof parent));
     fsdp__fmt(host, sizeof host, "%08x-", (unsigned)fsdp__host_id());
     plen = strlen(prefix);
-    if (!(d = opendir(dir))) return;
+    if ((fd = fsdp__open_parent(dir, path)) < 0) return;
+    if (!(d = fdopendir(fd))) {
+        close(fd);
+        return;
+    }
     while ((e = readdir(d)) != NULL) {
         const char *rest = e->d_name + plen, *dash;
         char pid_text[16];
@@ -12968,20 +13015,20 @@ FSDP__PRIVATE void fsdp__remove_stale_tmp(const char *path) {
         pid_text[dash - rest] = 0;
         if (fsdp__parse_int(pid_text, 1, 0x7fffffffL, &pid) != 0) continue;
         if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* its writer may still be running */
-        fsdp__fmt(victim, sizeof victim, "%s/%s", dir, e->d_name);
-        unlink(victim);
+        unlinkat(dirfd(d), e->d_name, 0);
     }
     closedir(d);
 }
 
-/* Creates a fresh temporary file beside path: "<path>.tmp.<host>-<pid>-<16 random hex>",
-   O_EXCL | O_NOFOLLOW and mode 0600, so nothing can be planted under the name beforehand (a
-   symlink to redirect the write) and nobody reads it before it is complete. Stale ones of
-   killed writers on this host go first. The fd, or -1 with errno. */
-FSDP__PRIVATE int fsdp__tmp_create(const char *path, char *tmp, size_t tmp_size) {
+/* Creates a fresh temporary file beside path (in dir: fsdp__at_name):
+   "<path>.tmp.<host>-<pid>-<16 random hex>", O_EXCL | O_NOFOLLOW and mode 0600, so nothing can
+   be planted under the name beforehand (a symlink to redirect the write) and nobody reads it
+   before it is complete. Stale ones of killed writers on this host go first. The fd, or -1
+   with errno. */
+FSDP__PRIVATE int fsdp__tmp_create(int dir, const char *path, char *tmp, size_t tmp_size) {
     unsigned char random[8];
     char hex[17];
-    fsdp__remove_stale_tmp(path);
+    fsdp__remove_stale_tmp(dir, path);
     if (fsdp__random_bytes(random, sizeof random) != 0) return -1;
     fsdp__hex(hex, random, sizeof random);
     if ((size_t)fsdp__fmt(tmp, tmp_size, "%s.tmp.%08x-%d-%s", path, (unsigned)fsdp__host_id(), (int)getpid(), hex) + 1 >=
@@ -12989,7 +13036,7 @@ FSDP__PRIVATE int fsdp__tmp_create(const char *path, char *tmp, size_t tmp_size)
         errno = ENAMETOOLONG;
         return -1;
     }
-    return open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    return openat(dir, fsdp__at_name(dir, tmp), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 }
 
 /* Makes a complete temporary file final and closes fd: the mode a plain create would have
@@ -12998,17 +13045,17 @@ FSDP__PRIVATE int fsdp__tmp_create(const char *path, char *tmp, size_t tmp_size)
    the rename has happened the new file is in place, so the result is 0 even when the
    directory cannot be synced (then a warning, through the environment's logger as the
    callers have none: FSDP_DEBUG, says that the rename may not survive a crash). */
-FSDP__PRIVATE int fsdp__tmp_commit(int fd, const char *tmp, const char *path) {
+FSDP__PRIVATE int fsdp__tmp_commit(int fd, int dir, const char *tmp, const char *path) {
     int err = 0;
     if (fchmod(fd, 0666 & ~fsdp__umask()) != 0 || fsync(fd) != 0) err = errno;
     if (close(fd) != 0 && !err) err = errno;
-    if (!err && rename(tmp, path) != 0) err = errno;
+    if (!err && renameat(dir, fsdp__at_name(dir, tmp), dir, fsdp__at_name(dir, path)) != 0) err = errno;
     if (err) {
-        unlink(tmp);
+        unlinkat(dir, fsdp__at_name(dir, tmp), 0);
         errno = err;
         return -1;
     }
-    if (fsdp__fsync_dir(path) != 0) {
+    if (fsdp__fsync_dir(dir, path) != 0) {
         fsdp_logger none, logger;
         char shown[300];
         err = errno;
@@ -13020,21 +13067,27 @@ FSDP__PRIVATE int fsdp__tmp_commit(int fd, const char *tmp, const char *path) {
     return 0;
 }
 
-FSDP_API int fsdp_write_file_atomic(const char *path, const void *data, size_t size, char *err, size_t err_size) {
-    char tmp[1100], scratch[8];
+/* fsdp_write_file_atomic of path in dir (see fsdp__at_name). */
+FSDP__PRIVATE int fsdp__write_file_at(int dir, const char *path, const void *data, size_t size, char *err, size_t err_size) {
+    char tmp[1100];
     int fd;
-    if (!err) { err = scratch; err_size = sizeof scratch; }
-    if (!path || (!data && size)) return fsdp__fmt(err, err_size, "fsdp_write_file_atomic: bad arguments"), FSDP_ERR_INVALID_ARG;
-    if ((fd = fsdp__tmp_create(path, tmp, sizeof tmp)) < 0)
+    if ((fd = fsdp__tmp_create(dir, path, tmp, sizeof tmp)) < 0)
         return fsdp__fmt(err, err_size, "%s: cannot create a temporary file beside it: %s", path, strerror(errno)), FSDP_ERR_IO;
     if (fsdp__write_all(fd, data, size) != 0) {
         fsdp__fmt(err, err_size, "%s: %s", tmp, strerror(errno));
         close(fd);
-        unlink(tmp);
+        unlinkat(dir, fsdp__at_name(dir, tmp), 0);
         return FSDP_ERR_IO;
     }
-    if (fsdp__tmp_commit(fd, tmp, path) != 0) return fsdp__fmt(err, err_size, "%s: %s", path, strerror(errno)), FSDP_ERR_IO;
+    if (fsdp__tmp_commit(fd, dir, tmp, path) != 0) return fsdp__fmt(err, err_size, "%s: %s", path, strerror(errno)), FSDP_ERR_IO;
     return 0;
+}
+
+FSDP_API int fsdp_write_file_atomic(const char *path, const void *data, size_t size, char *err, size_t err_size) {
+    char scratch[8];
+    if (!err) { err = scratch; err_size = sizeof scratch; }
+    if (!path || (!data && size)) return fsdp__fmt(err, err_size, "fsdp_write_file_atomic: bad arguments"), FSDP_ERR_INVALID_ARG;
+    return fsdp__write_file_at(AT_FDCWD, path, data, size, err, err_size);
 }
 
 /* O_DIRECT on the writer's file and its block, where both can be had (else plain writes). */
@@ -13098,7 +13151,7 @@ FSDP__PRIVATE int fsdp__st_finish_direct(fsdp_st_writer *w) {
 
 FSDP_API void fsdp_st_writer_abort(fsdp_st_writer *w) {
     if (!w) return;
-    if (w->fd >= 0) { close(w->fd); unlink(w->tmp); }
+    if (w->fd >= 0) { close(w->fd); unlinkat(w->dir, fsdp__at_name(w->dir, w->tmp), 0); }
     fsdp__aligned_free(w->block);
     FSDP_FREE(w->bytes);
     FSDP_FREE(w->crcs);
@@ -13107,8 +13160,9 @@ FSDP_API void fsdp_st_writer_abort(fsdp_st_writer *w) {
     FSDP_FREE(w);
 }
 
-FSDP_API int fsdp_st_writer_open(fsdp_st_writer **out, const char *path, const fsdp_st_spec *specs, int num,
-                                 const fsdp_kv *meta, int num_meta, char *err, size_t err_size) {
+/* fsdp_st_writer_open of path in dir (see fsdp__at_name; dir stays open until the writer ends). */
+FSDP__PRIVATE int fsdp__st_writer_open_at(fsdp_st_writer **out, int dir, const char *path, const fsdp_st_spec *specs, int num,
+                                          const fsdp_kv *meta, int num_meta, char *err, size_t err_size) {
     fsdp_st_writer *w;
     fsdp__sbuf h;
     uint64_t offset = 0;
@@ -13122,6 +13176,7 @@ FSDP_API int fsdp_st_writer_open(fsdp_st_writer **out, const char *path, const f
     w = (fsdp_st_writer *)fsdp__calloc(sizeof *w);
     if (!w) return FSDP_ERR_OUT_OF_MEMORY;
     w->fd = -1;
+    w->dir = dir;
     w->num_tensors = num;
     w->bytes = (uint64_t *)fsdp__calloc(sizeof(uint64_t) * (size_t)(num + 1));
     w->crcs = (uint32_t *)fsdp__calloc(sizeof(uint32_t) * (size_t)(num + 1));
@@ -13189,7 +13244,7 @@ FSDP_API int fsdp_st_writer_open(fsdp_st_writer **out, const char *path, const f
     while (!h.failed && (h.len % 8) != 0) fsdp__sbuf_str(&h, " "); /* data starts 8-aligned */
     if (h.failed) { FSDP_FREE(h.data); fsdp_st_writer_abort(w); return FSDP_ERR_OUT_OF_MEMORY; }
     fsdp__copy_string(w->path, sizeof w->path, path);
-    w->fd = fsdp__tmp_create(path, w->tmp, sizeof w->tmp);
+    w->fd = fsdp__tmp_create(dir, path, w->tmp, sizeof w->tmp);
     fsdp__st_writer_direct(w);
     for (i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
     if (w->fd < 0 || fsdp__st_put(w, len8, 8) != 0 || fsdp__st_put(w, h.data, h.len) != 0) {
@@ -13202,6 +13257,11 @@ FSDP_API int fsdp_st_writer_open(fsdp_st_writer **out, const char *path, const f
     while (w->current < num && w->bytes[w->current] == 0) w->current++;
     *out = w;
     return 0;
+}
+
+FSDP_API int fsdp_st_writer_open(fsdp_st_writer **out, const char *path, const fsdp_st_spec *specs, int num,
+                                 const fsdp_kv *meta, int num_meta, char *err, size_t err_size) {
+    return fsdp__st_writer_open_at(out, AT_FDCWD, path, specs, num, meta, num_meta, err, err_size);
 }
 
 FSDP_API int fsdp_st_writer_write(fsdp_st_writer *w, const void *data, size_t n) {
@@ -13279,7 +13339,7 @@ FSDP_API int fsdp_st_writer_close(fsdp_st_writer *w, char *err, size_t err_size)
     if (!rc) {
         int fd = w->fd;
         w->fd = -1; /* closed by the commit, whatever happens */
-        if (fsdp__tmp_commit(fd, w->tmp, w->path) != 0) {
+        if (fsdp__tmp_commit(fd, w->dir, w->tmp, w->path) != 0) {
             fsdp__fmt(err, err_size, "%s: %s", w->path, strerror(errno));
             rc = FSDP_ERR_IO;
         }
@@ -13744,6 +13804,7 @@ typedef struct fsdp__sharded_save {
     fsdp_kv *meta;
     uint32_t nonce;
     const char *dir;
+    int dir_fd;            /* dir opened and checked (fsdp__dir_open); -1 when not */
 } fsdp__sharded_save;
 
 /* Calls fn for each tensor of this rank's shard file, in the file's order: the slice of every
@@ -13824,7 +13885,8 @@ FSDP__PRIVATE int fsdp__write_shard_file(fsdp_ctx *ctx, const fsdp__sharded_save
     rc = fsdp__each_piece(ctx, sv->nopt, fsdp__piece_spec, &sw);
     fsdp__shard_file_name(file, sizeof file, sv->nonce, ctx->rank);
     fsdp__fmt(path, sizeof path, "%s/%s", sv->dir, file);
-    if (!rc && sw.n > 0 && (rc = fsdp_st_writer_open(&sw.w, path, sw.specs, sw.n, sv->meta, sv->nmeta, err, err_size)) != 0)
+    if (!rc && sw.n > 0 &&
+        (rc = fsdp__st_writer_open_at(&sw.w, sv->dir_fd, path, sw.specs, sw.n, sv->meta, sv->nmeta, err, err_size)) != 0)
         rc = FSDP_ERR_IO;
     if (sw.w && !rc) rc = fsdp__each_piece(ctx, sv->nopt, fsdp__piece_write, &sw);
     if (sw.w && (!rc || !*err)) { /* closed (renamed into place) when whole; a failed write's reason from it */
@@ -13838,11 +13900,50 @@ FSDP__PRIVATE int fsdp__write_shard_file(fsdp_ctx *ctx, const fsdp__sharded_save
     return rc;
 }
 
+/* Group rank g's piece of parameter p (of unit u) as elements [*lo, *hi) of the parameter: the
+   part of [g*S, (g+1)*S) of the flat parameter that is p's. 0 if it holds none of p. The
+   writers are group ranks 0..writers-1 (NO_SHARD: rank 0; the others: the first shard group),
+   which are the job's ranks of the same numbers. */
+FSDP__PRIVATE int fsdp__index_piece(const fsdp_ctx *ctx, const fsdp__unit *u, int p, int g, int64_t *lo, int64_t *hi) {
+    int64_t off = ctx->plan.param_offset[p], end = off + ctx->model->params[p].numel;
+    *lo = (int64_t)g * u->shard;
+    *hi = *lo + u->shard;
+    if (*lo < off) *lo = off;
+    if (*hi > end) *hi = end;
+    *lo -= off;
+    *hi -= off;
+    return *hi > *lo;
+}
+
+static int fsdp__index_writers(const fsdp__unit *u) { return u->strategy == FSDP_NO_SHARD ? 1 : u->group_size; }
+
+/* The ranks that write a shard file, as index.json lists them: those holding a piece of some
+   parameter (a NO_SHARD rank above 0, a HYBRID_SHARD replica or a rank of padding only writes
+   none, so it is not listed). file[r]: rank r's place in the list, or -1; returns the count. */
+FSDP__PRIVATE int fsdp__index_files(const fsdp_ctx *ctx, int *file) {
+    int p, g, n = 0;
+    int64_t lo, hi;
+    for (g = 0; g < ctx->world; g++) file[g] = -1;
+    for (p = 0; p < ctx->model->num_params; p++) {
+        const fsdp__unit *u = &ctx->units[ctx->plan.unit_of_param[p]];
+        for (g = 0; g < fsdp__index_writers(u); g++)
+            if (fsdp__index_piece(ctx, u, p, g, &lo, &hi)) file[g] = 0;
+    }
+    for (g = 0; g < ctx->world; g++)
+        if (file[g] == 0) file[g] = n++;
+    return n;
+}
+
 /* index.json's text: the metadata, the files, and per tensor its dtype, shape and which element
-   ranges lie in which file (group rank g's file holds [g*S, (g+1)*S) of each flat parameter). */
+   ranges lie in which file (fsdp__index_piece, in the file of fsdp__index_files). */
 FSDP__PRIVATE void fsdp__index_text(fsdp_ctx *ctx, const fsdp__sharded_save *sv, fsdp__sbuf *b) {
     char file[64];
-    int k, r, p, j;
+    int k, r, p, j, n = 0, *file_of = (int *)FSDP_MALLOC(sizeof(int) * (size_t)ctx->world);
+    if (!file_of) {
+        b->failed = 1;
+        return;
+    }
+    fsdp__index_files(ctx, file_of);
     fsdp__sbuf_printf(b, "{\"format\":\"fsdp.h-sharded\",\"version\":1,\"world_size\":%d,\"step\":%lld,\"epoch\":%lld,",
                       ctx->world, (long long)ctx->step, (long long)(sv->opt ? sv->opt->epoch : 0));
     fsdp__sbuf_str(b, "\"metadata\":{");
@@ -13854,20 +13955,21 @@ FSDP__PRIVATE void fsdp__index_text(fsdp_ctx *ctx, const fsdp__sharded_save *sv,
     }
     fsdp__sbuf_str(b, "},\"files\":[");
     for (r = 0; r < ctx->world; r++) {
+        if (file_of[r] < 0) continue;
         fsdp__shard_file_name(file, sizeof file, sv->nonce, r);
-        fsdp__sbuf_printf(b, "%s\"%s\"", r ? "," : "", file);
+        fsdp__sbuf_printf(b, "%s\"%s\"", n++ ? "," : "", file);
     }
     fsdp__sbuf_str(b, "],\"tensors\":{");
-    for (p = 0; p < ctx->model->num_params; p++) {
+    for (p = 0; p < ctx->model->num_params && !b->failed; p++) {
         const fsdp__param *mp = &ctx->model->params[p];
         const fsdp__unit *u = &ctx->units[ctx->plan.unit_of_param[p]];
-        int64_t off = ctx->plan.param_offset[p];
         for (j = 0; j <= (mp->frozen ? 0 : sv->nopt); j++) {
             char *name = fsdp__tensor_name(mp->name, j ? sv->suffix[j - 1] : NULL);
-            int g, first = 1, writers = u->strategy == FSDP_NO_SHARD ? 1 : u->group_size;
+            int g, first = 1;
+            int64_t lo, hi;
             if (!name) {
                 b->failed = 1;
-                return;
+                break;
             }
             fsdp__sbuf_str(b, p || j ? "," : "");
             fsdp__sbuf_jstring(b, name);
@@ -13875,57 +13977,86 @@ FSDP__PRIVATE void fsdp__index_text(fsdp_ctx *ctx, const fsdp__sharded_save *sv,
             fsdp__sbuf_printf(b, ":{\"dtype\":\"%s\",\"shape\":[", fsdp__st_dtype_name(j ? FSDP_F32 : sv->dtype));
             for (k = 0; k < mp->ndim; k++) fsdp__sbuf_printf(b, k ? ",%lld" : "%lld", (long long)mp->shape[k]);
             fsdp__sbuf_str(b, "],\"pieces\":[");
-            for (g = 0; g < writers; g++) {
-                int64_t lo = (int64_t)g * u->shard, hi = lo + u->shard;
-                if (lo < off) lo = off;
-                if (hi > off + mp->numel) hi = off + mp->numel;
-                if (hi <= lo) continue;
-                fsdp__sbuf_printf(b, "%s[%d,%lld,%lld]", first ? "" : ",", g, (long long)(lo - off), (long long)(hi - off));
+            for (g = 0; g < fsdp__index_writers(u); g++) {
+                if (!fsdp__index_piece(ctx, u, p, g, &lo, &hi)) continue;
+                fsdp__sbuf_printf(b, "%s[%d,%lld,%lld]", first ? "" : ",", file_of[g], (long long)lo, (long long)hi);
                 first = 0;
             }
             fsdp__sbuf_str(b, "]}");
         }
     }
     fsdp__sbuf_str(b, "}}\n");
+    FSDP_FREE(file_of);
 }
 
-/* Files of earlier saves in dir, no longer referenced once this save's index is in place. */
-FSDP__PRIVATE void fsdp__remove_old_shards(const char *dir, uint32_t nonce) {
-    char prefix[32], path[1024];
-    DIR *d = opendir(dir);
+/* Files of earlier saves in dir (a descriptor), no longer referenced once this save's index is
+   in place. */
+FSDP__PRIVATE void fsdp__remove_old_shards(int dir, uint32_t nonce) {
+    char prefix[32];
+    int fd = openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
     struct dirent *e;
+    if (fd >= 0 && !d) close(fd);
     fsdp__fmt(prefix, sizeof prefix, "shard-%08x-", (unsigned)nonce);
     while (d && (e = readdir(d)) != NULL)
-        if (strncmp(e->d_name, "shard-", 6) == 0 && strncmp(e->d_name, prefix, strlen(prefix)) != 0) {
-            fsdp__fmt(path, sizeof path, "%s/%s", dir, e->d_name);
-            unlink(path);
-        }
+        if (strncmp(e->d_name, "shard-", 6) == 0 && strncmp(e->d_name, prefix, strlen(prefix)) != 0)
+            unlinkat(dirfd(d), e->d_name, 0);
     if (d) closedir(d);
 }
 
-/* Why a checkpoint directory is not this user's to write in (NULL if it is): it must be a
-   directory owned by this user, reached through no symbolic link of another user (its last
-   component: the path above is the caller's), that not every user can write in (they could
-   plant files or links where shards go and where old shards are removed; a group-writable
-   directory is the group's choice). */
-FSDP__PRIVATE const char *fsdp__dir_not_ours(const char *dir, char *why, size_t size) {
+#ifndef FSDP__DIR_OPENED
+#define FSDP__DIR_OPENED(path) ((void)0) /* tests: what happens once a directory is checked (a link repointed) */
+#endif
+
+/* A checkpoint or trace directory opened, once, for every later create, rename and unlink in it
+   (relative to the descriptor: repointing a link on the path afterwards changes nothing), if it
+   is this user's to write in: a directory owned by this user, reached through no symbolic link
+   of another user (its last component, trailing "/" and "/." aside, which would follow the link
+   before it is seen: the path above is the caller's), that not every user can write in (they
+   could plant files or links where shards go and where old shards are removed; a
+   group-writable directory is the group's choice). The descriptor, or -1 with why. */
+FSDP__PRIVATE int fsdp__dir_open(const char *dir, char *why, size_t size) {
+    char path[1024];
+    size_t n = strlen(dir);
     struct stat link, st;
-    if (lstat(dir, &link) != 0 || stat(dir, &st) != 0) return fsdp__fmt(why, size, "%s", strerror(errno)), why;
-    if (S_ISLNK(link.st_mode) && link.st_uid != geteuid())
-        return fsdp__fmt(why, size, "a symbolic link of uid %u, not of this user (uid %u)", (unsigned)link.st_uid,
-                         (unsigned)geteuid()), why;
-    if (!S_ISDIR(st.st_mode)) return fsdp__fmt(why, size, "not a directory"), why;
-    if (st.st_uid != geteuid())
-        return fsdp__fmt(why, size, "a directory of uid %u, not of this user (uid %u)", (unsigned)st.st_uid,
-                         (unsigned)geteuid()), why;
-    if (st.st_mode & S_IWOTH)
-        return fsdp__fmt(why, size, "a directory every user can write in (mode %04o): other users could plant files "
-                         "there", (unsigned)(st.st_mode & 07777)), why;
-    return NULL;
+    int fd;
+    if (n >= sizeof path) return fsdp__fmt(why, size, "the name is too long"), -1;
+    memcpy(path, dir, n + 1);
+    while (n > 1 && (path[n - 1] == '/' || (path[n - 1] == '.' && path[n - 2] == '/'))) path[--n] = 0;
+    fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 && (errno == ENOTDIR || errno == ELOOP) && lstat(path, &link) == 0 && S_ISLNK(link.st_mode)) {
+        if (link.st_uid != geteuid())
+            return fsdp__fmt(why, size, "a symbolic link of uid %u, not of this user (uid %u)", (unsigned)link.st_uid,
+                             (unsigned)geteuid()), -1;
+        fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* this user's own link */
+    }
+    if (fd < 0) return fsdp__fmt(why, size, "%s", errno == ENOTDIR ? "not a directory" : strerror(errno)), -1;
+    if (fstat(fd, &st) != 0) fsdp__fmt(why, size, "%s", strerror(errno));
+    else if (st.st_uid != geteuid())
+        fsdp__fmt(why, size, "a directory of uid %u, not of this user (uid %u)", (unsigned)st.st_uid, (unsigned)geteuid());
+    else if (st.st_mode & S_IWOTH)
+        fsdp__fmt(why, size, "a directory every user can write in (mode %04o): other users could plant files there",
+                  (unsigned)(st.st_mode & 07777));
+    else {
+        FSDP__DIR_OPENED(path);
+        return fd;
+    }
+    close(fd);
+    return -1;
 }
 
-/* The start of a sharded save: the directory made (rank 0) and checked (every rank: on its host
-   it may be another), a fresh name for this save's files, the same on every rank. Collective. */
+/* The end of a sharded save, whatever its result: the directory closed. */
+FSDP__PRIVATE void fsdp__sharded_end(fsdp__sharded_save *sv) {
+    if (sv->dir_fd >= 0) close(sv->dir_fd);
+    sv->dir_fd = -1;
+}
+
+/* The start of a sharded save: the directory made (rank 0), opened and checked (every rank: on
+   its host it may be another), a fresh name for this save's files, the same on every rank. On
+   failure nothing is left open. Rank 0 holds a lock on the directory until the save ends: two
+   jobs saving into one directory at once removed each other's files (a save failed, "No such
+   file", and its other ranks' files stayed), so the second fails at once saying why (where the
+   file system has no locks, none is taken). Collective. */
 FSDP__PRIVATE int fsdp__sharded_begin(fsdp_ctx *ctx, const char *dir, const fsdp_save_options *opt, const char *what,
                                       fsdp__sharded_save *sv) {
     uint32_t nonce[2] = {0, 0};
@@ -13934,6 +14065,7 @@ FSDP__PRIVATE int fsdp__sharded_begin(fsdp_ctx *ctx, const char *dir, const fsdp
     memset(sv, 0, sizeof *sv);
     sv->opt = opt;
     sv->dir = dir;
+    sv->dir_fd = -1;
     sv->dtype = opt && opt->dtype ? opt->dtype : FSDP_F32;
     if (opt && opt->with_optimizer) sv->suffix = fsdp__opt_suffixes(ctx, &sv->nopt);
     if (ctx->rank == 0) {
@@ -13941,16 +14073,31 @@ FSDP__PRIVATE int fsdp__sharded_begin(fsdp_ctx *ctx, const char *dir, const fsdp
         nonce[0] = (uint32_t)fsdp__mix64((uint64_t)getpid() ^ (uint64_t)(fsdp_now() * 1e9) ^ (uint64_t)ctx->step);
     }
     if ((rc = fsdp__agree(ctx, local)) != 0) return rc;
-    if (fsdp__dir_not_ours(dir, err, sizeof err)) local = fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "%s: %s: %s", what, dir, err);
-    if ((rc = fsdp__agree(ctx, local)) != 0) return rc;
-    if ((rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_BROADCAST, NULL, nonce, 2, 0)) != 0) return rc;
+    if ((sv->dir_fd = fsdp__dir_open(dir, err, sizeof err)) < 0)
+        local = fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "%s: %s: %s", what, dir, err);
+    else if (ctx->rank == 0 && flock(sv->dir_fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK)
+        local = fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "%s: %s: another job is saving a checkpoint into it right now (two "
+                           "jobs in one directory replace and remove each other's checkpoints): give each its own", what, dir);
+    if ((rc = fsdp__agree(ctx, local)) == 0) rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_BROADCAST, NULL, nonce, 2, 0);
+    if (rc) fsdp__sharded_end(sv);
     sv->nonce = nonce[0];
-    return 0;
+    return rc;
+}
+
+/* This rank's file of a save that is not committed and never will be (no index names its
+   fresh name), so that the directory holds what its index names: removed. */
+FSDP__PRIVATE void fsdp__remove_own_shard(fsdp_ctx *ctx, const fsdp__sharded_save *sv) {
+    char file[64];
+    fsdp__shard_file_name(file, sizeof file, sv->nonce, ctx->rank);
+    if (sv->dir_fd >= 0) unlinkat(sv->dir_fd, file, 0);
 }
 
 /* The end of a sharded save, once every rank's file is written or failed (local: this rank's
    result, its message in ctx->error): rank 0 writes index (its text) as index.json, the commit
-   point, then removes the files of earlier saves. Collective. */
+   point, then removes the files of earlier saves. A failure every rank agreed on (the
+   collectives whole: rank 0 saw it too, so wrote no index) removes the save's files; after a
+   failure of the collectives themselves rank 0 may have committed, so they stay (the next save
+   removes them if not). Collective. */
 FSDP__PRIVATE int fsdp__sharded_commit(fsdp_ctx *ctx, const fsdp__sharded_save *sv, const fsdp__sbuf *index, int local,
                                        const char *what) {
     char path[1024], err[FSDP__ERRMSG];
@@ -13958,10 +14105,12 @@ FSDP__PRIVATE int fsdp__sharded_commit(fsdp_ctx *ctx, const fsdp__sharded_save *
     if ((rc = fsdp__agree(ctx, local)) == 0 && ctx->rank == 0) {
         fsdp__fmt(path, sizeof path, "%s/index.json", sv->dir);
         if (index->failed || !index->data) local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
-        else if ((local = fsdp_write_file_atomic(path, index->data, index->len, err, sizeof err)) != 0)
+        else if ((local = fsdp__write_file_at(sv->dir_fd, path, index->data, index->len, err, sizeof err)) != 0)
             fsdp__fail(ctx, local, "%s: cannot write the index: %s", what, err);
     }
-    if (!rc && (rc = fsdp__agree(ctx, local)) == 0 && ctx->rank == 0) fsdp__remove_old_shards(sv->dir, sv->nonce);
+    if (!rc) rc = fsdp__agree(ctx, local);
+    if (!rc && ctx->rank == 0) fsdp__remove_old_shards(sv->dir_fd, sv->nonce);
+    else if (rc && fsdp__check_worker(ctx) == 0 && fsdp_comm_status(ctx->comm) == FSDP_SUCCESS) fsdp__remove_own_shard(ctx, sv);
     return rc;
 }
 
@@ -13988,6 +14137,7 @@ FSDP__PRIVATE int fsdp__save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_
     t0 = fsdp__trace_begin(ctx);
     rc = fsdp__sharded_commit(ctx, &sv, &index, local, "fsdp_save_sharded");
     fsdp__trace_ckpt(ctx, "save_sharded: commit", NULL, t0);
+    fsdp__sharded_end(&sv);
     FSDP_FREE(sv.meta);
     FSDP_FREE(index.data);
     return rc;
@@ -14138,6 +14288,7 @@ FSDP__PRIVATE int fsdp__save_sharded_async(fsdp_ctx *ctx, const char *dir, const
     if (!ctx->async_save && !(ctx->async_save = (struct fsdp__async_save *)fsdp__calloc(sizeof *ctx->async_save)))
         return fsdp__agree(ctx, fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_save_sharded_async: out of memory"));
     as = ctx->async_save;
+    as->sv.dir_fd = -1; /* (no save in flight: nothing open) */
     if ((rc = fsdp__sharded_begin(ctx, dir, opt, "fsdp_save_sharded_async", &sv)) != 0) return rc;
     as->sv = sv;
     fsdp__copy_string(as->dir, sizeof as->dir, dir);
@@ -14145,7 +14296,10 @@ FSDP__PRIVATE int fsdp__save_sharded_async(fsdp_ctx *ctx, const char *dir, const
     t0 = fsdp__trace_begin(ctx);
     local = fsdp__async_snapshot(ctx, as, opt);
     fsdp__trace_ckpt(ctx, "async save: copy", NULL, t0);
-    if ((rc = fsdp__agree(ctx, local)) != 0) return rc; /* every rank has its snapshot, or none goes on */
+    if ((rc = fsdp__agree(ctx, local)) != 0) { /* every rank has its snapshot, or none goes on */
+        fsdp__sharded_end(&as->sv);
+        return rc;
+    }
     as->done = as->rc = 0;
     as->error[0] = 0;
     as->in_flight = 1;
@@ -14197,6 +14351,7 @@ FSDP__PRIVATE int fsdp__async_poll(fsdp_ctx *ctx, int wait) {
     local = as->rc ? fsdp__fail(ctx, as->rc, "fsdp_save_sharded_async: %s", as->error) : 0;
     rc = fsdp__sharded_commit(ctx, &as->sv, &as->index, local, "fsdp_save_sharded_async");
     fsdp__trace_ckpt(ctx, "async save: commit", as->dir, t0);
+    fsdp__sharded_end(&as->sv);
     as->in_flight = 0;
     as->result = rc;
     if (!rc) return 0;
@@ -14224,9 +14379,12 @@ FSDP__PRIVATE void fsdp__async_end(fsdp_ctx *ctx) {
     if (as->in_flight && ctx->thread_started && fsdp__check_worker(ctx) == 0 && fsdp_comm_status(ctx->comm) == FSDP_SUCCESS)
         fsdp__async_poll(ctx, 1);
     if (as->thread_started) pthread_join(as->thread, NULL);
-    if (as->in_flight)
+    if (as->in_flight) { /* (this rank never reached the commit, so neither did rank 0: no index names the file) */
         fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: the asynchronous save to %s was not committed (the job failed): "
                   "the directory keeps its previous checkpoint", ctx->rank, as->dir);
+        fsdp__remove_own_shard(ctx, &as->sv);
+        fsdp__sharded_end(&as->sv);
+    }
     FSDP_FREE(as->staged);
     FSDP_FREE(as->meta);
     FSDP_FREE(as->meta_text);

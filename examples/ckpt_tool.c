@@ -444,7 +444,7 @@ static int cmd_shard(int argc, char **argv) {
     source s;
     char err[8192], path[4096], file_name[64], *index_text = NULL;
     size_t index_size = 0;
-    int i, r, rc = 0, num_meta, count;
+    int i, r, rc = 0, num_meta, count, num_files = 0, *file_of;
     uint32_t id;
     fsdp_st_spec *specs;
     fsdp_kv *meta;
@@ -490,6 +490,8 @@ static int cmd_shard(int argc, char **argv) {
        index.json is replaced */
     id = (uint32_t)time(NULL) * 2654435761u ^ (uint32_t)getpid() * 40503u ^ (uint32_t)clock();
     specs = (fsdp_st_spec *)xcalloc((size_t)count, sizeof *specs);
+    file_of = (int *)xcalloc((size_t)nranks, sizeof *file_of); /* rank r's place in index.json's files, or -1 */
+    for (r = 0; r < nranks; r++) file_of[r] = -1;
     for (r = 0; r < nranks && !rc; r++) {
         fsdp_st_writer *w = NULL;
         int n = 0;
@@ -503,7 +505,8 @@ static int cmd_shard(int argc, char **argv) {
             specs[n].shape[0] = hi - lo;
             n++;
         }
-        if (n == 0) continue; /* nothing for this rank: no file, as fsdp_save_sharded does */
+        if (n == 0) continue; /* nothing for this rank: no file (nor a name in index.json), as fsdp_save_sharded does */
+        file_of[r] = num_files++;
         snprintf(file_name, sizeof file_name, "shard-%08x-%05d.safetensors", (unsigned)id, r);
         snprintf(path, sizeof path, "%s/%s", dir, file_name);
         if ((rc = fsdp_st_writer_open(&w, path, specs, n, meta, num_meta, err, sizeof err)) != 0) break;
@@ -534,7 +537,8 @@ static int cmd_shard(int argc, char **argv) {
             json_put_string(index, meta[i].value);
         }
         fprintf(index, "},\"files\":[");
-        for (r = 0; r < nranks; r++) fprintf(index, "%s\"shard-%08x-%05d.safetensors\"", r ? "," : "", (unsigned)id, r);
+        for (i = 0, r = 0; r < nranks; r++)
+            if (file_of[r] >= 0) fprintf(index, "%s\"shard-%08x-%05d.safetensors\"", i++ ? "," : "", (unsigned)id, r);
         fprintf(index, "],\"tensors\":{");
         for (i = 0; i < count; i++) {
             const fsdp_st_tensor *t = fsdp_st_tensor_at(s.st, i);
@@ -548,7 +552,7 @@ static int cmd_shard(int argc, char **argv) {
             for (r = 0; r < nranks; r++) {
                 int64_t lo = r * chunk, hi = lo + chunk < t->numel ? lo + chunk : t->numel;
                 if (hi <= lo) continue;
-                fprintf(index, "%s[%d,%lld,%lld]", first ? "" : ",", r, (long long)lo, (long long)hi);
+                fprintf(index, "%s[%d,%lld,%lld]", first ? "" : ",", file_of[r], (long long)lo, (long long)hi);
                 first = 0;
             }
             fprintf(index, "]}");
@@ -573,6 +577,7 @@ static int cmd_shard(int argc, char **argv) {
         if (d) closedir(d);
     }
     free(meta);
+    free(file_of);
     if (rc) {
         fprintf(stderr, "ckpt_tool: %s\nckpt_tool: %s was left as it was\n", err, dir);
         source_close(&s);

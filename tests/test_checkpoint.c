@@ -568,11 +568,17 @@ static void assert_round_trips(int format) {
     snprintf(b->dir, sizeof b->dir, "%s", tmpdir);
     b->format = format;
     for (s = 0; s < NUM_SAVES; s++) {
+        char path[256], stem[32], why[1024] = "";
         b->save_index = s;
         rc = launch(s / NUM_STRATEGIES + 1, roundtrip_save_rank, b, &status);
         snprintf(message, sizeof message, "save %s at P=%d %s", format_names[format], s / NUM_STRATEGIES + 1,
                  strategy_names[s % NUM_STRATEGIES + 1]);
         assert_launch_ok(rc, &status, &b->error, message);
+        snprintf(stem, sizeof stem, "save-%02d", s);
+        checkpoint_path(path, sizeof path, b->dir, format, stem);
+        rc = format == FORMAT_FULL ? ckpt_file_exact(path, why, sizeof why) : ckpt_dir_exact(path, why, sizeof why);
+        snprintf(message + strlen(message), sizeof message - strlen(message), ": %s", why);
+        TEST_ASSERT_TRUE_MESSAGE(rc, message); /* what the save left is exactly the checkpoint */
     }
     /* the control: a load that did nothing would leave these */
     mlp_initial_values(LOAD_SEED, load_seed_values);
@@ -654,6 +660,36 @@ static void test_sharded_save_over_an_older_one_leaves_only_the_new_files(void) 
     TEST_ASSERT_EQUAL_INT(2, files_after_first); /* index.json and one shard file */
     TEST_ASSERT_EQUAL_INT(files_after_first, count_entries(dir, NULL));
     TEST_ASSERT_EQUAL_INT(0, count_entries(dir, ".tmp"));
+}
+
+/* index.json as fsdp.h wrote it before it listed only the files written: a name for every
+   rank, here rank 1's (as of NO_SHARD at P = 2) without a file. It still loads, bitwise. */
+static void test_sharded_checkpoint_whose_index_names_a_file_never_written_loads(void) {
+    float saved[MODEL_NUMEL], got[MODEL_NUMEL];
+    char dir[256], path[300], *files, *text;
+    size_t size;
+    start_one_rank(FSDP_FULL_SHARD, 3);
+    train_one_rank(1);
+    gather_one_rank(saved);
+    checkpoint_path(dir, sizeof dir, tmpdir, FORMAT_SHARDED, "older");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, save(ctx1, FORMAT_SHARDED, dir, 1), fsdp_last_error(ctx1));
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    read_file(path);
+    files = strstr((char *)file_bytes, "-00000.safetensors\"]");
+    TEST_ASSERT_NOT_NULL_MESSAGE(files, (char *)file_bytes);
+    text = (char *)malloc(file_size + 64);
+    TEST_ASSERT_NOT_NULL(text);
+    size = (size_t)(files - (char *)file_bytes);
+    memcpy(text, file_bytes, size); /* ..."shard-XXXXXXXX */
+    size += (size_t)sprintf(text + size, "-00000.safetensors\",\"%.14s-00001.safetensors", files - 14);
+    memcpy(text + size, files + 18, file_size - (size_t)(files + 18 - (char *)file_bytes));
+    size += file_size - (size_t)(files + 18 - (char *)file_bytes);
+    write_file(path, text, size);
+    free(text);
+    restart_one_rank(FSDP_FULL_SHARD, LOAD_SEED);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, load(ctx1, FORMAT_SHARDED, dir, 1, NULL), fsdp_last_error(ctx1));
+    gather_one_rank(got);
+    TEST_ASSERT_EQUAL_MEMORY_MESSAGE(saved, got, sizeof got, first_difference(saved, got, MODEL_NUMEL));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -2084,6 +2120,7 @@ int main(void) {
     RUN_TEST(test_sharded_checkpoint_reloads_bitwise_at_every_world_size_strategy_and_wrap_policy);
     RUN_TEST(test_checkpoint_saved_as_bf16_reloads_parameters_rounded_to_bf16);
     RUN_TEST(test_sharded_save_over_an_older_one_leaves_only_the_new_files);
+    RUN_TEST(test_sharded_checkpoint_whose_index_names_a_file_never_written_loads);
     RUN_TEST(test_resume_at_the_same_world_size_and_strategy_is_bitwise_exact);
     RUN_TEST(test_resume_at_another_world_size_strategy_and_wrap_policy_matches_within_float_rounding);
     RUN_TEST(test_resume_without_the_optimizer_state_differs_from_training_without_a_break);

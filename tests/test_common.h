@@ -1,5 +1,6 @@
 /* test_common.h - the helpers the test programs share, written once: time and text, forked
-   children and shared memory, launches, temporary directories and files, the fuzz corpora,
+   children and shared memory, launches, temporary directories and files, what a checkpoint
+   directory holds (ckpt_dir_exact, ckpt_file_exact: also for campaigns), the fuzz corpora,
    reference dtype conversions independent of fsdp.h, and the dense layers of the test models.
 
    A test file includes it after fsdp.h (which sets the feature macros for the system headers)
@@ -291,6 +292,70 @@ static TEST_UNUSED int count_entries(const char *dir, const char *part) {
         if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 && (!part || strstr(e->d_name, part))) n++;
     closedir(d);
     return n;
+}
+
+/* What a path is, for the messages below: "missing", "not a regular file" or "" (one). */
+static TEST_UNUSED const char *regular_file_problem(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return errno == ENOENT ? "missing" : strerror(errno);
+    return S_ISREG(st.st_mode) ? "" : "not a regular file";
+}
+
+/* Whether the sharded checkpoint directory dir holds exactly what its index names: index.json
+   (which opens), every file it names as a regular file, and nothing else (no file of another
+   save, no temporary file). 1 if so; else 0 with the first problem in why. No assertions
+   (children may call it; so may a campaign after each save). */
+static TEST_UNUSED int ckpt_dir_exact(const char *dir, char *why, size_t n) {
+    fsdp_index *ix = NULL;
+    char err[512], path[1200];
+    struct dirent *e;
+    DIR *d = NULL;
+    int i, named, ok = 1;
+    if (fsdp_index_open(&ix, dir, err, sizeof err) != 0) {
+        snprintf(why, n, "%s", err);
+        return 0;
+    }
+    for (i = 0; ok && i < fsdp_index_num_files(ix); i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, fsdp_index_file(ix, i));
+        if (*regular_file_problem(path)) {
+            snprintf(why, n, "index.json names %.500s, which is %s", path, regular_file_problem(path));
+            ok = 0;
+        }
+    }
+    if (ok && !(d = opendir(dir))) {
+        snprintf(why, n, "cannot list %.500s: %s", dir, strerror(errno));
+        ok = 0;
+    }
+    while (ok && (e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 || strcmp(e->d_name, "index.json") == 0) continue;
+        for (named = 0, i = 0; !named && i < fsdp_index_num_files(ix); i++) named = strcmp(e->d_name, fsdp_index_file(ix, i)) == 0;
+        if (!named) {
+            snprintf(why, n, "%.500s holds %.255s, which index.json does not name", dir, e->d_name);
+            ok = 0;
+        }
+    }
+    if (d) closedir(d);
+    fsdp_index_close(ix);
+    return ok;
+}
+
+/* Whether the full checkpoint path stands alone: a regular file, and no temporary file of a
+   save of it ("<path>.tmp.*") beside it. 1 if so; else 0 with why. No assertions. */
+static TEST_UNUSED int ckpt_file_exact(const char *path, char *why, size_t n) {
+    char dir[1024], prefix[1100];
+    const char *slash = strrchr(path, '/');
+    if (*regular_file_problem(path)) {
+        snprintf(why, n, "%.500s is %s", path, regular_file_problem(path));
+        return 0;
+    }
+    if (!slash || slash == path) snprintf(dir, sizeof dir, "%s", slash ? "/" : ".");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    snprintf(prefix, sizeof prefix, "%s.tmp.", slash ? slash + 1 : path);
+    if (count_entries(dir, prefix) != 0) {
+        snprintf(why, n, "%.400s holds a temporary file %.300s*", dir, prefix);
+        return 0;
+    }
+    return 1;
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -19,7 +19,12 @@
      reader (never wrapped to match data_offsets) and by the writer (no file is made).
    - a write whose rename is done but whose directory cannot be synced succeeds, warning.
    - fsdp_save_sharded writes only into a directory of this user that others cannot write in,
-     reached through no symbolic link of another user.
+     reached through no symbolic link of another user (also when named "link/" or "link/."), and
+     only into the directory it checked: a link on the path repointed after the check (the hook
+     FSDP__DIR_OPENED does it) changes nothing, for saves, asynchronous saves and traces.
+   - a second job saving into a directory while a save is in flight there fails at once.
+   - traces are made afresh, never opened where they lie: a FIFO planted under a trace's name
+     blocks nothing, another user's file there receives nothing.
    - fsdp_load_full fails on every rank, naming it, when a rank opened another file.
    - the index.json fuzz target's corpus (tests/corpus/index and its crashers/ folder) is
      replayed through fsdp_index_parse; run from the repository root or set INDEX_CORPUS_DIR.
@@ -92,6 +97,11 @@ static void counting_free(void *ptr) {
 #define FSDP_MALLOC(size) counting_malloc(size)
 #define FSDP_REALLOC(ptr, size) counting_realloc(ptr, size)
 #define FSDP_FREE(ptr) counting_free(ptr)
+/* fsdp.h's private test hook: what happens once a save or a trace has checked its directory
+   (here, when armed, a symbolic link on the path is repointed, as whoever can write its parent
+   could do at that moment). */
+static void directory_checked(const char *path);
+#define FSDP__DIR_OPENED(path) directory_checked(path)
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 #include "unity.h"
@@ -116,10 +126,12 @@ static char message[4096];      /* assertion messages */
 static mode_t saved_umask;
 
 /* single-rank objects of in-process tests; tearDown releases whatever a test left */
-static fsdp_comm *comm1;
-static fsdp_ctx *ctx1;
-static fsdp_model *model1;
+static fsdp_comm *comm1, *comm2;
+static fsdp_ctx *ctx1, *ctx2;       /* ctx2: a second job in this process */
+static char repoint_link[256], repoint_to[256]; /* armed (link set): directory_checked repoints it, once */
+static fsdp_model *model1, *model2;
 static fsdp_logger ctx_logger;  /* what ctx_open gives a context (default: silent) */
+static const char *ctx_trace_dir; /* and where it traces (default: nowhere) */
 static char *text;              /* a document being built (plain malloc: not counted) */
 static size_t text_len, text_cap;
 
@@ -132,7 +144,10 @@ void setUp(void) {
 void tearDown(void) {
     umask(saved_umask);
     memset(&ctx_logger, 0, sizeof ctx_logger);
+    ctx_trace_dir = NULL;
+    repoint_link[0] = 0;
     release_one_rank(&ctx1, &model1, &comm1);
+    release_one_rank(&ctx2, &model2, &comm2);
     free(text);
     text = NULL;
     text_len = text_cap = 0;
@@ -254,6 +269,7 @@ static int ctx_open(fsdp_comm *comm, fsdp_model **model, fsdp_ctx **ctx) {
     memset(&d, 0, sizeof d);
     d.comm = comm;
     d.logger = ctx_logger;
+    d.trace_dir = ctx_trace_dir;
     d.seed = 5;
     d.optimizer.kind = FSDP_SGD;
     d.optimizer.lr = 0.1f;
@@ -760,18 +776,29 @@ static void test_save_sharded_refuses_a_directory_every_user_can_write_in(void) 
     assert_save_sharded_refuses(dir, dir, "every user can write in");
 }
 
-/* A symbolic link of another user (uid 65534) to a directory of ours: refused, the directory
-   left empty. Root only (only root can give a link away). */
-static void test_save_sharded_refuses_a_symbolic_link_of_another_user(void) {
-    char target[256], link[256];
+/* Our directory "ours" and another user's (uid 65534) symbolic link "theirs" to it, their paths
+   in target and link. Root only (only root can give a link away). */
+static void plant_their_link_to_our_directory(char *target, char *link, size_t size) {
     if (!running_as_root()) TEST_IGNORE_MESSAGE("needs root (lchown of a link to another user)");
-    start_one_rank();
-    path_in(target, sizeof target, "ours");
-    path_in(link, sizeof link, "theirs");
+    path_in(target, size, "ours");
+    path_in(link, size, "theirs");
     TEST_ASSERT_EQUAL_INT(0, mkdir(target, 0755));
     TEST_ASSERT_EQUAL_INT(0, symlink(target, link));
     TEST_ASSERT_EQUAL_INT(0, lchown(link, NOBODY, NOBODY));
-    assert_save_sharded_refuses(link, target, "symbolic link of uid 65534");
+}
+
+/* Another user's link to our directory, named link + suffix ("/" or "/." make lstat follow
+   it): refused, the directory left empty. */
+static void assert_save_sharded_refuses_another_users_link_named(const char *suffix) {
+    char target[256], link[256], named[300];
+    plant_their_link_to_our_directory(target, link, sizeof target);
+    start_one_rank();
+    snprintf(named, sizeof named, "%s%s", link, suffix);
+    assert_save_sharded_refuses(named, target, "symbolic link of uid 65534");
+}
+
+static void test_save_sharded_refuses_a_symbolic_link_of_another_user(void) {
+    assert_save_sharded_refuses_another_users_link_named("");
 }
 
 /* A directory of another user (uid 65534, mode 0755) that root could write in all the same:
@@ -801,6 +828,187 @@ static void test_save_sharded_through_our_own_symlink_to_our_own_directory_works
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_save_sharded(ctx1, link, &so), fsdp_last_error(ctx1));
     snprintf(index, sizeof index, "%s/index.json", target);
     TEST_ASSERT_TRUE_MESSAGE(is_regular_file(index), "no index.json in the directory the link points to");
+}
+
+static void test_save_sharded_refuses_another_users_link_named_with_a_trailing_slash(void) {
+    assert_save_sharded_refuses_another_users_link_named("/");
+}
+
+static void test_save_sharded_refuses_another_users_link_named_with_a_trailing_slash_dot(void) {
+    assert_save_sharded_refuses_another_users_link_named("/./");
+}
+
+/* The hook: repoints the armed link to repoint_to once the save or trace has checked it. */
+static void directory_checked(const char *path) {
+    char fresh[300];
+    if (!repoint_link[0] || strcmp(path, repoint_link) != 0) return;
+    snprintf(fresh, sizeof fresh, "%s.new", repoint_link);
+    if (symlink(repoint_to, fresh) == 0 && rename(fresh, repoint_link) == 0) repoint_link[0] = 0;
+}
+
+/* Our link "latest" to our directory "checked" and our directory "other", their paths in link,
+   checked and other (256 bytes each); the hook armed to repoint the link to "other". */
+static void arm_a_link_to_repoint(char *link, char *checked, char *other) {
+    path_in(checked, 256, "checked");
+    path_in(other, 256, "other");
+    path_in(link, 256, "latest");
+    TEST_ASSERT_EQUAL_INT(0, mkdir(checked, 0755));
+    TEST_ASSERT_EQUAL_INT(0, mkdir(other, 0755));
+    TEST_ASSERT_EQUAL_INT(0, symlink(checked, link));
+    snprintf(repoint_link, sizeof repoint_link, "%s", link);
+    snprintf(repoint_to, sizeof repoint_to, "%s", other);
+}
+
+/* Our link "latest" to the directory "checked", repointed to "other" right after the save has
+   checked it (a racing process can do it there, the hook does it every time): every file of the
+   save lands in "checked", and "other" keeps what it had (a shard of an earlier save, which the
+   removal of old shards would take). */
+static void assert_save_writes_where_it_checked_though_the_link_is_repointed(int async) {
+    char checked[256], other[256], link[256], index[512], old_shard[512];
+    int rc;
+    start_one_rank();
+    arm_a_link_to_repoint(link, checked, other);
+    snprintf(old_shard, sizeof old_shard, "%s/shard-00000000-00000.safetensors", other);
+    write_file(old_shard, "earlier", 7);
+    rc = async ? fsdp_save_sharded_async(ctx1, link, NULL) : fsdp_save_sharded(ctx1, link, NULL);
+    if (!rc && async) rc = fsdp_save_wait(ctx1);
+    snprintf(message, sizeof message, "%s(%s): %s \"%s\"; %d entries in %s", async ? "fsdp_save_sharded_async" :
+             "fsdp_save_sharded", link, fsdp_result_name(rc), fsdp_last_error(ctx1), count_entries(other, NULL), other);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
+    TEST_ASSERT_EQUAL_STRING_MESSAGE("", repoint_link, "the hook did not repoint the link");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(1, count_entries(other, NULL), message);
+    TEST_ASSERT_TRUE_MESSAGE(is_regular_file(old_shard), message);
+    snprintf(index, sizeof index, "%s/index.json", checked);
+    TEST_ASSERT_TRUE_MESSAGE(is_regular_file(index), "no index.json in the directory that was checked");
+}
+
+static void test_save_sharded_through_a_link_repointed_after_the_check_writes_where_it_checked(void) {
+    assert_save_writes_where_it_checked_though_the_link_is_repointed(0);
+}
+
+static void test_save_sharded_async_through_a_link_repointed_after_the_check_writes_where_it_checked(void) {
+    assert_save_writes_where_it_checked_though_the_link_is_repointed(1);
+}
+
+/* Two jobs saving into one directory at once: the second fails at once, saying why, and the
+   first commits a whole checkpoint (before, the second's removal of old shards took the first's
+   file, whose index then named a missing file, or its temporary file, failing it). */
+static void test_save_sharded_while_another_job_saves_into_the_same_directory_fails_saying_so(void) {
+    char dir[256];
+    int rc;
+    start_one_rank();
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, open_one_rank_comm(&comm2, "test-files-2"), fsdp_comm_last_error(NULL));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, ctx_open(comm2, &model2, &ctx2), fsdp_last_error(NULL));
+    path_in(dir, sizeof dir, "shared-ckpt");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_save_sharded_async(ctx1, dir, NULL), fsdp_last_error(ctx1));
+    rc = fsdp_save_sharded(ctx2, dir, NULL); /* while the first job's save is in flight */
+    snprintf(message, sizeof message, "the second job's fsdp_save_sharded(%s): %s \"%s\"", dir, fsdp_result_name(rc),
+             fsdp_last_error(ctx2));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_INVALID_ARG, rc, message);
+    TEST_ASSERT_TRUE_MESSAGE(contains(fsdp_last_error(ctx2), "another job is saving"), message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_save_wait(ctx1), fsdp_last_error(ctx1));
+    TEST_ASSERT_TRUE_MESSAGE(ckpt_dir_exact(dir, message, sizeof message), message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_save_sharded(ctx2, dir, NULL), fsdp_last_error(ctx2)); /* once it ended */
+}
+
+/* ---------------------------------------------------------------------------------------------
+   traces: made afresh in a directory of this user
+   --------------------------------------------------------------------------------------------- */
+/* A child's fsdp_init with a trace in b->dir, and fsdp_destroy. */
+typedef struct trace_board {
+    char dir[256];
+    int stage, rc;
+    char error[1024];
+} trace_board;
+
+static int init_tracing(void *arg) {
+    trace_board *b = (trace_board *)arg;
+    fsdp_comm *comm = NULL;
+    fsdp_model *model = NULL;
+    fsdp_ctx *ctx = NULL;
+    ctx_trace_dir = b->dir;
+    b->stage = 1;
+    if (open_one_rank_comm(&comm, "test-files-trace") != 0) return 2;
+    b->rc = ctx_open(comm, &model, &ctx);
+    copy_text(b->error, sizeof b->error, fsdp_last_error(ctx));
+    b->stage = 2;
+    release_one_rank(&ctx, &model, &comm);
+    b->stage = 3;
+    return 0;
+}
+
+/* A FIFO planted under the trace's name in a directory the group may write in: fsdp_init
+   neither blocks on it (an open for writing would wait for a reader for ever) nor fails; the
+   trace is a fresh regular file in its place. */
+static void test_trace_where_a_fifo_is_planted_under_its_name_neither_blocks_nor_fails(void) {
+    trace_board *b = (trace_board *)map_board(sizeof(trace_board));
+    char fifo[512], where[1400];
+    int status, finished;
+    path_in(b->dir, sizeof b->dir, "trace");
+    TEST_ASSERT_EQUAL_INT(0, mkdir(b->dir, 0770));
+    TEST_ASSERT_EQUAL_INT(0, chmod(b->dir, 0770));
+    snprintf(fifo, sizeof fifo, "%s/trace-rank00000.json", b->dir);
+    TEST_ASSERT_EQUAL_INT(0, mkfifo(fifo, 0666));
+    finished = run_child(init_tracing, b, 10000, &status);
+    snprintf(where, sizeof where, "fsdp_init tracing into %s where a FIFO is planted (stage %d, %s \"%.1000s\")", b->dir,
+             b->stage, fsdp_result_name(b->rc), b->error);
+    assert_child_ok(finished, status, where);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, b->rc, where);
+    TEST_ASSERT_TRUE_MESSAGE(is_regular_file(fifo), where);
+}
+
+/* Another user's file planted under the trace's name (uid 65534, mode 0666, in our directory
+   that the group may write in): the trace does not go into it; it keeps its bytes, and the
+   trace is a file of ours in its place. Root only. */
+static void test_trace_where_another_users_file_is_planted_under_its_name_leaves_that_file_untouched(void) {
+    char dir[256], planted[512], kept[512], bytes[64];
+    struct stat st;
+    if (!running_as_root()) TEST_IGNORE_MESSAGE("needs root (chown of a file to another user)");
+    path_in(dir, sizeof dir, "trace");
+    path_in(kept, sizeof kept, "their-file");
+    TEST_ASSERT_EQUAL_INT(0, mkdir(dir, 0770));
+    TEST_ASSERT_EQUAL_INT(0, chmod(dir, 0770));
+    snprintf(planted, sizeof planted, "%s/trace-rank00000.json", dir);
+    write_file(planted, "theirs", 6);
+    TEST_ASSERT_EQUAL_INT(0, link(planted, kept)); /* their file, whatever becomes of the name */
+    TEST_ASSERT_EQUAL_INT(0, chmod(planted, 0666));
+    TEST_ASSERT_EQUAL_INT(0, chown(planted, NOBODY, NOBODY));
+    ctx_trace_dir = dir;
+    start_one_rank();
+    release_one_rank(&ctx1, &model1, &comm1); /* (the trace's end is written) */
+    read_bytes(kept, bytes, sizeof bytes);
+    TEST_ASSERT_EQUAL_STRING_MESSAGE("theirs", bytes, "the trace went into the other user's file");
+    TEST_ASSERT_EQUAL_INT(0, lstat(planted, &st));
+    TEST_ASSERT_TRUE(S_ISREG(st.st_mode));
+    TEST_ASSERT_EQUAL_INT(geteuid(), st.st_uid);
+}
+
+/* Another user's link to our directory, named with a trailing "/": no trace is opened. */
+static void test_trace_refuses_another_users_link_named_with_a_trailing_slash(void) {
+    char target[256], link[256], named[300];
+    int rc;
+    plant_their_link_to_our_directory(target, link, sizeof target);
+    snprintf(named, sizeof named, "%s/", link);
+    ctx_trace_dir = named;
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, open_one_rank_comm(&comm1, "test-files"), fsdp_comm_last_error(NULL));
+    rc = ctx_open(comm1, &model1, &ctx1);
+    snprintf(message, sizeof message, "fsdp_init tracing into %s: %s \"%s\"", named, fsdp_result_name(rc), fsdp_last_error(ctx1));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_INVALID_ARG, rc, message);
+    TEST_ASSERT_TRUE_MESSAGE(contains(fsdp_last_error(ctx1), "symbolic link of uid 65534"), message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, count_entries(target, NULL), message);
+}
+
+/* Our link to the trace directory, repointed right after the check: the trace is in the
+   directory that was checked. */
+static void test_trace_through_a_link_repointed_after_the_check_is_written_where_it_checked(void) {
+    char checked[256], other[256], link[256], trace[512];
+    arm_a_link_to_repoint(link, checked, other);
+    ctx_trace_dir = link;
+    start_one_rank();
+    TEST_ASSERT_EQUAL_STRING_MESSAGE("", repoint_link, "the hook did not repoint the link");
+    snprintf(trace, sizeof trace, "%s/trace-rank00000.json", checked);
+    TEST_ASSERT_TRUE_MESSAGE(is_regular_file(trace), "no trace in the directory that was checked");
+    TEST_ASSERT_EQUAL_INT(0, count_entries(other, NULL));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1986,6 +2194,15 @@ int main(void) {
     RUN_TEST(test_save_sharded_refuses_a_symbolic_link_of_another_user);
     RUN_TEST(test_save_sharded_refuses_a_directory_of_another_user);
     RUN_TEST(test_save_sharded_through_our_own_symlink_to_our_own_directory_works);
+    RUN_TEST(test_save_sharded_refuses_another_users_link_named_with_a_trailing_slash);
+    RUN_TEST(test_save_sharded_refuses_another_users_link_named_with_a_trailing_slash_dot);
+    RUN_TEST(test_save_sharded_through_a_link_repointed_after_the_check_writes_where_it_checked);
+    RUN_TEST(test_save_sharded_async_through_a_link_repointed_after_the_check_writes_where_it_checked);
+    RUN_TEST(test_save_sharded_while_another_job_saves_into_the_same_directory_fails_saying_so);
+    RUN_TEST(test_trace_where_a_fifo_is_planted_under_its_name_neither_blocks_nor_fails);
+    RUN_TEST(test_trace_where_another_users_file_is_planted_under_its_name_leaves_that_file_untouched);
+    RUN_TEST(test_trace_refuses_another_users_link_named_with_a_trailing_slash);
+    RUN_TEST(test_trace_through_a_link_repointed_after_the_check_is_written_where_it_checked);
     /* stale temporary files */
     RUN_TEST(test_save_removes_a_stale_temporary_file_of_this_host_whose_writer_is_dead);
     RUN_TEST(test_save_keeps_a_temporary_file_of_another_host);

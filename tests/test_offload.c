@@ -7,7 +7,9 @@
    gather) fails naming the file, offset and bytes, and the other ranks name the rank;
    checkpoints are the bytes of checkpoints from RAM, and load into offloaded state at another
    world size; the estimator counts RAM and disk apart and AUTO offloads (the optimizer state,
-   then the gradients, then the parameters) when nothing fits in RAM.
+   then the gradients, then the parameters) when nothing fits in RAM; a directory of another user
+   that every user can write in gives that user no way to the file (so it needs no ownership
+   check, unlike checkpoint and trace directories).
 
    The model: a root holding a small vector and three "Block" units of a 5003-element weight and
    a 7-element bias (prime sizes: no unit divides by P), gradients made up per rank and step (the
@@ -21,6 +23,7 @@
 #include "unity.h"
 #include "test_common.h"
 
+#include <grp.h>
 #include <sys/mount.h>
 #include <sys/statfs.h>
 
@@ -685,6 +688,76 @@ static void test_offload_dir_too_small_fails_init_naming_the_bytes_needed_and_fr
 }
 
 /* ---------------------------------------------------------------------------------------------
+   another user's directory: no ownership check (unlike checkpoints and traces), because the file
+   has no name there: O_TMPFILE (or made and unlinked at once), mode 0600, this user's
+   --------------------------------------------------------------------------------------------- */
+#define NOBODY 65534
+
+typedef struct intruder_report {
+    char dir[600], fd_path[64];
+    int stage, entries, opened, open_errno;
+} intruder_report;
+
+/* The other user: becomes NOBODY, lists the directory and opens the rank's file through /proc
+   (the only way to it left). */
+static int intrude(void *arg) {
+    intruder_report *r = (intruder_report *)arg;
+    int fd;
+    if (setgroups(0, NULL) != 0 || setgid(NOBODY) != 0 || setuid(NOBODY) != 0) return 3;
+    r->stage = 1;
+    r->entries = count_entries(r->dir, NULL);
+    fd = open(r->fd_path, O_RDONLY | O_CLOEXEC);
+    r->opened = fd >= 0;
+    r->open_errno = errno;
+    if (fd >= 0) close(fd);
+    r->stage = 2;
+    return 0;
+}
+
+/* Offloading into a directory of uid 65534 that every user can write in (mode 0777, no sticky
+   bit) works, and leaves that user nothing: the directory lists no entry, the file is this
+   user's with mode 0600, and its /proc/<pid>/fd link does not open for them. Root only. */
+static void test_offload_into_another_users_directory_leaves_them_no_way_to_the_file(void) {
+    intruder_report *r = (intruder_report *)map_shared(sizeof(intruder_report));
+    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 1};
+    fsdp_comm *comm = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_desc d;
+    struct stat st;
+    net n;
+    pid_t child;
+    int rc, fd, status = -1;
+    if (geteuid() != 0) TEST_IGNORE_MESSAGE("needs root (a directory of another user, and becoming that user)");
+    snprintf(r->dir, sizeof r->dir, "%s/theirs", offload_dir);
+    TEST_ASSERT_EQUAL_INT(0, mkdir(r->dir, 0700));
+    TEST_ASSERT_EQUAL_INT(0, chmod(r->dir, 0777));
+    TEST_ASSERT_EQUAL_INT(0, chown(r->dir, NOBODY, NOBODY));
+    TEST_ASSERT_EQUAL_INT(0, chmod(offload_dir, 0711)); /* NOBODY may pass through */
+    TEST_ASSERT_EQUAL_INT(0, open_one_rank_comm(&comm, "offload-theirs"));
+    TEST_ASSERT_EQUAL_INT(0, net_build(&n));
+    desc_for(&d, &c, comm);
+    d.offload.dir = r->dir;
+    rc = fsdp_init(&ctx, n.model, &d);
+    fd = find_offload_fd();
+    snprintf(r->fd_path, sizeof r->fd_path, "/proc/%d/fd/%d", (int)getpid(), fd);
+    child = rc == 0 && fd >= 0 ? spawn(intrude, r, 10) : -1;
+    if (child > 0) status = reap(child, 10000);
+    if (fd >= 0) fstat(fd, &st);
+    release_one_rank(&ctx, &n.model, &comm);
+    chmod(offload_dir, 0700);
+    rmdir(r->dir);
+    snprintf(message, sizeof message, "fsdp_init: %s (%s); offload fd %d; the other user's child: status %d, stage %d, %d "
+             "entries, %s opened: %d (%s)", fsdp_result_name(rc), fsdp_last_error(NULL), fd, status, r->stage, r->entries,
+             r->fd_path, r->opened, strerror(r->open_errno));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
+    TEST_ASSERT_TRUE_MESSAGE(fd >= 0 && status == 0 && r->stage == 2, message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, r->entries, message);
+    TEST_ASSERT_FALSE_MESSAGE(r->opened, message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, (int)st.st_uid, message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0600, (int)(st.st_mode & 07777), message);
+}
+
+/* ---------------------------------------------------------------------------------------------
    the step behind the next forward: iterations back to back, the learning rate changed at once
    --------------------------------------------------------------------------------------------- */
 enum { BEHIND_CONFIGS = 12 };
@@ -1195,6 +1268,7 @@ int main(void) {
     RUN_TEST(test_offload_dir_in_ram_is_refused_unless_allowed);
     RUN_TEST(test_offload_without_a_directory_fails_init_naming_FSDP_OFFLOAD_DIR);
     RUN_TEST(test_offload_dir_too_small_fails_init_naming_the_bytes_needed_and_free);
+    RUN_TEST(test_offload_into_another_users_directory_leaves_them_no_way_to_the_file);
     RUN_TEST(test_the_update_behind_the_next_forward_gives_the_bits_of_one_in_ram);
     RUN_TEST(test_gradients_on_disk_accumulate_clip_twice_and_skip_a_step_bitwise_as_in_ram);
     RUN_TEST(test_param_info_slices_are_null_for_what_is_on_disk);
