@@ -1105,7 +1105,7 @@ static void test_peer_answering_each_phase_in_time_fails_the_op_at_its_total_dea
         memset(&hello, 0, sizeof hello);
         hello.rank = 1;
         hello.world = 2;
-        greeted = fsdp__sock_greet(fd, key, &hello, fsdp__now_ms() + 5000, &reply, mine, "rank 0", err, sizeof err);
+        greeted = fsdp__sock_greet(NULL, fd, key, &hello, fsdp__now_ms() + 5000, &reply, mine, "rank 0", err, sizeof err);
         if (greeted == 0 && read_some(fd, (unsigned char *)table, sizeof table, 2000) +
                                     read_some(fd, table_mac, sizeof table_mac, 2000) != sizeof table + sizeof table_mac)
             greeted = -1;
