@@ -5936,13 +5936,38 @@ FSDP__PRIVATE int fsdp__sock_recv_some(fsdp_comm *comm, fsdp__sock *s, int p, co
     }
 }
 
+/* 1 if the phase's reduction writes bytes this rank also sends in it: an all_reduce in place
+   small enough for one phase sends its whole buffer and folds into it. Folded while a send of it
+   is still under way (a full socket buffer, many peers, a slow one), the rest of that send would
+   carry the partial sum instead of this rank's contribution: such a fold waits for the sends (it
+   carries at most a segment, which the rings hold whole meanwhile). */
+FSDP__PRIVATE int fsdp__sock_fold_overwrites(const fsdp__sock *s, const fsdp__sock_reduction *red) {
+    int i;
+    for (i = 0; i < s->nact; i++) {
+        const fsdp__sock_peer *peer = &s->peers[s->act[i]];
+        if (peer->out_len && red->dst < peer->out_data + peer->out_len && peer->out_data < red->dst + red->bytes) return 1;
+    }
+    return 0;
+}
+
+/* 1 once every header and payload of the phase has left this rank. */
+FSDP__PRIVATE int fsdp__sock_all_sent(const fsdp__sock *s) {
+    int i;
+    for (i = 0; i < s->nact; i++) {
+        const fsdp__sock_peer *peer = &s->peers[s->act[i]];
+        if (peer->out_header_done < sizeof peer->out_header || peer->out_done < peer->out_len) return 0;
+    }
+    return 1;
+}
+
 /* Runs one phase's transfers: every active peer gets one header and its payload, and sends the
-   same; received pieces of a reduction are folded as they arrive. */
+   same; received pieces of a reduction are folded as they arrive (or, where the fold overwrites
+   what is sent, once it is sent). */
 FSDP__PRIVATE int fsdp__sock_phase_io(fsdp_comm *comm, fsdp__sock *s, const fsdp_coll *c, uint32_t phase,
                                       const fsdp__sock_reduction *red) {
     const fsdp__fingerprint fp = fsdp__fingerprint_of(c);
     size_t reduced = 0;
-    int p, i, rc;
+    int p, i, rc, hold = red && red->dst && fsdp__sock_fold_overwrites(s, red);
     for (i = 0; i < s->nact; i++) {
         fsdp__sock_peer *peer = &s->peers[s->act[i]];
         memset(&peer->out_header, 0, sizeof peer->out_header);
@@ -5955,7 +5980,7 @@ FSDP__PRIVATE int fsdp__sock_phase_io(fsdp_comm *comm, fsdp__sock *s, const fsdp
     for (;;) {
         int n = 0, pending = 0, ready;
         if (fsdp__load(&comm->status) != FSDP_SUCCESS) return fsdp__load(&comm->status);
-        if (red && red->dst) pending = fsdp__sock_fold(comm, s, c, red, &reduced);
+        if (red && red->dst) pending = hold && !fsdp__sock_all_sent(s) ? 1 : fsdp__sock_fold(comm, s, c, red, &reduced);
         if ((rc = fsdp__sock_poll_set(comm, s, c, reduced, &n, &pending)) != 0) return rc;
         if (!pending) return 0;
         if (n == 0) continue; /* only folding left */
