@@ -1616,12 +1616,13 @@ FSDP__PRIVATE void fsdp__chaos_point(int kind) {
     }
 }
 
-/* A length of 1..len for a socket transfer: len, or now and then a short piece. */
+/* A length of 1..len for a socket transfer: len, or now and then a short piece, of up to cut_max
+   bytes or a sixteenth of len (a large transfer in a few dozen pieces, not in bytes). */
 FSDP__PRIVATE size_t fsdp__chaos_cut(size_t len) {
     uint64_t r = fsdp__chaos_next();
-    size_t cut;
+    size_t cut, most = len / 16 > fsdp__chaos.cut_max ? len / 16 : fsdp__chaos.cut_max;
     if (!r || len <= 1 || (r >> 8) % fsdp__chaos.cut_every) return len;
-    cut = 1 + (size_t)((r >> 32) % fsdp__chaos.cut_max);
+    cut = 1 + (size_t)((r >> 32) % most);
     return cut < len ? cut : len;
 }
 

@@ -11,8 +11,8 @@
    buffer, many peers, a slow one) sent the rest of the buffer as the partial sum instead of the
    rank's contribution: found by make test-chaos with FSDP_CHAOS_SEED=183, 184 and 188 on
    HYBRID_SHARD across two hosts, whose replica all_reduce runs in place (and the likely cause of
-   the 256-rank report in BENCHMARKS.md section 8). Every transfer is cut here to 1..7 bytes and
-   stops early one time in four; 4 ranks, f32, bf16 and f16, SUM and AVG, 4 rounds each of an
+   the 256-rank report in BENCHMARKS.md section 8). Every transfer is cut here into pieces of up to 64
+   bytes (7, or a sixteenth of the transfer) and stops early one time in four; 4 ranks, f32, bf16 and f16, SUM and AVG, 4 rounds each of an
    all_reduce of 256 elements in place (without the fix every run fails, in about 2 s). Every rank's output must be the rank-order reduction of
    the inputs (fsdp_reduce_ranks on all of them, here) bit for bit.
 
@@ -80,9 +80,10 @@ static int in_place_rounds(fsdp_comm *comm, void *arg) {
     return 0;
 }
 
-/* The profile of the race: every socket transfer cut to 1..7 bytes and stopped early one time in
-   four, a yield or a sleep of up to 10 us at every socket call; nothing else perturbed. Set in
-   this process before the fork, so every rank inherits it. */
+/* The profile of the race: every socket transfer cut short (fsdp__chaos_cut: pieces of up to 7
+   bytes or a sixteenth of the transfer) and stopped early one time in four, a yield or a sleep of
+   up to 10 us at every socket call; nothing else perturbed. Set in this process before the fork,
+   so every rank inherits it. */
 static void cut_every_transfer(void) {
     pthread_once(&fsdp__chaos_once, fsdp__chaos_init); /* (whatever FSDP_CHAOS_SEED says is replaced) */
     memset(&fsdp__chaos, 0, sizeof fsdp__chaos);
