@@ -82,7 +82,7 @@ test-multihost: check-deps
 # yields, reorderings, short socket pieces; fsdp.h's >>chaos) against the same jobs unperturbed, every
 # backend (hierarchical on namespaces as root, MPI where mpicc is) and feature: tests/chaos.sh. About
 # 5 minutes on 2 cores. The campaign: examples/chaos.sh.
-test-chaos: check-deps $(BUILD)/chaos/gpt $(BUILD)/ckpt_tool
+test-chaos: check-deps $(BUILD)/chaos/gpt
 	@BUILD=$(BUILD) MPICC="$(MPICC)" MPIRUN="$(MPIRUN)" bash tests/chaos.sh
 
 check-deps:

@@ -1530,7 +1530,7 @@ FSDP__PRIVATE int fsdp__env_int(const char *const *names, long lo, long hi, long
    get) and, with the rank, seeds a stream of decisions per thread; the interleaving that comes
    out still varies from run to run. Without FSDP_CHAOS every call site compiles to nothing:
    FSDP__CHAOS(kind) and FSDP__CHAOS_RANK(rank) are ((void)0), FSDP__CHAOS_COIN(kind) and
-   FSDP__CHAOS_PICK(n) are 0, FSDP__CHAOS_CUT(len) is len.
+   FSDP__CHAOS_PICK(n) are 0, FSDP__CHAOS_CUT(len) is len, FSDP__CHAOS_CUT_IOV(iov, n) is ((void)0).
    ============================================================================================ */
 /* The kinds of places (each with its own rate and longest delay in a profile) */
 enum {
@@ -1626,6 +1626,18 @@ FSDP__PRIVATE size_t fsdp__chaos_cut(size_t len) {
     return cut < len ? cut : len;
 }
 
+/* iov[0..n) cut now and then to a short piece of their total (fsdp__chaos_cut). */
+FSDP__PRIVATE void fsdp__chaos_cut_iov(struct iovec *iov, int n) {
+    size_t total = 0, piece;
+    int i;
+    for (i = 0; i < n; i++) total += iov[i].iov_len;
+    piece = fsdp__chaos_cut(total);
+    for (i = 0; i < n; i++) {
+        if (iov[i].iov_len > piece) iov[i].iov_len = piece;
+        piece -= iov[i].iov_len;
+    }
+}
+
 /* One of 0..n-1 (n >= 1), at random. */
 FSDP__PRIVATE int fsdp__chaos_pick(int n) {
     uint64_t r = fsdp__chaos_next();
@@ -1640,12 +1652,14 @@ FSDP__PRIVATE void fsdp__chaos_set_rank(int rank) {
 #  define FSDP__CHAOS(kind) fsdp__chaos_point(kind)
 #  define FSDP__CHAOS_COIN(kind) fsdp__chaos_coin(kind)
 #  define FSDP__CHAOS_CUT(len) fsdp__chaos_cut(len)
+#  define FSDP__CHAOS_CUT_IOV(iov, n) fsdp__chaos_cut_iov((iov), (n))
 #  define FSDP__CHAOS_PICK(n) fsdp__chaos_pick(n)
 #  define FSDP__CHAOS_RANK(rank) fsdp__chaos_set_rank(rank)
 #else
 #  define FSDP__CHAOS(kind) ((void)0)
 #  define FSDP__CHAOS_COIN(kind) 0
 #  define FSDP__CHAOS_CUT(len) (len)
+#  define FSDP__CHAOS_CUT_IOV(iov, n) ((void)0)
 #  define FSDP__CHAOS_PICK(n) 0
 #  define FSDP__CHAOS_RANK(rank) ((void)0)
 #endif
@@ -3412,7 +3426,7 @@ FSDP__PRIVATE int fsdp__shm_round_exchange(fsdp_comm *comm, fsdp__shm *s, const 
     fsdp__publish(&me->arrive, &me->arrive_waiters, g + 1);
     for (i = 0; i < comm->world; i++) {
         fsdp__fingerprint theirs;
-        p = (first + i) % comm->world;
+        p = first + i < comm->world ? first + i : first + i - comm->world; /* (i without FSDP_CHAOS) */
         if (p == comm->rank) continue;
         if ((rc = fsdp__shm_wait(comm, s, p, 0, g + 1, c)) != 0) return rc;
         FSDP__CHAOS(FSDP__CHAOS_PIECE);
@@ -5865,14 +5879,14 @@ FSDP__PRIVATE int fsdp__sock_send_some(fsdp_comm *comm, fsdp__sock *s, int p, co
             struct iovec iov[2];
             struct msghdr msg;
             size_t head_left = sizeof peer->out_header - peer->out_header_done;
-            size_t total = FSDP__CHAOS_CUT(head_left + peer->out_len);
             memset(&msg, 0, sizeof msg);
             iov[0].iov_base = (char *)&peer->out_header + peer->out_header_done;
-            iov[0].iov_len = total < head_left ? total : head_left;
+            iov[0].iov_len = head_left;
             iov[1].iov_base = (void *)(uintptr_t)peer->out_data;
-            iov[1].iov_len = total - iov[0].iov_len;
+            iov[1].iov_len = peer->out_len;
             msg.msg_iov = iov;
-            msg.msg_iovlen = iov[1].iov_len ? 2 : 1;
+            msg.msg_iovlen = peer->out_len ? 2 : 1;
+            FSDP__CHAOS_CUT_IOV(iov, (int)msg.msg_iovlen);
             peer->at_boundary = 0;
             got = sendmsg(peer->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
             if (got > 0) {
@@ -8105,27 +8119,18 @@ FSDP__PRIVATE int fsdp__io_run(fsdp__offload *o, const fsdp__io_req *r, char *me
     return 0;
 }
 
-/* Runs a request taken off the queue (the lock not held) and counts it; the first failure stays. */
-FSDP__PRIVATE void fsdp__io_serve(fsdp__offload *o, const fsdp__io_req *r) {
-    char message[FSDP__ERRMSG];
+/* Runs a request taken off the queue (the lock not held), unless an earlier one failed; its time
+   added to *seconds. 0, or the failure with its message set. */
+FSDP__PRIVATE int fsdp__io_serve(fsdp__offload *o, const fsdp__io_req *r, char *message, size_t size, double *seconds) {
     int rc = 0;
     double t, began;
     FSDP__CHAOS(FSDP__CHAOS_IO);
     t = began = fsdp_now();
-    if (!__atomic_load_n(&o->error, __ATOMIC_ACQUIRE)) rc = fsdp__io_run(o, r, message, sizeof message);
+    if (!__atomic_load_n(&o->error, __ATOMIC_ACQUIRE)) rc = fsdp__io_run(o, r, message, size);
     t = fsdp_now() - t;
     if (o->trace) fsdp__trace_io(o->trace, r->write, r->bytes, began, began + t);
-    pthread_mutex_lock(&o->lock);
-    o->io_seconds += t;
-    if (rc && !o->error) {
-        fsdp__copy_string(o->message, sizeof o->message, message);
-        __atomic_store_n(&o->error, rc, __ATOMIC_RELEASE);
-    }
-    if (!rc) {
-        if (r->write) o->bytes_written += r->bytes;
-        else o->bytes_read += r->bytes;
-    }
-    pthread_mutex_unlock(&o->lock);
+    *seconds += t;
+    return rc;
 }
 
 #ifdef FSDP_CHAOS
@@ -8171,14 +8176,25 @@ static void *fsdp__io_thread(void *arg) {
     pthread_mutex_lock(&o->lock);
     for (;;) {
         fsdp__io_req batch[FSDP__IO_BATCH];
-        int n, i;
+        char message[FSDP__ERRMSG];
+        double seconds = 0;
+        int n, i, k, rc = 0;
         while (!o->len && !o->stop) pthread_cond_wait(&o->work, &o->lock);
         if (!o->len) break;
         n = FSDP__IO_TAKE(o, batch);
         pthread_mutex_unlock(&o->lock);
-        for (i = 0; i < n; i++) fsdp__io_serve(o, &batch[i]);
+        for (i = 0; i < n && !rc; i++) rc = fsdp__io_serve(o, &batch[i], message, sizeof message, &seconds);
         FSDP__CHAOS(FSDP__CHAOS_IO);
         pthread_mutex_lock(&o->lock);
+        o->io_seconds += seconds;
+        if (rc && !o->error) {
+            fsdp__copy_string(o->message, sizeof o->message, message);
+            __atomic_store_n(&o->error, rc, __ATOMIC_RELEASE);
+        }
+        for (k = 0; k < i - (rc != 0); k++) { /* the requests that ran (a failure ends the batch) */
+            if (batch[k].write) o->bytes_written += batch[k].bytes;
+            else o->bytes_read += batch[k].bytes;
+        }
         o->head = (o->head + n) % FSDP__IO_QUEUE;
         o->len -= n;
         o->completed += (uint64_t)n;
