@@ -15,7 +15,7 @@ MPI_TESTS := test_mpi
 UNIT_TESTS := $(filter-out $(MPI_TESTS),$(TESTS))
 SANFLAGS ?=
 
-.PHONY: all help test test-asan test-tsan test-multihost trace-picture bench-scale bench bench-mpi bench-multihost bench-torch demo demo-big demo-huge demo-mlp demo-collectives tools fuzz clean check-deps
+.PHONY: all help test test-asan test-tsan test-multihost test-chaos trace-picture bench-scale bench bench-mpi bench-multihost bench-torch demo demo-big demo-huge demo-mlp demo-collectives tools fuzz clean check-deps
 
 all: $(BUILD)/gpt $(BUILD)/distill $(BUILD)/mlp $(BUILD)/ckpt_tool $(BUILD)/trace_tool $(BUILD)/bench_comm $(BUILD)/bench_train $(BUILD)/demo_collectives
 
@@ -28,6 +28,7 @@ help:
 	@echo "make test-asan   the tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 	@echo "make test-tsan   the threaded tests under ThreadSanitizer"
 	@echo "make test-multihost  ranks on several simulated hosts (network namespaces; root)"
+	@echo "make test-chaos  the GPT with random delays, yields and short socket pieces, bit for bit against unperturbed runs"
 	@echo "make bench       build/bench_comm (collectives) and build/bench_train (training)"
 	@echo "make build/bench_wire  the wire formats' kernels (int8, int4): GB/s per CPU level and block size, error"
 	@echo "make bench-mpi   build/bench_comm_mpi (collectives through Open MPI; needs libopenmpi-dev)"
@@ -78,6 +79,13 @@ test-tsan:
 test-multihost: check-deps
 	@BUILD=$(BUILD) bash tests/multihost/test_multihost.sh
 
+# The bitwise promise under perturbation: >= 200 runs of the GPT built with FSDP_CHAOS (random delays,
+# yields, reorderings, short socket pieces; fsdp.h's >>chaos) against the same jobs unperturbed, every
+# backend (hierarchical on namespaces as root, MPI where mpicc is) and feature: tests/chaos.sh. About
+# 5 minutes on 2 cores. The campaign: examples/chaos.sh.
+test-chaos: check-deps $(BUILD)/chaos/gpt
+	@BUILD=$(BUILD) MPICC="$(MPICC)" MPIRUN="$(MPIRUN)" bash tests/chaos.sh
+
 check-deps:
 	@command -v $(CC) >/dev/null || { echo "error: no C compiler ($(CC)); sudo apt-get install build-essential"; exit 1; }
 
@@ -110,6 +118,19 @@ BLAS_CHECK = @printf '\043include <cblas.h>\nint main(void) { openblas_set_num_t
 $(BUILD)/gpt: examples/gpt.c examples/gpt_model.h examples/example_gemm.h examples/example_common.h fsdp.h | $(BUILD)
 	$(BLAS_CHECK)
 	$(CC) -std=c99 $(EXAMPLE_OPT) $(WARN) $(CFLAGS) -I. $< -o $@ -lopenblas $(LDLIBS)
+
+# ... with the perturbation of >>chaos compiled in (FSDP_CHAOS_SEED turns it on), for tests/chaos.sh
+# and examples/chaos.sh; gpt_mpi also with the MPI bridge.
+$(BUILD)/chaos/gpt: examples/gpt.c examples/gpt_model.h examples/example_gemm.h examples/example_common.h fsdp.h | $(BUILD)
+	$(BLAS_CHECK)
+	@mkdir -p $(BUILD)/chaos
+	$(CC) -std=c99 $(EXAMPLE_OPT) $(WARN) -DFSDP_CHAOS $(CFLAGS) -I. $< -o $@ -lopenblas $(LDLIBS)
+
+$(BUILD)/chaos/gpt_mpi: examples/gpt.c examples/gpt_model.h examples/example_gemm.h examples/example_common.h fsdp.h | $(BUILD)
+	$(BLAS_CHECK)
+	@command -v $(MPICC) >/dev/null || { echo "error: $(MPICC) not found; sudo apt-get install libopenmpi-dev openmpi-bin"; exit 1; }
+	@mkdir -p $(BUILD)/chaos
+	$(MPICC) -std=c99 $(EXAMPLE_OPT) $(WARN) -DFSDP_CHAOS -DFSDP_WITH_MPI -I. $< -o $@ -lopenblas $(LDLIBS)
 
 $(BUILD)/distill: examples/distill.c examples/gpt_model.h examples/example_gemm.h examples/example_common.h fsdp.h | $(BUILD)
 	$(BLAS_CHECK)

@@ -60,6 +60,7 @@
    TABLE OF CONTENTS (grep for the marker: the declarations, then the implementation)
        >>config        version, linkage, allocator, result codes, logging
        >>utilities     time, sleeping, strings for display, small parsers
+       >>chaos         perturbation for the tests (FSDP_CHAOS): random delays, yields, short socket pieces
        >>dtypes        f32 / bf16 / f16 conversions, rank-order reductions
        >>wire          wire formats: f32, bf16, f16, int8 and int4 with block scales; kernels
        >>auth          SHA-256, HMAC, PBKDF2 (the job's key), wiping, random bytes, the secret file
@@ -96,6 +97,9 @@
                             order), as FSDP_DEBUG >= 1 does at run time; without it misuse
                             returns NULL or FSDP_ERR_STATE and logs one warning per context
        FSDP_WITH_MPI        build the MPI bridge (needs <mpi.h>: compile with mpicc)
+       FSDP_CHAOS           compile in the perturbation of >>chaos, for tests only (make test-chaos):
+                            random delays, yields, reorderings and short socket pieces where timing
+                            could leak into results, turned on by FSDP_CHAOS_SEED
 
    ENVIRONMENT (read by fsdp_comm_init_from_env, fsdp_launch and the backends)
        FSDP_BACKEND          shm | socket | mpi; default: mpi under an MPI launcher (when built
@@ -133,6 +137,8 @@
                              directory on a local disk; every rank keeps one unlinked file there)
        FSDP_TRACE            a directory: every rank writes its Chrome trace there when
                              fsdp_desc.trace_dir is NULL (>>trace); set it on every rank or none
+       FSDP_CHAOS_SEED       builds with FSDP_CHAOS only: N > 0 perturbs this process's timing, N
+                             choosing how (>>chaos); unset or 0: no perturbation
        RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT      (torchrun)
        TORCHELASTIC_RUN_ID TORCHELASTIC_RESTART_COUNT TORCHELASTIC_USE_AGENT_STORE (torchrun: the
                              job token, and rank 0's address in the agent's store)
@@ -1674,6 +1680,152 @@ FSDP__PRIVATE int fsdp__env_int(const char *const *names, long lo, long hi, long
 }
 
 /* ============================================================================================
+   >>chaos
+   Perturbation for the tests, compiled in only with FSDP_CHAOS: seeded random delays, yields,
+   reorderings and short socket pieces wherever timing could leak into results (every wait on
+   another rank or thread, shm rounds and the pieces read in them, socket transfers, the loops
+   of the comm, step, I/O, network and checkpoint-writer threads, the order offload requests run
+   in). Every result must stay what an unperturbed run gives, bit for bit (make test-chaos,
+   examples/chaos.sh). FSDP_CHAOS_SEED=N (N > 0; read once per process) turns it on: N picks
+   the profile (how often and how long each kind of place is perturbed, how short socket pieces
+   get) and, with the rank, seeds a stream of decisions per thread; the interleaving that comes
+   out still varies from run to run. Without FSDP_CHAOS every call site compiles to nothing:
+   FSDP__CHAOS(kind) and FSDP__CHAOS_RANK(rank) are ((void)0), FSDP__CHAOS_COIN(kind) and
+   FSDP__CHAOS_PICK(n) are 0, FSDP__CHAOS_CUT(len) is len, FSDP__CHAOS_CUT_IOV(iov, n) is ((void)0).
+   ============================================================================================ */
+/* The kinds of places (each with its own rate and longest delay in a profile) */
+enum {
+    FSDP__CHAOS_WAIT,   /* before and after a wait for another rank or thread */
+    FSDP__CHAOS_ROUND,  /* shm: a round's start, publication and end */
+    FSDP__CHAOS_PIECE,  /* shm: each peer's data read in a round; the order peers are waited for */
+    FSDP__CHAOS_SOCKET, /* socket: each call that sends or receives (and where a transfer stops early) */
+    FSDP__CHAOS_THREAD, /* the comm, step, network and checkpoint-writer threads: each task they take */
+    FSDP__CHAOS_IO,     /* the offload I/O thread: each request, and running queued ones out of order */
+    FSDP__CHAOS_KINDS
+};
+
+#ifdef FSDP_CHAOS
+typedef struct fsdp__chaos_profile {
+    long seed;                          /* 0: off */
+    uint32_t every[FSDP__CHAOS_KINDS];  /* a place of the kind acts once in `every` visits (0: never) */
+    uint32_t max_us[FSDP__CHAOS_KINDS]; /* ... sleeping up to this long, or yielding, or spinning */
+    uint32_t cut_every, cut_max;        /* a socket send or receive is cut to 1..cut_max bytes once in cut_every */
+} fsdp__chaos_profile;
+
+/* Process-wide, test builds only: the profile (written once, under fsdp__chaos_once), the rank
+   of the process's first communicator and the streams handed out; each thread's stream is
+   thread-local. */
+static fsdp__chaos_profile fsdp__chaos;
+static pthread_once_t fsdp__chaos_once = PTHREAD_ONCE_INIT;
+static int fsdp__chaos_rank = -1;
+static uint64_t fsdp__chaos_streams;
+static __thread uint64_t fsdp__chaos_state;
+
+static uint64_t fsdp__mix64(uint64_t x); /* >>model */
+
+static void fsdp__chaos_init(void) {
+    static const uint32_t every[] = {0, 1, 3, 8, 32, 128}, max_us[] = {10, 100, 1000}, cut_max[] = {1, 7, 64, 4096};
+    const char *text = getenv("FSDP_CHAOS_SEED");
+    uint64_t h;
+    int k;
+    if (!text || !*text) return;
+    if (fsdp__parse_int(text, 0, 0x7fffffffL, &fsdp__chaos.seed) != 0) {
+        fprintf(stderr, "fsdp.h: FSDP_CHAOS_SEED='%s' is not an integer in [0, 2147483647]: no perturbation\n", text);
+        fsdp__chaos.seed = 0;
+        return;
+    }
+    h = fsdp__mix64((uint64_t)fsdp__chaos.seed);
+    for (k = 0; k < FSDP__CHAOS_KINDS; k++, h = fsdp__mix64(h + 0x9e3779b97f4a7c15ull)) {
+        fsdp__chaos.every[k] = every[h % 6];
+        fsdp__chaos.max_us[k] = max_us[(h >> 16) % 3];
+    }
+    fsdp__chaos.cut_every = every[1 + h % 5];
+    fsdp__chaos.cut_max = cut_max[(h >> 16) % 4];
+}
+
+/* The next decision of this thread's stream; 0 when the process is not perturbed. */
+static uint64_t fsdp__chaos_next(void) {
+    pthread_once(&fsdp__chaos_once, fsdp__chaos_init);
+    if (!fsdp__chaos.seed) return 0;
+    if (!fsdp__chaos_state)
+        fsdp__chaos_state = fsdp__mix64((uint64_t)fsdp__chaos.seed ^ fsdp__mix64((uint64_t)(fsdp__chaos_rank + 2)) ^
+                                        fsdp__mix64(__atomic_add_fetch(&fsdp__chaos_streams, 1, __ATOMIC_RELAXED) << 32)) | 1;
+    fsdp__chaos_state += 0x9e3779b97f4a7c15ull;
+    return fsdp__mix64(fsdp__chaos_state) | 1; /* (never 0) */
+}
+
+/* 1 once in four times the kind's rate: a decision that changes a path, not only its timing. */
+FSDP__PRIVATE int fsdp__chaos_coin(int kind) {
+    uint64_t r = fsdp__chaos_next();
+    return r && fsdp__chaos.every[kind] && (r >> 8) % (4 * fsdp__chaos.every[kind]) == 0;
+}
+
+/* At a place of the kind, now and then: yield the core, keep it busy for a while (a slow
+   thread that holds its core), or sleep. */
+FSDP__PRIVATE void fsdp__chaos_point(int kind) {
+    uint64_t r = fsdp__chaos_next();
+    long us;
+    if (!r || !fsdp__chaos.every[kind] || (r >> 8) % fsdp__chaos.every[kind]) return;
+    us = (long)((r >> 32) % (fsdp__chaos.max_us[kind] + 1));
+    if ((r & 6) == 0) {
+        sched_yield();
+    } else if ((r & 6) == 2) {
+        double until = fsdp_now() + (double)(us < 50 ? us : 50) * 1e-6;
+        while (fsdp_now() < until) {}
+    } else {
+        fsdp__sleep_us(us);
+    }
+}
+
+/* A length of 1..len for a socket transfer: len, or now and then a short piece, of up to cut_max
+   bytes or a sixteenth of len (a large transfer in a few dozen pieces, not in bytes). */
+FSDP__PRIVATE size_t fsdp__chaos_cut(size_t len) {
+    uint64_t r = fsdp__chaos_next();
+    size_t cut, most = len / 16 > fsdp__chaos.cut_max ? len / 16 : fsdp__chaos.cut_max;
+    if (!r || len <= 1 || (r >> 8) % fsdp__chaos.cut_every) return len;
+    cut = 1 + (size_t)((r >> 32) % most);
+    return cut < len ? cut : len;
+}
+
+/* iov[0..n) cut now and then to a short piece of their total (fsdp__chaos_cut). */
+FSDP__PRIVATE void fsdp__chaos_cut_iov(struct iovec *iov, int n) {
+    size_t total = 0, piece;
+    int i;
+    for (i = 0; i < n; i++) total += iov[i].iov_len;
+    piece = fsdp__chaos_cut(total);
+    for (i = 0; i < n; i++) {
+        if (iov[i].iov_len > piece) iov[i].iov_len = piece;
+        piece -= iov[i].iov_len;
+    }
+}
+
+/* One of 0..n-1 (n >= 1), at random. */
+FSDP__PRIVATE int fsdp__chaos_pick(int n) {
+    uint64_t r = fsdp__chaos_next();
+    return n > 1 && r ? (int)((r >> 16) % (uint64_t)n) : 0;
+}
+
+/* The rank that seeds the streams: the first communicator's of the process. */
+FSDP__PRIVATE void fsdp__chaos_set_rank(int rank) {
+    if (fsdp__chaos_rank < 0) fsdp__chaos_rank = rank;
+}
+
+#  define FSDP__CHAOS(kind) fsdp__chaos_point(kind)
+#  define FSDP__CHAOS_COIN(kind) fsdp__chaos_coin(kind)
+#  define FSDP__CHAOS_CUT(len) fsdp__chaos_cut(len)
+#  define FSDP__CHAOS_CUT_IOV(iov, n) fsdp__chaos_cut_iov((iov), (n))
+#  define FSDP__CHAOS_PICK(n) fsdp__chaos_pick(n)
+#  define FSDP__CHAOS_RANK(rank) fsdp__chaos_set_rank(rank)
+#else
+#  define FSDP__CHAOS(kind) ((void)0)
+#  define FSDP__CHAOS_COIN(kind) 0
+#  define FSDP__CHAOS_CUT(len) (len)
+#  define FSDP__CHAOS_CUT_IOV(iov, n) ((void)0)
+#  define FSDP__CHAOS_PICK(n) 0
+#  define FSDP__CHAOS_RANK(rank) ((void)0)
+#endif
+
+/* ============================================================================================
    >>dtypes
    f32 / bf16 / f16 conversions and the rank-order reductions every backend uses.
    ============================================================================================ */
@@ -3156,6 +3308,7 @@ FSDP__PRIVATE fsdp_comm *fsdp__comm_new(const fsdp_comm_desc *desc, const fsdp_c
     comm->timeout_ms = desc->timeout_ms > 0 ? desc->timeout_ms : fsdp__default_timeout();
     comm->logger = desc->logger;
     comm->status = FSDP_SUCCESS;
+    FSDP__CHAOS_RANK(comm->rank);
     pthread_mutex_init(&comm->error_lock, NULL);
     fsdp__copy_string(comm->job, sizeof comm->job, desc->job && *desc->job ? desc->job : "fsdp");
     if (parent) {
@@ -3775,6 +3928,7 @@ FSDP__PRIVATE int fsdp__shm_wait(fsdp_comm *comm, fsdp__shm *s, int peer, int de
     int64_t start, deadline = s->op_deadline;
     double until, spin;
     int i, here;
+    FSDP__CHAOS(FSDP__CHAOS_WAIT);
     /* Spin briefly (the peer is usually microseconds away) unless it last ran on this CPU
        (spinning would keep it off), then yield the core for a while (with more ranks than cores
        the peer may need ours), then sleep on the futex. */
@@ -3841,6 +3995,7 @@ FSDP__PRIVATE int fsdp__shm_wait(fsdp_comm *comm, fsdp__shm *s, int peer, int de
 FSDP__PRIVATE int fsdp__shm_round_begin(fsdp_comm *comm, fsdp__shm *s, const fsdp_coll *c) {
     int p, rc;
     uint32_t g = s->round;
+    FSDP__CHAOS(FSDP__CHAOS_ROUND);
     if (g < FSDP__SHM_SLOTS) return 0;
     for (p = 0; p < comm->world; p++) {
         if (p == comm->rank) continue;
@@ -3907,7 +4062,7 @@ FSDP__PRIVATE int fsdp__shm_round_exchange(fsdp_comm *comm, fsdp__shm *s, const 
                                            const fsdp__fingerprint *fp, const fsdp__shm_offer *offer,
                                            const void *at) {
     uint32_t g = s->round;
-    int p, rc;
+    int p, rc, i, first = FSDP__CHAOS_PICK(comm->world); /* (peers waited for from rank `first` on) */
     fsdp__shm_rank *me = fsdp__shm_peer(s, comm->rank);
     fsdp__shm_src *src = &me->slot_src[g % FSDP__SHM_SLOTS];
     me->slot_fp[g % FSDP__SHM_SLOTS] = *fp;
@@ -3922,11 +4077,14 @@ FSDP__PRIVATE int fsdp__shm_round_exchange(fsdp_comm *comm, fsdp__shm *s, const 
         src->length = (uint64_t)(offer->base + offer->length - (const char *)at);
     }
     __atomic_store_n(&me->cpu, (int32_t)fsdp__current_cpu(), __ATOMIC_RELAXED);
+    FSDP__CHAOS(FSDP__CHAOS_ROUND);
     fsdp__publish(&me->arrive, &me->arrive_waiters, g + 1);
-    for (p = 0; p < comm->world; p++) {
+    for (i = 0; i < comm->world; i++) {
         fsdp__fingerprint theirs;
+        p = first + i < comm->world ? first + i : first + i - comm->world; /* (i without FSDP_CHAOS) */
         if (p == comm->rank) continue;
         if ((rc = fsdp__shm_wait(comm, s, p, 0, g + 1, c)) != 0) return rc;
+        FSDP__CHAOS(FSDP__CHAOS_PIECE);
         memcpy(&theirs, &fsdp__shm_peer(s, p)->slot_fp[g % FSDP__SHM_SLOTS], sizeof theirs); /* compared and shown as read */
         if (fsdp__check_fingerprint(comm, fp, &theirs, p)) return FSDP_ERR_MISMATCH;
     }
@@ -3935,6 +4093,7 @@ FSDP__PRIVATE int fsdp__shm_round_exchange(fsdp_comm *comm, fsdp__shm *s, const 
 
 FSDP__PRIVATE void fsdp__shm_round_end(fsdp__shm *s, int rank) {
     fsdp__shm_rank *me = fsdp__shm_peer(s, rank);
+    FSDP__CHAOS(FSDP__CHAOS_ROUND);
     s->round++;
     fsdp__publish(&me->depart, &me->depart_waiters, s->round);
 }
@@ -4015,6 +4174,7 @@ FSDP__PRIVATE int fsdp__shm_peer_data(fsdp_comm *comm, fsdp__shm *s, int p, size
     /* one load of each: the checks below hold for the values used, whatever the peer writes */
     uint32_t id = __atomic_load_n(&src->region, __ATOMIC_RELAXED);
     uint64_t offset = __atomic_load_n(&src->offset, __ATOMIC_RELAXED);
+    FSDP__CHAOS(FSDP__CHAOS_PIECE);
     if (id == FSDP__SHM_IN_SLOT) {
         *out = staged;
         return 0;
@@ -4039,6 +4199,7 @@ FSDP__PRIVATE int fsdp__shm_peer_copy(fsdp_comm *comm, fsdp__shm *s, int p, size
                                       char *dst, int stream) {
     const fsdp__shm_src *src = &fsdp__shm_peer(s, p)->slot_src[s->round % FSDP__SHM_SLOTS];
     const char *from;
+    FSDP__CHAOS(FSDP__CHAOS_PIECE);
     if (__atomic_load_n(&src->region, __ATOMIC_RELAXED) == FSDP__SHM_IN_PROCESS)
         return fsdp__shm_read_peer(comm, s, p, __atomic_load_n(&src->offset, __ATOMIC_RELAXED),
                                    __atomic_load_n(&src->length, __ATOMIC_RELAXED), rel, len, dst);
@@ -6417,7 +6578,9 @@ FSDP__PRIVATE int fsdp__sock_poll_set(fsdp_comm *comm, fsdp__sock *s, const fsdp
    then sleeps in poll, to the op's deadline at most; a peer of this host waiting for us
    meanwhile learns whom we wait for. poll's result. */
 FSDP__PRIVATE int fsdp__sock_wait(fsdp__sock *s, int n) {
-    int ready = poll(s->pfds, (nfds_t)n, 0);
+    int ready;
+    FSDP__CHAOS(FSDP__CHAOS_WAIT);
+    ready = poll(s->pfds, (nfds_t)n, 0);
     if (ready == 0 && s->spin_seconds > 0) {
         double until = fsdp_now() + s->spin_seconds;
         while (ready == 0 && fsdp_now() < until) ready = poll(s->pfds, (nfds_t)n, 0);
@@ -6437,13 +6600,16 @@ FSDP__PRIVATE int fsdp__sock_wait(fsdp__sock *s, int n) {
         fsdp__sock_note(s, waited);
         ready = poll(s->pfds, (nfds_t)n, left <= 0 ? 0 : left < 100 ? (int)left : 100);
     }
+    FSDP__CHAOS(FSDP__CHAOS_WAIT);
     return ready;
 }
 
-/* Sends what peer p can take now: header and payload in one go, then the rest. */
+/* Sends what peer p can take now: header and payload in one go, then the rest. (Under
+   FSDP_CHAOS in pieces of any length, stopping now and then before the peer's data is gone.) */
 FSDP__PRIVATE int fsdp__sock_send_some(fsdp_comm *comm, fsdp__sock *s, int p, const fsdp_coll *c,
                                        const fsdp__fingerprint *fp, uint32_t phase) {
     fsdp__sock_peer *peer = &s->peers[p];
+    FSDP__CHAOS(FSDP__CHAOS_SOCKET);
     for (;;) {
         ssize_t got;
         if (peer->out_header_done < sizeof peer->out_header) {
@@ -6457,6 +6623,7 @@ FSDP__PRIVATE int fsdp__sock_send_some(fsdp_comm *comm, fsdp__sock *s, int p, co
             iov[1].iov_len = peer->out_len;
             msg.msg_iov = iov;
             msg.msg_iovlen = peer->out_len ? 2 : 1;
+            FSDP__CHAOS_CUT_IOV(iov, (int)msg.msg_iovlen);
             peer->at_boundary = 0;
             got = sendmsg(peer->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
             if (got > 0) {
@@ -6465,7 +6632,8 @@ FSDP__PRIVATE int fsdp__sock_send_some(fsdp_comm *comm, fsdp__sock *s, int p, co
                 if (sent > head_left) peer->out_done += sent - head_left;
             }
         } else if (peer->out_done < peer->out_len) {
-            got = send(peer->fd, peer->out_data + peer->out_done, peer->out_len - peer->out_done, MSG_NOSIGNAL | MSG_DONTWAIT);
+            got = send(peer->fd, peer->out_data + peer->out_done, FSDP__CHAOS_CUT(peer->out_len - peer->out_done),
+                       MSG_NOSIGNAL | MSG_DONTWAIT);
             if (got > 0) peer->out_done += (size_t)got;
         } else {
             peer->at_boundary = 1;
@@ -6473,6 +6641,7 @@ FSDP__PRIVATE int fsdp__sock_send_some(fsdp_comm *comm, fsdp__sock *s, int p, co
         }
         if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
         if (got <= 0) return fsdp__sock_lost(comm, s, p, c, fp, phase, errno);
+        if (FSDP__CHAOS_COIN(FSDP__CHAOS_SOCKET)) return 0; /* (poll says when to go on) */
     }
 }
 
@@ -6481,11 +6650,12 @@ FSDP__PRIVATE int fsdp__sock_send_some(fsdp_comm *comm, fsdp__sock *s, int p, co
 FSDP__PRIVATE int fsdp__sock_recv_some(fsdp_comm *comm, fsdp__sock *s, int p, const fsdp_coll *c,
                                        const fsdp__fingerprint *fp, uint32_t phase, size_t reduced) {
     fsdp__sock_peer *peer = &s->peers[p];
+    FSDP__CHAOS(FSDP__CHAOS_SOCKET);
     for (;;) {
         ssize_t got;
         if (peer->in_header_done < sizeof peer->in_header) {
             got = recv(peer->fd, (char *)&peer->in_header + peer->in_header_done,
-                       sizeof peer->in_header - peer->in_header_done, MSG_DONTWAIT);
+                       FSDP__CHAOS_CUT(sizeof peer->in_header - peer->in_header_done), MSG_DONTWAIT);
             if (got > 0) {
                 peer->in_header_done += (size_t)got;
                 if (peer->in_header_done == sizeof peer->in_header) {
@@ -6507,23 +6677,49 @@ FSDP__PRIVATE int fsdp__sock_recv_some(fsdp_comm *comm, fsdp__sock *s, int p, co
                 if (room > reduced + s->ring_bytes - peer->in_done) room = reduced + s->ring_bytes - peer->in_done;
                 if (room > peer->in_len - peer->in_done) room = peer->in_len - peer->in_done;
             }
-            got = recv(peer->fd, dst, room, MSG_DONTWAIT);
+            got = recv(peer->fd, dst, FSDP__CHAOS_CUT(room), MSG_DONTWAIT);
             if (got > 0) peer->in_done += (size_t)got;
         } else {
             return 0;
         }
         if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
         if (got <= 0) return fsdp__sock_lost(comm, s, p, c, fp, phase, got < 0 ? errno : 0);
+        if (FSDP__CHAOS_COIN(FSDP__CHAOS_SOCKET)) return 0; /* (poll says when to go on) */
     }
 }
 
+/* 1 if the phase's reduction writes bytes this rank also sends in it: an all_reduce in place
+   small enough for one phase sends its whole buffer and folds into it. Folded while a send of it
+   is still under way (a full socket buffer, many peers, a slow one), the rest of that send would
+   carry the partial sum instead of this rank's contribution: such a fold waits for the sends (it
+   carries at most a segment, which the rings hold whole meanwhile). */
+FSDP__PRIVATE int fsdp__sock_fold_overwrites(const fsdp__sock *s, const fsdp__sock_reduction *red) {
+    int i;
+    for (i = 0; i < s->nact; i++) {
+        const fsdp__sock_peer *peer = &s->peers[s->act[i]];
+        if (peer->out_len && red->dst < peer->out_data + peer->out_len && peer->out_data < red->dst + red->bytes) return 1;
+    }
+    return 0;
+}
+
+/* 1 once every header and payload of the phase has left this rank. */
+FSDP__PRIVATE int fsdp__sock_all_sent(const fsdp__sock *s) {
+    int i;
+    for (i = 0; i < s->nact; i++) {
+        const fsdp__sock_peer *peer = &s->peers[s->act[i]];
+        if (peer->out_header_done < sizeof peer->out_header || peer->out_done < peer->out_len) return 0;
+    }
+    return 1;
+}
+
 /* Runs one phase's transfers: every active peer gets one header and its payload, and sends the
-   same; received pieces of a reduction are folded as they arrive. */
+   same; received pieces of a reduction are folded as they arrive (or, where the fold overwrites
+   what is sent, once it is sent). */
 FSDP__PRIVATE int fsdp__sock_phase_io(fsdp_comm *comm, fsdp__sock *s, const fsdp_coll *c, uint32_t phase,
                                       const fsdp__sock_reduction *red) {
     const fsdp__fingerprint fp = fsdp__fingerprint_of(c);
     size_t reduced = 0;
-    int p, i, rc;
+    int p, i, rc, hold = red && red->dst && fsdp__sock_fold_overwrites(s, red);
     for (i = 0; i < s->nact; i++) {
         fsdp__sock_peer *peer = &s->peers[s->act[i]];
         memset(&peer->out_header, 0, sizeof peer->out_header);
@@ -6536,7 +6732,7 @@ FSDP__PRIVATE int fsdp__sock_phase_io(fsdp_comm *comm, fsdp__sock *s, const fsdp
     for (;;) {
         int n = 0, pending = 0, ready;
         if (fsdp__load(&comm->status) != FSDP_SUCCESS) return fsdp__load(&comm->status);
-        if (red && red->dst) pending = fsdp__sock_fold(comm, s, c, red, &reduced);
+        if (red && red->dst) pending = hold && !fsdp__sock_all_sent(s) ? 1 : fsdp__sock_fold(comm, s, c, red, &reduced);
         if ((rc = fsdp__sock_poll_set(comm, s, c, reduced, &n, &pending)) != 0) return rc;
         if (!pending) return 0;
         if (n == 0) continue; /* only folding left */
@@ -6988,7 +7184,9 @@ static void *fsdp__hier_thread(void *arg) {
         if (x->stop) break;
         job = x->job;
         pthread_mutex_unlock(&x->lock);
+        FSDP__CHAOS(FSDP__CHAOS_THREAD);
         rc = fsdp__hier_run_job(x->world, x, &job);
+        FSDP__CHAOS(FSDP__CHAOS_THREAD);
         pthread_mutex_lock(&x->lock);
         x->job_rc = rc;
         x->busy = 0;
@@ -7002,16 +7200,19 @@ static void *fsdp__hier_thread(void *arg) {
    op's deadline, or at once when the comm fails.) */
 FSDP__PRIVATE int fsdp__hier_wait(fsdp__hier *x) {
     int rc;
+    FSDP__CHAOS(FSDP__CHAOS_WAIT);
     pthread_mutex_lock(&x->lock);
     while (x->busy) pthread_cond_wait(&x->cond, &x->lock);
     rc = x->job_rc;
     pthread_mutex_unlock(&x->lock);
+    FSDP__CHAOS(FSDP__CHAOS_WAIT);
     return rc;
 }
 
 /* Hands the net thread a chunk once its last one is done; that one's result. */
 FSDP__PRIVATE int fsdp__hier_post(fsdp__hier *x, const fsdp_coll *c, size_t at, size_t len) {
     int rc;
+    FSDP__CHAOS(FSDP__CHAOS_WAIT);
     pthread_mutex_lock(&x->lock);
     while (x->busy) pthread_cond_wait(&x->cond, &x->lock);
     rc = x->job_rc;
@@ -7023,6 +7224,7 @@ FSDP__PRIVATE int fsdp__hier_post(fsdp__hier *x, const fsdp_coll *c, size_t at, 
         pthread_cond_broadcast(&x->cond);
     }
     pthread_mutex_unlock(&x->lock);
+    FSDP__CHAOS(FSDP__CHAOS_WAIT);
     return rc;
 }
 
@@ -7515,11 +7717,15 @@ typedef struct fsdp__mpi {
 FSDP__PRIVATE int fsdp__mpi_wait(fsdp_comm *comm, MPI_Request *req, const fsdp_coll *c) {
     int64_t deadline = fsdp__now_ms() + c->timeout_ms;
     int done = 0, spins = 0;
+    FSDP__CHAOS(FSDP__CHAOS_WAIT);
     for (;;) {
         if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
             return fsdp_comm_fail(comm, FSDP_ERR_PEER_LOST, "MPI reported an error in %s (op #%llu)",
                                   fsdp_coll_name(c->kind), (unsigned long long)c->seq);
-        if (done) return 0;
+        if (done) {
+            FSDP__CHAOS(FSDP__CHAOS_WAIT);
+            return 0;
+        }
         if (fsdp__load(&comm->status) != FSDP_SUCCESS) return fsdp__load(&comm->status);
         if (++spins > 1000) {
             if (fsdp__now_ms() >= deadline)
@@ -8695,35 +8901,85 @@ FSDP__PRIVATE int fsdp__io_run(fsdp__offload *o, const fsdp__io_req *r, char *me
     return 0;
 }
 
+/* Runs a request taken off the queue (the lock not held), unless an earlier one failed; its time
+   added to *seconds. 0, or the failure with its message set. */
+FSDP__PRIVATE int fsdp__io_serve(fsdp__offload *o, const fsdp__io_req *r, char *message, size_t size, double *seconds) {
+    int rc = 0;
+    double t, began;
+    FSDP__CHAOS(FSDP__CHAOS_IO);
+    t = began = fsdp_now();
+    if (!__atomic_load_n(&o->error, __ATOMIC_ACQUIRE)) rc = fsdp__io_run(o, r, message, size);
+    t = fsdp_now() - t;
+    if (o->trace) fsdp__trace_io(o->trace, r->write, r->bytes, began, began + t);
+    *seconds += t;
+    return rc;
+}
+
+#ifdef FSDP_CHAOS
+/* (>>chaos) Requests a and b must run in the order they were made: the same bytes of the file
+   with a write among them, or the same memory with a read (which writes memory) among them. */
+static int fsdp__io_conflict(const fsdp__io_req *a, const fsdp__io_req *b) {
+    const char *am = (const char *)a->buf, *bm = (const char *)b->buf;
+    int file = a->offset < b->offset + (int64_t)b->bytes && b->offset < a->offset + (int64_t)a->bytes;
+    int memory = am < bm + b->bytes && bm < am + a->bytes;
+    return (file && (a->write || b->write)) || (memory && (!a->write || !b->write));
+}
+
+/* Now and then every queued request, in a random order that keeps each after any earlier one it
+   conflicts with (a disk with several requests in flight completes them in any order); else
+   the oldest. They stay queued, and are counted complete together once all ran. */
+FSDP__PRIVATE int fsdp__io_chaos_take(fsdp__offload *o, fsdp__io_req *batch) {
+    fsdp__io_req left[FSDP__IO_QUEUE];
+    int n = FSDP__CHAOS_COIN(FSDP__CHAOS_IO) ? o->len : 1, remaining = n, i, k;
+    for (i = 0; i < n; i++) left[i] = o->queue[(o->head + i) % FSDP__IO_QUEUE];
+    for (k = 0; k < n; k++) {
+        int ready[FSDP__IO_QUEUE], nready = 0, j, pick;
+        for (i = 0; i < remaining; i++) {
+            for (j = 0; j < i && !fsdp__io_conflict(&left[j], &left[i]); j++) {}
+            if (j == i) ready[nready++] = i;
+        }
+        pick = ready[FSDP__CHAOS_PICK(nready)];
+        batch[k] = left[pick];
+        for (i = pick; i + 1 < remaining; i++) left[i] = left[i + 1];
+        remaining--;
+    }
+    return n;
+}
+#  define FSDP__IO_BATCH FSDP__IO_QUEUE
+#  define FSDP__IO_TAKE(o, batch) fsdp__io_chaos_take((o), (batch))
+#else
+#  define FSDP__IO_BATCH 1 /* requests taken off the queue at once */
+#  define FSDP__IO_TAKE(o, batch) ((batch)[0] = (o)->queue[(o)->head], 1)
+#endif
+
 static void *fsdp__io_thread(void *arg) {
     fsdp__offload *o = (fsdp__offload *)arg;
     fsdp__trace_thread = FSDP__TID_IO;
     pthread_mutex_lock(&o->lock);
     for (;;) {
-        fsdp__io_req r;
+        fsdp__io_req batch[FSDP__IO_BATCH];
         char message[FSDP__ERRMSG];
-        int rc = 0;
+        double seconds = 0;
+        int n, i, k, rc = 0;
         while (!o->len && !o->stop) pthread_cond_wait(&o->work, &o->lock);
         if (!o->len) break;
-        r = o->queue[o->head];
+        n = FSDP__IO_TAKE(o, batch);
         pthread_mutex_unlock(&o->lock);
-        double t = fsdp_now(), began = t;
-        if (!__atomic_load_n(&o->error, __ATOMIC_ACQUIRE)) rc = fsdp__io_run(o, &r, message, sizeof message);
-        t = fsdp_now() - t;
-        if (o->trace) fsdp__trace_io(o->trace, r.write, r.bytes, began, began + t);
+        for (i = 0; i < n && !rc; i++) rc = fsdp__io_serve(o, &batch[i], message, sizeof message, &seconds);
+        FSDP__CHAOS(FSDP__CHAOS_IO);
         pthread_mutex_lock(&o->lock);
-        o->io_seconds += t;
+        o->io_seconds += seconds;
         if (rc && !o->error) {
             fsdp__copy_string(o->message, sizeof o->message, message);
             __atomic_store_n(&o->error, rc, __ATOMIC_RELEASE);
         }
-        if (!rc) {
-            if (r.write) o->bytes_written += r.bytes;
-            else o->bytes_read += r.bytes;
+        for (k = 0; k < i - (rc != 0); k++) { /* the requests that ran (a failure ends the batch) */
+            if (batch[k].write) o->bytes_written += batch[k].bytes;
+            else o->bytes_read += batch[k].bytes;
         }
-        o->head = (o->head + 1) % FSDP__IO_QUEUE;
-        o->len--;
-        o->completed++;
+        o->head = (o->head + n) % FSDP__IO_QUEUE;
+        o->len -= n;
+        o->completed += (uint64_t)n;
         pthread_cond_broadcast(&o->done);
     }
     pthread_mutex_unlock(&o->lock);
@@ -8753,6 +9009,7 @@ FSDP__PRIVATE uint64_t fsdp__io_submit(fsdp__offload *o, int write, int64_t offs
 FSDP__PRIVATE int fsdp__io_wait(fsdp__offload *o, uint64_t ticket) {
     int rc;
     double t = 0;
+    FSDP__CHAOS(FSDP__CHAOS_WAIT);
     pthread_mutex_lock(&o->lock);
     if (!ticket) ticket = o->issued;
     if (o->completed < ticket) t = fsdp_now();
@@ -8760,6 +9017,7 @@ FSDP__PRIVATE int fsdp__io_wait(fsdp__offload *o, uint64_t ticket) {
     if (t > 0) o->wait_seconds += fsdp_now() - t;
     rc = o->error;
     pthread_mutex_unlock(&o->lock);
+    FSDP__CHAOS(FSDP__CHAOS_WAIT);
     return rc;
 }
 
@@ -9521,6 +9779,7 @@ static void *fsdp__worker(void *arg) {
         if (ctx->stop && (ctx->queue_len == 0 || ctx->running)) { pthread_mutex_unlock(&ctx->lock); break; }
         t = fsdp__take_task(ctx);
         pthread_mutex_unlock(&ctx->lock);
+        FSDP__CHAOS(FSDP__CHAOS_THREAD);
         fsdp__run_task(ctx, &t);
     }
     return NULL;
@@ -9543,6 +9802,7 @@ FSDP__PRIVATE uint64_t fsdp__enqueue(fsdp_ctx *ctx, const fsdp__task *task, int 
     ctx->queue_len++;
     if (wake) pthread_cond_signal(&ctx->wake);
     pthread_mutex_unlock(&ctx->lock);
+    FSDP__CHAOS(FSDP__CHAOS_THREAD);
     return id;
 }
 
@@ -9569,6 +9829,7 @@ static int fsdp__can_help(const fsdp_ctx *ctx) {
 FSDP__PRIVATE int fsdp__wait_task_for(fsdp_ctx *ctx, uint64_t id, const char *what, int unit) {
     int rc, gave_up = 0;
     double limit, t0 = 0;
+    FSDP__CHAOS(FSDP__CHAOS_WAIT);
     pthread_mutex_lock(&ctx->lock);
     if (id == 0) id = ctx->issued;
     if (ctx->trace && ctx->completed < id && !ctx->worker_error) t0 = fsdp_now();
@@ -9576,7 +9837,9 @@ FSDP__PRIVATE int fsdp__wait_task_for(fsdp_ctx *ctx, uint64_t id, const char *wh
                              fsdp_comm_timeout(ctx->comm) / 1000.0 + 2.0;
     while (ctx->completed < id && !ctx->worker_error) {
         struct timespec ts;
-        if (!ctx->running && ctx->queue_len > 0 && fsdp__can_help(ctx)) {
+        if (FSDP__CHAOS_COIN(FSDP__CHAOS_THREAD)) {
+            pthread_cond_signal(&ctx->wake); /* (>>chaos: the comm thread runs the tasks, not this waiter) */
+        } else if (!ctx->running && ctx->queue_len > 0 && fsdp__can_help(ctx)) {
             /* the comm thread has not got to it (on a busy machine it waits for a core): rather
                than sleep, run the tasks up to this one here, in order */
             fsdp__task t = fsdp__take_task(ctx);
@@ -9606,6 +9869,7 @@ FSDP__PRIVATE int fsdp__wait_task_for(fsdp_ctx *ctx, uint64_t id, const char *wh
     }
     rc = ctx->worker_error;
     pthread_mutex_unlock(&ctx->lock);
+    FSDP__CHAOS(FSDP__CHAOS_WAIT);
     fsdp__trace_wait(ctx, what, "comm", unit, t0);
     if (rc && ctx->step_thread_started) { /* a collective failed because the step behind did: its cause */
         pthread_mutex_lock(&ctx->step_lock);
@@ -10325,6 +10589,7 @@ FSDP__PRIVATE int fsdp__step_streamed(fsdp_ctx *ctx) {
     for (i = 0; more[i % FSDP__STREAM_SLOTS] && !rc; i++) {
         int s = i % FSDP__STREAM_SLOTS, ahead = (i + FSDP__STREAM_SLOTS - 1) % FSDP__STREAM_SLOTS;
         if (disk && read_done[s] && (rc = fsdp__io_wait(ctx->offload, read_done[s])) != 0) break;
+        FSDP__CHAOS(FSDP__CHAOS_THREAD);
         fsdp__chunk_update(ctx, &chunk[s], s);
         if (disk) write_done[s] = fsdp__chunk_io(ctx, &chunk[s], s, 1);
         if (chunk[s].first + chunk[s].count == ctx->units[chunk[s].unit].shard) /* its last chunk: written (or queued) */
@@ -10361,6 +10626,7 @@ FSDP__PRIVATE void fsdp__zero_unit_grad(fsdp__unit *u) {
 }
 FSDP__PRIVATE void fsdp__unit_updated(fsdp_ctx *ctx, fsdp__unit *u) {
     if (!ctx->step_thread_started) return;
+    FSDP__CHAOS(FSDP__CHAOS_THREAD);
     pthread_mutex_lock(&ctx->step_lock);
     if (u->zero_pending) fsdp__zero_unit_grad(u);
     u->zero_pending = 0;
@@ -10379,6 +10645,7 @@ static void *fsdp__step_main(void *arg) {
         while (!ctx->step_pending && !ctx->step_stop) pthread_cond_wait(&ctx->step_cond, &ctx->step_lock);
         if (!ctx->step_pending) break;
         pthread_mutex_unlock(&ctx->step_lock);
+        FSDP__CHAOS(FSDP__CHAOS_THREAD);
         t0 = ctx->trace ? fsdp_now() : 0;
         rc = fsdp__step_streamed(ctx);
         fsdp__trace_update(ctx, ctx->upd_step + 1, t0);
@@ -10412,12 +10679,14 @@ FSDP__PRIVATE int fsdp__step_failed(fsdp_ctx *ctx, int rc) {
 FSDP__PRIVATE int fsdp__step_wait_unit(fsdp_ctx *ctx, fsdp__unit *u, int compute_thread) {
     int rc;
     double t0;
+    FSDP__CHAOS(FSDP__CHAOS_WAIT);
     if (!ctx->step_thread_started || __atomic_load_n(&u->step_done, __ATOMIC_ACQUIRE)) return 0;
     t0 = ctx->trace ? fsdp_now() : 0;
     pthread_mutex_lock(&ctx->step_lock);
     while (!u->step_done) pthread_cond_wait(&ctx->step_cond, &ctx->step_lock);
     rc = ctx->step_rc;
     pthread_mutex_unlock(&ctx->step_lock);
+    FSDP__CHAOS(FSDP__CHAOS_WAIT);
     fsdp__trace_wait(ctx, "wait step", "step", (int)(u - ctx->units), t0);
     return rc && compute_thread ? fsdp__step_failed(ctx, rc) : rc;
 }
@@ -10427,11 +10696,13 @@ FSDP__PRIVATE int fsdp__step_drain(fsdp_ctx *ctx) {
     int rc;
     double t0 = 0;
     if (!ctx->step_thread_started) return 0;
+    FSDP__CHAOS(FSDP__CHAOS_WAIT);
     pthread_mutex_lock(&ctx->step_lock);
     if (ctx->step_pending && ctx->trace) t0 = fsdp_now();
     while (ctx->step_pending) pthread_cond_wait(&ctx->step_cond, &ctx->step_lock);
     rc = ctx->step_rc;
     pthread_mutex_unlock(&ctx->step_lock);
+    FSDP__CHAOS(FSDP__CHAOS_WAIT);
     fsdp__trace_wait(ctx, "wait step", "step", -1, t0);
     return rc ? fsdp__step_failed(ctx, rc) : 0;
 }
@@ -14222,6 +14493,7 @@ FSDP__PRIVATE void fsdp__async_write(fsdp_ctx *ctx) {
     double t0 = fsdp_now();
     int rc = fsdp__write_shard_file(ctx, &as->sv, as->staged, err, sizeof err);
     fsdp__trace_ckpt(ctx, "async save: write", as->dir, t0);
+    FSDP__CHAOS(FSDP__CHAOS_THREAD);
     pthread_mutex_lock(&ctx->lock);
     as->rc = rc;
     fsdp__copy_string(as->error, sizeof as->error, err);
@@ -14237,6 +14509,7 @@ static void *fsdp__async_writer(void *arg) {
     setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
 #endif
     fsdp__trace_thread = FSDP__TID_CKPT;
+    FSDP__CHAOS(FSDP__CHAOS_THREAD);
     fsdp__async_write((fsdp_ctx *)arg);
     return NULL;
 }
@@ -14329,6 +14602,7 @@ FSDP__PRIVATE int fsdp__async_poll(fsdp_ctx *ctx, int wait) {
     double t0;
     int rc, local;
     if (!as || !as->in_flight) return 0;
+    FSDP__CHAOS(FSDP__CHAOS_WAIT);
     pthread_mutex_lock(&ctx->lock);
     t0 = wait && !as->done ? fsdp__trace_begin(ctx) : 0;
     pthread_mutex_unlock(&ctx->lock);

@@ -39,6 +39,8 @@ typedef struct {
     int min_lr_set;
     int decay_all;                   // --decay-all: weight decay on every parameter, not only the matrices
     int recompute;                   // --recompute K: activation checkpointing of every K-th block (0: off)
+    int accum;                       // --accum K: micro-batches per step (gradient accumulation; 1: none)
+    int accum_reduce;                // --accum-reduce: reduce every micro-batch's gradients (no fsdp_set_no_sync)
     double mem_budget_mib;           // --mem-budget: refuse to start if a rank's estimate exceeds it (0: none)
     double process_bytes;            // this process's peak RSS before the ranks start (for --mem-budget)
     fsdp_strategy strategy;
@@ -48,6 +50,7 @@ typedef struct {
     const char *ckpt, *resume, *prompt; // resume "auto": the ckpt directory's checkpoint, if any
     const char *log_path;            // --log: one JSON line per step (rank 0)
     int async_ckpt;                  // --async-ckpt: fsdp_save_sharded_async
+    int no_roofline;                 // --no-roofline: no disk measurement at the end of an offloaded run
     unsigned long long seed;
     char ckpt_default[1100];
     unsigned char *text;             // the whole text: train is [0, train_size), validation the rest
@@ -276,7 +279,10 @@ static void make_desc(const options *o, fsdp_comm *comm, int P, int local_size, 
     desc->loss_scale.enabled = o->param_dtype == FSDP_F16;   // f16 gradients need it (GradScaler's defaults)
     desc->forward_prefetch = 1;
     desc->backward_prefetch = FSDP_BACKWARD_PRE;
-    desc->shard_group_size = local_size;
+    // HYBRID_SHARD: a shard group per host. The others shard over all ranks; fsdp_init's default group
+    // (the ranks per host) must divide the world even where no unit is HYBRID: hosts of 2 + 1 ranks
+    // would be refused
+    desc->shard_group_size = o->strategy == FSDP_HYBRID_SHARD ? local_size : P;
     if (o->strategy == FSDP_HYBRID_SHARD && local_size == P && P % 2 == 0)
         desc->shard_group_size = P / 2; // one host: two replicas of half the ranks each, so something is replicated
     desc->seed = o->seed;
@@ -387,6 +393,26 @@ static void print_offload_roofline(const fsdp_desc *desc, const double *all, int
            compute_s, io_s, step_s / (compute_s > io_s ? compute_s : io_s), machine);
 }
 
+/* A step's forward and backward over this rank's B sequences of the global batch, in --accum
+   micro-batches (their gradients reduced on the last only, or with --accum-reduce on each);
+   *loss: their mean loss. 0, or -1 (said on stderr). */
+static int forward_backward(gpt *m, gpt_acts *acts, const options *o, long long step, int rank, int B, float *loss) {
+    int T = o->seq_len, b = B / o->accum;
+    for (int k = 0; k < o->accum; k++) { // micro-batch k: this rank's sequences k*b .. (k+1)*b-1
+        float part_loss;
+        data_batch(o->text, o->train_size, step, o->batch, T, rank * B + k * b, rank * B + (k + 1) * b, acts->inputs,
+                   acts->targets);
+        if (o->accum > 1 && !o->accum_reduce && fsdp_set_no_sync(m->ctx, k < o->accum - 1)) {
+            fprintf(stderr, "rank %d: fsdp_set_no_sync: %s\n", rank, fsdp_last_error(m->ctx));
+            return -1;
+        }
+        if (gpt_forward(m, acts, b, T, 1, &part_loss) || gpt_backward_part(m, acts, b, T, o->accum)) return -1;
+        *loss = k ? *loss + part_loss : part_loss;
+    }
+    if (o->accum > 1) *loss /= (float)o->accum;
+    return 0;
+}
+
 static int train(fsdp_comm *comm, void *arg) {
     const options *o = (const options *)arg;
     int rank = fsdp_comm_rank(comm), P = fsdp_comm_size(comm), B = o->batch / P, T = o->seq_len, rc = 1;
@@ -494,10 +520,9 @@ static int train(fsdp_comm *comm, void *arg) {
                     o->fault_at_step, step + 1);
             raise(SIGKILL);
         }
-        data_batch(o->text, o->train_size, step, o->batch, T, rank * B, (rank + 1) * B, acts.inputs, acts.targets);
         fsdp_set_lr(ctx, lr);
         t0 = fsdp_now(), m.hook_seconds = 0;
-        if (gpt_forward(&m, &acts, B, T, 1, &loss) || gpt_backward(&m, &acts, B, T)) goto done;
+        if (forward_backward(&m, &acts, o, step, rank, B, &loss)) goto done;
         t_step = fsdp_now();
         if (fsdp_step(ctx, o->clip, &report) || fsdp_zero_grad(ctx)) {
             fprintf(stderr, "rank %d: step %lld: %s\n", rank, step + 1, fsdp_last_error(ctx));
@@ -514,7 +539,7 @@ static int train(fsdp_comm *comm, void *arg) {
             goto done;
         }
         if (log) { // a line per step, flushed: a plotting tool can read the file while the run goes on
-            fprintf(log, "{\"step\":%lld,\"loss\":%.6g,\"lr\":%.6g,\"grad_norm\":%.6g,\"skipped\":%d,\"loss_scale\":%.6g,"
+            fprintf(log, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.6g,\"grad_norm\":%.9g,\"skipped\":%d,\"loss_scale\":%.6g,"
                          "\"ms\":%.3f,\"in_fsdp_ms\":%.3f,\"tokens_per_s\":%.1f,\"peak_rss_mib\":%.1f}\n",
                     step + 1, (double)loss, (double)lr, isfinite(report.grad_norm) ? report.grad_norm : -1.0, report.skipped,
                     report.loss_scale, step_ms[timed - 1], fsdp_ms[timed - 1],
@@ -607,7 +632,7 @@ static int train(fsdp_comm *comm, void *arg) {
             if (timed)
                 printf("final loss %.4f; %.0f tokens/s (median step %.1f ms on rank 0)\n", (double)loss,
                        o->batch * T / (all[4] * 1e-3), all[4]);
-            if (st.disk_bytes && timed) print_offload_roofline(&desc, all, P, NSTAT);
+            if (st.disk_bytes && timed && !o->no_roofline) print_offload_roofline(&desc, all, P, NSTAT);
         }
         free(all);
     }
@@ -787,6 +812,11 @@ static void usage(FILE *out) {
         "                       parameters of at most 1 dimension)\n"
         "  --decay-all          apply it to every parameter instead\n"
         "  --clip X             clip the global gradient norm to X; 0: off (default 1)\n"
+        "  --accum K            gradient accumulation: each rank's sequences in K micro-batches, whose\n"
+        "                       gradients are reduced once, on the last (fsdp_set_no_sync) (default 1)\n"
+        "  --accum-reduce       with --accum: reduce every micro-batch's gradients into the shards instead\n"
+        "                       of holding them back to the last (gradient accumulation without no_sync)\n");
+    fprintf(out, // (C99 promises 4095 bytes per literal)
         "memory\n"
         "  --recompute [K]      activation checkpointing: forward keeps only the input of every K-th block\n"
         "                       (blocks 0, K, 2K, ...; default K = 1: every block) and backward runs that\n"
@@ -809,7 +839,8 @@ static void usage(FILE *out) {
         "                       stay f32 (AdamW state too, unless --state-dtype), the kernels read an f32 view;\n"
         "                       f16 turns on dynamic loss scaling (GradScaler's rules; the scale is printed)\n"
         "  --print-units        print the FSDP units (rank 0)\n"
-        EXAMPLE_OFFLOAD_HELP);
+        EXAMPLE_OFFLOAD_HELP
+        "  --no-roofline        with --offload: no roofline at the end (it measures the disk: 2 GiB each way)\n");
     fprintf(out, // (two strings: C99 promises 4095 bytes per literal)
         "checkpoints (sharded: one safetensors file per rank + index.json, with AdamW state)\n"
         "  --ckpt DIR           where to save (default: gpt_ckpt next to the executable, e.g. build/gpt_ckpt);\n"
@@ -852,7 +883,7 @@ static void parse(options *o, int argc, char **argv, const char *exe_dir) {
     const char *fault;
     memset(o, 0, sizeof *o);
     o->backend = FSDP_BACKEND_SHM, o->layers = 4, o->heads = 4, o->channels = 128, o->seq_len = 64;
-    o->batch = 16, o->steps = 500, o->warmup = 30, o->print_every = 25, o->sample = 300;
+    o->batch = 16, o->steps = 500, o->warmup = 30, o->print_every = 25, o->sample = 300, o->accum = 1;
     o->lr = 3e-3f, o->weight_decay = 0.01f, o->clip = 1.0f, o->temperature = 0.8f, o->prompt = "\n";
     o->strategy = FSDP_FULL_SHARD, o->param_dtype = FSDP_F32, o->state_dtype = FSDP_F32;
     snprintf(o->ckpt_default, sizeof o->ckpt_default, "%s/gpt_ckpt", exe_dir);
@@ -863,6 +894,8 @@ static void parse(options *o, int argc, char **argv, const char *exe_dir) {
         if (!strcmp(f, "--print-units")) { o->print_units = 1; continue; }
         if (!strcmp(f, "--decay-all")) { o->decay_all = 1; continue; }
         if (!strcmp(f, "--async-ckpt")) { o->async_ckpt = 1; continue; }
+        if (!strcmp(f, "--accum-reduce")) { o->accum_reduce = 1; continue; }
+        if (!strcmp(f, "--no-roofline")) { o->no_roofline = 1; continue; }
         if (!strcmp(f, "--recompute")) { // an optional K: every K-th block
             o->recompute = v && *v >= '0' && *v <= '9' ? (int)arg_int(f, argv[++i], 1, GPT_MAX_LAYERS) : 1;
             continue;
@@ -885,6 +918,7 @@ static void parse(options *o, int argc, char **argv, const char *exe_dir) {
         else if (!strcmp(f, "--min-lr")) o->min_lr = arg_float(f, v), o->min_lr_set = 1;
         else if (!strcmp(f, "--weight-decay")) o->weight_decay = arg_float(f, v);
         else if (!strcmp(f, "--clip")) o->clip = arg_float(f, v);
+        else if (!strcmp(f, "--accum")) o->accum = (int)arg_int(f, v, 1, 1 << 20);
         else if (!strcmp(f, "--mem-budget")) o->mem_budget_mib = arg_float(f, v);
         else if (!strcmp(f, "--strategy")) o->strategy = arg_strategy(f, v);
         else if (!strcmp(f, "--param-dtype")) o->param_dtype = (fsdp_dtype)arg_choice(f, v, dtypes, FSDP_F32);
@@ -923,9 +957,14 @@ static void parse(options *o, int argc, char **argv, const char *exe_dir) {
 
 static int check_batch(const void *arg, int P) {
     const options *o = (const options *)arg;
-    if (o->batch % P == 0) return o->mem_budget_mib > 0 ? check_memory_budget(o, P) : 0;
-    fprintf(stderr, "gpt: --batch %d is not divisible by the %d ranks: each rank takes an equal part of the global "
-            "batch; use a multiple of %d (e.g. --batch %d)\n", o->batch, P, P, (o->batch / P + 1) * P);
+    if (o->batch % (P * o->accum) == 0) return o->mem_budget_mib > 0 ? check_memory_budget(o, P) : 0;
+    if (o->accum > 1)
+        fprintf(stderr, "gpt: --batch %d is not divisible by the %d ranks times --accum %d: each rank takes an equal part "
+                "of the global batch, in %d equal micro-batches; use a multiple of %d\n", o->batch, P, o->accum, o->accum,
+                P * o->accum);
+    else
+        fprintf(stderr, "gpt: --batch %d is not divisible by the %d ranks: each rank takes an equal part of the global "
+                "batch; use a multiple of %d (e.g. --batch %d)\n", o->batch, P, P, (o->batch / P + 1) * P);
     return 1;
 }
 

@@ -862,18 +862,23 @@ static int gpt_backward_from_dlogits(gpt *m, gpt_acts *acts, int B, int T) {
     return GPT_HOOK(m, fsdp_post_backward, 0);
 }
 
-/* Backward of the mean cross-entropy loss of the last gpt_forward (with targets, same B and T),
-   times the runtime's loss scale (fsdp_loss_scale: 1 unless loss scaling is on, for f16). */
-GPT_UNUSED static int gpt_backward(gpt *m, gpt_acts *acts, int B, int T) {
+/* Backward of the mean cross-entropy loss over `parts` micro-batches of the last gpt_forward's
+   size (with targets, same B and T): this micro-batch's share, accumulated into the gradients
+   (gradient accumulation; 1: the loss of this batch alone), times the runtime's loss scale
+   (fsdp_loss_scale: 1 unless loss scaling is on, for f16). */
+GPT_UNUSED static int gpt_backward_part(gpt *m, gpt_acts *acts, int B, int T, int parts) {
     size_t BT = (size_t)B * T;
     activation_grads *da = &acts->da;
     float scale = m->ctx ? fsdp_loss_scale(m->ctx) : 1.0f;
     if (!da->dlogits) return gpt_backward_from_dlogits(m, acts, B, T); // says why it cannot
-    for (size_t i = 0; i < BT; i++) da->dlosses[i] = scale / (float)BT; // d(scale x mean)/d(each loss)
+    for (size_t i = 0; i < BT; i++) da->dlosses[i] = scale / (float)(BT * parts); // d(scale x mean)/d(each loss)
     memset(da->dlogits, 0, sizeof(float) * BT * m->config.vocab_size);
     softmax_crossentropy_backward(da->dlogits, da->dlosses, acts->a.probs, acts->targets, B, T, m->config.vocab_size);
     return gpt_backward_from_dlogits(m, acts, B, T);
 }
+
+/* Backward of the mean cross-entropy loss of the last gpt_forward (gpt_backward_part of one part). */
+GPT_UNUSED static int gpt_backward(gpt *m, gpt_acts *acts, int B, int T) { return gpt_backward_part(m, acts, B, T, 1); }
 
 /* ----------------------------------------------------------------------------------------- */
 /* data and schedule */
