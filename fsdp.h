@@ -1709,7 +1709,7 @@ typedef struct fsdp__chaos_profile {
     long seed;                          /* 0: off */
     uint32_t every[FSDP__CHAOS_KINDS];  /* a place of the kind acts once in `every` visits (0: never) */
     uint32_t max_us[FSDP__CHAOS_KINDS]; /* ... sleeping up to this long, or yielding, or spinning */
-    uint32_t cut_every, cut_max;        /* a socket send or receive is cut to 1..cut_max bytes once in cut_every */
+    uint32_t cut_every, cut_max;        /* a socket send or receive is cut short once in cut_every (fsdp__chaos_cut) */
 } fsdp__chaos_profile;
 
 /* Process-wide, test builds only: the profile (written once, under fsdp__chaos_once), the rank

@@ -10,8 +10,9 @@
 # kept from divergences. Every run is compared bit for bit with its unperturbed
 # reference (losses, gradient norms, every byte of the final checkpoint). Prints the table
 # (configuration, backend, ranks, runs, divergences, failed runs, seconds per run) and ends with
-# "N passed, N failed". Roughly an hour and a half on 2 cores (a 256-rank run takes 15-30 s);
-# hierarchical and 256-rank runs need root (skipped and said so otherwise), MPI ones mpicc.
+# "N passed, N failed". About two hours on 2 cores shared with other work (BENCHMARKS.md section
+# 9: 1.5 s a small run, 25-160 s a perturbed run of 256 ranks); hierarchical and 256-rank runs
+# need root (skipped and said so otherwise), MPI ones mpicc.
 #
 # Command, from anywhere:
 #   nice -n 10 bash examples/chaos.sh                     # the campaign
