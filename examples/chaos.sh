@@ -11,7 +11,7 @@
 # reference (losses, gradient norms, every byte of the final checkpoint). Prints the table
 # (configuration, backend, ranks, runs, divergences, failed runs, seconds per run) and ends with
 # "N passed, N failed". About two hours on 2 cores shared with other work (BENCHMARKS.md section
-# 9: 1.5 s a small run, 25-160 s a perturbed run of 256 ranks); hierarchical and 256-rank runs
+# 10: 1.5 s a small run, 25-160 s a perturbed run of 256 ranks); hierarchical and 256-rank runs
 # need root (skipped and said so otherwise), MPI ones mpicc.
 #
 # Command, from anywhere:
