@@ -2,14 +2,15 @@
 # tests/chaos.sh - make test-chaos: fsdp.h's bitwise promise under perturbation (issue 35).
 #
 # fsdp.h documents every result as independent of timing: the same job gives the same bits on every
-# run. Here the GPT of examples/gpt.c (tiny: 2 blocks of 32 channels, a few steps) built with
+# run. Here the GPT of examples/gpt.c (tiny: 2 blocks of 32 channels, 4 steps; a few configurations
+# with 256 channels, units of 3 MiB) built with
 # FSDP_CHAOS (build/chaos/gpt: fsdp.h's >>chaos compiled in) runs under FSDP_CHAOS_SEED=N: random
 # delays, yields and reorderings at every wait, shm round and piece, socket transfer (cut into
 # pieces of 1..n bytes), in the comm, step, I/O, network and checkpoint-writer threads, and offload
 # requests run out of order. Each run also gets one of four outside conditions, in turn: none, every
 # rank pinned to one CPU (taskset -c 0), a busy loop beside it, or both (the loop on that CPU too).
 # Each run is compared bit for bit with the same job run unperturbed (the same binary,
-# FSDP_CHAOS_SEED unset): every step's loss, gradient norm, skip and loss scale (--log, full
+# FSDP_CHAOS_SEED=0): every step's loss, gradient norm, skip and loss scale (--log, full
 # precision), and every byte of the final checkpoint: the sharded files (final parameters and
 # AdamW state), index.json (the save's random file-name nonce aside) and the listing of the
 # directory (a save's leftover is a difference).
@@ -30,8 +31,9 @@
 #   --filter RE    only the configurations whose name matches RE (grep -E)
 #   --seed-base S  the first run's seed; run k of the whole invocation gets S + k (1)
 #   --steps N      training steps of every job (4)
-#   --work DIR     where runs keep their files (default $BUILD/chaos-runs; not under /tmp: the
-#                  hosts of the bed each mount their own)
+#   --work DIR     where runs keep their files (default $BUILD/chaos-runs, or a directory in
+#                  /var/tmp if that is under /tmp; not under /tmp: the hosts of the bed each mount
+#                  their own)
 #   --campaign     examples/chaos.sh's configurations instead of the test's (more of them, larger P)
 #   --scale256 N   also N runs of 256 ranks on 32 hosts of the bed (8 each; root), FULL_SHARD and
 #                  HYBRID_SHARD in turn, against the same layout unperturbed, and N / 5 runs of 256
@@ -62,6 +64,7 @@ while [ $# -gt 0 ]; do
     *) echo "$ME: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
+case $BIN in /tmp | /tmp/* | /dev/shm | /dev/shm/*) work=${work:-$(mktemp -d /var/tmp/fsdp-chaos.XXXXXX)} ;; esac
 work=${work:-$BIN/chaos-runs}
 case $work in /*) ;; *) work=$TOP/$work ;; esac
 case $work in /tmp | /tmp/* | /dev/shm | /dev/shm/*)
@@ -160,7 +163,10 @@ else
 fi
 . tests/multihost/hostbed.sh
 have_bed=0 bed_why=""
-if hostbed_require 2>/dev/null; then have_bed=1; else bed_why=${HOSTBED_SKIP_REASON:-no test bed here}; fi
+case $BIN in
+/tmp | /tmp/* | /dev/shm | /dev/shm/*) bed_why="$BIN is under /tmp or /dev/shm, which every host of the bed mounts its own" ;;
+*) if hostbed_require 2>/dev/null; then have_bed=1; else bed_why=${HOSTBED_SKIP_REASON:-no test bed here}; fi ;;
+esac
 mkdir -p "$work" || exit 1
 rm -rf "${work:?}"/[0-9]* "$work/offload" "$work/results"
 mkdir -p "$work/offload" "$work/results"
