@@ -334,7 +334,8 @@ typedef enum fsdp_coll_kind {
     FSDP_COLL_REDUCE_SCATTER = 2,
     FSDP_COLL_ALL_REDUCE = 3,
     FSDP_COLL_BROADCAST = 4,
-    FSDP_COLL_BARRIER = 5
+    FSDP_COLL_BARRIER = 5,
+    FSDP_COLL_ALL_TO_ALL = 6
 } fsdp_coll_kind;
 
 typedef enum fsdp_backend_kind {
@@ -356,6 +357,9 @@ FSDP_API const char *fsdp_coll_name(fsdp_coll_kind kind);       /* "all_gather",
      all_reduce:      send and recv hold count; in place when send == recv.
      broadcast:       recv holds count on every rank; root's is sent, send is unused.
      barrier:         no data.
+     all_to_all:      send holds world*count, the piece for rank r at r*count; recv gets
+                      world*count, rank r's piece for this rank at r*count. Not in place (send
+                      and recv must not overlap).
    The fingerprint (seq, kind, count, dtype, op, root) must agree across ranks. */
 typedef struct fsdp_coll {
     fsdp_coll_kind kind;
@@ -395,6 +399,12 @@ typedef struct fsdp_split_info {
    check_fingerprints: if nonzero, the library all-gathers each op's fingerprint with your
    all_gather (as bytes) before the op and fails with FSDP_ERR_MISMATCH on disagreement. Set it
    unless your engine checks fingerprints itself.
+   all_to_all (optional, the last field): NULL makes the library emulate it with your
+   all_gather, exactly (bytes are only copied) but at a price: in world - 1 rounds, round k
+   gathering every rank's piece for the rank k places after it (count elements from every rank,
+   of which a rank keeps one), so every rank receives world - 1 times the bytes an all-to-all
+   brings and waits world - 1 times, through a scratch of world * count elements. Fill it in
+   where those bytes matter (NCCL: grouped ncclSend/ncclRecv; MPI: MPI_Alltoall).
    split (optional): makes the impl of a sub-communicator (fsdp_comm_split, and so HYBRID_SHARD's
    shard and replica groups). Collective: every rank of the parent calls it once, after the
    library agreed on the members; store the new impl in *child_impl. The new comm uses this same
@@ -413,6 +423,7 @@ typedef struct fsdp_backend {
     void (*destroy)(fsdp_comm *comm, void *impl);
     int check_fingerprints;
     int (*split)(fsdp_comm *parent, void *impl, const fsdp_split_info *info, void **child_impl);
+    int (*all_to_all)(fsdp_comm *comm, void *impl, const fsdp_coll *c);
 } fsdp_backend;
 
 /* Zero-initialise and set what you need; 0 / NULL fields take the defaults named here. */
@@ -513,6 +524,12 @@ FSDP_API int fsdp_all_reduce(fsdp_comm *comm, const void *send, void *recv, size
                              fsdp_dtype dtype, fsdp_reduce_op op);
 FSDP_API int fsdp_broadcast(fsdp_comm *comm, void *buf, size_t count, fsdp_dtype dtype, int root);
 FSDP_API int fsdp_barrier(fsdp_comm *comm);
+/* Every rank sends count elements to every rank: send holds world * count elements, the piece
+   for rank r at r * count; recv receives world * count, rank r's piece for this rank at
+   r * count (this rank's own piece copied). Bytes are copied, never converted. Not in place:
+   send and recv must not overlap (FSDP_ERR_INVALID_ARG). count must agree across ranks
+   (FSDP_ERR_MISMATCH otherwise, as for every op). */
+FSDP_API int fsdp_all_to_all(fsdp_comm *comm, const void *send, void *recv, size_t count, fsdp_dtype dtype);
 
 /* Poisons the communicator from any thread: pending and later ops on every rank fail. */
 FSDP_API void fsdp_comm_abort(fsdp_comm *comm, const char *why);
@@ -3023,6 +3040,7 @@ FSDP_API const char *fsdp_coll_name(fsdp_coll_kind kind) {
         case FSDP_COLL_ALL_REDUCE: return "all_reduce";
         case FSDP_COLL_BROADCAST: return "broadcast";
         case FSDP_COLL_BARRIER: return "barrier";
+        case FSDP_COLL_ALL_TO_ALL: return "all_to_all";
         default: return "unknown collective";
     }
 }
@@ -3172,6 +3190,38 @@ FSDP__PRIVATE int fsdp__comm_keeps_deadline(const fsdp_comm *comm) {
     return comm && comm->transport && (comm->transport->caps & FSDP__CAP_DEADLINE);
 }
 
+/* 1 if an all_to_all's buffers overlap: its pieces move in no order a caller could rely on. */
+static int fsdp__all_to_all_overlaps(const fsdp_comm *comm, const fsdp_coll *c, size_t esize) {
+    uintptr_t send = (uintptr_t)c->send, recv = (uintptr_t)c->recv, bytes = c->count * esize * (size_t)comm->world;
+    return c->kind == FSDP_COLL_ALL_TO_ALL && bytes && send < recv + bytes && recv < send + bytes;
+}
+
+/* all_to_all on a user backend without one (see fsdp_backend): world - 1 rounds of its
+   all_gather; in round k every rank offers its piece for rank (rank + k) mod world and keeps
+   the one from rank (rank - k) mod world. */
+FSDP__PRIVATE int fsdp__all_to_all_by_gathers(fsdp_comm *comm, const fsdp_coll *c) {
+    size_t bytes = c->count * fsdp_dtype_size(c->dtype);
+    int P = comm->world, me = comm->rank, k, rc = 0;
+    const char *send = (const char *)c->send;
+    char *recv = (char *)c->recv, *all;
+    fsdp_coll gather = *c;
+    if (!bytes) return 0; /* (the fingerprints agreed: every rank moves nothing) */
+    memcpy(recv + (size_t)me * bytes, send + (size_t)me * bytes, bytes);
+    if (!(all = (char *)FSDP_MALLOC(bytes * (size_t)P)))
+        return fsdp_comm_fail(comm, FSDP_ERR_OUT_OF_MEMORY, "all_to_all: no memory for %zu bytes of scratch",
+                              bytes * (size_t)P);
+    gather.kind = FSDP_COLL_ALL_GATHER;
+    gather.recv = all;
+    for (k = 1; k < P && rc == FSDP_SUCCESS; k++) {
+        int from = (me - k + P) % P;
+        gather.send = send + (size_t)((me + k) % P) * bytes;
+        rc = comm->backend->all_gather(comm, comm->impl, &gather);
+        if (rc == FSDP_SUCCESS) memcpy(recv + (size_t)from * bytes, all + (size_t)from * bytes, bytes);
+    }
+    FSDP_FREE(all);
+    return rc;
+}
+
 /* Checks arguments (an invalid call does not poison the comm), stamps the op and runs it. */
 FSDP__PRIVATE int fsdp__collective(fsdp_comm *comm, fsdp_coll *c) {
     const fsdp_backend *be;
@@ -3190,6 +3240,10 @@ FSDP__PRIVATE int fsdp__collective(fsdp_comm *comm, fsdp_coll *c) {
         }
         if (c->count > (SIZE_MAX / 2) / esize / (size_t)comm->world) {
             fsdp__log(&comm->logger, FSDP_LOG_ERROR, "%s: count %zu is too large", fsdp_coll_name(c->kind), c->count);
+            return FSDP_ERR_INVALID_ARG;
+        }
+        if (fsdp__all_to_all_overlaps(comm, c, esize)) {
+            fsdp__log(&comm->logger, FSDP_LOG_ERROR, "all_to_all: send and recv overlap (it is never in place)");
             return FSDP_ERR_INVALID_ARG;
         }
     }
@@ -3214,6 +3268,8 @@ FSDP__PRIVATE int fsdp__collective(fsdp_comm *comm, fsdp_coll *c) {
             memmove(c->recv, c->send, c->count * esize);
         else if (c->count && (c->kind == FSDP_COLL_REDUCE_SCATTER || c->kind == FSDP_COLL_ALL_REDUCE))
             fsdp_reduce_ranks(c->recv, srcs, 1, c->count, c->dtype, c->op, 1);
+        else if (c->count && c->kind == FSDP_COLL_ALL_TO_ALL)
+            memcpy(c->recv, c->send, c->count * esize);
         return FSDP_SUCCESS;
     }
     if (be->check_fingerprints) {
@@ -3241,6 +3297,9 @@ FSDP__PRIVATE int fsdp__collective(fsdp_comm *comm, fsdp_coll *c) {
         case FSDP_COLL_REDUCE_SCATTER: rc = be->reduce_scatter(comm, comm->impl, c); break;
         case FSDP_COLL_ALL_REDUCE: rc = be->all_reduce(comm, comm->impl, c); break;
         case FSDP_COLL_BROADCAST: rc = be->broadcast(comm, comm->impl, c); break;
+        case FSDP_COLL_ALL_TO_ALL:
+            rc = be->all_to_all ? be->all_to_all(comm, comm->impl, c) : fsdp__all_to_all_by_gathers(comm, c);
+            break;
         default: rc = be->barrier(comm, comm->impl, c); break;
     }
     if (rc == FSDP_SUCCESS) return FSDP_SUCCESS;
@@ -3293,6 +3352,10 @@ FSDP_API int fsdp_broadcast(fsdp_comm *comm, void *buf, size_t count, fsdp_dtype
 }
 FSDP_API int fsdp_barrier(fsdp_comm *comm) {
     fsdp_coll c = fsdp__coll(FSDP_COLL_BARRIER, NULL, NULL, 0, FSDP_F32, FSDP_SUM, 0);
+    return fsdp__collective(comm, &c);
+}
+FSDP_API int fsdp_all_to_all(fsdp_comm *comm, const void *send, void *recv, size_t count, fsdp_dtype dtype) {
+    fsdp_coll c = fsdp__coll(FSDP_COLL_ALL_TO_ALL, send, recv, count, dtype, FSDP_SUM, 0);
     return fsdp__collective(comm, &c);
 }
 
@@ -4399,6 +4462,39 @@ FSDP__PRIVATE int fsdp__shm_barrier(fsdp_comm *comm, void *impl, const fsdp_coll
     return 0;
 }
 
+/* In each round a rank stages, in its slot divided among the ranks as reduce_scatter's, the
+   next piece of its block for every peer (none where it offers its send buffer: peers then read
+   their block there), and copies the piece each peer has for it to its place: the two copies
+   of all_gather's staged path, one where the buffer is offered. */
+FSDP__PRIVATE int fsdp__shm_all_to_all(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
+    fsdp__shm *s = fsdp__shm_op(impl, c);
+    fsdp__fingerprint fp = fsdp__fingerprint_of(c);
+    size_t bytes = c->count * fsdp_dtype_size(c->dtype), piece = fsdp__shm_piece(s, comm->world), off = 0;
+    int P = comm->world, me = comm->rank, p, stream = bytes * (size_t)P >= FSDP__STREAM_MIN_BYTES;
+    const char *send = (const char *)c->send;
+    char *recv = (char *)c->recv;
+    fsdp__shm_offer offer = fsdp__shm_offer_of(comm, s, send, bytes * (size_t)P, bytes * (size_t)P, FSDP__READ_COPY);
+    fsdp__copy_out(recv + (size_t)me * bytes, send + (size_t)me * bytes, bytes, stream); /* needs nobody */
+    do {
+        size_t len = bytes - off < piece ? bytes - off : piece;
+        char *slot;
+        FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
+        slot = fsdp__shm_slot(s, me, s->round);
+        for (p = 0; p < P && !fsdp__shm_offered(&offer); p++)
+            if (p != me) memcpy(slot + (size_t)p * piece, send + (size_t)p * bytes + off, len);
+        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, &offer, send + off));
+        for (p = 0; p < P; p++) /* a peer's send + me * bytes + off, or the piece it staged for me */
+            if (p != me)
+                FSDP__SHM_TRY(fsdp__shm_peer_copy(comm, s, p, (size_t)me * bytes, len,
+                                                  fsdp__shm_slot(s, p, s->round) + (size_t)me * piece,
+                                                  recv + (size_t)p * bytes + off, stream));
+        fsdp__shm_round_end(s, me);
+        off += len;
+    } while (off < bytes);
+    fsdp__stream_fence();
+    return fsdp__shm_offered(&offer) ? fsdp__shm_settle(comm, s, c) : 0;
+}
+
 /* Poisons the segment for everyone: the first failer's message and rank, then a wake-up of
    every futex word so sleeping ranks see it at once. */
 FSDP__PRIVATE void fsdp__shm_signal_abort(fsdp__shm_header *h, fsdp__shm_rank *ranks, int world, int rank, int code,
@@ -4926,7 +5022,7 @@ static void fsdp__shm_launch_abort(fsdp__inherit *inherit, int nprocs, const cha
 
 static const fsdp__transport fsdp__shm_transport = {
     {"shm", fsdp__shm_all_gather, fsdp__shm_reduce_scatter, fsdp__shm_all_reduce, fsdp__shm_broadcast,
-     fsdp__shm_barrier, fsdp__shm_abort, fsdp__shm_destroy, 0, NULL},
+     fsdp__shm_barrier, fsdp__shm_abort, fsdp__shm_destroy, 0, NULL, fsdp__shm_all_to_all},
     FSDP_BACKEND_SHM, "shm", FSDP__CAP_ENV | FSDP__CAP_DEADLINE, FSDP__MAX_WORLD,
     fsdp__shm_create, fsdp__shm_split, fsdp__shm_spin, NULL, fsdp__shm_share,
     fsdp__shm_env_claims, fsdp__shm_env_read, fsdp__shm_launch_prepare, fsdp__shm_launch_abort};
@@ -6866,6 +6962,22 @@ FSDP__PRIVATE int fsdp__sock_barrier(fsdp_comm *comm, void *impl, const fsdp_col
     return fsdp__sock_end(s, fsdp__sock_phase(comm, s, c, 0, NULL));
 }
 
+/* Every peer's piece straight to it and every peer's piece for this rank straight into place, in
+   one phase: a flat world links every pair of ranks. */
+FSDP__PRIVATE int fsdp__sock_all_to_all(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
+    fsdp__sock *s = (fsdp__sock *)impl;
+    size_t bytes = c->count * fsdp_dtype_size(c->dtype);
+    const char *send = (const char *)c->send;
+    char *recv = (char *)c->recv;
+    int p, me = comm->rank;
+    fsdp__sock_begin(s, c);
+    for (p = 0; p < comm->world; p++)
+        if (p != me) fsdp__sock_plan(s, p, send + (size_t)p * bytes, bytes, recv + (size_t)p * bytes, bytes);
+    fsdp__copy_out(recv + (size_t)me * bytes, send + (size_t)me * bytes, bytes, bytes * (size_t)comm->world >= FSDP__STREAM_MIN_BYTES);
+    fsdp__stream_fence();
+    return fsdp__sock_end(s, fsdp__sock_phase(comm, s, c, 0, NULL));
+}
+
 /* --- the socket row ------------------------------------------------------------------------ */
 FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, fsdp_comm *host, int32_t step_wish); /* >>hier */
 
@@ -6984,7 +7096,7 @@ FSDP__PRIVATE int fsdp__sock_launch_prepare(fsdp__inherit *inherit, const fsdp_l
 
 static const fsdp__transport fsdp__sock_transport = {
     {"socket", fsdp__sock_all_gather, fsdp__sock_reduce_scatter, fsdp__sock_all_reduce, fsdp__sock_broadcast,
-     fsdp__sock_barrier, fsdp__sock_abort, fsdp__sock_destroy, 0, NULL},
+     fsdp__sock_barrier, fsdp__sock_abort, fsdp__sock_destroy, 0, NULL, fsdp__sock_all_to_all},
     FSDP_BACKEND_SOCKET, "socket", FSDP__CAP_ENV | FSDP__CAP_DEADLINE, FSDP__SOCK_MAX_WORLD,
     fsdp__sock_create, fsdp__sock_split, fsdp__sock_spin, NULL, NULL,
     fsdp__sock_env_claims, fsdp__sock_env_read, fsdp__sock_launch_prepare, NULL};
@@ -7014,6 +7126,10 @@ static const fsdp__transport fsdp__sock_transport = {
                      broadcasts in its host.
      barrier:        inside the hosts, among their first ranks in ceil(log2 H) rounds (the
                      dissemination barrier), inside the hosts.
+     all_to_all:     inside the host an all_to_all gives local rank l its host's pieces for l
+                     and for every rank (h, k) of another host with k mod L = l; l sends each
+                     such rank the L pieces as one message and gets from (h, l mod size[h])
+                     host h's size[h] pieces for it, in place.
    Reduction order: inside a host in rank order, then the hosts' partials in host order,
    ((host 0) + (host 1)) + ..., 16-bit partials rounded to their dtype between the two levels.
    A layout gives the same bits on every run; a single host keeps the flat rank order.
@@ -7553,6 +7669,75 @@ FSDP__PRIVATE int fsdp__hier_barrier(fsdp_comm *comm, void *impl, const fsdp_col
     return fsdp__sock_end(x->net, 0);
 }
 
+/* The j-th rank to which local rank lr of this host (of L ranks) hands pieces in an all_to_all:
+   j = 0 its own rank, then host by host the ranks (h, k) of the other hosts with k mod L = lr;
+   -1 past the end of its list. */
+static int fsdp__hier_a2a_dest(const fsdp__hier *x, int lr, size_t j) {
+    int L = x->size[x->host], h, n;
+    if (j == 0) return x->first[x->host] + lr;
+    for (h = 0; h < x->hosts; h++) {
+        if (h == x->host) continue;
+        n = lr < x->size[h] ? (x->size[h] - lr + L - 1) / L : 0;
+        if (j <= (size_t)n) return x->first[h] + lr + (int)(j - 1) * L;
+        j -= (size_t)n;
+    }
+    return -1;
+}
+
+/* The network half of an all_to_all: this rank (g, l) sends each rank of fsdp__hier_a2a_dest's
+   list past its own its host's L pieces for it (bundle j - 1 of `bundles`, L pieces of `bytes`
+   in local rank order), and receives from (h, l mod size[h]) of every other host h the size[h]
+   pieces host h has for it, straight into their place in recv. Only linked pairs talk
+   (fsdp__hier_links: k mod L = l one way, l mod size[h] = k the other). */
+FSDP__PRIVATE int fsdp__hier_a2a_net(fsdp_comm *comm, fsdp__hier *x, const fsdp_coll *c, const char *bundles, size_t slots,
+                                     size_t bytes) {
+    int g = x->host, L = x->size[g], l = comm->local_rank, h, from;
+    size_t j;
+    char *recv = (char *)c->recv;
+    fsdp__sock_plan_none(x->net);
+    for (j = 1; j < slots; j++) {
+        int to = fsdp__hier_a2a_dest(x, l, j);
+        if (to >= 0) fsdp__sock_plan(x->net, to, bundles + (j - 1) * (size_t)L * bytes, (size_t)L * bytes, NULL, 0);
+    }
+    for (h = 0; h < x->hosts; h++) {
+        if (h == g) continue;
+        from = x->first[h] + l % x->size[h];
+        if (!x->net->peers[from].active) fsdp__sock_plan(x->net, from, NULL, 0, NULL, 0);
+        x->net->peers[from].in_direct = recv + (size_t)x->first[h] * bytes;
+        x->net->peers[from].in_len = (size_t)x->size[h] * bytes;
+    }
+    return fsdp__sock_phase(comm, x->net, c, 0, NULL);
+}
+
+/* all_to_all: every local rank packs, for each local rank lr, its pieces for lr's list
+   (fsdp__hier_a2a_dest; slots per list, the longest list's length, shorter ones padded); an
+   all_to_all inside the host hands each rank its column, whose first slot holds this host's
+   pieces for it; the others become one message per rank of another host (fsdp__hier_a2a_net). */
+FSDP__PRIVATE int fsdp__hier_all_to_all(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
+    fsdp__hier *x = (fsdp__hier *)impl;
+    size_t bytes = c->count * fsdp_dtype_size(c->dtype), slots = 1, j;
+    int g = x->host, L = x->size[g], h, lr, to, rc;
+    const char *send = (const char *)c->send;
+    char *recv = (char *)c->recv, *pack, *got;
+    for (h = 0; h < x->hosts; h++)
+        if (h != g) slots += (size_t)((x->size[h] + L - 1) / L);
+    if (fsdp__hier_scratch(comm, x, 2 * (size_t)L * slots * bytes + 1) != 0) return fsdp__load(&comm->status);
+    pack = x->scratch;
+    got = pack + (size_t)L * slots * bytes;
+    fsdp__sock_begin(x->net, c);
+    for (lr = 0; lr < L; lr++)
+        for (j = 0; j < slots && (to = fsdp__hier_a2a_dest(x, lr, j)) >= 0; j++)
+            memcpy(pack + ((size_t)lr * slots + j) * bytes, send + (size_t)to * bytes, bytes);
+    FSDP__HIER_LOCAL(FSDP_COLL_ALL_TO_ALL, pack, got, slots * c->count, FSDP_SUM);
+    for (lr = 0; lr < L; lr++) { /* got[lr][j]: local rank lr's piece for my j-th rank */
+        memcpy(recv + (size_t)(x->first[g] + lr) * bytes, got + (size_t)lr * slots * bytes, bytes);
+        for (j = 1; j < slots; j++) /* bundle j - 1, in pack (read by now) */
+            memcpy(pack + ((j - 1) * (size_t)L + (size_t)lr) * bytes, got + ((size_t)lr * slots + j) * bytes, bytes);
+    }
+    rc = fsdp__hier_a2a_net(comm, x, c, pack, slots, bytes);
+    return fsdp__sock_end(x->net, rc);
+}
+
 /* The world failed: its sockets shut (peers learn at once), and this host's ranks too. */
 FSDP__PRIVATE void fsdp__hier_abort(fsdp_comm *comm, void *impl) {
     fsdp__hier *x = (fsdp__hier *)impl;
@@ -7591,7 +7776,7 @@ static fsdp_comm *fsdp__hier_host_part(const fsdp_comm *comm) {
 
 static const fsdp__transport fsdp__hier_transport = {
     {"socket+shm", fsdp__hier_all_gather, fsdp__hier_reduce_scatter, fsdp__hier_all_reduce, fsdp__hier_broadcast,
-     fsdp__hier_barrier, fsdp__hier_abort, fsdp__hier_destroy, 0, NULL},
+     fsdp__hier_barrier, fsdp__hier_abort, fsdp__hier_destroy, 0, NULL, fsdp__hier_all_to_all},
     FSDP_BACKEND_SOCKET, "socket", FSDP__CAP_DEADLINE, FSDP__SOCK_MAX_WORLD,
     NULL, fsdp__hier_split, fsdp__hier_spin, fsdp__hier_host_part, NULL, NULL, NULL, NULL, NULL};
 
@@ -7812,6 +7997,15 @@ FSDP__PRIVATE int fsdp__mpi_barrier(fsdp_comm *comm, void *impl, const fsdp_coll
     return fsdp__mpi_wait(comm, &req, c);
 }
 
+FSDP__PRIVATE int fsdp__mpi_all_to_all(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
+    fsdp__mpi *m = (fsdp__mpi *)impl;
+    MPI_Request req;
+    size_t bytes = c->count * fsdp_dtype_size(c->dtype);
+    if (bytes > 0x7fffffff) return fsdp_comm_fail(comm, FSDP_ERR_UNSUPPORTED, "MPI bridge: pieces above 2 GiB are not supported");
+    MPI_Ialltoall(c->send, (int)bytes, MPI_BYTE, c->recv, (int)bytes, MPI_BYTE, m->comm, &req);
+    return fsdp__mpi_wait(comm, &req, c);
+}
+
 FSDP__PRIVATE void fsdp__mpi_abort(fsdp_comm *comm, void *impl) {
     /* MPI offers no way to fail one collective on every rank but to abort the job, which
        would kill the ranks before they can report. Local ops fail from now on; peers blocked
@@ -7894,7 +8088,7 @@ static int fsdp__mpi_env_claims(const fsdp_comm_desc *desc) {
 
 static const fsdp__transport fsdp__mpi_transport = {
     {"mpi", fsdp__mpi_all_gather, fsdp__mpi_reduce_scatter, fsdp__mpi_all_reduce, fsdp__mpi_broadcast,
-     fsdp__mpi_barrier, fsdp__mpi_abort, fsdp__mpi_destroy, 1, NULL},
+     fsdp__mpi_barrier, fsdp__mpi_abort, fsdp__mpi_destroy, 1, NULL, fsdp__mpi_all_to_all},
     FSDP_BACKEND_MPI, "mpi", FSDP__CAP_ENV | FSDP__CAP_OWN_RANKS, FSDP__MAX_WORLD,
     fsdp__mpi_create, fsdp__mpi_split, NULL, NULL, NULL, fsdp__mpi_env_claims, NULL, NULL, NULL};
 #else
@@ -7906,7 +8100,7 @@ FSDP__PRIVATE int fsdp__mpi_create(fsdp_comm *comm, const fsdp_comm_desc *desc, 
 
 /* Without the bridge the row only names the backend and says why it cannot be made. */
 static const fsdp__transport fsdp__mpi_transport = {
-    {"mpi", NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, NULL},
+    {"mpi", NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, NULL, NULL},
     FSDP_BACKEND_MPI, "mpi", FSDP__CAP_ENV | FSDP__CAP_OWN_RANKS, FSDP__MAX_WORLD,
     fsdp__mpi_create, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 #endif /* FSDP_WITH_MPI */
@@ -7948,7 +8142,7 @@ FSDP__PRIVATE int fsdp__user_split(fsdp_comm *parent, fsdp__split *sp, fsdp_comm
 }
 
 static const fsdp__transport fsdp__user_transport = {
-    {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL},
     FSDP_BACKEND_USER, "user", 0, 0,
     fsdp__user_create, fsdp__user_split, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 

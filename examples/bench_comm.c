@@ -10,9 +10,10 @@
        mpirun -np 4 build/bench_comm_mpi --backend mpi --mpi-native # MPI's own collectives
 
    S is the full, unsharded buffer: all_gather's output, reduce_scatter's input, all_reduce's
-   and broadcast's buffer (broadcast from rank 0). Each iteration is timed alone after a barrier;
-   it lasts as long as its slowest rank, and a row reports the median iteration.
-       algbw = S / t        busbw = algbw * (P-1)/P     all_gather, reduce_scatter
+   and broadcast's buffer (broadcast from rank 0), all_to_all's send buffer (P pieces of S/P).
+   Each iteration is timed alone after a barrier; it lasts as long as its slowest rank, and a row
+   reports the median iteration.
+       algbw = S / t        busbw = algbw * (P-1)/P     all_gather, reduce_scatter, all_to_all
                                     algbw * 2(P-1)/P    all_reduce
                                     algbw               broadcast
    busbw compares across ops and rank counts: it is what the busiest link carried per second.
@@ -53,9 +54,10 @@ typedef struct bench {
     int rank, nranks;
 } bench;
 
-#define NUM_OPS 4
+#define NUM_OPS 5
 static const fsdp_coll_kind all_ops[NUM_OPS] = {
-    FSDP_COLL_ALL_GATHER, FSDP_COLL_REDUCE_SCATTER, FSDP_COLL_ALL_REDUCE, FSDP_COLL_BROADCAST
+    FSDP_COLL_ALL_GATHER, FSDP_COLL_REDUCE_SCATTER, FSDP_COLL_ALL_REDUCE, FSDP_COLL_BROADCAST,
+    FSDP_COLL_ALL_TO_ALL
 };
 
 static void usage(FILE *out)
@@ -65,8 +67,8 @@ static void usage(FILE *out)
         "  --backend shm|socket|mpi  collective backend (default shm)\n"
         "  --nproc P                 ranks to fork for shm and socket (default 2); with mpi the\n"
         "                            ranks come from mpirun (-np), and P, if given, must match\n"
-        "  --op all_gather|reduce_scatter|all_reduce|broadcast|all   (default all: the four;\n"
-        "                            broadcast is from rank 0)\n"
+        "  --op all_gather|reduce_scatter|all_reduce|broadcast|all_to_all|all\n"
+        "                            (default all: the five; broadcast is from rank 0)\n"
         "  --sizes 1K,64K,1M,...     full buffer sizes, K/M/G = 1024^1/2/3\n"
         "                            (default 1K,4K,16K,...,256M)\n"
         "  --dtype f32|bf16|f16      element type (default f32)\n"
@@ -74,6 +76,7 @@ static void usage(FILE *out)
         "                            (default min(200, max(5, 2 GiB / size)))\n"
         "  --warmup N                untimed iterations per size (default 3)\n"
         "  --inplace                 in-place buffers instead of separate send and receive\n"
+        "                            (all_to_all has no in-place form: it runs out of place)\n"
         "  --registered              buffers from fsdp_comm_alloc, which shm peers read directly\n"
         "                            (zero-copy); the backend column then says e.g. shm-registered\n"
         "  --single-copy 0|1|auto    shm with malloc buffers: 1 = peers read each other's buffers\n"
@@ -91,8 +94,8 @@ static void usage(FILE *out)
         "                            srun or by hand across hosts (RANK, WORLD_SIZE, MASTER_ADDR,\n"
         "                            MASTER_PORT, FSDP_BACKEND, ...; see README, Many machines)\n"
         "  --mpi-native              with --backend mpi: time MPI_Allgather, MPI_Reduce_scatter_block,\n"
-        "                            MPI_Allreduce (MPI_FLOAT, sum) and MPI_Bcast directly, not\n"
-        "                            fsdp.h's bridge\n"
+        "                            MPI_Allreduce (MPI_FLOAT, sum), MPI_Bcast and MPI_Alltoall\n"
+        "                            directly, not fsdp.h's bridge\n"
         "  --help                    this text\n");
 }
 
@@ -142,7 +145,8 @@ static int parse_options(int argc, char **argv, options *opt, int *run)
 {
     static const char *const backends[] = { "shm", "socket", "mpi", NULL };  /* FSDP_BACKEND_ 1.. */
     static const char *const dtypes[] = { "f32", "bf16", "f16", NULL };      /* FSDP_F32 1.. */
-    static const char *const ops[] = { "all_gather", "reduce_scatter", "all_reduce", "broadcast", "all", NULL };
+    static const char *const ops[] = { "all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "all",
+                                       NULL };
     int quiet = launcher_rank() != 0, k;
     memset(opt, 0, sizeof *opt);
     opt->backend = FSDP_BACKEND_SHM;
@@ -282,7 +286,7 @@ static int max_across_ranks(const bench *b, float *v, size_t n)
 
 /* Where an op reads and writes in the two S-byte buffers x and y. In-place layouts are
    fsdp.h's (see fsdp_coll), except MPI's reduce_scatter, which leaves the result at the start.
-   Broadcast has one buffer, x (always in place). */
+   Broadcast has one buffer, x (always in place); all_to_all two (never in place). */
 static void layout(const bench *b, fsdp_coll_kind kind, char *x, char *y, size_t count,
                    void **send, void **recv)
 {
@@ -293,6 +297,9 @@ static void layout(const bench *b, fsdp_coll_kind kind, char *x, char *y, size_t
     } else if (kind == FSDP_COLL_ALL_GATHER) {
         *recv = y;
         *send = in ? y + (own - x) : x;
+    } else if (kind == FSDP_COLL_ALL_TO_ALL) {
+        *send = x;
+        *recv = y;
     } else {
         *send = x;
         *recv = !in ? y : kind == FSDP_COLL_REDUCE_SCATTER && !is_native(b) ? own : x;
@@ -303,7 +310,7 @@ static int collective(const bench *b, fsdp_coll_kind kind, void *send, void *rec
 {
 #ifdef FSDP_WITH_MPI
     if (is_native(b)) {
-        const void *s = b->opt->inplace ? MPI_IN_PLACE : send;
+        const void *s = b->opt->inplace && kind != FSDP_COLL_ALL_TO_ALL ? MPI_IN_PLACE : send;
         int n = (int)count;
         if (count > INT_MAX) {
             fprintf(stderr, "bench_comm: %zu elements per call is more than MPI's int count\n", count);
@@ -314,6 +321,7 @@ static int collective(const bench *b, fsdp_coll_kind kind, void *send, void *rec
         if (kind == FSDP_COLL_REDUCE_SCATTER)
             return MPI_Reduce_scatter_block(s, recv, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         if (kind == FSDP_COLL_BROADCAST) return MPI_Bcast(recv, n, MPI_FLOAT, 0, MPI_COMM_WORLD);
+        if (kind == FSDP_COLL_ALL_TO_ALL) return MPI_Alltoall(s, n, MPI_FLOAT, recv, n, MPI_FLOAT, MPI_COMM_WORLD);
         return MPI_Allreduce(s, recv, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     }
 #endif
@@ -321,6 +329,7 @@ static int collective(const bench *b, fsdp_coll_kind kind, void *send, void *rec
     if (kind == FSDP_COLL_REDUCE_SCATTER)
         return fsdp_reduce_scatter(b->comm, send, recv, count, b->opt->dtype, FSDP_SUM);
     if (kind == FSDP_COLL_BROADCAST) return fsdp_broadcast(b->comm, recv, count, b->opt->dtype, 0);
+    if (kind == FSDP_COLL_ALL_TO_ALL) return fsdp_all_to_all(b->comm, send, recv, count, b->opt->dtype);
     return fsdp_all_reduce(b->comm, send, recv, count, b->opt->dtype, FSDP_SUM);
 }
 
@@ -339,18 +348,19 @@ static int check_once(const bench *b, fsdp_coll_kind kind, void *send, void *rec
     fsdp_dtype dt = b->opt->dtype;
     size_t P = (size_t)b->nranks, base = (size_t)b->rank * count, nsend, nrecv;
     float exact_sum_base = (float)(P * (P + 1) / 2), bad = 0;
-    int copies = kind == FSDP_COLL_ALL_GATHER || kind == FSDP_COLL_BROADCAST; /* no arithmetic */
-    size_t first = kind == FSDP_COLL_ALL_GATHER ? base : 0; /* where this rank's values start */
-    nsend = kind == FSDP_COLL_REDUCE_SCATTER ? P * count : kind != FSDP_COLL_BROADCAST ? count
+    int a2a = kind == FSDP_COLL_ALL_TO_ALL; /* values g of a P x P x count cube, rank-major */
+    int copies = kind == FSDP_COLL_ALL_GATHER || kind == FSDP_COLL_BROADCAST || a2a; /* no arithmetic */
+    size_t first = kind == FSDP_COLL_ALL_GATHER ? base : a2a ? base * P : 0; /* where this rank's values start */
+    nsend = kind == FSDP_COLL_REDUCE_SCATTER || a2a ? P * count : kind != FSDP_COLL_BROADCAST ? count
                                              : b->rank == 0 ? count : 0;   /* the root's data */
-    nrecv = kind == FSDP_COLL_ALL_GATHER ? P * count : count;
+    nrecv = kind == FSDP_COLL_ALL_GATHER || a2a ? P * count : count;
     memset(recv, 0xff, nrecv * fsdp_dtype_size(dt)); /* NaN in every dtype: stale data fails */
     for (size_t i = 0; i < nsend; i++) /* after the memset: in place, send lies inside recv */
         put(dt, send, i, copies ? gather_value(first + i) : sum_value(b->rank, i));
     int rc = collective(b, kind, send, recv, count);
     if (rc != 0) return comm_error(b, fsdp_coll_name(kind), bytes, rc);
     for (size_t i = 0; i < nrecv && !bad; i++) {
-        size_t g = kind == FSDP_COLL_REDUCE_SCATTER ? base + i : i;
+        size_t g = kind == FSDP_COLL_REDUCE_SCATTER ? base + i : a2a ? i / count * P * count + base + i % count : i;
         float want = copies ? gather_value(g) : exact_sum_base + (float)P * (float)(g % 4);
         float expect = round_to(dt, want), got = get(dt, recv, i); /* one rounding, per contract */
         if (got != expect) {
