@@ -70,6 +70,7 @@
        >>hier          a socket world over hosts: shared memory inside, sockets between
        >>mpi           MPI bridge (compiled with FSDP_WITH_MPI)
        >>backends      the table of backends; fsdp_comm_init, fsdp_comm_split
+       >>qcomm         collectives built from the others: the quantized two-level reduce-scatter
        >>env           fsdp_comm_init_from_env: torchrun, SLURM, Open MPI conventions
        >>model         modules, parameters, counter-based initialisation
        >>wrap          wrap policies: which modules become units
@@ -584,6 +585,47 @@ FSDP_API int fsdp_comm_alloc(fsdp_comm *comm, size_t bytes, void **out);
 FSDP_API void fsdp_comm_free(fsdp_comm *comm, void *ptr);
 /* 1 if [ptr, ptr + bytes) lies in fsdp_comm_alloc memory that peers read directly, else 0. */
 FSDP_API int fsdp_comm_is_shared(const fsdp_comm *comm, const void *ptr, size_t bytes);
+
+/* ============================================================================================
+   >>qcomm
+   ============================================================================================ */
+/* A reduce-scatter of f32 gradients whose trip between hosts is quantized (DeepSpeed ZeRO++'s
+   qgZ): full precision inside a host, the wire's format between hosts.
+   The world is H hosts of L ranks; world rank r = h L + l holds, in send, P = H L shards of count
+   floats, shard s at s * count; recv gets count floats, the reduction of shard r. host is this
+   rank's host comm (L ranks, this rank's rank in it l; NULL: L = 1) and cross the comm of the
+   ranks of local index l on every host, in host order (H ranks, this rank's rank h; NULL:
+   H = 1): fsdp_comm_split(world, r / L, r, &host) and fsdp_comm_split(world, r % L, r, &cross)
+   make them from a world numbered host by host.
+   What happens, in this order, every addition and division one f32 operation (so that a plain
+   reference reproduces it bit for bit):
+     1. y_g, for each host g = 0..H-1: the fsdp_reduce_scatter over host (FSDP_SUM, f32) of the
+        L shards g L .. g L + L - 1, i.e. the sum over this host's ranks, in local rank order,
+        of their shard g L + l.
+     H = 1: recv = y_0 (FSDP_AVG: that reduce-scatter with FSDP_AVG), which is exactly
+        fsdp_reduce_scatter over host; nothing is quantized and residual is untouched.
+     2. (residual) z_g = y_g + residual[g count ..] element by element; else z_g = y_g.
+     3. c_g = fsdp_wire_encode(z_g, wire, block); (residual) residual[g count + i] =
+        z_g[i] - fsdp_wire_decode(c_g)[i], or 0 where that decodes to NaN (a non-finite block).
+     4. fsdp_all_to_all over cross: c_g goes to host g's rank of local index l, which holds
+        shard g L + l (each piece padded to a multiple of 4 bytes and moved as f32 words).
+     5. recv[i] = ((d_0[i] + d_1[i]) + d_2[i]) + ... over the hosts in host order, d_g the
+        decode to f32 of what host g sent; FSDP_AVG then divides by P (fsdp_reduce_ranks).
+   So the bits depend on H and L (quantization happens per host partial) and on the wire and
+   block, never on timing or the backend. A NaN or infinity in a block of some z_g makes that
+   block decode to NaN on its receiver, so recv carries NaN there and a step that checks for
+   non-finite gradients skips (the residual of that block restarts at 0).
+   Parameters: wire FSDP_WIRE_INT8 or FSDP_WIRE_INT4 (the float wires work too: f32 is the exact
+   two-level reduction); block as fsdp_wire_bytes (0: 128); op FSDP_SUM or FSDP_AVG (0: SUM);
+   residual NULL (no error feedback) or H * count floats of this rank's, zero at the start,
+   kept between calls. recv must not overlap residual; it may lie in send.
+   Memory: the call allocates H count floats and twice H fsdp_wire_bytes(wire, count, block).
+   Return Value: FSDP_SUCCESS; FSDP_ERR_INVALID_ARG (logged on host's or cross's logger, naming
+   the argument); FSDP_ERR_OUT_OF_MEMORY; or the failed op's error (then that comm is poisoned
+   as by any op, see fsdp_comm_last_error). Collective over host and cross: every rank of the
+   world calls it with the same count, wire, block, op and residual-or-not. */
+FSDP_API int fsdp_reduce_scatter_wire(fsdp_comm *host, fsdp_comm *cross, const float *send, float *recv, size_t count,
+                                      fsdp_reduce_op op, fsdp_wire wire, size_t block, float *residual);
 
 /* ============================================================================================
    >>model
@@ -8291,6 +8333,105 @@ FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **
 done:
     FSDP_FREE(all);
     FSDP_FREE(members);
+    return rc;
+}
+
+/* ============================================================================================
+   >>qcomm
+   Collectives built from the public ones, for any backend: the quantized reduce-scatter
+   (fsdp_reduce_scatter_wire, whose declaration documents its arithmetic).
+   ============================================================================================ */
+/* The scratch of one fsdp_reduce_scatter_wire: the host partials (later the decoded receipts),
+   the encoded pieces out and in (slot bytes each, a multiple of 4), the fold's sources. */
+typedef struct fsdp__qrs {
+    float *partials;
+    unsigned char *out, *in;
+    const void **srcs;
+    size_t slot;
+    void *raw;
+} fsdp__qrs;
+
+/* Checks fsdp_reduce_scatter_wire's arguments: 0, or FSDP_ERR_INVALID_ARG logged on a comm's logger. */
+FSDP__PRIVATE int fsdp__qrs_check(fsdp_comm *host, fsdp_comm *cross, const float *send, const float *recv, size_t count,
+                                  fsdp_reduce_op op, fsdp_wire wire, size_t block, const float *residual) {
+    fsdp_comm *logged = host ? host : cross;
+    int H = cross ? cross->world : 1, L = host ? host->world : 1;
+    const char *bad = NULL;
+    if (!host && !cross) return FSDP_ERR_INVALID_ARG;
+    if (count && (!send || !recv)) bad = "send or recv is NULL";
+    else if (op != FSDP_REDUCE_DEFAULT && op != FSDP_SUM && op != FSDP_AVG) bad = "op must be FSDP_SUM or FSDP_AVG";
+    else if (wire == FSDP_WIRE_DEFAULT || fsdp_wire_bytes(wire, 1, block) == 0) bad = "invalid wire or block";
+    else if (count > SIZE_MAX / 8 / (size_t)H / (size_t)L) bad = "count is too large";
+    else if (residual && recv && count && (uintptr_t)residual < (uintptr_t)(recv + count) &&
+             (uintptr_t)recv < (uintptr_t)(residual + (size_t)H * count))
+        bad = "recv overlaps residual";
+    if (!bad) return 0;
+    fsdp__log(&logged->logger, FSDP_LOG_ERROR, "fsdp_reduce_scatter_wire(count=%zu, wire=%s, block=%zu): %s", count,
+              fsdp_wire_name(wire), block, bad);
+    return FSDP_ERR_INVALID_ARG;
+}
+
+FSDP__PRIVATE int fsdp__qrs_alloc(fsdp__qrs *q, fsdp_comm *comm, int H, size_t count, fsdp_wire wire, size_t block) {
+    size_t floats = (size_t)H * count * sizeof(float), pointers = fsdp__align(sizeof(void *) * (size_t)H, 64);
+    q->slot = fsdp__align(fsdp_wire_bytes(wire, count, block), 4);
+    q->raw = FSDP_MALLOC(pointers + fsdp__align(floats, 64) + 2 * (size_t)H * q->slot + 64);
+    if (!q->raw)
+        return fsdp_comm_fail(comm, FSDP_ERR_OUT_OF_MEMORY, "fsdp_reduce_scatter_wire: no memory for %zu bytes of scratch",
+                              pointers + floats + 2 * (size_t)H * q->slot);
+    q->srcs = (const void **)q->raw;
+    q->partials = (float *)((char *)q->raw + pointers);
+    q->out = (unsigned char *)q->partials + fsdp__align(floats, 64);
+    q->in = q->out + (size_t)H * q->slot;
+    return 0;
+}
+
+/* Steps 2 and 3: host g's partial (plus its residual) into slot g, the residual updated; recv
+   serves as the decode's scratch (send is no longer read). */
+FSDP__PRIVATE void fsdp__qrs_encode(const fsdp__qrs *q, int H, size_t count, fsdp_wire wire, size_t block,
+                                    float *residual, float *scratch) {
+    size_t i;
+    int g;
+    for (g = 0; g < H; g++) {
+        float *z = q->partials + (size_t)g * count, *res = residual ? residual + (size_t)g * count : NULL;
+        unsigned char *codes = q->out + (size_t)g * q->slot;
+        if (res)
+            for (i = 0; i < count; i++) z[i] = z[i] + res[i];
+        fsdp_wire_encode(codes, wire, block, z, count, NULL);
+        if (!res) continue;
+        fsdp_wire_decode(scratch, FSDP_F32, codes, wire, block, count);
+        for (i = 0; i < count; i++) res[i] = scratch[i] != scratch[i] ? 0.0f : z[i] - scratch[i];
+    }
+}
+
+FSDP_API int fsdp_reduce_scatter_wire(fsdp_comm *host, fsdp_comm *cross, const float *send, float *recv, size_t count,
+                                      fsdp_reduce_op op, fsdp_wire wire, size_t block, float *residual) {
+    int H = cross ? cross->world : 1, L = host ? host->world : 1, rc, g;
+    fsdp_comm *any = cross ? cross : host;
+    fsdp__qrs q;
+    memset(&q, 0, sizeof q);
+    if ((rc = fsdp__qrs_check(host, cross, send, recv, count, op, wire, block, residual)) != 0) return rc;
+    if (op == FSDP_REDUCE_DEFAULT) op = FSDP_SUM;
+    if (H == 1) /* one host: nothing crosses a link, nothing is quantized */
+        return host ? fsdp_reduce_scatter(host, send, recv, count, FSDP_F32, op)
+                    : fsdp_reduce_scatter(cross, send, recv, count, FSDP_F32, op);
+    if ((rc = fsdp__qrs_alloc(&q, any, H, count, wire, block)) != 0) return rc;
+    for (g = 0; g < H && rc == FSDP_SUCCESS; g++) /* 1: host g's shards, summed over this host */
+        rc = host ? fsdp_reduce_scatter(host, send + (size_t)g * (size_t)L * count, q.partials + (size_t)g * count, count,
+                                        FSDP_F32, FSDP_SUM)
+                  : (memcpy(q.partials + (size_t)g * count, send + (size_t)g * count, count * sizeof(float)), 0);
+    if (rc == FSDP_SUCCESS) {
+        fsdp__qrs_encode(&q, H, count, wire, block, residual, recv);
+        rc = fsdp_all_to_all(cross, q.out, q.in, q.slot / 4, FSDP_F32);
+    } else { /* the other hosts' ranks would wait for this one in the all_to_all: tell them now */
+        fsdp_comm_fail(cross, rc, "fsdp_reduce_scatter_wire: the host comm of rank %d (local rank %d) failed: %s",
+                       cross->rank, host->rank, fsdp_comm_last_error(host));
+    }
+    for (g = 0; g < H && rc == FSDP_SUCCESS; g++) { /* 5: the hosts' partials of my shard, folded in host order */
+        fsdp_wire_decode(q.partials + (size_t)g * count, FSDP_F32, q.in + (size_t)g * q.slot, wire, block, count);
+        q.srcs[g] = q.partials + (size_t)g * count;
+    }
+    if (rc == FSDP_SUCCESS && count) fsdp_reduce_ranks(recv, q.srcs, H, count, FSDP_F32, op, H * L);
+    FSDP_FREE(q.raw);
     return rc;
 }
 
