@@ -4124,7 +4124,8 @@ enum {
     FSDP__READ_REDUCE,       /* reduce_scatter, all_reduce's first half: peers fold it */
     FSDP__READ_COPY,         /* all_gather: every peer copies every rank's block */
     FSDP__READ_COPY_ROOT,    /* broadcast: every peer copies the root's buffer */
-    FSDP__READ_COPY_REDUCED  /* all_reduce's gather half: the reduced piece a peer just wrote */
+    FSDP__READ_COPY_REDUCED, /* all_reduce's gather half: the reduced piece a peer just wrote */
+    FSDP__READ_COPY_PIECES   /* all_to_all: every peer copies its piece, bytes / world of the buffer */
 };
 
 /* The best offer of [buf, buf + bytes) for an op moving op_bytes: mapped memory, else (where
@@ -4132,9 +4133,9 @@ enum {
    small ops: the end-of-op wait for readers and the system calls cost more than staging
    saves). Data that readers reduce is not offered for a single copy: the kernel would have to
    copy it into the reader's memory first, the staging copy moved to the reader. By default
-   (single copy not asked for) only all_gather and broadcast read in place, where the offered
-   block (a rank's part in an op of 128 KiB or more; the root's buffer from 256 KiB, below
-   which staging is cheaper) is less than 512 KiB: staged,
+   (single copy not asked for) only all_gather, all_to_all and broadcast read in place, where the
+   offered block (a rank's part in an op of 128 KiB or more; an all_to_all's piece for one rank;
+   the root's buffer from 256 KiB, below which staging is cheaper) is less than 512 KiB: staged,
    such pieces go from the writer's cache to the reader's, which costs 2-8x more than
    process_vm_readv in the windows where moving cache lines between cores is slow
    (BENCHMARKS.md section 2). Smaller blocks stage (cheaper), and so do blocks of 512 KiB and
@@ -4151,6 +4152,8 @@ static fsdp__shm_offer fsdp__shm_offer_of(const fsdp_comm *comm, const fsdp__shm
         (s->single_copy_asked ||
          (readers == FSDP__READ_COPY && bytes >= FSDP__SHM_SINGLE_MIN && bytes < FSDP__SHM_SINGLE_MAX &&
           op_bytes >= 2 * FSDP__SHM_SINGLE_MIN) ||
+         (readers == FSDP__READ_COPY_PIECES && bytes / (size_t)comm->world >= FSDP__SHM_SINGLE_MIN &&
+          bytes / (size_t)comm->world < FSDP__SHM_SINGLE_MAX) ||
          (readers == FSDP__READ_COPY_ROOT && bytes >= 4 * FSDP__SHM_SINGLE_MIN && bytes < FSDP__SHM_SINGLE_MAX))) {
         o.base = (const char *)buf;
         o.length = bytes;
@@ -4209,16 +4212,22 @@ static size_t fsdp__shm_stage_piece(const fsdp__shm *s) {
     return s->slot_bytes < FSDP__SHM_STAGE_PIECE ? s->slot_bytes : FSDP__SHM_STAGE_PIECE;
 }
 
-/* The length of every later round of an all_gather (root < 0) or broadcast, decided after the
-   exchange of its first round from what every rank, or the root, published for it: the same on
-   all ranks. */
-static size_t fsdp__shm_later_rounds(fsdp__shm *s, int world, int root) {
+/* 1 if some rank (root < 0), or the root, staged its data for the current round in its slot:
+   what every rank published for the round, so the same answer on all of them. */
+static int fsdp__shm_someone_staged(fsdp__shm *s, int world, int root) {
     int p;
     for (p = 0; p < world; p++)
         if ((root < 0 || p == root) &&
             fsdp__shm_peer(s, p)->slot_src[s->round % FSDP__SHM_SLOTS].region == FSDP__SHM_IN_SLOT)
-            return fsdp__shm_stage_piece(s);
-    return s->slot_bytes;
+            return 1;
+    return 0;
+}
+
+/* The length of every later round of an all_gather (root < 0) or broadcast, decided after the
+   exchange of its first round from what every rank, or the root, published for it: the same on
+   all ranks. */
+static size_t fsdp__shm_later_rounds(fsdp__shm *s, int world, int root) {
+    return fsdp__shm_someone_staged(s, world, root) ? fsdp__shm_stage_piece(s) : s->slot_bytes;
 }
 
 /* process_vm_readv by its system call number: the libc wrapper is declared only under
@@ -4507,7 +4516,8 @@ FSDP__PRIVATE int fsdp__shm_barrier(fsdp_comm *comm, void *impl, const fsdp_coll
 /* In each round a rank stages, in its slot divided among the ranks as reduce_scatter's, the
    next piece of its block for every peer (none where it offers its send buffer: peers then read
    their block there), and copies the piece each peer has for it to its place: the two copies
-   of all_gather's staged path, one where the buffer is offered. */
+   of all_gather's staged path, one where the buffer is offered. Where no rank stages, the
+   rounds after the first take the rest at once (no slot bounds them). */
 FSDP__PRIVATE int fsdp__shm_all_to_all(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
     fsdp__shm *s = fsdp__shm_op(impl, c);
     fsdp__fingerprint fp = fsdp__fingerprint_of(c);
@@ -4515,7 +4525,8 @@ FSDP__PRIVATE int fsdp__shm_all_to_all(fsdp_comm *comm, void *impl, const fsdp_c
     int P = comm->world, me = comm->rank, p, stream = bytes * (size_t)P >= FSDP__STREAM_MIN_BYTES;
     const char *send = (const char *)c->send;
     char *recv = (char *)c->recv;
-    fsdp__shm_offer offer = fsdp__shm_offer_of(comm, s, send, bytes * (size_t)P, bytes * (size_t)P, FSDP__READ_COPY);
+    fsdp__shm_offer offer = fsdp__shm_offer_of(comm, s, send, bytes * (size_t)P, bytes * (size_t)P,
+                                               FSDP__READ_COPY_PIECES);
     fsdp__copy_out(recv + (size_t)me * bytes, send + (size_t)me * bytes, bytes, stream); /* needs nobody */
     do {
         size_t len = bytes - off < piece ? bytes - off : piece;
@@ -4525,6 +4536,7 @@ FSDP__PRIVATE int fsdp__shm_all_to_all(fsdp_comm *comm, void *impl, const fsdp_c
         for (p = 0; p < P && !fsdp__shm_offered(&offer); p++)
             if (p != me) memcpy(slot + (size_t)p * piece, send + (size_t)p * bytes + off, len);
         FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, &offer, send + off));
+        if (off == 0 && !fsdp__shm_someone_staged(s, P, -1)) piece = bytes; /* no slot limits the rest */
         for (p = 0; p < P; p++) /* a peer's send + me * bytes + off, or the piece it staged for me */
             if (p != me)
                 FSDP__SHM_TRY(fsdp__shm_peer_copy(comm, s, p, (size_t)me * bytes, len,
