@@ -4527,7 +4527,7 @@ FSDP__PRIVATE int fsdp__shm_all_to_all(fsdp_comm *comm, void *impl, const fsdp_c
     char *recv = (char *)c->recv;
     fsdp__shm_offer offer = fsdp__shm_offer_of(comm, s, send, bytes * (size_t)P, bytes * (size_t)P,
                                                FSDP__READ_COPY_PIECES);
-    fsdp__copy_out(recv + (size_t)me * bytes, send + (size_t)me * bytes, bytes, stream); /* needs nobody */
+    if (bytes) fsdp__copy_out(recv + (size_t)me * bytes, send + (size_t)me * bytes, bytes, stream); /* needs nobody */
     do {
         size_t len = bytes - off < piece ? bytes - off : piece;
         char *slot;
@@ -7027,7 +7027,8 @@ FSDP__PRIVATE int fsdp__sock_all_to_all(fsdp_comm *comm, void *impl, const fsdp_
     fsdp__sock_begin(s, c);
     for (p = 0; p < comm->world; p++)
         if (p != me) fsdp__sock_plan(s, p, send + (size_t)p * bytes, bytes, recv + (size_t)p * bytes, bytes);
-    fsdp__copy_out(recv + (size_t)me * bytes, send + (size_t)me * bytes, bytes, bytes * (size_t)comm->world >= FSDP__STREAM_MIN_BYTES);
+    if (bytes)
+        fsdp__copy_out(recv + (size_t)me * bytes, send + (size_t)me * bytes, bytes, bytes * (size_t)comm->world >= FSDP__STREAM_MIN_BYTES);
     fsdp__stream_fence();
     return fsdp__sock_end(s, fsdp__sock_phase(comm, s, c, 0, NULL));
 }
