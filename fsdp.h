@@ -75,6 +75,7 @@
        >>wrap          wrap policies: which modules become units
        >>optimizer     the optimizer table: SGD, Adam, AdamW, yours
        >>offload       the tier below RAM: files on local disk, an I/O thread
+       >>recovery      surviving a lost replica (HYBRID_SHARD): membership epochs, the agreement
        >>runtime       fsdp_ctx: flat parameters, hooks, comm thread, strategies, the step
        >>memory        memory statistics and the estimator
        >>json          JSON parsing and writing
@@ -791,6 +792,22 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
                                     double *read_bytes_per_s, char *err, size_t err_size);
 
 /* ============================================================================================
+   >>recovery
+   Surviving the loss of a replica (a host's shard group under HYBRID_SHARD) inside the job,
+   without a restart (issue 38). Only the interface and the agreement rule exist so far: fsdp_init
+   checks fsdp_desc.recovery and then refuses it (FSDP_ERR_UNSUPPORTED, "not available yet")
+   until detection, the rebuild of the communicators and the step rule are in. Recovery off (the
+   default) changes nothing.
+   ============================================================================================ */
+typedef struct fsdp_recovery_desc {
+    int enabled;            /* 1: survive a lost replica (HYBRID_SHARD whose replicas span hosts) */
+    int min_replicas;       /* the fewest replicas to go on with; 0: 1. A strict majority of the
+                               last membership is needed whatever this says */
+    int detect_ms;          /* how long a silent replica may go unnoticed (a host powered off);
+                               0: 5000. A reset is noticed at once */
+} fsdp_recovery_desc;
+
+/* ============================================================================================
    >>runtime
    ============================================================================================ */
 typedef struct fsdp_ctx fsdp_ctx;
@@ -859,6 +876,7 @@ typedef struct fsdp_desc {
     fsdp_logger logger;                 /* default: the comm's */
     fsdp_loss_scale_desc loss_scale;    /* dynamic loss scaling (for f16; default off) */
     const char *trace_dir;              /* write a trace per rank here (>>trace); NULL: FSDP_TRACE, else off */
+    fsdp_recovery_desc recovery;        /* in-job recovery from a lost replica (>>recovery; default off) */
 } fsdp_desc;
 
 /* Builds units from the wrap policy, allocates this rank's shards and initialises them.
@@ -928,6 +946,9 @@ typedef struct fsdp_step_report {
     int skipped;        /* 1: a gradient was not finite; nothing was updated */
     int64_t step;       /* optimizer steps taken so far */
     double loss_scale;  /* the scale this step's gradients carried (1 without loss scaling) */
+    int replicas;       /* replicas training after this step (fsdp_replicas) */
+    int64_t epoch;      /* the membership's number: 0 until a replica is lost (>>recovery) */
+    int dropped;        /* 1: a replica was lost and this step was applied nowhere (>>recovery) */
 } fsdp_step_report;
 
 /* Waits for outstanding reduce-scatters, clips to max_norm (<= 0: no clipping), applies the
@@ -936,6 +957,16 @@ typedef struct fsdp_step_report {
    forward overlaps it, each unit's hooks waiting for that unit's new values; fsdp calls that
    read the shards wait for all of it, and so does fsdp_synchronize. */
 FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report);
+/* How many replicas of the training state the ranks hold, and which of them this rank belongs
+   to (0..count-1): a replica is a group of consecutive ranks that together hold one whole copy,
+   the largest shard group of any unit (HYBRID_SHARD: a shard group; FULL_SHARD, SHARD_GRAD_OP:
+   every rank, count 1; NO_SHARD: each rank, count = world size). Every rank trains on data of its
+   own: its place among them is index * (world size / count) + its rank inside the replica. With
+   recovery (>>recovery) the count and the index change when a replica is lost, so a loop that
+   splits its data asks again after every fsdp_step whose report says so.
+   Return Value: FSDP_SUCCESS; FSDP_ERR_INVALID_ARG for a NULL ctx (count and index, when given,
+   are set to 0 first). */
+FSDP_API int fsdp_replicas(const fsdp_ctx *ctx, int *count, int *index);
 /* Waits for everything running for ctx in the background (the comm thread's collectives, an
    update behind): before reading fsdp_param_info's shards directly, or timing. */
 FSDP_API int fsdp_synchronize(fsdp_ctx *ctx);
@@ -9189,6 +9220,222 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
 }
 
 /* ============================================================================================
+   >>recovery
+   Surviving the loss of a replica inside the job. The failure domain is the replica: a shard
+   group of HYBRID_SHARD whose ranks no other replica shares a host with, so a lost host takes
+   one replica and the shard groups (shared memory) of the other hosts stay whole. Recovery sits
+   above the comms: they only report loss (a reset at once, silence after detect_ms, an error)
+   and can be made anew over a set of peers; the runtime only asks for the current replicas.
+
+   What exists: fsdp_desc.recovery and its checks at fsdp_init (which then refuse it, "not
+   available yet"), fsdp_replicas, the report's fields, and the agreement rule below
+   (fsdp__recovery_decide), which everything else is to be built around:
+     membership   a numbered epoch: the replicas (as fsdp_init numbered them) that train. The
+                  next one is agreed by the survivors of the last, from one view per surviving
+                  rank (its epoch, its replica, which replicas it still reaches, how far it got
+                  with the step in flight); every survivor decides from the same views, so all
+                  decide the same. Views of an older epoch are stragglers: not counted.
+     who stays    a replica whose every rank sent a view, admitted in replica order if each of
+                  its ranks reaches every replica admitted before it and theirs reach it (a
+                  link broken one way drops the later replica, never both: the lowest replicas
+                  of a group that still talks stay). The new membership must hold a strict
+                  majority of the last (so two halves of a partition never both go on: 2|2
+                  stops both) and at least min_replicas; otherwise every rank of the partition
+                  stops, naming it. A rank whose replica is not in it leaves too, its shard
+                  group being incomplete or cut off.
+     the step     one rule that leaves every survivor's bits equal: the update of the step in
+                  flight is applied where, and only where, some survivor passed the step's
+                  commit point, a collective over every training rank after the last
+                  reduction and before the update. Passing it proves every rank had finished
+                  its reductions (each joins the commit only after them, and the fold is the
+                  same everywhere), so then every survivor applies it from the gradients it
+                  holds (reduced over the old membership); if none passed, every survivor
+                  drops it (gradients zeroed, the step count unchanged) and the report says
+                  dropped. A commit over the replica comm alone would not do: two columns of
+                  a host could then decide differently and leave shards a step apart.
+   To be built (in this order): (1) a commit point in fsdp_step when recovery is on, and the
+   gradient norm over the shard comm (every HYBRID replica holds the same reduced gradient, so
+   the world comm is not needed while training); (2) the comms' report of which peers were lost
+   (reset, silence past detect_ms while an op waits: a heartbeat on the links, not the op
+   timeout); (3) at fsdp_init with recovery, each rank opens a recovery listener and the world
+   all-gathers their addresses and session while it is healthy, so that after a loss any survivor
+   (rank 0's host included) can be the rendezvous: the lowest rank of the lowest replica it
+   believes alive collects the views for detect_ms, runs fsdp__recovery_decide and welcomes the
+   survivors into a new socket world, split again into the replica comm, the shard comms of
+   the surviving hosts kept as they are (their fsdp_comm_alloc'd shards live there); (4) the
+   runtime's clean-up on the survivors: the comm thread's queue drained, worker_error and the
+   units' states reset, grad buffers returned, ctx->comm/rank/world replaced; (5) rejoin.
+   ============================================================================================ */
+#define FSDP__RECOVERY_DETECT_MS 5000 /* default detect_ms: the issue's bound for a silent host */
+
+/* What one surviving rank tells the others after a loss: the agreement's input. */
+typedef struct fsdp__recovery_view {
+    int64_t epoch;              /* the last membership it agreed to */
+    int rank;                   /* its rank at fsdp_init (for messages) */
+    int replica;                /* its replica, numbered as at fsdp_init */
+    int reductions_done;        /* it holds the whole reduced gradient of the step in flight */
+    int committed;              /* it passed the step's commit point */
+    const unsigned char *reach; /* [membership total]: 1 for each replica it still reaches */
+} fsdp__recovery_view;
+
+/* A membership: the replicas that train, ascending, numbered as at fsdp_init. */
+typedef struct fsdp__membership {
+    int64_t epoch;              /* 0 at fsdp_init, +1 per change */
+    int count;
+    int total;                  /* replicas at fsdp_init: the capacity of replicas[] and of reach[] */
+    int *replicas;              /* [count] */
+} fsdp__membership;
+
+/* "{0, 2, 3}" into buf (ending in "...}" where it does not fit). */
+FSDP__PRIVATE const char *fsdp__replica_set_text(char *buf, size_t size, const int *replicas, int count) {
+    size_t used;
+    int i;
+    fsdp__fmt(buf, size, "{");
+    for (i = 0; i < count && (used = strlen(buf)) + 16 < size; i++)
+        fsdp__fmt(buf + used, size - used, "%s%d", i ? ", " : "", replicas[i]);
+    used = strlen(buf);
+    fsdp__fmt(buf + used, size - used, i < count ? "...}" : "}");
+    return buf;
+}
+
+FSDP__PRIVATE int fsdp__membership_has(const fsdp__membership *m, int replica) {
+    int i;
+    for (i = 0; i < m->count; i++)
+        if (m->replicas[i] == replica) return 1;
+    return 0;
+}
+
+/* A view that counts: of the last epoch, from a replica of the last membership. */
+static int fsdp__view_current(const fsdp__membership *last, const fsdp__recovery_view *v) {
+    return v->epoch == last->epoch && v->replica >= 0 && v->replica < last->total && fsdp__membership_has(last, v->replica);
+}
+
+/* Whether every current view of replica a reaches replica b. */
+FSDP__PRIVATE int fsdp__replica_reaches(const fsdp__membership *last, const fsdp__recovery_view *views, int n, int a,
+                                        int b) {
+    int i;
+    for (i = 0; i < n; i++)
+        if (fsdp__view_current(last, &views[i]) && views[i].replica == a && !views[i].reach[b]) return 0;
+    return 1;
+}
+
+/* The replicas that stay: every rank of theirs sent a view, and they reach each other both ways,
+   admitted in replica order. Into next->replicas (count set; the epoch is the caller's). */
+FSDP__PRIVATE void fsdp__recovery_survivors(const fsdp__membership *last, int ranks_per_replica,
+                                            const fsdp__recovery_view *views, int n, fsdp__membership *next) {
+    int i, j, k, heard;
+    next->count = 0;
+    for (i = 0; i < last->count; i++) {
+        int r = last->replicas[i], ok = 1;
+        for (j = 0, heard = 0; j < n; j++) heard += fsdp__view_current(last, &views[j]) && views[j].replica == r;
+        if (heard != ranks_per_replica) continue;
+        for (k = 0; k < next->count && ok; k++)
+            ok = fsdp__replica_reaches(last, views, n, r, next->replicas[k]) &&
+                 fsdp__replica_reaches(last, views, n, next->replicas[k], r);
+        if (ok) next->replicas[next->count++] = r;
+    }
+}
+
+/* The step rule (see the banner): *apply 1 if some survivor passed the commit point, and then
+   every survivor must hold the reduced gradient. */
+FSDP__PRIVATE int fsdp__recovery_step_rule(const fsdp__membership *last, const fsdp__membership *next,
+                                           const fsdp__recovery_view *views, int n, int *apply, char *why,
+                                           size_t why_size) {
+    int i, committer = -1;
+    *apply = 0;
+    for (i = 0; i < n && committer < 0; i++)
+        if (fsdp__view_current(last, &views[i]) && fsdp__membership_has(next, views[i].replica) && views[i].committed)
+            committer = i;
+    if (committer < 0) return 0;
+    for (i = 0; i < n; i++)
+        if (fsdp__view_current(last, &views[i]) && fsdp__membership_has(next, views[i].replica) &&
+            !views[i].reductions_done) {
+            fsdp__fmt(why, why_size, "recovery: rank %d passed the commit point of the step in flight but rank %d "
+                      "(replica %d) did not finish its reductions: the commit cannot have completed",
+                      views[committer].rank, views[i].rank, views[i].replica);
+            return FSDP_ERR_PROTOCOL;
+        }
+    *apply = 1;
+    return 0;
+}
+
+/* The agreement: from the last membership and the survivors' views (the same on every survivor),
+   the next membership (next->replicas: room for last->total) and whether the step in flight is
+   applied. 0 to go on (next->epoch = last->epoch + 1, or unchanged when no replica was lost: the
+   failure was not a loss); FSDP_ERR_PEER_LOST when this partition must stop (not a strict
+   majority of the last membership, or fewer than min_replicas), why naming it; FSDP_ERR_PROTOCOL
+   for views that contradict each other. The caller leaves if its own replica is not in next. */
+FSDP__PRIVATE int fsdp__recovery_decide(const fsdp__membership *last, int ranks_per_replica, int min_replicas,
+                                        const fsdp__recovery_view *views, int n, fsdp__membership *next,
+                                        int *apply_step, char *why, size_t why_size) {
+    char kept[160], was[160];
+    *apply_step = 0;
+    why[0] = 0;
+    next->total = last->total;
+    next->epoch = last->epoch;
+    fsdp__recovery_survivors(last, ranks_per_replica, views, n, next);
+    fsdp__replica_set_text(kept, sizeof kept, next->replicas, next->count);
+    fsdp__replica_set_text(was, sizeof was, last->replicas, last->count);
+    if (2 * next->count <= last->count) {
+        fsdp__fmt(why, why_size, "recovery: replicas %s are all that remain together of epoch %lld's %s: not a strict "
+                  "majority (%d of %d needed), so this partition stops (the others may still train)", kept,
+                  (long long)last->epoch, was, last->count / 2 + 1, last->count);
+        return FSDP_ERR_PEER_LOST;
+    }
+    if (next->count < min_replicas) {
+        fsdp__fmt(why, why_size, "recovery: replicas %s remain of epoch %lld's %s: fewer than recovery.min_replicas %d",
+                  kept, (long long)last->epoch, was, min_replicas);
+        return FSDP_ERR_PEER_LOST;
+    }
+    if (next->count < last->count) next->epoch = last->epoch + 1;
+    fsdp__fmt(why, why_size, "recovery: epoch %lld: replicas %s of %s", (long long)next->epoch, kept, was);
+    return fsdp__recovery_step_rule(last, next, views, n, apply_step, why, why_size);
+}
+
+/* fsdp_init's checks of desc->recovery, with the plan made: 0 when it is off; else why it
+   cannot be had (every unit HYBRID_SHARD, two replicas or more, none sharing a host with
+   another), and, all of that being right, FSDP_ERR_UNSUPPORTED: not available yet. */
+FSDP__PRIVATE int fsdp__recovery_check(const fsdp_recovery_desc *rd, const fsdp_model *model, const fsdp__plan *plan,
+                                       const fsdp_comm *comm, int hybrid_group, char *err, size_t err_size) {
+    int world = fsdp_comm_size(comm), replicas = world / hybrid_group, ui, r, *replica_of_host;
+    int hosts = fsdp_comm_num_hosts(comm);
+    if (!rd->enabled) return 0;
+    if (rd->min_replicas < 0 || rd->detect_ms < 0)
+        return fsdp__fmt(err, err_size, "recovery: min_replicas %d and detect_ms %d must be >= 0 (0: the default)",
+                         rd->min_replicas, rd->detect_ms), FSDP_ERR_INVALID_ARG;
+    for (ui = 0; ui < plan->num_units; ui++)
+        if (plan->units[ui].strategy != FSDP_HYBRID_SHARD)
+            return fsdp__fmt(err, err_size, "recovery needs HYBRID_SHARD (a replica per host, each a whole copy of "
+                             "the state): unit '%s' is %s", *model->modules[plan->units[ui].module].name
+                             ? model->modules[plan->units[ui].module].name : "(root)",
+                             fsdp_strategy_name(plan->units[ui].strategy)), FSDP_ERR_INVALID_ARG;
+    if (replicas < 2 || replicas < rd->min_replicas)
+        return fsdp__fmt(err, err_size, "recovery: %d replica(s) of %d ranks (shard_group_size %d): at least 2 and "
+                         "recovery.min_replicas %d are needed", replicas, world, hybrid_group, rd->min_replicas),
+               FSDP_ERR_INVALID_ARG;
+    if (hosts < 2)
+        return fsdp__fmt(err, err_size, "recovery: the %d ranks are on %s: the replicas must be on hosts of their own "
+                         "(a host's loss is what recovery survives)", world, hosts == 1 ? "one host" : "unknown hosts"),
+               FSDP_ERR_INVALID_ARG;
+    if (!(replica_of_host = (int *)FSDP_MALLOC(sizeof(int) * (size_t)hosts))) return FSDP_ERR_OUT_OF_MEMORY;
+    for (r = 0; r < hosts; r++) replica_of_host[r] = -1;
+    for (r = 0; r < world; r++) {
+        int h = fsdp_comm_host_of(comm, r), other = h >= 0 && h < hosts ? replica_of_host[h] : -2;
+        if (other == -1) replica_of_host[h] = r / hybrid_group;
+        if (other == -1 || other == r / hybrid_group) continue;
+        FSDP_FREE(replica_of_host);
+        if (other == -2) return fsdp__fmt(err, err_size, "recovery: the host of rank %d is unknown", r), FSDP_ERR_INVALID_ARG;
+        return fsdp__fmt(err, err_size, "recovery: replicas %d and %d share host %d (rank %d is on it): one host's loss "
+                         "would take both; give each replica hosts of its own (shard_group_size: the ranks per host)",
+                         other, r / hybrid_group, h, r), FSDP_ERR_INVALID_ARG;
+    }
+    FSDP_FREE(replica_of_host);
+    fsdp__fmt(err, err_size, "recovery (fsdp_desc.recovery.enabled) is not available yet: detecting a lost replica, "
+              "agreeing and rebuilding the replica communicator are not in this build (issue 38); turn it off to train");
+    return FSDP_ERR_UNSUPPORTED;
+}
+
+/* ============================================================================================
    >>runtime
    The compute thread calls the hooks; one comm thread runs every collective of the context in
    the order they were issued (every rank issues the same sequence), so gathers of the next unit
@@ -10853,6 +11100,7 @@ FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) 
     memset(report, 0, sizeof *report);
     if (!ctx) return FSDP_ERR_INVALID_ARG;
     rc = fsdp__step(ctx, max_norm, report);
+    fsdp_replicas(ctx, &report->replicas, NULL);
     if (!rc && ctx->async_save) rc = fsdp__async_poll(ctx, 0); /* commits a save whose files are all written */
     if (!rc && ctx->trace) fsdp__trace_iteration(ctx, report->skipped);
     return rc;
@@ -10874,6 +11122,18 @@ FSDP_API int fsdp_zero_grad(fsdp_ctx *ctx) {
     }
     if (ctx->step_thread_started) pthread_mutex_unlock(&ctx->step_lock);
     return 0;
+}
+
+FSDP_API int fsdp_replicas(const fsdp_ctx *ctx, int *count, int *index) {
+    int ui, replica_size = 1;
+    if (count) *count = 0;
+    if (index) *index = 0;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    for (ui = 0; ui < ctx->num_units; ui++) /* a replica: the largest group a unit is sharded over */
+        if (ctx->units[ui].group_size > replica_size) replica_size = ctx->units[ui].group_size;
+    if (count) *count = ctx->world / replica_size;
+    if (index) *index = ctx->rank / replica_size;
+    return FSDP_SUCCESS;
 }
 
 FSDP_API int fsdp_synchronize(fsdp_ctx *ctx) {
@@ -11029,6 +11289,8 @@ FSDP__PRIVATE void fsdp__desc_defaults(fsdp_desc *d, int world, int local_world)
     if (d->loss_scale.growth_factor == 0) d->loss_scale.growth_factor = 2.0f;
     if (d->loss_scale.backoff_factor == 0) d->loss_scale.backoff_factor = 0.5f;
     if (d->loss_scale.growth_interval == 0) d->loss_scale.growth_interval = 2000;
+    if (d->recovery.min_replicas == 0) d->recovery.min_replicas = 1;
+    if (d->recovery.detect_ms == 0) d->recovery.detect_ms = FSDP__RECOVERY_DETECT_MS;
     fsdp__optimizer_defaults(&d->optimizer);
 }
 
@@ -11174,6 +11436,7 @@ FSDP__PRIVATE int fsdp__init_resolve(fsdp_ctx *ctx, int *hybrid_group) {
     }
     rc = fsdp__desc_resolve(&ctx->desc, ctx->world, fsdp_comm_local_size(ctx->comm), hybrid_group, err, sizeof err);
     if (!rc) rc = fsdp__plan_build(ctx->model, &ctx->desc, ctx->world, *hybrid_group, &ctx->plan, err, sizeof err);
+    if (!rc) rc = fsdp__recovery_check(&ctx->desc.recovery, ctx->model, &ctx->plan, ctx->comm, *hybrid_group, err, sizeof err);
     if (rc) return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: %s", err);
     ctx->param_dtype = ctx->desc.param_dtype;
     ctx->reduce_dtype = ctx->desc.reduce_dtype;

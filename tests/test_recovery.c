@@ -1,0 +1,479 @@
+/* test_recovery.c - specification of >>recovery as far as it exists: the agreement rule that
+   decides, from the views of the ranks that survived a lost replica, the next membership (its
+   epoch, its replicas), whether a partition must stop (naming it) and whether the step in flight
+   is applied; fsdp_desc.recovery's checks at fsdp_init, which refuse it where it cannot work and,
+   where it could, as not available yet; fsdp_replicas and the step report's replica fields.
+
+   The agreement is a pure function, tested directly (the file includes the implementation). The
+   fsdp_init checks run in forked worlds: shared memory on one host, and sockets over two hosts
+   made with UTS namespaces (as tests/test_hierarchical.c does; ignored, saying why, where no
+   namespace can be made). Only the parent asserts.
+
+   Build: make build/test_recovery */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#define FSDP_IMPLEMENTATION
+#include "fsdp.h"
+#include "unity.h"
+#include "test_common.h"
+
+#define MAX_RANKS 8
+#define MAX_REPLICAS 8
+#define TIMEOUT_MS 20000
+#define NO_HOST_NAME 77 /* a rank's exit status when it cannot have a host name of its own */
+
+/* ---------------------------------------------------------------------------------------------
+   the agreement: views of survivors, and what they decide
+   --------------------------------------------------------------------------------------------- */
+typedef struct agreement {
+    int last_ids[MAX_REPLICAS], next_ids[MAX_REPLICAS];
+    fsdp__membership last, next;
+    unsigned char reach[MAX_RANKS][MAX_REPLICAS];
+    fsdp__recovery_view views[MAX_RANKS];
+    int num_views, apply, rc;
+    char why[FSDP__ERRMSG];
+} agreement;
+
+static agreement ag;
+
+/* Epoch `epoch` holding `count` replicas 0..count-1 (of `count` at fsdp_init); no views yet. */
+static void last_membership(int64_t epoch, int count) {
+    int i;
+    memset(&ag, 0, sizeof ag);
+    for (i = 0; i < count; i++) ag.last_ids[i] = i;
+    ag.last.epoch = epoch;
+    ag.last.count = ag.last.total = count;
+    ag.last.replicas = ag.last_ids;
+    ag.next.replicas = ag.next_ids;
+}
+
+/* A surviving rank's view: it reaches the replicas whose bit is set in reach_mask. */
+static fsdp__recovery_view *add_view(int rank, int replica, unsigned reach_mask) {
+    fsdp__recovery_view *v = &ag.views[ag.num_views];
+    int r;
+    for (r = 0; r < MAX_REPLICAS; r++) ag.reach[ag.num_views][r] = (unsigned char)((reach_mask >> r) & 1u);
+    v->epoch = ag.last.epoch;
+    v->rank = rank;
+    v->replica = replica;
+    v->reach = ag.reach[ag.num_views++];
+    return v;
+}
+
+/* Views from both ranks of each replica in `replicas` (replica r: ranks 2r, 2r + 1), each
+   reaching exactly those replicas. */
+static void add_replicas(const int *replicas, int n) {
+    unsigned mask = 0;
+    int i;
+    for (i = 0; i < n; i++) mask |= 1u << replicas[i];
+    for (i = 0; i < n; i++) {
+        add_view(2 * replicas[i], replicas[i], mask);
+        add_view(2 * replicas[i] + 1, replicas[i], mask);
+    }
+}
+
+static void decide(int min_replicas) {
+    ag.rc = fsdp__recovery_decide(&ag.last, 2, min_replicas, ag.views, ag.num_views, &ag.next, &ag.apply, ag.why,
+                                  sizeof ag.why);
+}
+
+static void assert_next(int64_t epoch, const int *replicas, int n) {
+    int i;
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, ag.rc, ag.why);
+    TEST_ASSERT_EQUAL_INT_MESSAGE((int)epoch, (int)ag.next.epoch, ag.why);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(n, ag.next.count, ag.why);
+    for (i = 0; i < n; i++) TEST_ASSERT_EQUAL_INT_MESSAGE(replicas[i], ag.next.replicas[i], ag.why);
+}
+
+static void test_decide_one_of_four_replicas_lost_keeps_three_in_the_next_epoch(void) {
+    static const int alive[3] = {0, 2, 3};
+    last_membership(0, 4);
+    add_replicas(alive, 3);
+    decide(1);
+    assert_next(1, alive, 3);
+    TEST_ASSERT_EQUAL_INT(0, ag.apply);
+}
+
+static void test_decide_rendezvous_replica_lost_is_survived_like_any_other(void) {
+    static const int alive[3] = {1, 2, 3};
+    last_membership(4, 4);
+    add_replicas(alive, 3);
+    decide(1);
+    assert_next(5, alive, 3);
+}
+
+static void test_decide_two_two_partition_stops_both_halves_naming_them(void) {
+    static const int left[2] = {0, 1}, right[2] = {2, 3};
+    last_membership(0, 4);
+    add_replicas(left, 2);
+    decide(1);
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_PEER_LOST, ag.rc);
+    assert_says(ag.why, "replicas {0, 1}");
+    assert_says(ag.why, "epoch 0's {0, 1, 2, 3}");
+    assert_says(ag.why, "not a strict majority (3 of 4 needed)");
+    last_membership(0, 4);
+    add_replicas(right, 2);
+    decide(1);
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_PEER_LOST, ag.rc);
+    assert_says(ag.why, "replicas {2, 3}");
+}
+
+static void test_decide_below_min_replicas_stops_naming_the_minimum(void) {
+    static const int alive[3] = {0, 1, 2};
+    last_membership(2, 4);
+    add_replicas(alive, 3);
+    decide(4);
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_PEER_LOST, ag.rc);
+    assert_says(ag.why, "fewer than recovery.min_replicas 4");
+}
+
+static void test_decide_replica_missing_a_rank_is_dropped_with_its_host(void) {
+    static const int alive[3] = {0, 1, 3}, kept[2] = {0, 1};
+    last_membership(0, 3);
+    ag.last.count = 3;
+    ag.last_ids[2] = 3; /* (replica ids need not be consecutive: 2 was lost earlier) */
+    ag.last.total = 4;
+    add_replicas(alive, 3);
+    ag.num_views--; /* rank 7, of replica 3, never reported */
+    decide(1);
+    assert_next(1, kept, 2);
+}
+
+static void test_decide_views_of_an_older_epoch_are_not_counted(void) {
+    static const int alive[3] = {0, 1, 2}, kept[2] = {0, 1};
+    last_membership(3, 3);
+    add_replicas(alive, 3);
+    ag.views[4].epoch = 2; /* a straggler of replica 2 still in epoch 2 */
+    decide(1);
+    assert_next(4, kept, 2);
+}
+
+static void test_decide_link_broken_one_way_drops_the_later_replica_only(void) {
+    static const int kept[2] = {0, 1};
+    last_membership(0, 3);
+    add_view(0, 0, 0x7);
+    add_view(1, 0, 0x7);
+    add_view(2, 1, 0x7);
+    add_view(3, 1, 0x7);
+    add_view(4, 2, 0x6); /* replica 2 no longer reaches replica 0; 0 still thinks it reaches 2 */
+    add_view(5, 2, 0x7);
+    decide(1);
+    assert_next(1, kept, 2);
+}
+
+static void test_decide_nothing_lost_keeps_the_epoch(void) {
+    static const int all[3] = {0, 1, 2};
+    last_membership(7, 3);
+    add_replicas(all, 3);
+    decide(1);
+    assert_next(7, all, 3);
+}
+
+static void test_decide_a_survivor_past_the_commit_point_applies_the_step_everywhere(void) {
+    static const int alive[3] = {0, 1, 3};
+    int i;
+    last_membership(0, 4);
+    add_replicas(alive, 3);
+    for (i = 0; i < ag.num_views; i++) ag.views[i].reductions_done = 1;
+    ag.views[3].committed = 1;
+    decide(1);
+    assert_next(1, alive, 3);
+    TEST_ASSERT_EQUAL_INT(1, ag.apply);
+}
+
+static void test_decide_no_survivor_past_the_commit_point_drops_the_step_everywhere(void) {
+    static const int alive[3] = {0, 1, 3};
+    int i;
+    last_membership(0, 4);
+    add_replicas(alive, 3);
+    for (i = 0; i < ag.num_views; i++) ag.views[i].reductions_done = i != 2;
+    decide(1);
+    assert_next(1, alive, 3);
+    TEST_ASSERT_EQUAL_INT(0, ag.apply);
+}
+
+static void test_decide_commit_without_every_reduction_done_is_refused_naming_both_ranks(void) {
+    static const int alive[3] = {0, 1, 3};
+    int i;
+    last_membership(0, 4);
+    add_replicas(alive, 3);
+    for (i = 0; i < ag.num_views; i++) ag.views[i].reductions_done = i != 4;
+    ag.views[0].committed = 1;
+    decide(1);
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_PROTOCOL, ag.rc);
+    assert_says(ag.why, "rank 0 passed the commit point");
+    assert_says(ag.why, "rank 6 (replica 3) did not finish");
+}
+
+static void test_decide_same_views_in_any_order_decide_the_same(void) {
+    static const int alive[3] = {1, 2, 3};
+    fsdp__recovery_view reversed[MAX_RANKS];
+    int i, first[MAX_REPLICAS], n;
+    last_membership(0, 4);
+    add_replicas(alive, 3);
+    add_view(0, 0, 0x1); /* half of replica 0 */
+    ag.views[0].committed = 1;
+    for (i = 0; i < ag.num_views; i++) ag.views[i].reductions_done = 1;
+    decide(1);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, ag.rc, ag.why);
+    n = ag.next.count;
+    memcpy(first, ag.next_ids, sizeof first);
+    for (i = 0; i < ag.num_views; i++) reversed[i] = ag.views[ag.num_views - 1 - i];
+    memcpy(ag.views, reversed, sizeof reversed);
+    decide(1);
+    assert_next(1, first, n);
+    TEST_ASSERT_EQUAL_INT(1, ag.apply);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   fsdp_init's checks and the replica queries, in forked worlds
+   --------------------------------------------------------------------------------------------- */
+typedef struct rank_report {
+    int done, rc, count, index, report_replicas, report_dropped;
+    int64_t report_epoch;
+    char message[600];
+} rank_report;
+
+static rank_report *reports; /* [MAX_RANKS], MAP_SHARED before any fork */
+
+/* What every rank of a world tries. */
+typedef struct world_plan {
+    fsdp_strategy strategy;
+    int shard_group_size;
+    int recovery;
+    int train;             /* recovery off: one step, and the report's fields */
+    /* sockets over hosts (0: shm on this host) */
+    int hosts, port, rank, world;
+    char job[32];
+} world_plan;
+
+/* A model of one linear layer under the plan's strategy; 0 or fsdp_init's result (its message
+   in r). */
+static int init_context(fsdp_comm *comm, const world_plan *plan, rank_report *r) {
+    fsdp_init_rule rule;
+    int64_t shape[2] = {8, 4};
+    fsdp_model *m = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_desc d;
+    fsdp_step_report rep;
+    int fc, w;
+    memset(&rule, 0, sizeof rule);
+    rule.kind = FSDP_INIT_NORMAL;
+    rule.b = 0.02f;
+    fsdp_model_create(&m, "Net");
+    fc = fsdp_model_module(m, 0, "fc", "Linear");
+    w = fsdp_model_param(m, fc, "weight", 2, shape, rule);
+    memset(&d, 0, sizeof d);
+    d.comm = comm;
+    d.strategy = plan->strategy;
+    d.shard_group_size = plan->shard_group_size;
+    d.recovery.enabled = plan->recovery;
+    r->rc = fsdp_init(&ctx, m, &d);
+    if (r->rc) copy_text(r->message, sizeof r->message, fsdp_last_error(NULL));
+    if (!r->rc) fsdp_replicas(ctx, &r->count, &r->index);
+    if (!r->rc && plan->train) {
+        float *g;
+        fsdp_pre_forward(ctx, 0);
+        fsdp_post_forward(ctx, 0);
+        fsdp_pre_backward(ctx, 0);
+        if ((g = fsdp_grad(ctx, w)) != NULL) g[0] += 1.0f;
+        fsdp_post_backward(ctx, 0);
+        memset(&rep, 0xff, sizeof rep);
+        if ((r->rc = fsdp_step(ctx, 0, &rep)) != 0) copy_text(r->message, sizeof r->message, fsdp_last_error(ctx));
+        r->report_replicas = rep.replicas;
+        r->report_epoch = rep.epoch;
+        r->report_dropped = rep.dropped;
+    }
+    fsdp_destroy(ctx);
+    fsdp_model_destroy(m);
+    return r->rc;
+}
+
+static int shm_rank(fsdp_comm *comm, void *arg) {
+    rank_report *r = &reports[fsdp_comm_rank(comm)];
+    init_context(comm, (const world_plan *)arg, r);
+    r->done = 1;
+    return 0;
+}
+
+/* A rank of a socket world whose rank r claims host r / (world / hosts). */
+static int host_rank(void *arg) {
+    const world_plan *plan = (const world_plan *)arg;
+    rank_report *r = &reports[plan->rank];
+    fsdp_comm_desc cd;
+    fsdp_comm *comm = NULL;
+    char host[32];
+    snprintf(host, sizeof host, "fsdp-recovery-host-%d", plan->rank / (plan->world / plan->hosts));
+    if (claim_host(host) != 0) {
+        snprintf(r->message, sizeof r->message, "cannot give a rank a host name of its own (a UTS namespace: as root, "
+                 "or in a user namespace): %s", strerror(errno));
+        return NO_HOST_NAME;
+    }
+    memset(&cd, 0, sizeof cd);
+    cd.backend = FSDP_BACKEND_SOCKET;
+    cd.rank = plan->rank;
+    cd.world_size = plan->world;
+    cd.master_addr = "127.0.0.1";
+    cd.master_port = plan->port;
+    cd.timeout_ms = TIMEOUT_MS;
+    cd.secret = "test-recovery-secret";
+    cd.job = plan->job;
+    if ((r->rc = fsdp_comm_init(&comm, &cd)) != FSDP_SUCCESS) {
+        snprintf(r->message, sizeof r->message, "fsdp_comm_init: %.300s", fsdp_comm_last_error(NULL));
+        return 0;
+    }
+    init_context(comm, plan, r);
+    fsdp_comm_destroy(comm);
+    r->done = 1;
+    return 0;
+}
+
+/* Runs the plan on `world` ranks: over plan->hosts hosts (sockets), or shm on this host (hosts
+   0). Ignores the test where no host name can be had. */
+static void run_world(world_plan *plan, int world) {
+    world_plan plans[MAX_RANKS];
+    pid_t pids[MAX_RANKS];
+    int status[MAX_RANKS], r, no_host_name = -1;
+    fsdp_launch_status ls;
+    memset(reports, 0, sizeof *reports * MAX_RANKS);
+    if (!plan->hosts) {
+        TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, launch_ranks(world, FSDP_BACKEND_SHM, TIMEOUT_MS, shm_rank, plan, &ls));
+        return;
+    }
+    plan->port = pick_free_port();
+    plan->world = world;
+    snprintf(plan->job, sizeof plan->job, "recovery-%d", (int)getpid());
+    for (r = 0; r < world; r++) {
+        plans[r] = *plan;
+        plans[r].rank = r;
+        pids[r] = spawn(host_rank, &plans[r], 60);
+    }
+    for (r = 0; r < world; r++)
+        if ((status[r] = reap(pids[r], 60000)) == NO_HOST_NAME) no_host_name = r;
+    if (no_host_name >= 0) TEST_IGNORE_MESSAGE(reports[no_host_name].message);
+    for (r = 0; r < world; r++) TEST_ASSERT_EQUAL_INT_MESSAGE(0, status[r], reports[r].message);
+}
+
+static void assert_every_rank_refused(int world, int rc, const char *says) {
+    int r;
+    for (r = 0; r < world; r++) {
+        TEST_ASSERT_TRUE_MESSAGE(reports[r].done, reports[r].message);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(rc, reports[r].rc, reports[r].message);
+        assert_says(reports[r].message, says);
+    }
+}
+
+static void test_recovery_with_full_shard_is_refused_naming_the_unit_and_strategy(void) {
+    world_plan plan;
+    memset(&plan, 0, sizeof plan);
+    plan.strategy = FSDP_FULL_SHARD;
+    plan.recovery = 1;
+    run_world(&plan, 2);
+    assert_every_rank_refused(2, FSDP_ERR_INVALID_ARG, "recovery needs HYBRID_SHARD");
+    assert_says(reports[0].message, "unit '(root)' is FULL_SHARD");
+}
+
+static void test_recovery_with_every_replica_on_one_host_is_refused_naming_it(void) {
+    world_plan plan;
+    memset(&plan, 0, sizeof plan);
+    plan.strategy = FSDP_HYBRID_SHARD;
+    plan.shard_group_size = 2;
+    plan.recovery = 1;
+    run_world(&plan, 4);
+    assert_every_rank_refused(4, FSDP_ERR_INVALID_ARG, "the 4 ranks are on one host");
+}
+
+static void test_recovery_with_two_replicas_sharing_a_host_is_refused_naming_them(void) {
+    world_plan plan;
+    memset(&plan, 0, sizeof plan);
+    plan.strategy = FSDP_HYBRID_SHARD;
+    plan.shard_group_size = 1;
+    plan.recovery = 1;
+    plan.hosts = 2;
+    run_world(&plan, 4);
+    assert_every_rank_refused(4, FSDP_ERR_INVALID_ARG, "replicas 0 and 1 share host 0");
+}
+
+static void test_recovery_over_hosts_of_their_own_is_refused_as_not_available_yet(void) {
+    world_plan plan;
+    memset(&plan, 0, sizeof plan);
+    plan.strategy = FSDP_HYBRID_SHARD;
+    plan.shard_group_size = 2;
+    plan.recovery = 1;
+    plan.hosts = 2;
+    run_world(&plan, 4);
+    assert_every_rank_refused(4, FSDP_ERR_UNSUPPORTED, "is not available yet");
+}
+
+static void test_replicas_of_hybrid_over_hosts_are_the_shard_groups_in_query_and_report(void) {
+    world_plan plan;
+    int r;
+    memset(&plan, 0, sizeof plan);
+    plan.strategy = FSDP_HYBRID_SHARD;
+    plan.train = 1;
+    plan.hosts = 2;
+    run_world(&plan, 4);
+    for (r = 0; r < 4; r++) {
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, reports[r].rc, reports[r].message);
+        TEST_ASSERT_EQUAL_INT(2, reports[r].count);
+        TEST_ASSERT_EQUAL_INT(r / 2, reports[r].index);
+        TEST_ASSERT_EQUAL_INT(2, reports[r].report_replicas);
+        TEST_ASSERT_EQUAL_INT(0, (int)reports[r].report_epoch);
+        TEST_ASSERT_EQUAL_INT(0, reports[r].report_dropped);
+    }
+}
+
+static void test_replicas_of_full_shard_are_one_and_of_no_shard_every_rank(void) {
+    world_plan plan;
+    int r;
+    memset(&plan, 0, sizeof plan);
+    plan.strategy = FSDP_FULL_SHARD;
+    run_world(&plan, 3);
+    for (r = 0; r < 3; r++) {
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, reports[r].rc, reports[r].message);
+        TEST_ASSERT_EQUAL_INT(1, reports[r].count);
+        TEST_ASSERT_EQUAL_INT(0, reports[r].index);
+    }
+    plan.strategy = FSDP_NO_SHARD;
+    run_world(&plan, 3);
+    for (r = 0; r < 3; r++) {
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, reports[r].rc, reports[r].message);
+        TEST_ASSERT_EQUAL_INT(3, reports[r].count);
+        TEST_ASSERT_EQUAL_INT(r, reports[r].index);
+    }
+}
+
+static void test_replicas_of_a_null_context_are_zero_and_invalid(void) {
+    int count = 5, index = 5;
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_replicas(NULL, &count, &index));
+    TEST_ASSERT_EQUAL_INT(0, count);
+    TEST_ASSERT_EQUAL_INT(0, index);
+}
+
+void setUp(void) {}
+void tearDown(void) {}
+
+int main(void) {
+    reports = (rank_report *)map_shared(sizeof *reports * MAX_RANKS);
+    UNITY_BEGIN();
+    RUN_TEST(test_decide_one_of_four_replicas_lost_keeps_three_in_the_next_epoch);
+    RUN_TEST(test_decide_rendezvous_replica_lost_is_survived_like_any_other);
+    RUN_TEST(test_decide_two_two_partition_stops_both_halves_naming_them);
+    RUN_TEST(test_decide_below_min_replicas_stops_naming_the_minimum);
+    RUN_TEST(test_decide_replica_missing_a_rank_is_dropped_with_its_host);
+    RUN_TEST(test_decide_views_of_an_older_epoch_are_not_counted);
+    RUN_TEST(test_decide_link_broken_one_way_drops_the_later_replica_only);
+    RUN_TEST(test_decide_nothing_lost_keeps_the_epoch);
+    RUN_TEST(test_decide_a_survivor_past_the_commit_point_applies_the_step_everywhere);
+    RUN_TEST(test_decide_no_survivor_past_the_commit_point_drops_the_step_everywhere);
+    RUN_TEST(test_decide_commit_without_every_reduction_done_is_refused_naming_both_ranks);
+    RUN_TEST(test_decide_same_views_in_any_order_decide_the_same);
+    RUN_TEST(test_recovery_with_full_shard_is_refused_naming_the_unit_and_strategy);
+    RUN_TEST(test_recovery_with_every_replica_on_one_host_is_refused_naming_it);
+    RUN_TEST(test_recovery_with_two_replicas_sharing_a_host_is_refused_naming_them);
+    RUN_TEST(test_recovery_over_hosts_of_their_own_is_refused_as_not_available_yet);
+    RUN_TEST(test_replicas_of_hybrid_over_hosts_are_the_shard_groups_in_query_and_report);
+    RUN_TEST(test_replicas_of_full_shard_are_one_and_of_no_shard_every_rank);
+    RUN_TEST(test_replicas_of_a_null_context_are_zero_and_invalid);
+    return UNITY_END();
+}
