@@ -2,7 +2,11 @@
    decides, from the views of the ranks that survived a lost replica, the next membership (its
    epoch, its replicas), whether a partition must stop (naming it) and whether the step in flight
    is applied; fsdp_desc.recovery's checks at fsdp_init, which refuse it where it cannot work and,
-   where it could, as not available yet; fsdp_replicas and the step report's replica fields.
+   where it could, as not available yet; fsdp_replicas and the step report's replica fields; and
+   what recovery will build on in the comms as they are: a replica lost between hosts shows in
+   the replica communicator's op (a reset at once as FSDP_ERR_PEER_LOST naming the rank, silence
+   at the op's timeout), while the shared-memory shard communicator of a surviving host stays
+   healthy.
 
    The agreement is a pure function, tested directly (the file includes the implementation). The
    fsdp_init checks run in forked worlds: shared memory on one host, and sockets over two hosts
@@ -450,11 +454,138 @@ static void test_replicas_of_a_null_context_are_zero_and_invalid(void) {
     TEST_ASSERT_EQUAL_INT(0, index);
 }
 
+/* ---------------------------------------------------------------------------------------------
+   how a lost replica shows in the comms today: 2 hosts of 2 ranks, the replica comms between them
+   --------------------------------------------------------------------------------------------- */
+#define LOSS_COUNT 4096 /* floats per all_reduce of the replica comm */
+#define LOSS_OP_TIMEOUT_MS 2000
+
+typedef struct loss_board {
+    volatile int ops[MAX_RANKS];   /* replica all_reduces done, per rank */
+    volatile double kill_ms;       /* when the parent signalled host 1 (now_ms) */
+    volatile double fail_ms[MAX_RANKS];
+    volatile int op_rc[MAX_RANKS], shard_rc[MAX_RANKS], done[MAX_RANKS];
+    char message[MAX_RANKS][400];
+} loss_board;
+
+static loss_board *loss; /* MAP_SHARED before any fork */
+
+/* A rank of host rank / 2: replica all_reduces until one fails (or 60 s), then one all_reduce on
+   its host's shard comm. */
+static int loss_rank(void *arg) {
+    const world_plan *plan = (const world_plan *)arg;
+    int me = plan->rank, rc = 0;
+    fsdp_comm_desc cd;
+    fsdp_comm *world = NULL, *shard = NULL, *replica = NULL;
+    float *buf = (float *)calloc(LOSS_COUNT, sizeof(float));
+    char host[32];
+    double until = now_ms() + 60000;
+    snprintf(host, sizeof host, "fsdp-recovery-host-%d", me / 2);
+    if (claim_host(host) != 0) {
+        snprintf(loss->message[me], sizeof loss->message[me], "cannot give a rank a host name of its own (a UTS "
+                 "namespace: as root, or in a user namespace): %s", strerror(errno));
+        return NO_HOST_NAME;
+    }
+    memset(&cd, 0, sizeof cd);
+    cd.backend = FSDP_BACKEND_SOCKET;
+    cd.rank = me;
+    cd.world_size = plan->world;
+    cd.master_addr = "127.0.0.1";
+    cd.master_port = plan->port;
+    cd.timeout_ms = LOSS_OP_TIMEOUT_MS;
+    cd.secret = "test-recovery-secret";
+    cd.job = plan->job;
+    if (!buf || fsdp_comm_init(&world, &cd) != 0 || fsdp_comm_split(world, me / 2, me, &shard) != 0 ||
+        fsdp_comm_split(world, me % 2, me, &replica) != 0) {
+        snprintf(loss->message[me], sizeof loss->message[me], "setting up: %.300s", fsdp_comm_last_error(world));
+        return 1;
+    }
+    while (rc == 0 && now_ms() < until) {
+        rc = fsdp_all_reduce(replica, buf, buf, LOSS_COUNT, FSDP_F32, FSDP_SUM);
+        if (!rc) loss->ops[me]++;
+    }
+    loss->fail_ms[me] = now_ms();
+    loss->op_rc[me] = rc;
+    copy_text(loss->message[me], sizeof loss->message[me], fsdp_comm_last_error(replica));
+    loss->shard_rc[me] = fsdp_all_reduce(shard, buf, buf, LOSS_COUNT, FSDP_F32, FSDP_SUM);
+    loss->done[me] = 1;
+    fsdp_comm_destroy(replica);
+    fsdp_comm_destroy(shard);
+    fsdp_comm_destroy(world);
+    free(buf);
+    return 0;
+}
+
+/* Starts the 4 ranks, lets the replica comms run, sends sig to host 1's ranks (2 and 3), and
+   waits for the survivors. Ignores the test where no host name can be had. */
+static void run_loss(int sig) {
+    world_plan plan;
+    pid_t pids[4];
+    int r, status[4];
+    double until;
+    memset(loss, 0, sizeof *loss);
+    memset(&plan, 0, sizeof plan);
+    plan.port = pick_free_port();
+    plan.world = 4;
+    snprintf(plan.job, sizeof plan.job, "loss-%d-%d", (int)getpid(), sig);
+    for (r = 0; r < 4; r++) {
+        world_plan mine = plan;
+        mine.rank = r;
+        pids[r] = spawn(loss_rank, &mine, 90);
+    }
+    for (until = now_ms() + 30000; now_ms() < until && (loss->ops[0] < 20 || loss->ops[1] < 20);) sleep_ms(5);
+    loss->kill_ms = now_ms();
+    kill(pids[2], sig);
+    kill(pids[3], sig);
+    for (r = 0; r < 2; r++) status[r] = reap(pids[r], 30000);
+    for (r = 2; r < 4; r++) {
+        kill(pids[r], SIGKILL); /* (a stopped rank too) */
+        status[r] = reap(pids[r], 5000);
+    }
+    for (r = 0; r < 4; r++)
+        if (status[r] == NO_HOST_NAME) TEST_IGNORE_MESSAGE(loss->message[r]);
+    for (r = 0; r < 2; r++) {
+        TEST_ASSERT_EQUAL_INT_MESSAGE(0, status[r], loss->message[r]);
+        TEST_ASSERT_TRUE_MESSAGE(loss->ops[r] >= 20, loss->message[r]);
+        TEST_ASSERT_TRUE_MESSAGE(loss->done[r], loss->message[r]);
+    }
+}
+
+static void test_replica_lost_by_reset_shows_at_once_as_peer_lost_and_the_shard_comm_stays_healthy(void) {
+    int r;
+    run_loss(SIGKILL);
+    for (r = 0; r < 2; r++) {
+        char what[600];
+        snprintf(what, sizeof what, "rank %d: detected after %.1f ms: %s", r, loss->fail_ms[r] - loss->kill_ms,
+                 loss->message[r]);
+        printf("%s\n", what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_PEER_LOST, loss->op_rc[r], what);
+        assert_says(loss->message[r], "rank 1 ("); /* the peer: rank 1 of the replica comm */
+        TEST_ASSERT_TRUE_MESSAGE(loss->fail_ms[r] - loss->kill_ms < LOSS_OP_TIMEOUT_MS / 2, what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, loss->shard_rc[r], what);
+    }
+}
+
+static void test_replica_gone_silent_shows_at_the_op_timeout_and_the_shard_comm_stays_healthy(void) {
+    int r;
+    run_loss(SIGSTOP);
+    for (r = 0; r < 2; r++) {
+        char what[600];
+        double took = loss->fail_ms[r] - loss->kill_ms;
+        snprintf(what, sizeof what, "rank %d: detected after %.1f ms: %s", r, took, loss->message[r]);
+        printf("%s\n", what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_TIMEOUT, loss->op_rc[r], what);
+        TEST_ASSERT_TRUE_MESSAGE(took >= LOSS_OP_TIMEOUT_MS * 0.9 && took < LOSS_OP_TIMEOUT_MS * 3, what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, loss->shard_rc[r], what);
+    }
+}
+
 void setUp(void) {}
 void tearDown(void) {}
 
 int main(void) {
     reports = (rank_report *)map_shared(sizeof *reports * MAX_RANKS);
+    loss = (loss_board *)map_shared(sizeof *loss);
     UNITY_BEGIN();
     RUN_TEST(test_decide_one_of_four_replicas_lost_keeps_three_in_the_next_epoch);
     RUN_TEST(test_decide_rendezvous_replica_lost_is_survived_like_any_other);
@@ -475,5 +606,7 @@ int main(void) {
     RUN_TEST(test_replicas_of_hybrid_over_hosts_are_the_shard_groups_in_query_and_report);
     RUN_TEST(test_replicas_of_full_shard_are_one_and_of_no_shard_every_rank);
     RUN_TEST(test_replicas_of_a_null_context_are_zero_and_invalid);
+    RUN_TEST(test_replica_lost_by_reset_shows_at_once_as_peer_lost_and_the_shard_comm_stays_healthy);
+    RUN_TEST(test_replica_gone_silent_shows_at_the_op_timeout_and_the_shard_comm_stays_healthy);
     return UNITY_END();
 }
