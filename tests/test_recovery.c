@@ -465,13 +465,57 @@ typedef struct loss_board {
     volatile double kill_ms;       /* when the parent signalled host 1 (now_ms) */
     volatile double fail_ms[MAX_RANKS];
     volatile int op_rc[MAX_RANKS], shard_rc[MAX_RANKS], done[MAX_RANKS];
+    /* with a rebuild: the survivors' new replica comm */
+    volatile int rebuild_port[2], rebuild_rc[MAX_RANKS], rebuilt_right[MAX_RANKS];
+    volatile double rebuilt_ms[MAX_RANKS], next_op_ms[MAX_RANKS];
     char message[MAX_RANKS][400];
 } loss_board;
 
 static loss_board *loss; /* MAP_SHARED before any fork */
 
-/* A rank of host rank / 2: replica all_reduces until one fails (or 60 s), then one all_reduce on
-   its host's shard comm. */
+/* What recovery will do after a loss, done by hand with today's calls: the survivors of replica
+   column me % 2 (hosts 0 .. hosts - 2: the last host is the one lost) make a new socket comm
+   among themselves, its rendezvous at the listener its leader (host 0's rank) opened while the
+   world was healthy (listen_fd; the design's step 3), and all_reduce over it; every value is an
+   integer, so the sum over the survivors is exact. */
+static void loss_rebuild(int me, int hosts, const char *job, float *buf, int listen_fd) {
+    fsdp__inherit inherit;
+    fsdp_comm_desc cd;
+    fsdp_comm *replica = NULL;
+    char token[48];
+    float want = 0;
+    int h, i, right = 1;
+    memset(&inherit, 0, sizeof inherit);
+    inherit.listen_fd = listen_fd;
+    memset(&cd, 0, sizeof cd);
+    snprintf(token, sizeof token, "%s-rebuilt-%d", job, me % 2);
+    cd.backend = FSDP_BACKEND_SOCKET;
+    cd.rank = me / 2;
+    cd.world_size = hosts - 1;
+    cd.master_addr = "127.0.0.1";
+    cd.master_port = loss->rebuild_port[me % 2];
+    cd.timeout_ms = LOSS_OP_TIMEOUT_MS;
+    cd.secret = "test-recovery-secret";
+    cd.job = token;
+    if ((loss->rebuild_rc[me] = fsdp__comm_create(&replica, &cd, NULL, &inherit)) != 0) {
+        copy_text(loss->message[me], sizeof loss->message[me], fsdp_comm_last_error(NULL));
+        return;
+    }
+    loss->rebuilt_ms[me] = now_ms();
+    for (i = 0; i < LOSS_COUNT; i++) buf[i] = (float)(me + 1);
+    loss->rebuild_rc[me] = fsdp_all_reduce(replica, buf, buf, LOSS_COUNT, FSDP_F32, FSDP_SUM);
+    loss->next_op_ms[me] = now_ms();
+    for (h = 0; h < hosts - 1; h++) want += (float)(2 * h + me % 2 + 1);
+    for (i = 0; i < LOSS_COUNT; i++) right &= buf[i] == want;
+    loss->rebuilt_right[me] = right;
+    if (loss->rebuild_rc[me]) copy_text(loss->message[me], sizeof loss->message[me], fsdp_comm_last_error(replica));
+    fsdp_comm_destroy(replica);
+}
+
+/* A rank of host rank / 2 (plan->hosts hosts of 2 ranks): replica all_reduces until one fails
+   (or 60 s), then one all_reduce on its host's shard comm, and with plan->train (here: rebuild)
+   the survivors' new replica comm (the leaders publish their listeners' ports in the board
+   before their first op, so before the parent kills anything). */
 static int loss_rank(void *arg) {
     const world_plan *plan = (const world_plan *)arg;
     int me = plan->rank, rc = 0;
@@ -480,6 +524,7 @@ static int loss_rank(void *arg) {
     float *buf = (float *)calloc(LOSS_COUNT, sizeof(float));
     char host[32];
     double until = now_ms() + 60000;
+    int listen_fd = -1;
     snprintf(host, sizeof host, "fsdp-recovery-host-%d", me / 2);
     if (claim_host(host) != 0) {
         snprintf(loss->message[me], sizeof loss->message[me], "cannot give a rank a host name of its own (a UTS "
@@ -500,6 +545,16 @@ static int loss_rank(void *arg) {
         snprintf(loss->message[me], sizeof loss->message[me], "setting up: %.300s", fsdp_comm_last_error(world));
         return 1;
     }
+    if (plan->train && me < 2) { /* a leader of the rebuild: its listener, ready before any loss */
+        struct sockaddr_in at;
+        socklen_t len = sizeof at;
+        memset(&at, 0, sizeof at);
+        at.sin_family = AF_INET;
+        at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if ((listen_fd = fsdp__sock_listen(&at, 16)) < 0 || getsockname(listen_fd, (struct sockaddr *)&at, &len) != 0)
+            return 1;
+        loss->rebuild_port[me] = ntohs(at.sin_port);
+    }
     while (rc == 0 && now_ms() < until) {
         rc = fsdp_all_reduce(replica, buf, buf, LOSS_COUNT, FSDP_F32, FSDP_SUM);
         if (!rc) loss->ops[me]++;
@@ -508,6 +563,7 @@ static int loss_rank(void *arg) {
     loss->op_rc[me] = rc;
     copy_text(loss->message[me], sizeof loss->message[me], fsdp_comm_last_error(replica));
     loss->shard_rc[me] = fsdp_all_reduce(shard, buf, buf, LOSS_COUNT, FSDP_F32, FSDP_SUM);
+    if (plan->train) loss_rebuild(me, plan->hosts, plan->job, buf, listen_fd);
     loss->done[me] = 1;
     fsdp_comm_destroy(replica);
     fsdp_comm_destroy(shard);
@@ -516,35 +572,42 @@ static int loss_rank(void *arg) {
     return 0;
 }
 
-/* Starts the 4 ranks, lets the replica comms run, sends sig to host 1's ranks (2 and 3), and
-   waits for the survivors. Ignores the test where no host name can be had. */
-static void run_loss(int sig) {
+/* Starts hosts x 2 ranks, lets the replica comms run, sends sig to the last host's ranks, and
+   waits for the survivors (rebuild: they then make a new replica comm). Ignores the test where
+   no host name can be had. */
+static void run_loss(int hosts, int sig, int rebuild) {
     world_plan plan;
-    pid_t pids[4];
-    int r, status[4];
+    pid_t pids[MAX_RANKS];
+    int r, status[MAX_RANKS], world = 2 * hosts, survivors = world - 2;
     double until;
     memset(loss, 0, sizeof *loss);
     memset(&plan, 0, sizeof plan);
     plan.port = pick_free_port();
-    plan.world = 4;
+    plan.world = world;
+    plan.hosts = hosts;
+    plan.train = rebuild;
     snprintf(plan.job, sizeof plan.job, "loss-%d-%d", (int)getpid(), sig);
-    for (r = 0; r < 4; r++) {
+    for (r = 0; r < world; r++) {
         world_plan mine = plan;
         mine.rank = r;
         pids[r] = spawn(loss_rank, &mine, 90);
     }
-    for (until = now_ms() + 30000; now_ms() < until && (loss->ops[0] < 20 || loss->ops[1] < 20);) sleep_ms(5);
+    for (until = now_ms() + 30000; now_ms() < until;) {
+        for (r = 0; r < survivors && loss->ops[r] >= 20; r++) {}
+        if (r == survivors) break;
+        sleep_ms(5);
+    }
     loss->kill_ms = now_ms();
-    kill(pids[2], sig);
-    kill(pids[3], sig);
-    for (r = 0; r < 2; r++) status[r] = reap(pids[r], 30000);
-    for (r = 2; r < 4; r++) {
+    kill(pids[world - 2], sig);
+    kill(pids[world - 1], sig);
+    for (r = 0; r < survivors; r++) status[r] = reap(pids[r], 30000);
+    for (r = survivors; r < world; r++) {
         kill(pids[r], SIGKILL); /* (a stopped rank too) */
         status[r] = reap(pids[r], 5000);
     }
-    for (r = 0; r < 4; r++)
+    for (r = 0; r < world; r++)
         if (status[r] == NO_HOST_NAME) TEST_IGNORE_MESSAGE(loss->message[r]);
-    for (r = 0; r < 2; r++) {
+    for (r = 0; r < survivors; r++) {
         TEST_ASSERT_EQUAL_INT_MESSAGE(0, status[r], loss->message[r]);
         TEST_ASSERT_TRUE_MESSAGE(loss->ops[r] >= 20, loss->message[r]);
         TEST_ASSERT_TRUE_MESSAGE(loss->done[r], loss->message[r]);
@@ -553,7 +616,7 @@ static void run_loss(int sig) {
 
 static void test_replica_lost_by_reset_shows_at_once_as_peer_lost_and_the_shard_comm_stays_healthy(void) {
     int r;
-    run_loss(SIGKILL);
+    run_loss(2, SIGKILL, 0);
     for (r = 0; r < 2; r++) {
         char what[600];
         snprintf(what, sizeof what, "rank %d: detected after %.1f ms: %s", r, loss->fail_ms[r] - loss->kill_ms,
@@ -568,7 +631,7 @@ static void test_replica_lost_by_reset_shows_at_once_as_peer_lost_and_the_shard_
 
 static void test_replica_gone_silent_shows_at_the_op_timeout_and_the_shard_comm_stays_healthy(void) {
     int r;
-    run_loss(SIGSTOP);
+    run_loss(2, SIGSTOP, 0);
     for (r = 0; r < 2; r++) {
         char what[600];
         double took = loss->fail_ms[r] - loss->kill_ms;
@@ -577,6 +640,23 @@ static void test_replica_gone_silent_shows_at_the_op_timeout_and_the_shard_comm_
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_TIMEOUT, loss->op_rc[r], what);
         TEST_ASSERT_TRUE_MESSAGE(took >= LOSS_OP_TIMEOUT_MS * 0.9 && took < LOSS_OP_TIMEOUT_MS * 3, what);
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, loss->shard_rc[r], what);
+    }
+}
+
+static void test_survivors_of_a_lost_host_rebuild_a_replica_comm_that_sums_over_them(void) {
+    int r;
+    run_loss(3, SIGKILL, 1);
+    for (r = 0; r < 4; r++) {
+        char what[600];
+        snprintf(what, sizeof what, "rank %d: detected after %.1f ms, a new replica comm %.1f ms later, its first "
+                 "all_reduce of %d floats %.1f ms after that: %s", r, loss->fail_ms[r] - loss->kill_ms,
+                 loss->rebuilt_ms[r] - loss->fail_ms[r], LOSS_COUNT, loss->next_op_ms[r] - loss->rebuilt_ms[r],
+                 loss->message[r]);
+        printf("%s\n", what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_PEER_LOST, loss->op_rc[r], what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, loss->shard_rc[r], what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, loss->rebuild_rc[r], what);
+        TEST_ASSERT_TRUE_MESSAGE(loss->rebuilt_right[r], what);
     }
 }
 
@@ -608,5 +688,6 @@ int main(void) {
     RUN_TEST(test_replicas_of_a_null_context_are_zero_and_invalid);
     RUN_TEST(test_replica_lost_by_reset_shows_at_once_as_peer_lost_and_the_shard_comm_stays_healthy);
     RUN_TEST(test_replica_gone_silent_shows_at_the_op_timeout_and_the_shard_comm_stays_healthy);
+    RUN_TEST(test_survivors_of_a_lost_host_rebuild_a_replica_comm_that_sums_over_them);
     return UNITY_END();
 }
