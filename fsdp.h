@@ -11124,6 +11124,98 @@ FSDP_API int fsdp_zero_grad(fsdp_ctx *ctx) {
     return 0;
 }
 
+/* --- after a lost replica (>>recovery): the survivors' runtime -------------------------------- */
+/* Stops everything in flight on this rank: every communicator of the context aborted (so that
+   its ops here and, through them, on every other rank fail at once, and every survivor enters
+   the agreement, also those whose own ops were fine), then the comm thread left to drain every
+   task issued (each fails fast), within the bound fsdp__wait_task_for keeps. 0, or
+   FSDP_ERR_TIMEOUT if a task did not end (a backend that ignores its timeout). */
+FSDP__PRIVATE int fsdp__recovery_quiesce(fsdp_ctx *ctx, const char *why) {
+    fsdp_comm *comms[3];
+    double limit;
+    int c, drained;
+    comms[0] = ctx->comm;
+    comms[1] = ctx->hybrid_shard_comm;
+    comms[2] = ctx->hybrid_replica_comm;
+    for (c = 0; c < 3; c++)
+        if (comms[c]) fsdp_comm_fail(comms[c], FSDP_ERR_ABORTED, "rank %d: %s", ctx->rank, why);
+    pthread_mutex_lock(&ctx->lock);
+    limit = fsdp_now() + (double)(ctx->issued - ctx->completed + 1) * 4.0 * fsdp_comm_timeout(ctx->comm) / 1000.0 + 2.0;
+    while ((ctx->completed < ctx->issued || ctx->running) && fsdp_now() < limit) {
+        struct timespec ts;
+        if (!ctx->running && ctx->queue_len > 0) pthread_cond_signal(&ctx->wake);
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&ctx->done, &ctx->lock, &ts);
+    }
+    drained = ctx->completed == ctx->issued && !ctx->running;
+    pthread_mutex_unlock(&ctx->lock);
+    return drained ? 0 : fsdp__fail(ctx, FSDP_ERR_TIMEOUT, "recovery: the comm thread did not drain its tasks");
+}
+
+/* After fsdp__recovery_quiesce: the iteration in flight undone on this rank, as if it had not
+   begun (the step-in-flight rule's "applied nowhere"): every unit sharded, its buffers returned,
+   gradients zero, the failure forgotten. The step count and the optimizer state are untouched. */
+FSDP__PRIVATE void fsdp__recovery_reset(fsdp_ctx *ctx) {
+    int ui;
+    for (ui = 0; ui < ctx->num_units; ui++) {
+        fsdp__unit *u = &ctx->units[ui];
+        fsdp__reshard(ctx, u);
+        if (u->grad_full && u->grad_full != u->grad) fsdp__buf_put(ctx, u->grad_full, (size_t)u->padded * sizeof(float));
+        u->grad_full = NULL;
+        u->grad_full_pending = u->refcount = u->recompute = u->recomputing = 0;
+        u->forward_done = u->backward_started = u->backward_done = 0;
+        u->gather_task = 0;
+        fsdp__zero_unit_grad(u);
+    }
+    if (!ctx->order_known) ctx->fwd_len = ctx->bwd_len = 0; /* (recorded again by the next iteration) */
+    ctx->phase = 0;
+    ctx->older_reduce = ctx->newer_reduce = 0;
+    ctx->grads_unscaled = ctx->hook_failed = 0;
+    pthread_mutex_lock(&ctx->lock);
+    ctx->worker_error = 0;
+    ctx->error[0] = 0;
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+/* Continues on the survivors' communicators: world (the caller keeps it, as desc.comm), and the
+   shard comm of this rank's group and the replica comm across the groups (NULL: one replica
+   left), which the context takes over, destroying its old ones. Master shards the old shard comm
+   shared are moved into memory of the new one (fsdp_comm_alloc: collective over shard). Every
+   unit must be HYBRID_SHARD with shard groups of the size they had (the recovery checks). */
+FSDP__PRIVATE int fsdp__recovery_adopt(fsdp_ctx *ctx, fsdp_comm *world, fsdp_comm *shard, fsdp_comm *replica) {
+    size_t total = 0, at = 0;
+    void *mem = NULL;
+    int ui, rc;
+    if (fsdp_comm_size(shard) != ctx->desc.shard_group_size || ctx->master_mem[0] || ctx->step_thread_started)
+        return fsdp__fail(ctx, FSDP_ERR_STATE, "recovery: cannot adopt a shard comm of %d ranks (the groups have %d)",
+                          fsdp_comm_size(shard), ctx->desc.shard_group_size);
+    for (ui = 0; ui < ctx->num_units; ui++)
+        if (ctx->units[ui].master_shared) total += fsdp__align((size_t)ctx->units[ui].shard, 16);
+    if (total && (rc = fsdp_comm_alloc(shard, total * sizeof(float), &mem)) != 0)
+        return fsdp__fail(ctx, rc, "recovery: no memory for the master shards: %s", fsdp_comm_last_error(shard));
+    for (ui = 0; ui < ctx->num_units; ui++) {
+        fsdp__unit *u = &ctx->units[ui];
+        if (u->master_shared) {
+            memcpy((float *)mem + at, u->master, sizeof(float) * (size_t)u->shard);
+            u->master = (float *)mem + at;
+            at += fsdp__align((size_t)u->shard, 16);
+        }
+        u->shard_comm = fsdp_comm_size(world) > 1 ? shard : world;
+        u->replica_comm = replica;
+    }
+    fsdp_comm_free(ctx->hybrid_shard_comm, ctx->master_mem[1]);
+    fsdp_comm_destroy(ctx->hybrid_shard_comm);
+    fsdp_comm_destroy(ctx->hybrid_replica_comm);
+    ctx->master_mem[1] = mem;
+    ctx->hybrid_shard_comm = shard;
+    ctx->hybrid_replica_comm = replica;
+    ctx->comm = world;
+    ctx->rank = fsdp_comm_rank(world);
+    ctx->world = fsdp_comm_size(world);
+    return 0;
+}
+
 FSDP_API int fsdp_replicas(const fsdp_ctx *ctx, int *count, int *index) {
     int ui, replica_size = 1;
     if (count) *count = 0;
