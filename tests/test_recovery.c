@@ -679,9 +679,12 @@ static void test_survivors_of_a_lost_host_rebuild_a_replica_comm_that_sums_over_
 
 typedef struct survive_board {
     char job[40];
+    int hosts;             /* 0: shared memory, the loss simulated; 3: hosts of 2 ranks, host 2 killed */
+    int port, rebuild_port; /* hosts: the world's rendezvous, and the rebuild's (rank 0's listener) */
     float init[SURVIVE_NUMEL];
     float final[SURVIVE_WORLD][SURVIVE_NUMEL];
     int failed_at[SURVIVE_WORLD], finished[SURVIVE_WORLD], step_count[SURVIVE_WORLD];
+    double kill_ms, detected_ms[SURVIVE_WORLD], rebuilt_ms[SURVIVE_WORLD], next_step_ms[SURVIVE_WORLD];
     char message[SURVIVE_WORLD][400];
 } survive_board;
 
@@ -690,7 +693,9 @@ static survive_board *survive;
 /* The gradient rank r's data gives element i at step t: small integers, so every sum is exact. */
 static float survive_grad(int t, int r, int i) { return (float)((t * 7 + r * 5 + i * 3) % 11) - 5.0f; }
 
-/* One iteration of rank me (its data index) at step t; rank 5 loses its replica at LOSS_STEP. */
+/* One iteration of rank me (its data index) at step t. At LOSS_STEP replica 2 is lost in the
+   backward: on hosts its ranks die of SIGKILL (their connections reset); on shared memory rank
+   5 aborts its replica comm (the loss simulated). */
 static int survive_iteration(fsdp_ctx *ctx, int w, int t, int me) {
     float *g;
     int i, rc;
@@ -699,37 +704,49 @@ static int survive_iteration(fsdp_ctx *ctx, int w, int t, int me) {
         return rc;
     if (!(g = fsdp_grad(ctx, w))) return FSDP_ERR_STATE;
     for (i = 0; i < SURVIVE_NUMEL; i++) g[i] += survive_grad(t, me, i);
+    if (t == LOSS_STEP && me == 4 && survive->hosts) survive->kill_ms = now_ms();
+    if (t == LOSS_STEP && me >= 4 && survive->hosts) raise(SIGKILL);
     if (t == LOSS_STEP && me == 5) fsdp_comm_abort(ctx->hybrid_replica_comm, "test: replica 2 lost");
     if ((rc = fsdp_post_backward(ctx, 0)) != 0 || (rc = fsdp_step(ctx, 0, NULL)) != 0) return rc;
     return fsdp_zero_grad(ctx);
 }
 
-/* The survivors' new world of 4 (shared memory, a token of this run) and its groups, adopted. */
-static int survive_rebuild(fsdp_ctx *ctx, int me, fsdp_comm **world) {
+/* The survivors' new world of 4 (a token of this run; on hosts: sockets, its rendezvous at the
+   listener rank 0 opened before training, listen_fd) and its groups, adopted. */
+static int survive_rebuild(fsdp_ctx *ctx, int me, fsdp_comm **world, int listen_fd) {
+    fsdp__inherit inherit;
     fsdp_comm_desc cd;
     fsdp_comm *shard = NULL, *replica = NULL;
+    char job[48];
     int rc;
+    memset(&inherit, 0, sizeof inherit);
+    inherit.listen_fd = listen_fd;
     memset(&cd, 0, sizeof cd);
-    cd.backend = FSDP_BACKEND_SHM;
+    snprintf(job, sizeof job, "%s-rebuilt", survive->job);
+    cd.backend = survive->hosts ? FSDP_BACKEND_SOCKET : FSDP_BACKEND_SHM;
     cd.rank = me;
     cd.world_size = SURVIVE_WORLD - 2;
     cd.timeout_ms = TIMEOUT_MS;
-    cd.job = survive->job;
-    if ((rc = fsdp_comm_init(world, &cd)) != 0 || (rc = fsdp_comm_split(*world, me / 2, me, &shard)) != 0 ||
+    cd.job = job;
+    cd.master_addr = "127.0.0.1";
+    cd.master_port = survive->rebuild_port;
+    cd.secret = survive->hosts ? "test-recovery-secret" : NULL;
+    if ((rc = fsdp__comm_create(world, &cd, NULL, &inherit)) != 0 || (rc = fsdp_comm_split(*world, me / 2, me, &shard)) != 0 ||
         (rc = fsdp_comm_split(*world, me % 2, me, &replica)) != 0)
         return rc;
     return fsdp__recovery_adopt(ctx, *world, shard, replica);
 }
 
+/* A rank's training: SURVIVE_STEPS steps, recovering from the loss by hand (the agreement being
+   fixed here: replica 2 lost, the others go on). */
 static int survive_rank(fsdp_comm *comm, void *arg) {
-    int me = fsdp_comm_rank(comm), t, rc = 0, w;
+    int me = fsdp_comm_rank(comm), t, rc = 0, w, listen_fd = arg ? *(int *)arg : -1;
     fsdp_model *m = NULL;
     fsdp_ctx *ctx = NULL;
     fsdp_comm *world = NULL;
     fsdp_init_rule rule;
     fsdp_desc d;
     int64_t shape[2] = {8, 4};
-    (void)arg;
     memset(&rule, 0, sizeof rule);
     rule.kind = FSDP_INIT_NORMAL;
     rule.b = 0.5f;
@@ -743,12 +760,18 @@ static int survive_rank(fsdp_comm *comm, void *arg) {
     if ((rc = fsdp_init(&ctx, m, &d)) == 0) rc = fsdp_gather_param(ctx, w, survive->final[me]); /* (collective) */
     if (!rc && me == 0) memcpy(survive->init, survive->final[0], sizeof survive->init);
     for (t = 0; !rc && t < SURVIVE_STEPS; t++) {
-        if (survive_iteration(ctx, w, t, me) == 0) continue;
+        if (survive_iteration(ctx, w, t, me) == 0) {
+            if (t == LOSS_STEP + 1) survive->next_step_ms[me] = now_ms();
+            continue;
+        }
+        survive->detected_ms[me] = now_ms();
         survive->failed_at[me] = t + 1;
         if ((rc = fsdp__recovery_quiesce(ctx, "a replica was lost")) != 0) break;
         fsdp__recovery_reset(ctx);
         if (me >= 4) break; /* replica 2 leaves */
-        rc = survive_rebuild(ctx, me, &world);
+        rc = survive_rebuild(ctx, me, &world, listen_fd);
+        listen_fd = -1; /* (taken over or closed) */
+        survive->rebuilt_ms[me] = now_ms();
     }
     if (!rc && me < 4 && (rc = fsdp_gather_param(ctx, w, survive->final[me])) == 0) survive->finished[me] = 1;
     survive->step_count[me] = ctx ? (int)ctx->step : -1;
@@ -756,6 +779,48 @@ static int survive_rank(fsdp_comm *comm, void *arg) {
     fsdp_destroy(ctx);
     fsdp_comm_destroy(world);
     fsdp_model_destroy(m);
+    if (listen_fd >= 0) close(listen_fd);
+    return 0;
+}
+
+/* A rank on host me / 2 of a socket world; rank 0 opens the rebuild's listener first (a
+   leader's, ready before any loss). */
+static int survive_host_rank(void *arg) {
+    int me = *(const int *)arg, listen_fd = -1;
+    fsdp_comm_desc cd;
+    fsdp_comm *comm = NULL;
+    char host[32];
+    snprintf(host, sizeof host, "fsdp-recovery-host-%d", me / 2);
+    if (claim_host(host) != 0) {
+        snprintf(survive->message[me], sizeof survive->message[me], "cannot give a rank a host name of its own (a "
+                 "UTS namespace: as root, or in a user namespace): %s", strerror(errno));
+        return NO_HOST_NAME;
+    }
+    if (me == 0) {
+        struct sockaddr_in at;
+        socklen_t len = sizeof at;
+        memset(&at, 0, sizeof at);
+        at.sin_family = AF_INET;
+        at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if ((listen_fd = fsdp__sock_listen(&at, 16)) < 0 || getsockname(listen_fd, (struct sockaddr *)&at, &len) != 0)
+            return 1;
+        survive->rebuild_port = ntohs(at.sin_port);
+    }
+    memset(&cd, 0, sizeof cd);
+    cd.backend = FSDP_BACKEND_SOCKET;
+    cd.rank = me;
+    cd.world_size = SURVIVE_WORLD;
+    cd.master_addr = "127.0.0.1";
+    cd.master_port = survive->port;
+    cd.timeout_ms = TIMEOUT_MS;
+    cd.secret = "test-recovery-secret";
+    cd.job = survive->job;
+    if (fsdp_comm_init(&comm, &cd) != 0) {
+        copy_text(survive->message[me], sizeof survive->message[me], fsdp_comm_last_error(NULL));
+        return 1;
+    }
+    survive_rank(comm, &listen_fd);
+    fsdp_comm_destroy(comm);
     return 0;
 }
 
@@ -780,21 +845,45 @@ static void survive_reference(float *weight) {
     }
 }
 
-/* Runs the world once; the survivors' final weights into finals. */
-static void run_survival(float finals[SURVIVE_WORLD - 2][SURVIVE_NUMEL]) {
+/* Forks the world over 3 hosts of 2 ranks and waits for it (replica 2's ranks die of SIGKILL).
+   Ignores the test where no host name can be had. */
+static void run_hosts(void) {
+    pid_t pids[SURVIVE_WORLD];
+    int ranks[SURVIVE_WORLD], status[SURVIVE_WORLD], r;
+    survive->port = pick_free_port();
+    for (r = 0; r < SURVIVE_WORLD; r++) {
+        ranks[r] = r;
+        pids[r] = spawn(survive_host_rank, &ranks[r], 120);
+    }
+    for (r = 0; r < SURVIVE_WORLD; r++) status[r] = reap(pids[r], 100000);
+    for (r = 0; r < SURVIVE_WORLD; r++)
+        if (status[r] == NO_HOST_NAME) TEST_IGNORE_MESSAGE(survive->message[r]);
+    for (r = 0; r < SURVIVE_WORLD - 2; r++) TEST_ASSERT_EQUAL_INT_MESSAGE(0, status[r], survive->message[r]);
+}
+
+/* Runs the world once (hosts 0: shared memory, the loss simulated; 3: over hosts, a real kill);
+   the survivors' final weights into finals. */
+static void run_survival(int hosts, float finals[SURVIVE_WORLD - 2][SURVIVE_NUMEL]) {
     fsdp_launch_status ls;
     float want[SURVIVE_NUMEL];
     int r;
     memset(survive, 0, sizeof *survive);
-    snprintf(survive->job, sizeof survive->job, "survive-%d", (int)getpid());
-    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, launch_ranks(SURVIVE_WORLD, FSDP_BACKEND_SHM, TIMEOUT_MS, survive_rank, NULL, &ls));
+    survive->hosts = hosts;
+    snprintf(survive->job, sizeof survive->job, "survive-%d-%d", (int)getpid(), hosts);
+    if (hosts) run_hosts();
+    else TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, launch_ranks(SURVIVE_WORLD, FSDP_BACKEND_SHM, TIMEOUT_MS, survive_rank, NULL, &ls));
     survive_reference(want);
     for (r = 0; r < SURVIVE_WORLD; r++) {
         char what[600];
         snprintf(what, sizeof what, "rank %d: failed at step %d, %d steps taken: %s", r, survive->failed_at[r] - 1,
                  survive->step_count[r], survive->message[r]);
+        if (r >= 4 && hosts) continue; /* (killed) */
         TEST_ASSERT_EQUAL_INT_MESSAGE(LOSS_STEP + 1, survive->failed_at[r], what);
         if (r >= 4) continue;
+        if (hosts)
+            printf("rank %d: the loss detected %.1f ms after the kill, the world rebuilt and adopted %.1f ms later, "
+                   "the next step done %.1f ms after the kill\n", r, survive->detected_ms[r] - survive->kill_ms,
+                   survive->rebuilt_ms[r] - survive->detected_ms[r], survive->next_step_ms[r] - survive->kill_ms);
         TEST_ASSERT_TRUE_MESSAGE(survive->finished[r], what);
         TEST_ASSERT_EQUAL_INT_MESSAGE(SURVIVE_STEPS - 1, survive->step_count[r], what);
         TEST_ASSERT_EQUAL_MEMORY_MESSAGE(want, survive->final[r], sizeof want, what);
@@ -804,13 +893,20 @@ static void run_survival(float finals[SURVIVE_WORLD - 2][SURVIVE_NUMEL]) {
 
 static void test_survivors_drop_the_step_of_the_loss_and_train_on_bitwise_equal_to_the_reference(void) {
     float finals[SURVIVE_WORLD - 2][SURVIVE_NUMEL];
-    run_survival(finals);
+    run_survival(0, finals);
 }
 
 static void test_survivors_of_two_runs_with_the_same_loss_end_bitwise_equal(void) {
     float first[SURVIVE_WORLD - 2][SURVIVE_NUMEL], second[SURVIVE_WORLD - 2][SURVIVE_NUMEL];
-    run_survival(first);
-    run_survival(second);
+    run_survival(0, first);
+    run_survival(0, second);
+    TEST_ASSERT_EQUAL_MEMORY(first, second, sizeof first);
+}
+
+static void test_survivors_of_a_host_killed_at_a_step_train_on_bitwise_equal_to_the_reference(void) {
+    float first[SURVIVE_WORLD - 2][SURVIVE_NUMEL], second[SURVIVE_WORLD - 2][SURVIVE_NUMEL];
+    run_survival(3, first);
+    run_survival(3, second);
     TEST_ASSERT_EQUAL_MEMORY(first, second, sizeof first);
 }
 
@@ -846,5 +942,6 @@ int main(void) {
     RUN_TEST(test_survivors_of_a_lost_host_rebuild_a_replica_comm_that_sums_over_them);
     RUN_TEST(test_survivors_drop_the_step_of_the_loss_and_train_on_bitwise_equal_to_the_reference);
     RUN_TEST(test_survivors_of_two_runs_with_the_same_loss_end_bitwise_equal);
+    RUN_TEST(test_survivors_of_a_host_killed_at_a_step_train_on_bitwise_equal_to_the_reference);
     return UNITY_END();
 }
