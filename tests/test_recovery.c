@@ -300,29 +300,58 @@ static int shm_rank(fsdp_comm *comm, void *arg) {
     return 0;
 }
 
+/* This process alone on host `host` (a UTS namespace): 0, or NO_HOST_NAME with why in message. */
+static int enter_host(int host, char *message, size_t size) {
+    char name[32];
+    snprintf(name, sizeof name, "fsdp-recovery-host-%d", host);
+    if (claim_host(name) == 0) return 0;
+    snprintf(message, size, "cannot give a rank a host name of its own (a UTS namespace: as root, or in a user "
+             "namespace): %s", strerror(errno));
+    return NO_HOST_NAME;
+}
+
+/* Joins a socket world of the tests' secret at 127.0.0.1:port (inherit: a listener rank 0 takes,
+   or NULL); fsdp_comm_init's result. */
+static int join_socket_world(fsdp_comm **comm, int rank, int world, int port, const char *job, int timeout_ms,
+                             fsdp__inherit *inherit) {
+    fsdp_comm_desc cd;
+    memset(&cd, 0, sizeof cd);
+    cd.backend = FSDP_BACKEND_SOCKET;
+    cd.rank = rank;
+    cd.world_size = world;
+    cd.master_addr = "127.0.0.1";
+    cd.master_port = port;
+    cd.timeout_ms = timeout_ms;
+    cd.secret = "test-recovery-secret";
+    cd.job = job;
+    return fsdp__comm_create(comm, &cd, NULL, inherit);
+}
+
+/* A listener on loopback for a rebuild's rendezvous, opened while the world is healthy (as a
+   leader of recovery would at fsdp_init): its fd, its port in *port; -1 on failure. */
+static int open_leader_listener(volatile int *port) {
+    struct sockaddr_in at;
+    socklen_t len = sizeof at;
+    int fd;
+    memset(&at, 0, sizeof at);
+    at.sin_family = AF_INET;
+    at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if ((fd = fsdp__sock_listen(&at, 16)) < 0) return -1;
+    if (getsockname(fd, (struct sockaddr *)&at, &len) != 0) {
+        close(fd);
+        return -1;
+    }
+    *port = ntohs(at.sin_port);
+    return fd;
+}
+
 /* A rank of a socket world whose rank r claims host r / (world / hosts). */
 static int host_rank(void *arg) {
     const world_plan *plan = (const world_plan *)arg;
     rank_report *r = &reports[plan->rank];
-    fsdp_comm_desc cd;
     fsdp_comm *comm = NULL;
-    char host[32];
-    snprintf(host, sizeof host, "fsdp-recovery-host-%d", plan->rank / (plan->world / plan->hosts));
-    if (claim_host(host) != 0) {
-        snprintf(r->message, sizeof r->message, "cannot give a rank a host name of its own (a UTS namespace: as root, "
-                 "or in a user namespace): %s", strerror(errno));
-        return NO_HOST_NAME;
-    }
-    memset(&cd, 0, sizeof cd);
-    cd.backend = FSDP_BACKEND_SOCKET;
-    cd.rank = plan->rank;
-    cd.world_size = plan->world;
-    cd.master_addr = "127.0.0.1";
-    cd.master_port = plan->port;
-    cd.timeout_ms = TIMEOUT_MS;
-    cd.secret = "test-recovery-secret";
-    cd.job = plan->job;
-    if ((r->rc = fsdp_comm_init(&comm, &cd)) != FSDP_SUCCESS) {
+    if (enter_host(plan->rank / (plan->world / plan->hosts), r->message, sizeof r->message)) return NO_HOST_NAME;
+    if ((r->rc = join_socket_world(&comm, plan->rank, plan->world, plan->port, plan->job, TIMEOUT_MS, NULL)) != 0) {
         snprintf(r->message, sizeof r->message, "fsdp_comm_init: %.300s", fsdp_comm_last_error(NULL));
         return 0;
     }
@@ -358,6 +387,16 @@ static void run_world(world_plan *plan, int world) {
     for (r = 0; r < world; r++) TEST_ASSERT_EQUAL_INT_MESSAGE(0, status[r], reports[r].message);
 }
 
+static world_plan plan_of(fsdp_strategy strategy, int shard_group_size, int recovery, int hosts) {
+    world_plan plan;
+    memset(&plan, 0, sizeof plan);
+    plan.strategy = strategy;
+    plan.shard_group_size = shard_group_size;
+    plan.recovery = recovery;
+    plan.hosts = hosts;
+    return plan;
+}
+
 static void assert_every_rank_refused(int world, int rc, const char *says) {
     int r;
     for (r = 0; r < world; r++) {
@@ -368,54 +407,34 @@ static void assert_every_rank_refused(int world, int rc, const char *says) {
 }
 
 static void test_recovery_with_full_shard_is_refused_naming_the_unit_and_strategy(void) {
-    world_plan plan;
-    memset(&plan, 0, sizeof plan);
-    plan.strategy = FSDP_FULL_SHARD;
-    plan.recovery = 1;
+    world_plan plan = plan_of(FSDP_FULL_SHARD, 0, 1, 0);
     run_world(&plan, 2);
     assert_every_rank_refused(2, FSDP_ERR_INVALID_ARG, "recovery needs HYBRID_SHARD");
     assert_says(reports[0].message, "unit '(root)' is FULL_SHARD");
 }
 
 static void test_recovery_with_every_replica_on_one_host_is_refused_naming_it(void) {
-    world_plan plan;
-    memset(&plan, 0, sizeof plan);
-    plan.strategy = FSDP_HYBRID_SHARD;
-    plan.shard_group_size = 2;
-    plan.recovery = 1;
+    world_plan plan = plan_of(FSDP_HYBRID_SHARD, 2, 1, 0);
     run_world(&plan, 4);
     assert_every_rank_refused(4, FSDP_ERR_INVALID_ARG, "the 4 ranks are on one host");
 }
 
 static void test_recovery_with_two_replicas_sharing_a_host_is_refused_naming_them(void) {
-    world_plan plan;
-    memset(&plan, 0, sizeof plan);
-    plan.strategy = FSDP_HYBRID_SHARD;
-    plan.shard_group_size = 1;
-    plan.recovery = 1;
-    plan.hosts = 2;
+    world_plan plan = plan_of(FSDP_HYBRID_SHARD, 1, 1, 2);
     run_world(&plan, 4);
     assert_every_rank_refused(4, FSDP_ERR_INVALID_ARG, "replicas 0 and 1 share host 0");
 }
 
 static void test_recovery_over_hosts_of_their_own_is_refused_as_not_available_yet(void) {
-    world_plan plan;
-    memset(&plan, 0, sizeof plan);
-    plan.strategy = FSDP_HYBRID_SHARD;
-    plan.shard_group_size = 2;
-    plan.recovery = 1;
-    plan.hosts = 2;
+    world_plan plan = plan_of(FSDP_HYBRID_SHARD, 2, 1, 2);
     run_world(&plan, 4);
     assert_every_rank_refused(4, FSDP_ERR_UNSUPPORTED, "is not available yet");
 }
 
 static void test_replicas_of_hybrid_over_hosts_are_the_shard_groups_in_query_and_report(void) {
-    world_plan plan;
+    world_plan plan = plan_of(FSDP_HYBRID_SHARD, 0, 0, 2);
     int r;
-    memset(&plan, 0, sizeof plan);
-    plan.strategy = FSDP_HYBRID_SHARD;
     plan.train = 1;
-    plan.hosts = 2;
     run_world(&plan, 4);
     for (r = 0; r < 4; r++) {
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, reports[r].rc, reports[r].message);
@@ -428,10 +447,8 @@ static void test_replicas_of_hybrid_over_hosts_are_the_shard_groups_in_query_and
 }
 
 static void test_replicas_of_full_shard_are_one_and_of_no_shard_every_rank(void) {
-    world_plan plan;
+    world_plan plan = plan_of(FSDP_FULL_SHARD, 0, 0, 0);
     int r;
-    memset(&plan, 0, sizeof plan);
-    plan.strategy = FSDP_FULL_SHARD;
     run_world(&plan, 3);
     for (r = 0; r < 3; r++) {
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, reports[r].rc, reports[r].message);
@@ -480,24 +497,15 @@ static loss_board *loss; /* MAP_SHARED before any fork */
    integer, so the sum over the survivors is exact. */
 static void loss_rebuild(int me, int hosts, const char *job, float *buf, int listen_fd) {
     fsdp__inherit inherit;
-    fsdp_comm_desc cd;
     fsdp_comm *replica = NULL;
     char token[48];
     float want = 0;
     int h, i, right = 1;
     memset(&inherit, 0, sizeof inherit);
     inherit.listen_fd = listen_fd;
-    memset(&cd, 0, sizeof cd);
     snprintf(token, sizeof token, "%s-rebuilt-%d", job, me % 2);
-    cd.backend = FSDP_BACKEND_SOCKET;
-    cd.rank = me / 2;
-    cd.world_size = hosts - 1;
-    cd.master_addr = "127.0.0.1";
-    cd.master_port = loss->rebuild_port[me % 2];
-    cd.timeout_ms = LOSS_OP_TIMEOUT_MS;
-    cd.secret = "test-recovery-secret";
-    cd.job = token;
-    if ((loss->rebuild_rc[me] = fsdp__comm_create(&replica, &cd, NULL, &inherit)) != 0) {
+    if ((loss->rebuild_rc[me] = join_socket_world(&replica, me / 2, hosts - 1, loss->rebuild_port[me % 2], token,
+                                                  LOSS_OP_TIMEOUT_MS, &inherit)) != 0) {
         copy_text(loss->message[me], sizeof loss->message[me], fsdp_comm_last_error(NULL));
         return;
     }
@@ -518,43 +526,17 @@ static void loss_rebuild(int me, int hosts, const char *job, float *buf, int lis
    before their first op, so before the parent kills anything). */
 static int loss_rank(void *arg) {
     const world_plan *plan = (const world_plan *)arg;
-    int me = plan->rank, rc = 0;
-    fsdp_comm_desc cd;
+    int me = plan->rank, rc = 0, listen_fd = -1;
     fsdp_comm *world = NULL, *shard = NULL, *replica = NULL;
     float *buf = (float *)calloc(LOSS_COUNT, sizeof(float));
-    char host[32];
     double until = now_ms() + 60000;
-    int listen_fd = -1;
-    snprintf(host, sizeof host, "fsdp-recovery-host-%d", me / 2);
-    if (claim_host(host) != 0) {
-        snprintf(loss->message[me], sizeof loss->message[me], "cannot give a rank a host name of its own (a UTS "
-                 "namespace: as root, or in a user namespace): %s", strerror(errno));
-        return NO_HOST_NAME;
-    }
-    memset(&cd, 0, sizeof cd);
-    cd.backend = FSDP_BACKEND_SOCKET;
-    cd.rank = me;
-    cd.world_size = plan->world;
-    cd.master_addr = "127.0.0.1";
-    cd.master_port = plan->port;
-    cd.timeout_ms = LOSS_OP_TIMEOUT_MS;
-    cd.secret = "test-recovery-secret";
-    cd.job = plan->job;
-    if (!buf || fsdp_comm_init(&world, &cd) != 0 || fsdp_comm_split(world, me / 2, me, &shard) != 0 ||
+    if (enter_host(me / 2, loss->message[me], sizeof loss->message[me])) return NO_HOST_NAME;
+    if (!buf || join_socket_world(&world, me, plan->world, plan->port, plan->job, LOSS_OP_TIMEOUT_MS, NULL) != 0 || fsdp_comm_split(world, me / 2, me, &shard) != 0 ||
         fsdp_comm_split(world, me % 2, me, &replica) != 0) {
         snprintf(loss->message[me], sizeof loss->message[me], "setting up: %.300s", fsdp_comm_last_error(world));
         return 1;
     }
-    if (plan->train && me < 2) { /* a leader of the rebuild: its listener, ready before any loss */
-        struct sockaddr_in at;
-        socklen_t len = sizeof at;
-        memset(&at, 0, sizeof at);
-        at.sin_family = AF_INET;
-        at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        if ((listen_fd = fsdp__sock_listen(&at, 16)) < 0 || getsockname(listen_fd, (struct sockaddr *)&at, &len) != 0)
-            return 1;
-        loss->rebuild_port[me] = ntohs(at.sin_port);
-    }
+    if (plan->train && me < 2 && (listen_fd = open_leader_listener(&loss->rebuild_port[me])) < 0) return 1;
     while (rc == 0 && now_ms() < until) {
         rc = fsdp_all_reduce(replica, buf, buf, LOSS_COUNT, FSDP_F32, FSDP_SUM);
         if (!rc) loss->ops[me]++;
@@ -680,7 +662,8 @@ static void test_survivors_of_a_lost_host_rebuild_a_replica_comm_that_sums_over_
 typedef struct survive_board {
     char job[40];
     int hosts;             /* 0: shared memory, the loss simulated; 3: hosts of 2 ranks, host 2 killed */
-    int port, rebuild_port; /* hosts: the world's rendezvous, and the rebuild's (rank 0's listener) */
+    int port;              /* hosts: the world's rendezvous */
+    volatile int rebuild_port; /* hosts: the rebuild's (rank 0's listener) */
     float init[SURVIVE_NUMEL];
     float final[SURVIVE_WORLD][SURVIVE_NUMEL];
     int failed_at[SURVIVE_WORLD], finished[SURVIVE_WORLD], step_count[SURVIVE_WORLD];
@@ -787,35 +770,10 @@ static int survive_rank(fsdp_comm *comm, void *arg) {
    leader's, ready before any loss). */
 static int survive_host_rank(void *arg) {
     int me = *(const int *)arg, listen_fd = -1;
-    fsdp_comm_desc cd;
     fsdp_comm *comm = NULL;
-    char host[32];
-    snprintf(host, sizeof host, "fsdp-recovery-host-%d", me / 2);
-    if (claim_host(host) != 0) {
-        snprintf(survive->message[me], sizeof survive->message[me], "cannot give a rank a host name of its own (a "
-                 "UTS namespace: as root, or in a user namespace): %s", strerror(errno));
-        return NO_HOST_NAME;
-    }
-    if (me == 0) {
-        struct sockaddr_in at;
-        socklen_t len = sizeof at;
-        memset(&at, 0, sizeof at);
-        at.sin_family = AF_INET;
-        at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        if ((listen_fd = fsdp__sock_listen(&at, 16)) < 0 || getsockname(listen_fd, (struct sockaddr *)&at, &len) != 0)
-            return 1;
-        survive->rebuild_port = ntohs(at.sin_port);
-    }
-    memset(&cd, 0, sizeof cd);
-    cd.backend = FSDP_BACKEND_SOCKET;
-    cd.rank = me;
-    cd.world_size = SURVIVE_WORLD;
-    cd.master_addr = "127.0.0.1";
-    cd.master_port = survive->port;
-    cd.timeout_ms = TIMEOUT_MS;
-    cd.secret = "test-recovery-secret";
-    cd.job = survive->job;
-    if (fsdp_comm_init(&comm, &cd) != 0) {
+    if (enter_host(me / 2, survive->message[me], sizeof survive->message[me])) return NO_HOST_NAME;
+    if (me == 0 && (listen_fd = open_leader_listener(&survive->rebuild_port)) < 0) return 1;
+    if (join_socket_world(&comm, me, SURVIVE_WORLD, survive->port, survive->job, TIMEOUT_MS, NULL) != 0) {
         copy_text(survive->message[me], sizeof survive->message[me], fsdp_comm_last_error(NULL));
         return 1;
     }
