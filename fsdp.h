@@ -794,10 +794,10 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
 /* ============================================================================================
    >>recovery
    Surviving the loss of a replica (a host's shard group under HYBRID_SHARD) inside the job,
-   without a restart (issue 38). Only the interface and the agreement rule exist so far: fsdp_init
-   checks fsdp_desc.recovery and then refuses it (FSDP_ERR_UNSUPPORTED, "not available yet")
-   until detection, the rebuild of the communicators and the step rule are in. Recovery off (the
-   default) changes nothing.
+   without a restart (issue 38). Only the interface exists for users so far: fsdp_init checks
+   fsdp_desc.recovery and then refuses it (FSDP_ERR_UNSUPPORTED, "not available yet") until the
+   rendezvous of the survivors and its use by fsdp_step are in (the implementation's >>recovery
+   says what is built). Recovery off (the default) changes nothing.
    ============================================================================================ */
 typedef struct fsdp_recovery_desc {
     int enabled;            /* 1: survive a lost replica (HYBRID_SHARD whose replicas span hosts) */
@@ -9228,8 +9228,15 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
    and can be made anew over a set of peers; the runtime only asks for the current replicas.
 
    What exists: fsdp_desc.recovery and its checks at fsdp_init (which then refuse it, "not
-   available yet"), fsdp_replicas, the report's fields, and the agreement rule below
-   (fsdp__recovery_decide), which everything else is to be built around:
+   available yet"), fsdp_replicas, the report's fields, the agreement rule below
+   (fsdp__recovery_decide), and in >>runtime the survivors' side of a loss: fsdp__recovery_quiesce
+   (every comm of the context aborted, so that every survivor fails fast and enters recovery,
+   also those whose own ops were fine: a rank of another column of a host would otherwise wait
+   out the op timeout in its next shard op; then the comm thread drained), fsdp__recovery_reset
+   (the iteration undone: the step applied nowhere) and fsdp__recovery_adopt (the survivors' new
+   world and groups taken over; master shards moved into the new shard comm's shared memory).
+   tests/test_recovery.c drives them by hand through a real loss (a host's ranks SIGKILLed at a
+   step) to the last step, bitwise equal to a plain reference. What is decided:
      membership   a numbered epoch: the replicas (as fsdp_init numbered them) that train. The
                   next one is agreed by the survivors of the last, from one view per surviving
                   rank (its epoch, its replica, which replicas it still reaches, how far it got
@@ -9253,18 +9260,20 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
                   drops it (gradients zeroed, the step count unchanged) and the report says
                   dropped. A commit over the replica comm alone would not do: two columns of
                   a host could then decide differently and leave shards a step apart.
-   To be built (in this order): (1) a commit point in fsdp_step when recovery is on, and the
-   gradient norm over the shard comm (every HYBRID replica holds the same reduced gradient, so
-   the world comm is not needed while training); (2) the comms' report of which peers were lost
-   (reset, silence past detect_ms while an op waits: a heartbeat on the links, not the op
-   timeout); (3) at fsdp_init with recovery, each rank opens a recovery listener and the world
-   all-gathers their addresses and session while it is healthy, so that after a loss any survivor
-   (rank 0's host included) can be the rendezvous: the lowest rank of the lowest replica it
-   believes alive collects the views for detect_ms, runs fsdp__recovery_decide and welcomes the
-   survivors into a new socket world, split again into the replica comm, the shard comms of
-   the surviving hosts kept as they are (their fsdp_comm_alloc'd shards live there); (4) the
-   runtime's clean-up on the survivors: the comm thread's queue drained, worker_error and the
-   units' states reset, grad buffers returned, ctx->comm/rank/world replaced; (5) rejoin.
+   To be built (in this order): (1) the commit point in fsdp_step when recovery is on (today the
+   gradient norm's all_gather over the world comm acts as one, but nothing records who passed
+   it); (2) the comms' report of which peers were lost, for the views' reach (a reset shows at
+   once; silence at the op timeout: a host that vanishes is to be noticed within detect_ms by
+   the kernel, SO_KEEPALIVE and TCP_USER_TIMEOUT on the replica links, which a slow but live
+   peer's kernel still answers, so a straggler is not taken for lost); (3) at fsdp_init with
+   recovery, each rank opens a recovery listener and the world all-gathers their addresses while
+   it is healthy, so that after a loss any survivor (rank 0's host included) can be the
+   rendezvous: the lowest rank of the lowest replica it believes alive collects the views for
+   detect_ms, runs fsdp__recovery_decide and welcomes the survivors into a new world (reusing
+   the job's derived key: a PBKDF2 stretch per new comm is most of a rebuild's time, 0.2-1 s
+   each on a busy 2-core machine against a few ms without), split into shard and replica comms and
+   adopted; (4) fsdp_step running it all on a loss and reporting it (epoch, dropped), with
+   offload refused until the step thread is quiesced too; (5) rejoin.
    ============================================================================================ */
 #define FSDP__RECOVERY_DETECT_MS 5000 /* default detect_ms: the issue's bound for a silent host */
 
@@ -11182,7 +11191,8 @@ FSDP__PRIVATE void fsdp__recovery_reset(fsdp_ctx *ctx) {
    shard comm of this rank's group and the replica comm across the groups (NULL: one replica
    left), which the context takes over, destroying its old ones. Master shards the old shard comm
    shared are moved into memory of the new one (fsdp_comm_alloc: collective over shard). Every
-   unit must be HYBRID_SHARD with shard groups of the size they had (the recovery checks). */
+   unit must be HYBRID_SHARD with shard groups of the size they had (the recovery checks). On
+   failure nothing changed: the caller still owns shard and replica. */
 FSDP__PRIVATE int fsdp__recovery_adopt(fsdp_ctx *ctx, fsdp_comm *world, fsdp_comm *shard, fsdp_comm *replica) {
     size_t total = 0, at = 0;
     void *mem = NULL;
