@@ -9269,10 +9269,12 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
    recovery, each rank opens a recovery listener and the world all-gathers their addresses while
    it is healthy, so that after a loss any survivor (rank 0's host included) can be the
    rendezvous: the lowest rank of the lowest replica it believes alive collects the views for
-   detect_ms, runs fsdp__recovery_decide and welcomes the survivors into a new world (reusing
-   the job's derived key: a PBKDF2 stretch per new comm is most of a rebuild's time, 0.2-1 s
-   each on a busy 2-core machine against a few ms without), split into shard and replica comms and
-   adopted; (4) fsdp_step running it all on a loss and reporting it (epoch, dropped), with
+   detect_ms, runs fsdp__recovery_decide and welcomes the survivors into a new world made with
+   the old world as its parent (fsdp__comm_create: its key from the old world's key and a token
+   naming the epoch, as a split's is, so only ranks of the old world, and of this epoch, can
+   join, and no PBKDF2 stretch of the secret, which took 0.2-1 s on a busy 2-core machine against
+   a few ms for the rest of a rebuild), split into shard and replica comms and adopted;
+   (4) fsdp_step running it all on a loss and reporting it (epoch, dropped), with
    offload refused until the step thread is quiesced too; (5) rejoin.
    ============================================================================================ */
 #define FSDP__RECOVERY_DETECT_MS 5000 /* default detect_ms: the bound for a silent host */
