@@ -664,11 +664,12 @@ static void test_survivors_of_a_lost_host_rebuild_a_replica_comm_that_sums_over_
 typedef struct survive_board {
     char job[40];
     int hosts;             /* 0: shared memory, the loss simulated; 3: hosts of 2 ranks, host 2 killed */
+    int no_recovery;       /* 1: a survivor stops at the loss, as every rank does without recovery */
     int port;              /* hosts: the world's rendezvous */
     volatile int rebuild_port; /* hosts: the rebuild's (rank 0's listener) */
     float init[SURVIVE_NUMEL];
     float final[SURVIVE_WORLD][SURVIVE_NUMEL];
-    int failed_at[SURVIVE_WORLD], finished[SURVIVE_WORLD], step_count[SURVIVE_WORLD];
+    int failed_at[SURVIVE_WORLD], finished[SURVIVE_WORLD], step_count[SURVIVE_WORLD], rc[SURVIVE_WORLD];
     double killed_ms[SURVIVE_WORLD], detected_ms[SURVIVE_WORLD], rebuilt_ms[SURVIVE_WORLD], next_step_ms[SURVIVE_WORLD];
     char message[SURVIVE_WORLD][400];
 } survive_board;
@@ -747,12 +748,13 @@ static int survive_rank(fsdp_comm *comm, void *arg) {
     if ((rc = fsdp_init(&ctx, m, &d)) == 0) rc = fsdp_gather_param(ctx, w, survive->final[me]); /* (collective) */
     if (!rc && me == 0) memcpy(survive->init, survive->final[0], sizeof survive->init);
     for (t = 0; !rc && t < SURVIVE_STEPS; t++) {
-        if (survive_iteration(ctx, w, t, me) == 0) {
+        if ((rc = survive_iteration(ctx, w, t, me)) == 0) {
             if (t == LOSS_STEP + 1) survive->next_step_ms[me] = now_ms();
             continue;
         }
         survive->detected_ms[me] = now_ms();
         survive->failed_at[me] = t + 1;
+        if (survive->no_recovery) break;
         if ((rc = fsdp__recovery_quiesce(ctx, "a replica was lost")) != 0) break;
         fsdp__recovery_reset(ctx);
         if (me >= 4) break; /* replica 2 leaves */
@@ -762,6 +764,7 @@ static int survive_rank(fsdp_comm *comm, void *arg) {
     }
     if (!rc && me < 4 && (rc = fsdp_gather_param(ctx, w, survive->final[me])) == 0) survive->finished[me] = 1;
     survive->step_count[me] = ctx ? (int)ctx->step : -1;
+    survive->rc[me] = rc;
     if (rc) copy_text(survive->message[me], sizeof survive->message[me], ctx ? fsdp_last_error(ctx) : fsdp_last_error(NULL));
     fsdp_destroy(ctx);
     fsdp_comm_destroy(world);
@@ -867,6 +870,27 @@ static void test_survivors_of_two_runs_with_the_same_loss_end_bitwise_equal(void
     TEST_ASSERT_EQUAL_MEMORY(first, second, sizeof first);
 }
 
+static void test_without_recovery_a_host_killed_at_a_step_ends_every_survivor_naming_the_lost_rank(void) {
+    int r;
+    memset(survive, 0, sizeof *survive);
+    survive->hosts = 3;
+    survive->no_recovery = 1;
+    snprintf(survive->job, sizeof survive->job, "survive-%d-off", (int)getpid());
+    run_hosts();
+    for (r = 0; r < SURVIVE_WORLD - 2; r++) {
+        double took = survive->detected_ms[r] - (survive->killed_ms[4] < survive->killed_ms[5] ? survive->killed_ms[4]
+                                                                                                : survive->killed_ms[5]);
+        char what[600];
+        snprintf(what, sizeof what, "rank %d: failed at step %d after %.1f ms: %s", r, survive->failed_at[r] - 1, took,
+                 survive->message[r]);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(LOSS_STEP + 1, survive->failed_at[r], what);
+        TEST_ASSERT_TRUE_MESSAGE(survive->rc[r] == FSDP_ERR_PEER_LOST || survive->rc[r] == FSDP_ERR_ABORTED, what);
+        assert_says(survive->message[r], "closed its connection");
+        TEST_ASSERT_TRUE_MESSAGE(took < TIMEOUT_MS / 4, what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(LOSS_STEP, survive->step_count[r], what);
+    }
+}
+
 static void test_survivors_of_a_host_killed_at_a_step_train_on_bitwise_equal_to_the_reference(void) {
     float first[SURVIVE_WORLD - 2][SURVIVE_NUMEL], second[SURVIVE_WORLD - 2][SURVIVE_NUMEL];
     run_survival(3, first);
@@ -906,6 +930,7 @@ int main(void) {
     RUN_TEST(test_survivors_of_a_lost_host_rebuild_a_replica_comm_that_sums_over_them);
     RUN_TEST(test_survivors_drop_the_step_of_the_loss_and_train_on_bitwise_equal_to_the_reference);
     RUN_TEST(test_survivors_of_two_runs_with_the_same_loss_end_bitwise_equal);
+    RUN_TEST(test_without_recovery_a_host_killed_at_a_step_ends_every_survivor_naming_the_lost_rank);
     RUN_TEST(test_survivors_of_a_host_killed_at_a_step_train_on_bitwise_equal_to_the_reference);
     return UNITY_END();
 }
