@@ -9250,19 +9250,22 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
                   stops both) and at least min_replicas; otherwise every rank of the partition
                   stops, naming it. A rank whose replica is not in it leaves too, its shard
                   group being incomplete or cut off.
-     the step     one rule that leaves every survivor's bits equal: the update of the step in
-                  flight is applied where, and only where, some survivor passed the step's
-                  commit point, a collective over every training rank after the last
-                  reduction and before the update. Passing it proves every rank had finished
-                  its reductions (each joins the commit only after them, and the fold is the
-                  same everywhere), so then every survivor applies it from the gradients it
-                  holds (reduced over the old membership); if none passed, every survivor
-                  drops it (gradients zeroed, the step count unchanged) and the report says
-                  dropped. A commit over the replica comm alone would not do: two columns of
-                  a host could then decide differently and leave shards a step apart.
-   To be built (in this order): (1) the commit point in fsdp_step when recovery is on (today the
-   gradient norm's all_gather over the world comm acts as one, but nothing records who passed
-   it); (2) the comms' report of which peers were lost, for the views' reach (a reset shows at
+     the step     one rule that leaves every survivor's bits equal: every survivor ends at the
+                  newest step any of them applied. A step is applied only past its commit
+                  point, a collective over every training rank after the last reduction and
+                  before the update (today the gradient norm's all_gather over the world comm).
+                  A survivor past it goes on, and learns of the loss only in a later op; one
+                  that failed inside it is a step behind. But some rank passing the commit
+                  proves every rank joined it, so had finished its reductions (the fold is the
+                  same everywhere): the one behind holds the same reduced gradient and applies
+                  the step from it (with the clipping factor of the norm those ahead computed:
+                  their views must carry it). If none passed, every survivor drops the step
+                  (gradients zeroed, the step count unchanged) and the report says dropped. A
+                  commit over the replica comm alone would not do: two columns of a host could
+                  then decide differently and leave shards a step apart.
+   To be built (in this order): (1) a survivor one step behind catching up (the update of
+   fsdp_step from its gradients, with the clipping factor from the views), and the commit point
+   kept a collective over the world when fsdp_step changes; (2) the comms' report of which peers were lost, for the views' reach (a reset shows at
    once; silence at the op timeout: a host that vanishes is to be noticed within detect_ms by
    the kernel, SO_KEEPALIVE and TCP_USER_TIMEOUT on the replica links, which a slow but live
    peer's kernel still answers, so a straggler is not taken for lost); (3) at fsdp_init with
@@ -9284,8 +9287,8 @@ typedef struct fsdp__recovery_view {
     int64_t epoch;              /* the last membership it agreed to */
     int rank;                   /* its rank at fsdp_init (for messages) */
     int replica;                /* its replica, numbered as at fsdp_init */
-    int reductions_done;        /* it holds the whole reduced gradient of the step in flight */
-    int committed;              /* it passed the step's commit point */
+    int64_t step;               /* optimizer steps it has applied (fsdp_step_report.step) */
+    int reductions_done;        /* it holds the whole reduced gradient of the step after those */
     const unsigned char *reach; /* [membership total]: 1 for each replica it still reaches */
 } fsdp__recovery_view;
 
@@ -9347,40 +9350,41 @@ FSDP__PRIVATE void fsdp__recovery_survivors(const fsdp__membership *last, int ra
     }
 }
 
-/* The step rule (see the banner): *apply 1 if some survivor passed the commit point, and then
-   every survivor must hold the reduced gradient. */
+/* The step rule (see the banner): *target the newest step a survivor applied; a survivor one
+   step behind must hold the reduced gradient to catch up, one further behind cannot be. */
 FSDP__PRIVATE int fsdp__recovery_step_rule(const fsdp__membership *last, const fsdp__membership *next,
-                                           const fsdp__recovery_view *views, int n, int *apply, char *why,
+                                           const fsdp__recovery_view *views, int n, int64_t *target, char *why,
                                            size_t why_size) {
-    int i, committer = -1;
-    *apply = 0;
-    for (i = 0; i < n && committer < 0; i++)
-        if (fsdp__view_current(last, &views[i]) && fsdp__membership_has(next, views[i].replica) && views[i].committed)
-            committer = i;
-    if (committer < 0) return 0;
+    int i, ahead = -1;
     for (i = 0; i < n; i++)
         if (fsdp__view_current(last, &views[i]) && fsdp__membership_has(next, views[i].replica) &&
-            !views[i].reductions_done) {
-            fsdp__fmt(why, why_size, "recovery: rank %d passed the commit point of the step in flight but rank %d "
-                      "(replica %d) did not finish its reductions: the commit cannot have completed",
-                      views[committer].rank, views[i].rank, views[i].replica);
-            return FSDP_ERR_PROTOCOL;
-        }
-    *apply = 1;
+            (ahead < 0 || views[i].step > views[ahead].step))
+            ahead = i;
+    *target = ahead < 0 ? 0 : views[ahead].step;
+    for (i = 0; i < n && ahead >= 0; i++) {
+        const fsdp__recovery_view *v = &views[i];
+        if (!fsdp__view_current(last, v) || !fsdp__membership_has(next, v->replica) || v->step == *target) continue;
+        if (v->step == *target - 1 && v->reductions_done) continue;
+        fsdp__fmt(why, why_size, "recovery: rank %d applied step %lld but rank %d (replica %d) is at step %lld%s: the "
+                  "commit point cannot have been passed", views[ahead].rank, (long long)*target, v->rank, v->replica,
+                  (long long)v->step, v->step == *target - 1 ? " without its reduced gradient" : "");
+        return FSDP_ERR_PROTOCOL;
+    }
     return 0;
 }
 
 /* The agreement: from the last membership and the survivors' views (the same on every survivor),
-   the next membership (next->replicas: room for last->total) and whether the step in flight is
-   applied. 0 to go on (next->epoch = last->epoch + 1, or unchanged when no replica was lost: the
+   the next membership (next->replicas: room for last->total) and the step every survivor is to
+   end at (*target_step: one behind it applies the step in flight, at it drops the iteration in
+   flight). 0 to go on (next->epoch = last->epoch + 1, or unchanged when no replica was lost: the
    failure was not a loss); FSDP_ERR_PEER_LOST when this partition must stop (not a strict
    majority of the last membership, or fewer than min_replicas), why naming it; FSDP_ERR_PROTOCOL
    for views that contradict each other. The caller leaves if its own replica is not in next. */
 FSDP__PRIVATE int fsdp__recovery_decide(const fsdp__membership *last, int ranks_per_replica, int min_replicas,
                                         const fsdp__recovery_view *views, int n, fsdp__membership *next,
-                                        int *apply_step, char *why, size_t why_size) {
+                                        int64_t *target_step, char *why, size_t why_size) {
     char kept[160], was[160];
-    *apply_step = 0;
+    *target_step = 0;
     why[0] = 0;
     next->total = last->total;
     next->epoch = last->epoch;
@@ -9400,7 +9404,7 @@ FSDP__PRIVATE int fsdp__recovery_decide(const fsdp__membership *last, int ranks_
     }
     if (next->count < last->count) next->epoch = last->epoch + 1;
     fsdp__fmt(why, why_size, "recovery: epoch %lld: replicas %s of %s", (long long)next->epoch, kept, was);
-    return fsdp__recovery_step_rule(last, next, views, n, apply_step, why, why_size);
+    return fsdp__recovery_step_rule(last, next, views, n, target_step, why, why_size);
 }
 
 /* fsdp_init's checks of desc->recovery, with the plan made: 0 when it is off; else why it

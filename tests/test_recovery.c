@@ -1,12 +1,15 @@
 /* test_recovery.c - specification of >>recovery as far as it exists: the agreement rule that
    decides, from the views of the ranks that survived a lost replica, the next membership (its
-   epoch, its replicas), whether a partition must stop (naming it) and whether the step in flight
-   is applied; fsdp_desc.recovery's checks at fsdp_init, which refuse it where it cannot work and,
+   epoch, its replicas), whether a partition must stop (naming it) and the step every survivor
+   ends at (the step in flight applied everywhere or nowhere); fsdp_desc.recovery's checks at fsdp_init, which refuse it where it cannot work and,
    where it could, as not available yet; fsdp_replicas and the step report's replica fields; and
    what recovery will build on in the comms as they are: a replica lost between hosts shows in
    the replica communicator's op (a reset at once as FSDP_ERR_PEER_LOST naming the rank, silence
    at the op's timeout), while the shared-memory shard communicator of a surviving host stays
-   healthy.
+   healthy; and the survivors' runtime after a loss (quiesce, reset, adopt), driven by hand (the
+   rendezvous and the agreement's exchange are still to come) through a simulated loss on one
+   host and a real one (a host's ranks SIGKILLed at a step) over three: the survivors reach the
+   last step bitwise equal to a plain reference, run after run.
 
    The agreement is a pure function, tested directly (the file includes the implementation). The
    fsdp_init checks run in forked worlds: shared memory on one host, and sockets over two hosts
@@ -35,7 +38,8 @@ typedef struct agreement {
     fsdp__membership last, next;
     unsigned char reach[MAX_RANKS][MAX_REPLICAS];
     fsdp__recovery_view views[MAX_RANKS];
-    int num_views, apply, rc;
+    int num_views, rc;
+    int64_t target;     /* the step every survivor is to end at */
     char why[FSDP__ERRMSG];
 } agreement;
 
@@ -77,7 +81,7 @@ static void add_replicas(const int *replicas, int n) {
 }
 
 static void decide(int min_replicas) {
-    ag.rc = fsdp__recovery_decide(&ag.last, 2, min_replicas, ag.views, ag.num_views, &ag.next, &ag.apply, ag.why,
+    ag.rc = fsdp__recovery_decide(&ag.last, 2, min_replicas, ag.views, ag.num_views, &ag.next, &ag.target, ag.why,
                                   sizeof ag.why);
 }
 
@@ -95,7 +99,7 @@ static void test_decide_one_of_four_replicas_lost_keeps_three_in_the_next_epoch(
     add_replicas(alive, 3);
     decide(1);
     assert_next(1, alive, 3);
-    TEST_ASSERT_EQUAL_INT(0, ag.apply);
+    TEST_ASSERT_EQUAL_INT(0, (int)ag.target);
 }
 
 static void test_decide_rendezvous_replica_lost_is_survived_like_any_other(void) {
@@ -173,40 +177,56 @@ static void test_decide_nothing_lost_keeps_the_epoch(void) {
     assert_next(7, all, 3);
 }
 
-static void test_decide_a_survivor_past_the_commit_point_applies_the_step_everywhere(void) {
-    static const int alive[3] = {0, 1, 3};
+/* Every view at step 5 with its reductions done (or not, per mask bit i for view i). */
+static void views_at_step_5(unsigned reduced_mask) {
     int i;
+    for (i = 0; i < ag.num_views; i++) {
+        ag.views[i].step = 5;
+        ag.views[i].reductions_done = (int)((reduced_mask >> i) & 1u);
+    }
+}
+
+static void test_decide_a_survivor_past_the_commit_point_brings_every_survivor_to_its_step(void) {
+    static const int alive[3] = {0, 1, 3};
     last_membership(0, 4);
     add_replicas(alive, 3);
-    for (i = 0; i < ag.num_views; i++) ag.views[i].reductions_done = 1;
-    ag.views[3].committed = 1;
+    views_at_step_5(0x3f);
+    ag.views[3].step = 6; /* rank 3 applied step 6 before it saw the loss */
     decide(1);
     assert_next(1, alive, 3);
-    TEST_ASSERT_EQUAL_INT(1, ag.apply);
+    TEST_ASSERT_EQUAL_INT(6, (int)ag.target);
 }
 
 static void test_decide_no_survivor_past_the_commit_point_drops_the_step_everywhere(void) {
     static const int alive[3] = {0, 1, 3};
-    int i;
     last_membership(0, 4);
     add_replicas(alive, 3);
-    for (i = 0; i < ag.num_views; i++) ag.views[i].reductions_done = i != 2;
+    views_at_step_5(0x3f & ~0x4u); /* rank 2 did not even finish its reductions */
     decide(1);
     assert_next(1, alive, 3);
-    TEST_ASSERT_EQUAL_INT(0, ag.apply);
+    TEST_ASSERT_EQUAL_INT(5, (int)ag.target);
 }
 
-static void test_decide_commit_without_every_reduction_done_is_refused_naming_both_ranks(void) {
+static void test_decide_a_step_applied_while_a_survivor_lacks_its_gradient_is_refused_naming_both_ranks(void) {
     static const int alive[3] = {0, 1, 3};
-    int i;
     last_membership(0, 4);
     add_replicas(alive, 3);
-    for (i = 0; i < ag.num_views; i++) ag.views[i].reductions_done = i != 4;
-    ag.views[0].committed = 1;
+    views_at_step_5(0x3f & ~0x10u);
+    ag.views[0].step = 6;
     decide(1);
     TEST_ASSERT_EQUAL_INT(FSDP_ERR_PROTOCOL, ag.rc);
-    assert_says(ag.why, "rank 0 passed the commit point");
-    assert_says(ag.why, "rank 6 (replica 3) did not finish");
+    assert_says(ag.why, "rank 0 applied step 6 but rank 6 (replica 3) is at step 5 without its reduced gradient");
+}
+
+static void test_decide_a_survivor_two_steps_behind_is_refused(void) {
+    static const int alive[3] = {0, 1, 3};
+    last_membership(0, 4);
+    add_replicas(alive, 3);
+    views_at_step_5(0x3f);
+    ag.views[1].step = 7;
+    decide(1);
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_PROTOCOL, ag.rc);
+    assert_says(ag.why, "rank 1 applied step 7 but rank 0 (replica 0) is at step 5:");
 }
 
 static void test_decide_same_views_in_any_order_decide_the_same(void) {
@@ -216,8 +236,8 @@ static void test_decide_same_views_in_any_order_decide_the_same(void) {
     last_membership(0, 4);
     add_replicas(alive, 3);
     add_view(0, 0, 0x1); /* half of replica 0 */
-    ag.views[0].committed = 1;
-    for (i = 0; i < ag.num_views; i++) ag.views[i].reductions_done = 1;
+    views_at_step_5(0x7f);
+    ag.views[2].step = 6;
     decide(1);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, ag.rc, ag.why);
     n = ag.next.count;
@@ -226,7 +246,7 @@ static void test_decide_same_views_in_any_order_decide_the_same(void) {
     memcpy(ag.views, reversed, sizeof reversed);
     decide(1);
     assert_next(1, first, n);
-    TEST_ASSERT_EQUAL_INT(1, ag.apply);
+    TEST_ASSERT_EQUAL_INT(6, (int)ag.target);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -914,9 +934,10 @@ int main(void) {
     RUN_TEST(test_decide_views_of_an_older_epoch_are_not_counted);
     RUN_TEST(test_decide_link_broken_one_way_drops_the_later_replica_only);
     RUN_TEST(test_decide_nothing_lost_keeps_the_epoch);
-    RUN_TEST(test_decide_a_survivor_past_the_commit_point_applies_the_step_everywhere);
+    RUN_TEST(test_decide_a_survivor_past_the_commit_point_brings_every_survivor_to_its_step);
     RUN_TEST(test_decide_no_survivor_past_the_commit_point_drops_the_step_everywhere);
-    RUN_TEST(test_decide_commit_without_every_reduction_done_is_refused_naming_both_ranks);
+    RUN_TEST(test_decide_a_step_applied_while_a_survivor_lacks_its_gradient_is_refused_naming_both_ranks);
+    RUN_TEST(test_decide_a_survivor_two_steps_behind_is_refused);
     RUN_TEST(test_decide_same_views_in_any_order_decide_the_same);
     RUN_TEST(test_recovery_with_full_shard_is_refused_naming_the_unit_and_strategy);
     RUN_TEST(test_recovery_with_every_replica_on_one_host_is_refused_naming_it);
