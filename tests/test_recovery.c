@@ -685,11 +685,15 @@ typedef struct survive_board {
     char job[40];
     int hosts;             /* 0: shared memory, the loss simulated; 3: hosts of 2 ranks, host 2 killed */
     int no_recovery;       /* 1: a survivor stops at the loss, as every rank does without recovery */
+    int lost;              /* the replica lost (its ranks 2 lost, 2 lost + 1) */
     int port;              /* hosts: the world's rendezvous */
-    volatile int rebuild_port; /* hosts: the rebuild's (rank 0's listener) */
+    volatile int leader_port[SURVIVE_WORLD]; /* hosts: the listener of each replica's first rank */
     float init[SURVIVE_NUMEL];
     float final[SURVIVE_WORLD][SURVIVE_NUMEL];
     int failed_at[SURVIVE_WORLD], finished[SURVIVE_WORLD], step_count[SURVIVE_WORLD], rc[SURVIVE_WORLD];
+    /* each survivor's view after the loss (the rendezvous to come will carry them) */
+    volatile int view_ready[SURVIVE_WORLD];
+    int64_t view_step[SURVIVE_WORLD];
     double killed_ms[SURVIVE_WORLD], detected_ms[SURVIVE_WORLD], rebuilt_ms[SURVIVE_WORLD], next_step_ms[SURVIVE_WORLD];
     char message[SURVIVE_WORLD][400];
 } survive_board;
@@ -699,9 +703,9 @@ static survive_board *survive;
 /* The gradient rank r's data gives element i at step t: small integers, so every sum is exact. */
 static float survive_grad(int t, int r, int i) { return (float)((t * 7 + r * 5 + i * 3) % 11) - 5.0f; }
 
-/* One iteration of rank me (its data index) at step t. At LOSS_STEP replica 2 is lost in the
-   backward: on hosts its ranks die of SIGKILL (their connections reset); on shared memory rank
-   5 aborts its replica comm (the loss simulated). */
+/* One iteration of rank me (its data index) at step t. At LOSS_STEP replica survive->lost is lost
+   in the backward: on hosts its ranks die of SIGKILL (their connections reset); on shared memory
+   its second rank aborts its replica comm (the loss simulated). */
 static int survive_iteration(fsdp_ctx *ctx, int w, int t, int me) {
     float *g;
     int i, rc;
@@ -710,19 +714,20 @@ static int survive_iteration(fsdp_ctx *ctx, int w, int t, int me) {
         return rc;
     if (!(g = fsdp_grad(ctx, w))) return FSDP_ERR_STATE;
     for (i = 0; i < SURVIVE_NUMEL; i++) g[i] += survive_grad(t, me, i);
-    if (t == LOSS_STEP && me >= 4 && survive->hosts) {
+    if (t == LOSS_STEP && me / 2 == survive->lost && survive->hosts) {
         survive->killed_ms[me] = now_ms();
         raise(SIGKILL);
     }
-    if (t == LOSS_STEP && me == 5) fsdp_comm_abort(ctx->hybrid_replica_comm, "test: replica 2 lost");
+    if (t == LOSS_STEP && me == 2 * survive->lost + 1) fsdp_comm_abort(ctx->hybrid_replica_comm, "test: replica lost");
     if ((rc = fsdp_post_backward(ctx, 0)) != 0 || (rc = fsdp_step(ctx, 0, NULL)) != 0) return rc;
     return fsdp_zero_grad(ctx);
 }
 
 /* The survivors' new world of 4 (a token of this run, its key from the old world's; on hosts:
-   sockets, its rendezvous at the listener rank 0 opened before training, listen_fd) and its
-   groups, adopted. */
-static int survive_rebuild(fsdp_ctx *ctx, const fsdp_comm *old_world, int me, fsdp_comm **world, int listen_fd) {
+   sockets, its rendezvous at the listener the leader, the old rank of the new rank 0, opened
+   before training: listen_fd there) and its groups, adopted. */
+static int survive_rebuild(fsdp_ctx *ctx, const fsdp_comm *old_world, int rank, int leader, fsdp_comm **world,
+                           int listen_fd) {
     fsdp__inherit inherit;
     fsdp_comm_desc cd;
     fsdp_comm *shard = NULL, *replica = NULL;
@@ -733,22 +738,63 @@ static int survive_rebuild(fsdp_ctx *ctx, const fsdp_comm *old_world, int me, fs
     memset(&cd, 0, sizeof cd);
     snprintf(job, sizeof job, "%s-rebuilt", survive->job);
     cd.backend = survive->hosts ? FSDP_BACKEND_SOCKET : FSDP_BACKEND_SHM;
-    cd.rank = me;
+    cd.rank = rank;
     cd.world_size = SURVIVE_WORLD - 2;
     cd.timeout_ms = TIMEOUT_MS;
     cd.job = job;
     cd.master_addr = "127.0.0.1";
-    cd.master_port = survive->rebuild_port;
-    if ((rc = fsdp__comm_create(world, &cd, old_world, &inherit)) != 0 || (rc = fsdp_comm_split(*world, me / 2, me, &shard)) != 0 ||
-        (rc = fsdp_comm_split(*world, me % 2, me, &replica)) != 0)
+    cd.master_port = survive->leader_port[leader];
+    if ((rc = fsdp__comm_create(world, &cd, old_world, &inherit)) != 0 || (rc = fsdp_comm_split(*world, rank / 2, rank, &shard)) != 0 ||
+        (rc = fsdp_comm_split(*world, rank % 2, rank, &replica)) != 0)
         return rc;
     return fsdp__recovery_adopt(ctx, *world, shard, replica);
 }
 
-/* A rank's training: SURVIVE_STEPS steps, recovering from the loss by hand (the agreement being
-   fixed here: replica 2 lost, the others go on). */
+/* The agreement, with the board standing in for the rendezvous to come: this survivor posts its
+   view (its step; it reaches every replica but the lost one, standing in for the comms' report
+   of the lost peers), waits up to 5 s for the views of the ranks of the replicas it reaches, and
+   decides with fsdp__recovery_decide as every survivor does. *new_rank: its rank among the
+   survivors, -1 if it leaves; *leader: the old rank of the new rank 0 (the rendezvous). */
+static int survive_agree(fsdp_ctx *ctx, int me, int *new_rank, int *leader, char *why, size_t why_size) {
+    unsigned char reach[3] = {1, 1, 1};
+    int last_ids[3] = {0, 1, 2}, next_ids[3], r, n = 0, k, heard;
+    fsdp__membership last, next;
+    fsdp__recovery_view views[SURVIVE_WORLD];
+    int64_t target;
+    double until = now_ms() + 5000;
+    reach[survive->lost] = 0;
+    survive->view_step[me] = ctx->step;
+    __sync_synchronize();
+    survive->view_ready[me] = 1;
+    do {
+        for (r = 0, heard = 0; r < SURVIVE_WORLD; r++) heard += reach[r / 2] && survive->view_ready[r];
+    } while (heard < SURVIVE_WORLD - 2 && now_ms() < until && (sleep_ms(1), 1));
+    __sync_synchronize();
+    memset(views, 0, sizeof views);
+    for (r = 0; r < SURVIVE_WORLD; r++) {
+        if (!survive->view_ready[r]) continue;
+        views[n].rank = r;
+        views[n].replica = r / 2;
+        views[n].step = survive->view_step[r];
+        views[n++].reach = reach;
+    }
+    last.epoch = 0;
+    last.count = last.total = 3;
+    last.replicas = last_ids;
+    next.replicas = next_ids;
+    if ((r = fsdp__recovery_decide(&last, 2, 1, views, n, &next, &target, why, why_size)) != 0) return r;
+    if (target != ctx->step) return fsdp__fmt(why, why_size, "a survivor one step behind: not built yet"), FSDP_ERR_STATE;
+    for (k = 0, *new_rank = -1; k < next.count; k++)
+        if (next.replicas[k] == me / 2) *new_rank = 2 * k + me % 2;
+    *leader = 2 * next.replicas[0];
+    return 0;
+}
+
+/* A rank's training: SURVIVE_STEPS steps, recovering from the loss by hand (replica 2 lost, its
+   ranks leaving; the others agree and go on). */
 static int survive_rank(fsdp_comm *comm, void *arg) {
-    int me = fsdp_comm_rank(comm), t, rc = 0, w, listen_fd = arg ? *(int *)arg : -1;
+    int me = fsdp_comm_rank(comm), t, rc = 0, w, listen_fd = arg ? *(int *)arg : -1, new_rank = -1, leader = -1;
+    char why[FSDP__ERRMSG];
     fsdp_model *m = NULL;
     fsdp_ctx *ctx = NULL;
     fsdp_comm *world = NULL;
@@ -776,16 +822,22 @@ static int survive_rank(fsdp_comm *comm, void *arg) {
         survive->failed_at[me] = t + 1;
         if (survive->no_recovery) break;
         if ((rc = fsdp__recovery_quiesce(ctx, "a replica was lost")) != 0) break;
+        if (me / 2 == survive->lost) break; /* its ranks take no part (on hosts they are dead) */
+        if ((rc = survive_agree(ctx, me, &new_rank, &leader, why, sizeof why)) != 0 || new_rank < 0) {
+            copy_text(survive->message[me], sizeof survive->message[me], why);
+            break;
+        }
         fsdp__recovery_reset(ctx);
-        if (me >= 4) break; /* replica 2 leaves */
-        rc = survive_rebuild(ctx, comm, me, &world, listen_fd);
-        listen_fd = -1; /* (taken over or closed) */
+        rc = survive_rebuild(ctx, comm, new_rank, leader, &world, me == leader ? listen_fd : -1);
+        if (me == leader) listen_fd = -1; /* (taken over or closed) */
         survive->rebuilt_ms[me] = now_ms();
     }
-    if (!rc && me < 4 && (rc = fsdp_gather_param(ctx, w, survive->final[me])) == 0) survive->finished[me] = 1;
+    if (!rc && me / 2 != survive->lost && (rc = fsdp_gather_param(ctx, w, survive->final[me])) == 0)
+        survive->finished[me] = 1;
     survive->step_count[me] = ctx ? (int)ctx->step : -1;
     survive->rc[me] = rc;
-    if (rc) copy_text(survive->message[me], sizeof survive->message[me], ctx ? fsdp_last_error(ctx) : fsdp_last_error(NULL));
+    if (rc && !survive->message[me][0])
+        copy_text(survive->message[me], sizeof survive->message[me], ctx ? fsdp_last_error(ctx) : fsdp_last_error(NULL));
     fsdp_destroy(ctx);
     fsdp_comm_destroy(world);
     fsdp_model_destroy(m);
@@ -793,13 +845,13 @@ static int survive_rank(fsdp_comm *comm, void *arg) {
     return 0;
 }
 
-/* A rank on host me / 2 of a socket world; rank 0 opens the rebuild's listener first (a
-   leader's, ready before any loss). */
+/* A rank on host me / 2 of a socket world; the first rank of each replica opens a listener for
+   a rebuild first (a leader's, ready before any loss). */
 static int survive_host_rank(void *arg) {
     int me = *(const int *)arg, listen_fd = -1;
     fsdp_comm *comm = NULL;
     if (enter_host(me / 2, survive->message[me], sizeof survive->message[me])) return NO_HOST_NAME;
-    if (me == 0 && (listen_fd = open_leader_listener(&survive->rebuild_port)) < 0) return 1;
+    if (me % 2 == 0 && (listen_fd = open_leader_listener(&survive->leader_port[me])) < 0) return 1;
     if (join_socket_world(&comm, me, SURVIVE_WORLD, survive->port, survive->job, TIMEOUT_MS, NULL, NULL) != 0) {
         copy_text(survive->message[me], sizeof survive->message[me], fsdp_comm_last_error(NULL));
         return 1;
@@ -810,8 +862,9 @@ static int survive_host_rank(void *arg) {
 }
 
 /* What the survivors must hold: SGD on the average over the replicas of each replica's average
-   over its two ranks, folded in rank order as the collectives fold; 3 replicas before the loss,
-   the step of the loss applied nowhere, 2 after. */
+   over its two ranks (their data: their ranks at the start), folded in rank order as the
+   collectives fold; 3 replicas before the loss, the step of the loss applied nowhere, the 2 others
+   after. */
 static void survive_reference(float *weight) {
     int t, i, h;
     memcpy(weight, survive->init, sizeof survive->init);
@@ -820,9 +873,11 @@ static void survive_reference(float *weight) {
         if (t == LOSS_STEP) continue;
         for (i = 0; i < SURVIVE_NUMEL; i++) {
             float avg = 0, grad = 0;
-            for (h = 0; h < replicas; h++) {
+            int folded = 0;
+            for (h = 0; h < 3; h++) {
                 float partial = (survive_grad(t, 2 * h, i) + survive_grad(t, 2 * h + 1, i)) / 2.0f;
-                avg = h == 0 ? partial : avg + partial;
+                if (t > LOSS_STEP && h == survive->lost) continue;
+                avg = folded++ == 0 ? partial : avg + partial;
             }
             grad += avg / (float)replicas;
             weight[i] -= SURVIVE_LR * (grad + 0.0f * weight[i]);
@@ -830,8 +885,8 @@ static void survive_reference(float *weight) {
     }
 }
 
-/* Forks the world over 3 hosts of 2 ranks and waits for it (replica 2's ranks die of SIGKILL).
-   Ignores the test where no host name can be had. */
+/* Forks the world over 3 hosts of 2 ranks and waits for it (the lost replica's ranks die of
+   SIGKILL). Ignores the test where no host name can be had. */
 static void run_hosts(void) {
     pid_t pids[SURVIVE_WORLD];
     int ranks[SURVIVE_WORLD], status[SURVIVE_WORLD], r;
@@ -843,30 +898,38 @@ static void run_hosts(void) {
     for (r = 0; r < SURVIVE_WORLD; r++) status[r] = reap(pids[r], 100000);
     for (r = 0; r < SURVIVE_WORLD; r++)
         if (status[r] == NO_HOST_NAME) TEST_IGNORE_MESSAGE(survive->message[r]);
-    for (r = 0; r < SURVIVE_WORLD - 2; r++) TEST_ASSERT_EQUAL_INT_MESSAGE(0, status[r], survive->message[r]);
+    for (r = 0; r < SURVIVE_WORLD; r++)
+        if (r / 2 != survive->lost) TEST_ASSERT_EQUAL_INT_MESSAGE(0, status[r], survive->message[r]);
 }
 
-/* Runs the world once (hosts 0: shared memory, the loss simulated; 3: over hosts, a real kill);
-   the survivors' final weights into finals. */
-static void run_survival(int hosts, float finals[SURVIVE_WORLD - 2][SURVIVE_NUMEL]) {
+/* When the first of the lost replica's ranks died. */
+static double survive_kill_ms(void) {
+    const volatile double *killed = &survive->killed_ms[2 * survive->lost];
+    return killed[0] < killed[1] ? killed[0] : killed[1];
+}
+
+/* Runs the world once (hosts 0: shared memory, the loss simulated; 3: over hosts, a real kill),
+   replica `lost` lost; the survivors' final weights into finals. */
+static void run_survival(int hosts, int lost, float finals[SURVIVE_WORLD - 2][SURVIVE_NUMEL]) {
     fsdp_launch_status ls;
     float want[SURVIVE_NUMEL];
     double kill_ms;
-    int r;
+    int r, k = 0;
     memset(survive, 0, sizeof *survive);
     survive->hosts = hosts;
+    survive->lost = lost;
     snprintf(survive->job, sizeof survive->job, "survive-%d-%d", (int)getpid(), hosts);
     if (hosts) run_hosts();
     else TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, launch_ranks(SURVIVE_WORLD, FSDP_BACKEND_SHM, TIMEOUT_MS, survive_rank, NULL, &ls));
     survive_reference(want);
-    kill_ms = survive->killed_ms[4] < survive->killed_ms[5] ? survive->killed_ms[4] : survive->killed_ms[5];
+    kill_ms = survive_kill_ms();
     for (r = 0; r < SURVIVE_WORLD; r++) {
         char what[600];
         snprintf(what, sizeof what, "rank %d: failed at step %d, %d steps taken: %s", r, survive->failed_at[r] - 1,
                  survive->step_count[r], survive->message[r]);
-        if (r >= 4 && hosts) continue; /* (killed) */
+        if (r / 2 == lost && hosts) continue; /* (killed) */
         TEST_ASSERT_EQUAL_INT_MESSAGE(LOSS_STEP + 1, survive->failed_at[r], what);
-        if (r >= 4) continue;
+        if (r / 2 == lost) continue;
         if (hosts)
             printf("rank %d: the loss detected %.1f ms after the kill, the world rebuilt and adopted %.1f ms later, "
                    "the next step done %.1f ms after the kill\n", r, survive->detected_ms[r] - kill_ms,
@@ -874,19 +937,19 @@ static void run_survival(int hosts, float finals[SURVIVE_WORLD - 2][SURVIVE_NUME
         TEST_ASSERT_TRUE_MESSAGE(survive->finished[r], what);
         TEST_ASSERT_EQUAL_INT_MESSAGE(SURVIVE_STEPS - 1, survive->step_count[r], what);
         TEST_ASSERT_EQUAL_MEMORY_MESSAGE(want, survive->final[r], sizeof want, what);
-        memcpy(finals[r], survive->final[r], sizeof want);
+        memcpy(finals[k++], survive->final[r], sizeof want);
     }
 }
 
 static void test_survivors_drop_the_step_of_the_loss_and_train_on_bitwise_equal_to_the_reference(void) {
     float finals[SURVIVE_WORLD - 2][SURVIVE_NUMEL];
-    run_survival(0, finals);
+    run_survival(0, 2, finals);
 }
 
 static void test_survivors_of_two_runs_with_the_same_loss_end_bitwise_equal(void) {
     float first[SURVIVE_WORLD - 2][SURVIVE_NUMEL], second[SURVIVE_WORLD - 2][SURVIVE_NUMEL];
-    run_survival(0, first);
-    run_survival(0, second);
+    run_survival(0, 2, first);
+    run_survival(0, 2, second);
     TEST_ASSERT_EQUAL_MEMORY(first, second, sizeof first);
 }
 
@@ -894,12 +957,12 @@ static void test_without_recovery_a_host_killed_at_a_step_ends_every_survivor_na
     int r;
     memset(survive, 0, sizeof *survive);
     survive->hosts = 3;
+    survive->lost = 2;
     survive->no_recovery = 1;
     snprintf(survive->job, sizeof survive->job, "survive-%d-off", (int)getpid());
     run_hosts();
     for (r = 0; r < SURVIVE_WORLD - 2; r++) {
-        double took = survive->detected_ms[r] - (survive->killed_ms[4] < survive->killed_ms[5] ? survive->killed_ms[4]
-                                                                                                : survive->killed_ms[5]);
+        double took = survive->detected_ms[r] - survive_kill_ms();
         char what[600];
         snprintf(what, sizeof what, "rank %d: failed at step %d after %.1f ms: %s", r, survive->failed_at[r] - 1, took,
                  survive->message[r]);
@@ -913,9 +976,14 @@ static void test_without_recovery_a_host_killed_at_a_step_ends_every_survivor_na
 
 static void test_survivors_of_a_host_killed_at_a_step_train_on_bitwise_equal_to_the_reference(void) {
     float first[SURVIVE_WORLD - 2][SURVIVE_NUMEL], second[SURVIVE_WORLD - 2][SURVIVE_NUMEL];
-    run_survival(3, first);
-    run_survival(3, second);
+    run_survival(3, 2, first);
+    run_survival(3, 2, second);
     TEST_ASSERT_EQUAL_MEMORY(first, second, sizeof first);
+}
+
+static void test_survivors_of_the_rendezvous_host_killed_train_on_bitwise_equal_to_the_reference(void) {
+    float finals[SURVIVE_WORLD - 2][SURVIVE_NUMEL];
+    run_survival(3, 0, finals);
 }
 
 void setUp(void) {}
@@ -953,5 +1021,6 @@ int main(void) {
     RUN_TEST(test_survivors_of_two_runs_with_the_same_loss_end_bitwise_equal);
     RUN_TEST(test_without_recovery_a_host_killed_at_a_step_ends_every_survivor_naming_the_lost_rank);
     RUN_TEST(test_survivors_of_a_host_killed_at_a_step_train_on_bitwise_equal_to_the_reference);
+    RUN_TEST(test_survivors_of_the_rendezvous_host_killed_train_on_bitwise_equal_to_the_reference);
     return UNITY_END();
 }
