@@ -9265,20 +9265,21 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
                   then decide differently and leave shards a step apart.
    To be built (in this order): (1) a survivor one step behind catching up (the update of
    fsdp_step from its gradients, with the clipping factor from the views), and the commit point
-   kept a collective over the world when fsdp_step changes; (2) the comms' report of which peers were lost, for the views' reach (a reset shows at
-   once; silence at the op timeout: a host that vanishes is to be noticed within detect_ms by
-   the kernel, SO_KEEPALIVE and TCP_USER_TIMEOUT on the replica links, which a slow but live
-   peer's kernel still answers, so a straggler is not taken for lost); (3) at fsdp_init with
-   recovery, each rank opens a recovery listener and the world all-gathers their addresses while
-   it is healthy, so that after a loss any survivor (rank 0's host included) can be the
-   rendezvous: the lowest rank of the lowest replica it believes alive collects the views for
-   detect_ms, runs fsdp__recovery_decide and welcomes the survivors into a new world made with
-   the old world as its parent (fsdp__comm_create: its key from the old world's key and a token
-   naming the epoch, as a split's is, so only ranks of the old world, and of this epoch, can
-   join, and no PBKDF2 stretch of the secret, which took 0.2-1 s on a busy 2-core machine against
-   a few ms for the rest of a rebuild), split into shard and replica comms and adopted;
-   (4) fsdp_step running it all on a loss and reporting it (epoch, dropped), with
-   offload refused until the step thread is quiesced too; (5) rejoin.
+   kept a collective over the world when fsdp_step changes; (2) the comms' report of which peers
+   were lost, for the views' reach (a reset shows at once; silence at the op timeout: a host
+   that vanishes is to be noticed within detect_ms by the kernel, SO_KEEPALIVE and
+   TCP_USER_TIMEOUT on the replica links, which a slow but live peer's kernel still answers, so
+   a straggler is not taken for lost); (3) at fsdp_init with recovery, each rank opens a
+   recovery listener and the world all-gathers their addresses while it is healthy, so that
+   after a loss any survivor (rank 0's host included) can be the rendezvous: the lowest rank of
+   the lowest replica it believes alive collects the views for detect_ms, runs
+   fsdp__recovery_decide and welcomes the survivors into a new world made with the old world as
+   its parent (fsdp__comm_create: its key from the old world's key and a token naming the epoch,
+   as a split's is, so only ranks of the old world, and of this epoch, can join, and no PBKDF2
+   stretch of the secret, which took 0.2-1 s on a busy 2-core machine against a few ms for the
+   rest of a rebuild), split into shard and replica comms and adopted; (4) fsdp_step running it
+   all on a loss and reporting it (epoch, dropped), with offload refused until the step thread
+   is quiesced too; (5) rejoin.
    ============================================================================================ */
 #define FSDP__RECOVERY_DETECT_MS 5000 /* default detect_ms: the issue's bound for a silent host */
 
@@ -9321,7 +9322,8 @@ FSDP__PRIVATE int fsdp__membership_has(const fsdp__membership *m, int replica) {
 
 /* A view that counts: of the last epoch, from a replica of the last membership. */
 static int fsdp__view_current(const fsdp__membership *last, const fsdp__recovery_view *v) {
-    return v->epoch == last->epoch && v->replica >= 0 && v->replica < last->total && fsdp__membership_has(last, v->replica);
+    return v->epoch == last->epoch && v->replica >= 0 && v->replica < last->total &&
+           fsdp__membership_has(last, v->replica);
 }
 
 /* Whether every current view of replica a reaches replica b. */
@@ -9439,14 +9441,16 @@ FSDP__PRIVATE int fsdp__recovery_check(const fsdp_recovery_desc *rd, const fsdp_
         if (other == -1) replica_of_host[h] = r / hybrid_group;
         if (other == -1 || other == r / hybrid_group) continue;
         FSDP_FREE(replica_of_host);
-        if (other == -2) return fsdp__fmt(err, err_size, "recovery: the host of rank %d is unknown", r), FSDP_ERR_INVALID_ARG;
-        return fsdp__fmt(err, err_size, "recovery: replicas %d and %d share host %d (rank %d is on it): one host's loss "
-                         "would take both; give each replica hosts of its own (shard_group_size: the ranks per host)",
+        if (other == -2)
+            return fsdp__fmt(err, err_size, "recovery: the host of rank %d is unknown", r), FSDP_ERR_INVALID_ARG;
+        return fsdp__fmt(err, err_size, "recovery: replicas %d and %d share host %d (rank %d is on it): one host's "
+                         "loss would take both; give each replica hosts of its own (shard_group_size: the ranks per "
+                         "host)",
                          other, r / hybrid_group, h, r), FSDP_ERR_INVALID_ARG;
     }
     FSDP_FREE(replica_of_host);
-    fsdp__fmt(err, err_size, "recovery (fsdp_desc.recovery.enabled) is not available yet: detecting a lost replica, "
-              "agreeing and rebuilding the replica communicator are not in this build (issue 38); turn it off to train");
+    fsdp__fmt(err, err_size, "recovery (fsdp_desc.recovery.enabled) is not available yet: the survivors' rendezvous "
+              "and fsdp_step's use of it are not in this build (issue 38); turn it off to train");
     return FSDP_ERR_UNSUPPORTED;
 }
 
@@ -11176,7 +11180,8 @@ FSDP__PRIVATE void fsdp__recovery_reset(fsdp_ctx *ctx) {
     for (ui = 0; ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
         fsdp__reshard(ctx, u);
-        if (u->grad_full && u->grad_full != u->grad) fsdp__buf_put(ctx, u->grad_full, (size_t)u->padded * sizeof(float));
+        if (u->grad_full && u->grad_full != u->grad)
+            fsdp__buf_put(ctx, u->grad_full, (size_t)u->padded * sizeof(float));
         u->grad_full = NULL;
         u->grad_full_pending = u->refcount = u->recompute = u->recomputing = 0;
         u->forward_done = u->backward_started = u->backward_done = 0;
@@ -11544,7 +11549,9 @@ FSDP__PRIVATE int fsdp__init_resolve(fsdp_ctx *ctx, int *hybrid_group) {
     }
     rc = fsdp__desc_resolve(&ctx->desc, ctx->world, fsdp_comm_local_size(ctx->comm), hybrid_group, err, sizeof err);
     if (!rc) rc = fsdp__plan_build(ctx->model, &ctx->desc, ctx->world, *hybrid_group, &ctx->plan, err, sizeof err);
-    if (!rc) rc = fsdp__recovery_check(&ctx->desc.recovery, ctx->model, &ctx->plan, ctx->comm, *hybrid_group, err, sizeof err);
+    if (!rc)
+        rc = fsdp__recovery_check(&ctx->desc.recovery, ctx->model, &ctx->plan, ctx->comm, *hybrid_group, err,
+                                  sizeof err);
     if (rc) return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: %s", err);
     ctx->param_dtype = ctx->desc.param_dtype;
     ctx->reduce_dtype = ctx->desc.reduce_dtype;

@@ -1,7 +1,8 @@
-/* test_common.h - the helpers the test programs share, written once: time and text, a host
-   name of a process's own (UTS namespaces), forked children and shared memory, launches, temporary directories and files, what a checkpoint
-   directory holds (ckpt_dir_exact, ckpt_file_exact: also for campaigns), the fuzz corpora,
-   reference dtype conversions independent of fsdp.h, and the dense layers of the test models.
+/* test_common.h - the helpers the test programs share, written once: time and text, a host name
+   of a process's own (UTS namespaces), forked children and shared memory, launches, temporary
+   directories and files, what a checkpoint directory holds (ckpt_dir_exact, ckpt_file_exact:
+   also for campaigns), the fuzz corpora, reference dtype conversions independent of fsdp.h, and
+   the dense layers of the test models.
 
    A test file includes it after fsdp.h (which sets the feature macros for the system headers)
    and unity.h; it brings the C and POSIX headers below, so a test file includes only the others

@@ -1,15 +1,16 @@
 /* test_recovery.c - specification of >>recovery as far as it exists: the agreement rule that
    decides, from the views of the ranks that survived a lost replica, the next membership (its
    epoch, its replicas), whether a partition must stop (naming it) and the step every survivor
-   ends at (the step in flight applied everywhere or nowhere); fsdp_desc.recovery's checks at fsdp_init, which refuse it where it cannot work and,
-   where it could, as not available yet; fsdp_replicas and the step report's replica fields; and
-   what recovery will build on in the comms as they are: a replica lost between hosts shows in
-   the replica communicator's op (a reset at once as FSDP_ERR_PEER_LOST naming the rank, silence
-   at the op's timeout), while the shared-memory shard communicator of a surviving host stays
-   healthy; and the survivors' runtime after a loss (quiesce, reset, adopt), driven by hand (the
-   rendezvous and the agreement's exchange are still to come) through a simulated loss on one
-   host and a real one (a host's ranks SIGKILLed at a step) over three: the survivors reach the
-   last step bitwise equal to a plain reference, run after run.
+   ends at (the step in flight applied everywhere or nowhere); fsdp_desc.recovery's checks at
+   fsdp_init, which refuse it where it cannot work and, where it could, as not available yet;
+   fsdp_replicas and the step report's replica fields; and what recovery will build on in the
+   comms as they are: a replica lost between hosts shows in the replica communicator's op (a
+   reset at once as FSDP_ERR_PEER_LOST naming the rank, silence at the op's timeout), while the
+   shared-memory shard communicator of a surviving host stays healthy; and the survivors'
+   runtime after a loss (quiesce, reset, adopt), driven by hand (the rendezvous and the
+   agreement's exchange are still to come) through a simulated loss on one host and a real one
+   (a host's ranks SIGKILLed at a step) over three: the survivors reach the last step bitwise
+   equal to a plain reference, run after run.
 
    The agreement is a pure function, tested directly (the file includes the implementation). The
    fsdp_init checks run in forked worlds: shared memory on one host, and sockets over two hosts
@@ -373,7 +374,8 @@ static int host_rank(void *arg) {
     rank_report *r = &reports[plan->rank];
     fsdp_comm *comm = NULL;
     if (enter_host(plan->rank / (plan->world / plan->hosts), r->message, sizeof r->message)) return NO_HOST_NAME;
-    if ((r->rc = join_socket_world(&comm, plan->rank, plan->world, plan->port, plan->job, TIMEOUT_MS, NULL, NULL)) != 0) {
+    r->rc = join_socket_world(&comm, plan->rank, plan->world, plan->port, plan->job, TIMEOUT_MS, NULL, NULL);
+    if (r->rc != FSDP_SUCCESS) {
         snprintf(r->message, sizeof r->message, "fsdp_comm_init: %.300s", fsdp_comm_last_error(NULL));
         return 0;
     }
@@ -553,7 +555,8 @@ static int loss_rank(void *arg) {
     float *buf = (float *)calloc(LOSS_COUNT, sizeof(float));
     double until = now_ms() + 60000;
     if (enter_host(me / 2, loss->message[me], sizeof loss->message[me])) return NO_HOST_NAME;
-    if (!buf || join_socket_world(&world, me, plan->world, plan->port, plan->job, LOSS_OP_TIMEOUT_MS, NULL, NULL) != 0 || fsdp_comm_split(world, me / 2, me, &shard) != 0 ||
+    if (!buf || join_socket_world(&world, me, plan->world, plan->port, plan->job, LOSS_OP_TIMEOUT_MS, NULL, NULL) ||
+        fsdp_comm_split(world, me / 2, me, &shard) != 0 ||
         fsdp_comm_split(world, me % 2, me, &replica) != 0) {
         snprintf(loss->message[me], sizeof loss->message[me], "setting up: %.300s", fsdp_comm_last_error(world));
         return 1;
@@ -744,7 +747,8 @@ static int survive_rebuild(fsdp_ctx *ctx, const fsdp_comm *old_world, int rank, 
     cd.job = job;
     cd.master_addr = "127.0.0.1";
     cd.master_port = survive->leader_port[leader];
-    if ((rc = fsdp__comm_create(world, &cd, old_world, &inherit)) != 0 || (rc = fsdp_comm_split(*world, rank / 2, rank, &shard)) != 0 ||
+    if ((rc = fsdp__comm_create(world, &cd, old_world, &inherit)) != 0 ||
+        (rc = fsdp_comm_split(*world, rank / 2, rank, &shard)) != 0 ||
         (rc = fsdp_comm_split(*world, rank % 2, rank, &replica)) != 0)
         return rc;
     return fsdp__recovery_adopt(ctx, *world, shard, replica);
@@ -783,7 +787,8 @@ static int survive_agree(fsdp_ctx *ctx, int me, int *new_rank, int *leader, char
     last.replicas = last_ids;
     next.replicas = next_ids;
     if ((r = fsdp__recovery_decide(&last, 2, 1, views, n, &next, &target, why, why_size)) != 0) return r;
-    if (target != ctx->step) return fsdp__fmt(why, why_size, "a survivor one step behind: not built yet"), FSDP_ERR_STATE;
+    if (target != ctx->step)
+        return fsdp__fmt(why, why_size, "a survivor one step behind: not built yet"), FSDP_ERR_STATE;
     for (k = 0, *new_rank = -1; k < next.count; k++)
         if (next.replicas[k] == me / 2) *new_rank = 2 * k + me % 2;
     *leader = 2 * next.replicas[0];
@@ -837,7 +842,7 @@ static int survive_rank(fsdp_comm *comm, void *arg) {
     survive->step_count[me] = ctx ? (int)ctx->step : -1;
     survive->rc[me] = rc;
     if (rc && !survive->message[me][0])
-        copy_text(survive->message[me], sizeof survive->message[me], ctx ? fsdp_last_error(ctx) : fsdp_last_error(NULL));
+        copy_text(survive->message[me], sizeof survive->message[me], fsdp_last_error(ctx));
     fsdp_destroy(ctx);
     fsdp_comm_destroy(world);
     fsdp_model_destroy(m);
@@ -920,7 +925,9 @@ static void run_survival(int hosts, int lost, float finals[SURVIVE_WORLD - 2][SU
     survive->lost = lost;
     snprintf(survive->job, sizeof survive->job, "survive-%d-%d", (int)getpid(), hosts);
     if (hosts) run_hosts();
-    else TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, launch_ranks(SURVIVE_WORLD, FSDP_BACKEND_SHM, TIMEOUT_MS, survive_rank, NULL, &ls));
+    else
+        TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS,
+                              launch_ranks(SURVIVE_WORLD, FSDP_BACKEND_SHM, TIMEOUT_MS, survive_rank, NULL, &ls));
     survive_reference(want);
     kill_ms = survive_kill_ms();
     for (r = 0; r < SURVIVE_WORLD; r++) {
