@@ -75,6 +75,7 @@
        >>wrap          wrap policies: which modules become units
        >>optimizer     the optimizer table: SGD, Adam, AdamW, yours
        >>offload       the tier below RAM: files on local disk, an I/O thread
+       >>recovery      surviving a lost replica (HYBRID_SHARD): membership epochs, the agreement
        >>runtime       fsdp_ctx: flat parameters, hooks, comm thread, strategies, the step
        >>memory        memory statistics and the estimator
        >>json          JSON parsing and writing
@@ -791,6 +792,22 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
                                     double *read_bytes_per_s, char *err, size_t err_size);
 
 /* ============================================================================================
+   >>recovery
+   Surviving the loss of a replica (a host's shard group under HYBRID_SHARD) inside the job,
+   without a restart (issue 38). Only the interface exists for users so far: fsdp_init checks
+   fsdp_desc.recovery and then refuses it (FSDP_ERR_UNSUPPORTED, "not available yet") until the
+   rendezvous of the survivors and its use by fsdp_step are in (the implementation's >>recovery
+   says what is built). Recovery off (the default) changes nothing.
+   ============================================================================================ */
+typedef struct fsdp_recovery_desc {
+    int enabled;            /* 1: survive a lost replica (HYBRID_SHARD whose replicas span hosts) */
+    int min_replicas;       /* the fewest replicas to go on with; 0: 1. A strict majority of the
+                               last membership is needed whatever this says */
+    int detect_ms;          /* how long a silent replica may go unnoticed (a host powered off);
+                               0: 5000. A reset is noticed at once */
+} fsdp_recovery_desc;
+
+/* ============================================================================================
    >>runtime
    ============================================================================================ */
 typedef struct fsdp_ctx fsdp_ctx;
@@ -859,6 +876,7 @@ typedef struct fsdp_desc {
     fsdp_logger logger;                 /* default: the comm's */
     fsdp_loss_scale_desc loss_scale;    /* dynamic loss scaling (for f16; default off) */
     const char *trace_dir;              /* write a trace per rank here (>>trace); NULL: FSDP_TRACE, else off */
+    fsdp_recovery_desc recovery;        /* in-job recovery from a lost replica (>>recovery; default off) */
 } fsdp_desc;
 
 /* Builds units from the wrap policy, allocates this rank's shards and initialises them.
@@ -928,6 +946,9 @@ typedef struct fsdp_step_report {
     int skipped;        /* 1: a gradient was not finite; nothing was updated */
     int64_t step;       /* optimizer steps taken so far */
     double loss_scale;  /* the scale this step's gradients carried (1 without loss scaling) */
+    int replicas;       /* replicas training after this step (fsdp_replicas) */
+    int64_t epoch;      /* the membership's number: 0 until a replica is lost (>>recovery) */
+    int dropped;        /* 1: a replica was lost and this step was applied nowhere (>>recovery) */
 } fsdp_step_report;
 
 /* Waits for outstanding reduce-scatters, clips to max_norm (<= 0: no clipping), applies the
@@ -936,6 +957,16 @@ typedef struct fsdp_step_report {
    forward overlaps it, each unit's hooks waiting for that unit's new values; fsdp calls that
    read the shards wait for all of it, and so does fsdp_synchronize. */
 FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report);
+/* How many replicas of the training state the ranks hold, and which of them this rank belongs
+   to (0..count-1): a replica is a group of consecutive ranks that together hold one whole copy,
+   the largest shard group of any unit (HYBRID_SHARD: a shard group; FULL_SHARD, SHARD_GRAD_OP:
+   every rank, count 1; NO_SHARD: each rank, count = world size). Every rank trains on data of its
+   own: its place among them is index * (world size / count) + its rank inside the replica. With
+   recovery (>>recovery) the count and the index change when a replica is lost, so a loop that
+   splits its data asks again after every fsdp_step whose report says so.
+   Return Value: FSDP_SUCCESS; FSDP_ERR_INVALID_ARG for a NULL ctx (count and index, when given,
+   are set to 0 first). */
+FSDP_API int fsdp_replicas(const fsdp_ctx *ctx, int *count, int *index);
 /* Waits for everything running for ctx in the background (the comm thread's collectives, an
    update behind): before reading fsdp_param_info's shards directly, or timing. */
 FSDP_API int fsdp_synchronize(fsdp_ctx *ctx);
@@ -9243,6 +9274,241 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
 }
 
 /* ============================================================================================
+   >>recovery
+   Surviving the loss of a replica inside the job. The failure domain is the replica: a shard
+   group of HYBRID_SHARD whose ranks no other replica shares a host with, so a lost host takes
+   one replica and the shard groups (shared memory) of the other hosts stay whole. Recovery sits
+   above the comms: they only report loss (a reset at once, silence after detect_ms, an error)
+   and can be made anew over a set of peers; the runtime only asks for the current replicas.
+
+   What exists: fsdp_desc.recovery and its checks at fsdp_init (which then refuse it, "not
+   available yet"), fsdp_replicas, the report's fields, the agreement rule below
+   (fsdp__recovery_decide), and in >>runtime the survivors' side of a loss: fsdp__recovery_quiesce
+   (every comm of the context aborted, so that every survivor fails fast and enters recovery,
+   also those whose own ops were fine: a rank of another column of a host would otherwise wait
+   out the op timeout in its next shard op; then the comm thread drained), fsdp__recovery_reset
+   (the iteration undone: the step applied nowhere) and fsdp__recovery_adopt (the survivors' new
+   world and groups taken over; master shards moved into the new shard comm's shared memory).
+   tests/test_recovery.c drives them by hand through a real loss (a host's ranks SIGKILLed at a
+   step) to the last step, bitwise equal to a plain reference. What is decided:
+     membership   a numbered epoch: the replicas (as fsdp_init numbered them) that train. The
+                  next one is agreed by the survivors of the last, from one view per surviving
+                  rank (its epoch, its replica, which replicas it still reaches, how far it got
+                  with the step in flight); every survivor decides from the same views, so all
+                  decide the same. Views of an older epoch are stragglers: not counted.
+     who stays    a replica whose every rank sent a view, admitted in replica order if each of
+                  its ranks reaches every replica admitted before it and theirs reach it (a
+                  link broken one way drops the later replica, never both: the lowest replicas
+                  of a group that still talks stay). The new membership must hold a strict
+                  majority of the last (so two halves of a partition never both go on: 2|2
+                  stops both) and at least min_replicas; otherwise every rank of the partition
+                  stops, naming it. A rank whose replica is not in it leaves too, its shard
+                  group being incomplete or cut off.
+     the step     one rule that leaves every survivor's bits equal: every survivor ends at the
+                  newest step any of them applied. A step is applied only past its commit
+                  point, a collective over every training rank after the last reduction and
+                  before the update (today the gradient norm's all_gather over the world comm).
+                  A survivor past it goes on, and learns of the loss only in a later op; one
+                  that failed inside it is a step behind. But some rank passing the commit
+                  proves every rank joined it, so had finished its reductions (the fold is the
+                  same everywhere): the one behind holds the same reduced gradient and applies
+                  the step from it (with the clipping factor of the norm those ahead computed:
+                  their views must carry it). If none passed, every survivor drops the step
+                  (gradients zeroed, the step count unchanged) and the report says dropped. A
+                  commit over the replica comm alone would not do: two columns of a host could
+                  then decide differently and leave shards a step apart.
+   To be built (in this order): (1) a survivor one step behind catching up (the update of
+   fsdp_step from its gradients, with the clipping factor from the views), and the commit point
+   kept a collective over the world when fsdp_step changes; (2) the comms' report of which peers
+   were lost, for the views' reach (a reset shows at once; silence at the op timeout: a host
+   that vanishes is to be noticed within detect_ms by the kernel, SO_KEEPALIVE and
+   TCP_USER_TIMEOUT on the replica links, which a slow but live peer's kernel still answers, so
+   a straggler is not taken for lost); (3) at fsdp_init with recovery, each rank opens a
+   recovery listener and the world all-gathers their addresses while it is healthy, so that
+   after a loss any survivor (rank 0's host included) can be the rendezvous: the lowest rank of
+   the lowest replica it believes alive collects the views for detect_ms, runs
+   fsdp__recovery_decide and welcomes the survivors into a new world made with the old world as
+   its parent (fsdp__comm_create: its key from the old world's key and a token naming the epoch,
+   as a split's is, so only ranks of the old world, and of this epoch, can join, and no PBKDF2
+   stretch of the secret, which took 0.2-1 s on a busy 2-core machine against a few ms for the
+   rest of a rebuild), split into shard and replica comms and adopted; (4) fsdp_step running it
+   all on a loss and reporting it (epoch, dropped), with offload refused until the step thread
+   is quiesced too; (5) rejoin.
+   ============================================================================================ */
+#define FSDP__RECOVERY_DETECT_MS 5000 /* default detect_ms: the issue's bound for a silent host */
+
+/* What one surviving rank tells the others after a loss: the agreement's input. */
+typedef struct fsdp__recovery_view {
+    int64_t epoch;              /* the last membership it agreed to */
+    int rank;                   /* its rank at fsdp_init (for messages) */
+    int replica;                /* its replica, numbered as at fsdp_init */
+    int64_t step;               /* optimizer steps it has applied (fsdp_step_report.step) */
+    int reductions_done;        /* it holds the whole reduced gradient of the step after those */
+    const unsigned char *reach; /* [membership total]: 1 for each replica it still reaches */
+} fsdp__recovery_view;
+
+/* A membership: the replicas that train, ascending, numbered as at fsdp_init. */
+typedef struct fsdp__membership {
+    int64_t epoch;              /* 0 at fsdp_init, +1 per change */
+    int count;
+    int total;                  /* replicas at fsdp_init: the capacity of replicas[] and of reach[] */
+    int *replicas;              /* [count] */
+} fsdp__membership;
+
+/* "{0, 2, 3}" into buf (ending in "...}" where it does not fit). */
+FSDP__PRIVATE const char *fsdp__replica_set_text(char *buf, size_t size, const int *replicas, int count) {
+    size_t used;
+    int i;
+    fsdp__fmt(buf, size, "{");
+    for (i = 0; i < count && (used = strlen(buf)) + 16 < size; i++)
+        fsdp__fmt(buf + used, size - used, "%s%d", i ? ", " : "", replicas[i]);
+    used = strlen(buf);
+    fsdp__fmt(buf + used, size - used, i < count ? "...}" : "}");
+    return buf;
+}
+
+FSDP__PRIVATE int fsdp__membership_has(const fsdp__membership *m, int replica) {
+    int i;
+    for (i = 0; i < m->count; i++)
+        if (m->replicas[i] == replica) return 1;
+    return 0;
+}
+
+/* A view that counts: of the last epoch, from a replica of the last membership. */
+static int fsdp__view_current(const fsdp__membership *last, const fsdp__recovery_view *v) {
+    return v->epoch == last->epoch && v->replica >= 0 && v->replica < last->total &&
+           fsdp__membership_has(last, v->replica);
+}
+
+/* Whether every current view of replica a reaches replica b. */
+FSDP__PRIVATE int fsdp__replica_reaches(const fsdp__membership *last, const fsdp__recovery_view *views, int n, int a,
+                                        int b) {
+    int i;
+    for (i = 0; i < n; i++)
+        if (fsdp__view_current(last, &views[i]) && views[i].replica == a && !views[i].reach[b]) return 0;
+    return 1;
+}
+
+/* The replicas that stay: every rank of theirs sent a view, and they reach each other both ways,
+   admitted in replica order. Into next->replicas (count set; the epoch is the caller's). */
+FSDP__PRIVATE void fsdp__recovery_survivors(const fsdp__membership *last, int ranks_per_replica,
+                                            const fsdp__recovery_view *views, int n, fsdp__membership *next) {
+    int i, j, k, heard;
+    next->count = 0;
+    for (i = 0; i < last->count; i++) {
+        int r = last->replicas[i], ok = 1;
+        for (j = 0, heard = 0; j < n; j++) heard += fsdp__view_current(last, &views[j]) && views[j].replica == r;
+        if (heard != ranks_per_replica) continue;
+        for (k = 0; k < next->count && ok; k++)
+            ok = fsdp__replica_reaches(last, views, n, r, next->replicas[k]) &&
+                 fsdp__replica_reaches(last, views, n, next->replicas[k], r);
+        if (ok) next->replicas[next->count++] = r;
+    }
+}
+
+/* The step rule (see the banner): *target the newest step a survivor applied; a survivor one
+   step behind must hold the reduced gradient to catch up, one further behind cannot be. */
+FSDP__PRIVATE int fsdp__recovery_step_rule(const fsdp__membership *last, const fsdp__membership *next,
+                                           const fsdp__recovery_view *views, int n, int64_t *target, char *why,
+                                           size_t why_size) {
+    int i, ahead = -1;
+    for (i = 0; i < n; i++)
+        if (fsdp__view_current(last, &views[i]) && fsdp__membership_has(next, views[i].replica) &&
+            (ahead < 0 || views[i].step > views[ahead].step))
+            ahead = i;
+    *target = ahead < 0 ? 0 : views[ahead].step;
+    for (i = 0; i < n && ahead >= 0; i++) {
+        const fsdp__recovery_view *v = &views[i];
+        if (!fsdp__view_current(last, v) || !fsdp__membership_has(next, v->replica) || v->step == *target) continue;
+        if (v->step == *target - 1 && v->reductions_done) continue;
+        fsdp__fmt(why, why_size, "recovery: rank %d applied step %lld but rank %d (replica %d) is at step %lld%s: the "
+                  "commit point cannot have been passed", views[ahead].rank, (long long)*target, v->rank, v->replica,
+                  (long long)v->step, v->step == *target - 1 ? " without its reduced gradient" : "");
+        return FSDP_ERR_PROTOCOL;
+    }
+    return 0;
+}
+
+/* The agreement: from the last membership and the survivors' views (the same on every survivor),
+   the next membership (next->replicas: room for last->total) and the step every survivor is to
+   end at (*target_step: one behind it applies the step in flight, at it drops the iteration in
+   flight). 0 to go on (next->epoch = last->epoch + 1, or unchanged when no replica was lost: the
+   failure was not a loss); FSDP_ERR_PEER_LOST when this partition must stop (not a strict
+   majority of the last membership, or fewer than min_replicas), why naming it; FSDP_ERR_PROTOCOL
+   for views that contradict each other. The caller leaves if its own replica is not in next. */
+FSDP__PRIVATE int fsdp__recovery_decide(const fsdp__membership *last, int ranks_per_replica, int min_replicas,
+                                        const fsdp__recovery_view *views, int n, fsdp__membership *next,
+                                        int64_t *target_step, char *why, size_t why_size) {
+    char kept[160], was[160];
+    *target_step = 0;
+    why[0] = 0;
+    next->total = last->total;
+    next->epoch = last->epoch;
+    fsdp__recovery_survivors(last, ranks_per_replica, views, n, next);
+    fsdp__replica_set_text(kept, sizeof kept, next->replicas, next->count);
+    fsdp__replica_set_text(was, sizeof was, last->replicas, last->count);
+    if (2 * next->count <= last->count) {
+        fsdp__fmt(why, why_size, "recovery: replicas %s are all that remain together of epoch %lld's %s: not a strict "
+                  "majority (%d of %d needed), so this partition stops (the others may still train)", kept,
+                  (long long)last->epoch, was, last->count / 2 + 1, last->count);
+        return FSDP_ERR_PEER_LOST;
+    }
+    if (next->count < min_replicas) {
+        fsdp__fmt(why, why_size, "recovery: replicas %s remain of epoch %lld's %s: fewer than recovery.min_replicas %d",
+                  kept, (long long)last->epoch, was, min_replicas);
+        return FSDP_ERR_PEER_LOST;
+    }
+    if (next->count < last->count) next->epoch = last->epoch + 1;
+    fsdp__fmt(why, why_size, "recovery: epoch %lld: replicas %s of %s", (long long)next->epoch, kept, was);
+    return fsdp__recovery_step_rule(last, next, views, n, target_step, why, why_size);
+}
+
+/* fsdp_init's checks of desc->recovery, with the plan made: 0 when it is off; else why it
+   cannot be had (every unit HYBRID_SHARD, two replicas or more, none sharing a host with
+   another), and, all of that being right, FSDP_ERR_UNSUPPORTED: not available yet. */
+FSDP__PRIVATE int fsdp__recovery_check(const fsdp_recovery_desc *rd, const fsdp_model *model, const fsdp__plan *plan,
+                                       const fsdp_comm *comm, int hybrid_group, char *err, size_t err_size) {
+    int world = fsdp_comm_size(comm), replicas = world / hybrid_group, ui, r, *replica_of_host;
+    int hosts = fsdp_comm_num_hosts(comm);
+    if (!rd->enabled) return 0;
+    if (rd->min_replicas < 0 || rd->detect_ms < 0)
+        return fsdp__fmt(err, err_size, "recovery: min_replicas %d and detect_ms %d must be >= 0 (0: the default)",
+                         rd->min_replicas, rd->detect_ms), FSDP_ERR_INVALID_ARG;
+    for (ui = 0; ui < plan->num_units; ui++)
+        if (plan->units[ui].strategy != FSDP_HYBRID_SHARD)
+            return fsdp__fmt(err, err_size, "recovery needs HYBRID_SHARD (a replica per host, each a whole copy of "
+                             "the state): unit '%s' is %s", *model->modules[plan->units[ui].module].name
+                             ? model->modules[plan->units[ui].module].name : "(root)",
+                             fsdp_strategy_name(plan->units[ui].strategy)), FSDP_ERR_INVALID_ARG;
+    if (replicas < 2 || replicas < rd->min_replicas)
+        return fsdp__fmt(err, err_size, "recovery: %d replica(s) of %d ranks (shard_group_size %d): at least 2 and "
+                         "recovery.min_replicas %d are needed", replicas, world, hybrid_group, rd->min_replicas),
+               FSDP_ERR_INVALID_ARG;
+    if (hosts < 2)
+        return fsdp__fmt(err, err_size, "recovery: the %d ranks are on %s: the replicas must be on hosts of their own "
+                         "(a host's loss is what recovery survives)", world, hosts == 1 ? "one host" : "unknown hosts"),
+               FSDP_ERR_INVALID_ARG;
+    if (!(replica_of_host = (int *)FSDP_MALLOC(sizeof(int) * (size_t)hosts))) return FSDP_ERR_OUT_OF_MEMORY;
+    for (r = 0; r < hosts; r++) replica_of_host[r] = -1;
+    for (r = 0; r < world; r++) {
+        int h = fsdp_comm_host_of(comm, r), other = h >= 0 && h < hosts ? replica_of_host[h] : -2;
+        if (other == -1) replica_of_host[h] = r / hybrid_group;
+        if (other == -1 || other == r / hybrid_group) continue;
+        FSDP_FREE(replica_of_host);
+        if (other == -2)
+            return fsdp__fmt(err, err_size, "recovery: the host of rank %d is unknown", r), FSDP_ERR_INVALID_ARG;
+        return fsdp__fmt(err, err_size, "recovery: replicas %d and %d share host %d (rank %d is on it): one host's "
+                         "loss would take both; give each replica hosts of its own (shard_group_size: the ranks per "
+                         "host)",
+                         other, r / hybrid_group, h, r), FSDP_ERR_INVALID_ARG;
+    }
+    FSDP_FREE(replica_of_host);
+    fsdp__fmt(err, err_size, "recovery (fsdp_desc.recovery.enabled) is not available yet: the survivors' rendezvous "
+              "and fsdp_step's use of it are not in this build (issue 38); turn it off to train");
+    return FSDP_ERR_UNSUPPORTED;
+}
+
+/* ============================================================================================
    >>runtime
    The compute thread calls the hooks; one comm thread runs every collective of the context in
    the order they were issued (every rank issues the same sequence), so gathers of the next unit
@@ -10907,6 +11173,7 @@ FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) 
     memset(report, 0, sizeof *report);
     if (!ctx) return FSDP_ERR_INVALID_ARG;
     rc = fsdp__step(ctx, max_norm, report);
+    fsdp_replicas(ctx, &report->replicas, NULL);
     if (!rc && ctx->async_save) rc = fsdp__async_poll(ctx, 0); /* commits a save whose files are all written */
     if (!rc && ctx->trace) fsdp__trace_iteration(ctx, report->skipped);
     return rc;
@@ -10928,6 +11195,112 @@ FSDP_API int fsdp_zero_grad(fsdp_ctx *ctx) {
     }
     if (ctx->step_thread_started) pthread_mutex_unlock(&ctx->step_lock);
     return 0;
+}
+
+/* --- after a lost replica (>>recovery): the survivors' runtime -------------------------------- */
+/* Stops everything in flight on this rank: every communicator of the context aborted (so that
+   its ops here and, through them, on every other rank fail at once, and every survivor enters
+   the agreement, also those whose own ops were fine), then the comm thread left to drain every
+   task issued (each fails fast), within the bound fsdp__wait_task_for keeps. 0, or
+   FSDP_ERR_TIMEOUT if a task did not end (a backend that ignores its timeout). */
+FSDP__PRIVATE int fsdp__recovery_quiesce(fsdp_ctx *ctx, const char *why) {
+    fsdp_comm *comms[3];
+    double limit;
+    int c, drained;
+    comms[0] = ctx->comm;
+    comms[1] = ctx->hybrid_shard_comm;
+    comms[2] = ctx->hybrid_replica_comm;
+    for (c = 0; c < 3; c++)
+        if (comms[c]) fsdp_comm_fail(comms[c], FSDP_ERR_ABORTED, "rank %d: %s", ctx->rank, why);
+    pthread_mutex_lock(&ctx->lock);
+    limit = fsdp_now() + (double)(ctx->issued - ctx->completed + 1) * 4.0 * fsdp_comm_timeout(ctx->comm) / 1000.0 + 2.0;
+    while ((ctx->completed < ctx->issued || ctx->running) && fsdp_now() < limit) {
+        struct timespec ts;
+        if (!ctx->running && ctx->queue_len > 0) pthread_cond_signal(&ctx->wake);
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&ctx->done, &ctx->lock, &ts);
+    }
+    drained = ctx->completed == ctx->issued && !ctx->running;
+    pthread_mutex_unlock(&ctx->lock);
+    return drained ? 0 : fsdp__fail(ctx, FSDP_ERR_TIMEOUT, "recovery: the comm thread did not drain its tasks");
+}
+
+/* After fsdp__recovery_quiesce: the iteration in flight undone on this rank, as if it had not
+   begun (the step-in-flight rule's "applied nowhere"): every unit sharded, its buffers returned,
+   gradients zero, the failure forgotten. The step count and the optimizer state are untouched. */
+FSDP__PRIVATE void fsdp__recovery_reset(fsdp_ctx *ctx) {
+    int ui;
+    for (ui = 0; ui < ctx->num_units; ui++) {
+        fsdp__unit *u = &ctx->units[ui];
+        fsdp__reshard(ctx, u);
+        if (u->grad_full && u->grad_full != u->grad)
+            fsdp__buf_put(ctx, u->grad_full, (size_t)u->padded * sizeof(float));
+        u->grad_full = NULL;
+        u->grad_full_pending = u->refcount = u->recompute = u->recomputing = 0;
+        u->forward_done = u->backward_started = u->backward_done = 0;
+        u->gather_task = 0;
+        fsdp__zero_unit_grad(u);
+    }
+    if (!ctx->order_known) ctx->fwd_len = ctx->bwd_len = 0; /* (recorded again by the next iteration) */
+    ctx->phase = 0;
+    ctx->older_reduce = ctx->newer_reduce = 0;
+    ctx->grads_unscaled = ctx->hook_failed = 0;
+    pthread_mutex_lock(&ctx->lock);
+    ctx->worker_error = 0;
+    ctx->error[0] = 0;
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+/* Continues on the survivors' communicators: world (the caller keeps it, as desc.comm), and the
+   shard comm of this rank's group and the replica comm across the groups (NULL: one replica
+   left), which the context takes over, destroying its old ones. Master shards the old shard comm
+   shared are moved into memory of the new one (fsdp_comm_alloc: collective over shard). Every
+   unit must be HYBRID_SHARD with shard groups of the size they had (the recovery checks). On
+   failure nothing changed: the caller still owns shard and replica. */
+FSDP__PRIVATE int fsdp__recovery_adopt(fsdp_ctx *ctx, fsdp_comm *world, fsdp_comm *shard, fsdp_comm *replica) {
+    size_t total = 0, at = 0;
+    void *mem = NULL;
+    int ui, rc;
+    if (fsdp_comm_size(shard) != ctx->desc.shard_group_size || ctx->master_mem[0] || ctx->step_thread_started)
+        return fsdp__fail(ctx, FSDP_ERR_STATE, "recovery: cannot adopt a shard comm of %d ranks (the groups have %d)",
+                          fsdp_comm_size(shard), ctx->desc.shard_group_size);
+    for (ui = 0; ui < ctx->num_units; ui++)
+        if (ctx->units[ui].master_shared) total += fsdp__align((size_t)ctx->units[ui].shard, 16);
+    if (total && (rc = fsdp_comm_alloc(shard, total * sizeof(float), &mem)) != 0)
+        return fsdp__fail(ctx, rc, "recovery: no memory for the master shards: %s", fsdp_comm_last_error(shard));
+    for (ui = 0; ui < ctx->num_units; ui++) {
+        fsdp__unit *u = &ctx->units[ui];
+        if (u->master_shared) {
+            memcpy((float *)mem + at, u->master, sizeof(float) * (size_t)u->shard);
+            u->master = (float *)mem + at;
+            at += fsdp__align((size_t)u->shard, 16);
+        }
+        u->shard_comm = fsdp_comm_size(world) > 1 ? shard : world;
+        u->replica_comm = replica;
+    }
+    fsdp_comm_free(ctx->hybrid_shard_comm, ctx->master_mem[1]);
+    fsdp_comm_destroy(ctx->hybrid_shard_comm);
+    fsdp_comm_destroy(ctx->hybrid_replica_comm);
+    ctx->master_mem[1] = mem;
+    ctx->hybrid_shard_comm = shard;
+    ctx->hybrid_replica_comm = replica;
+    ctx->comm = world;
+    ctx->rank = fsdp_comm_rank(world);
+    ctx->world = fsdp_comm_size(world);
+    return 0;
+}
+
+FSDP_API int fsdp_replicas(const fsdp_ctx *ctx, int *count, int *index) {
+    int ui, replica_size = 1;
+    if (count) *count = 0;
+    if (index) *index = 0;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    for (ui = 0; ui < ctx->num_units; ui++) /* a replica: the largest group a unit is sharded over */
+        if (ctx->units[ui].group_size > replica_size) replica_size = ctx->units[ui].group_size;
+    if (count) *count = ctx->world / replica_size;
+    if (index) *index = ctx->rank / replica_size;
+    return FSDP_SUCCESS;
 }
 
 FSDP_API int fsdp_synchronize(fsdp_ctx *ctx) {
@@ -11083,6 +11456,8 @@ FSDP__PRIVATE void fsdp__desc_defaults(fsdp_desc *d, int world, int local_world)
     if (d->loss_scale.growth_factor == 0) d->loss_scale.growth_factor = 2.0f;
     if (d->loss_scale.backoff_factor == 0) d->loss_scale.backoff_factor = 0.5f;
     if (d->loss_scale.growth_interval == 0) d->loss_scale.growth_interval = 2000;
+    if (d->recovery.min_replicas == 0) d->recovery.min_replicas = 1;
+    if (d->recovery.detect_ms == 0) d->recovery.detect_ms = FSDP__RECOVERY_DETECT_MS;
     fsdp__optimizer_defaults(&d->optimizer);
 }
 
@@ -11228,6 +11603,9 @@ FSDP__PRIVATE int fsdp__init_resolve(fsdp_ctx *ctx, int *hybrid_group) {
     }
     rc = fsdp__desc_resolve(&ctx->desc, ctx->world, fsdp_comm_local_size(ctx->comm), hybrid_group, err, sizeof err);
     if (!rc) rc = fsdp__plan_build(ctx->model, &ctx->desc, ctx->world, *hybrid_group, &ctx->plan, err, sizeof err);
+    if (!rc)
+        rc = fsdp__recovery_check(&ctx->desc.recovery, ctx->model, &ctx->plan, ctx->comm, *hybrid_group, err,
+                                  sizeof err);
     if (rc) return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: %s", err);
     ctx->param_dtype = ctx->desc.param_dtype;
     ctx->reduce_dtype = ctx->desc.reduce_dtype;

@@ -1,7 +1,8 @@
-/* test_common.h - the helpers the test programs share, written once: time and text, forked
-   children and shared memory, launches, temporary directories and files, what a checkpoint
-   directory holds (ckpt_dir_exact, ckpt_file_exact: also for campaigns), the fuzz corpora,
-   reference dtype conversions independent of fsdp.h, and the dense layers of the test models.
+/* test_common.h - the helpers the test programs share, written once: time and text, a host name
+   of a process's own (UTS namespaces), forked children and shared memory, launches, temporary
+   directories and files, what a checkpoint directory holds (ckpt_dir_exact, ckpt_file_exact:
+   also for campaigns), the fuzz corpora, reference dtype conversions independent of fsdp.h, and
+   the dense layers of the test models.
 
    A test file includes it after fsdp.h (which sets the feature macros for the system headers)
    and unity.h; it brings the C and POSIX headers below, so a test file includes only the others
@@ -102,6 +103,42 @@ static TEST_UNUSED void record(verdict *v, int ok, const char *what) {
     if (ok) return;
     if (v->failed++ == 0) snprintf(v->first_failure, sizeof v->first_failure, "%s", what);
 }
+
+/* ---------------------------------------------------------------------------------------------
+   a host name of this process's own (UTS namespaces: for tests of several hosts on one machine;
+   needs _GNU_SOURCE, which fsdp.h defines when it comes first with FSDP_IMPLEMENTATION)
+   --------------------------------------------------------------------------------------------- */
+#ifdef _GNU_SOURCE
+#include <fcntl.h>
+#include <sched.h>
+
+static TEST_UNUSED int write_text(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC), ok;
+    if (fd < 0) return -1;
+    ok = write(fd, text, strlen(text)) == (ssize_t)strlen(text);
+    close(fd);
+    return ok ? 0 : -1;
+}
+
+/* Without root: a user namespace of its own, mapping this user to itself, gives the rights to
+   make the UTS namespace (and nothing on the machine). */
+static TEST_UNUSED int enter_user_namespace(void) {
+    char map[64];
+    unsigned uid = (unsigned)geteuid(), gid = (unsigned)getegid();
+    if (unshare(CLONE_NEWUSER | CLONE_NEWUTS) != 0) return -1;
+    snprintf(map, sizeof map, "%u %u 1\n", uid, uid);
+    if (write_text("/proc/self/uid_map", map) != 0) return -1;
+    if (write_text("/proc/self/setgroups", "deny") != 0) return -1;
+    snprintf(map, sizeof map, "%u %u 1\n", gid, gid);
+    return write_text("/proc/self/gid_map", map);
+}
+
+/* 0 once this process alone is called `name`; -1 with errno. */
+static TEST_UNUSED int claim_host(const char *name) {
+    if (unshare(CLONE_NEWUTS) != 0 && (errno != EPERM || enter_user_namespace() != 0)) return -1;
+    return sethostname(name, strlen(name));
+}
+#endif
 
 /* ---------------------------------------------------------------------------------------------
    shared memory, forked children and launches
