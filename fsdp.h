@@ -9299,7 +9299,9 @@ struct fsdp_ctx {
     /* iteration */
     int phase;              /* 0 idle, 1 forward, 2 backward */
     int64_t iteration;
-    int *fwd_order, fwd_len, *bwd_order, bwd_len, order_known;
+    int *fwd_order, fwd_len, *bwd_order, bwd_len;
+    int fwd_known, bwd_known; /* each order is learned from the first iteration that runs it (an evaluation
+                                 pass first teaches the forward order only) */
     uint64_t older_reduce, newer_reduce; /* the last two gradient reductions issued */
     /* comm thread */
     pthread_t thread;
@@ -9956,7 +9958,7 @@ static int fsdp__gathering_count(const fsdp_ctx *ctx) {
 /* Gathers the unit after ui in an order ("prefetch"), within the in-flight limit. */
 FSDP__PRIVATE int fsdp__prefetch_after(fsdp_ctx *ctx, const int *order, int len, int ui) {
     int i;
-    if (!ctx->order_known) return 0;
+    if (!(order == ctx->fwd_order ? ctx->fwd_known : ctx->bwd_known)) return 0;
     for (i = 0; i + 1 < len; i++)
         if (order[i] == ui) {
             int next = order[i + 1];
@@ -9978,11 +9980,13 @@ FSDP__PRIVATE int fsdp__wait_gathered(fsdp_ctx *ctx, int ui) {
     return 0;
 }
 
-/* Compares the recorded forward and backward orders across ranks (iteration 1's check). */
+/* Compares the recorded forward and backward orders across ranks at the end of each iteration
+   until both are known (the first iteration, and with evaluation passes first the first one
+   with a backward), then marks them known. */
 FSDP__PRIVATE int fsdp__verify_order(fsdp_ctx *ctx) {
     uint64_t mine[2] = {0xcbf29ce484222325ull, 0xcbf29ce484222325ull}, *all;
     int i, r, rc;
-    if (ctx->order_known) return 0;
+    if (ctx->phase == 0 || (ctx->fwd_known && (ctx->bwd_known || ctx->phase != 2))) return 0;
     for (i = 0; i < ctx->fwd_len; i++) mine[0] = (mine[0] ^ (uint64_t)ctx->fwd_order[i]) * 0x100000001b3ull;
     for (i = 0; i < ctx->bwd_len; i++) mine[1] = (mine[1] ^ (uint64_t)ctx->bwd_order[i]) * 0x100000001b3ull;
     all = (uint64_t *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world);
@@ -9995,7 +9999,8 @@ FSDP__PRIVATE int fsdp__verify_order(fsdp_ctx *ctx) {
                             "(every rank must call the hooks of the same units in the same order)",
                             ctx->rank, all[2 * r] != mine[0] ? "forward" : "backward", r);
     FSDP_FREE(all);
-    if (!rc) ctx->order_known = 1;
+    if (!rc) ctx->fwd_known = 1;
+    if (!rc && ctx->phase == 2) ctx->bwd_known = 1;
     return rc;
 }
 
@@ -10020,7 +10025,7 @@ FSDP__PRIVATE int fsdp__end_iteration(fsdp_ctx *ctx) {
         if (u->state == FSDP__UNSHARDED && !fsdp__aliases_master(ctx, u)) fsdp__reshard(ctx, u);
         else if (u->state == FSDP__UNSHARDED) u->state = FSDP__SHARDED;
     }
-    if (ctx->iteration == 0 && ctx->phase != 0 && (rc = fsdp__verify_order(ctx)) != 0) return rc;
+    if ((rc = fsdp__verify_order(ctx)) != 0) return rc;
     for (i = 0; i < ctx->num_units; i++) {
         fsdp__unit *u = &ctx->units[i];
         u->forward_done = u->backward_started = u->backward_done = 0;
@@ -10053,7 +10058,7 @@ FSDP__PRIVATE int fsdp__unit_pre_forward(fsdp_ctx *ctx, int ui) {
                                              "forward-only pass (validation, sampling) with fsdp_finish_backward(ctx) before "
                                              "the next forward)" : "");
     ctx->phase = 1;
-    if (!ctx->order_known) {
+    if (!ctx->fwd_known) {
         for (i = 0; i < ctx->fwd_len && ctx->fwd_order[i] != ui; i++) {}
         if (i == ctx->fwd_len) ctx->fwd_order[ctx->fwd_len++] = ui;
     }
@@ -10086,7 +10091,7 @@ FSDP__PRIVATE int fsdp__unit_pre_backward(fsdp_ctx *ctx, int ui) {
                                                       : "its backward already ran this iteration");
     ctx->phase = 2;
     u->backward_started = 1;
-    if (!ctx->order_known) ctx->bwd_order[ctx->bwd_len++] = ui;
+    if (!ctx->bwd_known) ctx->bwd_order[ctx->bwd_len++] = ui;
     if ((rc = fsdp__issue_gather(ctx, ui)) != 0) return rc;
     if (ctx->desc.backward_prefetch == FSDP_BACKWARD_PRE &&
         (rc = fsdp__prefetch_after(ctx, ctx->bwd_order, ctx->bwd_len, ui)) != 0)
