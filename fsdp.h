@@ -934,7 +934,14 @@ typedef struct fsdp_step_report {
    optimizer to this rank's shards and ends the iteration. Collective. With offload (>>offload)
    the update streams on a thread of its own and fsdp_step returns once it has begun: the next
    forward overlaps it, each unit's hooks waiting for that unit's new values; fsdp calls that
-   read the shards wait for all of it, and so does fsdp_synchronize. */
+   read the shards wait for all of it, and so does fsdp_synchronize.
+   A step needs gradients: with no backward since fsdp_init, the last fsdp_step or fsdp_zero_grad
+   (only forward-only passes, e.g. an evaluation), where torch.optim would skip every parameter
+   (its grad None), fsdp_step ends the iteration as fsdp_finish_backward does, applies nothing
+   (the weights, the optimizer state and the step count stay as they were) and returns
+   FSDP_ERR_STATE naming fsdp_step: a misuse, reported as the hooks' are (one warning per
+   context; FSDP_DEBUG >= 1 aborts there). Micro-steps (fsdp_set_no_sync) then a step are fine:
+   any backward since the last step counts. */
 FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report);
 /* Waits for everything running for ctx in the background (the comm thread's collectives, an
    update behind): before reading fsdp_param_info's shards directly, or timing. */
@@ -9296,6 +9303,7 @@ struct fsdp_ctx {
     float loss_scale;                  /* fsdp_desc.loss_scale: the current scale (1: off) */
     int64_t scale_growth_tracker;      /* steps in a row with finite gradients */
     int grads_unscaled;                /* the scale was divided out of this iteration's gradients */
+    int grads_since_step;              /* a backward ran since fsdp_init, the last fsdp_step or fsdp_zero_grad */
     /* iteration */
     int phase;              /* 0 idle, 1 forward, 2 backward */
     int64_t iteration;
@@ -10026,6 +10034,7 @@ FSDP__PRIVATE int fsdp__end_iteration(fsdp_ctx *ctx) {
         else if (u->state == FSDP__UNSHARDED) u->state = FSDP__SHARDED;
     }
     if ((rc = fsdp__verify_order(ctx)) != 0) return rc;
+    if (ctx->phase == 2) ctx->grads_since_step = 1;
     for (i = 0; i < ctx->num_units; i++) {
         fsdp__unit *u = &ctx->units[i];
         u->forward_done = u->backward_started = u->backward_done = 0;
@@ -10816,6 +10825,13 @@ FSDP__PRIVATE int fsdp__step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *re
     int rc, ui;
     double norm = 0, t0;
     if ((rc = fsdp__finish(ctx)) != 0) return rc;
+    if (!ctx->grads_since_step) { /* as torch.optim, which skips parameters whose grad is None */
+        rc = fsdp__fail(ctx, FSDP_ERR_STATE, "fsdp_step: no backward ran since the last fsdp_step (or fsdp_zero_grad, "
+                        "or fsdp_init): nothing applied (end a forward-only pass with fsdp_finish_backward)");
+        fsdp__misused(ctx);
+        return rc;
+    }
+    ctx->grads_since_step = 0;
     if (report) report->loss_scale = ctx->loss_scale;
     if ((rc = fsdp_clip_grad_norm(ctx, max_norm, &norm)) != 0) return rc;
     if (report) report->grad_norm = norm;
@@ -10870,6 +10886,7 @@ FSDP_API int fsdp_zero_grad(fsdp_ctx *ctx) {
     if (!ctx) return FSDP_ERR_INVALID_ARG;
     if ((rc = fsdp__wait_task(ctx, 0)) != 0) return rc;
     ctx->grads_unscaled = 0;
+    ctx->grads_since_step = 0; /* (torch's zero_grad sets them to None: a step then changes nothing) */
     if (ctx->step_thread_started) pthread_mutex_lock(&ctx->step_lock);
     for (ui = 0; ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
