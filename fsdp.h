@@ -1016,6 +1016,8 @@ typedef struct fsdp_param_info {
 } fsdp_param_info;
 
 FSDP_API int fsdp_num_units(const fsdp_ctx *ctx);
+/* Return Value: 0; FSDP_ERR_INVALID_ARG for an index out of range or a NULL info, with a message
+   (fsdp_last_error) naming the index and the valid range. */
 FSDP_API int fsdp_unit_info_get(const fsdp_ctx *ctx, int unit, fsdp_unit_info *info);
 FSDP_API int fsdp_param_info_get(const fsdp_ctx *ctx, int param, fsdp_param_info *info);
 /* Prints the units (name, strategy, whether post_forward reshards them, parameters, padding,
@@ -11558,7 +11560,11 @@ FSDP_API int fsdp_num_units(const fsdp_ctx *ctx) { return ctx ? ctx->num_units :
 
 FSDP_API int fsdp_unit_info_get(const fsdp_ctx *ctx, int unit, fsdp_unit_info *info) {
     const fsdp__unit *u;
-    if (!ctx || !info || unit < 0 || unit >= ctx->num_units) return FSDP_ERR_INVALID_ARG;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if (!info || unit < 0 || unit >= ctx->num_units) /* (the error message is no part of what const protects) */
+        return fsdp__fail((fsdp_ctx *)ctx, FSDP_ERR_INVALID_ARG, "fsdp_unit_info_get(ctx, %d, %s): %s (the context has %d "
+                          "units: 0..%d)", unit, info ? "info" : "NULL", info ? "no such unit" : "info is NULL",
+                          ctx->num_units, ctx->num_units - 1);
     u = &ctx->units[unit];
     info->module = u->module;
     info->name = ctx->model->modules[u->module].name;
@@ -11575,7 +11581,11 @@ FSDP_API int fsdp_unit_info_get(const fsdp_ctx *ctx, int unit, fsdp_unit_info *i
 }
 
 FSDP_API int fsdp_param_info_get(const fsdp_ctx *ctx, int param, fsdp_param_info *info) {
-    if (!ctx || !info || param < 0 || param >= ctx->model->num_params) return FSDP_ERR_INVALID_ARG;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if (!info || param < 0 || param >= ctx->model->num_params)
+        return fsdp__fail((fsdp_ctx *)ctx, FSDP_ERR_INVALID_ARG, "fsdp_param_info_get(ctx, %d, %s): %s (the model has %d "
+                          "parameters: 0..%d)", param, info ? "info" : "NULL", info ? "no such parameter" : "info is NULL",
+                          ctx->model->num_params, ctx->model->num_params - 1);
     *info = ctx->params[param];
     return 0;
 }

@@ -346,6 +346,27 @@ static void test_set_param_of_a_parameter_that_does_not_exist_returns_invalid_ar
     assert_says(fsdp_last_error(ctx), "rank 0 must pass the full value");
 }
 
+static void test_unit_info_of_a_unit_that_does_not_exist_returns_invalid_arg_naming_it_and_the_range(void) {
+    fsdp_unit_info info;
+    start_one_rank(FSDP_FULL_SHARD);
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_unit_info_get(ctx, 4, &info));
+    assert_says(fsdp_last_error(ctx), "fsdp_unit_info_get(ctx, 4, info): no such unit (the context has 4 units: 0..3)");
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_unit_info_get(ctx, -1, &info));
+    assert_says(fsdp_last_error(ctx), "fsdp_unit_info_get(ctx, -1, info): no such unit");
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_unit_info_get(ctx, 0, NULL));
+    assert_says(fsdp_last_error(ctx), "fsdp_unit_info_get(ctx, 0, NULL): info is NULL");
+}
+
+static void test_param_info_of_a_parameter_that_does_not_exist_returns_invalid_arg_naming_it_and_the_range(void) {
+    fsdp_param_info info;
+    start_one_rank(FSDP_FULL_SHARD);
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_param_info_get(ctx, 42, &info));
+    assert_says(fsdp_last_error(ctx),
+                "fsdp_param_info_get(ctx, 42, info): no such parameter (the model has 7 parameters: 0..6)");
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_param_info_get(ctx, 1, NULL));
+    assert_says(fsdp_last_error(ctx), "fsdp_param_info_get(ctx, 1, NULL): info is NULL");
+}
+
 /* Every misuse replaces the context's error; only the first is logged, as a warning. */
 static void test_misuse_is_logged_as_a_warning_once_per_context(void) {
     start_one_rank(FSDP_FULL_SHARD);
@@ -596,6 +617,8 @@ int main(void) {
     RUN_TEST(test_param_of_a_parameter_that_does_not_exist_names_its_index_and_the_count);
     RUN_TEST(test_set_lr_of_a_negative_value_returns_invalid_arg_naming_it);
     RUN_TEST(test_set_param_of_a_parameter_that_does_not_exist_returns_invalid_arg_naming_it);
+    RUN_TEST(test_unit_info_of_a_unit_that_does_not_exist_returns_invalid_arg_naming_it_and_the_range);
+    RUN_TEST(test_param_info_of_a_parameter_that_does_not_exist_returns_invalid_arg_naming_it_and_the_range);
     RUN_TEST(test_misuse_is_logged_as_a_warning_once_per_context);
     RUN_TEST(test_hook_out_of_order_is_logged_as_a_warning);
     RUN_TEST(test_forward_only_pass_without_finish_backward_then_forward_names_fsdp_finish_backward);
