@@ -846,7 +846,8 @@ typedef struct fsdp_desc {
     int forward_prefetch;               /* gather the next unit during this one's forward */
     fsdp_backward_prefetch backward_prefetch;
     int limit_all_gathers;              /* at most this many gathers in flight; default 2 */
-    int shard_group_size;               /* HYBRID_SHARD: ranks per shard group; default local size */
+    int shard_group_size;               /* HYBRID_SHARD: ranks per shard group; default local size. Must
+                                           divide the world where a unit is HYBRID_SHARD; unused otherwise */
     uint64_t seed;                      /* for the init rules */
     fsdp_optimizer_desc optimizer;
     const fsdp_param_group *param_groups; /* per-parameter weight decay and lr (copied at init) */
@@ -8539,6 +8540,24 @@ static int fsdp__group_size(fsdp_strategy strategy, int world, int hybrid_group)
     return world;
 }
 
+/* The shard group size matters to HYBRID_SHARD units only (the others shard over the world, or
+   not at all): it must divide the world where one is, whether desc.strategy or
+   fsdp_model_set_strategy made it so. */
+static int fsdp__plan_check_hybrid(const fsdp_model *m, const fsdp__plan *plan, int world, int hybrid_group, char *err,
+                                   size_t err_size) {
+    int u;
+    if (hybrid_group <= world && world % hybrid_group == 0) return 0;
+    for (u = 0; u < plan->num_units; u++)
+        if (plan->units[u].strategy == FSDP_HYBRID_SHARD) {
+            int mod = plan->units[u].module;
+            fsdp__fmt(err, err_size, "shard_group_size %d must divide the world size %d: unit %d '%s' is HYBRID_SHARD (%s)",
+                      hybrid_group, world, u, *m->modules[mod].name ? m->modules[mod].name : "(root)",
+                      m->modules[mod].strategy ? "fsdp_model_set_strategy" : "desc.strategy");
+            return FSDP_ERR_INVALID_ARG;
+        }
+    return 0;
+}
+
 FSDP__PRIVATE int fsdp__plan_build(const fsdp_model *m, const fsdp_desc *desc, int world, int hybrid_group,
                                    fsdp__plan *plan, char *err, size_t err_size) {
     int64_t *unwrapped = NULL;
@@ -8612,6 +8631,10 @@ FSDP__PRIVATE int fsdp__plan_build(const fsdp_model *m, const fsdp_desc *desc, i
     }
     FSDP_FREE(unwrapped);
     FSDP_FREE(is_unit);
+    if (fsdp__plan_check_hybrid(m, plan, world, hybrid_group, err, err_size) != 0) {
+        fsdp__plan_free(plan);
+        return FSDP_ERR_INVALID_ARG;
+    }
     return FSDP_SUCCESS;
 }
 
@@ -11069,7 +11092,7 @@ FSDP__PRIVATE int fsdp__param_group_check(const fsdp_param_group *g, int i, char
 }
 
 /* Checks a description with its defaults filled: 0, or FSDP_ERR_INVALID_ARG with why in err. */
-FSDP__PRIVATE int fsdp__desc_validate(const fsdp_desc *d, int world, char *err, size_t err_size) {
+FSDP__PRIVATE int fsdp__desc_validate(const fsdp_desc *d, char *err, size_t err_size) {
     const fsdp_loss_scale_desc *ls = &d->loss_scale;
     int i, rc;
     if (ls->enabled && !(fsdp__loss_scale_ok(ls->init_scale) && ls->growth_factor > 1 &&
@@ -11087,10 +11110,6 @@ FSDP__PRIVATE int fsdp__desc_validate(const fsdp_desc *d, int world, char *err, 
     }
     if ((int)d->backward_prefetch < 0 || d->backward_prefetch > FSDP_BACKWARD_PREFETCH_NONE) {
         fsdp__fmt(err, err_size, "backward_prefetch %d is not PRE, POST or NONE", (int)d->backward_prefetch);
-        return FSDP_ERR_INVALID_ARG;
-    }
-    if (d->shard_group_size > world || world % d->shard_group_size != 0) {
-        fsdp__fmt(err, err_size, "shard_group_size %d must divide the world size %d", d->shard_group_size, world);
         return FSDP_ERR_INVALID_ARG;
     }
     if ((i = fsdp__optimizer_check(&d->optimizer, err, err_size)) != 0) return i;
@@ -11113,7 +11132,7 @@ FSDP__PRIVATE int fsdp__desc_resolve(fsdp_desc *d, int world, int local_world, i
                                      size_t err_size) {
     fsdp__desc_defaults(d, world, local_world);
     *hybrid_group = d->shard_group_size;
-    return fsdp__desc_validate(d, world, err, err_size);
+    return fsdp__desc_validate(d, err, err_size);
 }
 
 /* Each parameter's weight decay and lr multiple, from its group or the optimizer's settings, and
