@@ -13674,36 +13674,39 @@ FSDP_API int fsdp_st_writer_close(fsdp_st_writer *w, char *err, size_t err_size)
    >>checkpoint
    ============================================================================================ */
 /* --- checkpoints of a context --------------------------------------------------------------- */
-/* Every rank learns the first failing rank's code and message (an all-gather of a fixed-size
-   report), so a collective save or load fails everywhere with the same reason. */
+/* Every rank learns the first failing rank's code and message, so a collective save or load
+   fails everywhere with the same reason. Nothing here allocates: a rank out of memory takes part
+   as any other (one that returned instead would leave the others waiting for it until their
+   timeout). A sum says whether a rank failed; if one did, halving the range of ranks finds the
+   first (log2(world) sums more), and it broadcasts its report. */
 FSDP__PRIVATE int fsdp__agree(fsdp_ctx *ctx, int rc) {
     typedef struct { int32_t rc; char message[252]; } report;
-    report mine, *all;
-    int r, first = 0;
-    memset(&mine, 0, sizeof mine);
-    mine.rc = rc;
-    if (rc) {
+    report first;
+    float failed = rc != 0, any = 0;
+    int lo = 0, hi = ctx->world, r;
+    if ((r = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_REDUCE, &failed, &any, 1, 0)) != 0) return r;
+    if (any == 0) return 0;
+    while (hi - lo > 1) { /* the first failing rank is in [lo, hi) */
+        int mid = lo + (hi - lo) / 2;
+        float below = rc != 0 && ctx->rank < mid, count = 0;
+        if ((r = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_REDUCE, &below, &count, 1, 0)) != 0) return r;
+        if (count > 0) hi = mid;
+        else lo = mid;
+    }
+    memset(&first, 0, sizeof first);
+    if (ctx->rank == lo) {
+        first.rc = rc;
         pthread_mutex_lock(&ctx->lock);
-        fsdp__copy_string(mine.message, sizeof mine.message, ctx->error);
+        fsdp__copy_string(first.message, sizeof first.message, ctx->error);
         pthread_mutex_unlock(&ctx->lock);
     }
-    all = (report *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world);
-    if (!all) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
-    if ((r = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_GATHER, &mine, all, sizeof mine / 4, 0)) != 0) {
-        FSDP_FREE(all);
-        return r;
+    if ((r = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_BROADCAST, &first, &first, sizeof first / 4, lo)) != 0) return r;
+    if (lo != ctx->rank) { /* a peer's text: read bounded and escaped */
+        char shown[sizeof first.message];
+        fsdp__fail(ctx, first.rc, "rank %d: %s", lo, fsdp__printable_n(shown, sizeof shown, first.message,
+                                                                       sizeof first.message));
     }
-    for (r = 0; r < ctx->world; r++)
-        if (all[r].rc) {
-            char shown[sizeof all[r].message];
-            first = all[r].rc;
-            if (r != ctx->rank) /* a peer's text: read bounded and escaped */
-                fsdp__fail(ctx, first, "rank %d: %s", r, fsdp__printable_n(shown, sizeof shown, all[r].message,
-                                                                        sizeof all[r].message));
-            break;
-        }
-    FSDP_FREE(all);
-    return first;
+    return first.rc;
 }
 
 /* Saving and loading happen between iterations, with every reduction finished. */
@@ -13822,7 +13825,10 @@ FSDP__PRIVATE int fsdp__save_full(fsdp_ctx *ctx, const char *path, const fsdp_sa
     if (opt && opt->with_optimizer) suffix = fsdp__opt_suffixes(ctx, &nopt);
     specs = (fsdp_st_spec *)fsdp__calloc(sizeof *specs * (size_t)(ctx->model->num_params * (1 + nopt) + 1));
     meta = fsdp__ckpt_metadata(ctx, opt, "full", store, &nmeta);
-    if (!specs || !meta) { local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_save_full: out of memory"); goto done; }
+    if (!specs || !meta) { /* the others wait in the agreement below: this rank's failure goes there too */
+        rc = fsdp__agree(ctx, fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_save_full: out of memory"));
+        goto done;
+    }
     for (ui = 0; ui < ctx->num_units; ui++) { /* file order = gather order: unit by unit */
         fsdp__unit *u = &ctx->units[ui];
         if ((size_t)u->padded * sizeof(float) > flat_bytes) flat_bytes = (size_t)u->padded * sizeof(float);
