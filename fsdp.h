@@ -2961,6 +2961,7 @@ struct fsdp_comm {
     char job[64];
     unsigned char key[32];  /* fsdp__comm_key of the secret and job: what connections prove */
     int has_secret;
+    int unasked_warned;     /* socket, no secret: said once that the peers' users cannot be checked (atomic) */
     fsdp__region *regions;  /* from fsdp_comm_alloc */
     uint32_t allocations;   /* fsdp_comm_alloc calls so far */
 };
@@ -5400,17 +5401,20 @@ FSDP__PRIVATE const char *fsdp__sock_judge_hello(const fsdp__sock_hello *h, cons
     return NULL;
 }
 
+#ifndef FSDP__SOCK_PEER_UID
+#define FSDP__SOCK_PEER_UID(fd) fsdp__sock_peer_uid(fd) /* tests: a system whose socket table cannot be asked */
+#endif
+
 /* Without a secret the job's key is anyone's, so a peer on this host must be a process of this
    user: 0 (a secret is set; the peer is this user's or another host's; or the system has no
-   table to ask: then a warning, once), or why not in why: FSDP_ERR_REJECTED (the peer is
+   table to ask: then a warning, once per comm), or why not in why: FSDP_ERR_REJECTED (the peer is
    another user's) or FSDP_ERR_PEER_LOST (no process can be named for it: reset, closing, not
    yet accepted; such a connection is refused too, else a stranger that resets at once would
    pass as anyone). */
 FSDP__PRIVATE int fsdp__sock_foreign_user(fsdp_comm *comm, int fd, char *why, size_t size) {
-    static int warned;
     long uid;
     if (comm->has_secret) return 0;
-    uid = fsdp__sock_peer_uid(fd);
+    uid = FSDP__SOCK_PEER_UID(fd);
     if (uid >= 0 && (unsigned long)uid != (unsigned long)geteuid())
         return fsdp__fmt(why, size, "is a process of uid %ld, not of this user (uid %lu): without a secret only this "
                          "user's processes may join (give every rank the same FSDP_SECRET_FILE)", uid,
@@ -5418,7 +5422,7 @@ FSDP__PRIVATE int fsdp__sock_foreign_user(fsdp_comm *comm, int fd, char *why, si
     if (uid == FSDP__UID_UNKNOWN)
         return fsdp__fmt(why, size, "cannot be told to be a process of this user (the connection was reset or is "
                          "closing, and without a secret only this user's processes may join)"), FSDP_ERR_PEER_LOST;
-    if (uid == FSDP__UID_UNASKED && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+    if (uid == FSDP__UID_UNASKED && !__atomic_exchange_n(&comm->unasked_warned, 1, __ATOMIC_RELAXED)) /* once per comm */
         fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: no secret is set and this system does not say which user "
                   "holds a connection (sock_diag): other users of this host could join the job; give every rank the "
                   "same FSDP_SECRET_FILE");
