@@ -115,20 +115,12 @@ static void count_padding(tensors *t, int module_param) {
     }
 }
 
-#define HOOK(call, name)                      \
-    do {                                      \
-        if (t->ctx && (rc = (call)) != 0) {   \
-            t->failed = name;                 \
-            return rc;                        \
-        }                                     \
+/* (a run without t->ctx is the reference: no hooks) */
+#define HOOK(call, name)                                     \
+    do {                                                     \
+        if (t->ctx) RETURN_IF_FAILED(call, t->failed, name); \
     } while (0)
-#define NEED(ptr, name)                       \
-    do {                                      \
-        if (!(ptr)) {                         \
-            t->failed = name " returned NULL"; \
-            return FSDP_ERR_STATE;            \
-        }                                     \
-    } while (0)
+#define NEED(ptr, name) RETURN_IF_NULL(ptr, t->failed, name " returned NULL")
 
 /* One forward and backward over rows [lo, hi) of step `step`, in the order autograd would run
    it, with FSDP's hooks at module boundaries. Gradients of loss * grad_scale / (hi - lo) are
