@@ -863,7 +863,8 @@ typedef struct fsdp_desc {
     int forward_prefetch;               /* gather the next unit during this one's forward */
     fsdp_backward_prefetch backward_prefetch;
     int limit_all_gathers;              /* at most this many gathers in flight; default 2 */
-    int shard_group_size;               /* HYBRID_SHARD: ranks per shard group; default local size */
+    int shard_group_size;               /* HYBRID_SHARD: ranks per shard group; default local size. Must
+                                           divide the world where a unit is HYBRID_SHARD; unused otherwise */
     uint64_t seed;                      /* for the init rules */
     fsdp_optimizer_desc optimizer;
     const fsdp_param_group *param_groups; /* per-parameter weight decay and lr (copied at init) */
@@ -955,7 +956,14 @@ typedef struct fsdp_step_report {
    optimizer to this rank's shards and ends the iteration. Collective. With offload (>>offload)
    the update streams on a thread of its own and fsdp_step returns once it has begun: the next
    forward overlaps it, each unit's hooks waiting for that unit's new values; fsdp calls that
-   read the shards wait for all of it, and so does fsdp_synchronize. */
+   read the shards wait for all of it, and so does fsdp_synchronize.
+   A step needs gradients: with no backward since fsdp_init, the last fsdp_step or fsdp_zero_grad
+   (only forward-only passes, e.g. an evaluation), where torch.optim would skip every parameter
+   (its grad None), fsdp_step ends the iteration as fsdp_finish_backward does, applies nothing
+   (the weights, the optimizer state and the step count stay as they were) and returns
+   FSDP_ERR_STATE naming fsdp_step: a misuse, reported as the hooks' are (one warning per
+   context; FSDP_DEBUG >= 1 aborts there). Micro-steps (fsdp_set_no_sync) then a step are fine:
+   any backward since the last step counts. */
 FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report);
 /* How many replicas of the training state the ranks hold, and which of them this rank belongs
    to (0..count-1): a replica is a group of consecutive ranks that together hold one whole copy,
@@ -1040,6 +1048,8 @@ typedef struct fsdp_param_info {
 } fsdp_param_info;
 
 FSDP_API int fsdp_num_units(const fsdp_ctx *ctx);
+/* Return Value: 0; FSDP_ERR_INVALID_ARG for an index out of range or a NULL info, with a message
+   (fsdp_last_error) naming the index and the valid range. */
 FSDP_API int fsdp_unit_info_get(const fsdp_ctx *ctx, int unit, fsdp_unit_info *info);
 FSDP_API int fsdp_param_info_get(const fsdp_ctx *ctx, int param, fsdp_param_info *info);
 /* Prints the units (name, strategy, whether post_forward reshards them, parameters, padding,
@@ -2982,6 +2992,7 @@ struct fsdp_comm {
     char job[64];
     unsigned char key[32];  /* fsdp__comm_key of the secret and job: what connections prove */
     int has_secret;
+    int unasked_warned;     /* socket, no secret: said once that the peers' users cannot be checked (atomic) */
     fsdp__region *regions;  /* from fsdp_comm_alloc */
     uint32_t allocations;   /* fsdp_comm_alloc calls so far */
 };
@@ -5428,17 +5439,20 @@ FSDP__PRIVATE const char *fsdp__sock_judge_hello(const fsdp__sock_hello *h, cons
     return NULL;
 }
 
+#ifndef FSDP__SOCK_PEER_UID
+#define FSDP__SOCK_PEER_UID(fd) fsdp__sock_peer_uid(fd) /* tests: a system whose socket table cannot be asked */
+#endif
+
 /* Without a secret the job's key is anyone's, so a peer on this host must be a process of this
    user: 0 (a secret is set; the peer is this user's or another host's; or the system has no
-   table to ask: then a warning, once), or why not in why: FSDP_ERR_REJECTED (the peer is
+   table to ask: then a warning, once per comm), or why not in why: FSDP_ERR_REJECTED (the peer is
    another user's) or FSDP_ERR_PEER_LOST (no process can be named for it: reset, closing, not
    yet accepted; such a connection is refused too, else a stranger that resets at once would
    pass as anyone). */
 FSDP__PRIVATE int fsdp__sock_foreign_user(fsdp_comm *comm, int fd, char *why, size_t size) {
-    static int warned;
     long uid;
     if (comm->has_secret) return 0;
-    uid = fsdp__sock_peer_uid(fd);
+    uid = FSDP__SOCK_PEER_UID(fd);
     if (uid >= 0 && (unsigned long)uid != (unsigned long)geteuid())
         return fsdp__fmt(why, size, "is a process of uid %ld, not of this user (uid %lu): without a secret only this "
                          "user's processes may join (give every rank the same FSDP_SECRET_FILE)", uid,
@@ -5446,7 +5460,7 @@ FSDP__PRIVATE int fsdp__sock_foreign_user(fsdp_comm *comm, int fd, char *why, si
     if (uid == FSDP__UID_UNKNOWN)
         return fsdp__fmt(why, size, "cannot be told to be a process of this user (the connection was reset or is "
                          "closing, and without a secret only this user's processes may join)"), FSDP_ERR_PEER_LOST;
-    if (uid == FSDP__UID_UNASKED && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+    if (uid == FSDP__UID_UNASKED && !__atomic_exchange_n(&comm->unasked_warned, 1, __ATOMIC_RELAXED)) /* once per comm */
         fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: no secret is set and this system does not say which user "
                   "holds a connection (sock_diag): other users of this host could join the job; give every rank the "
                   "same FSDP_SECRET_FILE");
@@ -8615,6 +8629,24 @@ static int fsdp__group_size(fsdp_strategy strategy, int world, int hybrid_group)
     return world;
 }
 
+/* The shard group size matters to HYBRID_SHARD units only (the others shard over the world, or
+   not at all): it must divide the world where one is, whether desc.strategy or
+   fsdp_model_set_strategy made it so. */
+static int fsdp__plan_check_hybrid(const fsdp_model *m, const fsdp__plan *plan, int world, int hybrid_group, char *err,
+                                   size_t err_size) {
+    int u;
+    if (hybrid_group <= world && world % hybrid_group == 0) return 0;
+    for (u = 0; u < plan->num_units; u++)
+        if (plan->units[u].strategy == FSDP_HYBRID_SHARD) {
+            int mod = plan->units[u].module;
+            fsdp__fmt(err, err_size, "shard_group_size %d must divide the world size %d: unit %d '%s' is HYBRID_SHARD (%s)",
+                      hybrid_group, world, u, *m->modules[mod].name ? m->modules[mod].name : "(root)",
+                      m->modules[mod].strategy ? "fsdp_model_set_strategy" : "desc.strategy");
+            return FSDP_ERR_INVALID_ARG;
+        }
+    return 0;
+}
+
 FSDP__PRIVATE int fsdp__plan_build(const fsdp_model *m, const fsdp_desc *desc, int world, int hybrid_group,
                                    fsdp__plan *plan, char *err, size_t err_size) {
     int64_t *unwrapped = NULL;
@@ -8688,6 +8720,10 @@ FSDP__PRIVATE int fsdp__plan_build(const fsdp_model *m, const fsdp_desc *desc, i
     }
     FSDP_FREE(unwrapped);
     FSDP_FREE(is_unit);
+    if (fsdp__plan_check_hybrid(m, plan, world, hybrid_group, err, err_size) != 0) {
+        fsdp__plan_free(plan);
+        return FSDP_ERR_INVALID_ARG;
+    }
     return FSDP_SUCCESS;
 }
 
@@ -9616,10 +9652,13 @@ struct fsdp_ctx {
     float loss_scale;                  /* fsdp_desc.loss_scale: the current scale (1: off) */
     int64_t scale_growth_tracker;      /* steps in a row with finite gradients */
     int grads_unscaled;                /* the scale was divided out of this iteration's gradients */
+    int grads_since_step;              /* a backward ran since fsdp_init, the last fsdp_step or fsdp_zero_grad */
     /* iteration */
     int phase;              /* 0 idle, 1 forward, 2 backward */
     int64_t iteration;
-    int *fwd_order, fwd_len, *bwd_order, bwd_len, order_known;
+    int *fwd_order, fwd_len, *bwd_order, bwd_len;
+    int fwd_known, bwd_known; /* each order is learned from the first iteration that runs it (an evaluation
+                                 pass first teaches the forward order only) */
     uint64_t older_reduce, newer_reduce; /* the last two gradient reductions issued */
     /* comm thread */
     pthread_t thread;
@@ -10276,7 +10315,7 @@ static int fsdp__gathering_count(const fsdp_ctx *ctx) {
 /* Gathers the unit after ui in an order ("prefetch"), within the in-flight limit. */
 FSDP__PRIVATE int fsdp__prefetch_after(fsdp_ctx *ctx, const int *order, int len, int ui) {
     int i;
-    if (!ctx->order_known) return 0;
+    if (!(order == ctx->fwd_order ? ctx->fwd_known : ctx->bwd_known)) return 0;
     for (i = 0; i + 1 < len; i++)
         if (order[i] == ui) {
             int next = order[i + 1];
@@ -10298,11 +10337,13 @@ FSDP__PRIVATE int fsdp__wait_gathered(fsdp_ctx *ctx, int ui) {
     return 0;
 }
 
-/* Compares the recorded forward and backward orders across ranks (iteration 1's check). */
+/* Compares the recorded forward and backward orders across ranks at the end of each iteration
+   until both are known (the first iteration, and with evaluation passes first the first one
+   with a backward), then marks them known. */
 FSDP__PRIVATE int fsdp__verify_order(fsdp_ctx *ctx) {
     uint64_t mine[2] = {0xcbf29ce484222325ull, 0xcbf29ce484222325ull}, *all;
     int i, r, rc;
-    if (ctx->order_known) return 0;
+    if (ctx->phase == 0 || (ctx->fwd_known && (ctx->bwd_known || ctx->phase != 2))) return 0;
     for (i = 0; i < ctx->fwd_len; i++) mine[0] = (mine[0] ^ (uint64_t)ctx->fwd_order[i]) * 0x100000001b3ull;
     for (i = 0; i < ctx->bwd_len; i++) mine[1] = (mine[1] ^ (uint64_t)ctx->bwd_order[i]) * 0x100000001b3ull;
     all = (uint64_t *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world);
@@ -10315,7 +10356,8 @@ FSDP__PRIVATE int fsdp__verify_order(fsdp_ctx *ctx) {
                             "(every rank must call the hooks of the same units in the same order)",
                             ctx->rank, all[2 * r] != mine[0] ? "forward" : "backward", r);
     FSDP_FREE(all);
-    if (!rc) ctx->order_known = 1;
+    if (!rc) ctx->fwd_known = 1;
+    if (!rc && ctx->phase == 2) ctx->bwd_known = 1;
     return rc;
 }
 
@@ -10340,7 +10382,8 @@ FSDP__PRIVATE int fsdp__end_iteration(fsdp_ctx *ctx) {
         if (u->state == FSDP__UNSHARDED && !fsdp__aliases_master(ctx, u)) fsdp__reshard(ctx, u);
         else if (u->state == FSDP__UNSHARDED) u->state = FSDP__SHARDED;
     }
-    if (ctx->iteration == 0 && ctx->phase != 0 && (rc = fsdp__verify_order(ctx)) != 0) return rc;
+    if ((rc = fsdp__verify_order(ctx)) != 0) return rc;
+    if (ctx->phase == 2) ctx->grads_since_step = 1;
     for (i = 0; i < ctx->num_units; i++) {
         fsdp__unit *u = &ctx->units[i];
         u->forward_done = u->backward_started = u->backward_done = 0;
@@ -10373,7 +10416,7 @@ FSDP__PRIVATE int fsdp__unit_pre_forward(fsdp_ctx *ctx, int ui) {
                                              "forward-only pass (validation, sampling) with fsdp_finish_backward(ctx) before "
                                              "the next forward)" : "");
     ctx->phase = 1;
-    if (!ctx->order_known) {
+    if (!ctx->fwd_known) {
         for (i = 0; i < ctx->fwd_len && ctx->fwd_order[i] != ui; i++) {}
         if (i == ctx->fwd_len) ctx->fwd_order[ctx->fwd_len++] = ui;
     }
@@ -10406,7 +10449,7 @@ FSDP__PRIVATE int fsdp__unit_pre_backward(fsdp_ctx *ctx, int ui) {
                                                       : "its backward already ran this iteration");
     ctx->phase = 2;
     u->backward_started = 1;
-    if (!ctx->order_known) ctx->bwd_order[ctx->bwd_len++] = ui;
+    if (!ctx->bwd_known) ctx->bwd_order[ctx->bwd_len++] = ui;
     if ((rc = fsdp__issue_gather(ctx, ui)) != 0) return rc;
     if (ctx->desc.backward_prefetch == FSDP_BACKWARD_PRE &&
         (rc = fsdp__prefetch_after(ctx, ctx->bwd_order, ctx->bwd_len, ui)) != 0)
@@ -11131,6 +11174,13 @@ FSDP__PRIVATE int fsdp__step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *re
     int rc, ui;
     double norm = 0, t0;
     if ((rc = fsdp__finish(ctx)) != 0) return rc;
+    if (!ctx->grads_since_step) { /* as torch.optim, which skips parameters whose grad is None */
+        rc = fsdp__fail(ctx, FSDP_ERR_STATE, "fsdp_step: no backward ran since the last fsdp_step (or fsdp_zero_grad, "
+                        "or fsdp_init): nothing applied (end a forward-only pass with fsdp_finish_backward)");
+        fsdp__misused(ctx);
+        return rc;
+    }
+    ctx->grads_since_step = 0;
     if (report) report->loss_scale = ctx->loss_scale;
     if ((rc = fsdp_clip_grad_norm(ctx, max_norm, &norm)) != 0) return rc;
     if (report) report->grad_norm = norm;
@@ -11186,6 +11236,7 @@ FSDP_API int fsdp_zero_grad(fsdp_ctx *ctx) {
     if (!ctx) return FSDP_ERR_INVALID_ARG;
     if ((rc = fsdp__wait_task(ctx, 0)) != 0) return rc;
     ctx->grads_unscaled = 0;
+    ctx->grads_since_step = 0; /* (torch's zero_grad sets them to None: a step then changes nothing) */
     if (ctx->step_thread_started) pthread_mutex_lock(&ctx->step_lock);
     for (ui = 0; ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
@@ -11474,7 +11525,7 @@ FSDP__PRIVATE int fsdp__param_group_check(const fsdp_param_group *g, int i, char
 }
 
 /* Checks a description with its defaults filled: 0, or FSDP_ERR_INVALID_ARG with why in err. */
-FSDP__PRIVATE int fsdp__desc_validate(const fsdp_desc *d, int world, char *err, size_t err_size) {
+FSDP__PRIVATE int fsdp__desc_validate(const fsdp_desc *d, char *err, size_t err_size) {
     const fsdp_loss_scale_desc *ls = &d->loss_scale;
     int i, rc;
     if (ls->enabled && !(fsdp__loss_scale_ok(ls->init_scale) && ls->growth_factor > 1 &&
@@ -11492,10 +11543,6 @@ FSDP__PRIVATE int fsdp__desc_validate(const fsdp_desc *d, int world, char *err, 
     }
     if ((int)d->backward_prefetch < 0 || d->backward_prefetch > FSDP_BACKWARD_PREFETCH_NONE) {
         fsdp__fmt(err, err_size, "backward_prefetch %d is not PRE, POST or NONE", (int)d->backward_prefetch);
-        return FSDP_ERR_INVALID_ARG;
-    }
-    if (d->shard_group_size > world || world % d->shard_group_size != 0) {
-        fsdp__fmt(err, err_size, "shard_group_size %d must divide the world size %d", d->shard_group_size, world);
         return FSDP_ERR_INVALID_ARG;
     }
     if ((i = fsdp__optimizer_check(&d->optimizer, err, err_size)) != 0) return i;
@@ -11518,7 +11565,7 @@ FSDP__PRIVATE int fsdp__desc_resolve(fsdp_desc *d, int world, int local_world, i
                                      size_t err_size) {
     fsdp__desc_defaults(d, world, local_world);
     *hybrid_group = d->shard_group_size;
-    return fsdp__desc_validate(d, world, err, err_size);
+    return fsdp__desc_validate(d, err, err_size);
 }
 
 /* Each parameter's weight decay and lr multiple, from its group or the optimizer's settings, and
@@ -11969,7 +12016,11 @@ FSDP_API int fsdp_num_units(const fsdp_ctx *ctx) { return ctx ? ctx->num_units :
 
 FSDP_API int fsdp_unit_info_get(const fsdp_ctx *ctx, int unit, fsdp_unit_info *info) {
     const fsdp__unit *u;
-    if (!ctx || !info || unit < 0 || unit >= ctx->num_units) return FSDP_ERR_INVALID_ARG;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if (!info || unit < 0 || unit >= ctx->num_units) /* (the error message is no part of what const protects) */
+        return fsdp__fail((fsdp_ctx *)ctx, FSDP_ERR_INVALID_ARG, "fsdp_unit_info_get(ctx, %d, %s): %s (the context has %d "
+                          "units: 0..%d)", unit, info ? "info" : "NULL", info ? "no such unit" : "info is NULL",
+                          ctx->num_units, ctx->num_units - 1);
     u = &ctx->units[unit];
     info->module = u->module;
     info->name = ctx->model->modules[u->module].name;
@@ -11986,7 +12037,11 @@ FSDP_API int fsdp_unit_info_get(const fsdp_ctx *ctx, int unit, fsdp_unit_info *i
 }
 
 FSDP_API int fsdp_param_info_get(const fsdp_ctx *ctx, int param, fsdp_param_info *info) {
-    if (!ctx || !info || param < 0 || param >= ctx->model->num_params) return FSDP_ERR_INVALID_ARG;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if (!info || param < 0 || param >= ctx->model->num_params)
+        return fsdp__fail((fsdp_ctx *)ctx, FSDP_ERR_INVALID_ARG, "fsdp_param_info_get(ctx, %d, %s): %s (the model has %d "
+                          "parameters: 0..%d)", param, info ? "info" : "NULL", info ? "no such parameter" : "info is NULL",
+                          ctx->model->num_params, ctx->model->num_params - 1);
     *info = ctx->params[param];
     return 0;
 }
@@ -14056,36 +14111,39 @@ FSDP_API int fsdp_st_writer_close(fsdp_st_writer *w, char *err, size_t err_size)
    >>checkpoint
    ============================================================================================ */
 /* --- checkpoints of a context --------------------------------------------------------------- */
-/* Every rank learns the first failing rank's code and message (an all-gather of a fixed-size
-   report), so a collective save or load fails everywhere with the same reason. */
+/* Every rank learns the first failing rank's code and message, so a collective save or load
+   fails everywhere with the same reason. Nothing here allocates: a rank out of memory takes part
+   as any other (one that returned instead would leave the others waiting for it until their
+   timeout). A sum says whether a rank failed; if one did, halving the range of ranks finds the
+   first (log2(world) sums more), and it broadcasts its report. */
 FSDP__PRIVATE int fsdp__agree(fsdp_ctx *ctx, int rc) {
     typedef struct { int32_t rc; char message[252]; } report;
-    report mine, *all;
-    int r, first = 0;
-    memset(&mine, 0, sizeof mine);
-    mine.rc = rc;
-    if (rc) {
+    report first;
+    float failed = rc != 0, any = 0;
+    int lo = 0, hi = ctx->world, r;
+    if ((r = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_REDUCE, &failed, &any, 1, 0)) != 0) return r;
+    if (any == 0) return 0;
+    while (hi - lo > 1) { /* the first failing rank is in [lo, hi) */
+        int mid = lo + (hi - lo) / 2;
+        float below = rc != 0 && ctx->rank < mid, count = 0;
+        if ((r = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_REDUCE, &below, &count, 1, 0)) != 0) return r;
+        if (count > 0) hi = mid;
+        else lo = mid;
+    }
+    memset(&first, 0, sizeof first);
+    if (ctx->rank == lo) {
+        first.rc = rc;
         pthread_mutex_lock(&ctx->lock);
-        fsdp__copy_string(mine.message, sizeof mine.message, ctx->error);
+        fsdp__copy_string(first.message, sizeof first.message, ctx->error);
         pthread_mutex_unlock(&ctx->lock);
     }
-    all = (report *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world);
-    if (!all) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
-    if ((r = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_GATHER, &mine, all, sizeof mine / 4, 0)) != 0) {
-        FSDP_FREE(all);
-        return r;
+    if ((r = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_BROADCAST, &first, &first, sizeof first / 4, lo)) != 0) return r;
+    if (lo != ctx->rank) { /* a peer's text: read bounded and escaped */
+        char shown[sizeof first.message];
+        fsdp__fail(ctx, first.rc, "rank %d: %s", lo, fsdp__printable_n(shown, sizeof shown, first.message,
+                                                                       sizeof first.message));
     }
-    for (r = 0; r < ctx->world; r++)
-        if (all[r].rc) {
-            char shown[sizeof all[r].message];
-            first = all[r].rc;
-            if (r != ctx->rank) /* a peer's text: read bounded and escaped */
-                fsdp__fail(ctx, first, "rank %d: %s", r, fsdp__printable_n(shown, sizeof shown, all[r].message,
-                                                                        sizeof all[r].message));
-            break;
-        }
-    FSDP_FREE(all);
-    return first;
+    return first.rc;
 }
 
 /* Saving and loading happen between iterations, with every reduction finished. */
@@ -14204,7 +14262,10 @@ FSDP__PRIVATE int fsdp__save_full(fsdp_ctx *ctx, const char *path, const fsdp_sa
     if (opt && opt->with_optimizer) suffix = fsdp__opt_suffixes(ctx, &nopt);
     specs = (fsdp_st_spec *)fsdp__calloc(sizeof *specs * (size_t)(ctx->model->num_params * (1 + nopt) + 1));
     meta = fsdp__ckpt_metadata(ctx, opt, "full", store, &nmeta);
-    if (!specs || !meta) { local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_save_full: out of memory"); goto done; }
+    if (!specs || !meta) { /* the others wait in the agreement below: this rank's failure goes there too */
+        rc = fsdp__agree(ctx, fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_save_full: out of memory"));
+        goto done;
+    }
     for (ui = 0; ui < ctx->num_units; ui++) { /* file order = gather order: unit by unit */
         fsdp__unit *u = &ctx->units[ui];
         if ((size_t)u->padded * sizeof(float) > flat_bytes) flat_bytes = (size_t)u->padded * sizeof(float);

@@ -222,6 +222,42 @@ static TEST_UNUSED int launch_ranks(int nprocs, fsdp_backend_kind backend, int t
     return fsdp_launch_ex(&d, fn, arg, status);
 }
 
+/* Launches fn on shm ranks for every world size from 1 to max_world, one after the other, for a
+   program whose tests read what the ranks of every size left: rc[w] gets world w's
+   fsdp_launch_ex result and message + w * message_size its status message ("" on success).
+   Returns the seconds it all took. */
+static TEST_UNUSED double launch_every_world(int max_world, int timeout_ms, fsdp_rank_fn fn, int *rc, char *message,
+                                             size_t message_size) {
+    double start = fsdp_now();
+    int world;
+    for (world = 1; world <= max_world; world++) {
+        fsdp_launch_status status;
+        rc[world] = launch_ranks(world, FSDP_BACKEND_SHM, timeout_ms, fn, NULL, &status);
+        copy_text(message + (size_t)world * message_size, message_size, rc[world] == FSDP_SUCCESS ? "" : status.message);
+    }
+    return fsdp_now() - start;
+}
+
+/* A step of a forked rank's work, in a function that returns a result code and records where it
+   failed (ranks report; only the parent asserts): a non-zero code from call is returned, after
+   `where` (a const char * lvalue) gets name. The function declares int rc. */
+#define RETURN_IF_FAILED(call, where, name) \
+    do {                                    \
+        if ((rc = (call)) != 0) {           \
+            (where) = (name);               \
+            return rc;                      \
+        }                                   \
+    } while (0)
+/* The same for a call that returned the pointer ptr: NULL sets where to name and returns
+   FSDP_ERR_STATE. */
+#define RETURN_IF_NULL(ptr, where, name) \
+    do {                                 \
+        if (!(ptr)) {                    \
+            (where) = (name);            \
+            return FSDP_ERR_STATE;       \
+        }                                \
+    } while (0)
+
 /* A communicator of one rank in this process, its job named after the test and the process. */
 static TEST_UNUSED int open_one_rank_comm(fsdp_comm **comm, const char *name) {
     fsdp_comm_desc cd;
