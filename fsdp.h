@@ -11293,7 +11293,8 @@ FSDP__PRIVATE void fsdp__recovery_reset(fsdp_ctx *ctx) {
         u->gather_task = 0;
         fsdp__zero_unit_grad(u);
     }
-    if (!ctx->order_known) ctx->fwd_len = ctx->bwd_len = 0; /* (recorded again by the next iteration) */
+    if (!ctx->fwd_known) ctx->fwd_len = 0; /* (recorded again by the next iteration) */
+    if (!ctx->bwd_known) ctx->bwd_len = 0;
     ctx->phase = 0;
     ctx->older_reduce = ctx->newer_reduce = 0;
     ctx->grads_unscaled = ctx->hook_failed = 0;
