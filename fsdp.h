@@ -4646,9 +4646,38 @@ FSDP__PRIVATE const char *fsdp__shm_foreign(int fd, char *why, size_t size) {
     return NULL;
 }
 
+/* The name of a rank's fsdp_comm_alloc file: its creator's pid and 64 random bits. */
+static void fsdp__shm_share_name(char *out, size_t size, int32_t pid, uint32_t tag0, uint32_t tag1) {
+    fsdp__fmt(out, size, "/fsdp-m%ld-%08x%08x", (long)pid, (unsigned)tag0, (unsigned)tag1);
+}
+
+/* Removes this user's fsdp_comm_alloc files whose creator is gone: a rank killed between making
+   its file and the peers' mapping it (a job cut off by a timeout, say) leaves it in /dev/shm,
+   where nothing else would ever remove it. Only regular files of this user named
+   "fsdp-m<pid>-..." whose pid no longer exists (ESRCH: a live process of another user keeps
+   its file); /dev/shm is sticky, so nobody else can swap such a file meanwhile. */
+FSDP__PRIVATE void fsdp__shm_reap(void) {
+    DIR *d = opendir("/dev/shm");
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        char path[320], *end;
+        struct stat st;
+        long pid;
+        if (strncmp(e->d_name, "fsdp-m", 6) != 0 || strlen(e->d_name) > 64) continue;
+        pid = strtol(e->d_name + 6, &end, 10);
+        if (end == e->d_name + 6 || *end != '-' || pid <= 0 || pid > INT32_MAX || kill((pid_t)pid, 0) == 0 ||
+            errno != ESRCH)
+            continue;
+        fsdp__fmt(path, sizeof path, "/dev/shm/%s", e->d_name);
+        if (lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid()) shm_unlink(path + 8);
+    }
+    if (d) closedir(d);
+}
+
 /* Makes r (r->bytes, zeroed) memory that every rank of the comm maps. Collective. Each rank
-   puts its block in a /dev/shm file of its own ("/fsdp-m<16 random hex digits>", O_EXCL,
-   0600; a peer maps only a file of this user with that mode), the ranks
+   puts its block in a /dev/shm file of its own ("/fsdp-m<pid>-<16 random hex digits>", O_EXCL,
+   0600; a peer maps only a file of this user with that mode; files of dead creators are
+   reaped first: fsdp__shm_reap), the ranks
    all-gather who succeeded and where, map each other's files read-only, all-gather whether
    that worked, and unlink their files: from then on nothing is left behind. If any rank could
    not take part, none shares: r->base is this rank's block (or NULL if it has none) and the
@@ -4660,8 +4689,9 @@ FSDP__PRIVATE int fsdp__shm_share(fsdp_comm *comm, fsdp__region *r) {
     int P = comm->world, me = comm->rank, p, fd = -1, rc, shared;
     uint32_t tag[2] = {0, 0};
     void *base = MAP_FAILED;
+    fsdp__shm_reap();
     if (fsdp__random_bytes(tag, sizeof tag) == 0) {
-        fsdp__fmt(name, sizeof name, "/fsdp-m%08x%08x", (unsigned)tag[0], (unsigned)tag[1]);
+        fsdp__shm_share_name(name, sizeof name, (int32_t)getpid(), tag[0], tag[1]);
         fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
         if (fd >= 0) fchmod(fd, 0600);
     } else {
@@ -4686,7 +4716,7 @@ FSDP__PRIVATE int fsdp__shm_share(fsdp_comm *comm, fsdp__region *r) {
     mine[2] = (int32_t)tag[1];
     mine[3] = (int32_t)(uint32_t)((uint64_t)r->bytes & 0xffffffffu);
     mine[4] = (int32_t)(uint32_t)((uint64_t)r->bytes >> 32);
-    mine[5] = 0;
+    mine[5] = (int32_t)getpid();
     all = (int32_t *)FSDP_MALLOC(sizeof *all * 6 * (size_t)P);
     r->peer_base = (char **)fsdp__calloc(sizeof(char *) * (size_t)P);
     r->peer_bytes = (size_t *)fsdp__calloc(sizeof(size_t) * (size_t)P);
@@ -4702,8 +4732,7 @@ FSDP__PRIVATE int fsdp__shm_share(fsdp_comm *comm, fsdp__region *r) {
         struct stat st;
         r->peer_bytes[p] = (size_t)((uint64_t)(uint32_t)all[6 * p + 3] | (uint64_t)(uint32_t)all[6 * p + 4] << 32);
         if (p == me) continue;
-        fsdp__fmt(peer_name, sizeof peer_name, "/fsdp-m%08x%08x", (unsigned)(uint32_t)all[6 * p + 1],
-                  (unsigned)(uint32_t)all[6 * p + 2]);
+        fsdp__shm_share_name(peer_name, sizeof peer_name, all[6 * p + 5], (uint32_t)all[6 * p + 1], (uint32_t)all[6 * p + 2]);
         fd = shm_open(peer_name, O_RDONLY | O_NOFOLLOW, 0);
         if (fd >= 0 && !(foreign = fsdp__shm_foreign(fd, why, sizeof why)) && fstat(fd, &st) == 0 &&
             (size_t)st.st_size >= r->peer_bytes[p] && r->peer_bytes[p] <= SIZE_MAX / 2) {

@@ -1066,6 +1066,46 @@ static void test_fsdp_comm_alloc_gives_zeroed_aligned_shared_memory_and_leaves_n
     TEST_ASSERT_EQUAL_INT_MESSAGE(0, count_region_files(), "region files left in /dev/shm after the jobs");
 }
 
+/* Makes /dev/shm/NAME (mode 0600, this user's) as a rank killed mid-share leaves it. */
+static void plant_region_file(const char *name) {
+    char path[128];
+    int fd;
+    snprintf(path, sizeof path, "/dev/shm/%s", name);
+    fd = open(path, O_CREAT | O_EXCL | O_WRONLY, 0600);
+    TEST_ASSERT_TRUE_MESSAGE(fd >= 0, path);
+    close(fd);
+}
+
+static int shm_file_exists(const char *name) {
+    char path[128];
+    struct stat st;
+    snprintf(path, sizeof path, "/dev/shm/%s", name);
+    return lstat(path, &st) == 0;
+}
+
+/* A rank killed between making its fsdp_comm_alloc file and the peers' mapping it (a job cut
+   off by a timeout) leaves the file; the next share on the host removes it once its creator is
+   gone, and leaves a live creator's alone (seen: four 8 MB files after 256-rank runs were killed). */
+static void test_fsdp_comm_alloc_removes_files_of_dead_creators_and_keeps_live_ones(void) {
+    char dead_name[64], live_name[64], path[128];
+    fsdp_launch_status status;
+    int rc;
+    pid_t child = fork();
+    if (child == 0) _exit(0);
+    TEST_ASSERT_TRUE(child > 0);
+    TEST_ASSERT_EQUAL_INT(child, waitpid(child, NULL, 0));
+    snprintf(dead_name, sizeof dead_name, "fsdp-m%ld-00000000deadbeef", (long)child);
+    snprintf(live_name, sizeof live_name, "fsdp-m%ld-00000000cafef00d", (long)getpid());
+    plant_region_file(dead_name);
+    plant_region_file(live_name);
+    munmap(run_alloc_job(ALLOC_LIFECYCLE, FSDP_BACKEND_SHM, 2, &status, &rc), sizeof(alloc_job));
+    TEST_ASSERT_FALSE_MESSAGE(shm_file_exists(dead_name), "a dead creator's file was left in /dev/shm");
+    TEST_ASSERT_TRUE_MESSAGE(shm_file_exists(live_name), "a live creator's file was removed");
+    snprintf(path, sizeof path, "/dev/shm/%s", live_name);
+    unlink(path);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, status.message);
+}
+
 static void test_fsdp_comm_alloc_over_socket_gives_ordinary_memory_that_collectives_use(void) {
     fsdp_launch_status status;
     int r, rc;
@@ -1181,6 +1221,7 @@ int main(void) {
     RUN_TEST(test_every_collective_over_shm_with_shared_buffers_on_even_ranks_only_equals_reference_bitwise);
 
     RUN_TEST(test_fsdp_comm_alloc_gives_zeroed_aligned_shared_memory_and_leaves_nothing_in_dev_shm);
+    RUN_TEST(test_fsdp_comm_alloc_removes_files_of_dead_creators_and_keeps_live_ones);
     RUN_TEST(test_fsdp_comm_alloc_over_socket_gives_ordinary_memory_that_collectives_use);
     RUN_TEST(test_fsdp_comm_alloc_falls_back_to_private_memory_on_every_rank_when_one_cannot_share);
     RUN_TEST(test_a_peer_offering_memory_this_rank_already_freed_is_a_mismatch_on_every_rank);
