@@ -1,7 +1,8 @@
 /* test_common.h - the helpers the test programs share, written once: time and text, forked
-   children and shared memory, launches, temporary directories and files, what a checkpoint
-   directory holds (ckpt_dir_exact, ckpt_file_exact: also for campaigns), the fuzz corpora,
-   reference dtype conversions independent of fsdp.h, and the dense layers of the test models.
+   children and shared memory, launches, host names of their own (UTS namespaces), temporary
+   directories and files, what a checkpoint directory holds (ckpt_dir_exact, ckpt_file_exact:
+   also for campaigns), the fuzz corpora, reference dtype conversions independent of fsdp.h, and
+   the dense layers of the test models.
 
    A test file includes it after fsdp.h (which sets the feature macros for the system headers)
    and unity.h; it brings the C and POSIX headers below, so a test file includes only the others
@@ -16,8 +17,10 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <math.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <signal.h>
@@ -221,6 +224,40 @@ static TEST_UNUSED int pick_free_port(void) {
         port = ntohs(addr.sin_port);
     close(fd);
     return port;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   a host name of this process's own (ranks on "several hosts" of this machine)
+   --------------------------------------------------------------------------------------------- */
+/* For fsdp.h a host is a digest of facts (fsdp__host_facts), the host name among them: forked
+   ranks that each enter a UTS namespace and name themselves form worlds over several hosts
+   while sharing this machine's network and /dev/shm (no network namespaces). */
+static TEST_UNUSED int write_proc_text(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC), ok;
+    if (fd < 0) return -1;
+    ok = write(fd, text, strlen(text)) == (ssize_t)strlen(text);
+    close(fd);
+    return ok ? 0 : -1;
+}
+
+/* Without root: a user namespace of its own, mapping this user to itself, gives the rights to
+   make the UTS namespace (and nothing on the machine). */
+static TEST_UNUSED int enter_user_namespace(void) {
+    char map[64];
+    unsigned uid = (unsigned)geteuid(), gid = (unsigned)getegid();
+    if (unshare(CLONE_NEWUSER | CLONE_NEWUTS) != 0) return -1;
+    snprintf(map, sizeof map, "%u %u 1\n", uid, uid);
+    if (write_proc_text("/proc/self/uid_map", map) != 0) return -1;
+    if (write_proc_text("/proc/self/setgroups", "deny") != 0) return -1;
+    snprintf(map, sizeof map, "%u %u 1\n", gid, gid);
+    return write_proc_text("/proc/self/gid_map", map);
+}
+
+/* 0 once this process alone is called `name` (as root, or in a user namespace of its own where
+   the system allows one); -1 with errno. For a forked child. */
+static TEST_UNUSED int claim_host(const char *name) {
+    if (unshare(CLONE_NEWUTS) != 0 && (errno != EPERM || enter_user_namespace() != 0)) return -1;
+    return sethostname(name, strlen(name));
 }
 
 /* ---------------------------------------------------------------------------------------------
