@@ -1064,7 +1064,8 @@ FSDP_API int fsdp_set_param_shard(fsdp_ctx *ctx, int param, const float *slice);
    unit ("pre_forward h.3"), every collective fsdp.h runs (op, bytes, unit, group, a sequence
    number that matches it across the group's ranks, when it was queued), every wait of the
    compute thread and what for, the optimizer step, offload reads and writes, checkpoint phases,
-   and each iteration ("step N", from the end of one fsdp_step to the end of the next). Times
+   and each iteration ("step N", from the end of one fsdp_step to the end of the next, with the
+   bytes the rank sent in it, as fsdp_step_report counts them). Times
    are microseconds on rank 0's clock: at init the ranks measure each one's offset to rank 0
    (a few all-gathers) and write it with its error bound in the file's otherData. Events wait in
    memory and are written at fsdp_step once there are 2048, and at fsdp_destroy (a rank that
@@ -8922,6 +8923,7 @@ typedef struct fsdp__trace_event {
     int tid, unit, group, group_index; /* unit, group: -1 none (group: 0 world, 1 shard, 2 replica) */
     int64_t bytes, seq, step;    /* -1: none */
     int skipped;
+    uint64_t sent_host, sent_net; /* iterations: what the rank sent in it (fsdp_step_report) */
     char text[64];               /* a user's span name, a checkpoint's path */
 } fsdp__trace_event;
 typedef struct fsdp__trace fsdp__trace;
@@ -9465,7 +9467,7 @@ FSDP__PRIVATE void fsdp__trace_end(fsdp_ctx *ctx, const char *cat, const char *n
 FSDP__PRIVATE void fsdp__trace_wait(fsdp_ctx *ctx, const char *name, const char *wait_for, int unit, double t0);
 FSDP__PRIVATE void fsdp__trace_update(fsdp_ctx *ctx, int64_t step, double t0);
 FSDP__PRIVATE void fsdp__trace_ckpt(fsdp_ctx *ctx, const char *phase, const char *path, double t0);
-FSDP__PRIVATE void fsdp__trace_iteration(fsdp_ctx *ctx, int skipped);
+FSDP__PRIVATE void fsdp__trace_iteration(fsdp_ctx *ctx, const fsdp_step_report *report);
 FSDP__PRIVATE void fsdp__trace_spill(fsdp_ctx *ctx);
 FSDP__PRIVATE int fsdp__trace_open(fsdp_ctx *ctx);
 FSDP__PRIVATE void fsdp__trace_close(fsdp_ctx *ctx);
@@ -10973,7 +10975,7 @@ FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) 
     rc = fsdp__step(ctx, max_norm, report);
     if (!rc) fsdp__step_sent(ctx, report);
     if (!rc && ctx->async_save) rc = fsdp__async_poll(ctx, 0); /* commits a save whose files are all written */
-    if (!rc && ctx->trace) fsdp__trace_iteration(ctx, report->skipped);
+    if (!rc && ctx->trace) fsdp__trace_iteration(ctx, report);
     return rc;
 }
 
@@ -12485,6 +12487,9 @@ FSDP__PRIVATE void fsdp__trace_format(const fsdp_ctx *ctx, const fsdp__trace_eve
     if (e->bytes >= 0) fsdp__sbuf_printf(b, "%s\"bytes\":%lld", FSDP__TRACE_ARG, (long long)e->bytes);
     if (e->step >= 0) fsdp__sbuf_printf(b, "%s\"step\":%lld", FSDP__TRACE_ARG, (long long)e->step);
     if (e->skipped) fsdp__sbuf_printf(b, "%s\"skipped\":1", FSDP__TRACE_ARG);
+    if (strcmp(e->cat, "iteration") == 0)
+        fsdp__sbuf_printf(b, "%s\"bytes_sent_host\":%llu,\"bytes_sent_net\":%llu", FSDP__TRACE_ARG,
+                          (unsigned long long)e->sent_host, (unsigned long long)e->sent_net);
     if (e->wait_for) fsdp__sbuf_printf(b, "%s\"for\":\"%s\"", FSDP__TRACE_ARG, e->wait_for);
     if (e->text[0] && e->name) {
         fsdp__sbuf_printf(b, "%s\"path\":", FSDP__TRACE_ARG);
@@ -12560,7 +12565,7 @@ FSDP__PRIVATE double fsdp__trace_write_out(fsdp_ctx *ctx, size_t at_least) {
 
 /* The end of an iteration (fsdp_step): its span, and the buffered events written out when many
    (that write outside any iteration). Compute thread. */
-FSDP__PRIVATE void fsdp__trace_iteration(fsdp_ctx *ctx, int skipped) {
+FSDP__PRIVATE void fsdp__trace_iteration(fsdp_ctx *ctx, const fsdp_step_report *report) {
     fsdp__trace *tr = ctx->trace;
     fsdp__trace_event e;
     double now;
@@ -12568,7 +12573,9 @@ FSDP__PRIVATE void fsdp__trace_iteration(fsdp_ctx *ctx, int skipped) {
     now = fsdp_now();
     e = fsdp__trace_ev("iteration", "step", FSDP__TID_COMPUTE, tr->iteration_start ? tr->iteration_start : now, now);
     e.step = ++tr->iterations;
-    e.skipped = skipped;
+    e.skipped = report->skipped;
+    e.sent_host = report->bytes_sent_host;
+    e.sent_net = report->bytes_sent_net;
     fsdp__trace_add(tr, &e);
     tr->iteration_start = fsdp__trace_write_out(ctx, FSDP__TRACE_FLUSH);
 }

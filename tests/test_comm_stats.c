@@ -76,6 +76,7 @@ typedef struct board {
 } board;
 
 static board *shared; /* MAP_SHARED before any fork */
+static char trace_dir[128]; /* a test's trace directory, removed by tearDown */
 
 /* How a run's ranks take their buffers: malloc, or fsdp_comm_alloc (shm: offered in place). */
 typedef struct run_plan {
@@ -522,16 +523,23 @@ static counted groups_now(const fsdp_ctx *ctx) {
     return sum;
 }
 
+/* How the step test's ranks train: the strategy, and where they trace (NULL: nowhere). */
+typedef struct step_plan {
+    fsdp_strategy strategy;
+    const char *trace_dir;
+} step_plan;
+
 static int step_rank(fsdp_comm *comm, void *arg) {
     static const char *const linear[] = {"Linear", NULL};
-    const fsdp_strategy *strategy = (const fsdp_strategy *)arg;
+    const step_plan *plan = (const step_plan *)arg;
     int me = fsdp_comm_rank(comm), rc, s;
     fsdp_ctx *ctx = NULL;
     fsdp_desc desc;
     mlp m;
     memset(&desc, 0, sizeof desc);
     desc.comm = comm;
-    desc.strategy = *strategy;
+    desc.strategy = plan->strategy;
+    desc.trace_dir = plan->trace_dir;
     desc.shard_group_size = 2;
     desc.wrap.kind = FSDP_WRAP_TYPES;
     desc.wrap.types = linear;
@@ -559,12 +567,15 @@ static int step_rank(fsdp_comm *comm, void *arg) {
     return rc ? 1 : 0;
 }
 
-static void assert_step_reports(fsdp_strategy strategy, const char *name) {
+static void assert_step_reports(fsdp_strategy strategy, const char *trace_dir, const char *name) {
     fsdp_launch_status status;
+    step_plan plan;
     char message[400];
     int r, s, rc;
     memset(shared, 0, sizeof *shared);
-    rc = launch_ranks(4, FSDP_BACKEND_SHM, TIMEOUT_MS, step_rank, &strategy, &status);
+    plan.strategy = strategy;
+    plan.trace_dir = trace_dir;
+    rc = launch_ranks(4, FSDP_BACKEND_SHM, TIMEOUT_MS, step_rank, &plan, &status);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, status.message);
     for (r = 0; r < 4; r++)
         for (s = 0; s < 2; s++) {
@@ -577,22 +588,47 @@ static void assert_step_reports(fsdp_strategy strategy, const char *name) {
 }
 
 static void test_step_report_bytes_equal_the_comms_counters_over_the_iteration(void) {
-    assert_step_reports(FSDP_FULL_SHARD, "FULL_SHARD");
+    assert_step_reports(FSDP_FULL_SHARD, NULL, "FULL_SHARD");
 }
 
 /* The gathers and reductions run in the groups, split from the comm: their bytes are the
    report's too (most of them: the comm adds its own, the norm's all_reduce). */
 static void test_step_report_bytes_include_the_hybrid_groups_split_from_the_comm(void) {
     int r;
-    assert_step_reports(FSDP_HYBRID_SHARD, "HYBRID_SHARD");
+    assert_step_reports(FSDP_HYBRID_SHARD, NULL, "HYBRID_SHARD");
     for (r = 0; r < 4; r++) {
         TEST_ASSERT_TRUE(shared->child[r].host > 0);
         TEST_ASSERT_TRUE(shared->report[r][0].host + shared->report[r][1].host >= shared->child[r].host);
     }
 }
 
+/* Each rank's trace shows, on each iteration's event, the bytes its step report counted. */
+static void test_trace_iteration_events_carry_the_step_reports_bytes(void) {
+    char path[200], want[120], message[340];
+    unsigned char *text;
+    size_t size;
+    int r, s;
+    make_test_dir(trace_dir, sizeof trace_dir, "comm-stats-trace");
+    assert_step_reports(FSDP_FULL_SHARD, trace_dir, "FULL_SHARD, traced");
+    for (r = 0; r < 4; r++) {
+        snprintf(path, sizeof path, "%s/trace-rank%05d.json", trace_dir, r);
+        text = read_whole_file(path, &size);
+        TEST_ASSERT_NOT_NULL_MESSAGE(text, path);
+        for (s = 0; s < 2; s++) {
+            snprintf(want, sizeof want, "\"step\":%d,\"bytes_sent_host\":%llu,\"bytes_sent_net\":0", s + 1,
+                     (unsigned long long)shared->report[r][s].host);
+            snprintf(message, sizeof message, "%s: %s", path, want);
+            TEST_ASSERT_NOT_NULL_MESSAGE(strstr((const char *)text, want), message);
+        }
+        free(text);
+    }
+}
+
 void setUp(void) {}
-void tearDown(void) {}
+void tearDown(void) {
+    if (trace_dir[0]) remove_tree(trace_dir);
+    trace_dir[0] = 0;
+}
 
 int main(void) {
     shared = (board *)map_shared(sizeof *shared);
@@ -609,5 +645,6 @@ int main(void) {
     RUN_TEST(test_comm_stats_hierarchical_world_counts_sockets_as_net_and_shared_memory_as_host);
     RUN_TEST(test_step_report_bytes_equal_the_comms_counters_over_the_iteration);
     RUN_TEST(test_step_report_bytes_include_the_hybrid_groups_split_from_the_comm);
+    RUN_TEST(test_trace_iteration_events_carry_the_step_reports_bytes);
     return UNITY_END();
 }
