@@ -956,9 +956,9 @@ typedef struct fsdp_step_report {
     int64_t step;       /* optimizer steps taken so far */
     double loss_scale;  /* the scale this step's gradients carried (1 without loss scaling) */
     uint64_t bytes_sent_host, bytes_sent_net; /* what this rank sent through desc.comm and the comms
-                                   made from it since the last fsdp_step (or fsdp_init) returned,
-                                   this one included: to its own host, to other hosts (as
-                                   fsdp_comm_stats counts them) */
+                                   made from it (the program's own ops on them too) since the last
+                                   fsdp_step (or fsdp_init) returned, this one included: to its own
+                                   host, to other hosts (as fsdp_comm_stats counts them) */
 } fsdp_step_report;
 
 /* Waits for outstanding reduce-scatters, clips to max_norm (<= 0: no clipping), applies the
