@@ -3386,6 +3386,15 @@ FSDP_API int fsdp_barrier(fsdp_comm *comm) {
 }
 
 /* A communicator from its description; a sub-communicator's key derives from its parent's. */
+/* A world's job token and the key derived from it and the secret (a sub-communicator's come
+   from its parent's instead: fsdp__comm_new). */
+FSDP__PRIVATE void fsdp__comm_set_job(fsdp_comm *comm, const fsdp_comm_desc *desc, const char *job) {
+    fsdp__copy_string(comm->job, sizeof comm->job, job);
+    comm->has_secret = desc->secret && *desc->secret;
+    fsdp__comm_key(comm->key, comm->has_secret ? desc->secret : "", comm->has_secret ? strlen(desc->secret) : 0,
+                   "fsdp.h job key", comm->job, FSDP__KDF_ROUNDS);
+}
+
 FSDP__PRIVATE fsdp_comm *fsdp__comm_new(const fsdp_comm_desc *desc, const fsdp_comm *parent) {
     fsdp_comm *comm = (fsdp_comm *)fsdp__calloc(sizeof *comm);
     if (!comm) return NULL;
@@ -3404,15 +3413,13 @@ FSDP__PRIVATE fsdp_comm *fsdp__comm_new(const fsdp_comm_desc *desc, const fsdp_c
         FSDP_FREE(comm);
         return NULL;
     }
-    fsdp__copy_string(comm->job, sizeof comm->job, desc->job && *desc->job ? desc->job : "fsdp");
     if (parent) {
+        fsdp__copy_string(comm->job, sizeof comm->job, desc->job && *desc->job ? desc->job : "fsdp");
         comm->crowd = parent->crowd;
         fsdp__comm_key(comm->key, parent->key, sizeof parent->key, "fsdp.h sub-communicator key", comm->job, 0);
         comm->has_secret = parent->has_secret;
     } else {
-        comm->has_secret = desc->secret && *desc->secret;
-        fsdp__comm_key(comm->key, comm->has_secret ? desc->secret : "", comm->has_secret ? strlen(desc->secret) : 0,
-                       "fsdp.h job key", comm->job, FSDP__KDF_ROUNDS);
+        fsdp__comm_set_job(comm, desc, desc->job && *desc->job ? desc->job : "fsdp");
     }
     return comm;
 }
@@ -7973,9 +7980,32 @@ FSDP__PRIVATE int fsdp__mpi_init(fsdp_comm *comm, MPI_Comm base) {
 
 /* --- the mpi row ---------------------------------------------------------------------------- */
 /* MPI_COMM_WORLD's duplicate, or the communicator a split made (inherit->engine_comm). */
+/* A world made without a job token (mpirun sets none of the variables fsdp__env_job reads) gets
+   one drawn by rank 0: every MPI job of a user would otherwise name its shared-memory
+   sub-communicators (HYBRID_SHARD's shard groups) alike, and two such jobs on one host would
+   meet in one segment (seen in the chaos campaign: one job's rank failed to form its groups, the
+   others waited for it until their timeout). */
+FSDP__PRIVATE int fsdp__mpi_job(fsdp_comm *comm, const fsdp_comm_desc *desc) {
+    char job[48];
+    unsigned char draw[8];
+    if (desc->job && *desc->job) return 0;
+    memset(job, 0, sizeof job);
+    if (comm->rank == 0) {
+        uint64_t fallback = (uint64_t)fsdp__now_ms() * 1000003u ^ (uint64_t)getpid();
+        if (fsdp__random_bytes(draw, sizeof draw) != 0) memcpy(draw, &fallback, sizeof draw);
+        memcpy(job, "mpi-", 4);
+        fsdp__hex(job + 4, draw, sizeof draw);
+    }
+    if (MPI_Bcast(job, (int)sizeof job, MPI_CHAR, 0, ((fsdp__mpi *)comm->impl)->comm) != MPI_SUCCESS)
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "mpi: MPI_Bcast of the job token failed");
+    job[sizeof job - 1] = 0;
+    fsdp__comm_set_job(comm, desc, job);
+    return 0;
+}
+
 FSDP__PRIVATE int fsdp__mpi_create(fsdp_comm *comm, const fsdp_comm_desc *desc, fsdp__inherit *inherit) {
     int rc = fsdp__mpi_init(comm, inherit && inherit->engine_comm ? *(MPI_Comm *)inherit->engine_comm : MPI_COMM_NULL);
-    (void)desc;
+    if (!rc) rc = fsdp__mpi_job(comm, desc);
     return rc ? rc : fsdp__comm_learn_topology(comm, 0);
 }
 
@@ -8157,6 +8187,29 @@ FSDP__PRIVATE int fsdp__split_members(const fsdp_comm *parent, const int32_t *al
     return n;
 }
 
+/* Whether every rank made its part of a split (rc: this rank's result; all: room for 4 int32 per
+   parent rank). A rank that failed (a segment it could not make or open) would otherwise leave
+   the others, whose part is made, waiting in their next op on the parent until its timeout: a
+   split that failed anywhere fails everywhere, naming the first rank (its own log says why), and
+   the sub-communicators made are destroyed. A failed parent skips this: its ops fail anyway. */
+FSDP__PRIVATE int fsdp__split_agree(fsdp_comm *parent, int rc, int32_t *all, fsdp_comm **out) {
+    int32_t mine[4] = {0, 0, 0, 0};
+    int r, agreed;
+    if (fsdp_comm_status(parent) != FSDP_SUCCESS) return rc ? rc : fsdp_comm_status(parent);
+    mine[0] = rc;
+    agreed = fsdp__collective_tagged(parent, FSDP_COLL_ALL_GATHER, mine, all, 4, FSDP_F32, FSDP_SUM, 0x5b118u);
+    for (r = 0; !agreed && !rc && r < parent->world; r++)
+        if (all[4 * r] != 0)
+            rc = fsdp__init_fail(&parent->logger, all[4 * r], "fsdp_comm_split: rank %d could not make its part of the "
+                                 "sub-communicator (%s; its log says why)", r, fsdp_result_name(all[4 * r]));
+    if (!rc) rc = agreed;
+    if (rc && *out) {
+        fsdp_comm_destroy(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
 FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **out) {
     int32_t mine[4], *all = NULL, free_mib = INT32_MAX;
     int *members = NULL, r, rc, one_host;
@@ -8203,6 +8256,7 @@ FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **
     sp.desc.job = job;
     rc = parent->transport->split(parent, &sp, out);
     if (rc && fsdp__init_error[0]) fsdp__log(&parent->logger, FSDP_LOG_ERROR, "fsdp_comm_split: %s", fsdp__init_error);
+    rc = fsdp__split_agree(parent, rc, all, out);
 done:
     FSDP_FREE(all);
     FSDP_FREE(members);
@@ -8329,7 +8383,7 @@ FSDP_API int fsdp_comm_init_from_env(fsdp_comm **out, const fsdp_comm_desc *defa
     fsdp__env_job(&desc, v.port, job, sizeof job);
     desc.job = *job ? job : NULL;
     if (t && t->env_read && (rc = t->env_read(&desc, scratch, sizeof scratch, err, sizeof err)) != 0) goto fail;
-    if (!desc.job) desc.job = "fsdp";
+    if (!desc.job && !(t && t->kind == FSDP_BACKEND_MPI)) desc.job = "fsdp"; /* (an MPI world draws one: fsdp__mpi_job) */
     if ((text = getenv("FSDP_SECRET")) && *text) { /* taken out of the environment: children do not inherit it */
         size_t n = strlen(text);
         if (n >= sizeof secret) {
@@ -11317,7 +11371,8 @@ FSDP__PRIVATE int fsdp__init_groups(fsdp_ctx *ctx, int hybrid_group) {
     rc = fsdp_comm_split(ctx->comm, ctx->rank / hybrid_group, ctx->rank, &ctx->hybrid_shard_comm);
     if (!rc) rc = fsdp_comm_split(ctx->comm, ctx->rank % hybrid_group, ctx->rank, &ctx->hybrid_replica_comm);
     if (rc)
-        return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: cannot form HYBRID_SHARD groups: %s", fsdp_comm_last_error(ctx->comm));
+        return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: cannot form HYBRID_SHARD groups: %s",
+                                   *fsdp_comm_last_error(ctx->comm) ? fsdp_comm_last_error(ctx->comm) : fsdp__init_error);
     return 0;
 }
 

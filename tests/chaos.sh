@@ -203,10 +203,18 @@ run_job() {
     return $rc
 }
 
-# The checkpoint directory holds exactly what its index names: the check of tests/test_common.h
-# (branch w35dirs, not merged yet) is to be called here on every run's checkpoint. Until then the
-# comparison of listings in same_bits catches a leftover or missing file.
-ckpt_dir_consistent() { return 0; }
+# The checkpoint directory holds exactly what its index names (tests/test_common.h's ckpt_dir_exact,
+# in shell): index.json, each file of its "files" list (a regular file), and nothing else; a
+# leftover shard of an earlier save or a temporary file fails the run even where the unperturbed
+# reference shows the same leftover (which the comparison of listings would miss).
+ckpt_dir_consistent() {
+    local dir=$1 named have
+    [ -f "$dir/index.json" ] || { [ -z "$(ls -A "$dir")" ] && return 0; echo "no index.json"; return 1; }
+    named=$(sed -nE 's/.*"files":\[([^]]*)\].*/\1/p' "$dir/index.json" | tr -d '"' | tr ',' '\n' | sed '/^$/d' | sort)
+    have=$(cd "$dir" && ls -A | grep -vx index.json | sort)
+    for f in $named; do [ -f "$dir/$f" ] && [ ! -L "$dir/$f" ] || { echo "index.json names $f, not a file here"; return 1; }; done
+    [ "$named" = "$have" ] || { echo "files index.json does not name: $(comm -13 <(echo "$named") <(echo "$have") | tr '\n' ' ')"; return 1; }
+}
 
 losses() { sed -E 's/,"ms":.*//' "$1"; } # step, loss, lr, grad_norm, skipped, loss_scale (not the times)
 listing() { (cd "$1" && ls -A | sed -E 's/^shard-[0-9a-f]{8}-/shard-/'); }
@@ -219,7 +227,8 @@ same_bits() {
         return 1
     fi
     [ -d "$ref/ckpt" ] || return 0
-    ckpt_dir_consistent "$run/ckpt" || { echo "the checkpoint directory does not hold what its index names"; return 1; }
+    ckpt_dir_consistent "$ref/ckpt" >/dev/null || { echo "the reference's checkpoint: $(ckpt_dir_consistent "$ref/ckpt")"; return 1; }
+    ckpt_dir_consistent "$run/ckpt" >/dev/null || { echo "the checkpoint directory: $(ckpt_dir_consistent "$run/ckpt")"; return 1; }
     if ! cmp -s <(listing "$ref/ckpt") <(listing "$run/ckpt"); then
         echo "checkpoint files differ: $(diff <(listing "$ref/ckpt") <(listing "$run/ckpt") | grep '^[<>]' | tr '\n' ' ')"
         return 1
