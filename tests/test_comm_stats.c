@@ -47,6 +47,7 @@ static const op_case matrix[] = {
     {FSDP_COLL_ALL_GATHER, 1000, FSDP_F32, 0},
     {FSDP_COLL_ALL_GATHER, 999, FSDP_BF16, 0},
     {FSDP_COLL_ALL_GATHER, 300001, FSDP_F32, 0},     /* several shm rounds (512 KiB pieces) */
+    {FSDP_COLL_ALL_GATHER, 2097153, FSDP_F32, 0},    /* 8 MiB: past a socket's 4 MiB send buffer (a rest sent later) */
     {FSDP_COLL_REDUCE_SCATTER, 1000, FSDP_F32, 0},
     {FSDP_COLL_REDUCE_SCATTER, 100003, FSDP_F32, 0}, /* several rounds of slot pieces */
     {FSDP_COLL_ALL_REDUCE, 1000, FSDP_F32, 0},       /* shm: one round; sockets: one phase */
