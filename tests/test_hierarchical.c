@@ -23,9 +23,6 @@
 #include "unity.h"
 #include "test_common.h"
 
-#include <fcntl.h>
-#include <sched.h>
-
 #define MAX_RANKS 8
 #define TIMEOUT_MS 30000
 #define NO_HOST_NAME 77 /* a rank's exit status when it cannot have a host name of its own */
