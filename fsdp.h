@@ -70,6 +70,7 @@
        >>hier          a socket world over hosts: shared memory inside, sockets between
        >>mpi           MPI bridge (compiled with FSDP_WITH_MPI)
        >>backends      the table of backends; fsdp_comm_init, fsdp_comm_split
+       >>qcomm         collectives built from the others: the quantized two-level reduce-scatter
        >>env           fsdp_comm_init_from_env: torchrun, SLURM, Open MPI conventions
        >>model         modules, parameters, counter-based initialisation
        >>wrap          wrap policies: which modules become units
@@ -335,7 +336,8 @@ typedef enum fsdp_coll_kind {
     FSDP_COLL_REDUCE_SCATTER = 2,
     FSDP_COLL_ALL_REDUCE = 3,
     FSDP_COLL_BROADCAST = 4,
-    FSDP_COLL_BARRIER = 5
+    FSDP_COLL_BARRIER = 5,
+    FSDP_COLL_ALL_TO_ALL = 6
 } fsdp_coll_kind;
 
 typedef enum fsdp_backend_kind {
@@ -357,6 +359,9 @@ FSDP_API const char *fsdp_coll_name(fsdp_coll_kind kind);       /* "all_gather",
      all_reduce:      send and recv hold count; in place when send == recv.
      broadcast:       recv holds count on every rank; root's is sent, send is unused.
      barrier:         no data.
+     all_to_all:      send holds world*count, the piece for rank r at r*count; recv gets
+                      world*count, rank r's piece for this rank at r*count. Not in place (send
+                      and recv must not overlap).
    The fingerprint (seq, kind, count, dtype, op, root) must agree across ranks. */
 typedef struct fsdp_coll {
     fsdp_coll_kind kind;
@@ -396,6 +401,12 @@ typedef struct fsdp_split_info {
    check_fingerprints: if nonzero, the library all-gathers each op's fingerprint with your
    all_gather (as bytes) before the op and fails with FSDP_ERR_MISMATCH on disagreement. Set it
    unless your engine checks fingerprints itself.
+   all_to_all (optional, the last field): NULL makes the library emulate it with your
+   all_gather, exactly (bytes are only copied) but at a price: in world - 1 rounds, round k
+   gathering every rank's piece for the rank k places after it (count elements from every rank,
+   of which a rank keeps one), so every rank receives world - 1 times the bytes an all-to-all
+   brings and waits world - 1 times, through a scratch of world * count elements. Fill it in
+   where those bytes matter (NCCL: grouped ncclSend/ncclRecv; MPI: MPI_Alltoall).
    split (optional): makes the impl of a sub-communicator (fsdp_comm_split, and so HYBRID_SHARD's
    shard and replica groups). Collective: every rank of the parent calls it once, after the
    library agreed on the members; store the new impl in *child_impl. The new comm uses this same
@@ -414,6 +425,7 @@ typedef struct fsdp_backend {
     void (*destroy)(fsdp_comm *comm, void *impl);
     int check_fingerprints;
     int (*split)(fsdp_comm *parent, void *impl, const fsdp_split_info *info, void **child_impl);
+    int (*all_to_all)(fsdp_comm *comm, void *impl, const fsdp_coll *c);
 } fsdp_backend;
 
 /* Zero-initialise and set what you need; 0 / NULL fields take the defaults named here. */
@@ -514,6 +526,12 @@ FSDP_API int fsdp_all_reduce(fsdp_comm *comm, const void *send, void *recv, size
                              fsdp_dtype dtype, fsdp_reduce_op op);
 FSDP_API int fsdp_broadcast(fsdp_comm *comm, void *buf, size_t count, fsdp_dtype dtype, int root);
 FSDP_API int fsdp_barrier(fsdp_comm *comm);
+/* Every rank sends count elements to every rank: send holds world * count elements, the piece
+   for rank r at r * count; recv receives world * count, rank r's piece for this rank at
+   r * count (this rank's own piece copied). Bytes are copied, never converted. Not in place:
+   send and recv must not overlap (FSDP_ERR_INVALID_ARG). count must agree across ranks
+   (FSDP_ERR_MISMATCH otherwise, as for every op). */
+FSDP_API int fsdp_all_to_all(fsdp_comm *comm, const void *send, void *recv, size_t count, fsdp_dtype dtype);
 
 /* Poisons the communicator from any thread: pending and later ops on every rank fail. */
 FSDP_API void fsdp_comm_abort(fsdp_comm *comm, const char *why);
@@ -595,6 +613,47 @@ FSDP_API int fsdp_comm_alloc(fsdp_comm *comm, size_t bytes, void **out);
 FSDP_API void fsdp_comm_free(fsdp_comm *comm, void *ptr);
 /* 1 if [ptr, ptr + bytes) lies in fsdp_comm_alloc memory that peers read directly, else 0. */
 FSDP_API int fsdp_comm_is_shared(const fsdp_comm *comm, const void *ptr, size_t bytes);
+
+/* ============================================================================================
+   >>qcomm
+   ============================================================================================ */
+/* A reduce-scatter of f32 gradients whose trip between hosts is quantized (DeepSpeed ZeRO++'s
+   qgZ): full precision inside a host, the wire's format between hosts.
+   The world is H hosts of L ranks; world rank r = h L + l holds, in send, P = H L shards of count
+   floats, shard s at s * count; recv gets count floats, the reduction of shard r. host is this
+   rank's host comm (L ranks, this rank's rank in it l; NULL: L = 1) and cross the comm of the
+   ranks of local index l on every host, in host order (H ranks, this rank's rank h; NULL:
+   H = 1): fsdp_comm_split(world, r / L, r, &host) and fsdp_comm_split(world, r % L, r, &cross)
+   make them from a world numbered host by host.
+   What happens, in this order, every addition and division one f32 operation (so that a plain
+   reference reproduces it bit for bit):
+     1. y_g, for each host g = 0..H-1: the fsdp_reduce_scatter over host (FSDP_SUM, f32) of the
+        L shards g L .. g L + L - 1, i.e. the sum over this host's ranks, in local rank order,
+        of their shard g L + l.
+     H = 1: recv = y_0 (FSDP_AVG: that reduce-scatter with FSDP_AVG), which is exactly
+        fsdp_reduce_scatter over host; nothing is quantized and residual is untouched.
+     2. (residual) z_g = y_g + residual[g count ..] element by element; else z_g = y_g.
+     3. c_g = fsdp_wire_encode(z_g, wire, block); (residual) residual[g count + i] =
+        z_g[i] - fsdp_wire_decode(c_g)[i], or 0 where that decodes to NaN (a non-finite block).
+     4. fsdp_all_to_all over cross: c_g goes to host g's rank of local index l, which holds
+        shard g L + l (each piece padded to a multiple of 4 bytes and moved as f32 words).
+     5. recv[i] = ((d_0[i] + d_1[i]) + d_2[i]) + ... over the hosts in host order, d_g the
+        decode to f32 of what host g sent; FSDP_AVG then divides by P (fsdp_reduce_ranks).
+   So the bits depend on H and L (quantization happens per host partial) and on the wire and
+   block, never on timing or the backend. A NaN or infinity in a block of some z_g makes that
+   block decode to NaN on its receiver, so recv carries NaN there and a step that checks for
+   non-finite gradients skips (the residual of that block restarts at 0).
+   Parameters: wire FSDP_WIRE_INT8 or FSDP_WIRE_INT4 (the float wires work too: f32 is the exact
+   two-level reduction); block as fsdp_wire_bytes (0: 128); op FSDP_SUM or FSDP_AVG (0: SUM);
+   residual NULL (no error feedback) or H * count floats of this rank's, zero at the start,
+   kept between calls. recv must not overlap residual; it may lie in send.
+   Memory: the call allocates H count floats and twice H fsdp_wire_bytes(wire, count, block).
+   Return Value: FSDP_SUCCESS; FSDP_ERR_INVALID_ARG (logged on host's or cross's logger, naming
+   the argument); FSDP_ERR_OUT_OF_MEMORY; or the failed op's error (then that comm is poisoned
+   as by any op, see fsdp_comm_last_error). Collective over host and cross: every rank of the
+   world calls it with the same count, wire, block, op and residual-or-not. */
+FSDP_API int fsdp_reduce_scatter_wire(fsdp_comm *host, fsdp_comm *cross, const float *send, float *recv, size_t count,
+                                      fsdp_reduce_op op, fsdp_wire wire, size_t block, float *residual);
 
 /* ============================================================================================
    >>model
@@ -3110,6 +3169,7 @@ FSDP_API const char *fsdp_coll_name(fsdp_coll_kind kind) {
         case FSDP_COLL_ALL_REDUCE: return "all_reduce";
         case FSDP_COLL_BROADCAST: return "broadcast";
         case FSDP_COLL_BARRIER: return "barrier";
+        case FSDP_COLL_ALL_TO_ALL: return "all_to_all";
         default: return "unknown collective";
     }
 }
@@ -3303,6 +3363,38 @@ FSDP__PRIVATE int fsdp__comm_keeps_deadline(const fsdp_comm *comm) {
     return comm && comm->transport && (comm->transport->caps & FSDP__CAP_DEADLINE);
 }
 
+/* 1 if an all_to_all's buffers overlap: its pieces move in no order a caller could rely on. */
+static int fsdp__all_to_all_overlaps(const fsdp_comm *comm, const fsdp_coll *c, size_t esize) {
+    uintptr_t send = (uintptr_t)c->send, recv = (uintptr_t)c->recv, bytes = c->count * esize * (size_t)comm->world;
+    return c->kind == FSDP_COLL_ALL_TO_ALL && bytes && send < recv + bytes && recv < send + bytes;
+}
+
+/* all_to_all on a user backend without one (see fsdp_backend): world - 1 rounds of its
+   all_gather; in round k every rank offers its piece for rank (rank + k) mod world and keeps
+   the one from rank (rank - k) mod world. */
+FSDP__PRIVATE int fsdp__all_to_all_by_gathers(fsdp_comm *comm, const fsdp_coll *c) {
+    size_t bytes = c->count * fsdp_dtype_size(c->dtype);
+    int P = comm->world, me = comm->rank, k, rc = 0;
+    const char *send = (const char *)c->send;
+    char *recv = (char *)c->recv, *all;
+    fsdp_coll gather = *c;
+    if (!bytes) return 0; /* (the fingerprints agreed: every rank moves nothing) */
+    memcpy(recv + (size_t)me * bytes, send + (size_t)me * bytes, bytes);
+    if (!(all = (char *)FSDP_MALLOC(bytes * (size_t)P)))
+        return fsdp_comm_fail(comm, FSDP_ERR_OUT_OF_MEMORY, "all_to_all: no memory for %zu bytes of scratch",
+                              bytes * (size_t)P);
+    gather.kind = FSDP_COLL_ALL_GATHER;
+    gather.recv = all;
+    for (k = 1; k < P && rc == FSDP_SUCCESS; k++) {
+        int from = (me - k + P) % P;
+        gather.send = send + (size_t)((me + k) % P) * bytes;
+        rc = comm->backend->all_gather(comm, comm->impl, &gather);
+        if (rc == FSDP_SUCCESS) memcpy(recv + (size_t)from * bytes, all + (size_t)from * bytes, bytes);
+    }
+    FSDP_FREE(all);
+    return rc;
+}
+
 /* Checks arguments (an invalid call does not poison the comm), stamps the op and runs it. */
 FSDP__PRIVATE int fsdp__collective(fsdp_comm *comm, fsdp_coll *c) {
     const fsdp_backend *be;
@@ -3321,6 +3413,10 @@ FSDP__PRIVATE int fsdp__collective(fsdp_comm *comm, fsdp_coll *c) {
         }
         if (c->count > (SIZE_MAX / 2) / esize / (size_t)comm->world) {
             fsdp__log(&comm->logger, FSDP_LOG_ERROR, "%s: count %zu is too large", fsdp_coll_name(c->kind), c->count);
+            return FSDP_ERR_INVALID_ARG;
+        }
+        if (fsdp__all_to_all_overlaps(comm, c, esize)) {
+            fsdp__log(&comm->logger, FSDP_LOG_ERROR, "all_to_all: send and recv overlap (it is never in place)");
             return FSDP_ERR_INVALID_ARG;
         }
     }
@@ -3346,6 +3442,8 @@ FSDP__PRIVATE int fsdp__collective(fsdp_comm *comm, fsdp_coll *c) {
             memmove(c->recv, c->send, c->count * esize);
         else if (c->count && (c->kind == FSDP_COLL_REDUCE_SCATTER || c->kind == FSDP_COLL_ALL_REDUCE))
             fsdp_reduce_ranks(c->recv, srcs, 1, c->count, c->dtype, c->op, 1);
+        else if (c->count && c->kind == FSDP_COLL_ALL_TO_ALL)
+            memcpy(c->recv, c->send, c->count * esize);
         return FSDP_SUCCESS;
     }
     if (be->check_fingerprints) {
@@ -3373,6 +3471,9 @@ FSDP__PRIVATE int fsdp__collective(fsdp_comm *comm, fsdp_coll *c) {
         case FSDP_COLL_REDUCE_SCATTER: rc = be->reduce_scatter(comm, comm->impl, c); break;
         case FSDP_COLL_ALL_REDUCE: rc = be->all_reduce(comm, comm->impl, c); break;
         case FSDP_COLL_BROADCAST: rc = be->broadcast(comm, comm->impl, c); break;
+        case FSDP_COLL_ALL_TO_ALL:
+            rc = be->all_to_all ? be->all_to_all(comm, comm->impl, c) : fsdp__all_to_all_by_gathers(comm, c);
+            break;
         default: rc = be->barrier(comm, comm->impl, c); break;
     }
     if (rc == FSDP_SUCCESS) return FSDP_SUCCESS;
@@ -3425,6 +3526,10 @@ FSDP_API int fsdp_broadcast(fsdp_comm *comm, void *buf, size_t count, fsdp_dtype
 }
 FSDP_API int fsdp_barrier(fsdp_comm *comm) {
     fsdp_coll c = fsdp__coll(FSDP_COLL_BARRIER, NULL, NULL, 0, FSDP_F32, FSDP_SUM, 0);
+    return fsdp__collective(comm, &c);
+}
+FSDP_API int fsdp_all_to_all(fsdp_comm *comm, const void *send, void *recv, size_t count, fsdp_dtype dtype) {
+    fsdp_coll c = fsdp__coll(FSDP_COLL_ALL_TO_ALL, send, recv, count, dtype, FSDP_SUM, 0);
     return fsdp__collective(comm, &c);
 }
 
@@ -4164,7 +4269,8 @@ enum {
     FSDP__READ_REDUCE,       /* reduce_scatter, all_reduce's first half: peers fold it */
     FSDP__READ_COPY,         /* all_gather: every peer copies every rank's block */
     FSDP__READ_COPY_ROOT,    /* broadcast: every peer copies the root's buffer */
-    FSDP__READ_COPY_REDUCED  /* all_reduce's gather half: the reduced piece a peer just wrote */
+    FSDP__READ_COPY_REDUCED, /* all_reduce's gather half: the reduced piece a peer just wrote */
+    FSDP__READ_COPY_PIECES   /* all_to_all: every peer copies its piece, bytes / world of the buffer */
 };
 
 /* The best offer of [buf, buf + bytes) for an op moving op_bytes: mapped memory, else (where
@@ -4172,9 +4278,9 @@ enum {
    small ops: the end-of-op wait for readers and the system calls cost more than staging
    saves). Data that readers reduce is not offered for a single copy: the kernel would have to
    copy it into the reader's memory first, the staging copy moved to the reader. By default
-   (single copy not asked for) only all_gather and broadcast read in place, where the offered
-   block (a rank's part in an op of 128 KiB or more; the root's buffer from 256 KiB, below
-   which staging is cheaper) is less than 512 KiB: staged,
+   (single copy not asked for) only all_gather, all_to_all and broadcast read in place, where the
+   offered block (a rank's part in an op of 128 KiB or more; an all_to_all's piece for one rank;
+   the root's buffer from 256 KiB, below which staging is cheaper) is less than 512 KiB: staged,
    such pieces go from the writer's cache to the reader's, which costs 2-8x more than
    process_vm_readv in the windows where moving cache lines between cores is slow
    (BENCHMARKS.md section 2). Smaller blocks stage (cheaper), and so do blocks of 512 KiB and
@@ -4191,6 +4297,8 @@ static fsdp__shm_offer fsdp__shm_offer_of(const fsdp_comm *comm, const fsdp__shm
         (s->single_copy_asked ||
          (readers == FSDP__READ_COPY && bytes >= FSDP__SHM_SINGLE_MIN && bytes < FSDP__SHM_SINGLE_MAX &&
           op_bytes >= 2 * FSDP__SHM_SINGLE_MIN) ||
+         (readers == FSDP__READ_COPY_PIECES && bytes / (size_t)comm->world >= FSDP__SHM_SINGLE_MIN &&
+          bytes / (size_t)comm->world < FSDP__SHM_SINGLE_MAX) ||
          (readers == FSDP__READ_COPY_ROOT && bytes >= 4 * FSDP__SHM_SINGLE_MIN && bytes < FSDP__SHM_SINGLE_MAX))) {
         o.base = (const char *)buf;
         o.length = bytes;
@@ -4249,16 +4357,22 @@ static size_t fsdp__shm_stage_piece(const fsdp__shm *s) {
     return s->slot_bytes < FSDP__SHM_STAGE_PIECE ? s->slot_bytes : FSDP__SHM_STAGE_PIECE;
 }
 
-/* The length of every later round of an all_gather (root < 0) or broadcast, decided after the
-   exchange of its first round from what every rank, or the root, published for it: the same on
-   all ranks. */
-static size_t fsdp__shm_later_rounds(fsdp__shm *s, int world, int root) {
+/* 1 if some rank (root < 0), or the root, staged its data for the current round in its slot:
+   what every rank published for the round, so the same answer on all of them. */
+static int fsdp__shm_someone_staged(fsdp__shm *s, int world, int root) {
     int p;
     for (p = 0; p < world; p++)
         if ((root < 0 || p == root) &&
             fsdp__shm_peer(s, p)->slot_src[s->round % FSDP__SHM_SLOTS].region == FSDP__SHM_IN_SLOT)
-            return fsdp__shm_stage_piece(s);
-    return s->slot_bytes;
+            return 1;
+    return 0;
+}
+
+/* The length of every later round of an all_gather (root < 0) or broadcast, decided after the
+   exchange of its first round from what every rank, or the root, published for it: the same on
+   all ranks. */
+static size_t fsdp__shm_later_rounds(fsdp__shm *s, int world, int root) {
+    return fsdp__shm_someone_staged(s, world, root) ? fsdp__shm_stage_piece(s) : s->slot_bytes;
 }
 
 /* process_vm_readv by its system call number: the libc wrapper is declared only under
@@ -4548,6 +4662,42 @@ FSDP__PRIVATE int fsdp__shm_barrier(fsdp_comm *comm, void *impl, const fsdp_coll
     FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, NULL, NULL));
     fsdp__shm_round_end(s, comm->rank);
     return 0;
+}
+
+/* In each round a rank stages, in its slot divided among the ranks as reduce_scatter's, the
+   next piece of its block for every peer (none where it offers its send buffer: peers then read
+   their block there), and copies the piece each peer has for it to its place: the two copies
+   of all_gather's staged path, one where the buffer is offered. Where no rank stages, the
+   rounds after the first take the rest at once (no slot bounds them). */
+FSDP__PRIVATE int fsdp__shm_all_to_all(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
+    fsdp__shm *s = fsdp__shm_op(impl, c);
+    fsdp__fingerprint fp = fsdp__fingerprint_of(c);
+    size_t bytes = c->count * fsdp_dtype_size(c->dtype), piece = fsdp__shm_piece(s, comm->world), off = 0;
+    int P = comm->world, me = comm->rank, p, stream = bytes * (size_t)P >= FSDP__STREAM_MIN_BYTES;
+    const char *send = (const char *)c->send;
+    char *recv = (char *)c->recv;
+    fsdp__shm_offer offer = fsdp__shm_offer_of(comm, s, send, bytes * (size_t)P, bytes * (size_t)P,
+                                               FSDP__READ_COPY_PIECES);
+    if (bytes) fsdp__copy_out(recv + (size_t)me * bytes, send + (size_t)me * bytes, bytes, stream); /* needs nobody */
+    do {
+        size_t len = bytes - off < piece ? bytes - off : piece;
+        char *slot;
+        FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
+        slot = fsdp__shm_slot(s, me, s->round);
+        for (p = 0; p < P && !fsdp__shm_offered(&offer); p++)
+            if (p != me) memcpy(slot + (size_t)p * piece, send + (size_t)p * bytes + off, len);
+        FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, &offer, send + off));
+        if (off == 0 && !fsdp__shm_someone_staged(s, P, -1)) piece = bytes; /* no slot limits the rest */
+        for (p = 0; p < P; p++) /* a peer's send + me * bytes + off, or the piece it staged for me */
+            if (p != me)
+                FSDP__SHM_TRY(fsdp__shm_peer_copy(comm, s, p, (size_t)me * bytes, len,
+                                                  fsdp__shm_slot(s, p, s->round) + (size_t)me * piece,
+                                                  recv + (size_t)p * bytes + off, stream));
+        fsdp__shm_round_end(s, me);
+        off += len;
+    } while (off < bytes);
+    fsdp__stream_fence();
+    return fsdp__shm_offered(&offer) ? fsdp__shm_settle(comm, s, c) : 0;
 }
 
 /* Poisons the segment for everyone: the first failer's message and rank, then a wake-up of
@@ -5077,7 +5227,7 @@ static void fsdp__shm_launch_abort(fsdp__inherit *inherit, int nprocs, const cha
 
 static const fsdp__transport fsdp__shm_transport = {
     {"shm", fsdp__shm_all_gather, fsdp__shm_reduce_scatter, fsdp__shm_all_reduce, fsdp__shm_broadcast,
-     fsdp__shm_barrier, fsdp__shm_abort, fsdp__shm_destroy, 0, NULL},
+     fsdp__shm_barrier, fsdp__shm_abort, fsdp__shm_destroy, 0, NULL, fsdp__shm_all_to_all},
     FSDP_BACKEND_SHM, "shm", FSDP__CAP_ENV | FSDP__CAP_DEADLINE, FSDP__MAX_WORLD,
     fsdp__shm_create, fsdp__shm_split, fsdp__shm_spin, NULL, fsdp__shm_share,
     fsdp__shm_env_claims, fsdp__shm_env_read, fsdp__shm_launch_prepare, fsdp__shm_launch_abort};
@@ -7026,6 +7176,23 @@ FSDP__PRIVATE int fsdp__sock_barrier(fsdp_comm *comm, void *impl, const fsdp_col
     return fsdp__sock_end(s, fsdp__sock_phase(comm, s, c, 0, NULL));
 }
 
+/* Every peer's piece straight to it and every peer's piece for this rank straight into place, in
+   one phase: a flat world links every pair of ranks. */
+FSDP__PRIVATE int fsdp__sock_all_to_all(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
+    fsdp__sock *s = (fsdp__sock *)impl;
+    size_t bytes = c->count * fsdp_dtype_size(c->dtype);
+    const char *send = (const char *)c->send;
+    char *recv = (char *)c->recv;
+    int p, me = comm->rank;
+    fsdp__sock_begin(s, c);
+    for (p = 0; p < comm->world; p++)
+        if (p != me) fsdp__sock_plan(s, p, send + (size_t)p * bytes, bytes, recv + (size_t)p * bytes, bytes);
+    if (bytes)
+        fsdp__copy_out(recv + (size_t)me * bytes, send + (size_t)me * bytes, bytes, bytes * (size_t)comm->world >= FSDP__STREAM_MIN_BYTES);
+    fsdp__stream_fence();
+    return fsdp__sock_end(s, fsdp__sock_phase(comm, s, c, 0, NULL));
+}
+
 /* --- the socket row ------------------------------------------------------------------------ */
 FSDP__PRIVATE int fsdp__hier_setup(fsdp_comm *comm, fsdp_comm *host, int32_t step_wish); /* >>hier */
 
@@ -7144,7 +7311,7 @@ FSDP__PRIVATE int fsdp__sock_launch_prepare(fsdp__inherit *inherit, const fsdp_l
 
 static const fsdp__transport fsdp__sock_transport = {
     {"socket", fsdp__sock_all_gather, fsdp__sock_reduce_scatter, fsdp__sock_all_reduce, fsdp__sock_broadcast,
-     fsdp__sock_barrier, fsdp__sock_abort, fsdp__sock_destroy, 0, NULL},
+     fsdp__sock_barrier, fsdp__sock_abort, fsdp__sock_destroy, 0, NULL, fsdp__sock_all_to_all},
     FSDP_BACKEND_SOCKET, "socket", FSDP__CAP_ENV | FSDP__CAP_DEADLINE, FSDP__SOCK_MAX_WORLD,
     fsdp__sock_create, fsdp__sock_split, fsdp__sock_spin, NULL, NULL,
     fsdp__sock_env_claims, fsdp__sock_env_read, fsdp__sock_launch_prepare, NULL};
@@ -7174,6 +7341,10 @@ static const fsdp__transport fsdp__sock_transport = {
                      broadcasts in its host.
      barrier:        inside the hosts, among their first ranks in ceil(log2 H) rounds (the
                      dissemination barrier), inside the hosts.
+     all_to_all:     inside the host an all_to_all gives local rank l its host's pieces for l
+                     and for every rank (h, k) of another host with k mod L = l; l sends each
+                     such rank the L pieces as one message and gets from (h, l mod size[h])
+                     host h's size[h] pieces for it, in place.
    Reduction order: inside a host in rank order, then the hosts' partials in host order,
    ((host 0) + (host 1)) + ..., 16-bit partials rounded to their dtype between the two levels.
    A layout gives the same bits on every run; a single host keeps the flat rank order.
@@ -7713,6 +7884,75 @@ FSDP__PRIVATE int fsdp__hier_barrier(fsdp_comm *comm, void *impl, const fsdp_col
     return fsdp__sock_end(x->net, 0);
 }
 
+/* The j-th rank to which local rank lr of this host (of L ranks) hands pieces in an all_to_all:
+   j = 0 its own rank, then host by host the ranks (h, k) of the other hosts with k mod L = lr;
+   -1 past the end of its list. */
+static int fsdp__hier_a2a_dest(const fsdp__hier *x, int lr, size_t j) {
+    int L = x->size[x->host], h, n;
+    if (j == 0) return x->first[x->host] + lr;
+    for (h = 0; h < x->hosts; h++) {
+        if (h == x->host) continue;
+        n = lr < x->size[h] ? (x->size[h] - lr + L - 1) / L : 0;
+        if (j <= (size_t)n) return x->first[h] + lr + (int)(j - 1) * L;
+        j -= (size_t)n;
+    }
+    return -1;
+}
+
+/* The network half of an all_to_all: this rank (g, l) sends each rank of fsdp__hier_a2a_dest's
+   list past its own its host's L pieces for it (bundle j - 1 of `bundles`, L pieces of `bytes`
+   in local rank order), and receives from (h, l mod size[h]) of every other host h the size[h]
+   pieces host h has for it, straight into their place in recv. Only linked pairs talk
+   (fsdp__hier_links: k mod L = l one way, l mod size[h] = k the other). */
+FSDP__PRIVATE int fsdp__hier_a2a_net(fsdp_comm *comm, fsdp__hier *x, const fsdp_coll *c, const char *bundles, size_t slots,
+                                     size_t bytes) {
+    int g = x->host, L = x->size[g], l = comm->local_rank, h, from;
+    size_t j;
+    char *recv = (char *)c->recv;
+    fsdp__sock_plan_none(x->net);
+    for (j = 1; j < slots; j++) {
+        int to = fsdp__hier_a2a_dest(x, l, j);
+        if (to >= 0) fsdp__sock_plan(x->net, to, bundles + (j - 1) * (size_t)L * bytes, (size_t)L * bytes, NULL, 0);
+    }
+    for (h = 0; h < x->hosts; h++) {
+        if (h == g) continue;
+        from = x->first[h] + l % x->size[h];
+        if (!x->net->peers[from].active) fsdp__sock_plan(x->net, from, NULL, 0, NULL, 0);
+        x->net->peers[from].in_direct = recv + (size_t)x->first[h] * bytes;
+        x->net->peers[from].in_len = (size_t)x->size[h] * bytes;
+    }
+    return fsdp__sock_phase(comm, x->net, c, 0, NULL);
+}
+
+/* all_to_all: every local rank packs, for each local rank lr, its pieces for lr's list
+   (fsdp__hier_a2a_dest; slots per list, the longest list's length, shorter ones padded); an
+   all_to_all inside the host hands each rank its column, whose first slot holds this host's
+   pieces for it; the others become one message per rank of another host (fsdp__hier_a2a_net). */
+FSDP__PRIVATE int fsdp__hier_all_to_all(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
+    fsdp__hier *x = (fsdp__hier *)impl;
+    size_t bytes = c->count * fsdp_dtype_size(c->dtype), slots = 1, j;
+    int g = x->host, L = x->size[g], h, lr, to, rc;
+    const char *send = (const char *)c->send;
+    char *recv = (char *)c->recv, *pack, *got;
+    for (h = 0; h < x->hosts; h++)
+        if (h != g) slots += (size_t)((x->size[h] + L - 1) / L);
+    if (fsdp__hier_scratch(comm, x, 2 * (size_t)L * slots * bytes + 1) != 0) return fsdp__load(&comm->status);
+    pack = x->scratch;
+    got = pack + (size_t)L * slots * bytes;
+    fsdp__sock_begin(x->net, c);
+    for (lr = 0; lr < L; lr++)
+        for (j = 0; j < slots && (to = fsdp__hier_a2a_dest(x, lr, j)) >= 0; j++)
+            memcpy(pack + ((size_t)lr * slots + j) * bytes, send + (size_t)to * bytes, bytes);
+    FSDP__HIER_LOCAL(FSDP_COLL_ALL_TO_ALL, pack, got, slots * c->count, FSDP_SUM);
+    for (lr = 0; lr < L; lr++) { /* got[lr][j]: local rank lr's piece for my j-th rank */
+        memcpy(recv + (size_t)(x->first[g] + lr) * bytes, got + (size_t)lr * slots * bytes, bytes);
+        for (j = 1; j < slots; j++) /* bundle j - 1, in pack (read by now) */
+            memcpy(pack + ((j - 1) * (size_t)L + (size_t)lr) * bytes, got + ((size_t)lr * slots + j) * bytes, bytes);
+    }
+    rc = fsdp__hier_a2a_net(comm, x, c, pack, slots, bytes);
+    return fsdp__sock_end(x->net, rc);
+}
+
 /* The world failed: its sockets shut (peers learn at once), and this host's ranks too. */
 FSDP__PRIVATE void fsdp__hier_abort(fsdp_comm *comm, void *impl) {
     fsdp__hier *x = (fsdp__hier *)impl;
@@ -7751,7 +7991,7 @@ static fsdp_comm *fsdp__hier_host_part(const fsdp_comm *comm) {
 
 static const fsdp__transport fsdp__hier_transport = {
     {"socket+shm", fsdp__hier_all_gather, fsdp__hier_reduce_scatter, fsdp__hier_all_reduce, fsdp__hier_broadcast,
-     fsdp__hier_barrier, fsdp__hier_abort, fsdp__hier_destroy, 0, NULL},
+     fsdp__hier_barrier, fsdp__hier_abort, fsdp__hier_destroy, 0, NULL, fsdp__hier_all_to_all},
     FSDP_BACKEND_SOCKET, "socket", FSDP__CAP_DEADLINE, FSDP__SOCK_MAX_WORLD,
     NULL, fsdp__hier_split, fsdp__hier_spin, fsdp__hier_host_part, NULL, NULL, NULL, NULL, NULL};
 
@@ -7974,6 +8214,15 @@ FSDP__PRIVATE int fsdp__mpi_barrier(fsdp_comm *comm, void *impl, const fsdp_coll
     return fsdp__mpi_wait(comm, &req, c);
 }
 
+FSDP__PRIVATE int fsdp__mpi_all_to_all(fsdp_comm *comm, void *impl, const fsdp_coll *c) {
+    fsdp__mpi *m = (fsdp__mpi *)impl;
+    MPI_Request req;
+    size_t bytes = c->count * fsdp_dtype_size(c->dtype);
+    if (bytes > 0x7fffffff) return fsdp_comm_fail(comm, FSDP_ERR_UNSUPPORTED, "MPI bridge: pieces above 2 GiB are not supported");
+    MPI_Ialltoall(c->send, (int)bytes, MPI_BYTE, c->recv, (int)bytes, MPI_BYTE, m->comm, &req);
+    return fsdp__mpi_wait(comm, &req, c);
+}
+
 FSDP__PRIVATE void fsdp__mpi_abort(fsdp_comm *comm, void *impl) {
     /* MPI offers no way to fail one collective on every rank but to abort the job, which
        would kill the ranks before they can report. Local ops fail from now on; peers blocked
@@ -8079,7 +8328,7 @@ static int fsdp__mpi_env_claims(const fsdp_comm_desc *desc) {
 
 static const fsdp__transport fsdp__mpi_transport = {
     {"mpi", fsdp__mpi_all_gather, fsdp__mpi_reduce_scatter, fsdp__mpi_all_reduce, fsdp__mpi_broadcast,
-     fsdp__mpi_barrier, fsdp__mpi_abort, fsdp__mpi_destroy, 1, NULL},
+     fsdp__mpi_barrier, fsdp__mpi_abort, fsdp__mpi_destroy, 1, NULL, fsdp__mpi_all_to_all},
     FSDP_BACKEND_MPI, "mpi", FSDP__CAP_ENV | FSDP__CAP_OWN_RANKS, FSDP__MAX_WORLD,
     fsdp__mpi_create, fsdp__mpi_split, NULL, NULL, NULL, fsdp__mpi_env_claims, NULL, NULL, NULL};
 #else
@@ -8091,7 +8340,7 @@ FSDP__PRIVATE int fsdp__mpi_create(fsdp_comm *comm, const fsdp_comm_desc *desc, 
 
 /* Without the bridge the row only names the backend and says why it cannot be made. */
 static const fsdp__transport fsdp__mpi_transport = {
-    {"mpi", NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, NULL},
+    {"mpi", NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, NULL, NULL},
     FSDP_BACKEND_MPI, "mpi", FSDP__CAP_ENV | FSDP__CAP_OWN_RANKS, FSDP__MAX_WORLD,
     fsdp__mpi_create, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 #endif /* FSDP_WITH_MPI */
@@ -8133,7 +8382,7 @@ FSDP__PRIVATE int fsdp__user_split(fsdp_comm *parent, fsdp__split *sp, fsdp_comm
 }
 
 static const fsdp__transport fsdp__user_transport = {
-    {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL},
     FSDP_BACKEND_USER, "user", 0, 0,
     fsdp__user_create, fsdp__user_split, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 
@@ -8306,6 +8555,105 @@ FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **
 done:
     FSDP_FREE(all);
     FSDP_FREE(members);
+    return rc;
+}
+
+/* ============================================================================================
+   >>qcomm
+   Collectives built from the public ones, for any backend: the quantized reduce-scatter
+   (fsdp_reduce_scatter_wire, whose declaration documents its arithmetic).
+   ============================================================================================ */
+/* The scratch of one fsdp_reduce_scatter_wire: the host partials (later the decoded receipts),
+   the encoded pieces out and in (slot bytes each, a multiple of 4), the fold's sources. */
+typedef struct fsdp__qrs {
+    float *partials;
+    unsigned char *out, *in;
+    const void **srcs;
+    size_t slot;
+    void *raw;
+} fsdp__qrs;
+
+/* Checks fsdp_reduce_scatter_wire's arguments: 0, or FSDP_ERR_INVALID_ARG logged on a comm's logger. */
+FSDP__PRIVATE int fsdp__qrs_check(fsdp_comm *host, fsdp_comm *cross, const float *send, const float *recv, size_t count,
+                                  fsdp_reduce_op op, fsdp_wire wire, size_t block, const float *residual) {
+    fsdp_comm *logged = host ? host : cross;
+    int H = cross ? cross->world : 1, L = host ? host->world : 1;
+    const char *bad = NULL;
+    if (!host && !cross) return FSDP_ERR_INVALID_ARG;
+    if (count && (!send || !recv)) bad = "send or recv is NULL";
+    else if (op != FSDP_REDUCE_DEFAULT && op != FSDP_SUM && op != FSDP_AVG) bad = "op must be FSDP_SUM or FSDP_AVG";
+    else if (wire == FSDP_WIRE_DEFAULT || fsdp_wire_bytes(wire, 1, block) == 0) bad = "invalid wire or block";
+    else if (count > SIZE_MAX / 8 / (size_t)H / (size_t)L) bad = "count is too large";
+    else if (residual && recv && count && (uintptr_t)residual < (uintptr_t)(recv + count) &&
+             (uintptr_t)recv < (uintptr_t)(residual + (size_t)H * count))
+        bad = "recv overlaps residual";
+    if (!bad) return 0;
+    fsdp__log(&logged->logger, FSDP_LOG_ERROR, "fsdp_reduce_scatter_wire(count=%zu, wire=%s, block=%zu): %s", count,
+              fsdp_wire_name(wire), block, bad);
+    return FSDP_ERR_INVALID_ARG;
+}
+
+FSDP__PRIVATE int fsdp__qrs_alloc(fsdp__qrs *q, fsdp_comm *comm, int H, size_t count, fsdp_wire wire, size_t block) {
+    size_t floats = (size_t)H * count * sizeof(float), pointers = fsdp__align(sizeof(void *) * (size_t)H, 64);
+    q->slot = fsdp__align(fsdp_wire_bytes(wire, count, block), 4);
+    q->raw = FSDP_MALLOC(pointers + fsdp__align(floats, 64) + 2 * (size_t)H * q->slot + 64);
+    if (!q->raw)
+        return fsdp_comm_fail(comm, FSDP_ERR_OUT_OF_MEMORY, "fsdp_reduce_scatter_wire: no memory for %zu bytes of scratch",
+                              pointers + floats + 2 * (size_t)H * q->slot);
+    q->srcs = (const void **)q->raw;
+    q->partials = (float *)((char *)q->raw + pointers);
+    q->out = (unsigned char *)q->partials + fsdp__align(floats, 64);
+    q->in = q->out + (size_t)H * q->slot;
+    return 0;
+}
+
+/* Steps 2 and 3: host g's partial (plus its residual) into slot g, the residual updated; recv
+   serves as the decode's scratch (send is no longer read). */
+FSDP__PRIVATE void fsdp__qrs_encode(const fsdp__qrs *q, int H, size_t count, fsdp_wire wire, size_t block,
+                                    float *residual, float *scratch) {
+    size_t i;
+    int g;
+    for (g = 0; g < H; g++) {
+        float *z = q->partials + (size_t)g * count, *res = residual ? residual + (size_t)g * count : NULL;
+        unsigned char *codes = q->out + (size_t)g * q->slot;
+        if (res)
+            for (i = 0; i < count; i++) z[i] = z[i] + res[i];
+        fsdp_wire_encode(codes, wire, block, z, count, NULL);
+        if (!res) continue;
+        fsdp_wire_decode(scratch, FSDP_F32, codes, wire, block, count);
+        for (i = 0; i < count; i++) res[i] = scratch[i] != scratch[i] ? 0.0f : z[i] - scratch[i];
+    }
+}
+
+FSDP_API int fsdp_reduce_scatter_wire(fsdp_comm *host, fsdp_comm *cross, const float *send, float *recv, size_t count,
+                                      fsdp_reduce_op op, fsdp_wire wire, size_t block, float *residual) {
+    int H = cross ? cross->world : 1, L = host ? host->world : 1, rc, g;
+    fsdp_comm *any = cross ? cross : host;
+    fsdp__qrs q;
+    memset(&q, 0, sizeof q);
+    if ((rc = fsdp__qrs_check(host, cross, send, recv, count, op, wire, block, residual)) != 0) return rc;
+    if (op == FSDP_REDUCE_DEFAULT) op = FSDP_SUM;
+    if (H == 1) /* one host: nothing crosses a link, nothing is quantized */
+        return host ? fsdp_reduce_scatter(host, send, recv, count, FSDP_F32, op)
+                    : fsdp_reduce_scatter(cross, send, recv, count, FSDP_F32, op);
+    if ((rc = fsdp__qrs_alloc(&q, any, H, count, wire, block)) != 0) return rc;
+    for (g = 0; g < H && rc == FSDP_SUCCESS; g++) /* 1: host g's shards, summed over this host */
+        rc = host ? fsdp_reduce_scatter(host, send + (size_t)g * (size_t)L * count, q.partials + (size_t)g * count, count,
+                                        FSDP_F32, FSDP_SUM)
+                  : (memcpy(q.partials + (size_t)g * count, send + (size_t)g * count, count * sizeof(float)), 0);
+    if (rc == FSDP_SUCCESS) {
+        fsdp__qrs_encode(&q, H, count, wire, block, residual, recv);
+        rc = fsdp_all_to_all(cross, q.out, q.in, q.slot / 4, FSDP_F32);
+    } else { /* the other hosts' ranks would wait for this one in the all_to_all: tell them now */
+        fsdp_comm_fail(cross, rc, "fsdp_reduce_scatter_wire: the host comm of rank %d (local rank %d) failed: %s",
+                       cross->rank, host->rank, fsdp_comm_last_error(host));
+    }
+    for (g = 0; g < H && rc == FSDP_SUCCESS; g++) { /* 5: the hosts' partials of my shard, folded in host order */
+        fsdp_wire_decode(q.partials + (size_t)g * count, FSDP_F32, q.in + (size_t)g * q.slot, wire, block, count);
+        q.srcs[g] = q.partials + (size_t)g * count;
+    }
+    if (rc == FSDP_SUCCESS && count) fsdp_reduce_ranks(recv, q.srcs, H, count, FSDP_F32, op, H * L);
+    FSDP_FREE(q.raw);
     return rc;
 }
 

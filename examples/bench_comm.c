@@ -10,11 +10,18 @@
        mpirun -np 4 build/bench_comm_mpi --backend mpi --mpi-native # MPI's own collectives
 
    S is the full, unsharded buffer: all_gather's output, reduce_scatter's input, all_reduce's
-   and broadcast's buffer (broadcast from rank 0). Each iteration is timed alone after a barrier;
-   it lasts as long as its slowest rank, and a row reports the median iteration.
-       algbw = S / t        busbw = algbw * (P-1)/P     all_gather, reduce_scatter
+   and broadcast's buffer (broadcast from rank 0), all_to_all's send buffer (P pieces of S/P).
+   Each iteration is timed alone after a barrier; it lasts as long as its slowest rank, and a row
+   reports the median iteration.
+       algbw = S / t        busbw = algbw * (P-1)/P     all_gather, reduce_scatter, all_to_all,
+                                                        reduce_scatter_wire
                                     algbw * 2(P-1)/P    all_reduce
                                     algbw               broadcast
+   reduce_scatter_wire (only when asked for: --op reduce_scatter_wire) is fsdp_reduce_scatter_wire
+   over --hosts H groups of P/H consecutive ranks standing in for hosts (comms split by color):
+   f32 inside a group, --wire int8|int4 between groups, S its f32 input as reduce_scatter's. On
+   one machine the groups share memory, so the row shows what quantizing costs, not what it
+   saves on a link; its check allows the wire's rounding error.
    busbw compares across ops and rank counts: it is what the busiest link carried per second.
    The first call at each size is checked against known values, so a fast but wrong backend
    cannot post a number: a wrong result exits 1. */
@@ -45,18 +52,30 @@ typedef struct options {
     int warmup;
     int csv, inplace, mpi_native, registered, from_env;
     int single_copy;            /* --single-copy: -1 not given, 0 staged, 1 single copy, 2 auto */
+    int hosts;                  /* reduce_scatter_wire: groups standing in for hosts */
+    fsdp_wire wire;             /* reduce_scatter_wire: between the groups */
 } options;
 
 typedef struct bench {
     const options *opt;
     fsdp_comm *comm;            /* NULL with --mpi-native */
     int rank, nranks;
+    fsdp_comm *host, *cross;    /* reduce_scatter_wire: this rank's group, and its peers of the other groups */
 } bench;
 
-#define NUM_OPS 4
+/* fsdp_reduce_scatter_wire, in the op column (no fsdp_coll_kind of its own: built from others) */
+#define OP_REDUCE_SCATTER_WIRE ((fsdp_coll_kind)100)
+#define NUM_OPS 6
+#define CLASSIC_OPS 5           /* --op all: the collectives, not reduce_scatter_wire */
 static const fsdp_coll_kind all_ops[NUM_OPS] = {
-    FSDP_COLL_ALL_GATHER, FSDP_COLL_REDUCE_SCATTER, FSDP_COLL_ALL_REDUCE, FSDP_COLL_BROADCAST
+    FSDP_COLL_ALL_GATHER, FSDP_COLL_REDUCE_SCATTER, FSDP_COLL_ALL_REDUCE, FSDP_COLL_BROADCAST,
+    FSDP_COLL_ALL_TO_ALL, OP_REDUCE_SCATTER_WIRE
 };
+
+static const char *op_name(fsdp_coll_kind kind)
+{
+    return kind == OP_REDUCE_SCATTER_WIRE ? "reduce_scatter_wire" : fsdp_coll_name(kind);
+}
 
 static void usage(FILE *out)
 {
@@ -65,8 +84,11 @@ static void usage(FILE *out)
         "  --backend shm|socket|mpi  collective backend (default shm)\n"
         "  --nproc P                 ranks to fork for shm and socket (default 2); with mpi the\n"
         "                            ranks come from mpirun (-np), and P, if given, must match\n"
-        "  --op all_gather|reduce_scatter|all_reduce|broadcast|all   (default all: the four;\n"
-        "                            broadcast is from rank 0)\n"
+        "  --op all_gather|reduce_scatter|all_reduce|broadcast|all_to_all|reduce_scatter_wire|all\n"
+        "                            (default all: the first five; broadcast is from rank 0)\n"
+        "  --hosts H                 reduce_scatter_wire: H groups of P/H ranks stand in for hosts\n"
+        "                            (default 2)\n"
+        "  --wire int8|int4          reduce_scatter_wire: the format between groups (default int8)\n"
         "  --sizes 1K,64K,1M,...     full buffer sizes, K/M/G = 1024^1/2/3\n"
         "                            (default 1K,4K,16K,...,256M)\n"
         "  --dtype f32|bf16|f16      element type (default f32)\n"
@@ -74,6 +96,7 @@ static void usage(FILE *out)
         "                            (default min(200, max(5, 2 GiB / size)))\n"
         "  --warmup N                untimed iterations per size (default 3)\n"
         "  --inplace                 in-place buffers instead of separate send and receive\n"
+        "                            (all_to_all has no in-place form: it runs out of place)\n"
         "  --registered              buffers from fsdp_comm_alloc, which shm peers read directly\n"
         "                            (zero-copy); the backend column then says e.g. shm-registered\n"
         "  --single-copy 0|1|auto    shm with malloc buffers: 1 = peers read each other's buffers\n"
@@ -91,8 +114,8 @@ static void usage(FILE *out)
         "                            srun or by hand across hosts (RANK, WORLD_SIZE, MASTER_ADDR,\n"
         "                            MASTER_PORT, FSDP_BACKEND, ...; see README, Many machines)\n"
         "  --mpi-native              with --backend mpi: time MPI_Allgather, MPI_Reduce_scatter_block,\n"
-        "                            MPI_Allreduce (MPI_FLOAT, sum) and MPI_Bcast directly, not\n"
-        "                            fsdp.h's bridge\n"
+        "                            MPI_Allreduce (MPI_FLOAT, sum), MPI_Bcast and MPI_Alltoall\n"
+        "                            directly, not fsdp.h's bridge\n"
         "  --help                    this text\n");
 }
 
@@ -142,11 +165,15 @@ static int parse_options(int argc, char **argv, options *opt, int *run)
 {
     static const char *const backends[] = { "shm", "socket", "mpi", NULL };  /* FSDP_BACKEND_ 1.. */
     static const char *const dtypes[] = { "f32", "bf16", "f16", NULL };      /* FSDP_F32 1.. */
-    static const char *const ops[] = { "all_gather", "reduce_scatter", "all_reduce", "broadcast", "all", NULL };
+    static const char *const ops[] = { "all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all",
+                                       "reduce_scatter_wire", "all", NULL };
+    static const char *const wires[] = { "int8", "int4", NULL };
     int quiet = launcher_rank() != 0, k;
     memset(opt, 0, sizeof *opt);
     opt->backend = FSDP_BACKEND_SHM;
-    opt->ops = (1u << NUM_OPS) - 1;
+    opt->ops = (1u << CLASSIC_OPS) - 1;
+    opt->hosts = 2;
+    opt->wire = FSDP_WIRE_INT8;
     opt->dtype = FSDP_F32;
     opt->single_copy = -1;
     opt->warmup = 3;
@@ -168,7 +195,9 @@ static int parse_options(int argc, char **argv, options *opt, int *run)
         } else if (!strcmp(flag, "--dtype")) {
             if ((ok = (k = lookup(val, dtypes)) >= 0)) opt->dtype = (fsdp_dtype)(k + 1);
         } else if (!strcmp(flag, "--op")) {
-            if ((ok = (k = lookup(val, ops)) >= 0)) opt->ops = k == NUM_OPS ? (1u << NUM_OPS) - 1 : 1u << k;
+            if ((ok = (k = lookup(val, ops)) >= 0)) opt->ops = k == NUM_OPS ? (1u << CLASSIC_OPS) - 1 : 1u << k;
+        } else if (!strcmp(flag, "--wire")) {
+            if ((ok = (k = lookup(val, wires)) >= 0)) opt->wire = k == 0 ? FSDP_WIRE_INT8 : FSDP_WIRE_INT4;
         } else if (!strcmp(flag, "--sizes")) {
             char list[1024], *save = NULL;
             opt->nsizes = 0;
@@ -180,6 +209,7 @@ static int parse_options(int argc, char **argv, options *opt, int *run)
             ok = ok && opt->nsizes > 0;
         } else if (!strcmp(flag, "--nproc")) ok = parse_int(val, 1, &opt->nprocs);
         else if (!strcmp(flag, "--iters")) ok = parse_int(val, 1, &opt->iters);
+        else if (!strcmp(flag, "--hosts")) ok = parse_int(val, 1, &opt->hosts);
         else if (!strcmp(flag, "--warmup")) ok = parse_int(val, 0, &opt->warmup);
         else if (!strcmp(flag, "--single-copy")) {
             static const char *const modes[] = { "0", "1", "auto", NULL };
@@ -202,6 +232,11 @@ static int parse_options(int argc, char **argv, options *opt, int *run)
     if (opt->single_copy >= 0 && opt->backend != FSDP_BACKEND_SHM) {
         if (!quiet) fprintf(stderr, "bench_comm: --single-copy chooses how the shm backend moves malloc "
                             "buffers; it does not apply to --backend %s\n", backends[opt->backend - 1]);
+        goto bad;
+    }
+    if ((opt->ops & (1u << 5)) && (opt->dtype != FSDP_F32 || opt->mpi_native)) {
+        if (!quiet) fprintf(stderr, "bench_comm: reduce_scatter_wire reduces f32 through fsdp.h: not with --dtype %s "
+                            "or --mpi-native\n", fsdp_dtype_name(opt->dtype));
         goto bad;
     }
     if (opt->mpi_native && (opt->backend != FSDP_BACKEND_MPI || opt->dtype != FSDP_F32)) {
@@ -282,7 +317,7 @@ static int max_across_ranks(const bench *b, float *v, size_t n)
 
 /* Where an op reads and writes in the two S-byte buffers x and y. In-place layouts are
    fsdp.h's (see fsdp_coll), except MPI's reduce_scatter, which leaves the result at the start.
-   Broadcast has one buffer, x (always in place). */
+   Broadcast has one buffer, x (always in place); all_to_all two (never in place). */
 static void layout(const bench *b, fsdp_coll_kind kind, char *x, char *y, size_t count,
                    void **send, void **recv)
 {
@@ -293,6 +328,9 @@ static void layout(const bench *b, fsdp_coll_kind kind, char *x, char *y, size_t
     } else if (kind == FSDP_COLL_ALL_GATHER) {
         *recv = y;
         *send = in ? y + (own - x) : x;
+    } else if (kind == FSDP_COLL_ALL_TO_ALL) {
+        *send = x;
+        *recv = y;
     } else {
         *send = x;
         *recv = !in ? y : kind == FSDP_COLL_REDUCE_SCATTER && !is_native(b) ? own : x;
@@ -303,7 +341,7 @@ static int collective(const bench *b, fsdp_coll_kind kind, void *send, void *rec
 {
 #ifdef FSDP_WITH_MPI
     if (is_native(b)) {
-        const void *s = b->opt->inplace ? MPI_IN_PLACE : send;
+        const void *s = b->opt->inplace && kind != FSDP_COLL_ALL_TO_ALL ? MPI_IN_PLACE : send;
         int n = (int)count;
         if (count > INT_MAX) {
             fprintf(stderr, "bench_comm: %zu elements per call is more than MPI's int count\n", count);
@@ -314,6 +352,7 @@ static int collective(const bench *b, fsdp_coll_kind kind, void *send, void *rec
         if (kind == FSDP_COLL_REDUCE_SCATTER)
             return MPI_Reduce_scatter_block(s, recv, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         if (kind == FSDP_COLL_BROADCAST) return MPI_Bcast(recv, n, MPI_FLOAT, 0, MPI_COMM_WORLD);
+        if (kind == FSDP_COLL_ALL_TO_ALL) return MPI_Alltoall(s, n, MPI_FLOAT, recv, n, MPI_FLOAT, MPI_COMM_WORLD);
         return MPI_Allreduce(s, recv, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     }
 #endif
@@ -321,6 +360,9 @@ static int collective(const bench *b, fsdp_coll_kind kind, void *send, void *rec
     if (kind == FSDP_COLL_REDUCE_SCATTER)
         return fsdp_reduce_scatter(b->comm, send, recv, count, b->opt->dtype, FSDP_SUM);
     if (kind == FSDP_COLL_BROADCAST) return fsdp_broadcast(b->comm, recv, count, b->opt->dtype, 0);
+    if (kind == FSDP_COLL_ALL_TO_ALL) return fsdp_all_to_all(b->comm, send, recv, count, b->opt->dtype);
+    if (kind == OP_REDUCE_SCATTER_WIRE)
+        return fsdp_reduce_scatter_wire(b->host, b->cross, send, recv, count, FSDP_SUM, b->opt->wire, 0, NULL);
     return fsdp_all_reduce(b->comm, send, recv, count, b->opt->dtype, FSDP_SUM);
 }
 
@@ -339,23 +381,26 @@ static int check_once(const bench *b, fsdp_coll_kind kind, void *send, void *rec
     fsdp_dtype dt = b->opt->dtype;
     size_t P = (size_t)b->nranks, base = (size_t)b->rank * count, nsend, nrecv;
     float exact_sum_base = (float)(P * (P + 1) / 2), bad = 0;
-    int copies = kind == FSDP_COLL_ALL_GATHER || kind == FSDP_COLL_BROADCAST; /* no arithmetic */
-    size_t first = kind == FSDP_COLL_ALL_GATHER ? base : 0; /* where this rank's values start */
-    nsend = kind == FSDP_COLL_REDUCE_SCATTER ? P * count : kind != FSDP_COLL_BROADCAST ? count
+    int a2a = kind == FSDP_COLL_ALL_TO_ALL; /* values g of a P x P x count cube, rank-major */
+    int copies = kind == FSDP_COLL_ALL_GATHER || kind == FSDP_COLL_BROADCAST || a2a; /* no arithmetic */
+    size_t first = kind == FSDP_COLL_ALL_GATHER ? base : a2a ? base * P : 0; /* where this rank's values start */
+    int wire = kind == OP_REDUCE_SCATTER_WIRE; /* reduce_scatter's data, the wire's rounding allowed */
+    float tolerance = wire ? (float)(b->opt->hosts * P * (P + 4)) / (b->opt->wire == FSDP_WIRE_INT8 ? 127 : 7) : 0;
+    nsend = kind == FSDP_COLL_REDUCE_SCATTER || a2a || wire ? P * count : kind != FSDP_COLL_BROADCAST ? count
                                              : b->rank == 0 ? count : 0;   /* the root's data */
-    nrecv = kind == FSDP_COLL_ALL_GATHER ? P * count : count;
+    nrecv = kind == FSDP_COLL_ALL_GATHER || a2a ? P * count : count;
     memset(recv, 0xff, nrecv * fsdp_dtype_size(dt)); /* NaN in every dtype: stale data fails */
     for (size_t i = 0; i < nsend; i++) /* after the memset: in place, send lies inside recv */
         put(dt, send, i, copies ? gather_value(first + i) : sum_value(b->rank, i));
     int rc = collective(b, kind, send, recv, count);
-    if (rc != 0) return comm_error(b, fsdp_coll_name(kind), bytes, rc);
+    if (rc != 0) return comm_error(b, op_name(kind), bytes, rc);
     for (size_t i = 0; i < nrecv && !bad; i++) {
-        size_t g = kind == FSDP_COLL_REDUCE_SCATTER ? base + i : i;
+        size_t g = kind == FSDP_COLL_REDUCE_SCATTER || wire ? base + i : a2a ? i / count * P * count + base + i % count : i;
         float want = copies ? gather_value(g) : exact_sum_base + (float)P * (float)(g % 4);
         float expect = round_to(dt, want), got = get(dt, recv, i); /* one rounding, per contract */
-        if (got != expect) {
+        if (wire ? !(fabsf(got - expect) <= tolerance) : got != expect) {
             fprintf(stderr, "bench_comm: rank %d: wrong %s result at %zu bytes: element %zu is %g,"
-                    " expected %g\n", b->rank, fsdp_coll_name(kind), bytes, g, got, expect);
+                    " expected %g\n", b->rank, op_name(kind), bytes, g, got, expect);
             bad = 1;
         }
     }
@@ -377,7 +422,7 @@ static int measure(const bench *b, fsdp_coll_kind kind, char *x, char *y, size_t
     int whole = kind == FSDP_COLL_ALL_REDUCE || kind == FSDP_COLL_BROADCAST; /* count is S, not S/P */
     size_t count = whole ? bytes / es : bytes / (P * es);
     size_t used = whole ? count * es : count * P * es;
-    const char *name = fsdp_coll_name(kind);
+    const char *name = op_name(kind);
     void *send, *recv;
     if (count == 0) {
         if (b->rank == 0) fprintf(stderr, "bench_comm: skipping %s at %zu bytes: less than one "
@@ -418,7 +463,7 @@ static int measure(const bench *b, fsdp_coll_kind kind, char *x, char *y, size_t
         backend_label(b, backend, sizeof backend);
         if (opt->csv) printf("%s,%zu,%s,%zu,%.2f,%.3f,%.3f\n", backend, P, name, used, median,
                              algbw, algbw * factor);
-        else printf("%12zu  %-14s  %10.2f  %10.3f  %10.3f\n", used, name, median, algbw,
+        else printf("%12zu  %-19s  %10.2f  %10.3f  %10.3f\n", used, name, median, algbw,
                     algbw * factor);
         fflush(stdout);
     }
@@ -466,7 +511,10 @@ static int run(const bench *b)
             printf("# machine: %s\n", machine);
             printf("# median over iterations of the slowest rank's time; %d warmup iterations\n",
                    opt->warmup);
-            printf("#%11s  %-14s  %10s  %10s  %10s\n", "bytes", "op", "median_us", "algbw GB/s",
+            if (opt->ops & (1u << 5))
+                printf("# reduce_scatter_wire: %d groups of %d ranks standing in for hosts, %s between them\n",
+                       opt->hosts, b->nranks / opt->hosts, fsdp_wire_name(opt->wire));
+            printf("#%11s  %-19s  %10s  %10s  %10s\n", "bytes", "op", "median_us", "algbw GB/s",
                    "busbw GB/s");
         }
         fflush(stdout);
@@ -507,10 +555,30 @@ static int run(const bench *b)
     return 0;
 }
 
+/* run, with the groups reduce_scatter_wire needs split off first when it is asked for: group
+   r / (P/H) of consecutive ranks as the host, the ranks of one index across groups as cross. */
+static int run_grouped(bench *b)
+{
+    int L = b->nranks / (b->opt->hosts > 0 ? b->opt->hosts : 1), rc;
+    if (!(b->opt->ops & (1u << 5)) || is_native(b)) return run(b);
+    if (b->opt->hosts > b->nranks || b->nranks % b->opt->hosts) {
+        if (b->rank == 0) fprintf(stderr, "bench_comm: --hosts %d must divide the %d ranks\n", b->opt->hosts,
+                                  b->nranks);
+        return 2;
+    }
+    if (fsdp_comm_split(b->comm, b->rank / L, b->rank, &b->host) != 0 ||
+        fsdp_comm_split(b->comm, b->rank % L, b->rank, &b->cross) != 0)
+        return comm_error(b, "fsdp_comm_split", 0, 1);
+    rc = run(b);
+    fsdp_comm_destroy(b->cross);
+    fsdp_comm_destroy(b->host);
+    return rc;
+}
+
 static int rank_main(fsdp_comm *comm, void *arg)
 {
-    bench b = { (const options *)arg, comm, fsdp_comm_rank(comm), fsdp_comm_size(comm) };
-    return run(&b);
+    bench b = { (const options *)arg, comm, fsdp_comm_rank(comm), fsdp_comm_size(comm), NULL, NULL };
+    return run_grouped(&b);
 }
 
 static int run_mpi(const options *opt)
@@ -522,7 +590,7 @@ static int run_mpi(const options *opt)
             "and start it with: mpirun -np 4 build/bench_comm_mpi --backend mpi\n");
     return 2;
 #else
-    bench b = { opt, NULL, 0, 0 };
+    bench b = { opt, NULL, 0, 0, NULL, NULL };
     int rc, done = 0;
     if (opt->mpi_native) {
         MPI_Init(NULL, NULL);
@@ -545,7 +613,7 @@ static int run_mpi(const options *opt)
                                  opt->nprocs, b.nranks);
         rc = 2;
     } else {
-        rc = run(&b);
+        rc = run_grouped(&b);
     }
     if (b.comm) fsdp_comm_destroy(b.comm);
     MPI_Finalized(&done);

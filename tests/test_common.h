@@ -593,6 +593,7 @@ static TEST_UNUSED const char *kind_name(fsdp_coll_kind kind) {
     case FSDP_COLL_ALL_REDUCE: return "all_reduce";
     case FSDP_COLL_BROADCAST: return "broadcast";
     case FSDP_COLL_BARRIER: return "barrier";
+    case FSDP_COLL_ALL_TO_ALL: return "all_to_all";
     default: return "?";
     }
 }

@@ -3,7 +3,8 @@
    host and sockets between them, and its all_gather gives every rank every rank's block, in
    each of its paths: blocks gathered across 4 or more hosts in rounds (Bruck's algorithm, small
    ops) and copied out, one round to every other host, the pipeline of large ops, and hosts of
-   different sizes (a broadcast per block).
+   different sizes (a broadcast per block). Its all_to_all gives every rank, at r * count, the
+   piece rank r had for it, on hosts of equal and of different sizes.
 
    For fsdp.h a host is a digest of facts (fsdp__host_facts): the host name among them. Each rank
    here is a forked child that first enters a UTS namespace of its own (as root; elsewhere inside
@@ -39,6 +40,7 @@ static rank_report *reports; /* [MAX_RANKS], MAP_SHARED before any fork */
 /* What a rank does: its place, and the host each rank of the world claims. */
 typedef struct rank_plan {
     int rank, world, port;
+    int exchange;             /* 0: the all_gathers, 1: the all_to_alls */
     const int *host_of;
     char job[24];
 } rank_plan;
@@ -61,6 +63,12 @@ static const gather_case gather_cases[] = {
     {(size_t)1 << 18, FSDP_F32, 0}, /* 1 MiB a rank: the pipeline */
 };
 #define GATHER_CASES (int)(sizeof gather_cases / sizeof gather_cases[0])
+
+/* The all_to_alls every rank runs (count per piece), each checked against the definition. */
+static const gather_case exchange_cases[] = {
+    {0, FSDP_F32, 0}, {1, FSDP_F32, 0}, {3, FSDP_BF16, 0}, {1001, FSDP_F16, 0}, {(size_t)1 << 17, FSDP_F32, 0},
+};
+#define EXCHANGE_CASES (int)(sizeof exchange_cases / sizeof exchange_cases[0])
 
 /* The byte i of rank r's block in case k: all_gather copies bytes, whatever the dtype. */
 static unsigned char block_byte(int k, int rank, size_t i) {
@@ -102,6 +110,37 @@ static int run_gather(fsdp_comm *comm, int k, rank_report *r) {
     return why[0] != 0;
 }
 
+/* Runs all_to_all case k: 0 if every piece arrived whole, else 1 with what differed in
+   r->message (the first such case's) and the op's result in r->rc. */
+static int run_exchange(fsdp_comm *comm, int k, rank_report *r) {
+    const gather_case *ec = &exchange_cases[k];
+    int me = fsdp_comm_rank(comm), world = fsdp_comm_size(comm), p = 0;
+    size_t bytes = ec->count * fsdp_dtype_size(ec->dtype), i = 0;
+    unsigned char *send = (unsigned char *)malloc(bytes * (size_t)world + 1);
+    unsigned char *recv = (unsigned char *)malloc(bytes * (size_t)world + 1);
+    char why[300] = "";
+    if (!recv || !send) {
+        snprintf(why, sizeof why, "out of memory");
+    } else {
+        memset(recv, 0x5C, bytes * (size_t)world);
+        for (p = 0; p < world; p++) /* the piece for rank p: a block of (me, p) */
+            for (i = 0; i < bytes; i++) send[(size_t)p * bytes + i] = block_byte(k, me * world + p, i);
+        if ((r->rc = fsdp_all_to_all(comm, send, recv, ec->count, ec->dtype)) != FSDP_SUCCESS)
+            snprintf(why, sizeof why, "%.280s", fsdp_comm_last_error(comm));
+        for (p = 0; !why[0] && p < world; p++) {
+            for (i = 0; i < bytes && recv[(size_t)p * bytes + i] == block_byte(k, p * world + me, i); i++) {}
+            if (i < bytes)
+                snprintf(why, sizeof why, "rank %d holds a wrong piece from rank %d (host %d) from byte %zu on", me, p,
+                         fsdp_comm_host_of(comm, p), i);
+        }
+    }
+    if (why[0] && !r->message[0])
+        snprintf(r->message, sizeof r->message, "all_to_all of %zu x %s: %s", ec->count, fsdp_dtype_name(ec->dtype), why);
+    free(send);
+    free(recv);
+    return why[0] != 0;
+}
+
 static int run_rank(void *arg) {
     const rank_plan *plan = (const rank_plan *)arg;
     rank_report *r = &reports[plan->rank];
@@ -132,9 +171,9 @@ static int run_rank(void *arg) {
     r->local_rank = fsdp_comm_local_rank(comm);
     r->local_size = fsdp_comm_local_size(comm);
     r->hierarchical = comm->transport == &fsdp__hier_transport; /* (private: not a flat world after all) */
-    for (k = 0; k < GATHER_CASES && r->rc == FSDP_SUCCESS; k++) { /* (a failed op fails the comm) */
-        r->cases++;
-        r->wrong += run_gather(comm, k, r);
+    for (k = 0; k < (plan->exchange ? EXCHANGE_CASES : GATHER_CASES) && r->rc == FSDP_SUCCESS; k++) {
+        r->cases++; /* (a failed op fails the comm) */
+        r->wrong += plan->exchange ? run_exchange(comm, k, r) : run_gather(comm, k, r);
     }
     fsdp_comm_destroy(comm);
     r->done = 1;
@@ -142,8 +181,9 @@ static int run_rank(void *arg) {
 }
 
 /* Forks a world whose rank r claims host host_of[r] (hosts numbered 0, 1, ... in rank order) and
-   asserts that it formed with those hosts, hierarchically, and that every rank got every block. */
-static void assert_gathers_in_world(int world, const int *host_of) {
+   asserts that it formed with those hosts, hierarchically, and that every rank got every block
+   of the all_gathers (exchange 0) or every piece of the all_to_alls (exchange 1). */
+static void assert_exchanges_in_world(int world, const int *host_of, int exchange) {
     rank_plan plans[MAX_RANKS];
     pid_t pids[MAX_RANKS];
     int status[MAX_RANKS], r, hosts = host_of[world - 1] + 1, no_host_name = 0;
@@ -155,6 +195,7 @@ static void assert_gathers_in_world(int world, const int *host_of) {
         plans[r].world = world;
         plans[r].port = plans[0].port;
         plans[r].host_of = host_of;
+        plans[r].exchange = exchange;
         /* this run's token: runs at once must not meet in /dev/shm (16 characters name the hosts' segments) */
         snprintf(plans[r].job, sizeof plans[r].job, "hier-%d-%d", (int)getpid(), world);
         pids[r] = spawn(run_rank, &plans[r], 120);
@@ -181,7 +222,7 @@ static void assert_gathers_in_world(int world, const int *host_of) {
         TEST_ASSERT_EQUAL_INT_MESSAGE(local_size, rep->local_size, what);
         TEST_ASSERT_EQUAL_INT_MESSAGE(local_rank, rep->local_rank, what);
         TEST_ASSERT_EQUAL_INT_MESSAGE(1, rep->hierarchical, what);
-        TEST_ASSERT_EQUAL_INT_MESSAGE(GATHER_CASES, rep->cases, what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(exchange ? EXCHANGE_CASES : GATHER_CASES, rep->cases, what);
         TEST_ASSERT_EQUAL_INT_MESSAGE(0, rep->wrong, what);
     }
 }
@@ -191,12 +232,27 @@ static void assert_gathers_in_world(int world, const int *host_of) {
    --------------------------------------------------------------------------------------------- */
 static void test_hierarchical_all_gather_on_4_hosts_of_2_ranks_gives_every_rank_every_block(void) {
     static const int host_of[8] = {0, 0, 1, 1, 2, 2, 3, 3};
-    assert_gathers_in_world(8, host_of);
+    assert_exchanges_in_world(8, host_of, 0);
 }
 
 static void test_hierarchical_all_gather_on_hosts_of_2_1_and_3_ranks_gives_every_rank_every_block(void) {
     static const int host_of[6] = {0, 0, 1, 2, 2, 2};
-    assert_gathers_in_world(6, host_of);
+    assert_exchanges_in_world(6, host_of, 0);
+}
+
+static void test_hierarchical_all_to_all_on_4_hosts_of_2_ranks_gives_every_rank_its_pieces(void) {
+    static const int host_of[8] = {0, 0, 1, 1, 2, 2, 3, 3};
+    assert_exchanges_in_world(8, host_of, 1);
+}
+
+static void test_hierarchical_all_to_all_on_hosts_of_2_1_and_3_ranks_gives_every_rank_its_pieces(void) {
+    static const int host_of[6] = {0, 0, 1, 2, 2, 2};
+    assert_exchanges_in_world(6, host_of, 1);
+}
+
+static void test_hierarchical_all_to_all_on_hosts_of_3_and_2_ranks_gives_every_rank_its_pieces(void) {
+    static const int host_of[5] = {0, 0, 0, 1, 1};
+    assert_exchanges_in_world(5, host_of, 1);
 }
 
 void setUp(void) {}
@@ -207,5 +263,8 @@ int main(void) {
     UNITY_BEGIN();
     RUN_TEST(test_hierarchical_all_gather_on_4_hosts_of_2_ranks_gives_every_rank_every_block);
     RUN_TEST(test_hierarchical_all_gather_on_hosts_of_2_1_and_3_ranks_gives_every_rank_every_block);
+    RUN_TEST(test_hierarchical_all_to_all_on_4_hosts_of_2_ranks_gives_every_rank_its_pieces);
+    RUN_TEST(test_hierarchical_all_to_all_on_hosts_of_2_1_and_3_ranks_gives_every_rank_its_pieces);
+    RUN_TEST(test_hierarchical_all_to_all_on_hosts_of_3_and_2_ranks_gives_every_rank_its_pieces);
     return UNITY_END();
 }

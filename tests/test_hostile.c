@@ -1334,7 +1334,7 @@ static void stuck_abort(fsdp_comm *comm, void *impl) {
 
 static void test_wait_that_gives_up_aborts_and_returns_only_after_the_comm_thread_lets_go(void) {
     static const fsdp_backend table = {"stuck", stuck_all_gather, stuck_reduce_scatter, stuck_all_reduce, stuck_noop,
-                                       stuck_noop, stuck_abort, NULL, 0, NULL};
+                                       stuck_noop, stuck_abort, NULL, 0, NULL, NULL};
     stuck_backend b;
     fsdp_comm_desc cd;
     fsdp_comm *comm = NULL;

@@ -143,6 +143,25 @@ static void test_mpi_split_into_shm_groups_repeatedly_reduces_exactly(void) {
     }
 }
 
+static void test_mpi_all_to_all_matches_definition_bytewise(void) {
+    size_t d, k;
+    for (d = 0; d < 3; d++)
+        for (k = 0; k < 3; k++) {
+            fsdp_dtype dt = dtypes[d];
+            size_t n = counts[k], es = fsdp_dtype_size(dt), bytes = n * es;
+            char *send = (char *)malloc(bytes * (size_t)P), *recv = (char *)malloc(bytes * (size_t)P);
+            char *want = (char *)malloc(bytes * (size_t)P);
+            int r;
+            for (r = 0; r < P; r++) { /* the piece from rank a to rank b: rank a's input from (b * P) * n on */
+                fill(send + (size_t)r * bytes, dt, me, n, (size_t)r * (size_t)P * n);
+                fill(want + (size_t)r * bytes, dt, r, n, (size_t)me * (size_t)P * n);
+            }
+            TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_all_to_all(comm, send, recv, n, dt), fsdp_comm_last_error(comm));
+            TEST_ASSERT_EQUAL_MEMORY(want, recv, bytes * (size_t)P);
+            free(send); free(recv); free(want);
+        }
+}
+
 static void test_mpi_mismatched_collectives_fail_with_mismatch(void) {
     float x[4] = {1, 2, 3, 4}, y[16];
     int rc;
@@ -176,6 +195,7 @@ int main(void) {
     RUN_TEST(test_mpi_broadcast_from_last_rank_reaches_everyone);
     RUN_TEST(test_mpi_world_without_job_token_shares_one_drawn_by_rank0);
     RUN_TEST(test_mpi_split_into_shm_groups_repeatedly_reduces_exactly);
+    RUN_TEST(test_mpi_all_to_all_matches_definition_bytewise);
     RUN_TEST(test_mpi_mismatched_collectives_fail_with_mismatch);
     rc = UNITY_END();
     fsdp_comm_destroy(comm);

@@ -477,7 +477,7 @@ static void counting_destroy(fsdp_comm *comm, void *impl) {
 }
 static const fsdp_backend counting_backend = {"counting", counting_all_gather, counting_reduce_scatter,
                                               counting_all_reduce, counting_broadcast, counting_barrier,
-                                              NULL, counting_destroy, 0, counting_split};
+                                              NULL, counting_destroy, 0, counting_split, NULL};
 
 /* ---------------------------------------------------------------------------------------------
    what the ranks report (MAP_SHARED)
