@@ -554,8 +554,9 @@ FSDP_API int fsdp_comm_status(const fsdp_comm *comm);
                       place from fsdp_comm_alloc memory or from this process, which the peers
                       read): once per op, however many peers read it. On shm with P ranks and B
                       bytes (all_gather's send, reduce_scatter's recv, all_reduce's and
-                      broadcast's buffer): all_gather B, reduce_scatter (P - 1) B, all_reduce B,
-                      broadcast B on the root and 0 elsewhere, barrier 0.
+                      broadcast's buffer, a block of all_to_all): all_gather B, reduce_scatter
+                      and all_to_all (P - 1) B, all_reduce B, broadcast B on the root and 0
+                      elsewhere, barrier 0.
      ops:             collectives called on the comm and on the comms split from it (not the
                       inner ops of a hierarchical world).
    MPI and user backends count ops, not bytes (what their engine moves is its own).
@@ -4686,6 +4687,7 @@ FSDP__PRIVATE int fsdp__shm_all_to_all(fsdp_comm *comm, void *impl, const fsdp_c
         slot = fsdp__shm_slot(s, me, s->round);
         for (p = 0; p < P && !fsdp__shm_offered(&offer); p++)
             if (p != me) memcpy(slot + (size_t)p * piece, send + (size_t)p * bytes + off, len);
+        fsdp__count_sent(comm, -1, (size_t)(P - 1) * len);
         FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, &offer, send + off));
         if (off == 0 && !fsdp__shm_someone_staged(s, P, -1)) piece = bytes; /* no slot limits the rest */
         for (p = 0; p < P; p++) /* a peer's send + me * bytes + off, or the piece it staged for me */

@@ -57,6 +57,8 @@ static const op_case matrix[] = {
     {FSDP_COLL_BROADCAST, 1000, FSDP_F32, 0},
     {FSDP_COLL_BROADCAST, 300001, FSDP_F32, -1},
     {FSDP_COLL_BARRIER, 0, FSDP_F32, 0},
+    {FSDP_COLL_ALL_TO_ALL, 1000, FSDP_F32, 0},      /* count: each block, one to every rank */
+    {FSDP_COLL_ALL_TO_ALL, 300001, FSDP_F32, 0},
 };
 #define MATRIX_CASES (int)(sizeof matrix / sizeof matrix[0])
 
@@ -117,6 +119,7 @@ static int run_case(fsdp_comm *comm, int k, char *send, char *recv) {
         case FSDP_COLL_REDUCE_SCATTER: return fsdp_reduce_scatter(comm, send, recv, oc->count, oc->dtype, FSDP_SUM);
         case FSDP_COLL_ALL_REDUCE: return fsdp_all_reduce(comm, send, recv, oc->count, oc->dtype, FSDP_SUM);
         case FSDP_COLL_BROADCAST: return fsdp_broadcast(comm, recv, oc->count, oc->dtype, case_root(oc, world));
+        case FSDP_COLL_ALL_TO_ALL: return fsdp_all_to_all(comm, send, recv, oc->count, oc->dtype);
         default: return fsdp_barrier(comm);
     }
 }
@@ -174,7 +177,8 @@ static uint64_t shm_bytes(const op_case *oc, int P, int r) {
     uint64_t B = (uint64_t)oc->count * fsdp_dtype_size(oc->dtype);
     switch (oc->kind) {
         case FSDP_COLL_ALL_GATHER: return B;
-        case FSDP_COLL_REDUCE_SCATTER: return (uint64_t)(P - 1) * B;
+        case FSDP_COLL_REDUCE_SCATTER:
+        case FSDP_COLL_ALL_TO_ALL: return (uint64_t)(P - 1) * B;
         case FSDP_COLL_ALL_REDUCE: return B;
         case FSDP_COLL_BROADCAST: return r == case_root(oc, P) ? B : 0;
         default: return 0;
@@ -188,7 +192,8 @@ static uint64_t socket_bytes(const op_case *oc, int P, int r) {
     uint64_t B = (uint64_t)n * esize, mine = (uint64_t)my_len * esize;
     switch (oc->kind) {
         case FSDP_COLL_ALL_GATHER:
-        case FSDP_COLL_REDUCE_SCATTER: return (uint64_t)(P - 1) * B;
+        case FSDP_COLL_REDUCE_SCATTER:
+        case FSDP_COLL_ALL_TO_ALL: return (uint64_t)(P - 1) * B;
         case FSDP_COLL_ALL_REDUCE: return B <= SOCK_SEGMENT ? (uint64_t)(P - 1) * B : (B - mine) + (uint64_t)(P - 1) * mine;
         case FSDP_COLL_BROADCAST: return r == case_root(oc, P) ? (uint64_t)(P - 1) * B : 0;
         default: return 0;
@@ -476,7 +481,8 @@ static void test_comm_stats_hierarchical_world_counts_sockets_as_net_and_shared_
     for (k = 0; k < MATRIX_CASES; k++) {
         const op_case *oc = &matrix[k];
         uint64_t B = (uint64_t)oc->count * fsdp_dtype_size(oc->dtype);
-        if (B >= 64 * 1024 || (oc->kind == FSDP_COLL_BROADCAST && oc->root != 0)) continue; /* (other paths) */
+        if (B >= 64 * 1024 || (oc->kind == FSDP_COLL_BROADCAST && oc->root != 0) || oc->kind == FSDP_COLL_ALL_TO_ALL)
+            continue; /* (other paths) */
         for (r = 0; r < 4; r++) {
             const counted *c = &shared->op[k][r];
             snprintf(message, sizeof message, "rank %d: %s of %zu x %s", r, fsdp_coll_name(oc->kind), oc->count,
