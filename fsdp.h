@@ -542,6 +542,34 @@ FSDP_API const char *fsdp_comm_last_error(const fsdp_comm *comm);
 /* The first failure's code (FSDP_SUCCESS while healthy). */
 FSDP_API int fsdp_comm_status(const fsdp_comm *comm);
 
+/* What this rank sent through a communicator and every comm made from it (fsdp_comm_split's,
+   HYBRID_SHARD's groups, a hierarchical world's shared-memory part) since it was made, counted
+   where the bytes leave: the ops' payload, the ops fsdp.h runs on the comm for itself included
+   (learning the hosts, agreeing on a split); not the frames' headers on sockets, nor the
+   connection handshakes of init. For the same calls, sizes and layout, the same numbers on every
+   run. A byte is counted once each time it is handed over:
+     bytes_sent_net:  written to a socket whose peer is on another host (fsdp_comm_host_of).
+     bytes_sent_host: written to a socket whose peer is on this host, or put where the peers on
+                      shared memory read it (copied into this rank's staging slots, or offered in
+                      place from fsdp_comm_alloc memory or from this process, which the peers
+                      read): once per op, however many peers read it. On shm with P ranks and B
+                      bytes (all_gather's send, reduce_scatter's recv, all_reduce's and
+                      broadcast's buffer, a block of all_to_all): all_gather B, reduce_scatter
+                      and all_to_all (P - 1) B, all_reduce B, broadcast B on the root and 0
+                      elsewhere, barrier 0.
+     ops:             collectives called on the comm and on the comms split from it (not the
+                      inner ops of a hierarchical world).
+   MPI and user backends count ops, not bytes (what their engine moves is its own).
+   Thread Safety: any thread, any time (the counters are atomic). */
+typedef struct fsdp_comm_stats {
+    uint64_t bytes_sent_host;
+    uint64_t bytes_sent_net;
+    uint64_t ops;
+} fsdp_comm_stats;
+
+/* Fills *out (zeroed first). Return Value: FSDP_SUCCESS; FSDP_ERR_INVALID_ARG for NULL. */
+FSDP_API int fsdp_comm_stats_get(const fsdp_comm *comm, fsdp_comm_stats *out);
+
 /* For backends: records the first failure (code and printf-style message), poisons the comm,
    calls the backend's abort once, logs, and returns code. Later calls keep the first message. */
 FSDP_API int fsdp_comm_fail(fsdp_comm *comm, int code, const char *fmt, ...)
@@ -1009,6 +1037,11 @@ typedef struct fsdp_step_report {
     int replicas;       /* replicas training after this step (fsdp_replicas) */
     int64_t epoch;      /* the membership's number: 0 until a replica is lost (>>recovery) */
     int dropped;        /* 1: a replica was lost and this step was applied nowhere (>>recovery) */
+    uint64_t bytes_sent_host, bytes_sent_net; /* what this rank sent through desc.comm and the comms
+                                   made from it (the program's own ops on them too) since the last
+                                   fsdp_step (or fsdp_init) returned, this one included (after a
+                                   recovery: since the survivors' comm was made): to its own host,
+                                   to other hosts (as fsdp_comm_stats counts them) */
 } fsdp_step_report;
 
 /* Waits for outstanding reduce-scatters, clips to max_norm (<= 0: no clipping), applies the
@@ -1133,7 +1166,8 @@ FSDP_API int fsdp_set_param_shard(fsdp_ctx *ctx, int param, const float *slice);
    unit ("pre_forward h.3"), every collective fsdp.h runs (op, bytes, unit, group, a sequence
    number that matches it across the group's ranks, when it was queued), every wait of the
    compute thread and what for, the optimizer step, offload reads and writes, checkpoint phases,
-   and each iteration ("step N", from the end of one fsdp_step to the end of the next). Times
+   and each iteration ("step N", from the end of one fsdp_step to the end of the next, with the
+   bytes the rank sent in it, as fsdp_step_report counts them). Times
    are microseconds on rank 0's clock: at init the ranks measure each one's offset to rank 0
    (a few all-gathers) and write it with its error bound in the file's otherData. Events wait in
    memory and are written at fsdp_step once there are 2048, and at fsdp_destroy (a rank that
@@ -3029,6 +3063,17 @@ static __thread char fsdp__init_error[FSDP__ERRMSG];
 
 typedef struct fsdp__transport fsdp__transport;
 
+/* A comm's counters (fsdp_comm_stats), added to atomically by the threads that send. A comm made
+   from another (a split, a hierarchical world's host part) adds into its parent's too; the
+   parent's tally lives until the last comm that adds into it is destroyed, in any order. */
+typedef struct fsdp__tally {
+    uint64_t sent[2];         /* bytes: [0] to ranks of this host, [1] to other hosts */
+    uint64_t ops;
+    int refs;                 /* its comm and the tallies adding into it (atomic) */
+    int inner;                /* its comm carries a part of the parent's ops: not counted as ops there */
+    struct fsdp__tally *up;   /* the parent comm's, or NULL */
+} fsdp__tally;
+
 struct fsdp_comm {
     int rank, world, local_rank, local_world;
     int crowd;              /* ranks of the job on this host: of this comm, or of the one it was split from */
@@ -3054,6 +3099,7 @@ struct fsdp_comm {
     int unasked_warned;     /* socket, no secret: said once that the peers' users cannot be checked (atomic) */
     fsdp__region *regions;  /* from fsdp_comm_alloc */
     uint32_t allocations;   /* fsdp_comm_alloc calls so far */
+    fsdp__tally *tally;     /* what it sent (fsdp_comm_stats_get) */
 };
 
 /* What a backend's create is handed besides the description: what the launcher's parent
@@ -3233,6 +3279,50 @@ FSDP_API const char *fsdp_comm_last_error(const fsdp_comm *comm) { return comm ?
 FSDP_API int fsdp_comm_status(const fsdp_comm *comm) {
     return comm ? fsdp__load(&comm->status) : FSDP_ERR_INVALID_ARG;
 }
+
+/* Counts bytes this rank handed over to peer (a rank of comm; -1: its peers on shared memory,
+   which are on its host), in comm's tally and its parents'. */
+static void fsdp__count_sent(const fsdp_comm *comm, int peer, size_t bytes) {
+    int net = peer >= 0 && comm->host_of && comm->host_of[peer] != comm->host;
+    fsdp__tally *t;
+    for (t = comm->tally; t; t = t->up) __atomic_fetch_add(&t->sent[net], (uint64_t)bytes, __ATOMIC_RELAXED);
+}
+
+/* Counts an op called on comm, in its tally and its parents' up to a transport's inner comm. */
+static void fsdp__count_op(const fsdp_comm *comm) {
+    fsdp__tally *t;
+    for (t = comm->tally; t; t = t->inner ? NULL : t->up) __atomic_fetch_add(&t->ops, 1, __ATOMIC_RELAXED);
+}
+
+/* A tally that adds into up's (may be NULL), or NULL without memory. */
+FSDP__PRIVATE fsdp__tally *fsdp__tally_new(fsdp__tally *up) {
+    fsdp__tally *t = (fsdp__tally *)fsdp__calloc(sizeof *t);
+    if (!t) return NULL;
+    t->refs = 1;
+    t->up = up;
+    if (up) __atomic_fetch_add(&up->refs, 1, __ATOMIC_RELAXED);
+    return t;
+}
+
+/* Drops a comm's reference to its tally, and each tally's to its parent's once unused. */
+FSDP__PRIVATE void fsdp__tally_release(fsdp__tally *t) {
+    while (t && __atomic_sub_fetch(&t->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        fsdp__tally *up = t->up;
+        FSDP_FREE(t);
+        t = up;
+    }
+}
+
+FSDP_API int fsdp_comm_stats_get(const fsdp_comm *comm, fsdp_comm_stats *out) {
+    if (out) memset(out, 0, sizeof *out);
+    if (!comm || !out) return FSDP_ERR_INVALID_ARG;
+    if (!comm->tally) return FSDP_SUCCESS;
+    out->bytes_sent_host = __atomic_load_n(&comm->tally->sent[0], __ATOMIC_RELAXED);
+    out->bytes_sent_net = __atomic_load_n(&comm->tally->sent[1], __ATOMIC_RELAXED);
+    out->ops = __atomic_load_n(&comm->tally->ops, __ATOMIC_RELAXED);
+    return FSDP_SUCCESS;
+}
+
 FSDP_API int fsdp_comm_rank(const fsdp_comm *comm) { return comm ? comm->rank : -1; }
 FSDP_API int fsdp_comm_size(const fsdp_comm *comm) { return comm ? comm->world : 0; }
 FSDP_API int fsdp_comm_local_rank(const fsdp_comm *comm) { return comm ? comm->local_rank : -1; }
@@ -3343,6 +3433,7 @@ FSDP__PRIVATE int fsdp__collective(fsdp_comm *comm, fsdp_coll *c) {
     status = fsdp__load(&comm->status);
     if (status != FSDP_SUCCESS) return FSDP_ERR_ABORTED;
     c->seq = ++comm->seq;
+    fsdp__count_op(comm);
     c->timeout_ms = comm->timeout_ms;
     be = comm->backend;
     if (comm->world == 1) { /* no peers: the same arithmetic as every backend, locally */
@@ -3466,6 +3557,11 @@ FSDP__PRIVATE fsdp_comm *fsdp__comm_new(const fsdp_comm_desc *desc, const fsdp_c
     comm->status = FSDP_SUCCESS;
     FSDP__CHAOS_RANK(comm->rank);
     pthread_mutex_init(&comm->error_lock, NULL);
+    if (!(comm->tally = fsdp__tally_new(parent ? parent->tally : NULL))) {
+        pthread_mutex_destroy(&comm->error_lock);
+        FSDP_FREE(comm);
+        return NULL;
+    }
     if (parent) {
         fsdp__copy_string(comm->job, sizeof comm->job, desc->job && *desc->job ? desc->job : "fsdp");
         comm->crowd = parent->crowd;
@@ -3503,6 +3599,7 @@ FSDP_API void fsdp_comm_destroy(fsdp_comm *comm) {
     if (comm->backend && comm->backend->destroy) comm->backend->destroy(comm, comm->impl);
     pthread_mutex_destroy(&comm->error_lock);
     fsdp__wipe(comm->key, sizeof comm->key);
+    fsdp__tally_release(comm->tally);
     FSDP_FREE(comm);
 }
 
@@ -4409,6 +4506,7 @@ FSDP__PRIVATE int fsdp__shm_all_gather(fsdp_comm *comm, void *impl, const fsdp_c
         }
         if (recv + (size_t)me * stride + off != send + off) /* needs nobody: before the wait for the peers */
             fsdp__copy_out(recv + (size_t)me * stride + off, mine, len, stream);
+        fsdp__count_sent(comm, -1, len); /* staged or offered, published by the exchange */
         FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, &offer, send + off));
         if (off == 0) round_bytes = fsdp__shm_later_rounds(s, P, -1);
         for (p = 0; p < P; p++) {
@@ -4443,6 +4541,7 @@ FSDP__PRIVATE int fsdp__shm_reduce_scatter(fsdp_comm *comm, void *impl, const fs
         slot = fsdp__shm_slot(s, me, s->round);
         for (p = 0; p < P && !fsdp__shm_offered(&offer); p++)
             if (p != me) memcpy(slot + (size_t)p * piece, send + (size_t)p * stride + off, len);
+        fsdp__count_sent(comm, -1, (size_t)(P - 1) * len);
         FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, &offer, send + off));
         for (p = 0; p < P; p++) {
             const char *src = send + (size_t)me * stride + off;
@@ -4476,6 +4575,7 @@ FSDP__PRIVATE int fsdp__shm_all_reduce(fsdp_comm *comm, void *impl, const fsdp_c
         /* one round: everyone reduces the whole (small) buffer, in the same order */
         FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
         memcpy(fsdp__shm_slot(s, me, s->round), send, count * esize);
+        fsdp__count_sent(comm, -1, count * esize);
         FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, NULL, NULL));
         for (p = 0; p < P; p++) srcs[p] = p == me ? (const void *)send : fsdp__shm_slot(s, p, s->round);
         fsdp_reduce_ranks(recv, srcs, P, count, c->dtype, c->op, P);
@@ -4495,6 +4595,7 @@ FSDP__PRIVATE int fsdp__shm_all_reduce(fsdp_comm *comm, void *impl, const fsdp_c
             m = start + n - at < piece_elems ? start + n - at : piece_elems;
             memcpy(slot + (size_t)p * piece_elems * esize, send + at * esize, m * esize);
         }
+        fsdp__count_sent(comm, -1, (n - mine_n) * esize); /* the peers' pieces of the window */
         FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, &offer_send, send + start * esize));
         for (p = 0; p < P && mine_n; p++) {
             src = send + mine_at * esize;
@@ -4512,6 +4613,7 @@ FSDP__PRIVATE int fsdp__shm_all_reduce(fsdp_comm *comm, void *impl, const fsdp_c
         slot = fsdp__shm_slot(s, me, s->round);
         if (!fsdp__shm_offered(&offer_recv))
             memcpy(slot + (size_t)me * piece_elems * esize, recv + mine_at * esize, mine_n * esize);
+        fsdp__count_sent(comm, -1, mine_n * esize);
         FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, &offer_recv, recv + start * esize));
         for (p = 0; p < P; p++) {
             size_t at = start + (size_t)p * piece_elems, m;
@@ -4541,6 +4643,7 @@ FSDP__PRIVATE int fsdp__shm_broadcast(fsdp_comm *comm, void *impl, const fsdp_co
         size_t len = bytes - off < round_bytes ? bytes - off : round_bytes;
         FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
         if (root && !fsdp__shm_offered(&offer)) memcpy(fsdp__shm_slot(s, comm->rank, s->round), buf + off, len);
+        if (root) fsdp__count_sent(comm, -1, len);
         FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, &offer, buf + off));
         if (off == 0) round_bytes = fsdp__shm_later_rounds(s, comm->world, c->root);
         if (!root)
@@ -4584,6 +4687,7 @@ FSDP__PRIVATE int fsdp__shm_all_to_all(fsdp_comm *comm, void *impl, const fsdp_c
         slot = fsdp__shm_slot(s, me, s->round);
         for (p = 0; p < P && !fsdp__shm_offered(&offer); p++)
             if (p != me) memcpy(slot + (size_t)p * piece, send + (size_t)p * bytes + off, len);
+        fsdp__count_sent(comm, -1, (size_t)(P - 1) * len);
         FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, &offer, send + off));
         if (off == 0 && !fsdp__shm_someone_staged(s, P, -1)) piece = bytes; /* no slot limits the rest */
         for (p = 0; p < P; p++) /* a peer's send + me * bytes + off, or the piece it staged for me */
@@ -6860,12 +6964,18 @@ FSDP__PRIVATE int fsdp__sock_send_some(fsdp_comm *comm, fsdp__sock *s, int p, co
             if (got > 0) {
                 size_t sent = (size_t)got;
                 peer->out_header_done += sent < head_left ? sent : head_left;
-                if (sent > head_left) peer->out_done += sent - head_left;
+                if (sent > head_left) {
+                    peer->out_done += sent - head_left;
+                    fsdp__count_sent(comm, p, sent - head_left);
+                }
             }
         } else if (peer->out_done < peer->out_len) {
             got = send(peer->fd, peer->out_data + peer->out_done, FSDP__CHAOS_CUT(peer->out_len - peer->out_done),
                        MSG_NOSIGNAL | MSG_DONTWAIT);
-            if (got > 0) peer->out_done += (size_t)got;
+            if (got > 0) {
+                peer->out_done += (size_t)got;
+                fsdp__count_sent(comm, p, (size_t)got);
+            }
         } else {
             peer->at_boundary = 1;
             return 0;
@@ -7936,7 +8046,9 @@ FSDP__PRIVATE fsdp_comm *fsdp__hier_host_comm(fsdp_comm *comm, const fsdp_comm_d
         fsdp__copy_string(fsdp__init_error, sizeof fsdp__init_error, "too little free space in /dev/shm");
         return NULL;
     }
-    return fsdp__comm_create(&local, &ld, comm, NULL) == 0 ? local : NULL;
+    if (fsdp__comm_create(&local, &ld, comm, NULL) != 0) return NULL;
+    local->tally->inner = 1; /* its ops are parts of the world's */
+    return local;
 }
 
 /* The pipeline step this rank asks for (FSDP_HIER_STEP_MIB, in MiB) as a wish the ranks agree
@@ -9312,6 +9424,7 @@ typedef struct fsdp__trace_event {
     int tid, unit, group, group_index; /* unit, group: -1 none (group: 0 world, 1 shard, 2 replica) */
     int64_t bytes, seq, step;    /* -1: none */
     int skipped;
+    uint64_t sent_host, sent_net; /* iterations: what the rank sent in it (fsdp_step_report) */
     char text[64];               /* a user's span name, a checkpoint's path */
 } fsdp__trace_event;
 typedef struct fsdp__trace fsdp__trace;
@@ -10025,6 +10138,7 @@ struct fsdp_ctx {
     const fsdp_optimizer *optimizer;   /* its row */
     int num_state;                     /* state buffers per trainable unit */
     int64_t step;
+    fsdp_comm_stats sent_before;       /* comm's counters when the last fsdp_step (or fsdp_init) returned */
     int no_sync;
     float loss_scale;                  /* fsdp_desc.loss_scale: the current scale (1: off) */
     int64_t scale_growth_tracker;      /* steps in a row with finite gradients */
@@ -10092,7 +10206,7 @@ FSDP__PRIVATE void fsdp__trace_end(fsdp_ctx *ctx, const char *cat, const char *n
 FSDP__PRIVATE void fsdp__trace_wait(fsdp_ctx *ctx, const char *name, const char *wait_for, int unit, double t0);
 FSDP__PRIVATE void fsdp__trace_update(fsdp_ctx *ctx, int64_t step, double t0);
 FSDP__PRIVATE void fsdp__trace_ckpt(fsdp_ctx *ctx, const char *phase, const char *path, double t0);
-FSDP__PRIVATE void fsdp__trace_iteration(fsdp_ctx *ctx, int skipped);
+FSDP__PRIVATE void fsdp__trace_iteration(fsdp_ctx *ctx, const fsdp_step_report *report);
 FSDP__PRIVATE void fsdp__trace_spill(fsdp_ctx *ctx);
 FSDP__PRIVATE int fsdp__trace_open(fsdp_ctx *ctx);
 FSDP__PRIVATE void fsdp__trace_close(fsdp_ctx *ctx);
@@ -11593,6 +11707,15 @@ FSDP__PRIVATE int fsdp__step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *re
     return 0;
 }
 
+/* The report's bytes: the comm's counters since the last step. */
+FSDP__PRIVATE void fsdp__step_sent(fsdp_ctx *ctx, fsdp_step_report *report) {
+    fsdp_comm_stats now;
+    fsdp_comm_stats_get(ctx->comm, &now);
+    report->bytes_sent_host = now.bytes_sent_host - ctx->sent_before.bytes_sent_host;
+    report->bytes_sent_net = now.bytes_sent_net - ctx->sent_before.bytes_sent_net;
+    ctx->sent_before = now;
+}
+
 FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) {
     fsdp_step_report mine;
     int rc;
@@ -11601,8 +11724,9 @@ FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) 
     if (!ctx) return FSDP_ERR_INVALID_ARG;
     rc = fsdp__step(ctx, max_norm, report);
     fsdp_replicas(ctx, &report->replicas, NULL);
+    if (!rc) fsdp__step_sent(ctx, report);
     if (!rc && ctx->async_save) rc = fsdp__async_poll(ctx, 0); /* commits a save whose files are all written */
-    if (!rc && ctx->trace) fsdp__trace_iteration(ctx, report->skipped);
+    if (!rc && ctx->trace) fsdp__trace_iteration(ctx, report);
     return rc;
 }
 
@@ -11715,6 +11839,7 @@ FSDP__PRIVATE int fsdp__recovery_adopt(fsdp_ctx *ctx, fsdp_comm *world, fsdp_com
     ctx->hybrid_shard_comm = shard;
     ctx->hybrid_replica_comm = replica;
     ctx->comm = world;
+    memset(&ctx->sent_before, 0, sizeof ctx->sent_before); /* the step report counts on world from its start */
     ctx->rank = fsdp_comm_rank(world);
     ctx->world = fsdp_comm_size(world);
     return 0;
@@ -12334,6 +12459,7 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
         fsdp_destroy(ctx);
         return rc;
     }
+    fsdp_comm_stats_get(ctx->comm, &ctx->sent_before);
     *out = ctx;
     return FSDP_SUCCESS;
 }
@@ -13231,6 +13357,9 @@ FSDP__PRIVATE void fsdp__trace_format(const fsdp_ctx *ctx, const fsdp__trace_eve
     if (e->bytes >= 0) fsdp__sbuf_printf(b, "%s\"bytes\":%lld", FSDP__TRACE_ARG, (long long)e->bytes);
     if (e->step >= 0) fsdp__sbuf_printf(b, "%s\"step\":%lld", FSDP__TRACE_ARG, (long long)e->step);
     if (e->skipped) fsdp__sbuf_printf(b, "%s\"skipped\":1", FSDP__TRACE_ARG);
+    if (strcmp(e->cat, "iteration") == 0)
+        fsdp__sbuf_printf(b, "%s\"bytes_sent_host\":%llu,\"bytes_sent_net\":%llu", FSDP__TRACE_ARG,
+                          (unsigned long long)e->sent_host, (unsigned long long)e->sent_net);
     if (e->wait_for) fsdp__sbuf_printf(b, "%s\"for\":\"%s\"", FSDP__TRACE_ARG, e->wait_for);
     if (e->text[0] && e->name) {
         fsdp__sbuf_printf(b, "%s\"path\":", FSDP__TRACE_ARG);
@@ -13306,7 +13435,7 @@ FSDP__PRIVATE double fsdp__trace_write_out(fsdp_ctx *ctx, size_t at_least) {
 
 /* The end of an iteration (fsdp_step): its span, and the buffered events written out when many
    (that write outside any iteration). Compute thread. */
-FSDP__PRIVATE void fsdp__trace_iteration(fsdp_ctx *ctx, int skipped) {
+FSDP__PRIVATE void fsdp__trace_iteration(fsdp_ctx *ctx, const fsdp_step_report *report) {
     fsdp__trace *tr = ctx->trace;
     fsdp__trace_event e;
     double now;
@@ -13314,7 +13443,9 @@ FSDP__PRIVATE void fsdp__trace_iteration(fsdp_ctx *ctx, int skipped) {
     now = fsdp_now();
     e = fsdp__trace_ev("iteration", "step", FSDP__TID_COMPUTE, tr->iteration_start ? tr->iteration_start : now, now);
     e.step = ++tr->iterations;
-    e.skipped = skipped;
+    e.skipped = report->skipped;
+    e.sent_host = report->bytes_sent_host;
+    e.sent_net = report->bytes_sent_net;
     fsdp__trace_add(tr, &e);
     tr->iteration_start = fsdp__trace_write_out(ctx, FSDP__TRACE_FLUSH);
 }

@@ -538,10 +538,12 @@ static int train(fsdp_comm *comm, void *arg) {
         }
         if (log) { // a line per step, flushed: a plotting tool can read the file while the run goes on
             fprintf(log, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.6g,\"grad_norm\":%.9g,\"skipped\":%d,\"loss_scale\":%.6g,"
-                         "\"ms\":%.3f,\"in_fsdp_ms\":%.3f,\"tokens_per_s\":%.1f,\"peak_rss_mib\":%.1f}\n",
+                         "\"ms\":%.3f,\"in_fsdp_ms\":%.3f,\"tokens_per_s\":%.1f,\"bytes_sent_host\":%llu,\"bytes_sent_net\":%llu,"
+                         "\"peak_rss_mib\":%.1f}\n",
                     step + 1, (double)loss, (double)lr, isfinite(report.grad_norm) ? report.grad_norm : -1.0, report.skipped,
                     report.loss_scale, step_ms[timed - 1], fsdp_ms[timed - 1],
-                    o->batch * T / (step_ms[timed - 1] * 1e-3), example_peak_rss(NULL) / 1048576.0);
+                    o->batch * T / (step_ms[timed - 1] * 1e-3), (unsigned long long)report.bytes_sent_host,
+                    (unsigned long long)report.bytes_sent_net, example_peak_rss(NULL) / 1048576.0);
             if (fflush(log) != 0) {
                 fprintf(stderr, "gpt: --log %s: %s\n", o->log_path, strerror(errno));
                 goto done;
@@ -868,7 +870,8 @@ static void usage(FILE *out) {
         "                       communication not hidden behind compute, plus the update) (default 25)\n"
         "  --log FILE           rank 0 writes a JSON line per step, flushed: step, loss, lr, grad_norm (-1\n"
         "                       when not finite), skipped, loss_scale, ms, in_fsdp_ms, tokens_per_s,\n"
-        "                       peak_rss_mib (appended when resuming)\n"
+        "                       bytes_sent_host and bytes_sent_net (what rank 0 sent in the step within its\n"
+        "                       host and to other hosts), peak_rss_mib (appended when resuming)\n"
         "  --sample N           bytes to generate at the end (rank 0, on gathered weights) (default 300)\n"
         "  --prompt TEXT        what the sample continues (default a newline)\n"
         "  --temperature X      sampling temperature; 0: greedy (default 0.8)\n"
