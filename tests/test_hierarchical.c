@@ -23,9 +23,6 @@
 #include "unity.h"
 #include "test_common.h"
 
-#include <fcntl.h>
-#include <sched.h>
-
 #define MAX_RANKS 8
 #define TIMEOUT_MS 30000
 #define NO_HOST_NAME 77 /* a rank's exit status when it cannot have a host name of its own */
@@ -68,36 +65,6 @@ static const gather_case gather_cases[] = {
 /* The byte i of rank r's block in case k: all_gather copies bytes, whatever the dtype. */
 static unsigned char block_byte(int k, int rank, size_t i) {
     return (unsigned char)mix32((uint32_t)k * 0x9E3779B9u ^ (uint32_t)rank * 0x85EBCA6Bu ^ (uint32_t)i);
-}
-
-/* ---------------------------------------------------------------------------------------------
-   a host name of this process's own
-   --------------------------------------------------------------------------------------------- */
-static int write_text(const char *path, const char *text) {
-    int fd = open(path, O_WRONLY | O_CLOEXEC), ok;
-    if (fd < 0) return -1;
-    ok = write(fd, text, strlen(text)) == (ssize_t)strlen(text);
-    close(fd);
-    return ok ? 0 : -1;
-}
-
-/* Without root: a user namespace of its own, mapping this user to itself, gives the rights to
-   make the UTS namespace (and nothing on the machine). */
-static int enter_user_namespace(void) {
-    char map[64];
-    unsigned uid = (unsigned)geteuid(), gid = (unsigned)getegid();
-    if (unshare(CLONE_NEWUSER | CLONE_NEWUTS) != 0) return -1;
-    snprintf(map, sizeof map, "%u %u 1\n", uid, uid);
-    if (write_text("/proc/self/uid_map", map) != 0) return -1;
-    if (write_text("/proc/self/setgroups", "deny") != 0) return -1;
-    snprintf(map, sizeof map, "%u %u 1\n", gid, gid);
-    return write_text("/proc/self/gid_map", map);
-}
-
-/* 0 once this process alone is called `name`; -1 with errno. */
-static int claim_host(const char *name) {
-    if (unshare(CLONE_NEWUTS) != 0 && (errno != EPERM || enter_user_namespace() != 0)) return -1;
-    return sethostname(name, strlen(name));
 }
 
 /* ---------------------------------------------------------------------------------------------
