@@ -34,6 +34,8 @@ typedef struct run_config {
     size_t block;
     int steps;
     int shard_group_size;
+    int recompute;        /* backward recomputes each layer's forward before its pre_backward */
+    int offload_params;   /* masters on disk (offload_dir, tmpfs allowed) */
 } run_config;
 
 typedef struct rank_result {
@@ -50,6 +52,7 @@ typedef struct rank_result {
 } rank_result;
 
 static rank_result *results; /* [MAX_RANKS], MAP_SHARED before any fork */
+static char offload_dir[512];
 static char message[900];
 
 void setUp(void) { memset(results, 0, sizeof *results * MAX_RANKS); }
@@ -150,6 +153,12 @@ static int backward(fsdp_ctx *ctx, const mlp *m, const run_config *c, step_state
     check_param(ctx, m, P_SCALE, s->raw[P_SCALE], esize, &r->bwd_checked, &r->bwd_mismatched);
     for (l = 2; l >= 0; l--) {
         const float *in = l == 0 ? s->x0 : s->a[l - 1];
+        if (c->recompute) { /* a checkpointed region: gathered again (from the host shard under HOST) */
+            if ((rc = fsdp_pre_forward(ctx, m->layer[l])) != 0) return rc;
+            for (p = P_W0 + 2 * l; p <= P_B0 + 2 * l; p++)
+                check_param(ctx, m, p, s->raw[p], esize, &r->bwd_checked, &r->bwd_mismatched);
+            if ((rc = fsdp_post_forward(ctx, m->layer[l])) != 0) return rc;
+        }
         if ((rc = fsdp_pre_backward(ctx, m->layer[l])) != 0) return rc;
         for (p = P_W0 + 2 * l; p <= P_B0 + 2 * l; p++) check_param(ctx, m, p, s->raw[p], esize, &r->bwd_checked, &r->bwd_mismatched);
         memset(din, 0, sizeof din);
@@ -203,6 +212,10 @@ static void describe(fsdp_desc *d, fsdp_comm *comm, const run_config *c) {
     d->wire_block = c->block;
     d->reshard_after_forward = c->reshard;
     d->shard_group_size = c->shard_group_size;
+    d->fp32_compute_view = c->dtype != FSDP_F32; /* (filled by every kind of gather) */
+    d->offload.params = c->offload_params;
+    d->offload.dir = offload_dir;
+    d->offload.allow_tmpfs = 1;
 }
 
 static int train(fsdp_comm *comm, const run_config *c, rank_result *r) {
@@ -435,9 +448,10 @@ static void test_wire_gather_int8_training_is_bitwise_run_to_run(void) {
     }
 }
 
-static void assert_host_reshard(int world, const int *host_of, fsdp_wire wire) {
+static void assert_host_reshard(int world, const int *host_of, fsdp_wire wire, int recompute) {
     static float without[NELEM];
     run_config c = config(FSDP_FULL_SHARD, FSDP_BF16, wire, FSDP_RESHARD_ALL);
+    c.recompute = recompute;
     int r, u;
     run_hosts(world, host_of, &c);
     final_masters(without);
@@ -449,7 +463,7 @@ static void assert_host_reshard(int world, const int *host_of, fsdp_wire wire) {
         for (p = 0; p < world; p++) L += host_of[p] == host_of[r];
         snprintf(message, sizeof message, "rank %d (host %d of %d ranks, %s): %d of %d parameters in backward differ "
                  "from forward's", r, host_of[r], L, fsdp_wire_name(wire), res->bwd_mismatched, res->bwd_checked);
-        TEST_ASSERT_EQUAL_INT_MESSAGE(NPARAMS * c.steps, res->bwd_checked, message);
+        TEST_ASSERT_EQUAL_INT_MESSAGE((NPARAMS + 6 * recompute) * c.steps, res->bwd_checked, message);
         TEST_ASSERT_EQUAL_INT_MESSAGE(0, res->bwd_mismatched, message);
         TEST_ASSERT_EQUAL_INT_MESSAGE(0, res->mismatched, message);
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_RESHARD_NONE, res->reshard_mode[0], "the root keeps its parameters");
@@ -467,18 +481,39 @@ static void assert_host_reshard(int world, const int *host_of, fsdp_wire wire) {
 
 static void test_wire_gather_host_reshard_on_2_hosts_of_2_keeps_forward_weights_and_training_bits(void) {
     static const int host_of[4] = {0, 0, 1, 1};
-    assert_host_reshard(4, host_of, FSDP_WIRE_DEFAULT);
+    assert_host_reshard(4, host_of, FSDP_WIRE_DEFAULT, 0);
 }
 
 static void test_wire_gather_host_reshard_on_hosts_of_2_1_and_3_keeps_forward_weights_and_training_bits(void) {
     static const int host_of[6] = {0, 0, 1, 2, 2, 2};
-    assert_host_reshard(6, host_of, FSDP_WIRE_DEFAULT);
+    assert_host_reshard(6, host_of, FSDP_WIRE_DEFAULT, 0);
 }
 
 static void test_wire_gather_host_reshard_with_int8_gives_backward_the_decoded_forward_weights(void) {
     static const int host_of[6] = {0, 0, 1, 2, 2, 2};
-    assert_host_reshard(6, host_of, FSDP_WIRE_INT8);
+    assert_host_reshard(6, host_of, FSDP_WIRE_INT8, 0);
     TEST_ASSERT_TRUE_MESSAGE(results[0].printed_wire, "fsdp_print_units names the wire");
+}
+
+static void test_wire_gather_host_reshard_with_recomputation_gives_it_and_backward_the_forward_weights(void) {
+    static const int host_of[4] = {0, 0, 1, 1};
+    assert_host_reshard(4, host_of, FSDP_WIRE_INT8, 1);
+}
+
+static void test_wire_gather_int8_with_masters_on_disk_trains_the_bits_of_masters_in_ram(void) {
+    static float in_ram[NELEM];
+    run_config c = config(FSDP_FULL_SHARD, FSDP_BF16, FSDP_WIRE_INT8, FSDP_RESHARD_DEFAULT);
+    int r;
+    if (run_world(2, FSDP_BACKEND_SHM, &c) != 0) TEST_FAIL_MESSAGE(message);
+    final_masters(in_ram);
+    c.offload_params = 1;
+    if (run_world(2, FSDP_BACKEND_SHM, &c) != 0) TEST_FAIL_MESSAGE(message);
+    for (r = 0; r < 2; r++) {
+        snprintf(message, sizeof message, "offload rank %d: %d of %d parameters in forward differ from "
+                 "decode(encode(master shards))", r, results[r].mismatched, results[r].checked);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(0, results[r].mismatched, message);
+    }
+    assert_same_bits(in_ram, "int8 gather with the masters on disk against in RAM");
 }
 
 /* --- refusals --------------------------------------------------------------------------------- */
@@ -570,7 +605,12 @@ static void test_wire_gather_setters_refuse_values_out_of_range(void) {
 }
 
 int main(void) {
+    int failures;
     results = (rank_result *)map_shared(sizeof *results * MAX_RANKS);
+    if (make_temp_dir(offload_dir, sizeof offload_dir, "test_wire_gather") != 0) {
+        perror("mkdtemp");
+        return 1;
+    }
     UNITY_BEGIN();
     RUN_TEST(test_wire_gather_grad_wire_is_refused_as_not_available_yet);
     RUN_TEST(test_wire_gather_float_param_wire_other_than_param_dtype_is_refused_naming_the_unit);
@@ -584,5 +624,9 @@ int main(void) {
     RUN_TEST(test_wire_gather_host_reshard_on_2_hosts_of_2_keeps_forward_weights_and_training_bits);
     RUN_TEST(test_wire_gather_host_reshard_on_hosts_of_2_1_and_3_keeps_forward_weights_and_training_bits);
     RUN_TEST(test_wire_gather_host_reshard_with_int8_gives_backward_the_decoded_forward_weights);
-    return UNITY_END();
+    RUN_TEST(test_wire_gather_host_reshard_with_recomputation_gives_it_and_backward_the_forward_weights);
+    RUN_TEST(test_wire_gather_int8_with_masters_on_disk_trains_the_bits_of_masters_in_ram);
+    failures = UNITY_END();
+    remove_tree(offload_dir);
+    return failures;
 }
