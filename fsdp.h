@@ -1020,7 +1020,8 @@ typedef struct fsdp_unit_info {
     int num_params;
     int64_t numel;           /* parameters' elements, without alignment and padding */
     int64_t flat_numel;      /* with alignment gaps */
-    int64_t padded_numel;    /* flat_numel rounded up to a multiple of the shard group size */
+    int64_t padded_numel;    /* flat_numel rounded up to a multiple of the shard group size (times the
+                                wire block with an INT8 or INT4 param_wire: shards of whole blocks) */
     int64_t shard_numel;     /* elements this rank holds */
     int64_t shard_offset;    /* where this rank's shard starts in the flat parameter */
     int is_root;             /* 1 for the root unit (unit 0, module 0), which owns every parameter

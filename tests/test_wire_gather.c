@@ -48,6 +48,7 @@ typedef struct rank_result {
     int reshard_mode[NUNITS];
     int64_t host_numel[NUNITS], padded[NUNITS];
     size_t peak_unsharded, estimate_peak_unsharded;
+    size_t live_after_eval;           /* gathered bytes left after a forward-only pass and fsdp_finish_backward */
     int printed_to_host, printed_wire;
 } rank_result;
 
@@ -245,6 +246,14 @@ static int train(fsdp_comm *comm, const run_config *c, rank_result *r) {
         if (!rc) rc = backward(ctx, &m, c, s, r, world);
         if (!rc) rc = fsdp_step(ctx, 0.0f, NULL);
     }
+    for (u = 0; u < NUNITS; u++) free(s->want[u]), s->want[u] = NULL;
+    if (!rc) rc = forward(ctx, &m, c, s, r, 0); /* an evaluation: forward only, whose host shards are dropped */
+    if (!rc) rc = fsdp_finish_backward(ctx);
+    if (!rc) {
+        fsdp_memory_stats st;
+        fsdp_memory_stats_get(ctx, &st);
+        r->live_after_eval = st.unsharded_bytes;
+    }
     if (!rc) rc = gather_all(ctx, &m, r->final_master);
     if (!rc) record_units(ctx, m.model, &d, r);
     if (rc) snprintf(r->message, sizeof r->message, "rank %d: %.300s", rank, fsdp_last_error(ctx));
@@ -294,28 +303,12 @@ typedef struct host_rank {
 static int host_rank_main(void *arg) {
     const host_rank *h = (const host_rank *)arg;
     rank_result *r = &results[h->rank];
-    fsdp_comm_desc d;
     fsdp_comm *comm = NULL;
     char host[32];
     snprintf(host, sizeof host, "fsdp-wire-host-%d", h->host_of[h->rank]);
-    if (claim_host(host) != 0) {
-        snprintf(r->message, sizeof r->message, "cannot give a rank a host name of its own (a UTS namespace: as root, "
-                 "or in a user namespace): %s", strerror(errno));
-        return NO_HOST_NAME;
-    }
-    memset(&d, 0, sizeof d);
-    d.backend = FSDP_BACKEND_SOCKET;
-    d.rank = h->rank;
-    d.world_size = h->world;
-    d.master_addr = "127.0.0.1";
-    d.master_port = h->port;
-    d.timeout_ms = TIMEOUT_MS;
-    d.secret = "test-wire-gather-secret";
-    d.job = h->job;
-    if ((r->rc = fsdp_comm_init(&comm, &d)) != FSDP_SUCCESS) {
-        snprintf(r->message, sizeof r->message, "fsdp_comm_init: %.300s", fsdp_comm_last_error(NULL));
-        return 0;
-    }
+    r->rc = join_world_on_host(&comm, host, h->rank, h->world, h->port, h->job, TIMEOUT_MS, r->message, sizeof r->message);
+    if (r->rc == 1) return NO_HOST_NAME;
+    if (r->rc != FSDP_SUCCESS) return 0;
     r->rc = train(comm, &h->config, r);
     r->done = r->rc == 0;
     fsdp_comm_destroy(comm);
@@ -475,6 +468,7 @@ static void assert_host_reshard(int world, const int *host_of, fsdp_wire wire, i
         snprintf(message, sizeof message, "rank %d: peak unsharded %zu bytes, estimate %zu", r, res->peak_unsharded,
                  res->estimate_peak_unsharded);
         TEST_ASSERT_TRUE_MESSAGE(res->peak_unsharded <= res->estimate_peak_unsharded, message);
+        TEST_ASSERT_EQUAL_size_t_MESSAGE(0, res->live_after_eval, "bytes still held after an evaluation pass");
     }
     assert_same_bits(without, "HOST against ALL (the host reshard moves bytes, never values)");
 }
