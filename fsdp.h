@@ -912,8 +912,8 @@ FSDP_API int fsdp_model_set_wire(fsdp_model *model, int module, fsdp_wire param_
    fsdp_param's NULL is (one warning per context; FSDP_DEBUG >= 1 aborts there).
    fsdp_pre_forward gathers the unit's parameters; fsdp_post_forward reshards them (frees the
    gathered copy) where the unit's strategy says so: FULL_SHARD and HYBRID_SHARD units but the
-   root (fsdp_reshard_mode changes that per unit or for all); fsdp_pre_backward gathers them again if they were; fsdp_post_backward reduces the
-   gradients and reshards. The root unit (unit 0, rooted at module 0: every parameter no other
+   root (fsdp_reshard_mode changes that per unit or for all); fsdp_pre_backward gathers them
+   again if they were; fsdp_post_backward reduces the gradients and reshards. The root unit (unit 0, rooted at module 0: every parameter no other
    unit took, e.g. the embeddings, the last norm, a tied head) is never resharded after its
    forward, under any strategy, as in PyTorch FSDP: its backward follows at once. So call
    fsdp_pre_forward(ctx, 0) before the whole forward and fsdp_post_forward(ctx, 0) after it,

@@ -113,7 +113,8 @@ typedef struct {
     int save;                         // the checkpoint table: 1 fsdp_save_sharded, 2 fsdp_save_sharded_async
     fsdp_wire param_wire;             // the speed table's int8 row: quantized parameter gathers (0: param_dtype)
 } config;
-#define IN_RAM {0, 0, 0, NULL, 0, 0}, FSDP_F32, 0, 0 // a config's last fields: nothing offloaded, f32 state, no trace or saves
+// a config's last fields: nothing offloaded, f32 state, no trace or saves, param_dtype gathers
+#define IN_RAM {0, 0, 0, NULL, 0, 0}, FSDP_F32, 0, 0, FSDP_WIRE_DEFAULT
 
 typedef struct {       // what a rank reports, through shared memory
     int done;
