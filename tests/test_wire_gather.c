@@ -36,6 +36,7 @@ typedef struct run_config {
     int shard_group_size;
     int recompute;        /* backward recomputes each layer's forward before its pre_backward */
     int offload_params;   /* masters on disk (offload_dir, tmpfs allowed) */
+    int layer1_full_shard; /* layers.1 FULL_SHARD (fsdp_model_set_strategy), whatever the strategy */
 } run_config;
 
 typedef struct rank_result {
@@ -227,7 +228,8 @@ static int train(fsdp_comm *comm, const run_config *c, rank_result *r) {
     mlp m;
     if (!s) return FSDP_ERR_OUT_OF_MEMORY;
     describe(&d, comm, c);
-    if ((rc = mlp_build(&m)) != 0 || (rc = fsdp_init(&ctx, m.model, &d)) != 0) {
+    if ((rc = mlp_build(&m)) == 0 && c->layer1_full_shard) rc = fsdp_model_set_strategy(m.model, m.layer[1], FSDP_FULL_SHARD);
+    if (rc != 0 || (rc = fsdp_init(&ctx, m.model, &d)) != 0) {
         snprintf(r->message, sizeof r->message, "fsdp_init: %.300s", fsdp_last_error(NULL));
         fsdp_model_destroy(m.model);
         free(s);
@@ -441,11 +443,14 @@ static void test_wire_gather_int8_training_is_bitwise_run_to_run(void) {
     }
 }
 
-static void assert_host_reshard(int world, const int *host_of, fsdp_wire wire, int recompute) {
+/* Trains base with reshard ALL, then HOST, on hosts host_of: backward (and recomputation) sees
+   forward's weights, the bits are ALL's; the units resolve to want[u] (NULL: HOST but the root). */
+static void assert_host_reshard_as(int world, const int *host_of, const run_config *base, const int *want) {
     static float without[NELEM];
-    run_config c = config(FSDP_FULL_SHARD, FSDP_BF16, wire, FSDP_RESHARD_ALL);
-    c.recompute = recompute;
-    int r, u;
+    run_config c = *base;
+    fsdp_wire wire = c.wire;
+    int r, u, recompute = c.recompute;
+    c.reshard = FSDP_RESHARD_ALL;
     run_hosts(world, host_of, &c);
     final_masters(without);
     c.reshard = FSDP_RESHARD_HOST;
@@ -461,8 +466,9 @@ static void assert_host_reshard(int world, const int *host_of, fsdp_wire wire, i
         TEST_ASSERT_EQUAL_INT_MESSAGE(0, res->mismatched, message);
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_RESHARD_NONE, res->reshard_mode[0], "the root keeps its parameters");
         for (u = 1; u < NUNITS; u++) {
-            TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_RESHARD_HOST, res->reshard_mode[u], message);
-            TEST_ASSERT_EQUAL_INT64_MESSAGE((res->padded[u] + L - 1) / L, res->host_numel[u], message);
+            int host = !want || want[u] == FSDP_RESHARD_HOST;
+            TEST_ASSERT_EQUAL_INT_MESSAGE(host ? FSDP_RESHARD_HOST : want[u], res->reshard_mode[u], message);
+            TEST_ASSERT_EQUAL_INT64_MESSAGE(host ? (res->padded[u] + L - 1) / L : 0, res->host_numel[u], message);
         }
         TEST_ASSERT_TRUE_MESSAGE(res->printed_to_host, "fsdp_print_units says \"to host\"");
         snprintf(message, sizeof message, "rank %d: peak unsharded %zu bytes, estimate %zu", r, res->peak_unsharded,
@@ -471,6 +477,12 @@ static void assert_host_reshard(int world, const int *host_of, fsdp_wire wire, i
         TEST_ASSERT_EQUAL_size_t_MESSAGE(0, res->live_after_eval, "bytes still held after an evaluation pass");
     }
     assert_same_bits(without, "HOST against ALL (the host reshard moves bytes, never values)");
+}
+
+static void assert_host_reshard(int world, const int *host_of, fsdp_wire wire, int recompute) {
+    run_config c = config(FSDP_FULL_SHARD, FSDP_BF16, wire, FSDP_RESHARD_ALL);
+    c.recompute = recompute;
+    assert_host_reshard_as(world, host_of, &c, NULL);
 }
 
 static void test_wire_gather_host_reshard_on_2_hosts_of_2_keeps_forward_weights_and_training_bits(void) {
@@ -492,6 +504,14 @@ static void test_wire_gather_host_reshard_with_int8_gives_backward_the_decoded_f
 static void test_wire_gather_host_reshard_with_recomputation_gives_it_and_backward_the_forward_weights(void) {
     static const int host_of[4] = {0, 0, 1, 1};
     assert_host_reshard(4, host_of, FSDP_WIRE_INT8, 1);
+}
+
+static void test_wire_gather_host_reshard_skips_hybrid_units_inside_a_host_and_keeps_a_full_shard_one(void) {
+    static const int host_of[4] = {0, 0, 1, 1};
+    static const int want[NUNITS] = {FSDP_RESHARD_NONE, FSDP_RESHARD_ALL, FSDP_RESHARD_HOST, FSDP_RESHARD_ALL};
+    run_config c = config(FSDP_HYBRID_SHARD, FSDP_BF16, FSDP_WIRE_INT8, FSDP_RESHARD_ALL);
+    c.layer1_full_shard = 1; /* its host gathers go over HYBRID's shard comm: the host */
+    assert_host_reshard_as(4, host_of, &c, want);
 }
 
 static void test_wire_gather_int8_with_masters_on_disk_trains_the_bits_of_masters_in_ram(void) {
@@ -619,6 +639,7 @@ int main(void) {
     RUN_TEST(test_wire_gather_host_reshard_on_hosts_of_2_1_and_3_keeps_forward_weights_and_training_bits);
     RUN_TEST(test_wire_gather_host_reshard_with_int8_gives_backward_the_decoded_forward_weights);
     RUN_TEST(test_wire_gather_host_reshard_with_recomputation_gives_it_and_backward_the_forward_weights);
+    RUN_TEST(test_wire_gather_host_reshard_skips_hybrid_units_inside_a_host_and_keeps_a_full_shard_one);
     RUN_TEST(test_wire_gather_int8_with_masters_on_disk_trains_the_bits_of_masters_in_ram);
     failures = UNITY_END();
     remove_tree(offload_dir);
