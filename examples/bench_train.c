@@ -531,7 +531,7 @@ static int speed_table(const options *o) {
     snprintf(names[4], sizeof names[4], "PyTorch eager %.8s", o->torch_coretype ? o->torch_coretype : "");
     snprintf(names[5], sizeof names[5], "PyTorch DDP %.10s", o->torch_coretype ? o->torch_coretype : "");
     snprintf(names[6], sizeof names[6], "plain x%d, no comm", N);
-    snprintf(names[7], sizeof names[7], "FSDP %s int8 gather", fsdp_strategy_name(FSDP_FULL_SHARD));
+    snprintf(names[7], sizeof names[7], "FSDP %s int8", fsdp_strategy_name(FSDP_FULL_SHARD));
     { // in this order: PyTorch first at each world size, then fsdp.h's runs to compare with it
         config torch1 = {"PyTorch eager", 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL, 0, 0, IN_RAM};
         config torchN = {"PyTorch DDP (gloo)", 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL, 0, 0, IN_RAM};
