@@ -49,6 +49,7 @@ typedef struct rank_result {
     int reshard_mode[NUNITS];
     int64_t host_numel[NUNITS], padded[NUNITS];
     size_t peak_unsharded, estimate_peak_unsharded;
+    size_t estimate_peak_as_all;      /* the estimate of the same description with FSDP_RESHARD_ALL */
     size_t live_after_eval;           /* gathered bytes left after a forward-only pass and fsdp_finish_backward */
     int printed_to_host, printed_wire;
 } rank_result;
@@ -193,6 +194,12 @@ static void record_units(fsdp_ctx *ctx, fsdp_model *model, const fsdp_desc *d, r
     fsdp_memory_stats_get(ctx, &st);
     r->peak_unsharded = st.peak_unsharded_bytes;
     if (fsdp_memory_estimate(model, d, fsdp_comm_size(d->comm), &est) == 0) r->estimate_peak_unsharded = est.peak_unsharded_bytes;
+    {
+        fsdp_desc all = *d;
+        all.reshard_after_forward = FSDP_RESHARD_ALL;
+        if (fsdp_memory_estimate(model, &all, fsdp_comm_size(d->comm), &est) == 0)
+            r->estimate_peak_as_all = est.peak_unsharded_bytes;
+    }
     fsdp_print_units(ctx, collect_line, r);
 }
 
@@ -475,6 +482,13 @@ static void assert_host_reshard_as(int world, const int *host_of, const run_conf
                  res->estimate_peak_unsharded);
         TEST_ASSERT_TRUE_MESSAGE(res->peak_unsharded <= res->estimate_peak_unsharded, message);
         TEST_ASSERT_EQUAL_size_t_MESSAGE(0, res->live_after_eval, "bytes still held after an evaluation pass");
+        if (!want) { /* every unit but the root keeps a host shard from forward to backward: counted */
+            size_t kept = 0;
+            for (u = 1; u < NUNITS; u++) kept += (size_t)res->host_numel[u] * fsdp_dtype_size(c.dtype);
+            snprintf(message, sizeof message, "rank %d: estimate with HOST %zu, with ALL %zu: the %zu bytes of host "
+                     "shards are not all counted", r, res->estimate_peak_unsharded, res->estimate_peak_as_all, kept);
+            TEST_ASSERT_TRUE_MESSAGE(res->estimate_peak_unsharded >= res->estimate_peak_as_all + kept, message);
+        }
     }
     assert_same_bits(without, "HOST against ALL (the host reshard moves bytes, never values)");
 }
