@@ -36,7 +36,8 @@ help:
 	@echo "make bench-torch the GPT against PyTorch (python3-torch) at P = 1 and 2, two model sizes"
 	@echo "make bench-scale  16..256 ranks on simulated hosts: time to form a job, the GPT at 256, a kill (root)"
 	@echo "make trace-picture  trace 10 steps of the GPT on 2 ranks; summary; examples/trace_gpt_p2.svg"
-	@echo "make tools       build/ckpt_tool (inspect, consolidate, shard checkpoints), build/trace_tool (traces)"
+	@echo "make tools       build/ckpt_tool (inspect, consolidate, shard checkpoints), build/trace_tool (traces),"
+	@echo "                 build/loss_plot (training runs' losses side by side: an SVG and a table)"
 	@echo "make fuzz        fuzz the safetensors, index.json and handshake parsers, FUZZ_TIME seconds each (clang + libFuzzer)"
 	@echo "make fuzz-index  fuzz index.json parsing (fsdp_index_parse); make fuzz-hello: the socket handshake"
 
@@ -53,6 +54,7 @@ $(BUILD)/test_%: tests/test_%.c fsdp.h $(TEST_HEADERS) $(BUILD)/unity.o | $(BUIL
 	$(CC) -std=c99 $(OPT) $(WARN) $(SANFLAGS) $(CFLAGS) -I. -I$(UNITY_DIR) $< $(BUILD)/unity.o -o $@ $(LDLIBS)
 # tests that read traces include examples/trace_tool.c itself
 $(BUILD)/test_trace_tool $(BUILD)/test_trace: examples/trace_tool.c
+$(BUILD)/test_loss_plot: examples/loss_plot.c
 
 $(BUILD)/test_gpt: tests/test_gpt.c examples/gpt_model.h examples/example_gemm.h examples/example_common.h fsdp.h $(TEST_HEADERS) $(BUILD)/unity.o | $(BUILD)
 	$(BLAS_CHECK)
@@ -150,6 +152,9 @@ $(BUILD)/ckpt_tool: examples/ckpt_tool.c fsdp.h | $(BUILD)
 $(BUILD)/trace_tool: examples/trace_tool.c | $(BUILD)
 	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) $< -o $@ -lm
 
+$(BUILD)/loss_plot: examples/loss_plot.c | $(BUILD)
+	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) $< -o $@ -lm
+
 # Hundreds of ranks on the multi-host bed (root): forming a job at 16..256 ranks, the GPT at 256
 # across 32 hosts against one host, a rank killed. About 10 minutes on 2 cores.
 bench-scale: check-deps
@@ -181,7 +186,7 @@ bench-mpi: $(BUILD)/bench_comm_mpi
 BENCH_MULTIHOST_ARGS ?= --gpt
 bench-multihost: $(BUILD)/bench_comm $(BUILD)/bench_comm_mpi $(BUILD)/gpt
 	BUILD=$(BUILD) bash examples/bench_multihost.sh $(BENCH_MULTIHOST_ARGS)
-tools: $(BUILD)/ckpt_tool $(BUILD)/trace_tool
+tools: $(BUILD)/ckpt_tool $(BUILD)/trace_tool $(BUILD)/loss_plot
 
 demo: check-deps $(BUILD)/gpt
 	$(BUILD)/gpt --nproc 4

@@ -75,6 +75,7 @@
        >>wrap          wrap policies: which modules become units
        >>optimizer     the optimizer table: SGD, Adam, AdamW, yours
        >>offload       the tier below RAM: files on local disk, an I/O thread
+       >>recovery      surviving a lost replica (HYBRID_SHARD): membership epochs, the agreement
        >>runtime       fsdp_ctx: flat parameters, hooks, comm thread, strategies, the step
        >>memory        memory statistics and the estimator
        >>json          JSON parsing and writing
@@ -791,6 +792,22 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
                                     double *read_bytes_per_s, char *err, size_t err_size);
 
 /* ============================================================================================
+   >>recovery
+   Surviving the loss of a replica (a host's shard group under HYBRID_SHARD) inside the job,
+   without a restart (issue 38). Only the interface exists for users so far: fsdp_init checks
+   fsdp_desc.recovery and then refuses it (FSDP_ERR_UNSUPPORTED, "not available yet") until the
+   rendezvous of the survivors and its use by fsdp_step are in (the implementation's >>recovery
+   says what is built). Recovery off (the default) changes nothing.
+   ============================================================================================ */
+typedef struct fsdp_recovery_desc {
+    int enabled;            /* 1: survive a lost replica (HYBRID_SHARD whose replicas span hosts) */
+    int min_replicas;       /* the fewest replicas to go on with; 0: 1. A strict majority of the
+                               last membership is needed whatever this says */
+    int detect_ms;          /* how long a silent replica may go unnoticed (a host powered off);
+                               0: 5000. A reset is noticed at once */
+} fsdp_recovery_desc;
+
+/* ============================================================================================
    >>runtime
    ============================================================================================ */
 typedef struct fsdp_ctx fsdp_ctx;
@@ -861,7 +878,8 @@ typedef struct fsdp_desc {
     int forward_prefetch;               /* gather the next unit during this one's forward */
     fsdp_backward_prefetch backward_prefetch;
     int limit_all_gathers;              /* at most this many gathers in flight; default 2 */
-    int shard_group_size;               /* HYBRID_SHARD: ranks per shard group; default local size */
+    int shard_group_size;               /* HYBRID_SHARD: ranks per shard group; default local size. Must
+                                           divide the world where a unit is HYBRID_SHARD; unused otherwise */
     uint64_t seed;                      /* for the init rules */
     fsdp_optimizer_desc optimizer;
     const fsdp_param_group *param_groups; /* per-parameter weight decay and lr (copied at init) */
@@ -874,6 +892,7 @@ typedef struct fsdp_desc {
     fsdp_logger logger;                 /* default: the comm's */
     fsdp_loss_scale_desc loss_scale;    /* dynamic loss scaling (for f16; default off) */
     const char *trace_dir;              /* write a trace per rank here (>>trace); NULL: FSDP_TRACE, else off */
+    fsdp_recovery_desc recovery;        /* in-job recovery from a lost replica (>>recovery; default off) */
     fsdp_reshard_mode reshard_after_forward; /* for every unit without its own (FSDP_RESHARD_DEFAULT: the strategy's) */
     fsdp_wire param_wire;               /* what parameter gathers move (>>wire), for every unit without its own:
                                            DEFAULT: param_dtype; INT8, INT4: each rank encodes its f32 master
@@ -962,14 +981,34 @@ typedef struct fsdp_step_report {
     int skipped;        /* 1: a gradient was not finite; nothing was updated */
     int64_t step;       /* optimizer steps taken so far */
     double loss_scale;  /* the scale this step's gradients carried (1 without loss scaling) */
+    int replicas;       /* replicas training after this step (fsdp_replicas) */
+    int64_t epoch;      /* the membership's number: 0 until a replica is lost (>>recovery) */
+    int dropped;        /* 1: a replica was lost and this step was applied nowhere (>>recovery) */
 } fsdp_step_report;
 
 /* Waits for outstanding reduce-scatters, clips to max_norm (<= 0: no clipping), applies the
    optimizer to this rank's shards and ends the iteration. Collective. With offload (>>offload)
    the update streams on a thread of its own and fsdp_step returns once it has begun: the next
    forward overlaps it, each unit's hooks waiting for that unit's new values; fsdp calls that
-   read the shards wait for all of it, and so does fsdp_synchronize. */
+   read the shards wait for all of it, and so does fsdp_synchronize.
+   A step needs gradients: with no backward since fsdp_init, the last fsdp_step or fsdp_zero_grad
+   (only forward-only passes, e.g. an evaluation), where torch.optim would skip every parameter
+   (its grad None), fsdp_step ends the iteration as fsdp_finish_backward does, applies nothing
+   (the weights, the optimizer state and the step count stay as they were) and returns
+   FSDP_ERR_STATE naming fsdp_step: a misuse, reported as the hooks' are (one warning per
+   context; FSDP_DEBUG >= 1 aborts there). Micro-steps (fsdp_set_no_sync) then a step are fine:
+   any backward since the last step counts. */
 FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report);
+/* How many replicas of the training state the ranks hold, and which of them this rank belongs
+   to (0..count-1): a replica is a group of consecutive ranks that together hold one whole copy,
+   the largest shard group of any unit (HYBRID_SHARD: a shard group; FULL_SHARD, SHARD_GRAD_OP:
+   every rank, count 1; NO_SHARD: each rank, count = world size). Every rank trains on data of its
+   own: its place among them is index * (world size / count) + its rank inside the replica. With
+   recovery (>>recovery) the count and the index change when a replica is lost, so a loop that
+   splits its data asks again after every fsdp_step whose report says so.
+   Return Value: FSDP_SUCCESS; FSDP_ERR_INVALID_ARG for a NULL ctx (count and index, when given,
+   are set to 0 first). */
+FSDP_API int fsdp_replicas(const fsdp_ctx *ctx, int *count, int *index);
 /* Waits for everything running for ctx in the background (the comm thread's collectives, an
    update behind): before reading fsdp_param_info's shards directly, or timing. */
 FSDP_API int fsdp_synchronize(fsdp_ctx *ctx);
@@ -1048,6 +1087,8 @@ typedef struct fsdp_param_info {
 } fsdp_param_info;
 
 FSDP_API int fsdp_num_units(const fsdp_ctx *ctx);
+/* Return Value: 0; FSDP_ERR_INVALID_ARG for an index out of range or a NULL info, with a message
+   (fsdp_last_error) naming the index and the valid range. */
 FSDP_API int fsdp_unit_info_get(const fsdp_ctx *ctx, int unit, fsdp_unit_info *info);
 FSDP_API int fsdp_param_info_get(const fsdp_ctx *ctx, int param, fsdp_param_info *info);
 /* Prints the units (name, strategy, whether post_forward reshards them, parameters, padding,
@@ -2990,6 +3031,7 @@ struct fsdp_comm {
     char job[64];
     unsigned char key[32];  /* fsdp__comm_key of the secret and job: what connections prove */
     int has_secret;
+    int unasked_warned;     /* socket, no secret: said once that the peers' users cannot be checked (atomic) */
     fsdp__region *regions;  /* from fsdp_comm_alloc */
     uint32_t allocations;   /* fsdp_comm_alloc calls so far */
 };
@@ -3336,6 +3378,15 @@ FSDP_API int fsdp_barrier(fsdp_comm *comm) {
 }
 
 /* A communicator from its description; a sub-communicator's key derives from its parent's. */
+/* A world's job token and the key derived from it and the secret (a sub-communicator's come
+   from its parent's instead: fsdp__comm_new). */
+FSDP__PRIVATE void fsdp__comm_set_job(fsdp_comm *comm, const fsdp_comm_desc *desc, const char *job) {
+    fsdp__copy_string(comm->job, sizeof comm->job, job);
+    comm->has_secret = desc->secret && *desc->secret;
+    fsdp__comm_key(comm->key, comm->has_secret ? desc->secret : "", comm->has_secret ? strlen(desc->secret) : 0,
+                   "fsdp.h job key", comm->job, FSDP__KDF_ROUNDS);
+}
+
 FSDP__PRIVATE fsdp_comm *fsdp__comm_new(const fsdp_comm_desc *desc, const fsdp_comm *parent) {
     fsdp_comm *comm = (fsdp_comm *)fsdp__calloc(sizeof *comm);
     if (!comm) return NULL;
@@ -3349,15 +3400,13 @@ FSDP__PRIVATE fsdp_comm *fsdp__comm_new(const fsdp_comm_desc *desc, const fsdp_c
     comm->status = FSDP_SUCCESS;
     FSDP__CHAOS_RANK(comm->rank);
     pthread_mutex_init(&comm->error_lock, NULL);
-    fsdp__copy_string(comm->job, sizeof comm->job, desc->job && *desc->job ? desc->job : "fsdp");
     if (parent) {
+        fsdp__copy_string(comm->job, sizeof comm->job, desc->job && *desc->job ? desc->job : "fsdp");
         comm->crowd = parent->crowd;
         fsdp__comm_key(comm->key, parent->key, sizeof parent->key, "fsdp.h sub-communicator key", comm->job, 0);
         comm->has_secret = parent->has_secret;
     } else {
-        comm->has_secret = desc->secret && *desc->secret;
-        fsdp__comm_key(comm->key, comm->has_secret ? desc->secret : "", comm->has_secret ? strlen(desc->secret) : 0,
-                       "fsdp.h job key", comm->job, FSDP__KDF_ROUNDS);
+        fsdp__comm_set_job(comm, desc, desc->job && *desc->job ? desc->job : "fsdp");
     }
     return comm;
 }
@@ -5429,17 +5478,20 @@ FSDP__PRIVATE const char *fsdp__sock_judge_hello(const fsdp__sock_hello *h, cons
     return NULL;
 }
 
+#ifndef FSDP__SOCK_PEER_UID
+#define FSDP__SOCK_PEER_UID(fd) fsdp__sock_peer_uid(fd) /* tests: a system whose socket table cannot be asked */
+#endif
+
 /* Without a secret the job's key is anyone's, so a peer on this host must be a process of this
    user: 0 (a secret is set; the peer is this user's or another host's; or the system has no
-   table to ask: then a warning, once), or why not in why: FSDP_ERR_REJECTED (the peer is
+   table to ask: then a warning, once per comm), or why not in why: FSDP_ERR_REJECTED (the peer is
    another user's) or FSDP_ERR_PEER_LOST (no process can be named for it: reset, closing, not
    yet accepted; such a connection is refused too, else a stranger that resets at once would
    pass as anyone). */
 FSDP__PRIVATE int fsdp__sock_foreign_user(fsdp_comm *comm, int fd, char *why, size_t size) {
-    static int warned;
     long uid;
     if (comm->has_secret) return 0;
-    uid = fsdp__sock_peer_uid(fd);
+    uid = FSDP__SOCK_PEER_UID(fd);
     if (uid >= 0 && (unsigned long)uid != (unsigned long)geteuid())
         return fsdp__fmt(why, size, "is a process of uid %ld, not of this user (uid %lu): without a secret only this "
                          "user's processes may join (give every rank the same FSDP_SECRET_FILE)", uid,
@@ -5447,7 +5499,7 @@ FSDP__PRIVATE int fsdp__sock_foreign_user(fsdp_comm *comm, int fd, char *why, si
     if (uid == FSDP__UID_UNKNOWN)
         return fsdp__fmt(why, size, "cannot be told to be a process of this user (the connection was reset or is "
                          "closing, and without a secret only this user's processes may join)"), FSDP_ERR_PEER_LOST;
-    if (uid == FSDP__UID_UNASKED && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+    if (uid == FSDP__UID_UNASKED && !__atomic_exchange_n(&comm->unasked_warned, 1, __ATOMIC_RELAXED)) /* once per comm */
         fsdp__log(&comm->logger, FSDP_LOG_WARN, "socket: no secret is set and this system does not say which user "
                   "holds a connection (sock_diag): other users of this host could join the job; give every rank the "
                   "same FSDP_SECRET_FILE");
@@ -7903,9 +7955,32 @@ FSDP__PRIVATE int fsdp__mpi_init(fsdp_comm *comm, MPI_Comm base) {
 
 /* --- the mpi row ---------------------------------------------------------------------------- */
 /* MPI_COMM_WORLD's duplicate, or the communicator a split made (inherit->engine_comm). */
+/* A world made without a job token (mpirun sets none of the variables fsdp__env_job reads) gets
+   one drawn by rank 0: every MPI job of a user would otherwise name its shared-memory
+   sub-communicators (HYBRID_SHARD's shard groups) alike, and two such jobs on one host would
+   meet in one segment (seen in the chaos campaign: one job's rank failed to form its groups, the
+   others waited for it until their timeout). */
+FSDP__PRIVATE int fsdp__mpi_job(fsdp_comm *comm, const fsdp_comm_desc *desc) {
+    char job[48];
+    unsigned char draw[8];
+    if (desc->job && *desc->job) return 0;
+    memset(job, 0, sizeof job);
+    if (comm->rank == 0) {
+        uint64_t fallback = (uint64_t)fsdp__now_ms() * 1000003u ^ (uint64_t)getpid();
+        if (fsdp__random_bytes(draw, sizeof draw) != 0) memcpy(draw, &fallback, sizeof draw);
+        memcpy(job, "mpi-", 4);
+        fsdp__hex(job + 4, draw, sizeof draw);
+    }
+    if (MPI_Bcast(job, (int)sizeof job, MPI_CHAR, 0, ((fsdp__mpi *)comm->impl)->comm) != MPI_SUCCESS)
+        return fsdp__init_fail(&comm->logger, FSDP_ERR_SYSTEM, "mpi: MPI_Bcast of the job token failed");
+    job[sizeof job - 1] = 0;
+    fsdp__comm_set_job(comm, desc, job);
+    return 0;
+}
+
 FSDP__PRIVATE int fsdp__mpi_create(fsdp_comm *comm, const fsdp_comm_desc *desc, fsdp__inherit *inherit) {
     int rc = fsdp__mpi_init(comm, inherit && inherit->engine_comm ? *(MPI_Comm *)inherit->engine_comm : MPI_COMM_NULL);
-    (void)desc;
+    if (!rc) rc = fsdp__mpi_job(comm, desc);
     return rc ? rc : fsdp__comm_learn_topology(comm, 0);
 }
 
@@ -8087,6 +8162,29 @@ FSDP__PRIVATE int fsdp__split_members(const fsdp_comm *parent, const int32_t *al
     return n;
 }
 
+/* Whether every rank made its part of a split (rc: this rank's result; all: room for 4 int32 per
+   parent rank). A rank that failed (a segment it could not make or open) would otherwise leave
+   the others, whose part is made, waiting in their next op on the parent until its timeout: a
+   split that failed anywhere fails everywhere, naming the first rank (its own log says why), and
+   the sub-communicators made are destroyed. A failed parent skips this: its ops fail anyway. */
+FSDP__PRIVATE int fsdp__split_agree(fsdp_comm *parent, int rc, int32_t *all, fsdp_comm **out) {
+    int32_t mine[4] = {0, 0, 0, 0};
+    int r, agreed;
+    if (fsdp_comm_status(parent) != FSDP_SUCCESS) return rc ? rc : fsdp_comm_status(parent);
+    mine[0] = rc;
+    agreed = fsdp__collective_tagged(parent, FSDP_COLL_ALL_GATHER, mine, all, 4, FSDP_F32, FSDP_SUM, 0x5b118u);
+    for (r = 0; !agreed && !rc && r < parent->world; r++)
+        if (all[4 * r] != 0)
+            rc = fsdp__init_fail(&parent->logger, all[4 * r], "fsdp_comm_split: rank %d could not make its part of the "
+                                 "sub-communicator (%s; its log says why)", r, fsdp_result_name(all[4 * r]));
+    if (!rc) rc = agreed;
+    if (rc && *out) {
+        fsdp_comm_destroy(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
 FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **out) {
     int32_t mine[4], *all = NULL, free_mib = INT32_MAX;
     int *members = NULL, r, rc, one_host;
@@ -8133,6 +8231,7 @@ FSDP_API int fsdp_comm_split(fsdp_comm *parent, int color, int key, fsdp_comm **
     sp.desc.job = job;
     rc = parent->transport->split(parent, &sp, out);
     if (rc && fsdp__init_error[0]) fsdp__log(&parent->logger, FSDP_LOG_ERROR, "fsdp_comm_split: %s", fsdp__init_error);
+    rc = fsdp__split_agree(parent, rc, all, out);
 done:
     FSDP_FREE(all);
     FSDP_FREE(members);
@@ -8259,7 +8358,7 @@ FSDP_API int fsdp_comm_init_from_env(fsdp_comm **out, const fsdp_comm_desc *defa
     fsdp__env_job(&desc, v.port, job, sizeof job);
     desc.job = *job ? job : NULL;
     if (t && t->env_read && (rc = t->env_read(&desc, scratch, sizeof scratch, err, sizeof err)) != 0) goto fail;
-    if (!desc.job) desc.job = "fsdp";
+    if (!desc.job && !(t && t->kind == FSDP_BACKEND_MPI)) desc.job = "fsdp"; /* (an MPI world draws one: fsdp__mpi_job) */
     if ((text = getenv("FSDP_SECRET")) && *text) { /* taken out of the environment: children do not inherit it */
         size_t n = strlen(text);
         if (n >= sizeof secret) {
@@ -8643,6 +8742,24 @@ FSDP__PRIVATE int fsdp__plan_unit_modes(const fsdp_model *m, const fsdp_desc *de
     return 0;
 }
 
+/* The shard group size matters to HYBRID_SHARD units only (the others shard over the world, or
+   not at all): it must divide the world where one is, whether desc.strategy or
+   fsdp_model_set_strategy made it so. */
+static int fsdp__plan_check_hybrid(const fsdp_model *m, const fsdp__plan *plan, int world, int hybrid_group, char *err,
+                                   size_t err_size) {
+    int u;
+    if (hybrid_group <= world && world % hybrid_group == 0) return 0;
+    for (u = 0; u < plan->num_units; u++)
+        if (plan->units[u].strategy == FSDP_HYBRID_SHARD) {
+            int mod = plan->units[u].module;
+            fsdp__fmt(err, err_size, "shard_group_size %d must divide the world size %d: unit %d '%s' is HYBRID_SHARD (%s)",
+                      hybrid_group, world, u, *m->modules[mod].name ? m->modules[mod].name : "(root)",
+                      m->modules[mod].strategy ? "fsdp_model_set_strategy" : "desc.strategy");
+            return FSDP_ERR_INVALID_ARG;
+        }
+    return 0;
+}
+
 FSDP__PRIVATE int fsdp__plan_build(const fsdp_model *m, const fsdp_desc *desc, int world, int hybrid_group,
                                    fsdp__plan *plan, char *err, size_t err_size) {
     int64_t *unwrapped = NULL;
@@ -8713,6 +8830,10 @@ FSDP__PRIVATE int fsdp__plan_build(const fsdp_model *m, const fsdp_desc *desc, i
     }
     FSDP_FREE(unwrapped);
     FSDP_FREE(is_unit);
+    if (fsdp__plan_check_hybrid(m, plan, world, hybrid_group, err, err_size) != 0) {
+        fsdp__plan_free(plan);
+        return FSDP_ERR_INVALID_ARG;
+    }
     if ((u = fsdp__plan_unit_modes(m, desc, world, plan, err, err_size)) != 0) fsdp__plan_free(plan);
     return u;
 }
@@ -9300,6 +9421,241 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
 }
 
 /* ============================================================================================
+   >>recovery
+   Surviving the loss of a replica inside the job. The failure domain is the replica: a shard
+   group of HYBRID_SHARD whose ranks no other replica shares a host with, so a lost host takes
+   one replica and the shard groups (shared memory) of the other hosts stay whole. Recovery sits
+   above the comms: they only report loss (a reset at once, silence after detect_ms, an error)
+   and can be made anew over a set of peers; the runtime only asks for the current replicas.
+
+   What exists: fsdp_desc.recovery and its checks at fsdp_init (which then refuse it, "not
+   available yet"), fsdp_replicas, the report's fields, the agreement rule below
+   (fsdp__recovery_decide), and in >>runtime the survivors' side of a loss: fsdp__recovery_quiesce
+   (every comm of the context aborted, so that every survivor fails fast and enters recovery,
+   also those whose own ops were fine: a rank of another column of a host would otherwise wait
+   out the op timeout in its next shard op; then the comm thread drained), fsdp__recovery_reset
+   (the iteration undone: the step applied nowhere) and fsdp__recovery_adopt (the survivors' new
+   world and groups taken over; master shards moved into the new shard comm's shared memory).
+   tests/test_recovery.c drives them by hand through a real loss (a host's ranks SIGKILLed at a
+   step) to the last step, bitwise equal to a plain reference. What is decided:
+     membership   a numbered epoch: the replicas (as fsdp_init numbered them) that train. The
+                  next one is agreed by the survivors of the last, from one view per surviving
+                  rank (its epoch, its replica, which replicas it still reaches, how far it got
+                  with the step in flight); every survivor decides from the same views, so all
+                  decide the same. Views of an older epoch are stragglers: not counted.
+     who stays    a replica whose every rank sent a view, admitted in replica order if each of
+                  its ranks reaches every replica admitted before it and theirs reach it (a
+                  link broken one way drops the later replica, never both: the lowest replicas
+                  of a group that still talks stay). The new membership must hold a strict
+                  majority of the last (so two halves of a partition never both go on: 2|2
+                  stops both) and at least min_replicas; otherwise every rank of the partition
+                  stops, naming it. A rank whose replica is not in it leaves too, its shard
+                  group being incomplete or cut off.
+     the step     one rule that leaves every survivor's bits equal: every survivor ends at the
+                  newest step any of them applied. A step is applied only past its commit
+                  point, a collective over every training rank after the last reduction and
+                  before the update (today the gradient norm's all_gather over the world comm).
+                  A survivor past it goes on, and learns of the loss only in a later op; one
+                  that failed inside it is a step behind. But some rank passing the commit
+                  proves every rank joined it, so had finished its reductions (the fold is the
+                  same everywhere): the one behind holds the same reduced gradient and applies
+                  the step from it (with the clipping factor of the norm those ahead computed:
+                  their views must carry it). If none passed, every survivor drops the step
+                  (gradients zeroed, the step count unchanged) and the report says dropped. A
+                  commit over the replica comm alone would not do: two columns of a host could
+                  then decide differently and leave shards a step apart.
+   To be built (in this order): (1) a survivor one step behind catching up (the update of
+   fsdp_step from its gradients, with the clipping factor from the views), and the commit point
+   kept a collective over the world when fsdp_step changes; (2) the comms' report of which peers
+   were lost, for the views' reach (a reset shows at once; silence at the op timeout: a host
+   that vanishes is to be noticed within detect_ms by the kernel, SO_KEEPALIVE and
+   TCP_USER_TIMEOUT on the replica links, which a slow but live peer's kernel still answers, so
+   a straggler is not taken for lost); (3) at fsdp_init with recovery, each rank opens a
+   recovery listener and the world all-gathers their addresses while it is healthy, so that
+   after a loss any survivor (rank 0's host included) can be the rendezvous: the lowest rank of
+   the lowest replica it believes alive collects the views for detect_ms, runs
+   fsdp__recovery_decide and welcomes the survivors into a new world made with the old world as
+   its parent (fsdp__comm_create: its key from the old world's key and a token naming the epoch,
+   as a split's is, so only ranks of the old world, and of this epoch, can join, and no PBKDF2
+   stretch of the secret, which took 0.2-1 s on a busy 2-core machine against a few ms for the
+   rest of a rebuild), split into shard and replica comms and adopted; (4) fsdp_step running it
+   all on a loss and reporting it (epoch, dropped), with offload refused until the step thread
+   is quiesced too; (5) rejoin.
+   ============================================================================================ */
+#define FSDP__RECOVERY_DETECT_MS 5000 /* default detect_ms: the issue's bound for a silent host */
+
+/* What one surviving rank tells the others after a loss: the agreement's input. */
+typedef struct fsdp__recovery_view {
+    int64_t epoch;              /* the last membership it agreed to */
+    int rank;                   /* its rank at fsdp_init (for messages) */
+    int replica;                /* its replica, numbered as at fsdp_init */
+    int64_t step;               /* optimizer steps it has applied (fsdp_step_report.step) */
+    int reductions_done;        /* it holds the whole reduced gradient of the step after those */
+    const unsigned char *reach; /* [membership total]: 1 for each replica it still reaches */
+} fsdp__recovery_view;
+
+/* A membership: the replicas that train, ascending, numbered as at fsdp_init. */
+typedef struct fsdp__membership {
+    int64_t epoch;              /* 0 at fsdp_init, +1 per change */
+    int count;
+    int total;                  /* replicas at fsdp_init: the capacity of replicas[] and of reach[] */
+    int *replicas;              /* [count] */
+} fsdp__membership;
+
+/* "{0, 2, 3}" into buf (ending in "...}" where it does not fit). */
+FSDP__PRIVATE const char *fsdp__replica_set_text(char *buf, size_t size, const int *replicas, int count) {
+    size_t used;
+    int i;
+    fsdp__fmt(buf, size, "{");
+    for (i = 0; i < count && (used = strlen(buf)) + 16 < size; i++)
+        fsdp__fmt(buf + used, size - used, "%s%d", i ? ", " : "", replicas[i]);
+    used = strlen(buf);
+    fsdp__fmt(buf + used, size - used, i < count ? "...}" : "}");
+    return buf;
+}
+
+FSDP__PRIVATE int fsdp__membership_has(const fsdp__membership *m, int replica) {
+    int i;
+    for (i = 0; i < m->count; i++)
+        if (m->replicas[i] == replica) return 1;
+    return 0;
+}
+
+/* A view that counts: of the last epoch, from a replica of the last membership. */
+static int fsdp__view_current(const fsdp__membership *last, const fsdp__recovery_view *v) {
+    return v->epoch == last->epoch && v->replica >= 0 && v->replica < last->total &&
+           fsdp__membership_has(last, v->replica);
+}
+
+/* Whether every current view of replica a reaches replica b. */
+FSDP__PRIVATE int fsdp__replica_reaches(const fsdp__membership *last, const fsdp__recovery_view *views, int n, int a,
+                                        int b) {
+    int i;
+    for (i = 0; i < n; i++)
+        if (fsdp__view_current(last, &views[i]) && views[i].replica == a && !views[i].reach[b]) return 0;
+    return 1;
+}
+
+/* The replicas that stay: every rank of theirs sent a view, and they reach each other both ways,
+   admitted in replica order. Into next->replicas (count set; the epoch is the caller's). */
+FSDP__PRIVATE void fsdp__recovery_survivors(const fsdp__membership *last, int ranks_per_replica,
+                                            const fsdp__recovery_view *views, int n, fsdp__membership *next) {
+    int i, j, k, heard;
+    next->count = 0;
+    for (i = 0; i < last->count; i++) {
+        int r = last->replicas[i], ok = 1;
+        for (j = 0, heard = 0; j < n; j++) heard += fsdp__view_current(last, &views[j]) && views[j].replica == r;
+        if (heard != ranks_per_replica) continue;
+        for (k = 0; k < next->count && ok; k++)
+            ok = fsdp__replica_reaches(last, views, n, r, next->replicas[k]) &&
+                 fsdp__replica_reaches(last, views, n, next->replicas[k], r);
+        if (ok) next->replicas[next->count++] = r;
+    }
+}
+
+/* The step rule (see the banner): *target the newest step a survivor applied; a survivor one
+   step behind must hold the reduced gradient to catch up, one further behind cannot be. */
+FSDP__PRIVATE int fsdp__recovery_step_rule(const fsdp__membership *last, const fsdp__membership *next,
+                                           const fsdp__recovery_view *views, int n, int64_t *target, char *why,
+                                           size_t why_size) {
+    int i, ahead = -1;
+    for (i = 0; i < n; i++)
+        if (fsdp__view_current(last, &views[i]) && fsdp__membership_has(next, views[i].replica) &&
+            (ahead < 0 || views[i].step > views[ahead].step))
+            ahead = i;
+    *target = ahead < 0 ? 0 : views[ahead].step;
+    for (i = 0; i < n && ahead >= 0; i++) {
+        const fsdp__recovery_view *v = &views[i];
+        if (!fsdp__view_current(last, v) || !fsdp__membership_has(next, v->replica) || v->step == *target) continue;
+        if (v->step == *target - 1 && v->reductions_done) continue;
+        fsdp__fmt(why, why_size, "recovery: rank %d applied step %lld but rank %d (replica %d) is at step %lld%s: the "
+                  "commit point cannot have been passed", views[ahead].rank, (long long)*target, v->rank, v->replica,
+                  (long long)v->step, v->step == *target - 1 ? " without its reduced gradient" : "");
+        return FSDP_ERR_PROTOCOL;
+    }
+    return 0;
+}
+
+/* The agreement: from the last membership and the survivors' views (the same on every survivor),
+   the next membership (next->replicas: room for last->total) and the step every survivor is to
+   end at (*target_step: one behind it applies the step in flight, at it drops the iteration in
+   flight). 0 to go on (next->epoch = last->epoch + 1, or unchanged when no replica was lost: the
+   failure was not a loss); FSDP_ERR_PEER_LOST when this partition must stop (not a strict
+   majority of the last membership, or fewer than min_replicas), why naming it; FSDP_ERR_PROTOCOL
+   for views that contradict each other. The caller leaves if its own replica is not in next. */
+FSDP__PRIVATE int fsdp__recovery_decide(const fsdp__membership *last, int ranks_per_replica, int min_replicas,
+                                        const fsdp__recovery_view *views, int n, fsdp__membership *next,
+                                        int64_t *target_step, char *why, size_t why_size) {
+    char kept[160], was[160];
+    *target_step = 0;
+    why[0] = 0;
+    next->total = last->total;
+    next->epoch = last->epoch;
+    fsdp__recovery_survivors(last, ranks_per_replica, views, n, next);
+    fsdp__replica_set_text(kept, sizeof kept, next->replicas, next->count);
+    fsdp__replica_set_text(was, sizeof was, last->replicas, last->count);
+    if (2 * next->count <= last->count) {
+        fsdp__fmt(why, why_size, "recovery: replicas %s are all that remain together of epoch %lld's %s: not a strict "
+                  "majority (%d of %d needed), so this partition stops (the others may still train)", kept,
+                  (long long)last->epoch, was, last->count / 2 + 1, last->count);
+        return FSDP_ERR_PEER_LOST;
+    }
+    if (next->count < min_replicas) {
+        fsdp__fmt(why, why_size, "recovery: replicas %s remain of epoch %lld's %s: fewer than recovery.min_replicas %d",
+                  kept, (long long)last->epoch, was, min_replicas);
+        return FSDP_ERR_PEER_LOST;
+    }
+    if (next->count < last->count) next->epoch = last->epoch + 1;
+    fsdp__fmt(why, why_size, "recovery: epoch %lld: replicas %s of %s", (long long)next->epoch, kept, was);
+    return fsdp__recovery_step_rule(last, next, views, n, target_step, why, why_size);
+}
+
+/* fsdp_init's checks of desc->recovery, with the plan made: 0 when it is off; else why it
+   cannot be had (every unit HYBRID_SHARD, two replicas or more, none sharing a host with
+   another), and, all of that being right, FSDP_ERR_UNSUPPORTED: not available yet. */
+FSDP__PRIVATE int fsdp__recovery_check(const fsdp_recovery_desc *rd, const fsdp_model *model, const fsdp__plan *plan,
+                                       const fsdp_comm *comm, int hybrid_group, char *err, size_t err_size) {
+    int world = fsdp_comm_size(comm), replicas = world / hybrid_group, ui, r, *replica_of_host;
+    int hosts = fsdp_comm_num_hosts(comm);
+    if (!rd->enabled) return 0;
+    if (rd->min_replicas < 0 || rd->detect_ms < 0)
+        return fsdp__fmt(err, err_size, "recovery: min_replicas %d and detect_ms %d must be >= 0 (0: the default)",
+                         rd->min_replicas, rd->detect_ms), FSDP_ERR_INVALID_ARG;
+    for (ui = 0; ui < plan->num_units; ui++)
+        if (plan->units[ui].strategy != FSDP_HYBRID_SHARD)
+            return fsdp__fmt(err, err_size, "recovery needs HYBRID_SHARD (a replica per host, each a whole copy of "
+                             "the state): unit '%s' is %s", *model->modules[plan->units[ui].module].name
+                             ? model->modules[plan->units[ui].module].name : "(root)",
+                             fsdp_strategy_name(plan->units[ui].strategy)), FSDP_ERR_INVALID_ARG;
+    if (replicas < 2 || replicas < rd->min_replicas)
+        return fsdp__fmt(err, err_size, "recovery: %d replica(s) of %d ranks (shard_group_size %d): at least 2 and "
+                         "recovery.min_replicas %d are needed", replicas, world, hybrid_group, rd->min_replicas),
+               FSDP_ERR_INVALID_ARG;
+    if (hosts < 2)
+        return fsdp__fmt(err, err_size, "recovery: the %d ranks are on %s: the replicas must be on hosts of their own "
+                         "(a host's loss is what recovery survives)", world, hosts == 1 ? "one host" : "unknown hosts"),
+               FSDP_ERR_INVALID_ARG;
+    if (!(replica_of_host = (int *)FSDP_MALLOC(sizeof(int) * (size_t)hosts))) return FSDP_ERR_OUT_OF_MEMORY;
+    for (r = 0; r < hosts; r++) replica_of_host[r] = -1;
+    for (r = 0; r < world; r++) {
+        int h = fsdp_comm_host_of(comm, r), other = h >= 0 && h < hosts ? replica_of_host[h] : -2;
+        if (other == -1) replica_of_host[h] = r / hybrid_group;
+        if (other == -1 || other == r / hybrid_group) continue;
+        FSDP_FREE(replica_of_host);
+        if (other == -2)
+            return fsdp__fmt(err, err_size, "recovery: the host of rank %d is unknown", r), FSDP_ERR_INVALID_ARG;
+        return fsdp__fmt(err, err_size, "recovery: replicas %d and %d share host %d (rank %d is on it): one host's "
+                         "loss would take both; give each replica hosts of its own (shard_group_size: the ranks per "
+                         "host)",
+                         other, r / hybrid_group, h, r), FSDP_ERR_INVALID_ARG;
+    }
+    FSDP_FREE(replica_of_host);
+    fsdp__fmt(err, err_size, "recovery (fsdp_desc.recovery.enabled) is not available yet: the survivors' rendezvous "
+              "and fsdp_step's use of it are not in this build (issue 38); turn it off to train");
+    return FSDP_ERR_UNSUPPORTED;
+}
+
+/* ============================================================================================
    >>runtime
    The compute thread calls the hooks; one comm thread runs every collective of the context in
    the order they were issued (every rank issues the same sequence), so gathers of the next unit
@@ -9415,10 +9771,13 @@ struct fsdp_ctx {
     float loss_scale;                  /* fsdp_desc.loss_scale: the current scale (1: off) */
     int64_t scale_growth_tracker;      /* steps in a row with finite gradients */
     int grads_unscaled;                /* the scale was divided out of this iteration's gradients */
+    int grads_since_step;              /* a backward ran since fsdp_init, the last fsdp_step or fsdp_zero_grad */
     /* iteration */
     int phase;              /* 0 idle, 1 forward, 2 backward */
     int64_t iteration;
-    int *fwd_order, fwd_len, *bwd_order, bwd_len, order_known;
+    int *fwd_order, fwd_len, *bwd_order, bwd_len;
+    int fwd_known, bwd_known; /* each order is learned from the first iteration that runs it (an evaluation
+                                 pass first teaches the forward order only) */
     uint64_t older_reduce, newer_reduce; /* the last two gradient reductions issued */
     /* comm thread */
     pthread_t thread;
@@ -10162,7 +10521,7 @@ static int fsdp__gathering_count(const fsdp_ctx *ctx) {
 /* Gathers the unit after ui in an order ("prefetch"), within the in-flight limit. */
 FSDP__PRIVATE int fsdp__prefetch_after(fsdp_ctx *ctx, const int *order, int len, int ui) {
     int i;
-    if (!ctx->order_known) return 0;
+    if (!(order == ctx->fwd_order ? ctx->fwd_known : ctx->bwd_known)) return 0;
     for (i = 0; i + 1 < len; i++)
         if (order[i] == ui) {
             int next = order[i + 1];
@@ -10184,11 +10543,13 @@ FSDP__PRIVATE int fsdp__wait_gathered(fsdp_ctx *ctx, int ui) {
     return 0;
 }
 
-/* Compares the recorded forward and backward orders across ranks (iteration 1's check). */
+/* Compares the recorded forward and backward orders across ranks at the end of each iteration
+   until both are known (the first iteration, and with evaluation passes first the first one
+   with a backward), then marks them known. */
 FSDP__PRIVATE int fsdp__verify_order(fsdp_ctx *ctx) {
     uint64_t mine[2] = {0xcbf29ce484222325ull, 0xcbf29ce484222325ull}, *all;
     int i, r, rc;
-    if (ctx->order_known) return 0;
+    if (ctx->phase == 0 || (ctx->fwd_known && (ctx->bwd_known || ctx->phase != 2))) return 0;
     for (i = 0; i < ctx->fwd_len; i++) mine[0] = (mine[0] ^ (uint64_t)ctx->fwd_order[i]) * 0x100000001b3ull;
     for (i = 0; i < ctx->bwd_len; i++) mine[1] = (mine[1] ^ (uint64_t)ctx->bwd_order[i]) * 0x100000001b3ull;
     all = (uint64_t *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world);
@@ -10201,7 +10562,8 @@ FSDP__PRIVATE int fsdp__verify_order(fsdp_ctx *ctx) {
                             "(every rank must call the hooks of the same units in the same order)",
                             ctx->rank, all[2 * r] != mine[0] ? "forward" : "backward", r);
     FSDP_FREE(all);
-    if (!rc) ctx->order_known = 1;
+    if (!rc) ctx->fwd_known = 1;
+    if (!rc && ctx->phase == 2) ctx->bwd_known = 1;
     return rc;
 }
 
@@ -10227,7 +10589,8 @@ FSDP__PRIVATE int fsdp__end_iteration(fsdp_ctx *ctx) {
         else if (u->state == FSDP__UNSHARDED) u->state = FSDP__SHARDED;
         fsdp__drop_host_shard(ctx, u);
     }
-    if (ctx->iteration == 0 && ctx->phase != 0 && (rc = fsdp__verify_order(ctx)) != 0) return rc;
+    if ((rc = fsdp__verify_order(ctx)) != 0) return rc;
+    if (ctx->phase == 2) ctx->grads_since_step = 1;
     for (i = 0; i < ctx->num_units; i++) {
         fsdp__unit *u = &ctx->units[i];
         u->forward_done = u->backward_started = u->backward_done = 0;
@@ -10260,7 +10623,7 @@ FSDP__PRIVATE int fsdp__unit_pre_forward(fsdp_ctx *ctx, int ui) {
                                              "forward-only pass (validation, sampling) with fsdp_finish_backward(ctx) before "
                                              "the next forward)" : "");
     ctx->phase = 1;
-    if (!ctx->order_known) {
+    if (!ctx->fwd_known) {
         for (i = 0; i < ctx->fwd_len && ctx->fwd_order[i] != ui; i++) {}
         if (i == ctx->fwd_len) ctx->fwd_order[ctx->fwd_len++] = ui;
     }
@@ -10291,7 +10654,7 @@ FSDP__PRIVATE int fsdp__unit_pre_backward(fsdp_ctx *ctx, int ui) {
                                                       : "its backward already ran this iteration");
     ctx->phase = 2;
     u->backward_started = 1;
-    if (!ctx->order_known) ctx->bwd_order[ctx->bwd_len++] = ui;
+    if (!ctx->bwd_known) ctx->bwd_order[ctx->bwd_len++] = ui;
     if ((rc = fsdp__issue_gather(ctx, ui)) != 0) return rc;
     if (ctx->desc.backward_prefetch == FSDP_BACKWARD_PRE &&
         (rc = fsdp__prefetch_after(ctx, ctx->bwd_order, ctx->bwd_len, ui)) != 0)
@@ -11014,6 +11377,13 @@ FSDP__PRIVATE int fsdp__step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *re
     int rc, ui;
     double norm = 0, t0;
     if ((rc = fsdp__finish(ctx)) != 0) return rc;
+    if (!ctx->grads_since_step) { /* as torch.optim, which skips parameters whose grad is None */
+        rc = fsdp__fail(ctx, FSDP_ERR_STATE, "fsdp_step: no backward ran since the last fsdp_step (or fsdp_zero_grad, "
+                        "or fsdp_init): nothing applied (end a forward-only pass with fsdp_finish_backward)");
+        fsdp__misused(ctx);
+        return rc;
+    }
+    ctx->grads_since_step = 0;
     if (report) report->loss_scale = ctx->loss_scale;
     if ((rc = fsdp_clip_grad_norm(ctx, max_norm, &norm)) != 0) return rc;
     if (report) report->grad_norm = norm;
@@ -11056,6 +11426,7 @@ FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) 
     memset(report, 0, sizeof *report);
     if (!ctx) return FSDP_ERR_INVALID_ARG;
     rc = fsdp__step(ctx, max_norm, report);
+    fsdp_replicas(ctx, &report->replicas, NULL);
     if (!rc && ctx->async_save) rc = fsdp__async_poll(ctx, 0); /* commits a save whose files are all written */
     if (!rc && ctx->trace) fsdp__trace_iteration(ctx, report->skipped);
     return rc;
@@ -11068,6 +11439,7 @@ FSDP_API int fsdp_zero_grad(fsdp_ctx *ctx) {
     if (!ctx) return FSDP_ERR_INVALID_ARG;
     if ((rc = fsdp__wait_task(ctx, 0)) != 0) return rc;
     ctx->grads_unscaled = 0;
+    ctx->grads_since_step = 0; /* (torch's zero_grad sets them to None: a step then changes nothing) */
     if (ctx->step_thread_started) pthread_mutex_lock(&ctx->step_lock);
     for (ui = 0; ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
@@ -11077,6 +11449,118 @@ FSDP_API int fsdp_zero_grad(fsdp_ctx *ctx) {
     }
     if (ctx->step_thread_started) pthread_mutex_unlock(&ctx->step_lock);
     return 0;
+}
+
+/* --- after a lost replica (>>recovery): the survivors' runtime -------------------------------- */
+/* Stops everything in flight on this rank: every communicator of the context aborted (so that
+   its ops here and, through them, on every other rank fail at once, and every survivor enters
+   the agreement, also those whose own ops were fine), then the comm thread left to drain every
+   task issued (each fails fast), within the bound fsdp__wait_task_for keeps. 0, or
+   FSDP_ERR_TIMEOUT if a task did not end (a backend that ignores its timeout). */
+FSDP__PRIVATE int fsdp__recovery_quiesce(fsdp_ctx *ctx, const char *why) {
+    fsdp_comm *comms[4];
+    double limit;
+    int c, drained;
+    comms[0] = ctx->comm;
+    comms[1] = ctx->hybrid_shard_comm;
+    comms[2] = ctx->hybrid_replica_comm;
+    comms[3] = ctx->host_comm != ctx->hybrid_shard_comm ? ctx->host_comm : NULL;
+    for (c = 0; c < 4; c++)
+        if (comms[c]) fsdp_comm_fail(comms[c], FSDP_ERR_ABORTED, "rank %d: %s", ctx->rank, why);
+    pthread_mutex_lock(&ctx->lock);
+    limit = fsdp_now() + (double)(ctx->issued - ctx->completed + 1) * 4.0 * fsdp_comm_timeout(ctx->comm) / 1000.0 + 2.0;
+    while ((ctx->completed < ctx->issued || ctx->running) && fsdp_now() < limit) {
+        struct timespec ts;
+        if (!ctx->running && ctx->queue_len > 0) pthread_cond_signal(&ctx->wake);
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&ctx->done, &ctx->lock, &ts);
+    }
+    drained = ctx->completed == ctx->issued && !ctx->running;
+    pthread_mutex_unlock(&ctx->lock);
+    return drained ? 0 : fsdp__fail(ctx, FSDP_ERR_TIMEOUT, "recovery: the comm thread did not drain its tasks");
+}
+
+/* After fsdp__recovery_quiesce: the iteration in flight undone on this rank, as if it had not
+   begun (the step-in-flight rule's "applied nowhere"): every unit sharded, its buffers returned,
+   gradients zero, the failure forgotten. The step count and the optimizer state are untouched. */
+FSDP__PRIVATE void fsdp__recovery_reset(fsdp_ctx *ctx) {
+    int ui;
+    for (ui = 0; ui < ctx->num_units; ui++) {
+        fsdp__unit *u = &ctx->units[ui];
+        fsdp__reshard(ctx, u);
+        fsdp__drop_host_shard(ctx, u);
+        if (u->grad_full && u->grad_full != u->grad)
+            fsdp__buf_put(ctx, u->grad_full, (size_t)u->padded * sizeof(float));
+        u->grad_full = NULL;
+        u->grad_full_pending = u->refcount = u->recompute = u->recomputing = 0;
+        u->forward_done = u->backward_started = u->backward_done = 0;
+        u->gather_task = 0;
+        fsdp__zero_unit_grad(u);
+    }
+    if (!ctx->fwd_known) ctx->fwd_len = 0; /* (recorded again by the next iteration) */
+    if (!ctx->bwd_known) ctx->bwd_len = 0;
+    ctx->phase = 0;
+    ctx->older_reduce = ctx->newer_reduce = 0;
+    ctx->grads_unscaled = ctx->hook_failed = 0;
+    pthread_mutex_lock(&ctx->lock);
+    ctx->worker_error = 0;
+    ctx->error[0] = 0;
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+/* Continues on the survivors' communicators: world (the caller keeps it, as desc.comm), and the
+   shard comm of this rank's group and the replica comm across the groups (NULL: one replica
+   left), which the context takes over, destroying its old ones. Master shards the old shard comm
+   shared are moved into memory of the new one (fsdp_comm_alloc: collective over shard). Every
+   unit must be HYBRID_SHARD with shard groups of the size they had (the recovery checks). On
+   failure nothing changed: the caller still owns shard and replica. */
+FSDP__PRIVATE int fsdp__recovery_adopt(fsdp_ctx *ctx, fsdp_comm *world, fsdp_comm *shard, fsdp_comm *replica) {
+    size_t total = 0, at = 0;
+    void *mem = NULL;
+    int ui, rc;
+    if (fsdp_comm_size(shard) != ctx->desc.shard_group_size || ctx->master_mem[0] || ctx->step_thread_started)
+        return fsdp__fail(ctx, FSDP_ERR_STATE, "recovery: cannot adopt a shard comm of %d ranks (the groups have %d)",
+                          fsdp_comm_size(shard), ctx->desc.shard_group_size);
+    if (ctx->host_comm) /* (its host communicator spans the old world) */
+        return fsdp__fail(ctx, FSDP_ERR_UNSUPPORTED, "recovery: units kept on their host after forward "
+                          "(reshard_after_forward HOST) cannot continue on a new world");
+    for (ui = 0; ui < ctx->num_units; ui++)
+        if (ctx->units[ui].master_shared) total += fsdp__align((size_t)ctx->units[ui].shard, 16);
+    if (total && (rc = fsdp_comm_alloc(shard, total * sizeof(float), &mem)) != 0)
+        return fsdp__fail(ctx, rc, "recovery: no memory for the master shards: %s", fsdp_comm_last_error(shard));
+    for (ui = 0; ui < ctx->num_units; ui++) {
+        fsdp__unit *u = &ctx->units[ui];
+        if (u->master_shared) {
+            memcpy((float *)mem + at, u->master, sizeof(float) * (size_t)u->shard);
+            u->master = (float *)mem + at;
+            at += fsdp__align((size_t)u->shard, 16);
+        }
+        u->shard_comm = fsdp_comm_size(world) > 1 ? shard : world;
+        u->replica_comm = replica;
+    }
+    fsdp_comm_free(ctx->hybrid_shard_comm, ctx->master_mem[1]);
+    fsdp_comm_destroy(ctx->hybrid_shard_comm);
+    fsdp_comm_destroy(ctx->hybrid_replica_comm);
+    ctx->master_mem[1] = mem;
+    ctx->hybrid_shard_comm = shard;
+    ctx->hybrid_replica_comm = replica;
+    ctx->comm = world;
+    ctx->rank = fsdp_comm_rank(world);
+    ctx->world = fsdp_comm_size(world);
+    return 0;
+}
+
+FSDP_API int fsdp_replicas(const fsdp_ctx *ctx, int *count, int *index) {
+    int ui, replica_size = 1;
+    if (count) *count = 0;
+    if (index) *index = 0;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    for (ui = 0; ui < ctx->num_units; ui++) /* a replica: the largest group a unit is sharded over */
+        if (ctx->units[ui].group_size > replica_size) replica_size = ctx->units[ui].group_size;
+    if (count) *count = ctx->world / replica_size;
+    if (index) *index = ctx->rank / replica_size;
+    return FSDP_SUCCESS;
 }
 
 FSDP_API int fsdp_synchronize(fsdp_ctx *ctx) {
@@ -11233,6 +11717,8 @@ FSDP__PRIVATE void fsdp__desc_defaults(fsdp_desc *d, int world, int local_world)
     if (d->loss_scale.growth_factor == 0) d->loss_scale.growth_factor = 2.0f;
     if (d->loss_scale.backoff_factor == 0) d->loss_scale.backoff_factor = 0.5f;
     if (d->loss_scale.growth_interval == 0) d->loss_scale.growth_interval = 2000;
+    if (d->recovery.min_replicas == 0) d->recovery.min_replicas = 1;
+    if (d->recovery.detect_ms == 0) d->recovery.detect_ms = FSDP__RECOVERY_DETECT_MS;
     fsdp__optimizer_defaults(&d->optimizer);
 }
 
@@ -11276,7 +11762,7 @@ FSDP__PRIVATE int fsdp__desc_wire_check(const fsdp_desc *d, char *err, size_t er
 }
 
 /* Checks a description with its defaults filled: 0, or FSDP_ERR_INVALID_ARG with why in err. */
-FSDP__PRIVATE int fsdp__desc_validate(const fsdp_desc *d, int world, char *err, size_t err_size) {
+FSDP__PRIVATE int fsdp__desc_validate(const fsdp_desc *d, char *err, size_t err_size) {
     const fsdp_loss_scale_desc *ls = &d->loss_scale;
     int i, rc;
     if (ls->enabled && !(fsdp__loss_scale_ok(ls->init_scale) && ls->growth_factor > 1 &&
@@ -11294,10 +11780,6 @@ FSDP__PRIVATE int fsdp__desc_validate(const fsdp_desc *d, int world, char *err, 
     }
     if ((int)d->backward_prefetch < 0 || d->backward_prefetch > FSDP_BACKWARD_PREFETCH_NONE) {
         fsdp__fmt(err, err_size, "backward_prefetch %d is not PRE, POST or NONE", (int)d->backward_prefetch);
-        return FSDP_ERR_INVALID_ARG;
-    }
-    if (d->shard_group_size > world || world % d->shard_group_size != 0) {
-        fsdp__fmt(err, err_size, "shard_group_size %d must divide the world size %d", d->shard_group_size, world);
         return FSDP_ERR_INVALID_ARG;
     }
     if ((i = fsdp__optimizer_check(&d->optimizer, err, err_size)) != 0) return i;
@@ -11321,7 +11803,7 @@ FSDP__PRIVATE int fsdp__desc_resolve(fsdp_desc *d, int world, int local_world, i
                                      size_t err_size) {
     fsdp__desc_defaults(d, world, local_world);
     *hybrid_group = d->shard_group_size;
-    return fsdp__desc_validate(d, world, err, err_size);
+    return fsdp__desc_validate(d, err, err_size);
 }
 
 /* Each parameter's weight decay and lr multiple, from its group or the optimizer's settings, and
@@ -11406,6 +11888,9 @@ FSDP__PRIVATE int fsdp__init_resolve(fsdp_ctx *ctx, int *hybrid_group) {
     }
     rc = fsdp__desc_resolve(&ctx->desc, ctx->world, fsdp_comm_local_size(ctx->comm), hybrid_group, err, sizeof err);
     if (!rc) rc = fsdp__plan_build(ctx->model, &ctx->desc, ctx->world, *hybrid_group, &ctx->plan, err, sizeof err);
+    if (!rc)
+        rc = fsdp__recovery_check(&ctx->desc.recovery, ctx->model, &ctx->plan, ctx->comm, *hybrid_group, err,
+                                  sizeof err);
     if (rc) return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: %s", err);
     ctx->param_dtype = ctx->desc.param_dtype;
     ctx->reduce_dtype = ctx->desc.reduce_dtype;
@@ -11428,7 +11913,8 @@ FSDP__PRIVATE int fsdp__init_groups(fsdp_ctx *ctx, int hybrid_group) {
     rc = fsdp_comm_split(ctx->comm, ctx->rank / hybrid_group, ctx->rank, &ctx->hybrid_shard_comm);
     if (!rc) rc = fsdp_comm_split(ctx->comm, ctx->rank % hybrid_group, ctx->rank, &ctx->hybrid_replica_comm);
     if (rc)
-        return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: cannot form HYBRID_SHARD groups: %s", fsdp_comm_last_error(ctx->comm));
+        return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: cannot form HYBRID_SHARD groups: %s",
+                                   *fsdp_comm_last_error(ctx->comm) ? fsdp_comm_last_error(ctx->comm) : fsdp__init_error);
     return 0;
 }
 
@@ -11806,7 +12292,11 @@ FSDP_API int fsdp_num_units(const fsdp_ctx *ctx) { return ctx ? ctx->num_units :
 
 FSDP_API int fsdp_unit_info_get(const fsdp_ctx *ctx, int unit, fsdp_unit_info *info) {
     const fsdp__unit *u;
-    if (!ctx || !info || unit < 0 || unit >= ctx->num_units) return FSDP_ERR_INVALID_ARG;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if (!info || unit < 0 || unit >= ctx->num_units) /* (the error message is no part of what const protects) */
+        return fsdp__fail((fsdp_ctx *)ctx, FSDP_ERR_INVALID_ARG, "fsdp_unit_info_get(ctx, %d, %s): %s (the context has %d "
+                          "units: 0..%d)", unit, info ? "info" : "NULL", info ? "no such unit" : "info is NULL",
+                          ctx->num_units, ctx->num_units - 1);
     u = &ctx->units[unit];
     info->module = u->module;
     info->name = ctx->model->modules[u->module].name;
@@ -11826,7 +12316,11 @@ FSDP_API int fsdp_unit_info_get(const fsdp_ctx *ctx, int unit, fsdp_unit_info *i
 }
 
 FSDP_API int fsdp_param_info_get(const fsdp_ctx *ctx, int param, fsdp_param_info *info) {
-    if (!ctx || !info || param < 0 || param >= ctx->model->num_params) return FSDP_ERR_INVALID_ARG;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if (!info || param < 0 || param >= ctx->model->num_params)
+        return fsdp__fail((fsdp_ctx *)ctx, FSDP_ERR_INVALID_ARG, "fsdp_param_info_get(ctx, %d, %s): %s (the model has %d "
+                          "parameters: 0..%d)", param, info ? "info" : "NULL", info ? "no such parameter" : "info is NULL",
+                          ctx->model->num_params, ctx->model->num_params - 1);
     *info = ctx->params[param];
     return 0;
 }
@@ -13926,36 +14420,39 @@ FSDP_API int fsdp_st_writer_close(fsdp_st_writer *w, char *err, size_t err_size)
    >>checkpoint
    ============================================================================================ */
 /* --- checkpoints of a context --------------------------------------------------------------- */
-/* Every rank learns the first failing rank's code and message (an all-gather of a fixed-size
-   report), so a collective save or load fails everywhere with the same reason. */
+/* Every rank learns the first failing rank's code and message, so a collective save or load
+   fails everywhere with the same reason. Nothing here allocates: a rank out of memory takes part
+   as any other (one that returned instead would leave the others waiting for it until their
+   timeout). A sum says whether a rank failed; if one did, halving the range of ranks finds the
+   first (log2(world) sums more), and it broadcasts its report. */
 FSDP__PRIVATE int fsdp__agree(fsdp_ctx *ctx, int rc) {
     typedef struct { int32_t rc; char message[252]; } report;
-    report mine, *all;
-    int r, first = 0;
-    memset(&mine, 0, sizeof mine);
-    mine.rc = rc;
-    if (rc) {
+    report first;
+    float failed = rc != 0, any = 0;
+    int lo = 0, hi = ctx->world, r;
+    if ((r = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_REDUCE, &failed, &any, 1, 0)) != 0) return r;
+    if (any == 0) return 0;
+    while (hi - lo > 1) { /* the first failing rank is in [lo, hi) */
+        int mid = lo + (hi - lo) / 2;
+        float below = rc != 0 && ctx->rank < mid, count = 0;
+        if ((r = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_REDUCE, &below, &count, 1, 0)) != 0) return r;
+        if (count > 0) hi = mid;
+        else lo = mid;
+    }
+    memset(&first, 0, sizeof first);
+    if (ctx->rank == lo) {
+        first.rc = rc;
         pthread_mutex_lock(&ctx->lock);
-        fsdp__copy_string(mine.message, sizeof mine.message, ctx->error);
+        fsdp__copy_string(first.message, sizeof first.message, ctx->error);
         pthread_mutex_unlock(&ctx->lock);
     }
-    all = (report *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world);
-    if (!all) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
-    if ((r = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_GATHER, &mine, all, sizeof mine / 4, 0)) != 0) {
-        FSDP_FREE(all);
-        return r;
+    if ((r = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_BROADCAST, &first, &first, sizeof first / 4, lo)) != 0) return r;
+    if (lo != ctx->rank) { /* a peer's text: read bounded and escaped */
+        char shown[sizeof first.message];
+        fsdp__fail(ctx, first.rc, "rank %d: %s", lo, fsdp__printable_n(shown, sizeof shown, first.message,
+                                                                       sizeof first.message));
     }
-    for (r = 0; r < ctx->world; r++)
-        if (all[r].rc) {
-            char shown[sizeof all[r].message];
-            first = all[r].rc;
-            if (r != ctx->rank) /* a peer's text: read bounded and escaped */
-                fsdp__fail(ctx, first, "rank %d: %s", r, fsdp__printable_n(shown, sizeof shown, all[r].message,
-                                                                        sizeof all[r].message));
-            break;
-        }
-    FSDP_FREE(all);
-    return first;
+    return first.rc;
 }
 
 /* Saving and loading happen between iterations, with every reduction finished. */
@@ -14074,7 +14571,10 @@ FSDP__PRIVATE int fsdp__save_full(fsdp_ctx *ctx, const char *path, const fsdp_sa
     if (opt && opt->with_optimizer) suffix = fsdp__opt_suffixes(ctx, &nopt);
     specs = (fsdp_st_spec *)fsdp__calloc(sizeof *specs * (size_t)(ctx->model->num_params * (1 + nopt) + 1));
     meta = fsdp__ckpt_metadata(ctx, opt, "full", store, &nmeta);
-    if (!specs || !meta) { local = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_save_full: out of memory"); goto done; }
+    if (!specs || !meta) { /* the others wait in the agreement below: this rank's failure goes there too */
+        rc = fsdp__agree(ctx, fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_save_full: out of memory"));
+        goto done;
+    }
     for (ui = 0; ui < ctx->num_units; ui++) { /* file order = gather order: unit by unit */
         fsdp__unit *u = &ctx->units[ui];
         if ((size_t)u->padded * sizeof(float) > flat_bytes) flat_bytes = (size_t)u->padded * sizeof(float);

@@ -284,10 +284,8 @@ static void make_desc(const options *o, fsdp_comm *comm, int P, int local_size, 
     desc->loss_scale.enabled = o->param_dtype == FSDP_F16;   // f16 gradients need it (GradScaler's defaults)
     desc->forward_prefetch = 1;
     desc->backward_prefetch = FSDP_BACKWARD_PRE;
-    // HYBRID_SHARD: a shard group per host. The others shard over all ranks; fsdp_init's default group
-    // (the ranks per host) must divide the world even where no unit is HYBRID: hosts of 2 + 1 ranks
-    // would be refused
-    desc->shard_group_size = o->strategy == FSDP_HYBRID_SHARD ? local_size : P;
+    // HYBRID_SHARD: a shard group per host (the others shard over all ranks and use no group)
+    if (o->strategy == FSDP_HYBRID_SHARD) desc->shard_group_size = local_size;
     if (o->strategy == FSDP_HYBRID_SHARD && local_size == P && P % 2 == 0)
         desc->shard_group_size = P / 2; // one host: two replicas of half the ranks each, so something is replicated
     desc->seed = o->seed;

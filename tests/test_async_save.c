@@ -195,19 +195,11 @@ static void load_batch(int step, int lo, int hi, float *x, float *target) {
     }
 }
 
-#define HOOK(call, name)          \
-    do {                          \
-        if ((rc = (call)) != 0) { \
-            *where = (name);      \
-            return rc;            \
-        }                         \
-    } while (0)
-#define NEED(ptr, expr, name)           \
-    do {                                \
-        if (((ptr) = (expr)) == NULL) { \
-            *where = (name);            \
-            return FSDP_ERR_STATE;      \
-        }                               \
+#define HOOK(call, name) RETURN_IF_FAILED(call, *where, name)
+#define NEED(ptr, expr, name)              \
+    do {                                   \
+        (ptr) = (expr);                    \
+        RETURN_IF_NULL(ptr, *where, name); \
     } while (0)
 
 /* One training iteration through the hooks on this rank's rows (the ranks' gradients are

@@ -1,7 +1,8 @@
-/* test_common.h - the helpers the test programs share, written once: time and text, forked
-   children and shared memory, launches, temporary directories and files, what a checkpoint
-   directory holds (ckpt_dir_exact, ckpt_file_exact: also for campaigns), the fuzz corpora,
-   reference dtype conversions independent of fsdp.h, and the dense layers of the test models.
+/* test_common.h - the helpers the test programs share, written once: time and text, a host name
+   of a process's own (UTS namespaces), forked children and shared memory, launches, temporary
+   directories and files, what a checkpoint directory holds (ckpt_dir_exact, ckpt_file_exact:
+   also for campaigns), the fuzz corpora, reference dtype conversions independent of fsdp.h, and
+   the dense layers of the test models.
 
    A test file includes it after fsdp.h (which sets the feature macros for the system headers)
    and unity.h; it brings the C and POSIX headers below, so a test file includes only the others
@@ -106,6 +107,42 @@ static TEST_UNUSED void record(verdict *v, int ok, const char *what) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+   a host name of this process's own (UTS namespaces: for tests of several hosts on one machine;
+   needs _GNU_SOURCE, which fsdp.h defines when it comes first with FSDP_IMPLEMENTATION)
+   --------------------------------------------------------------------------------------------- */
+#ifdef _GNU_SOURCE
+#include <fcntl.h>
+#include <sched.h>
+
+static TEST_UNUSED int write_text(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC), ok;
+    if (fd < 0) return -1;
+    ok = write(fd, text, strlen(text)) == (ssize_t)strlen(text);
+    close(fd);
+    return ok ? 0 : -1;
+}
+
+/* Without root: a user namespace of its own, mapping this user to itself, gives the rights to
+   make the UTS namespace (and nothing on the machine). */
+static TEST_UNUSED int enter_user_namespace(void) {
+    char map[64];
+    unsigned uid = (unsigned)geteuid(), gid = (unsigned)getegid();
+    if (unshare(CLONE_NEWUSER | CLONE_NEWUTS) != 0) return -1;
+    snprintf(map, sizeof map, "%u %u 1\n", uid, uid);
+    if (write_text("/proc/self/uid_map", map) != 0) return -1;
+    if (write_text("/proc/self/setgroups", "deny") != 0) return -1;
+    snprintf(map, sizeof map, "%u %u 1\n", gid, gid);
+    return write_text("/proc/self/gid_map", map);
+}
+
+/* 0 once this process alone is called `name`; -1 with errno. */
+static TEST_UNUSED int claim_host(const char *name) {
+    if (unshare(CLONE_NEWUTS) != 0 && (errno != EPERM || enter_user_namespace() != 0)) return -1;
+    return sethostname(name, strlen(name));
+}
+#endif
+
+/* ---------------------------------------------------------------------------------------------
    shared memory, forked children and launches
    --------------------------------------------------------------------------------------------- */
 /* A zero-filled MAP_SHARED region that forked children write and the parent reads; for main,
@@ -186,6 +223,42 @@ static TEST_UNUSED int launch_ranks(int nprocs, fsdp_backend_kind backend, int t
     fflush(stderr);
     return fsdp_launch_ex(&d, fn, arg, status);
 }
+
+/* Launches fn on shm ranks for every world size from 1 to max_world, one after the other, for a
+   program whose tests read what the ranks of every size left: rc[w] gets world w's
+   fsdp_launch_ex result and message + w * message_size its status message ("" on success).
+   Returns the seconds it all took. */
+static TEST_UNUSED double launch_every_world(int max_world, int timeout_ms, fsdp_rank_fn fn, int *rc, char *message,
+                                             size_t message_size) {
+    double start = fsdp_now();
+    int world;
+    for (world = 1; world <= max_world; world++) {
+        fsdp_launch_status status;
+        rc[world] = launch_ranks(world, FSDP_BACKEND_SHM, timeout_ms, fn, NULL, &status);
+        copy_text(message + (size_t)world * message_size, message_size, rc[world] == FSDP_SUCCESS ? "" : status.message);
+    }
+    return fsdp_now() - start;
+}
+
+/* A step of a forked rank's work, in a function that returns a result code and records where it
+   failed (ranks report; only the parent asserts): a non-zero code from call is returned, after
+   `where` (a const char * lvalue) gets name. The function declares int rc. */
+#define RETURN_IF_FAILED(call, where, name) \
+    do {                                    \
+        if ((rc = (call)) != 0) {           \
+            (where) = (name);               \
+            return rc;                      \
+        }                                   \
+    } while (0)
+/* The same for a call that returned the pointer ptr: NULL sets where to name and returns
+   FSDP_ERR_STATE. */
+#define RETURN_IF_NULL(ptr, where, name) \
+    do {                                 \
+        if (!(ptr)) {                    \
+            (where) = (name);            \
+            return FSDP_ERR_STATE;       \
+        }                                \
+    } while (0)
 
 /* A communicator of one rank in this process, its job named after the test and the process. */
 static TEST_UNUSED int open_one_rank_comm(fsdp_comm **comm, const char *name) {

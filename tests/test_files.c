@@ -26,6 +26,8 @@
    - traces are made afresh, never opened where they lie: a FIFO planted under a trace's name
      blocks nothing, another user's file there receives nothing.
    - fsdp_load_full fails on every rank, naming it, when a rank opened another file.
+   - a rank out of memory in fsdp_save_full (the allocator below fails on request) makes every
+     rank fail at once, naming it, rather than wait for it until the communicator's timeout.
    - the index.json fuzz target's corpus (tests/corpus/index and its crashers/ folder) is
      replayed through fsdp_index_parse; run from the repository root or set INDEX_CORPUS_DIR.
 
@@ -50,6 +52,7 @@
    --------------------------------------------------------------------------------------------- */
 #define ALLOC_HEADER 16 /* keeps the alignment malloc gives */
 static size_t alloc_current, alloc_peak;
+static int alloc_fails; /* atomic: 1 makes every allocation fail (a process out of memory) */
 
 static void allocation_changed(size_t added, size_t removed) {
     size_t now = __atomic_add_fetch(&alloc_current, added, __ATOMIC_RELAXED);
@@ -59,7 +62,9 @@ static void allocation_changed(size_t added, size_t removed) {
 }
 
 static void *counting_malloc(size_t size) {
-    unsigned char *block = (unsigned char *)malloc(size + ALLOC_HEADER);
+    unsigned char *block;
+    if (__atomic_load_n(&alloc_fails, __ATOMIC_RELAXED)) return NULL;
+    block = (unsigned char *)malloc(size + ALLOC_HEADER);
     if (!block) return NULL;
     memcpy(block, &size, sizeof size);
     allocation_changed(size, 0);
@@ -71,6 +76,7 @@ static void *counting_realloc(void *ptr, size_t size) {
     unsigned char *block;
     size_t old;
     if (!ptr) return counting_malloc(size);
+    if (__atomic_load_n(&alloc_fails, __ATOMIC_RELAXED)) return NULL;
     block = (unsigned char *)ptr - ALLOC_HEADER;
     memcpy(&old, block, sizeof old);
     allocation_changed(size, 0);
@@ -2143,6 +2149,68 @@ static void test_load_full_where_rank_1_opens_another_file_fails_on_every_rank_n
 }
 
 /* ---------------------------------------------------------------------------------------------
+   a rank out of memory in a collective save: every rank fails at once, naming it
+   --------------------------------------------------------------------------------------------- */
+#define OOM_TIMEOUT_MS 5000 /* the communicators' bound on any wait: a rank left waiting reaches it */
+
+typedef struct oom_board {
+    char path[256];
+    int rc[2], done[2];
+    double elapsed_ms[2];
+    char error[2][1024];
+    int setup_failed;
+} oom_board;
+
+static int save_out_of_memory_rank(fsdp_comm *comm, void *arg) {
+    oom_board *b = (oom_board *)arg;
+    int rank = fsdp_comm_rank(comm), rc;
+    fsdp_model *model = NULL;
+    fsdp_ctx *ctx = NULL;
+    double start;
+    if ((rc = ctx_open(comm, &model, &ctx)) != 0) {
+        b->setup_failed = 1;
+        snprintf(b->error[rank], sizeof b->error[rank], "setup: %s %s", fsdp_result_name(rc), fsdp_last_error(NULL));
+    } else {
+        start = now_ms();
+        if (rank == 1) __atomic_store_n(&alloc_fails, 1, __ATOMIC_RELAXED);
+        b->rc[rank] = fsdp_save_full(ctx, b->path, NULL);
+        __atomic_store_n(&alloc_fails, 0, __ATOMIC_RELAXED);
+        b->elapsed_ms[rank] = now_ms() - start;
+        snprintf(b->error[rank], sizeof b->error[rank], "%s", fsdp_last_error(ctx));
+        b->done[rank] = 1;
+    }
+    fsdp_destroy(ctx);
+    fsdp_model_destroy(model);
+    return 0;
+}
+
+static void test_save_full_with_rank_1_out_of_memory_fails_at_once_on_every_rank_naming_rank_1(void) {
+    oom_board *b = (oom_board *)map_board(sizeof(oom_board));
+    fsdp_launch_desc d;
+    fsdp_launch_status status;
+    int rc, rank;
+    path_in(b->path, sizeof b->path, "oom.safetensors");
+    memset(&d, 0, sizeof d);
+    d.nprocs = 2;
+    d.timeout_ms = OOM_TIMEOUT_MS;
+    rc = fsdp_launch_ex(&d, save_out_of_memory_rank, b, &status);
+    snprintf(message, sizeof message, "launch: %s %s | %s | %s", fsdp_result_name(rc), status.message, b->error[0], b->error[1]);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
+    TEST_ASSERT_FALSE_MESSAGE(b->setup_failed, message);
+    for (rank = 0; rank < 2; rank++) {
+        snprintf(message, sizeof message, "rank %d: %s after %.0f ms: \"%s\"", rank, fsdp_result_name(b->rc[rank]),
+                 b->elapsed_ms[rank], b->error[rank]);
+        TEST_ASSERT_TRUE_MESSAGE(b->done[rank], message);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_OUT_OF_MEMORY, b->rc[rank], message);
+        TEST_ASSERT_NOT_NULL_MESSAGE(strstr(b->error[rank], "out of memory"), message);
+        TEST_ASSERT_TRUE_MESSAGE(b->elapsed_ms[rank] < OOM_TIMEOUT_MS, message);
+    }
+    snprintf(message, sizeof message, "rank 0 should name rank 1: \"%s\"", b->error[0]);
+    TEST_ASSERT_NOT_NULL_MESSAGE(strstr(b->error[0], "rank 1: "), message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(-1, access(b->path, F_OK), "a file was left where the failed save wrote");
+}
+
+/* ---------------------------------------------------------------------------------------------
    the index.json fuzz target's corpus and every crasher it found, through fsdp_index_parse, in
    a child process per file so that a crash names the file
    --------------------------------------------------------------------------------------------- */
@@ -2262,6 +2330,7 @@ int main(void) {
     RUN_TEST(test_st_writer_open_refuses_tensors_whose_sizes_sum_past_int64_max_leaving_no_file);
     /* ranks that opened different files */
     RUN_TEST(test_load_full_where_rank_1_opens_another_file_fails_on_every_rank_naming_rank_1);
+    RUN_TEST(test_save_full_with_rank_1_out_of_memory_fails_at_once_on_every_rank_naming_rank_1);
     /* the fuzz corpus */
     RUN_TEST(test_index_fuzz_corpus_and_crashers_parse_without_crashing);
     return UNITY_END();

@@ -68,18 +68,21 @@ static void keep_warning(void *user, fsdp_log_level level, const char *line) {
     append_text(warnings, sizeof warnings, "\n");
 }
 
-/* A one-rank context over `net` with the given strategy for every unit, logging its warnings
-   into `warnings`. */
-static void start_one_rank(fsdp_strategy strategy) {
+/* A one-rank context over `net` with the given strategy for every unit and optimizer, logging its
+   warnings into `warnings`. */
+static void start_one_rank_with(fsdp_strategy strategy, fsdp_optimizer_kind optimizer) {
     fsdp_desc d;
     TEST_ASSERT_EQUAL_INT(0, mlp_build(&net));
     TEST_ASSERT_EQUAL_INT(0, open_one_rank_comm(&comm1, "test-hook-contract"));
     d = desc_for(comm1, strategy);
+    d.optimizer.kind = optimizer;
     d.logger.fn = keep_warning;
     warnings[0] = '\0';
     num_warnings = 0;
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_init(&ctx, net.model, &d), fsdp_last_error(NULL));
 }
+
+static void start_one_rank(fsdp_strategy strategy) { start_one_rank_with(strategy, FSDP_OPTIMIZER_DEFAULT); }
 
 /* Forward of the root and of layers.0 .. layers.2 (each opened and closed). */
 static void forward_pass(fsdp_ctx *c, const mlp *m) {
@@ -343,6 +346,27 @@ static void test_set_param_of_a_parameter_that_does_not_exist_returns_invalid_ar
     assert_says(fsdp_last_error(ctx), "rank 0 must pass the full value");
 }
 
+static void test_unit_info_of_a_unit_that_does_not_exist_returns_invalid_arg_naming_it_and_the_range(void) {
+    fsdp_unit_info info;
+    start_one_rank(FSDP_FULL_SHARD);
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_unit_info_get(ctx, 4, &info));
+    assert_says(fsdp_last_error(ctx), "fsdp_unit_info_get(ctx, 4, info): no such unit (the context has 4 units: 0..3)");
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_unit_info_get(ctx, -1, &info));
+    assert_says(fsdp_last_error(ctx), "fsdp_unit_info_get(ctx, -1, info): no such unit");
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_unit_info_get(ctx, 0, NULL));
+    assert_says(fsdp_last_error(ctx), "fsdp_unit_info_get(ctx, 0, NULL): info is NULL");
+}
+
+static void test_param_info_of_a_parameter_that_does_not_exist_returns_invalid_arg_naming_it_and_the_range(void) {
+    fsdp_param_info info;
+    start_one_rank(FSDP_FULL_SHARD);
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_param_info_get(ctx, 42, &info));
+    assert_says(fsdp_last_error(ctx),
+                "fsdp_param_info_get(ctx, 42, info): no such parameter (the model has 7 parameters: 0..6)");
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_INVALID_ARG, fsdp_param_info_get(ctx, 1, NULL));
+    assert_says(fsdp_last_error(ctx), "fsdp_param_info_get(ctx, 1, NULL): info is NULL");
+}
+
 /* Every misuse replaces the context's error; only the first is logged, as a warning. */
 static void test_misuse_is_logged_as_a_warning_once_per_context(void) {
     start_one_rank(FSDP_FULL_SHARD);
@@ -394,11 +418,106 @@ static void test_forward_only_pass_ended_by_finish_backward_then_training_step_s
 }
 
 /* ---------------------------------------------------------------------------------------------
+   fsdp_step needs a backward since the last step (torch.optim skips parameters whose grad is
+   None): AdamW, whose weight decay would move the weights even with zero gradients
+   --------------------------------------------------------------------------------------------- */
+/* A training iteration's forward and backward, every gradient element += 0.01. */
+static void train_pass(fsdp_ctx *c, const mlp *m) {
+    int l, p, i;
+    forward_pass(c, m);
+    TEST_ASSERT_EQUAL_INT(0, fsdp_pre_backward(c, 0));
+    for (l = 2; l >= 0; l--) {
+        TEST_ASSERT_EQUAL_INT(0, fsdp_pre_backward(c, m->layer[l]));
+        for (p = P_W0 + 2 * l; p <= P_B0 + 2 * l; p++) {
+            float *g = fsdp_grad(c, m->param[p]);
+            TEST_ASSERT_NOT_NULL(g);
+            for (i = 0; i < param_numel[p]; i++) g[i] += 0.01f;
+        }
+        TEST_ASSERT_EQUAL_INT(0, fsdp_post_backward(c, m->layer[l]));
+    }
+    TEST_ASSERT_EQUAL_INT(0, fsdp_post_backward(c, 0));
+}
+
+/* Every parameter's full value, concatenated (NELEM floats). */
+static void read_weights(float *out) {
+    int p;
+    for (p = 0; p < NPARAMS; p++)
+        TEST_ASSERT_EQUAL_INT_MESSAGE(0, fsdp_gather_param(ctx, net.param[p], out + param_offset[p]), fsdp_last_error(ctx));
+}
+
+static void test_step_after_a_forward_only_pass_returns_state_error_naming_fsdp_step(void) {
+    start_one_rank_with(FSDP_FULL_SHARD, FSDP_ADAMW);
+    forward_pass(ctx, &net);
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_STATE, fsdp_step(ctx, 0, NULL));
+    assert_says(fsdp_last_error(ctx), "fsdp_step: no backward ran since the last fsdp_step");
+    assert_says(fsdp_last_error(ctx), "nothing applied");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(1, num_warnings, warnings); /* a misuse, warned as the hooks' are */
+    assert_says(warnings, "fsdp_step: no backward ran");
+}
+
+/* Since init and since a step: the weights keep their bits, and Adam's step count does not move. */
+static void test_step_after_a_forward_only_pass_leaves_weights_bit_identical_and_the_step_count(void) {
+    float before[NELEM], after[NELEM];
+    fsdp_step_report report;
+    start_one_rank_with(FSDP_FULL_SHARD, FSDP_ADAMW);
+    read_weights(before);
+    forward_pass(ctx, &net);
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_STATE, fsdp_step(ctx, 0, &report));
+    read_weights(after);
+    TEST_ASSERT_EQUAL_MEMORY_MESSAGE(before, after, sizeof before, "weights after init, a forward-only pass and a step");
+    train_pass(ctx, &net);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, fsdp_step(ctx, 0, &report), fsdp_last_error(ctx));
+    TEST_ASSERT_EQUAL_INT64(1, report.step);
+    read_weights(before);
+    forward_pass(ctx, &net);
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_STATE, fsdp_step(ctx, 0, &report));
+    read_weights(after);
+    TEST_ASSERT_EQUAL_MEMORY_MESSAGE(before, after, sizeof before, "weights after a step, a forward-only pass and a step");
+    train_pass(ctx, &net);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, fsdp_step(ctx, 0, &report), fsdp_last_error(ctx));
+    TEST_ASSERT_EQUAL_INT64(2, report.step);
+}
+
+/* fsdp_zero_grad is torch's zero_grad(set_to_none=True): a step after it has nothing to apply. */
+static void test_step_after_zero_grad_without_a_new_backward_returns_state_error_and_changes_nothing(void) {
+    float before[NELEM], after[NELEM];
+    start_one_rank_with(FSDP_FULL_SHARD, FSDP_ADAMW);
+    train_pass(ctx, &net);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, fsdp_finish_backward(ctx), fsdp_last_error(ctx));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, fsdp_zero_grad(ctx), fsdp_last_error(ctx));
+    read_weights(before);
+    TEST_ASSERT_EQUAL_INT(FSDP_ERR_STATE, fsdp_step(ctx, 0, NULL));
+    read_weights(after);
+    TEST_ASSERT_EQUAL_MEMORY(before, after, sizeof before);
+}
+
+/* Gradient accumulation: micro-steps under no_sync, an evaluation pass among them, then the step. */
+static void test_step_after_no_sync_micro_steps_and_an_evaluation_pass_applies_the_update(void) {
+    float before[NELEM], after[NELEM];
+    fsdp_step_report report;
+    start_one_rank_with(FSDP_FULL_SHARD, FSDP_ADAMW);
+    read_weights(before);
+    TEST_ASSERT_EQUAL_INT(0, fsdp_set_no_sync(ctx, 1));
+    train_pass(ctx, &net);
+    TEST_ASSERT_EQUAL_INT(0, fsdp_set_no_sync(ctx, 0));
+    train_pass(ctx, &net);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, fsdp_finish_backward(ctx), fsdp_last_error(ctx));
+    forward_pass(ctx, &net);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, fsdp_finish_backward(ctx), fsdp_last_error(ctx));
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, fsdp_step(ctx, 0, &report), fsdp_last_error(ctx));
+    TEST_ASSERT_EQUAL_INT64(1, report.step);
+    read_weights(after);
+    TEST_ASSERT_TRUE_MESSAGE(memcmp(before, after, sizeof before) != 0, "the step changed no weight");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, num_warnings, warnings);
+}
+
+/* ---------------------------------------------------------------------------------------------
    misuse under FSDP_DEBUG: the process aborts at the call, printing the message
    --------------------------------------------------------------------------------------------- */
 typedef struct misuse_child {
     const char *debug; /* FSDP_DEBUG's value in the child */
-    int hook;          /* 1: the misuse is a hook out of order; 0: fsdp_param outside the hooks */
+    int hook;          /* 1: the misuse is a hook out of order; 2: fsdp_step after a forward-only pass;
+                          0: fsdp_param outside the hooks */
     char log[256];     /* its stderr goes there */
 } misuse_child;
 
@@ -418,7 +537,11 @@ static int misuse_in_child(void *arg) {
     if (mlp_build(&m) != 0 || open_one_rank_comm(&comm, "test-hook-contract-abort") != 0) return 2;
     d = desc_for(comm, FSDP_FULL_SHARD);
     if (fsdp_init(&c, m.model, &d) != 0) return 3;
-    if (mc->hook) fsdp_post_forward(c, m.layer[1]);
+    if (mc->hook == 2) { /* (no checks: the test reads what the child printed) */
+        fsdp_pre_forward(c, 0);
+        fsdp_post_forward(c, 0);
+        fsdp_step(c, 0, NULL);
+    } else if (mc->hook) fsdp_post_forward(c, m.layer[1]);
     else fsdp_param(c, m.param[P_W1]);
     fsdp_destroy(c);
     fsdp_comm_destroy(comm);
@@ -468,6 +591,9 @@ static void test_param_outside_the_hooks_under_fsdp_debug_1_aborts_printing_the_
 static void test_hook_out_of_order_under_fsdp_debug_2_aborts_printing_the_message(void) {
     assert_misuse_child("2", 1, "post_forward of module 'layers.1'");
 }
+static void test_step_after_a_forward_only_pass_under_fsdp_debug_1_aborts_printing_the_message(void) {
+    assert_misuse_child("1", 2, "fsdp_step: no backward ran since the last fsdp_step");
+}
 static void test_param_outside_the_hooks_under_fsdp_debug_0_returns_null_and_goes_on(void) {
     assert_misuse_child("0", 0, NULL);
 }
@@ -491,12 +617,19 @@ int main(void) {
     RUN_TEST(test_param_of_a_parameter_that_does_not_exist_names_its_index_and_the_count);
     RUN_TEST(test_set_lr_of_a_negative_value_returns_invalid_arg_naming_it);
     RUN_TEST(test_set_param_of_a_parameter_that_does_not_exist_returns_invalid_arg_naming_it);
+    RUN_TEST(test_unit_info_of_a_unit_that_does_not_exist_returns_invalid_arg_naming_it_and_the_range);
+    RUN_TEST(test_param_info_of_a_parameter_that_does_not_exist_returns_invalid_arg_naming_it_and_the_range);
     RUN_TEST(test_misuse_is_logged_as_a_warning_once_per_context);
     RUN_TEST(test_hook_out_of_order_is_logged_as_a_warning);
     RUN_TEST(test_forward_only_pass_without_finish_backward_then_forward_names_fsdp_finish_backward);
     RUN_TEST(test_forward_only_pass_ended_by_finish_backward_then_training_step_succeeds);
+    RUN_TEST(test_step_after_a_forward_only_pass_returns_state_error_naming_fsdp_step);
+    RUN_TEST(test_step_after_a_forward_only_pass_leaves_weights_bit_identical_and_the_step_count);
+    RUN_TEST(test_step_after_zero_grad_without_a_new_backward_returns_state_error_and_changes_nothing);
+    RUN_TEST(test_step_after_no_sync_micro_steps_and_an_evaluation_pass_applies_the_update);
     RUN_TEST(test_param_outside_the_hooks_under_fsdp_debug_1_aborts_printing_the_message);
     RUN_TEST(test_hook_out_of_order_under_fsdp_debug_2_aborts_printing_the_message);
+    RUN_TEST(test_step_after_a_forward_only_pass_under_fsdp_debug_1_aborts_printing_the_message);
     RUN_TEST(test_param_outside_the_hooks_under_fsdp_debug_0_returns_null_and_goes_on);
     return UNITY_END();
 }

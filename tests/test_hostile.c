@@ -14,6 +14,10 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+/* fsdp.h's private test hook: the user holding a connection's far end. A child that sets
+   uid_unasked plays a system whose socket table cannot be asked (no sock_diag). */
+static int uid_unasked;
+#define FSDP__SOCK_PEER_UID(fd) (uid_unasked ? FSDP__UID_UNASKED : fsdp__sock_peer_uid(fd))
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 #include "unity.h"
@@ -533,6 +537,49 @@ static void test_rank0_without_a_secret_off_loopback_warns_naming_the_open_port(
     run_pair(run_socket_rank, &r0, run_socket_rank, &r1, 0, 10000);
     TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, shared[0].rc);
     TEST_ASSERT_FALSE_MESSAGE(contains(shared[0].log, "no secret"), shared[0].log);
+}
+
+/* Without a secret, on a system whose socket table cannot be asked, every communicator says once
+   that the peers' users go unchecked: a process that runs two jobs one after the other (or
+   holds two communicators) hears it for each, not for the first only. */
+typedef struct two_jobs {
+    rank_plan job[2];
+} two_jobs;
+
+/* Child: the rank of job 0, then of job 1; job 0's report moves to shared[2 + rank]. */
+static int run_socket_rank_in_two_jobs(void *arg) {
+    const two_jobs *t = (const two_jobs *)arg;
+    int rank = t->job[0].rank;
+    uid_unasked = 1;
+    run_socket_rank((void *)&t->job[0]);
+    shared[2 + rank] = shared[rank];
+    memset(&shared[rank], 0, sizeof shared[rank]);
+    run_socket_rank((void *)&t->job[1]);
+    return 0;
+}
+
+static void test_socket_without_sock_diag_warns_once_per_communicator_not_once_per_process(void) {
+    two_jobs t0, t1;
+    int r, j, warned[2] = {0, 0};
+    rank_plan p = {0, 2, 0, 5000, NULL, JOB, NULL, 4, 0, NULL, 0};
+    t0.job[0] = t0.job[1] = p;
+    t0.job[0].port = pick_free_port();
+    t0.job[1].port = pick_free_port();
+    t0.job[1].job = "hostile-job-token-second";
+    t1 = t0;
+    t1.job[0].rank = t1.job[1].rank = 1;
+    reset_reports();
+    run_pair(run_socket_rank_in_two_jobs, &t0, run_socket_rank_in_two_jobs, &t1, 0, 20000);
+    for (j = 0; j < 2; j++)
+        for (r = 0; r < 2; r++) {
+            const rank_report *rep = &shared[j == 0 ? 2 + r : r];
+            TEST_ASSERT_TRUE_MESSAGE(rep->done, "a rank did not report");
+            TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rep->rc, rep->message);
+            TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rep->op_rc, rep->message);
+            warned[j] += contains(rep->log, "does not say which user holds a connection");
+        }
+    TEST_ASSERT_TRUE_MESSAGE(warned[0] > 0, shared[2].log);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(warned[0], warned[1], "the second job's ranks said less than the first's");
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1706,6 +1753,7 @@ int main(void) {
     RUN_TEST(test_eight_processes_flooding_rank_0_with_connections_do_not_keep_the_ranks_out);
     RUN_TEST(test_accept_failing_for_lack_of_descriptors_does_not_end_the_rendezvous);
     RUN_TEST(test_rank0_without_a_secret_off_loopback_warns_naming_the_open_port);
+    RUN_TEST(test_socket_without_sock_diag_warns_once_per_communicator_not_once_per_process);
     RUN_TEST(test_descriptor_limit_is_raised_for_a_large_world_or_init_fails_naming_it);
     RUN_TEST(test_handshake_relayed_by_a_stranger_is_refused_by_rank_0);
     RUN_TEST(test_address_planted_in_torchruns_store_is_refused);

@@ -111,6 +111,38 @@ static void test_mpi_broadcast_from_last_rank_reaches_everyone(void) {
     free(buf); free(want);
 }
 
+/* mpirun sets none of the variables a job token comes from: the world draws one (rank 0's,
+   broadcast), so that two jobs of a user on one host never name their shared-memory
+   sub-communicators alike (the chaos campaign saw two such jobs meet: one rank failed to form
+   its HYBRID_SHARD groups and the others waited for it until their timeout) */
+static void test_mpi_world_without_job_token_shares_one_drawn_by_rank0(void) {
+    char mine[64], *all = (char *)calloc((size_t)P, sizeof mine);
+    int r;
+    memset(mine, 0, sizeof mine);
+    snprintf(mine, sizeof mine, "%s", comm->job);
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_all_gather(comm, mine, all, sizeof mine / 4, FSDP_F32));
+    TEST_ASSERT_EQUAL_INT(0, strncmp(mine, "mpi-", 4));
+    TEST_ASSERT_EQUAL_INT(20, (int)strlen(mine)); /* "mpi-" and 8 random bytes in hex */
+    for (r = 0; r < P; r++) TEST_ASSERT_EQUAL_STRING(mine, all + (size_t)r * sizeof mine);
+    free(all);
+}
+
+/* Ranks of one host split into groups made of shared memory (as HYBRID_SHARD's shard groups),
+   many times in a row; every group reduces exactly. tests/run.sh runs two such jobs at once. */
+static void test_mpi_split_into_shm_groups_repeatedly_reduces_exactly(void) {
+    int it, r;
+    for (it = 0; it < 20; it++) {
+        fsdp_comm *sub = NULL;
+        float x = (float)(me + 1 + it), y = 0, want = 0;
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_comm_split(comm, me % 2, me, &sub), fsdp_comm_last_error(comm));
+        if (fsdp_comm_size(sub) > 1) TEST_ASSERT_EQUAL_INT(FSDP_BACKEND_SHM, fsdp_comm_backend(sub));
+        TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, fsdp_all_reduce(sub, &x, &y, 1, FSDP_F32, FSDP_SUM));
+        for (r = me % 2; r < P; r += 2) want += (float)(r + 1 + it);
+        TEST_ASSERT_EQUAL_FLOAT(want, y);
+        fsdp_comm_destroy(sub);
+    }
+}
+
 static void test_mpi_mismatched_collectives_fail_with_mismatch(void) {
     float x[4] = {1, 2, 3, 4}, y[16];
     int rc;
@@ -142,6 +174,8 @@ int main(void) {
     RUN_TEST(test_mpi_reduce_scatter_matches_reference_bitwise);
     RUN_TEST(test_mpi_all_reduce_matches_reference_bitwise);
     RUN_TEST(test_mpi_broadcast_from_last_rank_reaches_everyone);
+    RUN_TEST(test_mpi_world_without_job_token_shares_one_drawn_by_rank0);
+    RUN_TEST(test_mpi_split_into_shm_groups_repeatedly_reduces_exactly);
     RUN_TEST(test_mpi_mismatched_collectives_fail_with_mismatch);
     rc = UNITY_END();
     fsdp_comm_destroy(comm);

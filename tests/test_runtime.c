@@ -115,20 +115,12 @@ static void count_padding(tensors *t, int module_param) {
     }
 }
 
-#define HOOK(call, name)                      \
-    do {                                      \
-        if (t->ctx && (rc = (call)) != 0) {   \
-            t->failed = name;                 \
-            return rc;                        \
-        }                                     \
+/* (a run without t->ctx is the reference: no hooks) */
+#define HOOK(call, name)                                     \
+    do {                                                     \
+        if (t->ctx) RETURN_IF_FAILED(call, t->failed, name); \
     } while (0)
-#define NEED(ptr, name)                       \
-    do {                                      \
-        if (!(ptr)) {                         \
-            t->failed = name " returned NULL"; \
-            return FSDP_ERR_STATE;            \
-        }                                     \
-    } while (0)
+#define NEED(ptr, name) RETURN_IF_NULL(ptr, t->failed, name " returned NULL")
 
 /* One forward and backward over rows [lo, hi) of step `step`, in the order autograd would run
    it, with FSDP's hooks at module boundaries. Gradients of loss * grad_scale / (hi - lo) are
@@ -1570,12 +1562,14 @@ typedef struct prefetch_report {
     int done, rc;
     char error[200];
     size_t forward_peak, iteration_peak; /* peak unsharded bytes */
+    size_t backward_start_bytes;         /* unsharded bytes after the first pre_backward (eval-first run) */
 } prefetch_report;
 
 static prefetch_report *prefetch_reports; /* MAP_SHARED [limit - 1][rank], limits 1 and 2 */
 
-/* A forward pass over the units (then fsdp_finish_backward), or a training iteration. */
-static int prefetch_pass(fsdp_ctx *ctx, const int *layer, const int *weight, int train) {
+/* A forward pass over the units (then fsdp_finish_backward), or a training iteration; with
+   backward_start, the unsharded bytes live once the backward's first unit is gathered. */
+static int prefetch_pass(fsdp_ctx *ctx, const int *layer, const int *weight, int train, size_t *backward_start) {
     int l, rc, i;
     if ((rc = fsdp_pre_forward(ctx, 0)) != 0) return rc;
     for (l = 0; l < PREFETCH_UNITS; l++) {
@@ -1589,6 +1583,11 @@ static int prefetch_pass(fsdp_ctx *ctx, const int *layer, const int *weight, int
     for (l = PREFETCH_UNITS - 1; l >= 0; l--) {
         float *g;
         if ((rc = fsdp_pre_backward(ctx, layer[l])) != 0) return rc;
+        if (backward_start && l == PREFETCH_UNITS - 1) {
+            fsdp_memory_stats st;
+            fsdp_memory_stats_get(ctx, &st);
+            *backward_start = st.unsharded_bytes;
+        }
         if (!(g = fsdp_grad(ctx, weight[l]))) return FSDP_ERR_STATE;
         for (i = 0; i < BIG_DIM * BIG_DIM; i++) g[i] += 1e-3f;
         if ((rc = fsdp_post_backward(ctx, layer[l])) != 0) return rc;
@@ -1597,23 +1596,21 @@ static int prefetch_pass(fsdp_ctx *ctx, const int *layer, const int *weight, int
     return fsdp_step(ctx, 0, NULL);
 }
 
-static int prefetch_measure(fsdp_comm *comm, int limit, prefetch_report *r) {
+/* The stack of PREFETCH_UNITS Linear units (FULL_SHARD, both prefetches) in *ctx. */
+static int prefetch_init(fsdp_comm *comm, int limit, fsdp_model **model, fsdp_ctx **ctx, int *layer, int *weight) {
     static const char *const linear[] = {"Linear", NULL};
     fsdp_init_rule rule = {FSDP_INIT_UNIFORM, -0.05f, 0.05f, NULL, NULL};
     int64_t shape[2] = {BIG_DIM, BIG_DIM};
-    int layer[PREFETCH_UNITS], weight[PREFETCH_UNITS], layers, l, rc;
-    fsdp_model *model = NULL;
-    fsdp_ctx *ctx = NULL;
-    fsdp_memory_stats st;
+    int layers, l, rc;
     fsdp_desc d;
     char name[16];
-    if ((rc = fsdp_model_create(&model, "Stack")) != 0 || (rc = layers = fsdp_model_module(model, 0, "layers", "ModuleList")) < 0)
-        goto done;
+    if ((rc = fsdp_model_create(model, "Stack")) != 0 || (rc = layers = fsdp_model_module(*model, 0, "layers", "ModuleList")) < 0)
+        return rc;
     for (l = 0; l < PREFETCH_UNITS; l++) {
         snprintf(name, sizeof name, "%d", l);
-        if ((rc = layer[l] = fsdp_model_module(model, layers, name, "Linear")) < 0 ||
-            (rc = weight[l] = fsdp_model_param(model, layer[l], "weight", 2, shape, rule)) < 0)
-            goto done;
+        if ((rc = layer[l] = fsdp_model_module(*model, layers, name, "Linear")) < 0 ||
+            (rc = weight[l] = fsdp_model_param(*model, layer[l], "weight", 2, shape, rule)) < 0)
+            return rc;
     }
     memset(&d, 0, sizeof d);
     d.comm = comm;
@@ -1623,15 +1620,35 @@ static int prefetch_measure(fsdp_comm *comm, int limit, prefetch_report *r) {
     d.forward_prefetch = 1;
     d.backward_prefetch = FSDP_BACKWARD_PRE;
     d.limit_all_gathers = limit;
-    if ((rc = fsdp_init(&ctx, model, &d)) != 0 || (rc = prefetch_pass(ctx, layer, weight, 1)) != 0) goto done;
+    return fsdp_init(ctx, *model, &d);
+}
+
+static int prefetch_measure(fsdp_comm *comm, int limit, prefetch_report *r) {
+    int layer[PREFETCH_UNITS], weight[PREFETCH_UNITS], rc;
+    fsdp_model *model = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_memory_stats st;
+    if ((rc = prefetch_init(comm, limit, &model, &ctx, layer, weight)) != 0 ||
+        (rc = prefetch_pass(ctx, layer, weight, 1, NULL)) != 0)
+        goto done;
     fsdp_memory_reset_peak(ctx);
-    if ((rc = prefetch_pass(ctx, layer, weight, 0)) != 0) goto done;
+    if ((rc = prefetch_pass(ctx, layer, weight, 0, NULL)) != 0) goto done;
     fsdp_memory_stats_get(ctx, &st);
     r->forward_peak = st.peak_unsharded_bytes;
     fsdp_memory_reset_peak(ctx);
-    if ((rc = prefetch_pass(ctx, layer, weight, 1)) != 0) goto done;
+    if ((rc = prefetch_pass(ctx, layer, weight, 1, NULL)) != 0) goto done;
     fsdp_memory_stats_get(ctx, &st);
     r->iteration_peak = st.peak_unsharded_bytes;
+    if (limit == 2) { /* a new context whose first iteration is an evaluation pass */
+        fsdp_destroy(ctx);
+        fsdp_model_destroy(model);
+        ctx = NULL;
+        model = NULL;
+        if ((rc = prefetch_init(comm, limit, &model, &ctx, layer, weight)) != 0 ||
+            (rc = prefetch_pass(ctx, layer, weight, 0, NULL)) != 0 || (rc = prefetch_pass(ctx, layer, weight, 1, NULL)) != 0 ||
+            (rc = prefetch_pass(ctx, layer, weight, 1, &r->backward_start_bytes)) != 0)
+            goto done;
+    }
 done:
     if (rc < 0 && !r->error[0])
         snprintf(r->error, sizeof r->error, "limit %d: %.180s", limit, ctx ? fsdp_last_error(ctx) : fsdp_last_error(NULL));
@@ -1695,6 +1712,22 @@ static void test_prefetch_with_limit_all_gathers_2_gathers_the_next_unit_meanwhi
     }
 }
 
+/* An evaluation pass first teaches the forward order only: the first training iteration after
+   it learns the backward's, so backward prefetch runs from the second on. Its first unit (the last
+   layer) holds its parameters and its gradient, and BACKWARD_PRE has the next unit's gather in
+   flight meanwhile; no reduction has been issued yet. */
+static void test_prefetch_after_a_forward_only_first_iteration_gathers_the_next_unit_in_backward(void) {
+    int rank;
+    ensure_prefetch();
+    for (rank = 0; rank < 2; rank++) {
+        const prefetch_report *r = prefetch_of(2, rank);
+        snprintf(message, sizeof message, "rank %d: %zu unsharded bytes at the first pre_backward of the second training "
+                 "iteration after an evaluation pass; a unit gathers %zu", rank, r->backward_start_bytes,
+                 PREFETCH_UNIT_BYTES);
+        TEST_ASSERT_EQUAL_size_t_MESSAGE(3 * PREFETCH_UNIT_BYTES, r->backward_start_bytes, message);
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
    runner
    --------------------------------------------------------------------------------------------- */
@@ -1753,6 +1786,7 @@ int main(void) {
     RUN_TEST(test_memory_hybrid_shard_peak_unsharded_bytes_stay_within_the_estimate);
     RUN_TEST(test_prefetch_with_limit_all_gathers_1_keeps_one_unit_gathered_at_a_time);
     RUN_TEST(test_prefetch_with_limit_all_gathers_2_gathers_the_next_unit_meanwhile);
+    RUN_TEST(test_prefetch_after_a_forward_only_first_iteration_gathers_the_next_unit_in_backward);
     snprintf(line, sizeof line, "training matrix: %d configurations x P=1..4 x %d runs in %.1f s", num_configs, RUNS,
              matrix->seconds);
     puts(line);

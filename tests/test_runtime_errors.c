@@ -634,7 +634,23 @@ static void test_init_with_shard_group_size_larger_than_world_returns_invalid_ar
     fsdp_desc d = valid_desc();
     d.strategy = FSDP_HYBRID_SHARD;
     d.shard_group_size = 2;
-    assert_init_rejected(&d, "shard_group_size");
+    assert_init_rejected(&d, "shard_group_size 2 must divide the world size 1: unit 0 '(root)' is HYBRID_SHARD (desc.strategy)");
+}
+
+/* Only HYBRID_SHARD units use the shard group: without one, a group size that does not divide the
+   world (the default, ranks per host, on uneven hosts) is no error. */
+static void test_init_with_shard_group_size_larger_than_world_and_no_hybrid_unit_succeeds(void) {
+    fsdp_desc d = valid_desc();
+    d.shard_group_size = 2;
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, fsdp_init(&ctx, net.model, &d), fsdp_last_error(NULL));
+}
+
+static void test_init_with_shard_group_size_larger_than_world_and_a_hybrid_unit_of_its_own_names_the_unit(void) {
+    fsdp_desc d = valid_desc();
+    d.shard_group_size = 2;
+    TEST_ASSERT_EQUAL_INT(0, fsdp_model_set_strategy(net.model, net.layer[1], FSDP_HYBRID_SHARD));
+    assert_init_rejected(&d, "shard_group_size 2 must divide the world size 1: unit 2 'layers.1' is HYBRID_SHARD "
+                             "(fsdp_model_set_strategy)");
 }
 
 static void test_init_without_comm_returns_invalid_arg(void) {
@@ -1045,6 +1061,8 @@ int main(void) {
     RUN_TEST(test_init_with_predicate_policy_without_predicate_returns_invalid_arg);
     RUN_TEST(test_init_with_unknown_wrap_policy_returns_invalid_arg);
     RUN_TEST(test_init_with_shard_group_size_larger_than_world_returns_invalid_arg);
+    RUN_TEST(test_init_with_shard_group_size_larger_than_world_and_no_hybrid_unit_succeeds);
+    RUN_TEST(test_init_with_shard_group_size_larger_than_world_and_a_hybrid_unit_of_its_own_names_the_unit);
     RUN_TEST(test_init_without_comm_returns_invalid_arg);
     RUN_TEST(test_init_with_shard_group_size_not_dividing_world_returns_invalid_arg_on_every_rank);
 

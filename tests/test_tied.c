@@ -123,20 +123,12 @@ static float *grad_of(tensors *t, int p) {
     return t->ctx ? fsdp_grad(t->ctx, t->m->param[p]) : t->grads + param_offset[p];
 }
 
-#define HOOK(call, name)                      \
-    do {                                      \
-        if (t->ctx && (rc = (call)) != 0) {   \
-            t->failed = name;                 \
-            return rc;                        \
-        }                                     \
+/* (a run without t->ctx is the reference: no hooks) */
+#define HOOK(call, name)                                     \
+    do {                                                     \
+        if (t->ctx) RETURN_IF_FAILED(call, t->failed, name); \
     } while (0)
-#define NEED(ptr, name)                        \
-    do {                                       \
-        if (!(ptr)) {                          \
-            t->failed = name " returned NULL"; \
-            return FSDP_ERR_STATE;             \
-        }                                      \
-    } while (0)
+#define NEED(ptr, name) RETURN_IF_NULL(ptr, t->failed, name " returned NULL")
 
 /* z (V) = E h, E (V,C): the output layer, E^T as a Linear without bias */
 static void output_forward(float *z, const float *E, const float *h) {
@@ -398,17 +390,10 @@ static int tied_rank(fsdp_comm *comm, void *arg) {
 
 static void ensure_launched(void) {
     static int launched;
-    int world;
-    double start = fsdp_now();
     if (launched) return;
     launched = 1;
-    for (world = 1; world <= MAX_WORLD; world++) {
-        fsdp_launch_status status;
-        shared->launch_rc[world] = launch_ranks(world, FSDP_BACKEND_SHM, LAUNCH_TIMEOUT_MS, tied_rank, NULL, &status);
-        snprintf(shared->launch_message[world], sizeof shared->launch_message[world], "%s",
-                 shared->launch_rc[world] == FSDP_SUCCESS ? "" : status.message);
-    }
-    shared->seconds = fsdp_now() - start;
+    shared->seconds = launch_every_world(MAX_WORLD, LAUNCH_TIMEOUT_MS, tied_rank, shared->launch_rc,
+                                         shared->launch_message[0], sizeof shared->launch_message[0]);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -284,20 +284,12 @@ static float *grad_of(tensors *t, int p) {
     return t->scratch + param_offset[p];
 }
 
-#define HOOK(call, name)                     \
-    do {                                     \
-        if (t->ctx && (rc = (call)) != 0) {  \
-            t->failed = name;                \
-            return rc;                       \
-        }                                    \
+/* (a run without t->ctx is the reference: no hooks) */
+#define HOOK(call, name)                                     \
+    do {                                                     \
+        if (t->ctx) RETURN_IF_FAILED(call, t->failed, name); \
     } while (0)
-#define NEED(ptr, name)                      \
-    do {                                     \
-        if (!(ptr)) {                        \
-            t->failed = name;                \
-            return FSDP_ERR_STATE;           \
-        }                                    \
-    } while (0)
+#define NEED(ptr, name) RETURN_IF_NULL(ptr, t->failed, name)
 
 static const char *const pre_forward_names[3] = {"pre_forward(layers.0)", "pre_forward(layers.1)", "pre_forward(layers.2)"};
 static const char *const post_forward_names[3] = {"post_forward(layers.0)", "post_forward(layers.1)",
@@ -929,17 +921,10 @@ static int matrix_rank(fsdp_comm *comm, void *arg) {
 
 static void ensure_matrix(void) {
     static int launched;
-    int world;
-    double start = fsdp_now();
     if (launched) return;
     launched = 1;
-    for (world = 1; world <= MAX_WORLD; world++) {
-        fsdp_launch_status status;
-        matrix->launch_rc[world] = launch_ranks(world, FSDP_BACKEND_SHM, LAUNCH_TIMEOUT_MS, matrix_rank, NULL, &status);
-        snprintf(matrix->launch_message[world], sizeof matrix->launch_message[world], "%s",
-                 matrix->launch_rc[world] == FSDP_SUCCESS ? "" : status.message);
-    }
-    matrix->seconds = fsdp_now() - start;
+    matrix->seconds = launch_every_world(MAX_WORLD, LAUNCH_TIMEOUT_MS, matrix_rank, matrix->launch_rc,
+                                         matrix->launch_message[0], sizeof matrix->launch_message[0]);
 }
 
 /* ---------------------------------------------------------------------------------------------
