@@ -17,12 +17,10 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <ftw.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -650,38 +648,6 @@ static TEST_UNUSED void scale_backward(float *dscale, const float *dx0, const fl
     for (i = 0; i < n; i++)
         for (k = 0; k < dim; k++) dscale[k] += dx0[i * dim + k] * x[i * dim + k];
 }
-
-/* ---------------------------------------------------------------------------------------------
-   a host name of this process's own (ranks that claim different names are different hosts to
-   fsdp.h: a UTS namespace only, no network namespace; test_hierarchical.c says more)
-   --------------------------------------------------------------------------------------------- */
-static TEST_UNUSED int write_text(const char *path, const char *text) {
-    int fd = open(path, O_WRONLY | O_CLOEXEC), ok;
-    if (fd < 0) return -1;
-    ok = write(fd, text, strlen(text)) == (ssize_t)strlen(text);
-    close(fd);
-    return ok ? 0 : -1;
-}
-
-/* Without root: a user namespace of its own, mapping this user to itself, gives the rights to
-   make the UTS namespace (and nothing on the machine). */
-static TEST_UNUSED int enter_user_namespace(void) {
-    char map[64];
-    unsigned uid = (unsigned)geteuid(), gid = (unsigned)getegid();
-    if (unshare(CLONE_NEWUSER | CLONE_NEWUTS) != 0) return -1;
-    snprintf(map, sizeof map, "%u %u 1\n", uid, uid);
-    if (write_text("/proc/self/uid_map", map) != 0) return -1;
-    if (write_text("/proc/self/setgroups", "deny") != 0) return -1;
-    snprintf(map, sizeof map, "%u %u 1\n", gid, gid);
-    return write_text("/proc/self/gid_map", map);
-}
-
-/* 0 once this process alone is called `name`; -1 with errno. */
-static TEST_UNUSED int claim_host(const char *name) {
-    if (unshare(CLONE_NEWUTS) != 0 && (errno != EPERM || enter_user_namespace() != 0)) return -1;
-    return sethostname(name, strlen(name));
-}
-
 
 /* In a forked rank: claims the host name `host`, then joins the socket world of `world` ranks
    whose rendezvous is 127.0.0.1:port as rank `rank`. 0 with *comm; 1 if no host name could be had
