@@ -940,6 +940,21 @@ typedef struct fsdp_loss_scale_desc {
     int growth_interval;                /* 0: 2000 */
 } fsdp_loss_scale_desc;
 
+/* What fsdp_post_forward does with a unit's gathered parameters (PyTorch FSDP2's
+   reshard_after_forward; ZeRO++'s hpZ for HOST). Global (fsdp_desc.reshard_after_forward) or per
+   unit (fsdp_model_set_reshard_after_forward). The root unit is never resharded (see
+   fsdp_pre_forward): a mode given for it is ignored. */
+typedef enum fsdp_reshard_mode {
+    FSDP_RESHARD_DEFAULT = 0, /* the strategy's: FULL_SHARD and HYBRID_SHARD reshard, the others keep; never the root */
+    FSDP_RESHARD_ALL = 1,     /* FSDP2's reshard_after_forward=True: free the gathered copy */
+    FSDP_RESHARD_NONE = 2,    /* False: keep it gathered until post_backward */
+    FSDP_RESHARD_HOST = 3     /* FSDP2's int (the host's rank count), ZeRO++'s hpZ: keep the unit sharded over this
+                                 host's ranks (ceil(padded / L) elements per rank, in param_dtype, L the host's
+                                 ranks) so that backward's gather stays inside the host. Where the unit's shard
+                                 group lies inside one host (one host; HYBRID_SHARD's default group) or for
+                                 NO_SHARD it means nothing: ALL, with an info log naming the unit */
+} fsdp_reshard_mode;
+
 typedef struct fsdp_desc {
     fsdp_comm *comm;                    /* required; the context does not own it */
     fsdp_strategy strategy;             /* for every unit without its own (fsdp_model_set_strategy) */
@@ -965,6 +980,16 @@ typedef struct fsdp_desc {
     fsdp_loss_scale_desc loss_scale;    /* dynamic loss scaling (for f16; default off) */
     const char *trace_dir;              /* write a trace per rank here (>>trace); NULL: FSDP_TRACE, else off */
     fsdp_recovery_desc recovery;        /* in-job recovery from a lost replica (>>recovery; default off) */
+    fsdp_reshard_mode reshard_after_forward; /* for every unit without its own (FSDP_RESHARD_DEFAULT: the strategy's) */
+    fsdp_wire param_wire;               /* what parameter gathers move (>>wire), for every unit without its own:
+                                           DEFAULT: param_dtype; INT8, INT4: each rank encodes its f32 master
+                                           shard, the gather moves the codes and every rank decodes them into
+                                           param_dtype (ZeRO++'s qwZ). Shards are then padded to whole blocks,
+                                           so the gathered weights are the same bits at every world size. A
+                                           float wire other than param_dtype's is refused (param_dtype says it) */
+    fsdp_wire grad_wire;                /* reserved for quantized gradient reductions: anything but DEFAULT is
+                                           refused for now (FSDP_ERR_UNSUPPORTED) */
+    size_t wire_block;                  /* elements per block of INT8/INT4 (fsdp_wire_bytes' rules); 0: 128 */
 } fsdp_desc;
 
 /* Builds units from the wrap policy, allocates this rank's shards and initialises them.
@@ -979,6 +1004,13 @@ FSDP_API const char *fsdp_last_error(const fsdp_ctx *ctx);
 
 /* Per-unit strategy, before fsdp_init: the unit rooted at module uses this strategy. */
 FSDP_API int fsdp_model_set_strategy(fsdp_model *model, int module, fsdp_strategy strategy);
+/* Per-unit reshard after forward, before fsdp_init: the unit rooted at module does what mode says
+   (fsdp_reshard_mode; FSDP_RESHARD_DEFAULT: fsdp_desc.reshard_after_forward's). */
+FSDP_API int fsdp_model_set_reshard_after_forward(fsdp_model *model, int module, fsdp_reshard_mode mode);
+/* Per-unit wire formats, before fsdp_init: what the unit rooted at module gathers its parameters
+   in and reduces its gradients in (FSDP_WIRE_DEFAULT: fsdp_desc's param_wire and grad_wire, with
+   the same rules; a grad_wire other than DEFAULT is refused by fsdp_init for now). */
+FSDP_API int fsdp_model_set_wire(fsdp_model *model, int module, fsdp_wire param_wire, fsdp_wire grad_wire);
 
 /* Hooks, called by the training code at module boundaries. A module that is not a unit acts on
    the unit that owns it (reference counted, so calling hooks on every module is fine).
@@ -986,8 +1018,8 @@ FSDP_API int fsdp_model_set_strategy(fsdp_model *model, int module, fsdp_strateg
    fsdp_param's NULL is (one warning per context; FSDP_DEBUG >= 1 aborts there).
    fsdp_pre_forward gathers the unit's parameters; fsdp_post_forward reshards them (frees the
    gathered copy) where the unit's strategy says so: FULL_SHARD and HYBRID_SHARD units but the
-   root; fsdp_pre_backward gathers them again if they were; fsdp_post_backward reduces the
-   gradients and reshards. The root unit (unit 0, rooted at module 0: every parameter no other
+   root (fsdp_reshard_mode changes that per unit or for all); fsdp_pre_backward gathers them
+   again if they were; fsdp_post_backward reduces the gradients and reshards. The root unit (unit 0, rooted at module 0: every parameter no other
    unit took, e.g. the embeddings, the last norm, a tied head) is never resharded after its
    forward, under any strategy, as in PyTorch FSDP: its backward follows at once. So call
    fsdp_pre_forward(ctx, 0) before the whole forward and fsdp_post_forward(ctx, 0) after it,
@@ -996,7 +1028,9 @@ FSDP_API int fsdp_model_set_strategy(fsdp_model *model, int module, fsdp_strateg
    reshard after forward (reshard_after_forward) and which is the root (is_root). */
 FSDP_API int fsdp_pre_forward(fsdp_ctx *ctx, int module);
 /* Ends the module's forward: reshards its unit when fsdp_unit_info.reshard_after_forward is 1
-   (FULL_SHARD, HYBRID_SHARD; never the root, which keeps its parameters for the backward). */
+   (FULL_SHARD, HYBRID_SHARD, or as its fsdp_reshard_mode says; never the root, which keeps its
+   parameters for the backward). FSDP_RESHARD_HOST first keeps this rank's slice of the host's
+   share (a copy, freed when the backward's gather is done). */
 FSDP_API int fsdp_post_forward(fsdp_ctx *ctx, int module);
 FSDP_API int fsdp_pre_backward(fsdp_ctx *ctx, int module);
 FSDP_API int fsdp_post_backward(fsdp_ctx *ctx, int module);
@@ -1117,7 +1151,8 @@ typedef struct fsdp_unit_info {
     int num_params;
     int64_t numel;           /* parameters' elements, without alignment and padding */
     int64_t flat_numel;      /* with alignment gaps */
-    int64_t padded_numel;    /* flat_numel rounded up to a multiple of the shard group size */
+    int64_t padded_numel;    /* flat_numel rounded up to a multiple of the shard group size (times the
+                                wire block with an INT8 or INT4 param_wire: shards of whole blocks) */
     int64_t shard_numel;     /* elements this rank holds */
     int64_t shard_offset;    /* where this rank's shard starts in the flat parameter */
     int is_root;             /* 1 for the root unit (unit 0, module 0), which owns every parameter
@@ -1126,6 +1161,10 @@ typedef struct fsdp_unit_info {
                                 parameters) and fsdp_pre_backward gathers them again (FULL_SHARD,
                                 HYBRID_SHARD); 0: they stay gathered until its post_backward (the
                                 root, SHARD_GRAD_OP, NO_SHARD) */
+    fsdp_reshard_mode reshard_mode; /* as resolved: ALL, NONE or HOST (HOST: reshard_after_forward is 1, and
+                                the unit is kept sharded over this rank's host until its backward's gather) */
+    fsdp_wire param_wire;    /* what its gathers move, as resolved: param_dtype's wire, INT8 or INT4 */
+    int64_t host_shard_numel; /* HOST: the elements of the secondary shard this rank keeps; else 0 */
 } fsdp_unit_info;
 
 typedef struct fsdp_param_info {
@@ -8847,6 +8886,8 @@ typedef struct fsdp__module {
     int parent;
     int marked;            /* fsdp_model_wrap */
     fsdp_strategy strategy; /* fsdp_model_set_strategy; 0 = the context's default */
+    fsdp_reshard_mode reshard; /* fsdp_model_set_reshard_after_forward; 0 = the context's default */
+    fsdp_wire param_wire, grad_wire; /* fsdp_model_set_wire; 0 = the context's default */
 } fsdp__module;
 
 typedef struct fsdp__param {
@@ -9053,6 +9094,20 @@ FSDP_API int fsdp_model_set_strategy(fsdp_model *m, int module, fsdp_strategy st
     m->modules[module].strategy = strategy;
     return FSDP_SUCCESS;
 }
+FSDP_API int fsdp_model_set_reshard_after_forward(fsdp_model *m, int module, fsdp_reshard_mode mode) {
+    if (!m || module < 0 || module >= m->num_modules || (int)mode < 0 || mode > FSDP_RESHARD_HOST)
+        return FSDP_ERR_INVALID_ARG;
+    m->modules[module].reshard = mode;
+    return FSDP_SUCCESS;
+}
+FSDP_API int fsdp_model_set_wire(fsdp_model *m, int module, fsdp_wire param_wire, fsdp_wire grad_wire) {
+    if (!m || module < 0 || module >= m->num_modules || (int)param_wire < 0 || param_wire > FSDP_WIRE_INT4 ||
+        (int)grad_wire < 0 || grad_wire > FSDP_WIRE_INT4)
+        return FSDP_ERR_INVALID_ARG;
+    m->modules[module].param_wire = param_wire;
+    m->modules[module].grad_wire = grad_wire;
+    return FSDP_SUCCESS;
+}
 
 FSDP_API float fsdp_init_value(const fsdp_model *m, int param, int64_t index, uint64_t seed) {
     const fsdp__param *p;
@@ -9085,6 +9140,10 @@ typedef struct fsdp__plan_unit {
     int frozen;            /* it has parameters and all are frozen: no gradient, no optimizer state */
     int64_t numel, flat_numel, padded, shard;
     int group_size;
+    fsdp_reshard_mode reshard; /* resolved: ALL, NONE or HOST */
+    int host_ignored;      /* HOST was asked where it means nothing (ALL instead; fsdp_init says so) */
+    fsdp_wire param_wire;  /* resolved: param_dtype's wire, INT8 or INT4 */
+    size_t wire_block;     /* INT8/INT4: elements per block (shards are whole blocks) */
 } fsdp__plan_unit;
 
 typedef struct fsdp__plan {
@@ -9116,6 +9175,60 @@ static int fsdp__group_size(fsdp_strategy strategy, int world, int hybrid_group)
     if (strategy == FSDP_NO_SHARD) return 1;
     if (strategy == FSDP_HYBRID_SHARD) return hybrid_group;
     return world;
+}
+
+/* Whether some shard group of group_size consecutive ranks of comm (world ranks) spans several
+   hosts: then backward's gather of a unit kept on its host (FSDP_RESHARD_HOST) saves links. The
+   same answer on every rank. 0 without a comm of world ranks (one host assumed). */
+static int fsdp__group_spans_hosts(const fsdp_comm *comm, int world, int group_size) {
+    int r;
+    if (!comm || fsdp_comm_size(comm) != world || fsdp_comm_num_hosts(comm) <= 1 || group_size <= 1) return 0;
+    for (r = 0; r < world; r++)
+        if (r % group_size != 0 && fsdp_comm_host_of(comm, r) != fsdp_comm_host_of(comm, r - 1)) return 1;
+    return 0;
+}
+
+/* Each unit's reshard mode and parameter wire, from its module's settings or the description's
+   (validated there), and its padding: a quantized unit's shards are whole blocks, so that blocks
+   begin at the same flat offsets at every world size. */
+FSDP__PRIVATE int fsdp__plan_unit_modes(const fsdp_model *m, const fsdp_desc *desc, int world, fsdp__plan *plan,
+                                        char *err, size_t err_size) {
+    int u;
+    for (u = 0; u < plan->num_units; u++) {
+        fsdp__plan_unit *pu = &plan->units[u];
+        const fsdp__module *md = &m->modules[pu->module];
+        const char *name = *md->name ? md->name : "(root)";
+        fsdp_reshard_mode asked = md->reshard ? md->reshard : desc->reshard_after_forward;
+        fsdp_wire pw = md->param_wire ? md->param_wire : desc->param_wire, gw = md->grad_wire ? md->grad_wire : desc->grad_wire;
+        int64_t g = pu->group_size, granule = g;
+        if (gw != FSDP_WIRE_DEFAULT) {
+            fsdp__fmt(err, err_size, "unit '%s': grad_wire %s: not available yet (issue 37)", name, fsdp_wire_name(gw));
+            return FSDP_ERR_UNSUPPORTED;
+        }
+        if (pw >= FSDP_WIRE_F32 && pw <= FSDP_WIRE_F16 && (int)pw != (int)desc->param_dtype) {
+            fsdp__fmt(err, err_size, "unit '%s': param_wire %s differs from param_dtype %s: a float gather moves "
+                      "param_dtype (set param_dtype, or param_wire int8 or int4)", name, fsdp_wire_name(pw),
+                      fsdp_dtype_name(desc->param_dtype));
+            return FSDP_ERR_INVALID_ARG;
+        }
+        pu->param_wire = pw == FSDP_WIRE_INT8 || pw == FSDP_WIRE_INT4 ? pw : (fsdp_wire)desc->param_dtype;
+        if (pu->param_wire == FSDP_WIRE_INT8 || pu->param_wire == FSDP_WIRE_INT4) {
+            pu->wire_block = fsdp__wire_block(desc->wire_block);
+            granule = g * (int64_t)pu->wire_block;
+        }
+        pu->padded = (pu->flat_numel + granule - 1) / granule * granule;
+        pu->shard = pu->padded / g;
+        if (u == 0) pu->reshard = FSDP_RESHARD_NONE; /* the root: its backward follows at once */
+        else if (asked == FSDP_RESHARD_DEFAULT)
+            pu->reshard = pu->strategy == FSDP_FULL_SHARD || pu->strategy == FSDP_HYBRID_SHARD ? FSDP_RESHARD_ALL
+                                                                                                  : FSDP_RESHARD_NONE;
+        else pu->reshard = asked;
+        if (pu->reshard == FSDP_RESHARD_HOST && !fsdp__group_spans_hosts(desc->comm, world, pu->group_size)) {
+            pu->reshard = FSDP_RESHARD_ALL;
+            pu->host_ignored = 1;
+        }
+    }
+    return 0;
 }
 
 /* The shard group size matters to HYBRID_SHARD units only (the others shard over the world, or
@@ -9202,10 +9315,7 @@ FSDP__PRIVATE int fsdp__plan_build(const fsdp_model *m, const fsdp_desc *desc, i
     }
     for (u = 0; u < plan->num_units; u++) {
         fsdp__plan_unit *pu = &plan->units[u];
-        int64_t g = pu->group_size;
-        pu->frozen = pu->num_params > 0 && pu->num_frozen == pu->num_params;
-        pu->padded = (pu->flat_numel + g - 1) / g * g;
-        pu->shard = pu->padded / g;
+        pu->frozen = pu->num_params > 0 && pu->num_frozen == pu->num_params; /* (padding: fsdp__plan_unit_modes) */
     }
     FSDP_FREE(unwrapped);
     FSDP_FREE(is_unit);
@@ -9213,7 +9323,8 @@ FSDP__PRIVATE int fsdp__plan_build(const fsdp_model *m, const fsdp_desc *desc, i
         fsdp__plan_free(plan);
         return FSDP_ERR_INVALID_ARG;
     }
-    return FSDP_SUCCESS;
+    if ((u = fsdp__plan_unit_modes(m, desc, world, plan, err, err_size)) != 0) fsdp__plan_free(plan);
+    return u;
 }
 
 /* ============================================================================================
@@ -10092,6 +10203,12 @@ typedef struct fsdp__unit {
     int uniform_update;     /* every parameter trainable with the optimizer's lr and weight decay */
     int recompute;          /* open forward hooks of a recomputation inside its own backward */
     int recomputing;        /* gathered again (state FORWARD) to recompute inside a later unit's backward */
+    fsdp_reshard_mode reshard_mode; /* resolved (fsdp__plan_unit_modes): ALL, NONE or HOST */
+    fsdp_wire param_wire;   /* what gathers move: param_dtype's wire, or INT8/INT4 (encoded from the master) */
+    size_t wire_block;
+    void *host_shard;       /* HOST: [host_numel] param_dtype, this rank's slice of the host's share, kept from
+                               post_forward until the backward's gather (which frees it) */
+    int64_t host_numel;     /* HOST: ceil(padded / ranks on this host) */
 } fsdp__unit;
 
 typedef struct fsdp__task {
@@ -10102,6 +10219,7 @@ typedef struct fsdp__task {
     float *grad_full;       /* REDUCE: the unsharded gradient, freed by the comm thread */
     size_t grad_bytes;
     int read_buf;           /* GATHER of a master on disk: the io_buf its read went to (-1: none yet) */
+    void *host_src;         /* GATHER over the host (FSDP_RESHARD_HOST): the unit's host shard, freed by the comm thread */
     uint64_t read_ticket;
     fsdp_comm *comm;        /* COLL: one collective */
     fsdp_coll_kind coll;
@@ -10119,6 +10237,7 @@ struct fsdp_ctx {
     fsdp_model *model;
     fsdp_desc desc;
     fsdp_comm *comm, *hybrid_shard_comm, *hybrid_replica_comm;
+    fsdp_comm *host_comm;   /* this rank's host, for FSDP_RESHARD_HOST's gathers (may be hybrid_shard_comm) */
     void *master_mem[2];    /* fsdp_comm_alloc blocks holding the f32 shards gathered over comm, hybrid_shard_comm */
     fsdp__plan plan;
     fsdp__unit *units;
@@ -10335,13 +10454,22 @@ FSDP__PRIVATE void fsdp__buf_put(fsdp_ctx *ctx, void *ptr, size_t bytes) {
     FSDP_FREE(ptr);
 }
 
+/* The gathered buffer: padded elements, or under FSDP_RESHARD_HOST what the host's gather
+   receives (its L slices of ceil(padded / L), a few more when L does not divide padded). */
 static size_t fsdp__unsharded_bytes(const fsdp_ctx *ctx, const fsdp__unit *u) {
-    return (size_t)u->padded * fsdp_dtype_size(ctx->param_dtype);
+    int64_t n = u->padded, host = u->host_numel * (int64_t)fsdp_comm_size(ctx->host_comm);
+    return (size_t)(u->reshard_mode == FSDP_RESHARD_HOST && host > n ? host : n) * fsdp_dtype_size(ctx->param_dtype);
 }
 
-/* A NO_SHARD unit in f32 computes straight on its master copy: nothing to gather. */
+/* Gathers move codes (INT8/INT4 of the f32 master, fsdp_desc.param_wire), not param_dtype. */
+static int fsdp__gathers_quantized(const fsdp__unit *u) {
+    return u->param_wire == FSDP_WIRE_INT8 || u->param_wire == FSDP_WIRE_INT4;
+}
+
+/* A NO_SHARD unit in f32 computes straight on its master copy: nothing to gather (unless its
+   weights are quantized: then it computes on their decoded copy, as at any world size). */
 static int fsdp__aliases_master(const fsdp_ctx *ctx, const fsdp__unit *u) {
-    return u->group_size == 1 && ctx->param_dtype == FSDP_F32 && u->master;
+    return u->group_size == 1 && ctx->param_dtype == FSDP_F32 && u->master && !fsdp__gathers_quantized(u);
 }
 
 /* A unit whose gradient has nobody to be reduced with (one rank) and no dtype to pass through
@@ -10494,11 +10622,50 @@ FSDP__PRIVATE double fsdp__sumsq(const float *x, size_t n) {
 }
 
 /* --- comm thread ------------------------------------------------------------------------ */
+/* A quantized gather (param_wire INT8/INT4): this rank's f32 shard encoded (whole blocks: the
+   shard is a multiple of the block), padded to whole 4-byte words and gathered as words, so that
+   no backend needs a byte dtype; then every rank's piece decoded into the unit's buffer in
+   param_dtype. Every rank decodes the same bytes: the weights are the same everywhere. */
+FSDP__PRIVATE int fsdp__run_gather_wire(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, const float *master, uint32_t tag) {
+    size_t esize = fsdp_dtype_size(ctx->param_dtype), S = (size_t)u->shard;
+    size_t words = (fsdp_wire_bytes(u->param_wire, S, u->wire_block) + 3) / 4, all = words * 4 * (size_t)u->group_size;
+    uint32_t *buf = (uint32_t *)fsdp__buf_get(ctx, all, 0), *mine;
+    double t0 = ctx->trace ? fsdp_now() : 0;
+    int p, rc = 0;
+    if (!buf) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "unit '%s': no memory for its %s gather (%zu bytes)",
+                                fsdp__unit_name(ctx, (int)(u - ctx->units)), fsdp_wire_name(u->param_wire), all);
+    mine = buf + (size_t)u->group_rank * words;
+    mine[words - 1] = 0; /* the last word's padding bytes travel too: the same on every run */
+    fsdp_wire_encode(mine, u->param_wire, u->wire_block, master, S, NULL); /* (a NaN block decodes to NaN) */
+    fsdp__trace_end(ctx, "wire", "quantize", (int)(u - ctx->units), t0);
+    if (u->shard_comm)
+        rc = fsdp__task_coll(ctx, t, u->shard_comm, FSDP_COLL_ALL_GATHER, mine, buf, words, FSDP_F32, FSDP_SUM, tag);
+    t0 = ctx->trace ? fsdp_now() : 0;
+    for (p = 0; !rc && p < u->group_size; p++)
+        fsdp_wire_decode((char *)u->unsharded + (size_t)p * S * esize, ctx->param_dtype, buf + (size_t)p * words,
+                         u->param_wire, u->wire_block, S);
+    if (!rc) fsdp__trace_end(ctx, "wire", "dequantize", (int)(u - ctx->units), t0);
+    fsdp__buf_put(ctx, buf, all);
+    return rc;
+}
+
+/* Backward's gather of a unit kept on its host after forward (FSDP_RESHARD_HOST): the host's
+   ranks put their slices together, nothing crosses hosts, and the values are forward's (the
+   decoded ones of a quantized gather too). */
+FSDP__PRIVATE int fsdp__run_host_gather(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, uint32_t tag) {
+    int rc = fsdp__task_coll(ctx, t, ctx->host_comm, FSDP_COLL_ALL_GATHER, t->host_src, u->unsharded,
+                             (size_t)u->host_numel, ctx->param_dtype, FSDP_SUM, tag);
+    if (!rc && u->view32) fsdp__to_f32(u->view32, u->unsharded, ctx->param_dtype, (size_t)u->padded);
+    return rc;
+}
+
 FSDP__PRIVATE int fsdp__run_gather(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, uint32_t tag) {
     size_t esize = fsdp_dtype_size(ctx->param_dtype);
     char *slot = (char *)u->unsharded + (size_t)u->group_rank * (size_t)u->shard * esize;
     const float *master = u->master;
-    int rc = fsdp__step_wait_unit(ctx, u, 0); /* (peers read a shared master once this rank has joined) */
+    int rc;
+    if (t->host_src) return fsdp__run_host_gather(ctx, u, t, tag);
+    rc = fsdp__step_wait_unit(ctx, u, 0); /* (peers read a shared master once this rank has joined) */
     if (rc) return rc;
     if (u->master_shared) /* f32: straight from the shard, which peers may read directly */
         return fsdp__task_coll(ctx, t, u->shard_comm, FSDP_COLL_ALL_GATHER, u->master, u->unsharded, (size_t)u->shard,
@@ -10510,12 +10677,13 @@ FSDP__PRIVATE int fsdp__run_gather(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, 
         if (t->read_buf < 0 && (t->read_buf = fsdp__shard_read(ctx, u, FSDP__VEC_MASTER, &rc)) < 0) return rc;
         master = ctx->io_buf[t->read_buf];
     }
-    fsdp__from_f32(slot, ctx->param_dtype, master, (size_t)u->shard);
+    if (fsdp__gathers_quantized(u)) rc = fsdp__run_gather_wire(ctx, u, t, master, tag);
+    else fsdp__from_f32(slot, ctx->param_dtype, master, (size_t)u->shard);
     if (t->read_buf >= 0) {
         fsdp__io_buf_give(ctx, t->read_buf, 0);
         t->read_buf = -1;
     }
-    if (u->shard_comm)
+    if (u->shard_comm && !fsdp__gathers_quantized(u))
         rc = fsdp__task_coll(ctx, t, u->shard_comm, FSDP_COLL_ALL_GATHER, slot, u->unsharded, (size_t)u->shard,
                              ctx->param_dtype, FSDP_SUM, tag);
     if (!rc && u->view32) fsdp__to_f32(u->view32, u->unsharded, ctx->param_dtype, (size_t)u->padded);
@@ -10566,6 +10734,7 @@ static fsdp_comm *fsdp__failed_comm(fsdp_ctx *ctx, const fsdp__task *t) {
     const fsdp__unit *u;
     if (t->kind == FSDP__TASK_COLL) return t->comm;
     u = &ctx->units[t->unit];
+    if (t->host_src && fsdp_comm_status(ctx->host_comm) != FSDP_SUCCESS) return ctx->host_comm;
     if (u->shard_comm && fsdp_comm_status(u->shard_comm) != FSDP_SUCCESS) return u->shard_comm;
     if (u->replica_comm && fsdp_comm_status(u->replica_comm) != FSDP_SUCCESS) return u->replica_comm;
     return u->shard_comm ? u->shard_comm : ctx->comm;
@@ -10598,6 +10767,8 @@ FSDP__PRIVATE void fsdp__run_task(fsdp_ctx *ctx, fsdp__task *t) {
         fsdp__buf_put(ctx, t->grad_full, t->grad_bytes);
         fsdp__buf_put(ctx, t->scratch, t->scratch_bytes);
     }
+    if (t->kind == FSDP__TASK_GATHER && t->host_src) /* the host shard served its gather */
+        fsdp__buf_put(ctx, t->host_src, (size_t)ctx->units[t->unit].host_numel * fsdp_dtype_size(ctx->param_dtype));
     if (t->kind == FSDP__TASK_GATHER && t->read_buf >= 0) { /* read ahead but not used (a failure): done with it */
         fsdp__io_wait(ctx->offload, t->read_ticket);
         fsdp__io_buf_give(ctx, t->read_buf, 0);
@@ -10660,12 +10831,13 @@ FSDP__PRIVATE uint64_t fsdp__enqueue(fsdp_ctx *ctx, const fsdp__task *task, int 
    (the shm and socket transports). An op of another backend (MPI, a user's) may not, and then
    the waiter must stay free to give up and abort it (below). */
 static int fsdp__can_help(const fsdp_ctx *ctx) {
-    const fsdp_comm *comms[3];
+    const fsdp_comm *comms[4];
     int i;
     comms[0] = ctx->comm;
     comms[1] = ctx->hybrid_shard_comm;
     comms[2] = ctx->hybrid_replica_comm;
-    for (i = 0; i < 3; i++)
+    comms[3] = ctx->host_comm;
+    for (i = 0; i < 4; i++)
         if (comms[i] && !fsdp__comm_keeps_deadline(comms[i])) return 0;
     return 1;
 }
@@ -10702,14 +10874,15 @@ FSDP__PRIVATE int fsdp__wait_task_for(fsdp_ctx *ctx, uint64_t id, const char *wh
         ts.tv_sec += 1;
         pthread_cond_timedwait(&ctx->done, &ctx->lock, &ts);
         if (!gave_up && fsdp_now() > limit && ctx->completed < id) {
-            fsdp_comm *comms[3];
+            fsdp_comm *comms[4];
             int i;
             gave_up = 1;
             comms[0] = ctx->comm;
             comms[1] = ctx->hybrid_shard_comm;
             comms[2] = ctx->hybrid_replica_comm;
+            comms[3] = ctx->host_comm != ctx->hybrid_shard_comm ? ctx->host_comm : NULL;
             pthread_mutex_unlock(&ctx->lock);
-            for (i = 0; i < 3; i++)
+            for (i = 0; i < 4; i++)
                 if (comms[i])
                     fsdp_comm_fail(comms[i], FSDP_ERR_TIMEOUT, "rank %d: the comm thread did not finish task %llu "
                                    "in time (its backend did not keep the %d ms timeout); the communicator was "
@@ -10781,7 +10954,9 @@ FSDP__PRIVATE int fsdp__issue_gather(fsdp_ctx *ctx, int ui) {
     t.kind = FSDP__TASK_GATHER;
     t.unit = ui;
     t.read_buf = -1;
-    if (!u->master && ctx->offload && __atomic_load_n(&u->step_done, __ATOMIC_ACQUIRE) &&
+    t.host_src = u->host_shard; /* kept after forward (FSDP_RESHARD_HOST): gathered inside the host, then freed */
+    u->host_shard = NULL;
+    if (!t.host_src && !u->master && ctx->offload && __atomic_load_n(&u->step_done, __ATOMIC_ACQUIRE) &&
         (t.read_buf = fsdp__io_buf_take(ctx, 2)) >= 0) /* on disk and updated: its read starts now */
         t.read_ticket = fsdp__shard_submit(ctx, u, FSDP__VEC_MASTER, 0, t.read_buf);
     u->gather_task = fsdp__enqueue(ctx, &t, 1);
@@ -10795,6 +10970,37 @@ FSDP__PRIVATE void fsdp__reshard(fsdp_ctx *ctx, fsdp__unit *u) {
     u->unsharded = NULL;
     u->view32 = NULL;
     u->state = FSDP__SHARDED;
+}
+
+/* Frees a host shard no backward gathered (a forward-only pass, a frozen unit without backward). */
+FSDP__PRIVATE void fsdp__drop_host_shard(fsdp_ctx *ctx, fsdp__unit *u) {
+    fsdp__buf_put(ctx, u->host_shard, (size_t)u->host_numel * fsdp_dtype_size(ctx->param_dtype));
+    u->host_shard = NULL;
+}
+
+/* The end of a unit's forward (or of its recomputation before its backward): as its reshard mode
+   says. FSDP_RESHARD_HOST first keeps this rank's slice of its host's share: rank l of the L on
+   the host keeps elements [l S, l S + S) of the gathered buffer (S = host_numel = ceil(padded / L);
+   zeros past padded), whatever the other hosts' sizes. */
+FSDP__PRIVATE int fsdp__reshard_after_forward(fsdp_ctx *ctx, int ui) {
+    fsdp__unit *u = &ctx->units[ui];
+    if (u->reshard_mode == FSDP_RESHARD_NONE) {
+        u->state = FSDP__UNSHARDED;
+        return 0;
+    }
+    if (u->reshard_mode == FSDP_RESHARD_HOST && u->padded > 0 && !u->host_shard) {
+        size_t esize = fsdp_dtype_size(ctx->param_dtype), bytes = (size_t)u->host_numel * esize;
+        int64_t first = (int64_t)fsdp_comm_rank(ctx->host_comm) * u->host_numel;
+        int64_t n = u->padded - first < u->host_numel ? u->padded - first : u->host_numel;
+        if (n < 0) n = 0;
+        if (!(u->host_shard = fsdp__buf_get(ctx, bytes, 0)))
+            return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "unit '%s': no memory for its host shard (%zu bytes)",
+                              fsdp__unit_name(ctx, ui), bytes);
+        memcpy(u->host_shard, (char *)u->unsharded + (size_t)first * esize, (size_t)n * esize);
+        memset((char *)u->host_shard + (size_t)n * esize, 0, bytes - (size_t)n * esize);
+    }
+    fsdp__reshard(ctx, u);
+    return 0;
 }
 
 static int fsdp__gathering_count(const fsdp_ctx *ctx) {
@@ -10872,6 +11078,7 @@ FSDP__PRIVATE int fsdp__end_iteration(fsdp_ctx *ctx) {
         if (u->state == FSDP__GATHERING && (rc = fsdp__wait_gathered(ctx, i)) != 0) return rc;
         if (u->state == FSDP__UNSHARDED && !fsdp__aliases_master(ctx, u)) fsdp__reshard(ctx, u);
         else if (u->state == FSDP__UNSHARDED) u->state = FSDP__SHARDED;
+        fsdp__drop_host_shard(ctx, u);
     }
     if ((rc = fsdp__verify_order(ctx)) != 0) return rc;
     if (ctx->phase == 2) ctx->grads_since_step = 1;
@@ -10923,9 +11130,7 @@ FSDP__PRIVATE int fsdp__unit_post_forward(fsdp_ctx *ctx, int ui) {
     u->forward_done = 1;
     /* (a unit that computes on its master frees nothing, but is resharded all the same: its
        weights are then unreadable outside its hooks on one rank as on many) */
-    if (u->reshard_after_forward) fsdp__reshard(ctx, u);
-    else u->state = FSDP__UNSHARDED;
-    return 0;
+    return fsdp__reshard_after_forward(ctx, ui);
 }
 
 FSDP__PRIVATE int fsdp__unit_pre_backward(fsdp_ctx *ctx, int ui) {
@@ -11062,9 +11267,7 @@ FSDP__PRIVATE int fsdp__hook_post_forward(fsdp_ctx *ctx, int module) {
     if (u->recomputing && u->state == FSDP__IN_FORWARD && u->refcount > 0) {
         if (--u->refcount > 0) return 0;
         u->recomputing = 0;
-        if (u->reshard_after_forward) fsdp__reshard(ctx, u);
-        else u->state = FSDP__UNSHARDED;
-        return 0;
+        return fsdp__reshard_after_forward(ctx, ui);
     }
     if (ctx->units[ui].state != FSDP__IN_FORWARD || ctx->units[ui].refcount <= 0)
         return fsdp__fail(ctx, FSDP_ERR_STATE, "post_forward of module '%s' but its unit '%s' is in state %s, not FORWARD",
@@ -11756,13 +11959,14 @@ FSDP_API int fsdp_zero_grad(fsdp_ctx *ctx) {
    task issued (each fails fast), within the bound fsdp__wait_task_for keeps. 0, or
    FSDP_ERR_TIMEOUT if a task did not end (a backend that ignores its timeout). */
 FSDP__PRIVATE int fsdp__recovery_quiesce(fsdp_ctx *ctx, const char *why) {
-    fsdp_comm *comms[3];
+    fsdp_comm *comms[4];
     double limit;
     int c, drained;
     comms[0] = ctx->comm;
     comms[1] = ctx->hybrid_shard_comm;
     comms[2] = ctx->hybrid_replica_comm;
-    for (c = 0; c < 3; c++)
+    comms[3] = ctx->host_comm != ctx->hybrid_shard_comm ? ctx->host_comm : NULL;
+    for (c = 0; c < 4; c++)
         if (comms[c]) fsdp_comm_fail(comms[c], FSDP_ERR_ABORTED, "rank %d: %s", ctx->rank, why);
     pthread_mutex_lock(&ctx->lock);
     limit = fsdp_now() + (double)(ctx->issued - ctx->completed + 1) * 4.0 * fsdp_comm_timeout(ctx->comm) / 1000.0 + 2.0;
@@ -11786,6 +11990,7 @@ FSDP__PRIVATE void fsdp__recovery_reset(fsdp_ctx *ctx) {
     for (ui = 0; ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
         fsdp__reshard(ctx, u);
+        fsdp__drop_host_shard(ctx, u);
         if (u->grad_full && u->grad_full != u->grad)
             fsdp__buf_put(ctx, u->grad_full, (size_t)u->padded * sizeof(float));
         u->grad_full = NULL;
@@ -11818,6 +12023,9 @@ FSDP__PRIVATE int fsdp__recovery_adopt(fsdp_ctx *ctx, fsdp_comm *world, fsdp_com
     if (fsdp_comm_size(shard) != ctx->desc.shard_group_size || ctx->master_mem[0] || ctx->step_thread_started)
         return fsdp__fail(ctx, FSDP_ERR_STATE, "recovery: cannot adopt a shard comm of %d ranks (the groups have %d)",
                           fsdp_comm_size(shard), ctx->desc.shard_group_size);
+    if (ctx->host_comm) /* (its host communicator spans the old world) */
+        return fsdp__fail(ctx, FSDP_ERR_UNSUPPORTED, "recovery: units kept on their host after forward "
+                          "(reshard_after_forward HOST) cannot continue on a new world");
     for (ui = 0; ui < ctx->num_units; ui++)
         if (ctx->units[ui].master_shared) total += fsdp__align((size_t)ctx->units[ui].shard, 16);
     if (total && (rc = fsdp_comm_alloc(shard, total * sizeof(float), &mem)) != 0)
@@ -11950,13 +12158,14 @@ FSDP__PRIVATE int fsdp__alloc_masters(fsdp_ctx *ctx) {
     for (c = 0; c < 2 && ctx->param_dtype == FSDP_F32; c++) {
         size_t total = 0, at = 0;
         for (ui = 0; ui < ctx->num_units; ui++)
-            if (comms[c] && ctx->units[ui].shard_comm == comms[c] && ctx->units[ui].group_size > 1)
+            if (comms[c] && ctx->units[ui].shard_comm == comms[c] && ctx->units[ui].group_size > 1 &&
+                !fsdp__gathers_quantized(&ctx->units[ui])) /* (those gather codes, encoded from the shard) */
                 total += fsdp__align((size_t)ctx->units[ui].shard, 16);
         if (!total) continue;
         if ((rc = fsdp_comm_alloc(comms[c], total * sizeof(float), &ctx->master_mem[c])) != 0) return rc;
         for (ui = 0; ui < ctx->num_units; ui++) {
             fsdp__unit *u = &ctx->units[ui];
-            if (u->shard_comm != comms[c] || u->group_size <= 1) continue;
+            if (u->shard_comm != comms[c] || u->group_size <= 1 || fsdp__gathers_quantized(u)) continue;
             u->master = (float *)ctx->master_mem[c] + at;
             u->master_shared = 1;
             at += fsdp__align((size_t)u->shard, 16);
@@ -12027,6 +12236,33 @@ FSDP__PRIVATE int fsdp__param_group_check(const fsdp_param_group *g, int i, char
     return 0;
 }
 
+/* The description's reshard mode and wires (issue 37): 0, or why in err. */
+FSDP__PRIVATE int fsdp__desc_wire_check(const fsdp_desc *d, char *err, size_t err_size) {
+    if ((int)d->reshard_after_forward < 0 || d->reshard_after_forward > FSDP_RESHARD_HOST) {
+        fsdp__fmt(err, err_size, "reshard_after_forward %d is not DEFAULT, ALL, NONE or HOST", (int)d->reshard_after_forward);
+        return FSDP_ERR_INVALID_ARG;
+    }
+    if ((int)d->param_wire < 0 || d->param_wire > FSDP_WIRE_INT4 || (int)d->grad_wire < 0 || d->grad_wire > FSDP_WIRE_INT4) {
+        fsdp__fmt(err, err_size, "param_wire %d / grad_wire %d: use an fsdp_wire", (int)d->param_wire, (int)d->grad_wire);
+        return FSDP_ERR_INVALID_ARG;
+    }
+    if (d->grad_wire != FSDP_WIRE_DEFAULT) {
+        fsdp__fmt(err, err_size, "grad_wire %s: not available yet (issue 37)", fsdp_wire_name(d->grad_wire));
+        return FSDP_ERR_UNSUPPORTED;
+    }
+    if (!fsdp__wire_block(d->wire_block)) {
+        fsdp__fmt(err, err_size, "wire_block %zu: must be 0 (128) or a multiple of 8 in [8, %d]", d->wire_block,
+                  FSDP__WIRE_BLOCK_MAX);
+        return FSDP_ERR_INVALID_ARG;
+    }
+    if (d->param_wire >= FSDP_WIRE_F32 && d->param_wire <= FSDP_WIRE_F16 && (int)d->param_wire != (int)d->param_dtype) {
+        fsdp__fmt(err, err_size, "param_wire %s differs from param_dtype %s: a float gather moves param_dtype (set "
+                  "param_dtype, or param_wire int8 or int4)", fsdp_wire_name(d->param_wire), fsdp_dtype_name(d->param_dtype));
+        return FSDP_ERR_INVALID_ARG;
+    }
+    return 0;
+}
+
 /* Checks a description with its defaults filled: 0, or FSDP_ERR_INVALID_ARG with why in err. */
 FSDP__PRIVATE int fsdp__desc_validate(const fsdp_desc *d, char *err, size_t err_size) {
     const fsdp_loss_scale_desc *ls = &d->loss_scale;
@@ -12049,6 +12285,7 @@ FSDP__PRIVATE int fsdp__desc_validate(const fsdp_desc *d, char *err, size_t err_
         return FSDP_ERR_INVALID_ARG;
     }
     if ((i = fsdp__optimizer_check(&d->optimizer, err, err_size)) != 0) return i;
+    if ((rc = fsdp__desc_wire_check(d, err, err_size)) != 0) return rc;
     if (fsdp__offloads(&d->offload) && (!d->offload.dir || !*d->offload.dir)) {
         fsdp__fmt(err, err_size, "offload (%s) needs a directory on a local disk: offload.dir or FSDP_OFFLOAD_DIR",
                   fsdp_offload_describe(&d->offload));
@@ -12183,6 +12420,35 @@ FSDP__PRIVATE int fsdp__init_groups(fsdp_ctx *ctx, int hybrid_group) {
     return 0;
 }
 
+/* FSDP_RESHARD_HOST's communicator: this rank's host (HYBRID_SHARD's shard comm where that is
+   exactly the host, else a split by host), once per context, if some unit keeps its parameters on
+   the host after forward; and the units for which HOST means nothing, named. Collective. */
+FSDP__PRIVATE int fsdp__init_host(fsdp_ctx *ctx, int hybrid_group) {
+    int ui, r, rc, any_host = 0, host_is_group = ctx->hybrid_shard_comm != NULL;
+    for (ui = 0; ui < ctx->num_units; ui++) {
+        const fsdp__plan_unit *pu = &ctx->plan.units[ui];
+        any_host |= pu->reshard == FSDP_RESHARD_HOST;
+        if (pu->host_ignored && ctx->rank == 0)
+            fsdp__log(&ctx->logger, FSDP_LOG_INFO, "fsdp_init: unit '%s': reshard_after_forward HOST ignored (%s): "
+                      "resharded as ALL", *ctx->model->modules[pu->module].name ? ctx->model->modules[pu->module].name
+                                                                                : "(root)",
+                      pu->strategy == FSDP_NO_SHARD ? "NO_SHARD holds the whole unit"
+                                                    : "its shard group lies inside one host");
+    }
+    if (!any_host) return 0;
+    for (r = 1; host_is_group && r < ctx->world; r++) /* the same answer on every rank */
+        host_is_group = (fsdp_comm_host_of(ctx->comm, r) == fsdp_comm_host_of(ctx->comm, r - 1)) == (r % hybrid_group != 0);
+    if (host_is_group) {
+        ctx->host_comm = ctx->hybrid_shard_comm;
+        return 0;
+    }
+    rc = fsdp_comm_split(ctx->comm, fsdp_comm_host_of(ctx->comm, ctx->rank), ctx->rank, &ctx->host_comm);
+    if (rc)
+        return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: cannot form the host communicator of reshard_after_forward "
+                                   "HOST: %s", fsdp_comm_last_error(ctx->comm));
+    return 0;
+}
+
 /* The units from the plan: their parameters, communicators, gradient and optimizer state shards. */
 FSDP__PRIVATE int fsdp__init_units(fsdp_ctx *ctx, int hybrid_group) {
     const fsdp_model *model = ctx->model;
@@ -12223,8 +12489,15 @@ FSDP__PRIVATE int fsdp__init_units(fsdp_ctx *ctx, int hybrid_group) {
             u->shard_comm = ctx->comm;
         }
         /* the root (unit 0) keeps its parameters from forward to backward, as PyTorch's root
-           FSDP module does: its backward starts right after its forward ends */
-        u->reshard_after_forward = ui != 0 && (u->strategy == FSDP_FULL_SHARD || u->strategy == FSDP_HYBRID_SHARD);
+           FSDP module does: its backward starts right after its forward ends (the plan says NONE) */
+        u->reshard_mode = pu->reshard; /* (fsdp__plan_unit_modes) */
+        u->reshard_after_forward = pu->reshard != FSDP_RESHARD_NONE;
+        u->param_wire = pu->param_wire;
+        u->wire_block = pu->wire_block;
+        if (pu->reshard == FSDP_RESHARD_HOST) {
+            int64_t L = fsdp_comm_size(ctx->host_comm);
+            u->host_numel = (u->padded + L - 1) / L;
+        }
         u->frozen = pu->frozen;
         u->master_off = u->grad_off = -1;
         u->grad_zero = 1;
@@ -12437,7 +12710,7 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
     pthread_cond_init(&ctx->wake, NULL);
     pthread_cond_init(&ctx->done, NULL);
     if ((rc = fsdp__init_resolve(ctx, &hybrid_group)) == 0 && (rc = fsdp__init_groups(ctx, hybrid_group)) == 0 &&
-        (rc = fsdp__init_units(ctx, hybrid_group)) == 0 && (rc = fsdp__init_state(ctx)) == 0) {
+        (rc = fsdp__init_host(ctx, hybrid_group)) == 0 && (rc = fsdp__init_units(ctx, hybrid_group)) == 0 && (rc = fsdp__init_state(ctx)) == 0) {
         if ((rc = fsdp__alloc_masters(ctx)) != 0)
             fsdp__init_fail_ctx(ctx, rc, "fsdp_init: no memory for the parameter shards: %s",
                                 rc == FSDP_ERR_OUT_OF_MEMORY ? "out of memory" : fsdp_comm_last_error(ctx->comm));
@@ -12481,6 +12754,7 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     for (ui = 0; ctx->units && ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
         fsdp__reshard(ctx, u);
+        fsdp__drop_host_shard(ctx, u);
         if (u->grad_full != u->grad) fsdp__buf_put(ctx, u->grad_full, (size_t)u->padded * sizeof(float));
         if (!u->master_shared) FSDP_FREE(u->master);
         FSDP_FREE(u->grad);
@@ -12493,6 +12767,7 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     FSDP_FREE(ctx->stream_f32);
     fsdp_comm_free(ctx->comm, ctx->master_mem[0]);
     fsdp_comm_free(ctx->hybrid_shard_comm, ctx->master_mem[1]);
+    if (ctx->host_comm != ctx->hybrid_shard_comm) fsdp_comm_destroy(ctx->host_comm);
     fsdp_comm_destroy(ctx->hybrid_shard_comm);
     fsdp_comm_destroy(ctx->hybrid_replica_comm);
     fsdp__plan_free(&ctx->plan);
@@ -12537,6 +12812,9 @@ FSDP_API int fsdp_unit_info_get(const fsdp_ctx *ctx, int unit, fsdp_unit_info *i
     info->shard_offset = (int64_t)u->group_rank * u->shard;
     info->is_root = unit == 0;
     info->reshard_after_forward = u->reshard_after_forward;
+    info->reshard_mode = u->reshard_mode;
+    info->param_wire = u->param_wire;
+    info->host_shard_numel = u->reshard_mode == FSDP_RESHARD_HOST ? u->host_numel : 0;
     return 0;
 }
 
@@ -12558,13 +12836,15 @@ FSDP_API void fsdp_print_units(const fsdp_ctx *ctx, void (*fn)(void *user, const
     master = ctx->desc.offload.params ? 0 : 4; /* bytes per element in RAM (frozen units: the master only) */
     per_param = master + (ctx->desc.offload.grads ? 0 : 4) +
                 (ctx->desc.offload.optimizer ? 0 : fsdp_dtype_size(ctx->state_dtype) * (size_t)ctx->num_state);
-    fsdp__fmt(line, sizeof line, "%-4s %-24s %-14s %-13s %7s %12s %9s %12s %14s", "unit", "module", "strategy",
-              "after forward", "params", "elements", "padding", "shard", "bytes/rank");
+    fsdp__fmt(line, sizeof line, "%-4s %-24s %-14s %-13s %-5s %7s %12s %9s %12s %14s", "unit", "module", "strategy",
+              "after forward", "wire", "params", "elements", "padding", "shard", "bytes/rank");
     if (fn) fn(user, line); else printf("%s\n", line);
     for (ui = 0; ui < ctx->num_units; ui++) {
         const fsdp__unit *u = &ctx->units[ui];
-        fsdp__fmt(line, sizeof line, "%-4d %-24.24s %-14s %-13s %7d %12lld %9lld %12lld %14zu", ui, fsdp__unit_name(ctx, ui),
-                  fsdp_strategy_name(u->strategy), u->reshard_after_forward ? "resharded" : ui == 0 ? "kept (root)" : "kept",
+        fsdp__fmt(line, sizeof line, "%-4d %-24.24s %-14s %-13s %-5s %7d %12lld %9lld %12lld %14zu", ui,
+                  fsdp__unit_name(ctx, ui), fsdp_strategy_name(u->strategy),
+                  u->reshard_mode == FSDP_RESHARD_HOST ? "to host" : u->reshard_after_forward ? "resharded"
+                  : ui == 0 ? "kept (root)" : "kept", fsdp_wire_name(u->param_wire),
                   u->num_params, (long long)u->numel,
                   (long long)(u->padded - u->numel), (long long)u->shard, (size_t)u->shard * (u->frozen ? master : per_param));
         if (fn) fn(user, line); else printf("%s\n", line);
@@ -12723,6 +13003,29 @@ FSDP_API void fsdp_memory_reset_peak(fsdp_ctx *ctx) {
    and limit_all_gathers prefetched, plus the root's f32 gradient (its backward encloses all
    others) and two more (one being written, one being reduced) with their reduce-dtype
    staging. Units nested in other units than the root hold their gradient the same way. */
+/* A unit's bytes beyond its padded gathered buffer (issue 37): *kept, the host shard held from
+   forward to backward (FSDP_RESHARD_HOST: ceil(padded / L), largest on the smallest host);
+   *gathered, its gathered buffer (the host gather's L slices may pass padded); *wire, a quantized
+   gather's buffer of every rank's codes (the comm thread holds one at a time). Hosts from
+   d->comm (one host without a comm of world ranks). */
+static void fsdp__estimate_unit_extra(const fsdp__plan_unit *pu, const fsdp_desc *d, int world, size_t *kept,
+                                      size_t *gathered, size_t *wire) {
+    size_t esize = fsdp_dtype_size(d->param_dtype);
+    int h, r, hosts = pu->reshard == FSDP_RESHARD_HOST ? fsdp_comm_num_hosts(d->comm) : 0;
+    *kept = 0;
+    *gathered = (size_t)pu->padded * esize;
+    *wire = pu->wire_block ? (fsdp_wire_bytes(pu->param_wire, (size_t)pu->shard, pu->wire_block) + 3) / 4 * 4 *
+                                 (size_t)pu->group_size : 0;
+    for (h = 0; h < hosts; h++) {
+        int64_t L = 0, slice;
+        for (r = 0; r < world; r++) L += fsdp_comm_host_of(d->comm, r) == h;
+        if (!L) continue;
+        slice = (pu->padded + L - 1) / L;
+        if ((size_t)slice * esize > *kept) *kept = (size_t)slice * esize;
+        if ((size_t)(slice * L) * esize > *gathered) *gathered = (size_t)(slice * L) * esize;
+    }
+}
+
 FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc *desc, int world_size,
                                         fsdp_memory_stats *est, char *err, size_t err_size) {
     fsdp_desc d;
@@ -12731,6 +13034,7 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
     size_t sbytes, shard_buf = 0;
     int64_t largest_state = 0;
     size_t kept = 0, largest_resharded = 0, resharded_total = 0, largest_grad = 0, root_grad = 0, gathered;
+    size_t host_kept, unit_gathered, wire, largest_wire = 0;
     if (!model || !desc || !est || world_size < 1) return FSDP_ERR_INVALID_ARG;
     memset(est, 0, sizeof *est);
     d = *desc;
@@ -12747,9 +13051,13 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
     sbytes = fsdp_dtype_size(d.optimizer.state_dtype);
     for (ui = 0; ui < plan.num_units; ui++) {
         const fsdp__plan_unit *pu = &plan.units[ui];
-        size_t pbytes = (size_t)pu->padded * fsdp_dtype_size(d.param_dtype), gbytes = (size_t)pu->padded * sizeof(float);
-        int reshards = ui != 0 && (pu->strategy == FSDP_FULL_SHARD || pu->strategy == FSDP_HYBRID_SHARD);
-        if (pu->group_size == 1 && d.param_dtype == FSDP_F32 && !d.offload.params) pbytes = 0; /* computes on the master */
+        size_t pbytes, gbytes = (size_t)pu->padded * sizeof(float);
+        int reshards = pu->reshard != FSDP_RESHARD_NONE;
+        fsdp__estimate_unit_extra(pu, &d, world_size, &host_kept, &unit_gathered, &wire);
+        pbytes = unit_gathered;
+        kept += host_kept;
+        if (wire > largest_wire) largest_wire = wire;
+        if (pu->group_size == 1 && d.param_dtype == FSDP_F32 && !d.offload.params && !wire) pbytes = 0; /* computes on the master */
         if (d.fp32_compute_view && d.param_dtype != FSDP_F32) pbytes += (size_t)pu->padded * sizeof(float);
         if (d.reduce_dtype != FSDP_F32) gbytes += (size_t)pu->padded * fsdp_dtype_size(d.reduce_dtype);
         else if (world_size == 1 && !d.offload.grads) gbytes = 0; /* accumulates in its gradient shard (fsdp__grad_in_place) */
@@ -12783,7 +13091,7 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
     /* the resharding units gathered at once: at most limit_all_gathers + 1, and never more than all of them */
     gathered = (size_t)(d.limit_all_gathers + 1) * largest_resharded;
     if (gathered > resharded_total) gathered = resharded_total;
-    est->peak_unsharded_bytes = kept + gathered + root_grad + 2 * largest_grad;
+    est->peak_unsharded_bytes = kept + gathered + root_grad + 2 * largest_grad + largest_wire;
     if (largest_state && fsdp__stream_per_element(&d.offload, d.optimizer.state_dtype, nbuf))
         fsdp__stream_chunk(fsdp__stream_per_element(&d.offload, d.optimizer.state_dtype, nbuf), d.offload.ram_bytes,
                            largest_state, &est->stream_bytes);

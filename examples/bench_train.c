@@ -111,8 +111,10 @@ typedef struct {
     fsdp_dtype state_dtype;           // the optimizer state's dtype (0: f32)
     int trace;                        // the tracing table: FSDP traces written under options.trace_dir
     int save;                         // the checkpoint table: 1 fsdp_save_sharded, 2 fsdp_save_sharded_async
+    fsdp_wire param_wire;             // the speed table's int8 row: quantized parameter gathers (0: param_dtype)
 } config;
-#define IN_RAM {0, 0, 0, NULL, 0, 0}, FSDP_F32, 0, 0 // a config's last fields: nothing offloaded, f32 state, no trace or saves
+// a config's last fields: nothing offloaded, f32 state, no trace or saves, param_dtype gathers
+#define IN_RAM {0, 0, 0, NULL, 0, 0}, FSDP_F32, 0, 0, FSDP_WIRE_DEFAULT
 
 typedef struct {       // what a rank reports, through shared memory
     int done;
@@ -337,6 +339,7 @@ static int run_rank(fsdp_comm *comm, void *arg) {
         desc.forward_prefetch = 1;
         desc.shard_group_size = cfg->shard_group;
         desc.param_dtype = cfg->param_dtype;
+        desc.param_wire = cfg->param_wire;
         desc.fp32_compute_view = cfg->param_dtype != FSDP_DTYPE_DEFAULT && cfg->param_dtype != FSDP_F32; // f32 kernels
         desc.optimizer = o->optimizer;
         desc.optimizer.state_dtype = cfg->state_dtype;
@@ -519,7 +522,7 @@ static double config_rate(const options *o, const config *cfg, const rank_result
 
 static int speed_table(const options *o) {
     int N = o->nproc, num_configs = 0, R = o->rounds;
-    char names[7][32];
+    char names[8][32];
     config configs[20];
     snprintf(names[0], sizeof names[0], "FSDP %s", fsdp_strategy_name(FSDP_FULL_SHARD));
     snprintf(names[1], sizeof names[1], "FSDP %s", fsdp_strategy_name(FSDP_SHARD_GRAD_OP));
@@ -528,6 +531,7 @@ static int speed_table(const options *o) {
     snprintf(names[4], sizeof names[4], "PyTorch eager %.8s", o->torch_coretype ? o->torch_coretype : "");
     snprintf(names[5], sizeof names[5], "PyTorch DDP %.10s", o->torch_coretype ? o->torch_coretype : "");
     snprintf(names[6], sizeof names[6], "plain x%d, no comm", N);
+    snprintf(names[7], sizeof names[7], "FSDP %s int8", fsdp_strategy_name(FSDP_FULL_SHARD));
     { // in this order: PyTorch first at each world size, then fsdp.h's runs to compare with it
         config torch1 = {"PyTorch eager", 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL, 0, 0, IN_RAM};
         config torchN = {"PyTorch DDP (gloo)", 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL, 0, 0, IN_RAM};
@@ -560,11 +564,13 @@ static int speed_table(const options *o) {
         }
         if (N > 1) configs[num_configs++] = plainN;
         for (int k = 0; k < 4; k++) configs[num_configs++] = multi[k];
-        if (o->torch) {
-            config bf16 = multi[0], f16 = multi[0];
+        if (N > 1) { // bf16 gathers, and int8 ones decoded into bf16 (fsdp_desc.param_wire)
+            config bf16 = multi[0], f16 = multi[0], int8 = multi[0];
             bf16.param_dtype = FSDP_BF16, f16.param_dtype = FSDP_F16;
+            int8.param_dtype = FSDP_BF16, int8.param_wire = FSDP_WIRE_INT8, int8.name = names[7];
             configs[num_configs++] = bf16;
-            configs[num_configs++] = f16;
+            if (o->torch) configs[num_configs++] = f16;
+            configs[num_configs++] = int8;
         }
     }
     size_t bytes = sizeof(rank_result) * MAX_RANKS * (size_t)num_configs * (size_t)R;
@@ -992,7 +998,8 @@ static void usage(FILE *out) {
         "in several configurations, one after another, one BLAS thread per rank, and prints a table: a plain\n"
         "loop without fsdp.h's runtime, FSDP on 1 rank, N plain loops side by side on B/N each without any\n"
         "communication (the machine's ceiling for N ranks), and FULL_SHARD, SHARD_GRAD_OP, NO_SHARD,\n"
-        "HYBRID_SHARD on N local ranks (shm). With --memory: FULL_SHARD and NO_SHARD at P = 1, 2, 4, a few\n"
+        "HYBRID_SHARD on N local ranks (shm), then FULL_SHARD with bf16 gathers and with int8 ones decoded into\n"
+        "bf16 (fsdp_desc.param_wire, ZeRO++'s qwZ). With --memory: FULL_SHARD and NO_SHARD at P = 1, 2, 4, a few\n"
         "steps each, rank 0's peak RSS and fsdp's memory statistics against fsdp_memory_estimate; then\n"
         "activation checkpointing (GPT: activation bytes and step time with every block or every 2nd\n"
         "recomputed; at 8+ blocks, --layers 8, the saving shows best) and frozen parameters (forward only:\n"
@@ -1029,7 +1036,7 @@ static void usage(FILE *out) {
         "  --data FILE      text to train on (default fsdp.h, found in . or next to the executable)\n"
         "  --torch          also train the same GPT in PyTorch (tests/torch_gpt.py: eager in one process, and\n"
         "                   DistributedDataParallel over gloo on --nproc processes, one intra-op thread each)\n"
-        "                   and FSDP with bf16 and f16 param_dtype; adds a column of ratios against PyTorch\n"
+        "                   and FSDP with bf16 (P = 1) and f16 param_dtype; adds a column of ratios against PyTorch\n"
         "  --torch-python P the interpreter that has torch (default /usr/bin/python3)\n"
         "  --torch-coretype X  with --torch: also PyTorch rows with OPENBLAS_CORETYPE=X for its BLAS (e.g.\n"
         "                   SkylakeX: OpenBLAS's AVX-512 kernels, which its CPU detection may not pick); auto:\n"

@@ -47,6 +47,9 @@ typedef struct {
     fsdp_dtype param_dtype;
     fsdp_offload_desc offload;       // --offload, --offload-dir, --offload-ram
     fsdp_dtype state_dtype;          // --state-dtype
+    fsdp_wire param_wire;            // --param-wire: int8 or int4 gathers (0: param_dtype)
+    size_t wire_block;               // --wire-block (0: fsdp.h's default, 128)
+    fsdp_reshard_mode reshard;       // --reshard-after-forward (0: the strategy's)
     const char *ckpt, *resume, *prompt; // resume "auto": the ckpt directory's checkpoint, if any
     const char *log_path;            // --log: one JSON line per step (rank 0)
     int async_ckpt;                  // --async-ckpt: fsdp_save_sharded_async
@@ -57,6 +60,8 @@ typedef struct {
     size_t size, train_size;
     char data_name[1300];
 } options;
+
+static const char *const reshard_names[] = {"all", "none", "host", NULL}; // FSDP_RESHARD_ALL, NONE, HOST
 
 static double median(double *v, int n) { // sorts v
     for (int i = 1; i < n; i++)
@@ -290,6 +295,9 @@ static void make_desc(const options *o, fsdp_comm *comm, int P, int local_size, 
     desc->optimizer.weight_decay_set = 1;
     desc->optimizer.state_dtype = o->state_dtype;
     desc->offload = o->offload;
+    desc->param_wire = o->param_wire;
+    desc->wire_block = o->wire_block;
+    desc->reshard_after_forward = o->reshard;
     if (!o->decay_all) desc->param_groups = decay_matrices_only, desc->num_param_groups = 1;
 }
 
@@ -318,7 +326,8 @@ static int estimate_memory(const options *o, int P, memory_need *need) {
     need->sample_copy = o->sample > 0 ? sizeof(float) * (double)m.num_params : 0;
     need->process = o->process_bytes;
     need->gemm_scratch = (double)gpt_sgemm_scratch_bytes(&config, o->batch / P, o->seq_len);
-    if (o->backend == FSDP_BACKEND_SHM && o->param_dtype == FSDP_F32 && o->strategy != FSDP_NO_SHARD && !o->offload.params)
+    if (o->backend == FSDP_BACKEND_SHM && o->param_dtype == FSDP_F32 && o->strategy != FSDP_NO_SHARD && !o->offload.params &&
+        !o->param_wire) // (quantized gathers encode the shards: nothing is read in place)
         need->peer_shards = (double)need->fsdp.param_shard_bytes *
                             ((o->strategy == FSDP_HYBRID_SHARD ? desc.shard_group_size : P) - 1);
     need->total = (double)need->fsdp.peak_bytes + need->activations + need->gemm_scratch + need->sample_copy + need->process +
@@ -449,7 +458,12 @@ static int train(fsdp_comm *comm, void *arg) {
         if (o->strategy == FSDP_HYBRID_SHARD)
             printf(" (shard groups of %d ranks, %d replica%s)", desc.shard_group_size, P / desc.shard_group_size,
                    P / desc.shard_group_size > 1 ? "s" : "");
-        printf(", %s parameters\n", fsdp_dtype_name(o->param_dtype));
+        printf(", %s parameters", fsdp_dtype_name(o->param_dtype));
+        if (o->param_wire)
+            printf(", %s gathers (blocks of %zu, %zu bytes per 1024 weights)", fsdp_wire_name(o->param_wire),
+                   o->wire_block ? o->wire_block : 128, fsdp_wire_bytes(o->param_wire, 1024, o->wire_block));
+        if (o->reshard) printf(", reshard after forward: %s", reshard_names[o->reshard - 1]);
+        printf("\n");
         printf("model: %d layer%s, %d head%s, %d channels, context %d bytes, vocabulary 256 (bytes), LM head tied to "
                "wte: %zu parameters (%.1f MiB in f32)\n", o->layers, o->layers > 1 ? "s" : "", o->heads,
                o->heads > 1 ? "s" : "", o->channels, T, m.num_params,
@@ -838,6 +852,15 @@ static void usage(FILE *out) {
         "  --param-dtype D      f32 (default), bf16 or f16: what is gathered and reduced; master weights\n"
         "                       stay f32 (AdamW state too, unless --state-dtype), the kernels read an f32 view;\n"
         "                       f16 turns on dynamic loss scaling (GradScaler's rules; the scale is printed)\n"
+        "  --param-wire W       int8 or int4: gathers move each rank's f32 master shard quantized (one f32\n"
+        "                       scale per block, ZeRO++'s qwZ), decoded into --param-dtype for compute;\n"
+        "                       masters, AdamW state and checkpoints stay f32 (default: --param-dtype)\n"
+        "  --wire-block K       elements per block of --param-wire: a multiple of 8 up to 4096 (default 128)\n"
+        "  --reshard-after-forward all|none|host\n"
+        "                       after a block's forward: free its gathered weights (all), keep them (none),\n"
+        "                       or keep them sharded over this host's ranks so that backward's gather stays\n"
+        "                       inside the host (host: ZeRO++'s hpZ; on one host it acts as all) (default:\n"
+        "                       the strategy's: FULL_SHARD and HYBRID_SHARD all, the others none)\n"
         "  --print-units        print the FSDP units (rank 0)\n"
         EXAMPLE_OFFLOAD_HELP
         "  --no-roofline        with --offload: no roofline at the end (it measures the disk: 2 GiB each way)\n");
@@ -881,6 +904,7 @@ static void usage(FILE *out) {
 static void parse(options *o, int argc, char **argv, const char *exe_dir) {
     static const char *const backends[] = {"shm", "socket", NULL};
     static const char *const dtypes[] = {"f32", "bf16", "f16", NULL}, *const state_dtypes[] = {"f32", "bf16", NULL};
+    static const char *const wires[] = {"int8", "int4", NULL};
     const char *fault;
     memset(o, 0, sizeof *o);
     o->backend = FSDP_BACKEND_SHM, o->layers = 4, o->heads = 4, o->channels = 128, o->seq_len = 64;
@@ -926,6 +950,10 @@ static void parse(options *o, int argc, char **argv, const char *exe_dir) {
         else if (!strcmp(f, "--offload")) arg_offload(f, v, &o->offload);
         else if (!strcmp(f, "--offload-dir")) o->offload.dir = v;
         else if (!strcmp(f, "--offload-ram")) o->offload.ram_bytes = (size_t)arg_int(f, v, 1, 1 << 20) << 20;
+        else if (!strcmp(f, "--param-wire")) o->param_wire = (fsdp_wire)arg_choice(f, v, wires, FSDP_WIRE_INT8);
+        else if (!strcmp(f, "--wire-block")) o->wire_block = (size_t)arg_int(f, v, 8, 4096);
+        else if (!strcmp(f, "--reshard-after-forward"))
+            o->reshard = (fsdp_reshard_mode)arg_choice(f, v, reshard_names, FSDP_RESHARD_ALL);
         else if (!strcmp(f, "--state-dtype")) o->state_dtype = (fsdp_dtype)arg_choice(f, v, state_dtypes, FSDP_F32);
         else if (!strcmp(f, "--ckpt")) o->ckpt = v;
         else if (!strcmp(f, "--save-every")) o->save_every = (int)arg_int(f, v, 0, 100000000);

@@ -650,4 +650,31 @@ static TEST_UNUSED void scale_backward(float *dscale, const float *dx0, const fl
         for (k = 0; k < dim; k++) dscale[k] += dx0[i * dim + k] * x[i * dim + k];
 }
 
+/* In a forked rank: claims the host name `host`, then joins the socket world of `world` ranks
+   whose rendezvous is 127.0.0.1:port as rank `rank`. 0 with *comm; 1 if no host name could be had
+   (where no namespace can be made), else fsdp_comm_init's code; why says what failed. */
+static TEST_UNUSED int join_world_on_host(fsdp_comm **comm, const char *host, int rank, int world, int port,
+                                          const char *job, int timeout_ms, char *why, size_t why_size) {
+    fsdp_comm_desc d;
+    int rc;
+    *comm = NULL;
+    if (claim_host(host) != 0) {
+        snprintf(why, why_size, "cannot give a rank a host name of its own (a UTS namespace: as root, or in a user "
+                 "namespace): %s", strerror(errno));
+        return 1;
+    }
+    memset(&d, 0, sizeof d);
+    d.backend = FSDP_BACKEND_SOCKET;
+    d.rank = rank;
+    d.world_size = world;
+    d.master_addr = "127.0.0.1";
+    d.master_port = port;
+    d.timeout_ms = timeout_ms;
+    d.secret = "test-hosts-secret";
+    d.job = job;
+    if ((rc = fsdp_comm_init(comm, &d)) != FSDP_SUCCESS)
+        snprintf(why, why_size, "fsdp_comm_init: %.300s", fsdp_comm_last_error(NULL));
+    return rc;
+}
+
 #endif /* TEST_COMMON_H */

@@ -144,29 +144,14 @@ static int run_exchange(fsdp_comm *comm, int k, rank_report *r) {
 static int run_rank(void *arg) {
     const rank_plan *plan = (const rank_plan *)arg;
     rank_report *r = &reports[plan->rank];
-    fsdp_comm_desc d;
     fsdp_comm *comm = NULL;
     char host[32];
     int k;
     snprintf(host, sizeof host, "fsdp-test-host-%d", plan->host_of[plan->rank]);
-    if (claim_host(host) != 0) {
-        snprintf(r->message, sizeof r->message, "cannot give a rank a host name of its own (a UTS namespace: as root, "
-                 "or in a user namespace): %s", strerror(errno));
-        return NO_HOST_NAME;
-    }
-    memset(&d, 0, sizeof d);
-    d.backend = FSDP_BACKEND_SOCKET;
-    d.rank = plan->rank;
-    d.world_size = plan->world;
-    d.master_addr = "127.0.0.1";
-    d.master_port = plan->port;
-    d.timeout_ms = TIMEOUT_MS;
-    d.secret = "test-hierarchical-secret";
-    d.job = plan->job;
-    if ((r->rc = fsdp_comm_init(&comm, &d)) != FSDP_SUCCESS) {
-        snprintf(r->message, sizeof r->message, "fsdp_comm_init: %.300s", fsdp_comm_last_error(NULL));
-        return 0;
-    }
+    r->rc = join_world_on_host(&comm, host, plan->rank, plan->world, plan->port, plan->job, TIMEOUT_MS, r->message,
+                               sizeof r->message);
+    if (r->rc == 1) return NO_HOST_NAME;
+    if (r->rc != FSDP_SUCCESS) return 0;
     r->hosts = fsdp_comm_num_hosts(comm);
     r->local_rank = fsdp_comm_local_rank(comm);
     r->local_size = fsdp_comm_local_size(comm);
