@@ -353,6 +353,15 @@ for entry in "${plan[@]}"; do
         hosts=$(($(echo "$ranks" | tr -cd , | wc -c) + 1))
 done
 if [ $hosts -gt 0 ]; then
+    # the bed's watchdog tears a bed down after HOSTBED_MAX_SECONDS (default an hour): the
+    # campaign's bed lives longer (its 256-rank runs alone take hours), so the bound is what its
+    # runs may take at most, each reference and run bounded by hostbed_ranks --timeout 600
+    n_hier=0
+    for entry in "${plan[@]}"; do
+        IFS='|' read -r i k s cond <<<"$entry"
+        [ "${configs[i]}" = "${configs[i]/|hier|/}" ] || n_hier=$((n_hier + 2))
+    done
+    export HOSTBED_MAX_SECONDS=${HOSTBED_MAX_SECONDS:-$((n_hier * 610 + 600))}
     if hostbed_up "$hosts" >/dev/null 2>&1; then
         export FSDP_SECRET=chaos-$$-$RANDOM
         for entry in "${plan[@]}"; do
