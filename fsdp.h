@@ -4560,6 +4560,17 @@ FSDP__PRIVATE int fsdp__shm_all_gather(fsdp_comm *comm, void *impl, const fsdp_c
     return fsdp__shm_offered(&offer) ? fsdp__shm_settle(comm, s, c) : 0;
 }
 
+/* A round of a reduce_scatter or all_to_all: unless the data is offered in place, stages for every
+   peer p its len bytes at from + p * stride in this rank's slot (at p * piece); counts them sent. */
+static void fsdp__shm_stage_for_peers(fsdp_comm *comm, fsdp__shm *s, const fsdp__shm_offer *offer, const char *from,
+                                      size_t stride, size_t len, size_t piece) {
+    char *slot = fsdp__shm_slot(s, comm->rank, s->round);
+    int p;
+    for (p = 0; p < comm->world && !fsdp__shm_offered(offer); p++)
+        if (p != comm->rank) memcpy(slot + (size_t)p * piece, from + (size_t)p * stride, len);
+    fsdp__count_sent(comm, -1, (size_t)(comm->world - 1) * len);
+}
+
 /* Bytes of one rank's piece per round when a slot is divided among all ranks. */
 static size_t fsdp__shm_piece(const fsdp__shm *s, int world) { return s->slot_bytes / (size_t)world / 64 * 64; }
 
@@ -4575,12 +4586,8 @@ FSDP__PRIVATE int fsdp__shm_reduce_scatter(fsdp_comm *comm, void *impl, const fs
                                                FSDP__READ_REDUCE);
     do {
         size_t len = bytes - off < piece ? bytes - off : piece;
-        char *slot;
         FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
-        slot = fsdp__shm_slot(s, me, s->round);
-        for (p = 0; p < P && !fsdp__shm_offered(&offer); p++)
-            if (p != me) memcpy(slot + (size_t)p * piece, send + (size_t)p * stride + off, len);
-        fsdp__count_sent(comm, -1, (size_t)(P - 1) * len);
+        fsdp__shm_stage_for_peers(comm, s, &offer, send + off, stride, len, piece);
         FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, &offer, send + off));
         for (p = 0; p < P; p++) {
             const char *src = send + (size_t)me * stride + off;
@@ -4721,12 +4728,8 @@ FSDP__PRIVATE int fsdp__shm_all_to_all(fsdp_comm *comm, void *impl, const fsdp_c
     if (bytes) fsdp__copy_out(recv + (size_t)me * bytes, send + (size_t)me * bytes, bytes, stream); /* needs nobody */
     do {
         size_t len = bytes - off < piece ? bytes - off : piece;
-        char *slot;
         FSDP__SHM_TRY(fsdp__shm_round_begin(comm, s, c));
-        slot = fsdp__shm_slot(s, me, s->round);
-        for (p = 0; p < P && !fsdp__shm_offered(&offer); p++)
-            if (p != me) memcpy(slot + (size_t)p * piece, send + (size_t)p * bytes + off, len);
-        fsdp__count_sent(comm, -1, (size_t)(P - 1) * len);
+        fsdp__shm_stage_for_peers(comm, s, &offer, send + off, bytes, len, piece);
         FSDP__SHM_TRY(fsdp__shm_round_exchange(comm, s, c, &fp, &offer, send + off));
         if (off == 0 && !fsdp__shm_someone_staged(s, P, -1)) piece = bytes; /* no slot limits the rest */
         for (p = 0; p < P; p++) /* a peer's send + me * bytes + off, or the piece it staged for me */
