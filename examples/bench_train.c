@@ -1007,6 +1007,8 @@ static void usage(FILE *out) {
         "\n"
         "  --model M        mlp (default) or gpt\n"
         "  --memory         the memory table instead of the speed table\n"
+        "  --machine        print only the machine line the tables end with (the CPU and the examples' matrix\n"
+        "                   kernel's measured peak on one core; for scripts' banners) and exit\n"
         "  --offload DIR    the offload table instead: FULL_SHARD on --nproc ranks with nothing, the optimizer\n"
         "                   state (f32, bf16) and everything on disk under DIR (a local disk, not tmpfs):\n"
         "                   ms/step, bytes read and written per step, the disk's bandwidth through fsdp.h's\n"
@@ -1058,6 +1060,12 @@ static void parse(options *o, int argc, char **argv) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) { usage(stdout); exit(0); }
         if (!strcmp(f, "--memory")) { o->memory = 1; continue; }
+        if (!strcmp(f, "--machine")) {
+            char machine[400];
+            example_machine_line(machine, sizeof machine);
+            printf("machine: %s\n", machine);
+            exit(0);
+        }
         if (!strcmp(f, "--torch")) { o->torch = 1, gpt_flag = f; continue; }
         if (strncmp(f, "--", 2) != 0) die_usage("unexpected argument '%s'", f);
         if (!v) die_usage("%s needs a value", f);

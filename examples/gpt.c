@@ -139,6 +139,19 @@ static void sample(gpt *m, gpt_acts *acts, const options *o, int n) {
 /* ----------------------------------------------------------------------------------------- */
 /* what each rank runs */
 
+/* What the ranks sent per step (steps 2.., where the first warms up), summed over the ranks:
+   across hosts and within them (fsdp_step_report's counts; the loss's all-reduce included). */
+static void print_bytes_sent(const double *all, int P, int stride) {
+    double net = 0, host = 0, most = 0;
+    int most_rank = 0;
+    for (int r = 0; r < P; r++) {
+        net += all[stride * r + 12], host += all[stride * r + 13];
+        if (all[stride * r + 12] > most) most = all[stride * r + 12], most_rank = r;
+    }
+    printf("bytes sent per step, all %d ranks: %.0f across hosts (most by one rank: %.0f, rank %d), %.0f within hosts\n", P,
+           net, most, most_rank, host);
+}
+
 /* "actual/estimate: persistent 1.000, peak unsharded 0.687" over the ranks' statistics (stride
    doubles each: persistent, then peak unsharded), as a range when the ranks differ. */
 static void print_vs_estimate(const double *all, int P, int stride, double est_persistent, double est_peak_unsharded) {
@@ -426,6 +439,7 @@ static int train(fsdp_comm *comm, void *arg) {
     gpt_config config = {256, o->seq_len, o->layers, o->heads, o->channels};
     double *step_ms = (double *)calloc(2 * (size_t)o->steps, sizeof(double)), *fsdp_ms = step_ms + o->steps;
     double interval_ms = 0, interval_fsdp_ms = 0;
+    double sent_net = 0, sent_host = 0; // bytes this rank sent in steps 2.. across hosts / within its host
     long long first_step = 0, step;
     int timed = 0, interval_steps = 0, loaded = 0;
     fsdp_offload_stats io_start; // after the first step (which warms up), for the per-step I/O
@@ -545,6 +559,7 @@ static int train(fsdp_comm *comm, void *arg) {
         fsdp_ms[timed] = 1e3 * (m.hook_seconds + t1 - t_step); // hooks, fsdp_step (with the update), zero_grad
         interval_ms += step_ms[timed], interval_fsdp_ms += fsdp_ms[timed], interval_steps++, timed++;
         if (timed == 1) fsdp_offload_stats_get(ctx, &io_start);
+        else sent_net += (double)report.bytes_sent_net, sent_host += (double)report.bytes_sent_host;
         // the global mean loss; safe here: fsdp_step returned, so the runtime's comm thread is idle
         if (fsdp_all_reduce(comm, &loss, &loss, 1, FSDP_F32, FSDP_AVG)) {
             fprintf(stderr, "rank %d: all_reduce of the loss: %s\n", rank, fsdp_comm_last_error(comm));
@@ -591,7 +606,7 @@ static int train(fsdp_comm *comm, void *arg) {
         fsdp_memory_stats st, est;
         memset(&st, 0, sizeof st); // fsdp_memory_stats_get fills it; -O3 cannot see that it always does
         const char *rss_source = "";
-        enum { NSTAT = 12 };
+        enum { NSTAT = 14 };
         double mine[NSTAT], *all = (double *)calloc((size_t)P * NSTAT, sizeof(double));
         fsdp_offload_stats io;
         memset(&io, 0, sizeof io); // (-O3 cannot see that fsdp_offload_stats_get always fills it)
@@ -614,6 +629,7 @@ static int train(fsdp_comm *comm, void *arg) {
             for (int k = 0; outside && k < timed; k++) outside[k] = step_ms[k] - fsdp_ms[k];
             mine[11] = outside ? median(outside + skip, timed - skip) : 0;
             free(outside);
+            mine[12] = sent_net / n, mine[13] = sent_host / n;
         }
         if (!all || fsdp_all_gather(comm, mine, all, sizeof mine / 4, FSDP_F32)) { // doubles, moved as bytes
             fprintf(stderr, "rank %d: gathering the statistics failed: %s\n", rank, fsdp_comm_last_error(comm));
@@ -647,6 +663,7 @@ static int train(fsdp_comm *comm, void *arg) {
                 printf("final loss %.4f; %.0f tokens/s (median step %.1f ms on rank 0)\n", (double)loss,
                        o->batch * T / (all[4] * 1e-3), all[4]);
             if (st.disk_bytes && timed && !o->no_roofline) print_offload_roofline(&desc, all, P, NSTAT);
+            if (P > 1 && timed > 1) print_bytes_sent(all, P, NSTAT);
         }
         free(all);
     }
