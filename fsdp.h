@@ -1297,6 +1297,11 @@ FSDP_API int fsdp_fit_budget(const fsdp_model *model, const fsdp_desc *desc, int
    loss_scale_growth_tracker not in [0, growth_interval)) is ignored with a warning, as if
    absent, as another optimizer's state is without strict: the context keeps its own value and
    the tensors load.
+   Error feedback (fsdp_desc.error_feedback) residuals go into sharded checkpoints only: tensor
+   "__grad_residual__.<unit>" (F32, world x hosts x shard; rank r's hosts x shard floats in its
+   own file), loaded back at the same world size and shard, else (or absent) the residual
+   restarts at zero with an info message. Full checkpoints drop them (a full load leaves the
+   residual as it was).
    ============================================================================================ */
 typedef struct fsdp_kv {
     const char *key;
@@ -15559,7 +15564,8 @@ typedef struct fsdp__sharded_save {
 
 /* Calls fn for each tensor of this rank's shard file, in the file's order: the slice of every
    parameter it holds a copy of (j = 0; replicas hold none), then that slice's optimizer state
-   j = 1..nopt (none for frozen parameters). Stops at the first nonzero result, its return. */
+   j = 1..nopt (none for frozen parameters); after a unit's parameters its error feedback residual
+   (p = -1), where it keeps one. Stops at the first nonzero result, its return. */
 typedef int (*fsdp__piece_fn)(fsdp_ctx *ctx, const fsdp__unit *u, int p, int j, void *user);
 FSDP__PRIVATE int fsdp__each_piece(fsdp_ctx *ctx, int nopt, fsdp__piece_fn fn, void *user) {
     int ui, k, j, rc;
@@ -15572,11 +15578,26 @@ FSDP__PRIVATE int fsdp__each_piece(fsdp_ctx *ctx, int nopt, fsdp__piece_fn fn, v
             for (j = 0; j <= (ctx->model->params[p].frozen ? 0 : nopt); j++)
                 if ((rc = fn(ctx, u, p, j, user)) != 0) return rc;
         }
+        if (u->residual && (rc = fn(ctx, u, -1, 0, user)) != 0) return rc;
     }
     return 0;
 }
 
 static int64_t fsdp__piece_len(const fsdp_ctx *ctx, int p) { return ctx->params[p].shard_end - ctx->params[p].shard_begin; }
+/* A piece's elements: a parameter's slice, or (p < 0) unit u's residual. */
+static int64_t fsdp__piece_count(const fsdp_ctx *ctx, const fsdp__unit *u, int p) {
+    return p < 0 ? u->residual_numel : fsdp__piece_len(ctx, p);
+}
+
+#define FSDP__RESIDUAL_PREFIX "__grad_residual__."
+/* The checkpoint tensor of unit ui's error feedback residual: "__grad_residual__.<unit>"
+   (malloc'd; NULL when out of memory). */
+FSDP__PRIVATE char *fsdp__residual_name(const fsdp_ctx *ctx, int ui) {
+    const char *unit = fsdp__unit_name(ctx, ui);
+    char *name = (char *)FSDP_MALLOC(sizeof FSDP__RESIDUAL_PREFIX + strlen(unit));
+    if (name) fsdp__fmt(name, sizeof FSDP__RESIDUAL_PREFIX + strlen(unit), "%s%s", FSDP__RESIDUAL_PREFIX, unit);
+    return name;
+}
 
 typedef struct fsdp__shard_writing {
     const fsdp__sharded_save *sv;
@@ -15592,22 +15613,23 @@ typedef struct fsdp__shard_writing {
 FSDP__PRIVATE int fsdp__piece_spec(fsdp_ctx *ctx, const fsdp__unit *u, int p, int j, void *user) {
     fsdp__shard_writing *sw = (fsdp__shard_writing *)user;
     fsdp_st_spec *spec = &sw->specs[sw->n];
-    (void)u;
-    if (!(spec->name = fsdp__tensor_name(ctx->model->params[p].name, j ? sw->sv->suffix[j - 1] : NULL)))
-        return fsdp__fmt(sw->err, sw->err_size, "out of memory"), FSDP_ERR_OUT_OF_MEMORY;
+    spec->name = p < 0 ? fsdp__residual_name(ctx, (int)(u - ctx->units))
+                       : fsdp__tensor_name(ctx->model->params[p].name, j ? sw->sv->suffix[j - 1] : NULL);
+    if (!spec->name) return fsdp__fmt(sw->err, sw->err_size, "out of memory"), FSDP_ERR_OUT_OF_MEMORY;
     sw->n++;
-    spec->dtype = j ? FSDP_F32 : sw->sv->dtype;
+    spec->dtype = j || p < 0 ? FSDP_F32 : sw->sv->dtype;
     spec->ndim = 1;
-    spec->shape[0] = fsdp__piece_len(ctx, p);
+    spec->shape[0] = fsdp__piece_count(ctx, u, p);
     return 0;
 }
 
 FSDP__PRIVATE int fsdp__piece_write(fsdp_ctx *ctx, const fsdp__unit *u, int p, int j, void *user) {
     fsdp__shard_writing *sw = (fsdp__shard_writing *)user;
-    int64_t len = fsdp__piece_len(ctx, p);
+    int64_t len = fsdp__piece_count(ctx, u, p);
     float *tmp = NULL;
     int rc = 0;
     const float *values = sw->staged ? sw->staged + sw->at
+                          : p < 0    ? u->residual
                                      : fsdp__unit_values(ctx, u, j, fsdp__param_at(ctx, p), len, &tmp, &rc);
     sw->at += len;
     if (values && fsdp_st_writer_write_f32(sw->w, values, (size_t)len)) rc = FSDP_ERR_IO; /* (close says why) */
@@ -15630,7 +15652,8 @@ FSDP__PRIVATE int fsdp__write_shard_file(fsdp_ctx *ctx, const fsdp__sharded_save
     sw.err = err;
     sw.err_size = err_size;
     *err = 0;
-    sw.specs = (fsdp_st_spec *)fsdp__calloc(sizeof *sw.specs * (size_t)(ctx->model->num_params * (1 + sv->nopt) + 1));
+    sw.specs = (fsdp_st_spec *)fsdp__calloc(sizeof *sw.specs *
+                                            (size_t)(ctx->model->num_params * (1 + sv->nopt) + ctx->num_units + 1));
     if (!sw.specs) return fsdp__fmt(err, err_size, "out of memory"), FSDP_ERR_OUT_OF_MEMORY;
     rc = fsdp__each_piece(ctx, sv->nopt, fsdp__piece_spec, &sw);
     fsdp__shard_file_name(file, sizeof file, sv->nonce, ctx->rank);
@@ -15674,6 +15697,8 @@ FSDP__PRIVATE int fsdp__index_files(const fsdp_ctx *ctx, int *file) {
     int p, g, n = 0;
     int64_t lo, hi;
     for (g = 0; g < ctx->world; g++) file[g] = -1;
+    for (p = 0; p < ctx->num_units; p++) /* error feedback: every rank keeps a residual of that unit */
+        for (g = 0; ctx->units[p].residual && g < ctx->world; g++) file[g] = 0;
     for (p = 0; p < ctx->model->num_params; p++) {
         const fsdp__unit *u = &ctx->units[ctx->plan.unit_of_param[p]];
         for (g = 0; g < fsdp__index_writers(u); g++)
@@ -15682,6 +15707,32 @@ FSDP__PRIVATE int fsdp__index_files(const fsdp_ctx *ctx, int *file) {
     for (g = 0; g < ctx->world; g++)
         if (file[g] == 0) file[g] = n++;
     return n;
+}
+
+/* index.json's entries of the error feedback residuals (after the parameters' and their state's):
+   per unit that keeps one, "__grad_residual__.<unit>" of world x (hosts x shard) floats, rank r's
+   in its own file at [r R, r R + R). Every rank's residual depends on the layout, so a load takes
+   it only at the same world size and shard (fsdp__load_residuals). */
+FSDP__PRIVATE void fsdp__index_residuals(fsdp_ctx *ctx, const int *file_of, fsdp__sbuf *b) {
+    int ui, r;
+    for (ui = 0; ui < ctx->num_units && !b->failed; ui++) {
+        const fsdp__unit *u = &ctx->units[ui];
+        char *name = u->residual ? fsdp__residual_name(ctx, ui) : NULL;
+        if (!u->residual) continue;
+        if (!name) {
+            b->failed = 1;
+            return;
+        }
+        fsdp__sbuf_str(b, ctx->model->num_params ? "," : "");
+        fsdp__sbuf_jstring(b, name);
+        FSDP_FREE(name);
+        fsdp__sbuf_printf(b, ":{\"dtype\":\"F32\",\"shape\":[%lld],\"pieces\":[",
+                          (long long)u->residual_numel * ctx->world);
+        for (r = 0; r < ctx->world; r++)
+            fsdp__sbuf_printf(b, "%s[%d,%lld,%lld]", r ? "," : "", file_of[r], (long long)u->residual_numel * r,
+                              (long long)u->residual_numel * (r + 1));
+        fsdp__sbuf_str(b, "]}");
+    }
 }
 
 /* index.json's text: the metadata, the files, and per tensor its dtype, shape and which element
@@ -15735,6 +15786,7 @@ FSDP__PRIVATE void fsdp__index_text(fsdp_ctx *ctx, const fsdp__sharded_save *sv,
             fsdp__sbuf_str(b, "]}");
         }
     }
+    fsdp__index_residuals(ctx, file_of, b);
     fsdp__sbuf_str(b, "}}\n");
     FSDP_FREE(file_of);
 }
@@ -15925,12 +15977,13 @@ typedef struct fsdp__staging { float *dst; int64_t at; } fsdp__staging;
 /* Copies a piece into the snapshot (dst NULL: only counts its elements). */
 FSDP__PRIVATE int fsdp__piece_stage(fsdp_ctx *ctx, const fsdp__unit *u, int p, int j, void *user) {
     fsdp__staging *st = (fsdp__staging *)user;
-    int64_t len = fsdp__piece_len(ctx, p);
-    float *tmp;
+    int64_t len = fsdp__piece_count(ctx, u, p);
+    float *tmp = NULL;
     int rc = 0;
     const float *values;
     if (st->dst) {
-        if (!(values = fsdp__unit_values(ctx, u, j, fsdp__param_at(ctx, p), len, &tmp, &rc))) return rc;
+        if (!(values = p < 0 ? u->residual : fsdp__unit_values(ctx, u, j, fsdp__param_at(ctx, p), len, &tmp, &rc)))
+            return rc;
         memcpy(st->dst + st->at, values, sizeof(float) * (size_t)len);
         FSDP_FREE(tmp);
     }
@@ -16548,6 +16601,38 @@ FSDP__PRIVATE int fsdp__read_sharded(void *src, int64_t first, int64_t count, fl
     return 0;
 }
 
+/* Each error feedback residual this context keeps, from the checkpoint's "__grad_residual__.<unit>"
+   (this rank's [rank R, rank R + R)); where it has none of this size (saved without error
+   feedback, or at another world size or shard) the residual restarts at zero, and rank 0 says
+   so. 0, or the read's failure (logged). */
+FSDP__PRIVATE int fsdp__load_residuals(fsdp_ctx *ctx, fsdp__sharded_src *src, const char *dir) {
+    char err[FSDP__ERRMSG];
+    int ui, i, rc;
+    for (ui = 0; ui < ctx->num_units; ui++) {
+        fsdp__unit *u = &ctx->units[ui];
+        char *name = u->residual ? fsdp__residual_name(ctx, ui) : NULL;
+        const fsdp_index_tensor *t;
+        if (!u->residual) continue;
+        if (!name) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_load_sharded: out of memory");
+        i = fsdp_index_find(src->index, name);
+        FSDP_FREE(name);
+        t = i >= 0 ? fsdp_index_tensor_at(src->index, i) : NULL;
+        if (!t || t->dtype != FSDP_F32 || t->numel != u->residual_numel * ctx->world) {
+            memset(u->residual, 0, sizeof(float) * (size_t)u->residual_numel);
+            if (ctx->rank == 0)
+                fsdp__log(&ctx->logger, FSDP_LOG_INFO, "fsdp_load_sharded: unit '%s': no error feedback residual in %s "
+                          "%s: it restarts at zero", fsdp__unit_name(ctx, ui), dir,
+                          t ? "of this layout (saved at another world size or shard)" : "(saved without error feedback)");
+            continue;
+        }
+        src->tensor = t;
+        if ((rc = fsdp__read_sharded(src, u->residual_numel * ctx->rank, u->residual_numel, u->residual, err,
+                                     sizeof err)) != 0)
+            return fsdp__fail(ctx, rc, "fsdp_load_sharded: unit '%s''s residual: %s", fsdp__unit_name(ctx, ui), err);
+    }
+    return 0;
+}
+
 FSDP__PRIVATE int fsdp__load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_load_options *opt, fsdp_load_report *report) {
     fsdp_load_report local_report;
     fsdp__problems pr;
@@ -16575,6 +16660,7 @@ FSDP__PRIVATE int fsdp__load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_
     for (i = 0; i < fsdp_index_num_tensors(ix); i++) { /* check names and shapes before loading anything */
         const fsdp_index_tensor *t = fsdp_index_tensor_at(ix, i);
         int kind = fsdp__match_name(ctx, t->name, &p, &buffer);
+        if (!kind && strncmp(t->name, FSDP__RESIDUAL_PREFIX, sizeof FSDP__RESIDUAL_PREFIX - 1) == 0) continue; /* below */
         if (!kind) { fsdp__problem(&pr, "unexpected", t->name, ""); continue; }
         if (kind == 1) seen[p] = 1; /* present, even if mis-shaped (reported as such, not as missing) */
         if (fsdp__shape_differs(ctx, p, t->ndim, t->shape, detail, sizeof detail)) fsdp__problem(&pr, "shape", t->name, detail);
@@ -16598,6 +16684,7 @@ FSDP__PRIVATE int fsdp__load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_
             local = fsdp__fail(ctx, rc, "fsdp_load_sharded: %s", err);
         else if (kind == 1) report->loaded++;
     }
+    if (!local) local = fsdp__load_residuals(ctx, &src, dir);
     report->step = fsdp__meta_count(ctx, "fsdp_load_sharded", "step", NULL, fsdp_index_step(ix), FSDP__COUNT_LIMIT);
     report->epoch = fsdp__meta_count(ctx, "fsdp_load_sharded", "epoch", NULL, fsdp_index_epoch(ix), FSDP__COUNT_LIMIT);
     if (!local && load_opt && report->step >= 0) ctx->step = report->step;
