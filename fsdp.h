@@ -8651,6 +8651,14 @@ done:
    >>qcomm
    Collectives built from the public ones, for any backend: the quantized reduce-scatter
    (fsdp_reduce_scatter_wire, whose declaration documents its arithmetic).
+   The runtime uses it for a unit whose grad_wire is INT8 or INT4 (fsdp__run_reduce_wire): over
+   the context's host comm and its cross-host comm (the ranks of one local index, made once by
+   fsdp_init), FSDP_AVG, in place in the unit's f32 gradient, with the unit's residual under
+   error feedback. What that changes in the gradient bits: they depend on the layout H hosts x L
+   ranks (each host's partial of L ranks is what gets quantized, and the hosts' partials are
+   folded in host order), on the wire and the block, not on the backend or the timing; one host
+   (H = 1) or grad_wire off is the plain reduce-scatter's bits exactly. So the same world of P
+   ranks on 1 x 4, 2 x 2 or 4 x 1 hosts trains to different bits, each bitwise run to run.
    ============================================================================================ */
 /* The scratch of one fsdp_reduce_scatter_wire: the host partials (later the decoded receipts),
    the encoded pieces out and in (slot bytes each, a multiple of 4), the fold's sources. */
