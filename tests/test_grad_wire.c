@@ -43,6 +43,7 @@ typedef struct run_config {
     const char *save_dir;       /* saved sharded after the last step (NULL: not) */
     const char *load_dir;       /* loaded sharded before the first step (NULL: not) */
     int nan_rank, nan_step;     /* that rank's gradient gets a NaN at that step (nan_rank -1: never) */
+    const char *trace_dir;      /* fsdp_desc.trace_dir (NULL: no trace) */
 } run_config;
 
 typedef struct rank_result {
@@ -148,6 +149,7 @@ static void describe(fsdp_desc *d, fsdp_comm *comm, const run_config *c, rank_re
     d->grad_wire = c->wire;
     d->wire_block = BLOCK;
     d->error_feedback = c->error_feedback;
+    d->trace_dir = c->trace_dir;
     d->logger.fn = capture_log;
     d->logger.user = r;
     d->logger.max_level = FSDP_LOG_INFO;
@@ -532,6 +534,25 @@ static void test_grad_wire_nonfinite_gradient_skips_the_step_on_every_rank_namin
     TEST_ASSERT_TRUE_MESSAGE(named, results[0].logged);
 }
 
+static void test_grad_wire_trace_shows_the_quantize_and_dequantize_spans_of_each_reduction(void) {
+    char dir[600], path[700];
+    size_t size = 0;
+    unsigned char *text;
+    run_config c = config(FSDP_WIRE_INT8, 1);
+    c.last_step = 1;
+    c.trace_dir = dir;
+    snprintf(dir, sizeof dir, "%s/trace", ckpt_root);
+    mkdir(dir, 0700);
+    if (run_hosts(WORLD, two_by_two, &c) != 0) TEST_FAIL_MESSAGE(message);
+    snprintf(path, sizeof path, "%s/trace-rank00002.json", dir);
+    text = read_whole_file(path, &size);
+    TEST_ASSERT_NOT_NULL_MESSAGE(text, path);
+    assert_says((const char *)text, "\"cat\":\"wire\",\"name\":\"quantize layers.1\"");
+    assert_says((const char *)text, "\"cat\":\"wire\",\"name\":\"dequantize layers.1\"");
+    assert_says((const char *)text, "\"cat\":\"wire\",\"name\":\"reduce_scatter_wire layers.1\"");
+    free(text);
+}
+
 static void test_grad_wire_with_hybrid_shard_is_refused_naming_the_unit(void) {
     run_config c = config(FSDP_WIRE_INT8, 0);
     c.strategy = FSDP_HYBRID_SHARD;
@@ -568,6 +589,7 @@ int main(void) {
     RUN_TEST(test_grad_wire_residual_round_trips_through_a_sharded_checkpoint);
     RUN_TEST(test_grad_wire_checkpoint_without_residual_loads_with_zero_residual_and_says_so);
     RUN_TEST(test_grad_wire_nonfinite_gradient_skips_the_step_on_every_rank_naming_the_unit);
+    RUN_TEST(test_grad_wire_trace_shows_the_quantize_and_dequantize_spans_of_each_reduction);
     RUN_TEST(test_grad_wire_with_hybrid_shard_is_refused_naming_the_unit);
     RUN_TEST(test_grad_wire_on_uneven_hosts_is_refused_naming_the_unit);
     RUN_TEST(test_grad_wire_float_other_than_reduce_dtype_is_refused_naming_the_unit);
