@@ -53,6 +53,8 @@ typedef struct rank_result {
     int skipped[STEPS];
     int64_t steps_taken;
     size_t grad_shard_bytes, estimate_grad_shard_bytes;
+    uint64_t bytes_sent_net;          /* the last step's report: sent to other hosts */
+    int64_t shard[NUNITS];
     char logged[1200];
 } rank_result;
 
@@ -170,6 +172,7 @@ static int rank_step_run(fsdp_ctx *ctx, const mlp *m, const run_config *c, int r
     if ((rc = iterate(ctx, m, add_local, &s)) != 0 || (rc = fsdp_step(ctx, 0.0f, &rep)) != 0) return rc;
     r->skipped[step] = rep.skipped;
     r->steps_taken = rep.step;
+    r->bytes_sent_net = rep.bytes_sent_net;
     return 0;
 }
 
@@ -199,6 +202,10 @@ static int train(fsdp_comm *comm, const run_config *c, rank_result *r) {
         rc = fsdp_save_sharded(ctx, c->save_dir, &so);
     }
     if (!rc) rc = gather_all(ctx, &m, r->final_master);
+    for (step = 0; !rc && step < NUNITS; step++) {
+        fsdp_unit_info ui;
+        if (fsdp_unit_info_get(ctx, step, &ui) == 0) r->shard[step] = ui.shard_numel;
+    }
     if (!rc && fsdp_memory_stats_get(ctx, &st) == 0 && fsdp_memory_estimate(m.model, &d, WORLD, &est) == 0) {
         r->grad_shard_bytes = st.grad_shard_bytes;
         r->estimate_grad_shard_bytes = est.grad_shard_bytes;
@@ -553,6 +560,25 @@ static void test_grad_wire_trace_shows_the_quantize_and_dequantize_spans_of_each
     free(text);
 }
 
+static void test_grad_wire_step_report_counts_the_codes_sent_across_hosts(void) {
+    uint64_t sent[3];
+    static const fsdp_wire wires[3] = {FSDP_WIRE_DEFAULT, FSDP_WIRE_INT8, FSDP_WIRE_INT4};
+    uint64_t fewer = 0;
+    int w, u;
+    for (w = 0; w < 3; w++) {
+        run_config c = config(wires[w], 0);
+        if (run_hosts(WORLD, two_by_two, &c) != 0) TEST_FAIL_MESSAGE(message);
+        sent[w] = results[0].bytes_sent_net;
+    }
+    for (u = 0; u < NUNITS; u++) /* one host partial of each unit leaves the host, in whole 4-byte words */
+        fewer += (fsdp_wire_bytes(FSDP_WIRE_INT8, (size_t)results[0].shard[u], BLOCK) + 3) / 4 * 4 -
+                 (fsdp_wire_bytes(FSDP_WIRE_INT4, (size_t)results[0].shard[u], BLOCK) + 3) / 4 * 4;
+    snprintf(message, sizeof message, "bytes sent across hosts by rank 0 in a step: f32 %llu, int8 %llu, int4 %llu",
+             (unsigned long long)sent[0], (unsigned long long)sent[1], (unsigned long long)sent[2]);
+    TEST_ASSERT_TRUE_MESSAGE(sent[1] < sent[0], message);
+    TEST_ASSERT_EQUAL_UINT64_MESSAGE(fewer, sent[1] - sent[2], message);
+}
+
 static void test_grad_wire_with_hybrid_shard_is_refused_naming_the_unit(void) {
     run_config c = config(FSDP_WIRE_INT8, 0);
     c.strategy = FSDP_HYBRID_SHARD;
@@ -590,6 +616,7 @@ int main(void) {
     RUN_TEST(test_grad_wire_checkpoint_without_residual_loads_with_zero_residual_and_says_so);
     RUN_TEST(test_grad_wire_nonfinite_gradient_skips_the_step_on_every_rank_naming_the_unit);
     RUN_TEST(test_grad_wire_trace_shows_the_quantize_and_dequantize_spans_of_each_reduction);
+    RUN_TEST(test_grad_wire_step_report_counts_the_codes_sent_across_hosts);
     RUN_TEST(test_grad_wire_with_hybrid_shard_is_refused_naming_the_unit);
     RUN_TEST(test_grad_wire_on_uneven_hosts_is_refused_naming_the_unit);
     RUN_TEST(test_grad_wire_float_other_than_reduce_dtype_is_refused_naming_the_unit);
