@@ -536,8 +536,8 @@ static int speed_table(const options *o) {
     snprintf(names[5], sizeof names[5], "PyTorch DDP %.10s", o->torch_coretype ? o->torch_coretype : "");
     snprintf(names[6], sizeof names[6], "plain x%d, no comm", N);
     snprintf(names[7], sizeof names[7], "FSDP %s int8", fsdp_strategy_name(FSDP_FULL_SHARD));
-    snprintf(names[8], sizeof names[8], "FSDP %s int8 g8", fsdp_strategy_name(FSDP_FULL_SHARD));
-    snprintf(names[9], sizeof names[9], "FSDP %s int8 g4+ef", fsdp_strategy_name(FSDP_FULL_SHARD));
+    snprintf(names[8], sizeof names[8], "FSDP %s +g8", fsdp_strategy_name(FSDP_FULL_SHARD));
+    snprintf(names[9], sizeof names[9], "FSDP %s +g4ef", fsdp_strategy_name(FSDP_FULL_SHARD));
     { // in this order: PyTorch first at each world size, then fsdp.h's runs to compare with it
         config torch1 = {"PyTorch eager", 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL, 0, 0, IN_RAM};
         config torchN = {"PyTorch DDP (gloo)", 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL, 0, 0, IN_RAM};
@@ -1010,8 +1010,8 @@ static void usage(FILE *out) {
         "loop without fsdp.h's runtime, FSDP on 1 rank, N plain loops side by side on B/N each without any\n"
         "communication (the machine's ceiling for N ranks), and FULL_SHARD, SHARD_GRAD_OP, NO_SHARD,\n"
         "HYBRID_SHARD on N local ranks (shm), then FULL_SHARD with bf16 gathers and with int8 ones decoded into\n"
-        "bf16 (fsdp_desc.param_wire, ZeRO++'s qwZ), and those with int8 gradients (g8) and int4 ones with error\n"
-        "feedback (g4+ef) between hosts (fsdp_desc.grad_wire, ZeRO++'s qgZ): on one host, as here, no gradient\n"
+        "bf16 (fsdp_desc.param_wire, ZeRO++'s qwZ), and those with int8 gradients (+g8) and int4 ones with error\n"
+        "feedback (+g4ef) between hosts (fsdp_desc.grad_wire, ZeRO++'s qgZ): on one host, as here, no gradient\n"
         "crosses a link and grad_wire is ignored (the rows show it costs nothing there).\n"
         "With --memory: FULL_SHARD and NO_SHARD at P = 1, 2, 4, a few\n"
         "steps each, rank 0's peak RSS and fsdp's memory statistics against fsdp_memory_estimate; then\n"
