@@ -44,6 +44,7 @@ typedef struct run_config {
     const char *load_dir;       /* loaded sharded before the first step (NULL: not) */
     int nan_rank, nan_step;     /* that rank's gradient gets a NaN at that step (nan_rank -1: never) */
     const char *trace_dir;      /* fsdp_desc.trace_dir (NULL: no trace) */
+    int save_async;             /* save_dir by fsdp_save_sharded_async, then one more step, then fsdp_save_wait */
 } run_config;
 
 typedef struct rank_result {
@@ -199,7 +200,10 @@ static int train(fsdp_comm *comm, const run_config *c, rank_result *r) {
         fsdp_save_options so;
         memset(&so, 0, sizeof so);
         so.with_optimizer = 1;
-        rc = fsdp_save_sharded(ctx, c->save_dir, &so);
+        if (!c->save_async) rc = fsdp_save_sharded(ctx, c->save_dir, &so);
+        else if ((rc = fsdp_save_sharded_async(ctx, c->save_dir, &so)) == 0 &&
+                 (rc = rank_step_run(ctx, &m, c, rank, c->last_step, r)) == 0) /* (the residual changes meanwhile) */
+            rc = fsdp_save_wait(ctx);
     }
     if (!rc) rc = gather_all(ctx, &m, r->final_master);
     for (step = 0; !rc && step < NUNITS; step++) {
@@ -486,11 +490,12 @@ static void test_grad_wire_error_feedback_changes_the_result_and_two_runs_give_t
                                      "the estimator counts the residual as fsdp_memory_stats does");
 }
 
-static void test_grad_wire_residual_round_trips_through_a_sharded_checkpoint(void) {
+static void assert_residual_round_trips(int save_async) {
     static float whole[NELEM];
     char dir[600];
     run_config c = config(FSDP_WIRE_INT4, 1);
     int r;
+    c.save_async = save_async;
     snprintf(dir, sizeof dir, "%s/ef", ckpt_root);
     if (run_hosts(WORLD, two_by_two, &c) != 0) TEST_FAIL_MESSAGE(message);
     memcpy(whole, results[0].final_master, sizeof whole);
@@ -503,9 +508,16 @@ static void test_grad_wire_residual_round_trips_through_a_sharded_checkpoint(voi
     c.last_step = STEPS;
     if (run_hosts(WORLD, two_by_two, &c) != 0) TEST_FAIL_MESSAGE(message);
     for (r = 0; r < WORLD; r++) {
-        snprintf(message, sizeof message, "rank %d: saved after step 2, loaded, continued", r);
+        snprintf(message, sizeof message, "rank %d: saved after step 2%s, loaded, continued", r,
+                 save_async ? " (asynchronously)" : "");
         assert_masters_equal(whole, results[r].final_master, message);
     }
+}
+
+static void test_grad_wire_residual_round_trips_through_a_sharded_checkpoint(void) { assert_residual_round_trips(0); }
+
+static void test_grad_wire_residual_round_trips_through_an_asynchronous_sharded_checkpoint(void) {
+    assert_residual_round_trips(1);
 }
 
 static void test_grad_wire_checkpoint_without_residual_loads_with_zero_residual_and_says_so(void) {
@@ -613,6 +625,7 @@ int main(void) {
     RUN_TEST(test_grad_wire_int4_with_error_feedback_trains_as_the_reference_bitwise);
     RUN_TEST(test_grad_wire_error_feedback_changes_the_result_and_two_runs_give_the_same_bits);
     RUN_TEST(test_grad_wire_residual_round_trips_through_a_sharded_checkpoint);
+    RUN_TEST(test_grad_wire_residual_round_trips_through_an_asynchronous_sharded_checkpoint);
     RUN_TEST(test_grad_wire_checkpoint_without_residual_loads_with_zero_residual_and_says_so);
     RUN_TEST(test_grad_wire_nonfinite_gradient_skips_the_step_on_every_rank_naming_the_unit);
     RUN_TEST(test_grad_wire_trace_shows_the_quantize_and_dequantize_spans_of_each_reduction);
