@@ -987,9 +987,20 @@ typedef struct fsdp_desc {
                                            param_dtype (ZeRO++'s qwZ). Shards are then padded to whole blocks,
                                            so the gathered weights are the same bits at every world size. A
                                            float wire other than param_dtype's is refused (param_dtype says it) */
-    fsdp_wire grad_wire;                /* reserved for quantized gradient reductions: anything but DEFAULT is
-                                           refused for now (FSDP_ERR_UNSUPPORTED) */
+    fsdp_wire grad_wire;                /* what gradient reductions move between hosts, for every unit without its
+                                           own: DEFAULT: reduce_dtype; INT8, INT4: ZeRO++'s qgZ, the unit's
+                                           reduce-scatter is fsdp_reduce_scatter_wire (f32 inside each host,
+                                           the host partials quantized between hosts; >>qcomm), reduce_dtype
+                                           unused for it. Needs hosts of equal rank counts, numbered host by
+                                           host (else FSDP_ERR_UNSUPPORTED); HYBRID_SHARD refused (its
+                                           all-reduce over replicas is not quantized); where the reduction
+                                           never crosses a host (one host, NO_SHARD) ignored with an info log.
+                                           A float wire other than reduce_dtype's is refused */
     size_t wire_block;                  /* elements per block of INT8/INT4 (fsdp_wire_bytes' rules); 0: 128 */
+    int error_feedback;                 /* 1: units reducing over an INT8/INT4 grad_wire keep, per rank, the
+                                           quantization error of their host partials (hosts x shard floats, in
+                                           grad_shard_bytes) and add it to the next reduction's; sharded
+                                           checkpoints save it ("__grad_residual__.<unit>", >>checkpoint) */
 } fsdp_desc;
 
 /* Builds units from the wrap policy, allocates this rank's shards and initialises them.
@@ -1009,7 +1020,7 @@ FSDP_API int fsdp_model_set_strategy(fsdp_model *model, int module, fsdp_strateg
 FSDP_API int fsdp_model_set_reshard_after_forward(fsdp_model *model, int module, fsdp_reshard_mode mode);
 /* Per-unit wire formats, before fsdp_init: what the unit rooted at module gathers its parameters
    in and reduces its gradients in (FSDP_WIRE_DEFAULT: fsdp_desc's param_wire and grad_wire, with
-   the same rules; a grad_wire other than DEFAULT is refused by fsdp_init for now). */
+   the same rules). */
 FSDP_API int fsdp_model_set_wire(fsdp_model *model, int module, fsdp_wire param_wire, fsdp_wire grad_wire);
 
 /* Hooks, called by the training code at module boundaries. A module that is not a unit acts on
@@ -1286,6 +1297,11 @@ FSDP_API int fsdp_fit_budget(const fsdp_model *model, const fsdp_desc *desc, int
    loss_scale_growth_tracker not in [0, growth_interval)) is ignored with a warning, as if
    absent, as another optimizer's state is without strict: the context keeps its own value and
    the tensors load.
+   Error feedback (fsdp_desc.error_feedback) residuals go into sharded checkpoints only: tensor
+   "__grad_residual__.<unit>" (F32, world x hosts x shard; rank r's hosts x shard floats in its
+   own file), loaded back at the same world size and shard, else (or absent) the residual
+   restarts at zero with an info message. Full checkpoints drop them (a full load leaves the
+   residual as it was).
    ============================================================================================ */
 typedef struct fsdp_kv {
     const char *key;
@@ -8635,6 +8651,14 @@ done:
    >>qcomm
    Collectives built from the public ones, for any backend: the quantized reduce-scatter
    (fsdp_reduce_scatter_wire, whose declaration documents its arithmetic).
+   The runtime uses it for a unit whose grad_wire is INT8 or INT4 (fsdp__run_reduce_wire): over
+   the context's host comm and its cross-host comm (the ranks of one local index, made once by
+   fsdp_init), FSDP_AVG, in place in the unit's f32 gradient, with the unit's residual under
+   error feedback. What that changes in the gradient bits: they depend on the layout H hosts x L
+   ranks (each host's partial of L ranks is what gets quantized, and the hosts' partials are
+   folded in host order), on the wire and the block, not on the backend or the timing; one host
+   (H = 1) or grad_wire off is the plain reduce-scatter's bits exactly. So the same world of P
+   ranks on 1 x 4, 2 x 2 or 4 x 1 hosts trains to different bits, each bitwise run to run.
    ============================================================================================ */
 /* The scratch of one fsdp_reduce_scatter_wire: the host partials (later the decoded receipts),
    the encoded pieces out and in (slot bytes each, a multiple of 4), the fold's sources. */
@@ -8680,30 +8704,44 @@ FSDP__PRIVATE int fsdp__qrs_alloc(fsdp__qrs *q, fsdp_comm *comm, int H, size_t c
     return 0;
 }
 
+/* What a caller inside fsdp.h learns from one fsdp__qrs_run (the runtime's reduction traces its
+   phases and names a non-finite gradient): phase(user, "quantize" / "dequantize", t0) at the end
+   of each of those phases, which began at t0; nonfinite, the index in the host partials (g count
+   + i) of the first NaN or infinity encoded, or SIZE_MAX. */
+typedef struct fsdp__qrs_watch {
+    void (*phase)(void *user, const char *name, double t0);
+    void *user;
+    size_t nonfinite;
+} fsdp__qrs_watch;
+
 /* Steps 2 and 3: host g's partial (plus its residual) into slot g, the residual updated; recv
    serves as the decode's scratch (send is no longer read). */
 FSDP__PRIVATE void fsdp__qrs_encode(const fsdp__qrs *q, int H, size_t count, fsdp_wire wire, size_t block,
-                                    float *residual, float *scratch) {
-    size_t i;
+                                    float *residual, float *scratch, fsdp__qrs_watch *watch) {
+    size_t i, first;
     int g;
     for (g = 0; g < H; g++) {
         float *z = q->partials + (size_t)g * count, *res = residual ? residual + (size_t)g * count : NULL;
         unsigned char *codes = q->out + (size_t)g * q->slot;
         if (res)
             for (i = 0; i < count; i++) z[i] = z[i] + res[i];
-        fsdp_wire_encode(codes, wire, block, z, count, NULL);
+        fsdp_wire_encode(codes, wire, block, z, count, &first);
+        if (watch && first < count && watch->nonfinite == SIZE_MAX) watch->nonfinite = (size_t)g * count + first;
         if (!res) continue;
         fsdp_wire_decode(scratch, FSDP_F32, codes, wire, block, count);
         for (i = 0; i < count; i++) res[i] = scratch[i] != scratch[i] ? 0.0f : z[i] - scratch[i];
     }
 }
 
-FSDP_API int fsdp_reduce_scatter_wire(fsdp_comm *host, fsdp_comm *cross, const float *send, float *recv, size_t count,
-                                      fsdp_reduce_op op, fsdp_wire wire, size_t block, float *residual) {
+/* fsdp_reduce_scatter_wire, watched (watch may be NULL; it costs a clock reading per phase). */
+FSDP__PRIVATE int fsdp__qrs_run(fsdp_comm *host, fsdp_comm *cross, const float *send, float *recv, size_t count,
+                                fsdp_reduce_op op, fsdp_wire wire, size_t block, float *residual, fsdp__qrs_watch *watch) {
     int H = cross ? cross->world : 1, L = host ? host->world : 1, rc, g;
     fsdp_comm *any = cross ? cross : host;
+    double t0;
     fsdp__qrs q;
     memset(&q, 0, sizeof q);
+    if (watch) watch->nonfinite = SIZE_MAX;
     if ((rc = fsdp__qrs_check(host, cross, send, recv, count, op, wire, block, residual)) != 0) return rc;
     if (op == FSDP_REDUCE_DEFAULT) op = FSDP_SUM;
     if (H == 1) /* one host: nothing crosses a link, nothing is quantized */
@@ -8715,19 +8753,28 @@ FSDP_API int fsdp_reduce_scatter_wire(fsdp_comm *host, fsdp_comm *cross, const f
                                         FSDP_F32, FSDP_SUM)
                   : (memcpy(q.partials + (size_t)g * count, send + (size_t)g * count, count * sizeof(float)), 0);
     if (rc == FSDP_SUCCESS) {
-        fsdp__qrs_encode(&q, H, count, wire, block, residual, recv);
+        t0 = watch && watch->phase ? fsdp_now() : 0;
+        fsdp__qrs_encode(&q, H, count, wire, block, residual, recv, watch);
+        if (t0 != 0) watch->phase(watch->user, "quantize", t0);
         rc = fsdp_all_to_all(cross, q.out, q.in, q.slot / 4, FSDP_F32);
     } else { /* the other hosts' ranks would wait for this one in the all_to_all: tell them now */
         fsdp_comm_fail(cross, rc, "fsdp_reduce_scatter_wire: the host comm of rank %d (local rank %d) failed: %s",
                        cross->rank, host->rank, fsdp_comm_last_error(host));
     }
+    t0 = rc == FSDP_SUCCESS && watch && watch->phase ? fsdp_now() : 0;
     for (g = 0; g < H && rc == FSDP_SUCCESS; g++) { /* 5: the hosts' partials of my shard, folded in host order */
         fsdp_wire_decode(q.partials + (size_t)g * count, FSDP_F32, q.in + (size_t)g * q.slot, wire, block, count);
         q.srcs[g] = q.partials + (size_t)g * count;
     }
     if (rc == FSDP_SUCCESS && count) fsdp_reduce_ranks(recv, q.srcs, H, count, FSDP_F32, op, H * L);
+    if (t0 != 0) watch->phase(watch->user, "dequantize", t0);
     FSDP_FREE(q.raw);
     return rc;
+}
+
+FSDP_API int fsdp_reduce_scatter_wire(fsdp_comm *host, fsdp_comm *cross, const float *send, float *recv, size_t count,
+                                      fsdp_reduce_op op, fsdp_wire wire, size_t block, float *residual) {
+    return fsdp__qrs_run(host, cross, send, recv, count, op, wire, block, residual, NULL);
 }
 
 /* ============================================================================================
@@ -9147,6 +9194,10 @@ typedef struct fsdp__plan_unit {
     int host_ignored;      /* HOST was asked where it means nothing (ALL instead; fsdp_init says so) */
     fsdp_wire param_wire;  /* resolved: param_dtype's wire, INT8 or INT4 */
     size_t wire_block;     /* INT8/INT4: elements per block (shards are whole blocks) */
+    fsdp_wire grad_wire;   /* resolved: INT8 or INT4 where the reduction crosses hosts quantized, else DEFAULT */
+    int grad_hosts;        /* with grad_wire: the hosts H the reduction spans (the world is H x L ranks) */
+    int grad_ignored;      /* INT8/INT4 was asked where the reduction never crosses a host (fsdp_init says so) */
+    int64_t residual;      /* error feedback: floats of this rank's residual (H x shard), else 0 */
 } fsdp__plan_unit;
 
 typedef struct fsdp__plan {
@@ -9191,12 +9242,60 @@ static int fsdp__group_spans_hosts(const fsdp_comm *comm, int world, int group_s
     return 0;
 }
 
+/* H if comm's world of `world` ranks is H hosts of L ranks each numbered host by host (rank r on
+   the host of rank r - r % L), as fsdp_reduce_scatter_wire needs; 0 otherwise. The same answer on
+   every rank. */
+static int fsdp__hosts_in_blocks(const fsdp_comm *comm, int world) {
+    int H = fsdp_comm_num_hosts(comm), L, r;
+    if (H < 1 || world % H != 0) return 0;
+    L = world / H;
+    for (r = 1; r < world; r++)
+        if ((fsdp_comm_host_of(comm, r) == fsdp_comm_host_of(comm, r - 1)) != (r % L != 0)) return 0;
+    return H;
+}
+
+/* A unit's gradient wire gw (its module's or the description's) resolved into pu (after its
+   shard is known): INT8/INT4 where its reduce-scatter crosses hosts, ignored where it never does,
+   refused where it cannot be done. 0, or why in err. */
+FSDP__PRIVATE int fsdp__plan_grad_wire(const fsdp_desc *desc, int world, fsdp__plan_unit *pu, const char *name,
+                                       fsdp_wire gw, char *err, size_t err_size) {
+    int H;
+    if (gw == FSDP_WIRE_DEFAULT) return 0;
+    if (gw != FSDP_WIRE_INT8 && gw != FSDP_WIRE_INT4) {
+        if ((int)gw == (int)desc->reduce_dtype) return 0;
+        fsdp__fmt(err, err_size, "unit '%s': grad_wire %s differs from reduce_dtype %s: a float reduction moves "
+                  "reduce_dtype (set reduce_dtype, or grad_wire int8 or int4)", name, fsdp_wire_name(gw),
+                  fsdp_dtype_name(desc->reduce_dtype));
+        return FSDP_ERR_INVALID_ARG;
+    }
+    if (pu->strategy == FSDP_HYBRID_SHARD) {
+        fsdp__fmt(err, err_size, "unit '%s': grad_wire %s with HYBRID_SHARD: not supported (its all-reduce over the "
+                  "replicas would cross hosts unquantized): use FULL_SHARD or SHARD_GRAD_OP for it", name,
+                  fsdp_wire_name(gw));
+        return FSDP_ERR_UNSUPPORTED;
+    }
+    if (!fsdp__group_spans_hosts(desc->comm, world, pu->group_size)) {
+        pu->grad_ignored = 1;
+        return 0;
+    }
+    if ((H = fsdp__hosts_in_blocks(desc->comm, world)) == 0) {
+        fsdp__fmt(err, err_size, "unit '%s': grad_wire %s needs every host to hold the same number of ranks, numbered "
+                  "host by host (this world: %d ranks on %d hosts)", name, fsdp_wire_name(gw), world,
+                  fsdp_comm_num_hosts(desc->comm));
+        return FSDP_ERR_UNSUPPORTED;
+    }
+    pu->grad_wire = gw;
+    pu->grad_hosts = H;
+    pu->residual = desc->error_feedback && !pu->frozen ? (int64_t)H * pu->shard : 0;
+    return 0;
+}
+
 /* Each unit's reshard mode and parameter wire, from its module's settings or the description's
    (validated there), and its padding: a quantized unit's shards are whole blocks, so that blocks
    begin at the same flat offsets at every world size. */
 FSDP__PRIVATE int fsdp__plan_unit_modes(const fsdp_model *m, const fsdp_desc *desc, int world, fsdp__plan *plan,
                                         char *err, size_t err_size) {
-    int u;
+    int u, rc;
     for (u = 0; u < plan->num_units; u++) {
         fsdp__plan_unit *pu = &plan->units[u];
         const fsdp__module *md = &m->modules[pu->module];
@@ -9204,10 +9303,6 @@ FSDP__PRIVATE int fsdp__plan_unit_modes(const fsdp_model *m, const fsdp_desc *de
         fsdp_reshard_mode asked = md->reshard ? md->reshard : desc->reshard_after_forward;
         fsdp_wire pw = md->param_wire ? md->param_wire : desc->param_wire, gw = md->grad_wire ? md->grad_wire : desc->grad_wire;
         int64_t g = pu->group_size, granule = g;
-        if (gw != FSDP_WIRE_DEFAULT) {
-            fsdp__fmt(err, err_size, "unit '%s': grad_wire %s: not available yet (issue 37)", name, fsdp_wire_name(gw));
-            return FSDP_ERR_UNSUPPORTED;
-        }
         if (pw >= FSDP_WIRE_F32 && pw <= FSDP_WIRE_F16 && (int)pw != (int)desc->param_dtype) {
             fsdp__fmt(err, err_size, "unit '%s': param_wire %s differs from param_dtype %s: a float gather moves "
                       "param_dtype (set param_dtype, or param_wire int8 or int4)", name, fsdp_wire_name(pw),
@@ -9221,6 +9316,7 @@ FSDP__PRIVATE int fsdp__plan_unit_modes(const fsdp_model *m, const fsdp_desc *de
         }
         pu->padded = (pu->flat_numel + granule - 1) / granule * granule;
         pu->shard = pu->padded / g;
+        if ((rc = fsdp__plan_grad_wire(desc, world, pu, name, gw, err, err_size)) != 0) return rc;
         if (u == 0) pu->reshard = FSDP_RESHARD_NONE; /* the root: its backward follows at once */
         else if (asked == FSDP_RESHARD_DEFAULT)
             pu->reshard = pu->strategy == FSDP_FULL_SHARD || pu->strategy == FSDP_HYBRID_SHARD ? FSDP_RESHARD_ALL
@@ -10212,6 +10308,9 @@ typedef struct fsdp__unit {
     void *host_shard;       /* HOST: [host_numel] param_dtype, this rank's slice of the host's share, kept from
                                post_forward until the backward's gather (which frees it) */
     int64_t host_numel;     /* HOST: ceil(padded / ranks on this host) */
+    fsdp_wire grad_wire;    /* INT8/INT4: reduced by fsdp_reduce_scatter_wire over host_comm and cross_comm */
+    float *residual;        /* error feedback: [grad_hosts * shard] this rank's quantization error, or NULL */
+    int64_t residual_numel;
 } fsdp__unit;
 
 typedef struct fsdp__task {
@@ -10240,7 +10339,9 @@ struct fsdp_ctx {
     fsdp_model *model;
     fsdp_desc desc;
     fsdp_comm *comm, *hybrid_shard_comm, *hybrid_replica_comm;
-    fsdp_comm *host_comm;   /* this rank's host, for FSDP_RESHARD_HOST's gathers (may be hybrid_shard_comm) */
+    fsdp_comm *host_comm;   /* this rank's host, for FSDP_RESHARD_HOST's gathers (may be hybrid_shard_comm) and
+                               quantized reductions */
+    fsdp_comm *cross_comm;  /* grad_wire INT8/INT4: the ranks of this rank's local index, one per host */
     void *master_mem[2];    /* fsdp_comm_alloc blocks holding the f32 shards gathered over comm, hybrid_shard_comm */
     fsdp__plan plan;
     fsdp__unit *units;
@@ -10693,15 +10794,51 @@ FSDP__PRIVATE int fsdp__run_gather(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, 
     return rc;
 }
 
+/* The trace's spans of a quantized reduction's phases (fsdp__qrs_watch.phase). */
+typedef struct fsdp__reduce_watch {
+    fsdp_ctx *ctx;
+    int unit;
+} fsdp__reduce_watch;
+static void fsdp__reduce_phase(void *user, const char *name, double t0) {
+    const fsdp__reduce_watch *w = (const fsdp__reduce_watch *)user;
+    fsdp__trace_end(w->ctx, "wire", name, w->unit, t0);
+}
+
+/* A unit's reduce-scatter over its grad_wire (INT8/INT4): fsdp_reduce_scatter_wire over the host
+   and cross-host comms, in place (this rank's slice of grad_full receives the average), with the
+   unit's residual under error feedback. A non-finite gradient is named here (on the rank that
+   encoded it); its block decodes to NaN, so the step skips. */
+FSDP__PRIVATE int fsdp__run_reduce_wire(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t) {
+    fsdp__reduce_watch w;
+    fsdp__qrs_watch watch;
+    size_t S = (size_t)u->shard;
+    double t0 = ctx->trace ? fsdp_now() : 0;
+    int rc;
+    w.ctx = ctx;
+    w.unit = (int)(u - ctx->units);
+    watch.phase = ctx->trace ? fsdp__reduce_phase : NULL;
+    watch.user = &w;
+    rc = fsdp__qrs_run(ctx->host_comm, ctx->cross_comm, t->grad_full, t->grad_full + (size_t)u->group_rank * S, S,
+                       FSDP_AVG, u->grad_wire, fsdp__wire_block(ctx->desc.wire_block), u->residual, &watch);
+    if (!rc && watch.nonfinite != SIZE_MAX)
+        fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: unit '%s': grad_wire %s: a non-finite gradient (element %zu of "
+                  "the partial of host %zu): its block goes as NaN and the step skips", ctx->rank,
+                  fsdp__unit_name(ctx, w.unit), fsdp_wire_name(u->grad_wire), watch.nonfinite % S,
+                  watch.nonfinite / S);
+    fsdp__trace_end(ctx, "wire", "reduce_scatter_wire", w.unit, t0);
+    return rc;
+}
+
 FSDP__PRIVATE int fsdp__run_reduce(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, uint32_t tag) {
-    fsdp_dtype rd = ctx->reduce_dtype;
+    fsdp_dtype rd = u->grad_wire ? FSDP_F32 : ctx->reduce_dtype; /* (a quantized reduction sums f32 in its host) */
     float *grad;
     size_t esize = fsdp_dtype_size(rd), i, S = (size_t)u->shard;
     char *data = rd == FSDP_F32 ? (char *)t->grad_full : (char *)t->scratch;
     char *mine = data + (size_t)u->group_rank * S * esize;
     int rc = 0, b = -1;
     if (rd != FSDP_F32) fsdp__from_f32(data, rd, t->grad_full, (size_t)u->padded);
-    if (u->shard_comm) /* in place: this rank's slice of the buffer receives the average */
+    if (u->grad_wire) rc = fsdp__run_reduce_wire(ctx, u, t);
+    else if (u->shard_comm) /* in place: this rank's slice of the buffer receives the average */
         rc = fsdp__task_coll(ctx, t, u->shard_comm, FSDP_COLL_REDUCE_SCATTER, data, mine, S, rd, FSDP_AVG, tag);
     if (!rc && u->replica_comm)
         rc = fsdp__task_coll(ctx, t, u->replica_comm, FSDP_COLL_ALL_REDUCE, mine, mine, S, rd, FSDP_AVG, tag);
@@ -10740,6 +10877,8 @@ static fsdp_comm *fsdp__failed_comm(fsdp_ctx *ctx, const fsdp__task *t) {
     if (t->host_src && fsdp_comm_status(ctx->host_comm) != FSDP_SUCCESS) return ctx->host_comm;
     if (u->shard_comm && fsdp_comm_status(u->shard_comm) != FSDP_SUCCESS) return u->shard_comm;
     if (u->replica_comm && fsdp_comm_status(u->replica_comm) != FSDP_SUCCESS) return u->replica_comm;
+    if (u->grad_wire && fsdp_comm_status(ctx->host_comm) != FSDP_SUCCESS) return ctx->host_comm;
+    if (u->grad_wire && fsdp_comm_status(ctx->cross_comm) != FSDP_SUCCESS) return ctx->cross_comm;
     return u->shard_comm ? u->shard_comm : ctx->comm;
 }
 
@@ -10834,13 +10973,14 @@ FSDP__PRIVATE uint64_t fsdp__enqueue(fsdp_ctx *ctx, const fsdp__task *task, int 
    (the shm and socket transports). An op of another backend (MPI, a user's) may not, and then
    the waiter must stay free to give up and abort it (below). */
 static int fsdp__can_help(const fsdp_ctx *ctx) {
-    const fsdp_comm *comms[4];
+    const fsdp_comm *comms[5];
     int i;
     comms[0] = ctx->comm;
     comms[1] = ctx->hybrid_shard_comm;
     comms[2] = ctx->hybrid_replica_comm;
     comms[3] = ctx->host_comm;
-    for (i = 0; i < 4; i++)
+    comms[4] = ctx->cross_comm;
+    for (i = 0; i < 5; i++)
         if (comms[i] && !fsdp__comm_keeps_deadline(comms[i])) return 0;
     return 1;
 }
@@ -10877,15 +11017,16 @@ FSDP__PRIVATE int fsdp__wait_task_for(fsdp_ctx *ctx, uint64_t id, const char *wh
         ts.tv_sec += 1;
         pthread_cond_timedwait(&ctx->done, &ctx->lock, &ts);
         if (!gave_up && fsdp_now() > limit && ctx->completed < id) {
-            fsdp_comm *comms[4];
+            fsdp_comm *comms[5];
             int i;
             gave_up = 1;
             comms[0] = ctx->comm;
             comms[1] = ctx->hybrid_shard_comm;
             comms[2] = ctx->hybrid_replica_comm;
             comms[3] = ctx->host_comm != ctx->hybrid_shard_comm ? ctx->host_comm : NULL;
+            comms[4] = ctx->cross_comm;
             pthread_mutex_unlock(&ctx->lock);
-            for (i = 0; i < 4; i++)
+            for (i = 0; i < 5; i++)
                 if (comms[i])
                     fsdp_comm_fail(comms[i], FSDP_ERR_TIMEOUT, "rank %d: the comm thread did not finish task %llu "
                                    "in time (its backend did not keep the %d ms timeout); the communicator was "
@@ -11194,7 +11335,7 @@ FSDP__PRIVATE int fsdp__unit_post_backward(fsdp_ctx *ctx, int ui) {
         t.unit = ui;
         t.grad_full = u->grad_full;
         t.grad_bytes = (size_t)u->padded * sizeof(float);
-        if (ctx->reduce_dtype != FSDP_F32) {
+        if (ctx->reduce_dtype != FSDP_F32 && !u->grad_wire) {
             t.scratch_bytes = (size_t)u->padded * fsdp_dtype_size(ctx->reduce_dtype);
             t.scratch = fsdp__buf_get(ctx, t.scratch_bytes, 0);
             if (!t.scratch) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "unit '%s': no memory to reduce gradients",
@@ -12249,10 +12390,6 @@ FSDP__PRIVATE int fsdp__desc_wire_check(const fsdp_desc *d, char *err, size_t er
         fsdp__fmt(err, err_size, "param_wire %d / grad_wire %d: use an fsdp_wire", (int)d->param_wire, (int)d->grad_wire);
         return FSDP_ERR_INVALID_ARG;
     }
-    if (d->grad_wire != FSDP_WIRE_DEFAULT) {
-        fsdp__fmt(err, err_size, "grad_wire %s: not available yet (issue 37)", fsdp_wire_name(d->grad_wire));
-        return FSDP_ERR_UNSUPPORTED;
-    }
     if (!fsdp__wire_block(d->wire_block)) {
         fsdp__fmt(err, err_size, "wire_block %zu: must be 0 (128) or a multiple of 8 in [8, %d]", d->wire_block,
                   FSDP__WIRE_BLOCK_MAX);
@@ -12423,14 +12560,40 @@ FSDP__PRIVATE int fsdp__init_groups(fsdp_ctx *ctx, int hybrid_group) {
     return 0;
 }
 
-/* FSDP_RESHARD_HOST's communicator: this rank's host (HYBRID_SHARD's shard comm where that is
-   exactly the host, else a split by host), once per context, if some unit keeps its parameters on
-   the host after forward; and the units for which HOST means nothing, named. Collective. */
+/* Quantized reductions' cross-host communicator (the ranks of this rank's local index, in host
+   order), once per context, if some unit reduces over an INT8/INT4 grad_wire; and the units whose
+   grad_wire means nothing, named. After fsdp__init_host. Collective. */
+FSDP__PRIVATE int fsdp__init_cross(fsdp_ctx *ctx) {
+    int ui, rc, any = 0;
+    for (ui = 0; ui < ctx->num_units; ui++) {
+        const fsdp__plan_unit *pu = &ctx->plan.units[ui];
+        any |= pu->grad_wire != FSDP_WIRE_DEFAULT;
+        if (pu->grad_ignored && ctx->rank == 0)
+            fsdp__log(&ctx->logger, FSDP_LOG_INFO, "fsdp_init: unit '%s': grad_wire ignored (%s): reduced in "
+                      "reduce_dtype", *ctx->model->modules[pu->module].name ? ctx->model->modules[pu->module].name
+                                                                             : "(root)", pu->strategy == FSDP_NO_SHARD ? "NO_SHARD all-reduces "
+                      "the whole unit" : "its reduction lies inside one host");
+    }
+    if (ctx->desc.error_feedback && !any && ctx->rank == 0)
+        fsdp__log(&ctx->logger, FSDP_LOG_INFO, "fsdp_init: error_feedback ignored: no unit reduces its gradients "
+                  "quantized (grad_wire int8 or int4 across hosts)");
+    if (!any) return 0;
+    rc = fsdp_comm_split(ctx->comm, ctx->rank % fsdp_comm_size(ctx->host_comm), ctx->rank, &ctx->cross_comm);
+    if (rc)
+        return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: cannot form the cross-host communicator of grad_wire: %s",
+                                   fsdp_comm_last_error(ctx->comm));
+    return 0;
+}
+
+/* The host communicator, for FSDP_RESHARD_HOST and quantized reductions: this rank's host
+   (HYBRID_SHARD's shard comm where that is exactly the host, else a split by host), once per
+   context, if some unit keeps its parameters on the host after forward or reduces over an
+   INT8/INT4 grad_wire; and the units for which HOST means nothing, named. Collective. */
 FSDP__PRIVATE int fsdp__init_host(fsdp_ctx *ctx, int hybrid_group) {
     int ui, r, rc, any_host = 0, host_is_group = ctx->hybrid_shard_comm != NULL;
     for (ui = 0; ui < ctx->num_units; ui++) {
         const fsdp__plan_unit *pu = &ctx->plan.units[ui];
-        any_host |= pu->reshard == FSDP_RESHARD_HOST;
+        any_host |= pu->reshard == FSDP_RESHARD_HOST || pu->grad_wire != FSDP_WIRE_DEFAULT;
         if (pu->host_ignored && ctx->rank == 0)
             fsdp__log(&ctx->logger, FSDP_LOG_INFO, "fsdp_init: unit '%s': reshard_after_forward HOST ignored (%s): "
                       "resharded as ALL", *ctx->model->modules[pu->module].name ? ctx->model->modules[pu->module].name
@@ -12502,6 +12665,12 @@ FSDP__PRIVATE int fsdp__init_units(fsdp_ctx *ctx, int hybrid_group) {
             u->host_numel = (u->padded + L - 1) / L;
         }
         u->frozen = pu->frozen;
+        u->grad_wire = pu->grad_wire;
+        if ((u->residual_numel = pu->residual) > 0 &&
+            !(u->residual = (float *)fsdp__calloc(sizeof(float) * (size_t)pu->residual)))
+            return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: no memory for unit '%s''s error "
+                                       "feedback residual (%lld floats)", fsdp__unit_name(ctx, ui), (long long)pu->residual);
+        ctx->grad_bytes += sizeof(float) * (size_t)u->residual_numel;
         u->master_off = u->grad_off = -1;
         u->grad_zero = 1;
         u->grad_scale = 1.0f;
@@ -12713,7 +12882,8 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
     pthread_cond_init(&ctx->wake, NULL);
     pthread_cond_init(&ctx->done, NULL);
     if ((rc = fsdp__init_resolve(ctx, &hybrid_group)) == 0 && (rc = fsdp__init_groups(ctx, hybrid_group)) == 0 &&
-        (rc = fsdp__init_host(ctx, hybrid_group)) == 0 && (rc = fsdp__init_units(ctx, hybrid_group)) == 0 && (rc = fsdp__init_state(ctx)) == 0) {
+        (rc = fsdp__init_host(ctx, hybrid_group)) == 0 && (rc = fsdp__init_cross(ctx)) == 0 &&
+        (rc = fsdp__init_units(ctx, hybrid_group)) == 0 && (rc = fsdp__init_state(ctx)) == 0) {
         if ((rc = fsdp__alloc_masters(ctx)) != 0)
             fsdp__init_fail_ctx(ctx, rc, "fsdp_init: no memory for the parameter shards: %s",
                                 rc == FSDP_ERR_OUT_OF_MEMORY ? "out of memory" : fsdp_comm_last_error(ctx->comm));
@@ -12761,6 +12931,7 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
         if (u->grad_full != u->grad) fsdp__buf_put(ctx, u->grad_full, (size_t)u->padded * sizeof(float));
         if (!u->master_shared) FSDP_FREE(u->master);
         FSDP_FREE(u->grad);
+        FSDP_FREE(u->residual);
         for (k = 0; k < FSDP_OPTIMIZER_MAX_STATE; k++) FSDP_FREE(u->opt[k].ram);
     }
     for (ui = 0; ui < ctx->pool_len; ui++) FSDP_FREE(ctx->pool[ui].ptr);
@@ -12771,6 +12942,7 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     fsdp_comm_free(ctx->comm, ctx->master_mem[0]);
     fsdp_comm_free(ctx->hybrid_shard_comm, ctx->master_mem[1]);
     if (ctx->host_comm != ctx->hybrid_shard_comm) fsdp_comm_destroy(ctx->host_comm);
+    fsdp_comm_destroy(ctx->cross_comm);
     fsdp_comm_destroy(ctx->hybrid_shard_comm);
     fsdp_comm_destroy(ctx->hybrid_replica_comm);
     fsdp__plan_free(&ctx->plan);
@@ -13009,8 +13181,9 @@ FSDP_API void fsdp_memory_reset_peak(fsdp_ctx *ctx) {
 /* A unit's bytes beyond its padded gathered buffer (issue 37): *kept, the host shard held from
    forward to backward (FSDP_RESHARD_HOST: ceil(padded / L), largest on the smallest host);
    *gathered, its gathered buffer (the host gather's L slices may pass padded); *wire, a quantized
-   gather's buffer of every rank's codes (the comm thread holds one at a time). Hosts from
-   d->comm (one host without a comm of world ranks). */
+   gather's buffer of every rank's codes or a quantized reduction's scratch, whichever is larger
+   (the comm thread holds one at a time). Hosts from d->comm (one host without a comm of world
+   ranks). */
 static void fsdp__estimate_unit_extra(const fsdp__plan_unit *pu, const fsdp_desc *d, int world, size_t *kept,
                                       size_t *gathered, size_t *wire) {
     size_t esize = fsdp_dtype_size(d->param_dtype);
@@ -13019,6 +13192,11 @@ static void fsdp__estimate_unit_extra(const fsdp__plan_unit *pu, const fsdp_desc
     *gathered = (size_t)pu->padded * esize;
     *wire = pu->wire_block ? (fsdp_wire_bytes(pu->param_wire, (size_t)pu->shard, pu->wire_block) + 3) / 4 * 4 *
                                  (size_t)pu->group_size : 0;
+    if (pu->grad_wire) { /* fsdp_reduce_scatter_wire's: H partials, the codes out and in */
+        size_t H = (size_t)pu->grad_hosts, slot = fsdp__align(fsdp_wire_bytes(pu->grad_wire, (size_t)pu->shard,
+                                                                               fsdp__wire_block(d->wire_block)), 4);
+        if (H * ((size_t)pu->shard * sizeof(float) + 2 * slot) > *wire) *wire = H * ((size_t)pu->shard * 4 + 2 * slot);
+    }
     for (h = 0; h < hosts; h++) {
         int64_t L = 0, slice;
         for (r = 0; r < world; r++) L += fsdp_comm_host_of(d->comm, r) == h;
@@ -13066,7 +13244,7 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
         else if (world_size == 1 && !d.offload.grads) gbytes = 0; /* accumulates in its gradient shard (fsdp__grad_in_place) */
         est->param_shard_bytes += sizeof(float) * (size_t)pu->shard;
         if (pu->frozen) gbytes = 0; /* no gradient, no optimizer state */
-        else est->grad_shard_bytes += sizeof(float) * (size_t)pu->shard;
+        else est->grad_shard_bytes += sizeof(float) * (size_t)(pu->shard + pu->residual); /* (error feedback's) */
         if (!pu->frozen && pu->shard > largest_state) largest_state = pu->shard;
         if ((d.offload.params || d.offload.grads) && /* gathers read and reductions add in one shard's buffer */
             fsdp__align(sizeof(float) * (size_t)(pu->shard ? pu->shard : 1), FSDP__IO_ALIGN) > shard_buf)
@@ -15394,7 +15572,8 @@ typedef struct fsdp__sharded_save {
 
 /* Calls fn for each tensor of this rank's shard file, in the file's order: the slice of every
    parameter it holds a copy of (j = 0; replicas hold none), then that slice's optimizer state
-   j = 1..nopt (none for frozen parameters). Stops at the first nonzero result, its return. */
+   j = 1..nopt (none for frozen parameters); after a unit's parameters its error feedback residual
+   (p = -1), where it keeps one. Stops at the first nonzero result, its return. */
 typedef int (*fsdp__piece_fn)(fsdp_ctx *ctx, const fsdp__unit *u, int p, int j, void *user);
 FSDP__PRIVATE int fsdp__each_piece(fsdp_ctx *ctx, int nopt, fsdp__piece_fn fn, void *user) {
     int ui, k, j, rc;
@@ -15407,11 +15586,26 @@ FSDP__PRIVATE int fsdp__each_piece(fsdp_ctx *ctx, int nopt, fsdp__piece_fn fn, v
             for (j = 0; j <= (ctx->model->params[p].frozen ? 0 : nopt); j++)
                 if ((rc = fn(ctx, u, p, j, user)) != 0) return rc;
         }
+        if (u->residual && (rc = fn(ctx, u, -1, 0, user)) != 0) return rc;
     }
     return 0;
 }
 
 static int64_t fsdp__piece_len(const fsdp_ctx *ctx, int p) { return ctx->params[p].shard_end - ctx->params[p].shard_begin; }
+/* A piece's elements: a parameter's slice, or (p < 0) unit u's residual. */
+static int64_t fsdp__piece_count(const fsdp_ctx *ctx, const fsdp__unit *u, int p) {
+    return p < 0 ? u->residual_numel : fsdp__piece_len(ctx, p);
+}
+
+#define FSDP__RESIDUAL_PREFIX "__grad_residual__."
+/* The checkpoint tensor of unit ui's error feedback residual: "__grad_residual__.<unit>"
+   (malloc'd; NULL when out of memory). */
+FSDP__PRIVATE char *fsdp__residual_name(const fsdp_ctx *ctx, int ui) {
+    const char *unit = fsdp__unit_name(ctx, ui);
+    char *name = (char *)FSDP_MALLOC(sizeof FSDP__RESIDUAL_PREFIX + strlen(unit));
+    if (name) fsdp__fmt(name, sizeof FSDP__RESIDUAL_PREFIX + strlen(unit), "%s%s", FSDP__RESIDUAL_PREFIX, unit);
+    return name;
+}
 
 typedef struct fsdp__shard_writing {
     const fsdp__sharded_save *sv;
@@ -15427,22 +15621,23 @@ typedef struct fsdp__shard_writing {
 FSDP__PRIVATE int fsdp__piece_spec(fsdp_ctx *ctx, const fsdp__unit *u, int p, int j, void *user) {
     fsdp__shard_writing *sw = (fsdp__shard_writing *)user;
     fsdp_st_spec *spec = &sw->specs[sw->n];
-    (void)u;
-    if (!(spec->name = fsdp__tensor_name(ctx->model->params[p].name, j ? sw->sv->suffix[j - 1] : NULL)))
-        return fsdp__fmt(sw->err, sw->err_size, "out of memory"), FSDP_ERR_OUT_OF_MEMORY;
+    spec->name = p < 0 ? fsdp__residual_name(ctx, (int)(u - ctx->units))
+                       : fsdp__tensor_name(ctx->model->params[p].name, j ? sw->sv->suffix[j - 1] : NULL);
+    if (!spec->name) return fsdp__fmt(sw->err, sw->err_size, "out of memory"), FSDP_ERR_OUT_OF_MEMORY;
     sw->n++;
-    spec->dtype = j ? FSDP_F32 : sw->sv->dtype;
+    spec->dtype = j || p < 0 ? FSDP_F32 : sw->sv->dtype;
     spec->ndim = 1;
-    spec->shape[0] = fsdp__piece_len(ctx, p);
+    spec->shape[0] = fsdp__piece_count(ctx, u, p);
     return 0;
 }
 
 FSDP__PRIVATE int fsdp__piece_write(fsdp_ctx *ctx, const fsdp__unit *u, int p, int j, void *user) {
     fsdp__shard_writing *sw = (fsdp__shard_writing *)user;
-    int64_t len = fsdp__piece_len(ctx, p);
+    int64_t len = fsdp__piece_count(ctx, u, p);
     float *tmp = NULL;
     int rc = 0;
     const float *values = sw->staged ? sw->staged + sw->at
+                          : p < 0    ? u->residual
                                      : fsdp__unit_values(ctx, u, j, fsdp__param_at(ctx, p), len, &tmp, &rc);
     sw->at += len;
     if (values && fsdp_st_writer_write_f32(sw->w, values, (size_t)len)) rc = FSDP_ERR_IO; /* (close says why) */
@@ -15465,7 +15660,8 @@ FSDP__PRIVATE int fsdp__write_shard_file(fsdp_ctx *ctx, const fsdp__sharded_save
     sw.err = err;
     sw.err_size = err_size;
     *err = 0;
-    sw.specs = (fsdp_st_spec *)fsdp__calloc(sizeof *sw.specs * (size_t)(ctx->model->num_params * (1 + sv->nopt) + 1));
+    sw.specs = (fsdp_st_spec *)fsdp__calloc(sizeof *sw.specs *
+                                            (size_t)(ctx->model->num_params * (1 + sv->nopt) + ctx->num_units + 1));
     if (!sw.specs) return fsdp__fmt(err, err_size, "out of memory"), FSDP_ERR_OUT_OF_MEMORY;
     rc = fsdp__each_piece(ctx, sv->nopt, fsdp__piece_spec, &sw);
     fsdp__shard_file_name(file, sizeof file, sv->nonce, ctx->rank);
@@ -15509,6 +15705,8 @@ FSDP__PRIVATE int fsdp__index_files(const fsdp_ctx *ctx, int *file) {
     int p, g, n = 0;
     int64_t lo, hi;
     for (g = 0; g < ctx->world; g++) file[g] = -1;
+    for (p = 0; p < ctx->num_units; p++) /* error feedback: every rank keeps a residual of that unit */
+        for (g = 0; ctx->units[p].residual && g < ctx->world; g++) file[g] = 0;
     for (p = 0; p < ctx->model->num_params; p++) {
         const fsdp__unit *u = &ctx->units[ctx->plan.unit_of_param[p]];
         for (g = 0; g < fsdp__index_writers(u); g++)
@@ -15517,6 +15715,32 @@ FSDP__PRIVATE int fsdp__index_files(const fsdp_ctx *ctx, int *file) {
     for (g = 0; g < ctx->world; g++)
         if (file[g] == 0) file[g] = n++;
     return n;
+}
+
+/* index.json's entries of the error feedback residuals (after the parameters' and their state's):
+   per unit that keeps one, "__grad_residual__.<unit>" of world x (hosts x shard) floats, rank r's
+   in its own file at [r R, r R + R). Every rank's residual depends on the layout, so a load takes
+   it only at the same world size and shard (fsdp__load_residuals). */
+FSDP__PRIVATE void fsdp__index_residuals(fsdp_ctx *ctx, const int *file_of, fsdp__sbuf *b) {
+    int ui, r;
+    for (ui = 0; ui < ctx->num_units && !b->failed; ui++) {
+        const fsdp__unit *u = &ctx->units[ui];
+        char *name = u->residual ? fsdp__residual_name(ctx, ui) : NULL;
+        if (!u->residual) continue;
+        if (!name) {
+            b->failed = 1;
+            return;
+        }
+        fsdp__sbuf_str(b, ctx->model->num_params ? "," : "");
+        fsdp__sbuf_jstring(b, name);
+        FSDP_FREE(name);
+        fsdp__sbuf_printf(b, ":{\"dtype\":\"F32\",\"shape\":[%lld],\"pieces\":[",
+                          (long long)u->residual_numel * ctx->world);
+        for (r = 0; r < ctx->world; r++)
+            fsdp__sbuf_printf(b, "%s[%d,%lld,%lld]", r ? "," : "", file_of[r], (long long)u->residual_numel * r,
+                              (long long)u->residual_numel * (r + 1));
+        fsdp__sbuf_str(b, "]}");
+    }
 }
 
 /* index.json's text: the metadata, the files, and per tensor its dtype, shape and which element
@@ -15570,6 +15794,7 @@ FSDP__PRIVATE void fsdp__index_text(fsdp_ctx *ctx, const fsdp__sharded_save *sv,
             fsdp__sbuf_str(b, "]}");
         }
     }
+    fsdp__index_residuals(ctx, file_of, b);
     fsdp__sbuf_str(b, "}}\n");
     FSDP_FREE(file_of);
 }
@@ -15760,12 +15985,13 @@ typedef struct fsdp__staging { float *dst; int64_t at; } fsdp__staging;
 /* Copies a piece into the snapshot (dst NULL: only counts its elements). */
 FSDP__PRIVATE int fsdp__piece_stage(fsdp_ctx *ctx, const fsdp__unit *u, int p, int j, void *user) {
     fsdp__staging *st = (fsdp__staging *)user;
-    int64_t len = fsdp__piece_len(ctx, p);
-    float *tmp;
+    int64_t len = fsdp__piece_count(ctx, u, p);
+    float *tmp = NULL;
     int rc = 0;
     const float *values;
     if (st->dst) {
-        if (!(values = fsdp__unit_values(ctx, u, j, fsdp__param_at(ctx, p), len, &tmp, &rc))) return rc;
+        if (!(values = p < 0 ? u->residual : fsdp__unit_values(ctx, u, j, fsdp__param_at(ctx, p), len, &tmp, &rc)))
+            return rc;
         memcpy(st->dst + st->at, values, sizeof(float) * (size_t)len);
         FSDP_FREE(tmp);
     }
@@ -16383,6 +16609,38 @@ FSDP__PRIVATE int fsdp__read_sharded(void *src, int64_t first, int64_t count, fl
     return 0;
 }
 
+/* Each error feedback residual this context keeps, from the checkpoint's "__grad_residual__.<unit>"
+   (this rank's [rank R, rank R + R)); where it has none of this size (saved without error
+   feedback, or at another world size or shard) the residual restarts at zero, and rank 0 says
+   so. 0, or the read's failure (logged). */
+FSDP__PRIVATE int fsdp__load_residuals(fsdp_ctx *ctx, fsdp__sharded_src *src, const char *dir) {
+    char err[FSDP__ERRMSG];
+    int ui, i, rc;
+    for (ui = 0; ui < ctx->num_units; ui++) {
+        fsdp__unit *u = &ctx->units[ui];
+        char *name = u->residual ? fsdp__residual_name(ctx, ui) : NULL;
+        const fsdp_index_tensor *t;
+        if (!u->residual) continue;
+        if (!name) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_load_sharded: out of memory");
+        i = fsdp_index_find(src->index, name);
+        FSDP_FREE(name);
+        t = i >= 0 ? fsdp_index_tensor_at(src->index, i) : NULL;
+        if (!t || t->dtype != FSDP_F32 || t->numel != u->residual_numel * ctx->world) {
+            memset(u->residual, 0, sizeof(float) * (size_t)u->residual_numel);
+            if (ctx->rank == 0)
+                fsdp__log(&ctx->logger, FSDP_LOG_INFO, "fsdp_load_sharded: unit '%s': no error feedback residual in %s "
+                          "%s: it restarts at zero", fsdp__unit_name(ctx, ui), dir,
+                          t ? "of this layout (saved at another world size or shard)" : "(saved without error feedback)");
+            continue;
+        }
+        src->tensor = t;
+        if ((rc = fsdp__read_sharded(src, u->residual_numel * ctx->rank, u->residual_numel, u->residual, err,
+                                     sizeof err)) != 0)
+            return fsdp__fail(ctx, rc, "fsdp_load_sharded: unit '%s''s residual: %s", fsdp__unit_name(ctx, ui), err);
+    }
+    return 0;
+}
+
 FSDP__PRIVATE int fsdp__load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_load_options *opt, fsdp_load_report *report) {
     fsdp_load_report local_report;
     fsdp__problems pr;
@@ -16410,6 +16668,7 @@ FSDP__PRIVATE int fsdp__load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_
     for (i = 0; i < fsdp_index_num_tensors(ix); i++) { /* check names and shapes before loading anything */
         const fsdp_index_tensor *t = fsdp_index_tensor_at(ix, i);
         int kind = fsdp__match_name(ctx, t->name, &p, &buffer);
+        if (!kind && strncmp(t->name, FSDP__RESIDUAL_PREFIX, sizeof FSDP__RESIDUAL_PREFIX - 1) == 0) continue; /* below */
         if (!kind) { fsdp__problem(&pr, "unexpected", t->name, ""); continue; }
         if (kind == 1) seen[p] = 1; /* present, even if mis-shaped (reported as such, not as missing) */
         if (fsdp__shape_differs(ctx, p, t->ndim, t->shape, detail, sizeof detail)) fsdp__problem(&pr, "shape", t->name, detail);
@@ -16433,6 +16692,7 @@ FSDP__PRIVATE int fsdp__load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_
             local = fsdp__fail(ctx, rc, "fsdp_load_sharded: %s", err);
         else if (kind == 1) report->loaded++;
     }
+    if (!local) local = fsdp__load_residuals(ctx, &src, dir);
     report->step = fsdp__meta_count(ctx, "fsdp_load_sharded", "step", NULL, fsdp_index_step(ix), FSDP__COUNT_LIMIT);
     report->epoch = fsdp__meta_count(ctx, "fsdp_load_sharded", "epoch", NULL, fsdp_index_epoch(ix), FSDP__COUNT_LIMIT);
     if (!local && load_opt && report->step >= 0) ctx->step = report->step;

@@ -112,9 +112,11 @@ typedef struct {
     int trace;                        // the tracing table: FSDP traces written under options.trace_dir
     int save;                         // the checkpoint table: 1 fsdp_save_sharded, 2 fsdp_save_sharded_async
     fsdp_wire param_wire;             // the speed table's int8 row: quantized parameter gathers (0: param_dtype)
+    fsdp_wire grad_wire;              // its grad-wire rows: quantized gradients between hosts (0: reduce_dtype)
+    int error_feedback;
 } config;
-// a config's last fields: nothing offloaded, f32 state, no trace or saves, param_dtype gathers
-#define IN_RAM {0, 0, 0, NULL, 0, 0}, FSDP_F32, 0, 0, FSDP_WIRE_DEFAULT
+// a config's last fields: nothing offloaded, f32 state, no trace or saves, param_dtype gathers and reductions
+#define IN_RAM {0, 0, 0, NULL, 0, 0}, FSDP_F32, 0, 0, FSDP_WIRE_DEFAULT, FSDP_WIRE_DEFAULT, 0
 
 typedef struct {       // what a rank reports, through shared memory
     int done;
@@ -340,6 +342,8 @@ static int run_rank(fsdp_comm *comm, void *arg) {
         desc.shard_group_size = cfg->shard_group;
         desc.param_dtype = cfg->param_dtype;
         desc.param_wire = cfg->param_wire;
+        desc.grad_wire = cfg->grad_wire;
+        desc.error_feedback = cfg->error_feedback;
         desc.fp32_compute_view = cfg->param_dtype != FSDP_DTYPE_DEFAULT && cfg->param_dtype != FSDP_F32; // f32 kernels
         desc.optimizer = o->optimizer;
         desc.optimizer.state_dtype = cfg->state_dtype;
@@ -522,7 +526,7 @@ static double config_rate(const options *o, const config *cfg, const rank_result
 
 static int speed_table(const options *o) {
     int N = o->nproc, num_configs = 0, R = o->rounds;
-    char names[8][32];
+    char names[10][32];
     config configs[20];
     snprintf(names[0], sizeof names[0], "FSDP %s", fsdp_strategy_name(FSDP_FULL_SHARD));
     snprintf(names[1], sizeof names[1], "FSDP %s", fsdp_strategy_name(FSDP_SHARD_GRAD_OP));
@@ -532,6 +536,8 @@ static int speed_table(const options *o) {
     snprintf(names[5], sizeof names[5], "PyTorch DDP %.10s", o->torch_coretype ? o->torch_coretype : "");
     snprintf(names[6], sizeof names[6], "plain x%d, no comm", N);
     snprintf(names[7], sizeof names[7], "FSDP %s int8", fsdp_strategy_name(FSDP_FULL_SHARD));
+    snprintf(names[8], sizeof names[8], "FSDP %s +g8", fsdp_strategy_name(FSDP_FULL_SHARD));
+    snprintf(names[9], sizeof names[9], "FSDP %s +g4ef", fsdp_strategy_name(FSDP_FULL_SHARD));
     { // in this order: PyTorch first at each world size, then fsdp.h's runs to compare with it
         config torch1 = {"PyTorch eager", 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL, 0, 0, IN_RAM};
         config torchN = {"PyTorch DDP (gloo)", 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL, 0, 0, IN_RAM};
@@ -571,6 +577,11 @@ static int speed_table(const options *o) {
             configs[num_configs++] = bf16;
             if (o->torch) configs[num_configs++] = f16;
             configs[num_configs++] = int8;
+            config g8 = int8, g4 = int8; // + quantized gradients (fsdp_desc.grad_wire): one host here, see the help
+            g8.grad_wire = FSDP_WIRE_INT8, g8.name = names[8];
+            g4.grad_wire = FSDP_WIRE_INT4, g4.error_feedback = 1, g4.name = names[9];
+            configs[num_configs++] = g8;
+            configs[num_configs++] = g4;
         }
     }
     size_t bytes = sizeof(rank_result) * MAX_RANKS * (size_t)num_configs * (size_t)R;
@@ -999,7 +1010,10 @@ static void usage(FILE *out) {
         "loop without fsdp.h's runtime, FSDP on 1 rank, N plain loops side by side on B/N each without any\n"
         "communication (the machine's ceiling for N ranks), and FULL_SHARD, SHARD_GRAD_OP, NO_SHARD,\n"
         "HYBRID_SHARD on N local ranks (shm), then FULL_SHARD with bf16 gathers and with int8 ones decoded into\n"
-        "bf16 (fsdp_desc.param_wire, ZeRO++'s qwZ). With --memory: FULL_SHARD and NO_SHARD at P = 1, 2, 4, a few\n"
+        "bf16 (fsdp_desc.param_wire, ZeRO++'s qwZ), and those with int8 gradients (+g8) and int4 ones with error\n"
+        "feedback (+g4ef) between hosts (fsdp_desc.grad_wire, ZeRO++'s qgZ): on one host, as here, no gradient\n"
+        "crosses a link and grad_wire is ignored (the rows show it costs nothing there).\n"
+        "With --memory: FULL_SHARD and NO_SHARD at P = 1, 2, 4, a few\n"
         "steps each, rank 0's peak RSS and fsdp's memory statistics against fsdp_memory_estimate; then\n"
         "activation checkpointing (GPT: activation bytes and step time with every block or every 2nd\n"
         "recomputed; at 8+ blocks, --layers 8, the saving shows best) and frozen parameters (forward only:\n"

@@ -48,6 +48,8 @@ typedef struct {
     fsdp_offload_desc offload;       // --offload, --offload-dir, --offload-ram
     fsdp_dtype state_dtype;          // --state-dtype
     fsdp_wire param_wire;            // --param-wire: int8 or int4 gathers (0: param_dtype)
+    fsdp_wire grad_wire;             // --grad-wire: int8 or int4 gradients between hosts (0: none)
+    int error_feedback;              // --error-feedback
     size_t wire_block;               // --wire-block (0: fsdp.h's default, 128)
     fsdp_reshard_mode reshard;       // --reshard-after-forward (0: the strategy's)
     const char *ckpt, *resume, *prompt; // resume "auto": the ckpt directory's checkpoint, if any
@@ -309,6 +311,8 @@ static void make_desc(const options *o, fsdp_comm *comm, int P, int local_size, 
     desc->optimizer.state_dtype = o->state_dtype;
     desc->offload = o->offload;
     desc->param_wire = o->param_wire;
+    desc->grad_wire = o->grad_wire;
+    desc->error_feedback = o->error_feedback;
     desc->wire_block = o->wire_block;
     desc->reshard_after_forward = o->reshard;
     if (!o->decay_all) desc->param_groups = decay_matrices_only, desc->num_param_groups = 1;
@@ -476,6 +480,8 @@ static int train(fsdp_comm *comm, void *arg) {
         if (o->param_wire)
             printf(", %s gathers (blocks of %zu, %zu bytes per 1024 weights)", fsdp_wire_name(o->param_wire),
                    o->wire_block ? o->wire_block : 128, fsdp_wire_bytes(o->param_wire, 1024, o->wire_block));
+        if (o->grad_wire) printf(", %s gradients between hosts%s", fsdp_wire_name(o->grad_wire),
+                                 o->error_feedback ? " with error feedback" : "");
         if (o->reshard) printf(", reshard after forward: %s", reshard_names[o->reshard - 1]);
         printf("\n");
         printf("model: %d layer%s, %d head%s, %d channels, context %d bytes, vocabulary 256 (bytes), LM head tied to "
@@ -872,7 +878,15 @@ static void usage(FILE *out) {
         "  --param-wire W       int8 or int4: gathers move each rank's f32 master shard quantized (one f32\n"
         "                       scale per block, ZeRO++'s qwZ), decoded into --param-dtype for compute;\n"
         "                       masters, AdamW state and checkpoints stay f32 (default: --param-dtype)\n"
-        "  --wire-block K       elements per block of --param-wire: a multiple of 8 up to 4096 (default 128)\n"
+        "  --grad-wire none|int8|int4\n"
+        "                       gradients cross hosts quantized (ZeRO++'s qgZ): summed in f32 inside each\n"
+        "                       host, each host's partial sent as int8 or int4 with a scale per block;\n"
+        "                       FULL_SHARD and SHARD_GRAD_OP on hosts of equal rank counts (HYBRID_SHARD\n"
+        "                       refused; on one host nothing crosses a link and it does nothing) (default: none)\n"
+        "  --error-feedback     with --grad-wire: each rank keeps its quantization error and adds it to the\n"
+        "                       next step's gradients (saved in the sharded checkpoints)\n"
+        "  --wire-block K       elements per block of --param-wire and --grad-wire: a multiple of 8 up to\n"
+        "                       4096 (default 128)\n"
         "  --reshard-after-forward all|none|host\n"
         "                       after a block's forward: free its gathered weights (all), keep them (none),\n"
         "                       or keep them sharded over this host's ranks so that backward's gather stays\n"
@@ -922,6 +936,7 @@ static void parse(options *o, int argc, char **argv, const char *exe_dir) {
     static const char *const backends[] = {"shm", "socket", NULL};
     static const char *const dtypes[] = {"f32", "bf16", "f16", NULL}, *const state_dtypes[] = {"f32", "bf16", NULL};
     static const char *const wires[] = {"int8", "int4", NULL};
+    static const char *const grad_wires[] = {"int8", "int4", "none", NULL}; // FSDP_WIRE_INT8 + index; none: DEFAULT
     const char *fault;
     memset(o, 0, sizeof *o);
     o->backend = FSDP_BACKEND_SHM, o->layers = 4, o->heads = 4, o->channels = 128, o->seq_len = 64;
@@ -936,6 +951,7 @@ static void parse(options *o, int argc, char **argv, const char *exe_dir) {
         if (!strcmp(f, "--print-units")) { o->print_units = 1; continue; }
         if (!strcmp(f, "--decay-all")) { o->decay_all = 1; continue; }
         if (!strcmp(f, "--async-ckpt")) { o->async_ckpt = 1; continue; }
+        if (!strcmp(f, "--error-feedback")) { o->error_feedback = 1; continue; }
         if (!strcmp(f, "--accum-reduce")) { o->accum_reduce = 1; continue; }
         if (!strcmp(f, "--no-roofline")) { o->no_roofline = 1; continue; }
         if (!strcmp(f, "--recompute")) { // an optional K: every K-th block
@@ -968,6 +984,10 @@ static void parse(options *o, int argc, char **argv, const char *exe_dir) {
         else if (!strcmp(f, "--offload-dir")) o->offload.dir = v;
         else if (!strcmp(f, "--offload-ram")) o->offload.ram_bytes = (size_t)arg_int(f, v, 1, 1 << 20) << 20;
         else if (!strcmp(f, "--param-wire")) o->param_wire = (fsdp_wire)arg_choice(f, v, wires, FSDP_WIRE_INT8);
+        else if (!strcmp(f, "--grad-wire")) {
+            int w = arg_choice(f, v, grad_wires, FSDP_WIRE_INT8);
+            o->grad_wire = w > FSDP_WIRE_INT4 ? FSDP_WIRE_DEFAULT : (fsdp_wire)w;
+        }
         else if (!strcmp(f, "--wire-block")) o->wire_block = (size_t)arg_int(f, v, 8, 4096);
         else if (!strcmp(f, "--reshard-after-forward"))
             o->reshard = (fsdp_reshard_mode)arg_choice(f, v, reshard_names, FSDP_RESHARD_ALL);

@@ -597,11 +597,11 @@ static void edit_unit_host(fsdp_desc *d, mlp *m) {
     fsdp_model_set_reshard_after_forward(m->model, m->layer[1], FSDP_RESHARD_HOST);
 }
 
-static void test_wire_gather_grad_wire_is_refused_as_not_available_yet(void) {
-    TEST_ASSERT_EQUAL_INT(FSDP_ERR_UNSUPPORTED, init_one(edit_grad_wire, NULL));
-    assert_says(fsdp_last_error(NULL), "grad_wire int8: not available yet (issue 37)");
-    TEST_ASSERT_EQUAL_INT(FSDP_ERR_UNSUPPORTED, init_one(edit_unit_grad_wire, NULL));
-    assert_says(fsdp_last_error(NULL), "unit 'layers.1': grad_wire int4: not available yet (issue 37)");
+static void test_wire_gather_grad_wire_on_one_host_is_ignored_with_a_message_naming_the_unit(void) {
+    TEST_ASSERT_EQUAL_INT(0, init_one(edit_grad_wire, NULL));
+    assert_says(logged, "unit 'layers.0': grad_wire ignored (its reduction lies inside one host)");
+    TEST_ASSERT_EQUAL_INT(0, init_one(edit_unit_grad_wire, NULL));
+    assert_says(logged, "unit 'layers.1': grad_wire ignored");
 }
 
 static void test_wire_gather_float_param_wire_other_than_param_dtype_is_refused_naming_the_unit(void) {
@@ -640,7 +640,7 @@ int main(void) {
         return 1;
     }
     UNITY_BEGIN();
-    RUN_TEST(test_wire_gather_grad_wire_is_refused_as_not_available_yet);
+    RUN_TEST(test_wire_gather_grad_wire_on_one_host_is_ignored_with_a_message_naming_the_unit);
     RUN_TEST(test_wire_gather_float_param_wire_other_than_param_dtype_is_refused_naming_the_unit);
     RUN_TEST(test_wire_gather_invalid_wire_block_is_refused_naming_it);
     RUN_TEST(test_wire_gather_host_reshard_on_one_host_is_ignored_with_a_message_naming_the_unit);
