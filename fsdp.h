@@ -10266,6 +10266,8 @@ struct fsdp_ctx {
     int64_t scale_growth_tracker;      /* steps in a row with finite gradients */
     int grads_unscaled;                /* the scale was divided out of this iteration's gradients */
     int grads_since_step;              /* a backward ran since fsdp_init, the last fsdp_step or fsdp_zero_grad */
+    int reductions_done;               /* fsdp_step holds every reduced gradient of the step after `step` */
+    double commit_norm;                /* the global norm (scaled) the last clipping used (>>recovery) */
     /* iteration */
     int phase;              /* 0 idle, 1 forward, 2 backward */
     int64_t iteration;
@@ -11812,20 +11814,17 @@ FSDP_API int fsdp_finish_backward(fsdp_ctx *ctx) {
     return fsdp__finish(ctx);
 }
 
-FSDP_API int fsdp_clip_grad_norm(fsdp_ctx *ctx, float max_norm, double *norm) {
-    int rc, ui, unscale;
-    double total = 0, t0;
+/* The clipping (and unscaling) of this rank's reduced gradients by the global norm `total` of
+   the gradients as they are (scaled): fsdp_clip_grad_norm's, and a survivor's that catches up
+   with the norm the ranks past the commit point computed (>>recovery). */
+FSDP__PRIVATE void fsdp__clip_by(fsdp_ctx *ctx, double total, float max_norm, double *norm) {
+    int ui, unscale;
     float coef = 1.0f;
-    if (!ctx) return FSDP_ERR_INVALID_ARG;
-    if ((rc = fsdp__wait_task(ctx, 0)) != 0 || (rc = fsdp__step_drain(ctx)) != 0) return rc;
-    t0 = fsdp__trace_begin(ctx);
-    rc = fsdp__global_norm(ctx, &total);
-    fsdp__trace_end(ctx, "step", "clip_grad_norm", -1, t0);
-    if (rc) return rc;
+    ctx->commit_norm = total;
     unscale = ctx->desc.loss_scale.enabled && !ctx->grads_unscaled;
     if (unscale) total /= ctx->loss_scale; /* the norm of the unscaled gradients */
     if (norm) *norm = total;
-    if (!isfinite(total)) return 0; /* fsdp_step skips: the gradients are not used */
+    if (!isfinite(total)) return; /* fsdp_step skips: the gradients are not used */
     if (max_norm > 0) { /* torch.nn.utils.clip_grad_norm_ */
         coef = (float)(max_norm / (total + 1e-6));
         if (coef > 1.0f) coef = 1.0f;
@@ -11843,6 +11842,18 @@ FSDP_API int fsdp_clip_grad_norm(fsdp_ctx *ctx, float max_norm, double *norm) {
             if (!u->grad && !u->grad_zero) u->grad_scale = coef; /* on disk: owed (fsdp__global_norm settled any earlier) */
         }
     }
+}
+
+FSDP_API int fsdp_clip_grad_norm(fsdp_ctx *ctx, float max_norm, double *norm) {
+    int rc;
+    double total = 0, t0;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if ((rc = fsdp__wait_task(ctx, 0)) != 0 || (rc = fsdp__step_drain(ctx)) != 0) return rc;
+    t0 = fsdp__trace_begin(ctx);
+    rc = fsdp__global_norm(ctx, &total);
+    fsdp__trace_end(ctx, "step", "clip_grad_norm", -1, t0);
+    if (rc) return rc;
+    fsdp__clip_by(ctx, total, max_norm, norm);
     return 0;
 }
 
@@ -11867,32 +11878,10 @@ FSDP__PRIVATE void fsdp__loss_scale_update(fsdp_ctx *ctx, int finite) {
     }
 }
 
-FSDP__PRIVATE int fsdp__step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) {
+/* The update from this rank's gradients, reduced and clipped: a step taken. */
+FSDP__PRIVATE int fsdp__step_apply(fsdp_ctx *ctx, fsdp_step_report *report) {
     int rc, ui;
-    double norm = 0, t0;
-    if ((rc = fsdp__finish(ctx)) != 0) return rc;
-    if (!ctx->grads_since_step) { /* as torch.optim, which skips parameters whose grad is None */
-        rc = fsdp__fail(ctx, FSDP_ERR_STATE, "fsdp_step: no backward ran since the last fsdp_step (or fsdp_zero_grad, "
-                        "or fsdp_init): nothing applied (end a forward-only pass with fsdp_finish_backward)");
-        fsdp__misused(ctx);
-        return rc;
-    }
-    ctx->grads_since_step = 0;
-    if (report) report->loss_scale = ctx->loss_scale;
-    if ((rc = fsdp_clip_grad_norm(ctx, max_norm, &norm)) != 0) return rc;
-    if (report) report->grad_norm = norm;
-    if (!isfinite(norm)) { /* every rank sees the same norm, so every rank skips */
-        if (ctx->desc.loss_scale.enabled) /* expected now and then: the scale finds its level */
-            fsdp__log(&ctx->logger, FSDP_LOG_INFO, "rank %d: gradient norm is %f at loss scale %g: step %lld skipped, "
-                      "scale %g from now", ctx->rank, norm, (double)ctx->loss_scale, (long long)ctx->step,
-                      (double)(ctx->loss_scale * ctx->desc.loss_scale.backoff_factor));
-        else
-            fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: gradient norm is %f: step %lld skipped", ctx->rank, norm,
-                      (long long)ctx->step);
-        fsdp__loss_scale_update(ctx, 0);
-        if (report) { report->skipped = 1; report->step = ctx->step; }
-        return 0;
-    }
+    double t0;
     if ((rc = fsdp__step_launch(ctx)) != 0) return rc;
     t0 = ctx->stream_chunk ? 0 : fsdp__trace_begin(ctx);
     for (ui = 0; ui < ctx->num_units && !ctx->stream_chunk; ui++) { /* in place (streamed: done above or behind) */
@@ -11908,9 +11897,41 @@ FSDP__PRIVATE int fsdp__step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *re
     }
     fsdp__trace_update(ctx, ctx->step + 1, t0);
     ctx->step++;
+    ctx->reductions_done = 0;
     fsdp__loss_scale_update(ctx, 1);
     if (report) report->step = ctx->step;
     return 0;
+}
+
+FSDP__PRIVATE int fsdp__step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) {
+    int rc;
+    double norm = 0;
+    if ((rc = fsdp__finish(ctx)) != 0) return rc;
+    if (!ctx->grads_since_step) { /* as torch.optim, which skips parameters whose grad is None */
+        rc = fsdp__fail(ctx, FSDP_ERR_STATE, "fsdp_step: no backward ran since the last fsdp_step (or fsdp_zero_grad, "
+                        "or fsdp_init): nothing applied (end a forward-only pass with fsdp_finish_backward)");
+        fsdp__misused(ctx);
+        return rc;
+    }
+    ctx->grads_since_step = 0;
+    ctx->reductions_done = 1; /* (the commit point's input: >>recovery) */
+    if (report) report->loss_scale = ctx->loss_scale;
+    if ((rc = fsdp_clip_grad_norm(ctx, max_norm, &norm)) != 0) return rc;
+    if (report) report->grad_norm = norm;
+    if (!isfinite(norm)) { /* every rank sees the same norm, so every rank skips */
+        if (ctx->desc.loss_scale.enabled) /* expected now and then: the scale finds its level */
+            fsdp__log(&ctx->logger, FSDP_LOG_INFO, "rank %d: gradient norm is %f at loss scale %g: step %lld skipped, "
+                      "scale %g from now", ctx->rank, norm, (double)ctx->loss_scale, (long long)ctx->step,
+                      (double)(ctx->loss_scale * ctx->desc.loss_scale.backoff_factor));
+        else
+            fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: gradient norm is %f: step %lld skipped", ctx->rank, norm,
+                      (long long)ctx->step);
+        fsdp__loss_scale_update(ctx, 0);
+        ctx->reductions_done = 0;
+        if (report) { report->skipped = 1; report->step = ctx->step; }
+        return 0;
+    }
+    return fsdp__step_apply(ctx, report);
 }
 
 /* The report's bytes: the comm's counters since the last step. */
@@ -11985,6 +12006,25 @@ FSDP__PRIVATE int fsdp__recovery_quiesce(fsdp_ctx *ctx, const char *why) {
     return drained ? 0 : fsdp__fail(ctx, FSDP_ERR_TIMEOUT, "recovery: the comm thread did not drain its tasks");
 }
 
+/* After fsdp__recovery_quiesce, on a survivor one step behind (it failed inside the commit
+   point, holding the step's reduced gradient, while another survivor passed it): the step those
+   ahead applied, applied here from the same gradient (the fold is the same everywhere) with the
+   clipping of their global norm `total` (scaled, as fsdp__global_norm gave it them) and this
+   rank's max_norm (fsdp_step's, the same on every rank), so that its bits equal theirs. Before
+   fsdp__recovery_reset. */
+FSDP__PRIVATE int fsdp__recovery_catch_up(fsdp_ctx *ctx, double total, float max_norm) {
+    double norm = 0;
+    if (!ctx->reductions_done || ctx->stream_chunk)
+        return fsdp__fail(ctx, FSDP_ERR_STATE, "recovery: rank %d cannot apply step %lld after the others: %s", ctx->rank,
+                          (long long)ctx->step + 1, ctx->stream_chunk ? "its update streams (offload or bf16 state)"
+                                                                        : "it does not hold the step's reduced gradient");
+    fsdp__clip_by(ctx, total, max_norm, &norm);
+    if (!isfinite(norm)) /* (those ahead then skipped it: they are not ahead) */
+        return fsdp__fail(ctx, FSDP_ERR_PROTOCOL, "recovery: rank %d is to apply step %lld of norm %f", ctx->rank,
+                          (long long)ctx->step + 1, norm);
+    return fsdp__step_apply(ctx, NULL);
+}
+
 /* After fsdp__recovery_quiesce: the iteration in flight undone on this rank, as if it had not
    begun (the step-in-flight rule's "applied nowhere"): every unit sharded, its buffers returned,
    gradients zero, the failure forgotten. The step count and the optimizer state are untouched. */
@@ -12006,7 +12046,7 @@ FSDP__PRIVATE void fsdp__recovery_reset(fsdp_ctx *ctx) {
     if (!ctx->bwd_known) ctx->bwd_len = 0;
     ctx->phase = 0;
     ctx->older_reduce = ctx->newer_reduce = 0;
-    ctx->grads_unscaled = ctx->hook_failed = 0;
+    ctx->grads_unscaled = ctx->hook_failed = ctx->reductions_done = 0;
     pthread_mutex_lock(&ctx->lock);
     ctx->worker_error = 0;
     ctx->error[0] = 0;

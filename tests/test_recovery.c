@@ -993,6 +993,127 @@ static void test_survivors_of_the_rendezvous_host_killed_train_on_bitwise_equal_
     run_survival(3, 0, finals);
 }
 
+/* ---------------------------------------------------------------------------------------------
+   a survivor one step behind: it failed inside the commit point (the global norm's all_gather)
+   while the others passed it, so it holds the step's reduced gradient but not the norm; it
+   applies the step from the norm those ahead computed (fsdp__recovery_catch_up). On one host,
+   2 replicas of 2 ranks, with clipping on (the norm matters): replica 1 stands in for the ranks
+   behind at step CATCH_STEP (it joins the all_gather as a rank whose op then failed would have,
+   and forgets its result).
+   --------------------------------------------------------------------------------------------- */
+#define CATCH_WORLD 4
+#define CATCH_STEPS 4
+#define CATCH_STEP 2
+#define CATCH_MAX_NORM 1.0f
+
+typedef struct catch_board {
+    volatile double norm;  /* rank 0's commit_norm at CATCH_STEP */
+    volatile int posted;
+    int refused;           /* 1: the test of a rank without its reduced gradient */
+    int rc[CATCH_WORLD];
+    float final[CATCH_WORLD][SURVIVE_NUMEL];
+    char message[CATCH_WORLD][400];
+} catch_board;
+
+static catch_board *catch_up;
+
+/* What fsdp_step does on a rank whose commit point fails: its reductions waited for, then the
+   global norm's all_gather joined (here: its result dropped, as a failure would). */
+static int fail_inside_commit(fsdp_ctx *ctx) {
+    double discarded;
+    int rc;
+    if ((rc = fsdp__finish(ctx)) != 0) return rc;
+    ctx->grads_since_step = 0;
+    ctx->reductions_done = !catch_up->refused;
+    return fsdp__global_norm(ctx, &discarded);
+}
+
+/* Rank me's step at t: the ranks of replica 1 behind at CATCH_STEP, catching up with the norm
+   rank 0 posts. */
+static int catch_step(fsdp_ctx *ctx, int t, int me) {
+    double until = now_ms() + 10000;
+    int rc;
+    if (t != CATCH_STEP || me < 2) {
+        rc = fsdp_step(ctx, CATCH_MAX_NORM, NULL);
+        if (!rc && t == CATCH_STEP && me == 0) {
+            catch_up->norm = ctx->commit_norm;
+            __sync_synchronize();
+            catch_up->posted = 1;
+        }
+        return rc;
+    }
+    if ((rc = fail_inside_commit(ctx)) != 0) return rc;
+    while (!catch_up->posted && now_ms() < until) sleep_ms(1);
+    if (!catch_up->posted) return fsdp__fail(ctx, FSDP_ERR_TIMEOUT, "rank 0 posted no norm within 10 s");
+    __sync_synchronize();
+    if ((rc = fsdp__recovery_catch_up(ctx, catch_up->norm, CATCH_MAX_NORM)) != 0) return rc;
+    fsdp__recovery_reset(ctx);
+    return 0;
+}
+
+static int catch_rank(fsdp_comm *comm, void *arg) {
+    int me = fsdp_comm_rank(comm), t, i, rc, w;
+    fsdp_model *m = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_init_rule rule;
+    fsdp_desc d;
+    int64_t shape[2] = {8, 4};
+    (void)arg;
+    memset(&rule, 0, sizeof rule);
+    rule.kind = FSDP_INIT_NORMAL;
+    rule.b = 0.5f;
+    fsdp_model_create(&m, "Net");
+    w = fsdp_model_param(m, fsdp_model_module(m, 0, "fc", "Linear"), "weight", 2, shape, rule);
+    memset(&d, 0, sizeof d);
+    d.comm = comm;
+    d.strategy = FSDP_HYBRID_SHARD;
+    d.shard_group_size = 2;
+    d.optimizer.lr = SURVIVE_LR;
+    rc = fsdp_init(&ctx, m, &d);
+    for (t = 0; !rc && t < CATCH_STEPS; t++) {
+        float *g;
+        if ((rc = fsdp_pre_forward(ctx, 0)) != 0 || (rc = fsdp_post_forward(ctx, 0)) != 0 ||
+            (rc = fsdp_pre_backward(ctx, 0)) != 0)
+            break;
+        if (!(g = fsdp_grad(ctx, w))) rc = FSDP_ERR_STATE;
+        for (i = 0; !rc && i < SURVIVE_NUMEL; i++) g[i] += survive_grad(t, me, i);
+        if (rc || (rc = fsdp_post_backward(ctx, 0)) != 0 || (rc = catch_step(ctx, t, me)) != 0 ||
+            (rc = fsdp_zero_grad(ctx)) != 0)
+            break;
+    }
+    if (!rc) rc = fsdp_gather_param(ctx, w, catch_up->final[me]);
+    catch_up->rc[me] = rc;
+    if (rc) copy_text(catch_up->message[me], sizeof catch_up->message[me], fsdp_last_error(ctx));
+    fsdp_destroy(ctx);
+    fsdp_model_destroy(m);
+    return 0;
+}
+
+static void run_catch_up(int refused) {
+    fsdp_launch_status ls;
+    memset(catch_up, 0, sizeof *catch_up);
+    catch_up->refused = refused;
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, launch_ranks(CATCH_WORLD, FSDP_BACKEND_SHM, TIMEOUT_MS, catch_rank, NULL, &ls));
+}
+
+static void test_survivor_behind_the_commit_point_applies_the_step_from_the_norm_of_those_ahead_bitwise(void) {
+    int r;
+    run_catch_up(0);
+    for (r = 0; r < CATCH_WORLD; r++) TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, catch_up->rc[r], catch_up->message[r]);
+    for (r = 1; r < CATCH_WORLD; r++) {
+        char what[64];
+        snprintf(what, sizeof what, "rank %d's weight against rank 0's", r);
+        TEST_ASSERT_EQUAL_MEMORY_MESSAGE(catch_up->final[0], catch_up->final[r], sizeof catch_up->final[0], what);
+    }
+}
+
+static void test_survivor_behind_without_its_reduced_gradient_is_refused_naming_it(void) {
+    run_catch_up(1);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_STATE, catch_up->rc[2], catch_up->message[2]);
+    assert_says(catch_up->message[2], "recovery: rank 2 cannot apply step 3 after the others: it does not hold the "
+                "step's reduced gradient");
+}
+
 void setUp(void) {}
 void tearDown(void) {}
 
@@ -1000,6 +1121,7 @@ int main(void) {
     reports = (rank_report *)map_shared(sizeof *reports * MAX_RANKS);
     loss = (loss_board *)map_shared(sizeof *loss);
     survive = (survive_board *)map_shared(sizeof *survive);
+    catch_up = (catch_board *)map_shared(sizeof *catch_up);
     UNITY_BEGIN();
     RUN_TEST(test_decide_one_of_four_replicas_lost_keeps_three_in_the_next_epoch);
     RUN_TEST(test_decide_rendezvous_replica_lost_is_survived_like_any_other);
@@ -1029,5 +1151,7 @@ int main(void) {
     RUN_TEST(test_without_recovery_a_host_killed_at_a_step_ends_every_survivor_naming_the_lost_rank);
     RUN_TEST(test_survivors_of_a_host_killed_at_a_step_train_on_bitwise_equal_to_the_reference);
     RUN_TEST(test_survivors_of_the_rendezvous_host_killed_train_on_bitwise_equal_to_the_reference);
+    RUN_TEST(test_survivor_behind_the_commit_point_applies_the_step_from_the_norm_of_those_ahead_bitwise);
+    RUN_TEST(test_survivor_behind_without_its_reduced_gradient_is_refused_naming_it);
     return UNITY_END();
 }
