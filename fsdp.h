@@ -3136,6 +3136,8 @@ struct fsdp_comm {
     unsigned char key[32];  /* fsdp__comm_key of the secret and job: what connections prove */
     int has_secret;
     int unasked_warned;     /* socket, no secret: said once that the peers' users cannot be checked (atomic) */
+    int lost_peer;          /* 1 + the first peer an op saw close its connection or go silent (0: none; atomic):
+                               which peers a survivor still reaches (>>recovery) */
     fsdp__region *regions;  /* from fsdp_comm_alloc */
     uint32_t allocations;   /* fsdp_comm_alloc calls so far */
     fsdp__tally *tally;     /* what it sent (fsdp_comm_stats_get) */
@@ -6848,6 +6850,7 @@ FSDP__PRIVATE int fsdp__sock_lost(fsdp_comm *comm, fsdp__sock *s, int p, const f
         if (peer->in_header_done == sizeof peer->in_header && peer->in_header.magic == FSDP__SOCK_ABORT_MAGIC)
             return fsdp__sock_check_header(comm, s, p, c, fp, phase);
     }
+    if (!fsdp__load(&comm->lost_peer)) fsdp__store(&comm->lost_peer, p + 1);
     return fsdp__comm_adopt(comm, FSDP_ERR_PEER_LOST, "rank %d (%s) closed its connection during %s (op #%llu)%s%s", p,
                           peer->addr, fsdp_coll_name(c->kind), (unsigned long long)c->seq, err ? ": " : "",
                           err ? strerror(err) : "");
@@ -6934,7 +6937,8 @@ FSDP__PRIVATE int fsdp__sock_poll_set(fsdp_comm *comm, fsdp__sock *s, const fsdp
         if (peer->in_done < peer->in_len || peer->in_header_done < sizeof peer->in_header) *pending = 1;
         if (events & POLLOUT) *pending = 1;
         if (!events) continue;
-        if (now >= s->op_deadline)
+        if (now >= s->op_deadline) {
+            if (!fsdp__load(&comm->lost_peer)) fsdp__store(&comm->lost_peer, p + 1);
             return fsdp_comm_fail(comm, FSDP_ERR_TIMEOUT,
                                   "rank %d waited %d ms for rank %d (%s) in %s (op #%llu): it has not %s (%zu of "
                                   "%zu bytes)",
@@ -6942,6 +6946,7 @@ FSDP__PRIVATE int fsdp__sock_poll_set(fsdp_comm *comm, fsdp__sock *s, const fsdp
                                   (unsigned long long)c->seq, (events & POLLIN) ? "sent all its data" : "read all of ours",
                                   (events & POLLIN) ? peer->in_done : peer->out_done,
                                   (events & POLLIN) ? peer->in_len : peer->out_len);
+        }
         s->pfds[*n].fd = peer->fd;
         s->pfds[*n].events = events;
         s->pfds[*n].revents = 0;
@@ -8067,6 +8072,33 @@ static const fsdp__transport fsdp__hier_transport = {
      fsdp__hier_barrier, fsdp__hier_abort, fsdp__hier_destroy, 0, NULL, fsdp__hier_all_to_all},
     FSDP_BACKEND_SOCKET, "socket", FSDP__CAP_DEADLINE, FSDP__SOCK_MAX_WORLD,
     NULL, fsdp__hier_split, fsdp__hier_spin, fsdp__hier_host_part, NULL, NULL, NULL, NULL, NULL};
+
+/* Lets the kernel find a peer host that vanished (powered off, cut off: nothing is sent, no
+   reset comes) within about detect_ms, where an op would wait out its timeout: keepalive probes
+   on every connection of comm (a socket world, or a hierarchical one's links) to another host,
+   and TCP_USER_TIMEOUT, which bounds both the probes and data left unacknowledged. A broken link
+   then fails the op as a reset does (FSDP_ERR_PEER_LOST, "Connection timed out"). The kernel of
+   a live host answers for its processes, so a stopped or slow process is not taken for lost:
+   only the op timeout finds it (>>recovery). Other transports: nothing to do. 0, or -1 with
+   errno where the kernel refused an option. */
+FSDP__PRIVATE int fsdp__comm_watch(fsdp_comm *comm, int detect_ms) {
+    fsdp__sock *s = comm->transport == &fsdp__sock_transport ? (fsdp__sock *)comm->impl
+                    : comm->transport == &fsdp__hier_transport && comm->impl ? ((fsdp__hier *)comm->impl)->net : NULL;
+    int p, one = 1, idle_s = detect_ms / 2000 > 0 ? detect_ms / 2000 : 1, interval_s = 1, probes;
+    unsigned int user_timeout = (unsigned int)detect_ms;
+    probes = detect_ms / 1000 > 0 ? detect_ms / 1000 : 1;
+    for (p = 0; s && p < comm->world; p++) {
+        int fd = s->peers[p].fd;
+        if (p == comm->rank || fd < 0 || !comm->host_of || comm->host_of[p] == comm->host) continue;
+        if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) != 0 ||
+            setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof idle_s) != 0 ||
+            setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof interval_s) != 0 ||
+            setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes) != 0 ||
+            setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout) != 0)
+            return -1;
+    }
+    return 0;
+}
 
 /* This host's shm comm for a hierarchical world (NULL where it cannot be made: the caller says
    why). A host of one rank has a comm of one, without a segment. */

@@ -509,6 +509,12 @@ typedef struct loss_board {
     /* with a rebuild: the survivors' new replica comm */
     volatile int rebuild_port[2], rebuild_rc[MAX_RANKS], rebuilt_right[MAX_RANKS];
     volatile double rebuilt_ms[MAX_RANKS], next_op_ms[MAX_RANKS];
+    /* the comms' report of the lost peer (1 + its rank in the replica comm), and with watch_ms
+       (fsdp__comm_watch on world and replica) what the kernel was told per link: [0] the replica
+       comm's link to the other host, [1] the world's to the other host, [2] the world's to this
+       host's other rank (-1: no connection); keepalive on, and the user timeout */
+    int watch_ms;
+    volatile int lost_peer[MAX_RANKS], keepalive[MAX_RANKS][3], user_timeout[MAX_RANKS][3];
     char message[MAX_RANKS][400];
 } loss_board;
 
@@ -544,6 +550,37 @@ static void loss_rebuild(const fsdp_comm *old_world, int me, int hosts, const ch
     fsdp_comm_destroy(replica);
 }
 
+/* The socket connection of comm to peer (a socket world's, or a hierarchical one's link): its fd,
+   or -1. */
+static int link_fd(const fsdp_comm *comm, int peer) {
+    const fsdp__sock *s = comm->transport == &fsdp__sock_transport ? (const fsdp__sock *)comm->impl
+                          : comm->transport == &fsdp__hier_transport ? ((const fsdp__hier *)comm->impl)->net : NULL;
+    return s ? s->peers[peer].fd : -1;
+}
+
+/* What the kernel was told about comm's link to peer: keepalive (-1: no link) and the user timeout. */
+static void link_watch(const fsdp_comm *comm, int peer, volatile int *keepalive, volatile int *user_timeout) {
+    int fd = link_fd(comm, peer), on = 0;
+    unsigned int ms = 0;
+    socklen_t len = sizeof on;
+    *keepalive = -1;
+    if (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, &len) != 0) return;
+    len = sizeof ms;
+    getsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, &len);
+    *keepalive = on;
+    *user_timeout = (int)ms;
+}
+
+/* With loss->watch_ms: the links watched, and what the kernel holds for them recorded. */
+static int loss_watch(fsdp_comm *world, fsdp_comm *replica, int me) {
+    if (!loss->watch_ms) return 0;
+    if (fsdp__comm_watch(world, loss->watch_ms) != 0 || fsdp__comm_watch(replica, loss->watch_ms) != 0) return -1;
+    link_watch(replica, 1 - fsdp_comm_rank(replica), &loss->keepalive[me][0], &loss->user_timeout[me][0]);
+    link_watch(world, me ^ 2, &loss->keepalive[me][1], &loss->user_timeout[me][1]);
+    link_watch(world, me ^ 1, &loss->keepalive[me][2], &loss->user_timeout[me][2]);
+    return 0;
+}
+
 /* A rank of host rank / 2 (plan->hosts hosts of 2 ranks): replica all_reduces until one fails
    (or 60 s), then one all_reduce on its host's shard comm, and with plan->train (here: rebuild)
    the survivors' new replica comm (the leaders publish their listeners' ports in the board
@@ -562,12 +599,17 @@ static int loss_rank(void *arg) {
         return 1;
     }
     if (plan->train && me < 2 && (listen_fd = open_leader_listener(&loss->rebuild_port[me])) < 0) return 1;
+    if (loss_watch(world, replica, me) != 0) {
+        snprintf(loss->message[me], sizeof loss->message[me], "fsdp__comm_watch: %s", strerror(errno));
+        return 1;
+    }
     while (rc == 0 && now_ms() < until) {
         rc = fsdp_all_reduce(replica, buf, buf, LOSS_COUNT, FSDP_F32, FSDP_SUM);
         if (!rc) loss->ops[me]++;
     }
     loss->fail_ms[me] = now_ms();
     loss->op_rc[me] = rc;
+    loss->lost_peer[me] = fsdp__load(&replica->lost_peer);
     copy_text(loss->message[me], sizeof loss->message[me], fsdp_comm_last_error(replica));
     loss->shard_rc[me] = fsdp_all_reduce(shard, buf, buf, LOSS_COUNT, FSDP_F32, FSDP_SUM);
     if (plan->train) loss_rebuild(world, me, plan->hosts, plan->job, buf, listen_fd);
@@ -582,12 +624,13 @@ static int loss_rank(void *arg) {
 /* Starts hosts x 2 ranks, lets the replica comms run, sends sig to the last host's ranks, and
    waits for the survivors (rebuild: they then make a new replica comm). Ignores the test where
    no host name can be had. */
-static void run_loss(int hosts, int sig, int rebuild) {
+static void run_loss(int hosts, int sig, int rebuild, int watch_ms) {
     world_plan plan;
     pid_t pids[MAX_RANKS];
     int r, status[MAX_RANKS], world = 2 * hosts, survivors = world - 2;
     double until;
     memset(loss, 0, sizeof *loss);
+    loss->watch_ms = watch_ms;
     memset(&plan, 0, sizeof plan);
     plan.port = pick_free_port();
     plan.world = world;
@@ -623,7 +666,7 @@ static void run_loss(int hosts, int sig, int rebuild) {
 
 static void test_replica_lost_by_reset_shows_at_once_as_peer_lost_and_the_shard_comm_stays_healthy(void) {
     int r;
-    run_loss(2, SIGKILL, 0);
+    run_loss(2, SIGKILL, 0, 0);
     for (r = 0; r < 2; r++) {
         char what[600];
         snprintf(what, sizeof what, "rank %d: detected after %.1f ms: %s", r, loss->fail_ms[r] - loss->kill_ms,
@@ -631,6 +674,7 @@ static void test_replica_lost_by_reset_shows_at_once_as_peer_lost_and_the_shard_
         printf("%s\n", what);
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_PEER_LOST, loss->op_rc[r], what);
         assert_says(loss->message[r], "rank 1 ("); /* the peer: rank 1 of the replica comm */
+        TEST_ASSERT_EQUAL_INT_MESSAGE(2, loss->lost_peer[r], what); /* (1 + rank 1: reported for recovery's reach) */
         TEST_ASSERT_TRUE_MESSAGE(loss->fail_ms[r] - loss->kill_ms < LOSS_OP_TIMEOUT_MS / 2, what);
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, loss->shard_rc[r], what);
     }
@@ -638,7 +682,7 @@ static void test_replica_lost_by_reset_shows_at_once_as_peer_lost_and_the_shard_
 
 static void test_replica_gone_silent_shows_at_the_op_timeout_and_the_shard_comm_stays_healthy(void) {
     int r;
-    run_loss(2, SIGSTOP, 0);
+    run_loss(2, SIGSTOP, 0, 0);
     for (r = 0; r < 2; r++) {
         char what[600];
         double took = loss->fail_ms[r] - loss->kill_ms;
@@ -646,13 +690,47 @@ static void test_replica_gone_silent_shows_at_the_op_timeout_and_the_shard_comm_
         printf("%s\n", what);
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_TIMEOUT, loss->op_rc[r], what);
         TEST_ASSERT_TRUE_MESSAGE(took >= LOSS_OP_TIMEOUT_MS * 0.9 && took < LOSS_OP_TIMEOUT_MS * 3, what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(2, loss->lost_peer[r], what);
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, loss->shard_rc[r], what);
+    }
+}
+
+#define LOSS_WATCH_MS 500 /* detect_ms for the watched links: well under the op timeout */
+
+static void test_watched_links_to_other_hosts_carry_keepalive_and_the_user_timeout_and_links_inside_a_host_do_not(void) {
+    int r;
+    run_loss(2, SIGKILL, 0, LOSS_WATCH_MS);
+    for (r = 0; r < 2; r++) {
+        TEST_ASSERT_EQUAL_INT_MESSAGE(1, loss->keepalive[r][0], "the replica comm's link to the other host");
+        TEST_ASSERT_EQUAL_INT(LOSS_WATCH_MS, loss->user_timeout[r][0]);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(1, loss->keepalive[r][1], "the world's link to the other host");
+        TEST_ASSERT_EQUAL_INT(LOSS_WATCH_MS, loss->user_timeout[r][1]);
+        TEST_ASSERT_TRUE_MESSAGE(loss->keepalive[r][2] <= 0, "the world's link inside this host");
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_PEER_LOST, loss->op_rc[r], loss->message[r]);
+    }
+}
+
+/* A stopped process's kernel still answers keepalive probes and acknowledges data: to the kernel
+   it is a straggler, not a vanished host, so the watch does not take it for lost and only the op
+   timeout finds it (recovery then treats it as lost: it failed). */
+static void test_stopped_peer_on_watched_links_is_found_at_the_op_timeout_not_at_detect_ms(void) {
+    int r;
+    run_loss(2, SIGSTOP, 0, LOSS_WATCH_MS);
+    for (r = 0; r < 2; r++) {
+        char what[600];
+        double took = loss->fail_ms[r] - loss->kill_ms;
+        snprintf(what, sizeof what, "rank %d: detected after %.1f ms: %s", r, took, loss->message[r]);
+        printf("%s\n", what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(1, loss->keepalive[r][0], what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_TIMEOUT, loss->op_rc[r], what);
+        TEST_ASSERT_TRUE_MESSAGE(took >= LOSS_OP_TIMEOUT_MS * 0.9, what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(2, loss->lost_peer[r], what);
     }
 }
 
 static void test_survivors_of_a_lost_host_rebuild_a_replica_comm_that_sums_over_them(void) {
     int r;
-    run_loss(3, SIGKILL, 1);
+    run_loss(3, SIGKILL, 1, 0);
     for (r = 0; r < 4; r++) {
         char what[600];
         snprintf(what, sizeof what, "rank %d: detected after %.1f ms, a new replica comm %.1f ms later, its first "
@@ -1145,6 +1223,8 @@ int main(void) {
     RUN_TEST(test_replicas_of_a_null_context_are_zero_and_invalid);
     RUN_TEST(test_replica_lost_by_reset_shows_at_once_as_peer_lost_and_the_shard_comm_stays_healthy);
     RUN_TEST(test_replica_gone_silent_shows_at_the_op_timeout_and_the_shard_comm_stays_healthy);
+    RUN_TEST(test_watched_links_to_other_hosts_carry_keepalive_and_the_user_timeout_and_links_inside_a_host_do_not);
+    RUN_TEST(test_stopped_peer_on_watched_links_is_found_at_the_op_timeout_not_at_detect_ms);
     RUN_TEST(test_survivors_of_a_lost_host_rebuild_a_replica_comm_that_sums_over_them);
     RUN_TEST(test_survivors_drop_the_step_of_the_loss_and_train_on_bitwise_equal_to_the_reference);
     RUN_TEST(test_survivors_of_two_runs_with_the_same_loss_end_bitwise_equal);
