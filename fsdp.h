@@ -8073,6 +8073,23 @@ static const fsdp__transport fsdp__hier_transport = {
     FSDP_BACKEND_SOCKET, "socket", FSDP__CAP_DEADLINE, FSDP__SOCK_MAX_WORLD,
     NULL, fsdp__hier_split, fsdp__hier_spin, fsdp__hier_host_part, NULL, NULL, NULL, NULL, NULL};
 
+/* The connections of a comm made of sockets (a socket world, or a hierarchical one's links), or
+   NULL. */
+static fsdp__sock *fsdp__comm_sock(const fsdp_comm *comm) {
+    if (comm->transport == &fsdp__sock_transport) return (fsdp__sock *)comm->impl;
+    return comm->transport == &fsdp__hier_transport && comm->impl ? ((fsdp__hier *)comm->impl)->net : NULL;
+}
+
+/* This rank's address as its peers reach it (port 0), for a listener of its own: 0, or -1 for a
+   comm not made of sockets. */
+FSDP__PRIVATE int fsdp__comm_local_addr(const fsdp_comm *comm, struct sockaddr_in *addr) {
+    const fsdp__sock *s = fsdp__comm_sock(comm);
+    if (!s) return -1;
+    *addr = s->local;
+    addr->sin_port = 0;
+    return 0;
+}
+
 /* Lets the kernel find a peer host that vanished (powered off, cut off: nothing is sent, no
    reset comes) within about detect_ms, where an op would wait out its timeout: keepalive probes
    on every connection of comm (a socket world, or a hierarchical one's links) to another host,
@@ -8082,8 +8099,7 @@ static const fsdp__transport fsdp__hier_transport = {
    only the op timeout finds it (>>recovery). Other transports: nothing to do. 0, or -1 with
    errno where the kernel refused an option. */
 FSDP__PRIVATE int fsdp__comm_watch(fsdp_comm *comm, int detect_ms) {
-    fsdp__sock *s = comm->transport == &fsdp__sock_transport ? (fsdp__sock *)comm->impl
-                    : comm->transport == &fsdp__hier_transport && comm->impl ? ((fsdp__hier *)comm->impl)->net : NULL;
+    fsdp__sock *s = fsdp__comm_sock(comm);
     int p, one = 1, idle_s = detect_ms / 2000 > 0 ? detect_ms / 2000 : 1, interval_s = 1, probes;
     unsigned int user_timeout = (unsigned int)detect_ms;
     probes = detect_ms / 1000 > 0 ? detect_ms / 1000 : 1;
@@ -10027,6 +10043,41 @@ typedef struct fsdp__membership {
     int *replicas;              /* [count] */
 } fsdp__membership;
 
+/* A survivor's view on the wire, to the rendezvous (its reach inline), MACed with the key of the
+   world it leaves, so only ranks of that world and epoch are heard. */
+#define FSDP__RECOVERY_MAGIC 0x66727663u
+typedef struct fsdp__recovery_msg {
+    uint32_t magic;
+    int32_t rank, replica, reductions_done;
+    int64_t epoch, step;
+    double norm;                          /* the global norm (scaled) of the last step it applied */
+    unsigned char reach[FSDP__MAX_WORLD]; /* per replica (as at fsdp_init): 1 if it still reaches it */
+    unsigned char mac[32];
+} fsdp__recovery_msg;
+
+/* The rendezvous's answer to every survivor that sent a view (MACed as the views). */
+typedef struct fsdp__recovery_verdict {
+    uint32_t magic;
+    int32_t rc;                           /* 0: go on; else this partition stops (why) */
+    int64_t epoch, target_step;
+    double norm;                          /* the target step's norm, for a survivor one behind */
+    int32_t count, port;                  /* the next membership's size; the new world's port at the rendezvous */
+    int32_t replicas[FSDP__MAX_WORLD];
+    char why[FSDP__ERRMSG];
+    unsigned char mac[32];
+} fsdp__recovery_verdict;
+
+/* A context's recovery (fsdp_desc.recovery on): who it is as at fsdp_init, where every rank's
+   recovery listener is, the membership it trains in. */
+typedef struct fsdp__recovery {
+    fsdp__membership now;
+    int first_rank, replica, group, world0; /* its rank and replica at fsdp_init; ranks per replica; ranks then */
+    int listen_fd;                        /* its recovery listener (any survivor may be the rendezvous) */
+    struct sockaddr_in *addr;             /* [world0]: every rank's listener, gathered while healthy */
+    char job[48];                         /* the first world's job: the new worlds' names derive from it */
+    fsdp_comm *world;                     /* the world recovery made (the context owns it), or NULL */
+} fsdp__recovery;
+
 /* "{0, 2, 3}" into buf (ending in "...}" where it does not fit). */
 FSDP__PRIVATE const char *fsdp__replica_set_text(char *buf, size_t size, const int *replicas, int count) {
     size_t used;
@@ -10135,9 +10186,23 @@ FSDP__PRIVATE int fsdp__recovery_decide(const fsdp__membership *last, int ranks_
     return fsdp__recovery_step_rule(last, next, views, n, target_step, why, why_size);
 }
 
+/* Whether an op's failure is one recovery answers: a peer lost or silent, or another rank's
+   abort (a survivor that stopped everything to recover). */
+FSDP__PRIVATE int fsdp__recovery_loss(int rc) {
+    return rc == FSDP_ERR_PEER_LOST || rc == FSDP_ERR_ABORTED || rc == FSDP_ERR_TIMEOUT;
+}
+
+/* HMAC-SHA256 with key of the first `bytes` of a message (all but its mac). */
+FSDP__PRIVATE void fsdp__recovery_mac(const unsigned char key[32], const void *msg, size_t bytes, unsigned char out[32]) {
+    fsdp__sha256 inner, outer;
+    fsdp__hmac_keyed(&inner, &outer, key, 32);
+    fsdp__sha256_update(&inner, msg, bytes);
+    fsdp__hmac_finish(&inner, &outer, out);
+}
+
 /* fsdp_init's checks of desc->recovery, with the plan made: 0 when it is off; else why it
    cannot be had (every unit HYBRID_SHARD, two replicas or more, none sharing a host with
-   another), and, all of that being right, FSDP_ERR_UNSUPPORTED: not available yet. */
+   another, a socket world). What the context adds is checked by fsdp__recovery_open. */
 FSDP__PRIVATE int fsdp__recovery_check(const fsdp_recovery_desc *rd, const fsdp_model *model, const fsdp__plan *plan,
                                        const fsdp_comm *comm, int hybrid_group, char *err, size_t err_size) {
     int world = fsdp_comm_size(comm), replicas = world / hybrid_group, ui, r, *replica_of_host;
@@ -10175,9 +10240,11 @@ FSDP__PRIVATE int fsdp__recovery_check(const fsdp_recovery_desc *rd, const fsdp_
                          other, r / hybrid_group, h, r), FSDP_ERR_INVALID_ARG;
     }
     FSDP_FREE(replica_of_host);
-    fsdp__fmt(err, err_size, "recovery (fsdp_desc.recovery.enabled) is not available yet: the survivors' rendezvous "
-              "and fsdp_step's use of it are not in this build (issue 38); turn it off to train");
-    return FSDP_ERR_UNSUPPORTED;
+    if (fsdp_comm_backend(comm) != FSDP_BACKEND_SOCKET)
+        return fsdp__fmt(err, err_size, "recovery needs a socket world (fsdp_comm_init with FSDP_BACKEND_SOCKET): the "
+                         "survivors rendezvous over TCP; this one is %s", fsdp_backend_name(fsdp_comm_backend(comm))),
+               FSDP_ERR_UNSUPPORTED;
+    return 0;
 }
 
 /* ============================================================================================
@@ -10300,6 +10367,8 @@ struct fsdp_ctx {
     int grads_since_step;              /* a backward ran since fsdp_init, the last fsdp_step or fsdp_zero_grad */
     int reductions_done;               /* fsdp_step holds every reduced gradient of the step after `step` */
     double commit_norm;                /* the global norm (scaled) the last clipping used (>>recovery) */
+    fsdp__recovery *recovery;          /* NULL: recovery off */
+    int loss_rc;                       /* with recovery: a hook's op failed so (a loss): fsdp_step recovers */
     /* iteration */
     int phase;              /* 0 idle, 1 forward, 2 backward */
     int64_t iteration;
@@ -11345,6 +11414,7 @@ FSDP__PRIVATE int fsdp__traced_hook(fsdp_ctx *ctx, int module, int (*hook)(fsdp_
     fsdp__trace_hook(ctx, name, module, t0);
     if (ctx && ctx->trace) fsdp__trace_spill(ctx);
     if (ctx) ctx->hook_failed = rc != 0;
+    if (ctx && ctx->recovery && !ctx->loss_rc && fsdp__recovery_loss(rc)) ctx->loss_rc = rc;
     if (ctx && rc == FSDP_ERR_STATE) fsdp__misused(ctx); /* out of order */
     return rc;
 }
@@ -11975,13 +12045,17 @@ FSDP__PRIVATE void fsdp__step_sent(fsdp_ctx *ctx, fsdp_step_report *report) {
     ctx->sent_before = now;
 }
 
+FSDP__PRIVATE int fsdp__recover(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report, int rc); /* (>>recovery) */
+
 FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) {
     fsdp_step_report mine;
     int rc;
     if (!report) report = &mine; /* (the iteration's trace event reads it) */
     memset(report, 0, sizeof *report);
     if (!ctx) return FSDP_ERR_INVALID_ARG;
-    rc = fsdp__step(ctx, max_norm, report);
+    rc = ctx->loss_rc ? ctx->loss_rc : fsdp__step(ctx, max_norm, report);
+    if (rc && ctx->recovery) rc = fsdp__recover(ctx, max_norm, report, rc);
+    if (ctx->recovery) report->epoch = ctx->recovery->now.epoch;
     fsdp_replicas(ctx, &report->replicas, NULL);
     if (!rc) fsdp__step_sent(ctx, report);
     if (!rc && ctx->async_save) rc = fsdp__async_poll(ctx, 0); /* commits a save whose files are all written */
@@ -12126,6 +12200,288 @@ FSDP__PRIVATE int fsdp__recovery_adopt(fsdp_ctx *ctx, fsdp_comm *world, fsdp_com
     ctx->rank = fsdp_comm_rank(world);
     ctx->world = fsdp_comm_size(world);
     return 0;
+}
+
+FSDP__PRIVATE int fsdp__init_fail_ctx(fsdp_ctx *ctx, int code, const char *fmt, ...) FSDP__PRINTF(3, 4);
+
+/* At fsdp_init with recovery (collective over the world, healthy): a recovery listener on this
+   rank's address, every rank's gathered (a rank that could not open one says so in the gather,
+   so every rank fails alike, naming it), and the links to other hosts watched (detect_ms). */
+FSDP__PRIVATE int fsdp__recovery_open(fsdp_ctx *ctx) {
+    fsdp__recovery *rec;
+    struct sockaddr_in at;
+    socklen_t len = sizeof at;
+    int32_t mine[2] = {0, 0}, *all;
+    int r, rc, G = ctx->desc.shard_group_size, missing = -1;
+    if (!ctx->desc.recovery.enabled) return 0;
+    if (ctx->host_comm || ctx->stream_chunk)
+        return fsdp__init_fail_ctx(ctx, FSDP_ERR_UNSUPPORTED, "fsdp_init: recovery cannot continue %s on a new world "
+                                   "yet: turn recovery off or that off", ctx->host_comm ? "units kept on their host after "
+                                   "forward (reshard_after_forward HOST)" : "an update that streams (offload, bf16 state)");
+    if (!(rec = (fsdp__recovery *)fsdp__calloc(sizeof *rec)) ||
+        !(rec->addr = (struct sockaddr_in *)fsdp__calloc(sizeof *rec->addr * (size_t)ctx->world)) ||
+        !(rec->now.replicas = (int *)fsdp__calloc(sizeof(int) * (size_t)(ctx->world / G))) ||
+        !(all = (int32_t *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world))) {
+        if (rec) FSDP_FREE(rec->addr);
+        FSDP_FREE(rec);
+        return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: out of memory");
+    }
+    ctx->recovery = rec;
+    rec->listen_fd = -1;
+    rec->first_rank = ctx->rank, rec->replica = ctx->rank / G, rec->group = G, rec->world0 = ctx->world;
+    rec->now.count = rec->now.total = ctx->world / G;
+    for (r = 0; r < rec->now.count; r++) rec->now.replicas[r] = r;
+    fsdp__copy_string(rec->job, sizeof rec->job, ctx->comm->job);
+    if (fsdp__comm_local_addr(ctx->comm, &at) == 0 && (rec->listen_fd = fsdp__sock_listen(&at, 64)) >= 0 &&
+        getsockname(rec->listen_fd, (struct sockaddr *)&at, &len) == 0)
+        mine[0] = (int32_t)at.sin_addr.s_addr, mine[1] = ntohs(at.sin_port);
+    rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_GATHER, mine, all, 2, 0);
+    for (r = 0; !rc && r < ctx->world; r++) {
+        rec->addr[r].sin_family = AF_INET;
+        rec->addr[r].sin_addr.s_addr = (uint32_t)all[2 * r];
+        rec->addr[r].sin_port = htons((uint16_t)all[2 * r + 1]);
+        if (!all[2 * r + 1] && missing < 0) missing = r;
+    }
+    FSDP_FREE(all);
+    if (!rc && (fsdp__comm_watch(ctx->comm, ctx->desc.recovery.detect_ms) != 0 ||
+                (ctx->hybrid_replica_comm && fsdp__comm_watch(ctx->hybrid_replica_comm, ctx->desc.recovery.detect_ms))))
+        rc = FSDP_ERR_SYSTEM;
+    if (!rc && missing >= 0)
+        return fsdp__init_fail_ctx(ctx, FSDP_ERR_SYSTEM, "fsdp_init: recovery: rank %d could not open its recovery "
+                                   "listener", missing);
+    if (rc)
+        return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: recovery: rank %d: %s", ctx->rank,
+                                   rc == FSDP_ERR_SYSTEM ? strerror(errno) : fsdp_comm_last_error(ctx->comm));
+    return 0;
+}
+
+/* fsdp_destroy's, after the context's communicators: the listener, and the world recovery made. */
+FSDP__PRIVATE void fsdp__recovery_close(fsdp_ctx *ctx) {
+    fsdp__recovery *rec = ctx->recovery;
+    if (!rec) return;
+    if (rec->listen_fd >= 0) close(rec->listen_fd);
+    fsdp_comm_destroy(rec->world);
+    FSDP_FREE(rec->addr);
+    FSDP_FREE(rec->now.replicas);
+    FSDP_FREE(rec);
+    ctx->recovery = NULL;
+}
+
+/* This survivor's view (after fsdp__recovery_quiesce): where it is, and which replicas it still
+   reaches as its comms saw them (the peer an op saw lost: its replica is not reached). */
+FSDP__PRIVATE void fsdp__recovery_view_of(fsdp_ctx *ctx, fsdp__recovery_msg *m) {
+    fsdp__recovery *rec = ctx->recovery;
+    int k, lost;
+    memset(m, 0, sizeof *m);
+    m->magic = FSDP__RECOVERY_MAGIC;
+    m->rank = rec->first_rank, m->replica = rec->replica, m->reductions_done = ctx->reductions_done;
+    m->epoch = rec->now.epoch, m->step = ctx->step, m->norm = ctx->commit_norm;
+    for (k = 0; k < rec->now.count; k++) m->reach[rec->now.replicas[k]] = 1;
+    if ((lost = fsdp__load(&ctx->comm->lost_peer)) > 0 && (lost - 1) / rec->group < rec->now.count)
+        m->reach[rec->now.replicas[(lost - 1) / rec->group]] = 0;
+    if (ctx->hybrid_replica_comm && (lost = fsdp__load(&ctx->hybrid_replica_comm->lost_peer)) > 0 &&
+        lost - 1 < rec->now.count)
+        m->reach[rec->now.replicas[lost - 1]] = 0;
+    m->reach[rec->replica] = 1;
+    fsdp__recovery_mac(ctx->comm->key, m, offsetof(fsdp__recovery_msg, mac), m->mac);
+}
+
+/* A view read from fd before the deadline, of this epoch's world (its MAC): 1, else 0. */
+FSDP__PRIVATE int fsdp__recovery_read_view(fsdp_ctx *ctx, int fd, fsdp__recovery_msg *m, int64_t deadline) {
+    unsigned char mac[32];
+    if (fsdp__sock_io_full(fd, m, sizeof *m, deadline, 0) != 0 || m->magic != FSDP__RECOVERY_MAGIC) return 0;
+    fsdp__recovery_mac(ctx->comm->key, m, offsetof(fsdp__recovery_msg, mac), mac);
+    return fsdp__equal_ct(mac, m->mac, 32) && m->rank >= 0 && m->rank < ctx->recovery->world0 &&
+           m->replica == m->rank / ctx->recovery->group;
+}
+
+/* The rendezvous collects: views for up to detect_ms, or until every rank of the replicas it
+   reaches sent one (msgs[0] is its own); their connections in fds. The number of views. */
+FSDP__PRIVATE int fsdp__recovery_collect(fsdp_ctx *ctx, fsdp__recovery_msg *msgs, int *fds) {
+    fsdp__recovery *rec = ctx->recovery;
+    int64_t deadline = fsdp__now_ms() + ctx->desc.recovery.detect_ms;
+    int n = 1, expected = 0, k, i;
+    for (k = 0; k < rec->now.count; k++) expected += msgs[0].reach[rec->now.replicas[k]] ? rec->group : 0;
+    while (n < expected && fsdp__now_ms() < deadline) {
+        struct pollfd pfd;
+        int64_t left = deadline - fsdp__now_ms();
+        int fd, dup = 0;
+        pfd.fd = rec->listen_fd, pfd.events = POLLIN, pfd.revents = 0;
+        if (poll(&pfd, 1, left > 100 ? 100 : (int)(left > 0 ? left : 0)) <= 0) continue;
+        if ((fd = accept(rec->listen_fd, NULL, NULL)) < 0) continue;
+        if (!fsdp__recovery_read_view(ctx, fd, &msgs[n], fsdp__now_ms() + ctx->desc.recovery.detect_ms)) {
+            close(fd);
+            continue;
+        }
+        for (i = 0; i < n; i++) dup |= msgs[i].rank == msgs[n].rank;
+        if (dup) close(fd);
+        else fds[n++] = fd;
+    }
+    return n;
+}
+
+/* The rendezvous: views collected, the agreement (fsdp__recovery_decide), and the verdict sent
+   to every survivor heard (a new world's listener opened for them when they go on: *world_fd). */
+FSDP__PRIVATE void fsdp__recovery_lead(fsdp_ctx *ctx, const fsdp__recovery_msg *mine, fsdp__recovery_verdict *v,
+                                       int *world_fd) {
+    fsdp__recovery *rec = ctx->recovery;
+    fsdp__recovery_msg *msgs = (fsdp__recovery_msg *)fsdp__calloc(sizeof *msgs * (size_t)rec->world0);
+    fsdp__recovery_view *views = (fsdp__recovery_view *)fsdp__calloc(sizeof *views * (size_t)rec->world0);
+    int *fds = (int *)fsdp__calloc(sizeof(int) * (size_t)rec->world0), n = 0, i, ahead = 0;
+    fsdp__membership next;
+    int64_t target = 0;
+    memset(v, 0, sizeof *v);
+    memset(&next, 0, sizeof next);
+    v->magic = FSDP__RECOVERY_MAGIC;
+    next.replicas = v->replicas;
+    if (!msgs || !views || !fds) v->rc = FSDP_ERR_OUT_OF_MEMORY;
+    else msgs[0] = *mine, n = fsdp__recovery_collect(ctx, msgs, fds);
+    for (i = 0; i < n; i++) {
+        views[i].epoch = msgs[i].epoch, views[i].rank = msgs[i].rank, views[i].replica = msgs[i].replica;
+        views[i].step = msgs[i].step, views[i].reductions_done = msgs[i].reductions_done, views[i].reach = msgs[i].reach;
+        if (msgs[i].step > msgs[ahead].step) ahead = i;
+    }
+    if (!v->rc)
+        v->rc = fsdp__recovery_decide(&rec->now, rec->group, ctx->desc.recovery.min_replicas, views, n, &next, &target,
+                                      v->why, sizeof v->why);
+    v->epoch = next.epoch, v->target_step = target, v->count = next.count, v->norm = n ? msgs[ahead].norm : 0;
+    if (!v->rc) {
+        struct sockaddr_in at = rec->addr[rec->first_rank];
+        socklen_t len = sizeof at;
+        at.sin_port = 0;
+        if ((*world_fd = fsdp__sock_listen(&at, 64)) < 0 || getsockname(*world_fd, (struct sockaddr *)&at, &len) != 0)
+            v->rc = FSDP_ERR_SYSTEM, fsdp__fmt(v->why, sizeof v->why, "recovery: the rendezvous (rank %d) could not "
+                                               "listen for the new world: %s", rec->first_rank, strerror(errno));
+        v->port = ntohs(at.sin_port);
+    }
+    fsdp__recovery_mac(ctx->comm->key, v, offsetof(fsdp__recovery_verdict, mac), v->mac);
+    for (i = 1; i < n; i++) { /* (a survivor that went meanwhile: its replica is then missed in the new world) */
+        fsdp__sock_io_full(fds[i], v, sizeof *v, fsdp__now_ms() + ctx->desc.recovery.detect_ms, 1);
+        close(fds[i]);
+    }
+    FSDP_FREE(msgs);
+    FSDP_FREE(views);
+    FSDP_FREE(fds);
+}
+
+/* A survivor asks the rendezvous `leader` (a rank as at fsdp_init): its view sent, the verdict
+   read and checked. 0, or -1 where the leader could not be reached or did not answer. The wait
+   covers the leader's own search (a rendezvous below it that vanished: detect_ms) and its
+   collection (detect_ms). */
+FSDP__PRIVATE int fsdp__recovery_ask(fsdp_ctx *ctx, int leader, const fsdp__recovery_msg *mine,
+                                     fsdp__recovery_verdict *v) {
+    int detect = ctx->desc.recovery.detect_ms, fd, ok;
+    unsigned char mac[32];
+    if ((fd = fsdp__sock_connect(&ctx->recovery->addr[leader], fsdp__now_ms() + detect)) < 0) return -1;
+    ok = fsdp__sock_io_full(fd, (void *)(uintptr_t)mine, sizeof *mine, fsdp__now_ms() + detect, 1) == 0 &&
+         fsdp__sock_io_full(fd, v, sizeof *v, fsdp__now_ms() + 3 * (int64_t)detect + 2000, 0) == 0 &&
+         v->magic == FSDP__RECOVERY_MAGIC;
+    close(fd);
+    if (ok) fsdp__recovery_mac(ctx->comm->key, v, offsetof(fsdp__recovery_verdict, mac), mac);
+    return ok && fsdp__equal_ct(mac, v->mac, 32) && v->count >= 0 && v->count <= ctx->recovery->now.total ? 0 : -1;
+}
+
+/* The agreement from this survivor's side: the rendezvous is the first rank of the lowest
+   replica it believes alive, itself included (so nothing is special about rank 0); one that
+   cannot be reached is believed lost and the next is tried. *leader: the rendezvous's rank as at
+   fsdp_init; *world_fd: the new world's listener where this rank is it. */
+FSDP__PRIVATE int fsdp__recovery_agree(fsdp_ctx *ctx, fsdp__recovery_verdict *v, int *leader, int *world_fd) {
+    fsdp__recovery *rec = ctx->recovery;
+    fsdp__recovery_msg mine;
+    int k;
+    fsdp__recovery_view_of(ctx, &mine);
+    for (k = 0; k < rec->now.count; k++) {
+        int r = rec->now.replicas[k];
+        if (!mine.reach[r]) continue;
+        *leader = r * rec->group;
+        if (*leader == rec->first_rank) {
+            fsdp__recovery_lead(ctx, &mine, v, world_fd);
+            return 0;
+        }
+        if (fsdp__recovery_ask(ctx, *leader, &mine, v) == 0) return 0;
+        mine.reach[r] = 0;
+        fsdp__recovery_mac(ctx->comm->key, &mine, offsetof(fsdp__recovery_msg, mac), mine.mac);
+    }
+    return fsdp__fail(ctx, FSDP_ERR_PEER_LOST, "recovery: rank %d reached no rendezvous of epoch %lld", rec->first_rank,
+                      (long long)rec->now.epoch);
+}
+
+/* The new world of the verdict's replicas (its key from the old world's and the epoch's name,
+   its rendezvous at the leader's listener), split into shard and replica comms, adopted. */
+FSDP__PRIVATE int fsdp__recovery_rebuild(fsdp_ctx *ctx, const fsdp__recovery_verdict *v, int leader, int world_fd,
+                                         int new_rank) {
+    fsdp__recovery *rec = ctx->recovery;
+    fsdp__inherit inherit;
+    fsdp_comm_desc cd;
+    fsdp_comm *world = NULL, *shard = NULL, *replica = NULL, *old = rec->world;
+    char job[64], host[INET_ADDRSTRLEN];
+    int rc, G = rec->group;
+    memset(&inherit, 0, sizeof inherit);
+    inherit.listen_fd = world_fd;
+    memset(&cd, 0, sizeof cd);
+    fsdp__fmt(job, sizeof job, "%s.epoch%lld", rec->job, (long long)v->epoch);
+    inet_ntop(AF_INET, &rec->addr[leader].sin_addr, host, sizeof host);
+    cd.backend = FSDP_BACKEND_SOCKET, cd.rank = new_rank, cd.world_size = v->count * G, cd.job = job;
+    cd.master_addr = host, cd.master_port = v->port, cd.timeout_ms = fsdp_comm_timeout(ctx->comm);
+    cd.logger = ctx->comm->logger;
+    if ((rc = fsdp__comm_create(&world, &cd, ctx->comm, &inherit)) != 0 ||
+        (rc = fsdp_comm_split(world, new_rank / G, new_rank, &shard)) != 0 ||
+        (rc = fsdp_comm_split(world, new_rank % G, new_rank, &replica)) != 0 ||
+        (rc = fsdp__recovery_adopt(ctx, world, shard, replica)) != 0) {
+        if (inherit.listen_fd >= 0) close(inherit.listen_fd);
+        fsdp_comm_destroy(replica);
+        fsdp_comm_destroy(shard);
+        fsdp_comm_destroy(world);
+        return fsdp__fail(ctx, rc, "recovery: rank %d could not join epoch %lld's world at %s:%d: %s", rec->first_rank,
+                          (long long)v->epoch, host, v->port, fsdp__init_error);
+    }
+    rec->world = world;
+    fsdp_comm_destroy(old); /* (the context no longer uses it) */
+    if (fsdp__comm_watch(world, ctx->desc.recovery.detect_ms) != 0 ||
+        fsdp__comm_watch(replica, ctx->desc.recovery.detect_ms) != 0)
+        return fsdp__fail(ctx, FSDP_ERR_SYSTEM, "recovery: keepalive on the new world: %s", strerror(errno));
+    return 0;
+}
+
+/* fsdp_step's answer to a loss (rc) with recovery on: everything in flight stopped, the
+   agreement, the step in flight applied here if the others did (one behind) or nowhere, the new
+   world adopted; the report says the epoch and whether the step was dropped. A partition that
+   must stop, or a rank whose replica is not in the new membership, fails naming why. */
+FSDP__PRIVATE int fsdp__recover(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report, int rc) {
+    fsdp__recovery *rec = ctx->recovery;
+    fsdp__recovery_verdict *v;
+    int leader = -1, world_fd = -1, new_rank = -1, k;
+    int64_t before = ctx->step;
+    if (!rec || !fsdp__recovery_loss(rc)) return rc;
+    fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: recovery: epoch %lld at step %lld: %s", rec->first_rank,
+              (long long)rec->now.epoch, (long long)ctx->step, ctx->error);
+    if ((rc = fsdp__recovery_quiesce(ctx, "a replica was lost: recovering")) != 0) return rc;
+    if (!(v = (fsdp__recovery_verdict *)fsdp__calloc(sizeof *v))) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
+    if ((rc = fsdp__recovery_agree(ctx, v, &leader, &world_fd)) == 0 && v->rc)
+        rc = fsdp__fail(ctx, v->rc, "%s", v->why);
+    for (k = 0; !rc && k < v->count; k++)
+        if (v->replicas[k] == rec->replica) new_rank = k * rec->group + rec->first_rank % rec->group;
+    if (!rc && new_rank < 0)
+        rc = fsdp__fail(ctx, FSDP_ERR_PEER_LOST, "recovery: rank %d leaves: its replica %d is not in %s", rec->first_rank,
+                        rec->replica, v->why);
+    if (!rc && v->target_step == ctx->step + 1) rc = fsdp__recovery_catch_up(ctx, v->norm, max_norm);
+    else if (!rc && v->target_step != ctx->step)
+        rc = fsdp__fail(ctx, FSDP_ERR_PROTOCOL, "recovery: rank %d is at step %lld, the survivors at %lld",
+                        rec->first_rank, (long long)ctx->step, (long long)v->target_step);
+    if (!rc) fsdp__recovery_reset(ctx);
+    if (!rc && (rc = fsdp__recovery_rebuild(ctx, v, leader, world_fd, new_rank)) == 0) {
+        rec->now.epoch = v->epoch, rec->now.count = v->count;
+        memcpy(rec->now.replicas, v->replicas, sizeof(int) * (size_t)v->count);
+        ctx->loss_rc = 0;
+        fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: %s: rank %d of %d from step %lld", rec->first_rank, v->why,
+                  ctx->rank, ctx->world, (long long)ctx->step);
+    } else if (world_fd >= 0 && rc) {
+        close(world_fd);
+    }
+    report->dropped = ctx->step == before;
+    report->step = ctx->step;
+    FSDP_FREE(v);
+    return rc;
 }
 
 FSDP_API int fsdp_replicas(const fsdp_ctx *ctx, int *count, int *index) {
@@ -12796,6 +13152,7 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
         rc = fsdp__init_fail_ctx(ctx, FSDP_ERR_SYSTEM, "fsdp_init: cannot start the comm thread");
     if (!rc) ctx->thread_started = 1;
     if (!rc && (rc = fsdp__trace_open(ctx)) == 0 && ctx->offload) ctx->offload->trace = ctx->trace;
+    if (!rc) rc = fsdp__recovery_open(ctx);
     if (!rc && ctx->offload && ctx->stream_chunk) { /* the step runs behind the next forward */
         pthread_mutex_init(&ctx->step_lock, NULL);
         pthread_cond_init(&ctx->step_cond, NULL);
@@ -12845,6 +13202,7 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     if (ctx->host_comm != ctx->hybrid_shard_comm) fsdp_comm_destroy(ctx->host_comm);
     fsdp_comm_destroy(ctx->hybrid_shard_comm);
     fsdp_comm_destroy(ctx->hybrid_replica_comm);
+    fsdp__recovery_close(ctx); /* (the world it made, after the comms split from it) */
     fsdp__plan_free(&ctx->plan);
     FSDP_FREE(ctx->units);
     FSDP_FREE(ctx->unit_params);

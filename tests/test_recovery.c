@@ -449,10 +449,17 @@ static void test_recovery_with_two_replicas_sharing_a_host_is_refused_naming_the
     assert_every_rank_refused(4, FSDP_ERR_INVALID_ARG, "replicas 0 and 1 share host 0");
 }
 
-static void test_recovery_over_hosts_of_their_own_is_refused_as_not_available_yet(void) {
+static void test_recovery_over_hosts_of_their_own_is_accepted_and_trains_in_epoch_0(void) {
     world_plan plan = plan_of(FSDP_HYBRID_SHARD, 2, 1, 2);
+    int r;
+    plan.train = 1;
     run_world(&plan, 4);
-    assert_every_rank_refused(4, FSDP_ERR_UNSUPPORTED, "is not available yet");
+    for (r = 0; r < 4; r++) {
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, reports[r].rc, reports[r].message);
+        TEST_ASSERT_EQUAL_INT(2, reports[r].report_replicas);
+        TEST_ASSERT_EQUAL_INT(0, (int)reports[r].report_epoch);
+        TEST_ASSERT_EQUAL_INT(0, reports[r].report_dropped);
+    }
 }
 
 static void test_replicas_of_hybrid_over_hosts_are_the_shard_groups_in_query_and_report(void) {
@@ -1072,6 +1079,204 @@ static void test_survivors_of_the_rendezvous_host_killed_train_on_bitwise_equal_
 }
 
 /* ---------------------------------------------------------------------------------------------
+   recovery through the public API: HOSTS fake hosts (UTS namespaces) of 2 ranks each, a socket
+   world, HYBRID_SHARD with a replica per host and fsdp_desc.recovery on. The loop uses only the
+   hooks and fsdp_step (data by the steps the report says were taken); the ranks of the hosts in
+   lost_mask SIGKILL themselves in the backward of step API_LOSS_STEP. The survivors find the loss
+   in fsdp_step (or a hook), agree at a rendezvous, make a new world and go on.
+   --------------------------------------------------------------------------------------------- */
+#define API_MAX_HOSTS 4
+#define API_MAX_WORLD (2 * API_MAX_HOSTS)
+#define API_STEPS 8
+#define API_LOSS_STEP 3
+#define API_DETECT_MS 3000
+
+typedef struct api_board {
+    char job[40];
+    int hosts, lost_mask, recovery, port;  /* lost_mask: bit h for host (replica) h */
+    float init[SURVIVE_NUMEL];
+    float final[API_MAX_WORLD][SURVIVE_NUMEL];
+    int rc[API_MAX_WORLD], steps[API_MAX_WORLD], finished[API_MAX_WORLD];
+    int dropped_at[API_MAX_WORLD], epoch[API_MAX_WORLD], replicas[API_MAX_WORLD], index[API_MAX_WORLD];
+    double killed_ms, next_step_ms[API_MAX_WORLD];
+    char message[API_MAX_WORLD][400];
+} api_board;
+
+static api_board *api;
+
+static int api_lost(int rank) { return (api->lost_mask >> (rank / 2)) & 1; }
+
+/* One iteration's hooks at step t (the lost ranks die in its backward at API_LOSS_STEP). */
+static int api_hooks(fsdp_ctx *ctx, int w, int64_t t, int me) {
+    float *g;
+    int i, rc;
+    if ((rc = fsdp_pre_forward(ctx, 0)) != 0 || (rc = fsdp_post_forward(ctx, 0)) != 0 ||
+        (rc = fsdp_pre_backward(ctx, 0)) != 0)
+        return rc;
+    if (!(g = fsdp_grad(ctx, w))) return FSDP_ERR_STATE;
+    for (i = 0; i < SURVIVE_NUMEL; i++) g[i] += survive_grad((int)t, me, i);
+    if (t == API_LOSS_STEP && api_lost(me)) {
+        api->killed_ms = now_ms();
+        raise(SIGKILL);
+    }
+    return fsdp_post_backward(ctx, 0);
+}
+
+/* The training loop of rank me: API_STEPS steps; fsdp_step after the hooks whatever they
+   returned (with recovery it recovers from a loss they saw). */
+static int api_train(fsdp_ctx *ctx, int w, int me) {
+    int64_t step = 0;
+    int rc = 0;
+    api->dropped_at[me] = -1;
+    while (step < API_STEPS) {
+        fsdp_step_report rep;
+        api_hooks(ctx, w, step, me);
+        if ((rc = fsdp_step(ctx, 0, &rep)) != 0) return rc;
+        if (rep.dropped) api->dropped_at[me] = (int)step, api->epoch[me] = (int)rep.epoch, api->replicas[me] = rep.replicas;
+        if (rep.dropped) fsdp_replicas(ctx, NULL, &api->index[me]);
+        if (api->dropped_at[me] >= 0 && rep.step == API_LOSS_STEP + 1) api->next_step_ms[me] = now_ms();
+        if ((rc = fsdp_zero_grad(ctx)) != 0) return rc;
+        step = rep.step;
+    }
+    return 0;
+}
+
+static int api_rank(void *arg) {
+    int me = *(const int *)arg, rc, w;
+    fsdp_comm *comm = NULL;
+    fsdp_model *m = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_init_rule rule;
+    fsdp_desc d;
+    int64_t shape[2] = {8, 4};
+    if (enter_host(me / 2, api->message[me], sizeof api->message[me])) return NO_HOST_NAME;
+    if (join_socket_world(&comm, me, 2 * api->hosts, api->port, api->job, TIMEOUT_MS, NULL, NULL) != 0) {
+        copy_text(api->message[me], sizeof api->message[me], fsdp_comm_last_error(NULL));
+        return 1;
+    }
+    memset(&rule, 0, sizeof rule);
+    rule.kind = FSDP_INIT_NORMAL;
+    rule.b = 0.5f;
+    fsdp_model_create(&m, "Net");
+    w = fsdp_model_param(m, fsdp_model_module(m, 0, "fc", "Linear"), "weight", 2, shape, rule);
+    memset(&d, 0, sizeof d);
+    d.comm = comm;
+    d.strategy = FSDP_HYBRID_SHARD;
+    d.shard_group_size = 2;
+    d.optimizer.lr = SURVIVE_LR;
+    d.recovery.enabled = api->recovery;
+    d.recovery.detect_ms = API_DETECT_MS;
+    if ((rc = fsdp_init(&ctx, m, &d)) == 0) rc = fsdp_gather_param(ctx, w, api->final[me]);
+    if (!rc && me == 0) memcpy(api->init, api->final[0], sizeof api->init);
+    if (!rc) rc = api_train(ctx, w, me);
+    if (!rc && (rc = fsdp_gather_param(ctx, w, api->final[me])) == 0) api->finished[me] = 1;
+    api->steps[me] = ctx ? (int)ctx->step : -1;
+    api->rc[me] = rc;
+    if (rc) copy_text(api->message[me], sizeof api->message[me], fsdp_last_error(ctx));
+    fsdp_destroy(ctx);
+    fsdp_model_destroy(m);
+    fsdp_comm_destroy(comm);
+    return 0;
+}
+
+/* SGD on the average over the replicas training at each step of each replica's average over its
+   two ranks, folded in rank order as the collectives fold: every replica before the loss, the
+   survivors from the step of the loss on (dropped, then taken again by them). */
+static void api_reference(float *weight) {
+    int t, i, h;
+    memcpy(weight, api->init, sizeof api->init);
+    for (t = 0; t < API_STEPS; t++) {
+        int replicas = 0;
+        for (h = 0; h < api->hosts; h++) replicas += t < API_LOSS_STEP || !((api->lost_mask >> h) & 1);
+        for (i = 0; i < SURVIVE_NUMEL; i++) {
+            float avg = 0;
+            int folded = 0;
+            for (h = 0; h < api->hosts; h++) {
+                float partial = (survive_grad(t, 2 * h, i) + survive_grad(t, 2 * h + 1, i)) / 2.0f;
+                if (t >= API_LOSS_STEP && ((api->lost_mask >> h) & 1)) continue;
+                avg = folded++ == 0 ? partial : avg + partial;
+            }
+            weight[i] -= SURVIVE_LR * (avg / (float)replicas + 0.0f * weight[i]);
+        }
+    }
+}
+
+/* Forks the world and waits for it (the lost ranks die of SIGKILL). Ignores the test where no
+   host name can be had. */
+static void run_api(int hosts, int lost_mask, int recovery) {
+    pid_t pids[API_MAX_WORLD];
+    int ranks[API_MAX_WORLD], status[API_MAX_WORLD], r;
+    memset(api, 0, sizeof *api);
+    api->hosts = hosts;
+    api->lost_mask = lost_mask;
+    api->recovery = recovery;
+    api->port = pick_free_port();
+    snprintf(api->job, sizeof api->job, "api-%d-%d-%d", (int)getpid(), hosts, lost_mask);
+    for (r = 0; r < 2 * hosts; r++) {
+        ranks[r] = r;
+        pids[r] = spawn(api_rank, &ranks[r], 120);
+    }
+    for (r = 0; r < 2 * hosts; r++) status[r] = reap(pids[r], 110000);
+    for (r = 0; r < 2 * hosts; r++)
+        if (status[r] == NO_HOST_NAME) TEST_IGNORE_MESSAGE(api->message[r]);
+    for (r = 0; r < 2 * hosts; r++)
+        if (!api_lost(r)) TEST_ASSERT_EQUAL_INT_MESSAGE(0, status[r], api->message[r]);
+}
+
+/* Every survivor reached the last step with the reference's bits, reporting the loss once. */
+static void assert_survivors_match_the_reference(int survivors) {
+    float want[SURVIVE_NUMEL];
+    int r, k = 0;
+    api_reference(want);
+    for (r = 0; r < 2 * api->hosts; r++) {
+        char what[600];
+        if (api_lost(r)) continue;
+        snprintf(what, sizeof what, "rank %d: %d steps, dropped at %d: %s", r, api->steps[r], api->dropped_at[r],
+                 api->message[r]);
+        printf("rank %d: the next step done %.1f ms after the kill\n", r, api->next_step_ms[r] - api->killed_ms);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, api->rc[r], what);
+        TEST_ASSERT_TRUE_MESSAGE(api->finished[r], what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(API_STEPS, api->steps[r], what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(API_LOSS_STEP, api->dropped_at[r], what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(1, api->epoch[r], what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(survivors, api->replicas[r], what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(k++ / 2, api->index[r], what);
+        TEST_ASSERT_EQUAL_MEMORY_MESSAGE(want, api->final[r], sizeof want, what);
+    }
+}
+
+static void test_recovery_on_one_host_of_four_killed_survivors_train_on_bitwise_equal_to_the_reference(void) {
+    run_api(4, 1 << 2, 1);
+    assert_survivors_match_the_reference(3);
+}
+
+static void test_recovery_on_the_rendezvous_host_killed_survivors_train_on_bitwise_equal_to_the_reference(void) {
+    run_api(3, 1 << 0, 1);
+    assert_survivors_match_the_reference(2);
+}
+
+static void test_recovery_on_half_the_hosts_lost_stops_both_survivors_naming_the_partition(void) {
+    int r;
+    run_api(4, (1 << 2) | (1 << 3), 1);
+    for (r = 0; r < 4; r++) {
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_PEER_LOST, api->rc[r], api->message[r]);
+        assert_says(api->message[r], "replicas {0, 1} are all that remain together of epoch 0's {0, 1, 2, 3}: not a "
+                    "strict majority");
+        TEST_ASSERT_EQUAL_INT_MESSAGE(API_LOSS_STEP, api->steps[r], api->message[r]);
+    }
+}
+
+static void test_recovery_off_a_host_killed_ends_every_survivor_naming_the_lost_rank(void) {
+    int r;
+    run_api(3, 1 << 2, 0);
+    for (r = 0; r < 4; r++) {
+        TEST_ASSERT_TRUE_MESSAGE(api->rc[r] == FSDP_ERR_PEER_LOST || api->rc[r] == FSDP_ERR_ABORTED, api->message[r]);
+        assert_says(api->message[r], "closed its connection");
+        TEST_ASSERT_EQUAL_INT_MESSAGE(API_LOSS_STEP, api->steps[r], api->message[r]);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
    a survivor one step behind: it failed inside the commit point (the global norm's all_gather)
    while the others passed it, so it holds the step's reduced gradient but not the norm; it
    applies the step from the norm those ahead computed (fsdp__recovery_catch_up). On one host,
@@ -1200,6 +1405,7 @@ int main(void) {
     loss = (loss_board *)map_shared(sizeof *loss);
     survive = (survive_board *)map_shared(sizeof *survive);
     catch_up = (catch_board *)map_shared(sizeof *catch_up);
+    api = (api_board *)map_shared(sizeof *api);
     UNITY_BEGIN();
     RUN_TEST(test_decide_one_of_four_replicas_lost_keeps_three_in_the_next_epoch);
     RUN_TEST(test_decide_rendezvous_replica_lost_is_survived_like_any_other);
@@ -1217,7 +1423,7 @@ int main(void) {
     RUN_TEST(test_recovery_with_full_shard_is_refused_naming_the_unit_and_strategy);
     RUN_TEST(test_recovery_with_every_replica_on_one_host_is_refused_naming_it);
     RUN_TEST(test_recovery_with_two_replicas_sharing_a_host_is_refused_naming_them);
-    RUN_TEST(test_recovery_over_hosts_of_their_own_is_refused_as_not_available_yet);
+    RUN_TEST(test_recovery_over_hosts_of_their_own_is_accepted_and_trains_in_epoch_0);
     RUN_TEST(test_replicas_of_hybrid_over_hosts_are_the_shard_groups_in_query_and_report);
     RUN_TEST(test_replicas_of_full_shard_are_one_and_of_no_shard_every_rank);
     RUN_TEST(test_replicas_of_a_null_context_are_zero_and_invalid);
@@ -1231,6 +1437,10 @@ int main(void) {
     RUN_TEST(test_without_recovery_a_host_killed_at_a_step_ends_every_survivor_naming_the_lost_rank);
     RUN_TEST(test_survivors_of_a_host_killed_at_a_step_train_on_bitwise_equal_to_the_reference);
     RUN_TEST(test_survivors_of_the_rendezvous_host_killed_train_on_bitwise_equal_to_the_reference);
+    RUN_TEST(test_recovery_on_one_host_of_four_killed_survivors_train_on_bitwise_equal_to_the_reference);
+    RUN_TEST(test_recovery_on_the_rendezvous_host_killed_survivors_train_on_bitwise_equal_to_the_reference);
+    RUN_TEST(test_recovery_on_half_the_hosts_lost_stops_both_survivors_naming_the_partition);
+    RUN_TEST(test_recovery_off_a_host_killed_ends_every_survivor_naming_the_lost_rank);
     RUN_TEST(test_survivor_behind_the_commit_point_applies_the_step_from_the_norm_of_those_ahead_bitwise);
     RUN_TEST(test_survivor_behind_without_its_reduced_gradient_is_refused_naming_it);
     return UNITY_END();
