@@ -881,17 +881,29 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
 /* ============================================================================================
    >>recovery
    Surviving the loss of a replica (a host's shard group under HYBRID_SHARD) inside the job,
-   without a restart (issue 38). Only the interface exists for users so far: fsdp_init checks
-   fsdp_desc.recovery and then refuses it (FSDP_ERR_UNSUPPORTED, "not available yet") until the
-   rendezvous of the survivors and its use by fsdp_step are in (the implementation's >>recovery
-   says what is built). Recovery off (the default) changes nothing.
+   without a restart (issue 38). For a socket world whose replicas each have hosts of their own:
+   when a rank dies (its connections reset) or its host vanishes (noticed by the kernel within
+   about detect_ms), fsdp_step on every survivor stops what was in flight, the survivors agree on
+   who goes on (a strict majority of the last membership, and at least min_replicas; otherwise
+   every survivor's fsdp_step fails naming the partition), the step in flight is applied by all
+   of them or by none, and they go on in a new world: fsdp_step returns 0 with report->dropped
+   and report->epoch saying so, and fsdp_replicas gives the new count and this rank's index.
+   A hook whose op fails so returns its error; call fsdp_step next (it recovers) and take the
+   next iteration's data by the steps its report says were taken. A stopped or slow process is
+   not lost (its kernel still answers): the op timeout finds it, and recovery then drops it.
+   After a recovery the context runs on a world of its own: desc.comm stays failed (destroy it
+   after fsdp_destroy, as always). Not yet: a host rejoining; offload or bf16 optimizer state
+   (their update streams on a thread recovery does not stop yet) and reshard_after_forward HOST
+   are refused with recovery. Recovery off (the default) changes nothing.
    ============================================================================================ */
 typedef struct fsdp_recovery_desc {
     int enabled;            /* 1: survive a lost replica (HYBRID_SHARD whose replicas span hosts) */
     int min_replicas;       /* the fewest replicas to go on with; 0: 1. A strict majority of the
                                last membership is needed whatever this says */
-    int detect_ms;          /* how long a silent replica may go unnoticed (a host powered off);
-                               0: 5000. A reset is noticed at once */
+    int detect_ms;          /* how long a silent replica may go unnoticed (a host powered off:
+                               keepalive and TCP_USER_TIMEOUT on the links between hosts), and
+                               how long the rendezvous waits for the survivors' views; 0: 5000.
+                               A reset is noticed at once */
 } fsdp_recovery_desc;
 
 /* ============================================================================================
@@ -1089,7 +1101,11 @@ typedef struct fsdp_step_report {
    (the weights, the optimizer state and the step count stay as they were) and returns
    FSDP_ERR_STATE naming fsdp_step: a misuse, reported as the hooks' are (one warning per
    context; FSDP_DEBUG >= 1 aborts there). Micro-steps (fsdp_set_no_sync) then a step are fine:
-   any backward since the last step counts. */
+   any backward since the last step counts.
+   With recovery (>>recovery), a lost replica found here or by a hook since the last step is
+   survived here: 0, report->dropped 1 where this iteration was applied nowhere (take it again
+   with the data of report->step), report->epoch the new membership's; FSDP_ERR_PEER_LOST naming
+   the partition where the survivors may not go on. */
 FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report);
 /* How many replicas of the training state the ranks hold, and which of them this rank belongs
    to (0..count-1): a replica is a group of consecutive ranks that together hold one whole copy,
@@ -9969,21 +9985,39 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
    above the comms: they only report loss (a reset at once, silence after detect_ms, an error)
    and can be made anew over a set of peers; the runtime only asks for the current replicas.
 
-   What exists: fsdp_desc.recovery and its checks at fsdp_init (which then refuse it, "not
-   available yet"), fsdp_replicas, the report's fields, the agreement rule below
-   (fsdp__recovery_decide), and in >>runtime the survivors' side of a loss: fsdp__recovery_quiesce
-   (every comm of the context aborted, so that every survivor fails fast and enters recovery,
-   also those whose own ops were fine: a rank of another column of a host would otherwise wait
-   out the op timeout in its next shard op; then the comm thread drained), fsdp__recovery_reset
-   (the iteration undone: the step applied nowhere) and fsdp__recovery_adopt (the survivors' new
-   world and groups taken over; master shards moved into the new shard comm's shared memory).
-   tests/test_recovery.c drives them by hand through a real loss (a host's ranks SIGKILLed at a
-   step) to the last step, bitwise equal to a plain reference. What is decided:
+   What exists: fsdp_desc.recovery and its checks at fsdp_init; fsdp_replicas, the report's
+   fields; the agreement rule below (fsdp__recovery_decide); the comms' report of the first peer
+   an op saw lost (fsdp_comm.lost_peer: the views' reach) and fsdp__comm_watch (keepalive and
+   TCP_USER_TIMEOUT of detect_ms on the links to other hosts, so a vanished host fails an op as a
+   reset does; a stopped process's kernel still answers, so only the op timeout finds it: a
+   process that stops is a straggler to the kernel, and detecting it sooner would take a
+   heartbeat from the process, which would also take a slow one for lost); and in >>runtime:
+   fsdp__recovery_open (at fsdp_init: a recovery listener per rank, every rank's address
+   gathered while the world is healthy, the links watched), fsdp__recover (fsdp_step's, on a
+   loss it or a hook saw): fsdp__recovery_quiesce (every comm of the context aborted, so that
+   every survivor fails fast and enters recovery, also those whose own ops were fine: a rank of
+   another column of a host would otherwise wait out the op timeout in its next shard op; then
+   the comm thread drained), fsdp__recovery_agree (the views sent to the rendezvous, the first
+   rank of the lowest replica this survivor still reaches, itself perhaps; one it cannot reach
+   is taken for lost and the next tried; the rendezvous collects views for up to detect_ms,
+   decides and answers each), fsdp__recovery_catch_up (a survivor one step behind applies the
+   step from its reduced gradient with the clipping of the norm those ahead used, which their
+   views carry), fsdp__recovery_reset (the iteration undone: the step applied nowhere),
+   fsdp__recovery_rebuild (a new world made with the old one as parent: its key from the old
+   world's key and the rebuild's name, so only ranks of that world can join, without a
+   PBKDF2 stretch of the secret, which took 0.2-1 s on a busy 2-core machine against a few ms
+   for the rest; split into shard and replica comms) and fsdp__recovery_adopt (the groups taken
+   over; master shards moved into the new shard comm's shared memory). tests/test_recovery.c
+   drives a forked socket job of 3 or 4 fake hosts (UTS namespaces) of 2 ranks through the
+   public API: a host's ranks SIGKILLed at a step (the rendezvous's host too) and the survivors
+   reach the last step bitwise equal to a reference that averages over the survivors from the
+   loss on; half the hosts lost stops both survivors naming the partition. What is decided:
      membership   a numbered epoch: the replicas (as fsdp_init numbered them) that train. The
                   next one is agreed by the survivors of the last, from one view per surviving
                   rank (its epoch, its replica, which replicas it still reaches, how far it got
-                  with the step in flight); every survivor decides from the same views, so all
-                  decide the same. Views of an older epoch are stragglers: not counted.
+                  with the step in flight); the rendezvous decides from them and tells each
+                  (the rule is a pure function of the views: any survivor would decide the
+                  same). Views of an older epoch are stragglers: not counted.
      who stays    a replica whose every rank sent a view, admitted in replica order if each of
                   its ranks reaches every replica admitted before it and theirs reach it (a
                   link broken one way drops the later replica, never both: the lowest replicas
@@ -10005,23 +10039,17 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
                   (gradients zeroed, the step count unchanged) and the report says dropped. A
                   commit over the replica comm alone would not do: two columns of a host could
                   then decide differently and leave shards a step apart.
-   To be built (in this order): (1) a survivor one step behind catching up (the update of
-   fsdp_step from its gradients, with the clipping factor from the views), and the commit point
-   kept a collective over the world when fsdp_step changes; (2) the comms' report of which peers
-   were lost, for the views' reach (a reset shows at once; silence at the op timeout: a host
-   that vanishes is to be noticed within detect_ms by the kernel, SO_KEEPALIVE and
-   TCP_USER_TIMEOUT on the replica links, which a slow but live peer's kernel still answers, so
-   a straggler is not taken for lost); (3) at fsdp_init with recovery, each rank opens a
-   recovery listener and the world all-gathers their addresses while it is healthy, so that
-   after a loss any survivor (rank 0's host included) can be the rendezvous: the lowest rank of
-   the lowest replica it believes alive collects the views for detect_ms, runs
-   fsdp__recovery_decide and welcomes the survivors into a new world made with the old world as
-   its parent (fsdp__comm_create: its key from the old world's key and a token naming the epoch,
-   as a split's is, so only ranks of the old world, and of this epoch, can join, and no PBKDF2
-   stretch of the secret, which took 0.2-1 s on a busy 2-core machine against a few ms for the
-   rest of a rebuild), split into shard and replica comms and adopted; (4) fsdp_step running it
-   all on a loss and reporting it (epoch, dropped), with offload refused until the step thread
-   is quiesced too; (5) rejoin.
+   The views and the verdict are MACed with the key of the world being left (an older epoch's
+   straggler is not heard). A survivor that cannot reach the rendezvous (a link broken between
+   survivors only) tries the next replica's first rank, at worst itself: a second rendezvous may
+   then decide, but only over the replicas whose every rank reached it, a set disjoint from the
+   first's, so at most one of them holds a strict majority and goes on.
+   To be built: offload and bf16 optimizer state with recovery (the step thread quiesced too);
+   reshard_after_forward HOST (its host comm rebuilt); a second loss while recovering is survived
+   only as a failure of the recovery (the rendezvous's collection misses the newly lost ranks and
+   the new world's creation fails: every survivor's fsdp_step fails naming it); traces of the
+   recovery's phases; and rejoin (a host started again, or a spare, receiving its counterpart's
+   state at a step boundary).
    ============================================================================================ */
 #define FSDP__RECOVERY_DETECT_MS 5000 /* default detect_ms: the issue's bound for a silent host */
 
@@ -10076,6 +10104,7 @@ typedef struct fsdp__recovery {
     struct sockaddr_in *addr;             /* [world0]: every rank's listener, gathered while healthy */
     char job[48];                         /* the first world's job: the new worlds' names derive from it */
     fsdp_comm *world;                     /* the world recovery made (the context owns it), or NULL */
+    int rebuilds;                         /* worlds made so far: each one's name (an epoch may be kept) */
 } fsdp__recovery;
 
 /* "{0, 2, 3}" into buf (ending in "...}" where it does not fit). */
@@ -12406,7 +12435,7 @@ FSDP__PRIVATE int fsdp__recovery_agree(fsdp_ctx *ctx, fsdp__recovery_verdict *v,
                       (long long)rec->now.epoch);
 }
 
-/* The new world of the verdict's replicas (its key from the old world's and the epoch's name,
+/* The new world of the verdict's replicas (its key from the old world's and the rebuild's name,
    its rendezvous at the leader's listener), split into shard and replica comms, adopted. */
 FSDP__PRIVATE int fsdp__recovery_rebuild(fsdp_ctx *ctx, const fsdp__recovery_verdict *v, int leader, int world_fd,
                                          int new_rank) {
@@ -12419,7 +12448,7 @@ FSDP__PRIVATE int fsdp__recovery_rebuild(fsdp_ctx *ctx, const fsdp__recovery_ver
     memset(&inherit, 0, sizeof inherit);
     inherit.listen_fd = world_fd;
     memset(&cd, 0, sizeof cd);
-    fsdp__fmt(job, sizeof job, "%s.epoch%lld", rec->job, (long long)v->epoch);
+    fsdp__fmt(job, sizeof job, "%s.rebuild%d", rec->job, ++rec->rebuilds); /* (the same count on every survivor) */
     inet_ntop(AF_INET, &rec->addr[leader].sin_addr, host, sizeof host);
     cd.backend = FSDP_BACKEND_SOCKET, cd.rank = new_rank, cd.world_size = v->count * G, cd.job = job;
     cd.master_addr = host, cd.master_port = v->port, cd.timeout_ms = fsdp_comm_timeout(ctx->comm);

@@ -1,20 +1,22 @@
-/* test_recovery.c - specification of >>recovery as far as it exists: the agreement rule that
-   decides, from the views of the ranks that survived a lost replica, the next membership (its
-   epoch, its replicas), whether a partition must stop (naming it) and the step every survivor
-   ends at (the step in flight applied everywhere or nowhere); fsdp_desc.recovery's checks at
-   fsdp_init, which refuse it where it cannot work and, where it could, as not available yet;
-   fsdp_replicas and the step report's replica fields; and what recovery will build on in the
-   comms as they are: a replica lost between hosts shows in the replica communicator's op (a
-   reset at once as FSDP_ERR_PEER_LOST naming the rank, silence at the op's timeout), while the
-   shared-memory shard communicator of a surviving host stays healthy; and the survivors'
-   runtime after a loss (quiesce, reset, adopt), driven by hand (the rendezvous and the
-   agreement's exchange are still to come) through a simulated loss on one host and a real one
-   (a host's ranks SIGKILLed at a step) over three: the survivors reach the last step bitwise
-   equal to a plain reference, run after run.
+/* test_recovery.c - specification of >>recovery: the agreement rule that decides, from the views
+   of the ranks that survived a lost replica, the next membership (its epoch, its replicas),
+   whether a partition must stop (naming it) and the step every survivor ends at (the step in
+   flight applied everywhere or nowhere); fsdp_desc.recovery's checks at fsdp_init; fsdp_replicas
+   and the step report's replica fields; what recovery builds on in the comms: a replica lost
+   between hosts shows in the replica communicator's op (a reset at once as FSDP_ERR_PEER_LOST
+   naming the rank, silence at the op's timeout), the comms report the lost peer, the links to
+   other hosts carry keepalive and TCP_USER_TIMEOUT (a stopped process is still found at the op
+   timeout only), while the shared-memory shard communicator of a surviving host stays healthy;
+   the survivors' runtime (quiesce, catch up, reset, adopt) driven by hand through a simulated
+   loss on one host and a real one over three; and recovery through the public API: a socket job
+   of 3 or 4 fake hosts of 2 ranks, a host's ranks SIGKILLed at a step (the rendezvous's host
+   too), the survivors reaching the last step bitwise equal to a reference that averages over
+   them from the loss on; half the hosts lost stops the survivors naming the partition; recovery
+   off ends them naming the lost rank.
 
    The agreement is a pure function, tested directly (the file includes the implementation). The
-   fsdp_init checks run in forked worlds: shared memory on one host, and sockets over two hosts
-   made with UTS namespaces (as tests/test_hierarchical.c does; ignored, saying why, where no
+   multi-rank tests run in forked worlds: shared memory on one host, and sockets over hosts made
+   with UTS namespaces (as tests/test_hierarchical.c does; ignored, saying why, where no
    namespace can be made). Only the parent asserts.
 
    Build: make build/test_recovery */
