@@ -1096,6 +1096,7 @@ static void test_survivors_of_the_rendezvous_host_killed_train_on_bitwise_equal_
 typedef struct api_board {
     char job[40];
     int hosts, lost_mask, recovery, port;  /* lost_mask: bit h for host (replica) h */
+    int loss_step[API_MAX_HOSTS];          /* the step host h is lost at (where lost_mask says) */
     float init[SURVIVE_NUMEL];
     float final[API_MAX_WORLD][SURVIVE_NUMEL];
     int rc[API_MAX_WORLD], steps[API_MAX_WORLD], finished[API_MAX_WORLD];
@@ -1108,7 +1109,10 @@ static api_board *api;
 
 static int api_lost(int rank) { return (api->lost_mask >> (rank / 2)) & 1; }
 
-/* One iteration's hooks at step t (the lost ranks die in its backward at API_LOSS_STEP). */
+/* Whether host h trains at step t. */
+static int api_trains(int h, int t) { return !((api->lost_mask >> h) & 1) || t < api->loss_step[h]; }
+
+/* One iteration's hooks at step t (the lost ranks die in its backward at their loss step). */
 static int api_hooks(fsdp_ctx *ctx, int w, int64_t t, int me) {
     float *g;
     int i, rc;
@@ -1117,7 +1121,7 @@ static int api_hooks(fsdp_ctx *ctx, int w, int64_t t, int me) {
         return rc;
     if (!(g = fsdp_grad(ctx, w))) return FSDP_ERR_STATE;
     for (i = 0; i < SURVIVE_NUMEL; i++) g[i] += survive_grad((int)t, me, i);
-    if (t == API_LOSS_STEP && api_lost(me)) {
+    if (api_lost(me) && t == api->loss_step[me / 2]) {
         api->killed_ms = now_ms();
         raise(SIGKILL);
     }
@@ -1128,7 +1132,7 @@ static int api_hooks(fsdp_ctx *ctx, int w, int64_t t, int me) {
    returned (with recovery it recovers from a loss they saw). */
 static int api_train(fsdp_ctx *ctx, int w, int me) {
     int64_t step = 0;
-    int rc = 0;
+    int rc = 0, after_drop = 0;
     api->dropped_at[me] = -1;
     while (step < API_STEPS) {
         fsdp_step_report rep;
@@ -1136,7 +1140,8 @@ static int api_train(fsdp_ctx *ctx, int w, int me) {
         if ((rc = fsdp_step(ctx, 0, &rep)) != 0) return rc;
         if (rep.dropped) api->dropped_at[me] = (int)step, api->epoch[me] = (int)rep.epoch, api->replicas[me] = rep.replicas;
         if (rep.dropped) fsdp_replicas(ctx, NULL, &api->index[me]);
-        if (api->dropped_at[me] >= 0 && rep.step == API_LOSS_STEP + 1) api->next_step_ms[me] = now_ms();
+        if (after_drop && !rep.dropped) api->next_step_ms[me] = now_ms(); /* (the first step after the last loss) */
+        after_drop = rep.dropped;
         if ((rc = fsdp_zero_grad(ctx)) != 0) return rc;
         step = rep.step;
     }
@@ -1189,13 +1194,13 @@ static void api_reference(float *weight) {
     memcpy(weight, api->init, sizeof api->init);
     for (t = 0; t < API_STEPS; t++) {
         int replicas = 0;
-        for (h = 0; h < api->hosts; h++) replicas += t < API_LOSS_STEP || !((api->lost_mask >> h) & 1);
+        for (h = 0; h < api->hosts; h++) replicas += api_trains(h, t);
         for (i = 0; i < SURVIVE_NUMEL; i++) {
             float avg = 0;
             int folded = 0;
             for (h = 0; h < api->hosts; h++) {
                 float partial = (survive_grad(t, 2 * h, i) + survive_grad(t, 2 * h + 1, i)) / 2.0f;
-                if (t >= API_LOSS_STEP && ((api->lost_mask >> h) & 1)) continue;
+                if (!api_trains(h, t)) continue;
                 avg = folded++ == 0 ? partial : avg + partial;
             }
             weight[i] -= SURVIVE_LR * (avg / (float)replicas + 0.0f * weight[i]);
@@ -1209,6 +1214,7 @@ static void run_api(int hosts, int lost_mask, int recovery) {
     pid_t pids[API_MAX_WORLD];
     int ranks[API_MAX_WORLD], status[API_MAX_WORLD], r;
     memset(api, 0, sizeof *api);
+    for (r = 0; r < API_MAX_HOSTS; r++) api->loss_step[r] = API_LOSS_STEP;
     api->hosts = hosts;
     api->lost_mask = lost_mask;
     api->recovery = recovery;
@@ -1225,8 +1231,9 @@ static void run_api(int hosts, int lost_mask, int recovery) {
         if (!api_lost(r)) TEST_ASSERT_EQUAL_INT_MESSAGE(0, status[r], api->message[r]);
 }
 
-/* Every survivor reached the last step with the reference's bits, reporting the loss once. */
-static void assert_survivors_match_the_reference(int survivors) {
+/* Every survivor reached the last step with the reference's bits, reporting the last loss (at
+   step last_loss, epoch `epoch`, `survivors` replicas left). */
+static void assert_survivors_match_the_reference(int survivors, int last_loss, int epoch) {
     float want[SURVIVE_NUMEL];
     int r, k = 0;
     api_reference(want);
@@ -1239,8 +1246,8 @@ static void assert_survivors_match_the_reference(int survivors) {
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, api->rc[r], what);
         TEST_ASSERT_TRUE_MESSAGE(api->finished[r], what);
         TEST_ASSERT_EQUAL_INT_MESSAGE(API_STEPS, api->steps[r], what);
-        TEST_ASSERT_EQUAL_INT_MESSAGE(API_LOSS_STEP, api->dropped_at[r], what);
-        TEST_ASSERT_EQUAL_INT_MESSAGE(1, api->epoch[r], what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(last_loss, api->dropped_at[r], what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(epoch, api->epoch[r], what);
         TEST_ASSERT_EQUAL_INT_MESSAGE(survivors, api->replicas[r], what);
         TEST_ASSERT_EQUAL_INT_MESSAGE(k++ / 2, api->index[r], what);
         TEST_ASSERT_EQUAL_MEMORY_MESSAGE(want, api->final[r], sizeof want, what);
@@ -1249,12 +1256,36 @@ static void assert_survivors_match_the_reference(int survivors) {
 
 static void test_recovery_on_one_host_of_four_killed_survivors_train_on_bitwise_equal_to_the_reference(void) {
     run_api(4, 1 << 2, 1);
-    assert_survivors_match_the_reference(3);
+    assert_survivors_match_the_reference(3, API_LOSS_STEP, 1);
 }
 
 static void test_recovery_on_the_rendezvous_host_killed_survivors_train_on_bitwise_equal_to_the_reference(void) {
     run_api(3, 1 << 0, 1);
-    assert_survivors_match_the_reference(2);
+    assert_survivors_match_the_reference(2, API_LOSS_STEP, 1);
+}
+
+/* The API_LOSS_STEP + 2 loss is the second (host 3 was lost at API_LOSS_STEP): run_api with the
+   loss steps set first. */
+static void test_recovery_on_two_hosts_of_four_lost_at_different_steps_survivors_train_on_in_epoch_2(void) {
+    pid_t pids[API_MAX_WORLD];
+    int ranks[API_MAX_WORLD], status[API_MAX_WORLD], r;
+    memset(api, 0, sizeof *api);
+    api->hosts = 4;
+    api->lost_mask = (1 << 2) | (1 << 3);
+    api->loss_step[3] = API_LOSS_STEP;
+    api->loss_step[2] = API_LOSS_STEP + 2;
+    api->recovery = 1;
+    api->port = pick_free_port();
+    snprintf(api->job, sizeof api->job, "api-%d-twice", (int)getpid());
+    for (r = 0; r < 8; r++) {
+        ranks[r] = r;
+        pids[r] = spawn(api_rank, &ranks[r], 120);
+    }
+    for (r = 0; r < 8; r++) status[r] = reap(pids[r], 110000);
+    for (r = 0; r < 8; r++)
+        if (status[r] == NO_HOST_NAME) TEST_IGNORE_MESSAGE(api->message[r]);
+    for (r = 0; r < 4; r++) TEST_ASSERT_EQUAL_INT_MESSAGE(0, status[r], api->message[r]);
+    assert_survivors_match_the_reference(2, API_LOSS_STEP + 2, 2);
 }
 
 static void test_recovery_on_half_the_hosts_lost_stops_both_survivors_naming_the_partition(void) {
@@ -1441,6 +1472,7 @@ int main(void) {
     RUN_TEST(test_survivors_of_the_rendezvous_host_killed_train_on_bitwise_equal_to_the_reference);
     RUN_TEST(test_recovery_on_one_host_of_four_killed_survivors_train_on_bitwise_equal_to_the_reference);
     RUN_TEST(test_recovery_on_the_rendezvous_host_killed_survivors_train_on_bitwise_equal_to_the_reference);
+    RUN_TEST(test_recovery_on_two_hosts_of_four_lost_at_different_steps_survivors_train_on_in_epoch_2);
     RUN_TEST(test_recovery_on_half_the_hosts_lost_stops_both_survivors_naming_the_partition);
     RUN_TEST(test_recovery_off_a_host_killed_ends_every_survivor_naming_the_lost_rank);
     RUN_TEST(test_survivor_behind_the_commit_point_applies_the_step_from_the_norm_of_those_ahead_bitwise);
