@@ -12338,7 +12338,7 @@ FSDP__PRIVATE int fsdp__recovery_collect(fsdp_ctx *ctx, fsdp__recovery_msg *msgs
         pfd.fd = rec->listen_fd, pfd.events = POLLIN, pfd.revents = 0;
         if (poll(&pfd, 1, left > 100 ? 100 : (int)(left > 0 ? left : 0)) <= 0) continue;
         if ((fd = accept(rec->listen_fd, NULL, NULL)) < 0) continue;
-        if (!fsdp__recovery_read_view(ctx, fd, &msgs[n], fsdp__now_ms() + ctx->desc.recovery.detect_ms)) {
+        if (!fsdp__recovery_read_view(ctx, fd, &msgs[n], deadline + 1000)) { /* (a view comes at once) */
             close(fd);
             continue;
         }
@@ -12417,6 +12417,7 @@ FSDP__PRIVATE int fsdp__recovery_ask(fsdp_ctx *ctx, int leader, const fsdp__reco
 FSDP__PRIVATE int fsdp__recovery_agree(fsdp_ctx *ctx, fsdp__recovery_verdict *v, int *leader, int *world_fd) {
     fsdp__recovery *rec = ctx->recovery;
     fsdp__recovery_msg mine;
+    char tried[INET_ADDRSTRLEN + 32] = "none";
     int k;
     fsdp__recovery_view_of(ctx, &mine);
     for (k = 0; k < rec->now.count; k++) {
@@ -12428,11 +12429,13 @@ FSDP__PRIVATE int fsdp__recovery_agree(fsdp_ctx *ctx, fsdp__recovery_verdict *v,
             return 0;
         }
         if (fsdp__recovery_ask(ctx, *leader, &mine, v) == 0) return 0;
+        fsdp__sock_addr_string(tried, sizeof tried, &rec->addr[*leader]);
+        fsdp__fmt(tried + strlen(tried), sizeof tried - strlen(tried), " (rank %d)", *leader);
         mine.reach[r] = 0;
         fsdp__recovery_mac(ctx->comm->key, &mine, offsetof(fsdp__recovery_msg, mac), mine.mac);
     }
-    return fsdp__fail(ctx, FSDP_ERR_PEER_LOST, "recovery: rank %d reached no rendezvous of epoch %lld", rec->first_rank,
-                      (long long)rec->now.epoch);
+    return fsdp__fail(ctx, FSDP_ERR_PEER_LOST, "recovery: rank %d reached no rendezvous of epoch %lld (the last it "
+                      "tried: %s)", rec->first_rank, (long long)rec->now.epoch, tried);
 }
 
 /* The new world of the verdict's replicas (its key from the old world's and the rebuild's name,

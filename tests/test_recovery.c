@@ -793,6 +793,30 @@ static survive_board *survive;
 /* The gradient rank r's data gives element i at step t: small integers, so every sum is exact. */
 static float survive_grad(int t, int r, int i) { return (float)((t * 7 + r * 5 + i * 3) % 11) - 5.0f; }
 
+/* The model of the runtime tests, Linear(4 -> 8) (its weight's id in *weight), and its
+   HYBRID_SHARD description over comm: replicas of 2 ranks, SGD at SURVIVE_LR. */
+static fsdp_model *survive_model(int *weight) {
+    fsdp_init_rule rule;
+    fsdp_model *m = NULL;
+    int64_t shape[2] = {8, 4};
+    memset(&rule, 0, sizeof rule);
+    rule.kind = FSDP_INIT_NORMAL;
+    rule.b = 0.5f;
+    fsdp_model_create(&m, "Net");
+    *weight = fsdp_model_param(m, fsdp_model_module(m, 0, "fc", "Linear"), "weight", 2, shape, rule);
+    return m;
+}
+
+static fsdp_desc survive_desc(fsdp_comm *comm) {
+    fsdp_desc d;
+    memset(&d, 0, sizeof d);
+    d.comm = comm;
+    d.strategy = FSDP_HYBRID_SHARD;
+    d.shard_group_size = 2;
+    d.optimizer.lr = SURVIVE_LR;
+    return d;
+}
+
 /* One iteration of rank me (its data index) at step t. At LOSS_STEP replica survive->lost is lost
    in the backward: on hosts its ranks die of SIGKILL (their connections reset); on shared memory
    its second rank aborts its replica comm (the loss simulated). */
@@ -890,19 +914,9 @@ static int survive_rank(fsdp_comm *comm, void *arg) {
     fsdp_model *m = NULL;
     fsdp_ctx *ctx = NULL;
     fsdp_comm *world = NULL;
-    fsdp_init_rule rule;
     fsdp_desc d;
-    int64_t shape[2] = {8, 4};
-    memset(&rule, 0, sizeof rule);
-    rule.kind = FSDP_INIT_NORMAL;
-    rule.b = 0.5f;
-    fsdp_model_create(&m, "Net");
-    w = fsdp_model_param(m, fsdp_model_module(m, 0, "fc", "Linear"), "weight", 2, shape, rule);
-    memset(&d, 0, sizeof d);
-    d.comm = comm;
-    d.strategy = FSDP_HYBRID_SHARD;
-    d.shard_group_size = 2;
-    d.optimizer.lr = SURVIVE_LR;
+    m = survive_model(&w);
+    d = survive_desc(comm);
     if ((rc = fsdp_init(&ctx, m, &d)) == 0) rc = fsdp_gather_param(ctx, w, survive->final[me]); /* (collective) */
     if (!rc && me == 0) memcpy(survive->init, survive->final[0], sizeof survive->init);
     for (t = 0; !rc && t < SURVIVE_STEPS; t++) {
@@ -1153,24 +1167,14 @@ static int api_rank(void *arg) {
     fsdp_comm *comm = NULL;
     fsdp_model *m = NULL;
     fsdp_ctx *ctx = NULL;
-    fsdp_init_rule rule;
     fsdp_desc d;
-    int64_t shape[2] = {8, 4};
     if (enter_host(me / 2, api->message[me], sizeof api->message[me])) return NO_HOST_NAME;
     if (join_socket_world(&comm, me, 2 * api->hosts, api->port, api->job, TIMEOUT_MS, NULL, NULL) != 0) {
         copy_text(api->message[me], sizeof api->message[me], fsdp_comm_last_error(NULL));
         return 1;
     }
-    memset(&rule, 0, sizeof rule);
-    rule.kind = FSDP_INIT_NORMAL;
-    rule.b = 0.5f;
-    fsdp_model_create(&m, "Net");
-    w = fsdp_model_param(m, fsdp_model_module(m, 0, "fc", "Linear"), "weight", 2, shape, rule);
-    memset(&d, 0, sizeof d);
-    d.comm = comm;
-    d.strategy = FSDP_HYBRID_SHARD;
-    d.shard_group_size = 2;
-    d.optimizer.lr = SURVIVE_LR;
+    m = survive_model(&w);
+    d = survive_desc(comm);
     d.recovery.enabled = api->recovery;
     d.recovery.detect_ms = API_DETECT_MS;
     if ((rc = fsdp_init(&ctx, m, &d)) == 0) rc = fsdp_gather_param(ctx, w, api->final[me]);
@@ -1371,20 +1375,10 @@ static int catch_rank(fsdp_comm *comm, void *arg) {
     int me = fsdp_comm_rank(comm), t, i, rc, w;
     fsdp_model *m = NULL;
     fsdp_ctx *ctx = NULL;
-    fsdp_init_rule rule;
     fsdp_desc d;
-    int64_t shape[2] = {8, 4};
     (void)arg;
-    memset(&rule, 0, sizeof rule);
-    rule.kind = FSDP_INIT_NORMAL;
-    rule.b = 0.5f;
-    fsdp_model_create(&m, "Net");
-    w = fsdp_model_param(m, fsdp_model_module(m, 0, "fc", "Linear"), "weight", 2, shape, rule);
-    memset(&d, 0, sizeof d);
-    d.comm = comm;
-    d.strategy = FSDP_HYBRID_SHARD;
-    d.shard_group_size = 2;
-    d.optimizer.lr = SURVIVE_LR;
+    m = survive_model(&w);
+    d = survive_desc(comm);
     rc = fsdp_init(&ctx, m, &d);
     for (t = 0; !rc && t < CATCH_STEPS; t++) {
         float *g;
