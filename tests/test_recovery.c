@@ -1106,11 +1106,13 @@ static void test_survivors_of_the_rendezvous_host_killed_train_on_bitwise_equal_
 #define API_STEPS 8
 #define API_LOSS_STEP 3
 #define API_DETECT_MS 3000
+#define API_STOP_TIMEOUT_MS 4000 /* the op timeout where a host stops */
 
 typedef struct api_board {
     char job[40];
     int hosts, lost_mask, recovery, port;  /* lost_mask: bit h for host (replica) h */
     int loss_step[API_MAX_HOSTS];          /* the step host h is lost at (where lost_mask says) */
+    int stop, timeout_ms;                  /* stop: the lost ranks stop (SIGSTOP) rather than die; the op timeout */
     float init[SURVIVE_NUMEL];
     float final[API_MAX_WORLD][SURVIVE_NUMEL];
     int rc[API_MAX_WORLD], steps[API_MAX_WORLD], finished[API_MAX_WORLD];
@@ -1137,7 +1139,7 @@ static int api_hooks(fsdp_ctx *ctx, int w, int64_t t, int me) {
     for (i = 0; i < SURVIVE_NUMEL; i++) g[i] += survive_grad((int)t, me, i);
     if (api_lost(me) && t == api->loss_step[me / 2]) {
         api->killed_ms = now_ms();
-        raise(SIGKILL);
+        raise(api->stop ? SIGSTOP : SIGKILL);
     }
     return fsdp_post_backward(ctx, 0);
 }
@@ -1169,7 +1171,7 @@ static int api_rank(void *arg) {
     fsdp_ctx *ctx = NULL;
     fsdp_desc d;
     if (enter_host(me / 2, api->message[me], sizeof api->message[me])) return NO_HOST_NAME;
-    if (join_socket_world(&comm, me, 2 * api->hosts, api->port, api->job, TIMEOUT_MS, NULL, NULL) != 0) {
+    if (join_socket_world(&comm, me, 2 * api->hosts, api->port, api->job, api->timeout_ms, NULL, NULL) != 0) {
         copy_text(api->message[me], sizeof api->message[me], fsdp_comm_last_error(NULL));
         return 1;
     }
@@ -1212,27 +1214,45 @@ static void api_reference(float *weight) {
     }
 }
 
-/* Forks the world and waits for it (the lost ranks die of SIGKILL). Ignores the test where no
-   host name can be had. */
-static void run_api(int hosts, int lost_mask, int recovery) {
-    pid_t pids[API_MAX_WORLD];
-    int ranks[API_MAX_WORLD], status[API_MAX_WORLD], r;
+/* The plan of a run: hosts x 2 ranks, the hosts of lost_mask lost at API_LOSS_STEP. */
+static void api_plan(int hosts, int lost_mask, int recovery) {
+    static int runs;
+    int h;
     memset(api, 0, sizeof *api);
-    for (r = 0; r < API_MAX_HOSTS; r++) api->loss_step[r] = API_LOSS_STEP;
+    for (h = 0; h < API_MAX_HOSTS; h++) api->loss_step[h] = API_LOSS_STEP;
     api->hosts = hosts;
     api->lost_mask = lost_mask;
     api->recovery = recovery;
+    api->timeout_ms = TIMEOUT_MS;
     api->port = pick_free_port();
-    snprintf(api->job, sizeof api->job, "api-%d-%d-%d", (int)getpid(), hosts, lost_mask);
-    for (r = 0; r < 2 * hosts; r++) {
+    snprintf(api->job, sizeof api->job, "api-%d-%d", (int)getpid(), runs++);
+}
+
+/* Forks the planned world and waits for the survivors, then ends the lost ranks (killed, or
+   stopped). Ignores the test where no host name can be had. */
+static void api_fork(void) {
+    pid_t pids[API_MAX_WORLD];
+    int ranks[API_MAX_WORLD], status[API_MAX_WORLD], r;
+    for (r = 0; r < 2 * api->hosts; r++) {
         ranks[r] = r;
         pids[r] = spawn(api_rank, &ranks[r], 120);
     }
-    for (r = 0; r < 2 * hosts; r++) status[r] = reap(pids[r], 110000);
-    for (r = 0; r < 2 * hosts; r++)
+    for (r = 0; r < 2 * api->hosts; r++)
+        if (!api_lost(r)) status[r] = reap(pids[r], 110000);
+    for (r = 0; r < 2 * api->hosts; r++)
+        if (api_lost(r)) {
+            kill(pids[r], SIGKILL); /* (a stopped rank; one that died of it already: nothing) */
+            status[r] = reap(pids[r], 5000);
+        }
+    for (r = 0; r < 2 * api->hosts; r++)
         if (status[r] == NO_HOST_NAME) TEST_IGNORE_MESSAGE(api->message[r]);
-    for (r = 0; r < 2 * hosts; r++)
+    for (r = 0; r < 2 * api->hosts; r++)
         if (!api_lost(r)) TEST_ASSERT_EQUAL_INT_MESSAGE(0, status[r], api->message[r]);
+}
+
+static void run_api(int hosts, int lost_mask, int recovery) {
+    api_plan(hosts, lost_mask, recovery);
+    api_fork();
 }
 
 /* Every survivor reached the last step with the reference's bits, reporting the last loss (at
@@ -1268,27 +1288,28 @@ static void test_recovery_on_the_rendezvous_host_killed_survivors_train_on_bitwi
     assert_survivors_match_the_reference(2, API_LOSS_STEP, 1);
 }
 
+/* A host whose ranks stop (SIGSTOP) is alive to the kernel: the survivors' ops find it at the op
+   timeout (short here), and recovery then goes on without it. */
+static void test_recovery_on_a_host_stopped_survivors_go_on_after_the_op_timeout_bitwise_equal_to_the_reference(void) {
+    int r;
+    api_plan(3, 1 << 2, 1);
+    api->stop = 1;
+    api->timeout_ms = API_STOP_TIMEOUT_MS;
+    api_fork();
+    assert_survivors_match_the_reference(2, API_LOSS_STEP, 1);
+    for (r = 0; r < 4; r++) {
+        char what[100];
+        snprintf(what, sizeof what, "rank %d: the next step %.1f ms after the stop", r, api->next_step_ms[r] - api->killed_ms);
+        TEST_ASSERT_TRUE_MESSAGE(api->next_step_ms[r] - api->killed_ms >= API_STOP_TIMEOUT_MS * 0.9, what);
+    }
+}
+
 /* The API_LOSS_STEP + 2 loss is the second (host 3 was lost at API_LOSS_STEP): run_api with the
    loss steps set first. */
 static void test_recovery_on_two_hosts_of_four_lost_at_different_steps_survivors_train_on_in_epoch_2(void) {
-    pid_t pids[API_MAX_WORLD];
-    int ranks[API_MAX_WORLD], status[API_MAX_WORLD], r;
-    memset(api, 0, sizeof *api);
-    api->hosts = 4;
-    api->lost_mask = (1 << 2) | (1 << 3);
-    api->loss_step[3] = API_LOSS_STEP;
+    api_plan(4, (1 << 2) | (1 << 3), 1);
     api->loss_step[2] = API_LOSS_STEP + 2;
-    api->recovery = 1;
-    api->port = pick_free_port();
-    snprintf(api->job, sizeof api->job, "api-%d-twice", (int)getpid());
-    for (r = 0; r < 8; r++) {
-        ranks[r] = r;
-        pids[r] = spawn(api_rank, &ranks[r], 120);
-    }
-    for (r = 0; r < 8; r++) status[r] = reap(pids[r], 110000);
-    for (r = 0; r < 8; r++)
-        if (status[r] == NO_HOST_NAME) TEST_IGNORE_MESSAGE(api->message[r]);
-    for (r = 0; r < 4; r++) TEST_ASSERT_EQUAL_INT_MESSAGE(0, status[r], api->message[r]);
+    api_fork();
     assert_survivors_match_the_reference(2, API_LOSS_STEP + 2, 2);
 }
 
@@ -1466,6 +1487,7 @@ int main(void) {
     RUN_TEST(test_survivors_of_the_rendezvous_host_killed_train_on_bitwise_equal_to_the_reference);
     RUN_TEST(test_recovery_on_one_host_of_four_killed_survivors_train_on_bitwise_equal_to_the_reference);
     RUN_TEST(test_recovery_on_the_rendezvous_host_killed_survivors_train_on_bitwise_equal_to_the_reference);
+    RUN_TEST(test_recovery_on_a_host_stopped_survivors_go_on_after_the_op_timeout_bitwise_equal_to_the_reference);
     RUN_TEST(test_recovery_on_two_hosts_of_four_lost_at_different_steps_survivors_train_on_in_epoch_2);
     RUN_TEST(test_recovery_on_half_the_hosts_lost_stops_both_survivors_naming_the_partition);
     RUN_TEST(test_recovery_off_a_host_killed_ends_every_survivor_naming_the_lost_rank);
