@@ -269,6 +269,7 @@ typedef struct world_plan {
     int shard_group_size;
     int recovery;
     int train;             /* recovery off: one step, and the report's fields */
+    int bf16_state;        /* AdamW with its state in bf16 (its update streams) */
     /* sockets over hosts (0: shm on this host) */
     int hosts, port, rank, world;
     char job[32];
@@ -295,6 +296,7 @@ static int init_context(fsdp_comm *comm, const world_plan *plan, rank_report *r)
     d.strategy = plan->strategy;
     d.shard_group_size = plan->shard_group_size;
     d.recovery.enabled = plan->recovery;
+    if (plan->bf16_state) d.optimizer.kind = FSDP_ADAMW, d.optimizer.state_dtype = FSDP_BF16;
     r->rc = fsdp_init(&ctx, m, &d);
     if (r->rc) copy_text(r->message, sizeof r->message, fsdp_last_error(NULL));
     if (!r->rc) fsdp_replicas(ctx, &r->count, &r->index);
@@ -462,6 +464,14 @@ static void test_recovery_over_hosts_of_their_own_is_accepted_and_trains_in_epoc
         TEST_ASSERT_EQUAL_INT(0, (int)reports[r].report_epoch);
         TEST_ASSERT_EQUAL_INT(0, reports[r].report_dropped);
     }
+}
+
+static void test_recovery_with_an_update_that_streams_is_refused_naming_it(void) {
+    world_plan plan = plan_of(FSDP_HYBRID_SHARD, 2, 1, 2);
+    plan.bf16_state = 1;
+    run_world(&plan, 4);
+    assert_every_rank_refused(4, FSDP_ERR_UNSUPPORTED, "recovery cannot continue an update that streams (offload, "
+                              "bf16 state) on a new world yet");
 }
 
 static void test_replicas_of_hybrid_over_hosts_are_the_shard_groups_in_query_and_report(void) {
@@ -1472,6 +1482,7 @@ int main(void) {
     RUN_TEST(test_recovery_with_every_replica_on_one_host_is_refused_naming_it);
     RUN_TEST(test_recovery_with_two_replicas_sharing_a_host_is_refused_naming_them);
     RUN_TEST(test_recovery_over_hosts_of_their_own_is_accepted_and_trains_in_epoch_0);
+    RUN_TEST(test_recovery_with_an_update_that_streams_is_refused_naming_it);
     RUN_TEST(test_replicas_of_hybrid_over_hosts_are_the_shard_groups_in_query_and_report);
     RUN_TEST(test_replicas_of_full_shard_are_one_and_of_no_shard_every_rank);
     RUN_TEST(test_replicas_of_a_null_context_are_zero_and_invalid);
