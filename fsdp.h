@@ -10090,7 +10090,7 @@ typedef struct fsdp__recovery_verdict {
     int64_t epoch, target_step;
     double norm;                          /* the target step's norm, for a survivor one behind */
     int32_t count, port;                  /* the next membership's size; the new world's port at the rendezvous */
-    int32_t replicas[FSDP__MAX_WORLD];
+    int replicas[FSDP__MAX_WORLD];       /* (the same build on every rank: a plain int) */
     char why[FSDP__ERRMSG];
     unsigned char mac[32];
 } fsdp__recovery_verdict;
