@@ -881,17 +881,29 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
 /* ============================================================================================
    >>recovery
    Surviving the loss of a replica (a host's shard group under HYBRID_SHARD) inside the job,
-   without a restart (issue 38). Only the interface exists for users so far: fsdp_init checks
-   fsdp_desc.recovery and then refuses it (FSDP_ERR_UNSUPPORTED, "not available yet") until the
-   rendezvous of the survivors and its use by fsdp_step are in (the implementation's >>recovery
-   says what is built). Recovery off (the default) changes nothing.
+   without a restart (issue 38). For a socket world whose replicas each have hosts of their own:
+   when a rank dies (its connections reset) or its host vanishes (noticed by the kernel within
+   about detect_ms), fsdp_step on every survivor stops what was in flight, the survivors agree on
+   who goes on (a strict majority of the last membership, and at least min_replicas; otherwise
+   every survivor's fsdp_step fails naming the partition), the step in flight is applied by all
+   of them or by none, and they go on in a new world: fsdp_step returns 0 with report->dropped
+   and report->epoch saying so, and fsdp_replicas gives the new count and this rank's index.
+   A hook whose op fails so returns its error; call fsdp_step next (it recovers) and take the
+   next iteration's data by the steps its report says were taken. A stopped or slow process is
+   not lost (its kernel still answers): the op timeout finds it, and recovery then drops it.
+   After a recovery the context runs on a world of its own: desc.comm stays failed (destroy it
+   after fsdp_destroy, as always). Not yet: a host rejoining; offload or bf16 optimizer state
+   (their update streams on a thread recovery does not stop yet) and reshard_after_forward HOST
+   are refused with recovery. Recovery off (the default) changes nothing.
    ============================================================================================ */
 typedef struct fsdp_recovery_desc {
     int enabled;            /* 1: survive a lost replica (HYBRID_SHARD whose replicas span hosts) */
     int min_replicas;       /* the fewest replicas to go on with; 0: 1. A strict majority of the
                                last membership is needed whatever this says */
-    int detect_ms;          /* how long a silent replica may go unnoticed (a host powered off);
-                               0: 5000. A reset is noticed at once */
+    int detect_ms;          /* how long a silent replica may go unnoticed (a host powered off:
+                               keepalive and TCP_USER_TIMEOUT on the links between hosts), and
+                               how long the rendezvous waits for the survivors' views; 0: 5000.
+                               A reset is noticed at once */
 } fsdp_recovery_desc;
 
 /* ============================================================================================
@@ -1100,7 +1112,11 @@ typedef struct fsdp_step_report {
    (the weights, the optimizer state and the step count stay as they were) and returns
    FSDP_ERR_STATE naming fsdp_step: a misuse, reported as the hooks' are (one warning per
    context; FSDP_DEBUG >= 1 aborts there). Micro-steps (fsdp_set_no_sync) then a step are fine:
-   any backward since the last step counts. */
+   any backward since the last step counts.
+   With recovery (>>recovery), a lost replica found here or by a hook since the last step is
+   survived here: 0, report->dropped 1 where this iteration was applied nowhere (take it again
+   with the data of report->step), report->epoch the new membership's; FSDP_ERR_PEER_LOST naming
+   the partition where the survivors may not go on. */
 FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report);
 /* How many replicas of the training state the ranks hold, and which of them this rank belongs
    to (0..count-1): a replica is a group of consecutive ranks that together hold one whole copy,
@@ -3152,6 +3168,8 @@ struct fsdp_comm {
     unsigned char key[32];  /* fsdp__comm_key of the secret and job: what connections prove */
     int has_secret;
     int unasked_warned;     /* socket, no secret: said once that the peers' users cannot be checked (atomic) */
+    int lost_peer;          /* 1 + the first peer an op saw close its connection or go silent (0: none; atomic):
+                               which peers a survivor still reaches (>>recovery) */
     fsdp__region *regions;  /* from fsdp_comm_alloc */
     uint32_t allocations;   /* fsdp_comm_alloc calls so far */
     fsdp__tally *tally;     /* what it sent (fsdp_comm_stats_get) */
@@ -6864,6 +6882,7 @@ FSDP__PRIVATE int fsdp__sock_lost(fsdp_comm *comm, fsdp__sock *s, int p, const f
         if (peer->in_header_done == sizeof peer->in_header && peer->in_header.magic == FSDP__SOCK_ABORT_MAGIC)
             return fsdp__sock_check_header(comm, s, p, c, fp, phase);
     }
+    if (!fsdp__load(&comm->lost_peer)) fsdp__store(&comm->lost_peer, p + 1);
     return fsdp__comm_adopt(comm, FSDP_ERR_PEER_LOST, "rank %d (%s) closed its connection during %s (op #%llu)%s%s", p,
                           peer->addr, fsdp_coll_name(c->kind), (unsigned long long)c->seq, err ? ": " : "",
                           err ? strerror(err) : "");
@@ -6950,7 +6969,8 @@ FSDP__PRIVATE int fsdp__sock_poll_set(fsdp_comm *comm, fsdp__sock *s, const fsdp
         if (peer->in_done < peer->in_len || peer->in_header_done < sizeof peer->in_header) *pending = 1;
         if (events & POLLOUT) *pending = 1;
         if (!events) continue;
-        if (now >= s->op_deadline)
+        if (now >= s->op_deadline) {
+            if (!fsdp__load(&comm->lost_peer)) fsdp__store(&comm->lost_peer, p + 1);
             return fsdp_comm_fail(comm, FSDP_ERR_TIMEOUT,
                                   "rank %d waited %d ms for rank %d (%s) in %s (op #%llu): it has not %s (%zu of "
                                   "%zu bytes)",
@@ -6958,6 +6978,7 @@ FSDP__PRIVATE int fsdp__sock_poll_set(fsdp_comm *comm, fsdp__sock *s, const fsdp
                                   (unsigned long long)c->seq, (events & POLLIN) ? "sent all its data" : "read all of ours",
                                   (events & POLLIN) ? peer->in_done : peer->out_done,
                                   (events & POLLIN) ? peer->in_len : peer->out_len);
+        }
         s->pfds[*n].fd = peer->fd;
         s->pfds[*n].events = events;
         s->pfds[*n].revents = 0;
@@ -8083,6 +8104,49 @@ static const fsdp__transport fsdp__hier_transport = {
      fsdp__hier_barrier, fsdp__hier_abort, fsdp__hier_destroy, 0, NULL, fsdp__hier_all_to_all},
     FSDP_BACKEND_SOCKET, "socket", FSDP__CAP_DEADLINE, FSDP__SOCK_MAX_WORLD,
     NULL, fsdp__hier_split, fsdp__hier_spin, fsdp__hier_host_part, NULL, NULL, NULL, NULL, NULL};
+
+/* The connections of a comm made of sockets (a socket world, or a hierarchical one's links), or
+   NULL. */
+static fsdp__sock *fsdp__comm_sock(const fsdp_comm *comm) {
+    if (comm->transport == &fsdp__sock_transport) return (fsdp__sock *)comm->impl;
+    return comm->transport == &fsdp__hier_transport && comm->impl ? ((fsdp__hier *)comm->impl)->net : NULL;
+}
+
+/* This rank's address as its peers reach it (port 0), for a listener of its own: 0, or -1 for a
+   comm not made of sockets. */
+FSDP__PRIVATE int fsdp__comm_local_addr(const fsdp_comm *comm, struct sockaddr_in *addr) {
+    const fsdp__sock *s = fsdp__comm_sock(comm);
+    if (!s) return -1;
+    *addr = s->local;
+    addr->sin_port = 0;
+    return 0;
+}
+
+/* Lets the kernel find a peer host that vanished (powered off, cut off: nothing is sent, no
+   reset comes) within about detect_ms, where an op would wait out its timeout: keepalive probes
+   on every connection of comm (a socket world, or a hierarchical one's links) to another host,
+   and TCP_USER_TIMEOUT, which bounds both the probes and data left unacknowledged. A broken link
+   then fails the op as a reset does (FSDP_ERR_PEER_LOST, "Connection timed out"). The kernel of
+   a live host answers for its processes, so a stopped or slow process is not taken for lost:
+   only the op timeout finds it (>>recovery). Other transports: nothing to do. 0, or -1 with
+   errno where the kernel refused an option. */
+FSDP__PRIVATE int fsdp__comm_watch(fsdp_comm *comm, int detect_ms) {
+    fsdp__sock *s = fsdp__comm_sock(comm);
+    int p, one = 1, idle_s = detect_ms / 2000 > 0 ? detect_ms / 2000 : 1, interval_s = 1, probes;
+    unsigned int user_timeout = (unsigned int)detect_ms;
+    probes = detect_ms / 1000 > 0 ? detect_ms / 1000 : 1;
+    for (p = 0; s && p < comm->world; p++) {
+        int fd = s->peers[p].fd;
+        if (p == comm->rank || fd < 0 || !comm->host_of || comm->host_of[p] == comm->host) continue;
+        if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) != 0 ||
+            setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof idle_s) != 0 ||
+            setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof interval_s) != 0 ||
+            setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes) != 0 ||
+            setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout) != 0)
+            return -1;
+    }
+    return 0;
+}
 
 /* This host's shm comm for a hierarchical world (NULL where it cannot be made: the caller says
    why). A host of one rank has a comm of one, without a segment. */
@@ -10017,21 +10081,39 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
    above the comms: they only report loss (a reset at once, silence after detect_ms, an error)
    and can be made anew over a set of peers; the runtime only asks for the current replicas.
 
-   What exists: fsdp_desc.recovery and its checks at fsdp_init (which then refuse it, "not
-   available yet"), fsdp_replicas, the report's fields, the agreement rule below
-   (fsdp__recovery_decide), and in >>runtime the survivors' side of a loss: fsdp__recovery_quiesce
-   (every comm of the context aborted, so that every survivor fails fast and enters recovery,
-   also those whose own ops were fine: a rank of another column of a host would otherwise wait
-   out the op timeout in its next shard op; then the comm thread drained), fsdp__recovery_reset
-   (the iteration undone: the step applied nowhere) and fsdp__recovery_adopt (the survivors' new
-   world and groups taken over; master shards moved into the new shard comm's shared memory).
-   tests/test_recovery.c drives them by hand through a real loss (a host's ranks SIGKILLed at a
-   step) to the last step, bitwise equal to a plain reference. What is decided:
+   What exists: fsdp_desc.recovery and its checks at fsdp_init; fsdp_replicas, the report's
+   fields; the agreement rule below (fsdp__recovery_decide); the comms' report of the first peer
+   an op saw lost (fsdp_comm.lost_peer: the views' reach) and fsdp__comm_watch (keepalive and
+   TCP_USER_TIMEOUT of detect_ms on the links to other hosts, so a vanished host fails an op as a
+   reset does; a stopped process's kernel still answers, so only the op timeout finds it: a
+   process that stops is a straggler to the kernel, and detecting it sooner would take a
+   heartbeat from the process, which would also take a slow one for lost); and in >>runtime:
+   fsdp__recovery_open (at fsdp_init: a recovery listener per rank, every rank's address
+   gathered while the world is healthy, the links watched), fsdp__recover (fsdp_step's, on a
+   loss it or a hook saw): fsdp__recovery_quiesce (every comm of the context aborted, so that
+   every survivor fails fast and enters recovery, also those whose own ops were fine: a rank of
+   another column of a host would otherwise wait out the op timeout in its next shard op; then
+   the comm thread drained), fsdp__recovery_agree (the views sent to the rendezvous, the first
+   rank of the lowest replica this survivor still reaches, itself perhaps; one it cannot reach
+   is taken for lost and the next tried; the rendezvous collects views for up to detect_ms,
+   decides and answers each), fsdp__recovery_catch_up (a survivor one step behind applies the
+   step from its reduced gradient with the clipping of the norm those ahead used, which their
+   views carry), fsdp__recovery_reset (the iteration undone: the step applied nowhere),
+   fsdp__recovery_rebuild (a new world made with the old one as parent: its key from the old
+   world's key and the rebuild's name, so only ranks of that world can join, without a
+   PBKDF2 stretch of the secret, which took 0.2-1 s on a busy 2-core machine against a few ms
+   for the rest; split into shard and replica comms) and fsdp__recovery_adopt (the groups taken
+   over; master shards moved into the new shard comm's shared memory). tests/test_recovery.c
+   drives a forked socket job of 3 or 4 fake hosts (UTS namespaces) of 2 ranks through the
+   public API: a host's ranks SIGKILLed at a step (the rendezvous's host too) and the survivors
+   reach the last step bitwise equal to a reference that averages over the survivors from the
+   loss on; half the hosts lost stops both survivors naming the partition. What is decided:
      membership   a numbered epoch: the replicas (as fsdp_init numbered them) that train. The
                   next one is agreed by the survivors of the last, from one view per surviving
                   rank (its epoch, its replica, which replicas it still reaches, how far it got
-                  with the step in flight); every survivor decides from the same views, so all
-                  decide the same. Views of an older epoch are stragglers: not counted.
+                  with the step in flight); the rendezvous decides from them and tells each
+                  (the rule is a pure function of the views: any survivor would decide the
+                  same). Views of an older epoch are stragglers: not counted.
      who stays    a replica whose every rank sent a view, admitted in replica order if each of
                   its ranks reaches every replica admitted before it and theirs reach it (a
                   link broken one way drops the later replica, never both: the lowest replicas
@@ -10053,23 +10135,17 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
                   (gradients zeroed, the step count unchanged) and the report says dropped. A
                   commit over the replica comm alone would not do: two columns of a host could
                   then decide differently and leave shards a step apart.
-   To be built (in this order): (1) a survivor one step behind catching up (the update of
-   fsdp_step from its gradients, with the clipping factor from the views), and the commit point
-   kept a collective over the world when fsdp_step changes; (2) the comms' report of which peers
-   were lost, for the views' reach (a reset shows at once; silence at the op timeout: a host
-   that vanishes is to be noticed within detect_ms by the kernel, SO_KEEPALIVE and
-   TCP_USER_TIMEOUT on the replica links, which a slow but live peer's kernel still answers, so
-   a straggler is not taken for lost); (3) at fsdp_init with recovery, each rank opens a
-   recovery listener and the world all-gathers their addresses while it is healthy, so that
-   after a loss any survivor (rank 0's host included) can be the rendezvous: the lowest rank of
-   the lowest replica it believes alive collects the views for detect_ms, runs
-   fsdp__recovery_decide and welcomes the survivors into a new world made with the old world as
-   its parent (fsdp__comm_create: its key from the old world's key and a token naming the epoch,
-   as a split's is, so only ranks of the old world, and of this epoch, can join, and no PBKDF2
-   stretch of the secret, which took 0.2-1 s on a busy 2-core machine against a few ms for the
-   rest of a rebuild), split into shard and replica comms and adopted; (4) fsdp_step running it
-   all on a loss and reporting it (epoch, dropped), with offload refused until the step thread
-   is quiesced too; (5) rejoin.
+   The views and the verdict are MACed with the key of the world being left (an older epoch's
+   straggler is not heard). A survivor that cannot reach the rendezvous (a link broken between
+   survivors only) tries the next replica's first rank, at worst itself: a second rendezvous may
+   then decide, but only over the replicas whose every rank reached it, a set disjoint from the
+   first's, so at most one of them holds a strict majority and goes on.
+   To be built: offload and bf16 optimizer state with recovery (the step thread quiesced too);
+   reshard_after_forward HOST (its host comm rebuilt); a second loss while recovering is survived
+   only as a failure of the recovery (the rendezvous's collection misses the newly lost ranks and
+   the new world's creation fails: every survivor's fsdp_step fails naming it); traces of the
+   recovery's phases; and rejoin (a host started again, or a spare, receiving its counterpart's
+   state at a step boundary).
    ============================================================================================ */
 #define FSDP__RECOVERY_DETECT_MS 5000 /* default detect_ms: the issue's bound for a silent host */
 
@@ -10090,6 +10166,42 @@ typedef struct fsdp__membership {
     int total;                  /* replicas at fsdp_init: the capacity of replicas[] and of reach[] */
     int *replicas;              /* [count] */
 } fsdp__membership;
+
+/* A survivor's view on the wire, to the rendezvous (its reach inline), MACed with the key of the
+   world it leaves, so only ranks of that world and epoch are heard. */
+#define FSDP__RECOVERY_MAGIC 0x66727663u
+typedef struct fsdp__recovery_msg {
+    uint32_t magic;
+    int32_t rank, replica, reductions_done;
+    int64_t epoch, step;
+    double norm;                          /* the global norm (scaled) of the last step it applied */
+    unsigned char reach[FSDP__MAX_WORLD]; /* per replica (as at fsdp_init): 1 if it still reaches it */
+    unsigned char mac[32];
+} fsdp__recovery_msg;
+
+/* The rendezvous's answer to every survivor that sent a view (MACed as the views). */
+typedef struct fsdp__recovery_verdict {
+    uint32_t magic;
+    int32_t rc;                           /* 0: go on; else this partition stops (why) */
+    int64_t epoch, target_step;
+    double norm;                          /* the target step's norm, for a survivor one behind */
+    int32_t count, port;                  /* the next membership's size; the new world's port at the rendezvous */
+    int replicas[FSDP__MAX_WORLD];       /* (the same build on every rank: a plain int) */
+    char why[FSDP__ERRMSG];
+    unsigned char mac[32];
+} fsdp__recovery_verdict;
+
+/* A context's recovery (fsdp_desc.recovery on): who it is as at fsdp_init, where every rank's
+   recovery listener is, the membership it trains in. */
+typedef struct fsdp__recovery {
+    fsdp__membership now;
+    int first_rank, replica, group, world0; /* its rank and replica at fsdp_init; ranks per replica; ranks then */
+    int listen_fd;                        /* its recovery listener (any survivor may be the rendezvous) */
+    struct sockaddr_in *addr;             /* [world0]: every rank's listener, gathered while healthy */
+    char job[48];                         /* the first world's job: the new worlds' names derive from it */
+    fsdp_comm *world;                     /* the world recovery made (the context owns it), or NULL */
+    int rebuilds;                         /* worlds made so far: each one's name (an epoch may be kept) */
+} fsdp__recovery;
 
 /* "{0, 2, 3}" into buf (ending in "...}" where it does not fit). */
 FSDP__PRIVATE const char *fsdp__replica_set_text(char *buf, size_t size, const int *replicas, int count) {
@@ -10199,9 +10311,23 @@ FSDP__PRIVATE int fsdp__recovery_decide(const fsdp__membership *last, int ranks_
     return fsdp__recovery_step_rule(last, next, views, n, target_step, why, why_size);
 }
 
+/* Whether an op's failure is one recovery answers: a peer lost or silent, or another rank's
+   abort (a survivor that stopped everything to recover). */
+FSDP__PRIVATE int fsdp__recovery_loss(int rc) {
+    return rc == FSDP_ERR_PEER_LOST || rc == FSDP_ERR_ABORTED || rc == FSDP_ERR_TIMEOUT;
+}
+
+/* HMAC-SHA256 with key of the first `bytes` of a message (all but its mac). */
+FSDP__PRIVATE void fsdp__recovery_mac(const unsigned char key[32], const void *msg, size_t bytes, unsigned char out[32]) {
+    fsdp__sha256 inner, outer;
+    fsdp__hmac_keyed(&inner, &outer, key, 32);
+    fsdp__sha256_update(&inner, msg, bytes);
+    fsdp__hmac_finish(&inner, &outer, out);
+}
+
 /* fsdp_init's checks of desc->recovery, with the plan made: 0 when it is off; else why it
    cannot be had (every unit HYBRID_SHARD, two replicas or more, none sharing a host with
-   another), and, all of that being right, FSDP_ERR_UNSUPPORTED: not available yet. */
+   another, a socket world). What the context adds is checked by fsdp__recovery_open. */
 FSDP__PRIVATE int fsdp__recovery_check(const fsdp_recovery_desc *rd, const fsdp_model *model, const fsdp__plan *plan,
                                        const fsdp_comm *comm, int hybrid_group, char *err, size_t err_size) {
     int world = fsdp_comm_size(comm), replicas = world / hybrid_group, ui, r, *replica_of_host;
@@ -10239,9 +10365,11 @@ FSDP__PRIVATE int fsdp__recovery_check(const fsdp_recovery_desc *rd, const fsdp_
                          other, r / hybrid_group, h, r), FSDP_ERR_INVALID_ARG;
     }
     FSDP_FREE(replica_of_host);
-    fsdp__fmt(err, err_size, "recovery (fsdp_desc.recovery.enabled) is not available yet: the survivors' rendezvous "
-              "and fsdp_step's use of it are not in this build (issue 38); turn it off to train");
-    return FSDP_ERR_UNSUPPORTED;
+    if (fsdp_comm_backend(comm) != FSDP_BACKEND_SOCKET)
+        return fsdp__fmt(err, err_size, "recovery needs a socket world (fsdp_comm_init with FSDP_BACKEND_SOCKET): the "
+                         "survivors rendezvous over TCP; this one is %s", fsdp_backend_name(fsdp_comm_backend(comm))),
+               FSDP_ERR_UNSUPPORTED;
+    return 0;
 }
 
 /* ============================================================================================
@@ -10367,6 +10495,10 @@ struct fsdp_ctx {
     int64_t scale_growth_tracker;      /* steps in a row with finite gradients */
     int grads_unscaled;                /* the scale was divided out of this iteration's gradients */
     int grads_since_step;              /* a backward ran since fsdp_init, the last fsdp_step or fsdp_zero_grad */
+    int reductions_done;               /* fsdp_step holds every reduced gradient of the step after `step` */
+    double commit_norm;                /* the global norm (scaled) the last clipping used (>>recovery) */
+    fsdp__recovery *recovery;          /* NULL: recovery off */
+    int loss_rc;                       /* with recovery: a hook's op failed so (a loss): fsdp_step recovers */
     /* iteration */
     int phase;              /* 0 idle, 1 forward, 2 backward */
     int64_t iteration;
@@ -11452,6 +11584,7 @@ FSDP__PRIVATE int fsdp__traced_hook(fsdp_ctx *ctx, int module, int (*hook)(fsdp_
     fsdp__trace_hook(ctx, name, module, t0);
     if (ctx && ctx->trace) fsdp__trace_spill(ctx);
     if (ctx) ctx->hook_failed = rc != 0;
+    if (ctx && ctx->recovery && !ctx->loss_rc && fsdp__recovery_loss(rc)) ctx->loss_rc = rc;
     if (ctx && rc == FSDP_ERR_STATE) fsdp__misused(ctx); /* out of order */
     return rc;
 }
@@ -11953,20 +12086,17 @@ FSDP_API int fsdp_finish_backward(fsdp_ctx *ctx) {
     return fsdp__finish(ctx);
 }
 
-FSDP_API int fsdp_clip_grad_norm(fsdp_ctx *ctx, float max_norm, double *norm) {
-    int rc, ui, unscale;
-    double total = 0, t0;
+/* The clipping (and unscaling) of this rank's reduced gradients by the global norm `total` of
+   the gradients as they are (scaled): fsdp_clip_grad_norm's, and a survivor's that catches up
+   with the norm the ranks past the commit point computed (>>recovery). */
+FSDP__PRIVATE void fsdp__clip_by(fsdp_ctx *ctx, double total, float max_norm, double *norm) {
+    int ui, unscale;
     float coef = 1.0f;
-    if (!ctx) return FSDP_ERR_INVALID_ARG;
-    if ((rc = fsdp__wait_task(ctx, 0)) != 0 || (rc = fsdp__step_drain(ctx)) != 0) return rc;
-    t0 = fsdp__trace_begin(ctx);
-    rc = fsdp__global_norm(ctx, &total);
-    fsdp__trace_end(ctx, "step", "clip_grad_norm", -1, t0);
-    if (rc) return rc;
+    ctx->commit_norm = total;
     unscale = ctx->desc.loss_scale.enabled && !ctx->grads_unscaled;
     if (unscale) total /= ctx->loss_scale; /* the norm of the unscaled gradients */
     if (norm) *norm = total;
-    if (!isfinite(total)) return 0; /* fsdp_step skips: the gradients are not used */
+    if (!isfinite(total)) return; /* fsdp_step skips: the gradients are not used */
     if (max_norm > 0) { /* torch.nn.utils.clip_grad_norm_ */
         coef = (float)(max_norm / (total + 1e-6));
         if (coef > 1.0f) coef = 1.0f;
@@ -11984,6 +12114,18 @@ FSDP_API int fsdp_clip_grad_norm(fsdp_ctx *ctx, float max_norm, double *norm) {
             if (!u->grad && !u->grad_zero) u->grad_scale = coef; /* on disk: owed (fsdp__global_norm settled any earlier) */
         }
     }
+}
+
+FSDP_API int fsdp_clip_grad_norm(fsdp_ctx *ctx, float max_norm, double *norm) {
+    int rc;
+    double total = 0, t0;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if ((rc = fsdp__wait_task(ctx, 0)) != 0 || (rc = fsdp__step_drain(ctx)) != 0) return rc;
+    t0 = fsdp__trace_begin(ctx);
+    rc = fsdp__global_norm(ctx, &total);
+    fsdp__trace_end(ctx, "step", "clip_grad_norm", -1, t0);
+    if (rc) return rc;
+    fsdp__clip_by(ctx, total, max_norm, norm);
     return 0;
 }
 
@@ -12008,32 +12150,10 @@ FSDP__PRIVATE void fsdp__loss_scale_update(fsdp_ctx *ctx, int finite) {
     }
 }
 
-FSDP__PRIVATE int fsdp__step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) {
+/* The update from this rank's gradients, reduced and clipped: a step taken. */
+FSDP__PRIVATE int fsdp__step_apply(fsdp_ctx *ctx, fsdp_step_report *report) {
     int rc, ui;
-    double norm = 0, t0;
-    if ((rc = fsdp__finish(ctx)) != 0) return rc;
-    if (!ctx->grads_since_step) { /* as torch.optim, which skips parameters whose grad is None */
-        rc = fsdp__fail(ctx, FSDP_ERR_STATE, "fsdp_step: no backward ran since the last fsdp_step (or fsdp_zero_grad, "
-                        "or fsdp_init): nothing applied (end a forward-only pass with fsdp_finish_backward)");
-        fsdp__misused(ctx);
-        return rc;
-    }
-    ctx->grads_since_step = 0;
-    if (report) report->loss_scale = ctx->loss_scale;
-    if ((rc = fsdp_clip_grad_norm(ctx, max_norm, &norm)) != 0) return rc;
-    if (report) report->grad_norm = norm;
-    if (!isfinite(norm)) { /* every rank sees the same norm, so every rank skips */
-        if (ctx->desc.loss_scale.enabled) /* expected now and then: the scale finds its level */
-            fsdp__log(&ctx->logger, FSDP_LOG_INFO, "rank %d: gradient norm is %f at loss scale %g: step %lld skipped, "
-                      "scale %g from now", ctx->rank, norm, (double)ctx->loss_scale, (long long)ctx->step,
-                      (double)(ctx->loss_scale * ctx->desc.loss_scale.backoff_factor));
-        else
-            fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: gradient norm is %f: step %lld skipped", ctx->rank, norm,
-                      (long long)ctx->step);
-        fsdp__loss_scale_update(ctx, 0);
-        if (report) { report->skipped = 1; report->step = ctx->step; }
-        return 0;
-    }
+    double t0;
     if ((rc = fsdp__step_launch(ctx)) != 0) return rc;
     t0 = ctx->stream_chunk ? 0 : fsdp__trace_begin(ctx);
     for (ui = 0; ui < ctx->num_units && !ctx->stream_chunk; ui++) { /* in place (streamed: done above or behind) */
@@ -12049,9 +12169,41 @@ FSDP__PRIVATE int fsdp__step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *re
     }
     fsdp__trace_update(ctx, ctx->step + 1, t0);
     ctx->step++;
+    ctx->reductions_done = 0;
     fsdp__loss_scale_update(ctx, 1);
     if (report) report->step = ctx->step;
     return 0;
+}
+
+FSDP__PRIVATE int fsdp__step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) {
+    int rc;
+    double norm = 0;
+    if ((rc = fsdp__finish(ctx)) != 0) return rc;
+    if (!ctx->grads_since_step) { /* as torch.optim, which skips parameters whose grad is None */
+        rc = fsdp__fail(ctx, FSDP_ERR_STATE, "fsdp_step: no backward ran since the last fsdp_step (or fsdp_zero_grad, "
+                        "or fsdp_init): nothing applied (end a forward-only pass with fsdp_finish_backward)");
+        fsdp__misused(ctx);
+        return rc;
+    }
+    ctx->grads_since_step = 0;
+    ctx->reductions_done = 1; /* (the commit point's input: >>recovery) */
+    if (report) report->loss_scale = ctx->loss_scale;
+    if ((rc = fsdp_clip_grad_norm(ctx, max_norm, &norm)) != 0) return rc;
+    if (report) report->grad_norm = norm;
+    if (!isfinite(norm)) { /* every rank sees the same norm, so every rank skips */
+        if (ctx->desc.loss_scale.enabled) /* expected now and then: the scale finds its level */
+            fsdp__log(&ctx->logger, FSDP_LOG_INFO, "rank %d: gradient norm is %f at loss scale %g: step %lld skipped, "
+                      "scale %g from now", ctx->rank, norm, (double)ctx->loss_scale, (long long)ctx->step,
+                      (double)(ctx->loss_scale * ctx->desc.loss_scale.backoff_factor));
+        else
+            fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: gradient norm is %f: step %lld skipped", ctx->rank, norm,
+                      (long long)ctx->step);
+        fsdp__loss_scale_update(ctx, 0);
+        ctx->reductions_done = 0;
+        if (report) { report->skipped = 1; report->step = ctx->step; }
+        return 0;
+    }
+    return fsdp__step_apply(ctx, report);
 }
 
 /* The report's bytes: the comm's counters since the last step. */
@@ -12063,13 +12215,17 @@ FSDP__PRIVATE void fsdp__step_sent(fsdp_ctx *ctx, fsdp_step_report *report) {
     ctx->sent_before = now;
 }
 
+FSDP__PRIVATE int fsdp__recover(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report, int rc); /* (>>recovery) */
+
 FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) {
     fsdp_step_report mine;
     int rc;
     if (!report) report = &mine; /* (the iteration's trace event reads it) */
     memset(report, 0, sizeof *report);
     if (!ctx) return FSDP_ERR_INVALID_ARG;
-    rc = fsdp__step(ctx, max_norm, report);
+    rc = ctx->loss_rc ? ctx->loss_rc : fsdp__step(ctx, max_norm, report);
+    if (rc && ctx->recovery) rc = fsdp__recover(ctx, max_norm, report, rc);
+    if (ctx->recovery) report->epoch = ctx->recovery->now.epoch;
     fsdp_replicas(ctx, &report->replicas, NULL);
     if (!rc) fsdp__step_sent(ctx, report);
     if (!rc && ctx->async_save) rc = fsdp__async_poll(ctx, 0); /* commits a save whose files are all written */
@@ -12126,6 +12282,25 @@ FSDP__PRIVATE int fsdp__recovery_quiesce(fsdp_ctx *ctx, const char *why) {
     return drained ? 0 : fsdp__fail(ctx, FSDP_ERR_TIMEOUT, "recovery: the comm thread did not drain its tasks");
 }
 
+/* After fsdp__recovery_quiesce, on a survivor one step behind (it failed inside the commit
+   point, holding the step's reduced gradient, while another survivor passed it): the step those
+   ahead applied, applied here from the same gradient (the fold is the same everywhere) with the
+   clipping of their global norm `total` (scaled, as fsdp__global_norm gave it them) and this
+   rank's max_norm (fsdp_step's, the same on every rank), so that its bits equal theirs. Before
+   fsdp__recovery_reset. */
+FSDP__PRIVATE int fsdp__recovery_catch_up(fsdp_ctx *ctx, double total, float max_norm) {
+    double norm = 0;
+    if (!ctx->reductions_done || ctx->stream_chunk)
+        return fsdp__fail(ctx, FSDP_ERR_STATE, "recovery: rank %d cannot apply step %lld after the others: %s", ctx->rank,
+                          (long long)ctx->step + 1, ctx->stream_chunk ? "its update streams (offload or bf16 state)"
+                                                                        : "it does not hold the step's reduced gradient");
+    fsdp__clip_by(ctx, total, max_norm, &norm);
+    if (!isfinite(norm)) /* (those ahead then skipped it: they are not ahead) */
+        return fsdp__fail(ctx, FSDP_ERR_PROTOCOL, "recovery: rank %d is to apply step %lld of norm %f", ctx->rank,
+                          (long long)ctx->step + 1, norm);
+    return fsdp__step_apply(ctx, NULL);
+}
+
 /* After fsdp__recovery_quiesce: the iteration in flight undone on this rank, as if it had not
    begun (the step-in-flight rule's "applied nowhere"): every unit sharded, its buffers returned,
    gradients zero, the failure forgotten. The step count and the optimizer state are untouched. */
@@ -12147,7 +12322,7 @@ FSDP__PRIVATE void fsdp__recovery_reset(fsdp_ctx *ctx) {
     if (!ctx->bwd_known) ctx->bwd_len = 0;
     ctx->phase = 0;
     ctx->older_reduce = ctx->newer_reduce = 0;
-    ctx->grads_unscaled = ctx->hook_failed = 0;
+    ctx->grads_unscaled = ctx->hook_failed = ctx->reductions_done = 0;
     pthread_mutex_lock(&ctx->lock);
     ctx->worker_error = 0;
     ctx->error[0] = 0;
@@ -12195,6 +12370,291 @@ FSDP__PRIVATE int fsdp__recovery_adopt(fsdp_ctx *ctx, fsdp_comm *world, fsdp_com
     ctx->rank = fsdp_comm_rank(world);
     ctx->world = fsdp_comm_size(world);
     return 0;
+}
+
+FSDP__PRIVATE int fsdp__init_fail_ctx(fsdp_ctx *ctx, int code, const char *fmt, ...) FSDP__PRINTF(3, 4);
+
+/* At fsdp_init with recovery (collective over the world, healthy): a recovery listener on this
+   rank's address, every rank's gathered (a rank that could not open one says so in the gather,
+   so every rank fails alike, naming it), and the links to other hosts watched (detect_ms). */
+FSDP__PRIVATE int fsdp__recovery_open(fsdp_ctx *ctx) {
+    fsdp__recovery *rec;
+    struct sockaddr_in at;
+    socklen_t len = sizeof at;
+    int32_t mine[2] = {0, 0}, *all;
+    int r, rc, G = ctx->desc.shard_group_size, missing = -1;
+    if (!ctx->desc.recovery.enabled) return 0;
+    if (ctx->host_comm || ctx->stream_chunk)
+        return fsdp__init_fail_ctx(ctx, FSDP_ERR_UNSUPPORTED, "fsdp_init: recovery cannot continue %s on a new world "
+                                   "yet: turn recovery off or that off", ctx->host_comm ? "units kept on their host after "
+                                   "forward (reshard_after_forward HOST)" : "an update that streams (offload, bf16 state)");
+    if (!(rec = (fsdp__recovery *)fsdp__calloc(sizeof *rec)) ||
+        !(rec->addr = (struct sockaddr_in *)fsdp__calloc(sizeof *rec->addr * (size_t)ctx->world)) ||
+        !(rec->now.replicas = (int *)fsdp__calloc(sizeof(int) * (size_t)(ctx->world / G))) ||
+        !(all = (int32_t *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world))) {
+        if (rec) FSDP_FREE(rec->addr);
+        FSDP_FREE(rec);
+        return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: out of memory");
+    }
+    ctx->recovery = rec;
+    rec->listen_fd = -1;
+    rec->first_rank = ctx->rank, rec->replica = ctx->rank / G, rec->group = G, rec->world0 = ctx->world;
+    rec->now.count = rec->now.total = ctx->world / G;
+    for (r = 0; r < rec->now.count; r++) rec->now.replicas[r] = r;
+    fsdp__copy_string(rec->job, sizeof rec->job, ctx->comm->job);
+    if (fsdp__comm_local_addr(ctx->comm, &at) == 0 && (rec->listen_fd = fsdp__sock_listen(&at, 64)) >= 0 &&
+        getsockname(rec->listen_fd, (struct sockaddr *)&at, &len) == 0)
+        mine[0] = (int32_t)at.sin_addr.s_addr, mine[1] = ntohs(at.sin_port);
+    rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_GATHER, mine, all, 2, 0);
+    for (r = 0; !rc && r < ctx->world; r++) {
+        rec->addr[r].sin_family = AF_INET;
+        rec->addr[r].sin_addr.s_addr = (uint32_t)all[2 * r];
+        rec->addr[r].sin_port = htons((uint16_t)all[2 * r + 1]);
+        if (!all[2 * r + 1] && missing < 0) missing = r;
+    }
+    FSDP_FREE(all);
+    if (!rc && (fsdp__comm_watch(ctx->comm, ctx->desc.recovery.detect_ms) != 0 ||
+                (ctx->hybrid_replica_comm && fsdp__comm_watch(ctx->hybrid_replica_comm, ctx->desc.recovery.detect_ms))))
+        rc = FSDP_ERR_SYSTEM;
+    if (!rc && missing >= 0)
+        return fsdp__init_fail_ctx(ctx, FSDP_ERR_SYSTEM, "fsdp_init: recovery: rank %d could not open its recovery "
+                                   "listener", missing);
+    if (rc)
+        return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: recovery: rank %d: %s", ctx->rank,
+                                   rc == FSDP_ERR_SYSTEM ? strerror(errno) : fsdp_comm_last_error(ctx->comm));
+    return 0;
+}
+
+/* fsdp_destroy's, after the context's communicators: the listener, and the world recovery made. */
+FSDP__PRIVATE void fsdp__recovery_close(fsdp_ctx *ctx) {
+    fsdp__recovery *rec = ctx->recovery;
+    if (!rec) return;
+    if (rec->listen_fd >= 0) close(rec->listen_fd);
+    fsdp_comm_destroy(rec->world);
+    FSDP_FREE(rec->addr);
+    FSDP_FREE(rec->now.replicas);
+    FSDP_FREE(rec);
+    ctx->recovery = NULL;
+}
+
+/* This survivor's view (after fsdp__recovery_quiesce): where it is, and which replicas it still
+   reaches as its comms saw them (the peer an op saw lost: its replica is not reached). */
+FSDP__PRIVATE void fsdp__recovery_view_of(fsdp_ctx *ctx, fsdp__recovery_msg *m) {
+    fsdp__recovery *rec = ctx->recovery;
+    int k, lost;
+    memset(m, 0, sizeof *m);
+    m->magic = FSDP__RECOVERY_MAGIC;
+    m->rank = rec->first_rank, m->replica = rec->replica, m->reductions_done = ctx->reductions_done;
+    m->epoch = rec->now.epoch, m->step = ctx->step, m->norm = ctx->commit_norm;
+    for (k = 0; k < rec->now.count; k++) m->reach[rec->now.replicas[k]] = 1;
+    if ((lost = fsdp__load(&ctx->comm->lost_peer)) > 0 && (lost - 1) / rec->group < rec->now.count)
+        m->reach[rec->now.replicas[(lost - 1) / rec->group]] = 0;
+    if (ctx->hybrid_replica_comm && (lost = fsdp__load(&ctx->hybrid_replica_comm->lost_peer)) > 0 &&
+        lost - 1 < rec->now.count)
+        m->reach[rec->now.replicas[lost - 1]] = 0;
+    m->reach[rec->replica] = 1;
+    fsdp__recovery_mac(ctx->comm->key, m, offsetof(fsdp__recovery_msg, mac), m->mac);
+}
+
+/* A view read from fd before the deadline, of this epoch's world (its MAC): 1, else 0. */
+FSDP__PRIVATE int fsdp__recovery_read_view(fsdp_ctx *ctx, int fd, fsdp__recovery_msg *m, int64_t deadline) {
+    unsigned char mac[32];
+    if (fsdp__sock_io_full(fd, m, sizeof *m, deadline, 0) != 0 || m->magic != FSDP__RECOVERY_MAGIC) return 0;
+    fsdp__recovery_mac(ctx->comm->key, m, offsetof(fsdp__recovery_msg, mac), mac);
+    return fsdp__equal_ct(mac, m->mac, 32) && m->rank >= 0 && m->rank < ctx->recovery->world0 &&
+           m->replica == m->rank / ctx->recovery->group;
+}
+
+/* The rendezvous collects: views for up to detect_ms, or until every rank of the replicas it
+   reaches sent one (msgs[0] is its own); their connections in fds. The number of views. */
+FSDP__PRIVATE int fsdp__recovery_collect(fsdp_ctx *ctx, fsdp__recovery_msg *msgs, int *fds) {
+    fsdp__recovery *rec = ctx->recovery;
+    int64_t deadline = fsdp__now_ms() + ctx->desc.recovery.detect_ms;
+    int n = 1, expected = 0, k, i;
+    for (k = 0; k < rec->now.count; k++) expected += msgs[0].reach[rec->now.replicas[k]] ? rec->group : 0;
+    while (n < expected && fsdp__now_ms() < deadline) {
+        struct pollfd pfd;
+        int64_t left = deadline - fsdp__now_ms();
+        int fd, dup = 0;
+        pfd.fd = rec->listen_fd, pfd.events = POLLIN, pfd.revents = 0;
+        if (poll(&pfd, 1, left > 100 ? 100 : (int)(left > 0 ? left : 0)) <= 0) continue;
+        if ((fd = accept(rec->listen_fd, NULL, NULL)) < 0) continue;
+        if (!fsdp__recovery_read_view(ctx, fd, &msgs[n], deadline + 1000)) { /* (a view comes at once) */
+            close(fd);
+            continue;
+        }
+        for (i = 0; i < n; i++) dup |= msgs[i].rank == msgs[n].rank;
+        if (dup) close(fd);
+        else fds[n++] = fd;
+    }
+    return n;
+}
+
+/* The rendezvous: views collected, the agreement (fsdp__recovery_decide), and the verdict sent
+   to every survivor heard (a new world's listener opened for them when they go on: *world_fd). */
+FSDP__PRIVATE void fsdp__recovery_lead(fsdp_ctx *ctx, const fsdp__recovery_msg *mine, fsdp__recovery_verdict *v,
+                                       int *world_fd) {
+    fsdp__recovery *rec = ctx->recovery;
+    fsdp__recovery_msg *msgs = (fsdp__recovery_msg *)fsdp__calloc(sizeof *msgs * (size_t)rec->world0);
+    fsdp__recovery_view *views = (fsdp__recovery_view *)fsdp__calloc(sizeof *views * (size_t)rec->world0);
+    int *fds = (int *)fsdp__calloc(sizeof(int) * (size_t)rec->world0), n = 0, i, ahead = 0;
+    fsdp__membership next;
+    int64_t target = 0;
+    memset(v, 0, sizeof *v);
+    memset(&next, 0, sizeof next);
+    v->magic = FSDP__RECOVERY_MAGIC;
+    next.replicas = v->replicas;
+    if (!msgs || !views || !fds) v->rc = FSDP_ERR_OUT_OF_MEMORY;
+    else msgs[0] = *mine, n = fsdp__recovery_collect(ctx, msgs, fds);
+    for (i = 0; i < n; i++) {
+        views[i].epoch = msgs[i].epoch, views[i].rank = msgs[i].rank, views[i].replica = msgs[i].replica;
+        views[i].step = msgs[i].step, views[i].reductions_done = msgs[i].reductions_done, views[i].reach = msgs[i].reach;
+        if (msgs[i].step > msgs[ahead].step) ahead = i;
+    }
+    if (!v->rc)
+        v->rc = fsdp__recovery_decide(&rec->now, rec->group, ctx->desc.recovery.min_replicas, views, n, &next, &target,
+                                      v->why, sizeof v->why);
+    v->epoch = next.epoch, v->target_step = target, v->count = next.count, v->norm = n ? msgs[ahead].norm : 0;
+    if (!v->rc) {
+        struct sockaddr_in at = rec->addr[rec->first_rank];
+        socklen_t len = sizeof at;
+        at.sin_port = 0;
+        if ((*world_fd = fsdp__sock_listen(&at, 64)) < 0 || getsockname(*world_fd, (struct sockaddr *)&at, &len) != 0)
+            v->rc = FSDP_ERR_SYSTEM, fsdp__fmt(v->why, sizeof v->why, "recovery: the rendezvous (rank %d) could not "
+                                               "listen for the new world: %s", rec->first_rank, strerror(errno));
+        v->port = ntohs(at.sin_port);
+    }
+    fsdp__recovery_mac(ctx->comm->key, v, offsetof(fsdp__recovery_verdict, mac), v->mac);
+    for (i = 1; i < n; i++) { /* (a survivor that went meanwhile: its replica is then missed in the new world) */
+        fsdp__sock_io_full(fds[i], v, sizeof *v, fsdp__now_ms() + ctx->desc.recovery.detect_ms, 1);
+        close(fds[i]);
+    }
+    FSDP_FREE(msgs);
+    FSDP_FREE(views);
+    FSDP_FREE(fds);
+}
+
+/* A survivor asks the rendezvous `leader` (a rank as at fsdp_init): its view sent, the verdict
+   read and checked. 0, or -1 where the leader could not be reached or did not answer. The wait
+   covers the leader's own search (a rendezvous below it that vanished: detect_ms) and its
+   collection (detect_ms). */
+FSDP__PRIVATE int fsdp__recovery_ask(fsdp_ctx *ctx, int leader, const fsdp__recovery_msg *mine,
+                                     fsdp__recovery_verdict *v) {
+    int detect = ctx->desc.recovery.detect_ms, fd, ok;
+    unsigned char mac[32];
+    if ((fd = fsdp__sock_connect(&ctx->recovery->addr[leader], fsdp__now_ms() + detect)) < 0) return -1;
+    ok = fsdp__sock_io_full(fd, (void *)(uintptr_t)mine, sizeof *mine, fsdp__now_ms() + detect, 1) == 0 &&
+         fsdp__sock_io_full(fd, v, sizeof *v, fsdp__now_ms() + 3 * (int64_t)detect + 2000, 0) == 0 &&
+         v->magic == FSDP__RECOVERY_MAGIC;
+    close(fd);
+    if (ok) fsdp__recovery_mac(ctx->comm->key, v, offsetof(fsdp__recovery_verdict, mac), mac);
+    return ok && fsdp__equal_ct(mac, v->mac, 32) && v->count >= 0 && v->count <= ctx->recovery->now.total ? 0 : -1;
+}
+
+/* The agreement from this survivor's side: the rendezvous is the first rank of the lowest
+   replica it believes alive, itself included (so nothing is special about rank 0); one that
+   cannot be reached is believed lost and the next is tried. *leader: the rendezvous's rank as at
+   fsdp_init; *world_fd: the new world's listener where this rank is it. */
+FSDP__PRIVATE int fsdp__recovery_agree(fsdp_ctx *ctx, fsdp__recovery_verdict *v, int *leader, int *world_fd) {
+    fsdp__recovery *rec = ctx->recovery;
+    fsdp__recovery_msg mine;
+    char tried[INET_ADDRSTRLEN + 32] = "none";
+    int k;
+    fsdp__recovery_view_of(ctx, &mine);
+    for (k = 0; k < rec->now.count; k++) {
+        int r = rec->now.replicas[k];
+        if (!mine.reach[r]) continue;
+        *leader = r * rec->group;
+        if (*leader == rec->first_rank) {
+            fsdp__recovery_lead(ctx, &mine, v, world_fd);
+            return 0;
+        }
+        if (fsdp__recovery_ask(ctx, *leader, &mine, v) == 0) return 0;
+        fsdp__sock_addr_string(tried, sizeof tried, &rec->addr[*leader]);
+        fsdp__fmt(tried + strlen(tried), sizeof tried - strlen(tried), " (rank %d)", *leader);
+        mine.reach[r] = 0;
+        fsdp__recovery_mac(ctx->comm->key, &mine, offsetof(fsdp__recovery_msg, mac), mine.mac);
+    }
+    return fsdp__fail(ctx, FSDP_ERR_PEER_LOST, "recovery: rank %d reached no rendezvous of epoch %lld (the last it "
+                      "tried: %s)", rec->first_rank, (long long)rec->now.epoch, tried);
+}
+
+/* The new world of the verdict's replicas (its key from the old world's and the rebuild's name,
+   its rendezvous at the leader's listener), split into shard and replica comms, adopted. */
+FSDP__PRIVATE int fsdp__recovery_rebuild(fsdp_ctx *ctx, const fsdp__recovery_verdict *v, int leader, int world_fd,
+                                         int new_rank) {
+    fsdp__recovery *rec = ctx->recovery;
+    fsdp__inherit inherit;
+    fsdp_comm_desc cd;
+    fsdp_comm *world = NULL, *shard = NULL, *replica = NULL, *old = rec->world;
+    char job[64], host[INET_ADDRSTRLEN];
+    int rc, G = rec->group;
+    memset(&inherit, 0, sizeof inherit);
+    inherit.listen_fd = world_fd;
+    memset(&cd, 0, sizeof cd);
+    fsdp__fmt(job, sizeof job, "%s.rebuild%d", rec->job, ++rec->rebuilds); /* (the same count on every survivor) */
+    inet_ntop(AF_INET, &rec->addr[leader].sin_addr, host, sizeof host);
+    cd.backend = FSDP_BACKEND_SOCKET, cd.rank = new_rank, cd.world_size = v->count * G, cd.job = job;
+    cd.master_addr = host, cd.master_port = v->port, cd.timeout_ms = fsdp_comm_timeout(ctx->comm);
+    cd.logger = ctx->comm->logger;
+    if ((rc = fsdp__comm_create(&world, &cd, ctx->comm, &inherit)) != 0 ||
+        (rc = fsdp_comm_split(world, new_rank / G, new_rank, &shard)) != 0 ||
+        (rc = fsdp_comm_split(world, new_rank % G, new_rank, &replica)) != 0 ||
+        (rc = fsdp__recovery_adopt(ctx, world, shard, replica)) != 0) {
+        if (inherit.listen_fd >= 0) close(inherit.listen_fd);
+        fsdp_comm_destroy(replica);
+        fsdp_comm_destroy(shard);
+        fsdp_comm_destroy(world);
+        return fsdp__fail(ctx, rc, "recovery: rank %d could not join epoch %lld's world at %s:%d: %s", rec->first_rank,
+                          (long long)v->epoch, host, v->port, fsdp__init_error);
+    }
+    rec->world = world;
+    fsdp_comm_destroy(old); /* (the context no longer uses it) */
+    if (fsdp__comm_watch(world, ctx->desc.recovery.detect_ms) != 0 ||
+        fsdp__comm_watch(replica, ctx->desc.recovery.detect_ms) != 0)
+        return fsdp__fail(ctx, FSDP_ERR_SYSTEM, "recovery: keepalive on the new world: %s", strerror(errno));
+    return 0;
+}
+
+/* fsdp_step's answer to a loss (rc) with recovery on: everything in flight stopped, the
+   agreement, the step in flight applied here if the others did (one behind) or nowhere, the new
+   world adopted; the report says the epoch and whether the step was dropped. A partition that
+   must stop, or a rank whose replica is not in the new membership, fails naming why. */
+FSDP__PRIVATE int fsdp__recover(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report, int rc) {
+    fsdp__recovery *rec = ctx->recovery;
+    fsdp__recovery_verdict *v;
+    int leader = -1, world_fd = -1, new_rank = -1, k;
+    int64_t before = ctx->step;
+    if (!rec || !fsdp__recovery_loss(rc)) return rc;
+    fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: recovery: epoch %lld at step %lld: %s", rec->first_rank,
+              (long long)rec->now.epoch, (long long)ctx->step, ctx->error);
+    if ((rc = fsdp__recovery_quiesce(ctx, "a replica was lost: recovering")) != 0) return rc;
+    if (!(v = (fsdp__recovery_verdict *)fsdp__calloc(sizeof *v))) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
+    if ((rc = fsdp__recovery_agree(ctx, v, &leader, &world_fd)) == 0 && v->rc)
+        rc = fsdp__fail(ctx, v->rc, "%s", v->why);
+    for (k = 0; !rc && k < v->count; k++)
+        if (v->replicas[k] == rec->replica) new_rank = k * rec->group + rec->first_rank % rec->group;
+    if (!rc && new_rank < 0)
+        rc = fsdp__fail(ctx, FSDP_ERR_PEER_LOST, "recovery: rank %d leaves: its replica %d is not in %s", rec->first_rank,
+                        rec->replica, v->why);
+    if (!rc && v->target_step == ctx->step + 1) rc = fsdp__recovery_catch_up(ctx, v->norm, max_norm);
+    else if (!rc && v->target_step != ctx->step)
+        rc = fsdp__fail(ctx, FSDP_ERR_PROTOCOL, "recovery: rank %d is at step %lld, the survivors at %lld",
+                        rec->first_rank, (long long)ctx->step, (long long)v->target_step);
+    if (!rc) fsdp__recovery_reset(ctx);
+    if (!rc && (rc = fsdp__recovery_rebuild(ctx, v, leader, world_fd, new_rank)) == 0) {
+        rec->now.epoch = v->epoch, rec->now.count = v->count;
+        memcpy(rec->now.replicas, v->replicas, sizeof(int) * (size_t)v->count);
+        ctx->loss_rc = 0;
+        fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: %s: rank %d of %d from step %lld", rec->first_rank, v->why,
+                  ctx->rank, ctx->world, (long long)ctx->step);
+    } else if (world_fd >= 0 && rc) {
+        close(world_fd);
+    }
+    report->dropped = ctx->step == before;
+    report->step = ctx->step;
+    FSDP_FREE(v);
+    return rc;
 }
 
 FSDP_API int fsdp_replicas(const fsdp_ctx *ctx, int *count, int *index) {
@@ -12894,6 +13354,7 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
         rc = fsdp__init_fail_ctx(ctx, FSDP_ERR_SYSTEM, "fsdp_init: cannot start the comm thread");
     if (!rc) ctx->thread_started = 1;
     if (!rc && (rc = fsdp__trace_open(ctx)) == 0 && ctx->offload) ctx->offload->trace = ctx->trace;
+    if (!rc) rc = fsdp__recovery_open(ctx);
     if (!rc && ctx->offload && ctx->stream_chunk) { /* the step runs behind the next forward */
         pthread_mutex_init(&ctx->step_lock, NULL);
         pthread_cond_init(&ctx->step_cond, NULL);
@@ -12945,6 +13406,7 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     fsdp_comm_destroy(ctx->cross_comm);
     fsdp_comm_destroy(ctx->hybrid_shard_comm);
     fsdp_comm_destroy(ctx->hybrid_replica_comm);
+    fsdp__recovery_close(ctx); /* (the world it made, after the comms split from it) */
     fsdp__plan_free(&ctx->plan);
     FSDP_FREE(ctx->units);
     FSDP_FREE(ctx->unit_params);

@@ -1,20 +1,22 @@
-/* test_recovery.c - specification of >>recovery as far as it exists: the agreement rule that
-   decides, from the views of the ranks that survived a lost replica, the next membership (its
-   epoch, its replicas), whether a partition must stop (naming it) and the step every survivor
-   ends at (the step in flight applied everywhere or nowhere); fsdp_desc.recovery's checks at
-   fsdp_init, which refuse it where it cannot work and, where it could, as not available yet;
-   fsdp_replicas and the step report's replica fields; and what recovery will build on in the
-   comms as they are: a replica lost between hosts shows in the replica communicator's op (a
-   reset at once as FSDP_ERR_PEER_LOST naming the rank, silence at the op's timeout), while the
-   shared-memory shard communicator of a surviving host stays healthy; and the survivors'
-   runtime after a loss (quiesce, reset, adopt), driven by hand (the rendezvous and the
-   agreement's exchange are still to come) through a simulated loss on one host and a real one
-   (a host's ranks SIGKILLed at a step) over three: the survivors reach the last step bitwise
-   equal to a plain reference, run after run.
+/* test_recovery.c - specification of >>recovery: the agreement rule that decides, from the views
+   of the ranks that survived a lost replica, the next membership (its epoch, its replicas),
+   whether a partition must stop (naming it) and the step every survivor ends at (the step in
+   flight applied everywhere or nowhere); fsdp_desc.recovery's checks at fsdp_init; fsdp_replicas
+   and the step report's replica fields; what recovery builds on in the comms: a replica lost
+   between hosts shows in the replica communicator's op (a reset at once as FSDP_ERR_PEER_LOST
+   naming the rank, silence at the op's timeout), the comms report the lost peer, the links to
+   other hosts carry keepalive and TCP_USER_TIMEOUT (a stopped process is still found at the op
+   timeout only), while the shared-memory shard communicator of a surviving host stays healthy;
+   the survivors' runtime (quiesce, catch up, reset, adopt) driven by hand through a simulated
+   loss on one host and a real one over three; and recovery through the public API: a socket job
+   of 3 or 4 fake hosts of 2 ranks, a host's ranks SIGKILLed at a step (the rendezvous's host
+   too), the survivors reaching the last step bitwise equal to a reference that averages over
+   them from the loss on; half the hosts lost stops the survivors naming the partition; recovery
+   off ends them naming the lost rank.
 
    The agreement is a pure function, tested directly (the file includes the implementation). The
-   fsdp_init checks run in forked worlds: shared memory on one host, and sockets over two hosts
-   made with UTS namespaces (as tests/test_hierarchical.c does; ignored, saying why, where no
+   multi-rank tests run in forked worlds: shared memory on one host, and sockets over hosts made
+   with UTS namespaces (as tests/test_hierarchical.c does; ignored, saying why, where no
    namespace can be made). Only the parent asserts.
 
    Build: make build/test_recovery */
@@ -267,6 +269,7 @@ typedef struct world_plan {
     int shard_group_size;
     int recovery;
     int train;             /* recovery off: one step, and the report's fields */
+    int bf16_state;        /* AdamW with its state in bf16 (its update streams) */
     /* sockets over hosts (0: shm on this host) */
     int hosts, port, rank, world;
     char job[32];
@@ -293,6 +296,7 @@ static int init_context(fsdp_comm *comm, const world_plan *plan, rank_report *r)
     d.strategy = plan->strategy;
     d.shard_group_size = plan->shard_group_size;
     d.recovery.enabled = plan->recovery;
+    if (plan->bf16_state) d.optimizer.kind = FSDP_ADAMW, d.optimizer.state_dtype = FSDP_BF16;
     r->rc = fsdp_init(&ctx, m, &d);
     if (r->rc) copy_text(r->message, sizeof r->message, fsdp_last_error(NULL));
     if (!r->rc) fsdp_replicas(ctx, &r->count, &r->index);
@@ -449,10 +453,25 @@ static void test_recovery_with_two_replicas_sharing_a_host_is_refused_naming_the
     assert_every_rank_refused(4, FSDP_ERR_INVALID_ARG, "replicas 0 and 1 share host 0");
 }
 
-static void test_recovery_over_hosts_of_their_own_is_refused_as_not_available_yet(void) {
+static void test_recovery_over_hosts_of_their_own_is_accepted_and_trains_in_epoch_0(void) {
     world_plan plan = plan_of(FSDP_HYBRID_SHARD, 2, 1, 2);
+    int r;
+    plan.train = 1;
     run_world(&plan, 4);
-    assert_every_rank_refused(4, FSDP_ERR_UNSUPPORTED, "is not available yet");
+    for (r = 0; r < 4; r++) {
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, reports[r].rc, reports[r].message);
+        TEST_ASSERT_EQUAL_INT(2, reports[r].report_replicas);
+        TEST_ASSERT_EQUAL_INT(0, (int)reports[r].report_epoch);
+        TEST_ASSERT_EQUAL_INT(0, reports[r].report_dropped);
+    }
+}
+
+static void test_recovery_with_an_update_that_streams_is_refused_naming_it(void) {
+    world_plan plan = plan_of(FSDP_HYBRID_SHARD, 2, 1, 2);
+    plan.bf16_state = 1;
+    run_world(&plan, 4);
+    assert_every_rank_refused(4, FSDP_ERR_UNSUPPORTED, "recovery cannot continue an update that streams (offload, "
+                              "bf16 state) on a new world yet");
 }
 
 static void test_replicas_of_hybrid_over_hosts_are_the_shard_groups_in_query_and_report(void) {
@@ -509,6 +528,12 @@ typedef struct loss_board {
     /* with a rebuild: the survivors' new replica comm */
     volatile int rebuild_port[2], rebuild_rc[MAX_RANKS], rebuilt_right[MAX_RANKS];
     volatile double rebuilt_ms[MAX_RANKS], next_op_ms[MAX_RANKS];
+    /* the comms' report of the lost peer (1 + its rank in the replica comm), and with watch_ms
+       (fsdp__comm_watch on world and replica) what the kernel was told per link: [0] the replica
+       comm's link to the other host, [1] the world's to the other host, [2] the world's to this
+       host's other rank (-1: no connection); keepalive on, and the user timeout */
+    int watch_ms;
+    volatile int lost_peer[MAX_RANKS], keepalive[MAX_RANKS][3], user_timeout[MAX_RANKS][3];
     char message[MAX_RANKS][400];
 } loss_board;
 
@@ -544,6 +569,37 @@ static void loss_rebuild(const fsdp_comm *old_world, int me, int hosts, const ch
     fsdp_comm_destroy(replica);
 }
 
+/* The socket connection of comm to peer (a socket world's, or a hierarchical one's link): its fd,
+   or -1. */
+static int link_fd(const fsdp_comm *comm, int peer) {
+    const fsdp__sock *s = comm->transport == &fsdp__sock_transport ? (const fsdp__sock *)comm->impl
+                          : comm->transport == &fsdp__hier_transport ? ((const fsdp__hier *)comm->impl)->net : NULL;
+    return s ? s->peers[peer].fd : -1;
+}
+
+/* What the kernel was told about comm's link to peer: keepalive (-1: no link) and the user timeout. */
+static void link_watch(const fsdp_comm *comm, int peer, volatile int *keepalive, volatile int *user_timeout) {
+    int fd = link_fd(comm, peer), on = 0;
+    unsigned int ms = 0;
+    socklen_t len = sizeof on;
+    *keepalive = -1;
+    if (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, &len) != 0) return;
+    len = sizeof ms;
+    getsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, &len);
+    *keepalive = on;
+    *user_timeout = (int)ms;
+}
+
+/* With loss->watch_ms: the links watched, and what the kernel holds for them recorded. */
+static int loss_watch(fsdp_comm *world, fsdp_comm *replica, int me) {
+    if (!loss->watch_ms) return 0;
+    if (fsdp__comm_watch(world, loss->watch_ms) != 0 || fsdp__comm_watch(replica, loss->watch_ms) != 0) return -1;
+    link_watch(replica, 1 - fsdp_comm_rank(replica), &loss->keepalive[me][0], &loss->user_timeout[me][0]);
+    link_watch(world, me ^ 2, &loss->keepalive[me][1], &loss->user_timeout[me][1]);
+    link_watch(world, me ^ 1, &loss->keepalive[me][2], &loss->user_timeout[me][2]);
+    return 0;
+}
+
 /* A rank of host rank / 2 (plan->hosts hosts of 2 ranks): replica all_reduces until one fails
    (or 60 s), then one all_reduce on its host's shard comm, and with plan->train (here: rebuild)
    the survivors' new replica comm (the leaders publish their listeners' ports in the board
@@ -562,12 +618,17 @@ static int loss_rank(void *arg) {
         return 1;
     }
     if (plan->train && me < 2 && (listen_fd = open_leader_listener(&loss->rebuild_port[me])) < 0) return 1;
+    if (loss_watch(world, replica, me) != 0) {
+        snprintf(loss->message[me], sizeof loss->message[me], "fsdp__comm_watch: %s", strerror(errno));
+        return 1;
+    }
     while (rc == 0 && now_ms() < until) {
         rc = fsdp_all_reduce(replica, buf, buf, LOSS_COUNT, FSDP_F32, FSDP_SUM);
         if (!rc) loss->ops[me]++;
     }
     loss->fail_ms[me] = now_ms();
     loss->op_rc[me] = rc;
+    loss->lost_peer[me] = fsdp__load(&replica->lost_peer);
     copy_text(loss->message[me], sizeof loss->message[me], fsdp_comm_last_error(replica));
     loss->shard_rc[me] = fsdp_all_reduce(shard, buf, buf, LOSS_COUNT, FSDP_F32, FSDP_SUM);
     if (plan->train) loss_rebuild(world, me, plan->hosts, plan->job, buf, listen_fd);
@@ -582,12 +643,13 @@ static int loss_rank(void *arg) {
 /* Starts hosts x 2 ranks, lets the replica comms run, sends sig to the last host's ranks, and
    waits for the survivors (rebuild: they then make a new replica comm). Ignores the test where
    no host name can be had. */
-static void run_loss(int hosts, int sig, int rebuild) {
+static void run_loss(int hosts, int sig, int rebuild, int watch_ms) {
     world_plan plan;
     pid_t pids[MAX_RANKS];
     int r, status[MAX_RANKS], world = 2 * hosts, survivors = world - 2;
     double until;
     memset(loss, 0, sizeof *loss);
+    loss->watch_ms = watch_ms;
     memset(&plan, 0, sizeof plan);
     plan.port = pick_free_port();
     plan.world = world;
@@ -623,7 +685,7 @@ static void run_loss(int hosts, int sig, int rebuild) {
 
 static void test_replica_lost_by_reset_shows_at_once_as_peer_lost_and_the_shard_comm_stays_healthy(void) {
     int r;
-    run_loss(2, SIGKILL, 0);
+    run_loss(2, SIGKILL, 0, 0);
     for (r = 0; r < 2; r++) {
         char what[600];
         snprintf(what, sizeof what, "rank %d: detected after %.1f ms: %s", r, loss->fail_ms[r] - loss->kill_ms,
@@ -631,6 +693,7 @@ static void test_replica_lost_by_reset_shows_at_once_as_peer_lost_and_the_shard_
         printf("%s\n", what);
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_PEER_LOST, loss->op_rc[r], what);
         assert_says(loss->message[r], "rank 1 ("); /* the peer: rank 1 of the replica comm */
+        TEST_ASSERT_EQUAL_INT_MESSAGE(2, loss->lost_peer[r], what); /* (1 + rank 1: reported for recovery's reach) */
         TEST_ASSERT_TRUE_MESSAGE(loss->fail_ms[r] - loss->kill_ms < LOSS_OP_TIMEOUT_MS / 2, what);
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, loss->shard_rc[r], what);
     }
@@ -638,7 +701,7 @@ static void test_replica_lost_by_reset_shows_at_once_as_peer_lost_and_the_shard_
 
 static void test_replica_gone_silent_shows_at_the_op_timeout_and_the_shard_comm_stays_healthy(void) {
     int r;
-    run_loss(2, SIGSTOP, 0);
+    run_loss(2, SIGSTOP, 0, 0);
     for (r = 0; r < 2; r++) {
         char what[600];
         double took = loss->fail_ms[r] - loss->kill_ms;
@@ -646,13 +709,47 @@ static void test_replica_gone_silent_shows_at_the_op_timeout_and_the_shard_comm_
         printf("%s\n", what);
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_TIMEOUT, loss->op_rc[r], what);
         TEST_ASSERT_TRUE_MESSAGE(took >= LOSS_OP_TIMEOUT_MS * 0.9 && took < LOSS_OP_TIMEOUT_MS * 3, what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(2, loss->lost_peer[r], what);
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, loss->shard_rc[r], what);
+    }
+}
+
+#define LOSS_WATCH_MS 500 /* detect_ms for the watched links: well under the op timeout */
+
+static void test_watched_links_to_other_hosts_carry_keepalive_and_the_user_timeout_and_links_inside_a_host_do_not(void) {
+    int r;
+    run_loss(2, SIGKILL, 0, LOSS_WATCH_MS);
+    for (r = 0; r < 2; r++) {
+        TEST_ASSERT_EQUAL_INT_MESSAGE(1, loss->keepalive[r][0], "the replica comm's link to the other host");
+        TEST_ASSERT_EQUAL_INT(LOSS_WATCH_MS, loss->user_timeout[r][0]);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(1, loss->keepalive[r][1], "the world's link to the other host");
+        TEST_ASSERT_EQUAL_INT(LOSS_WATCH_MS, loss->user_timeout[r][1]);
+        TEST_ASSERT_TRUE_MESSAGE(loss->keepalive[r][2] <= 0, "the world's link inside this host");
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_PEER_LOST, loss->op_rc[r], loss->message[r]);
+    }
+}
+
+/* A stopped process's kernel still answers keepalive probes and acknowledges data: to the kernel
+   it is a straggler, not a vanished host, so the watch does not take it for lost and only the op
+   timeout finds it (recovery then treats it as lost: it failed). */
+static void test_stopped_peer_on_watched_links_is_found_at_the_op_timeout_not_at_detect_ms(void) {
+    int r;
+    run_loss(2, SIGSTOP, 0, LOSS_WATCH_MS);
+    for (r = 0; r < 2; r++) {
+        char what[600];
+        double took = loss->fail_ms[r] - loss->kill_ms;
+        snprintf(what, sizeof what, "rank %d: detected after %.1f ms: %s", r, took, loss->message[r]);
+        printf("%s\n", what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(1, loss->keepalive[r][0], what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_TIMEOUT, loss->op_rc[r], what);
+        TEST_ASSERT_TRUE_MESSAGE(took >= LOSS_OP_TIMEOUT_MS * 0.9, what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(2, loss->lost_peer[r], what);
     }
 }
 
 static void test_survivors_of_a_lost_host_rebuild_a_replica_comm_that_sums_over_them(void) {
     int r;
-    run_loss(3, SIGKILL, 1);
+    run_loss(3, SIGKILL, 1, 0);
     for (r = 0; r < 4; r++) {
         char what[600];
         snprintf(what, sizeof what, "rank %d: detected after %.1f ms, a new replica comm %.1f ms later, its first "
@@ -705,6 +802,30 @@ static survive_board *survive;
 
 /* The gradient rank r's data gives element i at step t: small integers, so every sum is exact. */
 static float survive_grad(int t, int r, int i) { return (float)((t * 7 + r * 5 + i * 3) % 11) - 5.0f; }
+
+/* The model of the runtime tests, Linear(4 -> 8) (its weight's id in *weight), and its
+   HYBRID_SHARD description over comm: replicas of 2 ranks, SGD at SURVIVE_LR. */
+static fsdp_model *survive_model(int *weight) {
+    fsdp_init_rule rule;
+    fsdp_model *m = NULL;
+    int64_t shape[2] = {8, 4};
+    memset(&rule, 0, sizeof rule);
+    rule.kind = FSDP_INIT_NORMAL;
+    rule.b = 0.5f;
+    fsdp_model_create(&m, "Net");
+    *weight = fsdp_model_param(m, fsdp_model_module(m, 0, "fc", "Linear"), "weight", 2, shape, rule);
+    return m;
+}
+
+static fsdp_desc survive_desc(fsdp_comm *comm) {
+    fsdp_desc d;
+    memset(&d, 0, sizeof d);
+    d.comm = comm;
+    d.strategy = FSDP_HYBRID_SHARD;
+    d.shard_group_size = 2;
+    d.optimizer.lr = SURVIVE_LR;
+    return d;
+}
 
 /* One iteration of rank me (its data index) at step t. At LOSS_STEP replica survive->lost is lost
    in the backward: on hosts its ranks die of SIGKILL (their connections reset); on shared memory
@@ -803,19 +924,9 @@ static int survive_rank(fsdp_comm *comm, void *arg) {
     fsdp_model *m = NULL;
     fsdp_ctx *ctx = NULL;
     fsdp_comm *world = NULL;
-    fsdp_init_rule rule;
     fsdp_desc d;
-    int64_t shape[2] = {8, 4};
-    memset(&rule, 0, sizeof rule);
-    rule.kind = FSDP_INIT_NORMAL;
-    rule.b = 0.5f;
-    fsdp_model_create(&m, "Net");
-    w = fsdp_model_param(m, fsdp_model_module(m, 0, "fc", "Linear"), "weight", 2, shape, rule);
-    memset(&d, 0, sizeof d);
-    d.comm = comm;
-    d.strategy = FSDP_HYBRID_SHARD;
-    d.shard_group_size = 2;
-    d.optimizer.lr = SURVIVE_LR;
+    m = survive_model(&w);
+    d = survive_desc(comm);
     if ((rc = fsdp_init(&ctx, m, &d)) == 0) rc = fsdp_gather_param(ctx, w, survive->final[me]); /* (collective) */
     if (!rc && me == 0) memcpy(survive->init, survive->final[0], sizeof survive->init);
     for (t = 0; !rc && t < SURVIVE_STEPS; t++) {
@@ -993,6 +1104,357 @@ static void test_survivors_of_the_rendezvous_host_killed_train_on_bitwise_equal_
     run_survival(3, 0, finals);
 }
 
+/* ---------------------------------------------------------------------------------------------
+   recovery through the public API: HOSTS fake hosts (UTS namespaces) of 2 ranks each, a socket
+   world, HYBRID_SHARD with a replica per host and fsdp_desc.recovery on. The loop uses only the
+   hooks and fsdp_step (data by the steps the report says were taken); the ranks of the hosts in
+   lost_mask SIGKILL themselves in the backward of step API_LOSS_STEP. The survivors find the loss
+   in fsdp_step (or a hook), agree at a rendezvous, make a new world and go on.
+   --------------------------------------------------------------------------------------------- */
+#define API_MAX_HOSTS 4
+#define API_MAX_WORLD (2 * API_MAX_HOSTS)
+#define API_STEPS 8
+#define API_LOSS_STEP 3
+#define API_DETECT_MS 3000
+#define API_STOP_TIMEOUT_MS 4000 /* the op timeout where a host stops */
+
+typedef struct api_board {
+    char job[40];
+    int hosts, lost_mask, recovery, port;  /* lost_mask: bit h for host (replica) h */
+    int loss_step[API_MAX_HOSTS];          /* the step host h is lost at (where lost_mask says) */
+    int stop, timeout_ms;                  /* stop: the lost ranks stop (SIGSTOP) rather than die; the op timeout */
+    float init[SURVIVE_NUMEL];
+    float final[API_MAX_WORLD][SURVIVE_NUMEL];
+    int rc[API_MAX_WORLD], steps[API_MAX_WORLD], finished[API_MAX_WORLD];
+    int dropped_at[API_MAX_WORLD], epoch[API_MAX_WORLD], replicas[API_MAX_WORLD], index[API_MAX_WORLD];
+    double killed_ms, next_step_ms[API_MAX_WORLD];
+    char message[API_MAX_WORLD][400];
+} api_board;
+
+static api_board *api;
+
+static int api_lost(int rank) { return (api->lost_mask >> (rank / 2)) & 1; }
+
+/* Whether host h trains at step t. */
+static int api_trains(int h, int t) { return !((api->lost_mask >> h) & 1) || t < api->loss_step[h]; }
+
+/* One iteration's hooks at step t (the lost ranks die in its backward at their loss step). */
+static int api_hooks(fsdp_ctx *ctx, int w, int64_t t, int me) {
+    float *g;
+    int i, rc;
+    if ((rc = fsdp_pre_forward(ctx, 0)) != 0 || (rc = fsdp_post_forward(ctx, 0)) != 0 ||
+        (rc = fsdp_pre_backward(ctx, 0)) != 0)
+        return rc;
+    if (!(g = fsdp_grad(ctx, w))) return FSDP_ERR_STATE;
+    for (i = 0; i < SURVIVE_NUMEL; i++) g[i] += survive_grad((int)t, me, i);
+    if (api_lost(me) && t == api->loss_step[me / 2]) {
+        api->killed_ms = now_ms();
+        raise(api->stop ? SIGSTOP : SIGKILL);
+    }
+    return fsdp_post_backward(ctx, 0);
+}
+
+/* The training loop of rank me: API_STEPS steps; fsdp_step after the hooks whatever they
+   returned (with recovery it recovers from a loss they saw). */
+static int api_train(fsdp_ctx *ctx, int w, int me) {
+    int64_t step = 0;
+    int rc = 0, after_drop = 0;
+    api->dropped_at[me] = -1;
+    while (step < API_STEPS) {
+        fsdp_step_report rep;
+        api_hooks(ctx, w, step, me);
+        if ((rc = fsdp_step(ctx, 0, &rep)) != 0) return rc;
+        if (rep.dropped) api->dropped_at[me] = (int)step, api->epoch[me] = (int)rep.epoch, api->replicas[me] = rep.replicas;
+        if (rep.dropped) fsdp_replicas(ctx, NULL, &api->index[me]);
+        if (after_drop && !rep.dropped) api->next_step_ms[me] = now_ms(); /* (the first step after the last loss) */
+        after_drop = rep.dropped;
+        if ((rc = fsdp_zero_grad(ctx)) != 0) return rc;
+        step = rep.step;
+    }
+    return 0;
+}
+
+static int api_rank(void *arg) {
+    int me = *(const int *)arg, rc, w;
+    fsdp_comm *comm = NULL;
+    fsdp_model *m = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_desc d;
+    if (enter_host(me / 2, api->message[me], sizeof api->message[me])) return NO_HOST_NAME;
+    if (join_socket_world(&comm, me, 2 * api->hosts, api->port, api->job, api->timeout_ms, NULL, NULL) != 0) {
+        copy_text(api->message[me], sizeof api->message[me], fsdp_comm_last_error(NULL));
+        return 1;
+    }
+    m = survive_model(&w);
+    d = survive_desc(comm);
+    d.recovery.enabled = api->recovery;
+    d.recovery.detect_ms = API_DETECT_MS;
+    if ((rc = fsdp_init(&ctx, m, &d)) == 0) rc = fsdp_gather_param(ctx, w, api->final[me]);
+    if (!rc && me == 0) memcpy(api->init, api->final[0], sizeof api->init);
+    if (!rc) rc = api_train(ctx, w, me);
+    if (!rc && (rc = fsdp_gather_param(ctx, w, api->final[me])) == 0) api->finished[me] = 1;
+    api->steps[me] = ctx ? (int)ctx->step : -1;
+    api->rc[me] = rc;
+    if (rc) copy_text(api->message[me], sizeof api->message[me], fsdp_last_error(ctx));
+    fsdp_destroy(ctx);
+    fsdp_model_destroy(m);
+    fsdp_comm_destroy(comm);
+    return 0;
+}
+
+/* SGD on the average over the replicas training at each step of each replica's average over its
+   two ranks, folded in rank order as the collectives fold: every replica before the loss, the
+   survivors from the step of the loss on (dropped, then taken again by them). */
+static void api_reference(float *weight) {
+    int t, i, h;
+    memcpy(weight, api->init, sizeof api->init);
+    for (t = 0; t < API_STEPS; t++) {
+        int replicas = 0;
+        for (h = 0; h < api->hosts; h++) replicas += api_trains(h, t);
+        for (i = 0; i < SURVIVE_NUMEL; i++) {
+            float avg = 0;
+            int folded = 0;
+            for (h = 0; h < api->hosts; h++) {
+                float partial = (survive_grad(t, 2 * h, i) + survive_grad(t, 2 * h + 1, i)) / 2.0f;
+                if (!api_trains(h, t)) continue;
+                avg = folded++ == 0 ? partial : avg + partial;
+            }
+            weight[i] -= SURVIVE_LR * (avg / (float)replicas + 0.0f * weight[i]);
+        }
+    }
+}
+
+/* The plan of a run: hosts x 2 ranks, the hosts of lost_mask lost at API_LOSS_STEP. */
+static void api_plan(int hosts, int lost_mask, int recovery) {
+    static int runs;
+    int h;
+    memset(api, 0, sizeof *api);
+    for (h = 0; h < API_MAX_HOSTS; h++) api->loss_step[h] = API_LOSS_STEP;
+    api->hosts = hosts;
+    api->lost_mask = lost_mask;
+    api->recovery = recovery;
+    api->timeout_ms = TIMEOUT_MS;
+    api->port = pick_free_port();
+    snprintf(api->job, sizeof api->job, "api-%d-%d", (int)getpid(), runs++);
+}
+
+/* Forks the planned world and waits for the survivors, then ends the lost ranks (killed, or
+   stopped). Ignores the test where no host name can be had. */
+static void api_fork(void) {
+    pid_t pids[API_MAX_WORLD];
+    int ranks[API_MAX_WORLD], status[API_MAX_WORLD], r;
+    for (r = 0; r < 2 * api->hosts; r++) {
+        ranks[r] = r;
+        pids[r] = spawn(api_rank, &ranks[r], 120);
+    }
+    for (r = 0; r < 2 * api->hosts; r++)
+        if (!api_lost(r)) status[r] = reap(pids[r], 110000);
+    for (r = 0; r < 2 * api->hosts; r++)
+        if (api_lost(r)) {
+            kill(pids[r], SIGKILL); /* (a stopped rank; one that died of it already: nothing) */
+            status[r] = reap(pids[r], 5000);
+        }
+    for (r = 0; r < 2 * api->hosts; r++)
+        if (status[r] == NO_HOST_NAME) TEST_IGNORE_MESSAGE(api->message[r]);
+    for (r = 0; r < 2 * api->hosts; r++)
+        if (!api_lost(r)) TEST_ASSERT_EQUAL_INT_MESSAGE(0, status[r], api->message[r]);
+}
+
+static void run_api(int hosts, int lost_mask, int recovery) {
+    api_plan(hosts, lost_mask, recovery);
+    api_fork();
+}
+
+/* Every survivor reached the last step with the reference's bits, reporting the last loss (at
+   step last_loss, epoch `epoch`, `survivors` replicas left). */
+static void assert_survivors_match_the_reference(int survivors, int last_loss, int epoch) {
+    float want[SURVIVE_NUMEL];
+    int r, k = 0;
+    api_reference(want);
+    for (r = 0; r < 2 * api->hosts; r++) {
+        char what[600];
+        if (api_lost(r)) continue;
+        snprintf(what, sizeof what, "rank %d: %d steps, dropped at %d: %s", r, api->steps[r], api->dropped_at[r],
+                 api->message[r]);
+        printf("rank %d: the next step done %.1f ms after the kill\n", r, api->next_step_ms[r] - api->killed_ms);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, api->rc[r], what);
+        TEST_ASSERT_TRUE_MESSAGE(api->finished[r], what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(API_STEPS, api->steps[r], what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(last_loss, api->dropped_at[r], what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(epoch, api->epoch[r], what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(survivors, api->replicas[r], what);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(k++ / 2, api->index[r], what);
+        TEST_ASSERT_EQUAL_MEMORY_MESSAGE(want, api->final[r], sizeof want, what);
+    }
+}
+
+static void test_recovery_on_one_host_of_four_killed_survivors_train_on_bitwise_equal_to_the_reference(void) {
+    run_api(4, 1 << 2, 1);
+    assert_survivors_match_the_reference(3, API_LOSS_STEP, 1);
+}
+
+static void test_recovery_on_the_rendezvous_host_killed_survivors_train_on_bitwise_equal_to_the_reference(void) {
+    run_api(3, 1 << 0, 1);
+    assert_survivors_match_the_reference(2, API_LOSS_STEP, 1);
+}
+
+/* A host whose ranks stop (SIGSTOP) is alive to the kernel: the survivors' ops find it at the op
+   timeout (short here), and recovery then goes on without it. */
+static void test_recovery_on_a_host_stopped_survivors_go_on_after_the_op_timeout_bitwise_equal_to_the_reference(void) {
+    int r;
+    api_plan(3, 1 << 2, 1);
+    api->stop = 1;
+    api->timeout_ms = API_STOP_TIMEOUT_MS;
+    api_fork();
+    assert_survivors_match_the_reference(2, API_LOSS_STEP, 1);
+    for (r = 0; r < 4; r++) {
+        char what[100];
+        snprintf(what, sizeof what, "rank %d: the next step %.1f ms after the stop", r, api->next_step_ms[r] - api->killed_ms);
+        TEST_ASSERT_TRUE_MESSAGE(api->next_step_ms[r] - api->killed_ms >= API_STOP_TIMEOUT_MS * 0.9, what);
+    }
+}
+
+/* The API_LOSS_STEP + 2 loss is the second (host 3 was lost at API_LOSS_STEP): run_api with the
+   loss steps set first. */
+static void test_recovery_on_two_hosts_of_four_lost_at_different_steps_survivors_train_on_in_epoch_2(void) {
+    api_plan(4, (1 << 2) | (1 << 3), 1);
+    api->loss_step[2] = API_LOSS_STEP + 2;
+    api_fork();
+    assert_survivors_match_the_reference(2, API_LOSS_STEP + 2, 2);
+}
+
+static void test_recovery_on_half_the_hosts_lost_stops_both_survivors_naming_the_partition(void) {
+    int r;
+    run_api(4, (1 << 2) | (1 << 3), 1);
+    for (r = 0; r < 4; r++) {
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_PEER_LOST, api->rc[r], api->message[r]);
+        assert_says(api->message[r], "replicas {0, 1} are all that remain together of epoch 0's {0, 1, 2, 3}: not a "
+                    "strict majority");
+        TEST_ASSERT_EQUAL_INT_MESSAGE(API_LOSS_STEP, api->steps[r], api->message[r]);
+    }
+}
+
+static void test_recovery_off_a_host_killed_ends_every_survivor_naming_the_lost_rank(void) {
+    int r;
+    run_api(3, 1 << 2, 0);
+    for (r = 0; r < 4; r++) {
+        TEST_ASSERT_TRUE_MESSAGE(api->rc[r] == FSDP_ERR_PEER_LOST || api->rc[r] == FSDP_ERR_ABORTED, api->message[r]);
+        assert_says(api->message[r], "closed its connection");
+        TEST_ASSERT_EQUAL_INT_MESSAGE(API_LOSS_STEP, api->steps[r], api->message[r]);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+   a survivor one step behind: it failed inside the commit point (the global norm's all_gather)
+   while the others passed it, so it holds the step's reduced gradient but not the norm; it
+   applies the step from the norm those ahead computed (fsdp__recovery_catch_up). On one host,
+   2 replicas of 2 ranks, with clipping on (the norm matters): replica 1 stands in for the ranks
+   behind at step CATCH_STEP (it joins the all_gather as a rank whose op then failed would have,
+   and forgets its result).
+   --------------------------------------------------------------------------------------------- */
+#define CATCH_WORLD 4
+#define CATCH_STEPS 4
+#define CATCH_STEP 2
+#define CATCH_MAX_NORM 1.0f
+
+typedef struct catch_board {
+    volatile double norm;  /* rank 0's commit_norm at CATCH_STEP */
+    volatile int posted;
+    int refused;           /* 1: the test of a rank without its reduced gradient */
+    int rc[CATCH_WORLD];
+    float final[CATCH_WORLD][SURVIVE_NUMEL];
+    char message[CATCH_WORLD][400];
+} catch_board;
+
+static catch_board *catch_up;
+
+/* What fsdp_step does on a rank whose commit point fails: its reductions waited for, then the
+   global norm's all_gather joined (here: its result dropped, as a failure would). */
+static int fail_inside_commit(fsdp_ctx *ctx) {
+    double discarded;
+    int rc;
+    if ((rc = fsdp__finish(ctx)) != 0) return rc;
+    ctx->grads_since_step = 0;
+    ctx->reductions_done = !catch_up->refused;
+    return fsdp__global_norm(ctx, &discarded);
+}
+
+/* Rank me's step at t: the ranks of replica 1 behind at CATCH_STEP, catching up with the norm
+   rank 0 posts. */
+static int catch_step(fsdp_ctx *ctx, int t, int me) {
+    double until = now_ms() + 10000;
+    int rc;
+    if (t != CATCH_STEP || me < 2) {
+        rc = fsdp_step(ctx, CATCH_MAX_NORM, NULL);
+        if (!rc && t == CATCH_STEP && me == 0) {
+            catch_up->norm = ctx->commit_norm;
+            __sync_synchronize();
+            catch_up->posted = 1;
+        }
+        return rc;
+    }
+    if ((rc = fail_inside_commit(ctx)) != 0) return rc;
+    while (!catch_up->posted && now_ms() < until) sleep_ms(1);
+    if (!catch_up->posted) return fsdp__fail(ctx, FSDP_ERR_TIMEOUT, "rank 0 posted no norm within 10 s");
+    __sync_synchronize();
+    if ((rc = fsdp__recovery_catch_up(ctx, catch_up->norm, CATCH_MAX_NORM)) != 0) return rc;
+    fsdp__recovery_reset(ctx);
+    return 0;
+}
+
+static int catch_rank(fsdp_comm *comm, void *arg) {
+    int me = fsdp_comm_rank(comm), t, i, rc, w;
+    fsdp_model *m = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_desc d;
+    (void)arg;
+    m = survive_model(&w);
+    d = survive_desc(comm);
+    rc = fsdp_init(&ctx, m, &d);
+    for (t = 0; !rc && t < CATCH_STEPS; t++) {
+        float *g;
+        if ((rc = fsdp_pre_forward(ctx, 0)) != 0 || (rc = fsdp_post_forward(ctx, 0)) != 0 ||
+            (rc = fsdp_pre_backward(ctx, 0)) != 0)
+            break;
+        if (!(g = fsdp_grad(ctx, w))) rc = FSDP_ERR_STATE;
+        for (i = 0; !rc && i < SURVIVE_NUMEL; i++) g[i] += survive_grad(t, me, i);
+        if (rc || (rc = fsdp_post_backward(ctx, 0)) != 0 || (rc = catch_step(ctx, t, me)) != 0 ||
+            (rc = fsdp_zero_grad(ctx)) != 0)
+            break;
+    }
+    if (!rc) rc = fsdp_gather_param(ctx, w, catch_up->final[me]);
+    catch_up->rc[me] = rc;
+    if (rc) copy_text(catch_up->message[me], sizeof catch_up->message[me], fsdp_last_error(ctx));
+    fsdp_destroy(ctx);
+    fsdp_model_destroy(m);
+    return 0;
+}
+
+static void run_catch_up(int refused) {
+    fsdp_launch_status ls;
+    memset(catch_up, 0, sizeof *catch_up);
+    catch_up->refused = refused;
+    TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, launch_ranks(CATCH_WORLD, FSDP_BACKEND_SHM, TIMEOUT_MS, catch_rank, NULL, &ls));
+}
+
+static void test_survivor_behind_the_commit_point_applies_the_step_from_the_norm_of_those_ahead_bitwise(void) {
+    int r;
+    run_catch_up(0);
+    for (r = 0; r < CATCH_WORLD; r++) TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, catch_up->rc[r], catch_up->message[r]);
+    for (r = 1; r < CATCH_WORLD; r++) {
+        char what[64];
+        snprintf(what, sizeof what, "rank %d's weight against rank 0's", r);
+        TEST_ASSERT_EQUAL_MEMORY_MESSAGE(catch_up->final[0], catch_up->final[r], sizeof catch_up->final[0], what);
+    }
+}
+
+static void test_survivor_behind_without_its_reduced_gradient_is_refused_naming_it(void) {
+    run_catch_up(1);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_STATE, catch_up->rc[2], catch_up->message[2]);
+    assert_says(catch_up->message[2], "recovery: rank 2 cannot apply step 3 after the others: it does not hold the "
+                "step's reduced gradient");
+}
+
 void setUp(void) {}
 void tearDown(void) {}
 
@@ -1000,6 +1462,8 @@ int main(void) {
     reports = (rank_report *)map_shared(sizeof *reports * MAX_RANKS);
     loss = (loss_board *)map_shared(sizeof *loss);
     survive = (survive_board *)map_shared(sizeof *survive);
+    catch_up = (catch_board *)map_shared(sizeof *catch_up);
+    api = (api_board *)map_shared(sizeof *api);
     UNITY_BEGIN();
     RUN_TEST(test_decide_one_of_four_replicas_lost_keeps_three_in_the_next_epoch);
     RUN_TEST(test_decide_rendezvous_replica_lost_is_survived_like_any_other);
@@ -1017,17 +1481,28 @@ int main(void) {
     RUN_TEST(test_recovery_with_full_shard_is_refused_naming_the_unit_and_strategy);
     RUN_TEST(test_recovery_with_every_replica_on_one_host_is_refused_naming_it);
     RUN_TEST(test_recovery_with_two_replicas_sharing_a_host_is_refused_naming_them);
-    RUN_TEST(test_recovery_over_hosts_of_their_own_is_refused_as_not_available_yet);
+    RUN_TEST(test_recovery_over_hosts_of_their_own_is_accepted_and_trains_in_epoch_0);
+    RUN_TEST(test_recovery_with_an_update_that_streams_is_refused_naming_it);
     RUN_TEST(test_replicas_of_hybrid_over_hosts_are_the_shard_groups_in_query_and_report);
     RUN_TEST(test_replicas_of_full_shard_are_one_and_of_no_shard_every_rank);
     RUN_TEST(test_replicas_of_a_null_context_are_zero_and_invalid);
     RUN_TEST(test_replica_lost_by_reset_shows_at_once_as_peer_lost_and_the_shard_comm_stays_healthy);
     RUN_TEST(test_replica_gone_silent_shows_at_the_op_timeout_and_the_shard_comm_stays_healthy);
+    RUN_TEST(test_watched_links_to_other_hosts_carry_keepalive_and_the_user_timeout_and_links_inside_a_host_do_not);
+    RUN_TEST(test_stopped_peer_on_watched_links_is_found_at_the_op_timeout_not_at_detect_ms);
     RUN_TEST(test_survivors_of_a_lost_host_rebuild_a_replica_comm_that_sums_over_them);
     RUN_TEST(test_survivors_drop_the_step_of_the_loss_and_train_on_bitwise_equal_to_the_reference);
     RUN_TEST(test_survivors_of_two_runs_with_the_same_loss_end_bitwise_equal);
     RUN_TEST(test_without_recovery_a_host_killed_at_a_step_ends_every_survivor_naming_the_lost_rank);
     RUN_TEST(test_survivors_of_a_host_killed_at_a_step_train_on_bitwise_equal_to_the_reference);
     RUN_TEST(test_survivors_of_the_rendezvous_host_killed_train_on_bitwise_equal_to_the_reference);
+    RUN_TEST(test_recovery_on_one_host_of_four_killed_survivors_train_on_bitwise_equal_to_the_reference);
+    RUN_TEST(test_recovery_on_the_rendezvous_host_killed_survivors_train_on_bitwise_equal_to_the_reference);
+    RUN_TEST(test_recovery_on_a_host_stopped_survivors_go_on_after_the_op_timeout_bitwise_equal_to_the_reference);
+    RUN_TEST(test_recovery_on_two_hosts_of_four_lost_at_different_steps_survivors_train_on_in_epoch_2);
+    RUN_TEST(test_recovery_on_half_the_hosts_lost_stops_both_survivors_naming_the_partition);
+    RUN_TEST(test_recovery_off_a_host_killed_ends_every_survivor_naming_the_lost_rank);
+    RUN_TEST(test_survivor_behind_the_commit_point_applies_the_step_from_the_norm_of_those_ahead_bitwise);
+    RUN_TEST(test_survivor_behind_without_its_reduced_gradient_is_refused_naming_it);
     return UNITY_END();
 }
