@@ -52,6 +52,7 @@ static void *failing_malloc(size_t size) {
 #define IN 5
 
 typedef struct oom_board {
+    const struct oom_case *the_case; /* what the ranks of case_rank do */
     char dir[256];                 /* this test's directory (traces, checkpoints) */
     int done[RANKS], rc[RANKS];
     double elapsed_ms[RANKS];
@@ -111,149 +112,105 @@ static void report(oom_board *b, fsdp_comm *comm, int rc, double start, const ch
     }
 }
 
-/* A forward pass without backward (an evaluation), as far as its last hook. */
-static int forward_pass(fsdp_ctx *ctx, int lin) {
+/* ---------------------------------------------------------------------------------------------
+   the cases: what is set up, which allocation fails, the call under test
+   --------------------------------------------------------------------------------------------- */
+typedef struct oom_case {
+    int traced;                                  /* the call under test is fsdp_init with a trace directory */
+    int (*prepare)(fsdp_ctx *ctx, const char *dir); /* before the allocator is armed (NULL: nothing) */
+    size_t (*bytes)(fsdp_ctx *ctx, int weight);  /* the size of the allocation that fails */
+    int (*call)(fsdp_ctx *ctx, int weight, const char *dir);
+} oom_case;
+
+static int this_rank; /* (set by case_rank in each forked rank) */
+
+static void checkpoint_path(char *path, size_t size, const char *dir) { snprintf(path, size, "%s/model.safetensors", dir); }
+
+/* A forward pass without backward (an evaluation), as far as its last hook (lin: module 1). */
+static int forward_pass(fsdp_ctx *ctx, const char *dir) {
     int rc;
-    if ((rc = fsdp_pre_forward(ctx, 0)) != 0 || (rc = fsdp_pre_forward(ctx, lin)) != 0 ||
-        (rc = fsdp_post_forward(ctx, lin)) != 0 || (rc = fsdp_post_forward(ctx, 0)) != 0)
+    (void)dir;
+    if ((rc = fsdp_pre_forward(ctx, 0)) != 0 || (rc = fsdp_pre_forward(ctx, 1)) != 0 || (rc = fsdp_post_forward(ctx, 1)) != 0 ||
+        (rc = fsdp_post_forward(ctx, 0)) != 0)
         return rc;
     return 0;
 }
 
-/* ---------------------------------------------------------------------------------------------
-   the ranks of each case: set up, arm, the call under test, report
-   --------------------------------------------------------------------------------------------- */
-static int trace_state_rank(fsdp_comm *comm, void *arg) {
-    oom_board *b = (oom_board *)arg;
-    fsdp_model *model = NULL;
-    fsdp_ctx *ctx = NULL;
-    int weight, rc;
-    double start;
-    if ((rc = model_build(&model, &weight)) != 0) setup_failed(b, "model", rc, NULL);
-    else {
-        start = arm(comm, sizeof(fsdp__trace));
-        rc = ctx_open(comm, model, b->dir, &ctx);
-        report(b, comm, rc, start, fsdp_last_error(NULL));
-    }
-    fsdp_destroy(ctx);
-    fsdp_model_destroy(model);
-    return 0;
-}
-
-static int trace_alignment_rank(fsdp_comm *comm, void *arg) {
-    oom_board *b = (oom_board *)arg;
-    fsdp_model *model = NULL;
-    fsdp_ctx *ctx = NULL;
-    int weight, rc;
-    double start;
-    if ((rc = model_build(&model, &weight)) != 0) setup_failed(b, "model", rc, NULL);
-    else {
-        start = arm(comm, (2 * FSDP__TRACE_ROUNDS * sizeof(double) + 2 * sizeof(float)) * RANKS);
-        rc = ctx_open(comm, model, b->dir, &ctx);
-        report(b, comm, rc, start, fsdp_last_error(NULL));
-    }
-    fsdp_destroy(ctx);
-    fsdp_model_destroy(model);
-    return 0;
-}
-
-/* The model's context, set up (no trace): 0, or the setup's failure on the board. */
-static int open_rank(oom_board *b, fsdp_comm *comm, fsdp_model **model, int *weight, fsdp_ctx **ctx) {
-    int rc;
-    if ((rc = model_build(model, weight)) != 0) setup_failed(b, "model", rc, NULL);
-    else if ((rc = ctx_open(comm, *model, NULL, ctx)) != 0) setup_failed(b, "fsdp_init", rc, NULL);
-    return rc;
-}
-
-static int order_check_rank(fsdp_comm *comm, void *arg) {
-    oom_board *b = (oom_board *)arg;
-    fsdp_model *model = NULL;
-    fsdp_ctx *ctx = NULL;
-    int weight, rc;
-    double start;
-    if (open_rank(b, comm, &model, &weight, &ctx) == 0) {
-        if ((rc = forward_pass(ctx, 1)) != 0) setup_failed(b, "forward", rc, ctx);
-        else {
-            start = arm(comm, 2 * sizeof(uint64_t) * RANKS); /* each rank's forward and backward order hashes */
-            rc = fsdp_finish_backward(ctx);
-            report(b, comm, rc, start, fsdp_last_error(ctx));
-        }
-    }
-    fsdp_destroy(ctx);
-    fsdp_model_destroy(model);
-    return 0;
-}
-
-static int clip_grad_norm_rank(fsdp_comm *comm, void *arg) {
-    oom_board *b = (oom_board *)arg;
-    fsdp_model *model = NULL;
-    fsdp_ctx *ctx = NULL;
-    double start, norm;
-    int weight, rc;
-    if (open_rank(b, comm, &model, &weight, &ctx) == 0) {
-        start = arm(comm, 4 * sizeof(double) * RANKS); /* each rank's sums of squares */
-        rc = fsdp_clip_grad_norm(ctx, 1.0f, &norm);
-        report(b, comm, rc, start, fsdp_last_error(ctx));
-    }
-    fsdp_destroy(ctx);
-    fsdp_model_destroy(model);
-    return 0;
-}
-
-static int load_full_rank(fsdp_comm *comm, void *arg) {
-    oom_board *b = (oom_board *)arg;
-    fsdp_model *model = NULL;
-    fsdp_ctx *ctx = NULL;
+static int save_checkpoint(fsdp_ctx *ctx, const char *dir) {
     char path[300];
-    double start;
-    int weight, rc;
-    snprintf(path, sizeof path, "%s/model.safetensors", b->dir);
-    if (open_rank(b, comm, &model, &weight, &ctx) == 0) {
-        if ((rc = fsdp_save_full(ctx, path, NULL)) != 0) setup_failed(b, "fsdp_save_full", rc, ctx);
-        else {
-            start = arm(comm, 32 * RANKS); /* each rank's identity of the file: size, time, header checksum */
-            rc = fsdp_load_full(ctx, path, NULL, NULL);
-            report(b, comm, rc, start, fsdp_last_error(ctx));
-        }
-    }
-    fsdp_destroy(ctx);
-    fsdp_model_destroy(model);
-    return 0;
+    checkpoint_path(path, sizeof path, dir);
+    return fsdp_save_full(ctx, path, NULL);
 }
 
-static int gather_param_rank(fsdp_comm *comm, void *arg) {
-    oom_board *b = (oom_board *)arg;
-    fsdp_model *model = NULL;
-    fsdp_ctx *ctx = NULL;
-    fsdp_param_info param;
+static size_t trace_state_bytes(fsdp_ctx *ctx, int weight) { (void)ctx; (void)weight; return sizeof(fsdp__trace); }
+static size_t trace_alignment_bytes(fsdp_ctx *ctx, int weight) { /* each rank's times and probes */
+    (void)ctx; (void)weight;
+    return (2 * FSDP__TRACE_ROUNDS * sizeof(double) + 2 * sizeof(float)) * RANKS;
+}
+static size_t order_bytes(fsdp_ctx *ctx, int weight) { (void)ctx; (void)weight; return 2 * sizeof(uint64_t) * RANKS; }
+static size_t norm_bytes(fsdp_ctx *ctx, int weight) { (void)ctx; (void)weight; return 4 * sizeof(double) * RANKS; }
+static size_t file_identity_bytes(fsdp_ctx *ctx, int weight) { (void)ctx; (void)weight; return 32 * RANKS; }
+static size_t unit_bytes(fsdp_ctx *ctx, int weight) { /* the weight's unit, gathered */
+    fsdp_param_info param = {0};
     fsdp_unit_info info;
+    if (fsdp_param_info_get(ctx, weight, &param) != 0 || fsdp_unit_info_get(ctx, param.unit, &info) != 0) return 0;
+    return sizeof(float) * (size_t)info.padded_numel;
+}
+static size_t weight_bytes(fsdp_ctx *ctx, int weight) { (void)ctx; (void)weight; return sizeof(float) * OUT * IN; }
+
+static int end_iteration(fsdp_ctx *ctx, int weight, const char *dir) { (void)weight; (void)dir; return fsdp_finish_backward(ctx); }
+static int clip_grad_norm(fsdp_ctx *ctx, int weight, const char *dir) {
+    double norm;
+    (void)weight; (void)dir;
+    return fsdp_clip_grad_norm(ctx, 1.0f, &norm);
+}
+static int load_checkpoint(fsdp_ctx *ctx, int weight, const char *dir) {
+    char path[300];
+    (void)weight;
+    checkpoint_path(path, sizeof path, dir);
+    return fsdp_load_full(ctx, path, NULL, NULL);
+}
+static int gather_weight(fsdp_ctx *ctx, int weight, const char *dir) {
     float out[OUT * IN];
-    double start;
-    int weight, rc;
-    if (open_rank(b, comm, &model, &weight, &ctx) == 0) {
-        if ((rc = fsdp_param_info_get(ctx, weight, &param)) != 0 || (rc = fsdp_unit_info_get(ctx, param.unit, &info)) != 0)
-            setup_failed(b, "the weight's unit", rc, ctx);
-        else {
-            start = arm(comm, sizeof(float) * (size_t)info.padded_numel); /* the unit, gathered */
-            rc = fsdp_gather_param(ctx, weight, out);
-            report(b, comm, rc, start, fsdp_last_error(ctx));
-        }
-    }
-    fsdp_destroy(ctx);
-    fsdp_model_destroy(model);
-    return 0;
+    (void)dir;
+    return fsdp_gather_param(ctx, weight, out);
+}
+static int set_weight(fsdp_ctx *ctx, int weight, const char *dir) {
+    float full[OUT * IN] = {0};
+    (void)dir;
+    return fsdp_set_param_full(ctx, weight, this_rank == 0 ? full : NULL);
 }
 
-static int set_param_full_rank(fsdp_comm *comm, void *arg) {
+static const oom_case trace_state = {1, NULL, trace_state_bytes, NULL};
+static const oom_case trace_alignment = {1, NULL, trace_alignment_bytes, NULL};
+static const oom_case order_check = {0, forward_pass, order_bytes, end_iteration};
+static const oom_case global_norm = {0, NULL, norm_bytes, clip_grad_norm};
+static const oom_case file_check = {0, save_checkpoint, file_identity_bytes, load_checkpoint};
+static const oom_case gather_param = {0, NULL, unit_bytes, gather_weight};
+static const oom_case set_param_full = {0, NULL, weight_bytes, set_weight};
+
+/* A rank of a case (the board's): set up, arm, the call under test, report. */
+static int case_rank(fsdp_comm *comm, void *arg) {
     oom_board *b = (oom_board *)arg;
+    const oom_case *c = b->the_case;
     fsdp_model *model = NULL;
     fsdp_ctx *ctx = NULL;
-    float full[OUT * IN] = {0};
-    double start;
     int weight, rc;
-    if (open_rank(b, comm, &model, &weight, &ctx) == 0) {
-        start = arm(comm, sizeof full); /* the parameter's value, broadcast */
-        rc = fsdp_set_param_full(ctx, weight, fsdp_comm_rank(comm) == 0 ? full : NULL);
+    double start;
+    this_rank = fsdp_comm_rank(comm);
+    if ((rc = model_build(&model, &weight)) != 0) {
+        setup_failed(b, "model", rc, NULL);
+    } else if (c->traced) {
+        start = arm(comm, c->bytes(NULL, weight));
+        rc = ctx_open(comm, model, b->dir, &ctx);
+        report(b, comm, rc, start, fsdp_last_error(NULL));
+    } else if ((rc = ctx_open(comm, model, NULL, &ctx)) != 0) {
+        setup_failed(b, "fsdp_init", rc, NULL);
+    } else if (c->prepare && (rc = c->prepare(ctx, b->dir)) != 0) {
+        setup_failed(b, "the case's setup", rc, ctx);
+    } else {
+        start = arm(comm, c->bytes(ctx, weight));
+        rc = c->call(ctx, weight, b->dir);
         report(b, comm, rc, start, fsdp_last_error(ctx));
     }
     fsdp_destroy(ctx);
@@ -307,41 +264,42 @@ static void assert_every_rank_failed_at_once(fsdp_rank_fn fn, const char *own, c
     }
 }
 
-/* The same for a context's call: OOM_RANK's message says "<what>: out of memory", the others'
-   "rank <OOM_RANK>: <what>: out of memory". */
-static void assert_every_rank_failed_naming_the_rank(fsdp_rank_fn fn, const char *what) {
+/* The same for a case of a context: OOM_RANK's message says "<what>: out of memory", the
+   others' "rank <OOM_RANK>: <what>: out of memory". */
+static void assert_case_fails_every_rank_naming_the_rank(const oom_case *c, const char *what) {
     char own[256], peers[300];
     snprintf(own, sizeof own, "%s: out of memory", what);
     snprintf(peers, sizeof peers, "rank %d: %s", OOM_RANK, own);
-    assert_every_rank_failed_at_once(fn, own, peers);
+    board->the_case = c;
+    assert_every_rank_failed_at_once(case_rank, own, peers);
 }
 
 static void test_trace_start_with_rank_1_out_of_memory_for_its_state_fails_every_rank_at_once_naming_rank_1(void) {
-    assert_every_rank_failed_naming_the_rank(trace_state_rank, "fsdp_init: the trace's state");
+    assert_case_fails_every_rank_naming_the_rank(&trace_state, "fsdp_init: the trace's state");
 }
 
 static void test_trace_start_with_rank_1_out_of_memory_for_its_clock_alignment_fails_every_rank_at_once_naming_rank_1(void) {
-    assert_every_rank_failed_naming_the_rank(trace_alignment_rank, "fsdp_init: the trace's clock alignment");
+    assert_case_fails_every_rank_naming_the_rank(&trace_alignment, "fsdp_init: the trace's clock alignment");
 }
 
 static void test_order_check_with_rank_1_out_of_memory_fails_every_rank_at_once_naming_rank_1(void) {
-    assert_every_rank_failed_naming_the_rank(order_check_rank, "checking the units' order across ranks");
+    assert_case_fails_every_rank_naming_the_rank(&order_check, "checking the units' order across ranks");
 }
 
 static void test_clip_grad_norm_with_rank_1_out_of_memory_fails_every_rank_at_once_naming_rank_1(void) {
-    assert_every_rank_failed_naming_the_rank(clip_grad_norm_rank, "the gradient norm's sums");
+    assert_case_fails_every_rank_naming_the_rank(&global_norm, "the gradient norm's sums");
 }
 
 static void test_load_full_file_check_with_rank_1_out_of_memory_fails_every_rank_at_once_naming_rank_1(void) {
-    assert_every_rank_failed_naming_the_rank(load_full_rank, "fsdp_load_full: the ranks' file identities");
+    assert_case_fails_every_rank_naming_the_rank(&file_check, "fsdp_load_full: the ranks' file identities");
 }
 
 static void test_gather_param_with_rank_1_out_of_memory_fails_every_rank_at_once_naming_rank_1(void) {
-    assert_every_rank_failed_naming_the_rank(gather_param_rank, "fsdp_gather_param: the gathered unit");
+    assert_case_fails_every_rank_naming_the_rank(&gather_param, "fsdp_gather_param: the gathered unit");
 }
 
 static void test_set_param_full_with_rank_1_out_of_memory_fails_every_rank_at_once_naming_rank_1(void) {
-    assert_every_rank_failed_naming_the_rank(set_param_full_rank, "fsdp_set_param_full: the broadcast value");
+    assert_case_fails_every_rank_naming_the_rank(&set_param_full, "fsdp_set_param_full: the broadcast value");
 }
 
 static void test_comm_split_with_rank_1_out_of_memory_fails_every_rank_at_once_naming_rank_1(void) {
