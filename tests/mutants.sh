@@ -96,9 +96,11 @@ mutate() { # dir, find, replace
     ' "$1"
 }
 
-# Builds program against the header in dir (the Makefile's rule; -I dir ahead of the repository).
+# Builds program against the header in dir (the Makefile's rule; -I dir ahead of the repository;
+# the MPI rule takes no CFLAGS, so its compiler carries it).
 build_program() { # dir, program
-    make --no-print-directory -s BUILD="$1/build" CFLAGS="-I$1" OPT="${OPT:--O2}" "$1/build/$2" >"$1/build-$2.log" 2>&1
+    make --no-print-directory -s BUILD="$1/build" CFLAGS="-I$1" MPICC="${MPICC:-mpicc} -I$1" OPT="${OPT:--O2}" \
+        "$1/build/$2" >"$1/build-$2.log" 2>&1
 }
 
 # The message of a Unity FAIL line, shortened.
