@@ -10501,7 +10501,6 @@ struct fsdp_ctx {
     int loss_rc;                       /* with recovery: a hook's op failed so (a loss): fsdp_step recovers */
     /* iteration */
     int phase;              /* 0 idle, 1 forward, 2 backward */
-    int64_t iteration;
     int *fwd_order, fwd_len, *bwd_order, bwd_len;
     int fwd_known, bwd_known; /* each order is learned from the first iteration that runs it (an evaluation
                                  pass first teaches the forward order only) */
@@ -10570,6 +10569,7 @@ FSDP__PRIVATE int fsdp__task_coll(fsdp_ctx *ctx, const fsdp__task *t, fsdp_comm 
                                   uint32_t tag);
 /* ... and the checkpoint section's */
 FSDP__PRIVATE int fsdp__quiesce(fsdp_ctx *ctx, const char *what);
+FSDP__PRIVATE int fsdp__agree_alloc(fsdp_ctx *ctx, const void *block, size_t bytes, const char *what);
 FSDP__PRIVATE int fsdp__async_poll(fsdp_ctx *ctx, int wait);
 FSDP__PRIVATE void fsdp__async_end(fsdp_ctx *ctx);
 
@@ -11320,7 +11320,10 @@ FSDP__PRIVATE int fsdp__verify_order(fsdp_ctx *ctx) {
     for (i = 0; i < ctx->fwd_len; i++) mine[0] = (mine[0] ^ (uint64_t)ctx->fwd_order[i]) * 0x100000001b3ull;
     for (i = 0; i < ctx->bwd_len; i++) mine[1] = (mine[1] ^ (uint64_t)ctx->bwd_order[i]) * 0x100000001b3ull;
     all = (uint64_t *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world);
-    if (!all) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
+    if ((rc = fsdp__agree_alloc(ctx, all, sizeof mine * (size_t)ctx->world, "checking the units' order across ranks")) != 0) {
+        FSDP_FREE(all);
+        return rc;
+    }
     rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_GATHER, mine, all, sizeof mine / 4, 0);
     for (r = 0; !rc && r < ctx->world; r++)
         if (all[2 * r] != mine[0] || all[2 * r + 1] != mine[1])
@@ -11362,7 +11365,6 @@ FSDP__PRIVATE int fsdp__end_iteration(fsdp_ctx *ctx) {
         fsdp__unit *u = &ctx->units[i];
         u->forward_done = u->backward_started = u->backward_done = 0;
     }
-    if (ctx->phase != 0) ctx->iteration++;
     ctx->phase = 0;
     return 0;
 }
@@ -11735,7 +11737,10 @@ FSDP__PRIVATE int fsdp__global_norm(fsdp_ctx *ctx, double *norm) {
     if ((rc = fsdp__local_sumsq(ctx, mine)) != 0) return rc;
     mine[3] = 0;
     all = (double *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world);
-    if (!all) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
+    if ((rc = fsdp__agree_alloc(ctx, all, sizeof mine * (size_t)ctx->world, "the gradient norm's sums")) != 0) {
+        FSDP_FREE(all);
+        return rc;
+    }
     rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_GATHER, mine, all, sizeof mine / 4, 0);
     if (!rc) { /* the same sum, in the same order, on every rank */
         for (r = 0; r < ctx->world; r++) total += all[4 * r];
@@ -13520,7 +13525,10 @@ FSDP_API int fsdp_gather_param(fsdp_ctx *ctx, int param, float *out) {
         return 0;
     }
     flat = (float *)fsdp__buf_get(ctx, sizeof(float) * (size_t)u->padded, 0);
-    if (!flat) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_gather_param: out of memory");
+    if ((rc = fsdp__agree_alloc(ctx, flat, sizeof(float) * (size_t)u->padded, "fsdp_gather_param: the gathered unit")) != 0) {
+        fsdp__buf_put(ctx, flat, sizeof(float) * (size_t)u->padded);
+        return rc;
+    }
     if (!u->master) { /* on disk: read into this rank's part of the gathered buffer, gathered in place */
         float *mine = flat + (size_t)u->group_rank * (size_t)u->shard;
         if ((rc = fsdp__vec_io(ctx, u, FSDP__VEC_MASTER, 0, 0, u->shard, mine)) != 0) {
@@ -13582,7 +13590,10 @@ FSDP_API int fsdp_set_param_full(fsdp_ctx *ctx, int param, const float *full) {
     if ((rc = fsdp__check_settable(ctx, u, param)) != 0) return rc;
     n = (size_t)ctx->model->params[param].numel;
     buf = (float *)fsdp__buf_get(ctx, sizeof(float) * n, 0);
-    if (!buf) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_set_param_full: out of memory");
+    if ((rc = fsdp__agree_alloc(ctx, buf, sizeof(float) * n, "fsdp_set_param_full: the broadcast value")) != 0) {
+        fsdp__buf_put(ctx, buf, sizeof(float) * n);
+        return rc;
+    }
     if (ctx->rank == 0) memcpy(buf, full, sizeof(float) * n);
     rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_BROADCAST, NULL, buf, n, 0);
     info = &ctx->params[param];
@@ -14136,6 +14147,7 @@ FSDP__PRIVATE void fsdp__sbuf_jstring(fsdp__sbuf *b, const char *s) { fsdp__sbuf
 #define FSDP__TRACE_ROUNDS 8
 #define FSDP__TRACE_FLUSH 2048   /* events buffered before fsdp_step writes them out */
 FSDP__PRIVATE int fsdp__agree(fsdp_ctx *ctx, int rc);                            /* >>checkpoint */
+FSDP__PRIVATE int fsdp__no_memory(fsdp_ctx *ctx, size_t bytes, const char *what); /* >>checkpoint */
 FSDP__PRIVATE int fsdp__dir_open(const char *dir, char *why, size_t size);         /* >>checkpoint */
 FSDP__PRIVATE int fsdp__tmp_create(int dir, const char *path, char *tmp, size_t tmp_size); /* >>safetensors */
 FSDP__PRIVATE const char *fsdp__at_name(int dir, const char *path);              /* >>safetensors */
@@ -14433,10 +14445,14 @@ FSDP__PRIVATE void fsdp__trace_head(fsdp_ctx *ctx, fsdp__sbuf *b) {
 FSDP__PRIVATE int fsdp__trace_align(fsdp_ctx *ctx, fsdp__trace *tr) {
     double mine[2 * FSDP__TRACE_ROUNDS], *all, lo = -1e300, hi = 1e300;
     float probe[2] = {0, 0}, *probes;
-    int k, rc = 0;
-    all = (double *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world);
-    probes = (float *)FSDP_MALLOC(sizeof probe * (size_t)ctx->world);
-    if (!all || !probes) rc = fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: out of memory");
+    size_t bytes = (sizeof mine + sizeof probe) * (size_t)ctx->world;
+    int k, rc;
+    all = (double *)FSDP_MALLOC(bytes); /* the ranks' times, then their probes */
+    if ((rc = fsdp__agree_alloc(ctx, all, bytes, "fsdp_init: the trace's clock alignment")) != 0) {
+        FSDP_FREE(all);
+        return rc;
+    }
+    probes = (float *)(all + 2 * FSDP__TRACE_ROUNDS * (size_t)ctx->world);
     for (k = 0; !rc && k < FSDP__TRACE_ROUNDS; k++) {
         mine[k] = fsdp_now();
         rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_GATHER, probe, probes, 2, 0);
@@ -14453,7 +14469,6 @@ FSDP__PRIVATE int fsdp__trace_align(fsdp_ctx *ctx, fsdp__trace *tr) {
     }
     if (!rc) tr->zero = all[0] + tr->offset;
     FSDP_FREE(all);
-    FSDP_FREE(probes);
     return rc;
 }
 
@@ -14484,11 +14499,13 @@ FSDP__PRIVATE int fsdp__trace_open(fsdp_ctx *ctx) {
     fsdp__trace *tr;
     int fd = -1, dir_fd = -1, local = 0, rc;
     if (!dir || !*dir) return 0;
-    if (!(tr = (fsdp__trace *)fsdp__calloc(sizeof *tr))) return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: out of memory");
-    pthread_mutex_init(&tr->lock, NULL);
-    ctx->trace = tr; /* (closed by fsdp_destroy on failure) */
-    fsdp__fmt(tr->path, sizeof tr->path, "%s/trace-rank%05d.json", dir, ctx->rank);
-    if (strlen(dir) > 1000) local = fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "the trace directory's name is too long");
+    if ((tr = (fsdp__trace *)fsdp__calloc(sizeof *tr)) != NULL) {
+        pthread_mutex_init(&tr->lock, NULL);
+        ctx->trace = tr; /* (closed by fsdp_destroy on failure) */
+        fsdp__fmt(tr->path, sizeof tr->path, "%s/trace-rank%05d.json", dir, ctx->rank);
+    }
+    if (!tr) local = fsdp__no_memory(ctx, sizeof *tr, "fsdp_init: the trace's state"); /* (told the others below) */
+    else if (strlen(dir) > 1000) local = fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "the trace directory's name is too long");
     else if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         local = fsdp__fail(ctx, FSDP_ERR_IO, "cannot make the trace directory %s: %s", dir, strerror(errno));
     else if ((dir_fd = fsdp__dir_open(dir, why, sizeof why)) < 0)
@@ -14504,7 +14521,7 @@ FSDP__PRIVATE int fsdp__trace_open(fsdp_ctx *ctx) {
     if (!rc) rc = fsdp__trace_align(ctx, tr);
     ctx->trace = tr;
     if (rc) {
-        tr->failed = 1; /* nothing more written */
+        if (tr) tr->failed = 1; /* nothing more written */
         return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: starting the trace (FSDP_TRACE or fsdp_desc.trace_dir, which must "
                                    "be set on every rank or on none) failed: %s", ctx->error);
     }
@@ -15571,6 +15588,11 @@ FSDP_API int fsdp_st_writer_close(fsdp_st_writer *w, char *err, size_t err_size)
    >>checkpoint
    ============================================================================================ */
 /* --- checkpoints of a context --------------------------------------------------------------- */
+/* This rank's failure to allocate bytes for what, its message naming both (for an agreement). */
+FSDP__PRIVATE int fsdp__no_memory(fsdp_ctx *ctx, size_t bytes, const char *what) {
+    return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory (no %zu bytes)", what, bytes);
+}
+
 /* Every rank learns the first failing rank's code and message, so a collective save or load
    fails everywhere with the same reason. Nothing here allocates: a rank out of memory takes part
    as any other (one that returned instead would leave the others waiting for it until their
@@ -15606,6 +15628,14 @@ FSDP__PRIVATE int fsdp__agree(fsdp_ctx *ctx, int rc) {
     return first.rc;
 }
 
+/* Whether every rank got the memory of the collective that follows (block: this rank's, NULL if
+   it got none; bytes and what name it in the message): a rank without it would return before the
+   collective and leave the others waiting in it until their timeout, so all fail at once, naming
+   it (fsdp__agree: one small all_reduce when none failed). The caller frees its block on failure. */
+FSDP__PRIVATE int fsdp__agree_alloc(fsdp_ctx *ctx, const void *block, size_t bytes, const char *what) {
+    return fsdp__agree(ctx, block ? 0 : fsdp__no_memory(ctx, bytes, what));
+}
+
 /* Saving and loading happen between iterations, with every reduction finished. */
 FSDP__PRIVATE int fsdp__quiesce(fsdp_ctx *ctx, const char *what) {
     int ui, rc;
@@ -15618,7 +15648,8 @@ FSDP__PRIVATE int fsdp__quiesce(fsdp_ctx *ctx, const char *what) {
     return 0;
 }
 
-/* The optimizer state tensors of the context: "<param>.<state_names[k]>" for k < num_state. */
+/* The optimizer state tensors of the context: "<param>.<state_names[k]>" for k < num_state (the
+   row's own names: nothing is allocated, nothing can fail). */
 static const char *const *fsdp__opt_suffixes(const fsdp_ctx *ctx, int *count) {
     *count = ctx->num_state;
     return ctx->optimizer->state_names;
@@ -15925,7 +15956,10 @@ FSDP__PRIVATE int fsdp__same_file(fsdp_ctx *ctx, const fsdp_st_file *f, const ch
     mine.nsec = f->mtime_nsec;
     mine.header_crc = f->header_crc;
     all = (identity *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world);
-    if (!all) return fsdp__agree(ctx, fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory"));
+    if ((rc = fsdp__agree_alloc(ctx, all, sizeof mine * (size_t)ctx->world, "fsdp_load_full: the ranks' file identities")) != 0) {
+        FSDP_FREE(all);
+        return rc;
+    }
     rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_GATHER, &mine, all, sizeof mine / 4, 0);
     for (r = 0; !rc && r < ctx->world; r++)
         if (memcmp(&all[r], &all[0], sizeof mine) != 0)

@@ -14,7 +14,9 @@
 # tests/test_hostile.c, built with the Makefile's rule against the mutated copy, which comes first
 # on the include path; killed if any of its tests fails or it dies), one test of a program
 # (test_hostile:test_peer_trickling_bytes_fails_the_op_within_its_total_deadline: killed if that
-# test fails; the program runs until it reports), or multihost:<check> (a check of
+# test fails; the program runs until it reports), mpirun:<program>[:<test>] (the same, built with the
+# Makefile's MPI rule and run under mpirun -np 2, as tests/run.sh runs test_mpi; skipped where
+# mpicc or mpirun is missing), or multihost:<check> (a check of
 # tests/multihost/test_multihost.sh, which needs root and network namespaces of its own: listed,
 # never run here, shown as skipped).
 #
@@ -94,9 +96,11 @@ mutate() { # dir, find, replace
     ' "$1"
 }
 
-# Builds program against the header in dir (the Makefile's rule; -I dir ahead of the repository).
+# Builds program against the header in dir (the Makefile's rule; -I dir ahead of the repository;
+# the MPI rule takes no CFLAGS, so its compiler carries it).
 build_program() { # dir, program
-    make --no-print-directory -s BUILD="$1/build" CFLAGS="-I$1" OPT="${OPT:--O2}" "$1/build/$2" >"$1/build-$2.log" 2>&1
+    make --no-print-directory -s BUILD="$1/build" CFLAGS="-I$1" MPICC="${MPICC:-mpicc} -I$1" OPT="${OPT:--O2}" \
+        "$1/build/$2" >"$1/build-$2.log" 2>&1
 }
 
 # The message of a Unity FAIL line, shortened.
@@ -105,10 +109,11 @@ fail_message() { printf '%s\n' "${1#*:FAIL[.:] }" | cut -c1-140; }
 # Runs a test program from the repository's root in a process group of its own (its id in
 # log.pgid while it runs), stopped at its first failing test or, given a test, once that test
 # reported. Prints "killed (why)", "survived" or "error (why)"; the output is in log.
-run_program() { # binary, log[, test]
+run_program() { # binary, log[, test[, launcher: the words that run the binary, as mpirun -np 2]]
     local pid status waited=0 line stop=':FAIL'
     [ -n "${3:-}" ] && stop=":$3:(PASS|FAIL|IGNORE)"
-    setsid "$1" >"$2" 2>&1 </dev/null &
+    # shellcheck disable=SC2086 # (the launcher's words)
+    setsid ${4:-} "$1" >"$2" 2>&1 </dev/null &
     pid=$!
     echo "$pid" >"$2.pgid"
     while kill -0 "$pid" 2>/dev/null && ! grep -Eq "$stop" "$2" && [ $waited -lt $((LIMIT * 5)) ]; do
@@ -151,13 +156,24 @@ run_mutant() { # index, dir, result file
             [ "$program" != "$check" ] && test=${check#*:}
             case $check in
                 multihost:*) verdict="skipped (needs root and network namespaces of its own: make test-multihost)" ;;
+                mpirun:*)
+                    program=${check#mpirun:} test=
+                    [ "${program%%:*}" != "$program" ] && test=${program#*:} program=${program%%:*}
+                    if ! command -v "${MPICC:-mpicc}" >/dev/null 2>&1 || ! command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1; then
+                        verdict="skipped (needs mpicc and mpirun)"
+                    elif [ ! -f "tests/$program.c" ]; then verdict="error (no tests/$program.c)"
+                    elif [ ! -x "$dir/build/$program" ] && ! build_program "$dir" "$program"; then
+                        verdict="error (does not build: build-$program.log)"
+                    else verdict=$(run_program "$dir/build/$program" "$dir/$check.log" "$test" \
+                                   "${MPIRUN:-mpirun} --allow-run-as-root --oversubscribe -np 2" 2>/dev/null)
+                    fi ;;
                 test_*)
                     if [ ! -f "tests/$program.c" ]; then verdict="error (no tests/$program.c)"
                     elif [ ! -x "$dir/build/$program" ] && ! build_program "$dir" "$program"; then
                         verdict="error (does not build: build-$program.log)"
                     else verdict=$(run_program "$dir/build/$program" "$dir/$check.log" "$test" 2>/dev/null)
                     fi ;;
-                *) verdict="error (not a check: a test program, program:test or multihost:check)" ;;
+                *) verdict="error (not a check: a test program, program:test, mpirun:program[:test] or multihost:check)" ;;
             esac
             printf '%s\t%s\n' "$check" "$verdict" >>"$result"
         done
