@@ -10497,6 +10497,10 @@ struct fsdp_ctx {
     int grads_since_step;              /* a backward ran since fsdp_init, the last fsdp_step or fsdp_zero_grad */
     int reductions_done;               /* fsdp_step holds every reduced gradient of the step after `step` */
     double commit_norm;                /* the global norm (scaled) the last clipping used (>>recovery) */
+    double *norm_sums;                 /* fsdp__global_norm's all_gather: 4 doubles a rank of fsdp_init's world
+                                          (made there, so a step allocates nothing before its collective;
+                                          a recovery's world is smaller) */
+    int norm_ranks;                    /* the ranks norm_sums has room for */
     fsdp__recovery *recovery;          /* NULL: recovery off */
     int loss_rc;                       /* with recovery: a hook's op failed so (a loss): fsdp_step recovers */
     /* iteration */
@@ -11731,16 +11735,17 @@ FSDP__PRIVATE int fsdp__local_sumsq(fsdp_ctx *ctx, double out[3]) {
     return 0;
 }
 
+/* The gradients' global L2 norm, the same bits on every rank: the ranks' sums of squares
+   all-gathered over the world (the commit point of >>recovery) and added in rank order, into
+   norm_sums made at fsdp_init, so that no rank can fail to allocate before the collective. */
 FSDP__PRIVATE int fsdp__global_norm(fsdp_ctx *ctx, double *norm) {
-    double mine[4], *all, total = 0;
+    double mine[4], *all = ctx->norm_sums, total = 0;
     int r, rc, hybrid = ctx->desc.shard_group_size;
     if ((rc = fsdp__local_sumsq(ctx, mine)) != 0) return rc;
     mine[3] = 0;
-    all = (double *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world);
-    if ((rc = fsdp__agree_alloc(ctx, all, sizeof mine * (size_t)ctx->world, "the gradient norm's sums")) != 0) {
-        FSDP_FREE(all);
-        return rc;
-    }
+    if (ctx->world > ctx->norm_ranks) /* a world only shrinks (recovery): a bug if it grew */
+        return fsdp__fail(ctx, FSDP_ERR_STATE, "the gradient norm: the world has %d ranks, fsdp_init's had %d", ctx->world,
+                          ctx->norm_ranks);
     rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_GATHER, mine, all, sizeof mine / 4, 0);
     if (!rc) { /* the same sum, in the same order, on every rank */
         for (r = 0; r < ctx->world; r++) total += all[4 * r];
@@ -11748,7 +11753,6 @@ FSDP__PRIVATE int fsdp__global_norm(fsdp_ctx *ctx, double *norm) {
         total += all[2];
         *norm = sqrt(total);
     }
-    FSDP_FREE(all);
     return rc;
 }
 
@@ -13090,7 +13094,9 @@ FSDP__PRIVATE int fsdp__init_units(fsdp_ctx *ctx, int hybrid_group) {
     ctx->bwd_order = (int *)fsdp__calloc(sizeof(int) * (size_t)ctx->num_units);
     ctx->queue_cap = 4 * ctx->num_units + 16;
     ctx->queue = (fsdp__task *)fsdp__calloc(sizeof *ctx->queue * (size_t)ctx->queue_cap);
-    if (!ctx->units || !ctx->unit_params || !ctx->fwd_order || !ctx->bwd_order || !ctx->queue)
+    ctx->norm_ranks = ctx->world;
+    ctx->norm_sums = (double *)fsdp__calloc(4 * sizeof(double) * (size_t)ctx->world);
+    if (!ctx->units || !ctx->unit_params || !ctx->fwd_order || !ctx->bwd_order || !ctx->queue || !ctx->norm_sums)
         return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: out of memory");
     for (ui = 0, k = 0; ui < ctx->num_units; ui++) { /* each unit's parameters, in order */
         fsdp__unit *u = &ctx->units[ui];
@@ -13426,6 +13432,7 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     FSDP_FREE(ctx->fwd_order);
     FSDP_FREE(ctx->bwd_order);
     FSDP_FREE(ctx->queue);
+    FSDP_FREE(ctx->norm_sums);
     pthread_mutex_destroy(&ctx->lock);
     pthread_cond_destroy(&ctx->wake);
     pthread_cond_destroy(&ctx->done);

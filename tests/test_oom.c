@@ -3,7 +3,8 @@
    waiting for it in the collective until their timeout (fsdp__agree_alloc). One test per path:
    - fsdp_init with a trace directory: the trace's state, and the buffer of its clock alignment;
    - the check of the units' order across ranks at the end of the first iteration;
-   - fsdp_clip_grad_norm's gather of the ranks' sums of squares;
+   - fsdp_clip_grad_norm's gather of the ranks' sums of squares: it allocates nothing (its buffer
+     is made by fsdp_init), so the allocator failing cannot stall it;
    - fsdp_load_full's check that every rank opened the same file;
    - fsdp_gather_param's gathered unit and fsdp_set_param_full's broadcast value;
    - fsdp_comm_split's sub-communicator (its final agreement, fsdp__split_agree: the peers
@@ -55,6 +56,7 @@ typedef struct oom_board {
     const struct oom_case *the_case; /* what the ranks of case_rank do */
     char dir[256];                 /* this test's directory (traces, checkpoints) */
     int done[RANKS], rc[RANKS];
+    size_t armed_left[RANKS];      /* the armed size still armed when the call returned: nothing took it */
     double elapsed_ms[RANKS];
     char error[RANKS][1024];
     int setup_failed;
@@ -101,7 +103,7 @@ static double arm(fsdp_comm *comm, size_t bytes) {
 static void report(oom_board *b, fsdp_comm *comm, int rc, double start, const char *error) {
     int rank = fsdp_comm_rank(comm), r, all_done = 0;
     double deadline = now_ms() + 3 * OOM_TIMEOUT_MS;
-    __atomic_store_n(&fail_bytes, 0, __ATOMIC_RELAXED);
+    b->armed_left[rank] = __atomic_exchange_n(&fail_bytes, 0, __ATOMIC_RELAXED);
     b->elapsed_ms[rank] = now_ms() - start;
     b->rc[rank] = rc;
     snprintf(b->error[rank], sizeof b->error[rank], "%s", error);
@@ -286,8 +288,20 @@ static void test_order_check_with_rank_1_out_of_memory_fails_every_rank_at_once_
     assert_case_fails_every_rank_naming_the_rank(&order_check, "checking the units' order across ranks");
 }
 
-static void test_clip_grad_norm_with_rank_1_out_of_memory_fails_every_rank_at_once_naming_rank_1(void) {
-    assert_case_fails_every_rank_naming_the_rank(&global_norm, "the gradient norm's sums");
+static void test_clip_grad_norm_with_the_allocator_failing_on_rank_1_allocates_nothing_and_succeeds_everywhere(void) {
+    fsdp_launch_status status;
+    int rc, rank;
+    board->the_case = &global_norm;
+    rc = launch_ranks(RANKS, FSDP_BACKEND_SHM, OOM_TIMEOUT_MS, case_rank, board, &status);
+    snprintf(message, sizeof message, "launch: %s %s | %s | 0: %s | 1: %s", fsdp_result_name(rc), status.message,
+             board->setup_error, board->error[0], board->error[1]);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
+    TEST_ASSERT_FALSE_MESSAGE(board->setup_failed, message);
+    for (rank = 0; rank < RANKS; rank++) {
+        TEST_ASSERT_TRUE_MESSAGE(board->done[rank], message);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, board->rc[rank], message);
+    }
+    TEST_ASSERT_EQUAL_size_t_MESSAGE(4 * sizeof(double) * RANKS, board->armed_left[OOM_RANK], message);
 }
 
 static void test_load_full_file_check_with_rank_1_out_of_memory_fails_every_rank_at_once_naming_rank_1(void) {
@@ -311,7 +325,7 @@ int main(void) {
     RUN_TEST(test_trace_start_with_rank_1_out_of_memory_for_its_state_fails_every_rank_at_once_naming_rank_1);
     RUN_TEST(test_trace_start_with_rank_1_out_of_memory_for_its_clock_alignment_fails_every_rank_at_once_naming_rank_1);
     RUN_TEST(test_order_check_with_rank_1_out_of_memory_fails_every_rank_at_once_naming_rank_1);
-    RUN_TEST(test_clip_grad_norm_with_rank_1_out_of_memory_fails_every_rank_at_once_naming_rank_1);
+    RUN_TEST(test_clip_grad_norm_with_the_allocator_failing_on_rank_1_allocates_nothing_and_succeeds_everywhere);
     RUN_TEST(test_load_full_file_check_with_rank_1_out_of_memory_fails_every_rank_at_once_naming_rank_1);
     RUN_TEST(test_gather_param_with_rank_1_out_of_memory_fails_every_rank_at_once_naming_rank_1);
     RUN_TEST(test_set_param_full_with_rank_1_out_of_memory_fails_every_rank_at_once_naming_rank_1);
