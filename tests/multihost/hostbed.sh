@@ -130,7 +130,8 @@ HOSTBED_HOME=${HOSTBED_LIB%/*}
 HOSTBED_BASE=${HOSTBED_BASE:-/run/fsdp-hostbed}
 HOSTBED_SUBNET=${HOSTBED_SUBNET:-10.77.0}
 HOSTBED_EXEC_TIMEOUT=${HOSTBED_EXEC_TIMEOUT:-600}
-HOSTBED_MAX_SECONDS=${HOSTBED_MAX_SECONDS:-3600}
+# (HOSTBED_MAX_SECONDS is read when hostbed_up starts the watchdog, not here: a script that sources
+# this file and then sets it, as tests/chaos.sh does from its plan, must not find a default already in it)
 HOSTBED_MAX_HOSTS=32
 HOSTBED_SKIP=77
 
@@ -428,7 +429,7 @@ hostbed_up() {
         hostbed_down
         return 1
     fi
-    setsid bash "$HOSTBED_LIB" __watchdog "$D" "$HOSTBED_MAX_SECONDS" </dev/null >"$D/watchdog.log" 2>&1 &
+    setsid bash "$HOSTBED_LIB" __watchdog "$D" "${HOSTBED_MAX_SECONDS:-3600}" </dev/null >"$D/watchdog.log" 2>&1 &
     disown "$!" 2>/dev/null
     for ((i = 0; i < 100; i++)); do # so that hostbed_down finds it, however soon it comes
         [ -s "$D/watchdog.pid" ] && break
@@ -948,7 +949,7 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     case ${1:-} in
     __watchdog)
         HOSTBED_BASE=${2%/*}
-        HOSTBED_MAX_SECONDS=${3:-$HOSTBED_MAX_SECONDS}
+        HOSTBED_MAX_SECONDS=${3:-3600}
         _hb_watchdog "$2"
         ;;
     __enter)

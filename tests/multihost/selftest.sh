@@ -390,6 +390,23 @@ t_teardown_sigkill() {
     echo "SIGKILLed child: its watchdog removed the bed in $(elapsed "$t") s"
 }
 
+# a script that gives HOSTBED_MAX_SECONDS a default of its own after sourcing the library
+# (tests/chaos.sh's from its plan, when the caller set none) gets that bound, not the library's hour
+t_max_seconds_set_after_sourcing() {
+    child 'sleep 30'
+    sed -i '1a export HOSTBED_MAX_SECONDS=${HOSTBED_MAX_SECONDS:-3}' "$WORK/child.sh"
+    env -u HOSTBED_MAX_SECONDS bash "$WORK/child.sh" &
+    local p=$! t rc
+    wait_for_file "$WORK/child.inodes" || { kill "$p"; wait "$p" 2>/dev/null; return 1; }
+    t=$EPOCHREALTIME
+    gone_within 10
+    rc=$?
+    kill "$p" 2>/dev/null
+    wait "$p" 2>/dev/null
+    [ $rc = 0 ] || return 1
+    echo "HOSTBED_MAX_SECONDS defaulting to 3 after sourcing: the watchdog removed the bed $(elapsed "$t") s after it was up"
+}
+
 t_stale_cleaned() {
     # a base directory of its own, so that a concurrent run's hostbed_up cannot clean it first
     local base=/run/fsdp-hostbed-selftest-$$
@@ -468,6 +485,7 @@ check down_leaves_nothing t_down
 check teardown_after_failing_command t_teardown_failing_command
 check teardown_on_sigterm t_teardown_sigterm
 check teardown_on_sigkill_by_watchdog t_teardown_sigkill
+check max_seconds_set_after_sourcing t_max_seconds_set_after_sourcing
 check stale_bed_cleaned_by_next_up t_stale_cleaned
 check nothing_outside_the_bed_touched t_bystander_alive
 cleanup_work
