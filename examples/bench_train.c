@@ -1018,7 +1018,8 @@ static void usage(FILE *out) {
         "activation checkpointing (GPT: activation bytes and step time with every block or every 2nd\n"
         "recomputed; at 8+ blocks, --layers 8, the saving shows best) and frozen parameters (forward only:\n"
         "bytes per parameter).\n"
-        "\n"
+        "\n");
+    fprintf(out, /* (two strings: C99 promises literals of 4095 characters, no more) */
         "  --model M        mlp (default) or gpt\n"
         "  --memory         the memory table instead of the speed table\n"
         "  --machine        print only the machine line the tables end with (the CPU and the examples' matrix\n"
