@@ -1,0 +1,245 @@
+#!/bin/bash
+# examples/bench_wire_bed.sh - the GPT across hosts with fewer bytes on the links (issue 37):
+# quantized parameter gathers, quantized gradient reductions and resharding to the host, against
+# bf16 and f32 FULL_SHARD, on the multi-host test bed (tests/multihost/hostbed.sh: each "host" a
+# network + mount + UTS namespace, joined by veths, each host's egress shaped by tc to the rate).
+#
+# For each case (HOSTSxRANKS@RATE; default 4x2@1gbit, 4x2@10gbit, 8x2@1gbit) and row, build/gpt runs
+# on the bed as torchrun would start it (FULL_SHARD; hierarchical: shared memory inside a host,
+# TCP across), and one table per case prints:
+#   fsdp B/step   bytes all ranks sent across hosts per step, counted by fsdp.h (fsdp_step_report,
+#                 summed over the ranks by gpt; steps 2.., the first warms up)
+#   link B/step   the same from the links: every host's eth0 tx_bytes, read when rank 0 has printed
+#                 step 2 and when it prints the last, divided by the steps between (TCP/IP headers
+#                 and ACKs included; also the loss's all-reduce, printing, polled every 50 ms)
+#   ratio         fsdp B/step against bf16's
+#   step ms       rank 0's median step (steps 2..)
+#   tokens/s      the global batch's tokens / step
+#   link ms       the busiest host's share of link B/step at the link's rate: the step's floor when
+#                 nothing else costs
+#   compute ms    the same GPT and ranks on one host over shared memory (bf16; no link): the nearest
+#                 to compute-only this machine can run, since the hosts share its cores
+#   vs bf16       bf16's step ms / this row's (> 1: faster)
+#   vs roofline   step ms / max(compute ms, link ms) (1: as fast as the slower of the two allows)
+# The rows (each from the bf16 one up adds to the row before; rows gpt cannot run are left out with
+# the reason):
+#   f32           --param-dtype f32
+#   bf16          --param-dtype bf16
+#   bf16+host     + --reshard-after-forward host (backward gathers inside the host)
+#   int8          + --param-wire int8 (forward gathers move int8 codes)
+#   int8+g8       + --grad-wire int8
+#   int8+g4       --grad-wire int4 instead
+#   int8+g4+ef    + --error-feedback
+#
+# Command (root; iproute2, OpenBLAS), from anywhere; run it on an otherwise idle machine:
+#   bash examples/bench_wire_bed.sh                           # issue 37's table (about 30 min)
+#   bash examples/bench_wire_bed.sh --cases 2x2@1gbit --steps 4 --gpt-args "--layers 2 --channels 128 --heads 4"
+# Options (defaults in brackets):
+#   --cases C,...      HxR@RATE: H hosts, R ranks per host, tc rate [4x2@1gbit,4x2@10gbit,8x2@1gbit]
+#   --rows R,...       a subset of the rows above [all]
+#   --steps N          GPT steps per run, >= 4 [8]
+#   --batch-per-rank B sequences per rank; the global batch is B x ranks [1]
+#   --gpt-args "..."   the model and anything else for every run [demo-big's model, shorter sequences:
+#                      --layers 12 --channels 768 --heads 12 --seq-len 32]
+#   --timeout S        bound on each run [1800]
+#   --keep-logs DIR    copy every run's logs to DIR
+# Environment: BUILD (binaries, default build; not under /tmp: the hosts have their own /tmp).
+# Exit status: 0 every run succeeded, 1 a run failed, 2 bad usage or a binary missing, 77 cannot run
+# here (not root, no namespaces, no iproute2: the reason is printed). The bed is torn down however
+# the script ends.
+set -u
+ME=examples/bench_wire_bed.sh
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+TOP=$(pwd)
+BUILD=${BUILD:-build}
+case $BUILD in /*) BIN=$BUILD ;; *) BIN=$TOP/$BUILD ;; esac
+
+cases=4x2@1gbit,4x2@10gbit,8x2@1gbit rows=all steps=8 bpr=1 run_timeout=1800 keep=''
+gpt_model='--layers 12 --channels 768 --heads 12 --seq-len 32'
+usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+die_usage() { echo "$ME: $*" >&2; echo "(--help for the options)" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+    case $1 in -h | --help) usage; exit 0 ;; esac
+    [ $# -ge 2 ] || die_usage "$1 needs a value"
+    case $1 in
+    --cases) cases=$2 ;;
+    --rows) rows=$2 ;;
+    --steps) steps=$2 ;;
+    --batch-per-rank) bpr=$2 ;;
+    --gpt-args) gpt_model=$2 ;;
+    --timeout) run_timeout=$2 ;;
+    --keep-logs) keep=$2 ;;
+    *) die_usage "unknown option '$1'" ;;
+    esac
+    shift 2
+done
+for v in "steps:$steps" "batch-per-rank:$bpr" "timeout:$run_timeout"; do
+    case ${v#*:} in '' | *[!0-9]*) die_usage "--${v%%:*} takes a number, not '${v#*:}'" ;; esac
+done
+[ "$steps" -ge 4 ] || die_usage "--steps must be at least 4 (the links are counted from step 2's end)"
+[ "$bpr" -ge 1 ] || die_usage "--batch-per-rank must be at least 1"
+IFS=, read -ra CASES <<<"$cases"
+[ ${#CASES[@]} -gt 0 ] || die_usage "--cases is empty"
+nhosts=2
+for c in "${CASES[@]}"; do
+    [[ $c =~ ^([1-9][0-9]?)x([1-9][0-9]?)@([0-9]+[kmg]?bit)$ ]] ||
+        die_usage "bad case '$c' (HxR@RATE: H hosts, R ranks per host, a tc rate such as 1gbit)"
+    [ "${BASH_REMATCH[1]}" -ge 2 ] || die_usage "case '$c': at least 2 hosts"
+    [ "${BASH_REMATCH[1]}" -gt $nhosts ] && nhosts=${BASH_REMATCH[1]}
+done
+[ $nhosts -le 32 ] || die_usage "at most 32 hosts (the bed's limit)"
+case $BIN in /tmp | /tmp/* | /dev/shm | /dev/shm/*) die_usage "BUILD=$BUILD: the hosts have their own /tmp and /dev/shm; build elsewhere" ;; esac
+
+ROW_NAMES=(f32 bf16 bf16+host int8 int8+g8 int8+g4 int8+g4+ef)
+ROW_ARGS=("--param-dtype f32"
+    "--param-dtype bf16"
+    "--param-dtype bf16 --reshard-after-forward host"
+    "--param-dtype bf16 --reshard-after-forward host --param-wire int8"
+    "--param-dtype bf16 --reshard-after-forward host --param-wire int8 --grad-wire int8"
+    "--param-dtype bf16 --reshard-after-forward host --param-wire int8 --grad-wire int4"
+    "--param-dtype bf16 --reshard-after-forward host --param-wire int8 --grad-wire int4 --error-feedback")
+want_row() { [ "$rows" = all ] || [[ ",$rows," == *",$1,"* ]]; }
+if [ "$rows" != all ]; then
+    IFS=, read -ra asked <<<"$rows"
+    for r in "${asked[@]}"; do [[ " ${ROW_NAMES[*]} " == *" $r "* ]] || die_usage "unknown row '$r' (rows: ${ROW_NAMES[*]})"; done
+fi
+
+# --- can it run here? ------------------------------------------------------------------------------
+. tests/multihost/hostbed.sh
+if ! hostbed_require 2>/dev/null; then
+    echo "$ME: cannot run: ${HOSTBED_SKIP_REASON:-no test bed here}: run it as root on Linux with iproute2." >&2
+    exit 77
+fi
+for t in gpt bench_train; do
+    make --no-print-directory -s BUILD="$BUILD" "$BUILD/$t" >/dev/null 2>"$BIN.make.err" ||
+        { echo "$ME: $BUILD/$t does not build:" >&2; cat "$BIN.make.err" >&2; rm -f "$BIN.make.err"; exit 2; }
+done
+rm -f "$BIN.make.err"
+gpt_help=$("$BIN/gpt" --help 2>&1)
+# row_missing ARGS: the first gpt flag of ARGS this gpt does not have ('' if it has them all)
+row_missing() {
+    local a
+    for a in $1; do case $a in --*) grep -q -- "  $a" <<<"$gpt_help" || { echo "$a"; return; } ;; esac; done
+}
+
+export OPENBLAS_NUM_THREADS=1 FSDP_TIMEOUT_MS=${FSDP_TIMEOUT_MS:-600000} FSDP_SPIN=0
+export FSDP_SECRET=${FSDP_SECRET:-bench-wire-bed-$$-$RANDOM$RANDOM}
+unset FSDP_HIERARCHICAL FSDP_BACKEND FSDP_TRACE
+export HOSTBED_MAX_SECONDS=${HOSTBED_MAX_SECONDS:-21600}
+RES=$(mktemp -d) || exit 2
+cleanup() { hostbed_down; rm -rf "$RES"; }
+echo "$ME: building a bed of $nhosts hosts" >&2
+hostbed_up "$nhosts"
+s=$?
+if [ $s -ne 0 ]; then
+    rm -rf "$RES"
+    [ $s = 77 ] && { echo "$ME: cannot run: ${HOSTBED_SKIP_REASON:-the bed cannot be built here}" >&2; exit 77; }
+    echo "$ME: the test bed did not come up (status $s)" >&2
+    exit 1
+fi
+trap 'cleanup' EXIT
+trap 'cleanup; trap - EXIT; exit 130' INT
+trap 'cleanup; trap - EXIT; exit 143' TERM
+trap 'cleanup; trap - EXIT; exit 129' HUP
+
+failed=0 port=29600
+# tx_bytes H: each of hosts h0..h(H-1)'s eth0 transmitted bytes, one per line
+tx_bytes() {
+    local i
+    for ((i = 0; i < $1; i++)); do hostbed_exec h$i cat /sys/class/net/eth0/statistics/tx_bytes; done
+}
+# rate_bps RATE: a tc rate (1gbit, 500mbit, 100kbit) in bits per second
+rate_bps() {
+    local n=${1%bit} m=1
+    case $n in *k) m=1000 ;; *m) m=1000000 ;; *g) m=1000000000 ;; esac
+    echo $((${n%[kmg]} * m))
+}
+# wait_step N S: until rank 0 has printed step N (0), or its ranks ended or S seconds passed (1)
+wait_step() {
+    local deadline=$((SECONDS + $2)) r
+    while [ $SECONDS -lt $deadline ]; do
+        grep -qE "^step +$1/" "$HOSTBED_SHARE/rank0.log" 2>/dev/null && return 0
+        for r in "${HOSTBED_RANK_PIDS[@]}"; do kill -0 "$r" 2>/dev/null || return 1; done
+        sleep 0.05
+    done
+    return 1
+}
+median_ms() { sed -n 's/.*(median step \([0-9.]*\) ms on rank 0).*/\1/p' "$1" | tail -n 1; }
+fsdp_bytes() { sed -n 's/^bytes sent per step, all [0-9]* ranks: \([0-9]*\) across hosts.*/\1/p' "$1" | tail -n 1; }
+failed_run() {
+    echo "$ME: $1 FAILED; the end of its log:" >&2
+    tail -n 15 "$2" | sed 's/^/    /' >&2
+    failed=1
+}
+
+# run_case H R RATE: prints the case's table
+run_case() {
+    local H=$1 R=$2 rate=$3 P=$(($1 * $2)) counts i k name args miss log before after busiest total
+    local bps compute='' bf16_ms='' bf16_bytes='' t
+    counts=$(printf "$R%.0s," $(seq "$H")); counts=${counts%,}
+    read -ra model <<<"$gpt_model"
+    local common=(--steps "$steps" --print-every 1 --ckpt none --sample 0 --batch $((bpr * P)) "${model[@]}")
+    bps=$(rate_bps "$rate")
+    hostbed_shape all off >/dev/null 2>&1
+    t=$SECONDS
+    hostbed_exec --timeout "$run_timeout" h0 "$BIN/gpt" --nproc "$P" "${common[@]}" --param-dtype bf16 >"$RES/compute.log" 2>&1 &&
+        compute=$(median_ms "$RES/compute.log") || failed_run "compute-only (one host, $P ranks)" "$RES/compute.log"
+    echo "$ME: ${H}x$R: compute-only run done ($((SECONDS - t)) s)" >&2
+    [ -n "$keep" ] && cp "$RES/compute.log" "$keep/${H}x${R}@$rate.compute.log"
+    hostbed_shape all --rate "$rate" || { echo "$ME: cannot shape the links to $rate" >&2; failed=1; return; }
+    echo
+    echo "${H} hosts x $R ranks, links $rate (gpt ${common[*]}):"
+    printf '%-12s %12s %12s %7s %9s %9s %9s %10s %8s %11s\n' row "fsdp B/step" "link B/step" ratio "step ms" tokens/s \
+        "link ms" "compute ms" "vs bf16" "vs roofline"
+    for ((k = 0; k < ${#ROW_NAMES[@]}; k++)); do
+        name=${ROW_NAMES[$k]} args=${ROW_ARGS[$k]}
+        want_row "$name" || continue
+        miss=$(row_missing "$args")
+        if [ -n "$miss" ]; then printf '%-12s (left out: this gpt has no %s)\n' "$name" "$miss"; continue; fi
+        log=$RES/${H}x$R.$name.log
+        port=$((port + 1)) t=$SECONDS
+        rm -f "$HOSTBED_SHARE"/rank*.log
+        # shellcheck disable=SC2086
+        hostbed_ranks --no-wait --timeout "$run_timeout" --port $port "$counts" "$BIN/gpt" "${common[@]}" $args
+        # the links' counters when rank 0 has printed step 2 and when it prints the last: the steps
+        # between, without the rendezvous, the first step's warm-up and the held-out loss after
+        before=() after=()
+        wait_step 2 "$run_timeout" && mapfile -t before < <(tx_bytes "$H")
+        wait_step "$steps" "$run_timeout" && mapfile -t after < <(tx_bytes "$H")
+        hostbed_ranks_wait
+        local rc=$?
+        [ ${#after[@]} = "$H" ] && [ ${#before[@]} = "$H" ] || rc=1
+        for ((i = 0; i < P; i++)); do echo "== rank $i"; cat "$HOSTBED_SHARE/rank$i.log"; done >"$log"
+        [ -n "$keep" ] && cp "$log" "$keep/${H}x${R}@$rate.$name.log"
+        echo "$ME: ${H}x$R@$rate $name done ($((SECONDS - t)) s)" >&2
+        if [ $rc != 0 ]; then failed_run "${H}x$R@$rate $name" "$log"; printf '%-12s FAILED\n' "$name"; continue; fi
+        busiest=0 total=0
+        for ((i = 0; i < H; i++)); do
+            local d=$(((after[i] - before[i]) / (steps - 2)))
+            total=$((total + d)); [ $d -gt $busiest ] && busiest=$d
+        done
+        local ms fb
+        ms=$(median_ms "$HOSTBED_SHARE/rank0.log") fb=$(fsdp_bytes "$HOSTBED_SHARE/rank0.log")
+        [ "$name" = bf16 ] && bf16_ms=$ms bf16_bytes=$fb
+        awk -v n="$name" -v fb="${fb:-0}" -v tot="$total" -v bus="$busiest" -v st=1 -v ms="${ms:-0}" \
+            -v tok=$((bpr * P)) -v model="$gpt_model" -v bps="$bps" -v comp="${compute:-0}" -v b16="${bf16_ms:-0}" \
+            -v b16b="${bf16_bytes:-0}" 'BEGIN {
+            seq = 64; k = split(model, a, " "); for (i = 1; i < k; i++) if (a[i] == "--seq-len") seq = a[i + 1]
+            link_ms = bus / st * 8 / bps * 1e3; roof = (comp > link_ms) ? comp : link_ms
+            ratio = (b16b > 0) ? sprintf("%.3f", fb / b16b) : "-"
+            tps = (ms > 0) ? tok * seq / (ms / 1e3) : 0
+            vs = (b16 > 0 && ms > 0) ? sprintf("%.2fx", b16 / ms) : "-"
+            vr = (roof > 0) ? sprintf("%.2f", ms / roof) : "-"
+            printf "%-12s %12.0f %12.0f %7s %9.1f %9.0f %9.1f %10.1f %8s %11s\n", n, fb, tot / st, ratio, ms, tps,
+                link_ms, comp, vs, vr }'
+    done
+}
+
+echo "$ME: $("$BIN/bench_train" --machine)"
+echo "$ME: fsdp.h $(git -C "$TOP" log -1 --format=%h 2>/dev/null || echo '?'), $(date -u '+%Y-%m-%d %H:%M UTC')"
+for c in "${CASES[@]}"; do
+    [[ $c =~ ^([0-9]+)x([0-9]+)@(.*)$ ]]
+    run_case "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "${BASH_REMATCH[3]}"
+done
+[ $failed = 0 ] || { echo "$ME: some runs failed (above)" >&2; exit 1; }
+exit 0
