@@ -246,16 +246,21 @@ void tearDown(void) {
     unmap_board();
 }
 
-/* Every rank of fn returned FSDP_ERR_OUT_OF_MEMORY within OOM_BOUND_MS, OOM_RANK's message
-   saying own, the others' saying peers. */
-static void assert_every_rank_failed_at_once(fsdp_rank_fn fn, const char *own, const char *peers) {
+/* Runs fn on RANKS ranks; the launch and every rank's setup succeeded (message: what each said). */
+static void launch_and_check_setup(fsdp_rank_fn fn) {
     fsdp_launch_status status;
-    int rc, rank;
-    rc = launch_ranks(RANKS, FSDP_BACKEND_SHM, OOM_TIMEOUT_MS, fn, board, &status);
+    int rc = launch_ranks(RANKS, FSDP_BACKEND_SHM, OOM_TIMEOUT_MS, fn, board, &status);
     snprintf(message, sizeof message, "launch: %s %s | %s | 0: %s | 1: %s", fsdp_result_name(rc), status.message,
              board->setup_error, board->error[0], board->error[1]);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
     TEST_ASSERT_FALSE_MESSAGE(board->setup_failed, message);
+}
+
+/* Every rank of fn returned FSDP_ERR_OUT_OF_MEMORY within OOM_BOUND_MS, OOM_RANK's message
+   saying own, the others' saying peers. */
+static void assert_every_rank_failed_at_once(fsdp_rank_fn fn, const char *own, const char *peers) {
+    int rank;
+    launch_and_check_setup(fn);
     for (rank = 0; rank < RANKS; rank++) {
         snprintf(message, sizeof message, "rank %d: %s after %.0f ms (the timeout: %d ms): \"%s\"", rank,
                  fsdp_result_name(board->rc[rank]), board->elapsed_ms[rank], OOM_TIMEOUT_MS, board->error[rank]);
@@ -289,14 +294,9 @@ static void test_order_check_with_rank_1_out_of_memory_fails_every_rank_at_once_
 }
 
 static void test_clip_grad_norm_with_the_allocator_failing_on_rank_1_allocates_nothing_and_succeeds_everywhere(void) {
-    fsdp_launch_status status;
-    int rc, rank;
+    int rank;
     board->the_case = &global_norm;
-    rc = launch_ranks(RANKS, FSDP_BACKEND_SHM, OOM_TIMEOUT_MS, case_rank, board, &status);
-    snprintf(message, sizeof message, "launch: %s %s | %s | 0: %s | 1: %s", fsdp_result_name(rc), status.message,
-             board->setup_error, board->error[0], board->error[1]);
-    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
-    TEST_ASSERT_FALSE_MESSAGE(board->setup_failed, message);
+    launch_and_check_setup(case_rank);
     for (rank = 0; rank < RANKS; rank++) {
         TEST_ASSERT_TRUE_MESSAGE(board->done[rank], message);
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, board->rc[rank], message);
