@@ -10,6 +10,16 @@ LDLIBS   := -lpthread -lm
 BUILD    ?= build
 UNITY_DIR ?= tests/unity
 
+# Compile with every core unless told otherwise (your -j, or a parent make's, wins). make test
+# builds its programs in a make of their own whose output comes a target at a time (-Otarget, so
+# that two compilers' messages do not interleave), then runs them one at a time (tests/run.sh).
+ifeq ($(MAKELEVEL),0)
+ifeq ($(filter -j% j%,$(MAKEFLAGS)),)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
+endif
+endif
+SYNC_OUTPUT := $(if $(filter output-sync,$(.FEATURES)),-Otarget)
+
 TESTS    := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
 MPI_TESTS := test_mpi
 UNIT_TESTS := $(filter-out $(MPI_TESTS),$(TESTS))
@@ -63,7 +73,8 @@ $(BUILD)/test_gpt: tests/test_gpt.c examples/gpt_model.h examples/example_gemm.h
 $(BUILD)/test_mpi: tests/test_mpi.c fsdp.h $(TEST_HEADERS) $(BUILD)/unity.o | $(BUILD)
 	$(MPICC) -std=c99 $(OPT) $(WARN) -DFSDP_WITH_MPI -I. -I$(UNITY_DIR) $< $(BUILD)/unity.o -o $@ $(LDLIBS)
 
-test: check-deps $(addprefix $(BUILD)/,$(UNIT_TESTS))
+test: check-deps
+	@$(MAKE) --no-print-directory $(SYNC_OUTPUT) $(addprefix $(BUILD)/,$(UNIT_TESTS))
 	@BUILD=$(BUILD) MPICC="$(MPICC)" MPIRUN="$(MPIRUN)" UNITY_DIR=$(UNITY_DIR) CC="$(CC)" CXX="$(CXX)" \
 	    sh tests/run.sh $(UNIT_TESTS)
 
@@ -72,7 +83,7 @@ test-asan:
 	    SANFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 
 test-tsan:
-	@$(MAKE) --no-print-directory $(BUILD)/tsan/test_threads $(BUILD)/tsan/test_offload $(BUILD)/tsan/test_trace \
+	@$(MAKE) --no-print-directory $(SYNC_OUTPUT) $(BUILD)/tsan/test_threads $(BUILD)/tsan/test_offload $(BUILD)/tsan/test_trace \
 	    $(BUILD)/tsan/test_async_save BUILD=$(BUILD)/tsan OPT="-O1 -g" SANFLAGS="-fsanitize=thread"
 	@BUILD=$(BUILD)/tsan NO_EXTRA_CHECKS=1 sh tests/run.sh test_threads test_offload test_trace test_async_save
 
