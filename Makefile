@@ -60,15 +60,24 @@ TEST_HEADERS := tests/test_common.h tests/test_mlp.h
 $(BUILD)/unity.o: $(UNITY_DIR)/unity.c | $(BUILD)
 	$(CC) -std=c99 $(OPT) $(SANFLAGS) -I$(UNITY_DIR) -c $< -o $@
 
+# fsdp.h's implementation compiled once per build directory (13 of a test program's 15 CPU seconds
+# at -O2, 24 of 27 with ASan) and linked into the programs that need nothing of their own from it:
+# those that guard their FSDP_IMPLEMENTATION with FSDP_TEST_IMPLEMENTATION_LINKED.
+LINKED_TESTS := $(patsubst tests/%.c,%,$(shell grep -l '^\#ifndef FSDP_TEST_IMPLEMENTATION_LINKED' tests/test_*.c))
+$(BUILD)/fsdp_implementation.o: tests/fsdp_implementation.c fsdp.h | $(BUILD)
+	$(CC) -std=c99 $(OPT) $(WARN) $(SANFLAGS) $(CFLAGS) -I. -c $< -o $@
+$(addprefix $(BUILD)/,$(LINKED_TESTS)): $(BUILD)/fsdp_implementation.o
+$(addprefix $(BUILD)/,$(LINKED_TESTS)): LINKED_IMPLEMENTATION = -DFSDP_TEST_IMPLEMENTATION_LINKED $(BUILD)/fsdp_implementation.o
+
 $(BUILD)/test_%: tests/test_%.c fsdp.h $(TEST_HEADERS) $(BUILD)/unity.o | $(BUILD)
-	$(CC) -std=c99 $(OPT) $(WARN) $(SANFLAGS) $(CFLAGS) -I. -I$(UNITY_DIR) $< $(BUILD)/unity.o -o $@ $(LDLIBS)
+	$(CC) -std=c99 $(OPT) $(WARN) $(SANFLAGS) $(CFLAGS) -I. -I$(UNITY_DIR) $< $(LINKED_IMPLEMENTATION) $(BUILD)/unity.o -o $@ $(LDLIBS)
 # tests that read traces include examples/trace_tool.c itself
 $(BUILD)/test_trace_tool $(BUILD)/test_trace: examples/trace_tool.c
 $(BUILD)/test_loss_plot: examples/loss_plot.c
 
 $(BUILD)/test_gpt: tests/test_gpt.c examples/gpt_model.h examples/example_gemm.h examples/example_common.h fsdp.h $(TEST_HEADERS) $(BUILD)/unity.o | $(BUILD)
 	$(BLAS_CHECK)
-	$(CC) -std=c99 $(OPT) $(WARN) $(SANFLAGS) $(CFLAGS) -I. -I$(UNITY_DIR) $< $(BUILD)/unity.o -o $@ -lopenblas $(LDLIBS)
+	$(CC) -std=c99 $(OPT) $(WARN) $(SANFLAGS) $(CFLAGS) -I. -I$(UNITY_DIR) $< $(LINKED_IMPLEMENTATION) $(BUILD)/unity.o -o $@ -lopenblas $(LDLIBS)
 
 $(BUILD)/test_mpi: tests/test_mpi.c fsdp.h $(TEST_HEADERS) $(BUILD)/unity.o | $(BUILD)
 	$(MPICC) -std=c99 $(OPT) $(WARN) -DFSDP_WITH_MPI -I. -I$(UNITY_DIR) $< $(BUILD)/unity.o -o $@ $(LDLIBS)
