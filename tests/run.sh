@@ -379,6 +379,8 @@ EOF
     else
         echo "(MPI bridge tests skipped: mpicc/mpirun not installed; sudo apt-get install libopenmpi-dev openmpi-bin)"
     fi
+else
+    echo "(header, docs, example and MPI checks skipped: NO_EXTRA_CHECKS is set; make test runs them)"
 fi
 
 echo
