@@ -7,7 +7,30 @@ case $BUILD in /*) BIN=$BUILD ;; *) BIN=./$BUILD ;; esac
 passed=0
 failed=0
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+timings=$(mktemp) # one line per program and check: wall seconds, CPU seconds, name
+trap 'rm -f "$log" "$timings" "$timings.cpu0" "$timings.cpu1"' EXIT
+
+# Where the time goes: wall and CPU seconds (user + system of the waited-for children, which
+# include a program's forked ranks) around each program and check: the shell's `times` builtin,
+# redirected to a file, never in a command substitution (a subshell, whose children are none).
+timer_start() { timer_wall=$(date +%s.%N); times >"$timings.cpu0"; }
+timer_stop() { # $1 = name: prints nothing, records "wall cpu name" in $timings
+    times >"$timings.cpu1"
+    cat "$timings.cpu0" "$timings.cpu1" | awk -v w0="$timer_wall" -v w1="$(date +%s.%N)" -v name="$1" '
+        function seconds(t) { split(t, ms, "m"); return ms[1] * 60 + ms[2] }
+        NR == 2 || NR == 4 { cpu[NR] = seconds($1) + seconds($2) }
+        END { printf "%.1f %.1f %s\n", w1 - w0, cpu[4] - cpu[2], name }' >>"$timings"
+}
+timed() { # name, command...: runs the command, records its time
+    timed_name=$1
+    shift
+    timer_start
+    "$@"
+    timed_status=$?
+    timer_stop "$timed_name"
+    return $timed_status
+}
+last_timing() { tail -n 1 "$timings" | awk '{ printf "%s s wall, %s s CPU", $1, $2 }'; }
 
 count_unity() { # $1 = name, output in $log, $2 = exit status
     summary=$(grep -E '^[0-9]+ Tests [0-9]+ Failures [0-9]+ Ignored' "$log" | tail -n 1)
@@ -28,16 +51,23 @@ count_unity() { # $1 = name, output in $log, $2 = exit status
 
 for t in "$@"; do
     echo "== $t"
+    timer_start
     timeout 600 "$BIN/$t" >"$log" 2>&1
     status=$?
+    timer_stop "$t"
     cat "$log"
     count_unity "$t" "$status"
+    echo "($t: $(last_timing))"
 done
 
 check() { # name, command...
     name=$1
     shift
-    if "$@" >"$log" 2>&1; then
+    timer_start
+    "$@" >"$log" 2>&1
+    check_status=$?
+    timer_stop "$name"
+    if [ "$check_status" -eq 0 ]; then
         echo "tests/run.sh:0:$name:PASS"
         passed=$((passed + 1))
     else
@@ -139,7 +169,7 @@ EOF
 
     # ckpt_tool on hostile files (issue 9): terminal escapes in names and metadata never reach
     # its output as ESC bytes, and a FIFO under a checkpoint's name fails at once
-    if make --no-print-directory "$BUILD/ckpt_tool" BUILD="$BUILD" >"$log" 2>&1; then
+    if timed build:ckpt_tool make --no-print-directory "$BUILD/ckpt_tool" BUILD="$BUILD" >"$log" 2>&1; then
         tmp=$(mktemp -d)
         hdr='{"__metadata__":{"note\u001b[2J":"\u001b]0;owned\u0007","crc32c.evil\u001b]0;owned\u0007":"00000000"},"evil\u001b]0;owned\u0007":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
         { printf "\\$(printf %03o $((${#hdr} % 256)))\\$(printf %03o $((${#hdr} / 256)))\\000\\000\\000\\000\\000\\000"
@@ -156,7 +186,7 @@ EOF
     # the examples' command lines (issue 10): --strategy takes PyTorch's and Hugging Face's
     # names in any case and lists them for a name it does not know; gpt --resume auto with
     # --max-restarts survives a rank killed mid-run and ends bitwise where a run never stopped ends
-    if make --no-print-directory "$BUILD/gpt" "$BUILD/mlp" "$BUILD/ckpt_tool" BUILD="$BUILD" >"$log" 2>&1; then
+    if timed build:gpt,mlp,ckpt_tool make --no-print-directory "$BUILD/gpt" "$BUILD/mlp" "$BUILD/ckpt_tool" BUILD="$BUILD" >"$log" 2>&1; then
         tmp=$(mktemp -d)
         cp fsdp.h "$tmp/text" # a text that cannot change between the runs compared
         tiny="--data $tmp/text --layers 1 --channels 32 --heads 2 --seq-len 16 --batch 4 --sample 0"
@@ -221,7 +251,7 @@ EOF
     # issue 12: gpt --recompute trains bitwise as without; --mem-budget refuses a rank count that
     # cannot fit before anything is allocated; distill trains a student from a frozen teacher
     # that build/gpt trained, at P = 2, and its loss falls
-    if make --no-print-directory "$BUILD/gpt" "$BUILD/distill" "$BUILD/ckpt_tool" BUILD="$BUILD" >"$log" 2>&1; then
+    if timed build:gpt,distill,ckpt_tool make --no-print-directory "$BUILD/gpt" "$BUILD/distill" "$BUILD/ckpt_tool" BUILD="$BUILD" >"$log" 2>&1; then
         tmp=$(mktemp -d)
         cp fsdp.h "$tmp/text"
         tiny="--data $tmp/text --layers 2 --channels 32 --heads 2 --seq-len 16 --batch 4 --sample 0 --ckpt none"
@@ -319,8 +349,9 @@ EOF
 
     if [ -z "$SKIP_MPI" ] && [ -f tests/test_mpi.c ] && command -v "${MPICC:-mpicc}" >/dev/null 2>&1 && command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1; then
         echo "== MPI bridge (mpirun)"
-        if make --no-print-directory "$BUILD/test_mpi" BUILD="$BUILD" UNITY_DIR="$UNITY_DIR" >"$log" 2>&1; then
+        if timed build:test_mpi make --no-print-directory "$BUILD/test_mpi" BUILD="$BUILD" UNITY_DIR="$UNITY_DIR" >"$log" 2>&1; then
             # np 3 and 4 run at once: two jobs of a user on one host must not meet in a segment
+            timer_start
             for np in 2 3+4; do
                 pids=""
                 for n in $(echo $np | tr + ' '); do
@@ -336,6 +367,8 @@ EOF
                     count_unity "test_mpi(np=$n)" "$status"
                 done
             done
+            timer_stop test_mpi
+            echo "(test_mpi, np 2, 3 and 4: $(last_timing))"
         else
             cat "$log"
             echo "test_mpi: build failed"
@@ -346,8 +379,14 @@ EOF
     else
         echo "(MPI bridge tests skipped: mpicc/mpirun not installed; sudo apt-get install libopenmpi-dev openmpi-bin)"
     fi
+else
+    echo "(header, docs, example and MPI checks skipped: NO_EXTRA_CHECKS is set; make test runs them)"
 fi
 
+echo
+echo "slowest (wall s, CPU s):"
+sort -k1,1 -rn "$timings" | head -n 10 | awk '{ printf "  %7.1f %7.1f  %s\n", $1, $2, $3 }'
+awk '{ w += $1; c += $2 } END { printf "  %7.1f %7.1f  all %d programs and checks\n", w, c, NR }' "$timings"
 echo
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -29,7 +29,9 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#ifndef FSDP_TEST_IMPLEMENTATION_LINKED /* make links fsdp.h's implementation, compiled once */
 #define FSDP_IMPLEMENTATION
+#endif
 #include "fsdp.h"
 #include "unity.h"
 #include "test_common.h"
@@ -128,22 +130,8 @@ typedef struct mlp {
 } mlp;
 
 static int mlp_build(mlp *m) {
-    fsdp_init_rule normal = {FSDP_INIT_NORMAL, 0.0f, 0.5f, NULL, NULL};
-    fsdp_init_rule uniform = {FSDP_INIT_UNIFORM, -0.1f, 0.1f, NULL, NULL};
-    fsdp_init_rule around_one = {FSDP_INIT_UNIFORM, 0.5f, 1.5f, NULL, NULL};
-    int64_t s_scale[1] = {D}, s_w0[2] = {H, D}, s_b0[1] = {H}, s_w1[2] = {C, H}, s_b1[1] = {C};
-    int rc;
     memset(m, 0, sizeof *m);
-    if ((rc = fsdp_model_create(&m->model, "MLP")) != 0) return rc;
-    if ((m->param[P_SCALE] = fsdp_model_param(m->model, 0, "scale", 1, s_scale, around_one)) < 0) return m->param[P_SCALE];
-    if ((m->layers = fsdp_model_module(m->model, 0, "layers", "ModuleList")) < 0) return m->layers;
-    if ((m->layer[0] = fsdp_model_module(m->model, m->layers, "0", "Linear")) < 0) return m->layer[0];
-    if ((m->layer[1] = fsdp_model_module(m->model, m->layers, "1", "Linear")) < 0) return m->layer[1];
-    if ((m->param[P_W0] = fsdp_model_param(m->model, m->layer[0], "weight", 2, s_w0, normal)) < 0) return m->param[P_W0];
-    if ((m->param[P_B0] = fsdp_model_param(m->model, m->layer[0], "bias", 1, s_b0, uniform)) < 0) return m->param[P_B0];
-    if ((m->param[P_W1] = fsdp_model_param(m->model, m->layer[1], "weight", 2, s_w1, normal)) < 0) return m->param[P_W1];
-    if ((m->param[P_B1] = fsdp_model_param(m->model, m->layer[1], "bias", 1, s_b1, uniform)) < 0) return m->param[P_B1];
-    return 0;
+    return relu_mlp_build(&m->model, D, H, C, &m->layers, m->layer, m->param);
 }
 
 /* The values fsdp_init gives the model for a seed, in param_offset order. */
@@ -195,80 +183,11 @@ static fsdp_desc mlp_desc(fsdp_comm *comm, fsdp_strategy strategy, int wrap, int
     return d;
 }
 
-static void relu_forward(float *h, int n) {
-    int i;
-    for (i = 0; i < n; i++) h[i] = h[i] > 0.0f ? h[i] : 0.0f;
-}
-
-static void relu_backward(float *dh, const float *h, int n) {
-    int i;
-    for (i = 0; i < n; i++) dh[i] = h[i] > 0.0f ? dh[i] : 0.0f;
-}
-
-static void load_batch(int step, int lo, int hi, float *x, float *target) {
-    int i, j;
-    for (i = lo; i < hi; i++) {
-        for (j = 0; j < D; j++) x[(i - lo) * D + j] = sinf((float)i * 1.3f + (float)j + (float)step * 0.1f);
-        for (j = 0; j < C; j++) target[(i - lo) * C + j] = cosf((float)i * 0.7f + (float)j);
-    }
-}
-
-#define HOOK(call, name) RETURN_IF_FAILED(call, *where, name)
-#define NEED(ptr, expr, name)              \
-    do {                                   \
-        (ptr) = (expr);                    \
-        RETURN_IF_NULL(ptr, *where, name); \
-    } while (0)
-
-/* One training iteration through the hooks on this rank's rows (the mean over them; the ranks'
-   gradients are averaged), then fsdp_step. `step` selects the batch. */
+/* One training iteration of the model (relu_mlp_train_step) on this rank's rows, then fsdp_step.
+   `step` selects the batch. */
 static int train_step(fsdp_ctx *ctx, const mlp *m, fsdp_comm *comm, int step, const char **where) {
-    float x[B * D], x0[B * D], h[B * H], y[B * C], target[B * C], dy[B * C], dh[B * H], dx0[B * D];
-    float *scale, *w, *b, *gw, *gb;
-    int world = fsdp_comm_size(comm), rank = fsdp_comm_rank(comm);
-    int lo = rank * B / world, hi = (rank + 1) * B / world, n = hi - lo, i, rc;
-    load_batch(step, lo, hi, x, target);
-    /* forward */
-    HOOK(fsdp_pre_forward(ctx, 0), "pre_forward(root)");
-    NEED(scale, fsdp_param(ctx, m->param[P_SCALE]), "fsdp_param(scale)");
-    scale_forward(x0, x, scale, n, D);
-    HOOK(fsdp_pre_forward(ctx, m->layer[0]), "pre_forward(layers.0)");
-    NEED(w, fsdp_param(ctx, m->param[P_W0]), "fsdp_param(layers.0.weight)");
-    NEED(b, fsdp_param(ctx, m->param[P_B0]), "fsdp_param(layers.0.bias)");
-    linear_forward(h, x0, w, b, n, D, H);
-    relu_forward(h, n * H);
-    HOOK(fsdp_post_forward(ctx, m->layer[0]), "post_forward(layers.0)");
-    HOOK(fsdp_pre_forward(ctx, m->layer[1]), "pre_forward(layers.1)");
-    NEED(w, fsdp_param(ctx, m->param[P_W1]), "fsdp_param(layers.1.weight)");
-    NEED(b, fsdp_param(ctx, m->param[P_B1]), "fsdp_param(layers.1.bias)");
-    linear_forward(y, h, w, b, n, H, C);
-    HOOK(fsdp_post_forward(ctx, m->layer[1]), "post_forward(layers.1)");
-    HOOK(fsdp_post_forward(ctx, 0), "post_forward(root)");
-    /* loss: dy = (y - target) / rows */
-    for (i = 0; i < n * C; i++) dy[i] = (y[i] - target[i]) / (float)n;
-    /* backward: the root's backward encloses its children's */
-    memset(dh, 0, sizeof dh);
-    memset(dx0, 0, sizeof dx0);
-    HOOK(fsdp_pre_backward(ctx, 0), "pre_backward(root)");
-    HOOK(fsdp_pre_backward(ctx, m->layer[1]), "pre_backward(layers.1)");
-    NEED(w, fsdp_param(ctx, m->param[P_W1]), "fsdp_param(layers.1.weight) in backward");
-    NEED(gw, fsdp_grad(ctx, m->param[P_W1]), "fsdp_grad(layers.1.weight)");
-    NEED(gb, fsdp_grad(ctx, m->param[P_B1]), "fsdp_grad(layers.1.bias)");
-    linear_backward(dh, gw, gb, dy, h, w, n, H, C);
-    HOOK(fsdp_post_backward(ctx, m->layer[1]), "post_backward(layers.1)");
-    relu_backward(dh, h, n * H);
-    HOOK(fsdp_pre_backward(ctx, m->layer[0]), "pre_backward(layers.0)");
-    NEED(w, fsdp_param(ctx, m->param[P_W0]), "fsdp_param(layers.0.weight) in backward");
-    NEED(gw, fsdp_grad(ctx, m->param[P_W0]), "fsdp_grad(layers.0.weight)");
-    NEED(gb, fsdp_grad(ctx, m->param[P_B0]), "fsdp_grad(layers.0.bias)");
-    linear_backward(dx0, gw, gb, dh, x0, w, n, D, H);
-    HOOK(fsdp_post_backward(ctx, m->layer[0]), "post_backward(layers.0)");
-    NEED(gw, fsdp_grad(ctx, m->param[P_SCALE]), "fsdp_grad(scale)");
-    scale_backward(gw, dx0, x, n, D);
-    HOOK(fsdp_post_backward(ctx, 0), "post_backward(root)");
-    HOOK(fsdp_step(ctx, 0.0f, NULL), "fsdp_step");
-    HOOK(fsdp_zero_grad(ctx), "fsdp_zero_grad");
-    return 0;
+    const relu_mlp sizes = {D, H, C, B, m->layer, m->param};
+    return relu_mlp_train_step(ctx, &sizes, comm, step, where);
 }
 
 /* Every parameter's full value, gathered, in param_offset order. Collective. */

@@ -75,7 +75,7 @@ typedef struct board {
     counted report[MAX_RANKS][2];  /* runtime: the step reports' bytes (ops unused) */
     counted around[MAX_RANKS][2];  /* runtime: the comm's difference over each step */
     int status[MAX_RANKS];         /* runtime: the step's result */
-    char message[MAX_RANKS][300];
+    char message[MAX_RANKS][400];
 } board;
 
 static board *shared; /* MAP_SHARED before any fork */
@@ -359,30 +359,16 @@ typedef struct host_plan {
 
 static int host_rank(void *arg) {
     const host_plan *plan = (const host_plan *)arg;
-    fsdp_comm_desc d;
     fsdp_comm *comm = NULL;
     char host[32];
     counted zero;
     int rc;
     snprintf(host, sizeof host, "fsdp-stats-host-%d", plan->host_of[plan->rank]);
-    if (claim_host(host) != 0) {
-        snprintf(shared->message[plan->rank], sizeof shared->message[0], "cannot give a rank a host name of its own "
-                 "(a UTS namespace: as root, or in a user namespace): %s", strerror(errno));
-        return NO_HOST_NAME;
-    }
     if (plan->flat) setenv("FSDP_HIERARCHICAL", "0", 1);
-    memset(&d, 0, sizeof d);
-    d.backend = FSDP_BACKEND_SOCKET;
-    d.rank = plan->rank;
-    d.world_size = plan->world;
-    d.master_addr = "127.0.0.1";
-    d.master_port = plan->port;
-    d.timeout_ms = TIMEOUT_MS;
-    d.job = plan->job;
-    if (fsdp_comm_init(&comm, &d) != FSDP_SUCCESS) {
-        snprintf(shared->message[plan->rank], sizeof shared->message[0], "fsdp_comm_init: %.200s", fsdp_comm_last_error(NULL));
-        return 1;
-    }
+    rc = join_world_on_host(&comm, host, plan->rank, plan->world, plan->port, plan->job, TIMEOUT_MS,
+                            shared->message[plan->rank], sizeof shared->message[0]);
+    if (rc == 1) return NO_HOST_NAME;
+    if (rc != FSDP_SUCCESS) return 1;
     memset(&zero, 0, sizeof zero);
     shared->status[plan->rank] = fsdp_comm_num_hosts(comm) * 10 + fsdp_comm_hierarchical(comm);
     rc = run_matrix(comm, 0, zero);

@@ -650,6 +650,109 @@ static TEST_UNUSED void scale_backward(float *dscale, const float *dx0, const fl
         for (k = 0; k < dim; k++) dscale[k] += dx0[i * dim + k] * x[i * dim + k];
 }
 
+/* The two-layer model test_checkpoint.c and test_async_save.c train, each at its own sizes:
+       x0 = x * scale; h = relu(layers.0(x0)); y = layers.1(h); loss = mean over rows of 0.5 * |y - target|^2
+   Its sizes, and the ids fsdp_model gave its two Linear units (layer) and its parameters, in the
+   order scale, layers.0.weight, layers.0.bias, layers.1.weight, layers.1.bias (param). */
+typedef struct relu_mlp {
+    int in, hidden, out, rows; /* rows: the batch of every step, split over the ranks */
+    const int *layer, *param;
+} relu_mlp;
+
+/* Builds the relu_mlp's model "MLP" at the sizes in, hidden, out: *model, the ids of the
+   ModuleList "layers" (*layers) and of its Linear units "0" and "1" (layer), and of the parameters
+   (param, in relu_mlp's order). 0, or the code of the call that failed. */
+static TEST_UNUSED int relu_mlp_build(fsdp_model **model, int in, int hidden, int out, int *layers, int layer[2],
+                                      int param[5]) {
+    fsdp_init_rule normal = {FSDP_INIT_NORMAL, 0.0f, 0.5f, NULL, NULL};
+    fsdp_init_rule uniform = {FSDP_INIT_UNIFORM, -0.1f, 0.1f, NULL, NULL};
+    fsdp_init_rule around_one = {FSDP_INIT_UNIFORM, 0.5f, 1.5f, NULL, NULL};
+    int64_t s_scale[1], s_w0[2], s_b0[1], s_w1[2], s_b1[1];
+    int rc;
+    s_scale[0] = in, s_w0[0] = hidden, s_w0[1] = in, s_b0[0] = hidden, s_w1[0] = out, s_w1[1] = hidden, s_b1[0] = out;
+    if ((rc = fsdp_model_create(model, "MLP")) != 0) return rc;
+    if ((param[0] = fsdp_model_param(*model, 0, "scale", 1, s_scale, around_one)) < 0) return param[0];
+    if ((*layers = fsdp_model_module(*model, 0, "layers", "ModuleList")) < 0) return *layers;
+    if ((layer[0] = fsdp_model_module(*model, *layers, "0", "Linear")) < 0) return layer[0];
+    if ((layer[1] = fsdp_model_module(*model, *layers, "1", "Linear")) < 0) return layer[1];
+    if ((param[1] = fsdp_model_param(*model, layer[0], "weight", 2, s_w0, normal)) < 0) return param[1];
+    if ((param[2] = fsdp_model_param(*model, layer[0], "bias", 1, s_b0, uniform)) < 0) return param[2];
+    if ((param[3] = fsdp_model_param(*model, layer[1], "weight", 2, s_w1, normal)) < 0) return param[3];
+    if ((param[4] = fsdp_model_param(*model, layer[1], "bias", 1, s_b1, uniform)) < 0) return param[4];
+    return 0;
+}
+
+/* The rows lo..hi-1 of step `step`'s batch: inputs x (hi-lo, in) and targets (hi-lo, out). */
+static TEST_UNUSED void relu_mlp_batch(const relu_mlp *m, int step, int lo, int hi, float *x, float *target) {
+    int i, j;
+    for (i = lo; i < hi; i++) {
+        for (j = 0; j < m->in; j++) x[(i - lo) * m->in + j] = sinf((float)i * 1.3f + (float)j + (float)step * 0.1f);
+        for (j = 0; j < m->out; j++) target[(i - lo) * m->out + j] = cosf((float)i * 0.7f + (float)j);
+    }
+}
+
+/* One training iteration of the relu_mlp through the hooks on this rank's rows (the mean over
+   them; the ranks' gradients are averaged), then fsdp_step and fsdp_zero_grad. `step` selects the
+   batch. In a forked rank: 0, or a call's result code with *where naming the call. */
+static TEST_UNUSED int relu_mlp_train_step(fsdp_ctx *ctx, const relu_mlp *m, fsdp_comm *comm, int step,
+                                          const char **where) {
+    int world = fsdp_comm_size(comm), rank = fsdp_comm_rank(comm);
+    int lo = rank * m->rows / world, hi = (rank + 1) * m->rows / world, n = hi - lo, i, rc;
+    const int in = m->in, hidden = m->hidden, out = m->out, *layer = m->layer, *param = m->param;
+    float x[n * in], x0[n * in], h[n * hidden], y[n * out], target[n * out], dy[n * out], dh[n * hidden], dx0[n * in];
+    float *scale, *w, *b, *gw, *gb;
+#define RELU_MLP_HOOK(call, name) RETURN_IF_FAILED(call, *where, name)
+#define RELU_MLP_NEED(ptr, expr, name)     \
+    do {                                   \
+        (ptr) = (expr);                    \
+        RETURN_IF_NULL(ptr, *where, name); \
+    } while (0)
+    relu_mlp_batch(m, step, lo, hi, x, target);
+    /* forward */
+    RELU_MLP_HOOK(fsdp_pre_forward(ctx, 0), "pre_forward(root)");
+    RELU_MLP_NEED(scale, fsdp_param(ctx, param[0]), "fsdp_param(scale)");
+    scale_forward(x0, x, scale, n, in);
+    RELU_MLP_HOOK(fsdp_pre_forward(ctx, layer[0]), "pre_forward(layers.0)");
+    RELU_MLP_NEED(w, fsdp_param(ctx, param[1]), "fsdp_param(layers.0.weight)");
+    RELU_MLP_NEED(b, fsdp_param(ctx, param[2]), "fsdp_param(layers.0.bias)");
+    linear_forward(h, x0, w, b, n, in, hidden);
+    for (i = 0; i < n * hidden; i++) h[i] = h[i] > 0.0f ? h[i] : 0.0f;
+    RELU_MLP_HOOK(fsdp_post_forward(ctx, layer[0]), "post_forward(layers.0)");
+    RELU_MLP_HOOK(fsdp_pre_forward(ctx, layer[1]), "pre_forward(layers.1)");
+    RELU_MLP_NEED(w, fsdp_param(ctx, param[3]), "fsdp_param(layers.1.weight)");
+    RELU_MLP_NEED(b, fsdp_param(ctx, param[4]), "fsdp_param(layers.1.bias)");
+    linear_forward(y, h, w, b, n, hidden, out);
+    RELU_MLP_HOOK(fsdp_post_forward(ctx, layer[1]), "post_forward(layers.1)");
+    RELU_MLP_HOOK(fsdp_post_forward(ctx, 0), "post_forward(root)");
+    /* loss: dy = (y - target) / rows */
+    for (i = 0; i < n * out; i++) dy[i] = (y[i] - target[i]) / (float)n;
+    /* backward: the root's backward encloses its children's */
+    memset(dh, 0, sizeof dh);
+    memset(dx0, 0, sizeof dx0);
+    RELU_MLP_HOOK(fsdp_pre_backward(ctx, 0), "pre_backward(root)");
+    RELU_MLP_HOOK(fsdp_pre_backward(ctx, layer[1]), "pre_backward(layers.1)");
+    RELU_MLP_NEED(w, fsdp_param(ctx, param[3]), "fsdp_param(layers.1.weight) in backward");
+    RELU_MLP_NEED(gw, fsdp_grad(ctx, param[3]), "fsdp_grad(layers.1.weight)");
+    RELU_MLP_NEED(gb, fsdp_grad(ctx, param[4]), "fsdp_grad(layers.1.bias)");
+    linear_backward(dh, gw, gb, dy, h, w, n, hidden, out);
+    RELU_MLP_HOOK(fsdp_post_backward(ctx, layer[1]), "post_backward(layers.1)");
+    for (i = 0; i < n * hidden; i++) dh[i] = h[i] > 0.0f ? dh[i] : 0.0f;
+    RELU_MLP_HOOK(fsdp_pre_backward(ctx, layer[0]), "pre_backward(layers.0)");
+    RELU_MLP_NEED(w, fsdp_param(ctx, param[1]), "fsdp_param(layers.0.weight) in backward");
+    RELU_MLP_NEED(gw, fsdp_grad(ctx, param[1]), "fsdp_grad(layers.0.weight)");
+    RELU_MLP_NEED(gb, fsdp_grad(ctx, param[2]), "fsdp_grad(layers.0.bias)");
+    linear_backward(dx0, gw, gb, dh, x0, w, n, in, hidden);
+    RELU_MLP_HOOK(fsdp_post_backward(ctx, layer[0]), "post_backward(layers.0)");
+    RELU_MLP_NEED(gw, fsdp_grad(ctx, param[0]), "fsdp_grad(scale)");
+    scale_backward(gw, dx0, x, n, in);
+    RELU_MLP_HOOK(fsdp_post_backward(ctx, 0), "post_backward(root)");
+    RELU_MLP_HOOK(fsdp_step(ctx, 0.0f, NULL), "fsdp_step");
+    RELU_MLP_HOOK(fsdp_zero_grad(ctx), "fsdp_zero_grad");
+#undef RELU_MLP_HOOK
+#undef RELU_MLP_NEED
+    return 0;
+}
+
 /* In a forked rank: claims the host name `host`, then joins the socket world of `world` ranks
    whose rendezvous is 127.0.0.1:port as rank `rank`. 0 with *comm; 1 if no host name could be had
    (where no namespace can be made), else fsdp_comm_init's code; why says what failed. */

@@ -17,7 +17,9 @@
    test program (the build directory), on disk where the build is.
    Build: make test (or make build/test_offload). */
 #define _GNU_SOURCE
+#ifndef FSDP_TEST_IMPLEMENTATION_LINKED /* make links fsdp.h's implementation, compiled once */
 #define FSDP_IMPLEMENTATION
+#endif
 #include "fsdp.h"
 
 #include "unity.h"

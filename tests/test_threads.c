@@ -1,7 +1,12 @@
 /* The communicator used from threads, as the FSDP runtime's comm thread uses it: ops issued
    from a worker thread, and fsdp_comm_abort from another thread waking an op that waits for
    a rank that never comes. Run under ThreadSanitizer by `make test-tsan`. */
+#ifndef _GNU_SOURCE /* the system headers' declarations that fsdp.h's implementation would ask for */
+#define _GNU_SOURCE
+#endif
+#ifndef FSDP_TEST_IMPLEMENTATION_LINKED /* make links fsdp.h's implementation, compiled once */
 #define FSDP_IMPLEMENTATION
+#endif
 #include "fsdp.h"
 #include "unity.h"
 #include "test_common.h"

@@ -15,7 +15,9 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#ifndef FSDP_TEST_IMPLEMENTATION_LINKED /* make links fsdp.h's implementation, compiled once */
 #define FSDP_IMPLEMENTATION
+#endif
 #include "fsdp.h"
 #include "unity.h"
 #include "test_mlp.h"
