@@ -780,4 +780,53 @@ static TEST_UNUSED int join_world_on_host(fsdp_comm **comm, const char *host, in
     return rc;
 }
 
+/* The rank function of run_on_hosts: comm is NULL when joining failed (join_rc and why say how). */
+typedef void (*host_rank_fn)(fsdp_comm *comm, int join_rc, const char *why, int rank, void *arg);
+
+typedef struct host_rank_plan {
+    int rank, world, port, timeout_ms;
+    char host[48], job[48];
+    host_rank_fn fn;
+    void *arg;
+} host_rank_plan;
+
+#define TEST_NO_HOST_NAME 77 /* a rank's exit status when it cannot have a host name of its own */
+#define TEST_MAX_HOST_RANKS 64
+
+static TEST_UNUSED int host_rank_child(void *arg) {
+    const host_rank_plan *h = (const host_rank_plan *)arg;
+    fsdp_comm *comm = NULL;
+    char why[512] = "";
+    int rc = join_world_on_host(&comm, h->host, h->rank, h->world, h->port, h->job, h->timeout_ms, why, sizeof why);
+    if (rc == 1) return TEST_NO_HOST_NAME;
+    h->fn(rc == FSDP_SUCCESS ? comm : NULL, rc, why, h->rank, h->arg);
+    fsdp_comm_destroy(comm);
+    return 0;
+}
+
+/* Forks world ranks over sockets on one machine, rank r on the host "<prefix>-<host_of[r]>" (a
+   UTS namespace each), each running fn once joined (or told why not) and reaped within 90 s.
+   1 if no host name could be had here (the caller ignores its test), else 0: what each rank did
+   is fn's to record where the parent reads it. */
+static TEST_UNUSED int run_on_hosts(int world, const int *host_of, const char *prefix, int timeout_ms, host_rank_fn fn,
+                                    void *arg) {
+    static host_rank_plan plans[TEST_MAX_HOST_RANKS];
+    pid_t pids[TEST_MAX_HOST_RANKS];
+    int r, no_name = 0, port = pick_free_port();
+    if (world > TEST_MAX_HOST_RANKS) return fprintf(stderr, "run_on_hosts: %d ranks, at most %d\n", world, TEST_MAX_HOST_RANKS), 0;
+    for (r = 0; r < world; r++) {
+        plans[r].rank = r;
+        plans[r].world = world;
+        plans[r].port = port;
+        plans[r].timeout_ms = timeout_ms;
+        plans[r].fn = fn;
+        plans[r].arg = arg;
+        snprintf(plans[r].host, sizeof plans[r].host, "%s-%d", prefix, host_of[r]);
+        snprintf(plans[r].job, sizeof plans[r].job, "%s-%d-%d", prefix, (int)getpid(), port);
+        pids[r] = spawn(host_rank_child, &plans[r], 120);
+    }
+    for (r = 0; r < world; r++) no_name |= reap(pids[r], 90000) == TEST_NO_HOST_NAME;
+    return no_name;
+}
+
 #endif /* TEST_COMMON_H */

@@ -25,7 +25,6 @@
 #define MAX_RANKS 6
 #define ROWS 3 /* batch rows per rank */
 #define TIMEOUT_MS 30000
-#define NO_HOST_NAME 77
 #define NUNITS 4
 
 typedef struct run_config {
@@ -304,46 +303,25 @@ static int run_world(int world, fsdp_backend_kind backend, const run_config *c) 
 /* ---------------------------------------------------------------------------------------------
    several hosts on one machine
    --------------------------------------------------------------------------------------------- */
-typedef struct host_rank {
-    int rank, world, port;
-    const int *host_of;
-    char job[24];
-    run_config config;
-} host_rank;
-
-static int host_rank_main(void *arg) {
-    const host_rank *h = (const host_rank *)arg;
-    rank_result *r = &results[h->rank];
-    fsdp_comm *comm = NULL;
-    char host[32];
-    snprintf(host, sizeof host, "fsdp-wire-host-%d", h->host_of[h->rank]);
-    r->rc = join_world_on_host(&comm, host, h->rank, h->world, h->port, h->job, TIMEOUT_MS, r->message, sizeof r->message);
-    if (r->rc == 1) return NO_HOST_NAME;
-    if (r->rc != FSDP_SUCCESS) return 0;
-    r->rc = train(comm, &h->config, r);
+static void host_rank_main(fsdp_comm *comm, int join_rc, const char *why, int rank, void *arg) {
+    rank_result *r = &results[rank];
+    if (!comm) {
+        r->rc = join_rc;
+        snprintf(r->message, sizeof r->message, "%s", why);
+        return;
+    }
+    r->rc = train(comm, (const run_config *)arg, r);
     r->done = r->rc == 0;
-    fsdp_comm_destroy(comm);
-    return 0;
 }
 
 /* Runs config on a world whose rank r claims host host_of[r]; ignores the test where no host
    name can be had. */
 static void run_hosts(int world, const int *host_of, const run_config *c) {
-    static host_rank plans[MAX_RANKS];
-    pid_t pids[MAX_RANKS];
-    int r, status, no_name = 0, port = pick_free_port();
+    run_config config = *c;
+    int r;
     memset(results, 0, sizeof *results * MAX_RANKS);
-    for (r = 0; r < world; r++) {
-        plans[r].rank = r;
-        plans[r].world = world;
-        plans[r].port = port;
-        plans[r].host_of = host_of;
-        plans[r].config = *c;
-        snprintf(plans[r].job, sizeof plans[r].job, "wire-%d-%d", (int)getpid(), world);
-        pids[r] = spawn(host_rank_main, &plans[r], 120);
-    }
-    for (r = 0; r < world; r++) no_name |= (status = reap(pids[r], 90000)) == NO_HOST_NAME;
-    if (no_name) TEST_IGNORE_MESSAGE("no UTS namespace here: cannot make hosts");
+    if (run_on_hosts(world, host_of, "fsdp-wire-host", TIMEOUT_MS, host_rank_main, &config))
+        TEST_IGNORE_MESSAGE("no UTS namespace here: cannot make hosts");
     for (r = 0; r < world; r++) {
         snprintf(message, sizeof message, "rank %d (host %d): %.400s", r, host_of[r],
                  results[r].message[0] ? results[r].message : "no message");
