@@ -141,6 +141,8 @@
                              fsdp_desc.trace_dir is NULL (>>trace); set it on every rank or none
        FSDP_CHAOS_SEED       builds with FSDP_CHAOS only: N > 0 perturbs this process's timing, N
                              choosing how (>>chaos); unset or 0: no perturbation
+       FSDP_RECOVERY_PEERS   a rejoining host's ranks (fsdp_desc.recovery.rejoin): where the job's
+                             survivors listen, "addr:port,..." when recovery.peers is NULL (>>recovery)
        RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT      (torchrun)
        TORCHELASTIC_RUN_ID TORCHELASTIC_RESTART_COUNT TORCHELASTIC_USE_AGENT_STORE (torchrun: the
                              job token, and rank 0's address in the agent's store)
@@ -625,7 +627,8 @@ FSDP_API int fsdp_comm_is_shared(const fsdp_comm *comm, const void *ptr, size_t 
    rank's host comm (L ranks, this rank's rank in it l; NULL: L = 1) and cross the comm of the
    ranks of local index l on every host, in host order (H ranks, this rank's rank h; NULL:
    H = 1): fsdp_comm_split(world, r / L, r, &host) and fsdp_comm_split(world, r % L, r, &cross)
-   make them from a world numbered host by host.
+   make them from a world numbered host by host. (Hosts of unequal sizes: the runtime's
+   reduction does these steps over lanes, >>qcomm; this function takes hosts of equal size.)
    What happens, in this order, every addition and division one f32 operation (so that a plain
    reference reproduces it bit for bit):
      1. y_g, for each host g = 0..H-1: the fsdp_reduce_scatter over host (FSDP_SUM, f32) of the
@@ -892,9 +895,28 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
    next iteration's data by the steps its report says were taken. A stopped or slow process is
    not lost (its kernel still answers): the op timeout finds it, and recovery then drops it.
    After a recovery the context runs on a world of its own: desc.comm stays failed (destroy it
-   after fsdp_destroy, as always). Not yet: a host rejoining; offload or bf16 optimizer state
-   (their update streams on a thread recovery does not stop yet) and reshard_after_forward HOST
-   are refused with recovery. Recovery off (the default) changes nothing.
+   after fsdp_destroy, as always).
+   Rejoin: a lost host started again (or a spare) comes back with its ranks' fsdp_init given
+   recovery.rejoin 1 and, as desc.comm, a world of that host's shard_group_size ranks alone made
+   with the job's secret and job token (its own master port): fsdp_init finds the job at
+   recovery.peers (the job's ranks listen at recovery.port + rank: give every rank the same port),
+   is admitted at a step boundary every survivor agrees on (after the survivors' next fsdp_step,
+   which its fsdp_init waits for, up to the op timeout), and receives for each of its ranks the
+   state of its counterpart in a replica that trains (master shard, optimizer state, step, loss
+   scale, learning rate, the blob of fsdp_recovery_set_blob), checked by checksum; the survivors'
+   fsdp_step that admits reports the grown replica count and a new epoch. A joiner with another
+   secret is refused and the survivors are not disturbed. The rejoined rank's loop asks
+   fsdp_recovery_state for the step and the blob to take the right data; fsdp_recovery_timeline_get
+   says what each phase of the last loss and rejoin took (also trace events). Not yet: offload or
+   bf16 optimizer state (their update streams on a thread recovery does not stop yet),
+   reshard_after_forward HOST, and error feedback residuals with rejoin, are refused with recovery.
+   Recovery off (the default) changes nothing. A rejoining host's rank, G ranks a host (the job's
+   ranks given desc.recovery.port = P, every one the same):
+       cd.rank = local_rank, cd.world_size = G, cd.master_port = a port of this host's own;
+       fsdp_comm_init(&comm, &cd);                  (cd.job and cd.secret as the job's)
+       desc.comm = comm, desc.recovery.rejoin = 1;  (FSDP_RECOVERY_PEERS="a:P,b:P+G,c:P+2G,...")
+       fsdp_init(&ctx, model, &desc);               (returns once admitted, the state in)
+       fsdp_recovery_state(ctx, &step, blob, sizeof blob, &n);    then train from that step
    ============================================================================================ */
 typedef struct fsdp_recovery_desc {
     int enabled;            /* 1: survive a lost replica (HYBRID_SHARD whose replicas span hosts) */
@@ -904,7 +926,17 @@ typedef struct fsdp_recovery_desc {
                                keepalive and TCP_USER_TIMEOUT on the links between hosts), and
                                how long the rendezvous waits for the survivors' views; 0: 5000.
                                A reset is noticed at once */
+    int port;               /* rank r (as at the first fsdp_init) keeps its recovery listener at
+                               port + r, where a rejoining host finds the job; 0: any free port
+                               (then nobody can rejoin) */
+    int rejoin;             /* 1: this rank's host rejoins the job (see above); desc.comm is the
+                               world of that host's ranks alone */
+    const char *peers;      /* rejoin: "addr:port,addr:port,...", the listeners of the first rank
+                               of each replica (the one that answers is the rendezvous: the
+                               joiner holds a connection to each until then); NULL: the environment's FSDP_RECOVERY_PEERS */
 } fsdp_recovery_desc;
+
+#define FSDP_RECOVERY_BLOB_MAX 4096 /* bytes of fsdp_recovery_set_blob */
 
 /* ============================================================================================
    >>runtime
@@ -1000,19 +1032,29 @@ typedef struct fsdp_desc {
                                            so the gathered weights are the same bits at every world size. A
                                            float wire other than param_dtype's is refused (param_dtype says it) */
     fsdp_wire grad_wire;                /* what gradient reductions move between hosts, for every unit without its
-                                           own: DEFAULT: reduce_dtype; INT8, INT4: ZeRO++'s qgZ, the unit's
+                                           own: DEFAULT: reduce_dtype; INT8, INT4: reduce_dtype unused for the
+                                           unit, which reduces in f32 and quantizes what crosses hosts (>>qcomm
+                                           says which layouts change the bits). FULL_SHARD, SHARD_GRAD_OP
+                                           (HYBRID_SHARD with one replica as FULL_SHARD): ZeRO++'s qgZ, the
                                            reduce-scatter is fsdp_reduce_scatter_wire (f32 inside each host,
-                                           the host partials quantized between hosts; >>qcomm), reduce_dtype
-                                           unused for it. Needs hosts of equal rank counts, numbered host by
-                                           host (else FSDP_ERR_UNSUPPORTED); HYBRID_SHARD refused (its
-                                           all-reduce over replicas is not quantized); where the reduction
-                                           never crosses a host (one host, NO_SHARD) ignored with an info log.
-                                           A float wire other than reduce_dtype's is refused */
+                                           the host partials quantized between hosts); hosts of any sizes
+                                           (2+1+3 ranks: >>qcomm's lanes), the ranks numbered host by host
+                                           (else FSDP_ERR_UNSUPPORTED).
+                                           HYBRID_SHARD with replicas on several hosts: the shard group's
+                                           reduce-scatter in f32, then the all-reduce over the replicas
+                                           quantized (each replica's partial, then the sum, which every replica
+                                           decodes: the same bits everywhere); refused where the shard groups
+                                           span hosts or with recovery. Where the reduction never crosses a
+                                           host (one host, NO_SHARD) ignored with an info log. A float wire
+                                           other than reduce_dtype's is refused */
     size_t wire_block;                  /* elements per block of INT8/INT4 (fsdp_wire_bytes' rules); 0: 128 */
     int error_feedback;                 /* 1: units reducing over an INT8/INT4 grad_wire keep, per rank, the
-                                           quantization error of their host partials (hosts x shard floats, in
-                                           grad_shard_bytes) and add it to the next reduction's; sharded
-                                           checkpoints save it ("__grad_residual__.<unit>", >>checkpoint) */
+                                           quantization error of what they encoded and add it to the next
+                                           reduction's: their host partials (hosts x shard floats, times
+                                           ceil(most / fewest ranks on a host) on unequal hosts); HYBRID_SHARD:
+                                           its partial (shard floats) and the replicas' sum it encodes (shard /
+                                           replicas floats). In grad_shard_bytes; sharded checkpoints save it
+                                           ("__grad_residual__.<unit>", >>checkpoint) */
 } fsdp_desc;
 
 /* Builds units from the wrap policy, allocates this rank's shards and initialises them.
@@ -1128,6 +1170,43 @@ FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report);
    Return Value: FSDP_SUCCESS; FSDP_ERR_INVALID_ARG for a NULL ctx (count and index, when given,
    are set to 0 first). */
 FSDP_API int fsdp_replicas(const fsdp_ctx *ctx, int *count, int *index);
+/* Sets the opaque bytes (the data position, say) that a rank rejoining at this rank's place in
+   its replica receives with the state (>>recovery): copied; set them after every fsdp_step that
+   moves them. Local.
+   Return Value: FSDP_SUCCESS; FSDP_ERR_INVALID_ARG for a NULL ctx, data NULL with bytes, or more
+   than FSDP_RECOVERY_BLOB_MAX bytes; FSDP_ERR_STATE without recovery. */
+FSDP_API int fsdp_recovery_set_blob(fsdp_ctx *ctx, const void *data, size_t bytes);
+/* The optimizer steps taken (*step) and the blob this rank holds: after fsdp_init with
+   recovery.rejoin, its counterpart's at the step it was admitted at, so its loop takes that
+   step's data next. blob (capacity bytes; may be NULL) gets min(capacity, *blob_bytes) bytes.
+   Return Value: FSDP_SUCCESS; FSDP_ERR_INVALID_ARG for a NULL ctx; FSDP_ERR_STATE without
+   recovery (the outputs given are zeroed first). */
+FSDP_API int fsdp_recovery_state(const fsdp_ctx *ctx, int64_t *step, void *blob, size_t capacity, size_t *blob_bytes);
+/* When the phases of this rank's last recovery and last rejoin happened (>>recovery), on
+   fsdp_now()'s clock (0: not yet), for a timeline of what a failure cost. With a trace
+   (>>trace) each phase is also an event of category "recovery". */
+typedef struct fsdp_recovery_timeline {
+    double loss_seen;       /* this rank's first op to fail of the loss (a hook's, or fsdp_step's) */
+    double stopped;         /* everything in flight stopped (every comm aborted, the queue drained) */
+    double agreed;          /* the rendezvous's verdict known */
+    double rebuilt;         /* the new world made and adopted: the next step can run */
+    int64_t loss_epoch;     /* the epoch it led to */
+    double join_begin;      /* survivors: the admission began (after the step that carried the
+                               joiners' request); a joiner: its fsdp_init's first hello */
+    double join_world;      /* the new world made with the joiners (and agreed) */
+    double join_done;       /* the state sent (a joiner: received and checked) */
+    uint64_t join_bytes;    /* that state's bytes: master shards, optimizer state, the tail */
+    int64_t join_step, join_epoch; /* the step the joiners start from; the epoch it led to */
+} fsdp_recovery_timeline;
+/* Copies the timeline into *out (zeroed first). FSDP_SUCCESS; FSDP_ERR_INVALID_ARG for NULL
+   arguments; FSDP_ERR_STATE without recovery. */
+FSDP_API int fsdp_recovery_timeline_get(const fsdp_ctx *ctx, fsdp_recovery_timeline *out);
+/* The world the context trains over: desc.comm, or after a recovery or a rejoin (>>recovery) the
+   world it made, which the context owns (valid until the next change of membership or
+   fsdp_destroy; desc.comm stays failed). For the loop's own collectives between steps (a loss's
+   mean, an evaluation): ask again after every fsdp_step whose report shows a new epoch. NULL for
+   a NULL ctx. */
+FSDP_API fsdp_comm *fsdp_world_comm(const fsdp_ctx *ctx);
 /* Waits for everything running for ctx in the background (the comm thread's collectives, an
    update behind): before reading fsdp_param_info's shards directly, or timing. */
 FSDP_API int fsdp_synchronize(fsdp_ctx *ctx);
@@ -1233,7 +1312,11 @@ FSDP_API int fsdp_set_param_shard(fsdp_ctx *ctx, int param, const float *slice);
    number that matches it across the group's ranks, when it was queued), every wait of the
    compute thread and what for, the optimizer step, offload reads and writes, checkpoint phases,
    and each iteration ("step N", from the end of one fsdp_step to the end of the next, with the
-   bytes the rank sent in it, as fsdp_step_report counts them). Times
+   bytes the rank sent in it, as fsdp_step_report counts them); with recovery (>>recovery), the
+   phases of a loss ("stop", "agree", "rebuild") and of a rejoin ("rejoin: world", "rejoin:
+   state", with its bytes), category "recovery". A rank rejoining writes
+   DIR/trace-rejoin-pidP-rankNNNNN.json (NNNNN its rank in its host's world; times on the clock
+   of that world's rank 0), so as not to overwrite the lost rank's file. Times
    are microseconds on rank 0's clock: at init the ranks measure each one's offset to rank 0
    (a few all-gathers) and write it with its error bound in the file's otherData. Events wait in
    memory and are written at fsdp_step once there are 2048, and at fsdp_destroy (a rank that
@@ -1314,8 +1397,9 @@ FSDP_API int fsdp_fit_budget(const fsdp_model *model, const fsdp_desc *desc, int
    absent, as another optimizer's state is without strict: the context keeps its own value and
    the tensors load.
    Error feedback (fsdp_desc.error_feedback) residuals go into sharded checkpoints only: tensor
-   "__grad_residual__.<unit>" (F32, world x hosts x shard; rank r's hosts x shard floats in its
-   own file), loaded back at the same world size and shard, else (or absent) the residual
+   "__grad_residual__.<unit>" (F32, world x R; rank r's R floats in its own file, R = hosts x
+   shard (x ceil(most / fewest ranks on a host) on hosts of unequal sizes), or shard + shard /
+   replicas for HYBRID_SHARD), loaded back at the same world size and shard, else (or absent) the residual
    restarts at zero with an info message. Full checkpoints drop them (a full load leaves the
    residual as it was).
    ============================================================================================ */
@@ -3168,8 +3252,11 @@ struct fsdp_comm {
     unsigned char key[32];  /* fsdp__comm_key of the secret and job: what connections prove */
     int has_secret;
     int unasked_warned;     /* socket, no secret: said once that the peers' users cannot be checked (atomic) */
-    int lost_peer;          /* 1 + the first peer an op saw close its connection or go silent (0: none; atomic):
-                               which peers a survivor still reaches (>>recovery) */
+    int lost_peer;          /* 1 + the first peer an op saw go silent (the op timeout, keepalive or
+                               TCP_USER_TIMEOUT; 0: none; atomic): a peer a survivor no longer reaches (>>recovery) */
+    int reset_peer;         /* 1 + the first peer whose connection closed with no abort notice read (0: none;
+                               atomic): a dead process, or a survivor whose abort came while a message of it was
+                               arriving (the notice then lies inside the message): recovery asks its listener */
     fsdp__region *regions;  /* from fsdp_comm_alloc */
     uint32_t allocations;   /* fsdp_comm_alloc calls so far */
     fsdp__tally *tally;     /* what it sent (fsdp_comm_stats_get) */
@@ -5696,13 +5783,15 @@ FSDP__PRIVATE int fsdp__sock_listen(const struct sockaddr_in *addr, int backlog)
    retransmissions back off (1, 3, 7, 15, 31 s): with a single attempt, a rank kept out by a
    flood of connections at rank 0 waited a minute where fresh SYNs get in within seconds, while
    the attempts kept waiting still let a slow round trip (up to 2 s) connect. An attempt that
-   fails (nobody listens yet) is followed by the next after a pause that grows to 256 ms.
-   -1 with errno (ETIMEDOUT at the deadline) on failure. */
-FSDP__PRIVATE int fsdp__sock_connect(const struct sockaddr_in *addr, int64_t deadline) {
+   fails (nobody listens yet) is followed by the next after a pause that grows to 256 ms, or,
+   with refused_ends (a listener known to be open for as long as its process lives: a refusal
+   says the process is gone), ends the dial. -1 with errno (ETIMEDOUT at the deadline) on
+   failure. */
+FSDP__PRIVATE int fsdp__sock_dial(const struct sockaddr_in *addr, int64_t deadline, int refused_ends) {
     struct pollfd tries[FSDP__SOCK_TRIES]; /* oldest first */
     int64_t next = fsdp__now_ms(), pause_ms = 2;
-    int n = 0, i, err = 0, no_socket = 0, winner = -1;
-    while (winner < 0) {
+    int n = 0, i, err = 0, no_socket = 0, winner = -1, refused = 0;
+    while (winner < 0 && !refused) {
         int64_t now = fsdp__now_ms(), wake;
         if (now >= deadline) break;
         if (now >= next) { /* a fresh attempt; the oldest gives way */
@@ -5718,6 +5807,7 @@ FSDP__PRIVATE int fsdp__sock_connect(const struct sockaddr_in *addr, int64_t dea
             } else {
                 err = errno;
                 close(fd);
+                if ((refused = refused_ends && err == ECONNREFUSED) != 0) break;
                 next = now + pause_ms;
                 if (pause_ms < 256) pause_ms *= 2;
             }
@@ -5735,13 +5825,20 @@ FSDP__PRIVATE int fsdp__sock_connect(const struct sockaddr_in *addr, int64_t dea
             err = e;
             close(tries[i].fd);
             memmove(tries + i, tries + i + 1, sizeof *tries * (size_t)(--n - i));
+            refused |= refused_ends && e == ECONNREFUSED;
         }
     }
-    err = no_socket ? no_socket : n > 0 || !err ? ETIMEDOUT : err; /* an attempt left unanswered: timed out */
+    /* (an attempt left unanswered: timed out) */
+    err = no_socket ? no_socket : refused ? ECONNREFUSED : n > 0 || !err ? ETIMEDOUT : err;
     for (i = 0; i < n; i++) close(tries[i].fd);
     if (winner >= 0) fsdp__sock_tune(winner);
     else errno = err;
     return winner;
+}
+
+/* Connects before the deadline (fsdp__sock_dial: a refusal is a listener not open yet). */
+FSDP__PRIVATE int fsdp__sock_connect(const struct sockaddr_in *addr, int64_t deadline) {
+    return fsdp__sock_dial(addr, deadline, 0);
 }
 
 /* HMAC(key, label | a | b | c) with the label's NUL as separator; NULL parts are skipped. */
@@ -6867,7 +6964,8 @@ FSDP__PRIVATE int fsdp__sock_check_header(fsdp_comm *comm, fsdp__sock *s, int p,
 }
 
 /* Peer p's connection broke. If it said why first (an abort frame waiting in our receive
-   buffer), adopt its reason; otherwise report the lost peer. */
+   buffer), adopt its reason; otherwise report the lost peer (noted as silent where the kernel
+   gave up on it, else as reset: a reset proves no loss, an abort sent mid-message ends so too). */
 FSDP__PRIVATE int fsdp__sock_lost(fsdp_comm *comm, fsdp__sock *s, int p, const fsdp_coll *c, const fsdp__fingerprint *fp,
                                   uint32_t phase, int err) {
     fsdp__sock_peer *peer = &s->peers[p];
@@ -6882,7 +6980,11 @@ FSDP__PRIVATE int fsdp__sock_lost(fsdp_comm *comm, fsdp__sock *s, int p, const f
         if (peer->in_header_done == sizeof peer->in_header && peer->in_header.magic == FSDP__SOCK_ABORT_MAGIC)
             return fsdp__sock_check_header(comm, s, p, c, fp, phase);
     }
-    if (!fsdp__load(&comm->lost_peer)) fsdp__store(&comm->lost_peer, p + 1);
+    if (err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH) { /* (silence: keepalive, TCP_USER_TIMEOUT) */
+        if (!fsdp__load(&comm->lost_peer)) fsdp__store(&comm->lost_peer, p + 1);
+    } else if (!fsdp__load(&comm->reset_peer)) {
+        fsdp__store(&comm->reset_peer, p + 1);
+    }
     return fsdp__comm_adopt(comm, FSDP_ERR_PEER_LOST, "rank %d (%s) closed its connection during %s (op #%llu)%s%s", p,
                           peer->addr, fsdp_coll_name(c->kind), (unsigned long long)c->seq, err ? ": " : "",
                           err ? strerror(err) : "");
@@ -8128,13 +8230,17 @@ FSDP__PRIVATE int fsdp__comm_local_addr(const fsdp_comm *comm, struct sockaddr_i
    and TCP_USER_TIMEOUT, which bounds both the probes and data left unacknowledged. A broken link
    then fails the op as a reset does (FSDP_ERR_PEER_LOST, "Connection timed out"). The kernel of
    a live host answers for its processes, so a stopped or slow process is not taken for lost:
-   only the op timeout finds it (>>recovery). Other transports: nothing to do. 0, or -1 with
-   errno where the kernel refused an option. */
+   only the op timeout finds it (>>recovery). Both bounds are set to 4/5 of detect_ms: the kernel
+   checks the user timeout only when a retransmission timer fires, which came up to 0.6 s late on
+   the test bed (a cut found 5.6 s after it with both at 5000). Other transports: nothing to do.
+   0, or -1 with errno where the kernel refused an option. */
+FSDP__PRIVATE unsigned int fsdp__watch_ms(int detect_ms) { return (unsigned int)(detect_ms - detect_ms / 5); }
+
 FSDP__PRIVATE int fsdp__comm_watch(fsdp_comm *comm, int detect_ms) {
     fsdp__sock *s = fsdp__comm_sock(comm);
-    int p, one = 1, idle_s = detect_ms / 2000 > 0 ? detect_ms / 2000 : 1, interval_s = 1, probes;
-    unsigned int user_timeout = (unsigned int)detect_ms;
-    probes = detect_ms / 1000 > 0 ? detect_ms / 1000 : 1;
+    unsigned int user_timeout = fsdp__watch_ms(detect_ms);
+    int p, one = 1, idle_s = detect_ms / 5000 > 0 ? detect_ms / 5000 : 1, interval_s = 1, probes;
+    probes = (int)user_timeout / 1000 - idle_s > 0 ? (int)user_timeout / 1000 - idle_s : 1;
     for (p = 0; s && p < comm->world; p++) {
         int fd = s->peers[p].fd;
         if (p == comm->rank || fd < 0 || !comm->host_of || comm->host_of[p] == comm->host) continue;
@@ -8714,15 +8820,37 @@ done:
 /* ============================================================================================
    >>qcomm
    Collectives built from the public ones, for any backend: the quantized reduce-scatter
-   (fsdp_reduce_scatter_wire, whose declaration documents its arithmetic).
-   The runtime uses it for a unit whose grad_wire is INT8 or INT4 (fsdp__run_reduce_wire): over
-   the context's host comm and its cross-host comm (the ranks of one local index, made once by
-   fsdp_init), FSDP_AVG, in place in the unit's f32 gradient, with the unit's residual under
-   error feedback. What that changes in the gradient bits: they depend on the layout H hosts x L
-   ranks (each host's partial of L ranks is what gets quantized, and the hosts' partials are
-   folded in host order), on the wire and the block, not on the backend or the timing; one host
-   (H = 1) or grad_wire off is the plain reduce-scatter's bits exactly. So the same world of P
-   ranks on 1 x 4, 2 x 2 or 4 x 1 hosts trains to different bits, each bitwise run to run.
+   (fsdp_reduce_scatter_wire, whose declaration documents its arithmetic) and, private, the
+   quantized all-reduce of HYBRID_SHARD's replicas built on it (fsdp__qar_run, documented there).
+   The runtime uses them for a unit whose grad_wire is INT8 or INT4 (fsdp__run_reduce_wire):
+   FULL_SHARD and SHARD_GRAD_OP (and HYBRID_SHARD with one replica, which is FULL_SHARD) reduce
+   by fsdp_reduce_scatter_wire over the context's host comm and its cross-host comm (the ranks of
+   one local index, made once by fsdp_init), FSDP_AVG, in place in the unit's f32 gradient;
+   HYBRID_SHARD with replicas on several hosts reduce-scatters in f32 inside its shard group
+   (FSDP_AVG, which lies inside a host) and then runs fsdp__qar_run over its replica comm
+   (FSDP_AVG); both with the unit's residual under error feedback. What that changes in the
+   gradient bits: they depend on the wire, the block and the layout, not on the backend or the
+   timing. FULL_SHARD: on H hosts x L ranks (each host's partial of L ranks is what gets
+   quantized, the hosts' partials folded in host order); one host (H = 1) or grad_wire off is the
+   plain reduce-scatter's bits exactly, so the same world of P ranks on 1 x 4, 2 x 2 or 4 x 1
+   hosts trains to different bits, each bitwise run to run.
+   Hosts of unequal sizes (2+1+3 ranks, say; numbered host by host, else refused) run the same
+   steps over lanes instead of one cross comm (fsdp__qrs_layout, made once by fsdp_init): rank s,
+   local rank j of host g, receives from each host h that host's partial of shard s (the sum over
+   h's ranks in rank order, f32), encoded (plus its residual) by h's rank j mod L_h, which sums
+   host g's shards with its host in rounds of L_h (zeros past g's last) and sends on lane j; rank
+   s decodes the H partials and folds them in host order, divided by P. So each host partial is
+   quantized once, as on even hosts (the case of one lane: the same bits and bytes), and the bits
+   depend on the hosts' sizes. A rank is on ceil((Lmax - j) / L_h) lanes, and a lane's all-to-all
+   sends a piece to every other host's rank on it, zeros to a host without a shard on the lane:
+   across hosts a rank sends lanes x (H - 1) pieces, the useful ones of a reduction being P (H - 1)
+   in all (2+1+3: 18 pieces sent for 12; 2+1: 4 for 3; 1+3: 6 for 4). Its residual: lanes x H x
+   shard floats, sized on every rank for the most lanes, ceil(Lmax / Lmin), so that checkpoints
+   keep one size per rank.
+   HYBRID_SHARD: on the shard group's size G and the replicas R (each replica's partial is
+   quantized, its pieces of the shard cut by R, and the sum quantized again), whatever the hosts
+   under them (such a unit is padded to a multiple of G R elements, so that each shard cuts into
+   R pieces: zeros, which change no parameter). On one host grad_wire is ignored: the plain reduction's bits.
    ============================================================================================ */
 /* The scratch of one fsdp_reduce_scatter_wire: the host partials (later the decoded receipts),
    the encoded pieces out and in (slot bytes each, a multiple of 4), the fold's sources. */
@@ -8730,9 +8858,35 @@ typedef struct fsdp__qrs {
     float *partials;
     unsigned char *out, *in;
     const void **srcs;
+    float *padded;          /* a short round's shards, zeros past them (fsdp__qrs_host_sums) */
     size_t slot;
     void *raw;
 } fsdp__qrs;
+
+/* Where a quantized reduce-scatter runs: H hosts whose ranks are numbered host by host, host g
+   holding world ranks first(g) .. first(g + 1) - 1 (L_g of them, Lmax the most). Lane j
+   (0 <= j < Lmax) is the comm of one rank per host, rank j mod L_g of host g, in host order: it
+   carries every host's partial of shard first(g) + j of each host g with L_g > j. A rank of
+   local index l on a host of L is in lanes l, l + L, ... below Lmax, lanes[k] = lane l + k L,
+   and receives its own shard on lane l. Hosts of equal size: one lane each, the cross comm. */
+typedef struct fsdp__qrs_layout {
+    fsdp_comm *host;          /* this rank's host (NULL: it is alone on it) */
+    fsdp_comm *const *lanes;  /* [num_lanes] */
+    int num_lanes, hosts, world;
+    const int *first;         /* [hosts + 1], or NULL: hosts of world / hosts ranks each */
+} fsdp__qrs_layout;
+
+static int fsdp__qrs_first(const fsdp__qrs_layout *y, int g) {
+    return y->first ? y->first[g] : g * (y->world / y->hosts);
+}
+
+/* Lmax: the ranks of the largest host. */
+static int fsdp__qrs_most(const fsdp__qrs_layout *y) {
+    int g, most = 0, size;
+    for (g = 0; g < y->hosts; g++)
+        if ((size = fsdp__qrs_first(y, g + 1) - fsdp__qrs_first(y, g)) > most) most = size;
+    return most;
+}
 
 /* Checks fsdp_reduce_scatter_wire's arguments: 0, or FSDP_ERR_INVALID_ARG logged on a comm's logger. */
 FSDP__PRIVATE int fsdp__qrs_check(fsdp_comm *host, fsdp_comm *cross, const float *send, const float *recv, size_t count,
@@ -8754,91 +8908,248 @@ FSDP__PRIVATE int fsdp__qrs_check(fsdp_comm *host, fsdp_comm *cross, const float
     return FSDP_ERR_INVALID_ARG;
 }
 
-FSDP__PRIVATE int fsdp__qrs_alloc(fsdp__qrs *q, fsdp_comm *comm, int H, size_t count, fsdp_wire wire, size_t block) {
-    size_t floats = (size_t)H * count * sizeof(float), pointers = fsdp__align(sizeof(void *) * (size_t)H, 64);
+/* Scratch for a reduce-scatter on layout y: the host sums of each round (this rank's lanes and
+   any round past them: Lmax / L rounded up, by H), the pieces out (lanes by H slots) and in (H
+   slots of lane l, and H more that the further lanes' receipts share: nothing comes to this
+   rank on them), and the zero-padded copy of a short round's shards where a host's ranks are
+   not a multiple of this host's. With hosts of equal size: H sums and twice H slots. */
+FSDP__PRIVATE int fsdp__qrs_alloc(fsdp__qrs *q, fsdp_comm *comm, const fsdp__qrs_layout *y, size_t count, fsdp_wire wire,
+                                  size_t block) {
+    size_t H = (size_t)y->hosts, L = y->host ? (size_t)y->host->world : 1;
+    size_t rounds = ((size_t)fsdp__qrs_most(y) + L - 1) / L, pad = 0, floats, pointers = fsdp__align(sizeof(void *) * H, 64), slots;
+    int g;
+    for (g = 0; g < y->hosts; g++)
+        if ((size_t)(fsdp__qrs_first(y, g + 1) - fsdp__qrs_first(y, g)) % L != 0) pad = L * count * sizeof(float);
+    floats = rounds * H * count * sizeof(float);
     q->slot = fsdp__align(fsdp_wire_bytes(wire, count, block), 4);
-    q->raw = FSDP_MALLOC(pointers + fsdp__align(floats, 64) + 2 * (size_t)H * q->slot + 64);
+    slots = ((size_t)y->num_lanes + (y->num_lanes > 1 ? 2 : 1)) * H * q->slot;
+    q->raw = FSDP_MALLOC(pointers + fsdp__align(floats, 64) + slots + pad + 64);
     if (!q->raw)
         return fsdp_comm_fail(comm, FSDP_ERR_OUT_OF_MEMORY, "fsdp_reduce_scatter_wire: no memory for %zu bytes of scratch",
-                              pointers + floats + 2 * (size_t)H * q->slot);
+                              pointers + floats + slots + pad);
     q->srcs = (const void **)q->raw;
     q->partials = (float *)((char *)q->raw + pointers);
     q->out = (unsigned char *)q->partials + fsdp__align(floats, 64);
-    q->in = q->out + (size_t)H * q->slot;
+    q->in = q->out + (size_t)y->num_lanes * H * q->slot;
+    q->padded = pad ? (float *)(void *)(q->in + (y->num_lanes > 1 ? 2 : 1) * H * q->slot) : NULL;
+    /* a slot's tail past the codes (its 4-byte rounding), and the slots of hosts without a rank on
+       a lane, are sent too: zeros, not old heap bytes */
+    memset(q->out, 0, (size_t)y->num_lanes * H * q->slot);
     return 0;
 }
 
 /* What a caller inside fsdp.h learns from one fsdp__qrs_run (the runtime's reduction traces its
    phases and names a non-finite gradient): phase(user, "quantize" / "dequantize", t0) at the end
    of each of those phases, which began at t0; nonfinite, the index in the host partials (g count
-   + i) of the first NaN or infinity encoded, or SIZE_MAX. */
+   + i; on a rank of several lanes, (k H + g) count + i for lane k) of the first NaN or infinity
+   encoded, or SIZE_MAX. */
 typedef struct fsdp__qrs_watch {
     void (*phase)(void *user, const char *name, double t0);
     void *user;
     size_t nonfinite;
 } fsdp__qrs_watch;
 
+/* Steps 2 and 3 for one partial z (count floats): plus its residual res (NULL: none), encoded
+   into codes, the residual updated (scratch holds the decode). The first non-finite element's
+   index, or count. */
+FSDP__PRIVATE size_t fsdp__qrs_encode_piece(float *z, unsigned char *codes, size_t count, fsdp_wire wire, size_t block,
+                                            float *res, float *scratch) {
+    size_t i, first;
+    if (res)
+        for (i = 0; i < count; i++) z[i] = z[i] + res[i];
+    fsdp_wire_encode(codes, wire, block, z, count, &first);
+    if (!res) return first;
+    fsdp_wire_decode(scratch, FSDP_F32, codes, wire, block, count);
+    for (i = 0; i < count; i++) res[i] = scratch[i] != scratch[i] ? 0.0f : z[i] - scratch[i];
+    return first;
+}
+
 /* Steps 2 and 3: host g's partial (plus its residual) into slot g, the residual updated; recv
    serves as the decode's scratch (send is no longer read). */
 FSDP__PRIVATE void fsdp__qrs_encode(const fsdp__qrs *q, int H, size_t count, fsdp_wire wire, size_t block,
                                     float *residual, float *scratch, fsdp__qrs_watch *watch) {
-    size_t i, first;
+    size_t first;
     int g;
     for (g = 0; g < H; g++) {
-        float *z = q->partials + (size_t)g * count, *res = residual ? residual + (size_t)g * count : NULL;
-        unsigned char *codes = q->out + (size_t)g * q->slot;
-        if (res)
-            for (i = 0; i < count; i++) z[i] = z[i] + res[i];
-        fsdp_wire_encode(codes, wire, block, z, count, &first);
+        first = fsdp__qrs_encode_piece(q->partials + (size_t)g * count, q->out + (size_t)g * q->slot, count, wire, block,
+                                       residual ? residual + (size_t)g * count : NULL, scratch);
         if (watch && first < count && watch->nonfinite == SIZE_MAX) watch->nonfinite = (size_t)g * count + first;
-        if (!res) continue;
-        fsdp_wire_decode(scratch, FSDP_F32, codes, wire, block, count);
-        for (i = 0; i < count; i++) res[i] = scratch[i] != scratch[i] ? 0.0f : z[i] - scratch[i];
     }
 }
 
-/* fsdp_reduce_scatter_wire, watched (watch may be NULL; it costs a clock reading per phase). */
-FSDP__PRIVATE int fsdp__qrs_run(fsdp_comm *host, fsdp_comm *cross, const float *send, float *recv, size_t count,
-                                fsdp_reduce_op op, fsdp_wire wire, size_t block, float *residual, fsdp__qrs_watch *watch) {
-    int H = cross ? cross->world : 1, L = host ? host->world : 1, rc, g;
-    fsdp_comm *any = cross ? cross : host;
+/* Step 1 on layout y: for each host g, in rounds t = 0, 1, ... of L shards (this host's ranks),
+   the fsdp_reduce_scatter over this host (FSDP_SUM, f32) of host g's shards t L .. t L + L - 1
+   (zeros past its L_g shards: then a copy): this rank's sum is this host's partial of shard
+   first(g) + t L + l, the piece it sends on its lane k = t, kept at partials[(t H + g) count]. */
+FSDP__PRIVATE int fsdp__qrs_host_sums(const fsdp__qrs_layout *y, const fsdp__qrs *q, const float *send, size_t count) {
+    int L = y->host ? y->host->world : 1, H = y->hosts, g, t, rc = FSDP_SUCCESS;
+    for (g = 0; g < H && rc == FSDP_SUCCESS; g++) {
+        int first = fsdp__qrs_first(y, g), Lg = fsdp__qrs_first(y, g + 1) - first;
+        for (t = 0; t * L < Lg && rc == FSDP_SUCCESS; t++) {
+            const float *src = send + (size_t)(first + t * L) * count;
+            float *sum = q->partials + ((size_t)t * (size_t)H + (size_t)g) * count;
+            int shards = Lg - t * L < L ? Lg - t * L : L;
+            if (shards < L) {
+                memcpy(q->padded, src, (size_t)shards * count * sizeof(float));
+                memset(q->padded + (size_t)shards * count, 0, (size_t)(L - shards) * count * sizeof(float));
+                src = q->padded;
+            }
+            rc = y->host ? fsdp_reduce_scatter(y->host, src, sum, count, FSDP_F32, FSDP_SUM)
+                         : (memcpy(sum, src, count * sizeof(float)), FSDP_SUCCESS);
+        }
+    }
+    return rc;
+}
+
+/* Steps 2 and 3 on every lane of this rank's: the pieces of hosts that have a rank on the lane
+   (the others' slots stay zeros, their residual untouched). */
+FSDP__PRIVATE void fsdp__qrs_encode_lanes(const fsdp__qrs_layout *y, const fsdp__qrs *q, size_t count, fsdp_wire wire,
+                                          size_t block, float *residual, float *scratch, fsdp__qrs_watch *watch) {
+    int L = y->host ? y->host->world : 1, l = y->host ? y->host->rank : 0, H = y->hosts, k, g;
+    for (k = 0; k < y->num_lanes; k++)
+        for (g = 0; g < H; g++) {
+            size_t at = (size_t)k * (size_t)H + (size_t)g, first;
+            if (l + k * L >= fsdp__qrs_first(y, g + 1) - fsdp__qrs_first(y, g)) continue;
+            first = fsdp__qrs_encode_piece(q->partials + at * count, q->out + at * q->slot, count, wire, block,
+                                           residual ? residual + at * count : NULL, scratch);
+            if (watch && first < count && watch->nonfinite == SIZE_MAX) watch->nonfinite = at * count + first;
+        }
+}
+
+/* Step 4: each lane's fsdp_all_to_all, in lane order on every rank (a rank in several waits on
+   them one after another, so no cycle forms). rc: the host sums' result; a failure anywhere
+   fails this rank's lanes still to run, whose other members would otherwise wait for it. */
+FSDP__PRIVATE int fsdp__qrs_exchange(const fsdp__qrs_layout *y, const fsdp__qrs *q, int rc) {
+    size_t H = (size_t)y->hosts;
+    int k, first_failed = rc ? 0 : -1;
+    for (k = 0; k < y->num_lanes && rc == FSDP_SUCCESS; k++)
+        if ((rc = fsdp_all_to_all(y->lanes[k], q->out + (size_t)k * H * q->slot, q->in + (k ? H * q->slot : 0),
+                                  q->slot / 4, FSDP_F32)) != FSDP_SUCCESS)
+            first_failed = k + 1;
+    for (k = first_failed; k >= 0 && k < y->num_lanes; k++)
+        if (k == 0) /* (only the host sums fail before lane 0) */
+            fsdp_comm_fail(y->lanes[k], rc, "fsdp_reduce_scatter_wire: the host comm of rank %d (local rank %d) failed: "
+                           "%s", y->lanes[k]->rank, y->host ? y->host->rank : 0,
+                           y->host ? fsdp_comm_last_error(y->host) : "");
+        else
+            fsdp_comm_fail(y->lanes[k], rc, "fsdp_reduce_scatter_wire: rank %d (local rank %d) failed on an earlier "
+                           "lane: %s", y->lanes[k]->rank, y->host ? y->host->rank : 0,
+                           fsdp_comm_last_error(y->lanes[k - 1]));
+    return rc;
+}
+
+/* fsdp_reduce_scatter_wire on layout y (hosts of any sizes, numbered host by host), watched
+   (watch may be NULL; it costs a clock reading per phase). residual: num_lanes x H x count
+   floats, lane k's piece for host g at (k H + g) count. The bits of every rank's shard follow
+   fsdp_reduce_scatter_wire's steps with each host's partial summed over its own ranks. */
+FSDP__PRIVATE int fsdp__qrs_lanes(const fsdp__qrs_layout *y, const float *send, float *recv, size_t count,
+                                  fsdp_reduce_op op, fsdp_wire wire, size_t block, float *residual, fsdp__qrs_watch *watch) {
+    int H = y->hosts, rc, g;
     double t0;
     fsdp__qrs q;
     memset(&q, 0, sizeof q);
-    if (watch) watch->nonfinite = SIZE_MAX;
-    if ((rc = fsdp__qrs_check(host, cross, send, recv, count, op, wire, block, residual)) != 0) return rc;
-    if (op == FSDP_REDUCE_DEFAULT) op = FSDP_SUM;
-    if (H == 1) /* one host: nothing crosses a link, nothing is quantized */
-        return host ? fsdp_reduce_scatter(host, send, recv, count, FSDP_F32, op)
-                    : fsdp_reduce_scatter(cross, send, recv, count, FSDP_F32, op);
-    if ((rc = fsdp__qrs_alloc(&q, any, H, count, wire, block)) != 0) return rc;
-    for (g = 0; g < H && rc == FSDP_SUCCESS; g++) /* 1: host g's shards, summed over this host */
-        rc = host ? fsdp_reduce_scatter(host, send + (size_t)g * (size_t)L * count, q.partials + (size_t)g * count, count,
-                                        FSDP_F32, FSDP_SUM)
-                  : (memcpy(q.partials + (size_t)g * count, send + (size_t)g * count, count * sizeof(float)), 0);
+    if ((rc = fsdp__qrs_alloc(&q, y->lanes[0], y, count, wire, block)) != 0) return rc;
+    rc = fsdp__qrs_host_sums(y, &q, send, count); /* 1 */
     if (rc == FSDP_SUCCESS) {
         t0 = watch && watch->phase ? fsdp_now() : 0;
-        fsdp__qrs_encode(&q, H, count, wire, block, residual, recv, watch);
+        fsdp__qrs_encode_lanes(y, &q, count, wire, block, residual, recv, watch); /* 2, 3 */
         if (t0 != 0) watch->phase(watch->user, "quantize", t0);
-        rc = fsdp_all_to_all(cross, q.out, q.in, q.slot / 4, FSDP_F32);
-    } else { /* the other hosts' ranks would wait for this one in the all_to_all: tell them now */
-        fsdp_comm_fail(cross, rc, "fsdp_reduce_scatter_wire: the host comm of rank %d (local rank %d) failed: %s",
-                       cross->rank, host->rank, fsdp_comm_last_error(host));
     }
+    rc = fsdp__qrs_exchange(y, &q, rc); /* 4 */
     t0 = rc == FSDP_SUCCESS && watch && watch->phase ? fsdp_now() : 0;
     for (g = 0; g < H && rc == FSDP_SUCCESS; g++) { /* 5: the hosts' partials of my shard, folded in host order */
         fsdp_wire_decode(q.partials + (size_t)g * count, FSDP_F32, q.in + (size_t)g * q.slot, wire, block, count);
         q.srcs[g] = q.partials + (size_t)g * count;
     }
-    if (rc == FSDP_SUCCESS && count) fsdp_reduce_ranks(recv, q.srcs, H, count, FSDP_F32, op, H * L);
+    if (rc == FSDP_SUCCESS && count) fsdp_reduce_ranks(recv, q.srcs, H, count, FSDP_F32, op, y->world);
     if (t0 != 0) watch->phase(watch->user, "dequantize", t0);
     FSDP_FREE(q.raw);
     return rc;
 }
 
+/* fsdp_reduce_scatter_wire, watched (watch may be NULL). */
+FSDP__PRIVATE int fsdp__qrs_run(fsdp_comm *host, fsdp_comm *cross, const float *send, float *recv, size_t count,
+                                fsdp_reduce_op op, fsdp_wire wire, size_t block, float *residual, fsdp__qrs_watch *watch) {
+    int rc;
+    fsdp__qrs_layout y;
+    if (watch) watch->nonfinite = SIZE_MAX;
+    if ((rc = fsdp__qrs_check(host, cross, send, recv, count, op, wire, block, residual)) != 0) return rc;
+    if (op == FSDP_REDUCE_DEFAULT) op = FSDP_SUM;
+    if (!cross) /* one host: nothing crosses a link, nothing is quantized */
+        return fsdp_reduce_scatter(host, send, recv, count, FSDP_F32, op);
+    if (cross->world == 1) return fsdp_reduce_scatter(host ? host : cross, send, recv, count, FSDP_F32, op);
+    y.host = host;
+    y.lanes = &cross;
+    y.num_lanes = 1;
+    y.hosts = cross->world;
+    y.world = cross->world * (host ? host->world : 1);
+    y.first = NULL;
+    return fsdp__qrs_lanes(&y, send, recv, count, op, wire, block, residual, watch);
+}
+
 FSDP_API int fsdp_reduce_scatter_wire(fsdp_comm *host, fsdp_comm *cross, const float *send, float *recv, size_t count,
                                       fsdp_reduce_op op, fsdp_wire wire, size_t block, float *residual) {
     return fsdp__qrs_run(host, cross, send, recv, count, op, wire, block, residual, NULL);
+}
+
+/* The scratch bytes of fsdp__qar_run over R replicas for count = R n floats: the first phase's
+   (fsdp__qrs_alloc's, R partials of n and twice R slots) outweighs the second's (R slots of
+   the gathered codes, n floats to decode the residual's), which follows it. */
+FSDP__PRIVATE size_t fsdp__qar_scratch_bytes(int R, size_t count, fsdp_wire wire, size_t block) {
+    size_t n = count / (size_t)R, slot = fsdp__align(fsdp_wire_bytes(wire, n, block), 4);
+    return (size_t)R * (n * sizeof(float) + 2 * slot);
+}
+
+/* HYBRID_SHARD's all-reduce over its replicas, quantized (the runtime's, for a unit whose
+   grad_wire is INT8 or INT4 and whose replicas span hosts): data holds count = R n floats, R
+   the ranks of replicas, j this rank's rank in it; at the end every rank's data holds the same
+   bits. In this order, every operation one f32 operation:
+     1. fsdp__qrs_run(NULL, replicas, data, data + j n, n, op, wire, block, residual): each
+        rank's piece k of data (plus residual[k n ..] under error feedback) encoded, the
+        residual updated, sent to rank k; rank j decodes the R pieces j and folds them in
+        replica order (FSDP_AVG: divided by R), into a = data[j n, j n + n).
+     2. z = a, plus residual[R n + i] under error feedback; c_j = fsdp_wire_encode(z);
+        residual[R n + i] = z[i] - decode(c_j)[i] (0 where that is NaN).
+     3. fsdp_all_gather of c_j over replicas (slots of whole f32 words, padding zeroed).
+     4. data[k n + i] = decode(c_k)[i] for every k, this rank's own piece too: every replica
+        applies dequantize(quantize(sum)), so all hold the same bits.
+   residual: NULL, or R n + n floats of this rank's. The first R n are the error of its partial
+   (step 1, as fsdp_reduce_scatter_wire's); the last n the error of the sum it owns (step 2),
+   kept because that rounding, made once a step by one rank, is otherwise never corrected: with
+   it the gradients applied over steps track the exact averages' running sum within one
+   rounding of each (the 'server' error of 1-bit Adam's and DoubleSqueeze's compensation).
+   count must be a multiple of R (the plan pads such units to R shard groups x R). Collective
+   over replicas. */
+FSDP__PRIVATE int fsdp__qar_run(fsdp_comm *replicas, float *data, size_t count, fsdp_reduce_op op, fsdp_wire wire,
+                                size_t block, float *residual, fsdp__qrs_watch *watch) {
+    int R = replicas->world, j = replicas->rank, k, rc;
+    size_t n = count / (size_t)R;
+    double t0;
+    fsdp__qrs q;
+    float *mine = data + (size_t)j * n;
+    rc = fsdp__qrs_run(NULL, replicas, data, mine, n, op, wire, block, residual, watch);
+    if (rc || !n) return rc;
+    memset(&q, 0, sizeof q);
+    q.slot = fsdp__align(fsdp_wire_bytes(wire, n, block), 4);
+    q.raw = FSDP_MALLOC((size_t)R * q.slot + (residual ? n * sizeof(float) : 0));
+    if (!q.raw)
+        return fsdp_comm_fail(replicas, FSDP_ERR_OUT_OF_MEMORY, "HYBRID_SHARD's quantized all-reduce: no memory for "
+                              "%zu bytes of scratch", (size_t)R * q.slot + n * sizeof(float));
+    q.partials = mine; /* 2: encoded in place (this piece is decoded back in 4) */
+    q.in = (unsigned char *)q.raw;
+    q.out = q.in + (size_t)j * q.slot;
+    memset(q.out + q.slot - 4, 0, 4);
+    t0 = watch && watch->phase ? fsdp_now() : 0;
+    fsdp__qrs_encode(&q, 1, n, wire, block, residual ? residual + count : NULL,
+                     (float *)(void *)(q.in + (size_t)R * q.slot), NULL);
+    if (t0 != 0) watch->phase(watch->user, "quantize", t0);
+    rc = fsdp_all_gather(replicas, q.out, q.in, q.slot / 4, FSDP_F32); /* 3 */
+    t0 = rc == FSDP_SUCCESS && watch && watch->phase ? fsdp_now() : 0;
+    for (k = 0; k < R && rc == FSDP_SUCCESS; k++) /* 4 */
+        fsdp_wire_decode(data + (size_t)k * n, FSDP_F32, q.in + (size_t)k * q.slot, wire, block, n);
+    if (t0 != 0) watch->phase(watch->user, "dequantize", t0);
+    FSDP_FREE(q.raw);
+    return rc;
 }
 
 /* ============================================================================================
@@ -9259,9 +9570,11 @@ typedef struct fsdp__plan_unit {
     fsdp_wire param_wire;  /* resolved: param_dtype's wire, INT8 or INT4 */
     size_t wire_block;     /* INT8/INT4: elements per block (shards are whole blocks) */
     fsdp_wire grad_wire;   /* resolved: INT8 or INT4 where the reduction crosses hosts quantized, else DEFAULT */
-    int grad_hosts;        /* with grad_wire: the hosts H the reduction spans (the world is H x L ranks) */
+    int grad_hosts;        /* with grad_wire: the hosts H the reduction spans (numbered host by host) */
+    int grad_lanes;        /* with grad_hosts: the most lanes a rank sends on, ceil(Lmax / Lmin) (fsdp__qrs_layout) */
+    int grad_replicas;     /* with grad_wire, HYBRID_SHARD: the replicas R of its quantized all-reduce (grad_hosts 0) */
     int grad_ignored;      /* INT8/INT4 was asked where the reduction never crosses a host (fsdp_init says so) */
-    int64_t residual;      /* error feedback: floats of this rank's residual (H x shard), else 0 */
+    int64_t residual;      /* error feedback: floats of each rank's residual (lanes x H x shard; HYBRID: shard + shard/R) */
 } fsdp__plan_unit;
 
 typedef struct fsdp__plan {
@@ -9306,24 +9619,64 @@ static int fsdp__group_spans_hosts(const fsdp_comm *comm, int world, int group_s
     return 0;
 }
 
-/* H if comm's world of `world` ranks is H hosts of L ranks each numbered host by host (rank r on
-   the host of rank r - r % L), as fsdp_reduce_scatter_wire needs; 0 otherwise. The same answer on
-   every rank. */
-static int fsdp__hosts_in_blocks(const fsdp_comm *comm, int world) {
-    int H = fsdp_comm_num_hosts(comm), L, r;
-    if (H < 1 || world % H != 0) return 0;
-    L = world / H;
-    for (r = 1; r < world; r++)
-        if ((fsdp_comm_host_of(comm, r) == fsdp_comm_host_of(comm, r - 1)) != (r % L != 0)) return 0;
+/* H if comm's world of `world` ranks is numbered host by host (each host's ranks consecutive,
+   the hosts in order), however many ranks each holds, as a quantized reduce-scatter needs
+   (fsdp__qrs_layout); 0 otherwise. *lanes: the most lanes a rank is in, ceil(Lmax / Lmin) (1
+   where the hosts hold the same number). The same answer on every rank. */
+static int fsdp__hosts_in_blocks(const fsdp_comm *comm, int world, int *lanes) {
+    int H = fsdp_comm_num_hosts(comm), r, run = 1, least = world, most = 0;
+    if (H < 1) return 0;
+    for (r = 1; r <= world; r++) {
+        if (r < world && fsdp_comm_host_of(comm, r) == fsdp_comm_host_of(comm, r - 1)) {
+            run++;
+            continue;
+        }
+        if (r < world && fsdp_comm_host_of(comm, r) != fsdp_comm_host_of(comm, r - 1) + 1) return 0;
+        if (run < least) least = run;
+        if (run > most) most = run;
+        run = 1;
+    }
+    *lanes = (most + least - 1) / least;
     return H;
 }
 
-/* A unit's gradient wire gw (its module's or the description's) resolved into pu (after its
-   shard is known): INT8/INT4 where its reduce-scatter crosses hosts, ignored where it never does,
-   refused where it cannot be done. 0, or why in err. */
+/* Whether some replica group of HYBRID_SHARD's (the ranks r, r + group_size, ...) spans hosts.
+   The same answer on every rank; 0 without a comm of world ranks (one host assumed). */
+static int fsdp__replicas_span_hosts(const fsdp_comm *comm, int world, int group_size) {
+    int r;
+    if (!comm || fsdp_comm_size(comm) != world || fsdp_comm_num_hosts(comm) <= 1) return 0;
+    for (r = group_size; r < world; r++)
+        if (fsdp_comm_host_of(comm, r) != fsdp_comm_host_of(comm, r - group_size)) return 1;
+    return 0;
+}
+
+/* fsdp__plan_grad_wire for a HYBRID_SHARD unit with several replicas: its all-reduce over them
+   quantized (fsdp__qar_run) where they span hosts; refused where its shard groups span hosts too
+   (their reduce-scatter would cross unquantized); ignored where nothing crosses a host. */
+FSDP__PRIVATE int fsdp__plan_grad_wire_hybrid(const fsdp_desc *desc, int world, fsdp__plan_unit *pu, const char *name,
+                                              fsdp_wire gw, char *err, size_t err_size) {
+    if (fsdp__group_spans_hosts(desc->comm, world, pu->group_size)) {
+        fsdp__fmt(err, err_size, "unit '%s': grad_wire %s with HYBRID_SHARD whose shard groups of %d ranks span hosts: "
+                  "not supported (their reduce-scatter would cross hosts unquantized): use a shard_group_size whose "
+                  "groups lie inside hosts (the default: the ranks per host)", name, fsdp_wire_name(gw), pu->group_size);
+        return FSDP_ERR_UNSUPPORTED;
+    }
+    if (!fsdp__replicas_span_hosts(desc->comm, world, pu->group_size)) {
+        pu->grad_ignored = 1;
+        return 0;
+    }
+    pu->grad_wire = gw;
+    pu->grad_replicas = world / pu->group_size;
+    return 0;
+}
+
+/* A unit's gradient wire gw (its module's or the description's) resolved into pu (before its
+   padding, which a HYBRID_SHARD unit's quantized all-reduce needs cut into its replicas):
+   INT8/INT4 where its reduction crosses hosts, ignored where it never does, refused where it
+   cannot be done. 0, or why in err. */
 FSDP__PRIVATE int fsdp__plan_grad_wire(const fsdp_desc *desc, int world, fsdp__plan_unit *pu, const char *name,
                                        fsdp_wire gw, char *err, size_t err_size) {
-    int H;
+    int H, lanes = 1;
     if (gw == FSDP_WIRE_DEFAULT) return 0;
     if (gw != FSDP_WIRE_INT8 && gw != FSDP_WIRE_INT4) {
         if ((int)gw == (int)desc->reduce_dtype) return 0;
@@ -9332,25 +9685,21 @@ FSDP__PRIVATE int fsdp__plan_grad_wire(const fsdp_desc *desc, int world, fsdp__p
                   fsdp_dtype_name(desc->reduce_dtype));
         return FSDP_ERR_INVALID_ARG;
     }
-    if (pu->strategy == FSDP_HYBRID_SHARD) {
-        fsdp__fmt(err, err_size, "unit '%s': grad_wire %s with HYBRID_SHARD: not supported (its all-reduce over the "
-                  "replicas would cross hosts unquantized): use FULL_SHARD or SHARD_GRAD_OP for it", name,
-                  fsdp_wire_name(gw));
-        return FSDP_ERR_UNSUPPORTED;
-    }
+    if (pu->strategy == FSDP_HYBRID_SHARD && pu->group_size < world) /* (one replica: FULL_SHARD over the world) */
+        return fsdp__plan_grad_wire_hybrid(desc, world, pu, name, gw, err, err_size);
     if (!fsdp__group_spans_hosts(desc->comm, world, pu->group_size)) {
         pu->grad_ignored = 1;
         return 0;
     }
-    if ((H = fsdp__hosts_in_blocks(desc->comm, world)) == 0) {
-        fsdp__fmt(err, err_size, "unit '%s': grad_wire %s needs every host to hold the same number of ranks, numbered "
-                  "host by host (this world: %d ranks on %d hosts)", name, fsdp_wire_name(gw), world,
-                  fsdp_comm_num_hosts(desc->comm));
+    if ((H = fsdp__hosts_in_blocks(desc->comm, world, &lanes)) == 0) {
+        fsdp__fmt(err, err_size, "unit '%s': grad_wire %s needs the ranks numbered host by host (each host's ranks "
+                  "consecutive; this world: %d ranks on %d hosts, interleaved): launch the ranks of a host together",
+                  name, fsdp_wire_name(gw), world, fsdp_comm_num_hosts(desc->comm));
         return FSDP_ERR_UNSUPPORTED;
     }
     pu->grad_wire = gw;
     pu->grad_hosts = H;
-    pu->residual = desc->error_feedback && !pu->frozen ? (int64_t)H * pu->shard : 0;
+    pu->grad_lanes = lanes;
     return 0;
 }
 
@@ -9378,9 +9727,13 @@ FSDP__PRIVATE int fsdp__plan_unit_modes(const fsdp_model *m, const fsdp_desc *de
             pu->wire_block = fsdp__wire_block(desc->wire_block);
             granule = g * (int64_t)pu->wire_block;
         }
+        if ((rc = fsdp__plan_grad_wire(desc, world, pu, name, gw, err, err_size)) != 0) return rc;
+        if (pu->grad_replicas) granule *= pu->grad_replicas; /* each shard cut into R pieces (fsdp__qar_run) */
         pu->padded = (pu->flat_numel + granule - 1) / granule * granule;
         pu->shard = pu->padded / g;
-        if ((rc = fsdp__plan_grad_wire(desc, world, pu, name, gw, err, err_size)) != 0) return rc;
+        if (desc->error_feedback && pu->grad_wire && !pu->frozen)
+            pu->residual = pu->grad_replicas ? pu->shard + pu->shard / pu->grad_replicas
+                                             : (int64_t)pu->grad_lanes * pu->grad_hosts * pu->shard;
         if (u == 0) pu->reshard = FSDP_RESHARD_NONE; /* the root: its backward follows at once */
         else if (asked == FSDP_RESHARD_DEFAULT)
             pu->reshard = pu->strategy == FSDP_FULL_SHARD || pu->strategy == FSDP_HYBRID_SHARD ? FSDP_RESHARD_ALL
@@ -10083,7 +10436,15 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
 
    What exists: fsdp_desc.recovery and its checks at fsdp_init; fsdp_replicas, the report's
    fields; the agreement rule below (fsdp__recovery_decide); the comms' report of the first peer
-   an op saw lost (fsdp_comm.lost_peer: the views' reach) and fsdp__comm_watch (keepalive and
+   an op found silent (fsdp_comm.lost_peer) and of the first whose connection reset
+   (fsdp_comm.reset_peer), the views' reach: a silent peer is not reached, a reset one is asked
+   at its recovery listener (fsdp__recovery_gone: a dead process refuses at once), because
+   another survivor's abort that arrives while a message of it is arriving looks like a reset
+   (the notice lies inside the message) and taking that survivor for lost split the survivors
+   into minorities that all stopped (the bed; tests/test_recovery.c reproduces it with kills
+   inside a large all_reduce). Such a race costs the rendezvous up to detect_ms of waiting for
+   the dead replica's views, and the listener of the survivor asked one connection it never
+   accepts; and fsdp__comm_watch (keepalive and
    TCP_USER_TIMEOUT of detect_ms on the links to other hosts, so a vanished host fails an op as a
    reset does; a stopped process's kernel still answers, so only the op timeout finds it: a
    process that stops is a straggler to the kernel, and detecting it sooner would take a
@@ -10144,8 +10505,45 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
    reshard_after_forward HOST (its host comm rebuilt); a second loss while recovering is survived
    only as a failure of the recovery (the rendezvous's collection misses the newly lost ranks and
    the new world's creation fails: every survivor's fsdp_step fails naming it); traces of the
-   recovery's phases; and rejoin (a host started again, or a spare, receiving its counterpart's
-   state at a step boundary).
+   recovery's phases.
+   Rejoin (fsdp__rejoin on the joiner at fsdp_init, fsdp__rejoin_ready and fsdp__rejoin_admit on
+   the survivors). Every rank r listens at recovery.port + r. A joiner rank connects to every peer
+   and holds the connections until one brings a challenge (20 random bytes, fresh for each
+   connection: only the rendezvous answers, so a listener first in the list that is not it,
+   as after a rejoin of a lower replica, cannot hold the joiner) and sends a hello
+   (its position in its replica, a nonce, the challenge, MACed with the join key: HMAC(the first
+   world's key, "fsdp.h rejoin key" | job), which a joiner computes from the secret and the job
+   token as the survivors did at fsdp_init: nothing secret is sent). Only the rendezvous (world
+   rank 0: the first rank of the membership's first replica, the lowest until a lower one rejoins,
+   appended) reads its listener during training, never
+   blocking: before each commit point it accepts what waits and challenges it, reads the hellos
+   come so far on the connections it challenged (a bad MAC or another connection's challenge: a
+   hello of another secret, or one seen on the network and sent again: closed and logged, nothing
+   else happens; no hello within FSDP__JOIN_ANSWER_MS: closed; at most FSDP__JOIN_PENDING held, the
+   oldest giving way), and once it holds a hello for every position of a replica (on a
+   connection still open: a joiner that gave up is let go) it sets the
+   spare fourth double of its part of the norm's all_gather: every survivor sees the same gather,
+   so all admit after the same step, and nothing is added to a step's bytes when nobody joins (a
+   poll of the listener on rank 0). Admission, after that step is applied: the rendezvous picks
+   the lowest replica not in the membership, opens the new world's listener, answers each joiner
+   (the membership, the step, the port, MACed, echoing its nonce) and broadcasts (replica, port,
+   name) over the old world; every member makes the new world with a parent key of join_key (so
+   the joiner can, as only holders of the secret can), its ranks in replica order; the survivors
+   agree over the old world that every one of them made it (else all drop it and train on as
+   before, the joiner failing), adopt it, and every rank's listener address is gathered anew.
+   Then over the new replica comm the lowest surviving replica broadcasts each unit's master
+   shard and optimizer state, then the tail (step, loss scale, blob, SHA-256 of all of it); the
+   joiner checks the digest and fails naming the sender where it differs (its comms then close:
+   the survivors' next op loses it, and recovery drops it). The rejoin's world is made within
+   2 detect_ms + 5 s (a joiner that vanished after its hello stalls the survivors that long, then
+   they drop it; a replayed hello does not answer its connection's challenge). Each phase's time is kept
+   for fsdp_recovery_timeline_get and traced. What costs: when nobody joins, a poll of rank 0's
+   listener per step; an admission, the world's creation and two small collectives over the old
+   and new worlds, then a broadcast of one replica's state over the replica comm (every survivor
+   replica receives it too: the bits it holds). A loss while admitting (a survivor lost during
+   the transfer) fails the joiner and is recovered from at once by the admitting fsdp_step (its
+   step stays applied), as any loss: the majority then counts the joiner's replica (5 hosts go
+   on with 3; 4 hosts, left with 2 of 4, stop). Not yet: error feedback residuals (refused).
    ============================================================================================ */
 #define FSDP__RECOVERY_DETECT_MS 5000 /* default detect_ms: the issue's bound for a silent host */
 
@@ -10159,7 +10557,8 @@ typedef struct fsdp__recovery_view {
     const unsigned char *reach; /* [membership total]: 1 for each replica it still reaches */
 } fsdp__recovery_view;
 
-/* A membership: the replicas that train, ascending, numbered as at fsdp_init. */
+/* A membership: the replicas that train, numbered as at fsdp_init, in the order of the world's
+   ranks (ascending, but a rejoined replica is appended: the survivors keep their ranks). */
 typedef struct fsdp__membership {
     int64_t epoch;              /* 0 at fsdp_init, +1 per change */
     int count;
@@ -10191,6 +10590,56 @@ typedef struct fsdp__recovery_verdict {
     unsigned char mac[32];
 } fsdp__recovery_verdict;
 
+/* A rejoining rank's hello to the rendezvous (the first rank of the lowest replica that trains),
+   MACed with the job's join key (fsdp__rejoin_key: only a holder of the job's secret makes it)
+   over the challenge the rendezvous sent on this connection: a hello seen on the network and
+   sent again is refused (it would have the survivors admit a joiner that never comes). */
+#define FSDP__JOIN_MAGIC 0x666a6f69u
+typedef struct fsdp__join_hello {
+    uint32_t magic;
+    int32_t position, group;              /* its rank inside its replica; ranks per replica */
+    unsigned char nonce[20];              /* random: the admit answering it echoes it */
+    unsigned char challenge[20];          /* the rendezvous's, as it came on this connection */
+    unsigned char mac[32];
+} fsdp__join_hello;
+
+/* What the rendezvous sends a connection to its listener at once, before any hello. */
+typedef struct fsdp__join_challenge {
+    uint32_t magic;
+    unsigned char challenge[20];          /* random, fresh for each connection */
+} fsdp__join_challenge;
+
+/* A connection the rendezvous challenged and holds until its hello comes. */
+#define FSDP__JOIN_PENDING 16 /* connections held at once; a full table gives way at its oldest */
+#define FSDP__JOIN_ANSWER_MS 2000 /* a challenged connection's hello must come within this (or at the next
+                                     commit point after it, where a step is longer) */
+typedef struct fsdp__join_pending {
+    int fd;                               /* -1: a free slot */
+    int64_t since;                        /* fsdp__now_ms() at the challenge */
+    unsigned char challenge[20];
+} fsdp__join_pending;
+
+/* The rendezvous's answer to each joiner once the survivors admit them (MACed as the hello). */
+typedef struct fsdp__join_admit {
+    uint32_t magic;
+    int32_t replica, count, total, port, rebuilds; /* its replica; the next membership's size; at
+                                                      fsdp_init; the new world's port; its name */
+    int64_t epoch, step;                  /* the next membership's; the survivors' steps */
+    int replicas[FSDP__MAX_WORLD];       /* [count] the next membership, ascending */
+    unsigned char nonce[20];
+    unsigned char mac[32];
+} fsdp__join_admit;
+
+/* What a rejoining rank receives after the shards (broadcast over the replica comm): the scalar
+   state, the blob, and the checksum of everything sent (shards first). */
+typedef struct fsdp__join_tail {
+    int64_t step, growth_tracker;
+    float loss_scale, lr;                 /* (lr: fsdp_set_lr's, where a loop keeps no schedule of its own) */
+    uint32_t blob_bytes, pad;
+    unsigned char blob[FSDP_RECOVERY_BLOB_MAX];
+    unsigned char digest[32];             /* SHA-256 of the shards and of this struct up to here */
+} fsdp__join_tail;
+
 /* A context's recovery (fsdp_desc.recovery on): who it is as at fsdp_init, where every rank's
    recovery listener is, the membership it trains in. */
 typedef struct fsdp__recovery {
@@ -10201,6 +10650,13 @@ typedef struct fsdp__recovery {
     char job[48];                         /* the first world's job: the new worlds' names derive from it */
     fsdp_comm *world;                     /* the world recovery made (the context owns it), or NULL */
     int rebuilds;                         /* worlds made so far: each one's name (an epoch may be kept) */
+    unsigned char join_key[32];           /* the job's key for rejoin (fsdp__rejoin_key) */
+    int *join_fds;                        /* [group] the rendezvous: the joiners' connections held (-1: none) */
+    fsdp__join_hello *join_hellos;        /* [group] their hellos */
+    fsdp__join_pending pending[FSDP__JOIN_PENDING]; /* the rendezvous: connections challenged, no hello yet */
+    int join_seen;                        /* the last commit point carried the rendezvous's "joiners wait" */
+    fsdp__join_tail tail;                 /* the blob (fsdp_recovery_set_blob) and, on a joiner, what came */
+    fsdp_recovery_timeline times;         /* fsdp_recovery_timeline_get's */
 } fsdp__recovery;
 
 /* "{0, 2, 3}" into buf (ending in "...}" where it does not fit). */
@@ -10342,11 +10798,25 @@ FSDP__PRIVATE int fsdp__recovery_check(const fsdp_recovery_desc *rd, const fsdp_
                              "the state): unit '%s' is %s", *model->modules[plan->units[ui].module].name
                              ? model->modules[plan->units[ui].module].name : "(root)",
                              fsdp_strategy_name(plan->units[ui].strategy)), FSDP_ERR_INVALID_ARG;
-    if (replicas < 2 || replicas < rd->min_replicas)
+    if (rd->port < 0 || rd->port + world > 65535 || (rd->rejoin && !rd->port))
+        return fsdp__fmt(err, err_size, "recovery: port %d for %d ranks: 0 (any; no rejoin) or 1..%d (rank r listens at "
+                         "port + r)%s", rd->port, world, 65535 - world, rd->rejoin ? "; a rejoin needs one" : ""),
+               FSDP_ERR_INVALID_ARG;
+    for (ui = 0; ui < plan->num_units; ui++)
+        if (plan->units[ui].grad_replicas)
+            return fsdp__fmt(err, err_size, "recovery with grad_wire %s: not supported (unit '%s''s quantized "
+                             "all-reduce cuts its shard into one piece per replica, fixed at fsdp_init): use "
+                             "grad_wire off or recovery off", fsdp_wire_name(plan->units[ui].grad_wire),
+                             *model->modules[plan->units[ui].module].name ? model->modules[plan->units[ui].module].name
+                                                                           : "(root)"), FSDP_ERR_UNSUPPORTED;
+    if (!rd->rejoin && (replicas < 2 || replicas < rd->min_replicas))
         return fsdp__fmt(err, err_size, "recovery: %d replica(s) of %d ranks (shard_group_size %d): at least 2 and "
                          "recovery.min_replicas %d are needed", replicas, world, hybrid_group, rd->min_replicas),
                FSDP_ERR_INVALID_ARG;
-    if (hosts < 2)
+    if (rd->rejoin && replicas != 1)
+        return fsdp__fmt(err, err_size, "recovery.rejoin: desc.comm has %d ranks: it must be the world of this host's "
+                         "%d ranks alone (one replica)", world, hybrid_group), FSDP_ERR_INVALID_ARG;
+    if (hosts < 2 && !rd->rejoin)
         return fsdp__fmt(err, err_size, "recovery: the %d ranks are on %s: the replicas must be on hosts of their own "
                          "(a host's loss is what recovery survives)", world, hosts == 1 ? "one host" : "unknown hosts"),
                FSDP_ERR_INVALID_ARG;
@@ -10436,8 +10906,9 @@ typedef struct fsdp__unit {
     void *host_shard;       /* HOST: [host_numel] param_dtype, this rank's slice of the host's share, kept from
                                post_forward until the backward's gather (which frees it) */
     int64_t host_numel;     /* HOST: ceil(padded / ranks on this host) */
-    fsdp_wire grad_wire;    /* INT8/INT4: reduced by fsdp_reduce_scatter_wire over host_comm and cross_comm */
-    float *residual;        /* error feedback: [grad_hosts * shard] this rank's quantization error, or NULL */
+    fsdp_wire grad_wire;    /* INT8/INT4: reduced by fsdp_reduce_scatter_wire over host_comm and cross_comm, or
+                               (with a replica_comm: HYBRID_SHARD) all-reduced over it by fsdp__qar_run */
+    float *residual;        /* error feedback: [residual_numel] this rank's quantization error, or NULL */
     int64_t residual_numel;
 } fsdp__unit;
 
@@ -10470,6 +10941,10 @@ struct fsdp_ctx {
     fsdp_comm *host_comm;   /* this rank's host, for FSDP_RESHARD_HOST's gathers (may be hybrid_shard_comm) and
                                quantized reductions */
     fsdp_comm *cross_comm;  /* grad_wire INT8/INT4: the ranks of this rank's local index, one per host */
+    fsdp_comm **lanes;      /* grad_wire INT8/INT4 on hosts of unequal sizes: this rank's lanes (fsdp__qrs_layout),
+                               lanes[0] being cross_comm; else NULL */
+    int num_lanes;
+    int *host_first;        /* with lanes: [hosts + 1] the first rank of each host */
     void *master_mem[2];    /* fsdp_comm_alloc blocks holding the f32 shards gathered over comm, hybrid_shard_comm */
     fsdp__plan plan;
     fsdp__unit *units;
@@ -10564,6 +11039,8 @@ FSDP__PRIVATE void fsdp__trace_end(fsdp_ctx *ctx, const char *cat, const char *n
 FSDP__PRIVATE void fsdp__trace_wait(fsdp_ctx *ctx, const char *name, const char *wait_for, int unit, double t0);
 FSDP__PRIVATE void fsdp__trace_update(fsdp_ctx *ctx, int64_t step, double t0);
 FSDP__PRIVATE void fsdp__trace_ckpt(fsdp_ctx *ctx, const char *phase, const char *path, double t0);
+FSDP__PRIVATE void fsdp__trace_recovery(fsdp_ctx *ctx, const char *phase, double t0, double t1, int64_t bytes,
+                                        int64_t step);
 FSDP__PRIVATE void fsdp__trace_iteration(fsdp_ctx *ctx, const fsdp_step_report *report);
 FSDP__PRIVATE void fsdp__trace_spill(fsdp_ctx *ctx);
 FSDP__PRIVATE int fsdp__trace_open(fsdp_ctx *ctx);
@@ -10940,28 +11417,48 @@ static void fsdp__reduce_phase(void *user, const char *name, double t0) {
     fsdp__trace_end(w->ctx, "wire", name, w->unit, t0);
 }
 
-/* A unit's reduce-scatter over its grad_wire (INT8/INT4): fsdp_reduce_scatter_wire over the host
-   and cross-host comms, in place (this rank's slice of grad_full receives the average), with the
-   unit's residual under error feedback. A non-finite gradient is named here (on the rank that
-   encoded it); its block decodes to NaN, so the step skips. */
+/* A unit's reduction over its grad_wire (INT8/INT4), with the unit's residual under error
+   feedback: FULL_SHARD's fsdp_reduce_scatter_wire over the host and cross-host comms, in place
+   (this rank's slice of grad_full receives the average); HYBRID_SHARD's fsdp__qar_run over its
+   replicas, of this rank's slice, which its shard group's reduce-scatter made. A non-finite
+   gradient is named here (on the rank that encoded it); its block decodes to NaN, so the step
+   skips. */
 FSDP__PRIVATE int fsdp__run_reduce_wire(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t) {
     fsdp__reduce_watch w;
     fsdp__qrs_watch watch;
-    size_t S = (size_t)u->shard;
+    size_t S = (size_t)u->shard, block = fsdp__wire_block(ctx->desc.wire_block);
+    float *mine = t->grad_full + (size_t)u->group_rank * S;
     double t0 = ctx->trace ? fsdp_now() : 0;
     int rc;
     w.ctx = ctx;
     w.unit = (int)(u - ctx->units);
     watch.phase = ctx->trace ? fsdp__reduce_phase : NULL;
     watch.user = &w;
-    rc = fsdp__qrs_run(ctx->host_comm, ctx->cross_comm, t->grad_full, t->grad_full + (size_t)u->group_rank * S, S,
-                       FSDP_AVG, u->grad_wire, fsdp__wire_block(ctx->desc.wire_block), u->residual, &watch);
-    if (!rc && watch.nonfinite != SIZE_MAX)
+    if (u->replica_comm)
+        rc = fsdp__qar_run(u->replica_comm, mine, S, FSDP_AVG, u->grad_wire, block, u->residual, &watch);
+    else if (ctx->lanes) { /* hosts of unequal sizes */
+        fsdp__qrs_layout y;
+        y.host = ctx->host_comm;
+        y.lanes = ctx->lanes;
+        y.num_lanes = ctx->num_lanes;
+        y.hosts = fsdp_comm_num_hosts(ctx->comm);
+        y.world = ctx->world;
+        y.first = ctx->host_first;
+        watch.nonfinite = SIZE_MAX;
+        rc = fsdp__qrs_lanes(&y, t->grad_full, mine, S, FSDP_AVG, u->grad_wire, block, u->residual, &watch);
+    } else
+        rc = fsdp__qrs_run(ctx->host_comm, ctx->cross_comm, t->grad_full, mine, S, FSDP_AVG, u->grad_wire, block,
+                           u->residual, &watch);
+    if (!rc && watch.nonfinite != SIZE_MAX && u->replica_comm)
+        fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: unit '%s': grad_wire %s: a non-finite gradient (element %zu of "
+                  "this rank's shard, reduced over its shard group): its block goes as NaN and the step skips",
+                  ctx->rank, fsdp__unit_name(ctx, w.unit), fsdp_wire_name(u->grad_wire), watch.nonfinite);
+    else if (!rc && watch.nonfinite != SIZE_MAX)
         fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: unit '%s': grad_wire %s: a non-finite gradient (element %zu of "
                   "the partial of host %zu): its block goes as NaN and the step skips", ctx->rank,
                   fsdp__unit_name(ctx, w.unit), fsdp_wire_name(u->grad_wire), watch.nonfinite % S,
-                  watch.nonfinite / S);
-    fsdp__trace_end(ctx, "wire", "reduce_scatter_wire", w.unit, t0);
+                  watch.nonfinite / S % (size_t)fsdp_comm_num_hosts(ctx->comm));
+    fsdp__trace_end(ctx, "wire", u->replica_comm ? "all_reduce_wire" : "reduce_scatter_wire", w.unit, t0);
     return rc;
 }
 
@@ -10973,10 +11470,11 @@ FSDP__PRIVATE int fsdp__run_reduce(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, 
     char *mine = data + (size_t)u->group_rank * S * esize;
     int rc = 0, b = -1;
     if (rd != FSDP_F32) fsdp__from_f32(data, rd, t->grad_full, (size_t)u->padded);
-    if (u->grad_wire) rc = fsdp__run_reduce_wire(ctx, u, t);
+    if (u->grad_wire && !u->replica_comm) rc = fsdp__run_reduce_wire(ctx, u, t);
     else if (u->shard_comm) /* in place: this rank's slice of the buffer receives the average */
         rc = fsdp__task_coll(ctx, t, u->shard_comm, FSDP_COLL_REDUCE_SCATTER, data, mine, S, rd, FSDP_AVG, tag);
-    if (!rc && u->replica_comm)
+    if (!rc && u->replica_comm && u->grad_wire) rc = fsdp__run_reduce_wire(ctx, u, t); /* (HYBRID_SHARD) */
+    else if (!rc && u->replica_comm)
         rc = fsdp__task_coll(ctx, t, u->replica_comm, FSDP_COLL_ALL_REDUCE, mine, mine, S, rd, FSDP_AVG, tag);
     if (rc) return rc;
     if (!(grad = u->grad)) { /* on disk: added to in a shard buffer, written back behind (with its sum of squares) */
@@ -11008,13 +11506,16 @@ FSDP__PRIVATE int fsdp__run_reduce(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, 
 /* The communicator whose failure ended a task (a HYBRID reduction uses two). */
 static fsdp_comm *fsdp__failed_comm(fsdp_ctx *ctx, const fsdp__task *t) {
     const fsdp__unit *u;
+    int k;
     if (t->kind == FSDP__TASK_COLL) return t->comm;
     u = &ctx->units[t->unit];
     if (t->host_src && fsdp_comm_status(ctx->host_comm) != FSDP_SUCCESS) return ctx->host_comm;
     if (u->shard_comm && fsdp_comm_status(u->shard_comm) != FSDP_SUCCESS) return u->shard_comm;
     if (u->replica_comm && fsdp_comm_status(u->replica_comm) != FSDP_SUCCESS) return u->replica_comm;
-    if (u->grad_wire && fsdp_comm_status(ctx->host_comm) != FSDP_SUCCESS) return ctx->host_comm;
-    if (u->grad_wire && fsdp_comm_status(ctx->cross_comm) != FSDP_SUCCESS) return ctx->cross_comm;
+    if (u->grad_wire && ctx->host_comm && fsdp_comm_status(ctx->host_comm) != FSDP_SUCCESS) return ctx->host_comm;
+    if (u->grad_wire && ctx->cross_comm && fsdp_comm_status(ctx->cross_comm) != FSDP_SUCCESS) return ctx->cross_comm;
+    for (k = 1; u->grad_wire && k < ctx->num_lanes; k++)
+        if (fsdp_comm_status(ctx->lanes[k]) != FSDP_SUCCESS) return ctx->lanes[k];
     return u->shard_comm ? u->shard_comm : ctx->comm;
 }
 
@@ -11167,6 +11668,9 @@ FSDP__PRIVATE int fsdp__wait_task_for(fsdp_ctx *ctx, uint64_t id, const char *wh
                     fsdp_comm_fail(comms[i], FSDP_ERR_TIMEOUT, "rank %d: the comm thread did not finish task %llu "
                                    "in time (its backend did not keep the %d ms timeout); the communicator was "
                                    "aborted", ctx->rank, (unsigned long long)id, fsdp_comm_timeout(ctx->comm));
+            for (i = 1; i < ctx->num_lanes; i++) /* (lanes[0] is cross_comm) */
+                fsdp_comm_fail(ctx->lanes[i], FSDP_ERR_TIMEOUT, "rank %d: the comm thread did not finish task %llu in "
+                               "time; the communicator was aborted", ctx->rank, (unsigned long long)id);
             pthread_mutex_lock(&ctx->lock);
         }
     }
@@ -11590,7 +12094,8 @@ FSDP__PRIVATE int fsdp__traced_hook(fsdp_ctx *ctx, int module, int (*hook)(fsdp_
     fsdp__trace_hook(ctx, name, module, t0);
     if (ctx && ctx->trace) fsdp__trace_spill(ctx);
     if (ctx) ctx->hook_failed = rc != 0;
-    if (ctx && ctx->recovery && !ctx->loss_rc && fsdp__recovery_loss(rc)) ctx->loss_rc = rc;
+    if (ctx && ctx->recovery && !ctx->loss_rc && fsdp__recovery_loss(rc))
+        ctx->loss_rc = rc, ctx->recovery->times.loss_seen = fsdp_now();
     if (ctx && rc == FSDP_ERR_STATE) fsdp__misused(ctx); /* out of order */
     return rc;
 }
@@ -11735,6 +12240,8 @@ FSDP__PRIVATE int fsdp__local_sumsq(fsdp_ctx *ctx, double out[3]) {
     return 0;
 }
 
+FSDP__PRIVATE int fsdp__rejoin_ready(fsdp_ctx *ctx); /* (>>recovery) */
+
 /* The gradients' global L2 norm, the same bits on every rank: the ranks' sums of squares
    all-gathered over the world (the commit point of >>recovery) and added in rank order, into
    norm_sums made at fsdp_init, so that no rank can fail to allocate before the collective. */
@@ -11742,8 +12249,8 @@ FSDP__PRIVATE int fsdp__global_norm(fsdp_ctx *ctx, double *norm) {
     double mine[4], *all = ctx->norm_sums, total = 0;
     int r, rc, hybrid = ctx->desc.shard_group_size;
     if ((rc = fsdp__local_sumsq(ctx, mine)) != 0) return rc;
-    mine[3] = 0;
-    if (ctx->world > ctx->norm_ranks) /* a world only shrinks (recovery): a bug if it grew */
+    mine[3] = ctx->recovery ? fsdp__rejoin_ready(ctx) : 0; /* (a spare slot: >>recovery's rejoin) */
+    if (ctx->world > ctx->norm_ranks) /* (fsdp__recovery_adopt makes room for a grown world) */
         return fsdp__fail(ctx, FSDP_ERR_STATE, "the gradient norm: the world has %d ranks, fsdp_init's had %d", ctx->world,
                           ctx->norm_ranks);
     rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_GATHER, mine, all, sizeof mine / 4, 0);
@@ -11752,6 +12259,7 @@ FSDP__PRIVATE int fsdp__global_norm(fsdp_ctx *ctx, double *norm) {
         for (r = 0; r < hybrid && r < ctx->world; r++) total += all[4 * r + 1];
         total += all[2];
         *norm = sqrt(total);
+        if (ctx->recovery) ctx->recovery->join_seen = all[3] != 0; /* (rank 0's: the rendezvous's) */
     }
     return rc;
 }
@@ -12225,6 +12733,7 @@ FSDP__PRIVATE void fsdp__step_sent(fsdp_ctx *ctx, fsdp_step_report *report) {
 }
 
 FSDP__PRIVATE int fsdp__recover(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report, int rc); /* (>>recovery) */
+FSDP__PRIVATE int fsdp__rejoin_admit(fsdp_ctx *ctx);
 
 FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) {
     fsdp_step_report mine;
@@ -12234,6 +12743,9 @@ FSDP_API int fsdp_step(fsdp_ctx *ctx, float max_norm, fsdp_step_report *report) 
     if (!ctx) return FSDP_ERR_INVALID_ARG;
     rc = ctx->loss_rc ? ctx->loss_rc : fsdp__step(ctx, max_norm, report);
     if (rc && ctx->recovery) rc = fsdp__recover(ctx, max_norm, report, rc);
+    if (!rc && ctx->recovery && ctx->recovery->join_seen && (rc = fsdp__rejoin_admit(ctx)) != 0 &&
+        fsdp__recovery_loss(rc) && (rc = fsdp__recover(ctx, max_norm, report, rc)) == 0)
+        report->dropped = 0; /* (a loss while admitting, recovered from here: this step was applied) */
     if (ctx->recovery) report->epoch = ctx->recovery->now.epoch;
     fsdp_replicas(ctx, &report->replicas, NULL);
     if (!rc) fsdp__step_sent(ctx, report);
@@ -12338,10 +12850,21 @@ FSDP__PRIVATE void fsdp__recovery_reset(fsdp_ctx *ctx) {
     pthread_mutex_unlock(&ctx->lock);
 }
 
+/* Every parameter's fsdp_param_info.shard pointed at its slice of its unit's master shard again
+   (after the masters moved: fsdp__recovery_adopt). */
+FSDP__PRIVATE void fsdp__params_repoint(fsdp_ctx *ctx) {
+    int p;
+    for (p = 0; p < ctx->model->num_params; p++) {
+        const fsdp__unit *u = &ctx->units[ctx->plan.unit_of_param[p]];
+        ctx->params[p].shard = u->master ? u->master + ctx->param_at[p] : NULL;
+    }
+}
+
 /* Continues on the survivors' communicators: world (the caller keeps it, as desc.comm), and the
    shard comm of this rank's group and the replica comm across the groups (NULL: one replica
    left), which the context takes over, destroying its old ones. Master shards the old shard comm
-   shared are moved into memory of the new one (fsdp_comm_alloc: collective over shard). Every
+   shared are moved into memory of the new one (fsdp_comm_alloc: collective over shard), the
+   parameters' shard pointers (fsdp_param_info_get) with them. Every
    unit must be HYBRID_SHARD with shard groups of the size they had (the recovery checks). On
    failure nothing changed: the caller still owns shard and replica. */
 FSDP__PRIVATE int fsdp__recovery_adopt(fsdp_ctx *ctx, fsdp_comm *world, fsdp_comm *shard, fsdp_comm *replica) {
@@ -12354,6 +12877,12 @@ FSDP__PRIVATE int fsdp__recovery_adopt(fsdp_ctx *ctx, fsdp_comm *world, fsdp_com
     if (ctx->host_comm) /* (its host communicator spans the old world) */
         return fsdp__fail(ctx, FSDP_ERR_UNSUPPORTED, "recovery: units kept on their host after forward "
                           "(reshard_after_forward HOST) cannot continue on a new world");
+    if (fsdp_comm_size(world) > ctx->norm_ranks) { /* (a rejoin grew it) */
+        double *sums = (double *)fsdp__calloc(4 * sizeof(double) * (size_t)fsdp_comm_size(world));
+        if (!sums) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "recovery: out of memory");
+        FSDP_FREE(ctx->norm_sums);
+        ctx->norm_sums = sums, ctx->norm_ranks = fsdp_comm_size(world);
+    }
     for (ui = 0; ui < ctx->num_units; ui++)
         if (ctx->units[ui].master_shared) total += fsdp__align((size_t)ctx->units[ui].shard, 16);
     if (total && (rc = fsdp_comm_alloc(shard, total * sizeof(float), &mem)) != 0)
@@ -12368,6 +12897,7 @@ FSDP__PRIVATE int fsdp__recovery_adopt(fsdp_ctx *ctx, fsdp_comm *world, fsdp_com
         u->shard_comm = fsdp_comm_size(world) > 1 ? shard : world;
         u->replica_comm = replica;
     }
+    fsdp__params_repoint(ctx); /* (fsdp_param_info_get's and fsdp_set_param_shard's pointers were into the old) */
     fsdp_comm_free(ctx->hybrid_shard_comm, ctx->master_mem[1]);
     fsdp_comm_destroy(ctx->hybrid_shard_comm);
     fsdp_comm_destroy(ctx->hybrid_replica_comm);
@@ -12383,13 +12913,54 @@ FSDP__PRIVATE int fsdp__recovery_adopt(fsdp_ctx *ctx, fsdp_comm *world, fsdp_com
 
 FSDP__PRIVATE int fsdp__init_fail_ctx(fsdp_ctx *ctx, int code, const char *fmt, ...) FSDP__PRINTF(3, 4);
 
+/* A context's recovery for a world of world0 ranks in replicas of group (every replica training,
+   epoch 0), from the comm of that world's first fsdp_init (its job and key: the join key), or
+   NULL (out of memory). */
+FSDP__PRIVATE fsdp__recovery *fsdp__recovery_new(const fsdp_comm *first, int world0, int group) {
+    fsdp__recovery *rec = (fsdp__recovery *)fsdp__calloc(sizeof *rec);
+    int r;
+    if (!rec) return NULL;
+    rec->listen_fd = -1;
+    rec->group = group, rec->world0 = world0;
+    rec->now.count = rec->now.total = world0 / group;
+    if (!(rec->addr = (struct sockaddr_in *)fsdp__calloc(sizeof *rec->addr * (size_t)world0)) ||
+        !(rec->now.replicas = (int *)fsdp__calloc(sizeof(int) * (size_t)rec->now.total)) ||
+        !(rec->join_fds = (int *)fsdp__calloc(sizeof(int) * (size_t)group)) ||
+        !(rec->join_hellos = (fsdp__join_hello *)fsdp__calloc(sizeof *rec->join_hellos * (size_t)group))) {
+        FSDP_FREE(rec->addr);
+        FSDP_FREE(rec->now.replicas);
+        FSDP_FREE(rec->join_fds);
+        FSDP_FREE(rec);
+        return NULL;
+    }
+    for (r = 0; r < rec->now.count; r++) rec->now.replicas[r] = r;
+    for (r = 0; r < group; r++) rec->join_fds[r] = -1;
+    for (r = 0; r < FSDP__JOIN_PENDING; r++) rec->pending[r].fd = -1;
+    fsdp__copy_string(rec->job, sizeof rec->job, first->job);
+    fsdp__comm_key(rec->join_key, first->key, sizeof first->key, "fsdp.h rejoin key", first->job, 0);
+    return rec;
+}
+
+/* This rank's recovery listener, at recovery.port + its first rank (or any port) on comm's
+   address: 0, or -1 with errno. */
+FSDP__PRIVATE int fsdp__recovery_listen(fsdp_ctx *ctx, const fsdp_comm *comm, struct sockaddr_in *at) {
+    fsdp__recovery *rec = ctx->recovery;
+    socklen_t len = sizeof *at;
+    if (fsdp__comm_local_addr(comm, at) != 0) return errno = ENOTSOCK, -1;
+    at->sin_port = htons((uint16_t)(ctx->desc.recovery.port ? ctx->desc.recovery.port + rec->first_rank : 0));
+    if ((rec->listen_fd = fsdp__sock_listen(at, 64)) < 0) return -1;
+    return getsockname(rec->listen_fd, (struct sockaddr *)at, &len);
+}
+
+FSDP__PRIVATE int fsdp__rejoin(fsdp_ctx *ctx);
+
 /* At fsdp_init with recovery (collective over the world, healthy): a recovery listener on this
    rank's address, every rank's gathered (a rank that could not open one says so in the gather,
-   so every rank fails alike, naming it), and the links to other hosts watched (detect_ms). */
+   so every rank fails alike, naming it), and the links to other hosts watched (detect_ms). A
+   rejoining rank finds the job instead (fsdp__rejoin). */
 FSDP__PRIVATE int fsdp__recovery_open(fsdp_ctx *ctx) {
     fsdp__recovery *rec;
     struct sockaddr_in at;
-    socklen_t len = sizeof at;
     int32_t mine[2] = {0, 0}, *all;
     int r, rc, G = ctx->desc.shard_group_size, missing = -1;
     if (!ctx->desc.recovery.enabled) return 0;
@@ -12397,22 +12968,15 @@ FSDP__PRIVATE int fsdp__recovery_open(fsdp_ctx *ctx) {
         return fsdp__init_fail_ctx(ctx, FSDP_ERR_UNSUPPORTED, "fsdp_init: recovery cannot continue %s on a new world "
                                    "yet: turn recovery off or that off", ctx->host_comm ? "units kept on their host after "
                                    "forward (reshard_after_forward HOST)" : "an update that streams (offload, bf16 state)");
-    if (!(rec = (fsdp__recovery *)fsdp__calloc(sizeof *rec)) ||
-        !(rec->addr = (struct sockaddr_in *)fsdp__calloc(sizeof *rec->addr * (size_t)ctx->world)) ||
-        !(rec->now.replicas = (int *)fsdp__calloc(sizeof(int) * (size_t)(ctx->world / G))) ||
+    if (ctx->desc.recovery.rejoin) return fsdp__rejoin(ctx);
+    if (!(rec = fsdp__recovery_new(ctx->comm, ctx->world, G)) ||
         !(all = (int32_t *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world))) {
-        if (rec) FSDP_FREE(rec->addr);
-        FSDP_FREE(rec);
+        ctx->recovery = rec; /* (fsdp_destroy frees it) */
         return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: out of memory");
     }
     ctx->recovery = rec;
-    rec->listen_fd = -1;
-    rec->first_rank = ctx->rank, rec->replica = ctx->rank / G, rec->group = G, rec->world0 = ctx->world;
-    rec->now.count = rec->now.total = ctx->world / G;
-    for (r = 0; r < rec->now.count; r++) rec->now.replicas[r] = r;
-    fsdp__copy_string(rec->job, sizeof rec->job, ctx->comm->job);
-    if (fsdp__comm_local_addr(ctx->comm, &at) == 0 && (rec->listen_fd = fsdp__sock_listen(&at, 64)) >= 0 &&
-        getsockname(rec->listen_fd, (struct sockaddr *)&at, &len) == 0)
+    rec->first_rank = ctx->rank, rec->replica = ctx->rank / G;
+    if (fsdp__recovery_listen(ctx, ctx->comm, &at) == 0)
         mine[0] = (int32_t)at.sin_addr.s_addr, mine[1] = ntohs(at.sin_port);
     rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_GATHER, mine, all, 2, 0);
     for (r = 0; !rc && r < ctx->world; r++) {
@@ -12427,11 +12991,21 @@ FSDP__PRIVATE int fsdp__recovery_open(fsdp_ctx *ctx) {
         rc = FSDP_ERR_SYSTEM;
     if (!rc && missing >= 0)
         return fsdp__init_fail_ctx(ctx, FSDP_ERR_SYSTEM, "fsdp_init: recovery: rank %d could not open its recovery "
-                                   "listener", missing);
+                                   "listener%s", missing, ctx->desc.recovery.port ? " (recovery.port + its rank in use?)" : "");
     if (rc)
         return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: recovery: rank %d: %s", ctx->rank,
                                    rc == FSDP_ERR_SYSTEM ? strerror(errno) : fsdp_comm_last_error(ctx->comm));
     return 0;
+}
+
+/* The joiners' connections the rendezvous holds, challenged or heard, closed (they try again, or
+   fail). */
+FSDP__PRIVATE void fsdp__rejoin_drop(fsdp__recovery *rec) {
+    int p;
+    for (p = 0; rec->join_fds && p < rec->group; p++)
+        if (rec->join_fds[p] >= 0) close(rec->join_fds[p]), rec->join_fds[p] = -1;
+    for (p = 0; p < FSDP__JOIN_PENDING; p++)
+        if (rec->pending[p].fd >= 0) close(rec->pending[p].fd), rec->pending[p].fd = -1;
 }
 
 /* fsdp_destroy's, after the context's communicators: the listener, and the world recovery made. */
@@ -12439,82 +13013,165 @@ FSDP__PRIVATE void fsdp__recovery_close(fsdp_ctx *ctx) {
     fsdp__recovery *rec = ctx->recovery;
     if (!rec) return;
     if (rec->listen_fd >= 0) close(rec->listen_fd);
+    fsdp__rejoin_drop(rec);
     fsdp_comm_destroy(rec->world);
+    FSDP_FREE(rec->join_fds);
+    FSDP_FREE(rec->join_hellos);
     FSDP_FREE(rec->addr);
     FSDP_FREE(rec->now.replicas);
     FSDP_FREE(rec);
     ctx->recovery = NULL;
 }
 
+/* Whether the process at a recovery listener is gone: its port refuses a connection (a dead
+   process's kernel answers so at once; a live rank's listener is open from fsdp_init to
+   fsdp_destroy). Silence until the deadline is no evidence: a listener whose accept queue a
+   stranger filled (nobody but a rendezvous accepts) drops SYNs as a vanished host does, and
+   taking that live survivor for lost split the survivors into minorities; a host that did
+   vanish sends no views, which leaves its replica out all the same. */
+FSDP__PRIVATE int fsdp__recovery_gone(const struct sockaddr_in *addr, int64_t deadline) {
+    int fd = fsdp__sock_dial(addr, deadline, 1);
+    if (fd >= 0) close(fd);
+    return fd < 0 && errno == ECONNREFUSED;
+}
+
+/* The replica (as at fsdp_init) of a peer a comm of this survivor noted (1 + its rank in that
+   comm, 0: none) as lost, or -1: the world's ranks are its replicas' ranks in membership order,
+   the replica comm's its replicas. *rank: that peer's rank as at fsdp_init. */
+FSDP__PRIVATE int fsdp__recovery_peer_replica(const fsdp__recovery *rec, int noted, int of_world, int *rank) {
+    int k = of_world ? (noted - 1) / rec->group : noted - 1;
+    if (noted <= 0 || k >= rec->now.count) return -1;
+    *rank = rec->now.replicas[k] * rec->group + (of_world ? (noted - 1) % rec->group : rec->first_rank % rec->group);
+    return rec->now.replicas[k];
+}
+
 /* This survivor's view (after fsdp__recovery_quiesce): where it is, and which replicas it still
-   reaches as its comms saw them (the peer an op saw lost: its replica is not reached). */
+   reaches: all but those of a peer its comms found silent, or reset and then gone from its
+   listener. A reset alone is not enough: another survivor's abort (fsdp__recovery_quiesce)
+   that arrives while a message of it is arriving looks like one, and taking that survivor for
+   lost would split the survivors into a minority that stops. */
 FSDP__PRIVATE void fsdp__recovery_view_of(fsdp_ctx *ctx, fsdp__recovery_msg *m) {
     fsdp__recovery *rec = ctx->recovery;
-    int k, lost;
+    fsdp_comm *comms[2];
+    int k, c, r, rank = -1;
     memset(m, 0, sizeof *m);
     m->magic = FSDP__RECOVERY_MAGIC;
     m->rank = rec->first_rank, m->replica = rec->replica, m->reductions_done = ctx->reductions_done;
     m->epoch = rec->now.epoch, m->step = ctx->step, m->norm = ctx->commit_norm;
     for (k = 0; k < rec->now.count; k++) m->reach[rec->now.replicas[k]] = 1;
-    if ((lost = fsdp__load(&ctx->comm->lost_peer)) > 0 && (lost - 1) / rec->group < rec->now.count)
-        m->reach[rec->now.replicas[(lost - 1) / rec->group]] = 0;
-    if (ctx->hybrid_replica_comm && (lost = fsdp__load(&ctx->hybrid_replica_comm->lost_peer)) > 0 &&
-        lost - 1 < rec->now.count)
-        m->reach[rec->now.replicas[lost - 1]] = 0;
+    comms[0] = ctx->comm, comms[1] = ctx->hybrid_replica_comm;
+    for (c = 0; c < 2 && comms[c]; c++) {
+        if ((r = fsdp__recovery_peer_replica(rec, fsdp__load(&comms[c]->lost_peer), c == 0, &rank)) >= 0)
+            m->reach[r] = 0;
+        if ((r = fsdp__recovery_peer_replica(rec, fsdp__load(&comms[c]->reset_peer), c == 0, &rank)) >= 0 &&
+            fsdp__recovery_gone(&rec->addr[rank], fsdp__now_ms() + ctx->desc.recovery.detect_ms))
+            m->reach[r] = 0;
+    }
     m->reach[rec->replica] = 1;
     fsdp__recovery_mac(ctx->comm->key, m, offsetof(fsdp__recovery_msg, mac), m->mac);
 }
 
-/* A view read from fd before the deadline, of this epoch's world (its MAC): 1, else 0. */
-FSDP__PRIVATE int fsdp__recovery_read_view(fsdp_ctx *ctx, int fd, fsdp__recovery_msg *m, int64_t deadline) {
+/* A view, whole: 1 if it is of this epoch's world (its MAC) and names a rank as at fsdp_init
+   with that rank's replica, else 0. */
+FSDP__PRIVATE int fsdp__recovery_view_ok(fsdp_ctx *ctx, const fsdp__recovery_msg *m) {
     unsigned char mac[32];
-    if (fsdp__sock_io_full(fd, m, sizeof *m, deadline, 0) != 0 || m->magic != FSDP__RECOVERY_MAGIC) return 0;
+    if (m->magic != FSDP__RECOVERY_MAGIC) return 0;
     fsdp__recovery_mac(ctx->comm->key, m, offsetof(fsdp__recovery_msg, mac), mac);
     return fsdp__equal_ct(mac, m->mac, 32) && m->rank >= 0 && m->rank < ctx->recovery->world0 &&
            m->replica == m->rank / ctx->recovery->group;
 }
 
-/* The rendezvous collects: views for up to detect_ms, or until every rank of the replicas it
-   reaches sent one (msgs[0] is its own); their connections in fds. The number of views. */
-FSDP__PRIVATE int fsdp__recovery_collect(fsdp_ctx *ctx, fsdp__recovery_msg *msgs, int *fds) {
+/* A connection to the rendezvous's listener while it collects, and the view read from it so far. */
+typedef struct fsdp__view_conn {
+    int fd;                               /* -1: a free slot */
+    size_t got;
+    fsdp__recovery_msg m;
+} fsdp__view_conn;
+
+/* A connection accepted into a free slot of conns[count], or into the oldest one's (closed): a
+   flood of connections that send nothing cannot keep the slots from survivors that come later. */
+FSDP__PRIVATE void fsdp__recovery_hold(fsdp__view_conn *conns, int count, int *oldest, int fd) {
+    int i;
+    for (i = 0; i < count && conns[i].fd >= 0; i++) continue;
+    if (i == count) {
+        i = *oldest;
+        *oldest = (*oldest + 1) % count;
+        close(conns[i].fd);
+    }
+    conns[i].fd = fd, conns[i].got = 0;
+}
+
+/* The bytes that came on held connection c: 1 with its view whole and checked (the connection
+   stays open for the verdict, c freed), 0 for more to come, -1 closed (nothing more will come,
+   or what came is not a view of this world). */
+FSDP__PRIVATE int fsdp__recovery_view_read(fsdp_ctx *ctx, fsdp__view_conn *c) {
+    ssize_t r = recv(c->fd, (char *)&c->m + c->got, sizeof c->m - c->got, MSG_DONTWAIT);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    if (r > 0 && (c->got += (size_t)r) < sizeof c->m) return 0;
+    if (r > 0 && fsdp__recovery_view_ok(ctx, &c->m)) return 1;
+    close(c->fd);
+    c->fd = -1;
+    return -1;
+}
+
+/* The rendezvous collects: views for up to window_ms, or until every rank of the replicas it
+   reaches sent one (msgs[0] is its own); their connections in fds. The number of views (-1: out
+   of memory). Every
+   connection is read as its bytes come, none waited on alone: one that sends nothing or too
+   little (a joiner come early, a stranger) holds a slot to the end, never the collection. */
+FSDP__PRIVATE int fsdp__recovery_collect(fsdp_ctx *ctx, fsdp__recovery_msg *msgs, int *fds, int64_t window_ms) {
     fsdp__recovery *rec = ctx->recovery;
-    int64_t deadline = fsdp__now_ms() + ctx->desc.recovery.detect_ms;
-    int n = 1, expected = 0, k, i;
+    int64_t deadline = fsdp__now_ms() + window_ms;
+    int n = 1, expected = 0, k, i, slots = rec->world0 + FSDP__JOIN_PENDING, oldest = 0;
+    fsdp__view_conn *conns = (fsdp__view_conn *)fsdp__calloc(sizeof *conns * (size_t)slots);
+    struct pollfd *pfds = (struct pollfd *)fsdp__calloc(sizeof *pfds * (size_t)(slots + 1));
     for (k = 0; k < rec->now.count; k++) expected += msgs[0].reach[rec->now.replicas[k]] ? rec->group : 0;
-    while (n < expected && fsdp__now_ms() < deadline) {
-        struct pollfd pfd;
+    for (i = 0; conns && i < slots; i++) conns[i].fd = -1;
+    while (conns && pfds && n < expected && fsdp__now_ms() < deadline) {
         int64_t left = deadline - fsdp__now_ms();
         int fd, dup = 0;
-        pfd.fd = rec->listen_fd, pfd.events = POLLIN, pfd.revents = 0;
-        if (poll(&pfd, 1, left > 100 ? 100 : (int)(left > 0 ? left : 0)) <= 0) continue;
-        if ((fd = accept(rec->listen_fd, NULL, NULL)) < 0) continue;
-        if (!fsdp__recovery_read_view(ctx, fd, &msgs[n], deadline + 1000)) { /* (a view comes at once) */
-            close(fd);
-            continue;
+        pfds[0].fd = rec->listen_fd, pfds[0].events = POLLIN, pfds[0].revents = 0;
+        for (i = 0; i < slots; i++) pfds[i + 1].fd = conns[i].fd, pfds[i + 1].events = POLLIN, pfds[i + 1].revents = 0;
+        if (poll(pfds, (nfds_t)slots + 1, left > 100 ? 100 : (int)(left > 0 ? left : 0)) <= 0) continue;
+        if ((pfds[0].revents & POLLIN) && (fd = accept(rec->listen_fd, NULL, NULL)) >= 0)
+            fsdp__recovery_hold(conns, slots, &oldest, fd);
+        for (i = 0; i < slots && n < rec->world0; i++) {
+            if (conns[i].fd < 0 || pfds[i + 1].fd != conns[i].fd || !pfds[i + 1].revents) continue;
+            if (fsdp__recovery_view_read(ctx, &conns[i]) != 1) continue;
+            for (k = 0, dup = 0; k < n; k++) dup |= msgs[k].rank == conns[i].m.rank;
+            if (dup) close(conns[i].fd);
+            else msgs[n] = conns[i].m, fds[n++] = conns[i].fd;
+            conns[i].fd = -1;
         }
-        for (i = 0; i < n; i++) dup |= msgs[i].rank == msgs[n].rank;
-        if (dup) close(fd);
-        else fds[n++] = fd;
     }
+    for (i = 0; conns && i < slots; i++)
+        if (conns[i].fd >= 0) close(conns[i].fd);
+    if (!conns || !pfds) n = -1;
+    FSDP_FREE(conns);
+    FSDP_FREE(pfds);
     return n;
 }
 
 /* The rendezvous: views collected, the agreement (fsdp__recovery_decide), and the verdict sent
-   to every survivor heard (a new world's listener opened for them when they go on: *world_fd). */
+   to every survivor heard (a new world's listener opened for them when they go on: *world_fd).
+   `below`: the replicas before its own in the membership. A survivor that still believes one of
+   them alive (its ops failed by another survivor's abort, not by the loss) asks it first, for up
+   to detect_ms where it went silent: the views are awaited that much longer for each. */
 FSDP__PRIVATE void fsdp__recovery_lead(fsdp_ctx *ctx, const fsdp__recovery_msg *mine, fsdp__recovery_verdict *v,
-                                       int *world_fd) {
+                                       int *world_fd, int below) {
     fsdp__recovery *rec = ctx->recovery;
     fsdp__recovery_msg *msgs = (fsdp__recovery_msg *)fsdp__calloc(sizeof *msgs * (size_t)rec->world0);
     fsdp__recovery_view *views = (fsdp__recovery_view *)fsdp__calloc(sizeof *views * (size_t)rec->world0);
     int *fds = (int *)fsdp__calloc(sizeof(int) * (size_t)rec->world0), n = 0, i, ahead = 0;
     fsdp__membership next;
-    int64_t target = 0;
+    int64_t target = 0, window_ms = (1 + (int64_t)below) * ctx->desc.recovery.detect_ms;
     memset(v, 0, sizeof *v);
     memset(&next, 0, sizeof next);
     v->magic = FSDP__RECOVERY_MAGIC;
     next.replicas = v->replicas;
     if (!msgs || !views || !fds) v->rc = FSDP_ERR_OUT_OF_MEMORY;
-    else msgs[0] = *mine, n = fsdp__recovery_collect(ctx, msgs, fds);
+    else if (msgs[0] = *mine, (n = fsdp__recovery_collect(ctx, msgs, fds, window_ms)) < 0)
+        v->rc = FSDP_ERR_OUT_OF_MEMORY, n = 0;
     for (i = 0; i < n; i++) {
         views[i].epoch = msgs[i].epoch, views[i].rank = msgs[i].rank, views[i].replica = msgs[i].replica;
         views[i].step = msgs[i].step, views[i].reductions_done = msgs[i].reductions_done, views[i].reach = msgs[i].reach;
@@ -12543,21 +13200,48 @@ FSDP__PRIVATE void fsdp__recovery_lead(fsdp_ctx *ctx, const fsdp__recovery_msg *
     FSDP_FREE(fds);
 }
 
-/* A survivor asks the rendezvous `leader` (a rank as at fsdp_init): its view sent, the verdict
-   read and checked. 0, or -1 where the leader could not be reached or did not answer. The wait
-   covers the leader's own search (a rendezvous below it that vanished: detect_ms) and its
-   collection (detect_ms). */
-FSDP__PRIVATE int fsdp__recovery_ask(fsdp_ctx *ctx, int leader, const fsdp__recovery_msg *mine,
+/* A verdict's numbers (MACed, so from a rank of this world, but perhaps a buggy one) within what
+   a survivor uses them for: distinct replicas of the job (they index its reach and its listeners'
+   addresses from now on), a port where it goes on, a reason that ends. */
+FSDP__PRIVATE int fsdp__recovery_verdict_ok(const fsdp__recovery *rec, const fsdp__recovery_verdict *v) {
+    int k, j;
+    if (v->count < 0 || v->count > rec->now.total || !memchr(v->why, 0, sizeof v->why) ||
+        (!v->rc && (v->port <= 0 || v->port > 65535)))
+        return 0;
+    for (k = 0; k < v->count; k++)
+        for (j = 0; j <= k; j++)
+            if (v->replicas[k] < 0 || v->replicas[k] >= rec->now.total || (j < k && v->replicas[j] == v->replicas[k]))
+                return 0;
+    return 1;
+}
+
+/* A survivor asks the rendezvous `leader` (a rank as at fsdp_init; `below` replicas before its
+   in the membership): its view sent, the verdict read and checked. 0, or -1 where the leader
+   could not be reached or did not answer. A listener that refuses is a process gone (it listens
+   from fsdp_init to fsdp_destroy): the next is asked at once. The wait for the verdict covers the
+   leader's own search (up to detect_ms for each replica below it) and its collection (that and
+   detect_ms more: fsdp__recovery_lead), and no less than 3 detect_ms (a leader still stopping).
+   A join challenge instead of a verdict is a rendezvous that had not yet stopped (rank 0 reads
+   its listener before each commit point): asked again within that bound, not taken for lost. */
+FSDP__PRIVATE int fsdp__recovery_ask(fsdp_ctx *ctx, int leader, int below, const fsdp__recovery_msg *mine,
                                      fsdp__recovery_verdict *v) {
-    int detect = ctx->desc.recovery.detect_ms, fd, ok;
+    int64_t detect = ctx->desc.recovery.detect_ms, answer_ms = (below > 1 ? 2 * below + 1 : 3) * detect + 2000, until;
+    int fd, ok;
     unsigned char mac[32];
-    if ((fd = fsdp__sock_connect(&ctx->recovery->addr[leader], fsdp__now_ms() + detect)) < 0) return -1;
-    ok = fsdp__sock_io_full(fd, (void *)(uintptr_t)mine, sizeof *mine, fsdp__now_ms() + detect, 1) == 0 &&
-         fsdp__sock_io_full(fd, v, sizeof *v, fsdp__now_ms() + 3 * (int64_t)detect + 2000, 0) == 0 &&
-         v->magic == FSDP__RECOVERY_MAGIC;
-    close(fd);
+    if ((fd = fsdp__sock_dial(&ctx->recovery->addr[leader], fsdp__now_ms() + detect, 1)) < 0) return -1;
+    for (until = fsdp__now_ms() + answer_ms;;) {
+        v->magic = 0;
+        ok = fsdp__sock_io_full(fd, (void *)(uintptr_t)mine, sizeof *mine, fsdp__now_ms() + detect, 1) == 0 &&
+             fsdp__sock_io_full(fd, v, sizeof *v, until, 0) == 0 && v->magic == FSDP__RECOVERY_MAGIC;
+        close(fd);
+        /* (a join challenge: a rendezvous still training, before its commit point, took this for a joiner; it
+           closes the connection at its next step or as it recovers, and reads views then: asked again) */
+        if (ok || v->magic != FSDP__JOIN_MAGIC || fsdp__now_ms() >= until) break;
+        fsdp__sleep_us(10000);
+        if ((fd = fsdp__sock_dial(&ctx->recovery->addr[leader], until, 1)) < 0) return -1;
+    }
     if (ok) fsdp__recovery_mac(ctx->comm->key, v, offsetof(fsdp__recovery_verdict, mac), mac);
-    return ok && fsdp__equal_ct(mac, v->mac, 32) && v->count >= 0 && v->count <= ctx->recovery->now.total ? 0 : -1;
+    return ok && fsdp__equal_ct(mac, v->mac, 32) && fsdp__recovery_verdict_ok(ctx->recovery, v) ? 0 : -1;
 }
 
 /* The agreement from this survivor's side: the rendezvous is the first rank of the lowest
@@ -12575,10 +13259,10 @@ FSDP__PRIVATE int fsdp__recovery_agree(fsdp_ctx *ctx, fsdp__recovery_verdict *v,
         if (!mine.reach[r]) continue;
         *leader = r * rec->group;
         if (*leader == rec->first_rank) {
-            fsdp__recovery_lead(ctx, &mine, v, world_fd);
+            fsdp__recovery_lead(ctx, &mine, v, world_fd, k);
             return 0;
         }
-        if (fsdp__recovery_ask(ctx, *leader, &mine, v) == 0) return 0;
+        if (fsdp__recovery_ask(ctx, *leader, k, &mine, v) == 0) return 0;
         fsdp__sock_addr_string(tried, sizeof tried, &rec->addr[*leader]);
         fsdp__fmt(tried + strlen(tried), sizeof tried - strlen(tried), " (rank %d)", *leader);
         mine.reach[r] = 0;
@@ -12588,41 +13272,72 @@ FSDP__PRIVATE int fsdp__recovery_agree(fsdp_ctx *ctx, fsdp__recovery_verdict *v,
                       "tried: %s)", rec->first_rank, (long long)rec->now.epoch, tried);
 }
 
+/* A new world of count replicas (its key from parent's and the next rebuild's name, its
+   rendezvous at host:port within create_ms, 0: the op timeout; world_fd its listener where this
+   rank is its rank 0), split into shard and replica comms: made[0..2]. 0, or why in the
+   context's error (world_fd closed, nothing left made). */
+FSDP__PRIVATE int fsdp__recovery_make_world(fsdp_ctx *ctx, const fsdp_comm *parent, const char *host, int port,
+                                            int world_fd, int new_rank, int count, int create_ms, fsdp_comm *made[3]) {
+    fsdp__recovery *rec = ctx->recovery;
+    fsdp__inherit inherit;
+    fsdp_comm_desc cd;
+    char job[64];
+    int rc, G = rec->group;
+    made[0] = made[1] = made[2] = NULL;
+    memset(&inherit, 0, sizeof inherit);
+    inherit.listen_fd = world_fd;
+    memset(&cd, 0, sizeof cd);
+    fsdp__fmt(job, sizeof job, "%s.rebuild%d", rec->job, ++rec->rebuilds); /* (the same count on every member) */
+    cd.backend = FSDP_BACKEND_SOCKET, cd.rank = new_rank, cd.world_size = count * G, cd.job = job;
+    cd.master_addr = host, cd.master_port = port, cd.timeout_ms = create_ms ? create_ms : fsdp_comm_timeout(ctx->comm);
+    cd.logger = ctx->comm->logger;
+    if ((rc = fsdp__comm_create(&made[0], &cd, parent, &inherit)) == 0)
+        fsdp_comm_set_timeout(made[0], fsdp_comm_timeout(ctx->comm)); /* (the splits inherit it) */
+    if (rc ||
+        (rc = fsdp_comm_split(made[0], new_rank / G, new_rank, &made[1])) != 0 ||
+        (rc = fsdp_comm_split(made[0], new_rank % G, new_rank, &made[2])) != 0) {
+        if (inherit.listen_fd >= 0) close(inherit.listen_fd);
+        fsdp_comm_destroy(made[2]);
+        fsdp_comm_destroy(made[1]);
+        fsdp_comm_destroy(made[0]);
+        made[0] = made[1] = made[2] = NULL;
+        return fsdp__fail(ctx, rc, "recovery: rank %d could not join the world of %d replicas at %s:%d: %s",
+                          rec->first_rank, count, host, port, fsdp__init_error);
+    }
+    return 0;
+}
+
+/* After fsdp__recovery_adopt of made: the world kept (the one before destroyed: the context no
+   longer uses it), its links watched. */
+FSDP__PRIVATE int fsdp__recovery_keep(fsdp_ctx *ctx, fsdp_comm *const made[3]) {
+    fsdp__recovery *rec = ctx->recovery;
+    fsdp_comm *old = rec->world;
+    rec->world = made[0];
+    fsdp_comm_destroy(old);
+    if (fsdp__comm_watch(made[0], ctx->desc.recovery.detect_ms) != 0 ||
+        fsdp__comm_watch(made[2], ctx->desc.recovery.detect_ms) != 0)
+        return fsdp__fail(ctx, FSDP_ERR_SYSTEM, "recovery: keepalive on the new world: %s", strerror(errno));
+    return 0;
+}
+
 /* The new world of the verdict's replicas (its key from the old world's and the rebuild's name,
    its rendezvous at the leader's listener), split into shard and replica comms, adopted. */
 FSDP__PRIVATE int fsdp__recovery_rebuild(fsdp_ctx *ctx, const fsdp__recovery_verdict *v, int leader, int world_fd,
                                          int new_rank) {
     fsdp__recovery *rec = ctx->recovery;
-    fsdp__inherit inherit;
-    fsdp_comm_desc cd;
-    fsdp_comm *world = NULL, *shard = NULL, *replica = NULL, *old = rec->world;
-    char job[64], host[INET_ADDRSTRLEN];
-    int rc, G = rec->group;
-    memset(&inherit, 0, sizeof inherit);
-    inherit.listen_fd = world_fd;
-    memset(&cd, 0, sizeof cd);
-    fsdp__fmt(job, sizeof job, "%s.rebuild%d", rec->job, ++rec->rebuilds); /* (the same count on every survivor) */
+    fsdp_comm *made[3];
+    char host[INET_ADDRSTRLEN];
+    int rc;
     inet_ntop(AF_INET, &rec->addr[leader].sin_addr, host, sizeof host);
-    cd.backend = FSDP_BACKEND_SOCKET, cd.rank = new_rank, cd.world_size = v->count * G, cd.job = job;
-    cd.master_addr = host, cd.master_port = v->port, cd.timeout_ms = fsdp_comm_timeout(ctx->comm);
-    cd.logger = ctx->comm->logger;
-    if ((rc = fsdp__comm_create(&world, &cd, ctx->comm, &inherit)) != 0 ||
-        (rc = fsdp_comm_split(world, new_rank / G, new_rank, &shard)) != 0 ||
-        (rc = fsdp_comm_split(world, new_rank % G, new_rank, &replica)) != 0 ||
-        (rc = fsdp__recovery_adopt(ctx, world, shard, replica)) != 0) {
-        if (inherit.listen_fd >= 0) close(inherit.listen_fd);
-        fsdp_comm_destroy(replica);
-        fsdp_comm_destroy(shard);
-        fsdp_comm_destroy(world);
-        return fsdp__fail(ctx, rc, "recovery: rank %d could not join epoch %lld's world at %s:%d: %s", rec->first_rank,
-                          (long long)v->epoch, host, v->port, fsdp__init_error);
+    if ((rc = fsdp__recovery_make_world(ctx, ctx->comm, host, v->port, world_fd, new_rank, v->count, 0, made)) != 0)
+        return rc;
+    if ((rc = fsdp__recovery_adopt(ctx, made[0], made[1], made[2])) != 0) {
+        fsdp_comm_destroy(made[2]);
+        fsdp_comm_destroy(made[1]);
+        fsdp_comm_destroy(made[0]);
+        return rc;
     }
-    rec->world = world;
-    fsdp_comm_destroy(old); /* (the context no longer uses it) */
-    if (fsdp__comm_watch(world, ctx->desc.recovery.detect_ms) != 0 ||
-        fsdp__comm_watch(replica, ctx->desc.recovery.detect_ms) != 0)
-        return fsdp__fail(ctx, FSDP_ERR_SYSTEM, "recovery: keepalive on the new world: %s", strerror(errno));
-    return 0;
+    return fsdp__recovery_keep(ctx, made);
 }
 
 /* fsdp_step's answer to a loss (rc) with recovery on: everything in flight stopped, the
@@ -12635,12 +13350,18 @@ FSDP__PRIVATE int fsdp__recover(fsdp_ctx *ctx, float max_norm, fsdp_step_report 
     int leader = -1, world_fd = -1, new_rank = -1, k;
     int64_t before = ctx->step;
     if (!rec || !fsdp__recovery_loss(rc)) return rc;
+    fsdp__rejoin_drop(rec); /* (joiners come again to whichever rendezvous is next) */
+    rec->join_seen = 0;
+    if (!ctx->loss_rc) rec->times.loss_seen = fsdp_now(); /* (else a hook saw it first, and said when) */
+    rec->times.stopped = rec->times.agreed = rec->times.rebuilt = 0;
     fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: recovery: epoch %lld at step %lld: %s", rec->first_rank,
               (long long)rec->now.epoch, (long long)ctx->step, ctx->error);
     if ((rc = fsdp__recovery_quiesce(ctx, "a replica was lost: recovering")) != 0) return rc;
+    rec->times.stopped = fsdp_now();
     if (!(v = (fsdp__recovery_verdict *)fsdp__calloc(sizeof *v))) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
     if ((rc = fsdp__recovery_agree(ctx, v, &leader, &world_fd)) == 0 && v->rc)
         rc = fsdp__fail(ctx, v->rc, "%s", v->why);
+    rec->times.agreed = rc ? 0 : fsdp_now();
     for (k = 0; !rc && k < v->count; k++)
         if (v->replicas[k] == rec->replica) new_rank = k * rec->group + rec->first_rank % rec->group;
     if (!rc && new_rank < 0)
@@ -12655,6 +13376,7 @@ FSDP__PRIVATE int fsdp__recover(fsdp_ctx *ctx, float max_norm, fsdp_step_report 
         rec->now.epoch = v->epoch, rec->now.count = v->count;
         memcpy(rec->now.replicas, v->replicas, sizeof(int) * (size_t)v->count);
         ctx->loss_rc = 0;
+        rec->times.rebuilt = fsdp_now(), rec->times.loss_epoch = v->epoch;
         fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: %s: rank %d of %d from step %lld", rec->first_rank, v->why,
                   ctx->rank, ctx->world, (long long)ctx->step);
     } else if (world_fd >= 0 && rc) {
@@ -12663,7 +13385,578 @@ FSDP__PRIVATE int fsdp__recover(fsdp_ctx *ctx, float max_norm, fsdp_step_report 
     report->dropped = ctx->step == before;
     report->step = ctx->step;
     FSDP_FREE(v);
+    fsdp__trace_recovery(ctx, "stop", rec->times.loss_seen, rec->times.stopped, -1, ctx->step);
+    fsdp__trace_recovery(ctx, "agree", rec->times.stopped, rec->times.agreed, -1, ctx->step);
+    fsdp__trace_recovery(ctx, "rebuild", rec->times.agreed, rec->times.rebuilt, -1, ctx->step);
     return rc;
+}
+
+/* --- a host rejoining (>>recovery): the survivors' side ------------------------------------- */
+#define FSDP__JOIN_WORLD_MS 5000 /* with 2 detect_ms: the bound on making a rejoin's world (a joiner that vanished
+                                    after its hello stalls the survivors that long, not the op timeout) */
+
+/* A connection accepted at the rendezvous's listener: answered at once with a fresh challenge
+   (sent without blocking: a new connection's buffer takes it) and held until its hello comes
+   (fsdp__rejoin_heard). A full table gives way at its oldest. */
+FSDP__PRIVATE void fsdp__rejoin_challenge(fsdp__recovery *rec, int fd) {
+    fsdp__join_pending *slot = NULL;
+    fsdp__join_challenge c;
+    int i;
+    for (i = 0; i < FSDP__JOIN_PENDING && (!slot || slot->fd >= 0); i++)
+        if (!slot || rec->pending[i].fd < 0 || rec->pending[i].since < slot->since) slot = &rec->pending[i];
+    if (slot->fd >= 0) close(slot->fd);
+    slot->fd = -1;
+    memset(&c, 0, sizeof c);
+    c.magic = FSDP__JOIN_MAGIC;
+    if (fsdp__random_bytes(c.challenge, sizeof c.challenge) != 0 ||
+        send(fd, &c, sizeof c, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof c) {
+        close(fd);
+        return;
+    }
+    slot->fd = fd, slot->since = fsdp__now_ms();
+    memcpy(slot->challenge, c.challenge, sizeof c.challenge);
+}
+
+/* A challenged connection's hello, read without waiting: 1 when it has come whole, answers this
+   connection's challenge, is MACed with the job's join key, and names a position of a replica of
+   this job's shape; 0 not yet (within FSDP__JOIN_ANSWER_MS); -1 a hello that does not check; -2
+   the connection closed, or no hello in time. */
+FSDP__PRIVATE int fsdp__rejoin_heard(const fsdp__recovery *rec, const fsdp__join_pending *p, fsdp__join_hello *h) {
+    unsigned char mac[32];
+    ssize_t got = recv(p->fd, h, sizeof *h, MSG_PEEK | MSG_DONTWAIT);
+    if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return -2;
+    if (got < (ssize_t)sizeof *h) return fsdp__now_ms() - p->since > FSDP__JOIN_ANSWER_MS ? -2 : 0;
+    if (recv(p->fd, h, sizeof *h, MSG_DONTWAIT) != (ssize_t)sizeof *h) return -2;
+    if (h->magic != FSDP__JOIN_MAGIC || !fsdp__equal_ct(h->challenge, p->challenge, sizeof p->challenge)) return -1;
+    fsdp__recovery_mac(rec->join_key, h, offsetof(fsdp__join_hello, mac), mac);
+    return fsdp__equal_ct(mac, h->mac, 32) && h->group == rec->group && h->position >= 0 && h->position < rec->group
+               ? 1 : -1;
+}
+
+/* The hellos come to the challenged connections so far: each that checks held for its position
+   (one held before it for that position closed: a rank started again once more); one that does
+   not check closed and logged (another secret or job token, or a hello sent again); one that
+   closed or said nothing in time closed. */
+FSDP__PRIVATE void fsdp__rejoin_hear(fsdp_ctx *ctx) {
+    fsdp__recovery *rec = ctx->recovery;
+    int i, k;
+    for (i = 0; i < FSDP__JOIN_PENDING; i++) {
+        fsdp__join_pending *p = &rec->pending[i];
+        fsdp__join_hello h;
+        if (p->fd < 0 || (k = fsdp__rejoin_heard(rec, p, &h)) == 0) continue;
+        if (k == -1) {
+            struct sockaddr_in from;
+            socklen_t len = sizeof from;
+            char who[INET_ADDRSTRLEN + 8] = "?";
+            if (getpeername(p->fd, (struct sockaddr *)&from, &len) == 0) fsdp__sock_addr_string(who, sizeof who, &from);
+            fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: recovery: a rejoin from %s refused: its hello does not "
+                      "answer this connection's challenge with this job's key (another secret or job token, or a "
+                      "hello sent again)", rec->first_rank, who);
+        }
+        if (k == 1 && rec->join_fds[h.position] >= 0) close(rec->join_fds[h.position]);
+        if (k == 1) rec->join_fds[h.position] = p->fd, rec->join_hellos[h.position] = h;
+        else close(p->fd);
+        p->fd = -1;
+    }
+}
+
+/* Whether the joiner heard for position p is still there: a connection its joiner closed since
+   its hello (it gave up waiting for the other positions, or died) is closed here too, or the
+   survivors would admit it with the others and wait 2 detect_ms + 5 s for a world it never comes
+   to. */
+FSDP__PRIVATE int fsdp__rejoin_held(fsdp__recovery *rec, int p) {
+    char byte;
+    ssize_t got;
+    if (rec->join_fds[p] < 0) return 0;
+    if ((got = recv(rec->join_fds[p], &byte, 1, MSG_PEEK | MSG_DONTWAIT)) > 0 ||
+        (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)))
+        return 1;
+    close(rec->join_fds[p]);
+    rec->join_fds[p] = -1;
+    return 0;
+}
+
+/* The rendezvous (world rank 0), before each commit point, while a replica is missing: the
+   hellos come so far heard, then the connections waiting at its listener accepted and
+   challenged, all without blocking (a client that sends nothing holds a slot, not the step;
+   heard first, a joiner's hello is not lost to a flood of connections, which take the oldest
+   slots: its own). 1 once
+   it holds a hello for every position of a replica: fsdp__global_norm then sets its spare slot,
+   and every survivor admits after this step. Others: 0, nothing read. */
+FSDP__PRIVATE int fsdp__rejoin_ready(fsdp_ctx *ctx) {
+    fsdp__recovery *rec = ctx->recovery;
+    int p, fd, tries, held = 0;
+    if (ctx->rank != 0 || rec->listen_fd < 0 || rec->now.count >= rec->now.total) return 0;
+    fsdp__rejoin_hear(ctx);
+    for (tries = 0; tries < FSDP__JOIN_PENDING; tries++) { /* (a flood of connections cannot hold the step) */
+        struct pollfd pfd;
+        pfd.fd = rec->listen_fd, pfd.events = POLLIN, pfd.revents = 0;
+        if (poll(&pfd, 1, 0) <= 0 || (fd = accept(rec->listen_fd, NULL, NULL)) < 0) break;
+        fsdp__rejoin_challenge(rec, fd);
+    }
+    for (p = 0; p < rec->group; p++) held += fsdp__rejoin_held(rec, p);
+    return held == rec->group;
+}
+
+/* The rendezvous's part of an admission: the lowest replica not training given to the joiners
+   (appended to the membership: the survivors keep their ranks and the rendezvous stays rank 0),
+   the new world's listener opened, each joiner answered. plan: (replica, port, the rebuild's
+   number); replica -1 where a joiner could not be answered (nobody is admitted). */
+FSDP__PRIVATE void fsdp__rejoin_answer(fsdp_ctx *ctx, int32_t plan[3], int *world_fd) {
+    fsdp__recovery *rec = ctx->recovery;
+    fsdp__join_admit a;
+    struct sockaddr_in at = rec->addr[rec->first_rank];
+    socklen_t len = sizeof at;
+    int p, r, ok = 1;
+    memset(&a, 0, sizeof a);
+    for (r = 0; r < rec->now.total && fsdp__membership_has(&rec->now, r); r++) continue;
+    a.magic = FSDP__JOIN_MAGIC, a.replica = r, a.count = rec->now.count + 1, a.total = rec->now.total;
+    a.rebuilds = rec->rebuilds + 1, a.epoch = rec->now.epoch + 1, a.step = ctx->step;
+    memcpy(a.replicas, rec->now.replicas, sizeof(int) * (size_t)rec->now.count);
+    a.replicas[rec->now.count] = r;
+    at.sin_port = 0;
+    if ((*world_fd = fsdp__sock_listen(&at, 64)) < 0 || getsockname(*world_fd, (struct sockaddr *)&at, &len) != 0)
+        ok = 0;
+    a.port = ntohs(at.sin_port);
+    for (p = 0; ok && p < rec->group; p++) {
+        memcpy(a.nonce, rec->join_hellos[p].nonce, sizeof a.nonce);
+        fsdp__recovery_mac(rec->join_key, &a, offsetof(fsdp__join_admit, mac), a.mac);
+        ok = fsdp__sock_io_full(rec->join_fds[p], &a, sizeof a, fsdp__now_ms() + ctx->desc.recovery.detect_ms, 1) == 0;
+    }
+    fsdp__rejoin_drop(rec);
+    if (!ok && *world_fd >= 0) close(*world_fd), *world_fd = -1;
+    plan[0] = ok ? r : -1, plan[1] = a.port, plan[2] = a.rebuilds;
+}
+
+/* A communicator that only carries key (a parent for fsdp__comm_create: the new world's key is
+   derived from it), like `like` otherwise; NULL: out of memory. Freed with FSDP_FREE. */
+FSDP__PRIVATE fsdp_comm *fsdp__rejoin_parent(const fsdp_comm *like, const unsigned char key[32]) {
+    fsdp_comm *parent = (fsdp_comm *)fsdp__calloc(sizeof *parent);
+    if (!parent) return NULL;
+    memcpy(parent->key, key, 32);
+    parent->has_secret = like->has_secret;
+    parent->crowd = like->crowd;
+    return parent;
+}
+
+/* Every member of the new world (count replicas, in world order: replicas) made with the join
+   key's parent, its rendezvous at host:port. */
+FSDP__PRIVATE int fsdp__rejoin_world(fsdp_ctx *ctx, const char *host, int port, int world_fd, const int *replicas,
+                                     int count, fsdp_comm *made[3]) {
+    fsdp__recovery *rec = ctx->recovery;
+    fsdp_comm *parent = fsdp__rejoin_parent(ctx->comm, rec->join_key);
+    int k, new_rank = -1, rc;
+    for (k = 0; k < count; k++)
+        if (replicas[k] == rec->replica) new_rank = k * rec->group + rec->first_rank % rec->group;
+    if (!parent || new_rank < 0) {
+        if (world_fd >= 0) close(world_fd);
+        FSDP_FREE(parent);
+        made[0] = made[1] = made[2] = NULL;
+        return fsdp__fail(ctx, parent ? FSDP_ERR_PROTOCOL : FSDP_ERR_OUT_OF_MEMORY, "recovery: rank %d: %s",
+                          rec->first_rank, parent ? "its replica is not in the rejoin's membership" : "out of memory");
+    }
+    rc = fsdp__recovery_make_world(ctx, parent, host, port, world_fd, new_rank, count,
+                                   2 * ctx->desc.recovery.detect_ms + FSDP__JOIN_WORLD_MS, made);
+    FSDP_FREE(parent);
+    return rc;
+}
+
+/* After adopting a rejoin's world: this rank's listener (a joiner opens it now), every rank's
+   listener address gathered over the new world (so any of them may be a later rendezvous), the
+   membership taken. Collective over the new world. */
+FSDP__PRIVATE int fsdp__rejoin_settle(fsdp_ctx *ctx, const int *replicas, int count, int64_t epoch) {
+    fsdp__recovery *rec = ctx->recovery;
+    struct sockaddr_in at;
+    int32_t mine[4] = {0, 0, 0, 0}, *all = (int32_t *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world);
+    int r, rc, listening = rec->listen_fd >= 0;
+    if (!all) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "recovery: out of memory");
+    if (listening) at = rec->addr[rec->first_rank];
+    else if (!(listening = fsdp__recovery_listen(ctx, ctx->comm, &at) == 0))
+        fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: recovery: no listener at port %d: %s (a later loss cannot use "
+                  "it as the rendezvous)", rec->first_rank, ctx->desc.recovery.port + rec->first_rank, strerror(errno));
+    mine[0] = rec->first_rank;
+    if (listening) mine[1] = (int32_t)at.sin_addr.s_addr, mine[2] = ntohs(at.sin_port);
+    if ((rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_GATHER, mine, all, 4, 0)) == 0)
+        for (r = 0; r < ctx->world; r++) {
+            int first = all[4 * r];
+            if (first < 0 || first >= rec->world0 || !all[4 * r + 2]) continue;
+            rec->addr[first].sin_family = AF_INET;
+            rec->addr[first].sin_addr.s_addr = (uint32_t)all[4 * r + 1];
+            rec->addr[first].sin_port = htons((uint16_t)all[4 * r + 2]);
+        }
+    FSDP_FREE(all);
+    if (rc) return fsdp__fail(ctx, rc, "recovery: the rejoin's addresses: %s", fsdp_comm_last_error(ctx->comm));
+    rec->now.epoch = epoch, rec->now.count = count;
+    memcpy(rec->now.replicas, replicas, sizeof(int) * (size_t)count);
+    return 0;
+}
+
+#ifndef FSDP__REJOIN_RECEIVED /* a test's hook: a shard a joiner received, before its checksum */
+#define FSDP__REJOIN_RECEIVED(ctx, data, bytes) ((void)0)
+#endif
+
+/* One buffer of the transfer: broadcast over the replica comm from root (floats), hashed. */
+FSDP__PRIVATE int fsdp__rejoin_send(fsdp_ctx *ctx, void *data, size_t floats, int root, fsdp__sha256 *h,
+                                    uint64_t *bytes) {
+    int rc = fsdp__worker_coll(ctx, ctx->hybrid_replica_comm, FSDP_COLL_BROADCAST, data, data, floats, root);
+    if (!rc && fsdp_comm_rank(ctx->hybrid_replica_comm) != root) FSDP__REJOIN_RECEIVED(ctx, data, floats * 4);
+    if (!rc) fsdp__sha256_update(h, data, floats * 4);
+    *bytes += floats * 4;
+    return rc;
+}
+
+/* The units' execution order the survivors learnt in their first iteration, sent as part of
+   the transfer: the joiner takes it, or its first iteration would check its order in a
+   collective the others no longer make. */
+FSDP__PRIVATE int fsdp__rejoin_order(fsdp_ctx *ctx, fsdp__sha256 *h, uint64_t *bytes) {
+    size_t n = 4 + 2 * (size_t)ctx->num_units;
+    int32_t *order = (int32_t *)fsdp__calloc(sizeof(int32_t) * n);
+    int i, rc;
+    if (!order) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "recovery.rejoin: out of memory");
+    order[0] = ctx->fwd_len, order[1] = ctx->bwd_len, order[2] = ctx->fwd_known, order[3] = ctx->bwd_known;
+    for (i = 0; i < ctx->num_units; i++) order[4 + i] = ctx->fwd_order[i], order[4 + ctx->num_units + i] = ctx->bwd_order[i];
+    rc = fsdp__rejoin_send(ctx, order, n, 0, h, bytes);
+    for (i = 0; !rc && i < 2 * ctx->num_units; i++) rc = order[4 + i] < 0 || order[4 + i] >= ctx->num_units;
+    if (!rc && (order[0] < 0 || order[0] > ctx->num_units || order[1] < 0 || order[1] > ctx->num_units)) rc = 1;
+    if (rc == 1) rc = fsdp__fail(ctx, FSDP_ERR_PROTOCOL, "recovery.rejoin: the units' order received is not one");
+    if (!rc) ctx->fwd_len = order[0], ctx->bwd_len = order[1], ctx->fwd_known = order[2], ctx->bwd_known = order[3];
+    for (i = 0; !rc && i < ctx->num_units; i++)
+        ctx->fwd_order[i] = order[4 + i], ctx->bwd_order[i] = order[4 + ctx->num_units + i];
+    FSDP_FREE(order);
+    return rc;
+}
+
+/* The state of the replica at index root of the replica comm (the lowest that trained before)
+   sent to the others: each unit's master shard and optimizer state, the units' order, then the
+   tail (step, loss scale, learning rate, blob, and the SHA-256 of everything sent). The joiner (the last index) checks the digest
+   and takes the tail; the survivors receive the bits they hold. Collective over the replica comm. */
+FSDP__PRIVATE int fsdp__rejoin_transfer(fsdp_ctx *ctx, uint64_t *bytes) {
+    fsdp__recovery *rec = ctx->recovery;
+    fsdp__join_tail *tail = (fsdp__join_tail *)fsdp__calloc(sizeof *tail);
+    int me = fsdp_comm_rank(ctx->hybrid_replica_comm), joiner = fsdp_comm_size(ctx->hybrid_replica_comm) - 1;
+    int ui, k, rc = tail ? 0 : FSDP_ERR_OUT_OF_MEMORY;
+    unsigned char digest[32];
+    fsdp__sha256 h;
+    fsdp__sha256_init(&h);
+    *bytes = 0;
+    for (ui = 0; !rc && ui < ctx->num_units; ui++) {
+        fsdp__unit *u = &ctx->units[ui];
+        rc = fsdp__rejoin_send(ctx, u->master, (size_t)u->shard, 0, &h, bytes);
+        for (k = 0; !rc && k < ctx->num_state; k++)
+            if (u->opt[k].ram) rc = fsdp__rejoin_send(ctx, u->opt[k].ram, (size_t)u->shard, 0, &h, bytes);
+    }
+    if (!rc) rc = fsdp__rejoin_order(ctx, &h, bytes);
+    if (!rc && me == 0) {
+        *tail = rec->tail;
+        tail->step = ctx->step, tail->growth_tracker = ctx->scale_growth_tracker, tail->loss_scale = ctx->loss_scale;
+        tail->lr = ctx->opt.lr;
+        fsdp__sha256_update(&h, tail, offsetof(fsdp__join_tail, digest));
+        fsdp__sha256_final(&h, tail->digest);
+    }
+    if (!rc) rc = fsdp__worker_coll(ctx, ctx->hybrid_replica_comm, FSDP_COLL_BROADCAST, tail, tail, sizeof *tail / 4, 0);
+    *bytes += sizeof *tail;
+    if (!rc && me == joiner) {
+        fsdp__sha256_update(&h, tail, offsetof(fsdp__join_tail, digest));
+        fsdp__sha256_final(&h, digest);
+        if (!fsdp__equal_ct(digest, tail->digest, 32) || tail->blob_bytes > FSDP_RECOVERY_BLOB_MAX)
+            rc = fsdp__fail(ctx, FSDP_ERR_PROTOCOL, "recovery.rejoin: rank %d: the state received from replica %d (%llu "
+                            "bytes) fails its SHA-256 checksum: not applied", rec->first_rank, rec->now.replicas[0],
+                            (unsigned long long)*bytes);
+        if (!rc) rec->tail = *tail, ctx->step = tail->step, ctx->upd_step = tail->step;
+        if (!rc) ctx->scale_growth_tracker = tail->growth_tracker, ctx->loss_scale = tail->loss_scale;
+        if (!rc && tail->lr >= 0 && isfinite(tail->lr)) ctx->opt.lr = tail->lr;
+    }
+    FSDP_FREE(tail);
+    return rc == FSDP_ERR_OUT_OF_MEMORY ? fsdp__fail(ctx, rc, "recovery.rejoin: out of memory") : rc;
+}
+
+/* Whether every survivor made the rejoin's world (made: this one did), asked over the old world
+   (still whole): 1, or 0 when one did not (then every survivor drops it). A loss here: rc. */
+FSDP__PRIVATE int fsdp__rejoin_agree(fsdp_ctx *ctx, int made, int *rc) {
+    float mine = made ? 1.0f : 0.0f, fewest = 0;
+    *rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_ALL_REDUCE, &mine, &fewest, 1, 0);
+    return !*rc && fewest == (float)ctx->world;
+}
+
+/* Undoes a rejoin's world on a survivor that has not adopted it: the comms destroyed; rc back
+   (a loss over the old world: fsdp_step recovers from it). */
+FSDP__PRIVATE int fsdp__rejoin_back_out(fsdp_ctx *ctx, fsdp_comm *made[3], int rc) {
+    int k;
+    for (k = 2; k >= 0; k--) fsdp_comm_destroy(made[k]);
+    fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: recovery: the rejoin after step %lld is dropped (a joiner went "
+              "before its answer, or a survivor could not make the world%s): training on as before",
+              ctx->recovery->first_rank, (long long)ctx->step, rc ? ", and a loss followed" : "");
+    return rc;
+}
+
+/* A rejoin's end on this rank: its timeline, trace events and log line. */
+FSDP__PRIVATE void fsdp__rejoin_done(fsdp_ctx *ctx, uint64_t bytes, const char *sent) {
+    fsdp_recovery_timeline *t = &ctx->recovery->times;
+    t->join_done = fsdp_now(), t->join_bytes = bytes, t->join_step = ctx->step, t->join_epoch = ctx->recovery->now.epoch;
+    fsdp__trace_recovery(ctx, "rejoin: world", t->join_begin, t->join_world, -1, ctx->step);
+    fsdp__trace_recovery(ctx, "rejoin: state", t->join_world, t->join_done, (int64_t)bytes, ctx->step);
+    fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: recovery: epoch %lld: replica %d rejoined at step %lld (rank %d "
+              "of %d): the world made in %.1f ms, %llu bytes %s in %.1f ms", ctx->recovery->first_rank,
+              (long long)t->join_epoch, ctx->recovery->now.replicas[ctx->recovery->now.count - 1], (long long)ctx->step,
+              ctx->rank, ctx->world, (t->join_world - t->join_begin) * 1e3, (unsigned long long)bytes, sent,
+              (t->join_done - t->join_world) * 1e3);
+}
+
+/* Every survivor, after the step whose commit point said joiners wait at the rendezvous (the
+   same step everywhere): the rendezvous answers them and says (replica, port, name) over the old
+   world; the new world made, agreed, adopted; the addresses gathered; the state sent. 0 also
+   where the survivors drop the rejoin (they train on as before; the joiner fails); a loss after
+   adopting (a joiner or a survivor lost while sending): its rc, which fsdp_step recovers from. */
+FSDP__PRIVATE int fsdp__rejoin_admit(fsdp_ctx *ctx) {
+    fsdp__recovery *rec = ctx->recovery;
+    int32_t plan[4] = {-1, 0, 0, 0};
+    int replicas[FSDP__MAX_WORLD], world_fd = -1, rc, count = rec->now.count + 1;
+    fsdp_comm *made[3] = {NULL, NULL, NULL};
+    char host[INET_ADDRSTRLEN];
+    uint64_t bytes = 0;
+    rec->join_seen = 0;
+    memset(&rec->times.join_begin, 0, sizeof rec->times - offsetof(fsdp_recovery_timeline, join_begin));
+    rec->times.join_begin = fsdp_now();
+    if (ctx->rank == 0) fsdp__rejoin_answer(ctx, plan, &world_fd);
+    if ((rc = fsdp__worker_coll(ctx, ctx->comm, FSDP_COLL_BROADCAST, plan, plan, 4, 0)) != 0 || plan[0] < 0) {
+        if (world_fd >= 0) close(world_fd);
+        return fsdp__rejoin_back_out(ctx, made, rc);
+    }
+    memcpy(replicas, rec->now.replicas, sizeof(int) * (size_t)rec->now.count);
+    replicas[rec->now.count] = plan[0];
+    rec->rebuilds = plan[2] - 1; /* (the rendezvous's count: the same name everywhere) */
+    inet_ntop(AF_INET, &rec->addr[rec->now.replicas[0] * rec->group].sin_addr, host, sizeof host);
+    rc = fsdp__rejoin_world(ctx, host, plan[1], world_fd, replicas, count, made);
+    if (!fsdp__rejoin_agree(ctx, rc == 0, &rc)) return fsdp__rejoin_back_out(ctx, made, rc);
+    if ((rc = fsdp__recovery_adopt(ctx, made[0], made[1], made[2])) != 0) /* (out of memory: nothing changed) */
+        return fsdp_comm_destroy(made[2]), fsdp_comm_destroy(made[1]), fsdp_comm_destroy(made[0]), rc;
+    rec->times.join_world = fsdp_now();
+    if ((rc = fsdp__recovery_keep(ctx, made)) == 0 &&
+        (rc = fsdp__rejoin_settle(ctx, replicas, count, rec->now.epoch + 1)) == 0)
+        rc = fsdp__rejoin_transfer(ctx, &bytes);
+    if (!rc) fsdp__rejoin_done(ctx, bytes, "sent");
+    return rc;
+}
+
+/* --- a host rejoining (>>recovery): the joiner's side (fsdp_init) --------------------------- */
+/* An admit read from fd: 1 if whole, MACed with the join key, answering this hello, and
+   consistent (sizes within bounds, the joiners' replica appended to the membership). */
+FSDP__PRIVATE int fsdp__rejoin_admit_ok(const unsigned char key[32], int fd, const fsdp__join_hello *h,
+                                        fsdp__join_admit *a, int64_t deadline) {
+    unsigned char mac[32];
+    int k, ok;
+    if (fsdp__sock_io_full(fd, a, sizeof *a, deadline, 0) != 0 || a->magic != FSDP__JOIN_MAGIC) return 0;
+    fsdp__recovery_mac(key, a, offsetof(fsdp__join_admit, mac), mac);
+    ok = fsdp__equal_ct(mac, a->mac, 32) && fsdp__equal_ct(a->nonce, h->nonce, sizeof h->nonce) && a->total >= 2 &&
+         a->total * h->group <= FSDP__MAX_WORLD && a->count >= 2 && a->count <= a->total && a->rebuilds >= 1 &&
+         a->port > 0 && a->port < 65536 && a->epoch >= 1 && a->step >= 0 && a->replicas[a->count - 1] == a->replica;
+    for (k = 0; ok && k < a->count; k++) ok = a->replicas[k] >= 0 && a->replicas[k] < a->total;
+    return ok;
+}
+
+#define FSDP__JOIN_CONNECT_MS 1000 /* a joiner's connect to a peer that does not answer (a vanished host), and the
+                                      pause before a peer is dialled again */
+
+/* One of a joiner's peers: its address, the connection held to it (-1: none), when to dial it. */
+typedef struct fsdp__join_peer {
+    struct sockaddr_in at;
+    int fd;
+    int64_t dial_at;                      /* fsdp__now_ms() from which it is dialled (again) */
+} fsdp__join_peer;
+
+/* The peers list ("addr:port,...") into *peers (allocated; an address that does not resolve left
+   out): their count, or -1 with why in err (an entry not addr:port), -2 out of memory. */
+FSDP__PRIVATE int fsdp__rejoin_peers(const char *list, int64_t deadline, fsdp__join_peer **peers, char *err,
+                                     size_t err_size) {
+    const char *at;
+    char host[256];
+    int count = 1, n = 0, port;
+    for (at = list; *at; at++) count += *at == ',';
+    if (!(*peers = (fsdp__join_peer *)fsdp__calloc(sizeof **peers * (size_t)count)))
+        return fsdp__fmt(err, err_size, "out of memory"), -2;
+    for (at = list; *at; at += *at == ',') {
+        size_t len = strcspn(at, ",");
+        const char *colon = (const char *)memchr(at, ':', len);
+        if (!colon || (size_t)(colon - at) >= sizeof host || (port = atoi(colon + 1)) <= 0 || port > 65535) {
+            fsdp__fmt(err, err_size, "peer '%.*s' is not addr:port", (int)(len < 64 ? len : 64), at);
+            FSDP_FREE(*peers);
+            return *peers = NULL, -1;
+        }
+        memcpy(host, at, (size_t)(colon - at));
+        host[colon - at] = 0;
+        at += len;
+        if (fsdp__sock_resolve(host, port, &(*peers)[n].at, deadline) == 0) (*peers)[n].fd = -1, n++;
+    }
+    return n;
+}
+
+/* Each held connection looked at without waiting, and one peer whose time came dialled: the
+   index of one that brought its challenge (into *c), or -1. A peer's listener is open all the
+   time but only the rendezvous answers, at its next commit point: the others' connections are
+   held (a joiner that waited on one alone never reached the rendezvous), one that closes (a
+   survivor recovering) or refuses is dialled again after a pause. One dial a call (a vanished
+   host's takes FSDP__JOIN_CONNECT_MS): the rendezvous's challenge waits no longer for its hello.
+   *held: the connections held; *untried: the peers not dialled yet. */
+FSDP__PRIVATE int fsdp__rejoin_challenged(fsdp__join_peer *peers, int n, fsdp__join_challenge *c, int *held,
+                                          int *untried) {
+    int i, dialled = 0;
+    *held = *untried = 0;
+    for (i = 0; i < n; i++) {
+        fsdp__join_peer *p = &peers[i];
+        struct pollfd pfd;
+        int64_t now = fsdp__now_ms();
+        if (p->fd < 0 && now >= p->dial_at && !dialled) {
+            dialled = 1;
+            p->dial_at = now + FSDP__JOIN_CONNECT_MS;
+            p->fd = fsdp__sock_dial(&p->at, now + FSDP__JOIN_CONNECT_MS, 1);
+        }
+        *untried += !p->dial_at;
+        if (p->fd < 0) continue;
+        pfd.fd = p->fd, pfd.events = POLLIN, pfd.revents = 0;
+        if (poll(&pfd, 1, 0) <= 0) {
+            ++*held;
+            continue;
+        }
+        if (fsdp__sock_io_full(p->fd, c, sizeof *c, fsdp__now_ms() + FSDP__JOIN_CONNECT_MS, 0) == 0 &&
+            c->magic == FSDP__JOIN_MAGIC)
+            return i;
+        close(p->fd);
+        p->fd = -1, p->dial_at = fsdp__now_ms() + FSDP__JOIN_CONNECT_MS;
+    }
+    return -1;
+}
+
+/* The rendezvous found (fd: the connection that brought challenge c): the hello h sent MACed over
+   it, the admit awaited until deadline (the survivors' next step). 0 with *a; else
+   FSDP_ERR_PEER_LOST, why in err. fd closed. */
+FSDP__PRIVATE int fsdp__rejoin_try(fsdp_ctx *ctx, const unsigned char key[32], int fd, const struct sockaddr_in *peer,
+                                   const fsdp__join_challenge *c, fsdp__join_hello *h, fsdp__join_admit *a,
+                                   int64_t deadline, char *err, size_t err_size) {
+    char who[INET_ADDRSTRLEN + 8];
+    int ok;
+    fsdp__sock_addr_string(who, sizeof who, peer);
+    memcpy(h->challenge, c->challenge, sizeof h->challenge);
+    fsdp__recovery_mac(key, h, offsetof(fsdp__join_hello, mac), h->mac);
+    ok = fsdp__sock_io_full(fd, h, sizeof *h, fsdp__now_ms() + ctx->desc.recovery.detect_ms, 1) == 0 &&
+         fsdp__rejoin_admit_ok(key, fd, h, a, deadline);
+    close(fd);
+    if (!ok)
+        fsdp__fmt(err, err_size, "the rendezvous at %s did not admit this rank (%s): another secret or job token, or "
+                  "a joiner of the same place came later", who, fsdp__now_ms() >= deadline ? "no answer within the op "
+                  "timeout" : "the connection closed, or its answer did not check");
+    return ok ? 0 : FSDP_ERR_PEER_LOST;
+}
+
+/* The joiner: connections held to every peer (recovery.peers, else FSDP_RECOVERY_PEERS:
+   "addr:port,...") until one challenges it, which is the rendezvous; its admit in *a, its address
+   in *peer. Bounded by the op timeout; where no peer listens at all, over once each was tried. */
+FSDP__PRIVATE int fsdp__rejoin_find(fsdp_ctx *ctx, const unsigned char key[32], fsdp__join_admit *a,
+                                    struct sockaddr_in *peer) {
+    const char *list = ctx->desc.recovery.peers ? ctx->desc.recovery.peers : getenv("FSDP_RECOVERY_PEERS");
+    int64_t deadline = fsdp__now_ms() + fsdp_comm_timeout(ctx->comm);
+    fsdp__join_peer *peers = NULL;
+    fsdp__join_challenge c;
+    fsdp__join_hello h;
+    char err[FSDP__ERRMSG] = "";
+    int rc = 1, n, i, k, held, untried, ever = 0;
+    if (!list || !*list)
+        return fsdp__init_fail_ctx(ctx, FSDP_ERR_INVALID_ARG, "fsdp_init: recovery.rejoin needs the survivors' "
+                                   "addresses: recovery.peers or FSDP_RECOVERY_PEERS (\"addr:port,...\")");
+    memset(&h, 0, sizeof h);
+    h.magic = FSDP__JOIN_MAGIC, h.position = ctx->rank, h.group = ctx->desc.shard_group_size;
+    if (fsdp__random_bytes(h.nonce, sizeof h.nonce) != 0)
+        return fsdp__init_fail_ctx(ctx, FSDP_ERR_SYSTEM, "fsdp_init: recovery.rejoin: no random bytes");
+    if ((n = fsdp__rejoin_peers(list, deadline, &peers, err, sizeof err)) < 0)
+        return fsdp__init_fail_ctx(ctx, n == -2 ? FSDP_ERR_OUT_OF_MEMORY : FSDP_ERR_INVALID_ARG, "fsdp_init: "
+                                   "recovery.rejoin: %s", err);
+    while (rc == 1 && fsdp__now_ms() < deadline) {
+        if ((k = fsdp__rejoin_challenged(peers, n, &c, &held, &untried)) >= 0) {
+            *peer = peers[k].at;
+            rc = fsdp__rejoin_try(ctx, key, peers[k].fd, peer, &c, &h, a, deadline, err, sizeof err);
+            peers[k].fd = -1;
+        } else if (!(ever |= held > 0) && !untried) {
+            break; /* (nobody listens at any peer: no job there) */
+        } else if (!untried) {
+            fsdp__sleep_us(20000);
+        }
+    }
+    for (i = 0; i < n; i++)
+        if (peers[i].fd >= 0) close(peers[i].fd);
+    FSDP_FREE(peers);
+    if (rc == 1)
+        fsdp__fmt(err, sizeof err, ever ? "no peer of %s answered as the rendezvous (the survivors' world rank 0) "
+                  "within the op timeout" : "no survivor listens at %s", list);
+    return rc ? fsdp__init_fail_ctx(ctx, rc == 1 ? FSDP_ERR_PEER_LOST : rc, "fsdp_init: recovery.rejoin: rank %d of "
+                                    "the host: %s", ctx->rank, err) : 0;
+}
+
+/* fsdp_init's last phase on a rejoining rank (desc.comm: its host's ranks alone, initialized as
+   one replica): admitted by the survivors, the new world made and adopted, the addresses
+   gathered, its counterpart's state received and checked. */
+FSDP__PRIVATE int fsdp__rejoin(fsdp_ctx *ctx) {
+    fsdp__join_admit *a = (fsdp__join_admit *)fsdp__calloc(sizeof *a);
+    unsigned char key[32];
+    struct sockaddr_in peer;
+    fsdp_comm *made[3];
+    fsdp__recovery *rec;
+    char host[INET_ADDRSTRLEN];
+    uint64_t bytes = 0;
+    int ui, rc, G = ctx->desc.shard_group_size;
+    double t0 = fsdp_now();
+    for (ui = 0; ui < ctx->num_units; ui++)
+        if (ctx->units[ui].residual || !a)
+            return FSDP_FREE(a), fsdp__init_fail_ctx(ctx, a ? FSDP_ERR_UNSUPPORTED : FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: "
+                                                     "recovery.rejoin: %s", a ? "error feedback residuals are not sent "
+                                                     "yet: turn error_feedback off" : "out of memory");
+    fsdp__comm_key(key, ctx->comm->key, sizeof ctx->comm->key, "fsdp.h rejoin key", ctx->comm->job, 0);
+    if ((rc = fsdp__rejoin_find(ctx, key, a, &peer)) != 0) return FSDP_FREE(a), rc;
+    if (!(ctx->recovery = rec = fsdp__recovery_new(ctx->comm, a->total * G, G)))
+        return FSDP_FREE(a), fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: out of memory");
+    rec->replica = a->replica, rec->first_rank = a->replica * G + ctx->rank, rec->rebuilds = a->rebuilds - 1;
+    inet_ntop(AF_INET, &peer.sin_addr, host, sizeof host);
+    rc = fsdp__rejoin_world(ctx, host, a->port, -1, a->replicas, a->count, made);
+    rec->times.join_begin = t0;
+    if (!rc && (rc = fsdp__recovery_adopt(ctx, made[0], made[1], made[2])) != 0)
+        fsdp_comm_destroy(made[2]), fsdp_comm_destroy(made[1]), fsdp_comm_destroy(made[0]);
+    rec->times.join_world = fsdp_now();
+    if (!rc && (rc = fsdp__recovery_keep(ctx, made)) == 0 &&
+        (rc = fsdp__rejoin_settle(ctx, a->replicas, a->count, a->epoch)) == 0)
+        rc = fsdp__rejoin_transfer(ctx, &bytes);
+    if (!rc) fsdp__rejoin_done(ctx, bytes, "received");
+    FSDP_FREE(a);
+    return rc ? fsdp__init_fail_ctx(ctx, rc, "fsdp_init: %s", ctx->error) : 0;
+}
+
+FSDP_API int fsdp_recovery_set_blob(fsdp_ctx *ctx, const void *data, size_t bytes) {
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if (!ctx->recovery) return fsdp__fail(ctx, FSDP_ERR_STATE, "fsdp_recovery_set_blob: recovery is off");
+    if ((!data && bytes) || bytes > FSDP_RECOVERY_BLOB_MAX)
+        return fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_recovery_set_blob: %zu bytes at %s: at most %d, and data "
+                          "given with them", bytes, data ? "data" : "NULL", FSDP_RECOVERY_BLOB_MAX);
+    if (bytes) memcpy(ctx->recovery->tail.blob, data, bytes);
+    ctx->recovery->tail.blob_bytes = (uint32_t)bytes;
+    return 0;
+}
+
+FSDP_API int fsdp_recovery_state(const fsdp_ctx *ctx, int64_t *step, void *blob, size_t capacity, size_t *blob_bytes) {
+    size_t n;
+    if (step) *step = 0;
+    if (blob_bytes) *blob_bytes = 0;
+    if (!ctx) return FSDP_ERR_INVALID_ARG;
+    if (!ctx->recovery) return FSDP_ERR_STATE;
+    n = ctx->recovery->tail.blob_bytes < capacity ? ctx->recovery->tail.blob_bytes : capacity;
+    if (step) *step = ctx->step;
+    if (blob_bytes) *blob_bytes = ctx->recovery->tail.blob_bytes;
+    if (blob && n) memcpy(blob, ctx->recovery->tail.blob, n);
+    return 0;
+}
+
+FSDP_API int fsdp_recovery_timeline_get(const fsdp_ctx *ctx, fsdp_recovery_timeline *out) {
+    if (out) memset(out, 0, sizeof *out);
+    if (!ctx || !out) return FSDP_ERR_INVALID_ARG;
+    if (!ctx->recovery) return FSDP_ERR_STATE;
+    *out = ctx->recovery->times;
+    return 0;
 }
 
 FSDP_API int fsdp_replicas(const fsdp_ctx *ctx, int *count, int *index) {
@@ -12677,6 +13970,8 @@ FSDP_API int fsdp_replicas(const fsdp_ctx *ctx, int *count, int *index) {
     if (index) *index = ctx->rank / replica_size;
     return FSDP_SUCCESS;
 }
+
+FSDP_API fsdp_comm *fsdp_world_comm(const fsdp_ctx *ctx) { return ctx ? ctx->comm : NULL; }
 
 FSDP_API int fsdp_synchronize(fsdp_ctx *ctx) {
     int rc;
@@ -13029,14 +14324,43 @@ FSDP__PRIVATE int fsdp__init_groups(fsdp_ctx *ctx, int hybrid_group) {
     return 0;
 }
 
+/* The lanes of quantized reductions on hosts of unequal sizes (fsdp__qrs_layout): lane j, for
+   each j below the most ranks a host holds, made by a split of the world in which the ranks
+   outside it are alone (those comms dropped at once); ctx->lanes[k] = lane l + k L where this
+   rank is local rank l of a host of L, ctx->cross_comm = lane l. Collective. */
+FSDP__PRIVATE int fsdp__init_lanes(fsdp_ctx *ctx) {
+    int H = fsdp_comm_num_hosts(ctx->comm), h = fsdp_comm_host_of(ctx->comm, ctx->rank), r, j, L, l, most = 0, rc = 0;
+    if (!(ctx->host_first = (int *)fsdp__calloc(sizeof(int) * (size_t)(H + 1)))) return FSDP_ERR_OUT_OF_MEMORY;
+    for (r = 0; r < ctx->world; r++) ctx->host_first[fsdp_comm_host_of(ctx->comm, r) + 1] = r + 1;
+    for (j = 0; j < H; j++)
+        if (ctx->host_first[j + 1] - ctx->host_first[j] > most) most = ctx->host_first[j + 1] - ctx->host_first[j];
+    L = ctx->host_first[h + 1] - ctx->host_first[h];
+    l = ctx->rank - ctx->host_first[h];
+    if (!(ctx->lanes = (fsdp_comm **)fsdp__calloc(sizeof(fsdp_comm *) * (size_t)((most - l + L - 1) / L))))
+        return FSDP_ERR_OUT_OF_MEMORY;
+    ctx->num_lanes = (most - l + L - 1) / L;
+    for (j = 0; j < most && rc == FSDP_SUCCESS; j++) {
+        fsdp_comm *lane = NULL;
+        rc = fsdp_comm_split(ctx->comm, j % L == l ? 0 : 1 + ctx->rank, ctx->rank, &lane);
+        if (rc == FSDP_SUCCESS && j % L == l) ctx->lanes[j / L] = lane;
+        else fsdp_comm_destroy(lane);
+    }
+    ctx->cross_comm = ctx->lanes[0];
+    return rc;
+}
+
 /* Quantized reductions' cross-host communicator (the ranks of this rank's local index, in host
-   order), once per context, if some unit reduces over an INT8/INT4 grad_wire; and the units whose
-   grad_wire means nothing, named. After fsdp__init_host. Collective. */
+   order; on hosts of unequal sizes its lanes, fsdp__init_lanes), once per context, if some unit
+   reduce-scatters over an INT8/INT4 grad_wire (HYBRID_SHARD's quantized all-reduce needs only its
+   replica comm); and the units whose grad_wire means nothing, named. After fsdp__init_host.
+   Collective. */
 FSDP__PRIVATE int fsdp__init_cross(fsdp_ctx *ctx) {
-    int ui, rc, any = 0;
+    int ui, rc, any = 0, two_level = 0, uneven = 0;
     for (ui = 0; ui < ctx->num_units; ui++) {
         const fsdp__plan_unit *pu = &ctx->plan.units[ui];
         any |= pu->grad_wire != FSDP_WIRE_DEFAULT;
+        two_level |= pu->grad_wire != FSDP_WIRE_DEFAULT && !pu->grad_replicas;
+        uneven |= pu->grad_wire != FSDP_WIRE_DEFAULT && !pu->grad_replicas && pu->grad_lanes > 1;
         if (pu->grad_ignored && ctx->rank == 0)
             fsdp__log(&ctx->logger, FSDP_LOG_INFO, "fsdp_init: unit '%s': grad_wire ignored (%s): reduced in "
                       "reduce_dtype", *ctx->model->modules[pu->module].name ? ctx->model->modules[pu->module].name
@@ -13046,8 +14370,9 @@ FSDP__PRIVATE int fsdp__init_cross(fsdp_ctx *ctx) {
     if (ctx->desc.error_feedback && !any && ctx->rank == 0)
         fsdp__log(&ctx->logger, FSDP_LOG_INFO, "fsdp_init: error_feedback ignored: no unit reduces its gradients "
                   "quantized (grad_wire int8 or int4 across hosts)");
-    if (!any) return 0;
-    rc = fsdp_comm_split(ctx->comm, ctx->rank % fsdp_comm_size(ctx->host_comm), ctx->rank, &ctx->cross_comm);
+    if (!two_level) return 0;
+    if (uneven) rc = fsdp__init_lanes(ctx);
+    else rc = fsdp_comm_split(ctx->comm, ctx->rank % fsdp_comm_size(ctx->host_comm), ctx->rank, &ctx->cross_comm);
     if (rc)
         return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: cannot form the cross-host communicator of grad_wire: %s",
                                    fsdp_comm_last_error(ctx->comm));
@@ -13056,13 +14381,13 @@ FSDP__PRIVATE int fsdp__init_cross(fsdp_ctx *ctx) {
 
 /* The host communicator, for FSDP_RESHARD_HOST and quantized reductions: this rank's host
    (HYBRID_SHARD's shard comm where that is exactly the host, else a split by host), once per
-   context, if some unit keeps its parameters on the host after forward or reduces over an
+   context, if some unit keeps its parameters on the host after forward or reduce-scatters over an
    INT8/INT4 grad_wire; and the units for which HOST means nothing, named. Collective. */
 FSDP__PRIVATE int fsdp__init_host(fsdp_ctx *ctx, int hybrid_group) {
     int ui, r, rc, any_host = 0, host_is_group = ctx->hybrid_shard_comm != NULL;
     for (ui = 0; ui < ctx->num_units; ui++) {
         const fsdp__plan_unit *pu = &ctx->plan.units[ui];
-        any_host |= pu->reshard == FSDP_RESHARD_HOST || pu->grad_wire != FSDP_WIRE_DEFAULT;
+        any_host |= pu->reshard == FSDP_RESHARD_HOST || (pu->grad_wire != FSDP_WIRE_DEFAULT && !pu->grad_replicas);
         if (pu->host_ignored && ctx->rank == 0)
             fsdp__log(&ctx->logger, FSDP_LOG_INFO, "fsdp_init: unit '%s': reshard_after_forward HOST ignored (%s): "
                       "resharded as ALL", *ctx->model->modules[pu->module].name ? ctx->model->modules[pu->module].name
@@ -13415,6 +14740,9 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     fsdp_comm_free(ctx->hybrid_shard_comm, ctx->master_mem[1]);
     if (ctx->host_comm != ctx->hybrid_shard_comm) fsdp_comm_destroy(ctx->host_comm);
     fsdp_comm_destroy(ctx->cross_comm);
+    for (ui = 1; ui < ctx->num_lanes; ui++) fsdp_comm_destroy(ctx->lanes[ui]);
+    FSDP_FREE(ctx->lanes);
+    FSDP_FREE(ctx->host_first);
     fsdp_comm_destroy(ctx->hybrid_shard_comm);
     fsdp_comm_destroy(ctx->hybrid_replica_comm);
     fsdp__recovery_close(ctx); /* (the world it made, after the comms split from it) */
@@ -13672,10 +15000,15 @@ static void fsdp__estimate_unit_extra(const fsdp__plan_unit *pu, const fsdp_desc
     *gathered = (size_t)pu->padded * esize;
     *wire = pu->wire_block ? (fsdp_wire_bytes(pu->param_wire, (size_t)pu->shard, pu->wire_block) + 3) / 4 * 4 *
                                  (size_t)pu->group_size : 0;
-    if (pu->grad_wire) { /* fsdp_reduce_scatter_wire's: H partials, the codes out and in */
-        size_t H = (size_t)pu->grad_hosts, slot = fsdp__align(fsdp_wire_bytes(pu->grad_wire, (size_t)pu->shard,
-                                                                               fsdp__wire_block(d->wire_block)), 4);
-        if (H * ((size_t)pu->shard * sizeof(float) + 2 * slot) > *wire) *wire = H * ((size_t)pu->shard * 4 + 2 * slot);
+    if (pu->grad_wire) { /* fsdp__qrs_alloc's: partials, the codes out and in (HYBRID: fsdp__qar_run's) */
+        size_t H = (size_t)pu->grad_hosts, K = (size_t)pu->grad_lanes, slot = fsdp__align(fsdp_wire_bytes(pu->grad_wire,
+                                                                     (size_t)pu->shard, fsdp__wire_block(d->wire_block)), 4);
+        size_t scratch = pu->grad_replicas ? fsdp__qar_scratch_bytes(pu->grad_replicas, (size_t)pu->shard, pu->grad_wire,
+                                                                     fsdp__wire_block(d->wire_block))
+                                           : H * (K * (size_t)pu->shard * sizeof(float) + (K + (K > 1 ? 2 : 1)) * slot);
+        if (!pu->grad_replicas && K > 1) /* (uneven hosts: a short round's copy, Lmax <= world - H + 1 shards) */
+            scratch += ((size_t)world - H + 1) * (size_t)pu->shard * sizeof(float);
+        if (scratch > *wire) *wire = scratch;
     }
     for (h = 0; h < hosts; h++) {
         int64_t L = 0, slice;
@@ -14258,6 +15591,18 @@ FSDP__PRIVATE void fsdp__trace_ckpt(fsdp_ctx *ctx, const char *phase, const char
     fsdp__trace_add(ctx->trace, &e);
 }
 
+/* A phase of a recovery or a rejoin (>>recovery), from t0 to t1 (nothing where either is 0);
+   bytes and step -1 where they mean nothing. */
+FSDP__PRIVATE void fsdp__trace_recovery(fsdp_ctx *ctx, const char *phase, double t0, double t1, int64_t bytes,
+                                        int64_t step) {
+    fsdp__trace_event e;
+    if (!ctx || !ctx->trace || t0 == 0 || t1 == 0) return;
+    e = fsdp__trace_ev("recovery", phase, fsdp__trace_thread, t0, t1);
+    e.bytes = bytes;
+    e.step = step;
+    fsdp__trace_add(ctx->trace, &e);
+}
+
 /* The optimizer's update of step `step` (the step count it produces), from t0 to now. */
 FSDP__PRIVATE void fsdp__trace_update(fsdp_ctx *ctx, int64_t step, double t0) {
     fsdp__trace_event e;
@@ -14509,7 +15854,9 @@ FSDP__PRIVATE int fsdp__trace_open(fsdp_ctx *ctx) {
     if ((tr = (fsdp__trace *)fsdp__calloc(sizeof *tr)) != NULL) {
         pthread_mutex_init(&tr->lock, NULL);
         ctx->trace = tr; /* (closed by fsdp_destroy on failure) */
-        fsdp__fmt(tr->path, sizeof tr->path, "%s/trace-rank%05d.json", dir, ctx->rank);
+        if (!ctx->desc.recovery.rejoin) fsdp__fmt(tr->path, sizeof tr->path, "%s/trace-rank%05d.json", dir, ctx->rank);
+        else /* (its rank is that of its host's world: the job's rank of that number has the other name) */
+            fsdp__fmt(tr->path, sizeof tr->path, "%s/trace-rejoin-pid%d-rank%05d.json", dir, (int)getpid(), ctx->rank);
     }
     if (!tr) local = fsdp__no_memory(ctx, sizeof *tr, "fsdp_init: the trace's state"); /* (told the others below) */
     else if (strlen(dir) > 1000) local = fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "the trace directory's name is too long");
@@ -16076,14 +17423,14 @@ typedef struct fsdp__sharded_save {
 /* Calls fn for each tensor of this rank's shard file, in the file's order: the slice of every
    parameter it holds a copy of (j = 0; replicas hold none), then that slice's optimizer state
    j = 1..nopt (none for frozen parameters); after a unit's parameters its error feedback residual
-   (p = -1), where it keeps one. Stops at the first nonzero result, its return. */
+   (p = -1), where it keeps one (a replica too: each rank's residual is its own). Stops at the
+   first nonzero result, its return. */
 typedef int (*fsdp__piece_fn)(fsdp_ctx *ctx, const fsdp__unit *u, int p, int j, void *user);
 FSDP__PRIVATE int fsdp__each_piece(fsdp_ctx *ctx, int nopt, fsdp__piece_fn fn, void *user) {
     int ui, k, j, rc;
     for (ui = 0; ui < ctx->num_units; ui++) {
         const fsdp__unit *u = &ctx->units[ui];
-        if (!fsdp__writes_shard(ctx, u)) continue;
-        for (k = 0; k < u->num_params; k++) {
+        for (k = 0; fsdp__writes_shard(ctx, u) && k < u->num_params; k++) {
             int p = ctx->unit_params[u->first_param + k];
             if (ctx->params[p].shard_end == ctx->params[p].shard_begin) continue;
             for (j = 0; j <= (ctx->model->params[p].frozen ? 0 : nopt); j++)
@@ -16221,7 +17568,7 @@ FSDP__PRIVATE int fsdp__index_files(const fsdp_ctx *ctx, int *file) {
 }
 
 /* index.json's entries of the error feedback residuals (after the parameters' and their state's):
-   per unit that keeps one, "__grad_residual__.<unit>" of world x (hosts x shard) floats, rank r's
+   per unit that keeps one, "__grad_residual__.<unit>" of world x R floats (R its residual_numel), rank r's
    in its own file at [r R, r R + R). Every rank's residual depends on the layout, so a load takes
    it only at the same world size and shard (fsdp__load_residuals). */
 FSDP__PRIVATE void fsdp__index_residuals(fsdp_ctx *ctx, const int *file_of, fsdp__sbuf *b) {

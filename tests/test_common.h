@@ -20,6 +20,7 @@
 #include <ftw.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <arpa/inet.h>
 #include <signal.h>
 #include <stdint.h>
@@ -279,6 +280,28 @@ static TEST_UNUSED void release_one_rank(fsdp_ctx **ctx, fsdp_model **model, fsd
     *model = NULL;
     fsdp_comm_destroy(*comm);
     *comm = NULL;
+}
+
+/* Reads what arrives on fd within limit_ms, up to cap bytes or until the peer closes (then
+   *closed is set, where closed is not NULL); returns the byte count. */
+static TEST_UNUSED size_t read_some(int fd, void *buf, size_t cap, int limit_ms, int *closed) {
+    size_t got = 0;
+    double start = now_ms();
+    if (closed) *closed = 0;
+    while (got < cap && now_ms() - start < limit_ms) {
+        struct pollfd p;
+        ssize_t n;
+        p.fd = fd;
+        p.events = POLLIN;
+        p.revents = 0;
+        if (poll(&p, 1, 50) <= 0) continue;
+        if ((n = recv(fd, (char *)buf + got, cap - got, 0)) <= 0) {
+            if (closed) *closed = 1;
+            break;
+        }
+        got += (size_t)n;
+    }
+    return got;
 }
 
 /* A free TCP port on the loopback interface: bind port 0 and read what the kernel chose. */
@@ -827,6 +850,30 @@ static TEST_UNUSED int run_on_hosts(int world, const int *host_of, const char *p
     }
     for (r = 0; r < world; r++) no_name |= reap(pids[r], 90000) == TEST_NO_HOST_NAME;
     return no_name;
+}
+
+/* Whether fsdp_param_info_get's shard of parameter w holds this rank's slice of full (as
+   fsdp_gather_param gave it) and fsdp_set_param_shard writes where fsdp_gather_param then finds
+   it (the slice put back after). Collective over the shard group: every rank of it calls it. */
+static TEST_UNUSED int shard_pointers_right(fsdp_ctx *ctx, int w, const float *full, int numel) {
+    fsdp_param_info info;
+    float *after = (float *)malloc(sizeof(float) * (size_t)numel), *slice = NULL;
+    int64_t i, n = 0;
+    int ok, set_rc = -1, gather_rc;
+    ok = after && fsdp_param_info_get(ctx, w, &info) == 0 && info.shard;
+    if (ok) n = info.shard_end - info.shard_begin;
+    if (ok && (slice = (float *)malloc(sizeof(float) * (size_t)(n + 1))) != NULL) {
+        ok = memcmp(info.shard, full + info.shard_begin, sizeof(float) * (size_t)n) == 0;
+        for (i = 0; i < n; i++) slice[i] = full[info.shard_begin + i] + 1.0f;
+        set_rc = fsdp_set_param_shard(ctx, w, slice);
+    }
+    gather_rc = after ? fsdp_gather_param(ctx, w, after) : -1; /* (every rank: it is collective) */
+    ok = ok && slice && set_rc == 0 && gather_rc == 0 &&
+         memcmp(after + info.shard_begin, slice, sizeof(float) * (size_t)n) == 0;
+    if (slice && set_rc == 0) fsdp_set_param_shard(ctx, w, full + info.shard_begin);
+    free(slice);
+    free(after);
+    return ok;
 }
 
 #endif /* TEST_COMMON_H */

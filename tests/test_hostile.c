@@ -79,24 +79,6 @@ static int connect_retry(int port, int limit_ms) {
     }
 }
 
-/* Reads what arrives within limit_ms or until the peer closes; returns the byte count. */
-static size_t read_some(int fd, unsigned char *buf, size_t cap, int limit_ms) {
-    size_t got = 0;
-    double start = now_ms();
-    while (got < cap && now_ms() - start < limit_ms) {
-        struct pollfd p;
-        ssize_t n;
-        p.fd = fd;
-        p.events = POLLIN;
-        p.revents = 0;
-        if (poll(&p, 1, 50) <= 0) continue;
-        n = recv(fd, buf + got, cap - got, 0);
-        if (n <= 0) break;
-        got += (size_t)n;
-    }
-    return got;
-}
-
 static int open_fd_count(void) {
     DIR *d = opendir("/proc/self/fd");
     struct dirent *e;
@@ -210,7 +192,7 @@ static void impostor_attempt(int port, const unsigned char key[32], unsigned cha
     int fd = connect_retry(port, 3000);
     size_t got;
     TEST_ASSERT_TRUE_MESSAGE(fd >= 0, "could not reach rank 0");
-    got = read_some(fd, (unsigned char *)&ch, sizeof ch, 2000);
+    got = read_some(fd, &ch, sizeof ch, 2000, NULL);
     TEST_ASSERT_EQUAL_size_t(sizeof ch, got);
     TEST_ASSERT_EQUAL_HEX32(FSDP__SOCK_MAGIC, ch.magic);
     memcpy(seen, &ch, sizeof ch);
@@ -222,7 +204,7 @@ static void impostor_attempt(int port, const unsigned char key[32], unsigned cha
     fsdp__random_bytes(h.nonce, sizeof h.nonce);
     fsdp__sock_mac(h.mac, key, "fsdp.h hello", ch.nonce, 32, &h, offsetof(fsdp__sock_hello, mac), NULL, 0);
     TEST_ASSERT_EQUAL_INT((int)sizeof h, (int)send(fd, &h, sizeof h, MSG_NOSIGNAL));
-    got = read_some(fd, seen + sizeof ch, 4096, 2000); /* until rank 0 closes */
+    got = read_some(fd, seen + sizeof ch, 4096, 2000, NULL); /* until rank 0 closes */
     *seen_len = sizeof ch + got;
     TEST_ASSERT_EQUAL_size_t(sizeof *reply, got);
     memcpy(reply, seen + sizeof ch, sizeof *reply);
@@ -300,7 +282,7 @@ static void test_hello_whose_mac_is_wrong_only_in_its_last_byte_is_refused(void)
     memset(&reply, 0, sizeof reply);
     p0 = spawn(run_socket_rank, &r0, 20);
     if ((fd = connect_retry(r0.port, 3000)) >= 0) {
-        got_challenge = read_some(fd, (unsigned char *)&ch, sizeof ch, 2000);
+        got_challenge = read_some(fd, &ch, sizeof ch, 2000, NULL);
         memset(&h, 0, sizeof h); /* as fsdp__sock_greet fills it for rank 1 of 2 */
         h.magic = FSDP__SOCK_MAGIC;
         h.version = FSDP__SOCK_VERSION;
@@ -312,7 +294,7 @@ static void test_hello_whose_mac_is_wrong_only_in_its_last_byte_is_refused(void)
         fsdp__sock_mac(h.mac, key, "fsdp.h hello", ch.nonce, 32, &h, offsetof(fsdp__sock_hello, mac), NULL, 0);
         h.mac[31] ^= 1;
         if (got_challenge == sizeof ch && send(fd, &h, sizeof h, MSG_NOSIGNAL) == (ssize_t)sizeof h)
-            got_reply = read_some(fd, (unsigned char *)&reply, sizeof reply, 3000);
+            got_reply = read_some(fd, &reply, sizeof reply, 3000, NULL);
         close(fd);
     }
     p1 = spawn(run_socket_rank, &r1, 20); /* the real rank 1, whatever happened to the forgery */
@@ -685,7 +667,7 @@ static struct {
     const char *plant;
 } store;
 
-static int store_read(int fd, void *buf, size_t n) { return read_some(fd, (unsigned char *)buf, n, 15000) == n ? 0 : -1; }
+static int store_read(int fd, void *buf, size_t n) { return read_some(fd, buf, n, 15000, NULL) == n ? 0 : -1; }
 
 static int store_string(int fd, char *out, size_t cap) {
     unsigned char len8[8];
@@ -848,11 +830,11 @@ static int run_other_user_as_rank_1(void *arg) {
     int fd;
     if (setgid(65534) != 0 || setuid(65534) != 0) return 3;
     if ((fd = connect_retry(plan->port, 3000)) < 0) return 4;
-    if (read_some(fd, (unsigned char *)&ch, sizeof ch, 3000) != sizeof ch) return 5;
+    if (read_some(fd, &ch, sizeof ch, 3000, NULL) != sizeof ch) return 5;
     valid_hello_as_rank_1(&h, &ch, plan->job, plan->port);
     if (send(fd, &h, sizeof h, MSG_NOSIGNAL) != (ssize_t)sizeof h) return 6;
     memset(&reply, 0, sizeof reply);
-    read_some(fd, (unsigned char *)&reply, sizeof reply, 3000);
+    read_some(fd, &reply, sizeof reply, 3000, NULL);
     r->rc = (int)reply.status;
     fsdp__printable_n(r->message, sizeof r->message, reply.reason, sizeof reply.reason);
     r->done = 1;
@@ -913,7 +895,7 @@ static int run_rank_1_that_resets_after_its_hello(void *arg) {
     int fd;
     if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) return 3;
     if ((fd = connect_retry(plan->port, 3000)) < 0) return 4;
-    if (read_some(fd, (unsigned char *)&ch, sizeof ch, 3000) != sizeof ch) return 5;
+    if (read_some(fd, &ch, sizeof ch, 3000, NULL) != sizeof ch) return 5;
     valid_hello_as_rank_1(&h, &ch, plan->job, plan->port);
     shared[2].done = 1;
     for (until = now_ms() + 5000; !shared[3].done && now_ms() < until;) sleep_ms(1);
@@ -1016,7 +998,7 @@ static void welcome_rank1_with(uint32_t host_of_1, int break_mac, rank_plan *r1)
     challenge.version = FSDP__SOCK_VERSION;
     memset(challenge.nonce, 7, sizeof challenge.nonce);
     TEST_ASSERT_EQUAL_INT((int)sizeof challenge, (int)send(fd, &challenge, sizeof challenge, MSG_NOSIGNAL));
-    TEST_ASSERT_EQUAL_size_t(sizeof hello, read_some(fd, (unsigned char *)&hello, sizeof hello, 5000));
+    TEST_ASSERT_EQUAL_size_t(sizeof hello, read_some(fd, &hello, sizeof hello, 5000, NULL));
     memset(session, 9, sizeof session);
     fsdp__sock_make_reply(&reply, key, &hello, &challenge, 0, "welcome", session, 1);
     table[0] = table[1] = htonl(INADDR_LOOPBACK); /* ips */
@@ -1079,8 +1061,8 @@ static void test_peer_trickling_bytes_fails_the_op_within_its_total_deadline(voi
     TEST_ASSERT_EQUAL_INT_MESSAGE(0, fsdp__sock_greet(NULL, fd, key, &hello, fsdp__now_ms() + 5000, &reply, mine, "rank 0", err,
                                                       sizeof err), err);
     TEST_ASSERT_EQUAL_size_t(sizeof table + sizeof table_mac,
-                             read_some(fd, (unsigned char *)table, sizeof table, 2000) +
-                                 read_some(fd, table_mac, sizeof table_mac, 2000));
+                             read_some(fd, table, sizeof table, 2000, NULL) +
+                                 read_some(fd, table_mac, sizeof table_mac, 2000, NULL));
     memset(&c, 0, sizeof c);
     c.kind = FSDP_COLL_ALL_GATHER;
     c.dtype = FSDP_F32;
@@ -1153,8 +1135,9 @@ static void test_peer_answering_each_phase_in_time_fails_the_op_at_its_total_dea
         hello.rank = 1;
         hello.world = 2;
         greeted = fsdp__sock_greet(NULL, fd, key, &hello, fsdp__now_ms() + 5000, &reply, mine, "rank 0", err, sizeof err);
-        if (greeted == 0 && read_some(fd, (unsigned char *)table, sizeof table, 2000) +
-                                    read_some(fd, table_mac, sizeof table_mac, 2000) != sizeof table + sizeof table_mac)
+        if (greeted == 0 && read_some(fd, table, sizeof table, 2000, NULL) +
+                                    read_some(fd, table_mac, sizeof table_mac, 2000, NULL) !=
+                                sizeof table + sizeof table_mac)
             greeted = -1;
     }
     if (greeted == 0) { /* rank 0 starts its op now */
@@ -1168,9 +1151,10 @@ static void test_peer_answering_each_phase_in_time_fails_the_op_at_its_total_dea
         sleep_ms(1400);
         sent = send_phase(fd, &c, 0, half); /* rank 0's half to fold (its own half sits in our buffer) */
         while (now_ms() - start < 2800)
-            if (read_some(fd, sink, sizeof sink, 50) == 0) sleep_ms(10);
+            if (read_some(fd, sink, sizeof sink, 50, NULL) == 0) sleep_ms(10);
         (void)send_phase(fd, &c, 1, half); /* our folded half, too late (rank 0 may have hung up) */
-        while (now_ms() - start < 6000 && read_some(fd, sink, sizeof sink, 100) > 0) {} /* until rank 0 hangs up */
+        while (now_ms() - start < 6000 && read_some(fd, sink, sizeof sink, 100, NULL) > 0) /* until rank 0 hangs up */
+            continue;
     }
     if (fd >= 0) close(fd);
     TEST_ASSERT_EQUAL_INT(0, reap(p0, 15000));

@@ -528,12 +528,12 @@ typedef struct loss_board {
     /* with a rebuild: the survivors' new replica comm */
     volatile int rebuild_port[2], rebuild_rc[MAX_RANKS], rebuilt_right[MAX_RANKS];
     volatile double rebuilt_ms[MAX_RANKS], next_op_ms[MAX_RANKS];
-    /* the comms' report of the lost peer (1 + its rank in the replica comm), and with watch_ms
+    /* the comms' report of the lost peer (1 + its rank in the replica comm: silent, or reset), and with watch_ms
        (fsdp__comm_watch on world and replica) what the kernel was told per link: [0] the replica
        comm's link to the other host, [1] the world's to the other host, [2] the world's to this
        host's other rank (-1: no connection); keepalive on, and the user timeout */
     int watch_ms;
-    volatile int lost_peer[MAX_RANKS], keepalive[MAX_RANKS][3], user_timeout[MAX_RANKS][3];
+    volatile int lost_peer[MAX_RANKS], reset_peer[MAX_RANKS], keepalive[MAX_RANKS][3], user_timeout[MAX_RANKS][3];
     char message[MAX_RANKS][400];
 } loss_board;
 
@@ -629,6 +629,7 @@ static int loss_rank(void *arg) {
     loss->fail_ms[me] = now_ms();
     loss->op_rc[me] = rc;
     loss->lost_peer[me] = fsdp__load(&replica->lost_peer);
+    loss->reset_peer[me] = fsdp__load(&replica->reset_peer);
     copy_text(loss->message[me], sizeof loss->message[me], fsdp_comm_last_error(replica));
     loss->shard_rc[me] = fsdp_all_reduce(shard, buf, buf, LOSS_COUNT, FSDP_F32, FSDP_SUM);
     if (plan->train) loss_rebuild(world, me, plan->hosts, plan->job, buf, listen_fd);
@@ -693,7 +694,8 @@ static void test_replica_lost_by_reset_shows_at_once_as_peer_lost_and_the_shard_
         printf("%s\n", what);
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_PEER_LOST, loss->op_rc[r], what);
         assert_says(loss->message[r], "rank 1 ("); /* the peer: rank 1 of the replica comm */
-        TEST_ASSERT_EQUAL_INT_MESSAGE(2, loss->lost_peer[r], what); /* (1 + rank 1: reported for recovery's reach) */
+        TEST_ASSERT_EQUAL_INT_MESSAGE(2, loss->reset_peer[r], what); /* (1 + rank 1: recovery asks its listener) */
+        TEST_ASSERT_EQUAL_INT_MESSAGE(0, loss->lost_peer[r], what); /* (a reset is no proof it cannot be reached) */
         TEST_ASSERT_TRUE_MESSAGE(loss->fail_ms[r] - loss->kill_ms < LOSS_OP_TIMEOUT_MS / 2, what);
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, loss->shard_rc[r], what);
     }
@@ -721,9 +723,9 @@ static void test_watched_links_to_other_hosts_carry_keepalive_and_the_user_timeo
     run_loss(2, SIGKILL, 0, LOSS_WATCH_MS);
     for (r = 0; r < 2; r++) {
         TEST_ASSERT_EQUAL_INT_MESSAGE(1, loss->keepalive[r][0], "the replica comm's link to the other host");
-        TEST_ASSERT_EQUAL_INT(LOSS_WATCH_MS, loss->user_timeout[r][0]);
+        TEST_ASSERT_EQUAL_INT((int)fsdp__watch_ms(LOSS_WATCH_MS), loss->user_timeout[r][0]);
         TEST_ASSERT_EQUAL_INT_MESSAGE(1, loss->keepalive[r][1], "the world's link to the other host");
-        TEST_ASSERT_EQUAL_INT(LOSS_WATCH_MS, loss->user_timeout[r][1]);
+        TEST_ASSERT_EQUAL_INT((int)fsdp__watch_ms(LOSS_WATCH_MS), loss->user_timeout[r][1]);
         TEST_ASSERT_TRUE_MESSAGE(loss->keepalive[r][2] <= 0, "the world's link inside this host");
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_PEER_LOST, loss->op_rc[r], loss->message[r]);
     }
@@ -1117,6 +1119,7 @@ static void test_survivors_of_the_rendezvous_host_killed_train_on_bitwise_equal_
 #define API_LOSS_STEP 3
 #define API_DETECT_MS 3000
 #define API_STOP_TIMEOUT_MS 4000 /* the op timeout where a host stops */
+#define API_LATE_US 300000       /* a survivor that enters the agreement late: this long after the others */
 
 typedef struct api_board {
     char job[40];
@@ -1126,12 +1129,46 @@ typedef struct api_board {
     float init[SURVIVE_NUMEL];
     float final[API_MAX_WORLD][SURVIVE_NUMEL];
     int rc[API_MAX_WORLD], steps[API_MAX_WORLD], finished[API_MAX_WORLD];
+    float world_sum[API_MAX_WORLD];        /* 1 summed over fsdp_world_comm at the end: its ranks */
+    int shard_right[API_MAX_WORLD];        /* shard_pointers_right at the end */
+    int big;                               /* the weight is API_BIG_OUT x API_BIG_IN (the bits not checked) */
+    int kill_after_us[API_MAX_WORLD];      /* > 0: a lost rank dies that long after its loss step's backward began */
+    int stranger[API_MAX_WORLD];           /* a survivor that, before the loss, connects to rank 0's recovery
+                                              listener and sends nothing (as a stranger, or a joiner come early) */
+    int aborted_first[API_MAX_WORLD];      /* a survivor whose replica comm fails (as by another survivor's abort)
+                                              before the loss reaches it, and that recovers API_LATE_US late */
+    int last_replicas[API_MAX_WORLD];      /* the last step report's replica count */
     int dropped_at[API_MAX_WORLD], epoch[API_MAX_WORLD], replicas[API_MAX_WORLD], index[API_MAX_WORLD];
     double killed_ms, next_step_ms[API_MAX_WORLD];
     char message[API_MAX_WORLD][400];
 } api_board;
 
 static api_board *api;
+
+#define API_BIG_IN 2048
+#define API_BIG_OUT 2048 /* 16 MiB of f32: a rank's replica all_reduce of 8 MiB takes tens of ms on loopback */
+#define API_RACE_RUNS 8  /* kill times 7 ms apart: without the fix about half the runs stopped (9 of 20) */
+
+/* The model of rank me: survive_model's, or (api->big) a Linear(API_BIG_IN -> API_BIG_OUT). */
+static fsdp_model *api_model(int *weight) {
+    fsdp_init_rule rule;
+    fsdp_model *m = NULL;
+    int64_t shape[2] = {API_BIG_OUT, API_BIG_IN};
+    if (!api->big) return survive_model(weight);
+    memset(&rule, 0, sizeof rule);
+    rule.kind = FSDP_INIT_NORMAL;
+    rule.b = 0.5f;
+    fsdp_model_create(&m, "Net");
+    *weight = fsdp_model_param(m, fsdp_model_module(m, 0, "fc", "Linear"), "weight", 2, shape, rule);
+    return m;
+}
+
+/* A lost rank's death while its step's transfers are in flight. */
+static void *api_killer(void *arg) {
+    usleep((useconds_t)(uintptr_t)arg);
+    kill(getpid(), SIGKILL);
+    return NULL;
+}
 
 static int api_lost(int rank) { return (api->lost_mask >> (rank / 2)) & 1; }
 
@@ -1148,10 +1185,22 @@ static int api_hooks(fsdp_ctx *ctx, int w, int64_t t, int me) {
     if (!(g = fsdp_grad(ctx, w))) return FSDP_ERR_STATE;
     for (i = 0; i < SURVIVE_NUMEL; i++) g[i] += survive_grad((int)t, me, i);
     if (api_lost(me) && t == api->loss_step[me / 2]) {
+        pthread_t killer;
         api->killed_ms = now_ms();
-        raise(api->stop ? SIGSTOP : SIGKILL);
+        if (api->kill_after_us[me] <= 0 ||
+            pthread_create(&killer, NULL, api_killer, (void *)(uintptr_t)api->kill_after_us[me]) != 0)
+            raise(api->stop ? SIGSTOP : SIGKILL);
     }
-    return fsdp_post_backward(ctx, 0);
+    if (api->stranger[me] && t == API_LOSS_STEP) { /* (held open to the end: the process's exit closes it) */
+        api->stranger[me] = 0;
+        if (fsdp__sock_connect(&ctx->recovery->addr[0], fsdp__now_ms() + 5000) < 0) return FSDP_ERR_SYSTEM;
+    }
+    if (!api->aborted_first[me] || t != API_LOSS_STEP) return fsdp_post_backward(ctx, 0);
+    api->aborted_first[me] = 0; /* (once: the step is taken again after the loss) */
+    fsdp_comm_fail(ctx->hybrid_replica_comm, FSDP_ERR_ABORTED, "rank %d: another survivor's abort", me);
+    rc = fsdp_post_backward(ctx, 0);
+    usleep(API_LATE_US);
+    return rc;
 }
 
 /* The training loop of rank me: API_STEPS steps; fsdp_step after the hooks whatever they
@@ -1166,6 +1215,7 @@ static int api_train(fsdp_ctx *ctx, int w, int me) {
         if ((rc = fsdp_step(ctx, 0, &rep)) != 0) return rc;
         if (rep.dropped) api->dropped_at[me] = (int)step, api->epoch[me] = (int)rep.epoch, api->replicas[me] = rep.replicas;
         if (rep.dropped) fsdp_replicas(ctx, NULL, &api->index[me]);
+        api->last_replicas[me] = rep.replicas;
         if (after_drop && !rep.dropped) api->next_step_ms[me] = now_ms(); /* (the first step after the last loss) */
         after_drop = rep.dropped;
         if ((rc = fsdp_zero_grad(ctx)) != 0) return rc;
@@ -1185,14 +1235,20 @@ static int api_rank(void *arg) {
         copy_text(api->message[me], sizeof api->message[me], fsdp_comm_last_error(NULL));
         return 1;
     }
-    m = survive_model(&w);
+    m = api_model(&w);
     d = survive_desc(comm);
     d.recovery.enabled = api->recovery;
     d.recovery.detect_ms = API_DETECT_MS;
-    if ((rc = fsdp_init(&ctx, m, &d)) == 0) rc = fsdp_gather_param(ctx, w, api->final[me]);
+    if ((rc = fsdp_init(&ctx, m, &d)) == 0 && !api->big) rc = fsdp_gather_param(ctx, w, api->final[me]);
     if (!rc && me == 0) memcpy(api->init, api->final[0], sizeof api->init);
     if (!rc) rc = api_train(ctx, w, me);
-    if (!rc && (rc = fsdp_gather_param(ctx, w, api->final[me])) == 0) api->finished[me] = 1;
+    if (!rc && api->big) api->finished[me] = 1;
+    else if (!rc && (rc = fsdp_gather_param(ctx, w, api->final[me])) == 0) api->finished[me] = 1;
+    if (!rc && !api->big) api->shard_right[me] = shard_pointers_right(ctx, w, api->final[me], SURVIVE_NUMEL);
+    if (!rc) { /* the loop's own collectives go over the world the context trains in (0 if that fails) */
+        float one = 1;
+        if (fsdp_all_reduce(fsdp_world_comm(ctx), &one, &api->world_sum[me], 1, FSDP_F32, FSDP_SUM)) api->world_sum[me] = 0;
+    }
     api->steps[me] = ctx ? (int)ctx->step : -1;
     api->rc[me] = rc;
     if (rc) copy_text(api->message[me], sizeof api->message[me], fsdp_last_error(ctx));
@@ -1293,9 +1349,55 @@ static void test_recovery_on_one_host_of_four_killed_survivors_train_on_bitwise_
     assert_survivors_match_the_reference(3, API_LOSS_STEP, 1);
 }
 
+/* fsdp_world_comm after a recovery: the survivors' world, where the loop's own collectives (a
+   loss's mean) go; desc.comm stays failed. */
+static void test_recovery_on_one_host_of_four_killed_world_comm_spans_the_survivors(void) {
+    int r;
+    run_api(4, 1 << 2, 1);
+    for (r = 0; r < 2 * api->hosts; r++)
+        if (!api_lost(r)) TEST_ASSERT_EQUAL_FLOAT_MESSAGE(6.0f, api->world_sum[r], api->message[r]);
+}
+
+/* The master shards move into the new shard comm's memory: fsdp_param_info_get's pointers follow. */
+static void test_recovery_on_one_host_of_four_killed_param_info_shards_read_and_set_the_parameter(void) {
+    int r;
+    run_api(4, 1 << 2, 1);
+    for (r = 0; r < 2 * api->hosts; r++)
+        if (!api_lost(r)) TEST_ASSERT_TRUE_MESSAGE(api->shard_right[r], api->message[r]);
+}
+
 static void test_recovery_on_the_rendezvous_host_killed_survivors_train_on_bitwise_equal_to_the_reference(void) {
     run_api(3, 1 << 0, 1);
     assert_survivors_match_the_reference(2, API_LOSS_STEP, 1);
+}
+
+/* The rendezvous host killed while a survivor of the next one learns of the loss only from
+   another survivor's abort: it still believes host 0 alive and asks it first. A dead process's
+   listener refuses at once, so it asks host 1 next without waiting, and is among the views that
+   host 1 collects (it waited detect_ms on the refusals and came too late: host 1's replica, one
+   view short, was dropped, and the survivors stopped as a minority). */
+static void test_recovery_on_the_rendezvous_host_killed_a_survivor_that_believes_it_alive_asks_the_next_at_once(void) {
+    int r;
+    api_plan(3, 1 << 0, 1);
+    api->aborted_first[3] = 1;
+    api_fork();
+    assert_survivors_match_the_reference(2, API_LOSS_STEP, 1);
+    for (r = 2; r < 6; r++) {
+        char what[100];
+        double after_ms = api->next_step_ms[r] - api->killed_ms;
+        snprintf(what, sizeof what, "rank %d: the next step %.1f ms after the kill", r, after_ms);
+        TEST_ASSERT_TRUE_MESSAGE(after_ms < API_DETECT_MS, what);
+    }
+}
+
+/* A connection to the rendezvous's listener that sends nothing, waiting there when the loss
+   comes: the rendezvous reads every connection as its bytes come (it waited on that one alone
+   until its collection ended, heard no other survivor, and every survivor stopped as a minority). */
+static void test_recovery_with_a_stranger_at_the_rendezvous_survivors_match_the_reference(void) {
+    api_plan(4, 1 << 2, 1);
+    api->stranger[1] = 1;
+    api_fork();
+    assert_survivors_match_the_reference(3, API_LOSS_STEP, 1);
 }
 
 /* A host whose ranks stop (SIGSTOP) is alive to the kernel: the survivors' ops find it at the op
@@ -1321,6 +1423,30 @@ static void test_recovery_on_two_hosts_of_four_lost_at_different_steps_survivors
     api->loss_step[2] = API_LOSS_STEP + 2;
     api_fork();
     assert_survivors_match_the_reference(2, API_LOSS_STEP + 2, 2);
+}
+
+/* A host's ranks die while a large replica all_reduce is in flight: a survivor may see another
+   survivor's abort (it stopped everything to recover) as a reset, that abort having arrived
+   inside a message; a reset is no proof of a loss, so every survivor still reaches the others
+   and the three go on (taken for lost, they split into minorities that each stopped). Several
+   kill times, as the race wants. */
+static void test_recovery_on_a_host_killed_inside_a_large_all_reduce_every_survivor_goes_on_with_the_other_two(void) {
+    int run, r;
+    for (run = 0; run < API_RACE_RUNS; run++) {
+        api_plan(4, 1 << 2, 1);
+        api->big = 1;
+        api->kill_after_us[4] = 500 + 7000 * run, api->kill_after_us[5] = 1500 + 7000 * run;
+        api_fork();
+        for (r = 0; r < 2 * api->hosts; r++) {
+            char what[600];
+            if (api_lost(r)) continue;
+            snprintf(what, sizeof what, "run %d (kills %d, %d us after the backward began), rank %d: %s", run,
+                     api->kill_after_us[4], api->kill_after_us[5], r, api->message[r]);
+            TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, api->rc[r], what);
+            TEST_ASSERT_EQUAL_INT_MESSAGE(API_STEPS, api->steps[r], what);
+            TEST_ASSERT_EQUAL_INT_MESSAGE(3, api->last_replicas[r], what);
+        }
+    }
 }
 
 static void test_recovery_on_half_the_hosts_lost_stops_both_survivors_naming_the_partition(void) {
@@ -1497,9 +1623,14 @@ int main(void) {
     RUN_TEST(test_survivors_of_a_host_killed_at_a_step_train_on_bitwise_equal_to_the_reference);
     RUN_TEST(test_survivors_of_the_rendezvous_host_killed_train_on_bitwise_equal_to_the_reference);
     RUN_TEST(test_recovery_on_one_host_of_four_killed_survivors_train_on_bitwise_equal_to_the_reference);
+    RUN_TEST(test_recovery_on_one_host_of_four_killed_world_comm_spans_the_survivors);
+    RUN_TEST(test_recovery_on_one_host_of_four_killed_param_info_shards_read_and_set_the_parameter);
     RUN_TEST(test_recovery_on_the_rendezvous_host_killed_survivors_train_on_bitwise_equal_to_the_reference);
+    RUN_TEST(test_recovery_on_the_rendezvous_host_killed_a_survivor_that_believes_it_alive_asks_the_next_at_once);
+    RUN_TEST(test_recovery_with_a_stranger_at_the_rendezvous_survivors_match_the_reference);
     RUN_TEST(test_recovery_on_a_host_stopped_survivors_go_on_after_the_op_timeout_bitwise_equal_to_the_reference);
     RUN_TEST(test_recovery_on_two_hosts_of_four_lost_at_different_steps_survivors_train_on_in_epoch_2);
+    RUN_TEST(test_recovery_on_a_host_killed_inside_a_large_all_reduce_every_survivor_goes_on_with_the_other_two);
     RUN_TEST(test_recovery_on_half_the_hosts_lost_stops_both_survivors_naming_the_partition);
     RUN_TEST(test_recovery_off_a_host_killed_ends_every_survivor_naming_the_lost_rank);
     RUN_TEST(test_survivor_behind_the_commit_point_applies_the_step_from_the_norm_of_those_ahead_bitwise);
