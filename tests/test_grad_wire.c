@@ -1,7 +1,7 @@
 /* test_grad_wire.c - specification of quantized gradient reduction in training (issue 37 item 3,
    ZeRO++'s qgZ): fsdp_desc.grad_wire INT8/INT4 and error_feedback, on test_mlp.h's model trained
-   by forked ranks on 2 hosts x 2 ranks (each rank in a UTS namespace of its own, as
-   test_hierarchical.c makes hosts; socket world).
+   by forked ranks on 2 hosts x 2 ranks, and on hosts of unequal sizes (each rank in a UTS
+   namespace of its own, as test_hierarchical.c makes hosts; socket world).
 
    - Training equals, bit for bit, a plain reference run in one process: fsdp at world 1 (f32,
      same optimizer) whose gradients are made by hand from the four ranks' local gradients with
@@ -13,8 +13,23 @@
      load into a new job, continue = the uninterrupted run, bitwise); a checkpoint without it
      loads with zero residual and says so.
    - A NaN in one rank's gradient skips the step on every rank, the rank naming the unit.
-   - HYBRID_SHARD, uneven hosts and a float wire other than reduce_dtype are refused, naming the
-     unit; the estimator counts the residual as fsdp_memory_stats does.
+   - HYBRID_SHARD (shard groups of a host's 2 ranks, replicas across 2 and 3 hosts) equals, bit
+     for bit on every rank, the reference made by the documented order of >>qcomm: each group's
+     average (fsdp_reduce_ranks), each rank's pieces of it (plus its residual) encoded, folded at
+     their owner in replica order over R, the sum (plus the owner's residual) encoded again and
+     its decode applied everywhere. int8 and int4, with and without error feedback; run to run;
+     the residuals (replicas' too) through a sharded checkpoint; the bytes sent across hosts; one
+     replica trains as FULL_SHARD; one host ignores grad_wire (the plain bits).
+   - Hosts of unequal sizes (2+1+3, 2+1, 1+3 ranks): FULL_SHARD and SHARD_GRAD_OP equal, bit for
+     bit, the reference made by >>qcomm's order over lanes (each host's partial of every shard,
+     summed over its ranks in rank order, plus the residual of its rank j mod L_h at lane j / L_h,
+     encoded, decoded, folded in host order); int8 and int4, with and without error feedback; run
+     to run; with int8 gathers and the host reshard too; the codes each rank sends on its lanes;
+     a NaN of the rank alone on its host skips the step everywhere; the residual through a
+     sharded checkpoint.
+   - Shard groups spanning hosts under HYBRID_SHARD, recovery with it, hosts interleaved and a
+     float wire other than reduce_dtype are refused, naming the unit; the estimator counts the
+     residual as fsdp_memory_stats does.
    Ranks write into a MAP_SHARED board; only the parent asserts. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -44,6 +59,10 @@ typedef struct run_config {
     int nan_rank, nan_step;     /* that rank's gradient gets a NaN at that step (nan_rank -1: never) */
     const char *trace_dir;      /* fsdp_desc.trace_dir (NULL: no trace) */
     int save_async;             /* save_dir by fsdp_save_sharded_async, then one more step, then fsdp_save_wait */
+    int shard_group_size;       /* fsdp_desc.shard_group_size (0: the ranks per host) */
+    int recovery;               /* fsdp_desc.recovery.enabled */
+    fsdp_wire param_wire;       /* fsdp_desc.param_wire (the gathers' wire; the test's weights are the masters) */
+    fsdp_reshard_mode reshard;  /* fsdp_desc.reshard_after_forward */
 } run_config;
 
 typedef struct rank_result {
@@ -149,9 +168,13 @@ static void describe(fsdp_desc *d, fsdp_comm *comm, const run_config *c, rank_re
     d->optimizer.kind = FSDP_ADAMW;
     d->optimizer.lr = 0.05f;
     d->grad_wire = c->wire;
+    d->param_wire = c->param_wire;
+    d->reshard_after_forward = c->reshard;
     d->wire_block = BLOCK;
     d->error_feedback = c->error_feedback;
     d->trace_dir = c->trace_dir;
+    d->shard_group_size = c->shard_group_size;
+    d->recovery.enabled = c->recovery;
     d->logger.fn = capture_log;
     d->logger.user = r;
     d->logger.max_level = FSDP_LOG_INFO;
@@ -209,7 +232,7 @@ static int train(fsdp_comm *comm, const run_config *c, rank_result *r) {
         fsdp_unit_info ui;
         if (fsdp_unit_info_get(ctx, step, &ui) == 0) r->shard[step] = ui.shard_numel;
     }
-    if (!rc && fsdp_memory_stats_get(ctx, &st) == 0 && fsdp_memory_estimate(m.model, &d, WORLD, &est) == 0) {
+    if (!rc && fsdp_memory_stats_get(ctx, &st) == 0 && fsdp_memory_estimate(m.model, &d, fsdp_comm_size(comm), &est) == 0) {
         r->grad_shard_bytes = st.grad_shard_bytes;
         r->estimate_grad_shard_bytes = est.grad_shard_bytes;
     }
@@ -268,49 +291,97 @@ static run_config config(fsdp_wire wire, int error_feedback) {
    --------------------------------------------------------------------------------------------- */
 typedef struct reference {
     run_config config;
+    int world, hosts;               /* the layout reproduced: hosts (hybrid: of LOCAL ranks each) */
+    int first[MAX_RANKS + 1];       /* the first rank of each host (numbered host by host) */
+    int hybrid;                     /* HYBRID_SHARD's reduction: shard groups of LOCAL, one per host */
     float final_master[NELEM];
-    float *residual[NUNITS][WORLD]; /* [HOSTS * S] per unit and rank, zero at the start */
-    float *reduced[NUNITS];         /* [padded at world 4] the averaged gradient of the step */
+    float *residual[NUNITS][MAX_RANKS]; /* per unit and rank, zero at the start: [lanes x hosts x S]; hybrid: [S + S / hosts] */
+    float *reduced[NUNITS];         /* [padded] the averaged gradient of the step */
     int64_t flat[NPARAMS];          /* each parameter's offset in its unit's flat parameter */
     int unit_of[NPARAMS];
-    int64_t shard[NUNITS];          /* S at world 4: the flat length rounded up to 4, over 4 */
+    int64_t shard[NUNITS];          /* S: the flat length rounded up to the world, over 4 (hybrid: over LOCAL) */
     int rc;
     char message[300];
 } reference;
 
-/* fsdp_reduce_scatter_wire's documented steps on the four ranks' flat gradients G[rank] of one
-   unit, shards of S: into ref->reduced[u]. */
+/* fsdp_reduce_scatter_wire's documented steps (>>qcomm), on hosts of any sizes numbered host by
+   host, on the ranks' flat gradients G[rank] of one unit, shards of S: rank s, local rank j of
+   host g, gets from each host h its partial of shard s (summed over h's ranks in rank order),
+   plus the residual of h's rank j mod L_h at lane k = j / L_h, piece (k hosts + g), encoded and
+   decoded; then folds those in host order (FSDP_AVG over the world). Into ref->reduced[u]. */
 static void reference_reduce(reference *ref, int u, float *const *G) {
-    int64_t S = ref->shard[u];
-    size_t bytes = fsdp_wire_bytes(ref->config.wire, (size_t)S, BLOCK);
-    unsigned char *codes = (unsigned char *)malloc(bytes + 4);
-    float *z = (float *)malloc(sizeof(float) * (size_t)S + 4), *dec[HOSTS][WORLD];
-    int h, l, g;
-    int64_t i;
-    for (h = 0; h < HOSTS; h++)
-        for (g = 0; g < HOSTS; g++)
-            for (l = 0; l < LOCAL; l++) { /* rank (h, l) encodes its host's partial of shard g L + l */
-                const int64_t at = (int64_t)(g * LOCAL + l) * S;
-                float *res = ref->residual[u][h * LOCAL + l] + (size_t)g * (size_t)S;
-                dec[h][g * LOCAL + l] = (float *)malloc(sizeof(float) * (size_t)S + 4);
-                for (i = 0; i < S; i++) z[i] = G[h * LOCAL][at + i] + G[h * LOCAL + 1][at + i];
-                if (ref->config.error_feedback)
-                    for (i = 0; i < S; i++) z[i] = z[i] + res[i];
-                fsdp_wire_encode(codes, ref->config.wire, BLOCK, z, (size_t)S, NULL);
-                fsdp_wire_decode(dec[h][g * LOCAL + l], FSDP_F32, codes, ref->config.wire, BLOCK, (size_t)S);
-                if (ref->config.error_feedback)
-                    for (i = 0; i < S; i++)
-                        res[i] = dec[h][g * LOCAL + l][i] != dec[h][g * LOCAL + l][i] ? 0.0f
-                                                                                        : z[i] - dec[h][g * LOCAL + l][i];
-            }
-    for (g = 0; g < WORLD; g++) { /* rank g folds the hosts' pieces of its shard in host order */
-        const void *srcs[HOSTS];
-        for (h = 0; h < HOSTS; h++) srcs[h] = dec[h][g];
-        fsdp_reduce_ranks(ref->reduced[u] + (size_t)g * (size_t)S, srcs, HOSTS, (size_t)S, FSDP_F32, FSDP_AVG, WORLD);
+    const int W = ref->world, H = ref->hosts;
+    int64_t S = ref->shard[u], i;
+    unsigned char *codes = (unsigned char *)malloc(fsdp_wire_bytes(ref->config.wire, (size_t)S, BLOCK) + 4);
+    float *z = (float *)malloc(sizeof(float) * (size_t)S + 4), *dec[MAX_RANKS];
+    int s, h, r;
+    for (h = 0; h < H; h++) dec[h] = (float *)malloc(sizeof(float) * (size_t)S + 4);
+    for (s = 0; s < W; s++) {
+        const void *srcs[MAX_RANKS];
+        int g = 0, j;
+        while (ref->first[g + 1] <= s) g++;
+        j = s - ref->first[g];
+        for (h = 0; h < H; h++) {
+            const int Lh = ref->first[h + 1] - ref->first[h];
+            float *res = ref->residual[u][ref->first[h] + j % Lh] + (size_t)((j / Lh) * H + g) * (size_t)S;
+            for (r = ref->first[h]; r < ref->first[h + 1]; r++) srcs[r - ref->first[h]] = G[r] + (size_t)s * (size_t)S;
+            fsdp_reduce_ranks(z, srcs, Lh, (size_t)S, FSDP_F32, FSDP_SUM, 0);
+            if (ref->config.error_feedback)
+                for (i = 0; i < S; i++) z[i] = z[i] + res[i];
+            fsdp_wire_encode(codes, ref->config.wire, BLOCK, z, (size_t)S, NULL);
+            fsdp_wire_decode(dec[h], FSDP_F32, codes, ref->config.wire, BLOCK, (size_t)S);
+            if (ref->config.error_feedback)
+                for (i = 0; i < S; i++) res[i] = dec[h][i] != dec[h][i] ? 0.0f : z[i] - dec[h][i];
+        }
+        for (h = 0; h < H; h++) srcs[h] = dec[h];
+        fsdp_reduce_ranks(ref->reduced[u] + (size_t)s * (size_t)S, srcs, H, (size_t)S, FSDP_F32, FSDP_AVG, W);
     }
-    for (h = 0; h < HOSTS; h++)
-        for (g = 0; g < WORLD; g++) free(dec[h][g]);
+    for (h = 0; h < H; h++) free(dec[h]);
     free(codes);
+    free(z);
+}
+
+/* HYBRID_SHARD's documented steps (>>qcomm: the shard group's reduce-scatter, then
+   fsdp__qar_run over the replicas) on the world's flat gradients G[rank] of one unit: shard
+   groups of LOCAL ranks, one per host, so R = hosts replicas and pieces of n = S / R; into
+   ref->reduced[u]. Rank r is replica r / LOCAL of shard l = r % LOCAL. */
+static void reference_reduce_hybrid(reference *ref, int u, float *const *G) {
+    const int R = ref->hosts, W = ref->world, ef = ref->config.error_feedback;
+    const fsdp_wire wire = ref->config.wire;
+    const int64_t S = ref->shard[u], n = S / R;
+    unsigned char *codes = (unsigned char *)malloc(fsdp_wire_bytes(wire, (size_t)n, BLOCK) + 4);
+    float *y = (float *)malloc(sizeof(float) * (size_t)S + 4), *z = (float *)malloc(sizeof(float) * (size_t)n + 4);
+    float *dec[MAX_RANKS], *res;
+    int r, m, k, l;
+    int64_t i;
+    for (r = 0; r < W; r++) { /* rank r: its group's average of shard l, its pieces k encoded for replica k */
+        const void *srcs[LOCAL];
+        for (m = 0; m < LOCAL; m++) srcs[m] = G[r / LOCAL * LOCAL + m] + (size_t)(r % LOCAL) * (size_t)S;
+        fsdp_reduce_ranks(y, srcs, LOCAL, (size_t)S, FSDP_F32, FSDP_AVG, LOCAL);
+        dec[r] = (float *)malloc(sizeof(float) * (size_t)S + 4);
+        for (k = 0; k < R; k++) {
+            res = ref->residual[u][r] + (size_t)k * (size_t)n;
+            for (i = 0; i < n; i++) z[i] = ef ? y[k * n + i] + res[i] : y[k * n + i];
+            fsdp_wire_encode(codes, wire, BLOCK, z, (size_t)n, NULL);
+            fsdp_wire_decode(dec[r] + k * n, FSDP_F32, codes, wire, BLOCK, (size_t)n);
+            for (i = 0; ef && i < n; i++) res[i] = dec[r][k * n + i] != dec[r][k * n + i] ? 0.0f : z[i] - dec[r][k * n + i];
+        }
+    }
+    for (l = 0; l < LOCAL; l++)
+        for (k = 0; k < R; k++) { /* replica k of shard l: the R pieces folded in replica order, encoded again */
+            const void *srcs[MAX_RANKS];
+            float *out = ref->reduced[u] + (size_t)l * (size_t)S + (size_t)k * (size_t)n;
+            for (m = 0; m < R; m++) srcs[m] = dec[m * LOCAL + l] + k * n;
+            fsdp_reduce_ranks(z, srcs, R, (size_t)n, FSDP_F32, FSDP_AVG, R);
+            res = ref->residual[u][k * LOCAL + l] + (size_t)S;
+            for (i = 0; ef && i < n; i++) z[i] = z[i] + res[i];
+            fsdp_wire_encode(codes, wire, BLOCK, z, (size_t)n, NULL);
+            fsdp_wire_decode(out, FSDP_F32, codes, wire, BLOCK, (size_t)n); /* what every replica applies */
+            for (i = 0; ef && i < n; i++) res[i] = out[i] != out[i] ? 0.0f : z[i] - out[i];
+        }
+    for (r = 0; r < W; r++) free(dec[r]);
+    free(codes);
+    free(y);
     free(z);
 }
 
@@ -328,29 +399,33 @@ static int put_reduced(fsdp_ctx *ctx, const mlp *m, int module, void *user) {
 /* One reference step: the four ranks' local gradients on the masters, laid out flat per unit,
    reduced, then the hooks and the step. */
 static int reference_step(fsdp_ctx *ctx, const mlp *m, reference *ref, int step) {
-    static float w[NELEM], g[WORLD][NELEM];
-    float *G[NUNITS][WORLD];
+    static float w[NELEM], g[MAX_RANKS][NELEM];
+    float *G[NUNITS][MAX_RANKS];
     int p, r, u, rc = fsdp_zero_grad(ctx);
     if (!rc) rc = gather_all(ctx, m, w);
     memset(g, 0, sizeof g);
-    for (r = 0; r < WORLD && !rc; r++) {
+    for (r = 0; r < ref->world && !rc; r++) {
         float *wp[NPARAMS], *gp[NPARAMS];
         for (p = 0; p < NPARAMS; p++) wp[p] = w + param_offset[p], gp[p] = g[r] + param_offset[p];
         local_gradient(wp, gp, step, r);
     }
     for (u = 0; u < NUNITS; u++)
-        for (r = 0; r < WORLD; r++) G[u][r] = (float *)calloc((size_t)(WORLD * ref->shard[u]) + 1, sizeof(float));
+        for (r = 0; r < ref->world; r++) G[u][r] = (float *)calloc((size_t)(ref->world * ref->shard[u]) + 1, sizeof(float));
     for (p = 0; p < NPARAMS; p++)
-        for (r = 0; r < WORLD; r++)
+        for (r = 0; r < ref->world; r++)
             memcpy(G[ref->unit_of[p]][r] + ref->flat[p], g[r] + param_offset[p], sizeof(float) * (size_t)param_numel[p]);
-    for (u = 0; u < NUNITS; u++) reference_reduce(ref, u, G[u]);
+    for (u = 0; u < NUNITS; u++) {
+        if (ref->hybrid) reference_reduce_hybrid(ref, u, G[u]);
+        else reference_reduce(ref, u, G[u]);
+    }
     for (u = 0; u < NUNITS; u++)
-        for (r = 0; r < WORLD; r++) free(G[u][r]);
+        for (r = 0; r < ref->world; r++) free(G[u][r]);
     if (!rc) rc = iterate(ctx, m, put_reduced, ref);
     return rc ? rc : fsdp_step(ctx, 0.0f, NULL);
 }
 
-/* The reference's layout: each parameter's unit and flat offset, each unit's S at world 4. */
+/* The reference's layout: each parameter's unit and flat offset, each unit's S (FULL_SHARD: at
+   the world; hybrid: the flat length padded to the world, over LOCAL) and buffers. */
 static int reference_layout(fsdp_ctx *ctx, const mlp *m, reference *ref) {
     int p, u;
     for (p = 0; p < NPARAMS; p++) {
@@ -364,9 +439,13 @@ static int reference_layout(fsdp_ctx *ctx, const mlp *m, reference *ref) {
         fsdp_unit_info ui;
         int r, rc = fsdp_unit_info_get(ctx, u, &ui);
         if (rc) return rc;
-        ref->shard[u] = (ui.padded_numel + WORLD - 1) / WORLD; /* (at world 1 padded is the flat length) */
-        ref->reduced[u] = (float *)calloc((size_t)(WORLD * ref->shard[u]) + 1, sizeof(float));
-        for (r = 0; r < WORLD; r++) ref->residual[u][r] = (float *)calloc((size_t)(HOSTS * ref->shard[u]) + 1, sizeof(float));
+        ref->shard[u] = (ui.padded_numel + ref->world - 1) / ref->world; /* (at world 1 padded is the flat length) */
+        if (ref->config.param_wire == FSDP_WIRE_INT8) /* shards of whole blocks */
+            ref->shard[u] = (ui.padded_numel + ref->world * BLOCK - 1) / (ref->world * BLOCK) * BLOCK;
+        if (ref->hybrid) ref->shard[u] = (ui.padded_numel + ref->world - 1) / ref->world * ref->world / LOCAL;
+        ref->reduced[u] = (float *)calloc((size_t)(ref->world * ref->shard[u]) + 1, sizeof(float));
+        for (r = 0; r < ref->world; r++) /* (at most 3 lanes of 3 hosts: 2+1+3, 1+3) */
+            ref->residual[u][r] = (float *)calloc((size_t)(9 * ref->shard[u]) + 1, sizeof(float));
     }
     return 0;
 }
@@ -379,7 +458,11 @@ static int reference_main(fsdp_comm *comm, void *arg) {
     mlp m;
     int step, u, r, rc;
     plain.wire = FSDP_WIRE_DEFAULT;
+    plain.param_wire = FSDP_WIRE_DEFAULT;
+    plain.reshard = FSDP_RESHARD_DEFAULT;
     plain.error_feedback = 0;
+    plain.strategy = FSDP_FULL_SHARD; /* (at world 1 every strategy is this) */
+    plain.shard_group_size = 0;
     describe(&d, comm, &plain, &results[0]);
     if ((rc = mlp_build(&m)) == 0 && (rc = fsdp_init(&ctx, m.model, &d)) == 0) rc = reference_layout(ctx, &m, ref);
     for (step = 0; step < ref->config.last_step && !rc; step++) rc = reference_step(ctx, &m, ref, step);
@@ -388,20 +471,27 @@ static int reference_main(fsdp_comm *comm, void *arg) {
     ref->rc = rc;
     for (u = 0; u < NUNITS; u++) {
         free(ref->reduced[u]);
-        for (r = 0; r < WORLD; r++) free(ref->residual[u][r]);
+        for (r = 0; r < ref->world; r++) free(ref->residual[u][r]);
     }
     fsdp_destroy(ctx);
     fsdp_model_destroy(m.model);
     return 0;
 }
 
-/* The reference's final masters for config (run in a forked world of one rank). */
-static void reference_run(const run_config *c, float *final_master) {
+/* The reference's final masters for config on world ranks, rank r on host host_of[r] (numbered
+   host by host; run in a forked world of one rank): HYBRID_SHARD with its default groups
+   reduces as hybrid (hosts of LOCAL ranks), anything else as FULL_SHARD. */
+static void reference_run(const run_config *c, int world, const int *host_of, float *final_master) {
     reference *ref = (reference *)map_shared(sizeof *ref);
     fsdp_launch_status st;
+    int r;
     TEST_ASSERT_NOT_NULL(ref);
     memset(ref, 0, sizeof *ref);
     ref->config = *c;
+    ref->world = world;
+    for (r = 0; r < world; r++) ref->first[host_of[r] + 1] = r + 1;
+    ref->hosts = host_of[world - 1] + 1;
+    ref->hybrid = c->strategy == FSDP_HYBRID_SHARD && c->shard_group_size == 0;
     TEST_ASSERT_EQUAL_INT_MESSAGE(0, launch_ranks(1, FSDP_BACKEND_SHM, TIMEOUT_MS, reference_main, ref, &st), "reference");
     TEST_ASSERT_EQUAL_INT_MESSAGE(0, ref->rc, ref->message);
     memcpy(final_master, ref->final_master, sizeof ref->final_master);
@@ -421,18 +511,31 @@ static void assert_masters_equal(const float *want, const float *got, const char
     TEST_FAIL_MESSAGE(failure);
 }
 
-static void assert_training_equals_reference(fsdp_wire wire, int error_feedback) {
+static const int three_by_two[3 * LOCAL] = {0, 0, 1, 1, 2, 2};
+
+/* c trained on world ranks, rank r on host host_of[r]: every rank (so every replica) ends with
+   the reference's masters. */
+static void assert_trains_on_as_the_reference(const run_config *c, int world, const int *host_of, const char *layout) {
     static float want[NELEM];
-    run_config c = config(wire, error_feedback);
     int r;
-    if (run_hosts(WORLD, two_by_two, &c) != 0) TEST_FAIL_MESSAGE(message);
-    reference_run(&c, want);
-    for (r = 0; r < WORLD; r++) {
-        snprintf(message, sizeof message, "2x2 %s%s rank %d against the reference", fsdp_wire_name(wire),
-                 error_feedback ? " + error feedback" : "", r);
+    if (run_hosts(world, host_of, c) != 0) TEST_FAIL_MESSAGE(message);
+    reference_run(c, world, host_of, want);
+    for (r = 0; r < world; r++) {
+        snprintf(message, sizeof message, "%s %s %s%s rank %d against the reference", fsdp_strategy_name(c->strategy),
+                 layout, fsdp_wire_name(c->wire), c->error_feedback ? " + error feedback" : "", r);
         assert_masters_equal(want, results[r].final_master, message);
         TEST_ASSERT_EQUAL_INT64_MESSAGE(STEPS, results[r].steps_taken, message);
     }
+}
+
+/* c trained on hosts x LOCAL ranks. */
+static void assert_trains_as_the_reference(const run_config *c, int hosts) {
+    assert_trains_on_as_the_reference(c, hosts * LOCAL, hosts == 2 ? two_by_two : three_by_two, hosts == 2 ? "2x2" : "3x2");
+}
+
+static void assert_training_equals_reference(fsdp_wire wire, int error_feedback) {
+    run_config c = config(wire, error_feedback);
+    assert_trains_as_the_reference(&c, HOSTS);
 }
 
 static void test_grad_wire_int8_on_two_hosts_trains_as_the_reference_bitwise(void) {
@@ -468,28 +571,35 @@ static void test_grad_wire_error_feedback_changes_the_result_and_two_runs_give_t
                                      "the estimator counts the residual as fsdp_memory_stats does");
 }
 
-static void assert_residual_round_trips(int save_async) {
+/* c (error feedback on) trained whole, then saved sharded after step 2 into ckpt_root/subdir,
+   loaded by a new job and continued: every rank ends with the bits of the whole run. */
+static void assert_residual_round_trips_on(run_config c, int world, const int *host_of, const char *subdir,
+                                           const char *what) {
     static float whole[NELEM];
     char dir[600];
-    run_config c = config(FSDP_WIRE_INT4, 1);
     int r;
-    c.save_async = save_async;
-    snprintf(dir, sizeof dir, "%s/ef", ckpt_root);
-    if (run_hosts(WORLD, two_by_two, &c) != 0) TEST_FAIL_MESSAGE(message);
+    snprintf(dir, sizeof dir, "%s/%s", ckpt_root, subdir);
+    if (run_hosts(world, host_of, &c) != 0) TEST_FAIL_MESSAGE(message);
     memcpy(whole, results[0].final_master, sizeof whole);
     c.last_step = 2;
     c.save_dir = dir;
-    if (run_hosts(WORLD, two_by_two, &c) != 0) TEST_FAIL_MESSAGE(message);
+    if (run_hosts(world, host_of, &c) != 0) TEST_FAIL_MESSAGE(message);
     c.save_dir = NULL;
     c.load_dir = dir;
     c.first_step = 2;
     c.last_step = STEPS;
-    if (run_hosts(WORLD, two_by_two, &c) != 0) TEST_FAIL_MESSAGE(message);
-    for (r = 0; r < WORLD; r++) {
-        snprintf(message, sizeof message, "rank %d: saved after step 2%s, loaded, continued", r,
-                 save_async ? " (asynchronously)" : "");
+    if (run_hosts(world, host_of, &c) != 0) TEST_FAIL_MESSAGE(message);
+    for (r = 0; r < world; r++) {
+        snprintf(message, sizeof message, "%s rank %d: saved after step 2%s, loaded, continued", what, r,
+                 c.save_async ? " (asynchronously)" : "");
         assert_masters_equal(whole, results[r].final_master, message);
     }
+}
+
+static void assert_residual_round_trips(int save_async) {
+    run_config c = config(FSDP_WIRE_INT4, 1);
+    c.save_async = save_async;
+    assert_residual_round_trips_on(c, WORLD, two_by_two, "ef", "2x2");
 }
 
 static void test_grad_wire_residual_round_trips_through_a_sharded_checkpoint(void) { assert_residual_round_trips(0); }
@@ -569,18 +679,235 @@ static void test_grad_wire_step_report_counts_the_codes_sent_across_hosts(void) 
     TEST_ASSERT_EQUAL_UINT64_MESSAGE(fewer, sent[1] - sent[2], message);
 }
 
-static void test_grad_wire_with_hybrid_shard_is_refused_naming_the_unit(void) {
-    run_config c = config(FSDP_WIRE_INT8, 0);
-    c.strategy = FSDP_HYBRID_SHARD;
-    TEST_ASSERT_NOT_EQUAL(0, run_hosts(WORLD, two_by_two, &c));
-    assert_says(results[0].message, "grad_wire int8 with HYBRID_SHARD: not supported");
+/* Hosts of unequal sizes (numbered host by host): lanes of one rank per host (>>qcomm) */
+static const int two_one_three[6] = {0, 0, 1, 2, 2, 2}, two_one[3] = {0, 0, 1}, one_three[4] = {0, 1, 1, 1};
+
+/* On 2+1+3, 2+1 and 1+3 ranks per host. */
+static void assert_uneven_trains_as_the_reference(fsdp_strategy strategy, fsdp_wire wire, int error_feedback) {
+    run_config c = config(wire, error_feedback);
+    c.strategy = strategy;
+    assert_trains_on_as_the_reference(&c, 6, two_one_three, "2+1+3");
+    assert_trains_on_as_the_reference(&c, 3, two_one, "2+1");
+    assert_trains_on_as_the_reference(&c, 4, one_three, "1+3");
 }
 
-static void test_grad_wire_on_uneven_hosts_is_refused_naming_the_unit(void) {
-    static const int two_plus_one[3] = {0, 0, 1};
+static void test_grad_wire_int8_on_uneven_hosts_trains_as_the_reference_bitwise(void) {
+    assert_uneven_trains_as_the_reference(FSDP_FULL_SHARD, FSDP_WIRE_INT8, 0);
+}
+
+static void test_grad_wire_int4_on_uneven_hosts_trains_as_the_reference_bitwise(void) {
+    assert_uneven_trains_as_the_reference(FSDP_FULL_SHARD, FSDP_WIRE_INT4, 0);
+}
+
+static void test_grad_wire_int8_with_error_feedback_on_uneven_hosts_trains_as_the_reference_bitwise(void) {
+    assert_uneven_trains_as_the_reference(FSDP_FULL_SHARD, FSDP_WIRE_INT8, 1);
+}
+
+static void test_grad_wire_int4_with_error_feedback_on_uneven_hosts_trains_as_the_reference_bitwise(void) {
+    assert_uneven_trains_as_the_reference(FSDP_FULL_SHARD, FSDP_WIRE_INT4, 1);
+}
+
+static void test_grad_wire_shard_grad_op_on_uneven_hosts_trains_as_the_reference_bitwise(void) {
+    run_config c = config(FSDP_WIRE_INT4, 1);
+    c.strategy = FSDP_SHARD_GRAD_OP;
+    assert_trains_on_as_the_reference(&c, 6, two_one_three, "2+1+3");
+}
+
+/* The three wires of issue 37 together on 2+1+3: int8 gathers and the host reshard move the same
+   weights (the masters here), so the gradients reduce as the reference's. */
+static void test_grad_wire_on_uneven_hosts_with_int8_gathers_and_host_reshard_trains_as_the_reference_bitwise(void) {
+    run_config c = config(FSDP_WIRE_INT4, 1);
+    c.param_wire = FSDP_WIRE_INT8;
+    c.reshard = FSDP_RESHARD_HOST;
+    assert_trains_on_as_the_reference(&c, 6, two_one_three, "2+1+3, int8 gathers, host reshard,");
+}
+
+static void test_grad_wire_on_uneven_hosts_two_runs_give_the_same_bits_and_the_estimate_counts_the_residual(void) {
+    static float first[6][NELEM];
+    run_config c = config(FSDP_WIRE_INT4, 1);
+    int r;
+    if (run_hosts(6, two_one_three, &c) != 0) TEST_FAIL_MESSAGE(message);
+    for (r = 0; r < 6; r++) memcpy(first[r], results[r].final_master, sizeof first[r]);
+    if (run_hosts(6, two_one_three, &c) != 0) TEST_FAIL_MESSAGE(message);
+    for (r = 0; r < 6; r++) {
+        snprintf(message, sizeof message, "2+1+3: a second run, rank %d", r);
+        assert_masters_equal(first[r], results[r].final_master, message);
+        TEST_ASSERT_EQUAL_UINT64_MESSAGE(results[r].estimate_grad_shard_bytes, results[r].grad_shard_bytes,
+                                         "the estimator counts the residual as fsdp_memory_stats does");
+    }
+}
+
+/* Each rank sends, per unit, its host's partials on each of its lanes to the other hosts' ranks
+   of the lane (H - 1 pieces a lane): on 2+1+3, rank 2 (alone on its host) is on 3 lanes, the
+   ranks of the first host on 2 and 1, those of the last host on 1. */
+static void test_grad_wire_on_uneven_hosts_step_report_counts_the_codes_of_every_lane(void) {
+    static const int lanes[6] = {2, 1, 3, 1, 1, 1};
+    uint64_t int8[6], fewer = 0;
+    run_config c = config(FSDP_WIRE_INT8, 0);
+    int r, u;
+    if (run_hosts(6, two_one_three, &c) != 0) TEST_FAIL_MESSAGE(message);
+    for (r = 0; r < 6; r++) int8[r] = results[r].bytes_sent_net;
+    c.wire = FSDP_WIRE_INT4;
+    if (run_hosts(6, two_one_three, &c) != 0) TEST_FAIL_MESSAGE(message);
+    for (u = 0; u < NUNITS; u++)
+        fewer += (fsdp_wire_bytes(FSDP_WIRE_INT8, (size_t)results[0].shard[u], BLOCK) + 3) / 4 * 4 -
+                 (fsdp_wire_bytes(FSDP_WIRE_INT4, (size_t)results[0].shard[u], BLOCK) + 3) / 4 * 4;
+    for (r = 0; r < 6; r++) {
+        snprintf(message, sizeof message, "2+1+3, rank %d: bytes sent across hosts in a step: int8 %llu, int4 %llu", r,
+                 (unsigned long long)int8[r], (unsigned long long)results[r].bytes_sent_net);
+        TEST_ASSERT_EQUAL_UINT64_MESSAGE((uint64_t)lanes[r] * 2 * fewer, int8[r] - results[r].bytes_sent_net, message);
+    }
+}
+
+/* The NaN of rank 2, alone on its host and on 3 lanes, reaches every rank's step. */
+static void test_grad_wire_on_uneven_hosts_nonfinite_gradient_skips_the_step_on_every_rank_naming_the_unit(void) {
+    run_config c = config(FSDP_WIRE_INT8, 1);
+    int r;
+    c.nan_rank = 2;
+    c.nan_step = 1;
+    c.last_step = 3;
+    if (run_hosts(6, two_one_three, &c) != 0) TEST_FAIL_MESSAGE(message);
+    for (r = 0; r < 6; r++) {
+        snprintf(message, sizeof message, "2+1+3, rank %d: skipped %d %d %d", r, results[r].skipped[0],
+                 results[r].skipped[1], results[r].skipped[2]);
+        TEST_ASSERT_TRUE_MESSAGE(!results[r].skipped[0] && results[r].skipped[1] && !results[r].skipped[2], message);
+        TEST_ASSERT_EQUAL_INT64_MESSAGE(2, results[r].steps_taken, message);
+    }
+    assert_says(results[2].logged, "unit 'layers.1': grad_wire int8: a non-finite gradient");
+}
+
+static void test_grad_wire_on_uneven_hosts_residual_round_trips_through_a_sharded_checkpoint(void) {
+    assert_residual_round_trips_on(config(FSDP_WIRE_INT4, 1), 4, one_three, "uneven-ef", "1+3");
+}
+
+/* HYBRID_SHARD: shard groups of the LOCAL ranks of a host, replicas across hosts */
+static run_config hybrid_config(fsdp_wire wire, int error_feedback) {
+    run_config c = config(wire, error_feedback);
+    c.strategy = FSDP_HYBRID_SHARD;
+    return c;
+}
+
+/* On 2 and on 3 hosts. */
+static void assert_hybrid_trains_as_the_reference(fsdp_wire wire, int error_feedback) {
+    run_config c = hybrid_config(wire, error_feedback);
+    assert_trains_as_the_reference(&c, 2);
+    assert_trains_as_the_reference(&c, 3);
+}
+
+static void test_grad_wire_hybrid_int8_on_two_and_three_hosts_trains_as_the_reference_bitwise(void) {
+    assert_hybrid_trains_as_the_reference(FSDP_WIRE_INT8, 0);
+}
+
+static void test_grad_wire_hybrid_int4_on_two_and_three_hosts_trains_as_the_reference_bitwise(void) {
+    assert_hybrid_trains_as_the_reference(FSDP_WIRE_INT4, 0);
+}
+
+static void test_grad_wire_hybrid_int8_with_error_feedback_trains_as_the_reference_bitwise(void) {
+    assert_hybrid_trains_as_the_reference(FSDP_WIRE_INT8, 1);
+}
+
+static void test_grad_wire_hybrid_int4_with_error_feedback_trains_as_the_reference_bitwise(void) {
+    assert_hybrid_trains_as_the_reference(FSDP_WIRE_INT4, 1);
+}
+
+static void test_grad_wire_hybrid_two_runs_give_the_same_bits_on_every_replica_and_the_estimate_counts_the_residual(void) {
+    static float first[NELEM];
+    run_config c = hybrid_config(FSDP_WIRE_INT4, 1);
+    int r;
+    if (run_hosts(3 * LOCAL, three_by_two, &c) != 0) TEST_FAIL_MESSAGE(message);
+    memcpy(first, results[0].final_master, sizeof first);
+    if (run_hosts(3 * LOCAL, three_by_two, &c) != 0) TEST_FAIL_MESSAGE(message);
+    for (r = 0; r < 3 * LOCAL; r++) {
+        snprintf(message, sizeof message, "a second run, rank %d (replica %d)", r, r / LOCAL);
+        assert_masters_equal(first, results[r].final_master, message);
+    }
+    TEST_ASSERT_EQUAL_UINT64_MESSAGE(results[0].estimate_grad_shard_bytes, results[0].grad_shard_bytes,
+                                     "the estimator counts the residual as fsdp_memory_stats does");
+}
+
+static void test_grad_wire_hybrid_residual_round_trips_through_a_sharded_checkpoint(void) {
+    assert_residual_round_trips_on(hybrid_config(FSDP_WIRE_INT4, 1), 3 * LOCAL, three_by_two, "hybrid-ef",
+                                   "HYBRID_SHARD");
+}
+
+static void test_grad_wire_hybrid_nonfinite_gradient_skips_the_step_on_every_replica_naming_the_unit(void) {
+    run_config c = hybrid_config(FSDP_WIRE_INT8, 1);
+    int r, named = 0;
+    c.nan_rank = 1;
+    c.nan_step = 1;
+    c.last_step = 3;
+    if (run_hosts(3 * LOCAL, three_by_two, &c) != 0) TEST_FAIL_MESSAGE(message);
+    for (r = 0; r < 3 * LOCAL; r++) {
+        snprintf(message, sizeof message, "rank %d: skipped %d %d %d", r, results[r].skipped[0], results[r].skipped[1],
+                 results[r].skipped[2]);
+        TEST_ASSERT_TRUE_MESSAGE(!results[r].skipped[0] && results[r].skipped[1] && !results[r].skipped[2], message);
+        assert_masters_equal(results[0].final_master, results[r].final_master, message);
+        named |= contains(results[r].logged, "unit 'layers.1': grad_wire int8: a non-finite gradient (element") &&
+                 contains(results[r].logged, "of this rank's shard, reduced over its shard group)");
+    }
+    TEST_ASSERT_TRUE_MESSAGE(named, results[1].logged);
+}
+
+static void test_grad_wire_hybrid_step_report_counts_the_codes_sent_across_hosts(void) {
+    uint64_t sent[3];
+    static const fsdp_wire wires[3] = {FSDP_WIRE_DEFAULT, FSDP_WIRE_INT8, FSDP_WIRE_INT4};
+    uint64_t fewer = 0;
+    int w, u;
+    for (w = 0; w < 3; w++) {
+        run_config c = hybrid_config(wires[w], 0);
+        if (run_hosts(WORLD, two_by_two, &c) != 0) TEST_FAIL_MESSAGE(message);
+        sent[w] = results[0].bytes_sent_net;
+    }
+    for (u = 0; u < NUNITS; u++) { /* of each unit, a piece of n = S / 2 elements leaves twice: partial, then sum */
+        size_t n = (size_t)results[0].shard[u] / HOSTS;
+        fewer += 2 * ((fsdp_wire_bytes(FSDP_WIRE_INT8, n, BLOCK) + 3) / 4 * 4 - (fsdp_wire_bytes(FSDP_WIRE_INT4, n, BLOCK) + 3) / 4 * 4);
+    }
+    snprintf(message, sizeof message, "HYBRID_SHARD: bytes sent across hosts by rank 0 in a step: f32 %llu, int8 %llu, "
+             "int4 %llu", (unsigned long long)sent[0], (unsigned long long)sent[1], (unsigned long long)sent[2]);
+    TEST_ASSERT_TRUE_MESSAGE(sent[1] < sent[0], message);
+    TEST_ASSERT_EQUAL_UINT64_MESSAGE(fewer, sent[1] - sent[2], message);
+}
+
+static void test_grad_wire_hybrid_with_one_replica_trains_as_full_shard_bitwise(void) {
+    run_config c = hybrid_config(FSDP_WIRE_INT8, 1);
+    c.shard_group_size = WORLD; /* one replica: FULL_SHARD over the world, whose reference reference_run makes */
+    assert_trains_as_the_reference(&c, HOSTS);
+}
+
+static void test_grad_wire_hybrid_on_one_host_is_ignored_with_the_plain_bits_and_says_so(void) {
+    static const int one_host[WORLD] = {0, 0, 0, 0};
+    static float plain[NELEM];
+    run_config c = hybrid_config(FSDP_WIRE_DEFAULT, 0);
+    c.shard_group_size = LOCAL; /* two replicas, both on the one host */
+    if (run_hosts(WORLD, one_host, &c) != 0) TEST_FAIL_MESSAGE(message);
+    memcpy(plain, results[0].final_master, sizeof plain);
+    c.wire = FSDP_WIRE_INT8;
+    if (run_hosts(WORLD, one_host, &c) != 0) TEST_FAIL_MESSAGE(message);
+    assert_masters_equal(plain, results[3].final_master, "HYBRID_SHARD int8 on one host against grad_wire off");
+    assert_says(results[0].logged, "grad_wire ignored (its reduction lies inside one host)");
+}
+
+static void test_grad_wire_hybrid_whose_shard_groups_span_hosts_is_refused_naming_the_unit(void) {
+    static const int four_hosts[WORLD] = {0, 1, 2, 3};
+    run_config c = hybrid_config(FSDP_WIRE_INT8, 0);
+    c.shard_group_size = 2; /* groups {0, 1} and {2, 3}: each on two hosts */
+    TEST_ASSERT_NOT_EQUAL(0, run_hosts(WORLD, four_hosts, &c));
+    assert_says(results[0].message, "grad_wire int8 with HYBRID_SHARD whose shard groups of 2 ranks span hosts: "
+                                    "not supported");
+}
+
+static void test_grad_wire_hybrid_with_recovery_is_refused(void) {
+    run_config c = hybrid_config(FSDP_WIRE_INT4, 0);
+    c.recovery = 1;
+    TEST_ASSERT_NOT_EQUAL(0, run_hosts(WORLD, two_by_two, &c));
+    assert_says(results[0].message, "recovery with grad_wire int4: not supported");
+}
+
+static void test_grad_wire_on_interleaved_hosts_is_refused_naming_the_unit(void) {
+    static const int interleaved[3] = {0, 1, 0};
     run_config c = config(FSDP_WIRE_INT4, 0);
-    TEST_ASSERT_NOT_EQUAL(0, run_hosts(3, two_plus_one, &c));
-    assert_says(results[0].message, "grad_wire int4 needs every host to hold the same number of ranks");
+    TEST_ASSERT_NOT_EQUAL(0, run_hosts(3, interleaved, &c));
+    assert_says(results[0].message, "unit '(root)': grad_wire int4 needs the ranks numbered host by host");
 }
 
 static void test_grad_wire_float_other_than_reduce_dtype_is_refused_naming_the_unit(void) {
@@ -608,8 +935,29 @@ int main(void) {
     RUN_TEST(test_grad_wire_nonfinite_gradient_skips_the_step_on_every_rank_naming_the_unit);
     RUN_TEST(test_grad_wire_trace_shows_the_quantize_and_dequantize_spans_of_each_reduction);
     RUN_TEST(test_grad_wire_step_report_counts_the_codes_sent_across_hosts);
-    RUN_TEST(test_grad_wire_with_hybrid_shard_is_refused_naming_the_unit);
-    RUN_TEST(test_grad_wire_on_uneven_hosts_is_refused_naming_the_unit);
+    RUN_TEST(test_grad_wire_int8_on_uneven_hosts_trains_as_the_reference_bitwise);
+    RUN_TEST(test_grad_wire_int4_on_uneven_hosts_trains_as_the_reference_bitwise);
+    RUN_TEST(test_grad_wire_int8_with_error_feedback_on_uneven_hosts_trains_as_the_reference_bitwise);
+    RUN_TEST(test_grad_wire_int4_with_error_feedback_on_uneven_hosts_trains_as_the_reference_bitwise);
+    RUN_TEST(test_grad_wire_shard_grad_op_on_uneven_hosts_trains_as_the_reference_bitwise);
+    RUN_TEST(test_grad_wire_on_uneven_hosts_with_int8_gathers_and_host_reshard_trains_as_the_reference_bitwise);
+    RUN_TEST(test_grad_wire_on_uneven_hosts_two_runs_give_the_same_bits_and_the_estimate_counts_the_residual);
+    RUN_TEST(test_grad_wire_on_uneven_hosts_step_report_counts_the_codes_of_every_lane);
+    RUN_TEST(test_grad_wire_on_uneven_hosts_nonfinite_gradient_skips_the_step_on_every_rank_naming_the_unit);
+    RUN_TEST(test_grad_wire_on_uneven_hosts_residual_round_trips_through_a_sharded_checkpoint);
+    RUN_TEST(test_grad_wire_hybrid_int8_on_two_and_three_hosts_trains_as_the_reference_bitwise);
+    RUN_TEST(test_grad_wire_hybrid_int4_on_two_and_three_hosts_trains_as_the_reference_bitwise);
+    RUN_TEST(test_grad_wire_hybrid_int8_with_error_feedback_trains_as_the_reference_bitwise);
+    RUN_TEST(test_grad_wire_hybrid_int4_with_error_feedback_trains_as_the_reference_bitwise);
+    RUN_TEST(test_grad_wire_hybrid_two_runs_give_the_same_bits_on_every_replica_and_the_estimate_counts_the_residual);
+    RUN_TEST(test_grad_wire_hybrid_residual_round_trips_through_a_sharded_checkpoint);
+    RUN_TEST(test_grad_wire_hybrid_nonfinite_gradient_skips_the_step_on_every_replica_naming_the_unit);
+    RUN_TEST(test_grad_wire_hybrid_step_report_counts_the_codes_sent_across_hosts);
+    RUN_TEST(test_grad_wire_hybrid_with_one_replica_trains_as_full_shard_bitwise);
+    RUN_TEST(test_grad_wire_hybrid_on_one_host_is_ignored_with_the_plain_bits_and_says_so);
+    RUN_TEST(test_grad_wire_hybrid_whose_shard_groups_span_hosts_is_refused_naming_the_unit);
+    RUN_TEST(test_grad_wire_hybrid_with_recovery_is_refused);
+    RUN_TEST(test_grad_wire_on_interleaved_hosts_is_refused_naming_the_unit);
     RUN_TEST(test_grad_wire_float_other_than_reduce_dtype_is_refused_naming_the_unit);
     failures = UNITY_END();
     remove_tree(ckpt_root);
