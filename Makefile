@@ -25,7 +25,7 @@ MPI_TESTS := test_mpi
 UNIT_TESTS := $(filter-out $(MPI_TESTS),$(TESTS))
 SANFLAGS ?=
 
-.PHONY: all help test test-asan test-tsan test-multihost test-chaos trace-picture bench-scale bench bench-mpi bench-multihost bench-torch demo demo-big demo-huge demo-mlp demo-collectives tools fuzz clean check-deps
+.PHONY: all help test test-asan test-tsan test-multihost test-recover test-chaos trace-picture bench-scale bench bench-mpi bench-multihost bench-torch demo demo-big demo-huge demo-recover demo-mlp demo-collectives tools fuzz clean check-deps
 
 all: $(BUILD)/gpt $(BUILD)/distill $(BUILD)/mlp $(BUILD)/ckpt_tool $(BUILD)/trace_tool $(BUILD)/bench_comm $(BUILD)/bench_train $(BUILD)/demo_collectives
 
@@ -33,11 +33,13 @@ help:
 	@echo "make demo        train a GPT on 4 local ranks (shared memory, FULL_SHARD), checkpoint, sample"
 	@echo "make demo-big    an 85 M-parameter GPT on 4 local ranks under a per-rank memory budget 1 rank cannot meet"
 	@echo "make demo-huge   a 2.4 B-parameter GPT (state 1.5x the RAM) on 4 ranks, everything offloaded to disk (OFFLOAD_DIR)"
+	@echo "make demo-recover  lose a host, keep training: the GPT with --recover on 4 simulated hosts x 2, one killed and rejoined (root)"
 	@echo "make demo-mlp    train an MLP on 4 local ranks"
 	@echo "make test        every test; ends with 'N passed, N failed' (UNITY_DIR=... for real Unity)"
 	@echo "make test-asan   the tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 	@echo "make test-tsan   the threaded tests under ThreadSanitizer"
-	@echo "make test-multihost  ranks on several simulated hosts (network namespaces; root)"
+	@echo "make test-multihost  ranks on several simulated hosts (network namespaces; root); then make test-recover's"
+	@echo "make test-recover  in-job recovery on 4 simulated hosts: kills, a silent host, a 2|2 partition, rejoins (root)"
 	@echo "make test-chaos  the GPT with random delays, yields and short socket pieces, bit for bit against unperturbed runs"
 	@echo "make bench       build/bench_comm (collectives) and build/bench_train (training)"
 	@echo "make build/bench_wire  the wire formats' kernels (int8, int4): GB/s per CPU level and block size, error"
@@ -80,7 +82,7 @@ $(BUILD)/test_gpt: tests/test_gpt.c examples/gpt_model.h examples/example_gemm.h
 	$(CC) -std=c99 $(OPT) $(WARN) $(SANFLAGS) $(CFLAGS) -I. -I$(UNITY_DIR) $< $(LINKED_IMPLEMENTATION) $(BUILD)/unity.o -o $@ -lopenblas $(LDLIBS)
 
 $(BUILD)/test_mpi: tests/test_mpi.c fsdp.h $(TEST_HEADERS) $(BUILD)/unity.o | $(BUILD)
-	$(MPICC) -std=c99 $(OPT) $(WARN) -DFSDP_WITH_MPI -I. -I$(UNITY_DIR) $< $(BUILD)/unity.o -o $@ $(LDLIBS)
+	$(MPICC) -std=c99 $(OPT) $(WARN) $(CFLAGS) -DFSDP_WITH_MPI -I. -I$(UNITY_DIR) $< $(BUILD)/unity.o -o $@ $(LDLIBS)
 
 test: check-deps
 	@$(MAKE) --no-print-directory $(SYNC_OUTPUT) $(addprefix $(BUILD)/,$(UNIT_TESTS))
@@ -101,7 +103,13 @@ test-tsan:
 # Ranks on several "hosts" built from network, mount and UTS namespaces on this machine (root;
 # without them it says why and passes nothing): tests/multihost/test_multihost.sh.
 test-multihost: check-deps
-	@BUILD=$(BUILD) bash tests/multihost/test_multihost.sh
+	@BUILD=$(BUILD) bash tests/multihost/test_multihost.sh; s=$$?; BUILD=$(BUILD) bash tests/multihost/test_recover.sh && exit $$s
+
+# In-job recovery (issue 38) on 4 simulated hosts x 2 ranks (root): the GPT with --recover, a host killed
+# at each of 10 steps and the rendezvous's host at 4 (survivors bitwise equal, losses as without the loss;
+# the same schedule twice bitwise equal), a silent host, a 2|2 partition, recovery off. About a minute.
+test-recover: check-deps
+	@BUILD=$(BUILD) bash tests/multihost/test_recover.sh
 
 # The bitwise promise under perturbation: >= 200 runs of the GPT built with FSDP_CHAOS (random delays,
 # yields, reorderings, short socket pieces; fsdp.h's >>chaos) against the same jobs unperturbed, every
@@ -242,6 +250,15 @@ demo-huge: check-deps $(BUILD)/gpt
 	@echo; echo '$$ $(BUILD)/gpt --nproc 4 $(DEMO_HUGE) --offload all --offload-dir $(OFFLOAD_DIR)'
 	@$(BUILD)/gpt --nproc 4 $(DEMO_HUGE) --offload all --offload-dir $(OFFLOAD_DIR)
 	@echo "$(OFFLOAD_DIR) after the run: $$(ls -A $(OFFLOAD_DIR) | wc -l) entries"; test -z "$$(ls -A $(OFFLOAD_DIR))"
+
+# Lose a host, keep training (issue 38; root): the GPT with --recover, HYBRID_SHARD, on 4 simulated hosts
+# x 2 ranks with 2 Gbit/s links; h2's ranks are killed (SIGKILL) once step 8 is printed and the others
+# train on to step 20. Prints the recovery's timeline (ms after the kill) and the losses. Options (a
+# silent host, another host, demo-big's model, today's restart from a checkpoint for comparison):
+# bash examples/recover_bed.sh --help.
+DEMO_RECOVER ?=
+demo-recover: check-deps $(BUILD)/gpt
+	@BUILD=$(BUILD) bash examples/recover_bed.sh $(DEMO_RECOVER)
 
 demo-mlp: check-deps $(BUILD)/mlp
 	$(BUILD)/mlp --nproc 4 --strategy full --hidden 1024 --layers 6 --batch 512 --steps 100 --print-every 10

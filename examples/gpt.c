@@ -8,6 +8,7 @@
                    build/gpt --nproc 4 --save-every 50 --resume auto --max-restarts 3   (elastic)
                    make demo-big        (85 M parameters, 4 ranks, --recompute, --mem-budget 768 MiB per rank)
                    make demo-huge       (2.2 B parameters, 4 ranks, everything offloaded to disk: --offload all)
+                   make demo-recover    (--recover: 4 simulated hosts x 2, HYBRID_SHARD, one host killed; root)
                    torchrun-style: RANK=0 WORLD_SIZE=2 MASTER_ADDR=... MASTER_PORT=... build/gpt
    The model and its layers are in gpt_model.h (shared with tests/test_gpt.c). */
 #define FSDP_IMPLEMENTATION
@@ -35,6 +36,17 @@ typedef struct {
     int max_restarts;                // with nproc: fsdp_launch_ex's restarts after a failed rank
     long long fault_at_step;         // GPT_FAULT_AT_STEP (testing): rank 1 kills itself there, first attempt only
     long long fault_in_save;         // GPT_FAULT_IN_SAVE (testing): ... right after that step's save started
+    int fault_host;                  // GPT_FAULT_HOST (testing --recover): the host whose ranks GPT_FAULT_AT_STEP
+                                     // ends (-1: rank 1)
+    int fault_stop;                  // GPT_FAULT_SIGNAL=STOP: they stop (SIGSTOP) rather than die, for a script to act
+    long long pause_at_step;         // GPT_PAUSE_AT_STEP (testing --rejoin): the rendezvous stops there
+    int recover;                     // --recover: fsdp_desc.recovery on (a lost host's survivors train on)
+    int detect_ms, min_replicas;     // --detect-ms, --min-replicas (0: fsdp.h's defaults)
+    int recovery_port;               // --recovery-port: rank r listens at it + r for a rejoining host (0: none)
+    int rejoin;                      // --rejoin: this rank's host rejoins the running job
+    const char *peers;               // --peers (NULL: FSDP_RECOVERY_PEERS)
+    int job_world;                   // --rejoin: the job's WORLD_SIZE as it started (the environment's)
+    double started;                  // wall-clock seconds at main's start (--rejoin's timeline)
     float lr, min_lr, weight_decay, clip, temperature;
     int min_lr_set;
     int decay_all;                   // --decay-all: weight decay on every parameter, not only the matrices
@@ -284,6 +296,296 @@ static long long resume(fsdp_ctx *ctx, fsdp_comm *comm, const options *o, int *l
     return v[RESUME_STEP];
 }
 
+/* ----------------------------------------------------------------------------------------- */
+/* --recover: a lost host's survivors train on (HYBRID_SHARD, a replica per host: fsdp.h's >>recovery).
+   fsdp_step recovers from the loss and says so in its report; the loop then takes its data by
+   fsdp_replicas and its collectives over fsdp_world_comm, and takes a dropped iteration again.
+   --rejoin: a lost host's ranks started again come back into the running job (fsdp_init with
+   recovery.rejoin) and take, from the step they are admitted at, the data their replica gets. */
+
+static double wall_now(void) { // CLOCK_REALTIME: a script can set these times beside the moment it killed a host
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// A time of fsdp_recovery_timeline_get (fsdp_now's monotonic clock) as wall_now seconds; 0 stays 0.
+static double wall_of(double t) { return t > 0 ? t + wall_now() - fsdp_now() : 0; }
+
+/* What the loop saw of the last change of membership (wall_now seconds; 0: not seen), beside the
+   phases inside fsdp_step that fsdp_recovery_timeline_get gives. */
+typedef struct {
+    double last_done;       // the last step completed before the change (and its number)
+    long long last_step;
+    double step_ms;         // that step's time (from the step before it): a step with no change
+    double returned;        // fsdp_step returned with the new epoch
+    long long epoch;        // the membership training now (fsdp_step_report.epoch)
+    int pending;            // the next completed step prints a timeline: 1 of a loss, 2 of a rejoin, 3 of
+                            // this rank's own rejoin (--rejoin, the host's first rank)
+    int replicas_before, dropped;
+    char data[300];         // the blob's text but its step: what fixes each step's data (--rejoin checks it)
+} recovery_timeline;
+
+/* The fewest replicas a run can be left with: each loss must leave a strict majority of the last
+   membership (so from 3 or more down to 2), and --min-replicas. */
+static int fewest_replicas(const options *o, int replicas) {
+    int fewest = o->min_replicas > 2 ? o->min_replicas : 2;
+    return fewest < replicas ? fewest : replicas;
+}
+
+/* --recover: the survivors take the whole global batch, so it must split evenly at every replica
+   count the run can be left with: into equal shares per replica, per rank (G a replica's ranks)
+   and per --accum micro-batch. *most: the most sequences a rank then takes. 0, or 1 (rank 0 says why).
+   P: the world (a --rejoin rank's is its host's: the job's is o->job_world). */
+static int check_recover_batch(const options *o, int P, int G, int rank, int *most) {
+    int replicas = (o->rejoin ? o->job_world : P) / G, fewest = fewest_replicas(o, replicas);
+    *most = o->batch / P;
+    if (!o->recover) return 0;
+    for (int r = replicas; r >= fewest; r--) {
+        if (o->batch % (r * G * o->accum) == 0) continue;
+        if (rank == 0)
+            fprintf(stderr, "gpt: --recover: --batch %d does not split into %d replicas of %d ranks%s: after a lost host the "
+                    "survivors take the whole global batch, so it must divide evenly at %d down to %d replicas; use a "
+                    "multiple of every count of ranks%s\n", o->batch, r, G, o->accum > 1 ? " times --accum" : "", replicas,
+                    fewest, o->accum > 1 ? " times --accum" : "");
+        return 1;
+    }
+    *most = o->batch / (fewest * G);
+    return 0;
+}
+
+/* This rank's part of the step's global batch, by the replicas training now (fsdp_replicas): the
+   --batch sequences split evenly over the replicas (replica i of R takes i*batch/R ..), each share
+   over the replica's ranks. Without a loss this is rank * batch/P as always; after one, the
+   survivors take the whole batch, so the losses stay those of the same sequences. Also the world
+   (*rank of *P) the context trains over now. */
+static void batch_share(fsdp_ctx *ctx, const options *o, int *rank, int *P, int *first, int *B) {
+    fsdp_comm *world = fsdp_world_comm(ctx);
+    int replicas, index, per_replica;
+    fsdp_replicas(ctx, &replicas, &index);
+    *rank = fsdp_comm_rank(world), *P = fsdp_comm_size(world);
+    per_replica = o->batch / replicas;
+    *B = per_replica / (*P / replicas);
+    *first = index * per_replica + *rank % (*P / replicas) * *B;
+}
+
+/* The step's mean loss over the world (collective; safe once fsdp_step returned: the runtime's comm
+   thread is idle): the ranks' losses summed with a weight each, 1 for a rank that took the step, 0
+   for a --rejoin rank, which takes part in the reduction of the step it was admitted after. */
+static int mean_loss(fsdp_ctx *ctx, float *loss, float weight) {
+    float sum[2] = {*loss * weight, weight};
+    int rc = fsdp_all_reduce(fsdp_world_comm(ctx), sum, sum, 2, FSDP_F32, FSDP_SUM);
+    if (!rc) *loss = sum[0] / sum[1];
+    return rc;
+}
+
+/* The data position a rejoining rank receives (fsdp_recovery_set_blob): the step whose data the
+   next iteration takes, after what fixes every step's data (tl->data), which the joiner checks. */
+static void set_data_position(const recovery_timeline *tl, fsdp_ctx *ctx, long long next) {
+    char blob[400];
+    int n = snprintf(blob, sizeof blob, "%s: next step %lld", tl->data, next);
+    fsdp_recovery_set_blob(ctx, blob, (size_t)n + 1);
+}
+
+/* A --rejoin rank, once admitted: the data position from its counterpart's blob (the step its
+   loop goes on from, in *first_step), checked against this rank's own flags and text. 0, or 1 (said). */
+static int rejoin_position(const recovery_timeline *tl, fsdp_ctx *ctx, long long *first_step) {
+    char blob[FSDP_RECOVERY_BLOB_MAX + 1] = "";
+    const char *at;
+    int64_t step = 0;
+    size_t n = 0;
+    fsdp_recovery_state(ctx, &step, blob, FSDP_RECOVERY_BLOB_MAX, &n);
+    at = strstr(blob, ": next step ");
+    if (at && (size_t)(at - blob) == strlen(tl->data) && !strncmp(blob, tl->data, strlen(tl->data))) {
+        *first_step = atoll(at + strlen(": next step "));
+        return 0;
+    }
+    fprintf(stderr, "gpt: --rejoin: the survivors train with '%.*s' (at fsdp step %lld), this rank was started with "
+            "'%s': start it with the job's flags and data\n", (int)(at ? at - blob : (long)strlen(blob)), blob,
+            (long long)step, tl->data);
+    return 1;
+}
+
+static void timeline_line(const char *kind, double since, const char *event, double t, const char *what) {
+    if (t > 0) printf("%s: %s at %.3f (+%.0f ms)%s%s\n", kind, event, t, 1e3 * (t - since), *what ? ": " : "", what);
+}
+
+/* Rank 0 of the survivors, at the first step completed after a loss: each phase's time, also
+   after the last step done before the loss (a script that killed the host relates the
+   wall-clock times to its own). */
+static void print_loss_timeline(const recovery_timeline *tl, fsdp_ctx *ctx, const options *o, long long step,
+                                double done) {
+    int replicas, P = fsdp_comm_size(fsdp_world_comm(ctx));
+    char what[200];
+    fsdp_recovery_timeline ft;
+    fsdp_recovery_timeline_get(ctx, &ft);
+    fsdp_replicas(ctx, &replicas, NULL);
+    printf("recovery: epoch %lld: the timeline on rank 0 of the survivors (unix time, s; + ms after step %lld, the last "
+           "done before the loss)\n", tl->epoch, tl->last_step);
+    timeline_line("recovery", tl->last_done, "last step done", tl->last_done, "");
+    timeline_line("recovery", tl->last_done, "detected", wall_of(ft.loss_seen), "this rank's first op to fail (a hook's "
+                  "or fsdp_step's): recovery began");
+    timeline_line("recovery", tl->last_done, "stopped", wall_of(ft.stopped), "everything in flight stopped");
+    snprintf(what, sizeof what, "epoch %lld: %d of %d replicas go on", (long long)ft.loss_epoch, replicas,
+             tl->replicas_before);
+    timeline_line("recovery", tl->last_done, "agreed", wall_of(ft.agreed), what);
+    snprintf(what, sizeof what, "the survivors' world made: %d ranks", P);
+    timeline_line("recovery", tl->last_done, "rebuilt", wall_of(ft.rebuilt), what);
+    snprintf(what, sizeof what, "epoch %lld; step %lld %s", tl->epoch, tl->last_step + 1, tl->dropped ?
+             "dropped: taken again by the survivors" : "applied by every survivor");
+    timeline_line("recovery", tl->last_done, "fsdp_step returned", tl->returned, what);
+    snprintf(what, sizeof what, "step %lld; the global batch of %d sequences now %d per replica; completed steps lost: "
+             "0%s", step, o->batch, o->batch / replicas, tl->dropped ? " (1 iteration taken again)" : "");
+    timeline_line("recovery", tl->last_done, "next step done", done, what);
+}
+
+/* Rank 0 of the survivors, at the first step completed after a rejoin (with every replica: caught
+   up): the admission's phases, the state's bytes and rate, and the pause it cost the survivors
+   (the admitting step's time less the step before it; meaningless where a test stopped rank 0 in
+   either, as tests/multihost/test_recover.sh does). */
+static void print_rejoin_timeline(const recovery_timeline *tl, fsdp_ctx *ctx, const options *o, long long step,
+                                  double done) {
+    int replicas, P = fsdp_comm_size(fsdp_world_comm(ctx));
+    double admit_ms = 1e3 * (tl->returned - tl->last_done), state_s;
+    char what[240];
+    fsdp_recovery_timeline ft;
+    fsdp_recovery_timeline_get(ctx, &ft);
+    fsdp_replicas(ctx, &replicas, NULL);
+    state_s = ft.join_done - ft.join_world;
+    printf("rejoin: epoch %lld: the timeline on rank 0 of the survivors (unix time, s; + ms after step %lld, the last "
+           "done before the admitting one)\n", tl->epoch, tl->last_step);
+    timeline_line("rejoin", tl->last_done, "last step done", tl->last_done, "");
+    snprintf(what, sizeof what, "step %lld applied; its commit point carried the joiners' request", tl->last_step + 1);
+    timeline_line("rejoin", tl->last_done, "admission began", wall_of(ft.join_begin), what);
+    snprintf(what, sizeof what, "epoch %lld: %d of %d replicas, %d ranks", (long long)ft.join_epoch, replicas,
+             replicas, P);
+    timeline_line("rejoin", tl->last_done, "world made", wall_of(ft.join_world), what);
+    snprintf(what, sizeof what, "%llu bytes (%.2f MiB) in %.1f ms, %.1f MB/s: master shards, optimizer state, step %lld, "
+             "the data position", (unsigned long long)ft.join_bytes, mib((double)ft.join_bytes), 1e3 * state_s,
+             state_s > 0 ? (double)ft.join_bytes / state_s / 1e6 : 0.0, (long long)ft.join_step);
+    timeline_line("rejoin", tl->last_done, "state sent", wall_of(ft.join_done), what);
+    snprintf(what, sizeof what, "the admitting step took %.0f ms, the step before it %.0f ms: the survivors' pause "
+             "%.0f ms", admit_ms, tl->step_ms, admit_ms - tl->step_ms);
+    timeline_line("rejoin", tl->last_done, "fsdp_step returned", tl->returned, what);
+    snprintf(what, sizeof what, "step %lld done with all %d replicas; the global batch of %d sequences now %d per "
+             "replica", step, replicas, o->batch, o->batch / replicas);
+    timeline_line("rejoin", tl->last_done, "caught up", done, what);
+}
+
+/* A --rejoin host's first rank, at its first completed step: when it asked, got the state, trained. */
+static void print_own_rejoin(fsdp_ctx *ctx, const options *o, long long step, double done) {
+    fsdp_recovery_timeline ft;
+    double state_s;
+    int replicas, index;
+    char what[240];
+    fsdp_recovery_timeline_get(ctx, &ft);
+    fsdp_replicas(ctx, &replicas, &index);
+    state_s = ft.join_done - ft.join_world;
+    printf("rejoin: the timeline of this rejoining host's first rank (unix time, s; + ms after its process started)\n");
+    timeline_line("rejoin", o->started, "process started", o->started, "");
+    timeline_line("rejoin", o->started, "requested", wall_of(ft.join_begin), "fsdp_init's first hello to the survivors");
+    snprintf(what, sizeof what, "rank %d of %d, replica %d of %d", fsdp_comm_rank(fsdp_world_comm(ctx)),
+             fsdp_comm_size(fsdp_world_comm(ctx)), index, replicas);
+    timeline_line("rejoin", o->started, "world made", wall_of(ft.join_world), what);
+    snprintf(what, sizeof what, "%llu bytes in %.1f ms, %.1f MB/s, checked (SHA-256); from step %lld",
+             (unsigned long long)ft.join_bytes, 1e3 * state_s, state_s > 0 ? (double)ft.join_bytes / state_s / 1e6 : 0.0,
+             (long long)ft.join_step);
+    timeline_line("rejoin", o->started, "state received", wall_of(ft.join_done), what);
+    snprintf(what, sizeof what, "step %lld", step);
+    timeline_line("rejoin", o->started, "first step done", done, what);
+}
+
+/* --recover, after fsdp_init (and --resume): the timeline's start and the data's description; a
+   --rejoin rank takes its data position (*first_step) and, as the survivors do after the step that
+   admitted it, the loss's reduction (and that step's save). comm: desc.comm. 0, or 1 (said). */
+static int recovery_start(recovery_timeline *tl, fsdp_ctx *ctx, const options *o, fsdp_comm *comm,
+                          long long *first_step) {
+    fsdp_recovery_timeline ft;
+    uint64_t text_hash = 0xcbf29ce484222325ull;
+    float no_loss = 0;
+    for (size_t i = 0; i < o->train_size; i++) text_hash = (text_hash ^ o->text[i]) * 0x100000001b3ull;
+    snprintf(tl->data, sizeof tl->data, "gpt --batch %d --seq-len %d --steps %d --warmup %d --lr %g --min-lr %g, %zu bytes "
+             "of text to train on (FNV-1a %016llx)", o->batch, o->seq_len, o->steps, o->warmup, (double)o->lr,
+             (double)o->min_lr, o->train_size, (unsigned long long)text_hash);
+    fsdp_replicas(ctx, &tl->replicas_before, NULL);
+    fsdp_recovery_timeline_get(ctx, &ft);
+    tl->epoch = o->rejoin ? ft.join_epoch : 0;
+    tl->last_done = wall_now(), tl->last_step = *first_step;
+    if (!o->rejoin) return 0;
+    if (rejoin_position(tl, ctx, first_step)) return 1;
+    tl->last_step = *first_step, tl->pending = fsdp_comm_rank(comm) == 0 ? 3 : 0;
+    if (mean_loss(ctx, &no_loss, 0)) {
+        fprintf(stderr, "gpt: --rejoin: all_reduce of the admitting step's loss: %s\n",
+                fsdp_comm_last_error(fsdp_world_comm(ctx)));
+        return 1;
+    }
+    if (strcmp(o->ckpt, "none") != 0 && o->save_every && *first_step % o->save_every == 0)
+        return save_checkpoint(ctx, o, fsdp_comm_rank(fsdp_world_comm(ctx)), fsdp_comm_size(fsdp_world_comm(ctx)),
+                               *first_step) != 0;
+    return 0;
+}
+
+/* After fsdp_step returned 0: whether the membership changed in it (report->epoch moved on: a
+   loss, or a rejoin when the replicas grew) and what the loop does: 0 go on; 1 take this iteration
+   again (the step was dropped); -1 stop (forward or backward failed without a loss that fsdp_step
+   recovered from). Prints the timeline (rank 0) at the first step completed after the change. */
+static int after_step(recovery_timeline *tl, fsdp_ctx *ctx, const options *o, const fsdp_step_report *report,
+                      long long step, int pass_failed) {
+    double now = wall_now();
+    if (report->epoch != tl->epoch) { // a change in this fsdp_step
+        int rejoined = report->replicas > tl->replicas_before && !report->dropped;
+        tl->epoch = report->epoch, tl->returned = now, tl->dropped = report->dropped, tl->pending = rejoined ? 2 : 1;
+        return rejoined ? 0 : report->dropped; // (a rejoin: this step was applied, and the next is the first with all)
+    }
+    if (pass_failed) return -1;
+    if (report->dropped) return 1; // (a recovery reports a new epoch: not reached)
+    if (tl->pending == 3) print_own_rejoin(ctx, o, step + 1, now);
+    else if (tl->pending && fsdp_comm_rank(fsdp_world_comm(ctx)) == 0)
+        (tl->pending == 2 ? print_rejoin_timeline : print_loss_timeline)(tl, ctx, o, step + 1, now);
+    if (tl->pending) fsdp_replicas(ctx, &tl->replicas_before, NULL);
+    tl->pending = 0;
+    tl->step_ms = 1e3 * (now - tl->last_done), tl->last_done = now, tl->last_step = step + 1;
+    return 0;
+}
+
+/* --recover, at the end (collective): whether every replica holds the same master weights, bit for
+   bit. Every rank gathers each parameter (fsdp_gather_param: from its own replica's shards) and
+   hashes them in order (FNV-1a, 64 bits); rank 0 compares the ranks' hashes and prints the
+   model's, which two runs can compare. 0, or -1 if a gather failed. */
+static int print_replica_checksums(fsdp_ctx *ctx, const gpt *m, int rank) {
+    fsdp_comm *world = fsdp_world_comm(ctx);
+    int P = fsdp_comm_size(world), replicas, differ = -1, n = fsdp_model_num_params(m->model), rc = 0;
+    uint64_t mine = 0xcbf29ce484222325ull, *all = (uint64_t *)calloc((size_t)P, 8);
+    int64_t largest = 1;
+    float *full;
+    for (int p = 0; p < n; p++)
+        if (fsdp_model_param_numel(m->model, p) > largest) largest = fsdp_model_param_numel(m->model, p);
+    full = (float *)malloc(sizeof(float) * (size_t)largest);
+    for (int p = 0; p < n && all && full && !rc; p++) {
+        const unsigned char *bytes = (const unsigned char *)full;
+        if ((rc = fsdp_gather_param(ctx, p, full)) != 0) break;
+        for (size_t i = 0; i < sizeof(float) * (size_t)fsdp_model_param_numel(m->model, p); i++)
+            mine = (mine ^ bytes[i]) * 0x100000001b3ull;
+    }
+    if (!all || !full || rc || fsdp_all_gather(world, &mine, all, 2, FSDP_F32)) { // (64-bit hashes, moved as bytes)
+        fprintf(stderr, "rank %d: the replicas' checksums: %s\n", rank, rc ? fsdp_last_error(ctx) : !all || !full ?
+                "out of memory" : fsdp_comm_last_error(world));
+        free(all), free(full);
+        return -1;
+    }
+    fsdp_replicas(ctx, &replicas, NULL);
+    for (int r = 1; r < P && differ < 0; r++)
+        if (all[r] != all[0]) differ = r;
+    if (rank == 0 && differ < 0)
+        printf("replicas: the %d replicas' master weights are bitwise equal (checksum %016llx)\n", replicas,
+               (unsigned long long)all[0]);
+    else if (rank == 0)
+        printf("replicas: the master weights DIFFER: rank %d's checksum %016llx, rank 0's %016llx\n", differ,
+               (unsigned long long)all[differ], (unsigned long long)all[0]);
+    free(all), free(full);
+    return 0;
+}
+
 /* The FSDP configuration of a run at world size P (local_size ranks per host). With comm NULL:
    for fsdp_memory_estimate before the ranks start. */
 static void make_desc(const options *o, fsdp_comm *comm, int P, int local_size, fsdp_desc *desc) {
@@ -301,7 +603,7 @@ static void make_desc(const options *o, fsdp_comm *comm, int P, int local_size, 
     desc->backward_prefetch = FSDP_BACKWARD_PRE;
     // HYBRID_SHARD: a shard group per host (the others shard over all ranks and use no group)
     if (o->strategy == FSDP_HYBRID_SHARD) desc->shard_group_size = local_size;
-    if (o->strategy == FSDP_HYBRID_SHARD && local_size == P && P % 2 == 0)
+    if (o->strategy == FSDP_HYBRID_SHARD && local_size == P && P % 2 == 0 && !o->rejoin)
         desc->shard_group_size = P / 2; // one host: two replicas of half the ranks each, so something is replicated
     desc->seed = o->seed;
     desc->optimizer.kind = FSDP_ADAMW;
@@ -315,6 +617,13 @@ static void make_desc(const options *o, fsdp_comm *comm, int P, int local_size, 
     desc->error_feedback = o->error_feedback;
     desc->wire_block = o->wire_block;
     desc->reshard_after_forward = o->reshard;
+    desc->recovery.enabled = o->recover;
+    desc->recovery.detect_ms = o->detect_ms;
+    desc->recovery.min_replicas = o->min_replicas;
+    desc->recovery.port = o->recovery_port;
+    desc->recovery.rejoin = o->rejoin;
+    desc->recovery.peers = o->peers;
+    if (o->recover) desc->logger.fn = fsdp_log_stderr; // (fsdp.h's warnings say what each recovery did)
     if (!o->decay_all) desc->param_groups = decay_matrices_only, desc->num_param_groups = 1;
 }
 
@@ -417,14 +726,15 @@ static void print_offload_roofline(const fsdp_desc *desc, const double *all, int
            compute_s, io_s, step_s / (compute_s > io_s ? compute_s : io_s), machine);
 }
 
-/* A step's forward and backward over this rank's B sequences of the global batch, in --accum
-   micro-batches (their gradients reduced on the last only, or with --accum-reduce on each);
-   *loss: their mean loss. 0, or -1 (said on stderr). */
-static int forward_backward(gpt *m, gpt_acts *acts, const options *o, long long step, int rank, int B, float *loss) {
+/* A step's forward and backward over this rank's B sequences of the global batch (from sequence
+   first: batch_share), in --accum micro-batches (their gradients reduced on the last only, or with
+   --accum-reduce on each); *loss: their mean loss. 0, or -1 (said on stderr). */
+static int forward_backward(gpt *m, gpt_acts *acts, const options *o, long long step, int rank, int first, int B,
+                            float *loss) {
     int T = o->seq_len, b = B / o->accum;
     for (int k = 0; k < o->accum; k++) { // micro-batch k: this rank's sequences k*b .. (k+1)*b-1
         float part_loss;
-        data_batch(o->text, o->train_size, step, o->batch, T, rank * B + k * b, rank * B + (k + 1) * b, acts->inputs,
+        data_batch(o->text, o->train_size, step, o->batch, T, first + k * b, first + (k + 1) * b, acts->inputs,
                    acts->targets);
         if (o->accum > 1 && !o->accum_reduce && fsdp_set_no_sync(m->ctx, k < o->accum - 1)) {
             fprintf(stderr, "rank %d: fsdp_set_no_sync: %s\n", rank, fsdp_last_error(m->ctx));
@@ -437,15 +747,42 @@ static int forward_backward(gpt *m, gpt_acts *acts, const options *o, long long 
     return 0;
 }
 
+/* GPT_FAULT_AT_STEP (testing): at the start of step `step` (1-based) of the first attempt, rank 1
+   kills itself; with GPT_FAULT_HOST=H every rank of host H (as the job started) does; with
+   GPT_FAULT_SIGNAL=STOP they stop (SIGSTOP) instead, so that a script can kill the host or cut its
+   link at a known point of the run (tests/multihost). rank and P: as the job started.
+   GPT_PAUSE_AT_STEP=S (testing --rejoin): rank 0 of the world training then (the rendezvous of a
+   rejoin) stops at the start of step S and again at the start of S+1, so that a script can start
+   a host's ranks again at a known point: let go at S once they wait at its listener, its commit
+   point of step S challenges them; let go at S+1 once their hellos (the answers) wait there, its
+   commit point of S+1 admits them. */
+static void inject_fault(const options *o, fsdp_ctx *ctx, fsdp_comm *comm, int rank, int P, long long step) {
+    if (o->pause_at_step > 0 && (step == o->pause_at_step || step == o->pause_at_step + 1) && !o->rejoin &&
+        fsdp_comm_rank(fsdp_world_comm(ctx)) == 0) {
+        fprintf(stderr, "rank 0: GPT_PAUSE_AT_STEP=%lld: stopping this rank (SIGSTOP) at step %lld\n", o->pause_at_step,
+                step);
+        raise(SIGSTOP);
+    }
+    if (step != o->fault_at_step || example_restart_count() != 0 || o->rejoin) return;
+    if (o->fault_host >= 0 ? fsdp_comm_host_of(comm, rank) != o->fault_host : rank != (P > 1)) return;
+    fprintf(stderr, "rank %d: GPT_FAULT_AT_STEP=%lld: %s this rank (%s) at step %lld\n", rank, o->fault_at_step,
+            o->fault_stop ? "stopping" : "killing", o->fault_stop ? "SIGSTOP" : "SIGKILL", step);
+    raise(o->fault_stop ? SIGSTOP : SIGKILL);
+}
+
 static int train(fsdp_comm *comm, void *arg) {
     const options *o = (const options *)arg;
     int rank = fsdp_comm_rank(comm), P = fsdp_comm_size(comm), B = o->batch / P, T = o->seq_len, rc = 1;
+    const int start_rank = rank, start_P = P; // (after a recovery rank and P are the survivors' world's)
+    int first = rank * B, most_B = B, pass_failed, redo;
     gpt_config config = {256, o->seq_len, o->layers, o->heads, o->channels};
     double *step_ms = (double *)calloc(2 * (size_t)o->steps, sizeof(double)), *fsdp_ms = step_ms + o->steps;
     double interval_ms = 0, interval_fsdp_ms = 0;
     double sent_net = 0, sent_host = 0; // bytes this rank sent in steps 2.. across hosts / within its host
     long long first_step = 0, step;
     int timed = 0, interval_steps = 0, loaded = 0;
+    recovery_timeline timeline;
+    memset(&timeline, 0, sizeof timeline);
     fsdp_offload_stats io_start; // after the first step (which warms up), for the per-step I/O
     memset(&io_start, 0, sizeof io_start);
     float loss = 0;
@@ -458,7 +795,8 @@ static int train(fsdp_comm *comm, void *arg) {
     memset(&acts, 0, sizeof acts);
 
     openblas_set_num_threads(1);
-    if (!step_ms || gpt_build(&m, config) || gpt_acts_alloc_ex(&acts, &config, B, T, o->recompute, 1)) {
+    if (check_recover_batch(o, P, fsdp_comm_local_size(comm), rank, &most_B)) goto done;
+    if (!step_ms || gpt_build(&m, config) || gpt_acts_alloc_ex(&acts, &config, most_B, T, o->recompute, 1)) {
         fprintf(stderr, "rank %d: out of memory building the model\n", rank);
         goto done;
     }
@@ -470,6 +808,8 @@ static int train(fsdp_comm *comm, void *arg) {
     }
     m.ctx = ctx;
     if (o->resume && (first_step = resume(ctx, comm, o, &loaded)) < 0) goto done;
+    if (o->recover && recovery_start(&timeline, ctx, o, comm, &first_step)) goto done;
+    batch_share(ctx, o, &rank, &P, &first, &B); // (a --rejoin rank's world is now the job's)
     if (rank == 0) {
         printf("gpt: %d rank%s (%s), %s", P, P > 1 ? "s" : "", fsdp_backend_name(fsdp_comm_backend(comm)),
                fsdp_strategy_name(o->strategy));
@@ -533,6 +873,11 @@ static int train(fsdp_comm *comm, void *arg) {
                 printf("no checkpoint in %s yet: starting from scratch%s\n", o->ckpt, attempt);
         }
         if (o->print_units) fsdp_print_units(ctx, NULL, NULL);
+        if (o->recover)
+            printf("recovery: on (a lost host's survivors train on; detection of a silent host within %d ms; at least %d "
+                   "replicas; %s); the global batch is split over the replicas training at each step\n", o->detect_ms ?
+                   o->detect_ms : FSDP__RECOVERY_DETECT_MS, fewest_replicas(o, P / desc.shard_group_size),
+                   o->recovery_port ? "a lost host may rejoin: rank r listens at --recovery-port + r" : "no rejoin");
     }
 
     if (o->log_path) { // rank 0 writes it; every rank learns whether it could open it
@@ -547,18 +892,22 @@ static int train(fsdp_comm *comm, void *arg) {
         fsdp_step_report report;
         float lr = lr_schedule(step, o->steps, o->warmup, o->lr, o->min_lr);
         double t0, t_step, t1;
-        if (step + 1 == o->fault_at_step && rank == (P > 1) && example_restart_count() == 0) {
-            fprintf(stderr, "rank %d: GPT_FAULT_AT_STEP=%lld: killing this rank (SIGKILL) at step %lld\n", rank,
-                    o->fault_at_step, step + 1);
-            raise(SIGKILL);
-        }
+        inject_fault(o, ctx, comm, start_rank, start_P, step + 1);
+        batch_share(ctx, o, &rank, &P, &first, &B); // (the replicas change only with --recover)
         fsdp_set_lr(ctx, lr);
         t0 = fsdp_now(), m.hook_seconds = 0;
-        if (forward_backward(&m, &acts, o, step, rank, B, &loss)) goto done;
+        pass_failed = forward_backward(&m, &acts, o, step, rank, first, B, &loss) != 0;
+        if (pass_failed && !o->recover) goto done;
+        if (o->recover) set_data_position(&timeline, ctx, step + 1); // (for a host that rejoins after this step)
         t_step = fsdp_now();
         if (fsdp_step(ctx, o->clip, &report) || fsdp_zero_grad(ctx)) {
             fprintf(stderr, "rank %d: step %lld: %s\n", rank, step + 1, fsdp_last_error(ctx));
             goto done;
+        }
+        if (o->recover && (redo = after_step(&timeline, ctx, o, &report, step, pass_failed)) != 0) {
+            if (redo < 0) goto done; // (forward or backward failed, said above, and nothing was lost)
+            step--;               // dropped: the survivors take this iteration's data again
+            continue;
         }
         t1 = fsdp_now();
         step_ms[timed] = 1e3 * (t1 - t0);
@@ -566,10 +915,10 @@ static int train(fsdp_comm *comm, void *arg) {
         interval_ms += step_ms[timed], interval_fsdp_ms += fsdp_ms[timed], interval_steps++, timed++;
         if (timed == 1) fsdp_offload_stats_get(ctx, &io_start);
         else sent_net += (double)report.bytes_sent_net, sent_host += (double)report.bytes_sent_host;
-        // the global mean loss; safe here: fsdp_step returned, so the runtime's comm thread is idle
-        if (fsdp_all_reduce(comm, &loss, &loss, 1, FSDP_F32, FSDP_AVG)) {
-            fprintf(stderr, "rank %d: all_reduce of the loss: %s\n", rank, fsdp_comm_last_error(comm));
-            goto done;
+        if (mean_loss(ctx, &loss, 1)) { // (the global mean)
+            fprintf(stderr, "rank %d: all_reduce of the loss: %s\n", rank, fsdp_comm_last_error(fsdp_world_comm(ctx)));
+            if (!o->recover) goto done;
+            loss = NAN; // (a host lost meanwhile: the next step's fsdp_step recovers; this step was applied)
         }
         if (log) { // a line per step, flushed: a plotting tool can read the file while the run goes on
             fprintf(log, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.6g,\"grad_norm\":%.9g,\"skipped\":%d,\"loss_scale\":%.6g,"
@@ -608,6 +957,9 @@ static int train(fsdp_comm *comm, void *arg) {
         if (rank == 0) printf("saved %s (waited %.0f ms for the last save)\n", o->ckpt, 1e3 * (fsdp_now() - t));
     }
 
+    comm = fsdp_world_comm(ctx); // (after a recovery: the survivors')
+    rank = fsdp_comm_rank(comm), P = fsdp_comm_size(comm);
+    if (o->recover && print_replica_checksums(ctx, &m, rank)) goto done;
     { // every rank's memory and time, printed by rank 0, and what fsdp_memory_estimate predicted
         fsdp_memory_stats st, est;
         memset(&st, 0, sizeof st); // fsdp_memory_stats_get fills it; -O3 cannot see that it always does
@@ -881,8 +1233,9 @@ static void usage(FILE *out) {
         "  --grad-wire none|int8|int4\n"
         "                       gradients cross hosts quantized (ZeRO++'s qgZ): summed in f32 inside each\n"
         "                       host, each host's partial sent as int8 or int4 with a scale per block;\n"
-        "                       FULL_SHARD and SHARD_GRAD_OP on hosts of equal rank counts (HYBRID_SHARD\n"
-        "                       refused; on one host nothing crosses a link and it does nothing) (default: none)\n"
+        "                       FULL_SHARD and SHARD_GRAD_OP on hosts of equal rank counts; HYBRID_SHARD:\n"
+        "                       each replica's partial, then the sum, quantized between the hosts' replicas\n"
+        "                       (on one host nothing crosses a link and it does nothing) (default: none)\n"
         "  --error-feedback     with --grad-wire: each rank keeps its quantization error and adds it to the\n"
         "                       next step's gradients (saved in the sharded checkpoints)\n"
         "  --wire-block K       elements per block of --param-wire and --grad-wire: a multiple of 8 up to\n"
@@ -916,7 +1269,49 @@ static void usage(FILE *out) {
         "                       Testing aid: GPT_FAULT_AT_STEP=S in the environment makes rank 1 (rank 0\n"
         "                       if it is alone) kill itself with SIGKILL at step S of the first attempt;\n"
         "                       GPT_FAULT_IN_SAVE=S: right after the save at step S has started (with\n"
-        "                       --async-ckpt, while it is written behind)\n"
+        "                       --async-ckpt, while it is written behind)\n");
+    fprintf(out,
+        "in-job recovery (ranks on several hosts, --strategy HYBRID_SHARD: one replica per host)\n"
+        "  --recover            when a host is lost (its ranks die, or it goes silent) the others train on\n"
+        "                       without a restart (fsdp_desc.recovery): the step in flight is dropped and\n"
+        "                       taken again with the same data, or applied everywhere; the survivors then\n"
+        "                       split the whole global batch (--batch must divide evenly at every replica\n"
+        "                       count down to 2 or --min-replicas), so the losses stay those of the same\n"
+        "                       sequences. A partition leaving no strict majority of the hosts stops with\n"
+        "                       an error naming it. Rank 0 of the survivors prints the recovery's timeline\n"
+        "                       (unix times, and ms after the last step done before the loss) at the next\n"
+        "                       completed step. Not with --nproc (one host)\n"
+        "  --detect-ms MS       with --recover: a silent host (powered off, cut off) is taken for lost\n"
+        "                       after about MS ms (default 5000); a killed one at once\n"
+        "  --min-replicas N     with --recover: stop rather than train on with fewer than N replicas\n"
+        "                       (default 1; a strict majority of the last membership is needed anyway)\n"
+        "                       Testing aid: GPT_FAULT_HOST=H makes GPT_FAULT_AT_STEP act on every rank of\n"
+        "                       host H (as numbered at start), and GPT_FAULT_SIGNAL=STOP stops them (SIGSTOP)\n"
+        "                       instead, for a script to kill the host or cut its link at a known step\n"
+        "  --recovery-port P    with --recover, the same on every rank: rank r listens at P + r, where a\n"
+        "                       lost host's ranks started again find the job (default: none; no rejoin)\n");
+    fprintf(out,
+        "  --rejoin             with --recover and --recovery-port: this rank is one of a lost host's ranks\n"
+        "                       started again, with the environment the job first gave it (RANK WORLD_SIZE\n"
+        "                       LOCAL_RANK LOCAL_WORLD_SIZE, FSDP_SECRET or FSDP_SECRET_FILE, and FSDP_JOB\n"
+        "                       or the MASTER_PORT it was named after: under torchrun or SLURM set FSDP_JOB)\n"
+        "                       and the job's flags and data (checked against the survivors': the default\n"
+        "                       text is read from the sources, so edits since the job began are refused).\n"
+        "                       It makes the world of its host's ranks (over\n"
+        "                       127.0.0.1 at port P + WORLD_SIZE + RANK - LOCAL_RANK), finds the job at\n"
+        "                       --peers, is admitted after the survivors' next step (fsdp_init with\n"
+        "                       recovery.rejoin: it receives its counterpart's master shards, AdamW state\n"
+        "                       and step) and trains on from the data position the survivors sent with it,\n"
+        "                       on its replica's share. The survivors' rank 0 prints the admission's\n"
+        "                       timeline (state sent: bytes, ms, MB/s; the survivors' pause; caught up),\n"
+        "                       the host's first rank its own (requested, state received, first step)\n"
+        "  --peers LIST         with --rejoin: \"addr:port,...\", the listeners of each host's first rank in\n"
+        "                       host order (host h's at P + h * LOCAL_WORLD_SIZE) (default: the\n"
+        "                       environment's FSDP_RECOVERY_PEERS)\n"
+        "                       Testing aid: GPT_PAUSE_AT_STEP=S stops (SIGSTOP) rank 0 of the world\n"
+        "                       training at the start of steps S and S+1, for a script to start a host\n"
+        "                       again and let it in at a known point (SIGCONT at S once it connected:\n"
+        "                       challenged at S's end; at S+1 once it answered: admitted after S+1)\n"
         "output\n"
         "  --print-every N      rank 0 prints every N steps: the step's loss (mean over all ranks), the\n"
         "                       learning rate, the gradient norm, and averaged since the last line: ms/step,\n"
@@ -932,12 +1327,49 @@ static void usage(FILE *out) {
         "  --help               this text\n");
 }
 
+/* --recover and its settings: what recovery survives is a host, so the ranks must be on hosts of
+   their own under HYBRID_SHARD (fsdp_init checks the rest: a socket world, a replica per host). */
+static void check_recover_flags(const options *o) {
+    if (!o->recover && (o->detect_ms || o->min_replicas || o->recovery_port || o->rejoin || o->peers))
+        die_usage("--detect-ms, --min-replicas, --recovery-port, --rejoin and --peers are settings of --recover");
+    if (!o->recover) return;
+    if (o->rejoin && !o->recovery_port)
+        die_usage("--rejoin needs --recovery-port: the job's ranks listen there for a host that rejoins (give every "
+                  "rank the same)");
+    if (o->peers && !o->rejoin) die_usage("--peers says where a --rejoin rank finds the job: only with --rejoin");
+    if (o->rejoin && (o->resume || o->log_path))
+        die_usage("--rejoin takes its state from the survivors: no --resume (and no --log: rank 0's is the job's)");
+    if (o->strategy != FSDP_HYBRID_SHARD)
+        die_usage("--recover needs --strategy HYBRID_SHARD: a host's loss is survived because every other host holds a "
+                  "whole copy of the training state (%s shards one copy over every rank)", fsdp_strategy_name(o->strategy));
+    if (o->nproc)
+        die_usage("--recover survives the loss of a host, and --nproc forks every rank on this one: start the ranks on "
+                  "several hosts (torchrun --nnodes N, mpirun, or RANK WORLD_SIZE MASTER_ADDR MASTER_PORT per host) over "
+                  "sockets, as many on each host");
+}
+
+/* The testing aids' environment (GPT_FAULT_*: --help says what each does). */
+static void parse_faults(options *o) {
+    const char *fault;
+    o->fault_host = -1;
+    if ((fault = getenv("GPT_FAULT_HOST")) != NULL && *fault) o->fault_host = (int)arg_int("GPT_FAULT_HOST", fault, 0, 4096);
+    if ((fault = getenv("GPT_FAULT_SIGNAL")) != NULL && *fault) {
+        static const char *const signals[] = {"KILL", "STOP", NULL};
+        o->fault_stop = arg_choice("GPT_FAULT_SIGNAL", fault, signals, 0) == 1;
+    }
+    if ((fault = getenv("GPT_FAULT_AT_STEP")) != NULL && *fault)
+        o->fault_at_step = arg_int("GPT_FAULT_AT_STEP", fault, 1, 100000000);
+    if ((fault = getenv("GPT_FAULT_IN_SAVE")) != NULL && *fault)
+        o->fault_in_save = arg_int("GPT_FAULT_IN_SAVE", fault, 1, 100000000);
+    if ((fault = getenv("GPT_PAUSE_AT_STEP")) != NULL && *fault)
+        o->pause_at_step = arg_int("GPT_PAUSE_AT_STEP", fault, 1, 100000000);
+}
+
 static void parse(options *o, int argc, char **argv, const char *exe_dir) {
     static const char *const backends[] = {"shm", "socket", NULL};
     static const char *const dtypes[] = {"f32", "bf16", "f16", NULL}, *const state_dtypes[] = {"f32", "bf16", NULL};
     static const char *const wires[] = {"int8", "int4", NULL};
     static const char *const grad_wires[] = {"int8", "int4", "none", NULL}; // FSDP_WIRE_INT8 + index; none: DEFAULT
-    const char *fault;
     memset(o, 0, sizeof *o);
     o->backend = FSDP_BACKEND_SHM, o->layers = 4, o->heads = 4, o->channels = 128, o->seq_len = 64;
     o->batch = 16, o->steps = 500, o->warmup = 30, o->print_every = 25, o->sample = 300, o->accum = 1;
@@ -954,6 +1386,8 @@ static void parse(options *o, int argc, char **argv, const char *exe_dir) {
         if (!strcmp(f, "--error-feedback")) { o->error_feedback = 1; continue; }
         if (!strcmp(f, "--accum-reduce")) { o->accum_reduce = 1; continue; }
         if (!strcmp(f, "--no-roofline")) { o->no_roofline = 1; continue; }
+        if (!strcmp(f, "--recover")) { o->recover = 1; continue; }
+        if (!strcmp(f, "--rejoin")) { o->rejoin = 1; continue; }
         if (!strcmp(f, "--recompute")) { // an optional K: every K-th block
             o->recompute = v && *v >= '0' && *v <= '9' ? (int)arg_int(f, argv[++i], 1, GPT_MAX_LAYERS) : 1;
             continue;
@@ -996,6 +1430,10 @@ static void parse(options *o, int argc, char **argv, const char *exe_dir) {
         else if (!strcmp(f, "--save-every")) o->save_every = (int)arg_int(f, v, 0, 100000000);
         else if (!strcmp(f, "--resume")) o->resume = v;
         else if (!strcmp(f, "--max-restarts")) o->max_restarts = (int)arg_int(f, v, 0, 1000);
+        else if (!strcmp(f, "--detect-ms")) o->detect_ms = (int)arg_int(f, v, 1, 600000);
+        else if (!strcmp(f, "--min-replicas")) o->min_replicas = (int)arg_int(f, v, 1, 4096);
+        else if (!strcmp(f, "--recovery-port")) o->recovery_port = (int)arg_int(f, v, 1, 65535);
+        else if (!strcmp(f, "--peers")) o->peers = v;
         else if (!strcmp(f, "--print-every")) o->print_every = (int)arg_int(f, v, 1, 100000000);
         else if (!strcmp(f, "--sample")) o->sample = (int)arg_int(f, v, 0, 1 << 20);
         else if (!strcmp(f, "--prompt")) o->prompt = v;
@@ -1015,10 +1453,8 @@ static void parse(options *o, int argc, char **argv, const char *exe_dir) {
         die_usage("--offload needs a directory on a local disk: --offload-dir DIR (or FSDP_OFFLOAD_DIR)");
     if (o->max_restarts && !o->nproc)
         die_usage("--max-restarts restarts the ranks --nproc forks; under torchrun pass --max_restarts to torchrun");
-    if ((fault = getenv("GPT_FAULT_AT_STEP")) != NULL && *fault)
-        o->fault_at_step = arg_int("GPT_FAULT_AT_STEP", fault, 1, 100000000);
-    if ((fault = getenv("GPT_FAULT_IN_SAVE")) != NULL && *fault)
-        o->fault_in_save = arg_int("GPT_FAULT_IN_SAVE", fault, 1, 100000000);
+    check_recover_flags(o);
+    parse_faults(o);
 }
 
 static int check_batch(const void *arg, int P) {
@@ -1034,6 +1470,38 @@ static int check_batch(const void *arg, int P) {
     return 1;
 }
 
+/* --rejoin: the environment the job first gave this rank, rewritten to describe the world of its
+   host's ranks alone (fsdp_comm_init_from_env then makes it, with the job's secret and token):
+   rank LOCAL_RANK of LOCAL_WORLD_SIZE over sockets on 127.0.0.1, at a port of this host's own. */
+static void rejoin_environment(options *o) {
+    static const char *const needed[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", NULL};
+    char text[64];
+    long v[4];
+    for (int k = 0; needed[k]; k++) {
+        const char *value = getenv(needed[k]);
+        if (!value || !*value)
+            die_usage("--rejoin: %s is not set: start the rank with the environment the job first gave it (RANK "
+                      "WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE, as torchrun sets them)", needed[k]);
+        v[k] = arg_int(needed[k], value, 0, 65535);
+    }
+    if (!(getenv("FSDP_JOB") && *getenv("FSDP_JOB"))) { // the token the job's ranks took (fsdp.h's >>env)
+        if (getenv("TORCHELASTIC_RUN_ID") || getenv("SLURM_JOB_ID") || !getenv("MASTER_PORT"))
+            die_usage("--rejoin: set FSDP_JOB to the job's token (the same on every rank from the start): the "
+                      "survivors' token is not known here");
+        snprintf(text, sizeof text, "port-%s", getenv("MASTER_PORT"));
+        setenv("FSDP_JOB", text, 1);
+    }
+    o->job_world = (int)v[1];
+    if (o->recovery_port + v[1] + v[0] - v[2] > 65535) die_usage("--recovery-port %d: too high for %ld ranks", o->recovery_port, v[1]);
+    snprintf(text, sizeof text, "%ld", o->recovery_port + v[1] + v[0] - v[2]);
+    setenv("MASTER_PORT", text, 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("RANK", getenv("LOCAL_RANK"), 1);
+    setenv("WORLD_SIZE", getenv("LOCAL_WORLD_SIZE"), 1);
+    setenv("FSDP_BACKEND", "socket", 1);
+    unsetenv("TORCHELASTIC_USE_AGENT_STORE"); // (the host's world is its own: no agent store)
+}
+
 int main(int argc, char **argv) {
     example_program = "gpt";
     static options o; // large path buffers: not on the stack
@@ -1041,6 +1509,8 @@ int main(int argc, char **argv) {
     int rc;
     executable_dir(exe_dir, sizeof exe_dir, argv[0]);
     parse(&o, argc, argv, exe_dir);
+    o.started = wall_now();
+    if (o.rejoin) rejoin_environment(&o);
     setvbuf(stdout, NULL, _IOLBF, 0); // ranks share stdout: whole lines
     openblas_set_num_threads(1);      // before forking: no idle BLAS threads in the parent
     if (load_data(&o, exe_dir)) return 1;
