@@ -78,6 +78,7 @@ for v in "steps:$steps" "batch-per-rank:$bpr" "timeout:$run_timeout"; do
 done
 [ "$steps" -ge 4 ] || die_usage "--steps must be at least 4 (the links are counted from step 2's end)"
 [ "$bpr" -ge 1 ] || die_usage "--batch-per-rank must be at least 1"
+if [ -n "$keep" ]; then mkdir -p "$keep" || die_usage "--keep-logs: cannot make directory '$keep'"; fi
 IFS=, read -ra CASES <<<"$cases"
 [ ${#CASES[@]} -gt 0 ] || die_usage "--cases is empty"
 nhosts=2

@@ -15,11 +15,12 @@
 # AdamW state), index.json (the save's random file-name nonce aside) and the listing of the
 # directory (a save's leftover is a difference).
 #
-# Configurations: shared memory, sockets, the MPI bridge (build/chaos/gpt_mpi under mpirun, where
-# mpicc and mpirun are) and hierarchical (sockets between hosts, shared memory inside: ranks on the
-# namespaces of tests/multihost/hostbed.sh, as root); every strategy, bf16 and f16 (loss scaling),
-# gradient accumulation both ways, recompute, offload, bf16 optimizer state, asynchronous saves,
-# P = 1..8. Prints a line per configuration and ends with "N passed, N failed" (N: perturbed runs
+# Configurations (35): shared memory, sockets, the MPI bridge (build/chaos/gpt_mpi under mpirun,
+# where mpicc and mpirun are) and hierarchical (sockets between hosts, shared memory inside: ranks
+# on the namespaces of tests/multihost/hostbed.sh, as root); every strategy, bf16 and f16 (loss
+# scaling), gradient accumulation both ways, recompute, offload, bf16 optimizer state, asynchronous
+# saves, P = 1..8, and on the hosts issue 37's wires (int8 gathers, host reshard, int8 and int4
+# gradients with error feedback, FULL_SHARD and HYBRID_SHARD). Prints a line per configuration and ends with "N passed, N failed" (N: perturbed runs
 # compared; a run that fails or hangs is failed too). A divergence keeps the run's directory and
 # says how to repeat it (its seed and condition). Seeds that once diverged are kept in KEPT below
 # and run every time.
@@ -110,9 +111,11 @@ TEST_CONFIGS=(
     "hier-2+1-bf16-accum|hier|2,1|6|--param-dtype bf16 --accum 2"
     "hier-4x2-offload-async|hier|2,2,2,2|8|--offload all --async-ckpt --save-every 2"
     "hier-1+1-c256-pipelined|hier|1,1|2|--channels 256 --heads 4 FSDP_HIER_STEP_MIB=1"
+    "hier-2x2-full-wire-int4-ef|hier|2,2|8|--param-wire int8 --reshard-after-forward host --grad-wire int4 --error-feedback"
+    "hier-2x2-hybrid-wire-int8|hier|2,2|8|--strategy HYBRID_SHARD --param-wire int8 --grad-wire int8"
 )
-# examples/chaos.sh: the test's configurations and more (larger P, three blocks, the features
-# combined); its --runs applies to each.
+# examples/chaos.sh: the test's configurations and 23 more (larger P, three blocks, the features
+# combined, the wires on 2 to 4 hosts); its --runs applies to each.
 CAMPAIGN_CONFIGS=(
     "${TEST_CONFIGS[@]}"
     "shm-p2-no_shard-f16-accum|shm|2|8|--strategy NO_SHARD --param-dtype f16 --accum 2"
@@ -134,6 +137,10 @@ CAMPAIGN_CONFIGS=(
     "hier-2+1+3-f16-offload|hier|2,1,3|12|--param-dtype f16 --offload all"
     "hier-4x4-full-accum-reduce|hier|4,4,4,4|32|--accum 2 --accum-reduce"
     "hier-8x2-grad_op-async|hier|2,2,2,2,2,2,2,2|16|--strategy SHARD_GRAD_OP --async-ckpt --save-every 1"
+    "hier-4x2-full-wire-int8|hier|2,2,2,2|8|--param-wire int8 --reshard-after-forward host --grad-wire int8"
+    "hier-2x2-grad_op-wire-int8-ef-bf16|hier|2,2|8|--strategy SHARD_GRAD_OP --param-dtype bf16 --param-wire int8 --grad-wire int8 --error-feedback"
+    "hier-3x2-hybrid-wire-int4-ef|hier|2,2,2|12|--strategy HYBRID_SHARD --param-wire int8 --grad-wire int4 --error-feedback --save-every 2"
+    "hier-2x2-c256-hybrid-wire-int8-ef|hier|2,2|4|--channels 256 --heads 4 --strategy HYBRID_SHARD --grad-wire int8 --error-feedback --async-ckpt --save-every 2"
 )
 # Seeds that once diverged: "configuration seed condition", run on every invocation. 183, 184, 188:
 # an all_reduce in place on sockets folded into its buffer while still sending it (HYBRID_SHARD's

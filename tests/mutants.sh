@@ -35,8 +35,9 @@
 # Runs under nice -n 10. Safe to run several at once (each mutant builds in a directory of its
 # own under $TMPDIR). A program is stopped at its first failing test (its process group is
 # killed): a killed mutant costs the build and the tests before that one. OPT (default -O2) and
-# CC are passed to make. The 21 mutants of tests/mutants.txt took 17 minutes on 2 cores that
-# other jobs kept busy (load 10-20), 7.7 minutes of CPU; --baseline adds 12 minutes there.
+# CC are passed to make. The first 21 mutants of tests/mutants.txt took 17 minutes on 2 cores that
+# other jobs kept busy (load 10-20), 7.7 minutes of CPU; --baseline adds 12 minutes there; 32 of
+# them took 521 s with -j 2 on a quieter machine (BENCHMARKS.md section 10).
 set -u
 if [ -z "${FSDP_MUTANTS_NICED:-}" ]; then
     export FSDP_MUTANTS_NICED=1
