@@ -10531,19 +10531,29 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
    the joiner can, as only holders of the secret can), its ranks in replica order; the survivors
    agree over the old world that every one of them made it (else all drop it and train on as
    before, the joiner failing), adopt it, and every rank's listener address is gathered anew.
-   Then over the new replica comm the lowest surviving replica broadcasts each unit's master
-   shard and optimizer state, then the tail (step, loss scale, blob, SHA-256 of all of it); the
-   joiner checks the digest and fails naming the sender where it differs (its comms then close:
-   the survivors' next op loses it, and recovery drops it). The rejoin's world is made within
+   Then each rank of the lowest surviving replica (the sender) sends its state to its
+   counterpart in the joiner's replica alone, point to point over a comm of the two split from
+   the new replica comm (the other survivors take part in the split, receive nothing, and go on
+   to their next step, whose reductions wait for the pair): each unit's master shard and
+   optimizer state and the units' order in pieces of 4 MiB, each piece's CRC-32C (SSE4.2's
+   instruction where the CPU has it, else a table: the same bits) taken while the next piece
+   travels, then every piece's CRC and the tail (step, loss scale, growth tracker, learning rate,
+   blob) with the SHA-256 of both. The joiner compares that digest with its own CRCs' and fails
+   naming the first piece that differs (unit, buffer, bytes), or the tail, applying nothing more
+   (its comms then close: the survivors' next op loses it, and recovery drops it). Why CRC-32C:
+   on the bed's CPU it runs at about 9 GB/s against SHA-256's 0.26 GB/s, the rate of the 2 Gbit/s
+   link itself, so a SHA-256 of the state cost about a link's time on each end even overlapped
+   (BENCHMARKS.md section 11). The rejoin's world is made within
    2 detect_ms + 5 s (a joiner that vanished after its hello stalls the survivors that long, then
    they drop it; a replayed hello does not answer its connection's challenge). Each phase's time is kept
    for fsdp_recovery_timeline_get and traced. What costs: when nobody joins, a poll of rank 0's
    listener per step; an admission, the world's creation and two small collectives over the old
-   and new worlds, then a broadcast of one replica's state over the replica comm (every survivor
-   replica receives it too: the bits it holds). A loss while admitting (a survivor lost during
-   the transfer) fails the joiner and is recovered from at once by the admitting fsdp_step (its
-   step stays applied), as any loss: the majority then counts the joiner's replica (5 hosts go
-   on with 3; 4 hosts, left with 2 of 4, stop). Not yet: error feedback residuals (refused).
+   and new worlds, a split of the replica comm, then one replica's state sent once, to the
+   joiner. A loss while admitting fails the joiner: the sender lost during the transfer is found
+   by the others in their next step (dropped), the joiner lost by the sender in the transfer
+   (recovered from at once by the admitting fsdp_step: its step stays applied), as any loss: the
+   majority then counts the joiner's replica (5 hosts go on with 3; 4 hosts, left with 2 of 4,
+   stop). Not yet: error feedback residuals (refused).
    ============================================================================================ */
 #define FSDP__RECOVERY_DETECT_MS 5000 /* default detect_ms: the bound for a silent host */
 
@@ -13769,6 +13779,9 @@ FSDP__PRIVATE int fsdp__rejoin_transfer(fsdp_ctx *ctx, uint64_t *bytes) {
     if ((rc = fsdp_comm_split(replica, me == 0 || me == joiner ? 0 : 1 + me, me, &x.pair)) != 0)
         return fsdp__fail(ctx, rc, "recovery.rejoin: rank %d: the comm of the sender and the joiner: %s", rec->first_rank,
                           fsdp_comm_last_error(replica));
+    if (fsdp__comm_watch(x.pair, ctx->desc.recovery.detect_ms) != 0) /* (a silent peer found within detect_ms) */
+        return fsdp_comm_destroy(x.pair), fsdp__fail(ctx, FSDP_ERR_SYSTEM, "recovery.rejoin: keepalive on the comm of "
+                                                     "the sender and the joiner: %s", strerror(errno));
     x.sending = me == 0;
     for (ui = 0; (me == 0 || me == joiner) && !rc && ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
