@@ -14,7 +14,8 @@
    fails the joiner naming the checksum and the piece, and the survivors drop it again and go on;
    fsdp_recovery_timeline_get and the traces show each phase of the loss and of the rejoin, with
    the bytes moved; the sending host killed while the state moves (5 hosts) fails the joiner, and
-   the other three replicas recover at once and train on, bitwise equal to the reference.
+   the other three replicas recover at once and train on, bitwise equal to the reference; the
+   joiners killed while they receive, the survivors recover and train on, likewise.
 
    Ignored, saying why, where no UTS namespace can be made. Only the parent asserts.
 
@@ -69,6 +70,7 @@ typedef struct rejoin_board {
     int big;                     /* the model's weight is BIG_OUT x BIG_IN (else 8 x 4) */
     int hosts;                   /* of 2 ranks each */
     int killed_in_transfer;      /* this host's ranks die as they send the joiners' state (-1: none) */
+    int joiners_killed;          /* the joiners die as they receive the state */
     char trace_dir[128];         /* every rank traces there ("": none) */
     volatile int joiners_done, stop_at, progress[RANKS];
     float init[NUMEL];
@@ -93,6 +95,10 @@ static int my_slot = -1; /* its board slot (a joiner's too) */
 
 static void rejoin_received(void *data, size_t bytes) {
     if (my_slot >= 0) __sync_fetch_and_add(&board->received[my_slot], (uint64_t)bytes);
+    if (joining && board->joiners_killed) {
+        __sync_fetch_and_add(&board->joiners_done, 1);
+        raise(SIGKILL);
+    }
     if (corrupting && bytes) {
         ((unsigned char *)data)[bytes - 1] ^= 1;
         corrupting = 0; /* (one byte of one shard) */
@@ -355,7 +361,9 @@ static void plan(int hosts, int lost, int adam) {
 }
 
 /* Whether board slot r is a rank that was killed (the lost host's, or one killed in a transfer). */
-static int gone(int r) { return r < JOINER && (r / 2 == board->lost || r / 2 == board->killed_in_transfer); }
+static int gone(int r) {
+    return r < JOINER ? r / 2 == board->lost || r / 2 == board->killed_in_transfer : board->joiners_killed;
+}
 
 /* Once the joiners are done with fsdp_init: every rank told to stop AFTER_JOIN steps past the
    furthest one (the ranks step together, so none is past it yet). */
@@ -660,6 +668,15 @@ static void test_rejoin_with_the_sending_host_killed_during_the_transfer_fails_t
     assert_everyone_matches(0, 3, 3);
 }
 
+/* The joiners lost while they receive: the senders lose them inside the admitting fsdp_step and
+   recover there (that step stays applied), the other survivors in their next step (dropped). */
+static void test_rejoin_with_the_joiners_killed_during_the_transfer_the_survivors_recover_and_train_on(void) {
+    plan(4, 2, 0);
+    board->joiners_killed = 1;
+    run();
+    assert_everyone_matches(0, 3, 3);
+}
+
 /* The text of the first file in dir whose name holds both parts (malloc'd; NULL: none). */
 static char *read_file_named(const char *dir, const char *part, const char *also) {
     DIR *d = opendir(dir);
@@ -719,5 +736,6 @@ int main(void) {
     RUN_TEST(test_rejoin_state_goes_to_the_joiners_alone_the_other_survivors_receive_none_of_it);
     RUN_TEST(test_rejoin_timeline_and_trace_show_each_phase_on_survivor_and_joiner_with_the_bytes_moved);
     RUN_TEST(test_rejoin_with_the_sending_host_killed_during_the_transfer_fails_the_joiner_and_the_rest_train_on);
+    RUN_TEST(test_rejoin_with_the_joiners_killed_during_the_transfer_the_survivors_recover_and_train_on);
     return UNITY_END();
 }
