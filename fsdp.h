@@ -13662,7 +13662,8 @@ FSDP__PRIVATE int fsdp__rejoin_send(fsdp_ctx *ctx, fsdp__join_xfer *x, void *dat
         x->pieces[x->count].data = piece, x->pieces[x->count].bytes = len, x->pieces[x->count].at = at;
         x->pieces[x->count].unit = unit, x->pieces[x->count].what = what, x->pieces[x->count++].crc = 0;
         if (x->sending) FSDP__REJOIN_SENDING(ctx, piece, len);
-        if (!(id = fsdp__worker_post(ctx, x->pair, FSDP_COLL_BROADCAST, piece, piece, len / 4, 0, 1))) return FSDP_ERR_STATE;
+        if (!(id = fsdp__worker_post(ctx, x->pair, FSDP_COLL_BROADCAST, piece, piece, len / 4, 0, 1)))
+            return fsdp__fail(ctx, FSDP_ERR_STATE, "comm queue full");
         fsdp__rejoin_crc(x, x->sending ? x->count : x->count - 1);
         if ((rc = fsdp__wait_task(ctx, id)) != 0) return rc;
         if (!x->sending) FSDP__REJOIN_RECEIVED(ctx, piece, len);
@@ -13791,7 +13792,7 @@ FSDP__PRIVATE int fsdp__rejoin_transfer(fsdp_ctx *ctx, uint64_t *bytes) {
     }
     if ((me == 0 || me == joiner) && !rc && (rc = fsdp__rejoin_order(ctx, &x)) == 0) rc = fsdp__rejoin_close(ctx, &x);
     if (rc == FSDP_ERR_OUT_OF_MEMORY) rc = fsdp__fail(ctx, rc, "recovery.rejoin: out of memory");
-    else if (rc && rc != FSDP_ERR_PROTOCOL)
+    else if (rc && fsdp_comm_status(x.pair) != FSDP_SUCCESS) /* (the others said why themselves) */
         rc = fsdp__fail(ctx, rc, "recovery.rejoin: rank %d: the state's transfer %s replica %d failed: %s", rec->first_rank,
                         x.sending ? "to" : "from", rec->now.replicas[x.sending ? rec->now.count - 1 : 0],
                         fsdp_comm_last_error(x.pair));
