@@ -10531,19 +10531,29 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
    the joiner can, as only holders of the secret can), its ranks in replica order; the survivors
    agree over the old world that every one of them made it (else all drop it and train on as
    before, the joiner failing), adopt it, and every rank's listener address is gathered anew.
-   Then over the new replica comm the lowest surviving replica broadcasts each unit's master
-   shard and optimizer state, then the tail (step, loss scale, blob, SHA-256 of all of it); the
-   joiner checks the digest and fails naming the sender where it differs (its comms then close:
-   the survivors' next op loses it, and recovery drops it). The rejoin's world is made within
+   Then each rank of the lowest surviving replica (the sender) sends its state to its
+   counterpart in the joiner's replica alone, point to point over a comm of the two split from
+   the new replica comm (the other survivors take part in the split, receive nothing, and go on
+   to their next step, whose reductions wait for the pair): each unit's master shard and
+   optimizer state and the units' order in pieces of 4 MiB, each piece's CRC-32C (SSE4.2's
+   instruction where the CPU has it, else a table: the same bits) taken while the next piece
+   travels, then every piece's CRC and the tail (step, loss scale, growth tracker, learning rate,
+   blob) with the SHA-256 of both. The joiner compares that digest with its own CRCs' and fails
+   naming the first piece that differs (unit, buffer, bytes), or the tail, applying nothing more
+   (its comms then close: the survivors' next op loses it, and recovery drops it). Why CRC-32C:
+   on the bed's CPU it runs at about 9 GB/s against SHA-256's 0.26 GB/s, the rate of the 2 Gbit/s
+   link itself, so a SHA-256 of the state cost about a link's time on each end even overlapped
+   (BENCHMARKS.md section 11). The rejoin's world is made within
    2 detect_ms + 5 s (a joiner that vanished after its hello stalls the survivors that long, then
    they drop it; a replayed hello does not answer its connection's challenge). Each phase's time is kept
    for fsdp_recovery_timeline_get and traced. What costs: when nobody joins, a poll of rank 0's
    listener per step; an admission, the world's creation and two small collectives over the old
-   and new worlds, then a broadcast of one replica's state over the replica comm (every survivor
-   replica receives it too: the bits it holds). A loss while admitting (a survivor lost during
-   the transfer) fails the joiner and is recovered from at once by the admitting fsdp_step (its
-   step stays applied), as any loss: the majority then counts the joiner's replica (5 hosts go
-   on with 3; 4 hosts, left with 2 of 4, stop). Not yet: error feedback residuals (refused).
+   and new worlds, a split of the replica comm, then one replica's state sent once, to the
+   joiner. A loss while admitting fails the joiner: the sender lost during the transfer is found
+   by the others in their next step (dropped), the joiner lost by the sender in the transfer
+   (recovered from at once by the admitting fsdp_step: its step stays applied), as any loss: the
+   majority then counts the joiner's replica (5 hosts go on with 3; 4 hosts, left with 2 of 4,
+   stop). Not yet: error feedback residuals (refused).
    ============================================================================================ */
 #define FSDP__RECOVERY_DETECT_MS 5000 /* default detect_ms: the bound for a silent host */
 
@@ -10637,7 +10647,7 @@ typedef struct fsdp__join_tail {
     float loss_scale, lr;                 /* (lr: fsdp_set_lr's, where a loop keeps no schedule of its own) */
     uint32_t blob_bytes, pad;
     unsigned char blob[FSDP_RECOVERY_BLOB_MAX];
-    unsigned char digest[32];             /* SHA-256 of the shards and of this struct up to here */
+    unsigned char digest[32];             /* SHA-256 of the pieces' CRC-32Cs and of this struct up to here */
 } fsdp__join_tail;
 
 /* A context's recovery (fsdp_desc.recovery on): who it is as at fsdp_init, where every rank's
@@ -11687,11 +11697,11 @@ FSDP__PRIVATE int fsdp__wait_task_for(fsdp_ctx *ctx, uint64_t id, const char *wh
 }
 FSDP__PRIVATE int fsdp__wait_task(fsdp_ctx *ctx, uint64_t id) { return fsdp__wait_task_for(ctx, id, "wait collective", -1); }
 
-/* Runs one f32 collective on the comm thread, in order with the gathers and reductions. */
-FSDP__PRIVATE int fsdp__worker_coll(fsdp_ctx *ctx, fsdp_comm *comm, fsdp_coll_kind kind, const void *send, void *recv,
-                                    size_t count, int root) {
+/* Queues one f32 collective for the comm thread, in order with the gathers and reductions (wake:
+   hand it to the thread now): its task id for fsdp__wait_task, 0 when the queue is full. */
+FSDP__PRIVATE uint64_t fsdp__worker_post(fsdp_ctx *ctx, fsdp_comm *comm, fsdp_coll_kind kind, const void *send, void *recv,
+                                         size_t count, int root, int wake) {
     fsdp__task t;
-    uint64_t id;
     memset(&t, 0, sizeof t);
     t.kind = FSDP__TASK_COLL;
     t.unit = -1;
@@ -11701,10 +11711,16 @@ FSDP__PRIVATE int fsdp__worker_coll(fsdp_ctx *ctx, fsdp_comm *comm, fsdp_coll_ki
     t.recv = recv;
     t.count = count;
     t.root = root;
+    return fsdp__enqueue(ctx, &t, wake);
+}
+
+/* Runs one f32 collective on the comm thread, in order with the gathers and reductions. */
+FSDP__PRIVATE int fsdp__worker_coll(fsdp_ctx *ctx, fsdp_comm *comm, fsdp_coll_kind kind, const void *send, void *recv,
+                                    size_t count, int root) {
     /* a synchronous op: where the waiter may run tasks itself it does, rather than hand this one
        to the comm thread and sleep until it is done (two thread switches, and on a VM a vCPU
        that idled comes back slow) */
-    id = fsdp__enqueue(ctx, &t, !fsdp__can_help(ctx));
+    uint64_t id = fsdp__worker_post(ctx, comm, kind, send, recv, count, root, !fsdp__can_help(ctx));
     return id ? fsdp__wait_task(ctx, id) : fsdp__fail(ctx, FSDP_ERR_STATE, "comm queue full");
 }
 
@@ -13591,31 +13607,84 @@ FSDP__PRIVATE int fsdp__rejoin_settle(fsdp_ctx *ctx, const int *replicas, int co
     return 0;
 }
 
-#ifndef FSDP__REJOIN_RECEIVED /* a test's hook: a shard a joiner received, before its checksum */
+#ifndef FSDP__REJOIN_RECEIVED /* a test's hook: a piece a joiner received, before its checksum */
 #define FSDP__REJOIN_RECEIVED(ctx, data, bytes) ((void)0)
 #endif
+#ifndef FSDP__REJOIN_SENDING /* a test's hook: a piece the sender is about to send */
+#define FSDP__REJOIN_SENDING(ctx, data, bytes) ((void)0)
+#endif
+#ifndef FSDP__JOIN_PIECE /* bytes of a piece of the transfer, each checked by its own CRC-32C (a test may make it smaller) */
+#define FSDP__JOIN_PIECE ((size_t)4 << 20)
+#endif
 
-/* One buffer of the transfer: broadcast over the replica comm from root (floats), hashed. */
-FSDP__PRIVATE int fsdp__rejoin_send(fsdp_ctx *ctx, void *data, size_t floats, int root, fsdp__sha256 *h,
-                                    uint64_t *bytes) {
-    int rc = fsdp__worker_coll(ctx, ctx->hybrid_replica_comm, FSDP_COLL_BROADCAST, data, data, floats, root);
-    if (!rc && fsdp_comm_rank(ctx->hybrid_replica_comm) != root) FSDP__REJOIN_RECEIVED(ctx, data, floats * 4);
-    if (!rc) fsdp__sha256_update(h, data, floats * 4);
-    *bytes += floats * 4;
-    return rc;
+/* A piece of a rejoin's transfer: where it lies, what it is (for the message that names one
+   that differs) and its CRC-32C. */
+typedef struct fsdp__join_piece {
+    const unsigned char *data;
+    size_t bytes, at;        /* at: its offset in its buffer */
+    int unit, what;          /* what: 0 the master shard, k + 1 optimizer state k; unit -1: the units' order */
+    uint32_t crc;
+} fsdp__join_piece;
+
+/* One end of a rejoin's transfer: the pair's comm (the sender its rank 0, the joiner its rank 1),
+   the pieces so far and how many of them have their CRC yet, the bytes moved. */
+typedef struct fsdp__join_xfer {
+    fsdp_comm *pair;
+    int sending, count, cap, crced;
+    fsdp__join_piece *pieces;
+    uint64_t bytes;
+} fsdp__join_xfer;
+
+/* The CRC-32C of the pieces before `upto` that have none yet. */
+FSDP__PRIVATE void fsdp__rejoin_crc(fsdp__join_xfer *x, int upto) {
+    for (; x->crced < upto; x->crced++) {
+        fsdp__join_piece *p = &x->pieces[x->crced];
+        p->crc = fsdp_crc32c(0, p->data, p->bytes);
+    }
+}
+
+/* One buffer of the transfer (floats) sent or received in pieces over the pair, a piece in
+   flight on the comm thread while this thread takes a CRC: the sender's of that piece (only
+   read, as the socket reads it), the joiner's of the piece before (received whole). */
+FSDP__PRIVATE int fsdp__rejoin_send(fsdp_ctx *ctx, fsdp__join_xfer *x, void *data, size_t floats, int unit, int what) {
+    size_t at, len, bytes = floats * 4;
+    for (at = 0; at < bytes; at += len) {
+        unsigned char *piece = (unsigned char *)data + at;
+        fsdp__join_piece *grown;
+        uint64_t id;
+        int rc;
+        len = bytes - at < FSDP__JOIN_PIECE ? bytes - at : FSDP__JOIN_PIECE;
+        if (x->count == x->cap) {
+            if (!(grown = (fsdp__join_piece *)FSDP_REALLOC(x->pieces, sizeof *grown * (size_t)(2 * x->cap + 16))))
+                return FSDP_ERR_OUT_OF_MEMORY;
+            x->pieces = grown, x->cap = 2 * x->cap + 16;
+        }
+        x->pieces[x->count].data = piece, x->pieces[x->count].bytes = len, x->pieces[x->count].at = at;
+        x->pieces[x->count].unit = unit, x->pieces[x->count].what = what, x->pieces[x->count++].crc = 0;
+        if (x->sending) FSDP__REJOIN_SENDING(ctx, piece, len);
+        if (!(id = fsdp__worker_post(ctx, x->pair, FSDP_COLL_BROADCAST, piece, piece, len / 4, 0, 1)))
+            return fsdp__fail(ctx, FSDP_ERR_STATE, "comm queue full");
+        fsdp__rejoin_crc(x, x->sending ? x->count : x->count - 1);
+        if ((rc = fsdp__wait_task(ctx, id)) != 0) return rc;
+        if (!x->sending) FSDP__REJOIN_RECEIVED(ctx, piece, len);
+        x->bytes += len;
+    }
+    return 0;
 }
 
 /* The units' execution order the survivors learnt in their first iteration, sent as part of
    the transfer: the joiner takes it, or its first iteration would check its order in a
    collective the others no longer make. */
-FSDP__PRIVATE int fsdp__rejoin_order(fsdp_ctx *ctx, fsdp__sha256 *h, uint64_t *bytes) {
+FSDP__PRIVATE int fsdp__rejoin_order(fsdp_ctx *ctx, fsdp__join_xfer *x) {
     size_t n = 4 + 2 * (size_t)ctx->num_units;
     int32_t *order = (int32_t *)fsdp__calloc(sizeof(int32_t) * n);
     int i, rc;
-    if (!order) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "recovery.rejoin: out of memory");
+    if (!order) return FSDP_ERR_OUT_OF_MEMORY;
     order[0] = ctx->fwd_len, order[1] = ctx->bwd_len, order[2] = ctx->fwd_known, order[3] = ctx->bwd_known;
     for (i = 0; i < ctx->num_units; i++) order[4 + i] = ctx->fwd_order[i], order[4 + ctx->num_units + i] = ctx->bwd_order[i];
-    rc = fsdp__rejoin_send(ctx, order, n, 0, h, bytes);
+    rc = fsdp__rejoin_send(ctx, x, order, n, -1, 0);
+    if (!rc) fsdp__rejoin_crc(x, x->count); /* (before the buffer goes) */
+    if (!rc && x->sending) return FSDP_FREE(order), 0;
     for (i = 0; !rc && i < 2 * ctx->num_units; i++) rc = order[4 + i] < 0 || order[4 + i] >= ctx->num_units;
     if (!rc && (order[0] < 0 || order[0] > ctx->num_units || order[1] < 0 || order[1] > ctx->num_units)) rc = 1;
     if (rc == 1) rc = fsdp__fail(ctx, FSDP_ERR_PROTOCOL, "recovery.rejoin: the units' order received is not one");
@@ -13626,48 +13695,111 @@ FSDP__PRIVATE int fsdp__rejoin_order(fsdp_ctx *ctx, fsdp__sha256 *h, uint64_t *b
     return rc;
 }
 
-/* The state of the replica at index root of the replica comm (the lowest that trained before)
-   sent to the others: each unit's master shard and optimizer state, the units' order, then the
-   tail (step, loss scale, learning rate, blob, and the SHA-256 of everything sent). The joiner (the last index) checks the digest
-   and takes the tail; the survivors receive the bits they hold. Collective over the replica comm. */
-FSDP__PRIVATE int fsdp__rejoin_transfer(fsdp_ctx *ctx, uint64_t *bytes) {
+/* The digest that closes the transfer: SHA-256 of the pieces' CRCs, in order, and of the tail up
+   to its digest (each end computes it over its own CRCs). */
+FSDP__PRIVATE void fsdp__rejoin_digest(const fsdp__join_xfer *x, const fsdp__join_tail *tail, unsigned char out[32]) {
+    fsdp__sha256 h;
+    int i;
+    fsdp__sha256_init(&h);
+    for (i = 0; i < x->count; i++) fsdp__sha256_update(&h, &x->pieces[i].crc, sizeof x->pieces[i].crc);
+    fsdp__sha256_update(&h, tail, offsetof(fsdp__join_tail, digest));
+    fsdp__sha256_final(&h, out);
+}
+
+/* On the joiner, where a transfer whose digest differs went wrong, into what: the first piece
+   whose CRC differs from the sender's (sent), else the tail or the CRCs themselves. */
+FSDP__PRIVATE void fsdp__rejoin_which(const fsdp__join_xfer *x, const uint32_t *sent, char *what, size_t size) {
+    const fsdp__join_piece *p;
+    char kind[40];
+    int i;
+    for (i = 0; i < x->count && x->pieces[i].crc == sent[i]; i++) continue;
+    if (i == x->count) {
+        fsdp__fmt(what, size, "the tail (step, loss scale, learning rate, blob) or the pieces' CRCs");
+        return;
+    }
+    p = &x->pieces[i];
+    if (p->unit < 0) fsdp__fmt(kind, sizeof kind, "the units' order");
+    else if (p->what) fsdp__fmt(kind, sizeof kind, "unit %d's optimizer state %d", p->unit, p->what - 1);
+    else fsdp__fmt(kind, sizeof kind, "unit %d's master shard", p->unit);
+    fsdp__fmt(what, size, "piece %d of %d (%s, bytes %zu..%zu): CRC-32C %08x, sent %08x", i, x->count, kind, p->at,
+              p->at + p->bytes, (unsigned)p->crc, (unsigned)sent[i]);
+}
+
+/* The transfer's end: the sender's CRC of every piece, then the tail (step, loss scale, growth
+   tracker, learning rate, blob) with the digest of both. The joiner takes the tail where the
+   digest of its own CRCs and of the tail received is the one sent; otherwise it fails naming the
+   piece, and applies nothing more. */
+FSDP__PRIVATE int fsdp__rejoin_close(fsdp_ctx *ctx, fsdp__join_xfer *x) {
     fsdp__recovery *rec = ctx->recovery;
     fsdp__join_tail *tail = (fsdp__join_tail *)fsdp__calloc(sizeof *tail);
-    int me = fsdp_comm_rank(ctx->hybrid_replica_comm), joiner = fsdp_comm_size(ctx->hybrid_replica_comm) - 1;
-    int ui, k, rc = tail ? 0 : FSDP_ERR_OUT_OF_MEMORY;
+    uint32_t *sent = (uint32_t *)fsdp__calloc(sizeof *sent * (size_t)x->count);
     unsigned char digest[32];
-    fsdp__sha256 h;
-    fsdp__sha256_init(&h);
-    *bytes = 0;
-    for (ui = 0; !rc && ui < ctx->num_units; ui++) {
-        fsdp__unit *u = &ctx->units[ui];
-        rc = fsdp__rejoin_send(ctx, u->master, (size_t)u->shard, 0, &h, bytes);
-        for (k = 0; !rc && k < ctx->num_state; k++)
-            if (u->opt[k].ram) rc = fsdp__rejoin_send(ctx, u->opt[k].ram, (size_t)u->shard, 0, &h, bytes);
-    }
-    if (!rc) rc = fsdp__rejoin_order(ctx, &h, bytes);
-    if (!rc && me == 0) {
+    char what[200];
+    int i, rc = tail && sent ? 0 : FSDP_ERR_OUT_OF_MEMORY;
+    fsdp__rejoin_crc(x, x->count);
+    for (i = 0; !rc && x->sending && i < x->count; i++) sent[i] = x->pieces[i].crc;
+    if (!rc && x->sending) {
         *tail = rec->tail;
         tail->step = ctx->step, tail->growth_tracker = ctx->scale_growth_tracker, tail->loss_scale = ctx->loss_scale;
         tail->lr = ctx->opt.lr;
-        fsdp__sha256_update(&h, tail, offsetof(fsdp__join_tail, digest));
-        fsdp__sha256_final(&h, tail->digest);
+        fsdp__rejoin_digest(x, tail, tail->digest);
     }
-    if (!rc) rc = fsdp__worker_coll(ctx, ctx->hybrid_replica_comm, FSDP_COLL_BROADCAST, tail, tail, sizeof *tail / 4, 0);
-    *bytes += sizeof *tail;
-    if (!rc && me == joiner) {
-        fsdp__sha256_update(&h, tail, offsetof(fsdp__join_tail, digest));
-        fsdp__sha256_final(&h, digest);
+    if (!rc) rc = fsdp__worker_coll(ctx, x->pair, FSDP_COLL_BROADCAST, sent, sent, (size_t)x->count, 0);
+    if (!rc) rc = fsdp__worker_coll(ctx, x->pair, FSDP_COLL_BROADCAST, tail, tail, sizeof *tail / 4, 0);
+    x->bytes += sizeof *sent * (size_t)x->count + sizeof *tail;
+    if (!rc && !x->sending) {
+        fsdp__rejoin_digest(x, tail, digest);
+        if (!fsdp__equal_ct(digest, tail->digest, 32)) fsdp__rejoin_which(x, sent, what, sizeof what);
+        else if (tail->blob_bytes > FSDP_RECOVERY_BLOB_MAX) fsdp__fmt(what, sizeof what, "the tail's blob size");
         if (!fsdp__equal_ct(digest, tail->digest, 32) || tail->blob_bytes > FSDP_RECOVERY_BLOB_MAX)
             rc = fsdp__fail(ctx, FSDP_ERR_PROTOCOL, "recovery.rejoin: rank %d: the state received from replica %d (%llu "
-                            "bytes) fails its SHA-256 checksum: not applied", rec->first_rank, rec->now.replicas[0],
-                            (unsigned long long)*bytes);
+                            "bytes) fails its checksum at %s: not applied", rec->first_rank, rec->now.replicas[0],
+                            (unsigned long long)x->bytes, what);
         if (!rc) rec->tail = *tail, ctx->step = tail->step, ctx->upd_step = tail->step;
         if (!rc) ctx->scale_growth_tracker = tail->growth_tracker, ctx->loss_scale = tail->loss_scale;
         if (!rc && tail->lr >= 0 && isfinite(tail->lr)) ctx->opt.lr = tail->lr;
     }
+    FSDP_FREE(sent);
     FSDP_FREE(tail);
-    return rc == FSDP_ERR_OUT_OF_MEMORY ? fsdp__fail(ctx, rc, "recovery.rejoin: out of memory") : rc;
+    return rc;
+}
+
+/* The state of the replica at index 0 of the replica comm (the lowest that trained before) sent to
+   its counterpart in the joiner's replica (the last index) alone, point to point over a comm of
+   the two split from the replica comm: each unit's master shard and optimizer state, the units'
+   order, in pieces of FSDP__JOIN_PIECE, then the pieces' CRCs and the tail (fsdp__rejoin_close).
+   The other survivors take part in the split only, and go on. Collective over the replica comm;
+   bytes: what this rank moved (0 on the others). */
+FSDP__PRIVATE int fsdp__rejoin_transfer(fsdp_ctx *ctx, uint64_t *bytes) {
+    fsdp__recovery *rec = ctx->recovery;
+    fsdp_comm *replica = ctx->hybrid_replica_comm;
+    int me = fsdp_comm_rank(replica), joiner = fsdp_comm_size(replica) - 1, ui, k, rc;
+    fsdp__join_xfer x;
+    memset(&x, 0, sizeof x);
+    *bytes = 0;
+    if ((rc = fsdp_comm_split(replica, me == 0 || me == joiner ? 0 : 1 + me, me, &x.pair)) != 0)
+        return fsdp__fail(ctx, rc, "recovery.rejoin: rank %d: the comm of the sender and the joiner: %s", rec->first_rank,
+                          fsdp_comm_last_error(replica));
+    if (fsdp__comm_watch(x.pair, ctx->desc.recovery.detect_ms) != 0) /* (a silent peer found within detect_ms) */
+        return fsdp_comm_destroy(x.pair), fsdp__fail(ctx, FSDP_ERR_SYSTEM, "recovery.rejoin: keepalive on the comm of "
+                                                     "the sender and the joiner: %s", strerror(errno));
+    x.sending = me == 0;
+    for (ui = 0; (me == 0 || me == joiner) && !rc && ui < ctx->num_units; ui++) {
+        fsdp__unit *u = &ctx->units[ui];
+        rc = fsdp__rejoin_send(ctx, &x, u->master, (size_t)u->shard, ui, 0);
+        for (k = 0; !rc && k < ctx->num_state; k++)
+            if (u->opt[k].ram) rc = fsdp__rejoin_send(ctx, &x, u->opt[k].ram, (size_t)u->shard, ui, k + 1);
+    }
+    if ((me == 0 || me == joiner) && !rc && (rc = fsdp__rejoin_order(ctx, &x)) == 0) rc = fsdp__rejoin_close(ctx, &x);
+    if (rc == FSDP_ERR_OUT_OF_MEMORY) rc = fsdp__fail(ctx, rc, "recovery.rejoin: out of memory");
+    else if (rc && fsdp_comm_status(x.pair) != FSDP_SUCCESS) /* (the others said why themselves) */
+        rc = fsdp__fail(ctx, rc, "recovery.rejoin: rank %d: the state's transfer %s replica %d failed: %s", rec->first_rank,
+                        x.sending ? "to" : "from", rec->now.replicas[x.sending ? rec->now.count - 1 : 0],
+                        fsdp_comm_last_error(x.pair));
+    fsdp_comm_destroy(x.pair);
+    FSDP_FREE(x.pieces);
+    *bytes = x.bytes;
+    return rc;
 }
 
 /* Whether every survivor made the rejoin's world (made: this one did), asked over the old world
@@ -13734,7 +13866,7 @@ FSDP__PRIVATE int fsdp__rejoin_admit(fsdp_ctx *ctx) {
     if ((rc = fsdp__recovery_keep(ctx, made)) == 0 &&
         (rc = fsdp__rejoin_settle(ctx, replicas, count, rec->now.epoch + 1)) == 0)
         rc = fsdp__rejoin_transfer(ctx, &bytes);
-    if (!rc) fsdp__rejoin_done(ctx, bytes, "sent");
+    if (!rc) fsdp__rejoin_done(ctx, bytes, bytes ? "sent" : "sent (by another replica: none by this rank)");
     return rc;
 }
 

@@ -487,7 +487,7 @@ static void print_own_rejoin(fsdp_ctx *ctx, const options *o, long long step, do
     snprintf(what, sizeof what, "rank %d of %d, replica %d of %d", fsdp_comm_rank(fsdp_world_comm(ctx)),
              fsdp_comm_size(fsdp_world_comm(ctx)), index, replicas);
     timeline_line("rejoin", o->started, "world made", wall_of(ft.join_world), what);
-    snprintf(what, sizeof what, "%llu bytes in %.1f ms, %.1f MB/s, checked (SHA-256); from step %lld",
+    snprintf(what, sizeof what, "%llu bytes in %.1f ms, %.1f MB/s, checked (CRC-32C); from step %lld",
              (unsigned long long)ft.join_bytes, 1e3 * state_s, state_s > 0 ? (double)ft.join_bytes / state_s / 1e6 : 0.0,
              (long long)ft.join_step);
     timeline_line("rejoin", o->started, "state received", wall_of(ft.join_done), what);

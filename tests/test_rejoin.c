@@ -9,11 +9,13 @@
    again; the rendezvous's host (rank 0's) killed and rejoined likewise; a joiner with another
    secret is refused and the survivors end as if none came; a hello that answers another
    connection's challenge (one seen on the network, sent again) is refused at once and the
-   survivors end as if none came; a corrupted transfer fails the joiner
-   naming the checksum, and the survivors drop it again and go on; fsdp_recovery_timeline_get
-   and the traces show each phase of the loss and of the rejoin, with the bytes moved; a host of
-   survivors killed while the state moves (5 hosts) fails the joiner, and the other three
-   replicas recover at once and train on, bitwise equal to the reference.
+   survivors end as if none came; the state moves from the sending replica to the joiner alone
+   (the other survivors receive none of it, and the sender sends it once); a corrupted transfer
+   fails the joiner naming the checksum and the piece, and the survivors drop it again and go on;
+   fsdp_recovery_timeline_get and the traces show each phase of the loss and of the rejoin, with
+   the bytes moved; the sending host killed while the state moves (5 hosts) fails the joiner, and
+   the other three replicas recover at once and train on, bitwise equal to the reference; the
+   joiners killed while they receive, the survivors recover and train on, likewise.
 
    Ignored, saying why, where no UTS namespace can be made. Only the parent asserts.
 
@@ -22,10 +24,14 @@
 #define _GNU_SOURCE
 #endif
 #include <stddef.h>
-/* The transfer's test hook (>>recovery): a joiner's received shard, corrupted where the board
-   says so. */
+/* The transfer's test hooks (>>recovery): a piece received, counted, and corrupted where the
+   board says so; a piece about to be sent, its host killed where the board says so. Pieces of
+   64 KiB, so that a shard of the big model travels in several. */
 static void rejoin_received(void *data, size_t bytes);
+static void rejoin_sending(void);
 #define FSDP__REJOIN_RECEIVED(ctx, data, bytes) rejoin_received((data), (bytes))
+#define FSDP__REJOIN_SENDING(ctx, data, bytes) rejoin_sending()
+#define FSDP__JOIN_PIECE ((size_t)64 << 10)
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 #include "unity.h"
@@ -63,7 +69,8 @@ typedef struct rejoin_board {
     char replayed[200];          /* what the replay saw ("refused": the rendezvous closed it) */
     int big;                     /* the model's weight is BIG_OUT x BIG_IN (else 8 x 4) */
     int hosts;                   /* of 2 ranks each */
-    int killed_in_transfer;      /* this host's ranks die as they receive the joiners' state (-1: none) */
+    int killed_in_transfer;      /* this host's ranks die as they send the joiners' state (-1: none) */
+    int joiners_killed;          /* the joiners die as they receive the state */
     char trace_dir[128];         /* every rank traces there ("": none) */
     volatile int joiners_done, stop_at, progress[RANKS];
     float init[NUMEL];
@@ -72,6 +79,8 @@ typedef struct rejoin_board {
     int shard_right[RANKS];      /* shard_pointers_right at the end */
     int rc[RANKS], steps[RANKS], finished[RANKS], epoch[RANKS], replicas[RANKS], joined_at[RANKS];
     int shrunk_at[RANKS];        /* the step of a report with fewer replicas though its step was applied */
+    uint64_t received[RANKS];    /* the transfer's bytes a rank received (the hook's count) */
+    uint64_t admit_sent_net[RANKS]; /* the admitting step's report: bytes sent to other hosts */
     shard_state at_join[RANKS]; /* a survivor's after the step that admitted; a joiner's after fsdp_init */
     double killed_ms, join_started_ms, joined_ms[RANKS], admit_ms[RANKS], step_ms[RANKS];
     double slowest_ms[RANKS];    /* the slowest step after the recovery's (none dropped, no admission) */
@@ -82,13 +91,22 @@ static rejoin_board *board;
 static int corrupting; /* this process is a joiner whose transfer the board corrupts */
 static int joining;    /* this process is a joiner */
 static int my_host = -1; /* a rank of the world: its host */
+static int my_slot = -1; /* its board slot (a joiner's too) */
 
 static void rejoin_received(void *data, size_t bytes) {
-    if (!joining && my_host >= 0 && my_host == board->killed_in_transfer) raise(SIGKILL);
+    if (my_slot >= 0) __sync_fetch_and_add(&board->received[my_slot], (uint64_t)bytes);
+    if (joining && board->joiners_killed) {
+        __sync_fetch_and_add(&board->joiners_done, 1);
+        raise(SIGKILL);
+    }
     if (corrupting && bytes) {
         ((unsigned char *)data)[bytes - 1] ^= 1;
         corrupting = 0; /* (one byte of one shard) */
     }
+}
+
+static void rejoin_sending(void) {
+    if (!joining && my_host >= 0 && my_host == board->killed_in_transfer) raise(SIGKILL);
 }
 
 /* The gradient the data of rank r gives element i at step t: small integers, so every sum is exact. */
@@ -208,6 +226,7 @@ static int train(fsdp_ctx *ctx, int w, int me, int data, int64_t step) {
         if ((rc = iteration(ctx, w, step, data, &rep)) != 0) return rc;
         if (replicas && rep.replicas > replicas && !rep.dropped) {
             board->joined_at[me] = (int)rep.step, board->admit_ms[me] = now_ms() - t0;
+            board->admit_sent_net[me] = rep.bytes_sent_net;
             snapshot(ctx, &board->at_join[me]);
         }
         if (!rep.dropped && replicas == board->hosts) board->step_ms[me] = now_ms() - t0;
@@ -256,7 +275,7 @@ static int world_rank(void *arg) {
     fsdp_model *m = NULL;
     fsdp_ctx *ctx = NULL;
     fsdp_desc d;
-    my_host = me / 2;
+    my_host = me / 2, my_slot = me;
     if (enter_host(me / 2, board->message[me], sizeof board->message[me])) return NO_HOST_NAME;
     if (join_world(&comm, me, 2 * board->hosts, board->port, SECRET) != 0) {
         copy_text(board->message[me], sizeof board->message[me], fsdp_comm_last_error(NULL));
@@ -280,7 +299,7 @@ static int joiner_rank(void *arg) {
     char peers[256];
     double t0;
     if (enter_host(board->lost, board->message[me], sizeof board->message[me])) return NO_HOST_NAME;
-    corrupting = board->corrupt, joining = 1;
+    corrupting = board->corrupt, joining = 1, my_slot = me;
     if (join_world(&comm, position, 2, board->join_port, board->wrong_secret ? "another-secret" : SECRET) != 0) {
         copy_text(board->message[me], sizeof board->message[me], fsdp_comm_last_error(NULL));
         __sync_fetch_and_add(&board->joiners_done, 1);
@@ -342,7 +361,9 @@ static void plan(int hosts, int lost, int adam) {
 }
 
 /* Whether board slot r is a rank that was killed (the lost host's, or one killed in a transfer). */
-static int gone(int r) { return r < JOINER && (r / 2 == board->lost || r / 2 == board->killed_in_transfer); }
+static int gone(int r) {
+    return r < JOINER ? r / 2 == board->lost || r / 2 == board->killed_in_transfer : board->joiners_killed;
+}
 
 /* Once the joiners are done with fsdp_init: every rank told to stop AFTER_JOIN steps past the
    furthest one (the ranks step together, so none is past it yet). */
@@ -423,10 +444,19 @@ static void run(void) {
         if (pids[r] && !gone(r)) TEST_ASSERT_EQUAL_INT_MESSAGE(0, status[r], board->message[r]);
 }
 
+/* The board slot of the first rank of the world that was not killed. */
+static int first_survivor(void) {
+    int r = 0;
+    while (gone(r)) r++;
+    return r;
+}
+
 /* Whether host h's replica trains at step t (the joiners: from joined_at, -1 never); a host
-   killed in the transfer that the step admitting the joiners made trains until that step. */
+   killed in the transfer trains up to the step that admitted the joiners (the survivors lose it
+   in that step, or in the next, dropped). */
 static int trains(int h, int t, int joined_at) {
-    if (h == board->killed_in_transfer) return t < board->shrunk_at[0];
+    int s = first_survivor();
+    if (h == board->killed_in_transfer) return t < (board->shrunk_at[s] ? board->shrunk_at[s] : board->joined_at[s]);
     return h != board->lost || t < LOSS_STEP || (joined_at >= 0 && t >= joined_at);
 }
 
@@ -595,17 +625,55 @@ static void test_rejoin_with_a_corrupted_transfer_fails_the_joiner_naming_the_ch
     what_of(what, sizeof what, JOINER);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_PROTOCOL, board->rc[JOINER], what);
     assert_says(board->message[JOINER], "checksum");
+    assert_says(board->message[JOINER], "piece 0 of"); /* (the hook flips the first piece's last byte) */
+    assert_says(board->message[JOINER], "unit 0's master shard");
     assert_everyone_matches(0, 3, 3);
 }
 
-static void test_rejoin_with_a_survivor_host_killed_during_the_transfer_fails_the_joiner_and_the_rest_train_on(void) {
+/* The state moves from the sending replica (the lowest survivor: host 0's) to the joiners alone:
+   a survivor of another replica receives none of it (a broadcast over the replica comm gave it
+   every piece, the bits it holds), and the sender sends it across hosts once, not once a replica. */
+static void test_rejoin_state_goes_to_the_joiners_alone_the_other_survivors_receive_none_of_it(void) {
+    char what[700];
+    int r;
+    plan(4, 2, 1);
+    board->big = 1;
+    run();
+    assert_joiners_hold_their_counterparts_state();
+    for (r = 2; r < 2 * board->hosts; r++) {
+        if (gone(r)) continue;
+        what_of(what, sizeof what, r);
+        TEST_ASSERT_EQUAL_UINT64_MESSAGE(0, board->received[r], what);
+    }
+    for (r = 0; r < 2; r++) {
+        const fsdp_recovery_timeline *t = &board->at_join[r].times;
+        snprintf(what, sizeof what, "sender rank %d: the admitting step sent %llu bytes across hosts, the state %llu, "
+                 "the joiner received %llu", r, (unsigned long long)board->admit_sent_net[r],
+                 (unsigned long long)t->join_bytes, (unsigned long long)board->received[JOINER + r]);
+        TEST_ASSERT_TRUE_MESSAGE(t->join_bytes > (uint64_t)sizeof(float) * BIG_IN * BIG_OUT / 2 * 3, what);
+        TEST_ASSERT_TRUE_MESSAGE(board->admit_sent_net[r] >= t->join_bytes, what);
+        TEST_ASSERT_TRUE_MESSAGE(board->admit_sent_net[r] < t->join_bytes + t->join_bytes / 2, what);
+        TEST_ASSERT_TRUE_MESSAGE(board->received[JOINER + r] > 0 && board->received[JOINER + r] <= t->join_bytes, what);
+    }
+}
+
+static void test_rejoin_with_the_sending_host_killed_during_the_transfer_fails_the_joiner_and_the_rest_train_on(void) {
     char what[700];
     plan(5, 2, 0);
-    board->killed_in_transfer = 1; /* (a replica that receives: host 0's sends) */
+    board->killed_in_transfer = 0; /* (the replica that sends: the lowest survivor, the rendezvous's) */
     run();
     what_of(what, sizeof what, JOINER);
     TEST_ASSERT_TRUE_MESSAGE(board->rc[JOINER] != FSDP_SUCCESS, what);
-    printf("the joiner, a survivor lost in the transfer: %s\n", board->message[JOINER]);
+    printf("the joiner, its sender lost in the transfer: %s\n", board->message[JOINER]);
+    assert_everyone_matches(0, 3, 3);
+}
+
+/* The joiners lost while they receive: the senders lose them inside the admitting fsdp_step and
+   recover there (that step stays applied), the other survivors in their next step (dropped). */
+static void test_rejoin_with_the_joiners_killed_during_the_transfer_the_survivors_recover_and_train_on(void) {
+    plan(4, 2, 0);
+    board->joiners_killed = 1;
+    run();
     assert_everyone_matches(0, 3, 3);
 }
 
@@ -665,7 +733,9 @@ int main(void) {
     RUN_TEST(test_rejoin_with_another_secret_is_refused_and_the_survivors_train_on_undisturbed);
     RUN_TEST(test_rejoin_with_a_replayed_hello_is_refused_at_once_and_the_survivors_train_on_undisturbed);
     RUN_TEST(test_rejoin_with_a_corrupted_transfer_fails_the_joiner_naming_the_checksum_and_the_survivors_go_on);
+    RUN_TEST(test_rejoin_state_goes_to_the_joiners_alone_the_other_survivors_receive_none_of_it);
     RUN_TEST(test_rejoin_timeline_and_trace_show_each_phase_on_survivor_and_joiner_with_the_bytes_moved);
-    RUN_TEST(test_rejoin_with_a_survivor_host_killed_during_the_transfer_fails_the_joiner_and_the_rest_train_on);
+    RUN_TEST(test_rejoin_with_the_sending_host_killed_during_the_transfer_fails_the_joiner_and_the_rest_train_on);
+    RUN_TEST(test_rejoin_with_the_joiners_killed_during_the_transfer_the_survivors_recover_and_train_on);
     return UNITY_END();
 }
