@@ -244,7 +244,7 @@ run_job() {
 # output in DIR/rejoined<r>). 0 if every survivor and joiner exited 0.
 RPORT=31000
 lose_host() {
-    local dir=$1 counts=$2 lose=$3 host step fault=kill pause="" rc=0 pid
+    local dir=$1 counts=$2 lose=$3 host step fault=kill pause="" rc=0 pid a skip=0 joiner=()
     shift 3
     host=${lose%%@*} step=${lose#*@} step=${step%%:*}
     case $lose in *:silent) fault=silent ;; *:rejoin@*) pause=${lose##*@} ;; esac
@@ -258,7 +258,12 @@ lose_host() {
     GPT_FAULT_HOST=${host#h} GPT_FAULT_AT_STEP=$step GPT_FAULT_SIGNAL=STOP GPT_PAUSE_AT_STEP=$pause \
         hostbed_ranks --timeout 600 --no-wait "$counts" "$@" --recovery-port $RPORT
     gpt_lose_host "$host" "$step" kill
-    gpt_rejoin --timeout 600 "$host" $RPORT "$pause" "$dir/rejoined" "$@" --recovery-port $RPORT --rejoin
+    for a in "$@"; do # (the joiners without --log: rank 0's is the job's)
+        [ $skip = 1 ] && { skip=0; continue; }
+        [ "$a" = --log ] && { skip=1; continue; }
+        joiner+=("$a")
+    done
+    gpt_rejoin --timeout 600 "$host" $RPORT "$pause" "$dir/rejoined" "${joiner[@]}" --recovery-port $RPORT --rejoin
     gpt_wait_survivors "$host" kill || rc=1
     for pid in "${GPT_REJOIN_PIDS[@]}"; do wait "$pid" || rc=1; done
     return $rc
@@ -323,10 +328,10 @@ last_words() { grep -v '^step\|^saved\|^saving' "$1/out" 2>/dev/null | tail -n 2
 # reference DIR LAUNCHER RANKS BATCH FLAGS...: the job unperturbed; DIR/result "ok" or "FAILED ..."
 # (LOSE=h0@S: rank 0, which writes the log, is lost at step S: S - 1 steps logged)
 reference() {
-    local dir=$1 t0=$SECONDS logged=$steps
+    local dir=$1 t0=$SECONDS logged=$steps flag
     shift
     local rc=0
-    case " $* " in *" LOSE=h0@"*) logged=${*##*LOSE=h0@} logged=$((${logged%%[!0-9]*} - 1)) ;; esac
+    for flag in "$@"; do case $flag in LOSE=h0@*) logged=${flag#LOSE=h0@} logged=$((${logged%%[!0-9]*} - 1)) ;; esac; done
     run_job "$dir" 0 none "$@" || rc=$?
     if [ $rc != 0 ]; then echo "FAILED (exit $rc): $(last_words "$dir")" >"$dir/result"
     elif [ "$(grep -c '"step"' "$dir/log" 2>/dev/null)" != "$logged" ]; then echo "FAILED: no log of $logged steps" >"$dir/result"

@@ -14,12 +14,12 @@
 #                                most 60 s each; 1 if one did not
 #   gpt_lose_host HOST STEP FAULT
 #                                once HOST's ranks stopped at STEP (and 0.2 s more), FAULT loses it:
-#                                kill (hostbed_kill: SIGKILL of every process in the host) or silent
-#                                (hostbed_link down: it sends nothing); prints the time of the fault
-#                                (date +%s.%N)
+#                                kill (hostbed_kill: SIGKILL of every process in the host; its ranks
+#                                waited for at once) or silent (hostbed_link down: it sends nothing);
+#                                prints the time of the fault (date +%s.%N)
 #   gpt_wait_survivors HOST FAULT
-#                                waits for the job's ranks, the survivors first; a silent host's ranks
-#                                (alive, stopped) are then killed and its link restored.
+#                                waits for the survivors; a silent host's ranks (alive, stopped) are
+#                                then killed and its link restored.
 #                                HOSTBED_RANK_STATUS as hostbed_ranks_wait's; 0 if every survivor
 #                                exited 0
 #   gpt_rejoin [--timeout S] HOST PORT PAUSE OUT CMD [ARGS...]
@@ -56,12 +56,21 @@ gpt_stopped() {
     return $ok
 }
 
+# _gpt_killed HOST: HOST's ranks (killed) waited for, their statuses in HOSTBED_RANK_STATUS
+_gpt_killed() {
+    local r
+    for r in $(gpt_host_ranks "$1"); do
+        wait "${HOSTBED_RANK_PIDS[r]}" 2>/dev/null # (at once: no notices of the killed ranks)
+        HOSTBED_RANK_STATUS[r]=$?
+    done
+}
+
 gpt_lose_host() {
     gpt_stopped "$1" "$2"
     sleep 0.2 # (the survivors wait in the step's first op that needs the stopped host)
     date +%s.%N
     case $3 in
-    kill) hostbed_kill "$1" ;;
+    kill) hostbed_kill "$1" && _gpt_killed "$1" ;;
     silent) hostbed_link "$1" down ;;
     esac
 }
@@ -70,12 +79,11 @@ gpt_wait_survivors() {
     local r ok=0
     for ((r = 0; r < ${#HOSTBED_RANK_PIDS[@]}; r++)); do
         [ "h${HOSTBED_RANK_HOST[r]}" = "$1" ] && continue
-        wait "${HOSTBED_RANK_PIDS[r]}" 2>/dev/null # (no notices of the killed ranks)
+        wait "${HOSTBED_RANK_PIDS[r]}" 2>/dev/null
         HOSTBED_RANK_STATUS[r]=$?
         [ "${HOSTBED_RANK_STATUS[r]}" = 0 ] || ok=1
     done
-    [ "$2" = silent ] && { hostbed_kill "$1"; hostbed_link "$1" up; }
-    for r in $(gpt_host_ranks "$1"); do wait "${HOSTBED_RANK_PIDS[r]}" 2>/dev/null; HOSTBED_RANK_STATUS[r]=$?; done
+    [ "$2" = silent ] && { hostbed_kill "$1"; _gpt_killed "$1"; hostbed_link "$1" up; }
     return $ok
 }
 
