@@ -27,8 +27,8 @@
 # (admitted at a fixed step). Such runs are compared with the same loss unperturbed, and also the
 # checksum of every replica's master weights that gpt --recover prints (the survivors' replicas
 # equal to each other). Prints a line per configuration and ends with "N passed, N failed" (N:
-# perturbed runs compared; a run that fails or hangs is failed too). A divergence keeps the run's directory and
-# says how to repeat it (its seed and condition). Seeds that once diverged are kept in KEPT below
+# perturbed runs compared; a run that fails or hangs is failed too). A divergence keeps the run's
+# directory and says how to repeat it (its seed and condition). Seeds that once diverged are kept in KEPT below
 # and run every time.
 #
 # Usage: bash tests/chaos.sh [--runs N] [--jobs J] [--filter REGEX] [--seed-base S] [--steps N]
