@@ -60,9 +60,9 @@ gpt_stopped() {
 _gpt_killed() {
     local r
     for r in $(gpt_host_ranks "$1"); do
-        wait "${HOSTBED_RANK_PIDS[r]}" 2>/dev/null # (at once: no notices of the killed ranks)
+        wait "${HOSTBED_RANK_PIDS[r]}"
         HOSTBED_RANK_STATUS[r]=$?
-    done
+    done 2>/dev/null # (at once: no notices of the killed ranks)
 }
 
 gpt_lose_host() {
