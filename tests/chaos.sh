@@ -15,14 +15,20 @@
 # AdamW state), index.json (the save's random file-name nonce aside) and the listing of the
 # directory (a save's leftover is a difference).
 #
-# Configurations (35): shared memory, sockets, the MPI bridge (build/chaos/gpt_mpi under mpirun,
+# Configurations (38): shared memory, sockets, the MPI bridge (build/chaos/gpt_mpi under mpirun,
 # where mpicc and mpirun are) and hierarchical (sockets between hosts, shared memory inside: ranks
 # on the namespaces of tests/multihost/hostbed.sh, as root); every strategy, bf16 and f16 (loss
 # scaling), gradient accumulation both ways, recompute, offload, bf16 optimizer state, asynchronous
 # saves, P = 1..8, and on the hosts issue 37's wires (int8 gathers, host reshard, int8 and int4
-# gradients with error feedback, FULL_SHARD and HYBRID_SHARD). Prints a line per configuration and ends with "N passed, N failed" (N: perturbed runs
-# compared; a run that fails or hangs is failed too). A divergence keeps the run's directory and
-# says how to repeat it (its seed and condition). Seeds that once diverged are kept in KEPT below
+# gradients with error feedback, FULL_SHARD and HYBRID_SHARD) and issue 38's recovery (gpt
+# --recover, HYBRID_SHARD on 4 hosts x 2): on with no loss against the same job with recovery off;
+# a host lost at a step (its ranks stop at the step's start and are killed, as
+# tests/multihost/test_recover.sh loses it) with the survivors training on; a host lost and rejoined
+# (admitted at a fixed step). Such runs are compared with the same loss unperturbed, and also the
+# checksum of every replica's master weights that gpt --recover prints (the survivors' replicas
+# equal to each other). Prints a line per configuration and ends with "N passed, N failed" (N:
+# perturbed runs compared; a run that fails or hangs is failed too). A divergence keeps the run's
+# directory and says how to repeat it (its seed and condition). Seeds that once diverged are kept in KEPT below
 # and run every time.
 #
 # Usage: bash tests/chaos.sh [--runs N] [--jobs J] [--filter REGEX] [--seed-base S] [--steps N]
@@ -74,9 +80,11 @@ esac
 
 # Configurations: name|launcher|ranks|global batch|gpt flags. launcher: shm and socket (gpt --nproc,
 # one host), mpi (mpirun), hier (ranks per host on the bed, e.g. 2,1). The batch divides by the
-# ranks times --accum. A flag NAME=VALUE is set in the ranks' environment instead. The "c256" ones
-# have units of 3 MiB: several shm rounds, peers' memory read in place (P = 8), socket rings that
-# wrap, hierarchical pipelines of several steps.
+# ranks times --accum. Flags in capitals are the script's: FSDP_HIER_STEP_MIB=N is set in the ranks'
+# environment; LOSE=HOST@STEP[:silent|:rejoin@PAUSE] loses a host of the bed at the start of STEP
+# (lose_host below; with --recover); REF_WITHOUT=FLAG: the unperturbed reference runs without FLAG.
+# The "c256" ones have units of 3 MiB: several shm rounds, peers' memory read in place (P = 8),
+# socket rings that wrap, hierarchical pipelines of several steps.
 TEST_CONFIGS=(
     "shm-p1-full|shm|1|4|"
     "shm-p1-offload-recompute|shm|1|2|--offload all --recompute"
@@ -113,9 +121,13 @@ TEST_CONFIGS=(
     "hier-1+1-c256-pipelined|hier|1,1|2|--channels 256 --heads 4 FSDP_HIER_STEP_MIB=1"
     "hier-2x2-full-wire-int4-ef|hier|2,2|8|--param-wire int8 --reshard-after-forward host --grad-wire int4 --error-feedback"
     "hier-2x2-hybrid-wire-int8|hier|2,2|8|--strategy HYBRID_SHARD --param-wire int8 --grad-wire int8"
+    "hier-4x2-recover-no-loss|hier|2,2,2,2|24|--strategy HYBRID_SHARD --recover REF_WITHOUT=--recover"
+    "hier-4x2-recover-kill-h2@3|hier|2,2,2,2|24|--strategy HYBRID_SHARD --recover LOSE=h2@3"
+    "hier-4x2-recover-rejoin-h2@1|hier|2,2,2,2|24|--strategy HYBRID_SHARD --recover LOSE=h2@1:rejoin@2"
 )
-# examples/chaos.sh: the test's configurations and 23 more (larger P, three blocks, the features
-# combined, the wires on 2 to 4 hosts); its --runs applies to each.
+# examples/chaos.sh: the test's configurations and 27 more (larger P, three blocks, the features
+# combined, the wires on 2 to 4 hosts, recovery: the rendezvous's host h0 lost, and rejoined, a
+# silent host, bf16 with accumulation); its --runs applies to each.
 CAMPAIGN_CONFIGS=(
     "${TEST_CONFIGS[@]}"
     "shm-p2-no_shard-f16-accum|shm|2|8|--strategy NO_SHARD --param-dtype f16 --accum 2"
@@ -141,6 +153,10 @@ CAMPAIGN_CONFIGS=(
     "hier-2x2-grad_op-wire-int8-ef-bf16|hier|2,2|8|--strategy SHARD_GRAD_OP --param-dtype bf16 --param-wire int8 --grad-wire int8 --error-feedback"
     "hier-3x2-hybrid-wire-int4-ef|hier|2,2,2|12|--strategy HYBRID_SHARD --param-wire int8 --grad-wire int4 --error-feedback --save-every 2"
     "hier-2x2-c256-hybrid-wire-int8-ef|hier|2,2|4|--channels 256 --heads 4 --strategy HYBRID_SHARD --grad-wire int8 --error-feedback --async-ckpt --save-every 2"
+    "hier-4x2-recover-kill-h0@2|hier|2,2,2,2|24|--strategy HYBRID_SHARD --recover LOSE=h0@2"
+    "hier-4x2-recover-bf16-accum-h3@2|hier|2,2,2,2|48|--strategy HYBRID_SHARD --recover --param-dtype bf16 --accum 2 LOSE=h3@2"
+    "hier-4x2-recover-silent-h1@3|hier|2,2,2,2|24|--strategy HYBRID_SHARD --recover --detect-ms 2000 LOSE=h1@3:silent"
+    "hier-4x2-recover-rejoin-h0@1|hier|2,2,2,2|24|--strategy HYBRID_SHARD --recover LOSE=h0@1:rejoin@2"
 )
 # Seeds that once diverged: "configuration seed condition", run on every invocation. 183, 184, 188:
 # an all_reduce in place on sockets folded into its buffer while still sending it (HYBRID_SHARD's
@@ -169,6 +185,7 @@ else
     have_mpi=1
 fi
 . tests/multihost/hostbed.sh
+. tests/multihost/gpt_faults.sh
 have_bed=0 bed_why=""
 case $BIN in
 /tmp | /tmp/* | /dev/shm | /dev/shm/*) bed_why="$BIN is under /tmp or /dev/shm, which every host of the bed mounts its own" ;;
@@ -183,13 +200,19 @@ cp fsdp.h "$work/data.txt" # the text every job trains on, fixed for the whole i
 # run_job DIR SEED CONDITION LAUNCHER RANKS BATCH FLAGS...: the job into DIR (log, ckpt, out); its
 # exit status. SEED 0: unperturbed. Hierarchical jobs run in the main shell (the bed's state).
 run_job() {
-    local dir=$1 seed=$2 cond=$3 launcher=$4 ranks=$5 batch=$6 pin=() load=0 rc flag bound=180
+    local dir=$1 seed=$2 cond=$3 launcher=$4 ranks=$5 batch=$6 pin=() load=0 rc flag bound=180 lose="" without=""
     shift 6
     local -x FSDP_CHAOS_SEED=$seed FSDP_TIMEOUT_MS=60000 FSDP_HIER_STEP_MIB
     local args=($GPT_ARGS --batch "$batch" --data "$work/data.txt" --log "$dir/log" --ckpt "$dir/ckpt"
         --offload-dir "$work/offload")
+    for flag in "$@"; do case $flag in REF_WITHOUT=*) [ "$seed" = 0 ] && without=${flag#*=} ;; esac; done
     for flag in "$@"; do
-        case $flag in FSDP_HIER_STEP_MIB=*) FSDP_HIER_STEP_MIB=${flag#*=} ;; *) args+=("$flag") ;; esac
+        case $flag in
+        FSDP_HIER_STEP_MIB=*) FSDP_HIER_STEP_MIB=${flag#*=} ;;
+        LOSE=*) lose=${flag#*=} ;;
+        REF_WITHOUT=* | "$without") ;;
+        *) args+=("$flag") ;;
+        esac
     done
     # (forming a job of hundreds of ranks on 2 cores; 256 ranks on one host took over 180 s while
     # other work shared the cores, and a run cut off by the bound compares nothing)
@@ -204,11 +227,45 @@ run_job() {
         timeout -k 5 $bound "$MPIRUN" --allow-run-as-root --oversubscribe --bind-to none -np "$ranks" -x FSDP_TIMEOUT_MS \
             -x FSDP_CHAOS_SEED "${pin[@]}" "$BIN/chaos/gpt_mpi" "${args[@]}" >"$dir/out" 2>&1 ;;
     hier)
-        hostbed_ranks --timeout 600 "$ranks" "${pin[@]}" "$BIN/chaos/gpt" "${args[@]}" >/dev/null 2>&1 ;;
+        if [ -n "$lose" ]; then lose_host "$dir" "$ranks" "$lose" "${pin[@]}" "$BIN/chaos/gpt" "${args[@]}" >/dev/null 2>&1
+        else hostbed_ranks --timeout 600 "$ranks" "${pin[@]}" "$BIN/chaos/gpt" "${args[@]}" >/dev/null 2>&1; fi ;;
     esac
     rc=$?
-    [ "$launcher" = hier ] && cat "$HOSTBED_SHARE"/rank*.log >"$dir/out" 2>/dev/null
+    [ "$launcher" = hier ] && cat "$HOSTBED_SHARE"/rank*.log "$dir"/rejoined* >"$dir/out" 2>/dev/null
     [ $load = 0 ] || { kill $load; wait $load 2>/dev/null; }
+    return $rc
+}
+
+# lose_host DIR COUNTS LOSE CMD...: the job on the bed (hostbed_ranks COUNTS CMD..., gpt --recover)
+# with a host lost at a known point, as tests/multihost/test_recover.sh loses it (gpt_faults.sh):
+# LOSE is HOST@STEP (its ranks stop at the start of STEP and are killed), HOST@STEP:silent (its link
+# cut instead) or HOST@STEP:rejoin@PAUSE (killed, and started again with --rejoin: rank 0 of the
+# survivors stops at the start of PAUSE and PAUSE+1, the joiners are admitted after PAUSE+1; their
+# output in DIR/rejoined<r>). 0 if every survivor and joiner exited 0.
+RPORT=31000
+lose_host() {
+    local dir=$1 counts=$2 lose=$3 host step fault=kill pause="" rc=0 pid a skip=0 joiner=()
+    shift 3
+    host=${lose%%@*} step=${lose#*@} step=${step%%:*}
+    case $lose in *:silent) fault=silent ;; *:rejoin@*) pause=${lose##*@} ;; esac
+    if [ -z "$pause" ]; then
+        GPT_FAULT_HOST=${host#h} GPT_FAULT_AT_STEP=$step GPT_FAULT_SIGNAL=STOP \
+            hostbed_ranks --timeout 600 --no-wait "$counts" "$@"
+        gpt_lose_host "$host" "$step" "$fault"
+        gpt_wait_survivors "$host" "$fault"
+        return
+    fi
+    GPT_FAULT_HOST=${host#h} GPT_FAULT_AT_STEP=$step GPT_FAULT_SIGNAL=STOP GPT_PAUSE_AT_STEP=$pause \
+        hostbed_ranks --timeout 600 --no-wait "$counts" "$@" --recovery-port $RPORT
+    gpt_lose_host "$host" "$step" kill
+    for a in "$@"; do # (the joiners without --log: rank 0's is the job's)
+        [ $skip = 1 ] && { skip=0; continue; }
+        [ "$a" = --log ] && { skip=1; continue; }
+        joiner+=("$a")
+    done
+    gpt_rejoin --timeout 600 "$host" $RPORT "$pause" "$dir/rejoined" "${joiner[@]}" --recovery-port $RPORT --rejoin
+    gpt_wait_survivors "$host" kill || rc=1
+    for pid in "${GPT_REJOIN_PIDS[@]}"; do wait "$pid" || rc=1; done
     return $rc
 }
 
@@ -233,6 +290,13 @@ same_bits() {
     local ref=$1 run=$2 f name
     if ! cmp -s <(losses "$ref/log") <(losses "$run/log"); then
         echo "losses differ: $(diff <(losses "$ref/log") <(losses "$run/log") 2>&1 | grep -m 2 '^[<>]' | tr '\n' ' ')"
+        return 1
+    fi
+    # (gpt --recover: rank 0 of the survivors checks that every replica's master weights are equal and
+    # prints their checksum; a reference without --recover, REF_WITHOUT=--recover, prints none)
+    if grep -q '^replicas: .*DIFFER' "$run/out" ||
+        { grep -q '^replicas: ' "$ref/out" && ! cmp -s <(grep '^replicas: ' "$ref/out") <(grep '^replicas: ' "$run/out"); }; then
+        echo "replicas differ: $(grep -h '^replicas: ' "$ref/out" "$run/out" | tr '\n' ' ')"
         return 1
     fi
     [ -d "$ref/ckpt" ] || return 0
@@ -262,13 +326,15 @@ same_bits() {
 last_words() { grep -v '^step\|^saved\|^saving' "$1/out" 2>/dev/null | tail -n 2 | tr '\n' ' ' | cut -c1-300; }
 
 # reference DIR LAUNCHER RANKS BATCH FLAGS...: the job unperturbed; DIR/result "ok" or "FAILED ..."
+# (LOSE=h0@S: rank 0, which writes the log, is lost at step S: S - 1 steps logged)
 reference() {
-    local dir=$1 t0=$SECONDS
+    local dir=$1 t0=$SECONDS logged=$steps flag
     shift
     local rc=0
+    for flag in "$@"; do case $flag in LOSE=h0@*) logged=${flag#LOSE=h0@} logged=$((${logged%%[!0-9]*} - 1)) ;; esac; done
     run_job "$dir" 0 none "$@" || rc=$?
     if [ $rc != 0 ]; then echo "FAILED (exit $rc): $(last_words "$dir")" >"$dir/result"
-    elif [ "$(grep -c '"step"' "$dir/log" 2>/dev/null)" != "$steps" ]; then echo "FAILED: no log of $steps steps" >"$dir/result"
+    elif [ "$(grep -c '"step"' "$dir/log" 2>/dev/null)" != "$logged" ]; then echo "FAILED: no log of $logged steps" >"$dir/result"
     else echo ok >"$dir/result"; fi
     echo $((SECONDS - t0)) >"$dir/seconds"
 }

@@ -68,7 +68,8 @@
 #                                    LOCAL_WORLD_SIZE GROUP_RANK=NODE_RANK=host index, MASTER_ADDR
 #                                    (h0's address) MASTER_PORT (P, default 29500), plus the caller's
 #                                    exported environment (FSDP_SECRET=... hostbed_ranks ... works);
-#                                    rank r's output goes to $HOSTBED_SHARE/rank<r>.log. Waits for
+#                                    rank r's output goes to $HOSTBED_SHARE/rank<r>.log, its host's
+#                                    index is HOSTBED_RANK_HOST[r]. Waits for
 #                                    all (each bounded by S) and returns 0 if every rank exited 0,
 #                                    else 1; HOSTBED_RANK_STATUS[r] has rank r's status (124: timed
 #                                    out). With --no-wait it returns at once (HOSTBED_RANK_PIDS[r]),
@@ -663,12 +664,14 @@ hostbed_ranks() {
     master=$HOSTBED_SUBNET.1
     HOSTBED_RANK_PIDS=()
     HOSTBED_RANK_STATUS=()
+    HOSTBED_RANK_HOST=()
     for ((i = 0; i < ${#cs[@]}; i++)); do
         for ((l = 0; l < cs[i]; l++)); do
             RANK=$r WORLD_SIZE=$world LOCAL_RANK=$l LOCAL_WORLD_SIZE=${cs[i]} GROUP_RANK=$i NODE_RANK=$i \
                 MASTER_ADDR=$master MASTER_PORT=$port \
                 hostbed_spawn --timeout "$t" "h$i" "$@" >"$HOSTBED_SHARE/rank$r.log" 2>&1
             HOSTBED_RANK_PIDS+=("$HOSTBED_SPAWNED")
+            HOSTBED_RANK_HOST+=("$i")
             r=$((r + 1))
         done
     done

@@ -49,6 +49,7 @@ passed=0
 failed=0
 
 . tests/multihost/hostbed.sh
+. tests/multihost/gpt_faults.sh
 if ! hostbed_require 2>/dev/null; then
     echo "$ME: skipped: ${HOSTBED_SKIP_REASON:-no test bed here}"
     echo "0 passed, 0 failed"
@@ -83,35 +84,16 @@ gpt_args="--strategy hybrid --layers 2 --channels 64 --heads 2 --seq-len 32 --ba
 # one that printed the timeline, or rank 0) copied to $LOG/NAME.rank0, the statuses in
 # $LOG/NAME.status (one per rank), the time of the fault in $LOG/NAME.t.
 run() {
-    local name=$1 host=$2 step=$3 fault=$4 recover=--recover h r t printer
+    local name=$1 host=$2 step=$3 fault=$4 recover=--recover printer
     shift 4
     [ "${1:-}" = --no-recover ] && { recover=; shift; }
-    h=${host#h}
     if [ "$fault" = none ]; then
         hostbed_ranks --timeout 300 2,2,2,2 "$BIN/gpt" $gpt_args $recover "$@"
     else
-        GPT_FAULT_HOST=$h GPT_FAULT_AT_STEP=$step GPT_FAULT_SIGNAL=STOP \
+        GPT_FAULT_HOST=${host#h} GPT_FAULT_AT_STEP=$step GPT_FAULT_SIGNAL=STOP \
             hostbed_ranks --timeout 300 --no-wait 2,2,2,2 "$BIN/gpt" $gpt_args $recover "$@"
-        for r in $((2 * h)) $((2 * h + 1)); do # both of its ranks stopped, at the step's start
-            for ((t = 0; t < 3000; t++)); do
-                grep -q "stopping this rank (SIGSTOP) at step $step" "$HOSTBED_SHARE/rank$r.log" 2>/dev/null && break
-                sleep 0.02
-            done
-        done
-        sleep 0.2 # (the survivors wait in the step's first op that needs the stopped host)
-        date +%s.%N >"$LOG/$name.t"
-        case $fault in
-        kill) hostbed_kill "$host" ;;
-        silent) hostbed_link "$host" down ;;
-        esac
-        # the survivors, then the lost host's ranks (a silent host's are alive, stopped: killed once the survivors end)
-        for ((r = 0; r < 8; r++)); do
-            [ $((r / 2)) = "$h" ] && continue
-            wait "${HOSTBED_RANK_PIDS[r]}" 2>/dev/null # (no notices of the killed ranks)
-            HOSTBED_RANK_STATUS[r]=$?
-        done
-        [ "$fault" = silent ] && { hostbed_kill "$host"; hostbed_link "$host" up; }
-        for r in $((2 * h)) $((2 * h + 1)); do wait "${HOSTBED_RANK_PIDS[r]}" 2>/dev/null; HOSTBED_RANK_STATUS[r]=$?; done
+        gpt_lose_host "$host" "$step" "$fault" >"$LOG/$name.t"
+        gpt_wait_survivors "$host" "$fault"
     fi
     for ((r = 0; r < 8; r++)); do echo "${HOSTBED_RANK_STATUS[r]}"; done >"$LOG/$name.status"
     for ((r = 0; r < 8; r++)); do echo "== rank $r (exit status ${HOSTBED_RANK_STATUS[r]})"; cat "$HOSTBED_SHARE/rank$r.log"; done >"$LOG/$name.log"
@@ -221,12 +203,7 @@ partition() {
     local r ok=0
     GPT_FAULT_HOST=1 GPT_FAULT_AT_STEP=5 GPT_FAULT_SIGNAL=STOP \
         hostbed_ranks --timeout 120 --no-wait 2,2,2,2 "$BIN/gpt" $gpt_args --recover
-    for r in 2 3; do
-        for ((t = 0; t < 3000; t++)); do
-            grep -q "stopping this rank (SIGSTOP) at step 5" "$HOSTBED_SHARE/rank$r.log" 2>/dev/null && break
-            sleep 0.02
-        done
-    done
+    gpt_stopped h1 5
     cut_pairs add || ok=1
     hostbed_kill h1 CONT
     hostbed_ranks_wait
@@ -258,56 +235,20 @@ fi
 # rejoin_run NAME HOST [SECRET]: the GPT with --recover --recovery-port; HOST's ranks stop at the
 # start of step 3 and are killed; the survivors' rank 0 stops at the start of steps 5 and 6; HOST's
 # ranks are started again with --rejoin (and FSDP_SECRET=SECRET if given), rank 0 let go at 5 once
-# both connect to its listener and at 6 once both hellos wait there. Logs as run's, the rejoined
-# ranks' as $LOG/NAME.rejoin (and their statuses as the last two lines of $LOG/NAME.status).
+# both connect to its listener and at 6 once both hellos wait there (gpt_rejoin). Logs as run's, the
+# rejoined ranks' as $LOG/NAME.rejoin<r> (and their statuses as the last two lines of $LOG/NAME.status).
 RPORT=31000
-# waiting_at_rendezvous H CONDITION: until 2 established connections at host H's rank-0 recovery
-# listener meet the awk CONDITION on ss's columns (Recv-Q first), at most 30 s; then 0.3 s more.
-# How long it took (or that it gave up) goes to $LOG/waits.
-waiting_at_rendezvous() {
-    local t start=$SECONDS
-    for ((t = 0; t < 1500; t++)); do
-        [ "$(hostbed_exec "h$1" ss -Htn state established "( sport = :$((RPORT + 2 * $1)) )" | awk "$2" | wc -l)" -ge 2 ] && break
-        sleep 0.02
-    done
-    echo "waiting_at_rendezvous h$1 '$2': $((t < 1500 ? 1 : 0)) (1: met, 0: gave up) after $((SECONDS - start)) s" >>"$LOG/waits"
-    sleep 0.3
-}
 rejoin_run() {
-    local name=$1 host=$2 secret=${3:-} h r t rendezvous peers="" pids=() stopped
+    local name=$1 host=$2 secret=${3:-} h r rendezvous
     h=${host#h}
     rendezvous=$((h == 0 ? 1 : 0))
-    for ((r = 0; r < 4; r++)); do peers="$peers${peers:+,}$(hostbed_ip "h$r"):$((RPORT + 2 * r))"; done
     GPT_FAULT_HOST=$h GPT_FAULT_AT_STEP=3 GPT_FAULT_SIGNAL=STOP GPT_PAUSE_AT_STEP=5 \
         hostbed_ranks --timeout 120 --no-wait 2,2,2,2 "$BIN/gpt" $gpt_args --recover --recovery-port $RPORT
-    for r in $((2 * h)) $((2 * h + 1)); do
-        for ((t = 0; t < 3000; t++)); do
-            grep -q "stopping this rank (SIGSTOP) at step 3" "$HOSTBED_SHARE/rank$r.log" 2>/dev/null && break
-            sleep 0.02
-        done
-    done
-    sleep 0.2
-    hostbed_kill "$host"
-    for r in $((2 * h)) $((2 * h + 1)); do wait "${HOSTBED_RANK_PIDS[r]}" 2>/dev/null; HOSTBED_RANK_STATUS[r]=$?; done
-    stopped=$HOSTBED_SHARE/rank$((2 * rendezvous)).log
-    for ((t = 0; t < 3000; t++)); do grep -q "GPT_PAUSE_AT_STEP=5: .* at step 5" "$stopped" 2>/dev/null && break; sleep 0.02; done
-    for r in $((2 * h)) $((2 * h + 1)); do
-        FSDP_SECRET=${secret:-$FSDP_SECRET} FSDP_RECOVERY_PEERS=$peers RANK=$r WORLD_SIZE=8 LOCAL_RANK=$((r % 2)) \
-            LOCAL_WORLD_SIZE=2 MASTER_ADDR=$(hostbed_ip h0) MASTER_PORT=29500 hostbed_spawn --timeout 120 "$host" \
-            "$BIN/gpt" $gpt_args --recover --recovery-port $RPORT --rejoin >"$LOG/$name.rejoin$r" 2>&1
-        pids+=("$HOSTBED_SPAWNED")
-    done
-    waiting_at_rendezvous "$rendezvous" '1'         # both joiners connected (step 5's commit point challenges them)
-    hostbed_kill "h$rendezvous" CONT
-    for ((t = 0; t < 3000; t++)); do grep -q "GPT_PAUSE_AT_STEP=5: .* at step 6" "$stopped" 2>/dev/null && break; sleep 0.02; done
-    waiting_at_rendezvous "$rendezvous" '$1 > 0'   # both hellos wait unread (step 6's commit point admits them)
-    hostbed_kill "h$rendezvous" CONT
-    for ((r = 0; r < 8; r++)); do
-        [ $((r / 2)) = "$h" ] && continue
-        wait "${HOSTBED_RANK_PIDS[r]}" 2>/dev/null
-        HOSTBED_RANK_STATUS[r]=$?
-    done
-    for r in 0 1; do wait "${pids[r]}"; HOSTBED_RANK_STATUS[8 + r]=$?; done
+    gpt_lose_host "$host" 3 kill >/dev/null
+    FSDP_SECRET=${secret:-$FSDP_SECRET} gpt_rejoin "$host" $RPORT 5 "$LOG/$name.rejoin" \
+        "$BIN/gpt" $gpt_args --recover --recovery-port $RPORT --rejoin >"$LOG/waits"
+    gpt_wait_survivors "$host" kill
+    for r in 0 1; do wait "${GPT_REJOIN_PIDS[r]}"; HOSTBED_RANK_STATUS[8 + r]=$?; done
     for ((r = 0; r < 10; r++)); do echo "${HOSTBED_RANK_STATUS[r]}"; done >"$LOG/$name.status"
     { for ((r = 0; r < 8; r++)); do echo "== rank $r (exit status ${HOSTBED_RANK_STATUS[r]})"; cat "$HOSTBED_SHARE/rank$r.log"; done
       for r in $((2 * h)) $((2 * h + 1)); do echo "== rejoined rank $r (exit status ${HOSTBED_RANK_STATUS[8 + r % 2]})"; cat "$LOG/$name.rejoin$r"; done
