@@ -900,8 +900,9 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
    recovery.rejoin 1 and, as desc.comm, a world of that host's shard_group_size ranks alone made
    with the job's secret and job token (its own master port): fsdp_init finds the job at
    recovery.peers (the job's ranks listen at recovery.port + rank: give every rank the same port),
-   is admitted at a step boundary every survivor agrees on (after the survivors' next fsdp_step,
-   which its fsdp_init waits for, up to the op timeout), and receives for each of its ranks the
+   is admitted at a step boundary every survivor agrees on (the commit point of the survivors'
+   next fsdp_step sends it a challenge, the one after hears its answer and admits it; its
+   fsdp_init waits for that, up to the op timeout), and receives for each of its ranks the
    state of its counterpart in a replica that trains (master shard, optimizer state, step, loss
    scale, learning rate, the blob of fsdp_recovery_set_blob), checked by checksum; the survivors'
    fsdp_step that admits reports the grown replica count and a new epoch. A joiner with another
