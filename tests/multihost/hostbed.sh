@@ -78,6 +78,8 @@
 #   hostbed_hostfile SLOTS [HOST...] writes an Open MPI hostfile ("fsdp-h<i> slots=SLOTS" for the given
 #                                    hosts, default all) in $HOSTBED_SHARE and prints its path
 #   hostbed_down                     tears everything down; idempotent; safe without a bed
+#   hostbed_report NAME STATUS LOG   a test script's result: "$ME:0:NAME:PASS" (STATUS 0) or ":FAIL"
+#                                    with LOG's last 30 lines indented; counts in passed / failed
 #
 # Variables set by hostbed_up (exported, so they reach processes in the hosts):
 #   HOSTBED_DIR     the bed's state directory ($HOSTBED_BASE/<owner pid>.<its start time>: never
@@ -585,6 +587,17 @@ hostbed_hosts() {
     local i
     _hb_need_bed || return 1
     for ((i = 0; i < HOSTBED_N; i++)); do echo "h$i"; done
+}
+
+hostbed_report() {
+    if [ "$2" -eq 0 ]; then
+        echo "$ME:0:$1:PASS"
+        passed=$((passed + 1))
+    else
+        echo "$ME:0:$1:FAIL"
+        sed 's/^/    /' "$3" | tail -n 30
+        failed=$((failed + 1))
+    fi
 }
 
 hostbed_exec() {

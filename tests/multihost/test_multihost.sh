@@ -70,17 +70,6 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export FSDP_SECRET=multihost-test-secret
 LOG=$(mktemp -d)
 
-report() { # name, status (0 = pass), log file
-    if [ "$2" -eq 0 ]; then
-        echo "$ME:0:$1:PASS"
-        passed=$((passed + 1))
-    else
-        echo "$ME:0:$1:FAIL"
-        sed 's/^/    /' "$3" | tail -n 25
-        failed=$((failed + 1))
-    fi
-}
-
 # The rank logs of the last hostbed_ranks, concatenated.
 rank_logs() { cat "$HOSTBED_SHARE"/rank*.log 2>/dev/null; }
 
@@ -224,9 +213,9 @@ fault() { # what (cut | cut-lagging | kill)
 
 hostbed_up 4 || { s=$?; echo "$ME: the test bed did not come up (status $s)"; echo "0 passed, 1 failed"; exit 1; }
 
-collectives 2,2;   report collectives_2x2_bitwise_in_the_documented_order $? "$LOG/coll.log"
+collectives 2,2;   hostbed_report collectives_2x2_bitwise_in_the_documented_order $? "$LOG/coll.log"
 # FSDP_HIER_STEP_MIB=0: large ops in one pipeline step instead of 2 MiB ones
-FSDP_HIER_STEP_MIB=0 collectives 2,2; report collectives_2x2_in_one_pipeline_step_bitwise $? "$LOG/coll.log"
+FSDP_HIER_STEP_MIB=0 collectives 2,2; hostbed_report collectives_2x2_in_one_pipeline_step_bitwise $? "$LOG/coll.log"
 
 # Ranks asking for different steps (one step, 3 MiB, a malformed value, unset) agree on one
 # (steps that differ between peers would pair the wrong phases), and the malformed one is named.
@@ -240,46 +229,46 @@ EOF_
     MH_LAYOUT=2,2 FSDP_TIMEOUT_MS=60000 hostbed_ranks --timeout 240 2,2 "$HOSTBED_SHARE/mixed_steps.sh" "$BIN/mh_check"
     ranks_ok "$LOG/coll.log" && grep -q "FSDP_HIER_STEP_MIB='bogus' is not an integer" "$LOG/coll.log"
 }
-mixed_steps; report collectives_2x2_ranks_asking_for_different_pipeline_steps_agree $? "$LOG/coll.log"
-collectives 2,2,2; report collectives_3x2_bitwise_in_the_documented_order $? "$LOG/coll.log"
+mixed_steps; hostbed_report collectives_2x2_ranks_asking_for_different_pipeline_steps_agree $? "$LOG/coll.log"
+collectives 2,2,2; hostbed_report collectives_3x2_bitwise_in_the_documented_order $? "$LOG/coll.log"
 # (2,1,3: a rank links to the ranks of other hosts it exchanges blocks with, fsdp__hier_links: the
 # lone rank of the middle host to all 5, the others to 2 or 3; a full mesh would be 5 everywhere)
 collectives 2,1,3 && sockets_at_most 5 "$LOG/coll.log" && [ "$(rank_logs | grep -c ' [23] sockets$')" = 5 ]
-report collectives_2_1_3_bitwise_in_the_documented_order_over_links_to_counterparts $? "$LOG/coll.log"
+hostbed_report collectives_2_1_3_bitwise_in_the_documented_order_over_links_to_counterparts $? "$LOG/coll.log"
 # 4 hosts of 2, 1, 3, 2 ranks: small all_reduces in log2(H) rounds (Bruck) among the first ranks
 MH_MAX_COUNT=16411 MH_OPS_ONLY=1 collectives 2,1,3,2
-report collectives_2_1_3_2_bitwise_with_small_all_reduces_in_log_rounds $? "$LOG/coll.log"
+hostbed_report collectives_2_1_3_2_bitwise_with_small_all_reduces_in_log_rounds $? "$LOG/coll.log"
 if [ $have_mpi = 1 ]; then
-    mpirun_2x2 "$BIN/mh_check_mpi"; report mpirun_mpi_bridge_2x2_same_bits_as_sockets $? "$LOG/mpi.log"
+    mpirun_2x2 "$BIN/mh_check_mpi"; hostbed_report mpirun_mpi_bridge_2x2_same_bits_as_sockets $? "$LOG/mpi.log"
     mpirun_2x2 "$BIN/mh_check" -x FSDP_BACKEND=socket -x MASTER_ADDR=10.77.0.1 -x MASTER_PORT=29650 -x FSDP_SECRET
-    report mpirun_sockets_2x2 $? "$LOG/mpi.log"
+    hostbed_report mpirun_sockets_2x2 $? "$LOG/mpi.log"
 else
     echo "$ME: mpirun tests skipped: mpicc/mpirun not installed (apt-get install libopenmpi-dev openmpi-bin)"
 fi
 if [ $have_torch = 1 ]; then
     torchrun_2_nodes --master_addr 10.77.0.1 --master_port 29660
-    report torchrun_static_2_nodes_x_2 $? "$LOG/tr.log"
+    hostbed_report torchrun_static_2_nodes_x_2 $? "$LOG/tr.log"
     torchrun_2_nodes --rdzv_backend c10d --rdzv_endpoint 10.77.0.1:29670 --rdzv_id mh-c10d
-    report torchrun_c10d_2_nodes_x_2 $? "$LOG/tr.log"
+    hostbed_report torchrun_c10d_2_nodes_x_2 $? "$LOG/tr.log"
 else
     echo "$ME: torchrun tests skipped: /usr/bin/python3 has no torch (apt-get install python3-torch)"
 fi
 if [ $have_gpt = 1 ]; then
-    gpt_across full;   report gpt_full_shard_across_2_hosts_has_the_losses_of_one_host $? "$LOG/gpt.log"
-    gpt_across hybrid; report gpt_hybrid_shard_across_2_hosts_has_the_losses_of_one_host $? "$LOG/gpt.log"
+    gpt_across full;   hostbed_report gpt_full_shard_across_2_hosts_has_the_losses_of_one_host $? "$LOG/gpt.log"
+    gpt_across hybrid; hostbed_report gpt_hybrid_shard_across_2_hosts_has_the_losses_of_one_host $? "$LOG/gpt.log"
     if [ $have_torch = 1 ]; then
-        gpt_elastic; report elastic_restart_after_a_killed_rank_continues_the_loss_curve $? "$LOG/elastic.log"
+        gpt_elastic; hostbed_report elastic_restart_after_a_killed_rank_continues_the_loss_curve $? "$LOG/elastic.log"
     fi
 else
     echo "$ME: GPT tests skipped: $BUILD/gpt does not build (apt-get install libopenblas-dev)"
 fi
-fault cut;  report link_cut_mid_op_fails_every_rank_within_its_timeout_naming_the_other_host $? "$LOG/fault.log"
+fault cut;  hostbed_report link_cut_mid_op_fails_every_rank_within_its_timeout_naming_the_other_host $? "$LOG/fault.log"
 fault cut-lagging
-report link_cut_a_rank_waiting_for_a_local_peer_names_the_host_that_peer_waits_for $? "$LOG/fault.log"
-fault kill; report host_killed_mid_op_fails_the_others_and_leaves_no_shared_memory $? "$LOG/fault.log"
+hostbed_report link_cut_a_rank_waiting_for_a_local_peer_names_the_host_that_peer_waits_for $? "$LOG/fault.log"
+fault kill; hostbed_report host_killed_mid_op_fails_the_others_and_leaves_no_shared_memory $? "$LOG/fault.log"
 if hostbed_shape all --loss 5% --delay 20ms >"$LOG/shape.log" 2>&1; then
     MH_MAX_COUNT=16411 MH_OPS_ONLY=1 collectives 2,2
-    report collectives_right_with_5_percent_loss_and_20ms_delay $? "$LOG/coll.log"
+    hostbed_report collectives_right_with_5_percent_loss_and_20ms_delay $? "$LOG/coll.log"
     hostbed_shape all off >/dev/null 2>&1
 else
     echo "$ME: loss/delay test skipped: $(tail -1 "$LOG/shape.log")"
@@ -293,9 +282,9 @@ hostbed_down
 if hostbed_up 16 >"$LOG/bed16.log" 2>&1; then
     layout=8,8,8,8,8,8,8,8,8,8,8,8,8,8,8,8
     MH_MAX_COUNT=64 MH_OPS_ONLY=1 collectives $layout && sockets_at_most 15 "$LOG/coll.log"
-    report collectives_128_ranks_on_16_hosts_form_a_job_and_are_bitwise_with_15_sockets_a_rank $? "$LOG/coll.log"
+    hostbed_report collectives_128_ranks_on_16_hosts_form_a_job_and_are_bitwise_with_15_sockets_a_rank $? "$LOG/coll.log"
 else
-    report collectives_128_ranks_on_16_hosts_form_a_job_and_are_bitwise_with_15_sockets_a_rank 1 "$LOG/bed16.log"
+    hostbed_report collectives_128_ranks_on_16_hosts_form_a_job_and_are_bitwise_with_15_sockets_a_rank 1 "$LOG/bed16.log"
 fi
 
 hostbed_down

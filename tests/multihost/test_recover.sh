@@ -64,17 +64,6 @@ export FSDP_SECRET=recover-test-secret OPENBLAS_NUM_THREADS=1
 unset FSDP_TIMEOUT_MS FSDP_BACKEND FSDP_HIERARCHICAL # (the op timeout at its default: detection must not need it)
 LOG=$(mktemp -d)
 
-report() { # name, status (0 = pass), log file
-    if [ "$2" -eq 0 ]; then
-        echo "$ME:0:$1:PASS"
-        passed=$((passed + 1))
-    else
-        echo "$ME:0:$1:FAIL"
-        sed 's/^/    /' "$3" | tail -n 30
-        failed=$((failed + 1))
-    fi
-}
-
 STEPS=10
 gpt_args="--strategy hybrid --layers 2 --channels 64 --heads 2 --seq-len 32 --batch 24 --steps $STEPS --print-every 1
     --ckpt none --sample 0"
@@ -167,18 +156,18 @@ hostbed_up 4 || { s=$?; echo "$ME: the test bed did not come up (status $s)"; ec
 
 run reference h2 0 none
 grep -q "^step *$STEPS/$STEPS " "$LOG/reference.rank0" && [ -n "$(checksum "$LOG/reference.rank0")" ]
-report recover_with_no_loss_trains_with_bitwise_equal_replicas $? "$LOG/reference.log"
+hostbed_report recover_with_no_loss_trains_with_bitwise_equal_replicas $? "$LOG/reference.log"
 
 for step in 1 2 3 4 5 6 7 8 9 10; do
     want "kill$step" || continue
     run "kill$step" h2 "$step" kill
     survived "kill$step" 2
-    report "recover_h2_killed_at_step_${step}_survivors_finish_replicas_bitwise_equal_losses_as_without_loss" $? "$LOG/kill$step.log"
+    hostbed_report "recover_h2_killed_at_step_${step}_survivors_finish_replicas_bitwise_equal_losses_as_without_loss" $? "$LOG/kill$step.log"
 done
 if want kill4h0; then
     run kill4h0 h0 4 kill
     survived kill4h0 0
-    report recover_rendezvous_host_killed_at_step_4_survivors_finish_replicas_bitwise_equal $? "$LOG/kill4h0.log"
+    hostbed_report recover_rendezvous_host_killed_at_step_4_survivors_finish_replicas_bitwise_equal $? "$LOG/kill4h0.log"
 fi
 
 if want same; then
@@ -188,13 +177,13 @@ if want same; then
         diff <(rank0_losses "$LOG/kill5.rank0") <(rank0_losses "$LOG/kill5again.rank0") >>"$LOG/kill5again.log"
     s=$?
     echo "checksums: $(checksum "$LOG/kill5.rank0") and $(checksum "$LOG/kill5again.rank0")" >>"$LOG/kill5again.log"
-    report recover_same_failure_schedule_twice_ends_bitwise_equal $s "$LOG/kill5again.log"
+    hostbed_report recover_same_failure_schedule_twice_ends_bitwise_equal $s "$LOG/kill5again.log"
 fi
 
 if want silent; then
     run silent5 h2 5 silent
     survived silent5 2 && detected_within silent5 8000
-    report recover_silent_host_detected_within_detect_ms_and_survived $? "$LOG/silent5.log"
+    hostbed_report recover_silent_host_detected_within_detect_ms_and_survived $? "$LOG/silent5.log"
 fi
 
 # 2|2 at step 5: h1's ranks stop at its start (the others then wait in its first op across
@@ -218,7 +207,7 @@ partition() {
 }
 if want partition; then
     partition
-    report recover_2_2_partition_stops_both_halves_naming_it $? "$LOG/partition.log"
+    hostbed_report recover_2_2_partition_stops_both_halves_naming_it $? "$LOG/partition.log"
 fi
 
 if want off; then
@@ -229,7 +218,7 @@ if want off; then
         sed -n "/^== rank $r /,/^== rank/p" "$LOG/off5.log" | grep -q "10\.77\.0\.3" || ok=1
     done
     grep -q '^recovery: ' "$LOG/off5.log" && ok=1
-    report recovery_off_a_killed_host_ends_every_survivor_naming_it $ok "$LOG/off5.log"
+    hostbed_report recovery_off_a_killed_host_ends_every_survivor_naming_it $ok "$LOG/off5.log"
 fi
 
 # rejoin_run NAME HOST [SECRET]: the GPT with --recover --recovery-port; HOST's ranks stop at the
@@ -277,23 +266,23 @@ rejoined() {
 if want rejoin; then
     rejoin_run rejoin h2
     rejoined rejoin h2
-    report recover_h2_killed_and_rejoined_every_replica_bitwise_equal_at_the_end_losses_as_without_loss $? "$LOG/rejoin.log"
+    hostbed_report recover_h2_killed_and_rejoined_every_replica_bitwise_equal_at_the_end_losses_as_without_loss $? "$LOG/rejoin.log"
     rejoin_run rejoinagain h2
     rejoined rejoinagain h2 && [ "$(checksum "$LOG/rejoin.rank0")" = "$(checksum "$LOG/rejoinagain.rank0")" ] &&
         diff <(rank0_losses "$LOG/rejoin.rank0") <(rank0_losses "$LOG/rejoinagain.rank0") >>"$LOG/rejoinagain.log"
     s=$?
     echo "checksums: $(checksum "$LOG/rejoin.rank0") and $(checksum "$LOG/rejoinagain.rank0")" >>"$LOG/rejoinagain.log"
-    report recover_same_kill_and_rejoin_schedule_twice_ends_bitwise_equal $s "$LOG/rejoinagain.log"
+    hostbed_report recover_same_kill_and_rejoin_schedule_twice_ends_bitwise_equal $s "$LOG/rejoinagain.log"
     rejoin_run rejoinh0 h0
     rejoined rejoinh0 h0
-    report recover_rendezvous_host_h0_killed_and_rejoined_every_replica_bitwise_equal $? "$LOG/rejoinh0.log"
+    hostbed_report recover_rendezvous_host_h0_killed_and_rejoined_every_replica_bitwise_equal $? "$LOG/rejoinh0.log"
     rejoin_run rejoinsecret h2 another-secret
     survivors_ok 2 rejoinsecret && grep -q "^step *$STEPS/$STEPS " "$LOG/rejoinsecret.rank0" &&
         grep -q '^replicas: the 3 replicas. master weights are bitwise equal' "$LOG/rejoinsecret.rank0" &&
         [ "$(sed -n '9p' "$LOG/rejoinsecret.status")" != 0 ] && [ "$(sed -n '10p' "$LOG/rejoinsecret.status")" != 0 ] &&
         grep -q 'recovery.rejoin: rank 0 of the host: the rendezvous at .* did not admit this rank' "$LOG/rejoinsecret.rejoin4" &&
         grep -q "a rejoin from .* refused: its hello does not answer this connection's challenge with this job's key" "$LOG/rejoinsecret.rank0"
-    report recover_joiner_with_another_secret_refused_survivors_finish $? "$LOG/rejoinsecret.log"
+    hostbed_report recover_joiner_with_another_secret_refused_survivors_finish $? "$LOG/rejoinsecret.log"
 fi
 
 hostbed_down
