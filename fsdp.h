@@ -13739,7 +13739,7 @@ FSDP__PRIVATE int fsdp__rejoin_close(fsdp_ctx *ctx, fsdp__join_xfer *x) {
     uint32_t *sent = (uint32_t *)fsdp__calloc(sizeof *sent * (size_t)x->count);
     unsigned char digest[32];
     char what[200];
-    int i, rc = tail && sent ? 0 : FSDP_ERR_OUT_OF_MEMORY;
+    int i, bad = 0, rc = tail && sent ? 0 : FSDP_ERR_OUT_OF_MEMORY;
     fsdp__rejoin_crc(x, x->count);
     for (i = 0; !rc && x->sending && i < x->count; i++) sent[i] = x->pieces[i].crc;
     if (!rc && x->sending) {
@@ -13753,9 +13753,10 @@ FSDP__PRIVATE int fsdp__rejoin_close(fsdp_ctx *ctx, fsdp__join_xfer *x) {
     x->bytes += sizeof *sent * (size_t)x->count + sizeof *tail;
     if (!rc && !x->sending) {
         fsdp__rejoin_digest(x, tail, digest);
-        if (!fsdp__equal_ct(digest, tail->digest, 32)) fsdp__rejoin_which(x, sent, what, sizeof what);
-        else if (tail->blob_bytes > FSDP_RECOVERY_BLOB_MAX) fsdp__fmt(what, sizeof what, "the tail's blob size");
-        if (!fsdp__equal_ct(digest, tail->digest, 32) || tail->blob_bytes > FSDP_RECOVERY_BLOB_MAX)
+        if ((bad = !fsdp__equal_ct(digest, tail->digest, 32)) != 0) fsdp__rejoin_which(x, sent, what, sizeof what);
+        else if ((bad = tail->blob_bytes > FSDP_RECOVERY_BLOB_MAX) != 0)
+            fsdp__fmt(what, sizeof what, "the tail's blob size");
+        if (bad)
             rc = fsdp__fail(ctx, FSDP_ERR_PROTOCOL, "recovery.rejoin: rank %d: the state received from replica %d (%llu "
                             "bytes) fails its checksum at %s: not applied", rec->first_rank, rec->now.replicas[0],
                             (unsigned long long)x->bytes, what);
@@ -13777,24 +13778,24 @@ FSDP__PRIVATE int fsdp__rejoin_close(fsdp_ctx *ctx, fsdp__join_xfer *x) {
 FSDP__PRIVATE int fsdp__rejoin_transfer(fsdp_ctx *ctx, uint64_t *bytes) {
     fsdp__recovery *rec = ctx->recovery;
     fsdp_comm *replica = ctx->hybrid_replica_comm;
-    int me = fsdp_comm_rank(replica), joiner = fsdp_comm_size(replica) - 1, ui, k, rc;
+    int me = fsdp_comm_rank(replica), in_pair = me == 0 || me == fsdp_comm_size(replica) - 1, ui, k, rc;
     fsdp__join_xfer x;
     memset(&x, 0, sizeof x);
     *bytes = 0;
-    if ((rc = fsdp_comm_split(replica, me == 0 || me == joiner ? 0 : 1 + me, me, &x.pair)) != 0)
+    if ((rc = fsdp_comm_split(replica, in_pair ? 0 : 1 + me, me, &x.pair)) != 0)
         return fsdp__fail(ctx, rc, "recovery.rejoin: rank %d: the comm of the sender and the joiner: %s", rec->first_rank,
                           fsdp_comm_last_error(replica));
     if (fsdp__comm_watch(x.pair, ctx->desc.recovery.detect_ms) != 0) /* (a silent peer found within detect_ms) */
         return fsdp_comm_destroy(x.pair), fsdp__fail(ctx, FSDP_ERR_SYSTEM, "recovery.rejoin: keepalive on the comm of "
                                                      "the sender and the joiner: %s", strerror(errno));
     x.sending = me == 0;
-    for (ui = 0; (me == 0 || me == joiner) && !rc && ui < ctx->num_units; ui++) {
+    for (ui = 0; in_pair && !rc && ui < ctx->num_units; ui++) {
         fsdp__unit *u = &ctx->units[ui];
         rc = fsdp__rejoin_send(ctx, &x, u->master, (size_t)u->shard, ui, 0);
         for (k = 0; !rc && k < ctx->num_state; k++)
             if (u->opt[k].ram) rc = fsdp__rejoin_send(ctx, &x, u->opt[k].ram, (size_t)u->shard, ui, k + 1);
     }
-    if ((me == 0 || me == joiner) && !rc && (rc = fsdp__rejoin_order(ctx, &x)) == 0) rc = fsdp__rejoin_close(ctx, &x);
+    if (in_pair && !rc && (rc = fsdp__rejoin_order(ctx, &x)) == 0) rc = fsdp__rejoin_close(ctx, &x);
     if (rc == FSDP_ERR_OUT_OF_MEMORY) rc = fsdp__fail(ctx, rc, "recovery.rejoin: out of memory");
     else if (rc && fsdp_comm_status(x.pair) != FSDP_SUCCESS) /* (the others said why themselves) */
         rc = fsdp__fail(ctx, rc, "recovery.rejoin: rank %d: the state's transfer %s replica %d failed: %s", rec->first_rank,
