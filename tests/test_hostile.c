@@ -35,6 +35,8 @@ typedef struct rank_report {
     int done;
     int rc;              /* fsdp_comm_init, then the op under test */
     int elapsed_ms;      /* of that call */
+    int kdf_ms;          /* with measure_kdf: this process's stretch of the secret just before it (the part
+                            of elapsed_ms that is CPU work, which a loaded or sanitized machine slows) */
     int op_rc;
     int op_elapsed_ms;
     int destroy_ms;
@@ -125,15 +127,33 @@ static fsdp_comm_desc socket_desc(const rank_plan *plan) {
     return d;
 }
 
+static void job_key(unsigned char key[32], const char *secret, const char *job);
+
+/* Set by a test that bounds how long a rank's init waits: each rank it spawns then times a stretch
+   of the secret first (kdf_ms), and the test bounds elapsed_ms - kdf_ms, the waiting, which is
+   what a bug would lengthen; the stretch itself (35 ms on an idle machine, 0.5 s under ASan on a
+   loaded one) is not. */
+static int measure_kdf;
+
+/* elapsed_ms less the stretch of the secret it holds (with measure_kdf). */
+static int waited_ms(const rank_report *r) { return r->elapsed_ms - r->kdf_ms; }
+
 /* Child: joins, runs the op of the plan, records everything in shared[rank]. */
 static int run_socket_rank(void *arg) {
     const rank_plan *plan = (const rank_plan *)arg;
     rank_report *r = &shared[plan->rank];
     fsdp_comm_desc d = socket_desc(plan);
     fsdp_comm *comm = NULL;
-    double start = now_ms();
+    double start;
     captured[0] = 0;
     if (plan->as_uid > 0 && (setgid((gid_t)plan->as_uid) != 0 || setuid((uid_t)plan->as_uid) != 0)) return 3;
+    if (measure_kdf && plan->secret) {
+        unsigned char key[32];
+        start = now_ms();
+        job_key(key, plan->secret, plan->job);
+        r->kdf_ms = (int)(now_ms() - start);
+    }
+    start = now_ms();
     r->rc = fsdp_comm_init(&comm, &d);
     r->elapsed_ms = (int)(now_ms() - start);
     copy_text(r->message, sizeof r->message, fsdp_comm_last_error(comm));
@@ -331,6 +351,7 @@ static void test_idle_and_garbage_connections_do_not_delay_the_rendezvous(void) 
         plan[r].job = JOB;
         plan[r].count = 16;
     }
+    measure_kdf = 1;
     pids[0] = spawn(run_socket_rank, &plan[0], 0);
     for (i = 0; i < 256; i++) garbage[i % 100] = (unsigned char)(i * 37 + 11);
     for (i = 0; i < 32; i++) {
@@ -345,14 +366,16 @@ static void test_idle_and_garbage_connections_do_not_delay_the_rendezvous(void) 
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[r].rc, shared[r].message);
         TEST_ASSERT_EQUAL_INT(FSDP_SUCCESS, shared[r].op_rc);
         TEST_ASSERT_EQUAL_FLOAT(4.0f, shared[r].result);
-        if (r > 0 && shared[r].elapsed_ms > slowest) slowest = shared[r].elapsed_ms;
+        if (r > 0 && waited_ms(&shared[r]) > slowest) slowest = waited_ms(&shared[r]);
     }
-    TEST_ASSERT_TRUE_MESSAGE(slowest < 3000, "the honest ranks waited for the strangers");
+    TEST_ASSERT_TRUE_MESSAGE(slowest < 3000, "the honest ranks waited for the strangers"); /* a stranger's budget: 5 s */
 }
 
 /* A local process flooding a port (the next test's): non-blocking connects as fast as it can,
    each left silent, at most 64 open (the oldest closed for the next), until *stop, 30 s or
-   100000 attempts. */
+   100000 attempts. At the lowest CPU priority: the test is about rank 0's accept queue and the
+   hellos behind it, which the flood fills whenever the ranks wait; eight flooders at full
+   priority on 2 cores under ASan also starved the ranks' own CPU work past their timeout. */
 static volatile int *flood_stop;
 
 static int flood_port(void *arg) {
@@ -360,6 +383,7 @@ static int flood_port(void *arg) {
     int open_fds[64], at = 0, i;
     long attempts;
     double until = now_ms() + 30000;
+    setpriority(PRIO_PROCESS, 0, 19);
     for (i = 0; i < 64; i++) open_fds[i] = -1;
     for (attempts = 0; !*flood_stop && attempts < 100000 && now_ms() < until; attempts++) {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
@@ -434,6 +458,7 @@ static void test_accept_failing_for_lack_of_descriptors_does_not_end_the_rendezv
     r1 = r0;
     r1.rank = 1;
     reset_reports();
+    measure_kdf = 1;
     p0 = spawn(run_rank0_with_few_descriptors, &r0, 0);
     for (i = 0; i < 16; i++) strangers[i] = connect_retry(r0.port, 3000);
     sleep_ms(200);
@@ -445,26 +470,29 @@ static void test_accept_failing_for_lack_of_descriptors_does_not_end_the_rendezv
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[1].rc, shared[1].message);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[0].rc, shared[0].message);
     TEST_ASSERT_EQUAL_FLOAT(2.0f, shared[1].result);
-    TEST_ASSERT_TRUE_MESSAGE(shared[1].elapsed_ms < 3000, "rank 1 waited for the strangers' budgets");
+    TEST_ASSERT_TRUE_MESSAGE(waited_ms(&shared[1]) < 3000, "rank 1 waited for the strangers' budgets"); /* 5 s each */
 }
 
 /* Issue 27, item 1: a socket world holds a descriptor per other rank; a soft RLIMIT_NOFILE below
    that is raised where the hard limit allows, and a hard limit below it fails init at once,
-   naming the limit and the number needed (rank 0 alone here: it waits 300 ms for the others). */
+   naming the limit and the number needed (rank 0 alone here: it waits 300 ms for the others
+   where the limit is raised, and 5 s where it fails, so that failing at once shows). */
 typedef struct fd_limit_plan {
     int extra_soft, extra_hard; /* limits: the descriptors open now plus these */
+    int timeout_ms;             /* rank 0's wait for the others */
 } fd_limit_plan;
 
 static int init_with_fd_limits(void *arg) {
     const fd_limit_plan *plan = (const fd_limit_plan *)arg;
     rank_report *r = &shared[0];
-    rank_plan rp = {0, 200, 0, 300, NULL, JOB, NULL, 0, 0, NULL, 0}; /* no secret: no key to stretch (slow under ASan) */
+    rank_plan rp = {0, 200, 0, 0, NULL, JOB, NULL, 0, 0, NULL, 0}; /* no secret: no key to stretch (slow under ASan) */
     fsdp_comm_desc d;
     fsdp_comm *comm = NULL;
     struct rlimit lim;
     int open = open_fd_count();
     double start;
     rp.port = pick_free_port();
+    rp.timeout_ms = plan->timeout_ms;
     d = socket_desc(&rp);
     lim.rlim_cur = (rlim_t)(open + plan->extra_soft);
     lim.rlim_max = (rlim_t)(open + plan->extra_hard);
@@ -482,7 +510,7 @@ static int init_with_fd_limits(void *arg) {
 }
 
 static void test_descriptor_limit_is_raised_for_a_large_world_or_init_fails_naming_it(void) {
-    fd_limit_plan raise = {10, 1000}, hard = {10, 10};
+    fd_limit_plan raise = {10, 1000, 300}, hard = {10, 10, 5000};
     pid_t p;
     reset_reports();
     p = spawn(init_with_fd_limits, &raise, 10);
@@ -494,7 +522,7 @@ static void test_descriptor_limit_is_raised_for_a_large_world_or_init_fails_nami
     p = spawn(init_with_fd_limits, &hard, 10);
     TEST_ASSERT_EQUAL_INT(0, reap(p, 10000));
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_SYSTEM, shared[0].rc, shared[0].message);
-    TEST_ASSERT_TRUE_MESSAGE(shared[0].elapsed_ms < 250, "it waited instead of failing at once"); /* waiting: 300 ms */
+    TEST_ASSERT_TRUE_MESSAGE(shared[0].elapsed_ms < 2500, "it waited instead of failing at once"); /* waiting: 5 s */
     TEST_ASSERT_TRUE_MESSAGE(contains(shared[0].message, "RLIMIT_NOFILE") && contains(shared[0].message, "200 ranks needs"),
                              shared[0].message);
 }
@@ -780,15 +808,16 @@ static void test_address_planted_in_torchruns_store_is_refused(void) {
         pid_t ps;
         sp.listen_fd = listen_on_loopback(&r0.port);
         TEST_ASSERT_TRUE(sp.listen_fd >= 0);
-        sp.limit_ms = 8000;
+        sp.limit_ms = 40000; /* (stopped by the test; a bound for a test that fails on the way) */
         snprintf(plant, sizeof plant, "127.0.0.1:%d", pick_free_port()); /* where nothing listens */
         sp.plant = attempt == 0 ? plant : NULL;
+        r0.timeout_ms = attempt == 0 ? 4000 : 20000; /* (with the plant rank 0 waits it out: nobody comes) */
         r1 = r0;
         r1.rank = 1;
         reset_reports();
-        ps = spawn(run_store, &sp, 12);
+        ps = spawn(run_store, &sp, 45);
         close(sp.listen_fd);
-        run_pair(run_socket_rank, &r0, run_socket_rank, &r1, 0, 12000);
+        run_pair(run_socket_rank, &r0, run_socket_rank, &r1, 0, 30000);
         stop_child(ps);
         if (attempt == 0) {
             TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_REJECTED, shared[1].rc, shared[1].message);
@@ -1083,9 +1112,10 @@ static void test_peer_trickling_bytes_fails_the_op_within_its_total_deadline(voi
     TEST_ASSERT_EQUAL_INT(0, reap(p0, 10000));
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[0].rc, shared[0].message);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_TIMEOUT, shared[0].op_rc, shared[0].message);
-    TEST_ASSERT_TRUE(shared[0].op_elapsed_ms >= 1400 && shared[0].op_elapsed_ms < 2500);
+    /* (a deadline per byte would hold the op until the trickle ends, at 6 s) */
+    TEST_ASSERT_TRUE(shared[0].op_elapsed_ms >= 1400 && shared[0].op_elapsed_ms < 4000);
     TEST_ASSERT_TRUE_MESSAGE(contains(shared[0].message, "rank 1"), shared[0].message);
-    TEST_ASSERT_TRUE(shared[0].destroy_ms < 500);
+    TEST_ASSERT_TRUE(shared[0].destroy_ms < 1000);
 }
 
 /* Sends one phase of rank 1's part of a 2-rank all_reduce: header and payload (ones). */
@@ -1164,7 +1194,8 @@ static void test_peer_answering_each_phase_in_time_fails_the_op_at_its_total_dea
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, shared[0].rc, shared[0].message);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_TIMEOUT, shared[0].op_rc, shared[0].message);
     snprintf(err, sizeof err, "the op failed after %d ms: %.400s", shared[0].op_elapsed_ms, shared[0].message);
-    TEST_ASSERT_TRUE_MESSAGE(shared[0].op_elapsed_ms >= 1900 && shared[0].op_elapsed_ms < 2700, err);
+    /* (a deadline per phase would fail it at 3.4 s; one from the last byte would let it succeed at 2.8 s) */
+    TEST_ASSERT_TRUE_MESSAGE(shared[0].op_elapsed_ms >= 1900 && shared[0].op_elapsed_ms < 3200, err);
     TEST_ASSERT_TRUE_MESSAGE(contains(shared[0].message, "rank 1") && contains(shared[0].message, "all_reduce"),
                              shared[0].message);
 }
@@ -1193,12 +1224,13 @@ static void test_connect_to_a_full_accept_queue_fails_within_the_deadline(void) 
     TEST_ASSERT_TRUE_MESSAGE(i < 16, "the accept queue never filled");
     r1.port = ntohs(a.sin_port);
     reset_reports();
+    measure_kdf = 1;
     p1 = spawn(run_socket_rank, &r1, 0);
     TEST_ASSERT_EQUAL_INT(0, reap(p1, 10000));
     for (i = 0; i < n; i++) close(queued[i]);
     close(listener);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_TIMEOUT, shared[1].rc, shared[1].message);
-    TEST_ASSERT_TRUE(shared[1].elapsed_ms < 1500 + 1000);
+    TEST_ASSERT_TRUE(waited_ms(&shared[1]) < 1500 + 1000); /* the kernel's retries: minutes */
     TEST_ASSERT_TRUE_MESSAGE(contains(shared[1].message, "127.0.0.1"), shared[1].message);
 }
 
@@ -1216,12 +1248,13 @@ static void test_service_that_accepts_but_never_greets_fails_within_seconds_nami
     getsockname(listener, (struct sockaddr *)&a, &len);
     r1.port = ntohs(a.sin_port);
     reset_reports();
+    measure_kdf = 1;
     p1 = spawn(run_socket_rank, &r1, 0);
     TEST_ASSERT_EQUAL_INT(0, reap(p1, 15000));
     close(listener);
     snprintf(where, sizeof where, "127.0.0.1:%d", r1.port);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_TIMEOUT, shared[1].rc, shared[1].message);
-    TEST_ASSERT_TRUE(shared[1].elapsed_ms < FSDP__SOCK_GREETING_MS + 2000);
+    TEST_ASSERT_TRUE(waited_ms(&shared[1]) < FSDP__SOCK_GREETING_MS + 2000); /* the timeout: 60 s */
     TEST_ASSERT_TRUE_MESSAGE(contains(shared[1].message, where) && contains(shared[1].message, "greeting"),
                              shared[1].message);
 }
@@ -1250,12 +1283,13 @@ static void test_service_that_speaks_another_protocol_fails_at_once_naming_it(vo
     r1.port = ntohs(a.sin_port);
     server = spawn(serve_http_once, &listener, 0);
     reset_reports();
+    measure_kdf = 1;
     p1 = spawn(run_socket_rank, &r1, 0);
     TEST_ASSERT_EQUAL_INT(0, reap(p1, 10000));
     reap(server, 5000);
     close(listener);
     TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_PROTOCOL, shared[1].rc, shared[1].message);
-    TEST_ASSERT_TRUE(shared[1].elapsed_ms < 1000);
+    TEST_ASSERT_TRUE(waited_ms(&shared[1]) < 1000); /* the greeting's budget: 5 s */
     TEST_ASSERT_TRUE_MESSAGE(contains(shared[1].message, "not an fsdp.h rank"), shared[1].message);
 }
 
@@ -1723,7 +1757,7 @@ static void test_launcher_blames_the_rank_that_failed_first_every_time(void) {
     }
 }
 
-void setUp(void) {}
+void setUp(void) { measure_kdf = 0; }
 void tearDown(void) {}
 
 int main(void) {
