@@ -10532,6 +10532,10 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
    the joiner can, as only holders of the secret can), its ranks in replica order; the survivors
    agree over the old world that every one of them made it (else all drop it and train on as
    before, the joiner failing), adopt it, and every rank's listener address is gathered anew.
+   No shard comm is made: a rejoin changes no shard group, so every rank keeps its own (a
+   joiner's, made at its fsdp_init from its host's ranks) with the master shards in it, its
+   counters now adding into the new world's (fsdp__recovery_keep_shard); moving the shards into a
+   new comm's shared memory held the survivors 200-500 ms of the pause on the bed.
    Then each rank of the lowest surviving replica (the sender) sends its state to its
    counterpart in the joiner's replica alone, point to point over a comm of the two split from
    the new replica comm (the other survivors take part in the split, receive nothing, and go on
@@ -12877,29 +12881,13 @@ FSDP__PRIVATE void fsdp__params_repoint(fsdp_ctx *ctx) {
     }
 }
 
-/* Continues on the survivors' communicators: world (the caller keeps it, as desc.comm), and the
-   shard comm of this rank's group and the replica comm across the groups (NULL: one replica
-   left), which the context takes over, destroying its old ones. Master shards the old shard comm
-   shared are moved into memory of the new one (fsdp_comm_alloc: collective over shard), the
-   parameters' shard pointers (fsdp_param_info_get) with them. Every
-   unit must be HYBRID_SHARD with shard groups of the size they had (the recovery checks). On
-   failure nothing changed: the caller still owns shard and replica. */
-FSDP__PRIVATE int fsdp__recovery_adopt(fsdp_ctx *ctx, fsdp_comm *world, fsdp_comm *shard, fsdp_comm *replica) {
+/* The master shards the old shard comm shared moved into memory of shard (fsdp_comm_alloc:
+   collective over shard), the units pointed at shard and replica (world's where it is one rank),
+   the parameters' shard pointers with them; the old shard comm freed. */
+FSDP__PRIVATE int fsdp__recovery_move_masters(fsdp_ctx *ctx, fsdp_comm *world, fsdp_comm *shard, fsdp_comm *replica) {
     size_t total = 0, at = 0;
     void *mem = NULL;
     int ui, rc;
-    if (fsdp_comm_size(shard) != ctx->desc.shard_group_size || ctx->master_mem[0] || ctx->step_thread_started)
-        return fsdp__fail(ctx, FSDP_ERR_STATE, "recovery: cannot adopt a shard comm of %d ranks (the groups have %d)",
-                          fsdp_comm_size(shard), ctx->desc.shard_group_size);
-    if (ctx->host_comm) /* (its host communicator spans the old world) */
-        return fsdp__fail(ctx, FSDP_ERR_UNSUPPORTED, "recovery: units kept on their host after forward "
-                          "(reshard_after_forward HOST) cannot continue on a new world");
-    if (fsdp_comm_size(world) > ctx->norm_ranks) { /* (a rejoin grew it) */
-        double *sums = (double *)fsdp__calloc(4 * sizeof(double) * (size_t)fsdp_comm_size(world));
-        if (!sums) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "recovery: out of memory");
-        FSDP_FREE(ctx->norm_sums);
-        ctx->norm_sums = sums, ctx->norm_ranks = fsdp_comm_size(world);
-    }
     for (ui = 0; ui < ctx->num_units; ui++)
         if (ctx->units[ui].master_shared) total += fsdp__align((size_t)ctx->units[ui].shard, 16);
     if (total && (rc = fsdp_comm_alloc(shard, total * sizeof(float), &mem)) != 0)
@@ -12920,9 +12908,55 @@ FSDP__PRIVATE int fsdp__recovery_adopt(fsdp_ctx *ctx, fsdp_comm *world, fsdp_com
     fsdp__params_repoint(ctx); /* (fsdp_param_info_get's and fsdp_set_param_shard's pointers were into the old) */
     fsdp_comm_free(ctx->hybrid_shard_comm, ctx->master_mem[1]);
     fsdp_comm_destroy(ctx->hybrid_shard_comm);
-    fsdp_comm_destroy(ctx->hybrid_replica_comm);
     ctx->master_mem[1] = mem;
     ctx->hybrid_shard_comm = shard;
+    return 0;
+}
+
+/* The shard comm kept on a new world (a rejoin): it must be healthy and of the group's size; its
+   counters from now on add into world's (the step report reads them there), the units' replica
+   comm replaced. The master shards stay where they are. */
+FSDP__PRIVATE int fsdp__recovery_keep_shard(fsdp_ctx *ctx, fsdp_comm *world, fsdp_comm *replica) {
+    fsdp_comm *shard = ctx->hybrid_shard_comm;
+    fsdp__tally *was;
+    int ui;
+    if (!shard || fsdp_comm_status(shard) != FSDP_SUCCESS || fsdp_comm_size(shard) != ctx->desc.shard_group_size)
+        return fsdp__fail(ctx, FSDP_ERR_STATE, "recovery: the shard comm to keep is %s", !shard ? "missing" :
+                          fsdp_comm_status(shard) != FSDP_SUCCESS ? "broken" : "of another size");
+    if (shard->tally && world->tally && shard->tally->up != world->tally) {
+        was = shard->tally->up;
+        __atomic_fetch_add(&world->tally->refs, 1, __ATOMIC_RELAXED);
+        shard->tally->up = world->tally; /* (no op in flight: between steps) */
+        fsdp__tally_release(was);
+    }
+    for (ui = 0; ui < ctx->num_units; ui++) ctx->units[ui].replica_comm = replica;
+    return 0;
+}
+
+/* Continues on the survivors' communicators: world (the caller keeps it, as desc.comm), and the
+   shard comm of this rank's group (NULL: the one it has is kept, fsdp__recovery_keep_shard) and
+   the replica comm across the groups (NULL: one replica left), which the context takes over,
+   destroying its old ones. Master shards the old shard comm shared are moved into memory of a
+   new one (fsdp__recovery_move_masters). Every unit must be HYBRID_SHARD with shard groups of
+   the size they had (the recovery checks). On failure nothing changed: the caller still owns
+   shard and replica. */
+FSDP__PRIVATE int fsdp__recovery_adopt(fsdp_ctx *ctx, fsdp_comm *world, fsdp_comm *shard, fsdp_comm *replica) {
+    int rc;
+    if ((shard && fsdp_comm_size(shard) != ctx->desc.shard_group_size) || ctx->master_mem[0] || ctx->step_thread_started)
+        return fsdp__fail(ctx, FSDP_ERR_STATE, "recovery: cannot adopt a shard comm of %d ranks (the groups have %d)",
+                          shard ? fsdp_comm_size(shard) : -1, ctx->desc.shard_group_size);
+    if (ctx->host_comm) /* (its host communicator spans the old world) */
+        return fsdp__fail(ctx, FSDP_ERR_UNSUPPORTED, "recovery: units kept on their host after forward "
+                          "(reshard_after_forward HOST) cannot continue on a new world");
+    if (fsdp_comm_size(world) > ctx->norm_ranks) { /* (a rejoin grew it) */
+        double *sums = (double *)fsdp__calloc(4 * sizeof(double) * (size_t)fsdp_comm_size(world));
+        if (!sums) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "recovery: out of memory");
+        FSDP_FREE(ctx->norm_sums);
+        ctx->norm_sums = sums, ctx->norm_ranks = fsdp_comm_size(world);
+    }
+    rc = shard ? fsdp__recovery_move_masters(ctx, world, shard, replica) : fsdp__recovery_keep_shard(ctx, world, replica);
+    if (rc) return rc;
+    fsdp_comm_destroy(ctx->hybrid_replica_comm);
     ctx->hybrid_replica_comm = replica;
     ctx->comm = world;
     memset(&ctx->sent_before, 0, sizeof ctx->sent_before); /* the step report counts on world from its start */
@@ -13294,10 +13328,13 @@ FSDP__PRIVATE int fsdp__recovery_agree(fsdp_ctx *ctx, fsdp__recovery_verdict *v,
 
 /* A new world of count replicas (its key from parent's and the next rebuild's name, its
    rendezvous at host:port within create_ms, 0: the op timeout; world_fd its listener where this
-   rank is its rank 0), split into shard and replica comms: made[0..2]. 0, or why in the
-   context's error (world_fd closed, nothing left made). */
+   rank is its rank 0), split into shard and replica comms: made[0..2]; with keep_shard (the same
+   on every member) no shard comm is split (made[1] NULL): each rank keeps its own, whose members
+   are the new shard group's (fsdp__recovery_adopt). 0, or why in the context's error (world_fd
+   closed, nothing left made). */
 FSDP__PRIVATE int fsdp__recovery_make_world(fsdp_ctx *ctx, const fsdp_comm *parent, const char *host, int port,
-                                            int world_fd, int new_rank, int count, int create_ms, fsdp_comm *made[3]) {
+                                            int world_fd, int new_rank, int count, int create_ms, int keep_shard,
+                                            fsdp_comm *made[3]) {
     fsdp__recovery *rec = ctx->recovery;
     fsdp__inherit inherit;
     fsdp_comm_desc cd;
@@ -13313,8 +13350,7 @@ FSDP__PRIVATE int fsdp__recovery_make_world(fsdp_ctx *ctx, const fsdp_comm *pare
     cd.logger = ctx->comm->logger;
     if ((rc = fsdp__comm_create(&made[0], &cd, parent, &inherit)) == 0)
         fsdp_comm_set_timeout(made[0], fsdp_comm_timeout(ctx->comm)); /* (the splits inherit it) */
-    if (rc ||
-        (rc = fsdp_comm_split(made[0], new_rank / G, new_rank, &made[1])) != 0 ||
+    if (rc || (!keep_shard && (rc = fsdp_comm_split(made[0], new_rank / G, new_rank, &made[1])) != 0) ||
         (rc = fsdp_comm_split(made[0], new_rank % G, new_rank, &made[2])) != 0) {
         if (inherit.listen_fd >= 0) close(inherit.listen_fd);
         fsdp_comm_destroy(made[2]);
@@ -13349,7 +13385,7 @@ FSDP__PRIVATE int fsdp__recovery_rebuild(fsdp_ctx *ctx, const fsdp__recovery_ver
     char host[INET_ADDRSTRLEN];
     int rc;
     inet_ntop(AF_INET, &rec->addr[leader].sin_addr, host, sizeof host);
-    if ((rc = fsdp__recovery_make_world(ctx, ctx->comm, host, v->port, world_fd, new_rank, v->count, 0, made)) != 0)
+    if ((rc = fsdp__recovery_make_world(ctx, ctx->comm, host, v->port, world_fd, new_rank, v->count, 0, 0, made)) != 0)
         return rc;
     if ((rc = fsdp__recovery_adopt(ctx, made[0], made[1], made[2])) != 0) {
         fsdp_comm_destroy(made[2]);
@@ -13560,7 +13596,10 @@ FSDP__PRIVATE fsdp_comm *fsdp__rejoin_parent(const fsdp_comm *like, const unsign
 }
 
 /* Every member of the new world (count replicas, in world order: replicas) made with the join
-   key's parent, its rendezvous at host:port. */
+   key's parent, its rendezvous at host:port. Each rank keeps its shard comm: a rejoin changes no
+   shard group (a survivor's holds the same processes as before, in the same order, and so does a
+   joiner's: its host's ranks in their host order), and keeping it spares the split and moving the
+   master shards into new shared memory (fsdp__recovery_adopt), which the survivors waited for. */
 FSDP__PRIVATE int fsdp__rejoin_world(fsdp_ctx *ctx, const char *host, int port, int world_fd, const int *replicas,
                                      int count, fsdp_comm *made[3]) {
     fsdp__recovery *rec = ctx->recovery;
@@ -13576,7 +13615,7 @@ FSDP__PRIVATE int fsdp__rejoin_world(fsdp_ctx *ctx, const char *host, int port, 
                           rec->first_rank, parent ? "its replica is not in the rejoin's membership" : "out of memory");
     }
     rc = fsdp__recovery_make_world(ctx, parent, host, port, world_fd, new_rank, count,
-                                   2 * ctx->desc.recovery.detect_ms + FSDP__JOIN_WORLD_MS, made);
+                                   2 * ctx->desc.recovery.detect_ms + FSDP__JOIN_WORLD_MS, rec->group > 1, made);
     FSDP_FREE(parent);
     return rc;
 }

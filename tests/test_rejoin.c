@@ -81,6 +81,8 @@ typedef struct rejoin_board {
     int shrunk_at[RANKS];        /* the step of a report with fewer replicas though its step was applied */
     uint64_t received[RANKS];    /* the transfer's bytes a rank received (the hook's count) */
     uint64_t admit_sent_net[RANKS]; /* the admitting step's report: bytes sent to other hosts */
+    uint64_t host_sent[RANKS][2];   /* a step's bytes sent inside the host (report) with every replica training:
+                                       the last before the loss, the last after the admitting step */
     shard_state at_join[RANKS]; /* a survivor's after the step that admitted; a joiner's after fsdp_init */
     double killed_ms, join_started_ms, joined_ms[RANKS], admit_ms[RANKS], step_ms[RANKS];
     double slowest_ms[RANKS];    /* the slowest step after the recovery's (none dropped, no admission) */
@@ -230,6 +232,8 @@ static int train(fsdp_ctx *ctx, int w, int me, int data, int64_t step) {
             snapshot(ctx, &board->at_join[me]);
         }
         if (!rep.dropped && replicas == board->hosts) board->step_ms[me] = now_ms() - t0;
+        if (!rep.dropped && rep.replicas == board->hosts && !(replicas && rep.replicas > replicas))
+            board->host_sent[me][board->joined_at[me] != 0] = rep.bytes_sent_host;
         if (!rep.dropped && rep.replicas < replicas) board->shrunk_at[me] = (int)rep.step;
         if (!rep.dropped && rep.replicas == replicas && step > LOSS_STEP + 1 && now_ms() - t0 > board->slowest_ms[me])
             board->slowest_ms[me] = now_ms() - t0;
@@ -555,15 +559,31 @@ static void test_rejoin_after_a_host_killed_joiners_hold_their_counterparts_stat
     assert_every_replica_equal();
 }
 
+/* ... and each rank's step reports count, after the rejoin, the bytes of a step of 4 replicas that
+   they counted before the loss: the shard comms kept across the rejoin add into the new world's
+   counters (a survivor's step counted its shared-memory bytes no more, once). */
 static void test_rejoin_after_a_host_killed_training_ends_bitwise_equal_to_the_reference_of_4_3_then_4(void) {
+    int r;
     plan(4, 2, 0);
     run();
     assert_everyone_matches(1, 2, 4);
     say_times(0);
+    for (r = 0; r < RANKS; r++) {
+        char what[800];
+        int before = r < JOINER ? r : 2 * board->lost + r - JOINER; /* (a joiner: its lost counterpart's) */
+        if (gone(r) || (r >= 2 * board->hosts && r < JOINER)) continue;
+        what_of(what, sizeof what, r);
+        snprintf(what + strlen(what), sizeof what - strlen(what), "; bytes sent in the host a step: %llu before the "
+                 "loss, %llu after the rejoin", (unsigned long long)board->host_sent[before][0],
+                 (unsigned long long)board->host_sent[r][1]);
+        TEST_ASSERT_TRUE_MESSAGE(board->host_sent[before][0] > 0, what);
+        TEST_ASSERT_EQUAL_UINT64_MESSAGE(board->host_sent[before][0], board->host_sent[r][1], what);
+    }
 }
 
-/* A rejoin's admission moves the master shards into the grown world's shard comm, on survivors
-   and joiners: fsdp_param_info_get's pointers follow. */
+/* A rejoin's admission keeps every rank's shard comm and its master shards (a loss moves them
+   into the new world's shard comm): fsdp_param_info_get's pointers read and set them on survivors
+   and joiners alike. */
 static void test_rejoin_after_a_host_killed_param_info_shards_read_and_set_the_parameter_everywhere(void) {
     int r;
     plan(4, 2, 0);
