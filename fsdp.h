@@ -924,7 +924,8 @@ typedef struct fsdp_recovery_desc {
     int min_replicas;       /* the fewest replicas to go on with; 0: 1. A strict majority of the
                                last membership is needed whatever this says */
     int detect_ms;          /* how long a silent replica may go unnoticed (a host powered off:
-                               keepalive and TCP_USER_TIMEOUT on the links between hosts), and
+                               keepalive and a watch of what the kernel heard from each link
+                               between hosts; a live but slow process is not silent), and
                                how long the rendezvous waits for the survivors' views; 0: 5000.
                                A reset is noticed at once */
     int port;               /* rank r (as at the first fsdp_init) keeps its recovery listener at
@@ -3254,7 +3255,7 @@ struct fsdp_comm {
     int has_secret;
     int unasked_warned;     /* socket, no secret: said once that the peers' users cannot be checked (atomic) */
     int lost_peer;          /* 1 + the first peer an op saw go silent (the op timeout, keepalive or
-                               TCP_USER_TIMEOUT; 0: none; atomic): a peer a survivor no longer reaches (>>recovery) */
+                               fsdp__sock_silent; 0: none; atomic): a peer a survivor no longer reaches (>>recovery) */
     int reset_peer;         /* 1 + the first peer whose connection closed with no abort notice read (0: none;
                                atomic): a dead process, or a survivor whose abort came while a message of it was
                                arriving (the notice then lies inside the message): recovery asks its listener */
@@ -5543,6 +5544,8 @@ typedef struct fsdp__sock_peer {
     size_t in_len, in_done;
     int active;             /* takes part in the phase (fsdp__sock_plan) */
     int at_boundary;        /* our outgoing stream is between messages */
+    int64_t watch_next;     /* a watched link (watch_ms): when its TCP_INFO is asked next (fsdp__sock_silent) */
+    int64_t quiet_since;    /* since when a window probe of ours has gone unanswered (0: none is) */
 } fsdp__sock_peer;
 
 typedef struct fsdp__sock {
@@ -5555,6 +5558,7 @@ typedef struct fsdp__sock {
     int *pfd_peer;
     double spin_seconds;    /* busy-poll before sleeping in poll; fsdp__spin_seconds */
     int64_t op_deadline;    /* the running op fails at this time (fsdp__now_ms) */
+    unsigned int watch_ms;  /* links to other hosts watched for silence (fsdp__comm_watch; 0: not) */
     fsdp__shm_note *wait_note; /* hierarchical: this rank's note in its host's segment (or NULL) */
     int noted;              /* 1 + the peer wait_note names now; 0: none */
     unsigned char session[16];
@@ -6981,7 +6985,7 @@ FSDP__PRIVATE int fsdp__sock_lost(fsdp_comm *comm, fsdp__sock *s, int p, const f
         if (peer->in_header_done == sizeof peer->in_header && peer->in_header.magic == FSDP__SOCK_ABORT_MAGIC)
             return fsdp__sock_check_header(comm, s, p, c, fp, phase);
     }
-    if (err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH) { /* (silence: keepalive, TCP_USER_TIMEOUT) */
+    if (err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH) { /* (silence: keepalive, the kernel's retries) */
         if (!fsdp__load(&comm->lost_peer)) fsdp__store(&comm->lost_peer, p + 1);
     } else if (!fsdp__load(&comm->reset_peer)) {
         fsdp__store(&comm->reset_peer, p + 1);
@@ -7050,6 +7054,31 @@ FSDP__PRIVATE int fsdp__sock_fold(fsdp_comm *comm, fsdp__sock *s, const fsdp_col
     return *reduced < red->bytes;
 }
 
+/* Whether the host of a peer on a watched link (fsdp__comm_watch) has gone silent: our kernel has
+   data out to it, or a probe of its closed window, and has heard nothing from it for watch_ms.
+   The kernel of a live host answers within a round trip even when its process does not read
+   (its window closes, and the probes of it are answered), so this finds only a vanished host;
+   TCP_USER_TIMEOUT, which did this before, also ends a connection whose window stays closed that
+   long (Linux 5.11 on), which made a peer that was merely behind, a straggler or a process
+   starved of CPU, look lost (tests/test_recovery.c's kills inside a large all_reduce on a loaded
+   machine). A probe is allowed a second for its answer. TCP_INFO is asked at most every 250 ms
+   a peer, only while an op waits on it. */
+FSDP__PRIVATE int fsdp__sock_silent(const fsdp__sock *s, fsdp__sock_peer *peer, int64_t now) {
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    if (now < peer->watch_next) return 0;
+    peer->watch_next = now + 250;
+    memset(&ti, 0, sizeof ti);
+    if (getsockopt(peer->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 || ti.tcpi_last_ack_recv < s->watch_ms ||
+        (!ti.tcpi_unacked && !ti.tcpi_probes)) {
+        peer->quiet_since = 0;
+        return 0;
+    }
+    if (ti.tcpi_unacked) return 1; /* (a live kernel acknowledges data within a round trip) */
+    if (!peer->quiet_since) peer->quiet_since = now;
+    return now - peer->quiet_since >= 1000;
+}
+
 /* Sets s->pfds to the peers that have something to send or receive (receive: while the ring has
    room, reduced bytes being folded). *n: their number; *pending: the phase is not done. Fails
    once the op's deadline passed with a peer still owing (a total bound: a peer trickling bytes
@@ -7072,6 +7101,12 @@ FSDP__PRIVATE int fsdp__sock_poll_set(fsdp_comm *comm, fsdp__sock *s, const fsdp
         if (peer->in_done < peer->in_len || peer->in_header_done < sizeof peer->in_header) *pending = 1;
         if (events & POLLOUT) *pending = 1;
         if (!events) continue;
+        if (s->watch_ms && comm->host_of && comm->host_of[p] != comm->host && fsdp__sock_silent(s, peer, now)) {
+            if (!fsdp__load(&comm->lost_peer)) fsdp__store(&comm->lost_peer, p + 1);
+            return fsdp__comm_adopt(comm, FSDP_ERR_PEER_LOST, "rank %d (%s) went silent during %s (op #%llu): its host "
+                                    "has answered nothing for %u ms (vanished or cut off)", p, peer->addr,
+                                    fsdp_coll_name(c->kind), (unsigned long long)c->seq, s->watch_ms);
+        }
         if (now >= s->op_deadline) {
             if (!fsdp__load(&comm->lost_peer)) fsdp__store(&comm->lost_peer, p + 1);
             return fsdp_comm_fail(comm, FSDP_ERR_TIMEOUT,
@@ -8225,33 +8260,35 @@ FSDP__PRIVATE int fsdp__comm_local_addr(const fsdp_comm *comm, struct sockaddr_i
     return 0;
 }
 
-/* Lets the kernel find a peer host that vanished (powered off, cut off: nothing is sent, no
-   reset comes) within about detect_ms, where an op would wait out its timeout: keepalive probes
-   on every connection of comm (a socket world, or a hierarchical one's links) to another host,
-   and TCP_USER_TIMEOUT, which bounds both the probes and data left unacknowledged. A broken link
-   then fails the op as a reset does (FSDP_ERR_PEER_LOST, "Connection timed out"). The kernel of
-   a live host answers for its processes, so a stopped or slow process is not taken for lost:
-   only the op timeout finds it (>>recovery). Both bounds are set to 4/5 of detect_ms: the kernel
-   checks the user timeout only when a retransmission timer fires, which came up to 0.6 s late on
-   the test bed (a cut found 5.6 s after it with both at 5000). Other transports: nothing to do.
-   0, or -1 with errno where the kernel refused an option. */
+/* Finds a peer host that vanished (powered off, cut off: nothing is sent, no reset comes) within
+   about detect_ms, where an op would wait out its timeout, on every connection of comm (a socket
+   world, or a hierarchical one's links) to another host: keepalive probes where the link is idle
+   (the kernel then ends it: "Connection timed out"), and, where an op waits on the peer with data
+   or a window probe of ours out, fsdp__sock_silent's look at TCP_INFO (nothing heard from it for
+   watch_ms). Either fails the op as a reset does (FSDP_ERR_PEER_LOST), the peer noted silent.
+   The kernel of a live host answers for its processes, so a stopped or slow process is not taken
+   for lost, even one that reads nothing for long (its window closed): only the op timeout finds
+   it (>>recovery). Not TCP_USER_TIMEOUT: since Linux 5.11 it also ends a connection whose window
+   stays closed that long. Bounds at 4/5 of detect_ms (with the full bound a cut was found 5.6 s
+   after it on the test bed: timers fire late). Other transports: nothing to do. 0, or -1 with
+   errno where the kernel refused an option. */
 FSDP__PRIVATE unsigned int fsdp__watch_ms(int detect_ms) { return (unsigned int)(detect_ms - detect_ms / 5); }
 
 FSDP__PRIVATE int fsdp__comm_watch(fsdp_comm *comm, int detect_ms) {
     fsdp__sock *s = fsdp__comm_sock(comm);
-    unsigned int user_timeout = fsdp__watch_ms(detect_ms);
+    unsigned int watch = fsdp__watch_ms(detect_ms);
     int p, one = 1, idle_s = detect_ms / 5000 > 0 ? detect_ms / 5000 : 1, interval_s = 1, probes;
-    probes = (int)user_timeout / 1000 - idle_s > 0 ? (int)user_timeout / 1000 - idle_s : 1;
+    probes = (int)watch / 1000 - idle_s > 0 ? (int)watch / 1000 - idle_s : 1;
     for (p = 0; s && p < comm->world; p++) {
         int fd = s->peers[p].fd;
         if (p == comm->rank || fd < 0 || !comm->host_of || comm->host_of[p] == comm->host) continue;
         if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) != 0 ||
             setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof idle_s) != 0 ||
             setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof interval_s) != 0 ||
-            setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes) != 0 ||
-            setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout) != 0)
+            setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes) != 0)
             return -1;
     }
+    if (s) s->watch_ms = watch;
     return 0;
 }
 
@@ -10445,9 +10482,9 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
    into minorities that all stopped (the bed; tests/test_recovery.c reproduces it with kills
    inside a large all_reduce). Such a race costs the rendezvous up to detect_ms of waiting for
    the dead replica's views, and the listener of the survivor asked one connection it never
-   accepts; and fsdp__comm_watch (keepalive and
-   TCP_USER_TIMEOUT of detect_ms on the links to other hosts, so a vanished host fails an op as a
-   reset does; a stopped process's kernel still answers, so only the op timeout finds it: a
+   accepts; and fsdp__comm_watch (keepalive and a look at what the kernel last heard from a link
+   an op waits on, at 4/5 of detect_ms, on the links to other hosts, so a vanished host fails an
+   op as a reset does; a stopped process's kernel still answers, so only the op timeout finds it: a
    process that stops is a straggler to the kernel, and detecting it sooner would take a
    heartbeat from the process, which would also take a slow one for lost); and in >>runtime:
    fsdp__recovery_open (at fsdp_init: a recovery listener per rank, every rank's address

@@ -5,8 +5,8 @@
    and the step report's replica fields; what recovery builds on in the comms: a replica lost
    between hosts shows in the replica communicator's op (a reset at once as FSDP_ERR_PEER_LOST
    naming the rank, silence at the op's timeout), the comms report the lost peer, the links to
-   other hosts carry keepalive and TCP_USER_TIMEOUT (a stopped process is still found at the op
-   timeout only), while the shared-memory shard communicator of a surviving host stays healthy;
+   other hosts carry keepalive (a stopped process is still found at the op timeout only, and a
+   straggler whose window stays closed is waited for), while the shared-memory shard communicator of a surviving host stays healthy;
    the survivors' runtime (quiesce, catch up, reset, adopt) driven by hand through a simulated
    loss on one host and a real one over three; and recovery through the public API: a socket job
    of 3 or 4 fake hosts of 2 ranks, a host's ranks SIGKILLed at a step (the rendezvous's host
@@ -533,6 +533,7 @@ typedef struct loss_board {
        comm's link to the other host, [1] the world's to the other host, [2] the world's to this
        host's other rank (-1: no connection); keepalive on, and the user timeout */
     int watch_ms;
+    int count;                     /* floats per replica all_reduce (0: LOSS_COUNT) */
     volatile int lost_peer[MAX_RANKS], reset_peer[MAX_RANKS], keepalive[MAX_RANKS][3], user_timeout[MAX_RANKS][3];
     char message[MAX_RANKS][400];
 } loss_board;
@@ -608,7 +609,8 @@ static int loss_rank(void *arg) {
     const world_plan *plan = (const world_plan *)arg;
     int me = plan->rank, rc = 0, listen_fd = -1;
     fsdp_comm *world = NULL, *shard = NULL, *replica = NULL;
-    float *buf = (float *)calloc(LOSS_COUNT, sizeof(float));
+    size_t count = loss->count ? (size_t)loss->count : LOSS_COUNT;
+    float *buf = (float *)calloc(count, sizeof(float));
     double until = now_ms() + 60000;
     if (enter_host(me / 2, loss->message[me], sizeof loss->message[me])) return NO_HOST_NAME;
     if (!buf || join_socket_world(&world, me, plan->world, plan->port, plan->job, LOSS_OP_TIMEOUT_MS, NULL, NULL) ||
@@ -623,7 +625,7 @@ static int loss_rank(void *arg) {
         return 1;
     }
     while (rc == 0 && now_ms() < until) {
-        rc = fsdp_all_reduce(replica, buf, buf, LOSS_COUNT, FSDP_F32, FSDP_SUM);
+        rc = fsdp_all_reduce(replica, buf, buf, count, FSDP_F32, FSDP_SUM);
         if (!rc) loss->ops[me]++;
     }
     loss->fail_ms[me] = now_ms();
@@ -644,13 +646,14 @@ static int loss_rank(void *arg) {
 /* Starts hosts x 2 ranks, lets the replica comms run, sends sig to the last host's ranks, and
    waits for the survivors (rebuild: they then make a new replica comm). Ignores the test where
    no host name can be had. */
-static void run_loss(int hosts, int sig, int rebuild, int watch_ms) {
+static void run_loss_of(int hosts, int sig, int rebuild, int watch_ms, int count) {
     world_plan plan;
     pid_t pids[MAX_RANKS];
     int r, status[MAX_RANKS], world = 2 * hosts, survivors = world - 2;
     double until;
     memset(loss, 0, sizeof *loss);
     loss->watch_ms = watch_ms;
+    loss->count = count;
     memset(&plan, 0, sizeof plan);
     plan.port = pick_free_port();
     plan.world = world;
@@ -683,6 +686,8 @@ static void run_loss(int hosts, int sig, int rebuild, int watch_ms) {
         TEST_ASSERT_TRUE_MESSAGE(loss->done[r], loss->message[r]);
     }
 }
+
+static void run_loss(int hosts, int sig, int rebuild, int watch_ms) { run_loss_of(hosts, sig, rebuild, watch_ms, 0); }
 
 static void test_replica_lost_by_reset_shows_at_once_as_peer_lost_and_the_shard_comm_stays_healthy(void) {
     int r;
@@ -718,14 +723,15 @@ static void test_replica_gone_silent_shows_at_the_op_timeout_and_the_shard_comm_
 
 #define LOSS_WATCH_MS 500 /* detect_ms for the watched links: well under the op timeout */
 
-static void test_watched_links_to_other_hosts_carry_keepalive_and_the_user_timeout_and_links_inside_a_host_do_not(void) {
+/* (and no TCP_USER_TIMEOUT, which ends a link whose window stays closed: the straggler's test) */
+static void test_watched_links_to_other_hosts_carry_keepalive_and_links_inside_a_host_do_not(void) {
     int r;
     run_loss(2, SIGKILL, 0, LOSS_WATCH_MS);
     for (r = 0; r < 2; r++) {
         TEST_ASSERT_EQUAL_INT_MESSAGE(1, loss->keepalive[r][0], "the replica comm's link to the other host");
-        TEST_ASSERT_EQUAL_INT((int)fsdp__watch_ms(LOSS_WATCH_MS), loss->user_timeout[r][0]);
+        TEST_ASSERT_EQUAL_INT(0, loss->user_timeout[r][0]);
         TEST_ASSERT_EQUAL_INT_MESSAGE(1, loss->keepalive[r][1], "the world's link to the other host");
-        TEST_ASSERT_EQUAL_INT((int)fsdp__watch_ms(LOSS_WATCH_MS), loss->user_timeout[r][1]);
+        TEST_ASSERT_EQUAL_INT(0, loss->user_timeout[r][1]);
         TEST_ASSERT_TRUE_MESSAGE(loss->keepalive[r][2] <= 0, "the world's link inside this host");
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_PEER_LOST, loss->op_rc[r], loss->message[r]);
     }
@@ -746,6 +752,60 @@ static void test_stopped_peer_on_watched_links_is_found_at_the_op_timeout_not_at
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_ERR_TIMEOUT, loss->op_rc[r], what);
         TEST_ASSERT_TRUE_MESSAGE(took >= LOSS_OP_TIMEOUT_MS * 0.9, what);
         TEST_ASSERT_EQUAL_INT_MESSAGE(2, loss->lost_peer[r], what);
+    }
+}
+
+/* A straggler: rank 1 (another host) joins a 16 MiB all_reduce STRAGGLE_MS late, reading nothing
+   meanwhile: rank 0's data fills its buffers, its window closes, and rank 0's kernel probes it,
+   answered by rank 1's kernel. With the links watched (detect_ms 500) the op must wait for it
+   (timeout 20 s) and succeed: with TCP_USER_TIMEOUT on the link, as before, rank 0's kernel
+   ended the connection once the window had stayed closed for 400 ms ("Connection timed out": a
+   straggler taken for a vanished host). */
+#define STRAGGLE_MS 2500
+#define STRAGGLE_COUNT (4 << 20)
+
+static int straggler_rank(void *arg) {
+    const world_plan *plan = (const world_plan *)arg;
+    int me = plan->rank, i, right = 1;
+    fsdp_comm *comm = NULL;
+    float *buf = (float *)calloc(STRAGGLE_COUNT, sizeof(float));
+    if (enter_host(me, loss->message[me], sizeof loss->message[me])) return NO_HOST_NAME;
+    if (!buf || join_socket_world(&comm, me, 2, plan->port, plan->job, TIMEOUT_MS, NULL, NULL) != 0 ||
+        fsdp__comm_watch(comm, LOSS_WATCH_MS) != 0) {
+        snprintf(loss->message[me], sizeof loss->message[me], "setting up: %.300s", fsdp_comm_last_error(NULL));
+        return 1;
+    }
+    for (i = 0; i < STRAGGLE_COUNT; i++) buf[i] = (float)(me + 1);
+    if (me == 1) sleep_ms(STRAGGLE_MS);
+    loss->op_rc[me] = fsdp_all_reduce(comm, buf, buf, STRAGGLE_COUNT, FSDP_F32, FSDP_SUM);
+    for (i = 0; i < STRAGGLE_COUNT; i++) right &= buf[i] == 3.0f;
+    loss->ops[me] = right;
+    copy_text(loss->message[me], sizeof loss->message[me], fsdp_comm_last_error(comm));
+    fsdp_comm_destroy(comm);
+    free(buf);
+    return 0;
+}
+
+static void test_straggler_whose_window_stays_closed_longer_than_detect_ms_is_waited_for_not_lost(void) {
+    world_plan plan;
+    pid_t pids[2];
+    int r, status[2];
+    memset(loss, 0, sizeof *loss);
+    memset(&plan, 0, sizeof plan);
+    plan.port = pick_free_port();
+    snprintf(plan.job, sizeof plan.job, "straggler-%d", (int)getpid());
+    for (r = 0; r < 2; r++) {
+        world_plan mine = plan;
+        mine.rank = r;
+        pids[r] = spawn(straggler_rank, &mine, 60);
+    }
+    for (r = 0; r < 2; r++) status[r] = reap(pids[r], 45000);
+    for (r = 0; r < 2; r++)
+        if (status[r] == NO_HOST_NAME) TEST_IGNORE_MESSAGE(loss->message[r]);
+    for (r = 0; r < 2; r++) {
+        TEST_ASSERT_EQUAL_INT_MESSAGE(0, status[r], loss->message[r]);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, loss->op_rc[r], loss->message[r]);
+        TEST_ASSERT_TRUE_MESSAGE(loss->ops[r], "the sum is not 3 everywhere");
     }
 }
 
@@ -1614,8 +1674,9 @@ int main(void) {
     RUN_TEST(test_replicas_of_a_null_context_are_zero_and_invalid);
     RUN_TEST(test_replica_lost_by_reset_shows_at_once_as_peer_lost_and_the_shard_comm_stays_healthy);
     RUN_TEST(test_replica_gone_silent_shows_at_the_op_timeout_and_the_shard_comm_stays_healthy);
-    RUN_TEST(test_watched_links_to_other_hosts_carry_keepalive_and_the_user_timeout_and_links_inside_a_host_do_not);
+    RUN_TEST(test_watched_links_to_other_hosts_carry_keepalive_and_links_inside_a_host_do_not);
     RUN_TEST(test_stopped_peer_on_watched_links_is_found_at_the_op_timeout_not_at_detect_ms);
+    RUN_TEST(test_straggler_whose_window_stays_closed_longer_than_detect_ms_is_waited_for_not_lost);
     RUN_TEST(test_survivors_of_a_lost_host_rebuild_a_replica_comm_that_sums_over_them);
     RUN_TEST(test_survivors_drop_the_step_of_the_loss_and_train_on_bitwise_equal_to_the_reference);
     RUN_TEST(test_survivors_of_two_runs_with_the_same_loss_end_bitwise_equal);
