@@ -770,288 +770,409 @@ static void inject_fault(const options *o, fsdp_ctx *ctx, fsdp_comm *comm, int r
     raise(o->fault_stop ? SIGSTOP : SIGKILL);
 }
 
-static int train(fsdp_comm *comm, void *arg) {
-    const options *o = (const options *)arg;
-    int rank = fsdp_comm_rank(comm), P = fsdp_comm_size(comm), B = o->batch / P, T = o->seq_len, rc = 1;
-    const int start_rank = rank, start_P = P; // (after a recovery rank and P are the survivors' world's)
-    int first = rank * B, most_B = B, pass_failed, redo;
-    gpt_config config = {256, o->seq_len, o->layers, o->heads, o->channels};
-    double *step_ms = (double *)calloc(2 * (size_t)o->steps, sizeof(double)), *fsdp_ms = step_ms + o->steps;
-    double interval_ms = 0, interval_fsdp_ms = 0;
-    double sent_net = 0, sent_host = 0; // bytes this rank sent in steps 2.. across hosts / within its host
-    long long first_step = 0, step;
-    int timed = 0, interval_steps = 0, loaded = 0;
-    recovery_timeline timeline;
-    memset(&timeline, 0, sizeof timeline);
-    fsdp_offload_stats io_start; // after the first step (which warms up), for the per-step I/O
-    memset(&io_start, 0, sizeof io_start);
-    float loss = 0;
-    FILE *log = NULL;
-    fsdp_ctx *ctx = NULL;
-    fsdp_desc desc;
+/* The statistics each rank contributes at the end (rank_statistics), gathered for rank 0 to print. */
+enum { NSTAT = 14 };
+
+/* One rank's training, from fsdp_init to the end: the model and its context, and what the loop
+   keeps of its steps for the lines printed as it goes and the statistics at the end. */
+typedef struct {
+    const options *o;
+    fsdp_comm *comm;                  // the launcher's (desc.comm); from report_statistics on the world's
+    int start_rank, start_P;          // this rank and the world as the job started (the testing aids' numbering)
+    int rank, P, first, B;            // the world training now and this rank's part of the batch (batch_share):
+                                      // after a recovery the survivors'
+    gpt_config config;
     gpt m;
     gpt_acts acts;
-    memset(&m, 0, sizeof m);
-    memset(&acts, 0, sizeof acts);
+    fsdp_desc desc;
+    fsdp_ctx *ctx;
+    recovery_timeline timeline;
+    long long first_step;             // where the loop starts (0, or the resumed or rejoined step)
+    int loaded;                       // --resume loaded a checkpoint
+    FILE *log;                        // --log (rank 0)
+    float loss;                       // the last step's mean loss over the world
+    double *step_ms, *fsdp_ms;        // each timed step's time, and the part in fsdp calls
+    int timed;                        // the steps timed (completed) so far
+    double interval_ms, interval_fsdp_ms; // summed since the last printed line ...
+    int interval_steps;               // ... over these steps
+    double sent_net, sent_host;       // bytes this rank sent in steps 2.. across hosts / within its host
+    fsdp_offload_stats io_start;      // after the first step (which warms up), for the per-step I/O
+} trainer;
 
-    openblas_set_num_threads(1);
-    if (check_recover_batch(o, P, fsdp_comm_local_size(comm), rank, &most_B)) goto done;
-    if (!step_ms || gpt_build(&m, config) || gpt_acts_alloc_ex(&acts, &config, most_B, T, o->recompute, 1)) {
-        fprintf(stderr, "rank %d: out of memory building the model\n", rank);
-        goto done;
+/* Builds this rank's model and activations (sized for the largest share it can be left with),
+   its fsdp context (resumed with --resume; with --recover the timeline started, and a --rejoin
+   rank's data position taken) and its part of the batch. 0, or 1 (said on stderr). */
+static int setup_rank(trainer *t) {
+    const options *o = t->o;
+    int most_B = t->B;
+    if (check_recover_batch(o, t->P, fsdp_comm_local_size(t->comm), t->rank, &most_B)) return 1;
+    if (!t->step_ms || gpt_build(&t->m, t->config) ||
+        gpt_acts_alloc_ex(&t->acts, &t->config, most_B, o->seq_len, o->recompute, 1)) {
+        fprintf(stderr, "rank %d: out of memory building the model\n", t->rank);
+        return 1;
     }
-    m.rank = rank;
-    make_desc(o, comm, P, fsdp_comm_local_size(comm), &desc);
-    if (fsdp_init(&ctx, m.model, &desc) != FSDP_SUCCESS) {
-        fprintf(stderr, "rank %d: %s\n", rank, fsdp_last_error(NULL));
-        goto done;
+    t->m.rank = t->rank;
+    make_desc(o, t->comm, t->P, fsdp_comm_local_size(t->comm), &t->desc);
+    if (fsdp_init(&t->ctx, t->m.model, &t->desc) != FSDP_SUCCESS) {
+        fprintf(stderr, "rank %d: %s\n", t->rank, fsdp_last_error(NULL));
+        return 1;
     }
-    m.ctx = ctx;
-    if (o->resume && (first_step = resume(ctx, comm, o, &loaded)) < 0) goto done;
-    if (o->recover && recovery_start(&timeline, ctx, o, comm, &first_step)) goto done;
-    batch_share(ctx, o, &rank, &P, &first, &B); // (a --rejoin rank's world is now the job's)
-    if (rank == 0) {
-        printf("gpt: %d rank%s (%s), %s", P, P > 1 ? "s" : "", fsdp_backend_name(fsdp_comm_backend(comm)),
-               fsdp_strategy_name(o->strategy));
-        if (o->strategy == FSDP_HYBRID_SHARD)
-            printf(" (shard groups of %d ranks, %d replica%s)", desc.shard_group_size, P / desc.shard_group_size,
-                   P / desc.shard_group_size > 1 ? "s" : "");
-        printf(", %s parameters", fsdp_dtype_name(o->param_dtype));
-        if (o->param_wire)
-            printf(", %s gathers (blocks of %zu, %zu bytes per 1024 weights)", fsdp_wire_name(o->param_wire),
-                   o->wire_block ? o->wire_block : 128, fsdp_wire_bytes(o->param_wire, 1024, o->wire_block));
-        if (o->grad_wire) printf(", %s gradients between hosts%s", fsdp_wire_name(o->grad_wire),
-                                 o->error_feedback ? " with error feedback" : "");
-        if (o->reshard) printf(", reshard after forward: %s", reshard_names[o->reshard - 1]);
-        printf("\n");
-        printf("model: %d layer%s, %d head%s, %d channels, context %d bytes, vocabulary 256 (bytes), LM head tied to "
-               "wte: %zu parameters (%.1f MiB in f32)\n", o->layers, o->layers > 1 ? "s" : "", o->heads,
-               o->heads > 1 ? "s" : "", o->channels, T, m.num_params,
-               mib(4.0 * (double)m.num_params));
-        printf("data: %s, %zu bytes (%zu for training, %zu held out); global batch %d x %d bytes (%d sequences per rank)\n",
-               o->data_name, o->size, o->train_size, o->size - o->train_size, o->batch, T, B);
-        printf("optimizer: AdamW, lr %g (warmup %d steps, cosine to %g at step %d), weight decay %g %s, clip %g, %s state\n",
-               (double)o->lr, o->warmup, (double)o->min_lr, o->steps, (double)o->weight_decay,
-               o->decay_all ? "on every parameter" : "on the matrices and embeddings only (none on biases and LayerNorm)",
-               (double)o->clip, fsdp_dtype_name(o->state_dtype));
-        if (desc.offload.optimizer || desc.offload.params || desc.offload.grads) {
-            fsdp_memory_stats st;
-            memset(&st, 0, sizeof st); // (as below: -O3 cannot see that fsdp_memory_stats_get always fills it)
-            fsdp_memory_stats_get(ctx, &st);
-            double ram = example_mem_total();
-            printf("offload: %s on disk in %s: %.1f MiB per rank (one unlinked file each, reserved at start), streamed "
-                   "through %.1f MiB of RAM per rank\n", fsdp_offload_describe(&desc.offload),
-                   desc.offload.dir ? desc.offload.dir : getenv("FSDP_OFFLOAD_DIR"), mib((double)st.disk_bytes),
-                   mib((double)st.stream_bytes));
-            if (ram > 0)
-                printf("training state at 16 bytes a parameter: %.1f GiB, %.2fx this machine's RAM (%.1f GiB)\n",
-                       16.0 * (double)m.num_params / 1073741824.0, 16.0 * (double)m.num_params / ram, ram / 1073741824.0);
-        }
-        if (o->recompute) {
-            printf("activation checkpointing: blocks");
-            for (int l = 0; l < o->layers; l++)
-                if (acts.recomputed[l]) printf(" %d", l);
-            printf(" recomputed in backward; activations %.1f MiB per rank instead of %.1f MiB\n",
-                   mib(sizeof(float) * (double)acts.num_floats), mib((double)gpt_acts_bytes(&config, B, T, 0, 1)));
-        }
-        if (o->mem_budget_mib > 0) {
-            memory_need need;
-            if (estimate_memory(o, P, &need) == 0) {
-                printf("memory budget %.0f MiB per rank; estimate ", o->mem_budget_mib);
-                print_memory_need(stdout, o, &need);
-                printf("\n");
-            }
-        }
-        if (o->resume) {
-            int restart = example_restart_count();
-            char attempt[32] = "";
-            if (restart > 0) snprintf(attempt, sizeof attempt, " (restart %d)", restart);
-            if (loaded)
-                printf("resuming from %s at step %lld%s%s\n", strcmp(o->resume, "auto") ? o->resume : o->ckpt, first_step,
-                       attempt, first_step >= o->steps ? ": nothing left to train (raise --steps)" : "");
-            else
-                printf("no checkpoint in %s yet: starting from scratch%s\n", o->ckpt, attempt);
-        }
-        if (o->print_units) fsdp_print_units(ctx, NULL, NULL);
-        if (o->recover)
-            printf("recovery: on (a lost host's survivors train on; detection of a silent host within %d ms; at least %d "
-                   "replicas; %s); the global batch is split over the replicas training at each step\n", o->detect_ms ?
-                   o->detect_ms : FSDP__RECOVERY_DETECT_MS, fewest_replicas(o, P / desc.shard_group_size),
-                   o->recovery_port ? "a lost host may rejoin: rank r listens at --recovery-port + r" : "no rejoin");
-    }
+    t->m.ctx = t->ctx;
+    if (o->resume && (t->first_step = resume(t->ctx, t->comm, o, &t->loaded)) < 0) return 1;
+    if (o->recover && recovery_start(&t->timeline, t->ctx, o, t->comm, &t->first_step)) return 1;
+    batch_share(t->ctx, o, &t->rank, &t->P, &t->first, &t->B); // (a --rejoin rank's world is now the job's)
+    return 0;
+}
 
-    if (o->log_path) { // rank 0 writes it; every rank learns whether it could open it
-        float failed = 0;
-        if (rank == 0 && !(log = fopen(o->log_path, first_step > 0 ? "a" : "w"))) { // resumed: appended
-            fprintf(stderr, "gpt: --log %s: %s\n", o->log_path, strerror(errno));
-            failed = 1;
-        }
-        if (fsdp_all_reduce(comm, &failed, &failed, 1, FSDP_F32, FSDP_MAX) || failed) goto done;
+/* Rank 0, before training: the run (ranks, strategy, what crosses the wire), the model, the data
+   and the optimizer. */
+static void print_run(const trainer *t) {
+    const options *o = t->o;
+    int P = t->P, groups = t->desc.shard_group_size;
+    printf("gpt: %d rank%s (%s), %s", P, P > 1 ? "s" : "", fsdp_backend_name(fsdp_comm_backend(t->comm)),
+           fsdp_strategy_name(o->strategy));
+    if (o->strategy == FSDP_HYBRID_SHARD)
+        printf(" (shard groups of %d ranks, %d replica%s)", groups, P / groups, P / groups > 1 ? "s" : "");
+    printf(", %s parameters", fsdp_dtype_name(o->param_dtype));
+    if (o->param_wire)
+        printf(", %s gathers (blocks of %zu, %zu bytes per 1024 weights)", fsdp_wire_name(o->param_wire),
+               o->wire_block ? o->wire_block : 128, fsdp_wire_bytes(o->param_wire, 1024, o->wire_block));
+    if (o->grad_wire) printf(", %s gradients between hosts%s", fsdp_wire_name(o->grad_wire),
+                             o->error_feedback ? " with error feedback" : "");
+    if (o->reshard) printf(", reshard after forward: %s", reshard_names[o->reshard - 1]);
+    printf("\n");
+    printf("model: %d layer%s, %d head%s, %d channels, context %d bytes, vocabulary 256 (bytes), LM head tied to "
+           "wte: %zu parameters (%.1f MiB in f32)\n", o->layers, o->layers > 1 ? "s" : "", o->heads,
+           o->heads > 1 ? "s" : "", o->channels, o->seq_len, t->m.num_params, mib(4.0 * (double)t->m.num_params));
+    printf("data: %s, %zu bytes (%zu for training, %zu held out); global batch %d x %d bytes (%d sequences per rank)\n",
+           o->data_name, o->size, o->train_size, o->size - o->train_size, o->batch, o->seq_len, t->B);
+    printf("optimizer: AdamW, lr %g (warmup %d steps, cosine to %g at step %d), weight decay %g %s, clip %g, %s state\n",
+           (double)o->lr, o->warmup, (double)o->min_lr, o->steps, (double)o->weight_decay,
+           o->decay_all ? "on every parameter" : "on the matrices and embeddings only (none on biases and LayerNorm)",
+           (double)o->clip, fsdp_dtype_name(o->state_dtype));
+}
+
+/* Rank 0, before training, with --offload: where the training state lives and what it would
+   take of this machine's RAM. */
+static void print_offload(const trainer *t) {
+    const fsdp_offload_desc *offload = &t->desc.offload;
+    double ram, state = 16.0 * (double)t->m.num_params; // f32 weights, gradients and AdamW's two moments
+    fsdp_memory_stats st;
+    memset(&st, 0, sizeof st); // (as in report_statistics: -O3 cannot see that fsdp_memory_stats_get always fills it)
+    fsdp_memory_stats_get(t->ctx, &st);
+    ram = example_mem_total();
+    printf("offload: %s on disk in %s: %.1f MiB per rank (one unlinked file each, reserved at start), streamed "
+           "through %.1f MiB of RAM per rank\n", fsdp_offload_describe(offload),
+           offload->dir ? offload->dir : getenv("FSDP_OFFLOAD_DIR"), mib((double)st.disk_bytes),
+           mib((double)st.stream_bytes));
+    if (ram > 0)
+        printf("training state at 16 bytes a parameter: %.1f GiB, %.2fx this machine's RAM (%.1f GiB)\n",
+               state / 1073741824.0, state / ram, ram / 1073741824.0);
+}
+
+/* Rank 0, before training: the features that change what a rank holds or where it starts
+   (offload, recompute, the memory budget, resume, recovery), and the units with --print-units. */
+static void print_features(const trainer *t) {
+    const options *o = t->o;
+    if (t->desc.offload.optimizer || t->desc.offload.params || t->desc.offload.grads) print_offload(t);
+    if (o->recompute) {
+        printf("activation checkpointing: blocks");
+        for (int l = 0; l < o->layers; l++)
+            if (t->acts.recomputed[l]) printf(" %d", l);
+        printf(" recomputed in backward; activations %.1f MiB per rank instead of %.1f MiB\n",
+               mib(sizeof(float) * (double)t->acts.num_floats),
+               mib((double)gpt_acts_bytes(&t->config, t->B, o->seq_len, 0, 1)));
     }
-    for (step = first_step; step < o->steps; step++) {
+    if (o->mem_budget_mib > 0) {
+        memory_need need;
+        if (estimate_memory(o, t->P, &need) == 0) {
+            printf("memory budget %.0f MiB per rank; estimate ", o->mem_budget_mib);
+            print_memory_need(stdout, o, &need);
+            printf("\n");
+        }
+    }
+    if (o->resume) {
+        int restart = example_restart_count();
+        char attempt[32] = "";
+        if (restart > 0) snprintf(attempt, sizeof attempt, " (restart %d)", restart);
+        if (t->loaded)
+            printf("resuming from %s at step %lld%s%s\n", strcmp(o->resume, "auto") ? o->resume : o->ckpt,
+                   t->first_step, attempt, t->first_step >= o->steps ? ": nothing left to train (raise --steps)" : "");
+        else
+            printf("no checkpoint in %s yet: starting from scratch%s\n", o->ckpt, attempt);
+    }
+    if (o->print_units) fsdp_print_units(t->ctx, NULL, NULL);
+    if (o->recover)
+        printf("recovery: on (a lost host's survivors train on; detection of a silent host within %d ms; at least %d "
+               "replicas; %s); the global batch is split over the replicas training at each step\n", o->detect_ms ?
+               o->detect_ms : FSDP__RECOVERY_DETECT_MS, fewest_replicas(o, t->P / t->desc.shard_group_size),
+               o->recovery_port ? "a lost host may rejoin: rank r listens at --recovery-port + r" : "no rejoin");
+}
+
+/* --log: rank 0 opens the file (appended to when resumed); every rank learns whether it could,
+   so that all stop together if not. 0, or 1 (said). */
+static int open_log(trainer *t) {
+    float failed = 0;
+    if (!t->o->log_path) return 0;
+    if (t->rank == 0 && !(t->log = fopen(t->o->log_path, t->first_step > 0 ? "a" : "w"))) {
+        fprintf(stderr, "gpt: --log %s: %s\n", t->o->log_path, strerror(errno));
+        failed = 1;
+    }
+    return fsdp_all_reduce(t->comm, &failed, &failed, 1, FSDP_F32, FSDP_MAX) || failed;
+}
+
+/* One iteration: forward and backward over this rank's share of the step's data, then fsdp_step
+   (clip, update) and zero_grad, timed (the step and its part in fsdp calls) once applied. 0 the
+   step was applied; 1 take this iteration again (--recover: the step was dropped); -1 stop (said). */
+static int take_step(trainer *t, long long step, float lr, fsdp_step_report *report) {
+    const options *o = t->o;
+    double t0, t_step, t1;
+    int pass_failed, redo;
+    inject_fault(o, t->ctx, t->comm, t->start_rank, t->start_P, step + 1);
+    batch_share(t->ctx, o, &t->rank, &t->P, &t->first, &t->B); // (the replicas change only with --recover)
+    fsdp_set_lr(t->ctx, lr);
+    t0 = fsdp_now(), t->m.hook_seconds = 0;
+    pass_failed = forward_backward(&t->m, &t->acts, o, step, t->rank, t->first, t->B, &t->loss) != 0;
+    if (pass_failed && !o->recover) return -1;
+    if (o->recover) set_data_position(&t->timeline, t->ctx, step + 1); // (for a host that rejoins after this step)
+    t_step = fsdp_now();
+    if (fsdp_step(t->ctx, o->clip, report) || fsdp_zero_grad(t->ctx)) {
+        fprintf(stderr, "rank %d: step %lld: %s\n", t->rank, step + 1, fsdp_last_error(t->ctx));
+        return -1;
+    }
+    if (o->recover && (redo = after_step(&t->timeline, t->ctx, o, report, step, pass_failed)) != 0)
+        return redo; // (-1: forward or backward failed, said above, and nothing was lost)
+    t1 = fsdp_now();
+    t->step_ms[t->timed] = 1e3 * (t1 - t0);
+    t->fsdp_ms[t->timed] = 1e3 * (t->m.hook_seconds + t1 - t_step); // hooks, fsdp_step (with the update), zero_grad
+    t->interval_ms += t->step_ms[t->timed], t->interval_fsdp_ms += t->fsdp_ms[t->timed], t->interval_steps++;
+    t->timed++;
+    if (t->timed == 1) fsdp_offload_stats_get(t->ctx, &t->io_start);
+    else t->sent_net += (double)report->bytes_sent_net, t->sent_host += (double)report->bytes_sent_host;
+    return 0;
+}
+
+/* --log: the step's JSON line, flushed: a plotting tool can read the file while the run goes on.
+   0, or -1 (said). */
+static int log_step(const trainer *t, long long step, float lr, const fsdp_step_report *report) {
+    double ms = t->step_ms[t->timed - 1];
+    fprintf(t->log, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.6g,\"grad_norm\":%.9g,\"skipped\":%d,\"loss_scale\":%.6g,"
+                    "\"ms\":%.3f,\"in_fsdp_ms\":%.3f,\"tokens_per_s\":%.1f,\"bytes_sent_host\":%llu,\"bytes_sent_net\":%llu,"
+                    "\"peak_rss_mib\":%.1f}\n",
+            step + 1, (double)t->loss, (double)lr, isfinite(report->grad_norm) ? report->grad_norm : -1.0,
+            report->skipped, report->loss_scale, ms, t->fsdp_ms[t->timed - 1], t->o->batch * t->o->seq_len / (ms * 1e-3),
+            (unsigned long long)report->bytes_sent_host, (unsigned long long)report->bytes_sent_net,
+            example_peak_rss(NULL) / 1048576.0);
+    if (fflush(t->log) == 0) return 0;
+    fprintf(stderr, "gpt: --log %s: %s\n", t->o->log_path, strerror(errno));
+    return -1;
+}
+
+/* Rank 0: the step's line (the first, every --print-every and the last), its times averaged
+   since the line before. */
+static void print_step(trainer *t, long long step, float lr, const fsdp_step_report *report) {
+    const options *o = t->o;
+    double ms = t->interval_ms / t->interval_steps;
+    char scaled[48] = "";
+    if (o->param_dtype == FSDP_F16) snprintf(scaled, sizeof scaled, "  scale %g", report->loss_scale);
+    printf("step %5lld/%d  loss %.4f  lr %.2e  norm %6.3f%s%s  %6.1f ms/step  %6.0f tok/s  in fsdp %5.1f ms\n",
+           step + 1, o->steps, (double)t->loss, (double)lr, report->grad_norm,
+           report->skipped ? " (skipped: not finite)" : "", scaled, ms, o->batch * o->seq_len / (ms * 1e-3),
+           t->interval_fsdp_ms / t->interval_steps);
+    t->interval_ms = t->interval_fsdp_ms = 0, t->interval_steps = 0;
+}
+
+/* After a step was applied: the loss's mean over the world, the --log line and the printed line,
+   and the checkpoint when one is due. 0, or -1 (said). */
+static int finish_step(trainer *t, long long step, float lr, const fsdp_step_report *report) {
+    const options *o = t->o;
+    if (mean_loss(t->ctx, &t->loss, 1)) { // (the global mean)
+        fprintf(stderr, "rank %d: all_reduce of the loss: %s\n", t->rank, fsdp_comm_last_error(fsdp_world_comm(t->ctx)));
+        if (!o->recover) return -1;
+        t->loss = NAN; // (a host lost meanwhile: the next step's fsdp_step recovers; this step was applied)
+    }
+    if (t->log && log_step(t, step, lr, report)) return -1;
+    if (t->rank == 0 && ((step + 1) % o->print_every == 0 || step == t->first_step || step == o->steps - 1))
+        print_step(t, step, lr, report);
+    if (strcmp(o->ckpt, "none") != 0 && (step == o->steps - 1 || (o->save_every && (step + 1) % o->save_every == 0)) &&
+        save_checkpoint(t->ctx, o, t->rank, t->P, step + 1))
+        return -1;
+    return 0;
+}
+
+/* The training loop, from the first step to --steps; with --async-ckpt the last save committed
+   before it returns. 0, or -1 (said). */
+static int train_loop(trainer *t) {
+    const options *o = t->o;
+    for (long long step = t->first_step; step < o->steps; step++) {
         fsdp_step_report report;
         float lr = lr_schedule(step, o->steps, o->warmup, o->lr, o->min_lr);
-        double t0, t_step, t1;
-        inject_fault(o, ctx, comm, start_rank, start_P, step + 1);
-        batch_share(ctx, o, &rank, &P, &first, &B); // (the replicas change only with --recover)
-        fsdp_set_lr(ctx, lr);
-        t0 = fsdp_now(), m.hook_seconds = 0;
-        pass_failed = forward_backward(&m, &acts, o, step, rank, first, B, &loss) != 0;
-        if (pass_failed && !o->recover) goto done;
-        if (o->recover) set_data_position(&timeline, ctx, step + 1); // (for a host that rejoins after this step)
-        t_step = fsdp_now();
-        if (fsdp_step(ctx, o->clip, &report) || fsdp_zero_grad(ctx)) {
-            fprintf(stderr, "rank %d: step %lld: %s\n", rank, step + 1, fsdp_last_error(ctx));
-            goto done;
-        }
-        if (o->recover && (redo = after_step(&timeline, ctx, o, &report, step, pass_failed)) != 0) {
-            if (redo < 0) goto done; // (forward or backward failed, said above, and nothing was lost)
-            step--;               // dropped: the survivors take this iteration's data again
+        int rc = take_step(t, step, lr, &report);
+        if (rc < 0) return -1;
+        if (rc > 0) { // dropped: the survivors take this iteration's data again
+            step--;
             continue;
         }
-        t1 = fsdp_now();
-        step_ms[timed] = 1e3 * (t1 - t0);
-        fsdp_ms[timed] = 1e3 * (m.hook_seconds + t1 - t_step); // hooks, fsdp_step (with the update), zero_grad
-        interval_ms += step_ms[timed], interval_fsdp_ms += fsdp_ms[timed], interval_steps++, timed++;
-        if (timed == 1) fsdp_offload_stats_get(ctx, &io_start);
-        else sent_net += (double)report.bytes_sent_net, sent_host += (double)report.bytes_sent_host;
-        if (mean_loss(ctx, &loss, 1)) { // (the global mean)
-            fprintf(stderr, "rank %d: all_reduce of the loss: %s\n", rank, fsdp_comm_last_error(fsdp_world_comm(ctx)));
-            if (!o->recover) goto done;
-            loss = NAN; // (a host lost meanwhile: the next step's fsdp_step recovers; this step was applied)
-        }
-        if (log) { // a line per step, flushed: a plotting tool can read the file while the run goes on
-            fprintf(log, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.6g,\"grad_norm\":%.9g,\"skipped\":%d,\"loss_scale\":%.6g,"
-                         "\"ms\":%.3f,\"in_fsdp_ms\":%.3f,\"tokens_per_s\":%.1f,\"bytes_sent_host\":%llu,\"bytes_sent_net\":%llu,"
-                         "\"peak_rss_mib\":%.1f}\n",
-                    step + 1, (double)loss, (double)lr, isfinite(report.grad_norm) ? report.grad_norm : -1.0, report.skipped,
-                    report.loss_scale, step_ms[timed - 1], fsdp_ms[timed - 1],
-                    o->batch * T / (step_ms[timed - 1] * 1e-3), (unsigned long long)report.bytes_sent_host,
-                    (unsigned long long)report.bytes_sent_net, example_peak_rss(NULL) / 1048576.0);
-            if (fflush(log) != 0) {
-                fprintf(stderr, "gpt: --log %s: %s\n", o->log_path, strerror(errno));
-                goto done;
-            }
-        }
-        if (rank == 0 && ((step + 1) % o->print_every == 0 || step == first_step || step == o->steps - 1)) {
-            double ms = interval_ms / interval_steps;
-            char scaled[48] = "";
-            if (o->param_dtype == FSDP_F16) snprintf(scaled, sizeof scaled, "  scale %g", report.loss_scale);
-            printf("step %5lld/%d  loss %.4f  lr %.2e  norm %6.3f%s%s  %6.1f ms/step  %6.0f tok/s  in fsdp %5.1f ms\n",
-                   step + 1, o->steps, (double)loss, (double)lr, report.grad_norm,
-                   report.skipped ? " (skipped: not finite)" : "", scaled, ms, o->batch * T / (ms * 1e-3),
-                   interval_fsdp_ms / interval_steps);
-            interval_ms = interval_fsdp_ms = 0, interval_steps = 0;
-        }
-        if (strcmp(o->ckpt, "none") != 0 && (step == o->steps - 1 || (o->save_every && (step + 1) % o->save_every == 0)) &&
-            save_checkpoint(ctx, o, rank, P, step + 1))
-            goto done;
+        if (finish_step(t, step, lr, &report)) return -1;
     }
     if (o->async_ckpt && strcmp(o->ckpt, "none") != 0) { // the last save, committed before the run ends
-        double t = fsdp_now();
-        if (fsdp_save_wait(ctx)) {
-            fprintf(stderr, "rank %d: the checkpoint in %s was not saved: %s (it holds the one before)\n", rank, o->ckpt,
-                    fsdp_last_error(ctx));
-            goto done;
+        double wait_start = fsdp_now();
+        if (fsdp_save_wait(t->ctx)) {
+            fprintf(stderr, "rank %d: the checkpoint in %s was not saved: %s (it holds the one before)\n", t->rank,
+                    o->ckpt, fsdp_last_error(t->ctx));
+            return -1;
         }
-        if (rank == 0) printf("saved %s (waited %.0f ms for the last save)\n", o->ckpt, 1e3 * (fsdp_now() - t));
+        if (t->rank == 0) printf("saved %s (waited %.0f ms for the last save)\n", o->ckpt, 1e3 * (fsdp_now() - wait_start));
     }
+    return 0;
+}
 
-    comm = fsdp_world_comm(ctx); // (after a recovery: the survivors')
-    rank = fsdp_comm_rank(comm), P = fsdp_comm_size(comm);
-    if (o->recover && print_replica_checksums(ctx, &m, rank)) goto done;
-    { // every rank's memory and time, printed by rank 0, and what fsdp_memory_estimate predicted
-        fsdp_memory_stats st, est;
-        memset(&st, 0, sizeof st); // fsdp_memory_stats_get fills it; -O3 cannot see that it always does
-        const char *rss_source = "";
-        enum { NSTAT = 14 };
-        double mine[NSTAT], *all = (double *)calloc((size_t)P * NSTAT, sizeof(double));
-        fsdp_offload_stats io;
-        memset(&io, 0, sizeof io); // (-O3 cannot see that fsdp_offload_stats_get always fills it)
-        int skip = timed > 1; // the first step warms up
-        fsdp_memory_stats_get(ctx, &st);
-        if (fsdp_memory_estimate(m.model, &desc, P, &est)) memset(&est, 0, sizeof est); // fsdp_init took this desc
-        mine[0] = (double)st.persistent_bytes, mine[1] = (double)st.peak_unsharded_bytes;
-        mine[2] = (double)st.peak_bytes, mine[3] = example_peak_rss(&rss_source);
-        mine[4] = median(step_ms + skip, timed - skip), mine[5] = median(fsdp_ms + skip, timed - skip);
-        mine[6] = sizeof(float) * (double)acts.num_floats;
-        mine[7] = (double)st.disk_bytes;
-        { // the offload per timed step: bytes read, written, ms waited on the disk; ms outside fsdp calls (compute)
-            int n = timed > 1 ? timed - 1 : 1;
-            double *outside = (double *)malloc(sizeof(double) * (size_t)(timed ? timed : 1));
-            fsdp_offload_stats_get(ctx, &io);
-            if (timed <= 1) memset(&io_start, 0, sizeof io_start);
-            mine[8] = (double)(io.bytes_read - io_start.bytes_read) / n;
-            mine[9] = (double)(io.bytes_written - io_start.bytes_written) / n;
-            mine[10] = 1e3 * (io.wait_seconds - io_start.wait_seconds) / n;
-            for (int k = 0; outside && k < timed; k++) outside[k] = step_ms[k] - fsdp_ms[k];
-            mine[11] = outside ? median(outside + skip, timed - skip) : 0;
-            free(outside);
-            mine[12] = sent_net / n, mine[13] = sent_host / n;
-        }
-        if (!all || fsdp_all_gather(comm, mine, all, sizeof mine / 4, FSDP_F32)) { // doubles, moved as bytes
-            fprintf(stderr, "rank %d: gathering the statistics failed: %s\n", rank, fsdp_comm_last_error(comm));
-            free(all);
-            goto done;
-        }
-        if (rank == 0) {
-            printf("\nrank  persistent  peak unsharded  fsdp peak  activations   max RSS        disk   ms/step  in fsdp calls "
-                   "(ms/step)\n");
-            for (int r = 0; r < P; r++) {
-                double *s = all + NSTAT * r;
-                printf("%4d  %6.2f MiB  %10.2f MiB  %5.2f MiB  %7.2f MiB  %5.1f MiB  %6.1f MiB  %7.1f  %6.1f\n", r, mib(s[0]),
-                       mib(s[1]), mib(s[2]), mib(s[6]), mib(s[3]), mib(s[7]), s[4], s[5]);
-            }
-            printf(" est  %6.2f MiB  %10.2f MiB  %5.2f MiB  %24s%6.1f MiB  (fsdp_memory_estimate for this model, desc and "
-                   "%d rank%s)\n", mib((double)est.persistent_bytes), mib((double)est.peak_unsharded_bytes),
-                   mib((double)est.peak_bytes), "", mib((double)est.disk_bytes), P, P > 1 ? "s" : "");
-            print_vs_estimate(all, P, NSTAT, (double)est.persistent_bytes, (double)est.peak_unsharded_bytes);
-            printf("max RSS: each rank's own peak resident memory (%s%s)\n", rss_source,
-                   strcmp(rss_source, "VmHWM") == 0 ? " from /proc/self/status" : ": no /proc here; it may include a launcher's");
-            if (o->mem_budget_mib > 0) {
-                memory_need need;
-                double lo = all[3], hi = all[3];
-                for (int r = 1; r < P; r++) lo = all[NSTAT * r + 3] < lo ? all[NSTAT * r + 3] : lo, hi = all[NSTAT * r + 3] > hi ? all[NSTAT * r + 3] : hi;
-                if (estimate_memory(o, P, &need) == 0)
-                    printf("memory budget %.0f MiB per rank: peak RSS %.1f .. %.1f MiB over the ranks, estimate %.1f MiB "
-                           "(max RSS / estimate %.3f)\n", o->mem_budget_mib, mib(lo), mib(hi), mib(need.total),
-                           hi / need.total);
-            }
-            if (timed)
-                printf("final loss %.4f; %.0f tokens/s (median step %.1f ms on rank 0)\n", (double)loss,
-                       o->batch * T / (all[4] * 1e-3), all[4]);
-            if (st.disk_bytes && timed && !o->no_roofline) print_offload_roofline(&desc, all, P, NSTAT);
-            if (P > 1 && timed > 1) print_bytes_sent(all, P, NSTAT);
-        }
+/* This rank's statistics at the end, into mine: memory (persistent, peak unsharded, fsdp peak,
+   max RSS, activations, disk), the median step and the median time in fsdp calls, and per timed
+   step the offload's bytes read and written, its ms waited on the disk, the ms outside fsdp calls
+   (compute) and the bytes sent across hosts and within. *rss_source: example_peak_rss's. */
+static void rank_statistics(trainer *t, const fsdp_memory_stats *st, const char **rss_source, double mine[NSTAT]) {
+    int skip = t->timed > 1, n = t->timed > 1 ? t->timed - 1 : 1; // the first step warms up
+    double *outside;
+    fsdp_offload_stats io;
+    memset(&io, 0, sizeof io); // (-O3 cannot see that fsdp_offload_stats_get always fills it)
+    mine[0] = (double)st->persistent_bytes, mine[1] = (double)st->peak_unsharded_bytes;
+    mine[2] = (double)st->peak_bytes, mine[3] = example_peak_rss(rss_source);
+    mine[4] = median(t->step_ms + skip, t->timed - skip), mine[5] = median(t->fsdp_ms + skip, t->timed - skip);
+    mine[6] = sizeof(float) * (double)t->acts.num_floats;
+    mine[7] = (double)st->disk_bytes;
+    outside = (double *)malloc(sizeof(double) * (size_t)(t->timed ? t->timed : 1));
+    fsdp_offload_stats_get(t->ctx, &io);
+    if (t->timed <= 1) memset(&t->io_start, 0, sizeof t->io_start);
+    mine[8] = (double)(io.bytes_read - t->io_start.bytes_read) / n;
+    mine[9] = (double)(io.bytes_written - t->io_start.bytes_written) / n;
+    mine[10] = 1e3 * (io.wait_seconds - t->io_start.wait_seconds) / n;
+    for (int k = 0; outside && k < t->timed; k++) outside[k] = t->step_ms[k] - t->fsdp_ms[k];
+    mine[11] = outside ? median(outside + skip, t->timed - skip) : 0;
+    free(outside);
+    mine[12] = t->sent_net / n, mine[13] = t->sent_host / n;
+}
+
+/* --mem-budget, rank 0 at the end: the ranks' peak RSS against the estimate the run was let in by. */
+static void print_rss_vs_budget(const options *o, const double *all, int P) {
+    memory_need need;
+    double lo = all[3], hi = all[3];
+    for (int r = 1; r < P; r++) {
+        double rss = all[NSTAT * r + 3];
+        lo = rss < lo ? rss : lo, hi = rss > hi ? rss : hi;
+    }
+    if (estimate_memory(o, P, &need) == 0)
+        printf("memory budget %.0f MiB per rank: peak RSS %.1f .. %.1f MiB over the ranks, estimate %.1f MiB "
+               "(max RSS / estimate %.3f)\n", o->mem_budget_mib, mib(lo), mib(hi), mib(need.total), hi / need.total);
+}
+
+/* Rank 0 at the end: every rank's memory and time (all: NSTAT statistics per rank) beside
+   fsdp_memory_estimate's prediction (est), the final loss and speed, the offload's roofline and
+   the bytes sent. */
+static void print_statistics(const trainer *t, const fsdp_memory_stats *st, const fsdp_memory_stats *est,
+                             const char *rss_source, const double *all) {
+    const options *o = t->o;
+    int P = t->P;
+    printf("\nrank  persistent  peak unsharded  fsdp peak  activations   max RSS        disk   ms/step  in fsdp calls "
+           "(ms/step)\n");
+    for (int r = 0; r < P; r++) {
+        const double *s = all + NSTAT * r;
+        printf("%4d  %6.2f MiB  %10.2f MiB  %5.2f MiB  %7.2f MiB  %5.1f MiB  %6.1f MiB  %7.1f  %6.1f\n", r, mib(s[0]),
+               mib(s[1]), mib(s[2]), mib(s[6]), mib(s[3]), mib(s[7]), s[4], s[5]);
+    }
+    printf(" est  %6.2f MiB  %10.2f MiB  %5.2f MiB  %24s%6.1f MiB  (fsdp_memory_estimate for this model, desc and "
+           "%d rank%s)\n", mib((double)est->persistent_bytes), mib((double)est->peak_unsharded_bytes),
+           mib((double)est->peak_bytes), "", mib((double)est->disk_bytes), P, P > 1 ? "s" : "");
+    print_vs_estimate(all, P, NSTAT, (double)est->persistent_bytes, (double)est->peak_unsharded_bytes);
+    printf("max RSS: each rank's own peak resident memory (%s%s)\n", rss_source,
+           strcmp(rss_source, "VmHWM") == 0 ? " from /proc/self/status" : ": no /proc here; it may include a launcher's");
+    if (o->mem_budget_mib > 0) print_rss_vs_budget(o, all, P);
+    if (t->timed)
+        printf("final loss %.4f; %.0f tokens/s (median step %.1f ms on rank 0)\n", (double)t->loss,
+               o->batch * o->seq_len / (all[4] * 1e-3), all[4]);
+    if (st->disk_bytes && t->timed && !o->no_roofline) print_offload_roofline(&t->desc, all, P, NSTAT);
+    if (P > 1 && t->timed > 1) print_bytes_sent(all, P, NSTAT);
+}
+
+/* At the end (collective, over the world training now: after a recovery the survivors'): with
+   --recover whether the replicas agree, then every rank's statistics gathered for rank 0 to print.
+   0, or -1 (said). */
+static int report_statistics(trainer *t) {
+    fsdp_memory_stats st, est;
+    const char *rss_source = "";
+    double mine[NSTAT], *all;
+    t->comm = fsdp_world_comm(t->ctx);
+    t->rank = fsdp_comm_rank(t->comm), t->P = fsdp_comm_size(t->comm);
+    if (t->o->recover && print_replica_checksums(t->ctx, &t->m, t->rank)) return -1;
+    all = (double *)calloc((size_t)t->P * NSTAT, sizeof(double));
+    memset(&st, 0, sizeof st); // fsdp_memory_stats_get fills it; -O3 cannot see that it always does
+    fsdp_memory_stats_get(t->ctx, &st);
+    if (fsdp_memory_estimate(t->m.model, &t->desc, t->P, &est)) memset(&est, 0, sizeof est); // fsdp_init took this desc
+    rank_statistics(t, &st, &rss_source, mine);
+    if (!all || fsdp_all_gather(t->comm, mine, all, sizeof mine / 4, FSDP_F32)) { // doubles, moved as bytes
+        fprintf(stderr, "rank %d: gathering the statistics failed: %s\n", t->rank, fsdp_comm_last_error(t->comm));
         free(all);
+        return -1;
     }
-    if (o->size - o->train_size >= (size_t)T + 2) { // every rank scores a share, through the hooks
+    if (t->rank == 0) print_statistics(t, &st, &est, rss_source, all);
+    free(all);
+    return 0;
+}
+
+/* The end of training: the held-out loss (every rank scores a share, through the hooks) and
+   rank 0's sample, on a plain copy of the weights. 0, or -1 (said). */
+static int heldout_and_sample(trainer *t) {
+    const options *o = t->o;
+    if (o->size - o->train_size >= (size_t)o->seq_len + 2) {
         size_t val_size = o->size - o->train_size;
-        int sequences = gpt_heldout_sequences(val_size, T, VAL_BATCHES * o->batch); // the same at every P
+        int sequences = gpt_heldout_sequences(val_size, o->seq_len, VAL_BATCHES * o->batch); // the same at every P
         double val;
-        if (gpt_heldout_loss(&m, &acts, comm, o->text + o->train_size, val_size, sequences, &val)) goto done;
-        if (rank == 0) printf("held-out loss %.4f (%d sequences x %d bytes not trained on)\n", val, sequences, T);
+        if (gpt_heldout_loss(&t->m, &t->acts, t->comm, o->text + o->train_size, val_size, sequences, &val)) return -1;
+        if (t->rank == 0)
+            printf("held-out loss %.4f (%d sequences x %d bytes not trained on)\n", val, sequences, o->seq_len);
     }
-    if (o->sample > 0) { // rank 0 samples on a plain copy (every rank gets one: fsdp_gather_param is collective)
-        if (gpt_plain_gather(&m)) {
-            fprintf(stderr, "rank %d: gathering the weights for the sample failed: %s\n", rank, fsdp_last_error(ctx));
-            goto done;
+    if (o->sample > 0) { // every rank gets a copy: fsdp_gather_param is collective
+        if (gpt_plain_gather(&t->m)) {
+            fprintf(stderr, "rank %d: gathering the weights for the sample failed: %s\n", t->rank,
+                    fsdp_last_error(t->ctx));
+            return -1;
         }
-        if (rank == 0) {
-            m.ctx = NULL; // the plain copy from here on
-            sample(&m, &acts, o, o->sample);
+        if (t->rank == 0) {
+            t->m.ctx = NULL; // the plain copy from here on
+            sample(&t->m, &t->acts, o, o->sample);
         }
     }
-    rc = 0;
-done:
-    if (log && fclose(log) != 0 && rc == 0) {
+    return 0;
+}
+
+/* What each rank runs (example_run): set up, train, report. 0, or 1 (said on stderr). */
+static int train(fsdp_comm *comm, void *arg) {
+    const options *o = (const options *)arg;
+    gpt_config config = {256, o->seq_len, o->layers, o->heads, o->channels};
+    trainer t;
+    int rc = 1;
+    memset(&t, 0, sizeof t);
+    t.o = o, t.comm = comm;
+    t.rank = t.start_rank = fsdp_comm_rank(comm), t.P = t.start_P = fsdp_comm_size(comm);
+    t.B = o->batch / t.P, t.first = t.rank * t.B;
+    t.config = config;
+    t.step_ms = (double *)calloc(2 * (size_t)o->steps, sizeof(double)), t.fsdp_ms = t.step_ms + o->steps;
+    openblas_set_num_threads(1);
+    if (setup_rank(&t) == 0) {
+        if (t.rank == 0) {
+            print_run(&t);
+            print_features(&t);
+        }
+        rc = open_log(&t) || train_loop(&t) || report_statistics(&t) || heldout_and_sample(&t);
+    }
+    if (t.log && fclose(t.log) != 0 && rc == 0) {
         fprintf(stderr, "gpt: --log %s: %s\n", o->log_path, strerror(errno));
         rc = 1;
     }
-    fsdp_destroy(ctx);
-    gpt_acts_free(&acts);
-    gpt_free(&m);
-    free(step_ms);
+    fsdp_destroy(t.ctx);
+    gpt_acts_free(&t.acts);
+    gpt_free(&t.m);
+    free(t.step_ms);
     return rc;
 }
 
@@ -1162,7 +1283,8 @@ static int load_data(options *o, const char *exe_dir) {
 /* ----------------------------------------------------------------------------------------- */
 /* flags */
 
-static void usage(FILE *out) {
+/* --help, first part: what gpt does, then the ranks, the data, the model and the training. */
+static void usage_training(FILE *out) {
     fprintf(out,
         "usage: gpt [options]\n"
         "Trains a GPT-2 style language model over bytes (vocabulary 256) with fsdp.h: token and position\n"
@@ -1205,7 +1327,11 @@ static void usage(FILE *out) {
         "                       gradients are reduced once, on the last (fsdp_set_no_sync) (default 1)\n"
         "  --accum-reduce       with --accum: reduce every micro-batch's gradients into the shards instead\n"
         "                       of holding them back to the last (gradient accumulation without no_sync)\n");
-    fprintf(out, // (C99 promises 4095 bytes per literal)
+}
+
+/* --help: what a rank holds (--recompute, --mem-budget) and how fsdp.h shards and moves it. */
+static void usage_memory_and_fsdp(FILE *out) {
+    fprintf(out,
         "memory\n"
         "  --recompute [K]      activation checkpointing: forward keeps only the input of every K-th block\n"
         "                       (blocks 0, K, 2K, ...; default K = 1: every block) and backward runs that\n"
@@ -1219,7 +1345,7 @@ static void usage(FILE *out) {
         "                       (+ on shm, the peers' f32 shards that gathers read in place: shared memory,\n"
         "                       stored once but counted in every reader's RSS); says what is needed and the\n"
         "                       fewest ranks that fit. At the end: every rank's peak RSS against it\n");
-    fprintf(out, // in two parts: C99 compilers need not take longer strings
+    fprintf(out,
         "fsdp\n"
         EXAMPLE_STRATEGY_HELP
         "                       HYBRID_SHARD: sharded within each host, replicated across hosts; all ranks\n"
@@ -1248,7 +1374,11 @@ static void usage(FILE *out) {
         "  --print-units        print the FSDP units (rank 0)\n"
         EXAMPLE_OFFLOAD_HELP
         "  --no-roofline        with --offload: no roofline at the end (it measures the disk: 2 GiB each way)\n");
-    fprintf(out, // (two strings: C99 promises 4095 bytes per literal)
+}
+
+/* --help: checkpoints, resuming, and restarts after a failed rank. */
+static void usage_checkpoints(FILE *out) {
+    fprintf(out,
         "checkpoints (sharded: one safetensors file per rank + index.json, with AdamW state)\n"
         "  --ckpt DIR           where to save (default: gpt_ckpt next to the executable, e.g. build/gpt_ckpt);\n"
         "                       'none': never save. Saved after the last step\n"
@@ -1270,6 +1400,10 @@ static void usage(FILE *out) {
         "                       if it is alone) kill itself with SIGKILL at step S of the first attempt;\n"
         "                       GPT_FAULT_IN_SAVE=S: right after the save at step S has started (with\n"
         "                       --async-ckpt, while it is written behind)\n");
+}
+
+/* --help: in-job recovery from a lost host (--recover) and a host's rejoin (--rejoin). */
+static void usage_recovery(FILE *out) {
     fprintf(out,
         "in-job recovery (ranks on several hosts, --strategy HYBRID_SHARD: one replica per host)\n"
         "  --recover            when a host is lost (its ranks die, or it goes silent) the others train on\n"
@@ -1312,7 +1446,12 @@ static void usage(FILE *out) {
         "                       Testing aid: GPT_PAUSE_AT_STEP=S stops (SIGSTOP) rank 0 of the world\n"
         "                       training at the start of steps S and S+1, for a script to start a host\n"
         "                       again and let it in at a known point (SIGCONT at S once it connected:\n"
-        "                       challenged at S's end; at S+1 once it answered: admitted after S+1)\n"
+        "                       challenged at S's end; at S+1 once it answered: admitted after S+1)\n");
+}
+
+/* --help, last part: what is printed and written as the run goes, and the sample. */
+static void usage_output(FILE *out) {
+    fprintf(out,
         "output\n"
         "  --print-every N      rank 0 prints every N steps: the step's loss (mean over all ranks), the\n"
         "                       learning rate, the gradient norm, and averaged since the last line: ms/step,\n"
@@ -1326,6 +1465,15 @@ static void usage(FILE *out) {
         "  --prompt TEXT        what the sample continues (default a newline)\n"
         "  --temperature X      sampling temperature; 0: greedy (default 0.8)\n"
         "  --help               this text\n");
+}
+
+/* --help: in parts, one per group of options (C99 promises only 4095 bytes per string literal). */
+static void usage(FILE *out) {
+    usage_training(out);
+    usage_memory_and_fsdp(out);
+    usage_checkpoints(out);
+    usage_recovery(out);
+    usage_output(out);
 }
 
 /* --recover and its settings: what recovery survives is a host, so the ranks must be on hosts of
