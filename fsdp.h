@@ -10571,8 +10571,9 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
    before, the joiner failing), adopt it, and every rank's listener address is gathered anew.
    No shard comm is made: a rejoin changes no shard group, so every rank keeps its own (a
    joiner's, made at its fsdp_init from its host's ranks) with the master shards in it, its
-   counters now adding into the new world's (fsdp__recovery_keep_shard); moving the shards into a
-   new comm's shared memory held the survivors 200-500 ms of the pause on the bed.
+   counters now adding into the new world's (fsdp__recovery_keep_shard): the shards are not
+   moved into a new comm's shared memory (a split, an allocation and a copy of the master shard
+   while the survivors wait: 0.3-0.6 s on a loaded machine before the pages were mapped first).
    Then each rank of the lowest surviving replica (the sender) sends its state to its
    counterpart in the joiner's replica alone, point to point over a comm of the two split from
    the new replica comm (the other survivors take part in the split, receive nothing, and go on
