@@ -11168,24 +11168,14 @@ static const char *fsdp__unit_name(const fsdp_ctx *ctx, int u) {
 /* Transient buffers come from a pool of exact sizes: units of a model repeat their sizes, and
    returning megabytes to the system each time would fault them in again (on a VM, a fresh page
    costs tens of times its memset: a step's gathers, host shards and reductions, freed and taken
-   anew, cost more than its compute). The pool keeps what was freed while the live buffers and
-   it together stay within the peak live bytes so far (the working set fsdp_memory_stats and
-   the estimator count), dropping its oldest entries to make room; so it never raises the
-   memory a step needs, and a step that repeats the last one's sizes allocates nothing. */
-static int fsdp__pool_trim(fsdp_ctx *ctx, size_t bound, int room, void **dropped) {
-    int n = 0, i;
-    while (ctx->pool_len > 0 && (ctx->live_bytes + ctx->pool_bytes > bound || ctx->pool_len + room > FSDP__POOL_MAX)) {
-        dropped[n++] = ctx->pool[0].ptr;
-        ctx->pool_bytes -= ctx->pool[0].bytes;
-        for (i = 1; i < ctx->pool_len; i++) ctx->pool[i - 1] = ctx->pool[i];
-        ctx->pool_len--;
-    }
-    return n;
-}
-
+   anew, cost more than its compute). The pool keeps what was freed up to twice the peak live
+   bytes so far (the working set fsdp_memory_stats and the estimator count), dropping its oldest
+   entries to make room: a step that repeats the last one's sizes then allocates nothing (the
+   pool holds each size's most at once, summed over the sizes, which exceeds the peak of their
+   sum), and the buffers never hold more than three times that working set. */
 FSDP__PRIVATE void *fsdp__buf_get(fsdp_ctx *ctx, size_t bytes, int zero) {
-    void *ptr = NULL, *dropped[FSDP__POOL_MAX];
-    int i, n = 0;
+    void *ptr = NULL;
+    int i;
     pthread_mutex_lock(&ctx->lock);
     for (i = ctx->pool_len - 1; i >= 0; i--) /* the newest of the size: the likeliest still cached */
         if (ctx->pool[i].bytes == bytes) {
@@ -11195,28 +11185,28 @@ FSDP__PRIVATE void *fsdp__buf_get(fsdp_ctx *ctx, size_t bytes, int zero) {
             ctx->pool_len--;
             break;
         }
-    if (!ptr) { /* a new buffer: the pool gives back what would take the total past the peak */
-        size_t need = ctx->live_bytes + bytes;
-        n = fsdp__pool_trim(ctx, need > ctx->peak_live_bytes ? need - bytes : ctx->peak_live_bytes - bytes, 0, dropped);
-    }
     if (ptr || (ptr = FSDP_MALLOC(bytes ? bytes : 1)) != NULL) {
         ctx->live_bytes += bytes;
         if (ctx->live_bytes > ctx->peak_live_bytes) ctx->peak_live_bytes = ctx->live_bytes;
     }
     pthread_mutex_unlock(&ctx->lock);
-    for (i = 0; i < n; i++) FSDP_FREE(dropped[i]);
     if (ptr && zero) memset(ptr, 0, bytes);
     return ptr;
 }
 
 FSDP__PRIVATE void fsdp__buf_put(fsdp_ctx *ctx, void *ptr, size_t bytes) {
     void *dropped[FSDP__POOL_MAX];
-    int i, n;
+    int i, n = 0;
     if (!ptr) return;
     pthread_mutex_lock(&ctx->lock);
     ctx->live_bytes -= bytes;
-    n = fsdp__pool_trim(ctx, ctx->peak_live_bytes > bytes ? ctx->peak_live_bytes - bytes : 0, 1, dropped);
-    if (ctx->live_bytes + ctx->pool_bytes + bytes <= ctx->peak_live_bytes) {
+    while (ctx->pool_len > 0 && (ctx->pool_len == FSDP__POOL_MAX || ctx->pool_bytes + bytes > 2 * ctx->peak_live_bytes)) {
+        dropped[n++] = ctx->pool[0].ptr; /* the oldest */
+        ctx->pool_bytes -= ctx->pool[0].bytes;
+        for (i = 1; i < ctx->pool_len; i++) ctx->pool[i - 1] = ctx->pool[i];
+        ctx->pool_len--;
+    }
+    if (ctx->pool_bytes + bytes <= 2 * ctx->peak_live_bytes) {
         ctx->pool[ctx->pool_len].ptr = ptr;
         ctx->pool[ctx->pool_len++].bytes = bytes;
         ctx->pool_bytes += bytes;
