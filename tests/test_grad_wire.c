@@ -744,9 +744,9 @@ static void test_grad_wire_on_uneven_hosts_with_int8_gathers_and_host_reshard_tr
     assert_trains_on_as_the_reference(&c, 6, two_one_three, "2+1+3, int8 gathers, host reshard,");
 }
 
-/* Steps 2 and 3 repeat step 1's buffer sizes: the pool serves them all, nothing is allocated
-   (before, with at most 8 buffers kept, the host shards, grad_full and the reductions' scratch
-   were freed and allocated anew each step). */
+/* The third and fourth steps repeat the buffer sizes of the first two: the pool serves them all,
+   nothing is allocated (before, with at most 8 buffers kept, the host shards, grad_full and the
+   reductions' scratch were freed and allocated anew each step). */
 static void test_grad_wire_repeated_steps_with_int8_gathers_and_host_reshard_allocate_nothing(void) {
     run_config c = config(FSDP_WIRE_INT4, 0);
     int r;
