@@ -8899,6 +8899,7 @@ typedef struct fsdp__qrs {
     float *padded;          /* a short round's shards, zeros past them (fsdp__qrs_host_sums) */
     size_t slot;
     void *raw;
+    size_t raw_bytes;
 } fsdp__qrs;
 
 /* Where a quantized reduce-scatter runs: H hosts whose ranks are numbered host by host, host g
@@ -8946,13 +8947,37 @@ FSDP__PRIVATE int fsdp__qrs_check(fsdp_comm *host, fsdp_comm *cross, const float
     return FSDP_ERR_INVALID_ARG;
 }
 
+/* What a caller inside fsdp.h learns from one fsdp__qrs_run (the runtime's reduction traces its
+   phases and names a non-finite gradient): phase(user, "quantize" / "dequantize", t0) at the end
+   of each of those phases, which began at t0; nonfinite, the index in the host partials (g count
+   + i; on a rank of several lanes, (k H + g) count + i for lane k) of the first NaN or infinity
+   encoded, or SIZE_MAX. get and put, where not NULL, give the scratch instead of FSDP_MALLOC and
+   FSDP_FREE: the runtime's buffer pool, since scratch of a few MiB fresh from the kernel every
+   reduction costs its page faults each time (on a VM, more than the reduction's own work). */
+typedef struct fsdp__qrs_watch {
+    void (*phase)(void *user, const char *name, double t0);
+    void *(*get)(void *user, size_t bytes);
+    void (*put)(void *user, void *ptr, size_t bytes);
+    void *user;
+    size_t nonfinite;
+} fsdp__qrs_watch;
+
+/* Scratch for a quantized reduction: from the watch's pool where it has one. */
+static void *fsdp__qrs_get(const fsdp__qrs_watch *watch, size_t bytes) {
+    return watch && watch->get ? watch->get(watch->user, bytes) : FSDP_MALLOC(bytes);
+}
+static void fsdp__qrs_put(const fsdp__qrs_watch *watch, void *ptr, size_t bytes) {
+    if (watch && watch->put) watch->put(watch->user, ptr, bytes);
+    else FSDP_FREE(ptr);
+}
+
 /* Scratch for a reduce-scatter on layout y: the host sums of each round (this rank's lanes and
    any round past them: Lmax / L rounded up, by H), the pieces out (lanes by H slots) and in (H
    slots of lane l, and H more that the further lanes' receipts share: nothing comes to this
    rank on them), and the zero-padded copy of a short round's shards where a host's ranks are
    not a multiple of this host's. With hosts of equal size: H sums and twice H slots. */
 FSDP__PRIVATE int fsdp__qrs_alloc(fsdp__qrs *q, fsdp_comm *comm, const fsdp__qrs_layout *y, size_t count, fsdp_wire wire,
-                                  size_t block) {
+                                  size_t block, const fsdp__qrs_watch *watch) {
     size_t H = (size_t)y->hosts, L = y->host ? (size_t)y->host->world : 1;
     size_t rounds = ((size_t)fsdp__qrs_most(y) + L - 1) / L, pad = 0, floats, pointers = fsdp__align(sizeof(void *) * H, 64), slots;
     int g;
@@ -8961,7 +8986,8 @@ FSDP__PRIVATE int fsdp__qrs_alloc(fsdp__qrs *q, fsdp_comm *comm, const fsdp__qrs
     floats = rounds * H * count * sizeof(float);
     q->slot = fsdp__align(fsdp_wire_bytes(wire, count, block), 4);
     slots = ((size_t)y->num_lanes + (y->num_lanes > 1 ? 2 : 1)) * H * q->slot;
-    q->raw = FSDP_MALLOC(pointers + fsdp__align(floats, 64) + slots + pad + 64);
+    q->raw_bytes = pointers + fsdp__align(floats, 64) + slots + pad + 64;
+    q->raw = fsdp__qrs_get(watch, q->raw_bytes);
     if (!q->raw)
         return fsdp_comm_fail(comm, FSDP_ERR_OUT_OF_MEMORY, "fsdp_reduce_scatter_wire: no memory for %zu bytes of scratch",
                               pointers + floats + slots + pad);
@@ -8975,17 +9001,6 @@ FSDP__PRIVATE int fsdp__qrs_alloc(fsdp__qrs *q, fsdp_comm *comm, const fsdp__qrs
     memset(q->out, 0, (size_t)y->num_lanes * H * q->slot);
     return 0;
 }
-
-/* What a caller inside fsdp.h learns from one fsdp__qrs_run (the runtime's reduction traces its
-   phases and names a non-finite gradient): phase(user, "quantize" / "dequantize", t0) at the end
-   of each of those phases, which began at t0; nonfinite, the index in the host partials (g count
-   + i; on a rank of several lanes, (k H + g) count + i for lane k) of the first NaN or infinity
-   encoded, or SIZE_MAX. */
-typedef struct fsdp__qrs_watch {
-    void (*phase)(void *user, const char *name, double t0);
-    void *user;
-    size_t nonfinite;
-} fsdp__qrs_watch;
 
 /* Steps 2 and 3 for one partial z (count floats): plus its residual res (NULL: none), encoded
    into codes, the residual updated (scratch holds the decode). The first non-finite element's
@@ -9086,7 +9101,7 @@ FSDP__PRIVATE int fsdp__qrs_lanes(const fsdp__qrs_layout *y, const float *send, 
     double t0;
     fsdp__qrs q;
     memset(&q, 0, sizeof q);
-    if ((rc = fsdp__qrs_alloc(&q, y->lanes[0], y, count, wire, block)) != 0) return rc;
+    if ((rc = fsdp__qrs_alloc(&q, y->lanes[0], y, count, wire, block, watch)) != 0) return rc;
     rc = fsdp__qrs_host_sums(y, &q, send, count); /* 1 */
     if (rc == FSDP_SUCCESS) {
         t0 = watch && watch->phase ? fsdp_now() : 0;
@@ -9101,7 +9116,7 @@ FSDP__PRIVATE int fsdp__qrs_lanes(const fsdp__qrs_layout *y, const float *send, 
     }
     if (rc == FSDP_SUCCESS && count) fsdp_reduce_ranks(recv, q.srcs, H, count, FSDP_F32, op, y->world);
     if (t0 != 0) watch->phase(watch->user, "dequantize", t0);
-    FSDP_FREE(q.raw);
+    fsdp__qrs_put(watch, q.raw, q.raw_bytes);
     return rc;
 }
 
@@ -9169,7 +9184,8 @@ FSDP__PRIVATE int fsdp__qar_run(fsdp_comm *replicas, float *data, size_t count, 
     if (rc || !n) return rc;
     memset(&q, 0, sizeof q);
     q.slot = fsdp__align(fsdp_wire_bytes(wire, n, block), 4);
-    q.raw = FSDP_MALLOC((size_t)R * q.slot + (residual ? n * sizeof(float) : 0));
+    q.raw_bytes = (size_t)R * q.slot + (residual ? n * sizeof(float) : 0);
+    q.raw = fsdp__qrs_get(watch, q.raw_bytes);
     if (!q.raw)
         return fsdp_comm_fail(replicas, FSDP_ERR_OUT_OF_MEMORY, "HYBRID_SHARD's quantized all-reduce: no memory for "
                               "%zu bytes of scratch", (size_t)R * q.slot + n * sizeof(float));
@@ -9186,7 +9202,7 @@ FSDP__PRIVATE int fsdp__qar_run(fsdp_comm *replicas, float *data, size_t count, 
     for (k = 0; k < R && rc == FSDP_SUCCESS; k++) /* 4 */
         fsdp_wire_decode(data + (size_t)k * n, FSDP_F32, q.in + (size_t)k * q.slot, wire, block, n);
     if (t0 != 0) watch->phase(watch->user, "dequantize", t0);
-    FSDP_FREE(q.raw);
+    fsdp__qrs_put(watch, q.raw, q.raw_bytes);
     return rc;
 }
 
@@ -10985,7 +11001,7 @@ typedef struct fsdp__task {
 } fsdp__task;
 
 typedef struct fsdp__pool_entry { void *ptr; size_t bytes; } fsdp__pool_entry;
-#define FSDP__POOL_MAX 8
+#define FSDP__POOL_MAX 64
 
 struct fsdp_ctx {
     fsdp_model *model;
@@ -11049,8 +11065,9 @@ struct fsdp_ctx {
     int worker_error;
     /* memory */
     size_t persistent_bytes, param_bytes, grad_bytes, opt_bytes, live_bytes, peak_live_bytes;
-    fsdp__pool_entry pool[FSDP__POOL_MAX];
+    fsdp__pool_entry pool[FSDP__POOL_MAX]; /* oldest first */
     int pool_len;
+    size_t pool_bytes;
     /* optimizer state: its dtype, and the offload file and streaming buffers when it is on disk
        or bf16 (see fsdp__step_streamed) */
     fsdp_dtype state_dtype;
@@ -11190,16 +11207,24 @@ static const char *fsdp__unit_name(const fsdp_ctx *ctx, int u) {
     return *name ? name : "(root)";
 }
 
-/* Transient buffers come from a small pool of exact sizes: units of a model repeat their
-   sizes, and returning megabytes to the system each time would fault them in again. */
+/* Transient buffers come from a pool of exact sizes: units of a model repeat their sizes, and
+   returning megabytes to the system each time would fault them in again (on a VM, a fresh page
+   costs tens of times its memset: a step's gathers, host shards and reductions, freed and taken
+   anew, cost more than its compute). The pool keeps what was freed up to twice the peak live
+   bytes so far (the working set fsdp_memory_stats and the estimator count), dropping its oldest
+   entries to make room: a step that repeats the last one's sizes then allocates nothing (the
+   pool holds each size's most at once, summed over the sizes, which exceeds the peak of their
+   sum), and the buffers never hold more than three times that working set. */
 FSDP__PRIVATE void *fsdp__buf_get(fsdp_ctx *ctx, size_t bytes, int zero) {
     void *ptr = NULL;
     int i;
     pthread_mutex_lock(&ctx->lock);
-    for (i = 0; i < ctx->pool_len; i++)
+    for (i = ctx->pool_len - 1; i >= 0; i--) /* the newest of the size: the likeliest still cached */
         if (ctx->pool[i].bytes == bytes) {
             ptr = ctx->pool[i].ptr;
-            ctx->pool[i] = ctx->pool[--ctx->pool_len];
+            ctx->pool_bytes -= bytes;
+            for (; i + 1 < ctx->pool_len; i++) ctx->pool[i] = ctx->pool[i + 1];
+            ctx->pool_len--;
             break;
         }
     if (ptr || (ptr = FSDP_MALLOC(bytes ? bytes : 1)) != NULL) {
@@ -11212,15 +11237,25 @@ FSDP__PRIVATE void *fsdp__buf_get(fsdp_ctx *ctx, size_t bytes, int zero) {
 }
 
 FSDP__PRIVATE void fsdp__buf_put(fsdp_ctx *ctx, void *ptr, size_t bytes) {
+    void *dropped[FSDP__POOL_MAX];
+    int i, n = 0;
     if (!ptr) return;
     pthread_mutex_lock(&ctx->lock);
     ctx->live_bytes -= bytes;
-    if (ctx->pool_len < FSDP__POOL_MAX) {
+    while (ctx->pool_len > 0 && (ctx->pool_len == FSDP__POOL_MAX || ctx->pool_bytes + bytes > 2 * ctx->peak_live_bytes)) {
+        dropped[n++] = ctx->pool[0].ptr; /* the oldest */
+        ctx->pool_bytes -= ctx->pool[0].bytes;
+        for (i = 1; i < ctx->pool_len; i++) ctx->pool[i - 1] = ctx->pool[i];
+        ctx->pool_len--;
+    }
+    if (ctx->pool_bytes + bytes <= 2 * ctx->peak_live_bytes) {
         ctx->pool[ctx->pool_len].ptr = ptr;
         ctx->pool[ctx->pool_len++].bytes = bytes;
+        ctx->pool_bytes += bytes;
         ptr = NULL;
     }
     pthread_mutex_unlock(&ctx->lock);
+    for (i = 0; i < n; i++) FSDP_FREE(dropped[i]);
     FSDP_FREE(ptr);
 }
 
@@ -11469,6 +11504,13 @@ static void fsdp__reduce_phase(void *user, const char *name, double t0) {
     const fsdp__reduce_watch *w = (const fsdp__reduce_watch *)user;
     fsdp__trace_end(w->ctx, "wire", name, w->unit, t0);
 }
+/* Its scratch: the context's buffer pool (every step asks for the same sizes again). */
+static void *fsdp__reduce_scratch_get(void *user, size_t bytes) {
+    return fsdp__buf_get(((const fsdp__reduce_watch *)user)->ctx, bytes, 0);
+}
+static void fsdp__reduce_scratch_put(void *user, void *ptr, size_t bytes) {
+    fsdp__buf_put(((const fsdp__reduce_watch *)user)->ctx, ptr, bytes);
+}
 
 /* A unit's reduction over its grad_wire (INT8/INT4), with the unit's residual under error
    feedback: FULL_SHARD's fsdp_reduce_scatter_wire over the host and cross-host comms, in place
@@ -11486,6 +11528,8 @@ FSDP__PRIVATE int fsdp__run_reduce_wire(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task
     w.ctx = ctx;
     w.unit = (int)(u - ctx->units);
     watch.phase = ctx->trace ? fsdp__reduce_phase : NULL;
+    watch.get = fsdp__reduce_scratch_get;
+    watch.put = fsdp__reduce_scratch_put;
     watch.user = &w;
     if (u->replica_comm)
         rc = fsdp__qar_run(u->replica_comm, mine, S, FSDP_AVG, u->grad_wire, block, u->residual, &watch);

@@ -43,6 +43,9 @@
 #                      --layers 12 --channels 768 --heads 12 --seq-len 32]
 #   --timeout S        bound on each run [1800]
 #   --keep-logs DIR    copy every run's logs to DIR
+#   --trace DIR        every run writes fsdp.h's per-rank traces (FSDP_TRACE) to DIR/CASE.ROW
+#                      (the compute-only run to DIR/CASE.compute); read them with build/trace_tool
+#                      (summary, svg). Tracing costs a little time: leave it off for the table.
 # Environment: BUILD (binaries, default build; not under /tmp: the hosts have their own /tmp).
 # Exit status: 0 every run succeeded, 1 a run failed, 2 bad usage or a binary missing, 77 cannot run
 # here (not root, no namespaces, no iproute2: the reason is printed). The bed is torn down however
@@ -54,7 +57,7 @@ TOP=$(pwd)
 BUILD=${BUILD:-build}
 case $BUILD in /*) BIN=$BUILD ;; *) BIN=$TOP/$BUILD ;; esac
 
-cases=4x2@1gbit,4x2@10gbit,8x2@1gbit rows=all steps=8 bpr=1 run_timeout=1800 keep=''
+cases=4x2@1gbit,4x2@10gbit,8x2@1gbit rows=all steps=8 bpr=1 run_timeout=1800 keep='' trace=''
 gpt_model='--layers 12 --channels 768 --heads 12 --seq-len 32'
 usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 die_usage() { echo "$ME: $*" >&2; echo "(--help for the options)" >&2; exit 2; }
@@ -69,6 +72,7 @@ while [ $# -gt 0 ]; do
     --gpt-args) gpt_model=$2 ;;
     --timeout) run_timeout=$2 ;;
     --keep-logs) keep=$2 ;;
+    --trace) trace=$2 ;;
     *) die_usage "unknown option '$1'" ;;
     esac
     shift 2
@@ -79,6 +83,11 @@ done
 [ "$steps" -ge 4 ] || die_usage "--steps must be at least 4 (the links are counted from step 2's end)"
 [ "$bpr" -ge 1 ] || die_usage "--batch-per-rank must be at least 1"
 if [ -n "$keep" ]; then mkdir -p "$keep" || die_usage "--keep-logs: cannot make directory '$keep'"; fi
+if [ -n "$trace" ]; then
+    mkdir -p "$trace" || die_usage "--trace: cannot make directory '$trace'"
+    trace=$(cd "$trace" && pwd)
+    case $trace in /tmp | /tmp/* | /dev/shm | /dev/shm/*) die_usage "--trace $trace: the hosts have their own /tmp and /dev/shm; name a directory elsewhere" ;; esac
+fi
 IFS=, read -ra CASES <<<"$cases"
 [ ${#CASES[@]} -gt 0 ] || die_usage "--cases is empty"
 nhosts=2
@@ -165,6 +174,11 @@ wait_step() {
     done
     return 1
 }
+# trace_to NAME: the runs started next trace to $trace/NAME (nothing without --trace)
+trace_to() {
+    [ -n "$trace" ] || return 0
+    rm -rf "${trace:?}/$1" && mkdir -p "$trace/$1" && export FSDP_TRACE=$trace/$1
+}
 median_ms() { sed -n 's/.*(median step \([0-9.]*\) ms on rank 0).*/\1/p' "$1" | tail -n 1; }
 fsdp_bytes() { sed -n 's/^bytes sent per step, all [0-9]* ranks: \([0-9]*\) across hosts.*/\1/p' "$1" | tail -n 1; }
 failed_run() {
@@ -183,6 +197,7 @@ run_case() {
     bps=$(rate_bps "$rate")
     hostbed_shape all off >/dev/null 2>&1
     t=$SECONDS
+    trace_to "${H}x${R}@$rate.compute"
     hostbed_exec --timeout "$run_timeout" h0 "$BIN/gpt" --nproc "$P" "${common[@]}" --param-dtype bf16 >"$RES/compute.log" 2>&1 &&
         compute=$(median_ms "$RES/compute.log") || failed_run "compute-only (one host, $P ranks)" "$RES/compute.log"
     echo "$ME: ${H}x$R: compute-only run done ($((SECONDS - t)) s)" >&2
@@ -200,6 +215,7 @@ run_case() {
         log=$RES/${H}x$R.$name.log
         port=$((port + 1)) t=$SECONDS
         rm -f "$HOSTBED_SHARE"/rank*.log
+        trace_to "${H}x${R}@$rate.$name"
         # shellcheck disable=SC2086
         hostbed_ranks --no-wait --timeout "$run_timeout" --port $port "$counts" "$BIN/gpt" "${common[@]}" $args
         # the links' counters when rank 0 has printed step 2 and when it prints the last: the steps

@@ -30,10 +30,25 @@
    - Shard groups spanning hosts under HYBRID_SHARD, recovery with it, hosts interleaved and a
      float wire other than reduce_dtype are refused, naming the unit; the estimator counts the
      residual as fsdp_memory_stats does.
+   - A step that repeats the last one (int8 gathers, host reshard, int4 gradients) allocates
+     nothing in its hooks and fsdp_step: the gathers', host shards', gradients' and quantized
+     reductions' buffers come back from the pool (fresh pages cost a step more than its compute
+     on a VM).
    Ranks write into a MAP_SHARED board; only the parent asserts. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <stdlib.h>
+/* fsdp.h's allocator (a documented configuration macro), counting while a rank arms it: each rank
+   is a process, and its comm thread allocates through it too */
+static int allocations_counted, counting_allocations;
+static void *counted_malloc(size_t size) {
+    if (__atomic_load_n(&counting_allocations, __ATOMIC_RELAXED)) __atomic_add_fetch(&allocations_counted, 1, __ATOMIC_RELAXED);
+    return malloc(size);
+}
+#define FSDP_MALLOC(size) counted_malloc(size)
+#define FSDP_REALLOC(ptr, size) realloc(ptr, size)
+#define FSDP_FREE(ptr) free(ptr)
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 #include "unity.h"
@@ -63,6 +78,7 @@ typedef struct run_config {
     int recovery;               /* fsdp_desc.recovery.enabled */
     fsdp_wire param_wire;       /* fsdp_desc.param_wire (the gathers' wire; the test's weights are the masters) */
     fsdp_reshard_mode reshard;  /* fsdp_desc.reshard_after_forward */
+    int count_from;             /* > 0: count FSDP_MALLOC calls in the hooks and fsdp_step from this step on */
 } run_config;
 
 typedef struct rank_result {
@@ -75,6 +91,7 @@ typedef struct rank_result {
     uint64_t bytes_sent_net;          /* the last step's report: sent to other hosts */
     int64_t shard[NUNITS];
     char logged[1200];
+    int allocations;                  /* FSDP_MALLOC calls counted (run_config.count_from) */
 } rank_result;
 
 static rank_result *results; /* [MAX_RANKS], MAP_SHARED before any fork */
@@ -192,7 +209,12 @@ static int rank_step_run(fsdp_ctx *ctx, const mlp *m, const run_config *c, int r
     s.nan = rank == c->nan_rank && step == c->nan_step;
     if ((rc = fsdp_zero_grad(ctx)) != 0 || (rc = gather_all(ctx, m, w)) != 0) return rc;
     local_gradient(s.w, s.g, step, rank);
-    if ((rc = iterate(ctx, m, add_local, &s)) != 0 || (rc = fsdp_step(ctx, 0.0f, &rep)) != 0) return rc;
+    if (c->count_from > 0 && step >= c->count_from) __atomic_store_n(&counting_allocations, 1, __ATOMIC_RELAXED);
+    rc = iterate(ctx, m, add_local, &s);
+    if (!rc) rc = fsdp_step(ctx, 0.0f, &rep);
+    __atomic_store_n(&counting_allocations, 0, __ATOMIC_RELAXED);
+    r->allocations = __atomic_load_n(&allocations_counted, __ATOMIC_RELAXED);
+    if (rc) return rc;
     r->skipped[step] = rep.skipped;
     r->steps_taken = rep.step;
     r->bytes_sent_net = rep.bytes_sent_net;
@@ -722,6 +744,23 @@ static void test_grad_wire_on_uneven_hosts_with_int8_gathers_and_host_reshard_tr
     assert_trains_on_as_the_reference(&c, 6, two_one_three, "2+1+3, int8 gathers, host reshard,");
 }
 
+/* The third and fourth steps repeat the buffer sizes of the first two: the pool serves them all,
+   nothing is allocated (before, with at most 8 buffers kept, the host shards, grad_full and the
+   reductions' scratch were freed and allocated anew each step). */
+static void test_grad_wire_repeated_steps_with_int8_gathers_and_host_reshard_allocate_nothing(void) {
+    run_config c = config(FSDP_WIRE_INT4, 0);
+    int r;
+    c.param_wire = FSDP_WIRE_INT8;
+    c.reshard = FSDP_RESHARD_HOST;
+    c.count_from = 2;
+    if (run_hosts(WORLD, two_by_two, &c) != 0) TEST_FAIL_MESSAGE(message);
+    for (r = 0; r < WORLD; r++) {
+        snprintf(message, sizeof message, "rank %d allocated %d times in steps 3 and 4 (hooks and fsdp_step)", r,
+                 results[r].allocations);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(0, results[r].allocations, message);
+    }
+}
+
 static void test_grad_wire_on_uneven_hosts_two_runs_give_the_same_bits_and_the_estimate_counts_the_residual(void) {
     static float first[6][NELEM];
     run_config c = config(FSDP_WIRE_INT4, 1);
@@ -941,6 +980,7 @@ int main(void) {
     RUN_TEST(test_grad_wire_int4_with_error_feedback_on_uneven_hosts_trains_as_the_reference_bitwise);
     RUN_TEST(test_grad_wire_shard_grad_op_on_uneven_hosts_trains_as_the_reference_bitwise);
     RUN_TEST(test_grad_wire_on_uneven_hosts_with_int8_gathers_and_host_reshard_trains_as_the_reference_bitwise);
+    RUN_TEST(test_grad_wire_repeated_steps_with_int8_gathers_and_host_reshard_allocate_nothing);
     RUN_TEST(test_grad_wire_on_uneven_hosts_two_runs_give_the_same_bits_and_the_estimate_counts_the_residual);
     RUN_TEST(test_grad_wire_on_uneven_hosts_step_report_counts_the_codes_of_every_lane);
     RUN_TEST(test_grad_wire_on_uneven_hosts_nonfinite_gradient_skips_the_step_on_every_rank_naming_the_unit);
