@@ -295,148 +295,191 @@ static double median(double *v, int n) { // sorts v
 
 static double mib(double bytes) { return bytes / 1048576.0; }
 
-/* One rank of one configuration. */
-static int run_rank(fsdp_comm *comm, void *arg) {
-    const job *j = (const job *)arg;
-    const options *o = j->o;
-    const config *cfg = j->cfg;
-    int rank = fsdp_comm_rank(comm), P = cfg->nprocs, B = o->batch / P, total = o->warmup + o->steps, rc = 1;
-    const char *wrap_types[] = {model_unit_type(o), NULL};
-    double *ms = (double *)calloc(4 * (size_t)total, sizeof(double)), *wait_ms = ms + total, *update_ms = ms + 2 * total;
-    double *save_ms = ms + 3 * total;
-    int saves = 0;
-    char save_dir[1200];
-    snprintf(save_dir, sizeof save_dir, "%s/%s", o->ckpt_dir ? o->ckpt_dir : ".", cfg->save == 2 ? "async" : "sync");
-    float loss = 0, *params = NULL, *grads = NULL;
+/* One rank of one configuration: its model, its context or plain buffers, and its step times. */
+typedef struct {
+    const job *j;
+    const options *o;
+    const config *cfg;
+    fsdp_comm *comm;
+    int rank, P, B, total;            // B: local batch; total: warmup and timed steps
+    double *ms, *wait_ms, *update_ms, *save_ms; // per step ([total] each); save_ms per timed save
+    int saves;
+    char save_dir[1200];              // the checkpoint table's saves
+    float loss, *params, *grads;      // params, grads: the plain loop's
     size_t num_params;
     plain_optimizer opt;
-    fsdp_memory_stats est;
-    fsdp_ctx *ctx = NULL;
+    fsdp_memory_stats est;            // fsdp_memory_estimate's
+    fsdp_ctx *ctx;                    // NULL: the plain loop
     bench_model bm;
-    memset(&opt, 0, sizeof opt);
-    memset(&est, 0, sizeof est);
-    memset(&bm, 0, sizeof bm);
+    fsdp_offload_stats io0;           // at the first timed step
+} rank_run;
+
+/* The plain loop: every parameter, its gradient and the optimizer state in plain buffers. */
+static int rank_setup_plain(rank_run *rr) {
+    const options *o = rr->o;
+    int buffers = o->optimizer.kind == FSDP_SGD ? (o->optimizer.momentum != 0.0f) : 2;
+    rr->opt.o = o->optimizer;
+    rr->opt.a = example_floats(rr->num_params, 1);
+    rr->opt.b = example_floats(rr->num_params, 1);
+    if (model_plain_init(&rr->bm, &rr->params, &rr->grads) || !rr->opt.a || !rr->opt.b) {
+        fprintf(stderr, "plain: out of memory\n");
+        return -1;
+    }
+    rr->j->out[rr->rank].state = (double)rr->num_params * sizeof(float) * (2.0 + buffers); // params, grads, optimizer
+    return 0;
+}
+
+/* The model sharded as cfg says (and its memory estimated). */
+static int rank_setup_fsdp(rank_run *rr) {
+    const options *o = rr->o;
+    const config *cfg = rr->cfg;
+    const char *wrap_types[] = {model_unit_type(o), NULL};
+    fsdp_desc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.comm = rr->comm;
+    desc.strategy = cfg->strategy;
+    desc.wrap.kind = FSDP_WRAP_TYPES;
+    desc.wrap.types = wrap_types;
+    desc.forward_prefetch = 1;
+    desc.shard_group_size = cfg->shard_group;
+    desc.param_dtype = cfg->param_dtype;
+    desc.param_wire = cfg->param_wire;
+    desc.grad_wire = cfg->grad_wire;
+    desc.error_feedback = cfg->error_feedback;
+    desc.fp32_compute_view = cfg->param_dtype != FSDP_DTYPE_DEFAULT && cfg->param_dtype != FSDP_F32; // f32 kernels
+    desc.optimizer = o->optimizer;
+    desc.optimizer.state_dtype = cfg->state_dtype;
+    desc.offload = cfg->offload;
+    desc.offload.dir = o->offload_dir;
+    desc.trace_dir = cfg->trace ? o->trace_dir : NULL;
+    if (cfg->frozen) fsdp_model_set_trainable(model_desc(&rr->bm), 0, 0); // no gradients, no optimizer state
+    if (fsdp_memory_estimate(model_desc(&rr->bm), &desc, rr->P, &rr->est) ||
+        fsdp_init(&rr->ctx, model_desc(&rr->bm), &desc)) {
+        fprintf(stderr, "%s rank %d: %s\n", cfg->name, rr->rank, fsdp_last_error(NULL));
+        return -1;
+    }
+    model_attach(&rr->bm, rr->ctx, rr->rank);
+    return 0;
+}
+
+/* The checkpoint table: a save at the first timed step and every save_every steps from there, so
+   that each save's writing behind the training lies inside the timed steps (and one at the last
+   warmup step: the first save allocates what later ones reuse, e.g. the snapshot buffer of
+   asynchronous saves, a cost a long run pays once). */
+static int rank_save(rank_run *rr, int s) {
+    const options *o = rr->o;
+    fsdp_save_options so;
+    double ts;
+    if (!(s == o->warmup - 1 || (s >= o->warmup && (s - o->warmup) % o->save_every == 0))) return 0;
+    ts = fsdp_now();
+    memset(&so, 0, sizeof so);
+    so.with_optimizer = 1;
+    if ((rr->cfg->save == 2 ? fsdp_save_sharded_async : fsdp_save_sharded)(rr->ctx, rr->save_dir, &so)) {
+        fprintf(stderr, "%s rank %d: saving to %s: %s\n", rr->cfg->name, rr->rank, rr->save_dir, fsdp_last_error(rr->ctx));
+        return -1;
+    }
+    if (s >= o->warmup) rr->save_ms[rr->saves++] = 1e3 * (fsdp_now() - ts);
+    return 0;
+}
+
+/* Step s (warmup or timed): forward (and backward), the update, the table's save; timed. */
+static int rank_step(rank_run *rr, int s) {
+    const options *o = rr->o;
+    const config *cfg = rr->cfg;
+    double t0, t1, t2;
+    if (s == o->warmup && rr->ctx) fsdp_offload_stats_get(rr->ctx, &rr->io0);
+    // N plain loops (no communication at all) start their timed steps together, so that they run
+    // side by side: what the machine itself allows N ranks on B/N each
+    if (cfg->plain && rr->P > 1 && s == o->warmup && fsdp_barrier(rr->comm)) {
+        fprintf(stderr, "%s rank %d: %s\n", cfg->name, rr->rank, fsdp_last_error(NULL));
+        return -1;
+    }
+    model_batch(&rr->bm, s, rr->rank * rr->B, (rr->rank + 1) * rr->B);
+    t0 = fsdp_now(), *model_hook_seconds(&rr->bm) = 0;
+    if (cfg->plain) memset(rr->grads, 0, sizeof(float) * rr->num_params); // zero_grad
+    if (cfg->frozen ? model_forward(&rr->bm, &rr->loss) : model_forward_backward(&rr->bm, &rr->loss)) return -1;
+    t1 = fsdp_now();
+    if (cfg->plain) plain_update(&rr->opt, rr->params, rr->grads, rr->num_params);
+    else if (cfg->frozen ? fsdp_finish_backward(rr->ctx) : fsdp_step(rr->ctx, 0, NULL) || fsdp_zero_grad(rr->ctx)) {
+        fprintf(stderr, "%s rank %d: %s\n", cfg->name, rr->rank, fsdp_last_error(rr->ctx));
+        return -1;
+    }
+    if (cfg->save && rank_save(rr, s)) return -1;
+    t2 = fsdp_now();
+    rr->ms[s] = 1e3 * (t2 - t0);
+    rr->wait_ms[s] = 1e3 * (*model_hook_seconds(&rr->bm) + t2 - t1);
+    rr->update_ms[s] = 1e3 * (t2 - t1);
+    return 0;
+}
+
+/* The rank's result: median times, memory, the offload's bytes per timed step, the loss. */
+static void rank_report(rank_run *rr) {
+    const options *o = rr->o;
+    rank_result *r = &rr->j->out[rr->rank];
+    r->mean_ms = 0;
+    for (int s = o->warmup; s < rr->total; s++) r->mean_ms += rr->ms[s] / o->steps;
+    r->save_ms = median(rr->save_ms, rr->saves);
+    r->ms = median(rr->ms + o->warmup, o->steps);
+    r->wait_ms = median(rr->wait_ms + o->warmup, o->steps);
+    r->update_ms = median(rr->update_ms + o->warmup, o->steps);
+    r->rss = example_peak_rss(NULL); // this rank's own peak (VmHWM)
+    r->activations = (double)model_activation_bytes(&rr->bm);
+    if (rr->ctx) {
+        fsdp_memory_stats st;
+        fsdp_offload_stats io1;
+        memset(&st, 0, sizeof st), memset(&io1, 0, sizeof io1); // st: so no compiler thinks it may stay unset
+        fsdp_offload_stats_get(rr->ctx, &io1);
+        r->read_bytes = (double)(io1.bytes_read - rr->io0.bytes_read) / o->steps;
+        r->written_bytes = (double)(io1.bytes_written - rr->io0.bytes_written) / o->steps;
+        fsdp_memory_stats_get(rr->ctx, &st);
+        r->disk_bytes = (double)st.disk_bytes;
+        r->state = (double)st.peak_bytes;
+        r->persistent = (double)st.persistent_bytes, r->peak_unsharded = (double)st.peak_unsharded_bytes;
+        r->est_persistent = (double)rr->est.persistent_bytes, r->est_peak_unsharded = (double)rr->est.peak_unsharded_bytes;
+    }
+    r->loss = rr->loss;
+    r->done = 1;
+}
+
+/* One rank of one configuration. */
+static int run_rank(fsdp_comm *comm, void *arg) {
+    rank_run rr;
+    int rc = 1;
+    memset(&rr, 0, sizeof rr);
+    rr.j = (const job *)arg, rr.o = rr.j->o, rr.cfg = rr.j->cfg, rr.comm = comm;
+    rr.rank = fsdp_comm_rank(comm), rr.P = rr.cfg->nprocs, rr.B = rr.o->batch / rr.P;
+    rr.total = rr.o->warmup + rr.o->steps;
+    rr.ms = (double *)calloc(4 * (size_t)rr.total, sizeof(double));
+    rr.wait_ms = rr.ms + rr.total, rr.update_ms = rr.ms + 2 * rr.total, rr.save_ms = rr.ms + 3 * rr.total;
+    snprintf(rr.save_dir, sizeof rr.save_dir, "%s/%s", rr.o->ckpt_dir ? rr.o->ckpt_dir : ".",
+             rr.cfg->save == 2 ? "async" : "sync");
     openblas_set_num_threads(1);
     // forward only (frozen): no gradients, and one block's activations at a time are enough
-    if (!ms || model_build(&bm, o) || model_acts_alloc(&bm, B, cfg->frozen ? 1 : cfg->recompute, !cfg->frozen)) {
-        fprintf(stderr, "%s rank %d: out of memory\n", cfg->name, rank);
+    if (!rr.ms || model_build(&rr.bm, rr.o) ||
+        model_acts_alloc(&rr.bm, rr.B, rr.cfg->frozen ? 1 : rr.cfg->recompute, !rr.cfg->frozen)) {
+        fprintf(stderr, "%s rank %d: out of memory\n", rr.cfg->name, rr.rank);
         goto done;
     }
-    num_params = model_num_params(&bm);
-    model_attach(&bm, NULL, rank);
-    if (cfg->plain) {
-        int buffers = o->optimizer.kind == FSDP_SGD ? (o->optimizer.momentum != 0.0f) : 2;
-        opt.o = o->optimizer;
-        opt.a = example_floats(num_params, 1);
-        opt.b = example_floats(num_params, 1);
-        if (model_plain_init(&bm, &params, &grads) || !opt.a || !opt.b) { fprintf(stderr, "plain: out of memory\n"); goto done; }
-        j->out[rank].state = (double)num_params * sizeof(float) * (2.0 + buffers); // params, grads, optimizer
-    } else {
-        fsdp_desc desc;
-        memset(&desc, 0, sizeof desc);
-        desc.comm = comm;
-        desc.strategy = cfg->strategy;
-        desc.wrap.kind = FSDP_WRAP_TYPES;
-        desc.wrap.types = wrap_types;
-        desc.forward_prefetch = 1;
-        desc.shard_group_size = cfg->shard_group;
-        desc.param_dtype = cfg->param_dtype;
-        desc.param_wire = cfg->param_wire;
-        desc.grad_wire = cfg->grad_wire;
-        desc.error_feedback = cfg->error_feedback;
-        desc.fp32_compute_view = cfg->param_dtype != FSDP_DTYPE_DEFAULT && cfg->param_dtype != FSDP_F32; // f32 kernels
-        desc.optimizer = o->optimizer;
-        desc.optimizer.state_dtype = cfg->state_dtype;
-        desc.offload = cfg->offload;
-        desc.offload.dir = o->offload_dir;
-        desc.trace_dir = cfg->trace ? o->trace_dir : NULL;
-        if (cfg->frozen) fsdp_model_set_trainable(model_desc(&bm), 0, 0); // no gradients, no optimizer state
-        if (fsdp_memory_estimate(model_desc(&bm), &desc, P, &est) || fsdp_init(&ctx, model_desc(&bm), &desc)) {
-            fprintf(stderr, "%s rank %d: %s\n", cfg->name, rank, fsdp_last_error(NULL));
-            goto done;
-        }
-        model_attach(&bm, ctx, rank);
-    }
-
-    fsdp_offload_stats io0, io1;
-    memset(&io0, 0, sizeof io0), memset(&io1, 0, sizeof io1);
-    for (int s = 0; s < total; s++) {
-        double t0, t1, t2;
-        if (s == o->warmup && ctx) fsdp_offload_stats_get(ctx, &io0);
-        // N plain loops (no communication at all) start their timed steps together, so that they run
-        // side by side: what the machine itself allows N ranks on B/N each
-        if (cfg->plain && P > 1 && s == o->warmup && fsdp_barrier(comm)) {
-            fprintf(stderr, "%s rank %d: %s\n", cfg->name, rank, fsdp_last_error(NULL));
-            goto done;
-        }
-        model_batch(&bm, s, rank * B, (rank + 1) * B);
-        t0 = fsdp_now(), *model_hook_seconds(&bm) = 0;
-        if (cfg->plain) memset(grads, 0, sizeof(float) * num_params); // zero_grad
-        if (cfg->frozen ? model_forward(&bm, &loss) : model_forward_backward(&bm, &loss)) goto done;
-        t1 = fsdp_now();
-        if (cfg->plain) plain_update(&opt, params, grads, num_params);
-        else if (cfg->frozen ? fsdp_finish_backward(ctx) : fsdp_step(ctx, 0, NULL) || fsdp_zero_grad(ctx)) {
-            fprintf(stderr, "%s rank %d: %s\n", cfg->name, rank, fsdp_last_error(ctx));
-            goto done;
-        }
-        // the checkpoint table: a save at the first timed step and every save_every steps from there, so that
-        // each save's writing behind the training lies inside the timed steps
-        // (and one at the last warmup step: the first save allocates what later ones reuse, e.g. the snapshot
-        // buffer of asynchronous saves, a cost a long run pays once)
-        if (cfg->save && (s == o->warmup - 1 || (s >= o->warmup && (s - o->warmup) % o->save_every == 0))) {
-            fsdp_save_options so;
-            double ts = fsdp_now();
-            memset(&so, 0, sizeof so);
-            so.with_optimizer = 1;
-            if ((cfg->save == 2 ? fsdp_save_sharded_async : fsdp_save_sharded)(ctx, save_dir, &so)) {
-                fprintf(stderr, "%s rank %d: saving to %s: %s\n", cfg->name, rank, save_dir, fsdp_last_error(ctx));
-                goto done;
-            }
-            if (s >= o->warmup) save_ms[saves++] = 1e3 * (fsdp_now() - ts);
-        }
-        t2 = fsdp_now();
-        ms[s] = 1e3 * (t2 - t0);
-        wait_ms[s] = 1e3 * (*model_hook_seconds(&bm) + t2 - t1);
-        update_ms[s] = 1e3 * (t2 - t1);
-    }
+    rr.num_params = model_num_params(&rr.bm);
+    model_attach(&rr.bm, NULL, rr.rank);
+    if (rr.cfg->plain ? rank_setup_plain(&rr) : rank_setup_fsdp(&rr)) goto done;
+    for (int s = 0; s < rr.total; s++)
+        if (rank_step(&rr, s)) goto done;
     // the global mean loss of the last step; the comm thread is idle after fsdp_step (N plain loops
     // trained N separate models: the table shows no loss for them)
-    if (ctx && fsdp_all_reduce(comm, &loss, &loss, 1, FSDP_F32, FSDP_AVG)) goto done;
-    if (ctx && cfg->save && fsdp_save_wait(ctx)) { // (untimed: the last save started save_every steps ago)
-        fprintf(stderr, "%s rank %d: the last save: %s\n", cfg->name, rank, fsdp_last_error(ctx));
+    if (rr.ctx && fsdp_all_reduce(comm, &rr.loss, &rr.loss, 1, FSDP_F32, FSDP_AVG)) goto done;
+    if (rr.ctx && rr.cfg->save && fsdp_save_wait(rr.ctx)) { // (untimed: the last save started save_every steps ago)
+        fprintf(stderr, "%s rank %d: the last save: %s\n", rr.cfg->name, rr.rank, fsdp_last_error(rr.ctx));
         goto done;
     }
-    {
-        rank_result *r = &j->out[rank];
-        r->mean_ms = 0;
-        for (int s = o->warmup; s < total; s++) r->mean_ms += ms[s] / o->steps;
-        r->save_ms = median(save_ms, saves);
-        r->ms = median(ms + o->warmup, o->steps);
-        r->wait_ms = median(wait_ms + o->warmup, o->steps);
-        r->update_ms = median(update_ms + o->warmup, o->steps);
-        r->rss = example_peak_rss(NULL); // this rank's own peak (VmHWM)
-        r->activations = (double)model_activation_bytes(&bm);
-        if (ctx) {
-            fsdp_memory_stats st;
-            fsdp_offload_stats_get(ctx, &io1);
-            r->read_bytes = (double)(io1.bytes_read - io0.bytes_read) / o->steps;
-            r->written_bytes = (double)(io1.bytes_written - io0.bytes_written) / o->steps;
-            fsdp_memory_stats_get(ctx, &st);
-            r->disk_bytes = (double)st.disk_bytes;
-            r->state = (double)st.peak_bytes;
-            r->persistent = (double)st.persistent_bytes, r->peak_unsharded = (double)st.peak_unsharded_bytes;
-            r->est_persistent = (double)est.persistent_bytes, r->est_peak_unsharded = (double)est.peak_unsharded_bytes;
-        }
-        r->loss = loss;
-        r->done = 1;
-    }
+    rank_report(&rr);
     rc = 0;
 done:
-    fsdp_destroy(ctx);
-    model_free(&bm);
-    free(opt.a);
-    free(opt.b);
-    free(ms);
+    fsdp_destroy(rr.ctx);
+    model_free(&rr.bm);
+    free(rr.opt.a);
+    free(rr.opt.b);
+    free(rr.ms);
     return rc;
 }
 
@@ -524,10 +567,26 @@ static double config_rate(const options *o, const config *cfg, const rank_result
     return items_per_step(o) / (ms * 1e-3);
 }
 
-static int speed_table(const options *o) {
-    int N = o->nproc, num_configs = 0, R = o->rounds;
+/* The speed table: its configurations, their results over the rounds, and the rates it compares. */
+typedef struct {
+    const options *o;
+    int N, R;                         // --nproc, --rounds
     char names[10][32];
     config configs[20];
+    int num_configs;
+    rank_result *results;             // [R][num_configs][MAX_RANKS], MAP_SHARED
+    double rate[20];                  // each configuration's median rate over the rounds
+    double plain_rate, p1_rate, torch1_rate, torchN_rate, core1_rate, coreN_rate;
+    double full_n_rate, plain_update_ms, plain_n_rate;
+} speed_run;
+
+/* The configurations, in this order: PyTorch first at each world size, then fsdp.h's runs to
+   compare with it. */
+static void speed_configs(speed_run *sr) {
+    const options *o = sr->o;
+    int N = sr->N;
+    char (*names)[32] = sr->names;
+    config *configs = sr->configs;
     snprintf(names[0], sizeof names[0], "FSDP %s", fsdp_strategy_name(FSDP_FULL_SHARD));
     snprintf(names[1], sizeof names[1], "FSDP %s", fsdp_strategy_name(FSDP_SHARD_GRAD_OP));
     snprintf(names[2], sizeof names[2], "FSDP %s", fsdp_strategy_name(FSDP_NO_SHARD));
@@ -538,147 +597,176 @@ static int speed_table(const options *o) {
     snprintf(names[7], sizeof names[7], "FSDP %s int8", fsdp_strategy_name(FSDP_FULL_SHARD));
     snprintf(names[8], sizeof names[8], "FSDP %s +g8", fsdp_strategy_name(FSDP_FULL_SHARD));
     snprintf(names[9], sizeof names[9], "FSDP %s +g4ef", fsdp_strategy_name(FSDP_FULL_SHARD));
-    { // in this order: PyTorch first at each world size, then fsdp.h's runs to compare with it
-        config torch1 = {"PyTorch eager", 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL, 0, 0, IN_RAM};
-        config torchN = {"PyTorch DDP (gloo)", 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL, 0, 0, IN_RAM};
-        config plain = {"plain loop (no fsdp)", 1, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM};
-        config plainN = {names[6], 1, N, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM}; // the machine's ceiling at P = N
-        config full1 = {names[0], 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM};
-        config multi[4] = {{names[0], 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM},
-                           {names[1], 0, N, 0, FSDP_SHARD_GRAD_OP, FSDP_F32, 0, NULL, 0, 0, IN_RAM},
-                           {names[2], 0, N, 0, FSDP_NO_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM},
-                           {names[3], 0, N, N / 2, FSDP_HYBRID_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM}};
-        if (o->torch) configs[num_configs++] = torch1;
-        if (o->torch && o->torch_coretype) {
-            config c = torch1;
-            c.name = names[4], c.coretype = o->torch_coretype;
-            configs[num_configs++] = c;
-        }
-        configs[num_configs++] = plain;
-        configs[num_configs++] = full1;
-        if (o->torch) {
-            config bf16 = full1, f16 = full1;
-            bf16.param_dtype = FSDP_BF16, f16.param_dtype = FSDP_F16;
-            configs[num_configs++] = bf16;
-            configs[num_configs++] = f16;
-            configs[num_configs++] = torchN;
-            if (o->torch_coretype) {
-                config c = torchN;
-                c.name = names[5], c.coretype = o->torch_coretype;
-                configs[num_configs++] = c;
-            }
-        }
-        if (N > 1) configs[num_configs++] = plainN;
-        for (int k = 0; k < 4; k++) configs[num_configs++] = multi[k];
-        if (N > 1) { // bf16 gathers, and int8 ones decoded into bf16 (fsdp_desc.param_wire)
-            config bf16 = multi[0], f16 = multi[0], int8 = multi[0];
-            bf16.param_dtype = FSDP_BF16, f16.param_dtype = FSDP_F16;
-            int8.param_dtype = FSDP_BF16, int8.param_wire = FSDP_WIRE_INT8, int8.name = names[7];
-            configs[num_configs++] = bf16;
-            if (o->torch) configs[num_configs++] = f16;
-            configs[num_configs++] = int8;
-            config g8 = int8, g4 = int8; // + quantized gradients (fsdp_desc.grad_wire): one host here, see the help
-            g8.grad_wire = FSDP_WIRE_INT8, g8.name = names[8];
-            g4.grad_wire = FSDP_WIRE_INT4, g4.error_feedback = 1, g4.name = names[9];
-            configs[num_configs++] = g8;
-            configs[num_configs++] = g4;
+    config torch1 = {"PyTorch eager", 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL, 0, 0, IN_RAM};
+    config torchN = {"PyTorch DDP (gloo)", 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 1, NULL, 0, 0, IN_RAM};
+    config plain = {"plain loop (no fsdp)", 1, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM};
+    config plainN = {names[6], 1, N, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM}; // the machine's ceiling at P = N
+    config full1 = {names[0], 0, 1, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM};
+    config multi[4] = {{names[0], 0, N, 0, FSDP_FULL_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM},
+                       {names[1], 0, N, 0, FSDP_SHARD_GRAD_OP, FSDP_F32, 0, NULL, 0, 0, IN_RAM},
+                       {names[2], 0, N, 0, FSDP_NO_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM},
+                       {names[3], 0, N, N / 2, FSDP_HYBRID_SHARD, FSDP_F32, 0, NULL, 0, 0, IN_RAM}};
+    int n = 0;
+    if (o->torch) configs[n++] = torch1;
+    if (o->torch && o->torch_coretype) {
+        config c = torch1;
+        c.name = names[4], c.coretype = o->torch_coretype;
+        configs[n++] = c;
+    }
+    configs[n++] = plain;
+    configs[n++] = full1;
+    if (o->torch) {
+        config bf16 = full1, f16 = full1;
+        bf16.param_dtype = FSDP_BF16, f16.param_dtype = FSDP_F16;
+        configs[n++] = bf16;
+        configs[n++] = f16;
+        configs[n++] = torchN;
+        if (o->torch_coretype) {
+            config c = torchN;
+            c.name = names[5], c.coretype = o->torch_coretype;
+            configs[n++] = c;
         }
     }
-    size_t bytes = sizeof(rank_result) * MAX_RANKS * (size_t)num_configs * (size_t)R;
-    rank_result *results = (rank_result *)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (results == MAP_FAILED) { perror("bench_train: mmap"); return 1; }
-    memset(results, 0, bytes);
+    if (N > 1) configs[n++] = plainN;
+    for (int k = 0; k < 4; k++) configs[n++] = multi[k];
+    if (N > 1) { // bf16 gathers, and int8 ones decoded into bf16 (fsdp_desc.param_wire)
+        config bf16 = multi[0], f16 = multi[0], int8 = multi[0];
+        bf16.param_dtype = FSDP_BF16, f16.param_dtype = FSDP_F16;
+        int8.param_dtype = FSDP_BF16, int8.param_wire = FSDP_WIRE_INT8, int8.name = names[7];
+        configs[n++] = bf16;
+        if (o->torch) configs[n++] = f16;
+        configs[n++] = int8;
+        config g8 = int8, g4 = int8; // + quantized gradients (fsdp_desc.grad_wire): one host here, see the help
+        g8.grad_wire = FSDP_WIRE_INT8, g8.name = names[8];
+        g4.grad_wire = FSDP_WIRE_INT4, g4.error_feedback = 1, g4.name = names[9];
+        configs[n++] = g8;
+        configs[n++] = g4;
+    }
+    sr->num_configs = n;
+}
 
-    double busy0 = 0, total0 = 0, busy1 = 0, total1 = 0, ours = children_cpu();
-    int have_cpu = machine_cpu(&busy0, &total0) == 0;
-    for (int round = 0; round < R; round++) // each round runs every configuration once, in the order above
-        if (run_configs(o, configs, num_configs, results + (size_t)round * num_configs * MAX_RANKS)) return 1;
-    ours = children_cpu() - ours;
-    have_cpu = have_cpu && machine_cpu(&busy1, &total1) == 0;
-
-    printf("%-22s %2s %4s %10s %8s %10s %8s %7s %8s %12s %13s %8s\n", "config", "P", "dtype",
-           o->model == MODEL_GPT ? "tokens/s" : "samples/s", "ms/step", "in fsdp ms", "vs plain", "vs P=1",
-           o->torch ? "vs torch" : "", "max RSS/rank", "fsdp peak/rk", "loss");
-    double rate[20], plain_rate = 0, p1_rate = 0, torch1_rate = 0, torchN_rate = 0, core1_rate = 0, coreN_rate = 0;
-    double full_n_rate = 0, plain_update_ms = 0, plain_n_rate = 0;
-    for (int c = 0; c < num_configs; c++) {
+/* Each configuration's median rate over the rounds, and the rates the table compares with. */
+static void speed_rates(speed_run *sr) {
+    const config *configs = sr->configs;
+    for (int c = 0; c < sr->num_configs; c++) {
         double per_round[64];
-        for (int round = 0; round < R; round++) per_round[round] = config_rate(o, &configs[c], results, num_configs, c, round);
-        rate[c] = median(per_round, R);
-        if (configs[c].plain && configs[c].nprocs == 1) plain_rate = rate[c], plain_update_ms = results[(size_t)c * MAX_RANKS].update_ms;
-        if (configs[c].plain && configs[c].nprocs > 1) plain_n_rate = rate[c];
-        if (!configs[c].plain && !configs[c].torch && configs[c].nprocs == 1 && configs[c].param_dtype == FSDP_F32 && !p1_rate)
-            p1_rate = rate[c];
-        if (configs[c].torch && !configs[c].coretype) *(configs[c].nprocs == 1 ? &torch1_rate : &torchN_rate) = rate[c];
-        if (configs[c].torch && configs[c].coretype) *(configs[c].nprocs == 1 ? &core1_rate : &coreN_rate) = rate[c];
-        if (!configs[c].torch && !configs[c].plain && configs[c].nprocs == N && configs[c].strategy == FSDP_FULL_SHARD &&
-            configs[c].param_dtype == FSDP_F32 && !full_n_rate)
-            full_n_rate = rate[c];
+        for (int round = 0; round < sr->R; round++)
+            per_round[round] = config_rate(sr->o, &configs[c], sr->results, sr->num_configs, c, round);
+        sr->rate[c] = median(per_round, sr->R);
+        if (configs[c].plain && configs[c].nprocs == 1)
+            sr->plain_rate = sr->rate[c], sr->plain_update_ms = sr->results[(size_t)c * MAX_RANKS].update_ms;
+        if (configs[c].plain && configs[c].nprocs > 1) sr->plain_n_rate = sr->rate[c];
+        if (!configs[c].plain && !configs[c].torch && configs[c].nprocs == 1 && configs[c].param_dtype == FSDP_F32 &&
+            !sr->p1_rate)
+            sr->p1_rate = sr->rate[c];
+        if (configs[c].torch && !configs[c].coretype) *(configs[c].nprocs == 1 ? &sr->torch1_rate : &sr->torchN_rate) = sr->rate[c];
+        if (configs[c].torch && configs[c].coretype) *(configs[c].nprocs == 1 ? &sr->core1_rate : &sr->coreN_rate) = sr->rate[c];
+        if (!configs[c].torch && !configs[c].plain && configs[c].nprocs == sr->N && configs[c].strategy == FSDP_FULL_SHARD &&
+            configs[c].param_dtype == FSDP_F32 && !sr->full_n_rate)
+            sr->full_n_rate = sr->rate[c];
     }
-    for (int c = 0; c < num_configs; c++) {
-        const config *cfg = &configs[c];
-        int round = 0; // the round whose rate is the median: its other figures go with it
-        for (int k = 0; k < R; k++)
-            if (config_rate(o, cfg, results, num_configs, c, k) == rate[c]) round = k;
-        const rank_result *r = results + ((size_t)round * num_configs + c) * MAX_RANKS;
-        rank_result worst = r[0];
-        for (int k = 1; k < (cfg->torch ? 1 : cfg->nprocs); k++) { // the slowest and largest rank
-            if (r[k].ms > worst.ms) worst.ms = r[k].ms;
-            if (r[k].wait_ms > worst.wait_ms) worst.wait_ms = r[k].wait_ms;
-            if (r[k].rss > worst.rss) worst.rss = r[k].rss;
-            if (r[k].state > worst.state) worst.state = r[k].state;
-        }
-        char wait[16], state[24], vs_p1[16], vs_torch[16], loss[16];
-        double torch_rate = cfg->nprocs == 1 ? torch1_rate : torchN_rate;
-        double p1 = cfg->plain ? plain_rate : !cfg->torch ? p1_rate : cfg->coretype ? core1_rate : torch1_rate;
-        snprintf(wait, sizeof wait, cfg->plain || cfg->torch ? "-" : "%.1f", worst.wait_ms);
-        snprintf(vs_p1, sizeof vs_p1, (cfg->plain && cfg->nprocs == 1) || p1 <= 0 ? "-" : "%.2fx", rate[c] / p1);
-        snprintf(loss, sizeof loss, cfg->plain && cfg->nprocs > 1 ? "-" : "%.4f", worst.loss); // N separate models
-        snprintf(vs_torch, sizeof vs_torch, cfg->torch || torch_rate <= 0 ? "-" : "%.2fx", rate[c] / torch_rate);
-        snprintf(state, sizeof state, cfg->torch ? "-" : "%.1f MiB%s", mib(worst.state), cfg->plain ? "*" : "");
-        printf("%-22s %2d %4s %10.0f %8.1f %10s %7.2fx %7s %8s %8.1f MiB %13s %8s\n", cfg->name, cfg->nprocs,
-               cfg->param_dtype == FSDP_BF16 ? "bf16" : cfg->param_dtype == FSDP_F16 ? "f16" : "f32", rate[c],
-               items_per_step(o) / rate[c] * 1e3, wait, rate[c] / plain_rate, vs_p1, o->torch ? vs_torch : "",
-               mib(worst.rss), state, loss);
+}
+
+/* Configuration c's row: the figures of the round whose rate is the median, of its slowest and
+   largest rank. */
+static void speed_print_row(const speed_run *sr, int c) {
+    const options *o = sr->o;
+    const config *cfg = &sr->configs[c];
+    double rate = sr->rate[c];
+    int round = 0; // the round whose rate is the median: its other figures go with it
+    for (int k = 0; k < sr->R; k++)
+        if (config_rate(o, cfg, sr->results, sr->num_configs, c, k) == rate) round = k;
+    const rank_result *r = sr->results + ((size_t)round * sr->num_configs + c) * MAX_RANKS;
+    rank_result worst = r[0];
+    for (int k = 1; k < (cfg->torch ? 1 : cfg->nprocs); k++) { // the slowest and largest rank
+        if (r[k].ms > worst.ms) worst.ms = r[k].ms;
+        if (r[k].wait_ms > worst.wait_ms) worst.wait_ms = r[k].wait_ms;
+        if (r[k].rss > worst.rss) worst.rss = r[k].rss;
+        if (r[k].state > worst.state) worst.state = r[k].state;
     }
+    char wait[16], state[24], vs_p1[16], vs_torch[16], loss[16];
+    double torch_rate = cfg->nprocs == 1 ? sr->torch1_rate : sr->torchN_rate;
+    double p1 = cfg->plain ? sr->plain_rate : !cfg->torch ? sr->p1_rate : cfg->coretype ? sr->core1_rate : sr->torch1_rate;
+    snprintf(wait, sizeof wait, cfg->plain || cfg->torch ? "-" : "%.1f", worst.wait_ms);
+    snprintf(vs_p1, sizeof vs_p1, (cfg->plain && cfg->nprocs == 1) || p1 <= 0 ? "-" : "%.2fx", rate / p1);
+    snprintf(loss, sizeof loss, cfg->plain && cfg->nprocs > 1 ? "-" : "%.4f", worst.loss); // N separate models
+    snprintf(vs_torch, sizeof vs_torch, cfg->torch || torch_rate <= 0 ? "-" : "%.2fx", rate / torch_rate);
+    snprintf(state, sizeof state, cfg->torch ? "-" : "%.1f MiB%s", mib(worst.state), cfg->plain ? "*" : "");
+    printf("%-22s %2d %4s %10.0f %8.1f %10s %7.2fx %7s %8s %8.1f MiB %13s %8s\n", cfg->name, cfg->nprocs,
+           cfg->param_dtype == FSDP_BF16 ? "bf16" : cfg->param_dtype == FSDP_F16 ? "f16" : "f32", rate,
+           items_per_step(o) / rate * 1e3, wait, rate / sr->plain_rate, vs_p1, o->torch ? vs_torch : "",
+           mib(worst.rss), state, loss);
+}
+
+/* What the columns mean, and the ratios against the machine's ceiling and PyTorch. */
+static void speed_print_notes(const speed_run *sr) {
+    const options *o = sr->o;
+    int N = sr->N, R = sr->R;
     printf("\nms/step: median over the timed steps, slowest rank%s. in fsdp ms: time inside the hooks,\n"
            "fsdp_step and fsdp_zero_grad (waiting for gathers and reductions, plus the optimizer update on this rank's\n"
            "shard; the plain loop's full update takes %.1f ms/step). max RSS: each process's own peak (VmHWM).\n"
            "*plain: parameters + gradients + optimizer state, no fsdp. The matrix products here: %s.\n",
-           R > 1 ? " (the median of the rounds)" : "", plain_update_ms,
+           R > 1 ? " (the median of the rounds)" : "", sr->plain_update_ms,
            example_sgemm_name());
-    if (plain_n_rate > 0 && plain_rate > 0 && p1_rate > 0 && full_n_rate > 0)
+    if (sr->plain_n_rate > 0 && sr->plain_rate > 0 && sr->p1_rate > 0 && sr->full_n_rate > 0)
         printf("plain x%d, no comm: %d plain loops side by side, each on its %d of the batch's %d %s, with no\n"
                "communication (separate models): the most %d ranks get from this machine, %.2fx one plain loop.\n"
                "FSDP %s at P = %d: %.2fx of P = 1, %.0f%% of that ceiling's rate.\n",
-               N, N, o->batch / N, o->batch, o->model == MODEL_GPT ? "sequences" : "samples", N, plain_n_rate / plain_rate,
-               fsdp_strategy_name(FSDP_FULL_SHARD), N, full_n_rate / p1_rate, 100.0 * full_n_rate / plain_n_rate);
+               N, N, o->batch / N, o->batch, o->model == MODEL_GPT ? "sequences" : "samples", N,
+               sr->plain_n_rate / sr->plain_rate, fsdp_strategy_name(FSDP_FULL_SHARD), N, sr->full_n_rate / sr->p1_rate,
+               100.0 * sr->full_n_rate / sr->plain_n_rate);
     if (o->torch)
         printf("vs torch: against PyTorch %s (%s; eager at P = 1, DistributedDataParallel over gloo at P = %d;\n"
                "one intra-op thread per process; same model, batch, AdamW, text) at the same world size.\n",
-               results[0].torch_version, o->torch_python, N);
-    if (o->torch && o->torch_coretype && core1_rate > 0 && coreN_rate > 0)
+               sr->results[0].torch_version, o->torch_python, N);
+    if (o->torch && o->torch_coretype && sr->core1_rate > 0 && sr->coreN_rate > 0)
         printf("PyTorch %s: the same with OPENBLAS_CORETYPE=%s (its BLAS's kernels chosen by hand instead of by\n"
                "OpenBLAS's CPU detection); fsdp.h against it: P = 1 (FSDP FULL_SHARD) %.2fx, P = %d (FULL_SHARD) %.2fx.\n",
-               o->torch_coretype, o->torch_coretype, p1_rate / core1_rate, N, full_n_rate / coreN_rate);
+               o->torch_coretype, o->torch_coretype, sr->p1_rate / sr->core1_rate, N, sr->full_n_rate / sr->coreN_rate);
     if (R > 1) {
         printf("rounds: %d; tokens/s per round (min .. max):", R);
-        for (int c = 0; c < num_configs; c++) {
+        for (int c = 0; c < sr->num_configs; c++) {
             double lo = 1e300, hi = 0;
             for (int k = 0; k < R; k++) {
-                double x = config_rate(o, &configs[c], results, num_configs, c, k);
+                double x = config_rate(o, &sr->configs[c], sr->results, sr->num_configs, c, k);
                 lo = x < lo ? x : lo, hi = x > hi ? x : hi;
             }
             printf("%s %.0f..%.0f", c ? "," : "", lo, hi);
         }
         printf("\n");
     }
+}
+
+static int speed_table(const options *o) {
+    speed_run run, *sr = &run;
+    memset(sr, 0, sizeof *sr);
+    sr->o = o, sr->N = o->nproc, sr->R = o->rounds;
+    speed_configs(sr);
+    size_t bytes = sizeof(rank_result) * MAX_RANKS * (size_t)sr->num_configs * (size_t)sr->R;
+    sr->results = (rank_result *)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (sr->results == MAP_FAILED) { perror("bench_train: mmap"); return 1; }
+    memset(sr->results, 0, bytes);
+
+    double busy0 = 0, total0 = 0, busy1 = 0, total1 = 0, ours = children_cpu();
+    int have_cpu = machine_cpu(&busy0, &total0) == 0;
+    for (int round = 0; round < sr->R; round++) // each round runs every configuration once, in the order above
+        if (run_configs(o, sr->configs, sr->num_configs, sr->results + (size_t)round * sr->num_configs * MAX_RANKS))
+            return 1;
+    ours = children_cpu() - ours;
+    have_cpu = have_cpu && machine_cpu(&busy1, &total1) == 0;
+
+    printf("%-22s %2s %4s %10s %8s %10s %8s %7s %8s %12s %13s %8s\n", "config", "P", "dtype",
+           o->model == MODEL_GPT ? "tokens/s" : "samples/s", "ms/step", "in fsdp ms", "vs plain", "vs P=1",
+           o->torch ? "vs torch" : "", "max RSS/rank", "fsdp peak/rk", "loss");
+    speed_rates(sr);
+    for (int c = 0; c < sr->num_configs; c++) speed_print_row(sr, c);
+    speed_print_notes(sr);
     if (have_cpu && total1 > total0) {
         double others = (busy1 - busy0 - ours) / (total1 - total0);
         printf("other processes used %.0f%% of the machine's CPU time during the runs%s\n", others > 0 ? 100 * others : 0.0,
                others > 0.05 ? ": timings are disturbed; rerun on an idle machine" : "");
     }
-    munmap(results, bytes);
+    munmap(sr->results, bytes);
     return 0;
 }
 

@@ -438,154 +438,200 @@ static void json_put_string(FILE *b, const char *s) {
     fputc('"', b);
 }
 
-static int cmd_shard(int argc, char **argv) {
-    const char *in = NULL, *dir = NULL;
-    long nranks = 0;
-    source s;
-    char err[8192], path[4096], file_name[64], *index_text = NULL;
-    size_t index_size = 0;
-    int i, r, rc = 0, num_meta, count, num_files = 0, *file_of;
-    uint32_t id;
-    fsdp_st_spec *specs;
-    fsdp_kv *meta;
-    char world_text[32];
-    const char *step, *epoch;
-    FILE *index;
+/* One run of ckpt_tool shard: the input, and what its shard files and index.json share. */
+typedef struct {
+    const char *in, *dir;
+    long nranks;
+    source s;                 /* the input */
+    int count;                /* its tensors */
+    fsdp_kv *meta;            /* every shard file's metadata */
+    int num_meta;
+    char world_text[32];      /* meta's world_size */
+    uint32_t id;              /* names this checkpoint's files */
+    int *file_of, num_files;  /* rank r's place in index.json's files, or -1 */
+    char err[8192];
+} shard_job;
+
+/* The flags; -1 to go on, else the exit status (after --help: 0). */
+static int shard_parse(shard_job *job, int argc, char **argv) {
+    int i;
     for (i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) { fputs(shard_help, stdout); return 0; }
         if (strcmp(argv[i], "--nranks") == 0) {
             char *end = NULL;
-            if (i + 1 >= argc || (nranks = strtol(argv[++i], &end, 10)) < 1 || nranks > 65536 || *end)
+            if (i + 1 >= argc || (job->nranks = strtol(argv[++i], &end, 10)) < 1 || job->nranks > 65536 || *end)
                 die("--nranks takes a number of ranks from 1 to 65536 (got '%s')", i < argc ? argv[i] : "nothing");
         } else if (argv[i][0] == '-') die("unknown option '%s' (see ckpt_tool shard --help)", argv[i]);
-        else if (!in) in = argv[i];
-        else if (!dir) dir = argv[i];
+        else if (!job->in) job->in = argv[i];
+        else if (!job->dir) job->dir = argv[i];
         else die("too many arguments (see ckpt_tool shard --help)");
     }
-    if (!in || !dir) { fputs(shard_help, stderr); return 2; }
-    if (!nranks) die("say how many ranks to shard for: --nranks N (see ckpt_tool shard --help)");
-    if (source_open(&s, in, NULL, NULL, 0, err, sizeof err) != 0) die("%s", err);
-    count = fsdp_st_num_tensors(s.st);
-    for (i = 0; i < count; i++)
-        if ((rc = source_verify(&s, i, err, sizeof err)) != 0) die("%s (the input is damaged; nothing was written)", err);
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) die("cannot create %s: %s", dir, strerror(errno));
+    if (!job->in || !job->dir) { fputs(shard_help, stderr); return 2; }
+    if (!job->nranks) die("say how many ranks to shard for: --nranks N (see ckpt_tool shard --help)");
+    return -1;
+}
 
-    /* metadata of every shard file: the input's, marked as a shard of an N-rank checkpoint */
-    meta = (fsdp_kv *)xcalloc((size_t)fsdp_st_num_metadata(s.st) + 2, sizeof *meta);
-    num_meta = 0;
-    for (i = 0; i < fsdp_st_num_metadata(s.st); i++) {
-        fsdp_kv kv = fsdp_st_metadata_at(s.st, i);
+/* Metadata of every shard file: the input's, marked as a shard of an N-rank checkpoint. */
+static void shard_metadata(shard_job *job) {
+    int i;
+    job->meta = (fsdp_kv *)xcalloc((size_t)fsdp_st_num_metadata(job->s.st) + 2, sizeof *job->meta);
+    job->num_meta = 0;
+    for (i = 0; i < fsdp_st_num_metadata(job->s.st); i++) {
+        fsdp_kv kv = fsdp_st_metadata_at(job->s.st, i);
         if (strcmp(kv.key, "format") == 0 || strncmp(kv.key, "crc32c.", 7) == 0 || strcmp(kv.key, "fsdp.kind") == 0 ||
             strcmp(kv.key, "world_size") == 0)
             continue;
-        meta[num_meta++] = kv;
+        job->meta[job->num_meta++] = kv;
     }
-    snprintf(world_text, sizeof world_text, "%ld", nranks);
-    meta[num_meta].key = "world_size";
-    meta[num_meta++].value = world_text;
-    meta[num_meta].key = "fsdp.kind";
-    meta[num_meta++].value = "shard";
+    snprintf(job->world_text, sizeof job->world_text, "%ld", job->nranks);
+    job->meta[job->num_meta].key = "world_size";
+    job->meta[job->num_meta++].value = job->world_text;
+    job->meta[job->num_meta].key = "fsdp.kind";
+    job->meta[job->num_meta++].value = "shard";
+}
 
-    /* a fresh id names this checkpoint's files, so an older checkpoint in DIR stays whole until
-       index.json is replaced */
-    id = (uint32_t)time(NULL) * 2654435761u ^ (uint32_t)getpid() * 40503u ^ (uint32_t)clock();
-    specs = (fsdp_st_spec *)xcalloc((size_t)count, sizeof *specs);
-    file_of = (int *)xcalloc((size_t)nranks, sizeof *file_of); /* rank r's place in index.json's files, or -1 */
-    for (r = 0; r < nranks; r++) file_of[r] = -1;
-    for (r = 0; r < nranks && !rc; r++) {
-        fsdp_st_writer *w = NULL;
-        int n = 0;
-        for (i = 0; i < count; i++) { /* rank r's piece of each tensor */
-            const fsdp_st_tensor *t = fsdp_st_tensor_at(s.st, i);
-            int64_t chunk = (t->numel + nranks - 1) / nranks, lo = r * chunk, hi = lo + chunk < t->numel ? lo + chunk : t->numel;
-            if (hi <= lo) continue;
-            specs[n].name = t->name;
-            specs[n].dtype = t->dtype;
-            specs[n].ndim = 1;
-            specs[n].shape[0] = hi - lo;
-            n++;
-        }
-        if (n == 0) continue; /* nothing for this rank: no file (nor a name in index.json), as fsdp_save_sharded does */
-        file_of[r] = num_files++;
-        snprintf(file_name, sizeof file_name, "shard-%08x-%05d.safetensors", (unsigned)id, r);
-        snprintf(path, sizeof path, "%s/%s", dir, file_name);
-        if ((rc = fsdp_st_writer_open(&w, path, specs, n, meta, num_meta, err, sizeof err)) != 0) break;
-        for (i = 0; i < count && !rc; i++) {
-            const fsdp_st_tensor *t = fsdp_st_tensor_at(s.st, i);
-            int64_t chunk = (t->numel + nranks - 1) / nranks, lo = r * chunk, hi = lo + chunk < t->numel ? lo + chunk : t->numel;
-            if (hi > lo) rc = copy_elements(&s, i, lo, hi - lo, w, t->dtype, err, sizeof err);
-        }
-        if (!rc) rc = fsdp_st_writer_close(w, err, sizeof err);
-        else fsdp_st_writer_abort(w);
+/* Rank r's piece [*lo, *hi) of tensor t, FULL_SHARD style (empty if *hi <= *lo). */
+static void shard_piece(const shard_job *job, const fsdp_st_tensor *t, int r, int64_t *lo, int64_t *hi) {
+    int64_t chunk = (t->numel + job->nranks - 1) / job->nranks;
+    *lo = r * chunk, *hi = *lo + chunk < t->numel ? *lo + chunk : t->numel;
+}
+
+/* Rank r's file, with its piece of every tensor (specs: room for them all); none if every piece
+   is empty, as fsdp_save_sharded does (nor a name in index.json). */
+static int shard_write_rank(shard_job *job, int r, fsdp_st_spec *specs) {
+    fsdp_st_writer *w = NULL;
+    char file_name[64], path[4096];
+    int i, n = 0, rc;
+    int64_t lo, hi;
+    for (i = 0; i < job->count; i++) { /* rank r's piece of each tensor */
+        const fsdp_st_tensor *t = fsdp_st_tensor_at(job->s.st, i);
+        shard_piece(job, t, r, &lo, &hi);
+        if (hi <= lo) continue;
+        specs[n].name = t->name;
+        specs[n].dtype = t->dtype;
+        specs[n].ndim = 1;
+        specs[n].shape[0] = hi - lo;
+        n++;
     }
+    if (n == 0) return 0;
+    job->file_of[r] = job->num_files++;
+    snprintf(file_name, sizeof file_name, "shard-%08x-%05d.safetensors", (unsigned)job->id, r);
+    snprintf(path, sizeof path, "%s/%s", job->dir, file_name);
+    if ((rc = fsdp_st_writer_open(&w, path, specs, n, job->meta, job->num_meta, job->err, sizeof job->err)) != 0)
+        return rc;
+    for (i = 0; i < job->count && !rc; i++) {
+        const fsdp_st_tensor *t = fsdp_st_tensor_at(job->s.st, i);
+        shard_piece(job, t, r, &lo, &hi);
+        if (hi > lo) rc = copy_elements(&job->s, i, lo, hi - lo, w, t->dtype, job->err, sizeof job->err);
+    }
+    if (!rc) rc = fsdp_st_writer_close(w, job->err, sizeof job->err);
+    else fsdp_st_writer_abort(w);
+    return rc;
+}
+
+/* Every rank's file, under a fresh id, so an older checkpoint in DIR stays whole until
+   index.json is replaced. */
+static int shard_write_files(shard_job *job) {
+    fsdp_st_spec *specs;
+    int r, rc = 0;
+    job->id = (uint32_t)time(NULL) * 2654435761u ^ (uint32_t)getpid() * 40503u ^ (uint32_t)clock();
+    specs = (fsdp_st_spec *)xcalloc((size_t)job->count, sizeof *specs);
+    job->file_of = (int *)xcalloc((size_t)job->nranks, sizeof *job->file_of);
+    for (r = 0; r < job->nranks; r++) job->file_of[r] = -1;
+    for (r = 0; r < job->nranks && !rc; r++) rc = shard_write_rank(job, r, specs);
     free(specs);
+    return rc;
+}
 
-    /* index.json, in the layout fsdp_save_sharded writes: the commit point */
-    index = rc ? NULL : open_memstream(&index_text, &index_size);
-    if (!rc && !index) { snprintf(err, sizeof err, "out of memory for index.json"); rc = FSDP_ERR_OUT_OF_MEMORY; }
-    if (index) {
-        step = fsdp_st_metadata(s.st, "step");
-        epoch = fsdp_st_metadata(s.st, "epoch");
-        fprintf(index, "{\"format\":\"fsdp.h-sharded\",\"version\":1,\"world_size\":%ld,", nranks);
-        if (step && strspn(step, "0123456789") == strlen(step) && *step) fprintf(index, "\"step\":%s,", step);
-        if (epoch && strspn(epoch, "0123456789") == strlen(epoch) && *epoch) fprintf(index, "\"epoch\":%s,", epoch);
-        fprintf(index, "\"metadata\":{");
-        for (i = 0; i < num_meta; i++) {
-            if (i) fputc(',', index);
-            json_put_string(index, meta[i].key);
-            fputc(':', index);
-            json_put_string(index, meta[i].value);
+/* index.json's "tensors": each tensor's dtype, shape and pieces. */
+static void shard_index_tensors(const shard_job *job, FILE *index) {
+    int i, k, r;
+    for (i = 0; i < job->count; i++) {
+        const fsdp_st_tensor *t = fsdp_st_tensor_at(job->s.st, i);
+        int first = 1;
+        if (i) fputc(',', index);
+        json_put_string(index, t->name);
+        fprintf(index, ":{\"dtype\":\"%s\",\"shape\":[", dtype_text(t->dtype));
+        for (k = 0; k < t->ndim; k++) fprintf(index, k ? ",%lld" : "%lld", (long long)t->shape[k]);
+        fprintf(index, "],\"pieces\":[");
+        for (r = 0; r < job->nranks; r++) {
+            int64_t lo, hi;
+            shard_piece(job, t, r, &lo, &hi);
+            if (hi <= lo) continue;
+            fprintf(index, "%s[%d,%lld,%lld]", first ? "" : ",", job->file_of[r], (long long)lo, (long long)hi);
+            first = 0;
         }
-        fprintf(index, "},\"files\":[");
-        for (i = 0, r = 0; r < nranks; r++)
-            if (file_of[r] >= 0) fprintf(index, "%s\"shard-%08x-%05d.safetensors\"", i++ ? "," : "", (unsigned)id, r);
-        fprintf(index, "],\"tensors\":{");
-        for (i = 0; i < count; i++) {
-            const fsdp_st_tensor *t = fsdp_st_tensor_at(s.st, i);
-            int64_t chunk = (t->numel + nranks - 1) / nranks;
-            int k, first = 1;
-            if (i) fputc(',', index);
-            json_put_string(index, t->name);
-            fprintf(index, ":{\"dtype\":\"%s\",\"shape\":[", dtype_text(t->dtype));
-            for (k = 0; k < t->ndim; k++) fprintf(index, k ? ",%lld" : "%lld", (long long)t->shape[k]);
-            fprintf(index, "],\"pieces\":[");
-            for (r = 0; r < nranks; r++) {
-                int64_t lo = r * chunk, hi = lo + chunk < t->numel ? lo + chunk : t->numel;
-                if (hi <= lo) continue;
-                fprintf(index, "%s[%d,%lld,%lld]", first ? "" : ",", file_of[r], (long long)lo, (long long)hi);
-                first = 0;
-            }
-            fprintf(index, "]}");
+        fprintf(index, "]}");
+    }
+}
+
+/* index.json, in the layout fsdp_save_sharded writes: the commit point. */
+static int shard_write_index(shard_job *job) {
+    char *index_text = NULL, path[4096];
+    size_t index_size = 0;
+    const char *step = fsdp_st_metadata(job->s.st, "step"), *epoch = fsdp_st_metadata(job->s.st, "epoch");
+    FILE *index = open_memstream(&index_text, &index_size);
+    int i, r, rc = 0;
+    if (!index) { snprintf(job->err, sizeof job->err, "out of memory for index.json"); return FSDP_ERR_OUT_OF_MEMORY; }
+    fprintf(index, "{\"format\":\"fsdp.h-sharded\",\"version\":1,\"world_size\":%ld,", job->nranks);
+    if (step && strspn(step, "0123456789") == strlen(step) && *step) fprintf(index, "\"step\":%s,", step);
+    if (epoch && strspn(epoch, "0123456789") == strlen(epoch) && *epoch) fprintf(index, "\"epoch\":%s,", epoch);
+    fprintf(index, "\"metadata\":{");
+    for (i = 0; i < job->num_meta; i++) {
+        if (i) fputc(',', index);
+        json_put_string(index, job->meta[i].key);
+        fputc(':', index);
+        json_put_string(index, job->meta[i].value);
+    }
+    fprintf(index, "},\"files\":[");
+    for (i = 0, r = 0; r < job->nranks; r++)
+        if (job->file_of[r] >= 0) fprintf(index, "%s\"shard-%08x-%05d.safetensors\"", i++ ? "," : "", (unsigned)job->id, r);
+    fprintf(index, "],\"tensors\":{");
+    shard_index_tensors(job, index);
+    fprintf(index, "}}\n");
+    if (fclose(index) != 0) { snprintf(job->err, sizeof job->err, "out of memory for index.json"); rc = FSDP_ERR_OUT_OF_MEMORY; }
+    snprintf(path, sizeof path, "%s/index.json", job->dir);
+    if (!rc) rc = fsdp_write_file_atomic(path, index_text, index_size, job->err, sizeof job->err);
+    free(index_text);
+    return rc;
+}
+
+/* Removes the shard files index.json does not reference: this run's (failed: rc != 0) or
+   older checkpoints' (rc 0). */
+static void shard_remove_unreferenced(const shard_job *job, int rc) {
+    char prefix[32], path[4096];
+    DIR *d = opendir(job->dir);
+    struct dirent *e;
+    snprintf(prefix, sizeof prefix, "shard-%08x-", (unsigned)job->id);
+    while (d && (e = readdir(d)) != NULL)
+        if (strncmp(e->d_name, "shard-", 6) == 0 && (strncmp(e->d_name, prefix, strlen(prefix)) == 0) == (rc != 0)) {
+            snprintf(path, sizeof path, "%s/%s", job->dir, e->d_name);
+            unlink(path);
         }
-        fprintf(index, "}}\n");
-        if (fclose(index) != 0 && !rc) { snprintf(err, sizeof err, "out of memory for index.json"); rc = FSDP_ERR_OUT_OF_MEMORY; }
-        snprintf(path, sizeof path, "%s/index.json", dir);
-        if (!rc) rc = fsdp_write_file_atomic(path, index_text, index_size, err, sizeof err);
-        free(index_text);
-    }
-    /* files of this run (on failure) or of older checkpoints (on success) are not referenced */
-    {
-        char prefix[32];
-        DIR *d = opendir(dir);
-        struct dirent *e;
-        snprintf(prefix, sizeof prefix, "shard-%08x-", (unsigned)id);
-        while (d && (e = readdir(d)) != NULL)
-            if (strncmp(e->d_name, "shard-", 6) == 0 && (strncmp(e->d_name, prefix, strlen(prefix)) == 0) == (rc != 0)) {
-                snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-                unlink(path);
-            }
-        if (d) closedir(d);
-    }
-    free(meta);
-    free(file_of);
-    if (rc) {
-        fprintf(stderr, "ckpt_tool: %s\nckpt_tool: %s was left as it was\n", err, dir);
-        source_close(&s);
-        return 1;
-    }
-    printf("%s: %d tensors of %s in %ld shards\n", dir, count, in, nranks);
-    source_close(&s);
-    return 0;
+    if (d) closedir(d);
+}
+
+static int cmd_shard(int argc, char **argv) {
+    shard_job shard, *job = &shard;
+    int i, rc;
+    memset(job, 0, sizeof *job);
+    if ((rc = shard_parse(job, argc, argv)) >= 0) return rc;
+    if (source_open(&job->s, job->in, NULL, NULL, 0, job->err, sizeof job->err) != 0) die("%s", job->err);
+    job->count = fsdp_st_num_tensors(job->s.st);
+    for (i = 0; i < job->count; i++)
+        if (source_verify(&job->s, i, job->err, sizeof job->err) != 0)
+            die("%s (the input is damaged; nothing was written)", job->err);
+    if (mkdir(job->dir, 0755) != 0 && errno != EEXIST) die("cannot create %s: %s", job->dir, strerror(errno));
+    shard_metadata(job);
+    rc = shard_write_files(job);
+    if (!rc) rc = shard_write_index(job);
+    shard_remove_unreferenced(job, rc);
+    free(job->meta);
+    free(job->file_of);
+    if (rc) fprintf(stderr, "ckpt_tool: %s\nckpt_tool: %s was left as it was\n", job->err, job->dir);
+    else printf("%s: %d tensors of %s in %ld shards\n", job->dir, job->count, job->in, job->nranks);
+    source_close(&job->s);
+    return rc ? 1 : 0;
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -173,185 +173,254 @@ static fsdp_desc make_desc(fsdp_comm *comm, fsdp_strategy strategy, const option
     return desc;
 }
 
-static int train(fsdp_comm *comm, void *arg) {
-    const options *o = (const options *)arg;
-    int rank = fsdp_comm_rank(comm), P = fsdp_comm_size(comm), B = o->batch / P, T = o->seq_len, rc = 1;
-    int use_teacher = o->alpha < 1.0f;
-    gpt_config student_config = {256, o->seq_len, o->layers, o->heads, o->channels}, teacher_config = {0, 0, 0, 0, 0};
-    fsdp_ctx *student_ctx = NULL, *teacher_ctx = NULL;
-    fsdp_desc desc;
+/* One rank's run: the two models, their contexts, and the loss means since the last printed line. */
+typedef struct {
+    const options *o;
+    fsdp_comm *comm;
+    int rank, P, B, T, use_teacher;   // B: sequences per rank, T: their length
+    gpt_config teacher_config;
+    fsdp_ctx *student_ctx, *teacher_ctx;
     gpt student, teacher;
     gpt_acts student_acts, teacher_acts;
-    float *scratch = (float *)malloc(sizeof(float) * 2 * 256);
-    double interval_ms = 0, first_loss = 0, loss_avg[4] = {0, 0, 0, 0}; // loss, ce, kl, teacher ce
-    int interval_steps = 0;
+    float *scratch;
+    double interval_ms, first_loss, loss_avg[4]; // loss, ce, kl, teacher ce
+    int interval_steps;
+} distiller;
+
+/* The teacher: frozen, FULL_SHARD, its weights from the file; activations of one block, no gradients. */
+static int setup_teacher(distiller *d) {
+    const options *o = d->o;
+    int rank = d->rank;
+    fsdp_load_options lo;
+    fsdp_load_report report;
+    fsdp_desc desc;
     char err[600];
-    memset(&student, 0, sizeof student), memset(&teacher, 0, sizeof teacher);
-    memset(&student_acts, 0, sizeof student_acts), memset(&teacher_acts, 0, sizeof teacher_acts);
-    openblas_set_num_threads(1);
+    if (read_teacher_config(o, &d->teacher_config, err, sizeof err)) {
+        if (rank == 0) fprintf(stderr, "distill: --teacher: %s\n", err);
+        return -1;
+    }
+    if (!d->scratch || gpt_build(&d->teacher, d->teacher_config) || fsdp_model_set_trainable(d->teacher.model, 0, 0) ||
+        gpt_acts_alloc_ex(&d->teacher_acts, &d->teacher_config, d->B, d->T, 1, 0)) {
+        fprintf(stderr, "rank %d: out of memory building the teacher\n", rank);
+        return -1;
+    }
+    d->teacher.rank = rank;
+    desc = make_desc(d->comm, FSDP_FULL_SHARD, o);
+    if (fsdp_init(&d->teacher_ctx, d->teacher.model, &desc)) {
+        fprintf(stderr, "rank %d: the teacher: %s\n", rank, fsdp_last_error(NULL));
+        return -1;
+    }
+    d->teacher.ctx = d->teacher_ctx;
+    memset(&lo, 0, sizeof lo);
+    lo.strict = 1;
+    if (fsdp_load_full(d->teacher_ctx, o->teacher_path, &lo, &report)) {
+        fprintf(stderr, "rank %d: --teacher %s: %s\n", rank, o->teacher_path, fsdp_last_error(d->teacher_ctx));
+        return -1;
+    }
+    return 0;
+}
 
-    // the teacher: frozen, FULL_SHARD, its weights from the file; activations of one block, no gradients
-    if (use_teacher) {
-        fsdp_load_options lo;
-        fsdp_load_report report;
-        if (read_teacher_config(o, &teacher_config, err, sizeof err)) {
-            if (rank == 0) fprintf(stderr, "distill: --teacher: %s\n", err);
-            goto done;
-        }
-        if (!scratch || gpt_build(&teacher, teacher_config) || fsdp_model_set_trainable(teacher.model, 0, 0) ||
-            gpt_acts_alloc_ex(&teacher_acts, &teacher_config, B, T, 1, 0)) {
-            fprintf(stderr, "rank %d: out of memory building the teacher\n", rank);
-            goto done;
-        }
-        teacher.rank = rank;
-        desc = make_desc(comm, FSDP_FULL_SHARD, o);
-        if (fsdp_init(&teacher_ctx, teacher.model, &desc)) {
-            fprintf(stderr, "rank %d: the teacher: %s\n", rank, fsdp_last_error(NULL));
-            goto done;
-        }
-        teacher.ctx = teacher_ctx;
-        memset(&lo, 0, sizeof lo);
-        lo.strict = 1;
-        if (fsdp_load_full(teacher_ctx, o->teacher_path, &lo, &report)) {
-            fprintf(stderr, "rank %d: --teacher %s: %s\n", rank, o->teacher_path, fsdp_last_error(teacher_ctx));
-            goto done;
-        }
+/* The student: trained, as build/gpt trains (AdamW, no decay below 2 dimensions). */
+static int setup_student(distiller *d) {
+    const options *o = d->o;
+    gpt_config student_config = {256, o->seq_len, o->layers, o->heads, o->channels};
+    fsdp_desc desc;
+    if (!d->scratch || gpt_build(&d->student, student_config) ||
+        gpt_acts_alloc(&d->student_acts, &student_config, d->B, d->T)) {
+        fprintf(stderr, "rank %d: out of memory building the student\n", d->rank);
+        return -1;
     }
-    // the student: trained, as build/gpt trains (AdamW, no decay below 2 dimensions)
-    if (!scratch || gpt_build(&student, student_config) || gpt_acts_alloc(&student_acts, &student_config, B, T)) {
-        fprintf(stderr, "rank %d: out of memory building the student\n", rank);
-        goto done;
+    d->student.rank = d->rank;
+    desc = make_desc(d->comm, o->strategy, o);
+    if (fsdp_init(&d->student_ctx, d->student.model, &desc)) {
+        fprintf(stderr, "rank %d: the student: %s\n", d->rank, fsdp_last_error(NULL));
+        return -1;
     }
-    student.rank = rank;
-    desc = make_desc(comm, o->strategy, o);
-    if (fsdp_init(&student_ctx, student.model, &desc)) {
-        fprintf(stderr, "rank %d: the student: %s\n", rank, fsdp_last_error(NULL));
-        goto done;
-    }
-    student.ctx = student_ctx;
-    if (rank == 0) {
-        printf("distill: %d rank%s (%s), one communicator, two fsdp contexts\n", P, P > 1 ? "s" : "",
-               fsdp_backend_name(fsdp_comm_backend(comm)));
-        if (use_teacher)
-            printf("teacher: %s: %d block%s, %d heads, %d channels, context %d: %zu parameters, frozen, FULL_SHARD, "
-                   "forward only\n", o->teacher_path, teacher_config.num_layers, teacher_config.num_layers > 1 ? "s" : "",
-                   teacher_config.num_heads,
-                   teacher_config.channels, teacher_config.max_seq_len, teacher.num_params);
-        else
-            printf("teacher: none (alpha 1: cross-entropy only)\n");
-        printf("student: %d block%s, %d heads, %d channels, context %d: %zu parameters, %s, AdamW lr %g (warmup %d, "
-               "cosine to %g), weight decay %g on the matrices and embeddings, clip %g\n", o->layers, o->layers > 1 ? "s" : "", o->heads,
-               o->channels, T, student.num_params, fsdp_strategy_name(o->strategy), (double)o->lr, o->warmup,
-               (double)o->min_lr, (double)o->weight_decay, (double)o->clip);
-        printf("loss: %g * CE + %g * T^2 * KL(teacher_T || student_T), temperature T = %g; data %s, %zu bytes (%zu "
-               "held out); global batch %d x %d bytes\n", (double)o->alpha, 1.0 - (double)o->alpha,
-               (double)o->temperature, o->data_path, o->size, o->size - o->train_size, o->batch, T);
-    }
+    d->student.ctx = d->student_ctx;
+    return 0;
+}
 
-    for (long long step = 0; step < o->steps; step++) {
-        fsdp_step_report report;
-        float lr = lr_schedule(step, o->steps, o->warmup, o->lr, o->min_lr), ce32 = 0, teacher_ce = 0;
-        double ce, kl, t0 = fsdp_now(), loss[4];
-        data_batch(o->text, o->train_size, step, o->batch, T, rank * B, (rank + 1) * B, student_acts.inputs,
-                   student_acts.targets);
-        if (use_teacher) { // forward only: the pass ends with fsdp_finish_backward, no backward hooks
-            memcpy(teacher_acts.inputs, student_acts.inputs, sizeof(int) * (size_t)B * T);
-            memcpy(teacher_acts.targets, student_acts.targets, sizeof(int) * (size_t)B * T);
-            if (gpt_forward(&teacher, &teacher_acts, B, T, 1, &teacher_ce)) goto done;
-            if (fsdp_finish_backward(teacher_ctx)) {
-                fprintf(stderr, "rank %d: the teacher's pass: %s\n", rank, fsdp_last_error(teacher_ctx));
-                goto done;
-            }
-        }
-        if (fsdp_set_lr(student_ctx, lr) || gpt_forward(&student, &student_acts, B, T, 1, &ce32)) goto done;
-        distill_loss_backward(student_acts.da.dlogits, &ce, &kl, student_acts.a.logits, student_acts.a.probs,
-                              student_acts.a.losses, use_teacher ? teacher_acts.a.logits : NULL, student_acts.targets,
-                              (size_t)B * T, 256, o->alpha, o->temperature, scratch);
-        if (gpt_backward_from_dlogits(&student, &student_acts, B, T)) goto done;
-        if (fsdp_step(student_ctx, o->clip, &report) || fsdp_zero_grad(student_ctx)) {
-            fprintf(stderr, "rank %d: step %lld: %s\n", rank, step + 1, fsdp_last_error(student_ctx));
-            goto done;
-        }
-        interval_ms += 1e3 * (fsdp_now() - t0), interval_steps++;
-        { // the means over all ranks (both contexts' comm threads are idle here)
-            float mine[4] = {(float)(o->alpha * ce + (1.0 - o->alpha) * o->temperature * o->temperature * kl), (float)ce,
-                             (float)kl, teacher_ce}, all[4];
-            if (fsdp_all_reduce(comm, mine, all, 4, FSDP_F32, FSDP_AVG)) {
-                fprintf(stderr, "rank %d: all_reduce of the losses: %s\n", rank, fsdp_comm_last_error(comm));
-                goto done;
-            }
-            for (int k = 0; k < 4; k++) loss[k] = all[k], loss_avg[k] += all[k];
-        }
-        if (step == 0) first_loss = loss[0];
-        if ((step + 1) % o->print_every == 0 || step == 0 || step == o->steps - 1) { // means since the last line
-            int n = interval_steps;
-            if (rank == 0) {
-                printf("step %5lld/%d  loss %.4f  (ce %.4f  kl %.4f", step + 1, o->steps, loss_avg[0] / n,
-                       loss_avg[1] / n, loss_avg[2] / n);
-                if (use_teacher) printf("  teacher ce %.4f", loss_avg[3] / n);
-                printf(")  lr %.2e  norm %6.3f%s  %6.1f ms/step\n", (double)lr, report.grad_norm,
-                       report.skipped ? " (skipped: not finite)" : "", interval_ms / n);
-            }
-            memset(loss_avg, 0, sizeof loss_avg);
-            interval_ms = 0, interval_steps = 0;
-        }
-    }
+/* Rank 0: the ranks, the teacher, the student and the loss. */
+static void print_run(const distiller *d) {
+    const options *o = d->o;
+    const gpt_config *tc = &d->teacher_config;
+    int P = d->P, T = d->T;
+    printf("distill: %d rank%s (%s), one communicator, two fsdp contexts\n", P, P > 1 ? "s" : "",
+           fsdp_backend_name(fsdp_comm_backend(d->comm)));
+    if (d->use_teacher)
+        printf("teacher: %s: %d block%s, %d heads, %d channels, context %d: %zu parameters, frozen, FULL_SHARD, "
+               "forward only\n", o->teacher_path, tc->num_layers, tc->num_layers > 1 ? "s" : "",
+               tc->num_heads,
+               tc->channels, tc->max_seq_len, d->teacher.num_params);
+    else
+        printf("teacher: none (alpha 1: cross-entropy only)\n");
+    printf("student: %d block%s, %d heads, %d channels, context %d: %zu parameters, %s, AdamW lr %g (warmup %d, "
+           "cosine to %g), weight decay %g on the matrices and embeddings, clip %g\n", o->layers, o->layers > 1 ? "s" : "", o->heads,
+           o->channels, T, d->student.num_params, fsdp_strategy_name(o->strategy), (double)o->lr, o->warmup,
+           (double)o->min_lr, (double)o->weight_decay, (double)o->clip);
+    printf("loss: %g * CE + %g * T^2 * KL(teacher_T || student_T), temperature T = %g; data %s, %zu bytes (%zu "
+           "held out); global batch %d x %d bytes\n", (double)o->alpha, 1.0 - (double)o->alpha,
+           (double)o->temperature, o->data_path, o->size, o->size - o->train_size, o->batch, T);
+}
 
-    { // memory: the teacher holds only its parameter shards
-        fsdp_memory_stats st, te;
-        double mine[3], *all = (double *)calloc((size_t)P * 3, sizeof(double));
-        memset(&st, 0, sizeof st), memset(&te, 0, sizeof te);
-        fsdp_memory_stats_get(student_ctx, &st);
-        if (teacher_ctx) fsdp_memory_stats_get(teacher_ctx, &te);
-        mine[0] = (double)st.persistent_bytes, mine[1] = (double)te.persistent_bytes, mine[2] = example_peak_rss(NULL);
-        if (!all || fsdp_all_gather(comm, mine, all, sizeof mine / 4, FSDP_F32)) { // doubles, moved as bytes
-            fprintf(stderr, "rank %d: gathering the statistics failed: %s\n", rank, fsdp_comm_last_error(comm));
-            free(all);
-            goto done;
-        }
-        if (rank == 0) {
-            printf("\nrank  student persistent  teacher persistent (B/param)   max RSS\n");
-            for (int r = 0; r < P; r++)
-                printf("%4d  %14.2f MiB  %14.2f MiB (%5.3f)  %6.1f MiB\n", r, mib(all[3 * r]), mib(all[3 * r + 1]),
-                       teacher.num_params ? all[3 * r + 1] / (double)teacher.num_params : 0.0, mib(all[3 * r + 2]));
-            printf("(student: f32 parameters, gradients, AdamW state, 16 B/param / P; teacher: parameters only, 4 B/param "
-                   "/ P = %.3f)\n", 4.0 / P);
-        }
+/* The teacher's logits for the student's batch (in student_acts). Forward only: the pass ends
+   with fsdp_finish_backward, no backward hooks. */
+static int teacher_forward(distiller *d, float *teacher_ce) {
+    size_t n = (size_t)d->B * d->T;
+    memcpy(d->teacher_acts.inputs, d->student_acts.inputs, sizeof(int) * n);
+    memcpy(d->teacher_acts.targets, d->student_acts.targets, sizeof(int) * n);
+    if (gpt_forward(&d->teacher, &d->teacher_acts, d->B, d->T, 1, teacher_ce)) return -1;
+    if (fsdp_finish_backward(d->teacher_ctx)) {
+        fprintf(stderr, "rank %d: the teacher's pass: %s\n", d->rank, fsdp_last_error(d->teacher_ctx));
+        return -1;
+    }
+    return 0;
+}
+
+/* Adds this step's losses, averaged over all ranks, to loss_avg (both contexts' comm threads
+   are idle here); loss[0] gets the step's distillation loss. */
+static int average_losses(distiller *d, double ce, double kl, float teacher_ce, double loss[4]) {
+    const options *o = d->o;
+    float mine[4] = {(float)(o->alpha * ce + (1.0 - o->alpha) * o->temperature * o->temperature * kl), (float)ce,
+                     (float)kl, teacher_ce}, all[4];
+    if (fsdp_all_reduce(d->comm, mine, all, 4, FSDP_F32, FSDP_AVG)) {
+        fprintf(stderr, "rank %d: all_reduce of the losses: %s\n", d->rank, fsdp_comm_last_error(d->comm));
+        return -1;
+    }
+    for (int k = 0; k < 4; k++) loss[k] = all[k], d->loss_avg[k] += all[k];
+    return 0;
+}
+
+/* Rank 0 prints the means since the last line; every rank starts a new interval. */
+static void print_interval(distiller *d, long long step, float lr, const fsdp_step_report *report) {
+    const options *o = d->o;
+    int n = d->interval_steps;
+    if (d->rank == 0) {
+        printf("step %5lld/%d  loss %.4f  (ce %.4f  kl %.4f", step + 1, o->steps, d->loss_avg[0] / n,
+               d->loss_avg[1] / n, d->loss_avg[2] / n);
+        if (d->use_teacher) printf("  teacher ce %.4f", d->loss_avg[3] / n);
+        printf(")  lr %.2e  norm %6.3f%s  %6.1f ms/step\n", (double)lr, report->grad_norm,
+               report->skipped ? " (skipped: not finite)" : "", d->interval_ms / n);
+    }
+    memset(d->loss_avg, 0, sizeof d->loss_avg);
+    d->interval_ms = 0, d->interval_steps = 0;
+}
+
+/* One training step: the teacher's forward, the student's forward, the distillation loss, the
+   student's backward and update; then the losses' means, printed every --print-every steps. */
+static int take_step(distiller *d, long long step) {
+    const options *o = d->o;
+    int B = d->B, T = d->T;
+    fsdp_step_report report;
+    float lr = lr_schedule(step, o->steps, o->warmup, o->lr, o->min_lr), ce32 = 0, teacher_ce = 0;
+    double ce, kl, t0 = fsdp_now(), loss[4];
+    gpt_acts *sa = &d->student_acts;
+    data_batch(o->text, o->train_size, step, o->batch, T, d->rank * B, (d->rank + 1) * B, sa->inputs, sa->targets);
+    if (d->use_teacher && teacher_forward(d, &teacher_ce)) return -1;
+    if (fsdp_set_lr(d->student_ctx, lr) || gpt_forward(&d->student, sa, B, T, 1, &ce32)) return -1;
+    distill_loss_backward(sa->da.dlogits, &ce, &kl, sa->a.logits, sa->a.probs, sa->a.losses,
+                          d->use_teacher ? d->teacher_acts.a.logits : NULL, sa->targets, (size_t)B * T, 256, o->alpha,
+                          o->temperature, d->scratch);
+    if (gpt_backward_from_dlogits(&d->student, sa, B, T)) return -1;
+    if (fsdp_step(d->student_ctx, o->clip, &report) || fsdp_zero_grad(d->student_ctx)) {
+        fprintf(stderr, "rank %d: step %lld: %s\n", d->rank, step + 1, fsdp_last_error(d->student_ctx));
+        return -1;
+    }
+    d->interval_ms += 1e3 * (fsdp_now() - t0), d->interval_steps++;
+    if (average_losses(d, ce, kl, teacher_ce, loss)) return -1;
+    if (step == 0) d->first_loss = loss[0];
+    if ((step + 1) % o->print_every == 0 || step == 0 || step == o->steps - 1) print_interval(d, step, lr, &report);
+    return 0;
+}
+
+/* Every rank's memory, printed by rank 0: the teacher holds only its parameter shards. Collective. */
+static int report_memory(distiller *d) {
+    fsdp_memory_stats st, te;
+    int P = d->P;
+    double mine[3], *all = (double *)calloc((size_t)P * 3, sizeof(double));
+    memset(&st, 0, sizeof st), memset(&te, 0, sizeof te);
+    fsdp_memory_stats_get(d->student_ctx, &st);
+    if (d->teacher_ctx) fsdp_memory_stats_get(d->teacher_ctx, &te);
+    mine[0] = (double)st.persistent_bytes, mine[1] = (double)te.persistent_bytes, mine[2] = example_peak_rss(NULL);
+    if (!all || fsdp_all_gather(d->comm, mine, all, sizeof mine / 4, FSDP_F32)) { // doubles, moved as bytes
+        fprintf(stderr, "rank %d: gathering the statistics failed: %s\n", d->rank, fsdp_comm_last_error(d->comm));
         free(all);
+        return -1;
     }
-    if (o->size - o->train_size >= (size_t)T + 2) { // held-out cross-entropy, every rank scoring a share
-        double student_val, teacher_val = 0;
-        const unsigned char *val = o->text + o->train_size;
-        size_t val_size = o->size - o->train_size;
-        int sequences = gpt_heldout_sequences(val_size, T, VAL_BATCHES * o->batch); // the same at every P
-        if (gpt_heldout_loss(&student, &student_acts, comm, val, val_size, sequences, &student_val) ||
-            (use_teacher && gpt_heldout_loss(&teacher, &teacher_acts, comm, val, val_size, sequences, &teacher_val)))
-            goto done;
-        if (rank == 0) {
-            printf("first step loss %.4f; held-out loss (cross-entropy, %d sequences x %d bytes not trained on): student "
-                   "%.4f", first_loss, sequences, T, student_val);
-            if (use_teacher) printf(", teacher %.4f", teacher_val);
-            printf("\n");
-        }
+    if (d->rank == 0) {
+        size_t teacher_params = d->teacher.num_params;
+        printf("\nrank  student persistent  teacher persistent (B/param)   max RSS\n");
+        for (int r = 0; r < P; r++)
+            printf("%4d  %14.2f MiB  %14.2f MiB (%5.3f)  %6.1f MiB\n", r, mib(all[3 * r]), mib(all[3 * r + 1]),
+                   teacher_params ? all[3 * r + 1] / (double)teacher_params : 0.0, mib(all[3 * r + 2]));
+        printf("(student: f32 parameters, gradients, AdamW state, 16 B/param / P; teacher: parameters only, 4 B/param "
+               "/ P = %.3f)\n", 4.0 / P);
     }
-    if (o->save_path) {
-        fsdp_save_options so;
-        memset(&so, 0, sizeof so);
-        if (fsdp_save_full(student_ctx, o->save_path, &so)) {
-            fprintf(stderr, "rank %d: --save %s: %s\n", rank, o->save_path, fsdp_last_error(student_ctx));
-            goto done;
-        }
-        if (rank == 0) printf("saved the student to %s\n", o->save_path);
+    free(all);
+    return 0;
+}
+
+/* The held-out cross-entropy of the student (and the teacher), every rank scoring a share.
+   Collective; nothing if the held-out text is shorter than a sequence. */
+static int report_heldout(distiller *d) {
+    const options *o = d->o;
+    int T = d->T, sequences;
+    double student_val, teacher_val = 0;
+    const unsigned char *val = o->text + o->train_size;
+    size_t val_size = o->size - o->train_size;
+    if (val_size < (size_t)T + 2) return 0;
+    sequences = gpt_heldout_sequences(val_size, T, VAL_BATCHES * o->batch); // the same at every P
+    if (gpt_heldout_loss(&d->student, &d->student_acts, d->comm, val, val_size, sequences, &student_val) ||
+        (d->use_teacher &&
+         gpt_heldout_loss(&d->teacher, &d->teacher_acts, d->comm, val, val_size, sequences, &teacher_val)))
+        return -1;
+    if (d->rank == 0) {
+        printf("first step loss %.4f; held-out loss (cross-entropy, %d sequences x %d bytes not trained on): student "
+               "%.4f", d->first_loss, sequences, T, student_val);
+        if (d->use_teacher) printf(", teacher %.4f", teacher_val);
+        printf("\n");
     }
+    return 0;
+}
+
+/* --save: the student's parameters. Collective. */
+static int save_student(distiller *d) {
+    const options *o = d->o;
+    fsdp_save_options so;
+    memset(&so, 0, sizeof so);
+    if (fsdp_save_full(d->student_ctx, o->save_path, &so)) {
+        fprintf(stderr, "rank %d: --save %s: %s\n", d->rank, o->save_path, fsdp_last_error(d->student_ctx));
+        return -1;
+    }
+    if (d->rank == 0) printf("saved the student to %s\n", o->save_path);
+    return 0;
+}
+
+/* What each rank runs: build and load the teacher, build the student, train it, report, save. */
+static int train(fsdp_comm *comm, void *arg) {
+    distiller d;
+    int rc = 1;
+    memset(&d, 0, sizeof d);
+    d.o = (const options *)arg;
+    d.comm = comm;
+    d.rank = fsdp_comm_rank(comm), d.P = fsdp_comm_size(comm), d.B = d.o->batch / d.P, d.T = d.o->seq_len;
+    d.use_teacher = d.o->alpha < 1.0f;
+    d.scratch = (float *)malloc(sizeof(float) * 2 * 256);
+    openblas_set_num_threads(1);
+    if ((d.use_teacher && setup_teacher(&d)) || setup_student(&d)) goto done;
+    if (d.rank == 0) print_run(&d);
+    for (long long step = 0; step < d.o->steps; step++)
+        if (take_step(&d, step)) goto done;
+    if (report_memory(&d) || report_heldout(&d) || (d.o->save_path && save_student(&d))) goto done;
     rc = 0;
 done:
-    fsdp_destroy(student_ctx);
-    fsdp_destroy(teacher_ctx);
-    gpt_acts_free(&student_acts);
-    gpt_acts_free(&teacher_acts);
-    gpt_free(&student);
-    gpt_free(&teacher);
-    free(scratch);
+    fsdp_destroy(d.student_ctx);
+    fsdp_destroy(d.teacher_ctx);
+    gpt_acts_free(&d.student_acts);
+    gpt_acts_free(&d.teacher_acts);
+    gpt_free(&d.student);
+    gpt_free(&d.teacher);
+    free(d.scratch);
     return rc;
 }
 

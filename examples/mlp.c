@@ -182,184 +182,242 @@ static void read_resume_point(const options *o, long long fsdp_step, long long v
     v[RESUME_OK] = 0;
 }
 
-/* What each rank runs: build the model, shard it, train, report. */
-static int train(fsdp_comm *comm, void *arg) {
-    const options *o = (const options *)arg;
-    const dataset *data = &o->data;
-    int rank = fsdp_comm_rank(comm), P = fsdp_comm_size(comm), B = o->batch / P, rc = 1;
-    const char *wrap_types[] = {"Linear", NULL};
-    double *step_ms = (double *)calloc(2 * (size_t)o->steps, sizeof(double)), *wait_ms = step_ms + o->steps;
-    long long first_step = 0, step, rows_seen = 0, saved_step = -1; // rows_seen: the data position
-    int timed = 0;                                                     // steps run by this process
-    float loss = 0;
-    fsdp_ctx *ctx = NULL;
+/* One rank's run: the model, its context and what the loop keeps of its steps. */
+typedef struct {
+    const options *o;
+    fsdp_comm *comm;
+    int rank, P, B;                   // B: rows per rank
+    fsdp_ctx *ctx;
     fsdp_desc desc;
     mlp m;
     mlp_acts acts;
-    memset(&m, 0, sizeof m);
-    memset(&acts, 0, sizeof acts);
+    double *step_ms, *wait_ms;        // per step run by this process
+    long long first_step, step, rows_seen, saved_step; // rows_seen: the data position
+    int timed;                        // steps run by this process
+    float loss;
+} trainer;
 
+/* Builds the model and its activations and shards it (fsdp_init). */
+static int setup_rank(trainer *t) {
+    const options *o = t->o;
+    const char *wrap_types[] = {"Linear", NULL};
+    fsdp_desc *desc = &t->desc;
     openblas_set_num_threads(o->blas_threads);
-    if (!step_ms || mlp_build(&m, data->features, o->hidden, o->layers, data->classes) ||
-        mlp_acts_alloc(&acts, &m, B)) {
-        fprintf(stderr, "rank %d: out of memory building the model\n", rank);
-        goto done;
+    if (!t->step_ms || mlp_build(&t->m, o->data.features, o->hidden, o->layers, o->data.classes) ||
+        mlp_acts_alloc(&t->acts, &t->m, t->B)) {
+        fprintf(stderr, "rank %d: out of memory building the model\n", t->rank);
+        return -1;
     }
-    m.rank = rank;
-    memset(&desc, 0, sizeof desc);
-    desc.comm = comm;
-    desc.strategy = o->strategy;
-    desc.wrap.kind = FSDP_WRAP_TYPES;
-    desc.wrap.types = wrap_types;
-    desc.param_dtype = o->param_dtype;
-    desc.fp32_compute_view = o->param_dtype != FSDP_F32; // the f32 kernels read fsdp_param
-    desc.forward_prefetch = o->prefetch;
-    desc.backward_prefetch = o->prefetch ? FSDP_BACKWARD_PRE : FSDP_BACKWARD_PREFETCH_NONE;
+    t->m.rank = t->rank;
+    memset(desc, 0, sizeof *desc);
+    desc->comm = t->comm;
+    desc->strategy = o->strategy;
+    desc->wrap.kind = FSDP_WRAP_TYPES;
+    desc->wrap.types = wrap_types;
+    desc->param_dtype = o->param_dtype;
+    desc->fp32_compute_view = o->param_dtype != FSDP_F32; // the f32 kernels read fsdp_param
+    desc->forward_prefetch = o->prefetch;
+    desc->backward_prefetch = o->prefetch ? FSDP_BACKWARD_PRE : FSDP_BACKWARD_PREFETCH_NONE;
     if (o->strategy == FSDP_HYBRID_SHARD) { // on one host: two replicas of half the ranks, so something is replicated
-        int local = fsdp_comm_local_size(comm);
-        desc.shard_group_size = o->shard_group ? o->shard_group : local == P && P % 2 == 0 ? P / 2 : local;
+        int local = fsdp_comm_local_size(t->comm), P = t->P;
+        desc->shard_group_size = o->shard_group ? o->shard_group : local == P && P % 2 == 0 ? P / 2 : local;
     }
-    desc.seed = o->seed;
-    desc.optimizer.kind = o->optimizer;
-    desc.optimizer.lr = o->lr;
-    desc.optimizer.momentum = o->momentum;
-    desc.optimizer.weight_decay = o->weight_decay;
-    desc.optimizer.weight_decay_set = o->weight_decay_set;
-    if (fsdp_init(&ctx, m.model, &desc) != FSDP_SUCCESS) {
-        fprintf(stderr, "rank %d: %s\n", rank, fsdp_last_error(NULL));
-        goto done;
+    desc->seed = o->seed;
+    desc->optimizer.kind = o->optimizer;
+    desc->optimizer.lr = o->lr;
+    desc->optimizer.momentum = o->momentum;
+    desc->optimizer.weight_decay = o->weight_decay;
+    desc->optimizer.weight_decay_set = o->weight_decay_set;
+    if (fsdp_init(&t->ctx, t->m.model, desc) != FSDP_SUCCESS) {
+        fprintf(stderr, "rank %d: %s\n", t->rank, fsdp_last_error(NULL));
+        return -1;
     }
-    m.ctx = ctx;
-    if (rank == 0) {
-        printf("mlp: %d rank%s (%s), %s", P, P > 1 ? "s" : "", fsdp_backend_name(fsdp_comm_backend(comm)),
-               fsdp_strategy_name(o->strategy));
-        if (o->strategy == FSDP_HYBRID_SHARD)
-            printf(" (%d shard group%s of %d rank%s)", P / desc.shard_group_size, P / desc.shard_group_size > 1 ? "s" : "",
-                   desc.shard_group_size, desc.shard_group_size > 1 ? "s" : "");
-        printf(", %s parameters, prefetch %s\n", fsdp_dtype_name(o->param_dtype), o->prefetch ? "on" : "off");
-        printf("model: %d", m.dims[0]);
-        for (int i = 1; i <= m.num_layers; i++) printf(" -> %d", m.dims[i]);
-        printf(" (%d Linear layers, %zu parameters)\n", m.num_layers, m.num_params);
-        printf("data: %s, %d rows, %d features, %d classes; global batch %d (%d per rank)\n",
-               o->csv ? o->csv : "synthetic blobs", data->rows, data->features, data->classes, o->batch, B);
-        printf("optimizer: %s, lr %g, weight decay %g, momentum %g, clip %g\n", optimizer_names[o->optimizer],
-               (double)o->lr, (double)(o->weight_decay_set ? o->weight_decay : o->optimizer == FSDP_ADAMW ? 0.01f : 0.0f),
-               (double)o->momentum, (double)o->clip);
-        if (o->print_units) fsdp_print_units(ctx, NULL, NULL);
-    }
-    // collectives before the first iteration: the runtime is idle
-    if (o->save_init && save_checkpoint(ctx, o, o->save_init, 0, 0, 0, rank)) goto done;
-    if (o->resume) {
-        fsdp_load_options lo;
-        fsdp_load_report lr;
-        load_problems lp;
-        long long v[RESUME_N];
-        char err[512] = "";
-        int lrc;
-        memset(&lo, 0, sizeof lo);
-        lo.strict = 1, lo.with_optimizer = 1;
-        lo.on_problem = on_load_problem, lo.user = &lp;
-        lp.first[0] = 0;
-        if ((lrc = fsdp_load_full(ctx, o->resume, &lo, &lr)) != 0) { // agreed: every rank has the message
-            if (rank == 0 && lp.first[0]) // fsdp's message lists every problem; the first says enough
-                fprintf(stderr, "mlp: --resume %s does not fit this model: %d tensors mis-shaped, %d missing, %d "
-                        "unexpected; the first: %s\n", o->resume, lr.mismatched, lr.missing, lr.unexpected, lp.first);
-            else if (rank == 0)
-                fprintf(stderr, "mlp: --resume %s: %s\n", o->resume, fsdp_last_error(ctx));
-            if (rank == 0 && lrc == FSDP_ERR_INCOMPATIBLE) explain_mismatch(o, &m);
-            goto done;
-        }
-        if (rank == 0) read_resume_point(o, lr.step, v, err, sizeof err);
-        if (fsdp_broadcast(comm, v, sizeof v / 4, FSDP_F32, 0)) { // integers, moved as bytes
-            fprintf(stderr, "rank %d: broadcasting the resume point: %s\n", rank, fsdp_comm_last_error(comm));
-            goto done;
-        }
-        if (v[RESUME_OK]) {
-            if (rank == 0) fprintf(stderr, "mlp: --resume %s\n", err);
-            goto done;
-        }
-        first_step = v[RESUME_STEP], rows_seen = v[RESUME_ROWS_SEEN];
-        if (rank == 0) {
-            printf("resumed from %s at step %lld (epoch %lld, next row %lld)%s\n", o->resume, first_step,
-                   rows_seen / data->rows, rows_seen % data->rows,
-                   first_step >= o->steps ? ": nothing left to train (raise --steps)" : "");
-            if (!v[RESUME_HAS_MLP])
-                printf("note: %s has no mlp metadata: continuing at fsdp's step %lld, data position step x --batch\n",
-                       o->resume, first_step);
-            else if (v[RESUME_DATA_ROWS] != data->rows)
-                printf("note: %s was trained on %lld data rows, this run has %d: its data position is taken modulo %d\n",
-                       o->resume, v[RESUME_DATA_ROWS], data->rows, data->rows);
-        }
-    }
+    t->m.ctx = t->ctx;
+    return 0;
+}
 
-    for (step = first_step; step < o->steps; step++) {
-        fsdp_step_report report;
-        double t0, wait0, t;
-        // global batch: rows rows_seen .. rows_seen + batch - 1 (mod rows); this rank takes part `rank` of it
-        data_batch(data, rows_seen, 1, rank * B, (rank + 1) * B, acts.x[0], acts.targets);
-        t0 = fsdp_now(), m.hook_seconds = 0;
-        if (mlp_forward(&m, &acts, &loss) || mlp_backward(&m, &acts)) goto done;
-        wait0 = fsdp_now();
-        if (fsdp_step(ctx, o->clip, &report) || fsdp_zero_grad(ctx)) {
-            fprintf(stderr, "rank %d: step %lld: %s\n", rank, step + 1, fsdp_last_error(ctx));
-            goto done;
-        }
-        t = fsdp_now();
-        rows_seen += o->batch;
-        step_ms[timed] = 1e3 * (t - t0);
-        wait_ms[timed] = 1e3 * (m.hook_seconds + t - wait0); // hooks, fsdp_step (with the update), zero_grad
-        timed++;
-        // the global mean loss; safe here: fsdp_step returned, so the comm thread is idle
-        if (fsdp_all_reduce(comm, &loss, &loss, 1, FSDP_F32, FSDP_AVG)) {
-            fprintf(stderr, "rank %d: all_reduce of the loss: %s\n", rank, fsdp_comm_last_error(comm));
-            goto done;
-        }
-        if (rank == 0 && (step % o->print_every == 0 || step == first_step || step == o->steps - 1))
-            printf("step %4lld/%d  loss %.4f  grad norm %7.4f%s  %6.1f ms\n", step + 1, o->steps, (double)loss,
-                   report.grad_norm, report.skipped ? " (skipped: not finite)" : "", step_ms[timed - 1]);
-        // between iterations (fsdp_step returned), like the all_reduce above
-        if (o->save_every && (step + 1) % o->save_every == 0) {
-            if (save_checkpoint(ctx, o, o->save, 1, step + 1, rows_seen, rank)) goto done;
-            saved_step = step + 1;
+/* Rank 0: the ranks, the model, the data and the optimizer. */
+static void print_run(const trainer *t) {
+    const options *o = t->o;
+    const mlp *m = &t->m;
+    int P = t->P, groups = P / (t->desc.shard_group_size ? t->desc.shard_group_size : 1);
+    printf("mlp: %d rank%s (%s), %s", P, P > 1 ? "s" : "", fsdp_backend_name(fsdp_comm_backend(t->comm)),
+           fsdp_strategy_name(o->strategy));
+    if (o->strategy == FSDP_HYBRID_SHARD)
+        printf(" (%d shard group%s of %d rank%s)", groups, groups > 1 ? "s" : "", t->desc.shard_group_size,
+               t->desc.shard_group_size > 1 ? "s" : "");
+    printf(", %s parameters, prefetch %s\n", fsdp_dtype_name(o->param_dtype), o->prefetch ? "on" : "off");
+    printf("model: %d", m->dims[0]);
+    for (int i = 1; i <= m->num_layers; i++) printf(" -> %d", m->dims[i]);
+    printf(" (%d Linear layers, %zu parameters)\n", m->num_layers, m->num_params);
+    printf("data: %s, %d rows, %d features, %d classes; global batch %d (%d per rank)\n",
+           o->csv ? o->csv : "synthetic blobs", o->data.rows, o->data.features, o->data.classes, o->batch, t->B);
+    printf("optimizer: %s, lr %g, weight decay %g, momentum %g, clip %g\n", optimizer_names[o->optimizer],
+           (double)o->lr, (double)(o->weight_decay_set ? o->weight_decay : o->optimizer == FSDP_ADAMW ? 0.01f : 0.0f),
+           (double)o->momentum, (double)o->clip);
+    if (o->print_units) fsdp_print_units(t->ctx, NULL, NULL);
+}
+
+/* Rank 0, after a resume: where the run continues, and what differs from the saved run. */
+static void print_resume_point(const trainer *t, const long long v[RESUME_N]) {
+    const options *o = t->o;
+    int rows = o->data.rows;
+    printf("resumed from %s at step %lld (epoch %lld, next row %lld)%s\n", o->resume, t->first_step,
+           t->rows_seen / rows, t->rows_seen % rows,
+           t->first_step >= o->steps ? ": nothing left to train (raise --steps)" : "");
+    if (!v[RESUME_HAS_MLP])
+        printf("note: %s has no mlp metadata: continuing at fsdp's step %lld, data position step x --batch\n",
+               o->resume, t->first_step);
+    else if (v[RESUME_DATA_ROWS] != rows)
+        printf("note: %s was trained on %lld data rows, this run has %d: its data position is taken modulo %d\n",
+               o->resume, v[RESUME_DATA_ROWS], rows, rows);
+}
+
+/* --resume: loads the parameters and optimizer state, and agrees on where the run continues.
+   Collective, before the first iteration. */
+static int resume(trainer *t) {
+    const options *o = t->o;
+    int rank = t->rank, lrc;
+    fsdp_load_options lo;
+    fsdp_load_report lr;
+    load_problems lp;
+    long long v[RESUME_N];
+    char err[512] = "";
+    memset(&lo, 0, sizeof lo);
+    lo.strict = 1, lo.with_optimizer = 1;
+    lo.on_problem = on_load_problem, lo.user = &lp;
+    lp.first[0] = 0;
+    if ((lrc = fsdp_load_full(t->ctx, o->resume, &lo, &lr)) != 0) { // agreed: every rank has the message
+        if (rank == 0 && lp.first[0]) // fsdp's message lists every problem; the first says enough
+            fprintf(stderr, "mlp: --resume %s does not fit this model: %d tensors mis-shaped, %d missing, %d "
+                    "unexpected; the first: %s\n", o->resume, lr.mismatched, lr.missing, lr.unexpected, lp.first);
+        else if (rank == 0)
+            fprintf(stderr, "mlp: --resume %s: %s\n", o->resume, fsdp_last_error(t->ctx));
+        if (rank == 0 && lrc == FSDP_ERR_INCOMPATIBLE) explain_mismatch(o, &t->m);
+        return -1;
+    }
+    if (rank == 0) read_resume_point(o, lr.step, v, err, sizeof err);
+    if (fsdp_broadcast(t->comm, v, sizeof v / 4, FSDP_F32, 0)) { // integers, moved as bytes
+        fprintf(stderr, "rank %d: broadcasting the resume point: %s\n", rank, fsdp_comm_last_error(t->comm));
+        return -1;
+    }
+    if (v[RESUME_OK]) {
+        if (rank == 0) fprintf(stderr, "mlp: --resume %s\n", err);
+        return -1;
+    }
+    t->first_step = v[RESUME_STEP], t->rows_seen = v[RESUME_ROWS_SEEN];
+    if (rank == 0) print_resume_point(t, v);
+    return 0;
+}
+
+/* One training step: forward, backward, fsdp_step, the global mean loss; timed. */
+static int take_step(trainer *t) {
+    const options *o = t->o;
+    fsdp_step_report report;
+    double t0, wait0, now;
+    long long step = t->step;
+    int rank = t->rank;
+    // global batch: rows rows_seen .. rows_seen + batch - 1 (mod rows); this rank takes part `rank` of it
+    data_batch(&o->data, t->rows_seen, 1, rank * t->B, (rank + 1) * t->B, t->acts.x[0], t->acts.targets);
+    t0 = fsdp_now(), t->m.hook_seconds = 0;
+    if (mlp_forward(&t->m, &t->acts, &t->loss) || mlp_backward(&t->m, &t->acts)) return -1;
+    wait0 = fsdp_now();
+    if (fsdp_step(t->ctx, o->clip, &report) || fsdp_zero_grad(t->ctx)) {
+        fprintf(stderr, "rank %d: step %lld: %s\n", rank, step + 1, fsdp_last_error(t->ctx));
+        return -1;
+    }
+    now = fsdp_now();
+    t->rows_seen += o->batch;
+    t->step_ms[t->timed] = 1e3 * (now - t0);
+    t->wait_ms[t->timed] = 1e3 * (t->m.hook_seconds + now - wait0); // hooks, fsdp_step (with the update), zero_grad
+    t->timed++;
+    // the global mean loss; safe here: fsdp_step returned, so the comm thread is idle
+    if (fsdp_all_reduce(t->comm, &t->loss, &t->loss, 1, FSDP_F32, FSDP_AVG)) {
+        fprintf(stderr, "rank %d: all_reduce of the loss: %s\n", rank, fsdp_comm_last_error(t->comm));
+        return -1;
+    }
+    if (rank == 0 && (step % o->print_every == 0 || step == t->first_step || step == o->steps - 1))
+        printf("step %4lld/%d  loss %.4f  grad norm %7.4f%s  %6.1f ms\n", step + 1, o->steps, (double)t->loss,
+               report.grad_norm, report.skipped ? " (skipped: not finite)" : "", t->step_ms[t->timed - 1]);
+    return 0;
+}
+
+/* The steps from first_step to --steps, with the --save-every checkpoints and the last --save. */
+static int train_loop(trainer *t) {
+    const options *o = t->o;
+    for (t->step = t->first_step; t->step < o->steps; t->step++) {
+        if (take_step(t)) return -1;
+        // between iterations (fsdp_step returned), like the all_reduce of the loss
+        if (o->save_every && (t->step + 1) % o->save_every == 0) {
+            if (save_checkpoint(t->ctx, o, o->save, 1, t->step + 1, t->rows_seen, t->rank)) return -1;
+            t->saved_step = t->step + 1;
         }
     }
     // step: the steps done (--steps, or the resumed step if that is further); not saved twice
-    if (o->save && saved_step != step && save_checkpoint(ctx, o, o->save, 1, step, rows_seen, rank)) goto done;
+    if (o->save && t->saved_step != t->step && save_checkpoint(t->ctx, o, o->save, 1, t->step, t->rows_seen, t->rank))
+        return -1;
+    return 0;
+}
 
-    { // every rank's memory and time, printed by rank 0
-        fsdp_memory_stats st;
-        double mine[6], *all = (double *)calloc((size_t)P * 6, sizeof(double));
-        fsdp_memory_stats_get(ctx, &st);
-        mine[0] = (double)st.persistent_bytes, mine[1] = (double)st.peak_unsharded_bytes;
-        mine[2] = (double)st.peak_bytes, mine[3] = example_peak_rss(NULL); // the rank's own peak (VmHWM)
-        mine[4] = median(step_ms + (timed > 1), timed - (timed > 1)); // the first step warms up
-        mine[5] = median(wait_ms + (timed > 1), timed - (timed > 1));
-        if (!all || fsdp_all_gather(comm, mine, all, sizeof mine / 4, FSDP_F32)) { // doubles, moved as bytes
-            fprintf(stderr, "rank %d: gathering the statistics failed: %s\n", rank, fsdp_comm_last_error(comm));
-            free(all);
-            goto done;
-        }
-        if (rank == 0) {
-            printf("\nrank  persistent  peak unsharded  fsdp peak   max RSS   ms/step  in fsdp calls (ms/step)\n");
-            for (int r = 0; r < P; r++) {
-                double *s = all + 6 * r;
-                printf("%4d  %6.2f MiB  %10.2f MiB  %5.2f MiB  %5.1f MiB  %7.1f  %6.1f\n", r, mib(s[0]),
-                       mib(s[1]), mib(s[2]), mib(s[3]), s[4], s[5]);
-            }
-            if (timed)
-                printf("final loss %.4f; %.0f samples/s (median step %.1f ms on rank 0)\n", (double)loss,
-                       o->batch / (all[4] * 1e-3), all[4]);
-            else
-                printf("no steps run\n");
-        }
-        free(all);
+/* Rank 0: every rank's memory and time (all: 6 per rank), and the final loss and throughput. */
+static void print_statistics(const trainer *t, const double *all) {
+    printf("\nrank  persistent  peak unsharded  fsdp peak   max RSS   ms/step  in fsdp calls (ms/step)\n");
+    for (int r = 0; r < t->P; r++) {
+        const double *s = all + 6 * r;
+        printf("%4d  %6.2f MiB  %10.2f MiB  %5.2f MiB  %5.1f MiB  %7.1f  %6.1f\n", r, mib(s[0]),
+               mib(s[1]), mib(s[2]), mib(s[3]), s[4], s[5]);
     }
+    if (t->timed)
+        printf("final loss %.4f; %.0f samples/s (median step %.1f ms on rank 0)\n", (double)t->loss,
+               t->o->batch / (all[4] * 1e-3), all[4]);
+    else
+        printf("no steps run\n");
+}
+
+/* Every rank's memory and time, gathered and printed by rank 0. Collective. */
+static int report_statistics(trainer *t) {
+    fsdp_memory_stats st;
+    int timed = t->timed;
+    double mine[6], *all = (double *)calloc((size_t)t->P * 6, sizeof(double));
+    memset(&st, 0, sizeof st); // set by fsdp_memory_stats_get; zeroed so no compiler thinks it may not be
+    fsdp_memory_stats_get(t->ctx, &st);
+    mine[0] = (double)st.persistent_bytes, mine[1] = (double)st.peak_unsharded_bytes;
+    mine[2] = (double)st.peak_bytes, mine[3] = example_peak_rss(NULL); // the rank's own peak (VmHWM)
+    mine[4] = median(t->step_ms + (timed > 1), timed - (timed > 1)); // the first step warms up
+    mine[5] = median(t->wait_ms + (timed > 1), timed - (timed > 1));
+    if (!all || fsdp_all_gather(t->comm, mine, all, sizeof mine / 4, FSDP_F32)) { // doubles, moved as bytes
+        fprintf(stderr, "rank %d: gathering the statistics failed: %s\n", t->rank, fsdp_comm_last_error(t->comm));
+        free(all);
+        return -1;
+    }
+    if (t->rank == 0) print_statistics(t, all);
+    free(all);
+    return 0;
+}
+
+/* What each rank runs: build the model, shard it, train, report. */
+static int train(fsdp_comm *comm, void *arg) {
+    trainer t;
+    int rc = 1;
+    memset(&t, 0, sizeof t);
+    t.o = (const options *)arg;
+    t.comm = comm;
+    t.rank = fsdp_comm_rank(comm), t.P = fsdp_comm_size(comm), t.B = t.o->batch / t.P;
+    t.step_ms = (double *)calloc(2 * (size_t)t.o->steps, sizeof(double));
+    t.wait_ms = t.step_ms + t.o->steps;
+    t.saved_step = -1;
+    if (setup_rank(&t)) goto done;
+    if (t.rank == 0) print_run(&t);
+    // collectives before the first iteration: the runtime is idle
+    if (t.o->save_init && save_checkpoint(t.ctx, t.o, t.o->save_init, 0, 0, 0, t.rank)) goto done;
+    if (t.o->resume && resume(&t)) goto done;
+    if (train_loop(&t) || report_statistics(&t)) goto done;
     rc = 0;
 done:
-    fsdp_destroy(ctx);
-    mlp_acts_free(&acts);
-    mlp_free(&m);
-    free(step_ms);
+    fsdp_destroy(t.ctx);
+    mlp_acts_free(&t.acts);
+    mlp_free(&t.m);
+    free(t.step_ms);
     return rc;
 }
 
