@@ -82,7 +82,9 @@ esac
 # one host), mpi (mpirun), hier (ranks per host on the bed, e.g. 2,1). The batch divides by the
 # ranks times --accum. Flags in capitals are the script's: FSDP_HIER_STEP_MIB=N is set in the ranks'
 # environment; LOSE=HOST@STEP[:silent|:rejoin@PAUSE] loses a host of the bed at the start of STEP
-# (lose_host below; with --recover); REF_WITHOUT=FLAG: the unperturbed reference runs without FLAG.
+# (lose_host below; with --recover), LOSE=partition@STEP splits the 4 hosts 2|2 at STEP instead (every
+# rank must stop naming the partition, the reference too); REF_WITHOUT=FLAG: the unperturbed reference
+# runs without FLAG.
 # The "c256" ones have units of 3 MiB: several shm rounds, peers' memory read in place (P = 8),
 # socket rings that wrap, hierarchical pipelines of several steps.
 TEST_CONFIGS=(
@@ -124,6 +126,7 @@ TEST_CONFIGS=(
     "hier-4x2-recover-no-loss|hier|2,2,2,2|24|--strategy HYBRID_SHARD --recover REF_WITHOUT=--recover"
     "hier-4x2-recover-kill-h2@3|hier|2,2,2,2|24|--strategy HYBRID_SHARD --recover LOSE=h2@3"
     "hier-4x2-recover-rejoin-h2@1|hier|2,2,2,2|24|--strategy HYBRID_SHARD --recover LOSE=h2@1:rejoin@2"
+    "hier-4x2-recover-partition@3|hier|2,2,2,2|24|--strategy HYBRID_SHARD --recover LOSE=partition@3"
 )
 # examples/chaos.sh: the test's configurations and 27 more (larger P, three blocks, the features
 # combined, the wires on 2 to 4 hosts, recovery: the rendezvous's host h0 lost, and rejoined, a
@@ -241,12 +244,18 @@ run_job() {
 # LOSE is HOST@STEP (its ranks stop at the start of STEP and are killed), HOST@STEP:silent (its link
 # cut instead) or HOST@STEP:rejoin@PAUSE (killed, and started again with --rejoin: rank 0 of the
 # survivors stops at the start of PAUSE and PAUSE+1, the joiners are admitted after PAUSE+1; their
-# output in DIR/rejoined<r>). 0 if every survivor and joiner exited 0.
+# output in DIR/rejoined<r>). 0 if every survivor and joiner exited 0. LOSE partition@STEP: the hosts
+# split 2|2 at STEP (gpt_partition); 0 if every rank stopped naming the partition.
 RPORT=31000
 lose_host() {
     local dir=$1 counts=$2 lose=$3 host step fault=kill pause="" rc=0 pid a skip=0 joiner=()
     shift 3
     host=${lose%%@*} step=${lose#*@} step=${step%%:*}
+    if [ "$host" = partition ]; then
+        GPT_FAULT_HOST=1 GPT_FAULT_AT_STEP=$step GPT_FAULT_SIGNAL=STOP hostbed_ranks --timeout 600 --no-wait "$counts" "$@"
+        GPT_STEPS=$steps gpt_partition "$step"
+        return
+    fi
     case $lose in *:silent) fault=silent ;; *:rejoin@*) pause=${lose##*@} ;; esac
     if [ -z "$pause" ]; then
         GPT_FAULT_HOST=${host#h} GPT_FAULT_AT_STEP=$step GPT_FAULT_SIGNAL=STOP \
@@ -326,12 +335,13 @@ same_bits() {
 last_words() { grep -v '^step\|^saved\|^saving' "$1/out" 2>/dev/null | tail -n 2 | tr '\n' ' ' | cut -c1-300; }
 
 # reference DIR LAUNCHER RANKS BATCH FLAGS...: the job unperturbed; DIR/result "ok" or "FAILED ..."
-# (LOSE=h0@S: rank 0, which writes the log, is lost at step S: S - 1 steps logged)
+# (LOSE=h0@S: rank 0, which writes the log, is lost at step S, and LOSE=partition@S stops it there:
+# S - 1 steps logged)
 reference() {
     local dir=$1 t0=$SECONDS logged=$steps flag
     shift
     local rc=0
-    for flag in "$@"; do case $flag in LOSE=h0@*) logged=${flag#LOSE=h0@} logged=$((${logged%%[!0-9]*} - 1)) ;; esac; done
+    for flag in "$@"; do case $flag in LOSE=h0@* | LOSE=partition@*) logged=${flag#LOSE=*@} logged=$((${logged%%[!0-9]*} - 1)) ;; esac; done
     run_job "$dir" 0 none "$@" || rc=$?
     if [ $rc != 0 ]; then echo "FAILED (exit $rc): $(last_words "$dir")" >"$dir/result"
     elif [ "$(grep -c '"step"' "$dir/log" 2>/dev/null)" != "$logged" ]; then echo "FAILED: no log of $logged steps" >"$dir/result"

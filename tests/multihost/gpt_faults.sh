@@ -33,6 +33,14 @@
 #                                them): every run admits them after step PAUSE+1, and PAUSE+2 is their
 #                                first step. GPT_REJOIN_PIDS: the joiners' pids, for `wait`. Prints
 #                                what it waited for and how long (a line each).
+#   gpt_cut_pairs add|del        a 2|2 partition of 4 hosts, h0,h1 | h2,h3 (below)
+#   gpt_partition STEP           the job (4 hosts, started with GPT_FAULT_HOST=1 GPT_FAULT_AT_STEP=STEP
+#                                GPT_FAULT_SIGNAL=STOP) split 2|2 at STEP: h1's ranks stop at its
+#                                start (the others then wait in its first op across hosts), the
+#                                partition is made, h1's ranks go on, both halves whole and alive;
+#                                waits for every rank, then mends the links. 0 if every rank stopped
+#                                (a non-zero exit, not the bound's 124) naming the partition ("not a
+#                                strict majority") and none reached the last step (GPT_STEPS)
 
 gpt_host_ranks() {
     local r
@@ -125,4 +133,37 @@ gpt_rejoin() {
     gpt_logged "$HOSTBED_SHARE/rank$rz.log" "GPT_PAUSE_AT_STEP=$pause: .* at step $((pause + 1))\$"
     _gpt_rendezvous_waits "$rz" $((pport + rz)) "$n" '$1 > 0' # their hellos wait unread (PAUSE+1's admits them)
     hostbed_kill "h${HOSTBED_RANK_HOST[rz]}" CONT
+}
+
+# gpt_cut_pairs add|del: each host sends what is for the other pair to a hardware address nobody
+# has (a permanent neighbour entry): the switch floods it and every host drops it, so the senders
+# see nothing, as when a switch stops forwarding between two groups of ports. (hostbed_link cuts a
+# host from every other; tc's drop action is missing from some kernels.)
+gpt_cut_pairs() {
+    local i p peers
+    for i in 0 1 2 3; do
+        [ $i -lt 2 ] && peers="3 4" || peers="1 2"
+        for p in $peers; do
+            if [ "$1" = add ]; then
+                hostbed_exec "h$i" ip neigh replace "$HOSTBED_SUBNET.$p" lladdr 02:00:00:00:00:01 nud permanent dev eth0 || return 1
+            else
+                hostbed_exec "h$i" ip neigh del "$HOSTBED_SUBNET.$p" dev eth0 2>/dev/null
+            fi
+        done
+    done
+}
+
+gpt_partition() {
+    local r ok=0
+    gpt_stopped h1 "$1" || ok=1
+    gpt_cut_pairs add || ok=1
+    hostbed_kill h1 CONT
+    hostbed_ranks_wait
+    gpt_cut_pairs del
+    for ((r = 0; r < ${#HOSTBED_RANK_STATUS[@]}; r++)); do
+        [ "${HOSTBED_RANK_STATUS[r]}" != 0 ] && [ "${HOSTBED_RANK_STATUS[r]}" != 124 ] || ok=1
+        grep -q "not a strict majority" "$HOSTBED_SHARE/rank$r.log" || ok=1
+    done
+    grep -q "^step *${GPT_STEPS:-0}/${GPT_STEPS:-0} " "$HOSTBED_SHARE"/rank*.log && ok=1
+    return $ok
 }
