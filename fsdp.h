@@ -3475,6 +3475,17 @@ FSDP__PRIVATE void fsdp__tally_release(fsdp__tally *t) {
     }
 }
 
+/* Makes t add into up's from now on instead of its parent's (a comm kept on a new world:
+   fsdp__recovery_keep_shard). No op may be counting into t meanwhile. */
+FSDP__PRIVATE void fsdp__tally_reparent(fsdp__tally *t, fsdp__tally *up) {
+    fsdp__tally *was;
+    if (!t || !up || t->up == up) return;
+    was = t->up;
+    __atomic_fetch_add(&up->refs, 1, __ATOMIC_RELAXED);
+    t->up = up;
+    fsdp__tally_release(was);
+}
+
 FSDP_API int fsdp_comm_stats_get(const fsdp_comm *comm, fsdp_comm_stats *out) {
     if (out) memset(out, 0, sizeof *out);
     if (!comm || !out) return FSDP_ERR_INVALID_ARG;
@@ -13000,17 +13011,11 @@ FSDP__PRIVATE int fsdp__recovery_move_masters(fsdp_ctx *ctx, fsdp_comm *world, f
    comm replaced. The master shards stay where they are. */
 FSDP__PRIVATE int fsdp__recovery_keep_shard(fsdp_ctx *ctx, fsdp_comm *world, fsdp_comm *replica) {
     fsdp_comm *shard = ctx->hybrid_shard_comm;
-    fsdp__tally *was;
     int ui;
     if (!shard || fsdp_comm_status(shard) != FSDP_SUCCESS || fsdp_comm_size(shard) != ctx->desc.shard_group_size)
         return fsdp__fail(ctx, FSDP_ERR_STATE, "recovery: the shard comm to keep is %s", !shard ? "missing" :
                           fsdp_comm_status(shard) != FSDP_SUCCESS ? "broken" : "of another size");
-    if (shard->tally && world->tally && shard->tally->up != world->tally) {
-        was = shard->tally->up;
-        __atomic_fetch_add(&world->tally->refs, 1, __ATOMIC_RELAXED);
-        shard->tally->up = world->tally; /* (no op in flight: between steps) */
-        fsdp__tally_release(was);
-    }
+    fsdp__tally_reparent(shard->tally, world->tally); /* (no op in flight: between steps) */
     for (ui = 0; ui < ctx->num_units; ui++) ctx->units[ui].replica_comm = replica;
     return 0;
 }
