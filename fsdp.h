@@ -905,7 +905,13 @@ FSDP_API int fsdp_offload_bandwidth(const char *dir, size_t bytes, int streams, 
    fsdp_init waits for that, up to the op timeout), and receives for each of its ranks the
    state of its counterpart in a replica that trains (master shard, optimizer state, step, loss
    scale, learning rate, the blob of fsdp_recovery_set_blob), checked by checksum; the survivors'
-   fsdp_step that admits reports the grown replica count and a new epoch. A joiner with another
+   fsdp_step that admits reports the grown replica count and a new epoch. What a step needs (the
+   master shards, the scalars, the blob) moves in that fsdp_step and fsdp_init; the optimizer
+   state moves behind the next iteration (a thread at each end), and the sender and the joiner
+   wait for it at that step's commit point (or at a checkpoint, fsdp_set_optimizer,
+   fsdp_synchronize): the survivors pause for a third of the bytes with AdamW. A joiner whose
+   optimizer state did not arrive whole (its sender lost, a checksum) fails that fsdp_step with
+   FSDP_ERR_PROTOCOL and leaves; the survivors drop the step and go on. A joiner with another
    secret is refused and the survivors are not disturbed. The rejoined rank's loop asks
    fsdp_recovery_state for the step and the blob to take the right data; fsdp_recovery_timeline_get
    says what each phase of the last loss and rejoin took (also trace events). Not yet: offload or
@@ -1196,9 +1202,14 @@ typedef struct fsdp_recovery_timeline {
     double join_begin;      /* survivors: the admission began (after the step that carried the
                                joiners' request); a joiner: its fsdp_init's first hello */
     double join_world;      /* the new world made with the joiners (and agreed) */
-    double join_done;       /* the state sent (a joiner: received and checked) */
-    uint64_t join_bytes;    /* that state's bytes: master shards, optimizer state, the tail */
+    double join_done;       /* the state a step needs sent (a joiner: received and checked): the
+                               master shards, the units' order, step, loss scale, learning rate,
+                               blob. The survivors' pause ends here */
+    uint64_t join_bytes;    /* the state's bytes: those, and the optimizer state once it moved */
     int64_t join_step, join_epoch; /* the step the joiners start from; the epoch it led to */
+    double join_streamed;   /* the optimizer state sent behind training (a joiner: received and
+                               checked), while the first step with the joiners ran; 0: not yet
+                               (or none to move) */
 } fsdp_recovery_timeline;
 /* Copies the timeline into *out (zeroed first). FSDP_SUCCESS; FSDP_ERR_INVALID_ARG for NULL
    arguments; FSDP_ERR_STATE without recovery. */
@@ -10736,6 +10747,7 @@ typedef struct fsdp__recovery {
     fsdp__join_pending pending[FSDP__JOIN_PENDING]; /* the rendezvous: connections challenged, no hello yet */
     int join_seen;                        /* the last commit point carried the rendezvous's "joiners wait" */
     fsdp__join_tail tail;                 /* the blob (fsdp_recovery_set_blob) and, on a joiner, what came */
+    struct fsdp__join_stream *stream;     /* a rejoin's optimizer state moving behind training, or NULL */
     fsdp_recovery_timeline times;         /* fsdp_recovery_timeline_get's */
 } fsdp__recovery;
 
@@ -12355,6 +12367,7 @@ FSDP__PRIVATE int fsdp__local_sumsq(fsdp_ctx *ctx, double out[3]) {
 }
 
 FSDP__PRIVATE int fsdp__rejoin_ready(fsdp_ctx *ctx); /* (>>recovery) */
+FSDP__PRIVATE int fsdp__rejoin_settled(fsdp_ctx *ctx, int abort);
 
 /* The gradients' global L2 norm, the same bits on every rank: the ranks' sums of squares
    all-gathered over the world (the commit point of >>recovery) and added in rank order, into
@@ -12362,6 +12375,7 @@ FSDP__PRIVATE int fsdp__rejoin_ready(fsdp_ctx *ctx); /* (>>recovery) */
 FSDP__PRIVATE int fsdp__global_norm(fsdp_ctx *ctx, double *norm) {
     double mine[4], *all = ctx->norm_sums, total = 0;
     int r, rc, hybrid = ctx->desc.shard_group_size;
+    if ((rc = fsdp__rejoin_settled(ctx, 0)) != 0) return rc; /* (a joiner's optimizer state whole before its update) */
     if ((rc = fsdp__local_sumsq(ctx, mine)) != 0) return rc;
     mine[3] = ctx->recovery ? fsdp__rejoin_ready(ctx) : 0; /* (a spare slot: >>recovery's rejoin) */
     if (ctx->world > ctx->norm_ranks) /* (fsdp__recovery_adopt makes room for a grown world) */
@@ -13500,6 +13514,7 @@ FSDP__PRIVATE int fsdp__recover(fsdp_ctx *ctx, float max_norm, fsdp_step_report 
     fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: recovery: epoch %lld at step %lld: %s", rec->first_rank,
               (long long)rec->now.epoch, (long long)ctx->step, ctx->error);
     if ((rc = fsdp__recovery_quiesce(ctx, "a replica was lost: recovering")) != 0) return rc;
+    if ((rc = fsdp__rejoin_settled(ctx, 0)) != 0) return rc; /* (a joiner whose state did not all come leaves) */
     rec->times.stopped = fsdp_now();
     if (!(v = (fsdp__recovery_verdict *)fsdp__calloc(sizeof *v))) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "out of memory");
     if ((rc = fsdp__recovery_agree(ctx, v, &leader, &world_fd)) == 0 && v->rc)
@@ -13737,11 +13752,12 @@ FSDP__PRIVATE int fsdp__rejoin_settle(fsdp_ctx *ctx, const int *replicas, int co
     return 0;
 }
 
-#ifndef FSDP__REJOIN_RECEIVED /* a test's hook: a piece a joiner received, before its checksum */
-#define FSDP__REJOIN_RECEIVED(ctx, data, bytes) ((void)0)
+#ifndef FSDP__REJOIN_RECEIVED /* a test's hook: a piece a joiner received, before its checksum (behind: moved
+                                 behind training, on the transfer's thread) */
+#define FSDP__REJOIN_RECEIVED(ctx, data, bytes, behind) ((void)0)
 #endif
 #ifndef FSDP__REJOIN_SENDING /* a test's hook: a piece the sender is about to send */
-#define FSDP__REJOIN_SENDING(ctx, data, bytes) ((void)0)
+#define FSDP__REJOIN_SENDING(ctx, data, bytes, behind) ((void)0)
 #endif
 #ifndef FSDP__JOIN_PIECE /* bytes of a piece of the transfer, each checked by its own CRC-32C (a test may make it smaller) */
 #define FSDP__JOIN_PIECE ((size_t)4 << 20)
@@ -13756,13 +13772,16 @@ typedef struct fsdp__join_piece {
     uint32_t crc;
 } fsdp__join_piece;
 
-/* One end of a rejoin's transfer: the pair's comm (the sender its rank 0, the joiner its rank 1),
-   the pieces so far and how many of them have their CRC yet, the bytes moved. */
+/* One end of a part of a rejoin's transfer: the pair's comm (the sender its rank 0, the joiner
+   its rank 1), the pieces so far and how many of them have their CRC yet, the bytes moved, the
+   sender's replica; direct: this thread moves the bytes over the pair itself (the part behind
+   training, on a thread of its own), else the comm thread does; why: a failure's message. */
 typedef struct fsdp__join_xfer {
     fsdp_comm *pair;
-    int sending, count, cap, crced;
+    int sending, count, cap, crced, direct, from;
     fsdp__join_piece *pieces;
     uint64_t bytes;
+    char why[320];
 } fsdp__join_xfer;
 
 /* The CRC-32C of the pieces before `upto` that have none yet. */
@@ -13773,30 +13792,46 @@ FSDP__PRIVATE void fsdp__rejoin_crc(fsdp__join_xfer *x, int upto) {
     }
 }
 
-/* One buffer of the transfer (floats) sent or received in pieces over the pair, a piece in
-   flight on the comm thread while this thread takes a CRC: the sender's of that piece (only
-   read, as the socket reads it), the joiner's of the piece before (received whole). */
+/* A piece noted in the transfer's list (grown as needed): 0, or FSDP_ERR_OUT_OF_MEMORY. */
+FSDP__PRIVATE int fsdp__rejoin_note(fsdp__join_xfer *x, const unsigned char *piece, size_t len, size_t at, int unit,
+                                    int what) {
+    fsdp__join_piece *p;
+    if (x->count == x->cap) {
+        if (!(p = (fsdp__join_piece *)FSDP_REALLOC(x->pieces, sizeof *p * (size_t)(2 * x->cap + 16))))
+            return FSDP_ERR_OUT_OF_MEMORY;
+        x->pieces = p, x->cap = 2 * x->cap + 16;
+    }
+    p = &x->pieces[x->count++];
+    p->data = piece, p->bytes = len, p->at = at, p->unit = unit, p->what = what, p->crc = 0;
+    return 0;
+}
+
+/* count f32 words over the pair, from the sender: by the comm thread, or (x->direct) by this
+   thread over the pair's comm, which nothing else uses meanwhile. */
+FSDP__PRIVATE int fsdp__rejoin_move(fsdp_ctx *ctx, fsdp__join_xfer *x, void *data, size_t count) {
+    return x->direct ? fsdp_broadcast(x->pair, data, count, FSDP_F32, 0)
+                     : fsdp__worker_coll(ctx, x->pair, FSDP_COLL_BROADCAST, data, data, count, 0);
+}
+
+/* One buffer of the transfer (floats) sent or received in pieces over the pair. By the comm
+   thread, a piece in flight there while this thread takes a CRC: the sender's of that piece
+   (only read, as the socket reads it), the joiner's of the piece before (received whole). */
 FSDP__PRIVATE int fsdp__rejoin_send(fsdp_ctx *ctx, fsdp__join_xfer *x, void *data, size_t floats, int unit, int what) {
     size_t at, len, bytes = floats * 4;
     for (at = 0; at < bytes; at += len) {
         unsigned char *piece = (unsigned char *)data + at;
-        fsdp__join_piece *grown;
-        uint64_t id;
+        uint64_t id = 0;
         int rc;
         len = bytes - at < FSDP__JOIN_PIECE ? bytes - at : FSDP__JOIN_PIECE;
-        if (x->count == x->cap) {
-            if (!(grown = (fsdp__join_piece *)FSDP_REALLOC(x->pieces, sizeof *grown * (size_t)(2 * x->cap + 16))))
-                return FSDP_ERR_OUT_OF_MEMORY;
-            x->pieces = grown, x->cap = 2 * x->cap + 16;
-        }
-        x->pieces[x->count].data = piece, x->pieces[x->count].bytes = len, x->pieces[x->count].at = at;
-        x->pieces[x->count].unit = unit, x->pieces[x->count].what = what, x->pieces[x->count++].crc = 0;
-        if (x->sending) FSDP__REJOIN_SENDING(ctx, piece, len);
-        if (!(id = fsdp__worker_post(ctx, x->pair, FSDP_COLL_BROADCAST, piece, piece, len / 4, 0, 1)))
+        if ((rc = fsdp__rejoin_note(x, piece, len, at, unit, what)) != 0) return rc;
+        if (x->sending) FSDP__REJOIN_SENDING(ctx, piece, len, x->direct);
+        if (x->direct) rc = fsdp_broadcast(x->pair, piece, len / 4, FSDP_F32, 0);
+        else if (!(id = fsdp__worker_post(ctx, x->pair, FSDP_COLL_BROADCAST, piece, piece, len / 4, 0, 1)))
             return fsdp__fail(ctx, FSDP_ERR_STATE, "comm queue full");
         fsdp__rejoin_crc(x, x->sending ? x->count : x->count - 1);
-        if ((rc = fsdp__wait_task(ctx, id)) != 0) return rc;
-        if (!x->sending) FSDP__REJOIN_RECEIVED(ctx, piece, len);
+        if (!x->direct) rc = fsdp__wait_task(ctx, id);
+        if (rc) return rc;
+        if (!x->sending) FSDP__REJOIN_RECEIVED(ctx, piece, len, x->direct);
         x->bytes += len;
     }
     return 0;
@@ -13825,8 +13860,8 @@ FSDP__PRIVATE int fsdp__rejoin_order(fsdp_ctx *ctx, fsdp__join_xfer *x) {
     return rc;
 }
 
-/* The digest that closes the transfer: SHA-256 of the pieces' CRCs, in order, and of the tail up
-   to its digest (each end computes it over its own CRCs). */
+/* The digest that closes a part of the transfer: SHA-256 of its pieces' CRCs, in order, and of
+   the tail up to its digest (each end computes it over its own CRCs). */
 FSDP__PRIVATE void fsdp__rejoin_digest(const fsdp__join_xfer *x, const fsdp__join_tail *tail, unsigned char out[32]) {
     fsdp__sha256 h;
     int i;
@@ -13855,11 +13890,19 @@ FSDP__PRIVATE void fsdp__rejoin_which(const fsdp__join_xfer *x, const uint32_t *
               p->at + p->bytes, (unsigned)p->crc, (unsigned)sent[i]);
 }
 
-/* The transfer's end: the sender's CRC of every piece, then the tail (step, loss scale, growth
-   tracker, learning rate, blob) with the digest of both. The joiner takes the tail where the
-   digest of its own CRCs and of the tail received is the one sent; otherwise it fails naming the
-   piece, and applies nothing more. */
-FSDP__PRIVATE int fsdp__rejoin_close(fsdp_ctx *ctx, fsdp__join_xfer *x) {
+/* The tail a sender sends: the scalar state as it is now, and the blob. */
+FSDP__PRIVATE void fsdp__rejoin_tail_of(const fsdp_ctx *ctx, fsdp__join_tail *tail) {
+    *tail = ctx->recovery->tail;
+    tail->step = ctx->step, tail->growth_tracker = ctx->scale_growth_tracker, tail->loss_scale = ctx->loss_scale;
+    tail->lr = ctx->opt.lr;
+}
+
+/* A part's end: the sender's CRC of every piece, then the tail (mine: the sender's; step, loss
+   scale, growth tracker, learning rate, blob) with the digest of both. The joiner checks the
+   digest of its own CRCs and of the tail received against the one sent and, where apply, takes
+   the tail; where it differs: FSDP_ERR_PROTOCOL, x->why naming the piece, nothing more applied.
+   Touches nothing of the context but the tail's fields on a joiner (a part's thread may run it). */
+FSDP__PRIVATE int fsdp__rejoin_close(fsdp_ctx *ctx, fsdp__join_xfer *x, const fsdp__join_tail *mine, int apply) {
     fsdp__recovery *rec = ctx->recovery;
     fsdp__join_tail *tail = (fsdp__join_tail *)fsdp__calloc(sizeof *tail);
     uint32_t *sent = (uint32_t *)fsdp__calloc(sizeof *sent * (size_t)x->count);
@@ -13868,67 +13911,147 @@ FSDP__PRIVATE int fsdp__rejoin_close(fsdp_ctx *ctx, fsdp__join_xfer *x) {
     int i, bad = 0, rc = tail && sent ? 0 : FSDP_ERR_OUT_OF_MEMORY;
     fsdp__rejoin_crc(x, x->count);
     for (i = 0; !rc && x->sending && i < x->count; i++) sent[i] = x->pieces[i].crc;
-    if (!rc && x->sending) {
-        *tail = rec->tail;
-        tail->step = ctx->step, tail->growth_tracker = ctx->scale_growth_tracker, tail->loss_scale = ctx->loss_scale;
-        tail->lr = ctx->opt.lr;
-        fsdp__rejoin_digest(x, tail, tail->digest);
-    }
-    if (!rc) rc = fsdp__worker_coll(ctx, x->pair, FSDP_COLL_BROADCAST, sent, sent, (size_t)x->count, 0);
-    if (!rc) rc = fsdp__worker_coll(ctx, x->pair, FSDP_COLL_BROADCAST, tail, tail, sizeof *tail / 4, 0);
+    if (!rc && x->sending) *tail = *mine, fsdp__rejoin_digest(x, tail, tail->digest);
+    if (!rc) rc = fsdp__rejoin_move(ctx, x, sent, (size_t)x->count);
+    if (!rc) rc = fsdp__rejoin_move(ctx, x, tail, sizeof *tail / 4);
     x->bytes += sizeof *sent * (size_t)x->count + sizeof *tail;
     if (!rc && !x->sending) {
         fsdp__rejoin_digest(x, tail, digest);
         if ((bad = !fsdp__equal_ct(digest, tail->digest, 32)) != 0) fsdp__rejoin_which(x, sent, what, sizeof what);
         else if ((bad = tail->blob_bytes > FSDP_RECOVERY_BLOB_MAX) != 0)
             fsdp__fmt(what, sizeof what, "the tail's blob size");
-        if (bad)
-            rc = fsdp__fail(ctx, FSDP_ERR_PROTOCOL, "recovery.rejoin: rank %d: the state received from replica %d (%llu "
-                            "bytes) fails its checksum at %s: not applied", rec->first_rank, rec->now.replicas[0],
-                            (unsigned long long)x->bytes, what);
-        if (!rc) rec->tail = *tail, ctx->step = tail->step, ctx->upd_step = tail->step;
-        if (!rc) ctx->scale_growth_tracker = tail->growth_tracker, ctx->loss_scale = tail->loss_scale;
-        if (!rc && tail->lr >= 0 && isfinite(tail->lr)) ctx->opt.lr = tail->lr;
+        if (bad) {
+            fsdp__fmt(x->why, sizeof x->why, "recovery.rejoin: rank %d: the state received from replica %d (%llu bytes) "
+                      "fails its checksum at %s: not applied", rec->first_rank, x->from, (unsigned long long)x->bytes, what);
+            rc = FSDP_ERR_PROTOCOL;
+        }
+        if (!rc && apply) rec->tail = *tail, ctx->step = tail->step, ctx->upd_step = tail->step;
+        if (!rc && apply) ctx->scale_growth_tracker = tail->growth_tracker, ctx->loss_scale = tail->loss_scale;
+        if (!rc && apply && tail->lr >= 0 && isfinite(tail->lr)) ctx->opt.lr = tail->lr;
     }
     FSDP_FREE(sent);
     FSDP_FREE(tail);
     return rc;
 }
 
+/* The optimizer state of a rejoin, moved behind training. The admitting step sends what a step
+   needs (master shards, the units' order, the tail) and the survivors and the joiner train on:
+   a thread on the sender and one on the joiner move every unit's optimizer state over their
+   pair's comm meanwhile, in pieces closed by their CRCs and a digest as the first part's, while
+   the first step with the joiner computes (its all-gathers and reductions on the other comms).
+   Each end waits for it before its optimizer state is read or written (fsdp__rejoin_settled:
+   the commit point, checkpoints, fsdp_set_optimizer, fsdp_synchronize, a recovery,
+   fsdp_destroy), so the sender's stays as sent and the joiner's is whole before its update. */
+typedef struct fsdp__join_stream {
+    fsdp_ctx *ctx;        /* read: its units' optimizer state (written on a joiner) and hooks; nothing else */
+    fsdp__join_xfer x;    /* direct: the thread owns x.pair until joined */
+    fsdp__join_tail tail; /* the sender's, as in the first part */
+    pthread_t thread;
+    int ran_here, rc;     /* ran_here: no thread could start, it ran at once; rc: its result */
+    double done;          /* fsdp_now() when it ended */
+} fsdp__join_stream;
+
+static void *fsdp__rejoin_stream_main(void *arg) {
+    fsdp__join_stream *s = (fsdp__join_stream *)arg;
+    fsdp_ctx *ctx = s->ctx;
+    int ui, k, rc = 0;
+    for (ui = 0; !rc && ui < ctx->num_units; ui++)
+        for (k = 0; !rc && k < ctx->num_state; k++)
+            if (ctx->units[ui].opt[k].ram)
+                rc = fsdp__rejoin_send(ctx, &s->x, ctx->units[ui].opt[k].ram, (size_t)ctx->units[ui].shard, ui, k + 1);
+    if (!rc) rc = fsdp__rejoin_close(ctx, &s->x, &s->tail, 0);
+    if (rc && !s->x.why[0])
+        fsdp__fmt(s->x.why, sizeof s->x.why, "%s", rc == FSDP_ERR_OUT_OF_MEMORY ? "out of memory"
+                                                                                 : fsdp_comm_last_error(s->x.pair));
+    s->rc = rc, s->done = fsdp_now();
+    return NULL;
+}
+
+/* The optimizer state's move behind training begun on this end of the pair (x: the first part's;
+   its pair handed over). Where no thread can start it runs here, now. */
+FSDP__PRIVATE int fsdp__rejoin_stream(fsdp_ctx *ctx, fsdp__join_xfer *x, const fsdp__join_tail *tail) {
+    fsdp__join_stream *s = (fsdp__join_stream *)fsdp__calloc(sizeof *s);
+    if (!s) return FSDP_ERR_OUT_OF_MEMORY;
+    s->ctx = ctx, s->tail = *tail;
+    s->x.pair = x->pair, s->x.sending = x->sending, s->x.from = x->from, s->x.direct = 1;
+    x->pair = NULL;
+    ctx->recovery->stream = s;
+    if (pthread_create(&s->thread, NULL, fsdp__rejoin_stream_main, s) != 0)
+        s->ran_here = 1, fsdp__rejoin_stream_main(s);
+    return 0;
+}
+
+/* Waits for a rejoin's optimizer state moving behind training (none moving: 0 at once), then
+   notes it (timeline, bytes, trace event). A sender whose move failed goes on (the joiner cannot:
+   its replica is lost at the next collective); a joiner whose move failed leaves: every comm
+   aborted, so that the others lose its replica at once, and FSDP_ERR_PROTOCOL naming why, from
+   then on at every fsdp_step. abort: end it now (fsdp_destroy). */
+FSDP__PRIVATE int fsdp__rejoin_settled(fsdp_ctx *ctx, int abort) {
+    fsdp__recovery *rec = ctx ? ctx->recovery : NULL;
+    fsdp__join_stream *s = ctx && rec ? rec->stream : NULL;
+    int rc;
+    if (!s) return 0;
+    if (abort) fsdp_comm_fail(s->x.pair, FSDP_ERR_ABORTED, "rank %d: fsdp_destroy", rec->first_rank);
+    if (!s->ran_here) pthread_join(s->thread, NULL);
+    rec->stream = NULL;
+    if ((rc = s->rc) == 0) {
+        rec->times.join_streamed = s->done, rec->times.join_bytes += s->x.bytes;
+        fsdp__trace_recovery(ctx, "rejoin: state behind training", rec->times.join_done, s->done, (int64_t)s->x.bytes,
+                             rec->times.join_step);
+    } else if (s->x.sending || abort) {
+        fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: recovery: the optimizer state's move %s replica %d failed: %s "
+                  "(the joiner cannot train on)", rec->first_rank, s->x.sending ? "to" : "from",
+                  s->x.sending ? rec->now.replicas[rec->now.count - 1] : s->x.from, s->x.why);
+        rc = 0;
+    } else {
+        fsdp__recovery_quiesce(ctx, "its optimizer state did not arrive whole");
+        rc = ctx->loss_rc = fsdp__fail(ctx, FSDP_ERR_PROTOCOL, "recovery.rejoin: rank %d: its optimizer state did not "
+                                       "arrive whole from replica %d (%s): it cannot train on (start its host again to "
+                                       "rejoin)", rec->first_rank, s->x.from, s->x.why);
+    }
+    fsdp_comm_destroy(s->x.pair);
+    FSDP_FREE(s->x.pieces);
+    FSDP_FREE(s);
+    return rc;
+}
+
 /* The state of the replica at index 0 of the replica comm (the lowest that trained before) sent to
    its counterpart in the joiner's replica (the last index) alone, point to point over a comm of
-   the two split from the replica comm: each unit's master shard and optimizer state, the units'
-   order, in pieces of FSDP__JOIN_PIECE, then the pieces' CRCs and the tail (fsdp__rejoin_close).
-   The other survivors take part in the split only, and go on. Collective over the replica comm;
-   bytes: what this rank moved (0 on the others). */
+   the two split from the replica comm: each unit's master shard, the units' order, in pieces of
+   FSDP__JOIN_PIECE, then the pieces' CRCs and the tail (fsdp__rejoin_close); the optimizer state
+   then moves behind training (fsdp__rejoin_stream). The other survivors take part in the split
+   only, and go on. Collective over the replica comm; bytes: what this rank moved (0 on the others). */
 FSDP__PRIVATE int fsdp__rejoin_transfer(fsdp_ctx *ctx, uint64_t *bytes) {
     fsdp__recovery *rec = ctx->recovery;
     fsdp_comm *replica = ctx->hybrid_replica_comm;
-    int me = fsdp_comm_rank(replica), in_pair = me == 0 || me == fsdp_comm_size(replica) - 1, ui, k, rc;
+    int me = fsdp_comm_rank(replica), in_pair = me == 0 || me == fsdp_comm_size(replica) - 1, ui, rc;
     fsdp__join_xfer x;
+    fsdp__join_tail *tail = (fsdp__join_tail *)fsdp__calloc(sizeof *tail);
     memset(&x, 0, sizeof x);
     *bytes = 0;
+    if (!tail) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "recovery.rejoin: out of memory");
     if ((rc = fsdp_comm_split(replica, in_pair ? 0 : 1 + me, me, &x.pair)) != 0)
-        return fsdp__fail(ctx, rc, "recovery.rejoin: rank %d: the comm of the sender and the joiner: %s", rec->first_rank,
-                          fsdp_comm_last_error(replica));
+        return FSDP_FREE(tail), fsdp__fail(ctx, rc, "recovery.rejoin: rank %d: the comm of the sender and the joiner: %s",
+                                           rec->first_rank, fsdp_comm_last_error(replica));
     if (fsdp__comm_watch(x.pair, ctx->desc.recovery.detect_ms) != 0) /* (a silent peer found within detect_ms) */
-        return fsdp_comm_destroy(x.pair), fsdp__fail(ctx, FSDP_ERR_SYSTEM, "recovery.rejoin: keepalive on the comm of "
-                                                     "the sender and the joiner: %s", strerror(errno));
-    x.sending = me == 0;
-    for (ui = 0; in_pair && !rc && ui < ctx->num_units; ui++) {
-        fsdp__unit *u = &ctx->units[ui];
-        rc = fsdp__rejoin_send(ctx, &x, u->master, (size_t)u->shard, ui, 0);
-        for (k = 0; !rc && k < ctx->num_state; k++)
-            if (u->opt[k].ram) rc = fsdp__rejoin_send(ctx, &x, u->opt[k].ram, (size_t)u->shard, ui, k + 1);
-    }
-    if (in_pair && !rc && (rc = fsdp__rejoin_order(ctx, &x)) == 0) rc = fsdp__rejoin_close(ctx, &x);
+        return FSDP_FREE(tail), fsdp_comm_destroy(x.pair),
+               fsdp__fail(ctx, FSDP_ERR_SYSTEM, "recovery.rejoin: keepalive on the comm of the sender and the joiner: %s",
+                          strerror(errno));
+    x.sending = me == 0, x.from = rec->now.replicas[0];
+    fsdp__rejoin_tail_of(ctx, tail);
+    for (ui = 0; in_pair && !rc && ui < ctx->num_units; ui++)
+        rc = fsdp__rejoin_send(ctx, &x, ctx->units[ui].master, (size_t)ctx->units[ui].shard, ui, 0);
+    if (in_pair && !rc && (rc = fsdp__rejoin_order(ctx, &x)) == 0) rc = fsdp__rejoin_close(ctx, &x, tail, 1);
+    if (in_pair && !rc && ctx->num_state > 0) rc = fsdp__rejoin_stream(ctx, &x, tail);
     if (rc == FSDP_ERR_OUT_OF_MEMORY) rc = fsdp__fail(ctx, rc, "recovery.rejoin: out of memory");
+    else if (rc && x.why[0]) rc = fsdp__fail(ctx, rc, "%s", x.why);
     else if (rc && fsdp_comm_status(x.pair) != FSDP_SUCCESS) /* (the others said why themselves) */
         rc = fsdp__fail(ctx, rc, "recovery.rejoin: rank %d: the state's transfer %s replica %d failed: %s", rec->first_rank,
                         x.sending ? "to" : "from", rec->now.replicas[x.sending ? rec->now.count - 1 : 0],
                         fsdp_comm_last_error(x.pair));
     fsdp_comm_destroy(x.pair);
     FSDP_FREE(x.pieces);
+    FSDP_FREE(tail);
     *bytes = x.bytes;
     return rc;
 }
@@ -14239,7 +14362,7 @@ FSDP_API fsdp_comm *fsdp_world_comm(const fsdp_ctx *ctx) { return ctx ? ctx->com
 FSDP_API int fsdp_synchronize(fsdp_ctx *ctx) {
     int rc;
     if (!ctx) return FSDP_ERR_INVALID_ARG;
-    if ((rc = fsdp__wait_task(ctx, 0)) != 0) return rc;
+    if ((rc = fsdp__wait_task(ctx, 0)) != 0 || (rc = fsdp__rejoin_settled(ctx, 0)) != 0) return rc;
     return fsdp__step_drain(ctx);
 }
 
@@ -14272,6 +14395,7 @@ FSDP_API int fsdp_set_optimizer(fsdp_ctx *ctx, const fsdp_optimizer_desc *opt) {
     int rc;
     if (!ctx) return FSDP_ERR_INVALID_ARG;
     if (!opt) return fsdp__fail(ctx, FSDP_ERR_INVALID_ARG, "fsdp_set_optimizer: opt is NULL");
+    if ((rc = fsdp__rejoin_settled(ctx, 0)) != 0) return rc;
     o = *opt;
     fsdp__optimizer_defaults(&o);
     if ((rc = fsdp__optimizer_check(&o, err, sizeof err)) != 0) return fsdp__fail(ctx, rc, "fsdp_set_optimizer: %s", err);
@@ -14974,6 +15098,7 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     int ui, k;
     if (!ctx) return;
     fsdp__async_end(ctx);
+    fsdp__rejoin_settled(ctx, 1);
     if (ctx->step_thread_started) { /* the step behind finishes first */
         fsdp__thread_stop(ctx->step_thread, &ctx->step_lock, &ctx->step_cond, &ctx->step_stop);
         pthread_mutex_destroy(&ctx->step_lock);
@@ -17427,7 +17552,8 @@ done:
 
 FSDP_API int fsdp_save_full(fsdp_ctx *ctx, const char *path, const fsdp_save_options *opt) {
     double t0 = fsdp__trace_begin(ctx);
-    int rc = fsdp__save_full(ctx, path, opt);
+    int rc = fsdp__rejoin_settled(ctx, 0); /* (>>recovery: the optimizer state whole) */
+    if (!rc) rc = fsdp__save_full(ctx, path, opt);
     fsdp__trace_ckpt(ctx, "save_full", path, t0);
     return rc;
 }
@@ -17653,7 +17779,8 @@ done:
 
 FSDP_API int fsdp_load_full(fsdp_ctx *ctx, const char *path, const fsdp_load_options *opt, fsdp_load_report *report) {
     double t0 = fsdp__trace_begin(ctx);
-    int rc = fsdp__load_full(ctx, path, opt, report);
+    int rc = fsdp__rejoin_settled(ctx, 0); /* (>>recovery: the optimizer state whole) */
+    if (!rc) rc = fsdp__load_full(ctx, path, opt, report);
     fsdp__trace_ckpt(ctx, "load_full", path, t0);
     return rc;
 }
@@ -18068,7 +18195,8 @@ FSDP__PRIVATE int fsdp__save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_
 
 FSDP_API int fsdp_save_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_save_options *opt) {
     double t0 = fsdp__trace_begin(ctx);
-    int rc = fsdp__save_sharded(ctx, dir, opt);
+    int rc = fsdp__rejoin_settled(ctx, 0); /* (>>recovery: the optimizer state whole) */
+    if (!rc) rc = fsdp__save_sharded(ctx, dir, opt);
     fsdp__trace_ckpt(ctx, "save_sharded", dir, t0);
     return rc;
 }
@@ -18240,7 +18368,8 @@ FSDP__PRIVATE int fsdp__save_sharded_async(fsdp_ctx *ctx, const char *dir, const
 
 FSDP_API int fsdp_save_sharded_async(fsdp_ctx *ctx, const char *dir, const fsdp_save_options *opt) {
     double t0 = fsdp__trace_begin(ctx);
-    int rc = fsdp__save_sharded_async(ctx, dir, opt);
+    int rc = fsdp__rejoin_settled(ctx, 0); /* (>>recovery: the optimizer state whole) */
+    if (!rc) rc = fsdp__save_sharded_async(ctx, dir, opt);
     fsdp__trace_ckpt(ctx, "async save: snapshot", dir, t0);
     return rc;
 }
@@ -18826,7 +18955,8 @@ done:
 
 FSDP_API int fsdp_load_sharded(fsdp_ctx *ctx, const char *dir, const fsdp_load_options *opt, fsdp_load_report *report) {
     double t0 = fsdp__trace_begin(ctx);
-    int rc = fsdp__load_sharded(ctx, dir, opt, report);
+    int rc = fsdp__rejoin_settled(ctx, 0); /* (>>recovery: the optimizer state whole) */
+    if (!rc) rc = fsdp__load_sharded(ctx, dir, opt, report);
     fsdp__trace_ckpt(ctx, "load_sharded", dir, t0);
     return rc;
 }

@@ -439,19 +439,28 @@ static void print_loss_timeline(const recovery_timeline *tl, fsdp_ctx *ctx, cons
     timeline_line("recovery", tl->last_done, "next step done", done, what);
 }
 
+/* When a rejoin's state had all moved (fsdp_recovery_timeline's join_streamed: the optimizer state
+   behind training; join_done where none moved so), and the seconds from the world made to then. */
+static double state_moved(const fsdp_recovery_timeline *ft, double *seconds) {
+    double end = ft->join_streamed > 0 ? ft->join_streamed : ft->join_done;
+    *seconds = end - ft->join_world;
+    return end;
+}
+
 /* Rank 0 of the survivors, at the first step completed after a rejoin (with every replica: caught
-   up): the admission's phases, the state's bytes and rate, and the pause it cost the survivors
-   (the admitting step's time less the step before it; meaningless where a test stopped rank 0 in
-   either, as tests/multihost/test_recover.sh does). */
+   up): the admission's phases, the state's bytes and rate, and the pause it cost the survivors:
+   what the admitting step and this one (the optimizer state moved behind it) took beyond the step
+   before them (meaningless where a test stopped rank 0 in one, as tests/multihost/test_recover.sh
+   does). */
 static void print_rejoin_timeline(const recovery_timeline *tl, fsdp_ctx *ctx, const options *o, long long step,
                                   double done) {
     int replicas, P = fsdp_comm_size(fsdp_world_comm(ctx));
-    double admit_ms = 1e3 * (tl->returned - tl->last_done), state_s;
-    char what[240];
+    double admit_ms = 1e3 * (tl->returned - tl->last_done), next_ms = 1e3 * (done - tl->returned), state_s, moved;
+    char what[300];
     fsdp_recovery_timeline ft;
     fsdp_recovery_timeline_get(ctx, &ft);
     fsdp_replicas(ctx, &replicas, NULL);
-    state_s = ft.join_done - ft.join_world;
+    moved = state_moved(&ft, &state_s);
     printf("rejoin: epoch %lld: the timeline on rank 0 of the survivors (unix time, s; + ms after step %lld, the last "
            "done before the admitting one)\n", tl->epoch, tl->last_step);
     timeline_line("rejoin", tl->last_done, "last step done", tl->last_done, "");
@@ -460,37 +469,44 @@ static void print_rejoin_timeline(const recovery_timeline *tl, fsdp_ctx *ctx, co
     snprintf(what, sizeof what, "epoch %lld: %d of %d replicas, %d ranks", (long long)ft.join_epoch, replicas,
              replicas, P);
     timeline_line("rejoin", tl->last_done, "world made", wall_of(ft.join_world), what);
-    snprintf(what, sizeof what, "%llu bytes (%.2f MiB) in %.1f ms, %.1f MB/s: master shards, optimizer state, step %lld, "
-             "the data position", (unsigned long long)ft.join_bytes, mib((double)ft.join_bytes), 1e3 * state_s,
-             state_s > 0 ? (double)ft.join_bytes / state_s / 1e6 : 0.0, (long long)ft.join_step);
-    timeline_line("rejoin", tl->last_done, "state sent", wall_of(ft.join_done), what);
-    snprintf(what, sizeof what, "the admitting step took %.0f ms, the step before it %.0f ms: the survivors' pause "
-             "%.0f ms", admit_ms, tl->step_ms, admit_ms - tl->step_ms);
+    snprintf(what, sizeof what, "what a step needs: master shards, the units' order, step %lld, the data position",
+             (long long)ft.join_step);
+    timeline_line("rejoin", tl->last_done, "first part sent", wall_of(ft.join_done), what);
+    snprintf(what, sizeof what, "the admitting step took %.0f ms, the step before it %.0f ms", admit_ms, tl->step_ms);
     timeline_line("rejoin", tl->last_done, "fsdp_step returned", tl->returned, what);
-    snprintf(what, sizeof what, "step %lld done with all %d replicas; the global batch of %d sequences now %d per "
-             "replica", step, replicas, o->batch, o->batch / replicas);
+    snprintf(what, sizeof what, "%llu bytes (%.2f MiB) in %.1f ms, %.1f MB/s: master shards, then optimizer state %s",
+             (unsigned long long)ft.join_bytes, mib((double)ft.join_bytes), 1e3 * state_s,
+             state_s > 0 ? (double)ft.join_bytes / state_s / 1e6 : 0.0,
+             ft.join_streamed > 0 ? "behind training (the next step ran meanwhile)" : "(none behind training)");
+    timeline_line("rejoin", tl->last_done, "state sent", wall_of(moved), what);
+    snprintf(what, sizeof what, "step %lld done with all %d replicas (in %.0f ms); the global batch of %d sequences now "
+             "%d per replica; the survivors' pause %.0f ms (the admitting step %+.0f, this one %+.0f, against the step "
+             "before)", step, replicas, next_ms, o->batch, o->batch / replicas, admit_ms + next_ms - 2 * tl->step_ms,
+             admit_ms - tl->step_ms, next_ms - tl->step_ms);
     timeline_line("rejoin", tl->last_done, "caught up", done, what);
 }
 
 /* A --rejoin host's first rank, at its first completed step: when it asked, got the state, trained. */
 static void print_own_rejoin(fsdp_ctx *ctx, const options *o, long long step, double done) {
     fsdp_recovery_timeline ft;
-    double state_s;
+    double state_s, moved;
     int replicas, index;
     char what[240];
     fsdp_recovery_timeline_get(ctx, &ft);
     fsdp_replicas(ctx, &replicas, &index);
-    state_s = ft.join_done - ft.join_world;
+    moved = state_moved(&ft, &state_s);
     printf("rejoin: the timeline of this rejoining host's first rank (unix time, s; + ms after its process started)\n");
     timeline_line("rejoin", o->started, "process started", o->started, "");
     timeline_line("rejoin", o->started, "requested", wall_of(ft.join_begin), "fsdp_init's first hello to the survivors");
     snprintf(what, sizeof what, "rank %d of %d, replica %d of %d", fsdp_comm_rank(fsdp_world_comm(ctx)),
              fsdp_comm_size(fsdp_world_comm(ctx)), index, replicas);
     timeline_line("rejoin", o->started, "world made", wall_of(ft.join_world), what);
-    snprintf(what, sizeof what, "%llu bytes in %.1f ms, %.1f MB/s, checked (CRC-32C); from step %lld",
+    timeline_line("rejoin", o->started, "first part received", wall_of(ft.join_done), "master shards, step, the data "
+                  "position: fsdp_init returned");
+    snprintf(what, sizeof what, "%llu bytes in %.1f ms, %.1f MB/s, checked (CRC-32C); from step %lld%s",
              (unsigned long long)ft.join_bytes, 1e3 * state_s, state_s > 0 ? (double)ft.join_bytes / state_s / 1e6 : 0.0,
-             (long long)ft.join_step);
-    timeline_line("rejoin", o->started, "state received", wall_of(ft.join_done), what);
+             (long long)ft.join_step, ft.join_streamed > 0 ? "; the optimizer state behind the first step" : "");
+    timeline_line("rejoin", o->started, "state received", wall_of(moved), what);
     snprintf(what, sizeof what, "step %lld", step);
     timeline_line("rejoin", o->started, "first step done", done, what);
 }

@@ -27,10 +27,14 @@
 #   requested            the host's first rank sent its hello (fsdp_init with recovery.rejoin)
 #   admission began     the survivors, after the step whose commit point carried the request
 #   world made           the world of every replica made again (fsdp.h's join_world)
-#   state sent           bytes, ms, MB/s a rank (master shards, AdamW state, step, the data
-#                        position); the summary: the host's ranks together against the link's rate
-#   fsdp_step returned   the admitting step, and the survivors' pause: its time less the step before
-#   caught up            the first step done with every replica
+#   first part sent      what a step needs (master shards, step, the data position): the rest of
+#                        the admitting step's pause
+#   fsdp_step returned   the admitting step
+#   state sent           bytes, ms, MB/s a rank (master shards, then the AdamW state behind
+#                        training: the next step runs meanwhile); the summary: the host's ranks
+#                        together against the link's rate
+#   caught up            the first step done with every replica, and the survivors' pause: what the
+#                        admitting step and this one took beyond the step before them
 #   first step done      the rejoined host's first rank's first step (and how long after its start)
 # then the losses rank 0 (of the survivors, after the loss) printed, the replicas' checksums, and a
 # summary line:
@@ -370,7 +374,7 @@ fi
 if [ $rejoin = 1 ]; then
     printf '  %-20s %+8d ms   %s\n' "rejoin started" "$(ms_between "$t_kill" "$t_rejoin")" "the ranks of $kill_host started again: gpt --rejoin"
     if [ -n "$rejoin_printer" ] && grep -q '^rejoin: first step done' "$joiner"; then
-        { timeline_of rejoin "$joiner" | grep -E '^[0-9.]+ (requested|state received|first step done)'
+        { timeline_of rejoin "$joiner" | grep -E '^[0-9.]+ (requested|first part received|state received|first step done)'
           timeline_of rejoin "$rejoin_printer" | grep -v ' last step done$'; } |
             sort -n -k1,1 | show
         bytes=$(sed -n 's/^rejoin: state sent at .*: \([0-9]*\) bytes (.* in \([0-9.]*\) ms, \([0-9.]*\) MB\/s.*/\1 \2 \3/p' "$rejoin_printer")
