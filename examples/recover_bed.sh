@@ -79,6 +79,8 @@
 #   --save-every K     with --restart: checkpoint every K steps [5]
 #   --timeout S        bound on the run [900]
 #   --keep-logs DIR    copy the ranks' logs to DIR
+#   --trace DIR        every rank (the rejoining ones too) writes fsdp.h's trace (FSDP_TRACE) to DIR:
+#                      read it with build/trace_tool (summary, svg). Tracing costs a little time
 #   --loopback         fake hosts over loopback instead of the bed (see above)
 # Environment: BUILD (binaries, default build; not under /tmp: the hosts have their own /tmp).
 # Exit status: 0 the survivors reached the last step, 1 they did not (their logs' ends are shown),
@@ -92,7 +94,7 @@ BUILD=${BUILD:-build}
 case $BUILD in /*) BIN=$BUILD ;; *) BIN=$TOP/$BUILD ;; esac
 
 hosts=4 ranks=2 kill_host=h2 kill_step=8 steps=20 fault=kill detect_ms='' rate=2gbit model=small batch=24
-more_args='' restart=0 save_every=5 run_timeout=900 keep='' loopback=0 rejoin=1 rejoin_step=''
+more_args='' restart=0 save_every=5 run_timeout=900 keep='' loopback=0 rejoin=1 rejoin_step='' trace=''
 usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 die_usage() { echo "$ME: $*" >&2; echo "(--help for the options)" >&2; exit 2; }
 while [ $# -gt 0 ]; do
@@ -119,6 +121,7 @@ while [ $# -gt 0 ]; do
     --save-every) save_every=$2 ;;
     --timeout) run_timeout=$2 ;;
     --keep-logs) keep=$2 ;;
+    --trace) trace=$2 ;;
     *) die_usage "unknown option '$1'" ;;
     esac
     shift 2
@@ -221,6 +224,7 @@ rm -f "$BIN.make.err"
 export OPENBLAS_NUM_THREADS=1
 export FSDP_SECRET=${FSDP_SECRET:-recover-bed-$$-$RANDOM$RANDOM}
 unset FSDP_HIERARCHICAL FSDP_BACKEND FSDP_TRACE FSDP_TIMEOUT_MS # (the op timeout at its default: detection must not need it)
+if [ -n "$trace" ]; then mkdir -p "$trace" && export FSDP_TRACE=$(cd "$trace" && pwd) || die_usage "--trace: cannot make '$trace'"; fi
 RES=$(mktemp -d "${TMPDIR:-/var/tmp}/recover_bed.XXXXXX") || exit 2
 cleanup() { bed_down; rm -rf "$RES"; }
 bed_up
