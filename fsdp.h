@@ -11973,8 +11973,6 @@ FSDP__PRIVATE int fsdp__verify_order(fsdp_ctx *ctx) {
 
 /* Ends the iteration: a unit whose backward started must have finished it. Units that ran
    forward only (evaluation) are resharded. */
-FSDP__PRIVATE void fsdp__rejoin_yield(fsdp_ctx *ctx, int on); /* (>>recovery) */
-
 FSDP__PRIVATE int fsdp__end_iteration(fsdp_ctx *ctx) {
     int i, rc;
     for (i = 0; i < ctx->num_units; i++) {
@@ -12002,7 +12000,6 @@ FSDP__PRIVATE int fsdp__end_iteration(fsdp_ctx *ctx) {
         u->forward_done = u->backward_started = u->backward_done = 0;
     }
     ctx->phase = 0;
-    fsdp__rejoin_yield(ctx, 0);
     return 0;
 }
 
@@ -12058,7 +12055,6 @@ FSDP__PRIVATE int fsdp__unit_pre_backward(fsdp_ctx *ctx, int ui) {
                           u->state == FSDP__IN_FORWARD ? "its forward has not ended"
                           : !u->forward_done          ? "its forward did not run this iteration"
                                                       : "its backward already ran this iteration");
-    if (ctx->phase != 2) fsdp__rejoin_yield(ctx, 1);
     ctx->phase = 2;
     u->backward_started = 1;
     if (!ctx->bwd_known) ctx->bwd_order[ctx->bwd_len++] = ui;
@@ -13783,7 +13779,6 @@ typedef struct fsdp__join_piece {
 typedef struct fsdp__join_xfer {
     fsdp_comm *pair;
     int sending, count, cap, crced, direct, from;
-    const int *yield;        /* a sender behind training sends no piece while this is set (atomic) */
     fsdp__join_piece *pieces;
     uint64_t bytes;
     char why[320];
@@ -13829,7 +13824,6 @@ FSDP__PRIVATE int fsdp__rejoin_send(fsdp_ctx *ctx, fsdp__join_xfer *x, void *dat
         int rc;
         len = bytes - at < FSDP__JOIN_PIECE ? bytes - at : FSDP__JOIN_PIECE;
         if ((rc = fsdp__rejoin_note(x, piece, len, at, unit, what)) != 0) return rc;
-        while (x->sending && x->yield && __atomic_load_n(x->yield, __ATOMIC_ACQUIRE)) fsdp__sleep_us(1000);
         if (x->sending) FSDP__REJOIN_SENDING(ctx, piece, len, x->direct);
         if (x->direct) rc = fsdp_broadcast(x->pair, piece, len / 4, FSDP_F32, 0);
         else if (!(id = fsdp__worker_post(ctx, x->pair, FSDP_COLL_BROADCAST, piece, piece, len / 4, 0, 1)))
@@ -13951,9 +13945,6 @@ FSDP__PRIVATE int fsdp__rejoin_close(fsdp_ctx *ctx, fsdp__join_xfer *x, const fs
 typedef struct fsdp__join_stream {
     fsdp_ctx *ctx;        /* read: its units' optimizer state (written on a joiner) and hooks; nothing else */
     fsdp__join_xfer x;    /* direct: the thread owns x.pair until joined */
-    int yield;            /* atomic: the sender's backward runs (its reductions cross hosts): hold the
-                             pieces until it ends (fsdp__rejoin_yield), so they take the link the
-                             forward leaves idle (HYBRID_SHARD's gathers stay inside the host) */
     fsdp__join_tail tail; /* the sender's, as in the first part */
     pthread_t thread;
     int ran_here, rc;     /* ran_here: no thread could start, it ran at once; rc: its result */
@@ -13982,18 +13973,12 @@ FSDP__PRIVATE int fsdp__rejoin_stream(fsdp_ctx *ctx, fsdp__join_xfer *x, const f
     fsdp__join_stream *s = (fsdp__join_stream *)fsdp__calloc(sizeof *s);
     if (!s) return FSDP_ERR_OUT_OF_MEMORY;
     s->ctx = ctx, s->tail = *tail;
-    s->x.pair = x->pair, s->x.sending = x->sending, s->x.from = x->from, s->x.direct = 1, s->x.yield = &s->yield;
+    s->x.pair = x->pair, s->x.sending = x->sending, s->x.from = x->from, s->x.direct = 1;
     x->pair = NULL;
     ctx->recovery->stream = s;
     if (pthread_create(&s->thread, NULL, fsdp__rejoin_stream_main, s) != 0)
         s->ran_here = 1, fsdp__rejoin_stream_main(s);
     return 0;
-}
-
-/* The step's reductions cross hosts (on: its backward began) or not (its iteration ended): the
-   optimizer state moving behind training holds its pieces meanwhile (fsdp__join_stream.yield). */
-FSDP__PRIVATE void fsdp__rejoin_yield(fsdp_ctx *ctx, int on) {
-    if (ctx->recovery && ctx->recovery->stream) __atomic_store_n(&ctx->recovery->stream->yield, on, __ATOMIC_RELEASE);
 }
 
 /* Waits for a rejoin's optimizer state moving behind training (none moving: 0 at once), then
@@ -14006,7 +13991,6 @@ FSDP__PRIVATE int fsdp__rejoin_settled(fsdp_ctx *ctx, int abort) {
     fsdp__join_stream *s = ctx && rec ? rec->stream : NULL;
     int rc;
     if (!s) return 0;
-    __atomic_store_n(&s->yield, 0, __ATOMIC_RELEASE);
     if (abort) fsdp_comm_fail(s->x.pair, FSDP_ERR_ABORTED, "rank %d: fsdp_destroy", rec->first_rank);
     if (!s->ran_here) pthread_join(s->thread, NULL);
     rec->stream = NULL;
