@@ -13825,7 +13825,7 @@ FSDP__PRIVATE int fsdp__rejoin_send(fsdp_ctx *ctx, fsdp__join_xfer *x, void *dat
         len = bytes - at < FSDP__JOIN_PIECE ? bytes - at : FSDP__JOIN_PIECE;
         if ((rc = fsdp__rejoin_note(x, piece, len, at, unit, what)) != 0) return rc;
         if (x->sending) FSDP__REJOIN_SENDING(ctx, piece, len, x->direct);
-        if (x->direct) rc = fsdp_broadcast(x->pair, piece, len / 4, FSDP_F32, 0);
+        if (x->direct) rc = fsdp__rejoin_move(ctx, x, piece, len / 4);
         else if (!(id = fsdp__worker_post(ctx, x->pair, FSDP_COLL_BROADCAST, piece, piece, len / 4, 0, 1)))
             return fsdp__fail(ctx, FSDP_ERR_STATE, "comm queue full");
         fsdp__rejoin_crc(x, x->sending ? x->count : x->count - 1);
