@@ -1320,7 +1320,8 @@ FSDP_API int fsdp_set_param_shard(fsdp_ctx *ctx, int param, const float *slice);
    Where a step's time goes. With fsdp_desc.trace_dir (or FSDP_TRACE=DIR) every rank writes
    DIR/trace-rankNNNNN.json, Chrome's trace-event format (open it in Perfetto or
    chrome://tracing; examples/trace_tool.c merges, summarises and draws them): pid is the rank,
-   tid the thread (0 compute, 1 comm, 2 step, 3 io, 4 checkpoint). Events: every hook of every
+   tid the thread (0 compute, 1 comm, 2 step, 3 io, 4 checkpoint, 5 wire: the half across hosts
+   of two-level quantized reductions, >>runtime). Events: every hook of every
    unit ("pre_forward h.3"), every collective fsdp.h runs (op, bytes, unit, group, a sequence
    number that matches it across the group's ranks, when it was queued), every wait of the
    compute thread and what for, the optimizer step, offload reads and writes, checkpoint phases,
@@ -9113,33 +9114,55 @@ FSDP__PRIVATE int fsdp__qrs_exchange(const fsdp__qrs_layout *y, const fsdp__qrs 
     return rc;
 }
 
+/* The first half of fsdp_reduce_scatter_wire on layout y, all of it inside the host: the scratch
+   (into *q), the host sums and their encoding (steps 1 to 3). rc: the host sums' result, which
+   fsdp__qrs_finish takes next (it fails the lanes when the host failed). recv serves as the
+   encoding's scratch; send is read no more. */
+FSDP__PRIVATE int fsdp__qrs_begin(const fsdp__qrs_layout *y, fsdp__qrs *q, const float *send, float *recv, size_t count,
+                                  fsdp_wire wire, size_t block, float *residual, fsdp__qrs_watch *watch) {
+    double t0;
+    int rc;
+    memset(q, 0, sizeof *q);
+    if ((rc = fsdp__qrs_alloc(q, y->lanes[0], y, count, wire, block, watch)) != 0) return rc;
+    rc = fsdp__qrs_host_sums(y, q, send, count); /* 1 */
+    if (rc == FSDP_SUCCESS) {
+        t0 = watch && watch->phase ? fsdp_now() : 0;
+        fsdp__qrs_encode_lanes(y, q, count, wire, block, residual, recv, watch); /* 2, 3 */
+        if (t0 != 0) watch->phase(watch->user, "quantize", t0);
+    }
+    return rc;
+}
+
+/* The second half, across hosts: the exchange (step 4; rc from fsdp__qrs_begin), the decoding
+   and the fold into recv (step 5); then the scratch goes back. */
+FSDP__PRIVATE int fsdp__qrs_finish(const fsdp__qrs_layout *y, fsdp__qrs *q, int rc, float *recv, size_t count,
+                                   fsdp_reduce_op op, fsdp_wire wire, size_t block, fsdp__qrs_watch *watch) {
+    int H = y->hosts, g;
+    double t0;
+    rc = fsdp__qrs_exchange(y, q, rc); /* 4 */
+    t0 = rc == FSDP_SUCCESS && watch && watch->phase ? fsdp_now() : 0;
+    for (g = 0; g < H && rc == FSDP_SUCCESS; g++) { /* 5: the hosts' partials of my shard, folded in host order */
+        fsdp_wire_decode(q->partials + (size_t)g * count, FSDP_F32, q->in + (size_t)g * q->slot, wire, block, count);
+        q->srcs[g] = q->partials + (size_t)g * count;
+    }
+    if (rc == FSDP_SUCCESS && count) fsdp_reduce_ranks(recv, q->srcs, H, count, FSDP_F32, op, y->world);
+    if (t0 != 0) watch->phase(watch->user, "dequantize", t0);
+    fsdp__qrs_put(watch, q->raw, q->raw_bytes);
+    q->raw = NULL;
+    return rc;
+}
+
 /* fsdp_reduce_scatter_wire on layout y (hosts of any sizes, numbered host by host), watched
    (watch may be NULL; it costs a clock reading per phase). residual: num_lanes x H x count
    floats, lane k's piece for host g at (k H + g) count. The bits of every rank's shard follow
-   fsdp_reduce_scatter_wire's steps with each host's partial summed over its own ranks. */
+   fsdp_reduce_scatter_wire's steps with each host's partial summed over its own ranks. The
+   runtime runs the two halves on two threads (fsdp__run_reduce_wire). */
 FSDP__PRIVATE int fsdp__qrs_lanes(const fsdp__qrs_layout *y, const float *send, float *recv, size_t count,
                                   fsdp_reduce_op op, fsdp_wire wire, size_t block, float *residual, fsdp__qrs_watch *watch) {
-    int H = y->hosts, rc, g;
-    double t0;
     fsdp__qrs q;
-    memset(&q, 0, sizeof q);
-    if ((rc = fsdp__qrs_alloc(&q, y->lanes[0], y, count, wire, block, watch)) != 0) return rc;
-    rc = fsdp__qrs_host_sums(y, &q, send, count); /* 1 */
-    if (rc == FSDP_SUCCESS) {
-        t0 = watch && watch->phase ? fsdp_now() : 0;
-        fsdp__qrs_encode_lanes(y, &q, count, wire, block, residual, recv, watch); /* 2, 3 */
-        if (t0 != 0) watch->phase(watch->user, "quantize", t0);
-    }
-    rc = fsdp__qrs_exchange(y, &q, rc); /* 4 */
-    t0 = rc == FSDP_SUCCESS && watch && watch->phase ? fsdp_now() : 0;
-    for (g = 0; g < H && rc == FSDP_SUCCESS; g++) { /* 5: the hosts' partials of my shard, folded in host order */
-        fsdp_wire_decode(q.partials + (size_t)g * count, FSDP_F32, q.in + (size_t)g * q.slot, wire, block, count);
-        q.srcs[g] = q.partials + (size_t)g * count;
-    }
-    if (rc == FSDP_SUCCESS && count) fsdp_reduce_ranks(recv, q.srcs, H, count, FSDP_F32, op, y->world);
-    if (t0 != 0) watch->phase(watch->user, "dequantize", t0);
-    fsdp__qrs_put(watch, q.raw, q.raw_bytes);
-    return rc;
+    int rc = fsdp__qrs_begin(y, &q, send, recv, count, wire, block, residual, watch);
+    if (!q.raw) return rc; /* (no scratch) */
+    return fsdp__qrs_finish(y, &q, rc, recv, count, op, wire, block, watch);
 }
 
 /* fsdp_reduce_scatter_wire, watched (watch may be NULL). */
@@ -10119,7 +10142,7 @@ FSDP__PRIVATE int fsdp__optimizer_state_index(const fsdp_optimizer *row, int kep
    the offset and the bytes, and stays: later requests fail with it.
    ============================================================================================ */
 /* The recorder of >>trace (whose section follows >>json), for the sections between. */
-enum { FSDP__TID_COMPUTE, FSDP__TID_COMM, FSDP__TID_STEP, FSDP__TID_IO, FSDP__TID_CKPT, FSDP__TRACE_TIDS };
+enum { FSDP__TID_COMPUTE, FSDP__TID_COMM, FSDP__TID_STEP, FSDP__TID_IO, FSDP__TID_CKPT, FSDP__TID_WIRE, FSDP__TRACE_TIDS };
 typedef struct fsdp__trace_event {
     double t0, t1, issued;       /* fsdp_now(); issued: when a collective's task was queued */
     const char *cat, *name;      /* static strings (name NULL: text is the name, a user's span) */
@@ -10938,9 +10961,14 @@ FSDP__PRIVATE int fsdp__recovery_check(const fsdp_recovery_desc *rd, const fsdp_
    >>runtime
    The compute thread calls the hooks; one comm thread runs every collective of the context in
    the order they were issued (every rank issues the same sequence), so gathers of the next unit
-   overlap this unit's compute and reductions overlap the rest of backward. Tasks finish in
-   order: "task n done" is "completed >= n". The root unit (unit 0) is never resharded after its
-   forward (reshard_after_forward 0): its backward follows at once.
+   overlap this unit's compute and reductions overlap the rest of backward. With two-level
+   quantized reductions (FULL_SHARD's grad_wire across hosts) a second thread, the wire thread,
+   runs each reduction's half across hosts (the exchange of codes, the fold) while the comm
+   thread goes on with the next host-only work: the host sums of the next unit and the host
+   gathers of FSDP_RESHARD_HOST (fsdp__run_reduce_wire). Tasks are numbered in issue order;
+   "completed >= n" means task n and all before it are done, and a gather's wait asks for its
+   own task only (fsdp__task_done). The root unit (unit 0) is never resharded after its forward
+   (reshard_after_forward 0): its backward follows at once.
    ============================================================================================ */
 enum { FSDP__SHARDED = 0, FSDP__GATHERING, FSDP__UNSHARDED, FSDP__IN_FORWARD, FSDP__IN_BACKWARD };
 enum { FSDP__TASK_GATHER = 1, FSDP__TASK_REDUCE, FSDP__TASK_COLL };
@@ -11023,6 +11051,19 @@ typedef struct fsdp__task {
     double issued;          /* when it was queued (tracing only) */
 } fsdp__task;
 
+/* The second half of a two-level quantized reduction, handed by the comm thread to the wire
+   thread (fsdp__wire_main): its task (grad_full, scratch, id), its pieces encoded inside the host,
+   the first non-finite element they held. */
+typedef struct fsdp__wire_half {
+    fsdp__task task;
+    fsdp__qrs q;
+    size_t nonfinite;
+} fsdp__wire_half;
+#define FSDP__HANDED_OFF 1 /* fsdp__run_reduce: the rest runs on the wire thread */
+#ifndef FSDP__WIRE_HALF /* a test's hook: a second half handed to the wire thread (event 0), about to run there (1) */
+#define FSDP__WIRE_HALF(ctx, unit, event) ((void)0)
+#endif
+
 typedef struct fsdp__pool_entry { void *ptr; size_t bytes; } fsdp__pool_entry;
 #define FSDP__POOL_MAX 64
 
@@ -11086,6 +11127,15 @@ struct fsdp_ctx {
     uint64_t issued, completed;
     int running;            /* a task is being run (by the comm thread, or by a waiter helping) */
     int worker_error;
+    /* the wire thread: the second halves of two-level quantized reductions, in the order handed
+       (fsdp__wire_main); a task is done when both threads are: completed counts the tasks done
+       with none before them still on the wire thread, handed those the comm thread is done with */
+    pthread_t wire_thread;
+    int wire_started, wire_stop;
+    pthread_cond_t wire_wake;
+    fsdp__wire_half *wire_queue; /* [queue_cap], its head running */
+    int wire_head, wire_len;
+    uint64_t handed;
     /* memory */
     size_t persistent_bytes, param_bytes, grad_bytes, opt_bytes, live_bytes, peak_live_bytes;
     fsdp__pool_entry pool[FSDP__POOL_MAX]; /* oldest first */
@@ -11535,69 +11585,86 @@ static void fsdp__reduce_scratch_put(void *user, void *ptr, size_t bytes) {
     fsdp__buf_put(((const fsdp__reduce_watch *)user)->ctx, ptr, bytes);
 }
 
+/* The layout of the context's two-level quantized reductions (FULL_SHARD's grad_wire across
+   hosts): its host comm and cross comm, or its lanes on hosts of unequal sizes. */
+static void fsdp__wire_layout(fsdp_ctx *ctx, fsdp__qrs_layout *y) {
+    y->host = ctx->host_comm;
+    y->lanes = ctx->lanes ? ctx->lanes : &ctx->cross_comm;
+    y->num_lanes = ctx->lanes ? ctx->num_lanes : 1;
+    y->hosts = ctx->lanes ? fsdp_comm_num_hosts(ctx->comm) : fsdp_comm_size(ctx->cross_comm);
+    y->world = ctx->world;
+    y->first = ctx->lanes ? ctx->host_first : NULL;
+}
+
+static void fsdp__reduce_watch_init(fsdp_ctx *ctx, const fsdp__unit *u, fsdp__reduce_watch *w, fsdp__qrs_watch *watch) {
+    w->ctx = ctx;
+    w->unit = (int)(u - ctx->units);
+    watch->phase = ctx->trace ? fsdp__reduce_phase : NULL;
+    watch->get = fsdp__reduce_scratch_get;
+    watch->put = fsdp__reduce_scratch_put;
+    watch->user = w;
+    watch->nonfinite = SIZE_MAX;
+}
+
+/* The end of a quantized reduction: a non-finite gradient named (on the rank that encoded it;
+   its block decodes to NaN, so the step skips), and its trace span from t0. */
+FSDP__PRIVATE void fsdp__reduce_wire_done(fsdp_ctx *ctx, const fsdp__unit *u, size_t nonfinite, int rc, double t0) {
+    int ui = (int)(u - ctx->units);
+    size_t S = (size_t)u->shard;
+    if (!rc && nonfinite != SIZE_MAX && u->replica_comm)
+        fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: unit '%s': grad_wire %s: a non-finite gradient (element %zu of "
+                  "this rank's shard, reduced over its shard group): its block goes as NaN and the step skips",
+                  ctx->rank, fsdp__unit_name(ctx, ui), fsdp_wire_name(u->grad_wire), nonfinite);
+    else if (!rc && nonfinite != SIZE_MAX)
+        fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: unit '%s': grad_wire %s: a non-finite gradient (element %zu of "
+                  "the partial of host %zu): its block goes as NaN and the step skips", ctx->rank,
+                  fsdp__unit_name(ctx, ui), fsdp_wire_name(u->grad_wire), nonfinite % S,
+                  nonfinite / S % (size_t)fsdp_comm_num_hosts(ctx->comm));
+    fsdp__trace_end(ctx, "wire", u->replica_comm ? "all_reduce_wire" : "reduce_scatter_wire", ui, t0);
+}
+
 /* A unit's reduction over its grad_wire (INT8/INT4), with the unit's residual under error
    feedback: FULL_SHARD's fsdp_reduce_scatter_wire over the host and cross-host comms, in place
    (this rank's slice of grad_full receives the average); HYBRID_SHARD's fsdp__qar_run over its
-   replicas, of this rank's slice, which its shard group's reduce-scatter made. A non-finite
-   gradient is named here (on the rank that encoded it); its block decodes to NaN, so the step
-   skips. */
-FSDP__PRIVATE int fsdp__run_reduce_wire(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t) {
+   replicas, of this rank's slice, which its shard group's reduce-scatter made. FULL_SHARD's with
+   a wire thread runs its first half only, into *half, which fsdp__run_task hands to that thread
+   (fsdp__wire_main runs the rest). */
+FSDP__PRIVATE int fsdp__run_reduce_wire(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, fsdp__wire_half *half) {
     fsdp__reduce_watch w;
     fsdp__qrs_watch watch;
+    fsdp__qrs_layout y;
     size_t S = (size_t)u->shard, block = fsdp__wire_block(ctx->desc.wire_block);
     float *mine = t->grad_full + (size_t)u->group_rank * S;
     double t0 = ctx->trace ? fsdp_now() : 0;
     int rc;
-    w.ctx = ctx;
-    w.unit = (int)(u - ctx->units);
-    watch.phase = ctx->trace ? fsdp__reduce_phase : NULL;
-    watch.get = fsdp__reduce_scratch_get;
-    watch.put = fsdp__reduce_scratch_put;
-    watch.user = &w;
-    if (u->replica_comm)
+    fsdp__reduce_watch_init(ctx, u, &w, &watch);
+    if (u->replica_comm) {
         rc = fsdp__qar_run(u->replica_comm, mine, S, FSDP_AVG, u->grad_wire, block, u->residual, &watch);
-    else if (ctx->lanes) { /* hosts of unequal sizes */
-        fsdp__qrs_layout y;
-        y.host = ctx->host_comm;
-        y.lanes = ctx->lanes;
-        y.num_lanes = ctx->num_lanes;
-        y.hosts = fsdp_comm_num_hosts(ctx->comm);
-        y.world = ctx->world;
-        y.first = ctx->host_first;
-        watch.nonfinite = SIZE_MAX;
-        rc = fsdp__qrs_lanes(&y, t->grad_full, mine, S, FSDP_AVG, u->grad_wire, block, u->residual, &watch);
-    } else
-        rc = fsdp__qrs_run(ctx->host_comm, ctx->cross_comm, t->grad_full, mine, S, FSDP_AVG, u->grad_wire, block,
-                           u->residual, &watch);
-    if (!rc && watch.nonfinite != SIZE_MAX && u->replica_comm)
-        fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: unit '%s': grad_wire %s: a non-finite gradient (element %zu of "
-                  "this rank's shard, reduced over its shard group): its block goes as NaN and the step skips",
-                  ctx->rank, fsdp__unit_name(ctx, w.unit), fsdp_wire_name(u->grad_wire), watch.nonfinite);
-    else if (!rc && watch.nonfinite != SIZE_MAX)
-        fsdp__log(&ctx->logger, FSDP_LOG_WARN, "rank %d: unit '%s': grad_wire %s: a non-finite gradient (element %zu of "
-                  "the partial of host %zu): its block goes as NaN and the step skips", ctx->rank,
-                  fsdp__unit_name(ctx, w.unit), fsdp_wire_name(u->grad_wire), watch.nonfinite % S,
-                  watch.nonfinite / S % (size_t)fsdp_comm_num_hosts(ctx->comm));
-    fsdp__trace_end(ctx, "wire", u->replica_comm ? "all_reduce_wire" : "reduce_scatter_wire", w.unit, t0);
+        fsdp__reduce_wire_done(ctx, u, watch.nonfinite, rc, t0);
+        return rc;
+    }
+    fsdp__wire_layout(ctx, &y);
+    rc = fsdp__qrs_begin(&y, &half->q, t->grad_full, mine, S, u->grad_wire, block, u->residual, &watch);
+    if (!half->q.raw) return rc; /* (no scratch) */
+    if (!rc && ctx->wire_started && u->grad) { /* (a gradient on disk is added to on the comm thread) */
+        fsdp__trace_end(ctx, "wire", "host_sums", w.unit, t0);
+        half->task = *t;
+        half->nonfinite = watch.nonfinite;
+        return FSDP__HANDED_OFF;
+    }
+    rc = fsdp__qrs_finish(&y, &half->q, rc, mine, S, FSDP_AVG, u->grad_wire, block, &watch);
+    fsdp__reduce_wire_done(ctx, u, watch.nonfinite, rc, t0);
     return rc;
 }
 
-FSDP__PRIVATE int fsdp__run_reduce(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, uint32_t tag) {
-    fsdp_dtype rd = u->grad_wire ? FSDP_F32 : ctx->reduce_dtype; /* (a quantized reduction sums f32 in its host) */
+/* Adds a unit's reduced gradient (this rank's slice mine, of S elements in dtype rd) to its
+   gradient shard: in RAM, or on disk (read into a shard buffer, added to, written back behind,
+   with its sum of squares). */
+FSDP__PRIVATE int fsdp__reduce_add(fsdp_ctx *ctx, fsdp__unit *u, fsdp_dtype rd, const char *mine) {
     float *grad;
     size_t esize = fsdp_dtype_size(rd), i, S = (size_t)u->shard;
-    char *data = rd == FSDP_F32 ? (char *)t->grad_full : (char *)t->scratch;
-    char *mine = data + (size_t)u->group_rank * S * esize;
     int rc = 0, b = -1;
-    if (rd != FSDP_F32) fsdp__from_f32(data, rd, t->grad_full, (size_t)u->padded);
-    if (u->grad_wire && !u->replica_comm) rc = fsdp__run_reduce_wire(ctx, u, t);
-    else if (u->shard_comm) /* in place: this rank's slice of the buffer receives the average */
-        rc = fsdp__task_coll(ctx, t, u->shard_comm, FSDP_COLL_REDUCE_SCATTER, data, mine, S, rd, FSDP_AVG, tag);
-    if (!rc && u->replica_comm && u->grad_wire) rc = fsdp__run_reduce_wire(ctx, u, t); /* (HYBRID_SHARD) */
-    else if (!rc && u->replica_comm)
-        rc = fsdp__task_coll(ctx, t, u->replica_comm, FSDP_COLL_ALL_REDUCE, mine, mine, S, rd, FSDP_AVG, tag);
-    if (rc) return rc;
-    if (!(grad = u->grad)) { /* on disk: added to in a shard buffer, written back behind (with its sum of squares) */
+    if (!(grad = u->grad)) {
         if ((b = fsdp__shard_read(ctx, u, FSDP__VEC_GRAD, &rc)) < 0) return rc;
         grad = ctx->io_buf[b];
         for (i = 0; u->grad_scale != 1.0f && !u->grad_zero && i < S; i++) grad[i] *= u->grad_scale; /* as in RAM */
@@ -11611,7 +11678,7 @@ FSDP__PRIVATE int fsdp__run_reduce(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, 
             for (i = 0; i < j; i++) grad[done + i] += block[i];
         }
     } else {
-        const float *avg = (const float *)mine;
+        const float *avg = (const float *)(const void *)mine;
         for (i = 0; i < S; i++) grad[i] += avg[i];
     }
     if (b >= 0) {
@@ -11621,6 +11688,24 @@ FSDP__PRIVATE int fsdp__run_reduce(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, 
         fsdp__io_buf_give(ctx, b, fsdp__shard_submit(ctx, u, FSDP__VEC_GRAD, 1, b)); /* the step's reads queue after it */
     }
     return 0;
+}
+
+/* A unit's gradient reduction, then its add into the gradient shard; FSDP__HANDED_OFF when its
+   second half went to the wire thread (*half). */
+FSDP__PRIVATE int fsdp__run_reduce(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, uint32_t tag, fsdp__wire_half *half) {
+    fsdp_dtype rd = u->grad_wire ? FSDP_F32 : ctx->reduce_dtype; /* (a quantized reduction sums f32 in its host) */
+    size_t esize = fsdp_dtype_size(rd), S = (size_t)u->shard;
+    char *data = rd == FSDP_F32 ? (char *)t->grad_full : (char *)t->scratch;
+    char *mine = data + (size_t)u->group_rank * S * esize;
+    int rc = 0;
+    if (rd != FSDP_F32) fsdp__from_f32(data, rd, t->grad_full, (size_t)u->padded);
+    if (u->grad_wire && !u->replica_comm) rc = fsdp__run_reduce_wire(ctx, u, t, half);
+    else if (u->shard_comm) /* in place: this rank's slice of the buffer receives the average */
+        rc = fsdp__task_coll(ctx, t, u->shard_comm, FSDP_COLL_REDUCE_SCATTER, data, mine, S, rd, FSDP_AVG, tag);
+    if (!rc && u->replica_comm && u->grad_wire) rc = fsdp__run_reduce_wire(ctx, u, t, half); /* (HYBRID_SHARD) */
+    else if (!rc && u->replica_comm)
+        rc = fsdp__task_coll(ctx, t, u->replica_comm, FSDP_COLL_ALL_REDUCE, mine, mine, S, rd, FSDP_AVG, tag);
+    return rc ? rc : fsdp__reduce_add(ctx, u, rd, mine);
 }
 
 /* The communicator whose failure ended a task (a HYBRID reduction uses two). */
@@ -11648,20 +11733,8 @@ static fsdp__task fsdp__take_task(fsdp_ctx *ctx) {
     return t;
 }
 
-/* Runs a task taken off the queue (ctx->lock not held) and marks it done. Tasks run one at a
-   time in queue order, so completion is a count. After a failure the rest of the queue is only
-   drained. */
-FSDP__PRIVATE void fsdp__run_task(fsdp_ctx *ctx, fsdp__task *t) {
-    int rc;
-    pthread_mutex_lock(&ctx->lock);
-    rc = ctx->worker_error;
-    pthread_mutex_unlock(&ctx->lock);
-    if (!rc) {
-        fsdp__unit *u = t->unit >= 0 ? &ctx->units[t->unit] : NULL;
-        if (t->kind == FSDP__TASK_GATHER) rc = fsdp__run_gather(ctx, u, t, (uint32_t)(t->unit * 4 + 1));
-        else if (t->kind == FSDP__TASK_REDUCE) rc = fsdp__run_reduce(ctx, u, t, (uint32_t)(t->unit * 4 + 2));
-        else rc = fsdp__task_coll(ctx, t, t->comm, t->coll, t->send, t->recv, t->count, FSDP_F32, FSDP_SUM, 3);
-    }
+/* A task's buffers back to the pool, once it has run (or was skipped after a failure). */
+FSDP__PRIVATE void fsdp__task_release(fsdp_ctx *ctx, fsdp__task *t) {
     if (t->kind == FSDP__TASK_REDUCE) {
         fsdp__buf_put(ctx, t->grad_full, t->grad_bytes);
         fsdp__buf_put(ctx, t->scratch, t->scratch_bytes);
@@ -11672,19 +11745,65 @@ FSDP__PRIVATE void fsdp__run_task(fsdp_ctx *ctx, fsdp__task *t) {
         fsdp__io_wait(ctx->offload, t->read_ticket);
         fsdp__io_buf_give(ctx, t->read_buf, 0);
     }
+}
+
+/* Records a task's failure, the first of the context's (ctx->lock held). */
+static void fsdp__task_failed(fsdp_ctx *ctx, const fsdp__task *t, int rc) {
+    if (!rc || ctx->worker_error) return;
+    ctx->worker_error = rc;
+    fsdp__fmt(ctx->error, sizeof ctx->error, "%s of unit '%s' failed: %s",
+              t->kind == FSDP__TASK_GATHER ? "all-gather" : t->kind == FSDP__TASK_REDUCE ? "gradient reduction"
+                                                                                      : "collective",
+              t->unit >= 0 ? fsdp__unit_name(ctx, t->unit) : "-", fsdp_comm_last_error(fsdp__failed_comm(ctx, t)));
+}
+
+/* ctx->completed after the comm thread or the wire thread finished something (ctx->lock held). */
+static void fsdp__tasks_advance(fsdp_ctx *ctx) {
+    ctx->completed = ctx->wire_len ? ctx->wire_queue[ctx->wire_head].task.id - 1 : ctx->handed;
+    pthread_cond_broadcast(&ctx->done);
+}
+
+/* Whether task id is done (ctx->lock held): the tasks before it may not be (a reduction's second
+   half still on the wire thread); fsdp__wait_task_for waits for them too. */
+static int fsdp__task_done(const fsdp_ctx *ctx, uint64_t id) {
+    int i;
+    if (id <= ctx->completed) return 1;
+    if (id > ctx->handed) return 0;
+    for (i = 0; i < ctx->wire_len; i++)
+        if (ctx->wire_queue[(ctx->wire_head + i) % ctx->queue_cap].task.id == id) return 0;
+    return 1;
+}
+
+/* Runs a task taken off the queue (ctx->lock not held) and marks it done, or hands the second
+   half of a quantized reduction to the wire thread. Tasks run one at a time in queue order.
+   After a failure the rest of the queue is only drained. */
+FSDP__PRIVATE void fsdp__run_task(fsdp_ctx *ctx, fsdp__task *t) {
+    fsdp__wire_half half;
+    int rc;
+    pthread_mutex_lock(&ctx->lock);
+    rc = ctx->worker_error;
+    pthread_mutex_unlock(&ctx->lock);
+    half.q.raw = NULL;
+    if (!rc) {
+        fsdp__unit *u = t->unit >= 0 ? &ctx->units[t->unit] : NULL;
+        if (t->kind == FSDP__TASK_GATHER) rc = fsdp__run_gather(ctx, u, t, (uint32_t)(t->unit * 4 + 1));
+        else if (t->kind == FSDP__TASK_REDUCE) rc = fsdp__run_reduce(ctx, u, t, (uint32_t)(t->unit * 4 + 2), &half);
+        else rc = fsdp__task_coll(ctx, t, t->comm, t->coll, t->send, t->recv, t->count, FSDP_F32, FSDP_SUM, 3);
+    }
+    if (rc != FSDP__HANDED_OFF) fsdp__task_release(ctx, t);
     fsdp__stream_fence();
     pthread_mutex_lock(&ctx->lock);
-    if (rc && !ctx->worker_error) {
-        ctx->worker_error = rc;
-        fsdp__fmt(ctx->error, sizeof ctx->error, "%s of unit '%s' failed: %s",
-                  t->kind == FSDP__TASK_GATHER ? "all-gather" : t->kind == FSDP__TASK_REDUCE ? "gradient reduction"
-                                                                                          : "collective",
-                  t->unit >= 0 ? fsdp__unit_name(ctx, t->unit) : "-",
-                  fsdp_comm_last_error(fsdp__failed_comm(ctx, t)));
+    if (rc == FSDP__HANDED_OFF) {
+        half.task.id = t->id;
+        ctx->wire_queue[(ctx->wire_head + ctx->wire_len++) % ctx->queue_cap] = half;
+        pthread_cond_signal(&ctx->wire_wake);
+        FSDP__WIRE_HALF(ctx, t->unit, 0);
+    } else {
+        fsdp__task_failed(ctx, t, rc);
     }
-    ctx->completed = t->id;
+    ctx->handed = t->id;
     ctx->running = 0;
-    pthread_cond_broadcast(&ctx->done);
+    fsdp__tasks_advance(ctx);
     if (ctx->queue_len) pthread_cond_signal(&ctx->wake);
     pthread_mutex_unlock(&ctx->lock);
 }
@@ -11701,6 +11820,58 @@ static void *fsdp__worker(void *arg) {
         pthread_mutex_unlock(&ctx->lock);
         FSDP__CHAOS(FSDP__CHAOS_THREAD);
         fsdp__run_task(ctx, &t);
+    }
+    return NULL;
+}
+
+/* The second half of a reduction the comm thread handed off (fsdp__run_reduce_wire): the
+   exchange across hosts, the decoding and fold into this rank's slice, the add into the gradient
+   shard. failed: the context failed before it began (nothing is sent; the scratch goes back). */
+FSDP__PRIVATE int fsdp__wire_half_run(fsdp_ctx *ctx, fsdp__wire_half *h, int failed) {
+    fsdp__unit *u = &ctx->units[h->task.unit];
+    fsdp__reduce_watch w;
+    fsdp__qrs_watch watch;
+    fsdp__qrs_layout y;
+    float *mine = h->task.grad_full + (size_t)u->group_rank * (size_t)u->shard;
+    double t0 = ctx->trace ? fsdp_now() : 0;
+    int rc;
+    fsdp__reduce_watch_init(ctx, u, &w, &watch);
+    if (failed) {
+        fsdp__qrs_put(&watch, h->q.raw, h->q.raw_bytes);
+        return failed;
+    }
+    fsdp__wire_layout(ctx, &y);
+    rc = fsdp__qrs_finish(&y, &h->q, 0, mine, (size_t)u->shard, FSDP_AVG, u->grad_wire,
+                          fsdp__wire_block(ctx->desc.wire_block), &watch);
+    fsdp__reduce_wire_done(ctx, u, h->nonfinite, rc, t0);
+    return rc ? rc : fsdp__reduce_add(ctx, u, FSDP_F32, (const char *)mine);
+}
+
+/* The wire thread: runs the handed halves in order, each staying at the queue's head (a task not
+   done) until it has run. */
+static void *fsdp__wire_main(void *arg) {
+    fsdp_ctx *ctx = (fsdp_ctx *)arg;
+    fsdp__trace_thread = FSDP__TID_WIRE;
+    for (;;) {
+        fsdp__wire_half h;
+        int rc;
+        pthread_mutex_lock(&ctx->lock);
+        while (ctx->wire_len == 0 && !ctx->wire_stop) pthread_cond_wait(&ctx->wire_wake, &ctx->lock);
+        if (ctx->wire_len == 0) { pthread_mutex_unlock(&ctx->lock); break; }
+        h = ctx->wire_queue[ctx->wire_head];
+        rc = ctx->worker_error;
+        pthread_mutex_unlock(&ctx->lock);
+        FSDP__CHAOS(FSDP__CHAOS_THREAD);
+        FSDP__WIRE_HALF(ctx, h.task.unit, 1);
+        rc = fsdp__wire_half_run(ctx, &h, rc);
+        fsdp__task_release(ctx, &h.task);
+        fsdp__stream_fence();
+        pthread_mutex_lock(&ctx->lock);
+        fsdp__task_failed(ctx, &h.task, rc);
+        ctx->wire_head = (ctx->wire_head + 1) % ctx->queue_cap;
+        ctx->wire_len--;
+        fsdp__tasks_advance(ctx);
+        pthread_mutex_unlock(&ctx->lock);
     }
     return NULL;
 }
@@ -11742,22 +11913,24 @@ static int fsdp__can_help(const fsdp_ctx *ctx) {
     return 1;
 }
 
-/* Waits for task id (0: everything issued). Each op of the comm thread ends by its
+/* Waits for task id (0: everything issued) and every task before it, or (alone) for task id only
+   (a gather, which the compute thread needs while reductions before it are still on the wire
+   thread). Each op of the comm thread ends by its
    communicator's timeout, so this wait does too. Should it not (a user backend that ignores
    its timeout), the wait gives up (after 4 timeouts per task ahead, a task being at most two
    collectives and their fingerprint exchanges, plus 2 s) by aborting every communicator of
    the context, which makes the running op fail, and still returns only once the comm thread
    has finished that op: it never leaves the thread writing into buffers the caller may free. */
-FSDP__PRIVATE int fsdp__wait_task_for(fsdp_ctx *ctx, uint64_t id, const char *what, int unit) {
+FSDP__PRIVATE int fsdp__wait_task_for(fsdp_ctx *ctx, uint64_t id, int alone, const char *what, int unit) {
     int rc, gave_up = 0;
     double limit, t0 = 0;
     FSDP__CHAOS(FSDP__CHAOS_WAIT);
     pthread_mutex_lock(&ctx->lock);
     if (id == 0) id = ctx->issued;
-    if (ctx->trace && ctx->completed < id && !ctx->worker_error) t0 = fsdp_now();
+    if (ctx->trace && !fsdp__task_done(ctx, id) && !ctx->worker_error) t0 = fsdp_now();
     limit = fsdp_now() + (double)(id > ctx->completed ? id - ctx->completed : 1) * 4.0 *
                              fsdp_comm_timeout(ctx->comm) / 1000.0 + 2.0;
-    while (ctx->completed < id && !ctx->worker_error) {
+    while (!(alone ? fsdp__task_done(ctx, id) : ctx->completed >= id) && !ctx->worker_error) {
         struct timespec ts;
         if (FSDP__CHAOS_COIN(FSDP__CHAOS_THREAD)) {
             pthread_cond_signal(&ctx->wake); /* (>>chaos: the comm thread runs the tasks, not this waiter) */
@@ -11773,7 +11946,7 @@ FSDP__PRIVATE int fsdp__wait_task_for(fsdp_ctx *ctx, uint64_t id, const char *wh
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_sec += 1;
         pthread_cond_timedwait(&ctx->done, &ctx->lock, &ts);
-        if (!gave_up && fsdp_now() > limit && ctx->completed < id) {
+        if (!gave_up && fsdp_now() > limit && !fsdp__task_done(ctx, id)) {
             fsdp_comm *comms[5];
             int i;
             gave_up = 1;
@@ -11805,7 +11978,7 @@ FSDP__PRIVATE int fsdp__wait_task_for(fsdp_ctx *ctx, uint64_t id, const char *wh
     }
     return rc;
 }
-FSDP__PRIVATE int fsdp__wait_task(fsdp_ctx *ctx, uint64_t id) { return fsdp__wait_task_for(ctx, id, "wait collective", -1); }
+FSDP__PRIVATE int fsdp__wait_task(fsdp_ctx *ctx, uint64_t id) { return fsdp__wait_task_for(ctx, id, 0, "wait collective", -1); }
 
 /* Queues one f32 collective for the comm thread, in order with the gathers and reductions (wake:
    hand it to the thread now): its task id for fsdp__wait_task, 0 when the queue is full. */
@@ -11938,7 +12111,7 @@ FSDP__PRIVATE int fsdp__wait_gathered(fsdp_ctx *ctx, int ui) {
     fsdp__unit *u = &ctx->units[ui];
     int rc;
     if (u->state == FSDP__GATHERING) {
-        if ((rc = fsdp__wait_task_for(ctx, u->gather_task, "wait all_gather", ui)) != 0) return rc;
+        if ((rc = fsdp__wait_task_for(ctx, u->gather_task, 1, "wait all_gather", ui)) != 0) return rc;
         u->state = FSDP__UNSHARDED;
     }
     return 0;
@@ -12067,7 +12240,7 @@ FSDP__PRIVATE int fsdp__unit_pre_backward(fsdp_ctx *ctx, int ui) {
             u->grad_full = u->grad; /* nothing to reduce: the backward accumulates straight into the gradient */
         } else {
             /* at most one earlier unit's gradient still being reduced: bounds gradient memory to two */
-            if (ctx->older_reduce && (rc = fsdp__wait_task_for(ctx, ctx->older_reduce, "wait reduce_scatter", -1)) != 0)
+            if (ctx->older_reduce && (rc = fsdp__wait_task_for(ctx, ctx->older_reduce, 0, "wait reduce_scatter", -1)) != 0)
                 return rc;
             u->grad_full = (float *)fsdp__buf_get(ctx, (size_t)u->padded * sizeof(float), 1);
             if (!u->grad_full) return fsdp__fail(ctx, FSDP_ERR_OUT_OF_MEMORY, "unit '%s': no memory for gradients",
@@ -14806,9 +14979,11 @@ FSDP__PRIVATE int fsdp__init_units(fsdp_ctx *ctx, int hybrid_group) {
     ctx->bwd_order = (int *)fsdp__calloc(sizeof(int) * (size_t)ctx->num_units);
     ctx->queue_cap = 4 * ctx->num_units + 16;
     ctx->queue = (fsdp__task *)fsdp__calloc(sizeof *ctx->queue * (size_t)ctx->queue_cap);
+    ctx->wire_queue = (fsdp__wire_half *)fsdp__calloc(sizeof *ctx->wire_queue * (size_t)ctx->queue_cap);
     ctx->norm_ranks = ctx->world;
     ctx->norm_sums = (double *)fsdp__calloc(4 * sizeof(double) * (size_t)ctx->world);
-    if (!ctx->units || !ctx->unit_params || !ctx->fwd_order || !ctx->bwd_order || !ctx->queue || !ctx->norm_sums)
+    if (!ctx->units || !ctx->unit_params || !ctx->fwd_order || !ctx->bwd_order || !ctx->queue || !ctx->wire_queue ||
+        !ctx->norm_sums)
         return fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: out of memory");
     for (ui = 0, k = 0; ui < ctx->num_units; ui++) { /* each unit's parameters, in order */
         fsdp__unit *u = &ctx->units[ui];
@@ -15064,6 +15239,7 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
     pthread_mutex_init(&ctx->lock, NULL);
     pthread_cond_init(&ctx->wake, NULL);
     pthread_cond_init(&ctx->done, NULL);
+    pthread_cond_init(&ctx->wire_wake, NULL);
     if ((rc = fsdp__init_resolve(ctx, &hybrid_group)) == 0 && (rc = fsdp__init_groups(ctx, hybrid_group)) == 0 &&
         (rc = fsdp__init_host(ctx, hybrid_group)) == 0 && (rc = fsdp__init_cross(ctx)) == 0 &&
         (rc = fsdp__init_units(ctx, hybrid_group)) == 0 && (rc = fsdp__init_state(ctx)) == 0) {
@@ -15076,6 +15252,11 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
     if (!rc && pthread_create(&ctx->thread, NULL, fsdp__worker, ctx) != 0)
         rc = fsdp__init_fail_ctx(ctx, FSDP_ERR_SYSTEM, "fsdp_init: cannot start the comm thread");
     if (!rc) ctx->thread_started = 1;
+    if (!rc && ctx->cross_comm) { /* two-level quantized reductions: their halves across hosts */
+        if (pthread_create(&ctx->wire_thread, NULL, fsdp__wire_main, ctx) != 0)
+            rc = fsdp__init_fail_ctx(ctx, FSDP_ERR_SYSTEM, "fsdp_init: cannot start the wire thread");
+        else ctx->wire_started = 1;
+    }
     if (!rc && (rc = fsdp__trace_open(ctx)) == 0 && ctx->offload) ctx->offload->trace = ctx->trace;
     if (!rc) rc = fsdp__recovery_open(ctx);
     if (!rc && ctx->offload && ctx->stream_chunk) { /* the step runs behind the next forward */
@@ -15107,6 +15288,8 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     }
     if (ctx->thread_started) /* the comm thread finishes what is queued: every rank queued the same */
         fsdp__thread_stop(ctx->thread, &ctx->lock, &ctx->wake, &ctx->stop);
+    if (ctx->wire_started) /* and then the wire thread what the comm thread handed it */
+        fsdp__thread_stop(ctx->wire_thread, &ctx->lock, &ctx->wire_wake, &ctx->wire_stop);
     fsdp__offload_close(ctx->offload); /* (its I/O thread records into the trace) */
     fsdp__trace_close(ctx);
     for (ui = 0; ctx->units && ui < ctx->num_units; ui++) {
@@ -15148,10 +15331,12 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     FSDP_FREE(ctx->fwd_order);
     FSDP_FREE(ctx->bwd_order);
     FSDP_FREE(ctx->queue);
+    FSDP_FREE(ctx->wire_queue);
     FSDP_FREE(ctx->norm_sums);
     pthread_mutex_destroy(&ctx->lock);
     pthread_cond_destroy(&ctx->wake);
     pthread_cond_destroy(&ctx->done);
+    pthread_cond_destroy(&ctx->wire_wake);
     FSDP_FREE(ctx);
 }
 
@@ -15417,6 +15602,7 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
     int64_t largest_state = 0;
     size_t kept = 0, largest_resharded = 0, resharded_total = 0, largest_grad = 0, root_grad = 0, gathered;
     size_t host_kept, unit_gathered, wire, largest_wire = 0;
+    int wire_thread = 0; /* two-level quantized reductions: one more scratch in flight (the wire thread's) */
     if (!model || !desc || !est || world_size < 1) return FSDP_ERR_INVALID_ARG;
     memset(est, 0, sizeof *est);
     d = *desc;
@@ -15439,6 +15625,7 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
         pbytes = unit_gathered;
         kept += host_kept;
         if (wire > largest_wire) largest_wire = wire;
+        wire_thread |= pu->grad_wire != FSDP_WIRE_DEFAULT && !pu->grad_replicas;
         if (pu->group_size == 1 && d.param_dtype == FSDP_F32 && !d.offload.params && !wire) pbytes = 0; /* computes on the master */
         if (d.fp32_compute_view && d.param_dtype != FSDP_F32) pbytes += (size_t)pu->padded * sizeof(float);
         if (d.reduce_dtype != FSDP_F32) gbytes += (size_t)pu->padded * fsdp_dtype_size(d.reduce_dtype);
@@ -15473,7 +15660,7 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
     /* the resharding units gathered at once: at most limit_all_gathers + 1, and never more than all of them */
     gathered = (size_t)(d.limit_all_gathers + 1) * largest_resharded;
     if (gathered > resharded_total) gathered = resharded_total;
-    est->peak_unsharded_bytes = kept + gathered + root_grad + 2 * largest_grad + largest_wire;
+    est->peak_unsharded_bytes = kept + gathered + root_grad + 2 * largest_grad + (wire_thread ? 2 : 1) * largest_wire;
     if (largest_state && fsdp__stream_per_element(&d.offload, d.optimizer.state_dtype, nbuf))
         fsdp__stream_chunk(fsdp__stream_per_element(&d.offload, d.optimizer.state_dtype, nbuf), d.offload.ram_bytes,
                            largest_state, &est->stream_bytes);
@@ -15896,7 +16083,7 @@ struct fsdp__trace {
     int failed;                   /* a write failed: recording stopped */
 };
 
-static const char *const fsdp__trace_threads[FSDP__TRACE_TIDS] = {"compute", "comm", "step", "io", "checkpoint"};
+static const char *const fsdp__trace_threads[FSDP__TRACE_TIDS] = {"compute", "comm", "step", "io", "checkpoint", "wire"};
 static const char *const fsdp__trace_groups[3] = {"world", "shard", "replica"};
 
 FSDP__PRIVATE fsdp__trace_event fsdp__trace_ev(const char *cat, const char *name, int tid, double t0, double t1) {

@@ -69,7 +69,7 @@
 #define TT_MAX_NUMBER 64             /* characters of one JSON number */
 #define TT_MAX_WORLD (1 << 20)       /* ranks */
 #define TT_MAX_EXACT 9007199254740992.0 /* 2^53: larger integers are not exact as doubles */
-#define TT_TIDS 5                    /* 0 compute, 1 comm, 2 step, 3 io, 4 checkpoint */
+#define TT_TIDS 6                    /* 0 compute, 1 comm, 2 step, 3 io, 4 checkpoint, 5 wire */
 
 /* ---------------------------------------------------------------------------------------------
    the loaded trace
@@ -1884,7 +1884,7 @@ static void tt_svg_lane(tt_svg *g, const tt_trace *t, const tt_key *keys, size_t
 }
 
 /* The lane an event is drawn in: 0 the compute thread, 1 collectives (the comm thread's and
-   those the compute thread ran), 2 the step, io and checkpoint threads (a strip under lane 1). */
+   those the compute thread ran), 2 the step, io, checkpoint and wire threads (a strip under lane 1). */
 static int tt_lane_of(const tt_event *e) {
     if (e->tid == 0) return tt_cat_is(e, "comm") ? 1 : 0;
     if (e->tid == 1) return 1;
@@ -2170,7 +2170,7 @@ static const char tt_check_help[] =
     "usage: trace_tool check DIR|FILE\n"
     "  Checks trace files against the format fsdp.h writes: the JSON, otherData (format fsdp.h-trace,\n"
     "  version 1), every rank of the world present once, each event's fields (ts and dur numbers >= 0,\n"
-    "  pid the file's rank, tid 0..4, name and cat; collectives with op, bytes, group and seq), and\n"
+    "  pid the file's rank, tid 0..5, name and cat; collectives with op, bytes, group and seq), and\n"
     "  that the events of each thread nest. Prints 'ok: R ranks, E events, S steps' and exits 0, or\n"
     "  prints the first problem and exits 1. A file cut off at the end (its rank died) is a warning.\n";
 

@@ -39,6 +39,7 @@
 #define _GNU_SOURCE
 #endif
 #include <stdlib.h>
+#include <unistd.h>
 /* fsdp.h's allocator (a documented configuration macro), counting while a rank arms it: each rank
    is a process, and its comm thread allocates through it too */
 static int allocations_counted, counting_allocations;
@@ -49,6 +50,22 @@ static void *counted_malloc(size_t size) {
 #define FSDP_MALLOC(size) counted_malloc(size)
 #define FSDP_REALLOC(ptr, size) realloc(ptr, size)
 #define FSDP_FREE(ptr) free(ptr)
+/* fsdp.h's hook around a quantized reduction's second half (event 0: the comm thread handed it to
+   the wire thread; 1: the wire thread is about to run it). Armed (wire_hold), the first half to
+   run waits, at most 10 s, until the comm thread has handed the next one: which it can do only
+   while the first one's exchange across hosts has not run, if the two threads overlap. */
+static int wire_hold, wire_handed, wire_overlapped;
+static void wire_half(int event) {
+    int waited;
+    if (event == 0) {
+        __atomic_add_fetch(&wire_handed, 1, __ATOMIC_SEQ_CST);
+        return;
+    }
+    if (!__atomic_exchange_n(&wire_hold, 0, __ATOMIC_SEQ_CST)) return;
+    for (waited = 0; waited < 10000 && __atomic_load_n(&wire_handed, __ATOMIC_SEQ_CST) < 2; waited++) usleep(1000);
+    __atomic_store_n(&wire_overlapped, __atomic_load_n(&wire_handed, __ATOMIC_SEQ_CST) >= 2, __ATOMIC_SEQ_CST);
+}
+#define FSDP__WIRE_HALF(ctx, unit, event) wire_half(event)
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 #include "unity.h"
@@ -79,6 +96,7 @@ typedef struct run_config {
     fsdp_wire param_wire;       /* fsdp_desc.param_wire (the gathers' wire; the test's weights are the masters) */
     fsdp_reshard_mode reshard;  /* fsdp_desc.reshard_after_forward */
     int count_from;             /* > 0: count FSDP_MALLOC calls in the hooks and fsdp_step from this step on */
+    int hold_wire;              /* arm wire_half: the first reduction's exchange waits for the next one's host sums */
 } run_config;
 
 typedef struct rank_result {
@@ -92,6 +110,7 @@ typedef struct rank_result {
     int64_t shard[NUNITS];
     char logged[1200];
     int allocations;                  /* FSDP_MALLOC calls counted (run_config.count_from) */
+    int overlapped;                   /* run_config.hold_wire: the next reduction was handed meanwhile */
 } rank_result;
 
 static rank_result *results; /* [MAX_RANKS], MAP_SHARED before any fork */
@@ -228,6 +247,7 @@ static int train(fsdp_comm *comm, const run_config *c, rank_result *r) {
     fsdp_memory_stats st, est;
     mlp m;
     describe(&d, comm, c, r);
+    wire_hold = c->hold_wire;
     if ((rc = mlp_build(&m)) != 0 || (rc = fsdp_init(&ctx, m.model, &d)) != 0) {
         snprintf(r->message, sizeof r->message, "fsdp_init: %.300s", fsdp_last_error(NULL));
         fsdp_model_destroy(m.model);
@@ -260,6 +280,7 @@ static int train(fsdp_comm *comm, const run_config *c, rank_result *r) {
     }
     if (rc) snprintf(r->message, sizeof r->message, "rank %d: %.300s", rank, fsdp_last_error(ctx));
     fsdp_destroy(ctx);
+    r->overlapped = __atomic_load_n(&wire_overlapped, __ATOMIC_SEQ_CST);
     fsdp_model_destroy(m.model);
     return rc;
 }
@@ -663,6 +684,20 @@ static void test_grad_wire_nonfinite_gradient_skips_the_step_on_every_rank_namin
     TEST_ASSERT_TRUE_MESSAGE(named, results[0].logged);
 }
 
+/* The comm thread hands each reduction's exchange across hosts to the wire thread and goes on:
+   the next unit's host sums run while the link carries the last one's codes, with the same bits. */
+static void test_grad_wire_exchange_across_hosts_overlaps_the_next_reductions_host_sums_bitwise(void) {
+    run_config c = config(FSDP_WIRE_INT4, 1);
+    int r;
+    c.hold_wire = 1;
+    assert_trains_as_the_reference(&c, HOSTS);
+    for (r = 0; r < WORLD; r++) {
+        snprintf(message, sizeof message, "rank %d: the next reduction's host sums did not run while the first one's "
+                 "exchange waited", r);
+        TEST_ASSERT_TRUE_MESSAGE(results[r].overlapped, message);
+    }
+}
+
 static void test_grad_wire_trace_shows_the_quantize_and_dequantize_spans_of_each_reduction(void) {
     char dir[600], path[700];
     size_t size = 0;
@@ -679,6 +714,8 @@ static void test_grad_wire_trace_shows_the_quantize_and_dequantize_spans_of_each
     assert_says((const char *)text, "\"cat\":\"wire\",\"name\":\"quantize layers.1\"");
     assert_says((const char *)text, "\"cat\":\"wire\",\"name\":\"dequantize layers.1\"");
     assert_says((const char *)text, "\"cat\":\"wire\",\"name\":\"reduce_scatter_wire layers.1\"");
+    assert_says((const char *)text, "\"cat\":\"wire\",\"name\":\"host_sums layers.1\"");
+    assert_says((const char *)text, "\"tid\":5,\"name\":\"thread_name\",\"args\":{\"name\":\"wire\"}");
     free(text);
 }
 
@@ -972,6 +1009,7 @@ int main(void) {
     RUN_TEST(test_grad_wire_residual_round_trips_through_an_asynchronous_sharded_checkpoint);
     RUN_TEST(test_grad_wire_checkpoint_without_residual_loads_with_zero_residual_and_says_so);
     RUN_TEST(test_grad_wire_nonfinite_gradient_skips_the_step_on_every_rank_naming_the_unit);
+    RUN_TEST(test_grad_wire_exchange_across_hosts_overlaps_the_next_reductions_host_sums_bitwise);
     RUN_TEST(test_grad_wire_trace_shows_the_quantize_and_dequantize_spans_of_each_reduction);
     RUN_TEST(test_grad_wire_step_report_counts_the_codes_sent_across_hosts);
     RUN_TEST(test_grad_wire_int8_on_uneven_hosts_trains_as_the_reference_bitwise);

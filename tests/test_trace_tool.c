@@ -890,7 +890,7 @@ static void test_check_of_a_negative_dur_fails(void) {
 
 static void test_check_of_an_unknown_tid_fails(void) {
     write_rank0_with("{\"ph\":\"X\",\"pid\":0,\"tid\":7,\"cat\":\"hook\",\"name\":\"pre_forward h.0\",\"ts\":1,\"dur\":1}");
-    assert_check_fails_saying("tid 7 is not 0..4");
+    assert_check_fails_saying("tid 7 is not 0..5");
 }
 
 static void test_check_of_a_comm_event_without_seq_fails(void) {
