@@ -97,8 +97,10 @@ test-asan:
 
 test-tsan:
 	@$(MAKE) --no-print-directory $(SYNC_OUTPUT) $(BUILD)/tsan/test_threads $(BUILD)/tsan/test_offload $(BUILD)/tsan/test_trace \
-	    $(BUILD)/tsan/test_async_save $(BUILD)/tsan/test_rejoin BUILD=$(BUILD)/tsan OPT="-O1 -g" SANFLAGS="-fsanitize=thread"
-	@BUILD=$(BUILD)/tsan NO_EXTRA_CHECKS=1 sh tests/run.sh test_threads test_offload test_trace test_async_save test_rejoin
+	    $(BUILD)/tsan/test_async_save $(BUILD)/tsan/test_rejoin $(BUILD)/tsan/test_grad_wire BUILD=$(BUILD)/tsan OPT="-O1 -g" \
+	    SANFLAGS="-fsanitize=thread"
+	@BUILD=$(BUILD)/tsan NO_EXTRA_CHECKS=1 sh tests/run.sh test_threads test_offload test_trace test_async_save test_rejoin \
+	    test_grad_wire
 
 # Ranks on several "hosts" built from network, mount and UTS namespaces on this machine (root;
 # without them it says why and passes nothing): tests/multihost/test_multihost.sh.
