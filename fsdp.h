@@ -14452,11 +14452,12 @@ FSDP__PRIVATE int fsdp__rejoin_find(fsdp_ctx *ctx, const unsigned char key[32], 
 /* fsdp_init's last phase on a rejoining rank (desc.comm: its host's ranks alone, initialized as
    one replica): admitted by the survivors, the new world made and adopted, the addresses
    gathered, its counterpart's state received and checked. */
-/* Touches every page of this rank's state shards in RAM, values unchanged: a joiner does so
-   before it asks to be admitted, so that the first part and the moments land in pages that
-   exist rather than fault them in (on a VM, about 3 ms a MB) while every survivor waits for its
-   first step. */
-static void fsdp__touch_state(fsdp_ctx *ctx) {
+/* Touches every page of this rank's state shards in RAM, values unchanged: a joiner does so on
+   a thread of its own while it waits to be admitted, so that the first part and the moments land
+   in pages that exist rather than fault them in (on a VM, about 3 ms a MB) while every survivor
+   waits for its first step. */
+static void *fsdp__touch_state(void *arg) {
+    fsdp_ctx *ctx = (fsdp_ctx *)arg;
     size_t bytes[2 + FSDP_OPTIMIZER_MAX_STATE], i;
     int ui, v;
     for (ui = 0; ui < ctx->num_units; ui++) {
@@ -14471,6 +14472,7 @@ static void fsdp__touch_state(fsdp_ctx *ctx) {
         for (v = 0; v < 2 + ctx->num_state; v++)
             for (i = 0; vec[v] && i < bytes[v]; i += 4096) vec[v][i] = vec[v][i];
     }
+    return NULL;
 }
 
 FSDP__PRIVATE int fsdp__rejoin(fsdp_ctx *ctx) {
@@ -14481,7 +14483,8 @@ FSDP__PRIVATE int fsdp__rejoin(fsdp_ctx *ctx) {
     fsdp__recovery *rec;
     char host[INET_ADDRSTRLEN];
     uint64_t bytes = 0;
-    int ui, rc, G = ctx->desc.shard_group_size;
+    pthread_t toucher;
+    int ui, rc, touching, G = ctx->desc.shard_group_size;
     double t0 = fsdp_now();
     for (ui = 0; ui < ctx->num_units; ui++)
         if (ctx->units[ui].residual || !a)
@@ -14489,8 +14492,11 @@ FSDP__PRIVATE int fsdp__rejoin(fsdp_ctx *ctx) {
                                                      "recovery.rejoin: %s", a ? "error feedback residuals are not sent "
                                                      "yet: turn error_feedback off" : "out of memory");
     fsdp__comm_key(key, ctx->comm->key, sizeof ctx->comm->key, "fsdp.h rejoin key", ctx->comm->job, 0);
-    fsdp__touch_state(ctx);
-    if ((rc = fsdp__rejoin_find(ctx, key, a, &peer)) != 0) return FSDP_FREE(a), rc;
+    touching = pthread_create(&toucher, NULL, fsdp__touch_state, ctx) == 0;
+    if (!touching) fsdp__touch_state(ctx);
+    rc = fsdp__rejoin_find(ctx, key, a, &peer);
+    if (touching) pthread_join(toucher, NULL);
+    if (rc) return FSDP_FREE(a), rc;
     if (!(ctx->recovery = rec = fsdp__recovery_new(ctx->comm, a->total * G, G)))
         return FSDP_FREE(a), fsdp__init_fail_ctx(ctx, FSDP_ERR_OUT_OF_MEMORY, "fsdp_init: out of memory");
     rec->replica = a->replica, rec->first_rank = a->replica * G + ctx->rank, rec->rebuilds = a->rebuilds - 1;
