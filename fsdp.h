@@ -5511,6 +5511,7 @@ static const fsdp__transport fsdp__shm_transport = {
 #define FSDP__SOCK_RINGS_MAX ((size_t)64 << 20) /* all links' rings, beyond one segment a link */
 #endif
 #define FSDP__SOCK_GREETING_MS 5000  /* an acceptor greets at once; silence this long means "not fsdp.h" */
+#define FSDP__SOCK_GREET_TRIES 3     /* ... on that many connections (a lost ACK can hide one from its acceptor) */
 #define FSDP__SOCK_HANDSHAKE_MS 5000 /* a connection's budget to present a complete hello */
 #define FSDP__SOCK_SYN_MS 250        /* a fresh connect attempt this often (fsdp__sock_connect) */
 #define FSDP__SOCK_TRIES 8           /* ... the latest this many kept waiting */
@@ -6343,12 +6344,16 @@ FSDP__PRIVATE int fsdp__sock_greet(fsdp_comm *comm, int fd, const unsigned char 
    peer must be this user's). An acceptor busy with more handshakes than it runs at once drops
    the oldest (FSDP__SOCK_PENDING_MAX): a connection closed before the verdict is dialled again
    (*fd replaced) after a random pause that grows, until the deadline, so honest ranks are never
-   lost for being many. 0, or the code with the message given to fsdp__init_fail. */
+   lost for being many. A connection that brings no greeting is dialled again too, up to
+   FSDP__SOCK_GREET_TRIES connections: on a lossy link the last ACK of the TCP handshake can be
+   lost, and the acceptor, which never saw the connection complete, cannot greet it until its
+   SYN-ACK's retries (1, 3, 7 s) get through, while this side waits in silence. 0, or the code
+   with the message given to fsdp__init_fail. */
 FSDP__PRIVATE int fsdp__sock_greet_peer(fsdp_comm *comm, int *fd, const struct sockaddr_in *addr, const char *who,
                                         fsdp__sock_hello *hello, int64_t deadline, fsdp__sock_reply *reply,
                                         unsigned char nonces[64]) {
     char err[FSDP__ERRMSG];
-    int rc, attempt;
+    int rc, attempt, silent = 0;
     for (attempt = 1;; attempt++) {
         uint32_t jitter = 0;
         int pause_ms;
@@ -6357,9 +6362,13 @@ FSDP__PRIVATE int fsdp__sock_greet_peer(fsdp_comm *comm, int *fd, const struct s
         fsdp__random_bytes(&jitter, sizeof jitter);
         pause_ms = (attempt < 6 ? 25 << attempt : 1000) / 2;
         pause_ms += (int)(jitter % (uint32_t)pause_ms);
-        if (rc != FSDP_ERR_PEER_LOST || fsdp__now_ms() + pause_ms >= deadline) break;
-        fsdp__log(&comm->logger, FSDP_LOG_INFO, "socket: rank %d: %s dropped the handshake (attempt %d; busy with "
-                  "others?): dialling again in %d ms", comm->rank, who, attempt, pause_ms);
+        if (rc == FSDP_ERR_TIMEOUT) silent++; /* (at the deadline: the pause below passes it) */
+        if ((rc != FSDP_ERR_PEER_LOST && (rc != FSDP_ERR_TIMEOUT || silent >= FSDP__SOCK_GREET_TRIES)) ||
+            fsdp__now_ms() + pause_ms >= deadline)
+            break;
+        fsdp__log(&comm->logger, FSDP_LOG_INFO, "socket: rank %d: %s %s (attempt %d): dialling again in %d ms", comm->rank,
+                  who, rc == FSDP_ERR_TIMEOUT ? "sent no greeting" : "dropped the handshake (busy with others?)", attempt,
+                  pause_ms);
         close(*fd);
         fsdp__sleep_us((int64_t)pause_ms * 1000);
         if ((*fd = fsdp__sock_connect(addr, deadline)) < 0) {
