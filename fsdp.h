@@ -10974,7 +10974,10 @@ FSDP__PRIVATE int fsdp__recovery_check(const fsdp_recovery_desc *rd, const fsdp_
    quantized reductions (FULL_SHARD's grad_wire across hosts) a second thread, the wire thread,
    runs each reduction's half across hosts (the exchange of codes, the fold) while the comm
    thread goes on with the next host-only work: the host sums of the next unit and the host
-   gathers of FSDP_RESHARD_HOST (fsdp__run_reduce_wire). Tasks are numbered in issue order;
+   gathers of FSDP_RESHARD_HOST (fsdp__run_reduce_wire). In a forward whose quantized gathers
+   cross hosts, every other gather runs whole on the wire thread over a second world (the twin,
+   fsdp__init_twin) while the comm thread runs the next one, so that the links stay busy while a
+   gather waits for the last host. Tasks are numbered in issue order;
    "completed >= n" means task n and all before it are done, and a gather's wait asks for its
    own task only (fsdp__task_done). The root unit (unit 0) is never resharded after its forward
    (reshard_after_forward 0): its backward follows at once.
@@ -12133,18 +12136,19 @@ static int fsdp__gathering_count(const fsdp_ctx *ctx) {
     return n;
 }
 
-/* Gathers the unit after ui in an order ("prefetch"), within the in-flight limit. */
+/* Gathers the unit after ui in an order ("prefetch"), within the in-flight limit; in a forward
+   with twin gathers (fsdp__init_twin), the units after it too, up to the limit (fsdp__unit_pre_forward
+   asks again once its unit is gathered), so that both threads have a gather to run. */
 FSDP__PRIVATE int fsdp__prefetch_after(fsdp_ctx *ctx, const int *order, int len, int ui) {
-    int i;
+    int i, k, depth = order == ctx->fwd_order && ctx->twin_comm ? ctx->desc.limit_all_gathers : 1, rc;
     if (!(order == ctx->fwd_order ? ctx->fwd_known : ctx->bwd_known)) return 0;
-    for (i = 0; i + 1 < len; i++)
-        if (order[i] == ui) {
-            int next = order[i + 1];
-            if (ctx->units[next].state == FSDP__SHARDED && !ctx->units[next].backward_done &&
-                fsdp__gathering_count(ctx) < ctx->desc.limit_all_gathers)
-                return fsdp__issue_gather(ctx, next);
-            return 0;
-        }
+    for (i = 0; i + 1 < len && order[i] != ui; i++) {}
+    for (k = i + 1; k < len && k <= i + depth; k++) {
+        int next = order[k];
+        if (ctx->units[next].state != FSDP__SHARDED) continue; /* (gathering already) */
+        if (ctx->units[next].backward_done || fsdp__gathering_count(ctx) >= ctx->desc.limit_all_gathers) return 0;
+        if ((rc = fsdp__issue_gather(ctx, next)) != 0) return rc;
+    }
     return 0;
 }
 
@@ -12247,6 +12251,9 @@ FSDP__PRIVATE int fsdp__unit_pre_forward(fsdp_ctx *ctx, int ui) {
     if ((rc = fsdp__issue_gather(ctx, ui)) != 0) return rc;
     if (ctx->desc.forward_prefetch && (rc = fsdp__prefetch_after(ctx, ctx->fwd_order, ctx->fwd_len, ui)) != 0) return rc;
     if ((rc = fsdp__wait_gathered(ctx, ui)) != 0) return rc;
+    if (ctx->desc.forward_prefetch && ctx->twin_comm && /* (this unit no longer counts as gathering) */
+        (rc = fsdp__prefetch_after(ctx, ctx->fwd_order, ctx->fwd_len, ui)) != 0)
+        return rc;
     u->state = FSDP__IN_FORWARD;
     return 0;
 }
