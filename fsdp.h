@@ -10974,10 +10974,7 @@ FSDP__PRIVATE int fsdp__recovery_check(const fsdp_recovery_desc *rd, const fsdp_
    quantized reductions (FULL_SHARD's grad_wire across hosts) a second thread, the wire thread,
    runs each reduction's half across hosts (the exchange of codes, the fold) while the comm
    thread goes on with the next host-only work: the host sums of the next unit and the host
-   gathers of FSDP_RESHARD_HOST (fsdp__run_reduce_wire). In a forward whose quantized gathers
-   cross hosts, every other gather runs whole on the wire thread over a second world (the twin,
-   fsdp__init_twin) while the comm thread runs the next one, so that the links stay busy while a
-   gather waits for the last host. Tasks are numbered in issue order;
+   gathers of FSDP_RESHARD_HOST (fsdp__run_reduce_wire). Tasks are numbered in issue order;
    "completed >= n" means task n and all before it are done, and a gather's wait asks for its
    own task only (fsdp__task_done). The root unit (unit 0) is never resharded after its forward
    (reshard_after_forward 0): its backward follows at once.
@@ -11053,7 +11050,6 @@ typedef struct fsdp__task {
     size_t grad_bytes;
     int read_buf;           /* GATHER of a master on disk: the io_buf its read went to (-1: none yet) */
     void *host_src;         /* GATHER over the host (FSDP_RESHARD_HOST): the unit's host shard, freed by the comm thread */
-    int twin;               /* GATHER: runs whole on the wire thread, over ctx->twin_comm (fsdp__twin_eligible) */
     uint64_t read_ticket;
     fsdp_comm *comm;        /* COLL: one collective */
     fsdp_coll_kind coll;
@@ -11090,9 +11086,6 @@ struct fsdp_ctx {
     fsdp_comm **lanes;      /* grad_wire INT8/INT4 on hosts of unequal sizes: this rank's lanes (fsdp__qrs_layout),
                                lanes[0] being cross_comm; else NULL */
     int num_lanes;
-    fsdp_comm *twin_comm;   /* a second world for quantized gathers across hosts: every other one of a forward runs
-                               on the wire thread over it, beside the comm thread's (fsdp__init_twin); or NULL */
-    uint64_t twin_issued;   /* the gathers that could have run on it, issued so far (the same on every rank) */
     int *host_first;        /* with lanes: [hosts + 1] the first rank of each host */
     void *master_mem[2];    /* fsdp_comm_alloc blocks holding the f32 shards gathered over comm, hybrid_shard_comm */
     fsdp__plan plan;
@@ -11519,10 +11512,8 @@ FSDP__PRIVATE double fsdp__sumsq(const float *x, size_t n) {
 /* A quantized gather (param_wire INT8/INT4): this rank's f32 shard encoded (whole blocks: the
    shard is a multiple of the block), padded to whole 4-byte words and gathered as words, so that
    no backend needs a byte dtype; then every rank's piece decoded into the unit's buffer in
-   param_dtype. Every rank decodes the same bytes: the weights are the same everywhere. Over comm:
-   the unit's shard comm, or (on the wire thread) the context's twin of it. */
-FSDP__PRIVATE int fsdp__run_gather_wire(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, const float *master, uint32_t tag,
-                                        fsdp_comm *comm) {
+   param_dtype. Every rank decodes the same bytes: the weights are the same everywhere. */
+FSDP__PRIVATE int fsdp__run_gather_wire(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, const float *master, uint32_t tag) {
     size_t esize = fsdp_dtype_size(ctx->param_dtype), S = (size_t)u->shard;
     size_t words = (fsdp_wire_bytes(u->param_wire, S, u->wire_block) + 3) / 4, all = words * 4 * (size_t)u->group_size;
     uint32_t *buf = (uint32_t *)fsdp__buf_get(ctx, all, 0), *mine;
@@ -11534,7 +11525,8 @@ FSDP__PRIVATE int fsdp__run_gather_wire(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task
     mine[words - 1] = 0; /* the last word's padding bytes travel too: the same on every run */
     fsdp_wire_encode(mine, u->param_wire, u->wire_block, master, S, NULL); /* (a NaN block decodes to NaN) */
     fsdp__trace_end(ctx, "wire", "quantize", (int)(u - ctx->units), t0);
-    if (comm) rc = fsdp__task_coll(ctx, t, comm, FSDP_COLL_ALL_GATHER, mine, buf, words, FSDP_F32, FSDP_SUM, tag);
+    if (u->shard_comm)
+        rc = fsdp__task_coll(ctx, t, u->shard_comm, FSDP_COLL_ALL_GATHER, mine, buf, words, FSDP_F32, FSDP_SUM, tag);
     t0 = ctx->trace ? fsdp_now() : 0;
     for (p = 0; !rc && p < u->group_size; p++)
         fsdp_wire_decode((char *)u->unsharded + (size_t)p * S * esize, ctx->param_dtype, buf + (size_t)p * words,
@@ -11562,7 +11554,6 @@ FSDP__PRIVATE int fsdp__run_gather(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, 
     if (t->host_src) return fsdp__run_host_gather(ctx, u, t, tag);
     rc = fsdp__step_wait_unit(ctx, u, 0); /* (peers read a shared master once this rank has joined) */
     if (rc) return rc;
-    if (t->twin) return FSDP__HANDED_OFF; /* (fsdp__twin_gather on the wire thread) */
     if (u->master_shared) /* f32: straight from the shard, which peers may read directly */
         return fsdp__task_coll(ctx, t, u->shard_comm, FSDP_COLL_ALL_GATHER, u->master, u->unsharded, (size_t)u->shard,
                                FSDP_F32, FSDP_SUM, tag);
@@ -11573,7 +11564,7 @@ FSDP__PRIVATE int fsdp__run_gather(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, 
         if (t->read_buf < 0 && (t->read_buf = fsdp__shard_read(ctx, u, FSDP__VEC_MASTER, &rc)) < 0) return rc;
         master = ctx->io_buf[t->read_buf];
     }
-    if (fsdp__gathers_quantized(u)) rc = fsdp__run_gather_wire(ctx, u, t, master, tag, u->shard_comm);
+    if (fsdp__gathers_quantized(u)) rc = fsdp__run_gather_wire(ctx, u, t, master, tag);
     else fsdp__from_f32(slot, ctx->param_dtype, master, (size_t)u->shard);
     if (t->read_buf >= 0) {
         fsdp__io_buf_give(ctx, t->read_buf, 0);
@@ -11584,24 +11575,6 @@ FSDP__PRIVATE int fsdp__run_gather(fsdp_ctx *ctx, fsdp__unit *u, fsdp__task *t, 
                              ctx->param_dtype, FSDP_SUM, tag);
     if (!rc && u->view32) fsdp__to_f32(u->view32, u->unsharded, ctx->param_dtype, (size_t)u->padded);
     return rc;
-}
-
-/* A quantized gather handed whole to the wire thread (fsdp__task.twin): over the twin comm, while
-   the comm thread runs the next one over the unit's shard comm, so that two gathers share the
-   links and neither waits alone for the last host to arrive. */
-FSDP__PRIVATE int fsdp__twin_gather(fsdp_ctx *ctx, fsdp__task *t) {
-    fsdp__unit *u = &ctx->units[t->unit];
-    int rc = fsdp__run_gather_wire(ctx, u, t, u->master, (uint32_t)(t->unit * 4 + 1), ctx->twin_comm);
-    if (!rc && u->view32) fsdp__to_f32(u->view32, u->unsharded, ctx->param_dtype, (size_t)u->padded);
-    return rc;
-}
-
-/* Whether unit u's gather may run on the wire thread over the twin comm: a quantized gather of
-   the whole world from a master in RAM, in a forward (a backward's wire thread is busy with the
-   reductions' exchanges). */
-static int fsdp__twin_eligible(const fsdp_ctx *ctx, const fsdp__unit *u) {
-    return ctx->twin_comm && ctx->phase == 1 && u->shard_comm == ctx->comm && u->master && !u->master_shared &&
-           !u->host_shard && fsdp__gathers_quantized(u);
 }
 
 /* The trace's spans of a quantized reduction's phases (fsdp__qrs_watch.phase). */
@@ -11751,7 +11724,6 @@ static fsdp_comm *fsdp__failed_comm(fsdp_ctx *ctx, const fsdp__task *t) {
     if (t->kind == FSDP__TASK_COLL) return t->comm;
     u = &ctx->units[t->unit];
     if (t->host_src && fsdp_comm_status(ctx->host_comm) != FSDP_SUCCESS) return ctx->host_comm;
-    if (t->twin) return ctx->twin_comm;
     if (u->shard_comm && fsdp_comm_status(u->shard_comm) != FSDP_SUCCESS) return u->shard_comm;
     if (u->replica_comm && fsdp_comm_status(u->replica_comm) != FSDP_SUCCESS) return u->replica_comm;
     if (u->grad_wire && ctx->host_comm && fsdp_comm_status(ctx->host_comm) != FSDP_SUCCESS) return ctx->host_comm;
@@ -11831,7 +11803,6 @@ FSDP__PRIVATE void fsdp__run_task(fsdp_ctx *ctx, fsdp__task *t) {
     fsdp__stream_fence();
     pthread_mutex_lock(&ctx->lock);
     if (rc == FSDP__HANDED_OFF) {
-        if (t->kind == FSDP__TASK_GATHER) half.task = *t; /* (whole: fsdp__twin_gather) */
         half.task.id = t->id;
         ctx->wire_queue[(ctx->wire_head + ctx->wire_len++) % ctx->queue_cap] = half;
         pthread_cond_signal(&ctx->wire_wake);
@@ -11864,18 +11835,15 @@ static void *fsdp__worker(void *arg) {
 
 /* The second half of a reduction the comm thread handed off (fsdp__run_reduce_wire): the
    exchange across hosts, the decoding and fold into this rank's slice, the add into the gradient
-   shard; or a twin gather, whole (fsdp__twin_gather). failed: the context failed before it began
-   (nothing is sent; the scratch goes back). */
+   shard. failed: the context failed before it began (nothing is sent; the scratch goes back). */
 FSDP__PRIVATE int fsdp__wire_half_run(fsdp_ctx *ctx, fsdp__wire_half *h, int failed) {
     fsdp__unit *u = &ctx->units[h->task.unit];
     fsdp__reduce_watch w;
     fsdp__qrs_watch watch;
     fsdp__qrs_layout y;
-    float *mine;
+    float *mine = h->task.grad_full + (size_t)u->group_rank * (size_t)u->shard;
     double t0 = ctx->trace ? fsdp_now() : 0;
     int rc;
-    if (h->task.kind == FSDP__TASK_GATHER) return failed ? failed : fsdp__twin_gather(ctx, &h->task);
-    mine = h->task.grad_full + (size_t)u->group_rank * (size_t)u->shard;
     fsdp__reduce_watch_init(ctx, u, &w, &watch);
     if (failed) {
         fsdp__qrs_put(&watch, h->q.raw, h->q.raw_bytes);
@@ -11942,15 +11910,14 @@ FSDP__PRIVATE uint64_t fsdp__enqueue(fsdp_ctx *ctx, const fsdp__task *task, int 
    (the shm and socket transports). An op of another backend (MPI, a user's) may not, and then
    the waiter must stay free to give up and abort it (below). */
 static int fsdp__can_help(const fsdp_ctx *ctx) {
-    const fsdp_comm *comms[6];
+    const fsdp_comm *comms[5];
     int i;
     comms[0] = ctx->comm;
     comms[1] = ctx->hybrid_shard_comm;
     comms[2] = ctx->hybrid_replica_comm;
     comms[3] = ctx->host_comm;
     comms[4] = ctx->cross_comm;
-    comms[5] = ctx->twin_comm;
-    for (i = 0; i < 6; i++)
+    for (i = 0; i < 5; i++)
         if (comms[i] && !fsdp__comm_keeps_deadline(comms[i])) return 0;
     return 1;
 }
@@ -11989,7 +11956,7 @@ FSDP__PRIVATE int fsdp__wait_task_for(fsdp_ctx *ctx, uint64_t id, int alone, con
         ts.tv_sec += 1;
         pthread_cond_timedwait(&ctx->done, &ctx->lock, &ts);
         if (!gave_up && fsdp_now() > limit && !fsdp__task_done(ctx, id)) {
-            fsdp_comm *comms[6];
+            fsdp_comm *comms[5];
             int i;
             gave_up = 1;
             comms[0] = ctx->comm;
@@ -11997,9 +11964,8 @@ FSDP__PRIVATE int fsdp__wait_task_for(fsdp_ctx *ctx, uint64_t id, int alone, con
             comms[2] = ctx->hybrid_replica_comm;
             comms[3] = ctx->host_comm != ctx->hybrid_shard_comm ? ctx->host_comm : NULL;
             comms[4] = ctx->cross_comm;
-            comms[5] = ctx->twin_comm;
             pthread_mutex_unlock(&ctx->lock);
-            for (i = 0; i < 6; i++)
+            for (i = 0; i < 5; i++)
                 if (comms[i])
                     fsdp_comm_fail(comms[i], FSDP_ERR_TIMEOUT, "rank %d: the comm thread did not finish task %llu "
                                    "in time (its backend did not keep the %d ms timeout); the communicator was "
@@ -12080,7 +12046,6 @@ FSDP__PRIVATE int fsdp__issue_gather(fsdp_ctx *ctx, int ui) {
     t.kind = FSDP__TASK_GATHER;
     t.unit = ui;
     t.read_buf = -1;
-    if (fsdp__twin_eligible(ctx, u)) t.twin = ctx->twin_issued++ % 2 == 0; /* every other one, the first too */
     t.host_src = u->host_shard; /* kept after forward (FSDP_RESHARD_HOST): gathered inside the host, then freed */
     u->host_shard = NULL;
     if (!t.host_src && !u->master && ctx->offload && __atomic_load_n(&u->step_done, __ATOMIC_ACQUIRE) &&
@@ -12136,19 +12101,18 @@ static int fsdp__gathering_count(const fsdp_ctx *ctx) {
     return n;
 }
 
-/* Gathers the unit after ui in an order ("prefetch"), within the in-flight limit; in a forward
-   with twin gathers (fsdp__init_twin), the units after it too, up to the limit (fsdp__unit_pre_forward
-   asks again once its unit is gathered), so that both threads have a gather to run. */
+/* Gathers the unit after ui in an order ("prefetch"), within the in-flight limit. */
 FSDP__PRIVATE int fsdp__prefetch_after(fsdp_ctx *ctx, const int *order, int len, int ui) {
-    int i, k, depth = order == ctx->fwd_order && ctx->twin_comm ? ctx->desc.limit_all_gathers : 1, rc;
+    int i;
     if (!(order == ctx->fwd_order ? ctx->fwd_known : ctx->bwd_known)) return 0;
-    for (i = 0; i + 1 < len && order[i] != ui; i++) {}
-    for (k = i + 1; k < len && k <= i + depth; k++) {
-        int next = order[k];
-        if (ctx->units[next].state != FSDP__SHARDED) continue; /* (gathering already) */
-        if (ctx->units[next].backward_done || fsdp__gathering_count(ctx) >= ctx->desc.limit_all_gathers) return 0;
-        if ((rc = fsdp__issue_gather(ctx, next)) != 0) return rc;
-    }
+    for (i = 0; i + 1 < len; i++)
+        if (order[i] == ui) {
+            int next = order[i + 1];
+            if (ctx->units[next].state == FSDP__SHARDED && !ctx->units[next].backward_done &&
+                fsdp__gathering_count(ctx) < ctx->desc.limit_all_gathers)
+                return fsdp__issue_gather(ctx, next);
+            return 0;
+        }
     return 0;
 }
 
@@ -12251,9 +12215,6 @@ FSDP__PRIVATE int fsdp__unit_pre_forward(fsdp_ctx *ctx, int ui) {
     if ((rc = fsdp__issue_gather(ctx, ui)) != 0) return rc;
     if (ctx->desc.forward_prefetch && (rc = fsdp__prefetch_after(ctx, ctx->fwd_order, ctx->fwd_len, ui)) != 0) return rc;
     if ((rc = fsdp__wait_gathered(ctx, ui)) != 0) return rc;
-    if (ctx->desc.forward_prefetch && ctx->twin_comm && /* (this unit no longer counts as gathering) */
-        (rc = fsdp__prefetch_after(ctx, ctx->fwd_order, ctx->fwd_len, ui)) != 0)
-        return rc;
     u->state = FSDP__IN_FORWARD;
     return 0;
 }
@@ -15015,23 +14976,6 @@ FSDP__PRIVATE int fsdp__init_cross(fsdp_ctx *ctx) {
     return 0;
 }
 
-/* The twin of the world for quantized gathers across hosts (fsdp__twin_eligible), once per
-   context, if some FULL_SHARD unit gathers its weights quantized over the world and the world
-   spans hosts: a split of the world with its own connections, so that two gathers can run at
-   once (one on the comm thread, one on the wire thread). Not with recovery, which rebuilds the
-   world (and whose shard groups lie inside a host). Collective. */
-FSDP__PRIVATE int fsdp__init_twin(fsdp_ctx *ctx) {
-    int ui, any = 0, rc;
-    for (ui = 0; ui < ctx->num_units; ui++)
-        any |= fsdp__gathers_quantized(&ctx->units[ui]) && ctx->units[ui].shard_comm == ctx->comm;
-    if (!any || ctx->desc.recovery.enabled || fsdp_comm_num_hosts(ctx->comm) < 2 || !ctx->comm->transport->split)
-        return 0; /* (a user backend without split: one gather at a time) */
-    if ((rc = fsdp_comm_split(ctx->comm, 0, ctx->rank, &ctx->twin_comm)) != 0)
-        return fsdp__init_fail_ctx(ctx, rc, "fsdp_init: cannot form the second world of quantized gathers: %s",
-                                   fsdp_comm_last_error(ctx->comm));
-    return 0;
-}
-
 /* The host communicator, for FSDP_RESHARD_HOST and quantized reductions: this rank's host
    (HYBRID_SHARD's shard comm where that is exactly the host, else a split by host), once per
    context, if some unit keeps its parameters on the host after forward or reduce-scatters over an
@@ -15345,8 +15289,7 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
     if (!rc && pthread_create(&ctx->thread, NULL, fsdp__worker, ctx) != 0)
         rc = fsdp__init_fail_ctx(ctx, FSDP_ERR_SYSTEM, "fsdp_init: cannot start the comm thread");
     if (!rc) ctx->thread_started = 1;
-    if (!rc) rc = fsdp__init_twin(ctx);
-    if (!rc && (ctx->cross_comm || ctx->twin_comm)) { /* two-level quantized reductions' halves across hosts, twin gathers */
+    if (!rc && ctx->cross_comm) { /* two-level quantized reductions: their halves across hosts */
         if (pthread_create(&ctx->wire_thread, NULL, fsdp__wire_main, ctx) != 0)
             rc = fsdp__init_fail_ctx(ctx, FSDP_ERR_SYSTEM, "fsdp_init: cannot start the wire thread");
         else ctx->wire_started = 1;
@@ -15405,7 +15348,6 @@ FSDP_API void fsdp_destroy(fsdp_ctx *ctx) {
     fsdp_comm_free(ctx->hybrid_shard_comm, ctx->master_mem[1]);
     if (ctx->host_comm != ctx->hybrid_shard_comm) fsdp_comm_destroy(ctx->host_comm);
     fsdp_comm_destroy(ctx->cross_comm);
-    fsdp_comm_destroy(ctx->twin_comm);
     for (ui = 1; ui < ctx->num_lanes; ui++) fsdp_comm_destroy(ctx->lanes[ui]);
     FSDP_FREE(ctx->lanes);
     FSDP_FREE(ctx->host_first);
@@ -15697,7 +15639,7 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
     int64_t largest_state = 0;
     size_t kept = 0, largest_resharded = 0, resharded_total = 0, largest_grad = 0, root_grad = 0, gathered;
     size_t host_kept, unit_gathered, wire, largest_wire = 0;
-    int wire_thread = 0; /* two-level quantized reductions, twin gathers: one more scratch in flight (the wire thread's) */
+    int wire_thread = 0; /* two-level quantized reductions: one more scratch in flight (the wire thread's) */
     if (!model || !desc || !est || world_size < 1) return FSDP_ERR_INVALID_ARG;
     memset(est, 0, sizeof *est);
     d = *desc;
@@ -15721,8 +15663,6 @@ FSDP__PRIVATE int fsdp__memory_estimate(const fsdp_model *model, const fsdp_desc
         kept += host_kept;
         if (wire > largest_wire) largest_wire = wire;
         wire_thread |= pu->grad_wire != FSDP_WIRE_DEFAULT && !pu->grad_replicas;
-        wire_thread |= pu->wire_block && pu->group_size == world_size && d.comm && fsdp_comm_num_hosts(d.comm) > 1 &&
-                       !d.recovery.enabled; /* (twin gathers: fsdp__init_twin) */
         if (pu->group_size == 1 && d.param_dtype == FSDP_F32 && !d.offload.params && !wire) pbytes = 0; /* computes on the master */
         if (d.fp32_compute_view && d.param_dtype != FSDP_F32) pbytes += (size_t)pu->padded * sizeof(float);
         if (d.reduce_dtype != FSDP_F32) gbytes += (size_t)pu->padded * fsdp_dtype_size(d.reduce_dtype);
@@ -16174,14 +16114,14 @@ struct fsdp__trace {
     char path[1100];
     double zero;                  /* this rank's clock at the trace's time 0 */
     double offset, error;         /* seconds: this rank's clock minus rank 0's, and its bound */
-    uint64_t seq[4];              /* collectives run per kind of group (world, shard, replica, twin) */
+    uint64_t seq[3];              /* collectives run per kind of group (world, shard, replica) */
     double iteration_start;       /* 0: the next hook starts the iteration */
     int64_t iterations;
     int failed;                   /* a write failed: recording stopped */
 };
 
 static const char *const fsdp__trace_threads[FSDP__TRACE_TIDS] = {"compute", "comm", "step", "io", "checkpoint", "wire"};
-static const char *const fsdp__trace_groups[4] = {"world", "shard", "replica", "twin"};
+static const char *const fsdp__trace_groups[3] = {"world", "shard", "replica"};
 
 FSDP__PRIVATE fsdp__trace_event fsdp__trace_ev(const char *cat, const char *name, int tid, double t0, double t1) {
     fsdp__trace_event e;
@@ -16291,7 +16231,6 @@ FSDP__PRIVATE int fsdp__trace_group(const fsdp_ctx *ctx, const fsdp_comm *comm, 
     *index = 0;
     if (comm && comm == ctx->hybrid_shard_comm) return *index = ctx->rank / shard_size, 1;
     if (comm && comm == ctx->hybrid_replica_comm) return *index = ctx->rank % shard_size, 2;
-    if (comm && comm == ctx->twin_comm) return 3; /* (its own count: it runs on the wire thread) */
     return 0;
 }
 

@@ -65,36 +65,11 @@ static void wire_half(int event) {
     for (waited = 0; waited < 10000 && __atomic_load_n(&wire_handed, __ATOMIC_SEQ_CST) < 2; waited++) usleep(1000);
     __atomic_store_n(&wire_overlapped, __atomic_load_n(&wire_handed, __ATOMIC_SEQ_CST) >= 2, __ATOMIC_SEQ_CST);
 }
-/* Armed (gather_hold, from the second step: the first one learns the forward order, and only
-   then is the next unit's gather issued ahead), the first gather to run whole on the wire thread
-   (over the twin world) waits, at most 10 s, until the comm thread has finished the task after it
-   (the next unit's gather, over the world): which it can do only if the two run at once. */
-static int gather_hold, gather_overlapped;
-struct fsdp_ctx;
-static void wire_gather_hook(struct fsdp_ctx *ctx, int event);
-#define FSDP__WIRE_HALF(ctx, unit, event) (wire_half(event), wire_gather_hook(ctx, event))
+#define FSDP__WIRE_HALF(ctx, unit, event) wire_half(event)
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 #include "unity.h"
 #include "test_mlp.h"
-
-static void wire_gather_hook(struct fsdp_ctx *ctx, int event) {
-    uint64_t id = 0, handed = 0;
-    int waited, gather;
-    if (event != 1 || !__atomic_load_n(&gather_hold, __ATOMIC_SEQ_CST)) return;
-    pthread_mutex_lock(&ctx->lock);
-    gather = ctx->wire_queue[ctx->wire_head].task.kind == FSDP__TASK_GATHER;
-    id = ctx->wire_queue[ctx->wire_head].task.id;
-    pthread_mutex_unlock(&ctx->lock);
-    if (!gather || !__atomic_exchange_n(&gather_hold, 0, __ATOMIC_SEQ_CST)) return;
-    for (waited = 0; waited < 10000 && handed <= id; waited++) {
-        pthread_mutex_lock(&ctx->lock);
-        handed = ctx->handed;
-        pthread_mutex_unlock(&ctx->lock);
-        if (handed <= id) usleep(1000);
-    }
-    __atomic_store_n(&gather_overlapped, handed > id, __ATOMIC_SEQ_CST);
-}
 
 #define WORLD 4
 #define HOSTS 2
@@ -122,7 +97,6 @@ typedef struct run_config {
     fsdp_reshard_mode reshard;  /* fsdp_desc.reshard_after_forward */
     int count_from;             /* > 0: count FSDP_MALLOC calls in the hooks and fsdp_step from this step on */
     int hold_wire;              /* arm wire_half: the first reduction's exchange waits for the next one's host sums */
-    int hold_gather;            /* arm wire_gather_hook in the second step: its first twin gather waits for the next */
 } run_config;
 
 typedef struct rank_result {
@@ -137,7 +111,6 @@ typedef struct rank_result {
     char logged[1200];
     int allocations;                  /* FSDP_MALLOC calls counted (run_config.count_from) */
     int overlapped;                   /* run_config.hold_wire: the next reduction was handed meanwhile */
-    int gathers_overlapped;           /* run_config.hold_gather: the next gather ran meanwhile */
 } rank_result;
 
 static rank_result *results; /* [MAX_RANKS], MAP_SHARED before any fork */
@@ -238,7 +211,6 @@ static void describe(fsdp_desc *d, fsdp_comm *comm, const run_config *c, rank_re
     d->trace_dir = c->trace_dir;
     d->shard_group_size = c->shard_group_size;
     d->recovery.enabled = c->recovery;
-    d->forward_prefetch = c->hold_gather || c->count_from > 0; /* (the next unit's gather issued before this one's ends, as gpt does) */
     d->logger.fn = capture_log;
     d->logger.user = r;
     d->logger.max_level = FSDP_LOG_INFO;
@@ -257,7 +229,6 @@ static int rank_step_run(fsdp_ctx *ctx, const mlp *m, const run_config *c, int r
     if ((rc = fsdp_zero_grad(ctx)) != 0 || (rc = gather_all(ctx, m, w)) != 0) return rc;
     local_gradient(s.w, s.g, step, rank);
     if (c->count_from > 0 && step >= c->count_from) __atomic_store_n(&counting_allocations, 1, __ATOMIC_RELAXED);
-    if (c->hold_gather && step == 1) __atomic_store_n(&gather_hold, 1, __ATOMIC_SEQ_CST);
     rc = iterate(ctx, m, add_local, &s);
     if (!rc) rc = fsdp_step(ctx, 0.0f, &rep);
     __atomic_store_n(&counting_allocations, 0, __ATOMIC_RELAXED);
@@ -310,7 +281,6 @@ static int train(fsdp_comm *comm, const run_config *c, rank_result *r) {
     if (rc) snprintf(r->message, sizeof r->message, "rank %d: %.300s", rank, fsdp_last_error(ctx));
     fsdp_destroy(ctx);
     r->overlapped = __atomic_load_n(&wire_overlapped, __ATOMIC_SEQ_CST);
-    r->gathers_overlapped = __atomic_load_n(&gather_overlapped, __ATOMIC_SEQ_CST);
     fsdp_model_destroy(m.model);
     return rc;
 }
@@ -811,21 +781,6 @@ static void test_grad_wire_on_uneven_hosts_with_int8_gathers_and_host_reshard_tr
     assert_trains_on_as_the_reference(&c, 6, two_one_three, "2+1+3, int8 gathers, host reshard,");
 }
 
-/* With int8 gathers over the world of 2 hosts, every other forward gather runs whole on the wire
-   thread over a second world (the twin), beside the comm thread's next one: two gathers share the
-   links, and the bits are the reference's. */
-static void test_grad_wire_int8_forward_gathers_run_two_at_once_over_the_twin_world_bitwise(void) {
-    run_config c = config(FSDP_WIRE_INT8, 0);
-    int r;
-    c.param_wire = FSDP_WIRE_INT8;
-    c.hold_gather = 1;
-    assert_trains_as_the_reference(&c, HOSTS);
-    for (r = 0; r < WORLD; r++) {
-        snprintf(message, sizeof message, "rank %d: the next gather did not run while the twin gather waited", r);
-        TEST_ASSERT_TRUE_MESSAGE(results[r].gathers_overlapped, message);
-    }
-}
-
 /* The third and fourth steps repeat the buffer sizes of the first two: the pool serves them all,
    nothing is allocated (before, with at most 8 buffers kept, the host shards, grad_full and the
    reductions' scratch were freed and allocated anew each step). */
@@ -1055,7 +1010,6 @@ int main(void) {
     RUN_TEST(test_grad_wire_checkpoint_without_residual_loads_with_zero_residual_and_says_so);
     RUN_TEST(test_grad_wire_nonfinite_gradient_skips_the_step_on_every_rank_naming_the_unit);
     RUN_TEST(test_grad_wire_exchange_across_hosts_overlaps_the_next_reductions_host_sums_bitwise);
-    RUN_TEST(test_grad_wire_int8_forward_gathers_run_two_at_once_over_the_twin_world_bitwise);
     RUN_TEST(test_grad_wire_trace_shows_the_quantize_and_dequantize_spans_of_each_reduction);
     RUN_TEST(test_grad_wire_step_report_counts_the_codes_sent_across_hosts);
     RUN_TEST(test_grad_wire_int8_on_uneven_hosts_trains_as_the_reference_bitwise);
