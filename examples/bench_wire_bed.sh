@@ -21,6 +21,9 @@
 #                 to compute-only this machine can run, since the hosts share its cores
 #   vs bf16       bf16's step ms / this row's (> 1: faster)
 #   vs roofline   step ms / max(compute ms, link ms) (1: as fast as the slower of the two allows)
+#   cpu idle      the machine's CPU time left idle over the same steps as link B/step (/proc/stat:
+#                 all hosts share its cores): near 0 means the step is bound by the CPU
+#   runs          with --repeat N: each run's step ms (the columns before are medians over the runs)
 # The rows (each from the bf16 one up adds to the row before; rows gpt cannot run are left out with
 # the reason):
 #   f32           --param-dtype f32
@@ -38,6 +41,9 @@
 #   --cases C,...      HxR@RATE: H hosts, R ranks per host, tc rate [4x2@1gbit,4x2@10gbit,8x2@1gbit]
 #   --rows R,...       a subset of the rows above [all]
 #   --steps N          GPT steps per run, >= 4 [8]
+#   --repeat N         run each row (and the compute-only run) N times, one after the other, and
+#                      print medians over the runs [1]: on a shared VM the same build's step moves
+#                      by 15% from run to run (BENCHMARKS section 9)
 #   --batch-per-rank B sequences per rank; the global batch is B x ranks [1]
 #   --gpt-args "..."   the model and anything else for every run [demo-big's model, shorter sequences:
 #                      --layers 12 --channels 768 --heads 12 --seq-len 32]
@@ -57,7 +63,7 @@ TOP=$(pwd)
 BUILD=${BUILD:-build}
 case $BUILD in /*) BIN=$BUILD ;; *) BIN=$TOP/$BUILD ;; esac
 
-cases=4x2@1gbit,4x2@10gbit,8x2@1gbit rows=all steps=8 bpr=1 run_timeout=1800 keep='' trace=''
+cases=4x2@1gbit,4x2@10gbit,8x2@1gbit rows=all steps=8 bpr=1 run_timeout=1800 keep='' trace='' repeat=1
 gpt_model='--layers 12 --channels 768 --heads 12 --seq-len 32'
 usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 die_usage() { echo "$ME: $*" >&2; echo "(--help for the options)" >&2; exit 2; }
@@ -68,6 +74,7 @@ while [ $# -gt 0 ]; do
     --cases) cases=$2 ;;
     --rows) rows=$2 ;;
     --steps) steps=$2 ;;
+    --repeat) repeat=$2 ;;
     --batch-per-rank) bpr=$2 ;;
     --gpt-args) gpt_model=$2 ;;
     --timeout) run_timeout=$2 ;;
@@ -77,11 +84,12 @@ while [ $# -gt 0 ]; do
     esac
     shift 2
 done
-for v in "steps:$steps" "batch-per-rank:$bpr" "timeout:$run_timeout"; do
+for v in "steps:$steps" "batch-per-rank:$bpr" "timeout:$run_timeout" "repeat:$repeat"; do
     case ${v#*:} in '' | *[!0-9]*) die_usage "--${v%%:*} takes a number, not '${v#*:}'" ;; esac
 done
 [ "$steps" -ge 4 ] || die_usage "--steps must be at least 4 (the links are counted from step 2's end)"
 [ "$bpr" -ge 1 ] || die_usage "--batch-per-rank must be at least 1"
+{ [ "$repeat" -ge 1 ] && [ "$repeat" -le 20 ]; } || die_usage "--repeat must be from 1 to 20"
 if [ -n "$keep" ]; then mkdir -p "$keep" || die_usage "--keep-logs: cannot make directory '$keep'"; fi
 if [ -n "$trace" ]; then
     mkdir -p "$trace" || die_usage "--trace: cannot make directory '$trace'"
@@ -187,68 +195,98 @@ failed_run() {
     failed=1
 }
 
+# cpu_ticks: the machine's CPU time so far, "idle total" in ticks (/proc/stat; iowait counts as idle)
+cpu_ticks() { awk '/^cpu /{t=0; for (i=2; i<=9; i++) t+=$i; print $5+$6, t; exit}' /proc/stat; }
+# median N...: the middle one (the lower of the two middle ones for an even count)
+median() { printf '%s\n' "$@" | sort -g | sed -n "$((($# + 1) / 2))p"; }
+
+# run_row H R RATE LOG ARGS...: one run of the row on the bed; sets ms (rank 0's median step), fb
+# (fsdp.h's bytes), total and busiest (the links' bytes a step: all hosts, the busiest) and idle
+# (percent of CPU time idle over the counted steps); status 1 if it failed
+run_row() {
+    local H=$1 R=$2 rate=$3 log=$4 counts i rc c0 c1 i0 t0 i1 t1
+    shift 4
+    counts=$(printf "$R%.0s," $(seq "$H")); counts=${counts%,}
+    port=$((port + 1))
+    rm -f "$HOSTBED_SHARE"/rank*.log
+    hostbed_ranks --no-wait --timeout "$run_timeout" --port $port "$counts" "$BIN/gpt" "$@"
+    # the links' counters (and the CPU's) when rank 0 has printed step 2 and when it prints the
+    # last: the steps between, without the rendezvous, the first step's warm-up and the held-out loss after
+    local before=() after=()
+    wait_step 2 "$run_timeout" && c0=$(cpu_ticks) && mapfile -t before < <(tx_bytes "$H")
+    wait_step "$steps" "$run_timeout" && c1=$(cpu_ticks) && mapfile -t after < <(tx_bytes "$H")
+    hostbed_ranks_wait
+    rc=$?
+    [ ${#after[@]} = "$H" ] && [ ${#before[@]} = "$H" ] || rc=1
+    for ((i = 0; i < H * R; i++)); do echo "== rank $i"; cat "$HOSTBED_SHARE/rank$i.log"; done >"$log"
+    [ $rc = 0 ] || return 1
+    busiest=0 total=0
+    for ((i = 0; i < H; i++)); do
+        local d=$(((after[i] - before[i]) / (steps - 2)))
+        total=$((total + d)); [ $d -gt $busiest ] && busiest=$d
+    done
+    ms=$(median_ms "$HOSTBED_SHARE/rank0.log") fb=$(fsdp_bytes "$HOSTBED_SHARE/rank0.log")
+    read -r i0 t0 <<<"$c0"; read -r i1 t1 <<<"$c1"
+    idle=$(awk -v a="$((i1 - i0))" -v t="$((t1 - t0))" 'BEGIN { printf "%.0f", (t > 0 ? 100 * a / t : 0) }')
+}
+
 # run_case H R RATE: prints the case's table
 run_case() {
-    local H=$1 R=$2 rate=$3 P=$(($1 * $2)) counts i k name args miss log before after busiest total
-    local bps compute='' bf16_ms='' bf16_bytes='' t
-    counts=$(printf "$R%.0s," $(seq "$H")); counts=${counts%,}
+    local H=$1 R=$2 rate=$3 P=$(($1 * $2)) k name args miss log bps compute='' bf16_ms='' bf16_bytes='' t rep
+    local runs_ms all_ms all_bus all_tot all_idle comps=()
     read -ra model <<<"$gpt_model"
     local common=(--steps "$steps" --print-every 1 --ckpt none --sample 0 --batch $((bpr * P)) "${model[@]}")
     bps=$(rate_bps "$rate")
     hostbed_shape all off >/dev/null 2>&1
     t=$SECONDS
     trace_to "${H}x${R}@$rate.compute"
-    hostbed_exec --timeout "$run_timeout" h0 "$BIN/gpt" --nproc "$P" "${common[@]}" --param-dtype bf16 >"$RES/compute.log" 2>&1 &&
-        compute=$(median_ms "$RES/compute.log") || failed_run "compute-only (one host, $P ranks)" "$RES/compute.log"
-    echo "$ME: ${H}x$R: compute-only run done ($((SECONDS - t)) s)" >&2
+    for ((rep = 1; rep <= repeat; rep++)); do
+        hostbed_exec --timeout "$run_timeout" h0 "$BIN/gpt" --nproc "$P" "${common[@]}" --param-dtype bf16 >"$RES/compute.log" 2>&1 &&
+            comps+=("$(median_ms "$RES/compute.log")") || failed_run "compute-only (one host, $P ranks)" "$RES/compute.log"
+    done
+    [ ${#comps[@]} -gt 0 ] && compute=$(median "${comps[@]}")
+    echo "$ME: ${H}x$R: compute-only run done ($((SECONDS - t)) s${comps[1]:+; runs: ${comps[*]} ms})" >&2
     [ -n "$keep" ] && cp "$RES/compute.log" "$keep/${H}x${R}@$rate.compute.log"
     hostbed_shape all --rate "$rate" || { echo "$ME: cannot shape the links to $rate" >&2; failed=1; return; }
     echo
     echo "${H} hosts x $R ranks, links $rate (gpt ${common[*]}):"
-    printf '%-12s %12s %12s %7s %9s %9s %9s %10s %8s %11s\n' row "fsdp B/step" "link B/step" ratio "step ms" tokens/s \
-        "link ms" "compute ms" "vs bf16" "vs roofline"
+    printf '%-12s %12s %12s %7s %9s %9s %9s %10s %8s %11s %8s%s\n' row "fsdp B/step" "link B/step" ratio "step ms" tokens/s \
+        "link ms" "compute ms" "vs bf16" "vs roofline" "cpu idle" "$([ "$repeat" -gt 1 ] && echo "  runs (step ms)")"
     for ((k = 0; k < ${#ROW_NAMES[@]}; k++)); do
         name=${ROW_NAMES[$k]} args=${ROW_ARGS[$k]}
         want_row "$name" || continue
         miss=$(row_missing "$args")
         if [ -n "$miss" ]; then printf '%-12s (left out: this gpt has no %s)\n' "$name" "$miss"; continue; fi
-        log=$RES/${H}x$R.$name.log
-        port=$((port + 1)) t=$SECONDS
-        rm -f "$HOSTBED_SHARE"/rank*.log
+        all_ms=() all_bus=() all_tot=() all_idle=()
+        t=$SECONDS
         trace_to "${H}x${R}@$rate.$name"
-        # shellcheck disable=SC2086
-        hostbed_ranks --no-wait --timeout "$run_timeout" --port $port "$counts" "$BIN/gpt" "${common[@]}" $args
-        # the links' counters when rank 0 has printed step 2 and when it prints the last: the steps
-        # between, without the rendezvous, the first step's warm-up and the held-out loss after
-        before=() after=()
-        wait_step 2 "$run_timeout" && mapfile -t before < <(tx_bytes "$H")
-        wait_step "$steps" "$run_timeout" && mapfile -t after < <(tx_bytes "$H")
-        hostbed_ranks_wait
-        local rc=$?
-        [ ${#after[@]} = "$H" ] && [ ${#before[@]} = "$H" ] || rc=1
-        for ((i = 0; i < P; i++)); do echo "== rank $i"; cat "$HOSTBED_SHARE/rank$i.log"; done >"$log"
-        [ -n "$keep" ] && cp "$log" "$keep/${H}x${R}@$rate.$name.log"
-        echo "$ME: ${H}x$R@$rate $name done ($((SECONDS - t)) s)" >&2
-        if [ $rc != 0 ]; then failed_run "${H}x$R@$rate $name" "$log"; printf '%-12s FAILED\n' "$name"; continue; fi
-        busiest=0 total=0
-        for ((i = 0; i < H; i++)); do
-            local d=$(((after[i] - before[i]) / (steps - 2)))
-            total=$((total + d)); [ $d -gt $busiest ] && busiest=$d
+        for ((rep = 1; rep <= repeat; rep++)); do
+            log=$RES/${H}x$R.$name.$rep.log
+            # shellcheck disable=SC2086
+            if ! run_row "$H" "$R" "$rate" "$log" "${common[@]}" $args; then
+                failed_run "${H}x$R@$rate $name (run $rep)" "$log"
+                continue
+            fi
+            [ -n "$keep" ] && cp "$log" "$keep/${H}x${R}@$rate.$name$([ "$repeat" -gt 1 ] && echo ".$rep").log"
+            all_ms+=("$ms") all_bus+=("$busiest") all_tot+=("$total") all_idle+=("$idle")
         done
-        local ms fb
-        ms=$(median_ms "$HOSTBED_SHARE/rank0.log") fb=$(fsdp_bytes "$HOSTBED_SHARE/rank0.log")
+        echo "$ME: ${H}x$R@$rate $name done ($((SECONDS - t)) s)" >&2
+        if [ ${#all_ms[@]} = 0 ]; then printf '%-12s FAILED\n' "$name"; continue; fi
+        ms=$(median "${all_ms[@]}") busiest=$(median "${all_bus[@]}") total=$(median "${all_tot[@]}") idle=$(median "${all_idle[@]}")
         [ "$name" = bf16 ] && bf16_ms=$ms bf16_bytes=$fb
+        runs_ms=''
+        [ "$repeat" -gt 1 ] && runs_ms="  ${all_ms[*]}"
         awk -v n="$name" -v fb="${fb:-0}" -v tot="$total" -v bus="$busiest" -v st=1 -v ms="${ms:-0}" \
             -v tok=$((bpr * P)) -v model="$gpt_model" -v bps="$bps" -v comp="${compute:-0}" -v b16="${bf16_ms:-0}" \
-            -v b16b="${bf16_bytes:-0}" 'BEGIN {
+            -v b16b="${bf16_bytes:-0}" -v idle="$idle" -v runs="$runs_ms" 'BEGIN {
             seq = 64; k = split(model, a, " "); for (i = 1; i < k; i++) if (a[i] == "--seq-len") seq = a[i + 1]
             link_ms = bus / st * 8 / bps * 1e3; roof = (comp > link_ms) ? comp : link_ms
             ratio = (b16b > 0) ? sprintf("%.3f", fb / b16b) : "-"
             tps = (ms > 0) ? tok * seq / (ms / 1e3) : 0
             vs = (b16 > 0 && ms > 0) ? sprintf("%.2fx", b16 / ms) : "-"
             vr = (roof > 0) ? sprintf("%.2f", ms / roof) : "-"
-            printf "%-12s %12.0f %12.0f %7s %9.1f %9.0f %9.1f %10.1f %8s %11s\n", n, fb, tot / st, ratio, ms, tps,
-                link_ms, comp, vs, vr }'
+            printf "%-12s %12.0f %12.0f %7s %9.1f %9.0f %9.1f %10.1f %8s %11s %7s%%%s\n", n, fb, tot / st, ratio, ms, tps,
+                link_ms, comp, vs, vr, idle, runs }'
     done
 }
 
