@@ -197,8 +197,11 @@ failed_run() {
 
 # cpu_ticks: the machine's CPU time so far, "idle total" in ticks (/proc/stat; iowait counts as idle)
 cpu_ticks() { awk '/^cpu /{t=0; for (i=2; i<=9; i++) t+=$i; print $5+$6, t; exit}' /proc/stat; }
-# median N...: the middle one (the lower of the two middle ones for an even count)
-median() { printf '%s\n' "$@" | sort -g | sed -n "$((($# + 1) / 2))p"; }
+# median N...: the middle one (the mean of the two middle ones for an even count; integers stay integers)
+median() {
+    printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+        print (m == int(m)) ? sprintf("%d", m) : sprintf("%.1f", m) }'
+}
 
 # run_row H R RATE LOG ARGS...: one run of the row on the bed; sets ms (rank 0's median step), fb
 # (fsdp.h's bytes), total and busiest (the links' bytes a step: all hosts, the busiest) and idle
