@@ -47,6 +47,10 @@
 #   --batch-per-rank B sequences per rank; the global batch is B x ranks [1]
 #   --gpt-args "..."   the model and anything else for every run [demo-big's model, shorter sequences:
 #                      --layers 12 --channels 768 --heads 12 --seq-len 32]
+#   --tcp-cc NAME      the hosts' TCP congestion control (one the kernel allows a network namespace:
+#                      /proc/sys/net/ipv4/tcp_allowed_congestion_control) [the machine's]; the
+#                      header says which ran: on a shaped link it moves the step (BENCHMARKS
+#                      section 9: reno against bbr)
 #   --timeout S        bound on each run [1800]
 #   --keep-logs DIR    copy every run's logs to DIR
 #   --trace DIR        every run writes fsdp.h's per-rank traces (FSDP_TRACE) to DIR/CASE.ROW
@@ -63,7 +67,7 @@ TOP=$(pwd)
 BUILD=${BUILD:-build}
 case $BUILD in /*) BIN=$BUILD ;; *) BIN=$TOP/$BUILD ;; esac
 
-cases=4x2@1gbit,4x2@10gbit,8x2@1gbit rows=all steps=8 bpr=1 run_timeout=1800 keep='' trace='' repeat=1
+cases=4x2@1gbit,4x2@10gbit,8x2@1gbit rows=all steps=8 bpr=1 run_timeout=1800 keep='' trace='' repeat=1 tcp_cc=
 gpt_model='--layers 12 --channels 768 --heads 12 --seq-len 32'
 usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 die_usage() { echo "$ME: $*" >&2; echo "(--help for the options)" >&2; exit 2; }
@@ -78,6 +82,7 @@ while [ $# -gt 0 ]; do
     --batch-per-rank) bpr=$2 ;;
     --gpt-args) gpt_model=$2 ;;
     --timeout) run_timeout=$2 ;;
+    --tcp-cc) tcp_cc=$2 ;;
     --keep-logs) keep=$2 ;;
     --trace) trace=$2 ;;
     *) die_usage "unknown option '$1'" ;;
@@ -147,7 +152,7 @@ export HOSTBED_MAX_SECONDS=${HOSTBED_MAX_SECONDS:-21600}
 RES=$(mktemp -d) || exit 2
 cleanup() { hostbed_down; rm -rf "$RES"; }
 echo "$ME: building a bed of $nhosts hosts" >&2
-hostbed_up "$nhosts"
+hostbed_up "$nhosts" ${tcp_cc:+--tcp-cc "$tcp_cc"}
 s=$?
 if [ $s -ne 0 ]; then
     rm -rf "$RES"
@@ -300,7 +305,7 @@ run_case() {
 }
 
 echo "$ME: $("$BIN/bench_train" --machine)"
-echo "$ME: fsdp.h $(git -C "$TOP" log -1 --format=%h 2>/dev/null || echo '?'), $(date -u '+%Y-%m-%d %H:%M UTC')"
+echo "$ME: fsdp.h $(git -C "$TOP" log -1 --format=%h 2>/dev/null || echo '?'), $(date -u '+%Y-%m-%d %H:%M UTC'); the hosts' TCP congestion control: $(hostbed_tcp_cc h0)"
 for c in "${CASES[@]}"; do
     [[ $c =~ ^([0-9]+)x([0-9]+)@(.*)$ ]]
     run_case "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "${BASH_REMATCH[3]}"

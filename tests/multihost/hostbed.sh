@@ -23,8 +23,11 @@
 #   hostbed_require                  0 if a bed can be built here, else 77 and a one-line reason on
 #                                    stderr (also in $HOSTBED_SKIP_REASON): not root, no namespaces,
 #                                    no ip/tc/unshare/nsenter, no veth/bridge/tbf in the kernel
-#   hostbed_up N [--rate R] [--delay D] [--loss L]
+#   hostbed_up N [--rate R] [--delay D] [--loss L] [--tcp-cc NAME]
 #                                    builds hosts h0..h(N-1) (1 <= N <= 32) and shapes every link;
+#                                    --tcp-cc: the hosts' TCP congestion control (default
+#                                    $HOSTBED_TCP_CC, else the machine's, which a new network
+#                                    namespace inherits: see hostbed_tcp_cc);
 #                                    cleans up stale beds of dead processes first; installs
 #                                    `trap ... EXIT INT TERM HUP` that calls hostbed_down (a caller
 #                                    that needs its own traps must call hostbed_down from them).
@@ -45,6 +48,10 @@
 #   hostbed_ip HOST                  prints the host's address (10.77.0.<i+1>)
 #   hostbed_hostname HOST            prints the host's hostname (fsdp-h<i>)
 #   hostbed_hosts                    prints h0 .. h(N-1), one per line
+#   hostbed_tcp_cc HOST              prints the TCP congestion control of HOST's new connections
+#                                    (what a shaped link's throughput depends on: BENCHMARKS.md,
+#                                    section 9); a host may use only the kernel's allowed ones
+#                                    (/proc/sys/net/ipv4/tcp_allowed_congestion_control)
 #   hostbed_pids HOST                prints the pids of every process inside HOST
 #   hostbed_kill HOST [SIGNAL]       sends SIGNAL (default KILL) to every process inside HOST (a
 #                                    host crash); its namespaces, /dev/shm and /tmp stay
@@ -101,7 +108,8 @@
 # Settings (environment, before hostbed_up): HOSTBED_BASE (default /run/fsdp-hostbed; must not be
 # under /tmp), HOSTBED_SUBNET (default 10.77.0), HOSTBED_EXEC_TIMEOUT (600 s), HOSTBED_MAX_SECONDS
 # (3600: a bed older than this is torn down by its watchdog), HOSTBED_IMPAIR=netem|linkd (force the
-# delay/loss implementation), CC (compiler for the linkd fallback).
+# delay/loss implementation), HOSTBED_TCP_CC (hostbed_up's --tcp-cc), CC (compiler for the linkd
+# fallback).
 #
 # Delay and loss without netem: kernels built without sch_netem (e.g. some VM kernels; Debian's own
 # kernels have it) cannot delay or randomly drop packets in tc. hostbed_shape then compiles and
@@ -379,7 +387,7 @@ _hb_wd() {
 }
 
 hostbed_up() {
-    local - n='' rate='' delay='' loss='' i D owner start
+    local - n='' rate='' delay='' loss='' cc=${HOSTBED_TCP_CC:-} i D owner start
     set +e +u
     if [ -n "${HOSTBED_DIR:-}" ] && [ -d "$HOSTBED_DIR" ]; then
         _hb_log "a bed is already up in this shell ($HOSTBED_DIR); call hostbed_down first"
@@ -392,10 +400,12 @@ hostbed_up() {
         --rate) rate=$2; shift 2 ;;
         --delay) delay=$2; shift 2 ;;
         --loss) loss=$2; shift 2 ;;
+        --tcp-cc) cc=$2; shift 2 ;;
         *) _hb_log "hostbed_up: unknown option '$1'"; return 1 ;;
         esac
     done
     case $n in '' | *[!0-9]*) n=0 ;; esac
+    case $cc in *[!a-z0-9_]*) _hb_log "hostbed_up: --tcp-cc '$cc': not a congestion control's name"; return 1 ;; esac
     if [ "$n" -lt 1 ] || [ "$n" -gt $HOSTBED_MAX_HOSTS ]; then
         _hb_log "hostbed_up: N must be 1..$HOSTBED_MAX_HOSTS"
         return 1
@@ -432,6 +442,10 @@ hostbed_up() {
         hostbed_down
         return 1
     fi
+    if [ -n "$cc" ] && ! _hb_set_tcp_cc "$n" "$cc"; then
+        hostbed_down
+        return 1
+    fi
     setsid bash "$HOSTBED_LIB" __watchdog "$D" "${HOSTBED_MAX_SECONDS:-3600}" </dev/null >"$D/watchdog.log" 2>&1 &
     disown "$!" 2>/dev/null
     for ((i = 0; i < 100; i++)); do # so that hostbed_down finds it, however soon it comes
@@ -447,6 +461,23 @@ hostbed_up() {
         fi
     fi
     return 0
+}
+
+# sets the TCP congestion control of hosts h0..h(N-1) to CC (in their network namespaces only)
+_hb_set_tcp_cc() {
+    local n=$1 cc=$2 i
+    for ((i = 0; i < n; i++)); do
+        _hb_net "$i" sh -c 'echo "$1" >/proc/sys/net/ipv4/tcp_congestion_control' sh "$cc" 2>/dev/null &&
+            [ "$(hostbed_tcp_cc "h$i")" = "$cc" ] && continue
+        _hb_log "hostbed_up: cannot set TCP congestion control '$cc' in host h$i (a network namespace may use the" \
+            "kernel's allowed ones only: $(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control 2>/dev/null))"
+        return 1
+    done
+}
+
+hostbed_tcp_cc() {
+    _hb_index "$1" || return 1
+    _hb_net "$_HB_I" cat /proc/sys/net/ipv4/tcp_congestion_control
 }
 
 _hb_build() {

@@ -428,6 +428,30 @@ t_stale_cleaned() {
     gone_within 3 && [ ! -e "$base" ]
 }
 
+# --tcp-cc: every host's new connections use the congestion control asked for (one the kernel
+# allows a namespace, other than the machine's default where it allows two), the root namespace's
+# is untouched, and a name the kernel refuses fails hostbed_up with the allowed ones named
+t_tcp_cc() {
+    local base=/run/fsdp-hostbed-selftest-cc-$$ root want allowed out k
+    root=$(cat /proc/sys/net/ipv4/tcp_congestion_control)
+    allowed=$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control)
+    want=$(tr ' ' '\n' <<<"$allowed" | grep -vx "$root" | head -n 1)
+    want=${want:-$root}
+    echo "machine: $root; allowed in a namespace: $allowed; asking for $want"
+    out=$(HOSTBED_BASE=$base timeout 60 bash -c ". '$HERE/hostbed.sh'; hostbed_up 2 --tcp-cc '$want' || exit 1
+        hostbed_tcp_cc h0; hostbed_tcp_cc h1; hostbed_down") || return 1
+    echo "hosts: $(echo $out)"
+    [ "$out" = "$want"$'\n'"$want" ] || return 1
+    [ "$(cat /proc/sys/net/ipv4/tcp_congestion_control)" = "$root" ] || { echo "the machine's changed"; return 1; }
+    out=$(HOSTBED_BASE=$base timeout 60 bash -c ". '$HERE/hostbed.sh'; hostbed_up 1 --tcp-cc no_such_cc" 2>&1) &&
+        { echo "no_such_cc was accepted"; return 1; }
+    echo "no_such_cc: $out"
+    grep -q "allowed ones only: $allowed" <<<"$out" || return 1
+    for ((k = 0; k < 30; k++)); do [ -e "$base" ] || return 0; sleep 0.1; done
+    echo "left behind: $(ls -A "$base")"
+    return 1
+}
+
 # a process of the root namespace, in a session of its own, that no teardown may touch
 t_bystander_alive() {
     _hb_kill_bed_pids KILL "$BYSTANDER" $$ 1 # the library's last guard refuses root-namespace pids
@@ -487,6 +511,7 @@ check teardown_on_sigterm t_teardown_sigterm
 check teardown_on_sigkill_by_watchdog t_teardown_sigkill
 check max_seconds_set_after_sourcing t_max_seconds_set_after_sourcing
 check stale_bed_cleaned_by_next_up t_stale_cleaned
+check tcp_congestion_control_per_host t_tcp_cc
 check nothing_outside_the_bed_touched t_bystander_alive
 cleanup_work
 echo "($(elapsed "$T0") s)"
