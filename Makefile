@@ -76,6 +76,7 @@ $(BUILD)/test_%: tests/test_%.c fsdp.h $(TEST_HEADERS) $(BUILD)/unity.o | $(BUIL
 # tests that read traces include examples/trace_tool.c itself
 $(BUILD)/test_trace_tool $(BUILD)/test_trace: examples/trace_tool.c
 $(BUILD)/test_loss_plot: examples/loss_plot.c
+$(BUILD)/test_link_sample: examples/link_sample.c
 
 $(BUILD)/test_gpt: tests/test_gpt.c examples/gpt_model.h examples/example_gemm.h examples/example_common.h fsdp.h $(TEST_HEADERS) $(BUILD)/unity.o | $(BUILD)
 	$(BLAS_CHECK)
@@ -186,6 +187,9 @@ $(BUILD)/trace_tool: examples/trace_tool.c | $(BUILD)
 
 $(BUILD)/loss_plot: examples/loss_plot.c | $(BUILD)
 	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) $< -o $@ -lm
+
+$(BUILD)/link_sample: examples/link_sample.c | $(BUILD)
+	$(CC) -std=c99 -O2 $(WARN) $(CFLAGS) $< -o $@
 
 # Hundreds of ranks on the multi-host bed (root): forming a job at 16..256 ranks, the GPT at 256
 # across 32 hosts against one host, a rank killed. About 10 minutes on 2 cores.

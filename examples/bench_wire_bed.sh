@@ -24,6 +24,11 @@
 #   cpu idle      the machine's CPU time left idle over the same steps as link B/step (/proc/stat:
 #                 all hosts share its cores): near 0 means the step is bound by the CPU
 #   runs          with --repeat N: each run's step ms (the columns before are medians over the runs)
+#   link b/i/w    with --link-sample MS: over the same steps, the share of MS-long intervals in which
+#                 a host's link was busy (sent >= half its rate), idle (< a fifth, no TCP socket
+#                 holding a byte at its end: nothing to send) or waiting (< a fifth, bytes held:
+#                 out and not yet acknowledged), in percent, the mean of the hosts
+#                 (examples/link_sample.c)
 # The rows (each from the bf16 one up adds to the row before; rows gpt cannot run are left out with
 # the reason):
 #   f32           --param-dtype f32
@@ -51,6 +56,7 @@
 #                      /proc/sys/net/ipv4/tcp_allowed_congestion_control) [the machine's]; the
 #                      header says which ran: on a shaped link it moves the step (BENCHMARKS
 #                      section 9: reno against bbr)
+#   --link-sample MS   sample every host's link every MS ms (1..1000) for the link b/i/w column [0: off]
 #   --timeout S        bound on each run [1800]
 #   --keep-logs DIR    copy every run's logs to DIR
 #   --trace DIR        every run writes fsdp.h's per-rank traces (FSDP_TRACE) to DIR/CASE.ROW
@@ -67,7 +73,7 @@ TOP=$(pwd)
 BUILD=${BUILD:-build}
 case $BUILD in /*) BIN=$BUILD ;; *) BIN=$TOP/$BUILD ;; esac
 
-cases=4x2@1gbit,4x2@10gbit,8x2@1gbit rows=all steps=8 bpr=1 run_timeout=1800 keep='' trace='' repeat=1 tcp_cc=
+cases=4x2@1gbit,4x2@10gbit,8x2@1gbit rows=all steps=8 bpr=1 run_timeout=1800 keep='' trace='' repeat=1 tcp_cc='' link_ms=0
 gpt_model='--layers 12 --channels 768 --heads 12 --seq-len 32'
 usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 die_usage() { echo "$ME: $*" >&2; echo "(--help for the options)" >&2; exit 2; }
@@ -83,18 +89,20 @@ while [ $# -gt 0 ]; do
     --gpt-args) gpt_model=$2 ;;
     --timeout) run_timeout=$2 ;;
     --tcp-cc) tcp_cc=$2 ;;
+    --link-sample) link_ms=$2 ;;
     --keep-logs) keep=$2 ;;
     --trace) trace=$2 ;;
     *) die_usage "unknown option '$1'" ;;
     esac
     shift 2
 done
-for v in "steps:$steps" "batch-per-rank:$bpr" "timeout:$run_timeout" "repeat:$repeat"; do
+for v in "steps:$steps" "batch-per-rank:$bpr" "timeout:$run_timeout" "repeat:$repeat" "link-sample:$link_ms"; do
     case ${v#*:} in '' | *[!0-9]*) die_usage "--${v%%:*} takes a number, not '${v#*:}'" ;; esac
 done
 [ "$steps" -ge 4 ] || die_usage "--steps must be at least 4 (the links are counted from step 2's end)"
 [ "$bpr" -ge 1 ] || die_usage "--batch-per-rank must be at least 1"
 { [ "$repeat" -ge 1 ] && [ "$repeat" -le 20 ]; } || die_usage "--repeat must be from 1 to 20"
+[ "$link_ms" -le 1000 ] || die_usage "--link-sample must be from 1 to 1000 ms (0: off)"
 if [ -n "$keep" ]; then mkdir -p "$keep" || die_usage "--keep-logs: cannot make directory '$keep'"; fi
 if [ -n "$trace" ]; then
     mkdir -p "$trace" || die_usage "--trace: cannot make directory '$trace'"
@@ -133,7 +141,9 @@ if ! hostbed_require 2>/dev/null; then
     echo "$ME: cannot run: ${HOSTBED_SKIP_REASON:-no test bed here}: run it as root on Linux with iproute2." >&2
     exit 77
 fi
-for t in gpt bench_train; do
+tools="gpt bench_train"
+[ "$link_ms" -gt 0 ] && tools="$tools link_sample"
+for t in $tools; do
     make --no-print-directory -s BUILD="$BUILD" "$BUILD/$t" >/dev/null 2>"$BIN.make.err" ||
         { echo "$ME: $BUILD/$t does not build:" >&2; cat "$BIN.make.err" >&2; rm -f "$BIN.make.err"; exit 2; }
 done
@@ -219,6 +229,8 @@ median() {
 # (percent of CPU time idle over the counted steps); status 1 if it failed
 run_row() {
     local H=$1 R=$2 rate=$3 log=$4 counts i rc c0 c1 i0 t0 i1 t1
+    biw=''
+
     shift 4
     counts=$(printf "$R%.0s," $(seq "$H")); counts=${counts%,}
     port=$((port + 1))
@@ -226,9 +238,16 @@ run_row() {
     hostbed_ranks --no-wait --timeout "$run_timeout" --port $port "$counts" "$BIN/gpt" "$@"
     # the links' counters (and the CPU's) when rank 0 has printed step 2 and when it prints the
     # last: the steps between, without the rendezvous, the first step's warm-up and the held-out loss after
-    local before=() after=()
+    local before=() after=() samplers=()
     wait_step 2 "$run_timeout" && c0=$(cpu_ticks) && mapfile -t before < <(tx_bytes "$H")
+    if [ "$link_ms" -gt 0 ]; then
+        for ((i = 0; i < H; i++)); do
+            hostbed_spawn --timeout "$run_timeout" "h$i" "$BIN/link_sample" eth0 "$(rate_bps "$rate")" \
+                --interval-ms "$link_ms" >"$RES/link.$i" 2>&1 && samplers+=("$HOSTBED_SPAWNED")
+        done
+    fi
     wait_step "$steps" "$run_timeout" && c1=$(cpu_ticks) && mapfile -t after < <(tx_bytes "$H")
+    [ ${#samplers[@]} = 0 ] || { kill -TERM "${samplers[@]}" 2>/dev/null; wait "${samplers[@]}" 2>/dev/null; }
     hostbed_ranks_wait
     rc=$?
     [ ${#after[@]} = "$H" ] && [ ${#before[@]} = "$H" ] || rc=1
@@ -242,12 +261,24 @@ run_row() {
     ms=$(median_ms "$HOSTBED_SHARE/rank0.log") fb=$(fsdp_bytes "$HOSTBED_SHARE/rank0.log")
     read -r i0 t0 <<<"$c0"; read -r i1 t1 <<<"$c1"
     idle=$(awk -v a="$((i1 - i0))" -v t="$((t1 - t0))" 'BEGIN { printf "%.0f", (t > 0 ? 100 * a / t : 0) }')
+    biw=''
+    [ "$link_ms" -gt 0 ] && biw=$(link_shares "$H")
+    return 0
+}
+
+# link_shares H: "busy idle waiting", each the mean over the H hosts' link_sample lines (or "? ? ?")
+link_shares() {
+    local i
+    for ((i = 0; i < $1; i++)); do cat "$RES/link.$i"; done | awk -v H="$1" '
+        /^link_sample: .* busy [0-9]+% idle [0-9]+% waiting [0-9]+% / { for (k = 1; k <= NF; k++) v[$k] = $(k + 1)
+            b += v["busy"]; i += v["idle"]; w += v["waiting"]; n++ }
+        END { if (n == H) printf "%.0f %.0f %.0f", b / n, i / n, w / n; else print "? ? ?" }'
 }
 
 # run_case H R RATE: prints the case's table
 run_case() {
     local H=$1 R=$2 rate=$3 P=$(($1 * $2)) k name args miss log bps compute='' bf16_ms='' bf16_bytes='' t rep
-    local runs_ms all_ms all_bus all_tot all_idle comps=()
+    local runs_ms all_ms all_bus all_tot all_idle all_b all_i all_w shares comps=()
     read -ra model <<<"$gpt_model"
     local common=(--steps "$steps" --print-every 1 --ckpt none --sample 0 --batch $((bpr * P)) "${model[@]}")
     bps=$(rate_bps "$rate")
@@ -265,13 +296,13 @@ run_case() {
     echo
     echo "${H} hosts x $R ranks, links $rate (gpt ${common[*]}):"
     printf '%-12s %12s %12s %7s %9s %9s %9s %10s %8s %11s %8s%s\n' row "fsdp B/step" "link B/step" ratio "step ms" tokens/s \
-        "link ms" "compute ms" "vs bf16" "vs roofline" "cpu idle" "$([ "$repeat" -gt 1 ] && echo "  runs (step ms)")"
+        "link ms" "compute ms" "vs bf16" "vs roofline" "cpu idle" "$([ "$link_ms" -gt 0 ] && echo "  link b/i/w")$([ "$repeat" -gt 1 ] && echo "  runs (step ms)")"
     for ((k = 0; k < ${#ROW_NAMES[@]}; k++)); do
         name=${ROW_NAMES[$k]} args=${ROW_ARGS[$k]}
         want_row "$name" || continue
         miss=$(row_missing "$args")
         if [ -n "$miss" ]; then printf '%-12s (left out: this gpt has no %s)\n' "$name" "$miss"; continue; fi
-        all_ms=() all_bus=() all_tot=() all_idle=()
+        all_ms=() all_bus=() all_tot=() all_idle=() all_b=() all_i=() all_w=()
         t=$SECONDS
         trace_to "${H}x${R}@$rate.$name"
         for ((rep = 1; rep <= repeat; rep++)); do
@@ -283,13 +314,22 @@ run_case() {
             fi
             [ -n "$keep" ] && cp "$log" "$keep/${H}x${R}@$rate.$name$([ "$repeat" -gt 1 ] && echo ".$rep").log"
             all_ms+=("$ms") all_bus+=("$busiest") all_tot+=("$total") all_idle+=("$idle")
+            if [[ $biw =~ ^([0-9]+)\ ([0-9]+)\ ([0-9]+)$ ]]; then
+                all_b+=("${BASH_REMATCH[1]}") all_i+=("${BASH_REMATCH[2]}") all_w+=("${BASH_REMATCH[3]}")
+            fi
         done
         echo "$ME: ${H}x$R@$rate $name done ($((SECONDS - t)) s)" >&2
         if [ ${#all_ms[@]} = 0 ]; then printf '%-12s FAILED\n' "$name"; continue; fi
         ms=$(median "${all_ms[@]}") busiest=$(median "${all_bus[@]}") total=$(median "${all_tot[@]}") idle=$(median "${all_idle[@]}")
         [ "$name" = bf16 ] && bf16_ms=$ms bf16_bytes=$fb
-        runs_ms=''
+        runs_ms='' shares=''
+        if [ "$link_ms" -gt 0 ]; then
+            shares=-
+            [ ${#all_b[@]} -gt 0 ] && shares="$(median "${all_b[@]}")/$(median "${all_i[@]}")/$(median "${all_w[@]}")"
+            shares="  $(printf '%10s' "$shares")"
+        fi
         [ "$repeat" -gt 1 ] && runs_ms="  ${all_ms[*]}"
+        runs_ms=$shares$runs_ms
         awk -v n="$name" -v fb="${fb:-0}" -v tot="$total" -v bus="$busiest" -v st=1 -v ms="${ms:-0}" \
             -v tok=$((bpr * P)) -v model="$gpt_model" -v bps="$bps" -v comp="${compute:-0}" -v b16="${bf16_ms:-0}" \
             -v b16b="${bf16_bytes:-0}" -v idle="$idle" -v runs="$runs_ms" 'BEGIN {
