@@ -228,9 +228,8 @@ median() {
 # (fsdp.h's bytes), total and busiest (the links' bytes a step: all hosts, the busiest) and idle
 # (percent of CPU time idle over the counted steps); status 1 if it failed
 run_row() {
-    local H=$1 R=$2 rate=$3 log=$4 counts i rc c0 c1 i0 t0 i1 t1
+    local H=$1 R=$2 rate=$3 log=$4 counts i rc c0 c1 i0 t0 i1 t1 bits
     biw=''
-
     shift 4
     counts=$(printf "$R%.0s," $(seq "$H")); counts=${counts%,}
     port=$((port + 1))
@@ -241,8 +240,9 @@ run_row() {
     local before=() after=() samplers=()
     wait_step 2 "$run_timeout" && c0=$(cpu_ticks) && mapfile -t before < <(tx_bytes "$H")
     if [ "$link_ms" -gt 0 ]; then
+        bits=$(rate_bps "$rate")
         for ((i = 0; i < H; i++)); do
-            hostbed_spawn --timeout "$run_timeout" "h$i" "$BIN/link_sample" eth0 "$(rate_bps "$rate")" \
+            hostbed_spawn --timeout "$run_timeout" "h$i" "$BIN/link_sample" eth0 "$bits" \
                 --interval-ms "$link_ms" >"$RES/link.$i" 2>&1 && samplers+=("$HOSTBED_SPAWNED")
         done
     fi
@@ -261,7 +261,6 @@ run_row() {
     ms=$(median_ms "$HOSTBED_SHARE/rank0.log") fb=$(fsdp_bytes "$HOSTBED_SHARE/rank0.log")
     read -r i0 t0 <<<"$c0"; read -r i1 t1 <<<"$c1"
     idle=$(awk -v a="$((i1 - i0))" -v t="$((t1 - t0))" 'BEGIN { printf "%.0f", (t > 0 ? 100 * a / t : 0) }')
-    biw=''
     [ "$link_ms" -gt 0 ] && biw=$(link_shares "$H")
     return 0
 }

@@ -11,17 +11,17 @@
               summed): the programs had nothing to send
      waiting  it sent less than a fifth while the sockets held bytes: data out and not yet
               acknowledged, or held back by TCP
-   /proc/net/tcp is read only after such a quiet interval: each read walks the kernel's table of
-   every socket, and at 5 ms on 4 hosts reading it always took a tenth of a 2-core machine.
    (between a fifth and a half: in none of the three, only in the total), until SIGTERM or SIGINT
    or S seconds (default 3600), and then prints one line:
        link_sample: IFACE busy B% idle I% waiting W% of T s (K intervals)
    Exit status 0, 2 for bad usage or a file it cannot read (named on stderr).
+   /proc/net/tcp is read only after a quiet interval: each read walks the kernel's table of every
+   socket, and at 5 ms on 4 hosts reading it every time took a tenth of a 2-core machine.
 
    The files are the kernel's, read as untrusted all the same: a line of /proc/net/tcp that does not
    parse, or a table larger than 4 MiB, makes that interval count as neither idle nor waiting.
-   tests/test_link_sample.c includes this file with LINK_SAMPLE_NO_MAIN and calls ls_tcp_queued and
-   ls_count. Build: cc -std=c99 -O2 examples/link_sample.c -o build/link_sample */
+   tests/test_link_sample.c includes this file with LINK_SAMPLE_NO_MAIN and calls ls_tcp_queued,
+   ls_share and ls_count. Build: cc -std=c99 -O2 examples/link_sample.c -o build/link_sample */
 #ifndef _XOPEN_SOURCE
 #define _XOPEN_SOURCE 700
 #endif
