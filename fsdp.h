@@ -1063,6 +1063,11 @@ typedef struct fsdp_desc {
                                            its partial (shard floats) and the replicas' sum it encodes (shard /
                                            replicas floats). In grad_shard_bytes; sharded checkpoints save it
                                            ("__grad_residual__.<unit>", >>checkpoint) */
+    int overlap_step;                   /* 1: fsdp_step hands the update to a thread of its own and returns once it
+                                           has begun, as it always does with offload (fsdp_step's comment): the
+                                           next forward overlaps it, each unit's gather waiting for that unit's new
+                                           values, so that the links carry the first gathers while the step runs.
+                                           The same bits. Refused with recovery */
 } fsdp_desc;
 
 /* Builds units from the wrap policy, allocates this rank's shards and initialises them.
@@ -1152,8 +1157,8 @@ typedef struct fsdp_step_report {
 } fsdp_step_report;
 
 /* Waits for outstanding reduce-scatters, clips to max_norm (<= 0: no clipping), applies the
-   optimizer to this rank's shards and ends the iteration. Collective. With offload (>>offload)
-   the update streams on a thread of its own and fsdp_step returns once it has begun: the next
+   optimizer to this rank's shards and ends the iteration. Collective. With offload (>>offload) or
+   desc.overlap_step the update streams on a thread of its own and fsdp_step returns once it has begun: the next
    forward overlaps it, each unit's hooks waiting for that unit's new values; fsdp calls that
    read the shards wait for all of it, and so does fsdp_synchronize.
    A step needs gradients: with no backward since fsdp_init, the last fsdp_step or fsdp_zero_grad
@@ -11173,7 +11178,7 @@ struct fsdp_ctx {
     int io_buf_busy[FSDP__IO_BUFS], num_io_bufs;
     size_t io_buf_bytes;
     size_t stream_raw_stride, stream_f32_stride;
-    int64_t stream_chunk;            /* 0: the step updates every shard in place (all f32 in RAM) */
+    int64_t stream_chunk;            /* 0: the step updates every shard in place (all f32 in RAM, no overlap_step) */
     size_t stream_bytes;
     fsdp_logger logger;
     int abort_on_misuse;             /* FSDP_ABORT_ON_MISUSE, or FSDP_DEBUG >= 1 at fsdp_init: see fsdp__misused */
@@ -12634,10 +12639,11 @@ FSDP__PRIVATE void fsdp__zero_padding(fsdp_ctx *ctx, fsdp__unit *u, int64_t a, i
     }
 }
 
-/* The streamed step: every trainable unit's shards (those on disk or in bf16) in chunks of
-   stream_chunk elements through FSDP__STREAM_SLOTS slots: while chunk i is updated, the I/O
-   thread reads chunk i + 1 ahead and writes chunk i - 1 behind. bf16 state is widened to f32 for
-   the update and rounded back; gradients on disk are scaled by the clipping they still owe. */
+/* The streamed step: every trainable unit's shards (those on disk or in bf16; all of them, in
+   place, with overlap_step) in chunks of stream_chunk elements through FSDP__STREAM_SLOTS slots:
+   while chunk i is updated, the I/O thread reads chunk i + 1 ahead and writes chunk i - 1
+   behind. bf16 state is widened to f32 for the update and rounded back; gradients on disk are
+   scaled by the clipping they still owe. */
 #define FSDP__STREAM_SLOTS 3
 #define FSDP__NUM_VECS (FSDP__VEC_STATE + FSDP_OPTIMIZER_MAX_STATE)
 
@@ -12769,10 +12775,10 @@ FSDP__PRIVATE int fsdp__step_streamed(fsdp_ctx *ctx) {
 }
 
 /* --- the step in the background -----------------------------------------------------------
-   With offload, fsdp_step hands the update to the step thread and returns: the next forward
-   overlaps it. Unit by unit, in the order the step streams them (the order of the units, which
-   is the forward's), step_done says the unit's shards hold the new values (its writes queued
-   on the I/O thread, which runs requests in order: a later read sees them). A gather, a unit's
+   With offload or overlap_step, fsdp_step hands the update to the step thread and returns: the
+   next forward overlaps it. Unit by unit, in the order the step streams them (the order of the
+   units, which is the forward's), step_done says the unit's shards hold the new values (its
+   writes queued on the I/O thread, which runs requests in order: a later read sees them). A gather, a unit's
    hooks and fsdp_zero_grad wait for their unit only; whatever reads the shards otherwise
    (fsdp_step, clipping, checkpoints, fsdp_gather_param, fsdp_set_param_*, fsdp_synchronize)
    waits for the whole step. A failure fails the comm at once (its peers learn it in their next
@@ -12813,7 +12819,7 @@ static void *fsdp__step_main(void *arg) {
         pthread_mutex_lock(&ctx->step_lock);
         if (rc && !ctx->step_rc) {
             ctx->step_rc = rc; /* first: a collective that fails for it then reports this cause */
-            fsdp__copy_string(ctx->step_error, sizeof ctx->step_error, ctx->offload->message);
+            fsdp__copy_string(ctx->step_error, sizeof ctx->step_error, ctx->offload ? ctx->offload->message : "failed");
             pthread_mutex_unlock(&ctx->step_lock);
             fsdp_comm_fail(ctx->comm, rc, "rank %d: %s", ctx->rank, ctx->step_error); /* peers must not wait on it */
             pthread_mutex_lock(&ctx->step_lock);
@@ -13304,7 +13310,8 @@ FSDP__PRIVATE int fsdp__recovery_open(fsdp_ctx *ctx) {
     if (ctx->host_comm || ctx->stream_chunk)
         return fsdp__init_fail_ctx(ctx, FSDP_ERR_UNSUPPORTED, "fsdp_init: recovery cannot continue %s on a new world "
                                    "yet: turn recovery off or that off", ctx->host_comm ? "units kept on their host after "
-                                   "forward (reshard_after_forward HOST)" : "an update that streams (offload, bf16 state)");
+                                   "forward (reshard_after_forward HOST)" : "an update that streams (offload, bf16 state, "
+                                   "overlap_step)");
     if (ctx->desc.recovery.rejoin) return fsdp__rejoin(ctx);
     if (!(rec = fsdp__recovery_new(ctx->comm, ctx->world, G)) ||
         !(all = (int32_t *)FSDP_MALLOC(sizeof mine * (size_t)ctx->world))) {
@@ -15085,8 +15092,8 @@ FSDP__PRIVATE int fsdp__init_units(fsdp_ctx *ctx, int hybrid_group) {
    holds, no more than the largest shard needs, in multiples of 2048 elements (whole 4 KiB blocks
    in f32 and bf16), at least 2048. per_element: the slots' bytes per element of a chunk. */
 static int64_t fsdp__stream_chunk(size_t per_element, size_t ram_bytes, int64_t largest_shard, size_t *bytes) {
-    int64_t chunk = per_element ? (int64_t)(ram_bytes / per_element) / 2048 * 2048 : 0;
     int64_t needed = (largest_shard + 2047) / 2048 * 2048;
+    int64_t chunk = per_element ? (int64_t)(ram_bytes / per_element) / 2048 * 2048 : needed; /* (0: nothing to hold) */
     if (chunk > needed) chunk = needed;
     if (chunk < 2048) chunk = 2048;
     *bytes = (size_t)chunk * per_element;
@@ -15179,7 +15186,7 @@ FSDP__PRIVATE int fsdp__init_state(fsdp_ctx *ctx) {
         ctx->live_bytes += (size_t)ctx->num_io_bufs * ctx->io_buf_bytes;
         if (ctx->live_bytes > ctx->peak_live_bytes) ctx->peak_live_bytes = ctx->live_bytes;
     }
-    if (!per_element || !largest) return 0; /* the step updates every shard in place */
+    if (!largest || (!per_element && !ctx->desc.overlap_step)) return 0; /* the step updates every shard in place */
     ctx->stream_chunk = fsdp__stream_chunk(per_element, od->ram_bytes, largest, &ctx->stream_bytes);
     if (ctx->stream_bytes > od->ram_bytes)
         return fsdp__init_fail_ctx(ctx, FSDP_ERR_INVALID_ARG, "fsdp_init: offload.ram_bytes %zu cannot hold the streaming's "
@@ -15296,7 +15303,7 @@ FSDP_API int fsdp_init(fsdp_ctx **out, fsdp_model *model, const fsdp_desc *desc)
     }
     if (!rc && (rc = fsdp__trace_open(ctx)) == 0 && ctx->offload) ctx->offload->trace = ctx->trace;
     if (!rc) rc = fsdp__recovery_open(ctx);
-    if (!rc && ctx->offload && ctx->stream_chunk) { /* the step runs behind the next forward */
+    if (!rc && (ctx->offload || ctx->desc.overlap_step) && ctx->stream_chunk) { /* the step runs behind the next forward */
         pthread_mutex_init(&ctx->step_lock, NULL);
         pthread_cond_init(&ctx->step_cond, NULL);
         if (pthread_create(&ctx->step_thread, NULL, fsdp__step_main, ctx) != 0)

@@ -38,6 +38,8 @@
 #   int8+g8       + --grad-wire int8
 #   int8+g4       --grad-wire int4 instead
 #   int8+g4+ef    + --error-feedback
+#   int8+g4+step  int8+g4 (no error feedback) + --overlap-step: the optimizer step on a thread of its
+#                 own behind the next forward, the first gathers on the links meanwhile
 #
 # Command (root; iproute2, OpenBLAS), from anywhere; run it on an otherwise idle machine:
 #   bash examples/bench_wire_bed.sh                           # issue 37's table (about 30 min)
@@ -121,14 +123,15 @@ done
 [ $nhosts -le 32 ] || die_usage "at most 32 hosts (the bed's limit)"
 case $BIN in /tmp | /tmp/* | /dev/shm | /dev/shm/*) die_usage "BUILD=$BUILD: the hosts have their own /tmp and /dev/shm; build elsewhere" ;; esac
 
-ROW_NAMES=(f32 bf16 bf16+host int8 int8+g8 int8+g4 int8+g4+ef)
+ROW_NAMES=(f32 bf16 bf16+host int8 int8+g8 int8+g4 int8+g4+ef int8+g4+step)
 ROW_ARGS=("--param-dtype f32"
     "--param-dtype bf16"
     "--param-dtype bf16 --reshard-after-forward host"
     "--param-dtype bf16 --reshard-after-forward host --param-wire int8"
     "--param-dtype bf16 --reshard-after-forward host --param-wire int8 --grad-wire int8"
     "--param-dtype bf16 --reshard-after-forward host --param-wire int8 --grad-wire int4"
-    "--param-dtype bf16 --reshard-after-forward host --param-wire int8 --grad-wire int4 --error-feedback")
+    "--param-dtype bf16 --reshard-after-forward host --param-wire int8 --grad-wire int4 --error-feedback"
+    "--param-dtype bf16 --reshard-after-forward host --param-wire int8 --grad-wire int4 --overlap-step")
 want_row() { [ "$rows" = all ] || [[ ",$rows," == *",$1,"* ]]; }
 if [ "$rows" != all ]; then
     IFS=, read -ra asked <<<"$rows"

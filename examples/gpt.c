@@ -62,6 +62,7 @@ typedef struct {
     fsdp_wire param_wire;            // --param-wire: int8 or int4 gathers (0: param_dtype)
     fsdp_wire grad_wire;             // --grad-wire: int8 or int4 gradients between hosts (0: none)
     int error_feedback;              // --error-feedback
+    int overlap_step;                // --overlap-step
     size_t wire_block;               // --wire-block (0: fsdp.h's default, 128)
     fsdp_reshard_mode reshard;       // --reshard-after-forward (0: the strategy's)
     const char *ckpt, *resume, *prompt; // resume "auto": the ckpt directory's checkpoint, if any
@@ -631,6 +632,7 @@ static void make_desc(const options *o, fsdp_comm *comm, int P, int local_size, 
     desc->param_wire = o->param_wire;
     desc->grad_wire = o->grad_wire;
     desc->error_feedback = o->error_feedback;
+    desc->overlap_step = o->overlap_step;
     desc->wire_block = o->wire_block;
     desc->reshard_after_forward = o->reshard;
     desc->recovery.enabled = o->recover;
@@ -862,10 +864,10 @@ static void print_run(const trainer *t) {
            o->heads > 1 ? "s" : "", o->channels, o->seq_len, t->m.num_params, mib(4.0 * (double)t->m.num_params));
     printf("data: %s, %zu bytes (%zu for training, %zu held out); global batch %d x %d bytes (%d sequences per rank)\n",
            o->data_name, o->size, o->train_size, o->size - o->train_size, o->batch, o->seq_len, t->B);
-    printf("optimizer: AdamW, lr %g (warmup %d steps, cosine to %g at step %d), weight decay %g %s, clip %g, %s state\n",
+    printf("optimizer: AdamW, lr %g (warmup %d steps, cosine to %g at step %d), weight decay %g %s, clip %g, %s state%s\n",
            (double)o->lr, o->warmup, (double)o->min_lr, o->steps, (double)o->weight_decay,
            o->decay_all ? "on every parameter" : "on the matrices and embeddings only (none on biases and LayerNorm)",
-           (double)o->clip, fsdp_dtype_name(o->state_dtype));
+           (double)o->clip, fsdp_dtype_name(o->state_dtype), o->overlap_step ? ", overlapping the next forward" : "");
 }
 
 /* Rank 0, before training, with --offload: where the training state lives and what it would
@@ -1387,6 +1389,8 @@ static void usage_memory_and_fsdp(FILE *out) {
         "                       or keep them sharded over this host's ranks so that backward's gather stays\n"
         "                       inside the host (host: ZeRO++'s hpZ; on one host it acts as all) (default:\n"
         "                       the strategy's: FULL_SHARD and HYBRID_SHARD all, the others none)\n"
+        "  --overlap-step       the optimizer step runs on a thread of its own behind the next forward, each\n"
+        "                       block's gather waiting for its update only (as with --offload); same bits\n"
         "  --print-units        print the FSDP units (rank 0)\n"
         EXAMPLE_OFFLOAD_HELP
         "  --no-roofline        with --offload: no roofline at the end (it measures the disk: 2 GiB each way)\n");
@@ -1549,6 +1553,7 @@ static void parse(options *o, int argc, char **argv, const char *exe_dir) {
         if (!strcmp(f, "--decay-all")) { o->decay_all = 1; continue; }
         if (!strcmp(f, "--async-ckpt")) { o->async_ckpt = 1; continue; }
         if (!strcmp(f, "--error-feedback")) { o->error_feedback = 1; continue; }
+        if (!strcmp(f, "--overlap-step")) { o->overlap_step = 1; continue; }
         if (!strcmp(f, "--accum-reduce")) { o->accum_reduce = 1; continue; }
         if (!strcmp(f, "--no-roofline")) { o->no_roofline = 1; continue; }
         if (!strcmp(f, "--recover")) { o->recover = 1; continue; }

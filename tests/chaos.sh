@@ -15,12 +15,13 @@
 # AdamW state), index.json (the save's random file-name nonce aside) and the listing of the
 # directory (a save's leftover is a difference).
 #
-# Configurations (38): shared memory, sockets, the MPI bridge (build/chaos/gpt_mpi under mpirun,
+# Configurations (40): shared memory, sockets, the MPI bridge (build/chaos/gpt_mpi under mpirun,
 # where mpicc and mpirun are) and hierarchical (sockets between hosts, shared memory inside: ranks
 # on the namespaces of tests/multihost/hostbed.sh, as root); every strategy, bf16 and f16 (loss
 # scaling), gradient accumulation both ways, recompute, offload, bf16 optimizer state, asynchronous
 # saves, P = 1..8, and on the hosts issue 37's wires (int8 gathers, host reshard, int8 and int4
-# gradients with error feedback, FULL_SHARD and HYBRID_SHARD) and issue 38's recovery (gpt
+# gradients with error feedback, FULL_SHARD and HYBRID_SHARD), the update behind the next forward
+# (--overlap-step, against the reference without it) and issue 38's recovery (gpt
 # --recover, HYBRID_SHARD on 4 hosts x 2): on with no loss against the same job with recovery off;
 # a host lost at a step (its ranks stop at the step's start and are killed, as
 # tests/multihost/test_recover.sh loses it) with the survivors training on; a host lost and rejoined
@@ -123,6 +124,8 @@ TEST_CONFIGS=(
     "hier-1+1-c256-pipelined|hier|1,1|2|--channels 256 --heads 4 FSDP_HIER_STEP_MIB=1"
     "hier-2x2-full-wire-int4-ef|hier|2,2|8|--param-wire int8 --reshard-after-forward host --grad-wire int4 --error-feedback"
     "hier-2x2-hybrid-wire-int8|hier|2,2|8|--strategy HYBRID_SHARD --param-wire int8 --grad-wire int8"
+    "shm-p4-overlap-step-async|shm|4|8|--overlap-step --async-ckpt --save-every 1 REF_WITHOUT=--overlap-step"
+    "hier-2x2-wire-int4-overlap-step|hier|2,2|8|--param-wire int8 --reshard-after-forward host --grad-wire int4 --overlap-step REF_WITHOUT=--overlap-step"
     "hier-4x2-recover-no-loss|hier|2,2,2,2|24|--strategy HYBRID_SHARD --recover REF_WITHOUT=--recover"
     "hier-4x2-recover-kill-h2@3|hier|2,2,2,2|24|--strategy HYBRID_SHARD --recover LOSE=h2@3"
     "hier-4x2-recover-rejoin-h2@1|hier|2,2,2,2|24|--strategy HYBRID_SHARD --recover LOSE=h2@1:rejoin@2"

@@ -139,6 +139,7 @@ typedef struct run_config {
     fsdp_optimizer_kind optimizer;
     fsdp_dtype state_dtype;
     int offload; /* OFF_* */
+    int overlap_step; /* fsdp_desc.overlap_step (everything in RAM) */
 } run_config;
 
 #define MAX_CONFIGS 64
@@ -176,9 +177,9 @@ static const char *offload_name(int offload) { /* "the parameters and gradients"
 }
 
 static void describe(char *out, size_t size, const run_config *c, int world) {
-    snprintf(out, size, "P=%d %s %s, %s state, %s on disk", world, fsdp_strategy_name(c->strategy),
+    snprintf(out, size, "P=%d %s %s, %s state, %s on disk%s", world, fsdp_strategy_name(c->strategy),
              c->optimizer == FSDP_SGD ? "SGD(momentum 0.9)" : "AdamW", fsdp_dtype_name(c->state_dtype),
-             offload_name(c->offload));
+             offload_name(c->offload), c->overlap_step ? ", overlap_step" : "");
 }
 
 static void desc_for(fsdp_desc *d, const run_config *c, fsdp_comm *comm) {
@@ -199,6 +200,7 @@ static void desc_for(fsdp_desc *d, const run_config *c, fsdp_comm *comm) {
     d->offload.params = (c->offload & OFF_PARAM) != 0;
     d->offload.dir = offload_dir;
     d->offload.ram_bytes = SMALL_RAM;
+    d->overlap_step = c->overlap_step;
 }
 
 /* The model built and a context on it for configuration c: 0, or the failure with why in error
@@ -460,7 +462,7 @@ typedef struct special_results {
 static special_results *special;
 
 static int init_offloaded(fsdp_comm *comm, net *n, fsdp_ctx **ctx, char *error, size_t size) {
-    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 0};
+    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 0, 0};
     c.offload = file_offload[file_case];
     return open_config(comm, &c, n, ctx, error, size);
 }
@@ -630,7 +632,7 @@ static void test_offload_short_read_fails_the_step_naming_file_offset_and_bytes_
    refused at init: a directory in RAM, none, one too small
    --------------------------------------------------------------------------------------------- */
 static int init_one_rank(const char *dir, int allow_tmpfs, char *error, size_t size) {
-    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 1};
+    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 1, 0};
     fsdp_comm *comm = NULL;
     fsdp_ctx *ctx = NULL;
     fsdp_desc d;
@@ -721,7 +723,7 @@ static int intrude(void *arg) {
    user's with mode 0600, and its /proc/<pid>/fd link does not open for them. Root only. */
 static void test_offload_into_another_users_directory_leaves_them_no_way_to_the_file(void) {
     intruder_report *r = (intruder_report *)map_shared(sizeof(intruder_report));
-    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 1};
+    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 1, 0};
     fsdp_comm *comm = NULL;
     fsdp_ctx *ctx = NULL;
     fsdp_desc d;
@@ -762,7 +764,7 @@ static void test_offload_into_another_users_directory_leaves_them_no_way_to_the_
 /* ---------------------------------------------------------------------------------------------
    the step behind the next forward: iterations back to back, the learning rate changed at once
    --------------------------------------------------------------------------------------------- */
-enum { BEHIND_CONFIGS = 12 };
+enum { BEHIND_KINDS = 4, BEHIND_CONFIGS = 4 * BEHIND_KINDS };
 typedef struct behind_report {
     int done;
     char error[300];
@@ -770,13 +772,15 @@ typedef struct behind_report {
 } behind_report;
 static behind_report *behind; /* [MAX_WORLD + 1][BEHIND_CONFIGS][MAX_WORLD] */
 
-/* Configuration k: every strategy with nothing, the optimizer state, and everything on disk. */
+/* Configuration k: every strategy with nothing, the optimizer state, and everything on disk, and
+   with everything in RAM but the update behind all the same (overlap_step). */
 static run_config behind_config(int k) {
     static const fsdp_strategy strategies[4] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP, FSDP_NO_SHARD, FSDP_HYBRID_SHARD};
-    static const int offloads[3] = {0, OFF_OPT, OFF_ALL};
-    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 0};
-    c.strategy = strategies[k / 3];
-    c.offload = offloads[k % 3];
+    static const int offloads[BEHIND_KINDS] = {0, OFF_OPT, OFF_ALL, 0};
+    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 0, 0};
+    c.strategy = strategies[k / BEHIND_KINDS];
+    c.offload = offloads[k % BEHIND_KINDS];
+    c.overlap_step = k % BEHIND_KINDS == 3;
     return c;
 }
 
@@ -816,7 +820,7 @@ static void test_the_update_behind_the_next_forward_gives_the_bits_of_one_in_ram
         for (k = 0; k < BEHIND_CONFIGS; k++)
             for (rank = 0; rank < world; rank++) {
                 const behind_report *r = &behind[(world * BEHIND_CONFIGS + k) * MAX_WORLD + rank];
-                const behind_report *ram = &behind[(world * BEHIND_CONFIGS + k - k % 3) * MAX_WORLD + rank];
+                const behind_report *ram = &behind[(world * BEHIND_CONFIGS + k - k % BEHIND_KINDS) * MAX_WORLD + rank];
                 run_config c = behind_config(k);
                 char what[200];
                 describe(what, sizeof what, &c, world);
@@ -825,6 +829,54 @@ static void test_the_update_behind_the_next_forward_gives_the_bits_of_one_in_ram
                 TEST_ASSERT_EQUAL_MEMORY_MESSAGE(ram->after, r->after, sizeof r->after, message);
             }
     }
+}
+
+/* Where the update ran, from rank 0's trace: the thread ("tid") of its "optimizer step" events,
+   -1 if it has none, -2 if they ran on two threads. */
+static int overlap_with_trace(fsdp_comm *comm, void *arg) {
+    int rank = fsdp_comm_rank(comm), step, rc;
+    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 0, 0};
+    fsdp_desc d;
+    fsdp_ctx *ctx = NULL;
+    net n;
+    c.overlap_step = *(const int *)arg;
+    if (net_build(&n) != 0) return 1;
+    desc_for(&d, &c, comm);
+    d.trace_dir = offload_dir;
+    rc = fsdp_init(&ctx, n.model, &d);
+    for (step = 0; step < 2 && !rc; step++) rc = iterate(ctx, &n, rank, step, NULL);
+    fsdp_destroy(ctx); /* (writes the trace) */
+    fsdp_model_destroy(n.model);
+    return rc ? 1 : 0;
+}
+static int update_thread(int overlap_step) {
+    char path[700], line[4096];
+    fsdp_launch_status status;
+    int rc, tid = -1;
+    FILE *f;
+    snprintf(path, sizeof path, "%s/trace-rank00000.json", offload_dir);
+    rc = launch_ranks(2, FSDP_BACKEND_SHM, TIMEOUT_MS, overlap_with_trace, &overlap_step, &status);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, status.message);
+    TEST_ASSERT_NOT_NULL_MESSAGE(f = fopen(path, "r"), path);
+    while (fgets(line, sizeof line, f)) {
+        const char *at = strstr(line, "\"tid\":");
+        int t;
+        if (!strstr(line, "\"name\":\"optimizer step\"") || !at) continue;
+        t = atoi(at + 6);
+        tid = tid == -1 || tid == t ? t : -2;
+    }
+    fclose(f);
+    remove(path);
+    snprintf(path, sizeof path, "%s/trace-rank00001.json", offload_dir);
+    remove(path);
+    return tid;
+}
+
+/* overlap_step: with everything in RAM, the update runs on the step thread (the trace's tid 2),
+   as with offload; without it, on the calling thread (tid 0). (Its bits: the test before.) */
+static void test_overlap_step_runs_the_update_on_the_step_thread(void) {
+    TEST_ASSERT_EQUAL_INT_MESSAGE(0, update_thread(0), "without overlap_step: the compute thread");
+    TEST_ASSERT_EQUAL_INT_MESSAGE(2, update_thread(1), "with overlap_step: the step thread");
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -851,7 +903,7 @@ static accum_report *accum; /* [ACCUM_CASES][ACCUM_WORLDS][MAX_WORLD] */
 static int accum_rank(fsdp_comm *comm, void *arg) {
     int rank = fsdp_comm_rank(comm), step, rc, i;
     accum_report *r = &accum[(accum_case * ACCUM_WORLDS + accum_wi) * MAX_WORLD + rank];
-    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 0};
+    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 0, 0};
     float full[WEIGHT];
     fsdp_param_info info;
     fsdp_step_report report;
@@ -972,7 +1024,7 @@ static int ckpt_rank(fsdp_comm *comm, void *arg) {
     int run = ckpt_run, rank = fsdp_comm_rank(comm), step, rc = 0;
     ckpt_report *r = &ckpt[run * MAX_WORLD + rank];
     run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, run == ROUND_BF16 ? FSDP_BF16 : FSDP_F32,
-                    run == SAVE_DISK || run == LOAD_DISK_FROM_RAM ? OFF_ALL : 0};
+                    run == SAVE_DISK || run == LOAD_DISK_FROM_RAM ? OFF_ALL : 0, 0};
     char full[600], sharded[600];
     fsdp_save_options so;
     fsdp_load_options lo;
@@ -1090,7 +1142,7 @@ static void test_bf16_state_is_the_f32_update_rounded_to_nearest_even(void) {
    the estimator and AUTO
    --------------------------------------------------------------------------------------------- */
 static void test_estimate_of_offloaded_state_counts_disk_and_stream_apart_and_matches_init(void) {
-    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 1};
+    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 1, 0};
     fsdp_memory_stats est, st, ram;
     memset(&st, 0, sizeof st);
     fsdp_comm *comm = NULL;
@@ -1121,7 +1173,7 @@ static void test_estimate_of_offloaded_state_counts_disk_and_stream_apart_and_ma
    strategies alone do not fit, fsdp_fit_budget offloads and says so, and fsdp_init's AUTO trains
    with the state on disk. */
 static void test_auto_offloads_the_optimizer_state_when_no_strategy_fits_in_ram(void) {
-    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 0};
+    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 0, 0};
     fsdp_memory_stats in_ram, on_disk, st;
     memset(&st, 0, sizeof st);
     fsdp_strategy strategy;
@@ -1169,7 +1221,7 @@ static auto_report *auto_runs; /* [2] */
 
 static int auto_rank(fsdp_comm *comm, void *arg) {
     auto_report *r = &auto_runs[fsdp_comm_rank(comm)];
-    run_config c = {FSDP_STRATEGY_AUTO, FSDP_ADAMW, FSDP_F32, 0};
+    run_config c = {FSDP_STRATEGY_AUTO, FSDP_ADAMW, FSDP_F32, 0, 0};
     fsdp_ctx *ctx = NULL;
     fsdp_desc d;
     net n;
@@ -1192,7 +1244,7 @@ static int auto_rank(fsdp_comm *comm, void *arg) {
    trains at the middle budget. */
 static void test_auto_offloads_gradients_then_parameters_when_the_optimizer_state_on_disk_is_not_enough(void) {
     static const int levels[3] = {OFF_OPT, OFF_OPT | OFF_GRAD, OFF_ALL};
-    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 0};
+    run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 0, 0};
     fsdp_memory_stats est[3];
     fsdp_launch_status status;
     fsdp_desc d, fit;
@@ -1272,6 +1324,7 @@ int main(void) {
     RUN_TEST(test_offload_dir_too_small_fails_init_naming_the_bytes_needed_and_free);
     RUN_TEST(test_offload_into_another_users_directory_leaves_them_no_way_to_the_file);
     RUN_TEST(test_the_update_behind_the_next_forward_gives_the_bits_of_one_in_ram);
+    RUN_TEST(test_overlap_step_runs_the_update_on_the_step_thread);
     RUN_TEST(test_gradients_on_disk_accumulate_clip_twice_and_skip_a_step_bitwise_as_in_ram);
     RUN_TEST(test_param_info_slices_are_null_for_what_is_on_disk);
     RUN_TEST(test_full_checkpoint_of_offloaded_state_is_the_bytes_of_one_from_ram);

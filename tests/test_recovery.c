@@ -270,6 +270,7 @@ typedef struct world_plan {
     int recovery;
     int train;             /* recovery off: one step, and the report's fields */
     int bf16_state;        /* AdamW with its state in bf16 (its update streams) */
+    int overlap_step;      /* fsdp_desc.overlap_step (the update streams behind the next forward) */
     /* sockets over hosts (0: shm on this host) */
     int hosts, port, rank, world;
     char job[32];
@@ -297,6 +298,7 @@ static int init_context(fsdp_comm *comm, const world_plan *plan, rank_report *r)
     d.shard_group_size = plan->shard_group_size;
     d.recovery.enabled = plan->recovery;
     if (plan->bf16_state) d.optimizer.kind = FSDP_ADAMW, d.optimizer.state_dtype = FSDP_BF16;
+    d.overlap_step = plan->overlap_step;
     r->rc = fsdp_init(&ctx, m, &d);
     if (r->rc) copy_text(r->message, sizeof r->message, fsdp_last_error(NULL));
     if (!r->rc) fsdp_replicas(ctx, &r->count, &r->index);
@@ -468,10 +470,14 @@ static void test_recovery_over_hosts_of_their_own_is_accepted_and_trains_in_epoc
 
 static void test_recovery_with_an_update_that_streams_is_refused_naming_it(void) {
     world_plan plan = plan_of(FSDP_HYBRID_SHARD, 2, 1, 2);
-    plan.bf16_state = 1;
-    run_world(&plan, 4);
-    assert_every_rank_refused(4, FSDP_ERR_UNSUPPORTED, "recovery cannot continue an update that streams (offload, "
-                              "bf16 state) on a new world yet");
+    int overlap;
+    for (overlap = 0; overlap <= 1; overlap++) { /* bf16 state; f32 state behind the next forward */
+        plan.bf16_state = !overlap;
+        plan.overlap_step = overlap;
+        run_world(&plan, 4);
+        assert_every_rank_refused(4, FSDP_ERR_UNSUPPORTED, "recovery cannot continue an update that streams (offload, "
+                                  "bf16 state, overlap_step) on a new world yet");
+    }
 }
 
 static void test_replicas_of_hybrid_over_hosts_are_the_shard_groups_in_query_and_report(void) {
