@@ -55,9 +55,10 @@
 #   --gpt-args "..."   the model and anything else for every run [demo-big's model, shorter sequences:
 #                      --layers 12 --channels 768 --heads 12 --seq-len 32]
 #   --tcp-cc NAME      the hosts' TCP congestion control (one the kernel allows a network namespace:
-#                      /proc/sys/net/ipv4/tcp_allowed_congestion_control) [the machine's]; the
-#                      header says which ran: on a shaped link it moves the step (BENCHMARKS
-#                      section 9: reno against bbr)
+#                      /proc/sys/net/ipv4/tcp_allowed_congestion_control; machine: the machine's
+#                      own) [reno: loss-based like Linux's default cubic, which a namespace may not
+#                      take here; on the bed's shaped links bbr misjudges the rate and slows the
+#                      step, BENCHMARKS section 9]; the header says which ran
 #   --link-sample MS   sample every host's link every MS ms (1..1000) for the link b/i/w column [0: off]
 #   --timeout S        bound on each run [1800]
 #   --keep-logs DIR    copy every run's logs to DIR
@@ -75,7 +76,7 @@ TOP=$(pwd)
 BUILD=${BUILD:-build}
 case $BUILD in /*) BIN=$BUILD ;; *) BIN=$TOP/$BUILD ;; esac
 
-cases=4x2@1gbit,4x2@10gbit,8x2@1gbit rows=all steps=8 bpr=1 run_timeout=1800 keep='' trace='' repeat=1 tcp_cc='' link_ms=0
+cases=4x2@1gbit,4x2@10gbit,8x2@1gbit rows=all steps=8 bpr=1 run_timeout=1800 keep='' trace='' repeat=1 tcp_cc=reno link_ms=0
 gpt_model='--layers 12 --channels 768 --heads 12 --seq-len 32'
 usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 die_usage() { echo "$ME: $*" >&2; echo "(--help for the options)" >&2; exit 2; }
@@ -165,6 +166,7 @@ export HOSTBED_MAX_SECONDS=${HOSTBED_MAX_SECONDS:-21600}
 RES=$(mktemp -d) || exit 2
 cleanup() { hostbed_down; rm -rf "$RES"; }
 echo "$ME: building a bed of $nhosts hosts" >&2
+[ "$tcp_cc" = machine ] && tcp_cc=''
 hostbed_up "$nhosts" ${tcp_cc:+--tcp-cc "$tcp_cc"}
 s=$?
 if [ $s -ne 0 ]; then
