@@ -1158,9 +1158,9 @@ typedef struct fsdp_step_report {
 
 /* Waits for outstanding reduce-scatters, clips to max_norm (<= 0: no clipping), applies the
    optimizer to this rank's shards and ends the iteration. Collective. With offload (>>offload) or
-   desc.overlap_step the update streams on a thread of its own and fsdp_step returns once it has begun: the next
-   forward overlaps it, each unit's hooks waiting for that unit's new values; fsdp calls that
-   read the shards wait for all of it, and so does fsdp_synchronize.
+   desc.overlap_step the update streams on a thread of its own and fsdp_step returns once it has
+   begun: the next forward overlaps it, each unit's hooks waiting for that unit's new values; fsdp
+   calls that read the shards wait for all of it, and so does fsdp_synchronize.
    A step needs gradients: with no backward since fsdp_init, the last fsdp_step or fsdp_zero_grad
    (only forward-only passes, e.g. an evaluation), where torch.optim would skip every parameter
    (its grad None), fsdp_step ends the iteration as fsdp_finish_backward does, applies nothing
@@ -12778,11 +12778,11 @@ FSDP__PRIVATE int fsdp__step_streamed(fsdp_ctx *ctx) {
    With offload or overlap_step, fsdp_step hands the update to the step thread and returns: the
    next forward overlaps it. Unit by unit, in the order the step streams them (the order of the
    units, which is the forward's), step_done says the unit's shards hold the new values (its
-   writes queued on the I/O thread, which runs requests in order: a later read sees them). A gather, a unit's
-   hooks and fsdp_zero_grad wait for their unit only; whatever reads the shards otherwise
-   (fsdp_step, clipping, checkpoints, fsdp_gather_param, fsdp_set_param_*, fsdp_synchronize)
-   waits for the whole step. A failure fails the comm at once (its peers learn it in their next
-   collective) and every later wait. */
+   writes queued on the I/O thread, which runs requests in order: a later read sees them). A
+   gather, a unit's hooks and fsdp_zero_grad wait for their unit only; whatever reads the shards
+   otherwise (fsdp_step, clipping, checkpoints, fsdp_gather_param, fsdp_set_param_*,
+   fsdp_synchronize) waits for the whole step. A failure fails the comm at once (its peers learn
+   it in their next collective) and every later wait. */
 
 /* A unit's update is complete: a deferred fsdp_zero_grad applies now. Either thread. */
 FSDP__PRIVATE void fsdp__zero_unit_grad(fsdp__unit *u) {

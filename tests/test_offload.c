@@ -764,7 +764,7 @@ static void test_offload_into_another_users_directory_leaves_them_no_way_to_the_
 /* ---------------------------------------------------------------------------------------------
    the step behind the next forward: iterations back to back, the learning rate changed at once
    --------------------------------------------------------------------------------------------- */
-enum { BEHIND_KINDS = 4, BEHIND_CONFIGS = 4 * BEHIND_KINDS };
+enum { BEHIND_KINDS = 6, BEHIND_CONFIGS = 4 * BEHIND_KINDS };
 typedef struct behind_report {
     int done;
     char error[300];
@@ -773,16 +773,21 @@ typedef struct behind_report {
 static behind_report *behind; /* [MAX_WORLD + 1][BEHIND_CONFIGS][MAX_WORLD] */
 
 /* Configuration k: every strategy with nothing, the optimizer state, and everything on disk, and
-   with everything in RAM but the update behind all the same (overlap_step). */
+   with everything in RAM but the update behind all the same (overlap_step); then bf16 state in
+   RAM, in place and behind (overlap_step). */
 static run_config behind_config(int k) {
     static const fsdp_strategy strategies[4] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP, FSDP_NO_SHARD, FSDP_HYBRID_SHARD};
-    static const int offloads[BEHIND_KINDS] = {0, OFF_OPT, OFF_ALL, 0};
+    static const int offloads[BEHIND_KINDS] = {0, OFF_OPT, OFF_ALL, 0, 0, 0};
+    int kind = k % BEHIND_KINDS;
     run_config c = {FSDP_FULL_SHARD, FSDP_ADAMW, FSDP_F32, 0, 0};
     c.strategy = strategies[k / BEHIND_KINDS];
-    c.offload = offloads[k % BEHIND_KINDS];
-    c.overlap_step = k % BEHIND_KINDS == 3;
+    c.offload = offloads[kind];
+    c.overlap_step = kind == 3 || kind == 5;
+    if (kind >= 4) c.state_dtype = FSDP_BF16;
     return c;
 }
+/* The configuration k's bits must equal: its strategy's in RAM of the same state dtype. */
+static int behind_twin(int k) { return k % BEHIND_KINDS >= 4 ? k - k % BEHIND_KINDS + 4 : k - k % BEHIND_KINDS; }
 
 /* STEPS iterations with nothing in between that waits for the update (fsdp_set_lr right after
    fsdp_step, then fsdp_zero_grad, then the next forward), gathered at the end only. */
@@ -820,7 +825,7 @@ static void test_the_update_behind_the_next_forward_gives_the_bits_of_one_in_ram
         for (k = 0; k < BEHIND_CONFIGS; k++)
             for (rank = 0; rank < world; rank++) {
                 const behind_report *r = &behind[(world * BEHIND_CONFIGS + k) * MAX_WORLD + rank];
-                const behind_report *ram = &behind[(world * BEHIND_CONFIGS + k - k % BEHIND_KINDS) * MAX_WORLD + rank];
+                const behind_report *ram = &behind[(world * BEHIND_CONFIGS + behind_twin(k)) * MAX_WORLD + rank];
                 run_config c = behind_config(k);
                 char what[200];
                 describe(what, sizeof what, &c, world);
