@@ -1297,7 +1297,9 @@ typedef struct fsdp_param_info {
     int64_t numel;
     int64_t shard_begin;     /* this rank holds elements [shard_begin, shard_end) of the */
     int64_t shard_end;       /*   parameter (flattened); empty when begin == end */
-    float *shard;            /* those elements in the fp32 master shard (NULL: offload.params) */
+    float *shard;            /* those elements in the fp32 master shard (NULL: offload.params); with
+                                offload or overlap_step the update after fsdp_step may still be
+                                writing it: fsdp_synchronize first */
     float *grad_shard;       /* and in the gradient shard, after the reduction (NULL: frozen,
                                 or offload.grads) */
 } fsdp_param_info;
@@ -13129,8 +13131,9 @@ FSDP__PRIVATE int fsdp__recovery_catch_up(fsdp_ctx *ctx, double total, float max
     double norm = 0;
     if (!ctx->reductions_done || ctx->stream_chunk)
         return fsdp__fail(ctx, FSDP_ERR_STATE, "recovery: rank %d cannot apply step %lld after the others: %s", ctx->rank,
-                          (long long)ctx->step + 1, ctx->stream_chunk ? "its update streams (offload or bf16 state)"
-                                                                        : "it does not hold the step's reduced gradient");
+                          (long long)ctx->step + 1,
+                          ctx->stream_chunk ? "its update streams (offload, bf16 state, overlap_step)"
+                                            : "it does not hold the step's reduced gradient");
     fsdp__clip_by(ctx, total, max_norm, &norm);
     if (!isfinite(norm)) /* (those ahead then skipped it: they are not ahead) */
         return fsdp__fail(ctx, FSDP_ERR_PROTOCOL, "recovery: rank %d is to apply step %lld of norm %f", ctx->rank,

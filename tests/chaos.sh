@@ -15,7 +15,7 @@
 # AdamW state), index.json (the save's random file-name nonce aside) and the listing of the
 # directory (a save's leftover is a difference).
 #
-# Configurations (40): shared memory, sockets, the MPI bridge (build/chaos/gpt_mpi under mpirun,
+# Configurations (41): shared memory, sockets, the MPI bridge (build/chaos/gpt_mpi under mpirun,
 # where mpicc and mpirun are) and hierarchical (sockets between hosts, shared memory inside: ranks
 # on the namespaces of tests/multihost/hostbed.sh, as root); every strategy, bf16 and f16 (loss
 # scaling), gradient accumulation both ways, recompute, offload, bf16 optimizer state, asynchronous
