@@ -884,6 +884,94 @@ static void test_overlap_step_runs_the_update_on_the_step_thread(void) {
     TEST_ASSERT_EQUAL_INT_MESSAGE(2, update_thread(1), "with overlap_step: the step thread");
 }
 
+/* A slow optimizer of our own (SGD, 10 ms a call: one call per unit), so that a forward that did
+   not wait for its unit's update would read the old weights. */
+static void slow_sgd_update(const fsdp_optimizer_step *s) {
+    struct timespec nap = {0, 10 * 1000 * 1000};
+    size_t i;
+    nanosleep(&nap, NULL);
+    for (i = 0; i < s->count; i++) s->param[i] -= s->lr * s->grad[i];
+}
+static const fsdp_optimizer slow_sgd = {"slow_sgd", {NULL}, NULL, NULL, NULL, slow_sgd_update};
+
+typedef struct waits_report {
+    int done;
+    char error[300];
+    float after[2][NELEM]; /* without overlap_step, with it */
+} waits_report;
+static waits_report *waits; /* [MAX_WORLD + 1][MAX_WORLD] */
+
+/* A pass whose gradients come from the weights as forward saw them (each block's, copied between
+   its forward hooks): a forward that read a block before its update changes them. */
+static int forward_seen_pass(fsdp_ctx *ctx, const net *n, int rank, int step) {
+    static float seen[BLOCKS][WEIGHT];
+    int b, i, rc;
+    if ((rc = fsdp_pre_forward(ctx, 0)) != 0) return rc;
+    for (b = 0; b < n->blocks; b++) {
+        const float *w;
+        if ((rc = fsdp_pre_forward(ctx, n->block[b])) != 0) return rc;
+        if ((w = fsdp_param(ctx, n->weight[b])) != NULL) memcpy(seen[b], w, sizeof seen[b]);
+        if ((rc = fsdp_post_forward(ctx, n->block[b])) != 0) return rc;
+    }
+    if ((rc = fsdp_post_forward(ctx, 0)) != 0 || (rc = fsdp_pre_backward(ctx, 0)) != 0) return rc;
+    for (b = n->blocks - 1; b >= 0; b--) {
+        float *g;
+        if ((rc = fsdp_pre_backward(ctx, n->block[b])) != 0) return rc;
+        for (i = 0, g = fsdp_grad(ctx, n->weight[b]); g && i < WEIGHT; i++)
+            g[i] += made_up_grad(n->weight[b], i, rank, step) + 0.5f * seen[b][i];
+        if ((rc = fsdp_post_backward(ctx, n->block[b])) != 0) return rc;
+    }
+    return fsdp_post_backward(ctx, 0);
+}
+
+static int waits_rank(fsdp_comm *comm, void *arg) {
+    int world = fsdp_comm_size(comm), rank = fsdp_comm_rank(comm), overlap, step, rc = 0;
+    waits_report *r = &waits[world * MAX_WORLD + rank];
+    (void)arg;
+    for (overlap = 0; overlap <= 1 && !rc; overlap++) {
+        run_config c = {FSDP_FULL_SHARD, FSDP_SGD, FSDP_F32, 0, 0};
+        fsdp_desc d;
+        fsdp_ctx *ctx = NULL;
+        net n;
+        if (net_build(&n) != 0) return 1;
+        desc_for(&d, &c, comm);
+        d.optimizer.kind = FSDP_OPTIMIZER_CUSTOM;
+        d.optimizer.custom = &slow_sgd;
+        d.optimizer.momentum = 0;
+        d.overlap_step = overlap;
+        rc = fsdp_init(&ctx, n.model, &d);
+        for (step = 0; step < STEPS && !rc; step++) {
+            rc = forward_seen_pass(ctx, &n, rank, step);
+            if (!rc) rc = fsdp_step(ctx, 1.0f, NULL);
+            if (!rc) rc = fsdp_zero_grad(ctx);
+        }
+        if (!rc) rc = gather_net(ctx, &n, r->after[overlap]);
+        if (rc) snprintf(r->error, sizeof r->error, "overlap_step %d: %.280s", overlap, fsdp_last_error(ctx));
+        fsdp_destroy(ctx);
+        fsdp_model_destroy(n.model);
+    }
+    r->done = !rc;
+    return rc ? 1 : 0;
+}
+
+/* overlap_step with an update slower than the forward: every block's gather waits for that
+   block's update, so the training is the bits of the one in place, at P = 2 and 4. */
+static void test_overlap_step_each_gather_waits_for_its_units_update(void) {
+    int world, rank;
+    fsdp_launch_status status;
+    for (world = 2; world <= MAX_WORLD; world += 2) {
+        int rc = launch_ranks(world, FSDP_BACKEND_SHM, TIMEOUT_MS, waits_rank, NULL, &status);
+        snprintf(message, sizeof message, "P=%d: %s", world, status.message);
+        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
+        for (rank = 0; rank < world; rank++) {
+            const waits_report *r = &waits[world * MAX_WORLD + rank];
+            snprintf(message, sizeof message, "P=%d rank %d: %s", world, rank, r->done ? "differs from in place" : r->error);
+            TEST_ASSERT_TRUE_MESSAGE(r->done, message);
+            TEST_ASSERT_EQUAL_MEMORY_MESSAGE(r->after[0], r->after[1], sizeof r->after[0], message);
+        }
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
    gradients and parameters on disk: accumulation, clipping twice, a skipped step, set by hand
    --------------------------------------------------------------------------------------------- */
@@ -1315,6 +1403,7 @@ int main(void) {
     ckpt = (ckpt_report *)map_shared(sizeof *ckpt * CKPT_RUNS * MAX_WORLD);
     auto_runs = (auto_report *)map_shared(sizeof *auto_runs * 2);
     behind = (behind_report *)map_shared(sizeof *behind * (MAX_WORLD + 1) * BEHIND_CONFIGS * MAX_WORLD);
+    waits = (waits_report *)map_shared(sizeof *waits * (MAX_WORLD + 1) * MAX_WORLD);
     accum = (accum_report *)map_shared(sizeof *accum * ACCUM_CASES * ACCUM_WORLDS * MAX_WORLD);
     UNITY_BEGIN();
     RUN_TEST(test_offloaded_f32_state_trains_bitwise_as_in_ram_for_every_strategy_at_P_1_2_4);
@@ -1330,6 +1419,7 @@ int main(void) {
     RUN_TEST(test_offload_into_another_users_directory_leaves_them_no_way_to_the_file);
     RUN_TEST(test_the_update_behind_the_next_forward_gives_the_bits_of_one_in_ram);
     RUN_TEST(test_overlap_step_runs_the_update_on_the_step_thread);
+    RUN_TEST(test_overlap_step_each_gather_waits_for_its_units_update);
     RUN_TEST(test_gradients_on_disk_accumulate_clip_twice_and_skip_a_step_bitwise_as_in_ram);
     RUN_TEST(test_param_info_slices_are_null_for_what_is_on_disk);
     RUN_TEST(test_full_checkpoint_of_offloaded_state_is_the_bytes_of_one_from_ram);
