@@ -897,7 +897,7 @@ static const fsdp_optimizer slow_sgd = {"slow_sgd", {NULL}, NULL, NULL, NULL, sl
 typedef struct waits_report {
     int done;
     char error[300];
-    float after[2][NELEM]; /* without overlap_step, with it */
+    float after[2][2][NELEM]; /* FULL_SHARD with forward prefetch, NO_SHARD; without overlap_step, with it */
 } waits_report;
 static waits_report *waits; /* [MAX_WORLD + 1][MAX_WORLD] */
 
@@ -924,29 +924,36 @@ static int forward_seen_pass(fsdp_ctx *ctx, const net *n, int rank, int step) {
     return fsdp_post_backward(ctx, 0);
 }
 
+/* FULL_SHARD with forward prefetch (the comm thread gathers a unit before the compute thread
+   reaches it: the gather's own wait matters) and NO_SHARD (units compute on their masters: the
+   hook's wait matters), each without overlap_step and with it. */
 static int waits_rank(fsdp_comm *comm, void *arg) {
-    int world = fsdp_comm_size(comm), rank = fsdp_comm_rank(comm), overlap, step, rc = 0;
+    static const fsdp_strategy strategies[2] = {FSDP_FULL_SHARD, FSDP_NO_SHARD};
+    int world = fsdp_comm_size(comm), rank = fsdp_comm_rank(comm), k, step, rc = 0;
     waits_report *r = &waits[world * MAX_WORLD + rank];
     (void)arg;
-    for (overlap = 0; overlap <= 1 && !rc; overlap++) {
+    for (k = 0; k < 4 && !rc; k++) {
         run_config c = {FSDP_FULL_SHARD, FSDP_SGD, FSDP_F32, 0, 0};
         fsdp_desc d;
         fsdp_ctx *ctx = NULL;
         net n;
         if (net_build(&n) != 0) return 1;
+        c.strategy = strategies[k / 2];
         desc_for(&d, &c, comm);
+        d.forward_prefetch = 1;
         d.optimizer.kind = FSDP_OPTIMIZER_CUSTOM;
         d.optimizer.custom = &slow_sgd;
         d.optimizer.momentum = 0;
-        d.overlap_step = overlap;
+        d.overlap_step = k % 2;
         rc = fsdp_init(&ctx, n.model, &d);
         for (step = 0; step < STEPS && !rc; step++) {
             rc = forward_seen_pass(ctx, &n, rank, step);
             if (!rc) rc = fsdp_step(ctx, 1.0f, NULL);
             if (!rc) rc = fsdp_zero_grad(ctx);
         }
-        if (!rc) rc = gather_net(ctx, &n, r->after[overlap]);
-        if (rc) snprintf(r->error, sizeof r->error, "overlap_step %d: %.280s", overlap, fsdp_last_error(ctx));
+        if (!rc) rc = gather_net(ctx, &n, r->after[k / 2][k % 2]);
+        if (rc) snprintf(r->error, sizeof r->error, "%s, overlap_step %d: %.250s", fsdp_strategy_name(c.strategy), k % 2,
+                         fsdp_last_error(ctx));
         fsdp_destroy(ctx);
         fsdp_model_destroy(n.model);
     }
@@ -954,21 +961,24 @@ static int waits_rank(fsdp_comm *comm, void *arg) {
     return rc ? 1 : 0;
 }
 
-/* overlap_step with an update slower than the forward: every block's gather waits for that
-   block's update, so the training is the bits of the one in place, at P = 2 and 4. */
+/* overlap_step with an update slower than the forward: every block's gather (FULL_SHARD) or
+   forward (NO_SHARD) waits for that block's update, so the training is the bits of the one in
+   place, at P = 2 and 4. */
 static void test_overlap_step_each_gather_waits_for_its_units_update(void) {
-    int world, rank;
+    int world, rank, k;
     fsdp_launch_status status;
     for (world = 2; world <= MAX_WORLD; world += 2) {
         int rc = launch_ranks(world, FSDP_BACKEND_SHM, TIMEOUT_MS, waits_rank, NULL, &status);
         snprintf(message, sizeof message, "P=%d: %s", world, status.message);
         TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
-        for (rank = 0; rank < world; rank++) {
-            const waits_report *r = &waits[world * MAX_WORLD + rank];
-            snprintf(message, sizeof message, "P=%d rank %d: %s", world, rank, r->done ? "differs from in place" : r->error);
-            TEST_ASSERT_TRUE_MESSAGE(r->done, message);
-            TEST_ASSERT_EQUAL_MEMORY_MESSAGE(r->after[0], r->after[1], sizeof r->after[0], message);
-        }
+        for (rank = 0; rank < world; rank++)
+            for (k = 0; k < 2; k++) {
+                const waits_report *r = &waits[world * MAX_WORLD + rank];
+                snprintf(message, sizeof message, "P=%d %s rank %d: %s", world, k ? "NO_SHARD" : "FULL_SHARD", rank,
+                         r->done ? "differs from in place" : r->error);
+                TEST_ASSERT_TRUE_MESSAGE(r->done, message);
+                TEST_ASSERT_EQUAL_MEMORY_MESSAGE(r->after[k][0], r->after[k][1], sizeof r->after[k][0], message);
+            }
     }
 }
 
