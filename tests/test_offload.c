@@ -815,13 +815,18 @@ static int behind_rank(fsdp_comm *comm, void *arg) {
     return 0;
 }
 
+/* fn on `world` ranks over shared memory; the test fails if the launch did. */
+static void launch_shm_checked(int world, fsdp_rank_fn fn) {
+    fsdp_launch_status status;
+    int rc = launch_ranks(world, FSDP_BACKEND_SHM, TIMEOUT_MS, fn, NULL, &status);
+    snprintf(message, sizeof message, "P=%d: %s", world, status.message);
+    TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
+}
+
 static void test_the_update_behind_the_next_forward_gives_the_bits_of_one_in_ram(void) {
     int world, k, rank;
-    fsdp_launch_status status;
     for (world = 2; world <= MAX_WORLD; world += 2) {
-        int rc = launch_ranks(world, FSDP_BACKEND_SHM, TIMEOUT_MS, behind_rank, NULL, &status);
-        snprintf(message, sizeof message, "P=%d: %s", world, status.message);
-        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
+        launch_shm_checked(world, behind_rank);
         for (k = 0; k < BEHIND_CONFIGS; k++)
             for (rank = 0; rank < world; rank++) {
                 const behind_report *r = &behind[(world * BEHIND_CONFIGS + k) * MAX_WORLD + rank];
@@ -966,11 +971,8 @@ static int waits_rank(fsdp_comm *comm, void *arg) {
    place, at P = 2 and 4. */
 static void test_overlap_step_each_gather_waits_for_its_units_update(void) {
     int world, rank, k;
-    fsdp_launch_status status;
     for (world = 2; world <= MAX_WORLD; world += 2) {
-        int rc = launch_ranks(world, FSDP_BACKEND_SHM, TIMEOUT_MS, waits_rank, NULL, &status);
-        snprintf(message, sizeof message, "P=%d: %s", world, status.message);
-        TEST_ASSERT_EQUAL_INT_MESSAGE(FSDP_SUCCESS, rc, message);
+        launch_shm_checked(world, waits_rank);
         for (rank = 0; rank < world; rank++)
             for (k = 0; k < 2; k++) {
                 const waits_report *r = &waits[world * MAX_WORLD + rank];
